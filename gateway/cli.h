@@ -1,0 +1,13 @@
+/* Subcommands of the infergate binary. Each takes the arguments after its
+ * own name (argv[0] is the subcommand) and returns the process exit code. */
+#ifndef GW_CLI_H
+#define GW_CLI_H
+
+int gw_cmd_model(int argc, char **argv);
+int gw_cmd_generate(int argc, char **argv);
+
+/* Parses a whole decimal number in [min, max]; 0 or -1. */
+int gw_parse_int(const char *s, long min, long max, long *out);
+int gw_parse_float(const char *s, double *out);
+
+#endif

@@ -1,0 +1,65 @@
+/* infergate: one binary, several commands (serve, worker, model, generate). */
+#include "gateway/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: infergate <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  model gen --out FILE [--dim --layers --heads --kv-heads --ffn --vocab --ctx --type --seed]\n"
+               "                        write a synthetic llama-family GGUF (random weights)\n"
+               "  model inspect FILE [--ctx N]\n"
+               "                        print a GGUF model's architecture, tensors and memory needs\n"
+               "  generate --model FILE --prompt TEXT [-n N --temp T ...]\n"
+               "                        run one prompt offline and print the text and tokens/s\n"
+               "\n"
+               "`infergate <command> --help` describes each command.\n");
+}
+
+int gw_parse_int(const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int gw_parse_float(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "model"))
+        return gw_cmd_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate"))
+        return gw_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "infergate: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

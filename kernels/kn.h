@@ -1,0 +1,138 @@
+/* kernels: the quantized math of a llama-family forward pass, behind one
+ * function table per backend (scalar reference, AVX2/FMA, later CUDA).
+ *
+ * Types follow ggml's numbering so GGUF tensor types map one to one. The
+ * scalar reference (`kn_ops_ref`) is the oracle every faster path is tested
+ * against. Nothing here knows about requests or models; nothing on a hot path
+ * allocates (scratch lives in kn_ctx and grows only when a bigger batch than
+ * ever before arrives). */
+#ifndef KN_H
+#define KN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kn_type {
+    KN_TYPE_F32 = 0,
+    KN_TYPE_F16 = 1,
+    KN_TYPE_Q4_0 = 2,
+    KN_TYPE_Q8_0 = 8,
+} kn_type;
+
+/* True for the tensor types this build computes with. */
+bool kn_type_supported(uint32_t type);
+/* "f32", "f16", "q4_0", "q8_0", or NULL for an unsupported type. */
+const char *kn_type_name(uint32_t type);
+/* Parses a name as above; returns 0 or -1. */
+int kn_type_from_name(const char *name, kn_type *out);
+/* Elements per block (1 for F32/F16, 32 for Q8_0/Q4_0); 0 if unsupported. */
+int64_t kn_type_block_elems(uint32_t type);
+/* Bytes per block; 0 if unsupported. */
+size_t kn_type_block_bytes(uint32_t type);
+/* Bytes of a row of n elements; 0 if unsupported or n is not a multiple of
+ * the block size. */
+size_t kn_row_bytes(uint32_t type, int64_t n);
+
+float kn_fp16_to_fp32(uint16_t h);
+uint16_t kn_fp32_to_fp16(float f); /* round to nearest even */
+
+/* Reference quantization of n elements (n a multiple of the block size). */
+void kn_quantize_row(kn_type type, const float *x, void *y, int64_t n);
+void kn_dequantize_row(kn_type type, const void *x, float *y, int64_t n);
+
+/* ---- backend function table ---------------------------------------------
+ * Row dot products of one weight row with activations. For quantized weights
+ * the activations are first quantized to Q8_0 (`quantize_q8_0`), then dotted
+ * in integers per block, as ggml does: the scalar reference does exactly the
+ * same arithmetic, so fast and reference agree up to float summation order.
+ * n is always a multiple of 32 for quantized types, any size for F32/F16. */
+typedef struct kn_ops {
+    const char *name;
+    void (*quantize_q8_0)(const float *x, void *y, int n);
+    /* out[r] = dot(w, x_r) for r in [0, nr): one weight row against nr
+     * activation rows, so a wide path can reuse the loaded weights. x_r is at
+     * x + r * x_stride (bytes for q8_0 activations, floats for f32). */
+    void (*dot_f32)(const float *w, const float *x, size_t x_stride, int nr, int n, float *out);
+    void (*dot_f16)(const uint16_t *w, const float *x, size_t x_stride, int nr, int n, float *out);
+    void (*dot_q8_0)(const void *w, const void *xq, size_t xq_stride, int nr, int n, float *out);
+    void (*dot_q4_0)(const void *w, const void *xq, size_t xq_stride, int nr, int n, float *out);
+    /* y = x / rms(x) * g; y may alias x. */
+    void (*rmsnorm)(float *y, const float *x, const float *g, int n, float eps);
+    /* x = softmax(x) in place, numerically stable. */
+    void (*softmax)(float *x, int n);
+    /* gate = silu(gate) * up. */
+    void (*silu_mul)(float *gate, const float *up, int n);
+    /* plain f32 dot and y += a * x: the pieces of attention. */
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float *y, float a, const float *x, int n);
+} kn_ops;
+
+const kn_ops *kn_ops_ref(void);
+/* The AVX2/FMA table when the CPU has AVX2, FMA and F16C, else NULL. */
+const kn_ops *kn_ops_avx2(void);
+/* The fastest table this CPU runs. */
+const kn_ops *kn_ops_best(void);
+
+/* ---- execution context: backend table + thread pool + scratch ------------ */
+typedef struct kn_ctx kn_ctx;
+
+typedef enum kn_backend {
+    KN_BACKEND_AUTO = 0, /* fastest for this CPU */
+    KN_BACKEND_REF,      /* scalar reference, for checks */
+    KN_BACKEND_AVX2,
+} kn_backend;
+
+/* n_threads <= 0 means one per online CPU. Returns NULL on failure (out of
+ * memory, threads, or the backend not runnable here). */
+kn_ctx *kn_ctx_new(int n_threads, kn_backend backend);
+void kn_ctx_free(kn_ctx *ctx);
+int kn_ctx_threads(const kn_ctx *ctx);
+const kn_ops *kn_ctx_ops(const kn_ctx *ctx);
+
+/* Runs fn(arg, i) for i in [0, n) over the pool's threads; returns when all
+ * are done. The calling thread works too. */
+void kn_parallel_for(kn_ctx *ctx, int n, void (*fn)(void *arg, int i), void *arg);
+
+/* y[r * n_out + o] = sum_i W[o][i] * x[r * n_in + i] for r < n_rows.
+ * W is n_out rows of n_in elements of wtype in GGUF layout (row o starts at
+ * w + o * kn_row_bytes(wtype, n_in)). Returns 0, or -ENOMEM when scratch for
+ * a batch larger than any before cannot be had, -EINVAL for a bad type/size. */
+int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, const float *x, int n_rows,
+              float *y);
+
+/* Row-wise RMSNorm of n_rows rows of n elements; y may alias x. */
+void kn_rmsnorm(kn_ctx *ctx, float *y, const float *x, const float *g, int n_rows, int n, float eps);
+/* Row-wise gate = silu(gate) * up. */
+void kn_silu_mul(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n);
+
+/* Rotary position embedding, in place, on n_rows rows of n_heads * head_dim.
+ * Row r is at position pos[r]. Only the first rope_dim elements of each head
+ * rotate. neox=false pairs (2i, 2i+1) (llama); neox=true pairs (i, i+rope_dim/2)
+ * (GPT-NeoX, Qwen2). theta_i = pos * base^(-2i/rope_dim). */
+void kn_rope(kn_ctx *ctx, float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
+             float freq_base, bool neox);
+void kn_rope_ref(float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
+                 float freq_base, bool neox);
+
+/* Causal attention of one sequence's new tokens over its paged KV cache.
+ * Query row j (at q + j * n_head * head_dim) sits at position pos0 + j and
+ * sees positions [0, pos0 + j]. The K row of position p is at
+ * blocks[p / block_tokens] + k_off + (p % block_tokens) * kv_dim, V likewise
+ * with v_off; kv_dim = n_kv_head * head_dim. Head h reads KV head
+ * h / (n_head / n_kv_head) (grouped-query attention). */
+typedef struct kn_attn_seq {
+    const float *q;
+    float *out; /* n_q rows of n_head * head_dim */
+    int n_q;
+    int pos0;
+    float *const *blocks;
+    size_t k_off, v_off; /* in floats */
+    int block_tokens;
+} kn_attn_seq;
+
+/* Returns 0 or -ENOMEM (score scratch for a longer context than before). */
+int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, int n_kv_head, int head_dim,
+                 float scale);
+
+#endif

@@ -1,0 +1,237 @@
+/* The batched forward pass of a llama-family model: all new tokens of all
+ * sequences in a batch go through each weight matrix together (one read of
+ * the weights serves the whole batch), while attention runs per sequence
+ * over its own paged KV cache. */
+#include "runtime/model_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rt_act_dispose(rt_act *a)
+{
+    free(a->x);
+    free(a->xb);
+    free(a->q);
+    free(a->k);
+    free(a->v);
+    free(a->att);
+    free(a->hb);
+    free(a->hb2);
+    free(a->pos);
+    free(a->out_x);
+    free(a->out_logits);
+    free(a->attn);
+    memset(a, 0, sizeof(*a));
+}
+
+static int grow_floats(float **p, size_t n)
+{
+    float *np = realloc(*p, n * sizeof(float));
+    if (!np)
+        return -ENOMEM;
+    *p = np;
+    return 0;
+}
+
+/* Buffers only ever grow, so a steady stream of same-sized steps allocates
+ * nothing. */
+static int act_reserve(rt_model *m, int n_tokens, int n_out, int n_seqs)
+{
+    rt_act *a = &m->act;
+    const rt_hparams *hp = &m->hp;
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim;
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    if (n_tokens > a->cap) {
+        size_t t = (size_t)n_tokens;
+        if (grow_floats(&a->x, t * hp->n_embd) || grow_floats(&a->xb, t * (size_t)hp->n_embd) ||
+            grow_floats(&a->q, t * q_dim) || grow_floats(&a->k, t * kv_dim) || grow_floats(&a->v, t * kv_dim) ||
+            grow_floats(&a->att, t * q_dim) || grow_floats(&a->hb, t * (size_t)hp->n_ff) ||
+            grow_floats(&a->hb2, t * (size_t)hp->n_ff))
+            return -ENOMEM;
+        int32_t *pos = realloc(a->pos, t * sizeof(int32_t));
+        if (!pos)
+            return -ENOMEM;
+        a->pos = pos;
+        a->cap = n_tokens;
+    }
+    if (n_out > a->n_out_cap) {
+        if (grow_floats(&a->out_x, (size_t)n_out * hp->n_embd) ||
+            grow_floats(&a->out_logits, (size_t)n_out * hp->n_vocab))
+            return -ENOMEM;
+        a->n_out_cap = n_out;
+    }
+    if (n_seqs > a->n_attn_cap) {
+        kn_attn_seq *s = realloc(a->attn, (size_t)n_seqs * sizeof(*s));
+        if (!s)
+            return -ENOMEM;
+        a->attn = s;
+        a->n_attn_cap = n_seqs;
+    }
+    return 0;
+}
+
+static void add_rows_bias(float *x, const float *b, int n_rows, int n)
+{
+    if (!b)
+        return;
+    for (int r = 0; r < n_rows; r++)
+        for (int i = 0; i < n; i++)
+            x[(size_t)r * n + i] += b[i];
+}
+
+static void add_inplace(float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += x[i];
+}
+
+static int matmul(rt_model *m, const rt_weight *w, const float *x, int n_rows, float *y)
+{
+    return kn_matmul(m->kn, w->data, w->type, w->n_out, w->n_in, x, n_rows, y);
+}
+
+static int validate(const rt_model *m, const rt_batch_entry *e, int n, int *n_tokens, int *n_out)
+{
+    *n_tokens = 0;
+    *n_out = 0;
+    for (int i = 0; i < n; i++) {
+        if (!e[i].seq || e[i].n_tokens <= 0 || !e[i].tokens)
+            return -EINVAL;
+        for (int j = 0; j < e[i].n_tokens; j++)
+            if (e[i].tokens[j] < 0 || e[i].tokens[j] >= m->hp.n_vocab)
+                return -EINVAL;
+        for (int k = 0; k < i; k++)
+            if (e[k].seq == e[i].seq)
+                return -EINVAL;
+        if (e[i].n_tokens > INT32_MAX - *n_tokens)
+            return -E2BIG;
+        *n_tokens += e[i].n_tokens;
+        *n_out += e[i].logits != NULL;
+    }
+    return 0;
+}
+
+static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, int T, int *rc)
+{
+    const rt_hparams *hp = &m->hp;
+    const rt_layer *L = &m->layers[l];
+    rt_act *a = &m->act;
+    int dim = hp->n_embd;
+    int q_dim = hp->n_head * hp->head_dim;
+    int kv_dim = hp->n_head_kv * hp->head_dim;
+
+    kn_rmsnorm(m->kn, a->xb, a->x, L->attn_norm, T, dim, hp->norm_eps);
+    if ((*rc = matmul(m, &L->wq, a->xb, T, a->q)) || (*rc = matmul(m, &L->wk, a->xb, T, a->k)) ||
+        (*rc = matmul(m, &L->wv, a->xb, T, a->v)))
+        return;
+    add_rows_bias(a->q, L->bq, T, q_dim);
+    add_rows_bias(a->k, L->bk, T, kv_dim);
+    add_rows_bias(a->v, L->bv, T, kv_dim);
+    kn_rope(m->kn, a->q, T, a->pos, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_freq_base, hp->rope_neox);
+    kn_rope(m->kn, a->k, T, a->pos, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_freq_base, hp->rope_neox);
+
+    /* Store the new K and V rows in each sequence's blocks, then attend. */
+    int row = 0;
+    for (int i = 0; i < n_entries; i++) {
+        rt_seq *s = e[i].seq;
+        int bt = s->kv->block_tokens;
+        size_t k_off = (size_t)l * 2 * bt * kv_dim;
+        size_t v_off = k_off + (size_t)bt * kv_dim;
+        for (int j = 0; j < e[i].n_tokens; j++) {
+            int p = s->len + j;
+            float *blk = s->blocks[p / bt];
+            memcpy(blk + k_off + (size_t)(p % bt) * kv_dim, a->k + (size_t)(row + j) * kv_dim,
+                   (size_t)kv_dim * sizeof(float));
+            memcpy(blk + v_off + (size_t)(p % bt) * kv_dim, a->v + (size_t)(row + j) * kv_dim,
+                   (size_t)kv_dim * sizeof(float));
+        }
+        a->attn[i] = (kn_attn_seq){
+            .q = a->q + (size_t)row * q_dim,
+            .out = a->att + (size_t)row * q_dim,
+            .n_q = e[i].n_tokens,
+            .pos0 = s->len,
+            .blocks = s->blocks,
+            .k_off = k_off,
+            .v_off = v_off,
+            .block_tokens = bt,
+        };
+        row += e[i].n_tokens;
+    }
+    if ((*rc = kn_attention(m->kn, a->attn, n_entries, hp->n_head, hp->n_head_kv, hp->head_dim,
+                            1.0f / sqrtf((float)hp->head_dim))))
+        return;
+    if ((*rc = matmul(m, &L->wo, a->att, T, a->xb)))
+        return;
+    add_inplace(a->x, a->xb, (size_t)T * dim);
+
+    kn_rmsnorm(m->kn, a->xb, a->x, L->ffn_norm, T, dim, hp->norm_eps);
+    if ((*rc = matmul(m, &L->w_gate, a->xb, T, a->hb)) || (*rc = matmul(m, &L->w_up, a->xb, T, a->hb2)))
+        return;
+    kn_silu_mul(m->kn, a->hb, a->hb2, T, hp->n_ff);
+    if ((*rc = matmul(m, &L->w_down, a->hb, T, a->xb)))
+        return;
+    add_inplace(a->x, a->xb, (size_t)T * dim);
+}
+
+int rt_model_forward(rt_model *m, rt_batch_entry *e, int n_entries)
+{
+    const rt_hparams *hp = &m->hp;
+    int T, n_out, rc;
+    if (n_entries <= 0)
+        return -EINVAL;
+    if ((rc = validate(m, e, n_entries, &T, &n_out)))
+        return rc;
+    if ((rc = act_reserve(m, T, n_out, n_entries)))
+        return rc;
+    for (int i = 0; i < n_entries; i++) {
+        if ((rc = rt_seq_grow(e[i].seq, e[i].n_tokens))) {
+            while (i-- > 0)
+                rt_seq_shrink(e[i].seq);
+            return rc;
+        }
+    }
+
+    rt_act *a = &m->act;
+    int dim = hp->n_embd;
+    size_t emb_row = kn_row_bytes(m->tok_embd.type, dim);
+    int t = 0;
+    for (int i = 0; i < n_entries; i++) {
+        for (int j = 0; j < e[i].n_tokens; j++, t++) {
+            a->pos[t] = e[i].seq->len + j;
+            kn_dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)e[i].tokens[j] * emb_row,
+                              a->x + (size_t)t * dim, dim);
+        }
+    }
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        layer_forward(m, l, e, n_entries, T, &rc);
+        if (rc)
+            goto fail;
+    }
+
+    if (n_out > 0) {
+        int o = 0;
+        t = 0;
+        for (int i = 0; i < n_entries; i++) {
+            t += e[i].n_tokens;
+            if (e[i].logits)
+                memcpy(a->out_x + (size_t)o++ * dim, a->x + (size_t)(t - 1) * dim, (size_t)dim * sizeof(float));
+        }
+        kn_rmsnorm(m->kn, a->out_x, a->out_x, m->output_norm, n_out, dim, hp->norm_eps);
+        if ((rc = matmul(m, &m->output, a->out_x, n_out, a->out_logits)))
+            goto fail;
+        o = 0;
+        for (int i = 0; i < n_entries; i++)
+            if (e[i].logits)
+                memcpy(e[i].logits, a->out_logits + (size_t)o++ * hp->n_vocab, (size_t)hp->n_vocab * sizeof(float));
+    }
+    for (int i = 0; i < n_entries; i++)
+        e[i].seq->len += e[i].n_tokens;
+    return 0;
+fail:
+    for (int i = 0; i < n_entries; i++)
+        rt_seq_shrink(e[i].seq);
+    return rc;
+}

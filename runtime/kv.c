@@ -1,0 +1,143 @@
+/* Paged KV cache: one pool of fixed-size blocks; sequences hold block
+ * tables and grow block by block (see model.h). Block layout, per layer:
+ * K [block_tokens][kv_dim] then V [block_tokens][kv_dim], as floats. */
+#include "runtime/model_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, size_t err_len)
+{
+    if (block_tokens <= 0 || block_tokens > 4096) {
+        snprintf(err, err_len, "KV block size %d is out of range (1..4096 tokens)", block_tokens);
+        return NULL;
+    }
+    size_t block_floats = (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * block_tokens;
+    size_t block_bytes = block_floats * sizeof(float);
+    size_t n = bytes / block_bytes;
+    if (n < 1)
+        n = 1;
+    if (n > INT32_MAX / 2) {
+        snprintf(err, err_len, "KV cache of %zu bytes is too large", bytes);
+        return NULL;
+    }
+    rt_kv *kv = calloc(1, sizeof(*kv));
+    if (!kv)
+        goto nomem;
+    kv->model = m;
+    kv->block_tokens = block_tokens;
+    kv->n_blocks = (int)n;
+    kv->block_floats = block_floats;
+    /* mmap, not malloc: the pool is large and its pages are only touched
+     * as sequences reach them. */
+    void *p = mmap(NULL, n * block_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        goto nomem;
+    kv->pool = p;
+    kv->free_list = malloc(n * sizeof(int));
+    if (!kv->free_list)
+        goto nomem;
+    /* Hand out low blocks first so a lightly used pool stays compact. */
+    for (size_t i = 0; i < n; i++)
+        kv->free_list[i] = (int)(n - 1 - i);
+    kv->n_free = (int)n;
+    return kv;
+nomem:
+    snprintf(err, err_len, "out of memory for a KV cache of %zu blocks of %zu bytes", n, block_bytes);
+    rt_kv_free(kv);
+    return NULL;
+}
+
+void rt_kv_free(rt_kv *kv)
+{
+    if (!kv)
+        return;
+    if (kv->pool)
+        munmap(kv->pool, (size_t)kv->n_blocks * kv->block_floats * sizeof(float));
+    free(kv->free_list);
+    free(kv);
+}
+
+int rt_kv_blocks_total(const rt_kv *kv)
+{
+    return kv->n_blocks;
+}
+
+int rt_kv_blocks_free(const rt_kv *kv)
+{
+    return kv->n_free;
+}
+
+int rt_kv_block_tokens(const rt_kv *kv)
+{
+    return kv->block_tokens;
+}
+
+size_t rt_kv_block_bytes(const rt_kv *kv)
+{
+    return kv->block_floats * sizeof(float);
+}
+
+rt_seq *rt_seq_new(rt_kv *kv, int max_tokens)
+{
+    int n_ctx = kv->model->hp.n_ctx_train;
+    if (max_tokens <= 0 || max_tokens > n_ctx)
+        max_tokens = n_ctx;
+    rt_seq *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->kv = kv;
+    s->max_tokens = max_tokens;
+    s->blocks = calloc((size_t)(max_tokens + kv->block_tokens - 1) / kv->block_tokens, sizeof(float *));
+    if (!s->blocks) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void rt_seq_free(rt_seq *s)
+{
+    if (!s)
+        return;
+    rt_kv *kv = s->kv;
+    for (int i = 0; i < s->n_blocks; i++)
+        kv->free_list[kv->n_free++] = (int)((s->blocks[i] - kv->pool) / (ptrdiff_t)kv->block_floats);
+    free(s->blocks);
+    free(s);
+}
+
+int rt_seq_len(const rt_seq *s)
+{
+    return s->len;
+}
+
+int rt_seq_blocks_needed(const rt_seq *s, int n)
+{
+    int bt = s->kv->block_tokens;
+    int need = (s->len + n + bt - 1) / bt;
+    return need > s->n_blocks ? need - s->n_blocks : 0;
+}
+
+int rt_seq_grow(rt_seq *s, int n)
+{
+    if (n < 0 || s->len + n > s->max_tokens)
+        return -E2BIG;
+    int need = rt_seq_blocks_needed(s, n);
+    rt_kv *kv = s->kv;
+    if (need > kv->n_free)
+        return -ENOSPC;
+    for (int i = 0; i < need; i++)
+        s->blocks[s->n_blocks++] = kv->pool + (size_t)kv->free_list[--kv->n_free] * kv->block_floats;
+    return 0;
+}
+
+void rt_seq_shrink(rt_seq *s)
+{
+    rt_kv *kv = s->kv;
+    int keep = (s->len + kv->block_tokens - 1) / kv->block_tokens;
+    while (s->n_blocks > keep)
+        kv->free_list[kv->n_free++] = (int)((s->blocks[--s->n_blocks] - kv->pool) / (ptrdiff_t)kv->block_floats);
+}

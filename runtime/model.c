@@ -1,0 +1,336 @@
+/* Llama-family model: hyper-parameters and weights from GGUF, and the
+ * batched forward pass over paged KV caches (see model.h). */
+#include "runtime/model.h"
+#include "runtime/model_internal.h"
+
+#include "kernels/kn.h"
+#include "runtime/gguf.h"
+#include "runtime/tokenizer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ERR(...) (snprintf(err, err_len, __VA_ARGS__), -EINVAL)
+
+/* ---- hyper-parameters ---- */
+
+static int get_arch_u32(const rt_gguf *g, const char *arch, const char *suffix, bool required, uint32_t *out,
+                        char *err, size_t err_len)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    int rc = rt_gguf_get_u32(g, key, out);
+    if (rc == -ENOENT && !required)
+        return 1;
+    if (rc == -ENOENT)
+        return ERR("missing required key %s", key);
+    if (rc < 0)
+        return ERR("key %s has a type that is not an unsigned 32-bit integer", key);
+    return 0;
+}
+
+static int get_arch_f32(const rt_gguf *g, const char *arch, const char *suffix, float *out, char *err,
+                        size_t err_len)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    int rc = rt_gguf_get_f32(g, key, out);
+    if (rc == -ENOENT)
+        return 1;
+    if (rc < 0)
+        return ERR("key %s is not a number", key);
+    return 0;
+}
+
+int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err_len)
+{
+    memset(hp, 0, sizeof(*hp));
+    rt_gguf_str arch;
+    int rc = rt_gguf_get_str(g, "general.architecture", &arch);
+    if (rc == -ENOENT)
+        return ERR("missing required key general.architecture");
+    if (rc < 0)
+        return ERR("key general.architecture is not a string");
+    if (arch.n >= sizeof(hp->arch))
+        return ERR("general.architecture is too long (%llu bytes)", (unsigned long long)arch.n);
+    memcpy(hp->arch, arch.p, arch.n);
+    hp->arch[arch.n] = '\0';
+    if (strcmp(hp->arch, "llama") == 0 || strcmp(hp->arch, "mistral") == 0) {
+        hp->rope_neox = false;
+    } else if (strcmp(hp->arch, "qwen2") == 0) {
+        hp->rope_neox = true;
+    } else {
+        return ERR("general.architecture \"%s\" is not supported (llama, mistral, qwen2)", hp->arch);
+    }
+
+    uint32_t v;
+    const char *a = hp->arch;
+#define REQ(suffix, field)                                                                                   \
+    do {                                                                                                     \
+        if ((rc = get_arch_u32(g, a, suffix, true, &v, err, err_len)) < 0)                                   \
+            return rc;                                                                                       \
+        if (v == 0 || v > (1u << 30))                                                                        \
+            return ERR("key %s.%s has an unusable value %u", a, suffix, v);                                  \
+        hp->field = (int)v;                                                                                  \
+    } while (0)
+    REQ("context_length", n_ctx_train);
+    REQ("embedding_length", n_embd);
+    REQ("block_count", n_layer);
+    REQ("feed_forward_length", n_ff);
+    REQ("attention.head_count", n_head);
+#undef REQ
+    hp->n_head_kv = hp->n_head;
+    if ((rc = get_arch_u32(g, a, "attention.head_count_kv", false, &v, err, err_len)) < 0)
+        return rc;
+    if (rc == 0)
+        hp->n_head_kv = (int)v;
+    if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0)
+        return ERR("%s.attention.head_count_kv = %d does not divide head_count %d", a, hp->n_head_kv,
+                   hp->n_head);
+    hp->head_dim = hp->n_embd / hp->n_head;
+    if ((rc = get_arch_u32(g, a, "attention.key_length", false, &v, err, err_len)) < 0)
+        return rc;
+    if (rc == 0)
+        hp->head_dim = (int)v;
+    if (hp->head_dim <= 0 || hp->head_dim % 2 != 0 || hp->head_dim > 1024)
+        return ERR("head dimension %d (embedding_length / head_count) is unusable", hp->head_dim);
+    hp->n_rot = hp->head_dim;
+    if ((rc = get_arch_u32(g, a, "rope.dimension_count", false, &v, err, err_len)) < 0)
+        return rc;
+    if (rc == 0)
+        hp->n_rot = (int)v;
+    if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return ERR("%s.rope.dimension_count = %d must be even and at most the head dimension %d", a,
+                   hp->n_rot, hp->head_dim);
+    hp->rope_freq_base = 10000.0f;
+    if ((rc = get_arch_f32(g, a, "rope.freq_base", &hp->rope_freq_base, err, err_len)) < 0)
+        return rc;
+    if (!(hp->rope_freq_base > 0.0f))
+        return ERR("%s.rope.freq_base must be positive", a);
+    hp->norm_eps = 1e-5f;
+    if ((rc = get_arch_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err, err_len)) < 0)
+        return rc;
+    if (!(hp->norm_eps >= 0.0f))
+        return ERR("%s.attention.layer_norm_rms_epsilon must not be negative", a);
+
+    const rt_gguf_tensor *emb = rt_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb)
+        return ERR("missing required tensor token_embd.weight");
+    if (emb->n_dims != 2 || emb->ne[0] != hp->n_embd || emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX)
+        return ERR("tensor token_embd.weight at data offset %llu has shape [%lld, %lld], expected [%d, n_vocab]",
+                   (unsigned long long)emb->offset, (long long)emb->ne[0], (long long)emb->ne[1], hp->n_embd);
+    hp->n_vocab = (int)emb->ne[1];
+    hp->tied_output = rt_gguf_find_tensor(g, "output.weight") == NULL;
+    return 0;
+}
+
+/* ---- weights ---- */
+
+static int bind_weight(const rt_gguf *g, const char *name, int64_t n_in, int64_t n_out, rt_weight *w, char *err,
+                       size_t err_len)
+{
+    const rt_gguf_tensor *t = rt_gguf_find_tensor(g, name);
+    if (!t)
+        return ERR("missing required tensor %s", name);
+    if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+        return ERR("tensor %s at data offset %llu has shape [%lld, %lld], expected [%lld, %lld]", name,
+                   (unsigned long long)t->offset, (long long)t->ne[0], (long long)t->ne[1], (long long)n_in,
+                   (long long)n_out);
+    w->data = t->data;
+    w->type = (kn_type)t->type;
+    w->n_in = (int)n_in;
+    w->n_out = (int)n_out;
+    w->nbytes = t->nbytes;
+    return 0;
+}
+
+/* Norm gains and biases are small: keep them as owned F32 whatever the file
+ * stores, so the kernels see one type. */
+static int load_vector(const rt_gguf *g, const char *name, int64_t n, bool required, float **out, char *err,
+                       size_t err_len)
+{
+    *out = NULL;
+    const rt_gguf_tensor *t = rt_gguf_find_tensor(g, name);
+    if (!t)
+        return required ? ERR("missing required tensor %s", name) : 0;
+    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return ERR("tensor %s at data offset %llu has %lld elements in %u dims, expected a vector of %lld", name,
+                   (unsigned long long)t->offset, (long long)t->ne[0], t->n_dims, (long long)n);
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v)
+        return -ENOMEM;
+    kn_dequantize_row((kn_type)t->type, t->data, v, n);
+    *out = v;
+    return 0;
+}
+
+static int bind_layers(rt_model *m, char *err, size_t err_len)
+{
+    const rt_hparams *hp = &m->hp;
+    const rt_gguf *g = m->gguf;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+    int rc;
+    m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
+    if (!m->layers)
+        return -ENOMEM;
+    for (int l = 0; l < hp->n_layer; l++) {
+        rt_layer *L = &m->layers[l];
+#define W(field, suffix, n_in, n_out)                                                                        \
+    do {                                                                                                     \
+        snprintf(name, sizeof(name), "blk.%d.%s", l, suffix);                                                \
+        if ((rc = bind_weight(g, name, n_in, n_out, &L->field, err, err_len)) < 0)                           \
+            return rc;                                                                                       \
+    } while (0)
+#define V(field, suffix, n, req)                                                                             \
+    do {                                                                                                     \
+        snprintf(name, sizeof(name), "blk.%d.%s", l, suffix);                                                \
+        if ((rc = load_vector(g, name, n, req, &L->field, err, err_len)) < 0)                                \
+            return rc;                                                                                       \
+    } while (0)
+        W(wq, "attn_q.weight", hp->n_embd, q_dim);
+        W(wk, "attn_k.weight", hp->n_embd, kv_dim);
+        W(wv, "attn_v.weight", hp->n_embd, kv_dim);
+        W(wo, "attn_output.weight", q_dim, hp->n_embd);
+        W(w_gate, "ffn_gate.weight", hp->n_embd, hp->n_ff);
+        W(w_up, "ffn_up.weight", hp->n_embd, hp->n_ff);
+        W(w_down, "ffn_down.weight", hp->n_ff, hp->n_embd);
+        V(attn_norm, "attn_norm.weight", hp->n_embd, true);
+        V(ffn_norm, "ffn_norm.weight", hp->n_embd, true);
+        V(bq, "attn_q.bias", q_dim, false);
+        V(bk, "attn_k.bias", kv_dim, false);
+        V(bv, "attn_v.bias", kv_dim, false);
+#undef W
+#undef V
+    }
+    return 0;
+}
+
+static uint64_t weight_bytes(const rt_weight *w)
+{
+    return w->nbytes;
+}
+
+int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    rt_model *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    int rc = rt_gguf_open(path, &m->gguf, err, err_len);
+    if (rc < 0)
+        goto fail;
+    if ((rc = rt_hparams_from_gguf(m->gguf, &m->hp, err, err_len)) < 0)
+        goto fail;
+    const rt_hparams *hp = &m->hp;
+    if ((rc = bind_weight(m->gguf, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err, err_len)) < 0)
+        goto fail;
+    if (hp->tied_output)
+        m->output = m->tok_embd;
+    else if ((rc = bind_weight(m->gguf, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err, err_len)) < 0)
+        goto fail;
+    if ((rc = load_vector(m->gguf, "output_norm.weight", hp->n_embd, true, &m->output_norm, err, err_len)) < 0)
+        goto fail;
+    if ((rc = bind_layers(m, err, err_len)) < 0)
+        goto fail;
+    if ((rc = rt_tokenizer_load(m->gguf, &m->tok, err, err_len)) < 0)
+        goto fail;
+    if (rt_tokenizer_n_vocab(m->tok) > hp->n_vocab) {
+        rc = ERR("tokenizer has %d tokens but token_embd.weight only %d rows", rt_tokenizer_n_vocab(m->tok),
+                 hp->n_vocab);
+        goto fail;
+    }
+
+    m->bytes_per_token = kn_row_bytes(m->tok_embd.type, hp->n_embd) + (hp->tied_output ? m->tok_embd.nbytes : 0);
+    m->weight_bytes = m->tok_embd.nbytes + (hp->tied_output ? 0 : m->output.nbytes);
+    if (!hp->tied_output)
+        m->bytes_per_token += m->output.nbytes;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const rt_layer *L = &m->layers[l];
+        uint64_t b = weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) + weight_bytes(&L->wo) +
+                     weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) + weight_bytes(&L->w_down);
+        m->bytes_per_token += b;
+        m->weight_bytes += b;
+    }
+
+    int n_threads = opts ? opts->n_threads : 0;
+    m->kn = kn_ctx_new(n_threads, opts && opts->reference ? KN_BACKEND_REF : KN_BACKEND_AUTO);
+    if (!m->kn) {
+        rc = -ENOMEM;
+        snprintf(err, err_len, "cannot start the kernel context (%d threads)", n_threads);
+        goto fail;
+    }
+    *out = m;
+    return 0;
+fail:
+    rt_model_free(m);
+    return rc;
+}
+
+void rt_model_free(rt_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers) {
+        for (int l = 0; l < m->hp.n_layer; l++) {
+            rt_layer *L = &m->layers[l];
+            free(L->attn_norm);
+            free(L->ffn_norm);
+            free(L->bq);
+            free(L->bk);
+            free(L->bv);
+        }
+        free(m->layers);
+    }
+    free(m->output_norm);
+    rt_act_dispose(&m->act);
+    kn_ctx_free(m->kn);
+    rt_tokenizer_free(m->tok);
+    rt_gguf_free(m->gguf);
+    free(m);
+}
+
+const rt_hparams *rt_model_hparams(const rt_model *m)
+{
+    return &m->hp;
+}
+
+const rt_tokenizer *rt_model_tokenizer(const rt_model *m)
+{
+    return m->tok;
+}
+
+const rt_gguf *rt_model_gguf(const rt_model *m)
+{
+    return m->gguf;
+}
+
+uint64_t rt_model_weight_bytes(const rt_model *m)
+{
+    return m->weight_bytes;
+}
+
+uint64_t rt_model_bytes_per_token(const rt_model *m)
+{
+    return m->bytes_per_token;
+}
+
+size_t rt_model_kv_bytes_per_token(const rt_model *m)
+{
+    return (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * sizeof(float);
+}
+
+const char *rt_model_backend_name(const rt_model *m)
+{
+    return kn_ctx_ops(m->kn)->name;
+}
+
+int rt_model_threads(const rt_model *m)
+{
+    return kn_ctx_threads(m->kn);
+}

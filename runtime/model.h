@@ -1,0 +1,103 @@
+/* A llama-family model loaded from a memory-mapped GGUF file, its paged KV
+ * cache, and the batched forward pass continuous batching needs: one call
+ * runs a batch of sequences, each with its own number of new tokens (a
+ * prefill chunk for one, one decode token for another).
+ *
+ * Architectures: "llama" (also Mistral and TinyLlama files), "qwen2" (NeoX
+ * RoPE, Q/K/V biases). Hyper-parameters come from `<arch>.*` keys. */
+#ifndef RT_MODEL_H
+#define RT_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct rt_gguf rt_gguf;
+typedef struct rt_tokenizer rt_tokenizer;
+typedef struct rt_model rt_model;
+
+typedef struct rt_hparams {
+    char arch[32];
+    int n_ctx_train; /* <arch>.context_length */
+    int n_embd;
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int n_ff;
+    int n_vocab;
+    int n_rot;            /* rotary dims per head */
+    float rope_freq_base; /* default 10000 */
+    float norm_eps;       /* RMSNorm epsilon */
+    bool rope_neox;
+    bool tied_output; /* no output.weight: the embedding matrix is reused */
+} rt_hparams;
+
+typedef struct rt_model_opts {
+    int n_threads;   /* <= 0: one per CPU */
+    bool reference;  /* scalar reference kernels (numerical checks) */
+} rt_model_opts;
+
+/* 0; -EINVAL for a file that is not a usable model (err names the key or
+ * tensor, and the byte offset where the GGUF reader has one); -ENOMEM;
+ * -errno for I/O. */
+int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, char *err, size_t err_len);
+void rt_model_free(rt_model *m);
+
+const rt_hparams *rt_model_hparams(const rt_model *m);
+const rt_tokenizer *rt_model_tokenizer(const rt_model *m);
+const rt_gguf *rt_model_gguf(const rt_model *m);
+/* Bytes of all weight tensors. */
+uint64_t rt_model_weight_bytes(const rt_model *m);
+/* Bytes the forward pass reads per decoded token (every weight matrix once,
+ * plus one embedding row): the bound for batch-1 decode. */
+uint64_t rt_model_bytes_per_token(const rt_model *m);
+/* KV cache bytes per token of context. */
+size_t rt_model_kv_bytes_per_token(const rt_model *m);
+const char *rt_model_backend_name(const rt_model *m);
+int rt_model_threads(const rt_model *m);
+
+/* Hyper-parameters and tensor shapes of a GGUF file, checked as the loader
+ * checks them, without building a model (for `model inspect`). */
+int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err_len);
+
+/* ---- paged KV cache ----
+ * One pool of fixed-size blocks, each holding block_tokens positions of K
+ * and V for every layer. A sequence grows block by block and gives its
+ * blocks back when freed. Not thread-safe: one thread drives a model. */
+typedef struct rt_kv rt_kv;
+typedef struct rt_seq rt_seq;
+
+/* Pool of as many blocks as fit in `bytes` (at least one). */
+rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, size_t err_len);
+void rt_kv_free(rt_kv *kv);
+int rt_kv_blocks_total(const rt_kv *kv);
+int rt_kv_blocks_free(const rt_kv *kv);
+int rt_kv_block_tokens(const rt_kv *kv);
+size_t rt_kv_block_bytes(const rt_kv *kv);
+
+/* A sequence that may grow to max_tokens positions (<= context length). */
+rt_seq *rt_seq_new(rt_kv *kv, int max_tokens);
+void rt_seq_free(rt_seq *s);
+int rt_seq_len(const rt_seq *s);
+/* Blocks needed to grow by n more positions. */
+int rt_seq_blocks_needed(const rt_seq *s, int n);
+
+/* One entry of a batch: n_tokens new tokens of seq, at positions
+ * rt_seq_len(seq) onwards. When logits is not NULL it receives n_vocab
+ * floats: the logits after the last of the new tokens. */
+typedef struct rt_batch_entry {
+    rt_seq *seq;
+    const int32_t *tokens;
+    int n_tokens;
+    float *logits;
+} rt_batch_entry;
+
+/* Runs one forward pass over all entries; each seq advances by its
+ * n_tokens. A seq appears at most once. Returns 0; -ENOSPC when the KV pool
+ * cannot hold the new positions (nothing is changed); -E2BIG when a seq
+ * would pass its max_tokens; -EINVAL for a token id out of range or an empty
+ * entry; -ENOMEM. */
+int rt_model_forward(rt_model *m, rt_batch_entry *entries, int n_entries);
+
+#endif

@@ -1,0 +1,51 @@
+/* Sampling the next token from logits, and stop-string matching.
+ *
+ * Order of operations (as llama.cpp and vLLM): penalties (presence,
+ * frequency over the tokens generated so far) -> temperature 0 means greedy
+ * -> top-k -> softmax with temperature -> top-p -> min-p -> draw with a
+ * seeded PRNG. Same seed and same logits give the same tokens. */
+#ifndef RT_SAMPLER_H
+#define RT_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct rt_sampler_params {
+    float temperature; /* 0 = greedy */
+    int top_k;         /* 0 = off */
+    float top_p;       /* 1 = off */
+    float min_p;       /* 0 = off */
+    uint64_t seed;
+    float presence_penalty;  /* OpenAI semantics: subtract once if seen */
+    float frequency_penalty; /* subtract count * penalty */
+} rt_sampler_params;
+
+void rt_sampler_params_default(rt_sampler_params *p); /* greedy-safe defaults: temp 1, top_p 1 */
+
+typedef struct rt_sampler rt_sampler;
+
+rt_sampler *rt_sampler_new(const rt_sampler_params *p, int32_t n_vocab);
+void rt_sampler_free(rt_sampler *s);
+/* Picks a token; `logits` (n_vocab) may be modified. */
+int32_t rt_sampler_sample(rt_sampler *s, float *logits);
+/* Records a generated token (for the penalties). */
+void rt_sampler_accept(rt_sampler *s, int32_t tok);
+
+/* Stop strings over streamed text. Feed decoded bytes; the matcher holds
+ * back a tail that could still become a stop string and tells how much is
+ * safe to emit. */
+typedef struct rt_stop rt_stop;
+
+/* Up to 16 stop strings; NULL-free array. Returns NULL on ENOMEM. */
+rt_stop *rt_stop_new(const char *const *stops, int n);
+void rt_stop_free(rt_stop *s);
+/* Appends bytes. Returns true when a stop string matched; then the text
+ * before the match is the final output. */
+bool rt_stop_feed(rt_stop *s, const char *bytes, size_t n);
+/* Text that may be sent now (advances the emitted mark): pointer and length
+ * into the matcher's buffer, valid until the next feed. With `final`, also
+ * releases the held-back tail (end of generation without a match). */
+const char *rt_stop_take(rt_stop *s, bool final, size_t *len);
+
+#endif

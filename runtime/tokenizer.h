@@ -1,0 +1,60 @@
+/* Tokenizer built from a GGUF file's `tokenizer.ggml.*` metadata.
+ *
+ *   model "llama": SentencePiece BPE — pieces with scores, spaces as U+2581,
+ *                  an optional leading space, <0xXX> byte-fallback tokens.
+ *   model "gpt2":  byte-level BPE with `tokenizer.ggml.merges`, split first by
+ *                  the pre-tokenizer regex of `tokenizer.ggml.pre` (llama-3,
+ *                  qwen2, or GPT-2's own) through PCRE2.
+ * Special (control) tokens such as <|im_start|> are matched as whole tokens
+ * when the caller asks to parse them (chat templates do; user text must not). */
+#ifndef RT_TOKENIZER_H
+#define RT_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct rt_gguf rt_gguf;
+typedef struct rt_tokenizer rt_tokenizer;
+
+typedef enum rt_tok_kind {
+    RT_TOK_SPM = 1,  /* "llama" */
+    RT_TOK_BPE = 2,  /* "gpt2" */
+} rt_tok_kind;
+
+/* 0, -EINVAL (bad or missing metadata; err names the key), -ENOMEM. */
+int rt_tokenizer_load(const rt_gguf *g, rt_tokenizer **out, char *err, size_t err_len);
+void rt_tokenizer_free(rt_tokenizer *t);
+
+rt_tok_kind rt_tokenizer_kind(const rt_tokenizer *t);
+const char *rt_tokenizer_kind_name(const rt_tokenizer *t); /* "llama" / "gpt2" */
+int32_t rt_tokenizer_n_vocab(const rt_tokenizer *t);
+int32_t rt_tokenizer_bos(const rt_tokenizer *t); /* -1 when the model has none */
+int32_t rt_tokenizer_eos(const rt_tokenizer *t);
+/* Does generation end at this token (EOS, EOT, <|im_end|>, <|eot_id|>...)? */
+bool rt_tokenizer_is_eog(const rt_tokenizer *t, int32_t tok);
+/* Whether encode() should add BOS by default (tokenizer.ggml.add_bos_token). */
+bool rt_tokenizer_add_bos_default(const rt_tokenizer *t);
+
+/* Encodes len bytes of text. Writes at most max_out ids; returns the number
+ * the full encoding has (which may exceed max_out: call again with more room)
+ * or a negative error. */
+int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
+                        int32_t *out, int max_out);
+
+/* Bytes that token `tok` contributes to the text (a byte token gives its one
+ * raw byte, which may be part of a UTF-8 sequence). Control tokens give "".
+ * Writes at most cap bytes; returns the full length, or -EINVAL for an id
+ * out of range. */
+int rt_tokenizer_piece(const rt_tokenizer *t, int32_t tok, char *buf, size_t cap);
+/* Whole-sequence decode (SentencePiece drops the space the encoder added
+ * before the first piece when `strip_leading_space`). Returns full length. */
+int rt_tokenizer_decode(const rt_tokenizer *t, const int32_t *toks, int n, bool strip_leading_space, char *buf,
+                        size_t cap);
+
+/* Vocabulary entry as stored (for inspect and chat templates); id in range. */
+const char *rt_tokenizer_token_text(const rt_tokenizer *t, int32_t tok);
+/* Id of a token with this exact text, or -1. */
+int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *text);
+
+#endif

@@ -1,0 +1,337 @@
+/* Model forward pass: fast kernels against the scalar reference, quantized
+ * models against their F32 original, batched against alone, chunked prefill
+ * against one-shot, KV exhaustion, and load errors that name the key. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kernels/kn.h"
+#include "runtime/gguf.h"
+#include "runtime/model.h"
+#include "runtime/model_gen.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char dir[64];
+static char path_f32[96], path_f16[96], path_q8[96], path_q4[96];
+
+static const int32_t prompt[] = {1, 300, 301, 450, 17, 99, 260, 302, 303, 511, 42, 277, 310};
+#define N_PROMPT ((int)(sizeof(prompt) / sizeof(prompt[0])))
+
+static void gen(const char *path, uint32_t type)
+{
+    rt_gen_params p;
+    rt_gen_params_default(&p);
+    p.dim = 128;
+    p.layers = 3;
+    p.heads = 4;
+    p.kv_heads = 2;
+    p.ffn = 320;
+    p.vocab = 512;
+    p.ctx = 256;
+    p.type = type;
+    p.seed = 7;
+    char err[256];
+    int rc = rt_model_gen(&p, path, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "gen %s: %s\n", path, err);
+    assert_int_equal(rc, 0);
+}
+
+static int setup(void **state)
+{
+    snprintf(dir, sizeof(dir), "/tmp/infergate-test-model-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(path_f32, sizeof(path_f32), "%s/f32.gguf", dir);
+    snprintf(path_f16, sizeof(path_f16), "%s/f16.gguf", dir);
+    snprintf(path_q8, sizeof(path_q8), "%s/q8.gguf", dir);
+    snprintf(path_q4, sizeof(path_q4), "%s/q4.gguf", dir);
+    gen(path_f32, KN_TYPE_F32);
+    gen(path_f16, KN_TYPE_F16);
+    gen(path_q8, KN_TYPE_Q8_0);
+    gen(path_q4, KN_TYPE_Q4_0);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    unlink(path_f32);
+    unlink(path_f16);
+    unlink(path_q8);
+    unlink(path_q4);
+    rmdir(dir);
+    return 0;
+}
+
+static rt_model *load(const char *path, bool reference, int threads)
+{
+    rt_model_opts o = {.n_threads = threads, .reference = reference};
+    rt_model *m = NULL;
+    char err[256];
+    int rc = rt_model_load(path, &o, &m, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "load %s: %s\n", path, err);
+    assert_int_equal(rc, 0);
+    return m;
+}
+
+/* Logits after the prompt, prefilled in chunks of `chunk` tokens. */
+static float *prompt_logits(rt_model *m, int chunk)
+{
+    const rt_hparams *hp = rt_model_hparams(m);
+    char err[128];
+    rt_kv *kv = rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    assert_non_null(kv);
+    rt_seq *s = rt_seq_new(kv, 64);
+    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    for (int i = 0; i < N_PROMPT; i += chunk) {
+        int n = N_PROMPT - i < chunk ? N_PROMPT - i : chunk;
+        rt_batch_entry e = {.seq = s, .tokens = prompt + i, .n_tokens = n, .logits = logits};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+    }
+    assert_int_equal(rt_seq_len(s), N_PROMPT);
+    rt_seq_free(s);
+    assert_int_equal(rt_kv_blocks_free(kv), rt_kv_blocks_total(kv));
+    rt_kv_free(kv);
+    return logits;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* Greedy continuation of the prompt, n tokens. */
+static void greedy(rt_model *m, int32_t *out, int n)
+{
+    const rt_hparams *hp = rt_model_hparams(m);
+    char err[128];
+    rt_kv *kv = rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    rt_seq *s = rt_seq_new(kv, 64);
+    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
+    assert_int_equal(rt_model_forward(m, &e, 1), 0);
+    for (int i = 0; i < n; i++) {
+        out[i] = argmax(logits, hp->n_vocab);
+        e = (rt_batch_entry){.seq = s, .tokens = &out[i], .n_tokens = 1, .logits = logits};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+    }
+    free(logits);
+    rt_seq_free(s);
+    rt_kv_free(kv);
+}
+
+static double cosine(const float *a, const float *b, int n)
+{
+    double ab = 0, aa = 0, bb = 0;
+    for (int i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return ab / sqrt(aa * bb);
+}
+
+static void test_fast_matches_reference(void **state)
+{
+    const char *paths[] = {path_f32, path_f16, path_q8, path_q4};
+    for (int k = 0; k < 4; k++) {
+        rt_model *ref = load(paths[k], true, 1);
+        rt_model *fast = load(paths[k], false, 2);
+        int n = rt_model_hparams(ref)->n_vocab;
+        float *a = prompt_logits(ref, N_PROMPT);
+        float *b = prompt_logits(fast, N_PROMPT);
+        float maxabs = 0, maxdiff = 0;
+        for (int i = 0; i < n; i++) {
+            maxabs = fmaxf(maxabs, fabsf(a[i]));
+            maxdiff = fmaxf(maxdiff, fabsf(a[i] - b[i]));
+        }
+        printf("# %s: %s vs %s: max |diff| %.3g of max |logit| %.3g\n", paths[k], rt_model_backend_name(fast),
+               rt_model_backend_name(ref), maxdiff, maxabs);
+        assert_true(maxdiff <= 1e-4f * maxabs);
+        free(a);
+        free(b);
+        rt_model_free(ref);
+        rt_model_free(fast);
+    }
+}
+
+static void test_quantized_close_to_f32(void **state)
+{
+    rt_model *f32 = load(path_f32, false, 2);
+    int n = rt_model_hparams(f32)->n_vocab;
+    float *base = prompt_logits(f32, N_PROMPT);
+    const char *paths[] = {path_f16, path_q8, path_q4};
+    const double min_cos[] = {0.99999, 0.999, 0.99};
+    for (int k = 0; k < 3; k++) {
+        rt_model *q = load(paths[k], false, 2);
+        float *l = prompt_logits(q, N_PROMPT);
+        double c = cosine(base, l, n);
+        printf("# %s: cosine to f32 logits %.6f (need >= %g)\n", paths[k], c, min_cos[k]);
+        assert_true(c >= min_cos[k]);
+        free(l);
+        rt_model_free(q);
+    }
+    free(base);
+
+    int32_t a[16], b[16];
+    greedy(f32, a, 16);
+    rt_model *q8 = load(path_q8, false, 2);
+    greedy(q8, b, 16);
+    assert_memory_equal(a, b, sizeof(a));
+    rt_model_free(q8);
+    rt_model_free(f32);
+}
+
+static void test_chunked_prefill_matches(void **state)
+{
+    rt_model *m = load(path_f32, false, 2);
+    int n = rt_model_hparams(m)->n_vocab;
+    float *whole = prompt_logits(m, N_PROMPT);
+    int chunks[] = {1, 4, 5};
+    for (int k = 0; k < 3; k++) {
+        float *l = prompt_logits(m, chunks[k]);
+        for (int i = 0; i < n; i++)
+            assert_true(fabsf(l[i] - whole[i]) <= 1e-4f * (1 + fabsf(whole[i])));
+        free(l);
+    }
+    free(whole);
+    rt_model_free(m);
+}
+
+/* Eight sequences with different prompts and lengths, run as one batch
+ * per step (prefill of all, then one decode token each), give the same
+ * greedy tokens as each sequence alone. */
+static void test_batch_matches_alone(void **state)
+{
+    enum { N_SEQ = 8, N_GEN = 12 };
+    rt_model *m = load(path_q8, false, 2);
+    int V = rt_model_hparams(m)->n_vocab;
+    char err[128];
+    rt_kv *kv = rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m), 8, err, sizeof(err));
+    int32_t prompts[N_SEQ][N_PROMPT];
+    int lens[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) {
+        lens[s] = 3 + s;
+        for (int i = 0; i < lens[s]; i++)
+            prompts[s][i] = prompt[(i + s) % N_PROMPT];
+    }
+    int32_t alone[N_SEQ][N_GEN], together[N_SEQ][N_GEN];
+    float *logits = malloc((size_t)N_SEQ * V * sizeof(float));
+    for (int s = 0; s < N_SEQ; s++) {
+        rt_seq *seq = rt_seq_new(kv, 64);
+        rt_batch_entry e = {.seq = seq, .tokens = prompts[s], .n_tokens = lens[s], .logits = logits};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        for (int i = 0; i < N_GEN; i++) {
+            alone[s][i] = argmax(logits, V);
+            e = (rt_batch_entry){.seq = seq, .tokens = &alone[s][i], .n_tokens = 1, .logits = logits};
+            assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        }
+        rt_seq_free(seq);
+    }
+    rt_seq *seqs[N_SEQ];
+    rt_batch_entry e[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) {
+        seqs[s] = rt_seq_new(kv, 64);
+        e[s] = (rt_batch_entry){.seq = seqs[s], .tokens = prompts[s], .n_tokens = lens[s],
+                                .logits = logits + (size_t)s * V};
+    }
+    assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
+    for (int i = 0; i < N_GEN; i++) {
+        for (int s = 0; s < N_SEQ; s++) {
+            together[s][i] = argmax(logits + (size_t)s * V, V);
+            e[s] = (rt_batch_entry){.seq = seqs[s], .tokens = &together[s][i], .n_tokens = 1,
+                                    .logits = logits + (size_t)s * V};
+        }
+        assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
+    }
+    assert_memory_equal(alone, together, sizeof(alone));
+    for (int s = 0; s < N_SEQ; s++)
+        rt_seq_free(seqs[s]);
+    assert_int_equal(rt_kv_blocks_free(kv), rt_kv_blocks_total(kv));
+    free(logits);
+    rt_kv_free(kv);
+    rt_model_free(m);
+}
+
+static void test_kv_exhaustion(void **state)
+{
+    rt_model *m = load(path_q8, false, 1);
+    char err[128];
+    rt_kv *kv = rt_kv_new(m, 2 * 16 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    assert_int_equal(rt_kv_blocks_total(kv), 2);
+    rt_seq *a = rt_seq_new(kv, 64), *b = rt_seq_new(kv, 64);
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++)
+        toks[i] = prompt[i % N_PROMPT];
+    rt_batch_entry e = {.seq = a, .tokens = toks, .n_tokens = 20};
+    assert_int_equal(rt_model_forward(m, &e, 1), 0); /* two blocks */
+    assert_int_equal(rt_kv_blocks_free(kv), 0);
+    e = (rt_batch_entry){.seq = b, .tokens = toks, .n_tokens = 1};
+    assert_int_equal(rt_model_forward(m, &e, 1), -ENOSPC);
+    assert_int_equal(rt_seq_len(b), 0);
+    rt_seq_free(a);
+    assert_int_equal(rt_kv_blocks_free(kv), 2);
+    assert_int_equal(rt_model_forward(m, &e, 1), 0);
+    /* Past max_tokens: refused, nothing taken. */
+    rt_seq *c = rt_seq_new(kv, 4);
+    e = (rt_batch_entry){.seq = c, .tokens = toks, .n_tokens = 5};
+    assert_int_equal(rt_model_forward(m, &e, 1), -E2BIG);
+    /* A bad token id is refused before anything runs. */
+    int32_t bad = 100000;
+    e = (rt_batch_entry){.seq = c, .tokens = &bad, .n_tokens = 1};
+    assert_int_equal(rt_model_forward(m, &e, 1), -EINVAL);
+    rt_seq_free(b);
+    rt_seq_free(c);
+    rt_kv_free(kv);
+    rt_model_free(m);
+}
+
+static void test_missing_key_named(void **state)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/bad.gguf", dir);
+    rt_gguf_writer *w = rt_gguf_writer_new();
+    rt_gguf_writer_add_str(w, "general.architecture", "llama");
+    rt_gguf_writer_add_u32(w, "llama.context_length", 128);
+    rt_gguf_writer_add_u32(w, "llama.embedding_length", 64);
+    rt_gguf_writer_add_u32(w, "llama.feed_forward_length", 128);
+    rt_gguf_writer_add_u32(w, "llama.attention.head_count", 4);
+    char err[256];
+    assert_int_equal(rt_gguf_writer_write(w, path, err, sizeof(err)), 0);
+    rt_gguf_writer_free(w);
+    rt_model *m = NULL;
+    assert_int_equal(rt_model_load(path, NULL, &m, err, sizeof(err)), -EINVAL);
+    assert_null(m);
+    assert_non_null(strstr(err, "llama.block_count"));
+
+    w = rt_gguf_writer_new();
+    rt_gguf_writer_add_str(w, "general.architecture", "gptj");
+    assert_int_equal(rt_gguf_writer_write(w, path, err, sizeof(err)), 0);
+    rt_gguf_writer_free(w);
+    assert_int_equal(rt_model_load(path, NULL, &m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "gptj"));
+    unlink(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fast_matches_reference), cmocka_unit_test(test_quantized_close_to_f32),
+        cmocka_unit_test(test_chunked_prefill_matches), cmocka_unit_test(test_batch_matches_alone),
+        cmocka_unit_test(test_kv_exhaustion),           cmocka_unit_test(test_missing_key_named),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
