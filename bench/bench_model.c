@@ -1,0 +1,179 @@
+/* Model benchmark: prefill and decode tokens/s of a synthetic model in F16,
+ * Q8_0 and Q4_0 at 1 and 2 threads, next to the machine's memory read
+ * bandwidth measured in the same run. Batch-1 decode reads every weight
+ * once per token, so bandwidth / bytes-per-token is its bound.
+ *
+ *   bench_model [--dir DIR] [--dim 768 --layers 12 --heads 12 --ffn 2048
+ *                --vocab 32000] [--prompt 128] [--decode 64] [--reps 3]
+ *
+ * Models are generated into DIR (default /tmp/infergate-bench) once. */
+#include "bench/membw.h"
+#include "kernels/kn.h"
+#include "runtime/model.h"
+#include "runtime/model_gen.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_REPS 15
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* One prefill of n_prompt tokens then n_decode greedy-free decode steps
+ * (the token fed back is fixed: sampling is not what is measured). */
+static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tps, double *decode_tps)
+{
+    const rt_hparams *hp = rt_model_hparams(m);
+    char err[256];
+    rt_kv *kv = rt_kv_new(m, (size_t)(n_prompt + n_decode + 16) * rt_model_kv_bytes_per_token(m), 16, err,
+                          sizeof(err));
+    rt_seq *s = kv ? rt_seq_new(kv, n_prompt + n_decode + 16) : NULL;
+    int32_t *toks = malloc((size_t)n_prompt * sizeof(int32_t));
+    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    if (!s || !toks || !logits) {
+        fprintf(stderr, "bench_model: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < n_prompt; i++)
+        toks[i] = 3 + (i * 7919) % (hp->n_vocab - 3);
+    double t0 = membw_now();
+    rt_batch_entry e = {.seq = s, .tokens = toks, .n_tokens = n_prompt, .logits = logits};
+    if (rt_model_forward(m, &e, 1)) {
+        fprintf(stderr, "bench_model: prefill failed\n");
+        exit(1);
+    }
+    double t1 = membw_now();
+    for (int i = 0; i < n_decode; i++) {
+        e = (rt_batch_entry){.seq = s, .tokens = &toks[i % n_prompt], .n_tokens = 1, .logits = logits};
+        if (rt_model_forward(m, &e, 1)) {
+            fprintf(stderr, "bench_model: decode failed\n");
+            exit(1);
+        }
+    }
+    double t2 = membw_now();
+    *prefill_tps = n_prompt / (t1 - t0);
+    *decode_tps = n_decode / (t2 - t1);
+    free(logits);
+    free(toks);
+    rt_seq_free(s);
+    rt_kv_free(kv);
+}
+
+int main(int argc, char **argv)
+{
+    rt_gen_params gp;
+    rt_gen_params_default(&gp);
+    gp.dim = 768;
+    gp.layers = 12;
+    gp.heads = 12;
+    gp.kv_heads = 12;
+    gp.ffn = 2048;
+    gp.vocab = 32000;
+    gp.ctx = 2048;
+    const char *dir = "/tmp/infergate-bench";
+    int n_prompt = 128, n_decode = 64, reps = 3;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i];
+        int v = atoi(argv[i + 1]);
+        if (!strcmp(k, "--dir"))
+            dir = argv[i + 1];
+        else if (!strcmp(k, "--dim"))
+            gp.dim = v;
+        else if (!strcmp(k, "--layers"))
+            gp.layers = v;
+        else if (!strcmp(k, "--heads"))
+            gp.heads = gp.kv_heads = v;
+        else if (!strcmp(k, "--ffn"))
+            gp.ffn = v;
+        else if (!strcmp(k, "--vocab"))
+            gp.vocab = v;
+        else if (!strcmp(k, "--prompt"))
+            n_prompt = v;
+        else if (!strcmp(k, "--decode"))
+            n_decode = v;
+        else if (!strcmp(k, "--reps"))
+            reps = v < 1 ? 1 : v > MAX_REPS ? MAX_REPS : v;
+        else {
+            fprintf(stderr, "bench_model: unknown option %s\n", k);
+            return 2;
+        }
+    }
+    mkdir(dir, 0755);
+
+    static const kn_type types[] = {KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
+    enum { N_TYPES = 3, N_THREADS = 2 };
+    rt_model *models[N_TYPES][N_THREADS];
+    for (int t = 0; t < N_TYPES; t++) {
+        char path[512], err[512];
+        snprintf(path, sizeof(path), "%s/synth-%d-%d-%d-%d-%s.gguf", dir, gp.dim, gp.layers, gp.ffn, gp.vocab,
+                 kn_type_name(types[t]));
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            gp.type = types[t];
+            fprintf(stderr, "generating %s\n", path);
+            if (rt_model_gen(&gp, path, err, sizeof(err))) {
+                fprintf(stderr, "bench_model: %s\n", err);
+                return 1;
+            }
+        }
+        for (int th = 0; th < N_THREADS; th++) {
+            rt_model_opts o = {.n_threads = th + 1};
+            if (rt_model_load(path, &o, &models[t][th], err, sizeof(err))) {
+                fprintf(stderr, "bench_model: %s: %s\n", path, err);
+                return 1;
+            }
+        }
+    }
+
+    double bw[N_THREADS][MAX_REPS];
+    double pre[N_TYPES][N_THREADS][MAX_REPS], dec[N_TYPES][N_THREADS][MAX_REPS];
+    /* Warm-up pass: pages of the mapping in, buffers at full size. */
+    for (int t = 0; t < N_TYPES; t++)
+        for (int th = 0; th < N_THREADS; th++)
+            run_once(models[t][th], n_prompt, 4, &pre[t][th][0], &dec[t][th][0]);
+    for (int r = 0; r < reps; r++) {
+        for (int th = 0; th < N_THREADS; th++)
+            bw[th][r] = membw_measure(th + 1, (size_t)1 << 31, 2);
+        for (int t = 0; t < N_TYPES; t++)
+            for (int th = 0; th < N_THREADS; th++)
+                run_once(models[t][th], n_prompt, n_decode, &pre[t][th][r], &dec[t][th][r]);
+    }
+
+    double bw_med[N_THREADS];
+    for (int th = 0; th < N_THREADS; th++)
+        bw_med[th] = median(bw[th], reps);
+    printf("memory read bandwidth: 1 thread %.2f GB/s, 2 threads %.2f GB/s (median of %d)\n\n", bw_med[0] / 1e9,
+           bw_med[1] / 1e9, reps);
+    printf("model: dim %d, %d layers, %d heads, ffn %d, vocab %d; prompt %d tokens, decode %d tokens, %d reps\n\n",
+           gp.dim, gp.layers, gp.heads, gp.ffn, gp.vocab, n_prompt, n_decode, reps);
+    printf("| type | MB read/token | threads | prefill tok/s | decode tok/s | decode bound tok/s | decode / bound "
+           "| prefill / decode |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (int t = 0; t < N_TYPES; t++) {
+        double bytes = (double)rt_model_bytes_per_token(models[t][0]);
+        for (int th = 0; th < N_THREADS; th++) {
+            double p = median(pre[t][th], reps), d = median(dec[t][th], reps);
+            double bound = bw_med[N_THREADS - 1] / bytes;
+            printf("| %s | %.1f | %d | %.1f | %.1f | %.1f | %.0f%% | %.1fx |\n", kn_type_name(types[t]), bytes / 1e6,
+                   th + 1, p, d, bound, 100.0 * d / bound, p / d);
+        }
+    }
+    printf("\nbound = 2-thread bandwidth / bytes read per token.\n");
+    for (int t = 0; t < N_TYPES; t++)
+        for (int th = 0; th < N_THREADS; th++)
+            rt_model_free(models[t][th]);
+    return 0;
+}
