@@ -8,6 +8,7 @@
 #include "runtime/tokenizer.h"
 
 #include <getopt.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 

@@ -1,0 +1,687 @@
+/* `infergate worker`: one model on one device behind an OpenAI-compatible
+ * HTTP/2 server. The event loop owns the sockets; the runtime scheduler's
+ * compute thread owns the model. Scheduler events cross to the loop through
+ * a mutex-protected queue and one libevent event made active from the
+ * compute thread. */
+#include "gateway/cli.h"
+#include "gateway/http.h"
+
+#include "runtime/chat.h"
+#include "runtime/gguf.h"
+#include "runtime/model.h"
+#include "runtime/openai.h"
+#include "runtime/sched.h"
+#include "runtime/tokenizer.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DRAIN_GRACE_S 30
+
+typedef struct wreq wreq;
+typedef struct worker worker;
+
+/* One request's state on the loop side. Freed when both its final
+ * scheduler event has been handled and its stream has closed. */
+struct wreq {
+    worker *w;
+    gw_http_stream *stream; /* NULL once closed */
+    uint64_t id;
+    bool submitted, final_seen, begun, sent_first;
+    bool chat, stream_mode, include_usage;
+    char cid[40];
+    long created;
+    char *text; /* non-streamed: the whole completion */
+    size_t text_len, text_cap;
+};
+
+/* A scheduler event copied for the loop. */
+typedef struct wevent {
+    struct wevent *next;
+    wreq *r;
+    rt_sched_event ev;
+    char text[];
+} wevent;
+
+struct worker {
+    struct event_base *base;
+    struct event *notify, *sigterm, *sigint, *drain_timer;
+    gw_http_server *http;
+    rt_model *model;
+    rt_sched *sched;
+    const rt_tokenizer *tok;
+    rt_chat_kind chat_kind;
+    char bos_text[64];
+    const char *model_name;
+    long created;
+    pthread_mutex_t mu;
+    wevent *head, *tail;
+    double drain_deadline;
+    uint64_t next_cid;
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static const gw_http_header json_headers[] = {{"content-type", "application/json"}};
+
+static void respond_json(gw_http_stream *s, int status, char *body)
+{
+    if (!body) {
+        gw_http_reset(s);
+        return;
+    }
+    gw_http_respond(s, status, json_headers, 1, body, strlen(body));
+    free(body);
+}
+
+static void respond_error(gw_http_stream *s, const rt_oai_error *e)
+{
+    char *body = rt_oai_error_json(e);
+    if (!body) {
+        gw_http_reset(s);
+        return;
+    }
+    if (e->status == 429) {
+        gw_http_header h[] = {{"content-type", "application/json"}, {"retry-after", "1"}};
+        gw_http_respond(s, e->status, h, 2, body, strlen(body));
+    } else {
+        gw_http_respond(s, e->status, json_headers, 1, body, strlen(body));
+    }
+    free(body);
+}
+
+static void wreq_maybe_free(wreq *r)
+{
+    if (r->stream || (r->submitted && !r->final_seen))
+        return;
+    free(r->text);
+    free(r);
+}
+
+/* ---- scheduler events: compute thread -> loop ---- */
+
+static void on_sched_event(void *user, const rt_sched_event *ev)
+{
+    wreq *r = user;
+    worker *w = r->w;
+    wevent *we = malloc(sizeof(*we) + ev->text_len + 1);
+    if (!we) {
+        /* Losing a TEXT event garbles one stream; losing the final one
+         * would leak it, so a final event is retried until it fits. */
+        if (ev->kind == RT_EV_TEXT)
+            return;
+        while (!(we = malloc(sizeof(*we) + ev->text_len + 1)))
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    we->next = NULL;
+    we->r = r;
+    we->ev = *ev;
+    if (ev->text_len)
+        memcpy(we->text, ev->text, ev->text_len);
+    we->text[ev->text_len] = '\0';
+    we->ev.text = we->text;
+    pthread_mutex_lock(&w->mu);
+    if (w->tail)
+        w->tail->next = we;
+    else
+        w->head = we;
+    w->tail = we;
+    pthread_mutex_unlock(&w->mu);
+    event_active(w->notify, EV_READ, 0);
+}
+
+static bool append_text(wreq *r, const char *p, size_t n)
+{
+    if (r->text_len + n + 1 > r->text_cap) {
+        size_t cap = r->text_cap ? r->text_cap * 2 : 256;
+        while (cap < r->text_len + n + 1)
+            cap *= 2;
+        char *np = realloc(r->text, cap);
+        if (!np)
+            return false;
+        r->text = np;
+        r->text_cap = cap;
+    }
+    memcpy(r->text + r->text_len, p, n);
+    r->text_len += n;
+    r->text[r->text_len] = '\0';
+    return true;
+}
+
+static bool begin_stream(wreq *r)
+{
+    if (r->begun)
+        return true;
+    gw_http_header h[] = {{"content-type", "text/event-stream"}, {"cache-control", "no-cache"}};
+    if (gw_http_begin(r->stream, 200, h, 2))
+        return false;
+    r->begun = true;
+    return true;
+}
+
+/* Writes one SSE event; a reader too slow for the per-stream bound loses
+ * its stream (and so its request). */
+static bool write_sse(wreq *r, char *ev, size_t len)
+{
+    if (!ev || gw_http_write(r->stream, ev, len)) {
+        free(ev);
+        gw_http_reset(r->stream);
+        rt_sched_cancel(r->w->sched, r->id);
+        return false;
+    }
+    free(ev);
+    return true;
+}
+
+static void handle_stream_event(wreq *r, const rt_sched_event *ev)
+{
+    worker *w = r->w;
+    size_t n;
+    if (!begin_stream(r)) {
+        gw_http_reset(r->stream);
+        rt_sched_cancel(w->sched, r->id);
+        return;
+    }
+    bool first = !r->sent_first;
+    if (ev->text_len || (first && r->chat)) {
+        if (!write_sse(r, rt_oai_chunk_sse(r->chat, r->cid, r->created, w->model_name, first, ev->text,
+                                           ev->text_len, NULL, NULL, &n),
+                       n))
+            return;
+        r->sent_first = true;
+    }
+    if (ev->kind != RT_EV_DONE)
+        return;
+    rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
+    if (!write_sse(r, rt_oai_chunk_sse(r->chat, r->cid, r->created, w->model_name, false, "", 0, ev->finish_reason,
+                                       NULL, &n),
+                   n))
+        return;
+    if (r->include_usage &&
+        !write_sse(r, rt_oai_chunk_sse(r->chat, r->cid, r->created, w->model_name, false, NULL, 0, NULL, &u, &n), n))
+        return;
+    static const char done[] = "data: [DONE]\n\n";
+    if (gw_http_write(r->stream, done, sizeof(done) - 1) || gw_http_end(r->stream))
+        gw_http_reset(r->stream);
+}
+
+static void handle_event(wreq *r, const rt_sched_event *ev)
+{
+    worker *w = r->w;
+    if (ev->kind != RT_EV_TEXT)
+        r->final_seen = true;
+    if (!r->stream)
+        return;
+    if (ev->kind == RT_EV_ERROR) {
+        rt_oai_error e;
+        if (ev->error == -ETIMEDOUT)
+            rt_oai_error_set(&e, 504, "timeout_error", NULL, "deadline_exceeded",
+                             "the request's deadline passed before it could start");
+        else
+            rt_oai_error_set(&e, 500, "server_error", NULL, NULL, "the model failed to run this request (%s)",
+                             strerror(-ev->error));
+        if (r->begun)
+            gw_http_reset(r->stream);
+        else
+            respond_error(r->stream, &e);
+        return;
+    }
+    if (r->stream_mode) {
+        handle_stream_event(r, ev);
+        return;
+    }
+    if (ev->text_len && !append_text(r, ev->text, ev->text_len)) {
+        gw_http_reset(r->stream);
+        rt_sched_cancel(w->sched, r->id);
+        return;
+    }
+    if (ev->kind == RT_EV_DONE) {
+        rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
+        respond_json(r->stream, 200,
+                     rt_oai_response_json(r->chat, r->cid, r->created, w->model_name, r->text ? r->text : "",
+                                          r->text_len, ev->finish_reason, &u));
+    }
+}
+
+static void on_notify(evutil_socket_t fd, short what, void *arg)
+{
+    worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    wevent *we = w->head;
+    w->head = w->tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (we) {
+        wevent *next = we->next;
+        handle_event(we->r, &we->ev);
+        wreq_maybe_free(we->r);
+        free(we);
+        we = next;
+    }
+}
+
+/* ---- requests ---- */
+
+static int64_t header_int(const gw_http_request *req, const char *name, int64_t dflt)
+{
+    const char *v = gw_http_header_get(req, name);
+    if (!v)
+        return dflt;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    return errno || end == v || *end ? -1 : x;
+}
+
+/* Prompt tokens for a parsed request; malloc'd, count in *n. */
+static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai_error *e)
+{
+    char *text = NULL;
+    const char *src = q->prompt;
+    bool bos = rt_tokenizer_add_bos_default(w->tok), special = false;
+    if (q->prompt_tokens) {
+        int32_t *t = malloc((size_t)q->n_prompt_tokens * sizeof(int32_t));
+        if (t)
+            memcpy(t, q->prompt_tokens, (size_t)q->n_prompt_tokens * sizeof(int32_t));
+        *n = q->n_prompt_tokens;
+        if (!t)
+            rt_oai_error_set(e, 503, "server_error", NULL, NULL, "out of memory");
+        return t;
+    }
+    if (q->chat) {
+        rt_chat_msg *msgs = calloc((size_t)q->n_messages, sizeof(*msgs));
+        char err[256];
+        if (!msgs) {
+            rt_oai_error_set(e, 503, "server_error", NULL, NULL, "out of memory");
+            return NULL;
+        }
+        for (int i = 0; i < q->n_messages; i++)
+            msgs[i] = (rt_chat_msg){q->messages[i].role, q->messages[i].content};
+        int rc = rt_chat_render(w->chat_kind, msgs, q->n_messages, w->bos_text[0] ? w->bos_text : NULL, &text, err,
+                                sizeof(err));
+        free(msgs);
+        if (rc) {
+            rt_oai_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", err);
+            return NULL;
+        }
+        src = text;
+        special = true;
+        /* A template that writes BOS into the text gets no second one. */
+        if (w->bos_text[0] && !strncmp(text, w->bos_text, strlen(w->bos_text)))
+            bos = false;
+    }
+    size_t len = strlen(src);
+    int count = rt_tokenizer_encode(w->tok, src, len, bos, special, NULL, 0);
+    int32_t *t = count > 0 ? malloc((size_t)count * sizeof(int32_t)) : NULL;
+    if (t && rt_tokenizer_encode(w->tok, src, len, bos, special, t, count) != count) {
+        free(t);
+        t = NULL;
+    }
+    free(text);
+    if (count <= 0)
+        rt_oai_error_set(e, 400, "invalid_request_error", q->chat ? "messages" : "prompt", NULL,
+                         "the prompt encodes to no tokens");
+    else if (!t)
+        rt_oai_error_set(e, 503, "server_error", NULL, NULL, "out of memory");
+    *n = count;
+    return t;
+}
+
+static void handle_completion(worker *w, gw_http_stream *s, const gw_http_request *req, bool chat)
+{
+    rt_oai_request q;
+    rt_oai_error e;
+    int32_t *toks = NULL;
+    wreq *r = NULL;
+    if (rt_oai_parse((const char *)req->body, req->body_len, chat, rt_model_hparams(w->model)->n_vocab, &q, &e)) {
+        respond_error(s, &e);
+        return;
+    }
+    if (strcmp(q.model, w->model_name) != 0) {
+        rt_oai_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                         "the model '%s' does not exist; this worker serves '%s'", q.model, w->model_name);
+        goto fail;
+    }
+    const char *prio = gw_http_header_get(req, "x-infergate-priority");
+    int64_t deadline = header_int(req, "x-infergate-deadline-ms", 0);
+    if ((prio && strcmp(prio, "interactive") && strcmp(prio, "batch")) || deadline < 0) {
+        rt_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL,
+                         "x-infergate-priority must be interactive or batch, and x-infergate-deadline-ms "
+                         "epoch milliseconds");
+        goto fail;
+    }
+    int n_prompt;
+    if (!(toks = prompt_tokens(w, &q, &n_prompt, &e)))
+        goto fail;
+    if (!(r = calloc(1, sizeof(*r)))) {
+        rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "out of memory");
+        goto fail;
+    }
+    r->w = w;
+    r->stream = s;
+    r->chat = chat;
+    r->stream_mode = q.stream;
+    r->include_usage = q.include_usage;
+    r->created = (long)time(NULL);
+    snprintf(r->cid, sizeof(r->cid), "%s-%llx%08llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)++w->next_cid,
+             (unsigned long long)r->created);
+
+    rt_sched_req sr = {
+        .prompt = toks,
+        .n_prompt = n_prompt,
+        .max_tokens = q.max_tokens > 0 ? q.max_tokens : (chat ? 0 : 16),
+        .sampling = q.sampling,
+        .stops = (const char *const *)q.stop,
+        .n_stops = q.n_stop,
+        .priority = prio && !strcmp(prio, "batch") ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE,
+        .deadline_ms = deadline,
+        .cb = on_sched_event,
+        .user = r,
+    };
+    int ctx = rt_model_hparams(w->model)->n_ctx_train;
+    int rc = rt_sched_submit(w->sched, &sr, &r->id);
+    switch (rc) {
+    case 0:
+        r->submitted = true;
+        gw_http_set_user(s, r);
+        free(toks);
+        rt_oai_request_dispose(&q);
+        return;
+    case -EAGAIN:
+        rt_oai_error_set(&e, 429, "rate_limit_error", NULL, "queue_full",
+                         "the worker's queue is full; retry shortly");
+        break;
+    case -E2BIG:
+        rt_oai_error_set(&e, 400, "invalid_request_error", q.max_tokens > 0 ? "max_tokens" : "messages",
+                         "context_length_exceeded",
+                         "this model's maximum context length is %d tokens; the prompt has %d tokens and "
+                         "max_tokens asks for %d more",
+                         ctx, n_prompt, sr.max_tokens > 0 ? sr.max_tokens : 0);
+        break;
+    case -ENOSPC:
+        rt_oai_error_set(&e, 503, "server_error", NULL, "kv_cache_too_small",
+                         "prompt plus max_tokens need more KV cache than this worker has");
+        break;
+    default:
+        rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "cannot queue the request (%s)", strerror(-rc));
+        break;
+    }
+fail:
+    free(r);
+    free(toks);
+    rt_oai_request_dispose(&q);
+    respond_error(s, &e);
+}
+
+static void handle_stats(worker *w, gw_http_stream *s)
+{
+    rt_sched_stats st;
+    rt_sched_get_stats(w->sched, &st);
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:I, s:I, s:I, s:s, s:s, s:s, "
+                          "s:i}",
+                          "queued", st.queued, "running", st.running, "kv_blocks_free", st.kv_blocks_free,
+                          "kv_blocks_total", st.kv_blocks_total, "kv_block_tokens", st.kv_block_tokens, "max_seqs",
+                          st.max_seqs, "max_queue", st.max_queue, "max_batch_tokens", st.max_batch_tokens,
+                          "ttft_ewma_ms", st.ttft_ewma_ms, "tpot_ewma_ms", st.tpot_ewma_ms, "tokens_per_s",
+                          st.tokens_per_s, "requests_done", (json_int_t)st.requests_done, "tokens_generated",
+                          (json_int_t)st.tokens_generated, "preemptions", (json_int_t)st.preemptions, "device",
+                          "cpu", "model", w->model_name, "backend", rt_model_backend_name(w->model), "threads",
+                          rt_model_threads(w->model));
+    respond_json(s, 200, o ? json_dumps(o, JSON_COMPACT) : NULL);
+    json_decref(o);
+}
+
+static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
+{
+    worker *w = ud;
+    rt_oai_error e;
+    const char *path = req->path;
+    size_t plen = strcspn(path, "?");
+    bool get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+#define PATH_IS(p) (plen == sizeof(p) - 1 && !strncmp(path, p, plen))
+    if (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions")) {
+        if (post) {
+            handle_completion(w, s, req, PATH_IS("/v1/chat/completions"));
+            return;
+        }
+    } else if (PATH_IS("/health")) {
+        if (get) {
+            static const char ok[] = "{\"status\":\"ok\"}";
+            gw_http_respond(s, 200, json_headers, 1, ok, sizeof(ok) - 1);
+            return;
+        }
+    } else if (PATH_IS("/v1/models")) {
+        if (get) {
+            respond_json(s, 200, rt_oai_models_json(w->model_name, w->created));
+            return;
+        }
+    } else if (PATH_IS("/internal/stats")) {
+        if (get) {
+            handle_stats(w, s);
+            return;
+        }
+    } else {
+        rt_oai_error_set(&e, 404, "invalid_request_error", NULL, "not_found", "no route for %s %.*s", req->method,
+                         (int)plen, path);
+        respond_error(s, &e);
+        return;
+    }
+#undef PATH_IS
+    rt_oai_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed on %.*s",
+                     req->method, (int)plen, path);
+    respond_error(s, &e);
+}
+
+static void on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished)
+{
+    worker *w = ud;
+    wreq *r = stream_ud;
+    if (!r)
+        return;
+    r->stream = NULL;
+    if (!r->final_seen)
+        rt_sched_cancel(w->sched, r->id);
+    wreq_maybe_free(r);
+}
+
+/* ---- lifecycle ---- */
+
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    worker *w = arg;
+    if (gw_http_server_active_streams(w->http) == 0 || mono_s() > w->drain_deadline)
+        event_base_loopexit(w->base, NULL);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    worker *w = arg;
+    if (w->drain_timer)
+        return;
+    fprintf(stderr, "worker: signal %d: draining %zu open streams (at most %d s)\n", (int)sig,
+            gw_http_server_active_streams(w->http), DRAIN_GRACE_S);
+    gw_http_server_stop_listening(w->http);
+    w->drain_deadline = mono_s() + DRAIN_GRACE_S;
+    w->drain_timer = event_new(w->base, -1, EV_PERSIST, on_drain_tick, w);
+    struct timeval tv = {0, 50000};
+    if (!w->drain_timer || event_add(w->drain_timer, &tv))
+        event_base_loopexit(w->base, NULL);
+}
+
+static void usage(FILE *f)
+{
+    rt_sched_opts d;
+    rt_sched_opts_default(&d);
+    fprintf(f,
+            "usage: infergate worker --model FILE --listen unix:PATH|tcp:HOST:PORT [options]\n"
+            "Serves one model over HTTP/2 cleartext (OpenAI-compatible), with continuous batching.\n"
+            "  --model-name NAME      the id clients use in \"model\" (default: the file name without .gguf)\n"
+            "  --threads N            compute threads (default: one per CPU)\n"
+            "  --kv-cache-mb M        KV cache pool (default %zu)\n"
+            "  --max-seqs S           sequences decoded together (default %d)\n"
+            "  --max-batch-tokens T   tokens per forward pass, prefill chunks included (default %d)\n"
+            "  --max-queue Q          requests waiting to start; past it 429 (default %d)\n"
+            "  --max-body BYTES       largest request body (default 1048576)\n",
+            d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue);
+}
+
+int gw_cmd_worker(int argc, char **argv)
+{
+    enum { O_NAME = 256, O_THREADS, O_KV, O_SEQS, O_BATCH, O_QUEUE, O_BODY };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},         {"listen", required_argument, 0, 'l'},
+        {"model-name", required_argument, 0, O_NAME}, {"threads", required_argument, 0, O_THREADS},
+        {"kv-cache-mb", required_argument, 0, O_KV},  {"max-seqs", required_argument, 0, O_SEQS},
+        {"max-batch-tokens", required_argument, 0, O_BATCH}, {"max-queue", required_argument, 0, O_QUEUE},
+        {"max-body", required_argument, 0, O_BODY},   {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model_path = NULL, *listen = NULL, *name = NULL;
+    long threads = 0, kv_mb = -1, v;
+    rt_sched_opts so;
+    rt_sched_opts_default(&so);
+    gw_http_limits lim;
+    gw_http_limits_default(&lim);
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:l:h", opts, NULL)) != -1) {
+        const char *bad = NULL;
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'l': listen = optarg; break;
+        case O_NAME: name = optarg; break;
+        case O_THREADS: bad = gw_parse_int(optarg, 1, 1024, &threads) ? "--threads: 1 to 1024" : NULL; break;
+        case O_KV: bad = gw_parse_int(optarg, 1, 1 << 20, &kv_mb) ? "--kv-cache-mb: 1 to 1048576" : NULL; break;
+        case O_SEQS:
+            bad = gw_parse_int(optarg, 1, 4096, &v) ? "--max-seqs: 1 to 4096" : NULL;
+            so.max_seqs = (int)v;
+            break;
+        case O_BATCH:
+            bad = gw_parse_int(optarg, 1, 1 << 20, &v) ? "--max-batch-tokens: 1 to 1048576" : NULL;
+            so.max_batch_tokens = (int)v;
+            break;
+        case O_QUEUE:
+            bad = gw_parse_int(optarg, 0, 1 << 20, &v) ? "--max-queue: 0 to 1048576" : NULL;
+            so.max_queue = (int)v;
+            break;
+        case O_BODY:
+            bad = gw_parse_int(optarg, 1, 1L << 30, &v) ? "--max-body: 1 to 1073741824" : NULL;
+            lim.max_body = (size_t)v;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "worker: %s (got '%s')\n", bad, optarg);
+            return 2;
+        }
+    }
+    if (!model_path || !listen || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (kv_mb > 0)
+        so.kv_bytes = (size_t)kv_mb << 20;
+
+    /* The compute thread makes the notify event active: libevent must lock. */
+    if (evthread_use_pthreads()) {
+        fprintf(stderr, "worker: libevent has no pthreads support\n");
+        return 1;
+    }
+    worker w = {0};
+    char err[512], namebuf[256];
+    int status = 1;
+    pthread_mutex_init(&w.mu, NULL);
+    rt_model_opts mo = {.n_threads = (int)threads};
+    if (rt_model_load(model_path, &mo, &w.model, err, sizeof(err))) {
+        fprintf(stderr, "worker: %s: %s\n", model_path, err);
+        goto out;
+    }
+    if (!name) {
+        snprintf(namebuf, sizeof(namebuf), "%s", model_path);
+        char *base = basename(namebuf);
+        size_t n = strlen(base);
+        if (n > 5 && !strcmp(base + n - 5, ".gguf"))
+            base[n - 5] = '\0';
+        name = base;
+    }
+    w.model_name = name;
+    w.created = (long)time(NULL);
+    w.tok = rt_model_tokenizer(w.model);
+    rt_gguf_str tmpl = {NULL, 0};
+    rt_gguf_get_str(rt_model_gguf(w.model), "tokenizer.chat_template", &tmpl);
+    bool recognised;
+    w.chat_kind = rt_chat_detect(tmpl.p, tmpl.n, &recognised);
+    int32_t bos = rt_tokenizer_bos(w.tok);
+    if (bos >= 0)
+        snprintf(w.bos_text, sizeof(w.bos_text), "%s", rt_tokenizer_token_text(w.tok, bos));
+    if (!(w.sched = rt_sched_new(w.model, &so, err, sizeof(err)))) {
+        fprintf(stderr, "worker: %s\n", err);
+        goto out;
+    }
+    w.base = event_base_new();
+    gw_http_handler h = {.on_request = on_request, .on_close = on_close};
+    if (!w.base || !(w.http = gw_http_server_new(w.base, &lim, &h, &w))) {
+        fprintf(stderr, "worker: out of memory\n");
+        goto out;
+    }
+    w.notify = event_new(w.base, -1, 0, on_notify, &w);
+    w.sigterm = evsignal_new(w.base, SIGTERM, on_signal, &w);
+    w.sigint = evsignal_new(w.base, SIGINT, on_signal, &w);
+    if (!w.notify || !w.sigterm || !w.sigint || event_add(w.sigterm, NULL) || event_add(w.sigint, NULL)) {
+        fprintf(stderr, "worker: cannot set up events\n");
+        goto out;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (gw_http_server_listen(w.http, listen, err, sizeof(err))) {
+        fprintf(stderr, "worker: listen %s: %s\n", listen, err);
+        goto out;
+    }
+    rt_sched_stats st;
+    rt_sched_get_stats(w.sched, &st);
+    fprintf(stderr,
+            "worker: ready: model '%s' (%s, %d layers, ctx %d) on cpu, %s kernels, %d threads; KV %d blocks of "
+            "%d tokens; chat template %s%s; listening on %s\n",
+            w.model_name, rt_model_hparams(w.model)->arch, rt_model_hparams(w.model)->n_layer,
+            rt_model_hparams(w.model)->n_ctx_train, rt_model_backend_name(w.model), rt_model_threads(w.model),
+            st.kv_blocks_total, st.kv_block_tokens, rt_chat_kind_name(w.chat_kind),
+            tmpl.p && !recognised ? " (unrecognised template: fallback)" : tmpl.p ? "" : " (none in file: fallback)",
+            listen);
+    event_base_dispatch(w.base);
+    status = 0;
+out:
+    /* The server first (its streams close and cancel), then the scheduler
+     * (its last events land in the queue), then the queue. */
+    if (w.http)
+        gw_http_server_free(w.http);
+    rt_sched_free(w.sched);
+    if (w.base)
+        on_notify(-1, 0, &w);
+    if (w.notify)
+        event_free(w.notify);
+    if (w.sigterm)
+        event_free(w.sigterm);
+    if (w.sigint)
+        event_free(w.sigint);
+    if (w.drain_timer)
+        event_free(w.drain_timer);
+    if (w.base)
+        event_base_free(w.base);
+    rt_model_free(w.model);
+    pthread_mutex_destroy(&w.mu);
+    return status;
+}

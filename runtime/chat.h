@@ -1,0 +1,41 @@
+/* Chat templates: turn OpenAI chat messages into a prompt string.
+ *
+ * Models carry a Jinja template in `tokenizer.chat_template`; we do not run
+ * Jinja. Instead the template text is recognised (as llama.cpp does) as one
+ * of the families below by marker substrings, and each family is rendered by
+ * C code. A model with no template, or one we do not recognise, gets the
+ * documented fallback: ChatML (`<|im_start|>role\ncontent<|im_end|>\n`...,
+ * then `<|im_start|>assistant\n`). */
+#ifndef RT_CHAT_H
+#define RT_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum rt_chat_kind {
+    RT_CHAT_CHATML = 0, /* also the fallback */
+    RT_CHAT_LLAMA2,     /* [INST] <<SYS>> ... <</SYS>> ... [/INST] */
+    RT_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    RT_CHAT_MISTRAL,    /* [INST] ... [/INST] with no <<SYS>> block (system folded into the first user turn) */
+} rt_chat_kind;
+
+typedef struct rt_chat_msg {
+    const char *role; /* "system", "user", "assistant" (others rejected by the parser) */
+    const char *content;
+} rt_chat_msg;
+
+/* Recognises a template; tmpl may be NULL (-> fallback). `recognised` is set
+ * false when the fallback was used for a template that was present. */
+rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised);
+const char *rt_chat_kind_name(rt_chat_kind k); /* "chatml", "llama2", "llama3", "mistral" */
+
+/* Renders messages into a NUL-terminated prompt (malloc'd, *out), ending
+ * with the assistant turn's opening so generation continues as the
+ * assistant. bos is the BOS token text (e.g. "<s>") where the family writes it
+ * into the text; the caller then encodes with parse_special=true and without
+ * adding another BOS. Returns 0, -EINVAL (no messages, or a role the family
+ * cannot place, with err filled), -ENOMEM. */
+int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out, char *err,
+                   size_t err_len);
+
+#endif

@@ -1,0 +1,85 @@
+/* OpenAI-compatible request parsing and response encoding for
+ * /v1/completions and /v1/chat/completions (JSON through jansson).
+ *
+ * Parsing is strict about types and lenient about unknown fields, as
+ * OpenAI's API is: a field with the wrong type is a 400 naming the field,
+ * an unknown field is ignored. The gateway passes bodies through unchanged;
+ * only the worker parses them fully. */
+#ifndef RT_OPENAI_H
+#define RT_OPENAI_H
+
+#include "runtime/sampler.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RT_OAI_MAX_STOPS 4 /* OpenAI allows up to 4 stop sequences */
+
+typedef struct rt_oai_error {
+    int status;          /* HTTP status: 400, 404, 413, 429, 500, 503, 504 */
+    char message[256];
+    const char *type;    /* "invalid_request_error", "rate_limit_error", "server_error", ... */
+    const char *param;   /* the offending field, or NULL */
+    const char *code;    /* e.g. "model_not_found", "context_length_exceeded", or NULL */
+    /* Storage for an indexed param such as "messages[3].role": param then
+     * points here, so copy the struct only while the original lives. */
+    char param_buf[64];
+} rt_oai_error;
+
+typedef struct rt_oai_message {
+    char *role, *content;
+} rt_oai_message;
+
+typedef struct rt_oai_request {
+    bool chat;
+    bool stream;
+    bool include_usage; /* stream_options.include_usage */
+    char *model;
+    /* completions: the prompt as text, or as token ids (exactly one set) */
+    char *prompt;
+    int32_t *prompt_tokens;
+    int n_prompt_tokens;
+    /* chat: the messages (content of string type; an array of text parts is
+     * joined) */
+    rt_oai_message *messages;
+    int n_messages;
+    int max_tokens; /* max_tokens or max_completion_tokens; -1 when absent */
+    rt_sampler_params sampling; /* temperature (default 1), top_p, seed, penalties */
+    bool has_seed;
+    char *stop[RT_OAI_MAX_STOPS];
+    int n_stop;
+    char *user;
+} rt_oai_request;
+
+/* Parses a request body. chat selects the endpoint's schema. n_vocab bounds
+ * token ids in a token-array prompt (<= 0: unbounded). On failure returns
+ * -EINVAL with *e filled (status 400), or -ENOMEM (status 500), and *req
+ * holds nothing to free. */
+int rt_oai_parse(const char *body, size_t len, bool chat, int32_t n_vocab, rt_oai_request *req, rt_oai_error *e);
+void rt_oai_request_dispose(rt_oai_request *req);
+
+/* Sets *e (message formatted printf-style). */
+void rt_oai_error_set(rt_oai_error *e, int status, const char *type, const char *param, const char *code,
+                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error":{"message","type","param","code"}} as a malloc'd string. */
+char *rt_oai_error_json(const rt_oai_error *e);
+
+typedef struct rt_oai_usage {
+    int prompt_tokens, completion_tokens;
+} rt_oai_usage;
+
+/* Whole (non-streamed) response. finish_reason "stop" or "length". */
+char *rt_oai_response_json(bool chat, const char *id, long created, const char *model, const char *text,
+                           size_t text_len, const char *finish_reason, const rt_oai_usage *usage);
+/* One SSE event "data: {...}\n\n" of a streamed response, with the delta
+ * text (chat: the first chunk also carries "role":"assistant"), the
+ * finish_reason on the last one (NULL before), and a usage chunk (empty
+ * choices) when usage != NULL and text == NULL. Returns a malloc'd string
+ * and its length in *out_len. */
+char *rt_oai_chunk_sse(bool chat, const char *id, long created, const char *model, bool first, const char *text,
+                       size_t text_len, const char *finish_reason, const rt_oai_usage *usage, size_t *out_len);
+/* {"object":"list","data":[{"id":model,"object":"model","created":..,"owned_by":"infergate"}]} */
+char *rt_oai_models_json(const char *model, long created);
+
+#endif

@@ -1,0 +1,620 @@
+/* Continuous-batching scheduler (see sched.h): a compute thread that
+ * admits requests, builds one batch per step (decodes first, then prefill
+ * chunks within the token budget), runs the model, samples, and reports
+ * text through callbacks. */
+#include "runtime/sched.h"
+
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_STOPS 16
+#define EWMA_ALPHA 0.1
+#define IDLE_WAIT_MS 200
+
+typedef struct sreq sreq;
+struct sreq {
+    sreq *next; /* in inbox or a waiting queue */
+    uint64_t id;
+    rt_sched_cb cb;
+    void *user;
+    int32_t *tokens; /* prompt, then every generated token */
+    int n_tokens, n_prompt, max_new, n_gen;
+    int n_done; /* positions already in the KV cache */
+    rt_sampler *smp;
+    rt_stop *stop;
+    bool ignore_eos, started, cancelled;
+    rt_priority prio;
+    int64_t deadline_ms;
+    rt_seq *seq;
+    double t_submit, t_last;
+};
+
+typedef struct queue {
+    sreq *head, *tail;
+    int n;
+} queue;
+
+struct rt_sched {
+    rt_model *model;
+    const rt_tokenizer *tok;
+    rt_kv *kv;
+    rt_sched_opts o;
+    int n_ctx, n_vocab;
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stopping;
+    uint64_t next_id;
+    queue inbox;       /* submitted, not yet seen by the compute thread */
+    uint64_t *cancels; /* ids asked to stop */
+    int n_cancels, cap_cancels;
+    int n_waiting; /* inbox + waiting queues, for -EAGAIN */
+    rt_sched_stats stats;
+
+    /* compute thread only */
+    queue waiting[2];
+    sreq **running; /* admission order */
+    int n_running;
+    rt_batch_entry *batch;
+    int *take;
+    float *logits;
+    double rate_t0;
+    uint64_t rate_tokens0;
+};
+
+void rt_sched_opts_default(rt_sched_opts *o)
+{
+    *o = (rt_sched_opts){
+        .kv_bytes = 256u << 20,
+        .block_tokens = 16,
+        .max_seqs = 32,
+        .max_batch_tokens = 512,
+        .max_queue = 64,
+    };
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t epoch_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void q_push(queue *q, sreq *r)
+{
+    r->next = NULL;
+    if (q->tail)
+        q->tail->next = r;
+    else
+        q->head = r;
+    q->tail = r;
+    q->n++;
+}
+
+static void q_push_front(queue *q, sreq *r)
+{
+    r->next = q->head;
+    q->head = r;
+    if (!q->tail)
+        q->tail = r;
+    q->n++;
+}
+
+static sreq *q_pop(queue *q)
+{
+    sreq *r = q->head;
+    if (r) {
+        q->head = r->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->n--;
+    }
+    return r;
+}
+
+static void sreq_free(sreq *r)
+{
+    rt_seq_free(r->seq);
+    rt_sampler_free(r->smp);
+    rt_stop_free(r->stop);
+    free(r->tokens);
+    free(r);
+}
+
+static int blocks_for(const rt_sched *s, int n_tokens)
+{
+    int bt = s->o.block_tokens;
+    return (n_tokens + bt - 1) / bt;
+}
+
+/* ---- submission (any thread) ---- */
+
+int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
+{
+    if (r->n_prompt <= 0 || r->n_stops < 0 || r->n_stops > MAX_STOPS || !r->cb)
+        return -EINVAL;
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->n_vocab)
+            return -EINVAL;
+    if (r->n_prompt >= s->n_ctx)
+        return -E2BIG;
+    int max_new = r->max_tokens > 0 ? r->max_tokens : s->n_ctx - r->n_prompt;
+    if (max_new > s->n_ctx - r->n_prompt)
+        return -E2BIG;
+    if (blocks_for(s, r->n_prompt + max_new) > rt_kv_blocks_total(s->kv))
+        return -ENOSPC;
+
+    sreq *q = calloc(1, sizeof(*q));
+    if (!q)
+        return -ENOMEM;
+    q->tokens = malloc((size_t)(r->n_prompt + max_new) * sizeof(int32_t));
+    q->smp = rt_sampler_new(&r->sampling, s->n_vocab);
+    q->stop = rt_stop_new(r->stops, r->n_stops);
+    if (!q->tokens || !q->smp || !q->stop) {
+        sreq_free(q);
+        return -ENOMEM;
+    }
+    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+    q->n_tokens = q->n_prompt = r->n_prompt;
+    q->max_new = max_new;
+    q->ignore_eos = r->ignore_eos;
+    q->prio = r->priority == RT_PRIO_BATCH ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE;
+    q->deadline_ms = r->deadline_ms;
+    q->cb = r->cb;
+    q->user = r->user;
+    q->t_submit = now_s();
+
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    if (s->stopping)
+        rc = -ESHUTDOWN;
+    else if (s->n_waiting >= s->o.max_queue)
+        rc = -EAGAIN;
+    if (rc) {
+        pthread_mutex_unlock(&s->mu);
+        sreq_free(q);
+        return rc;
+    }
+    q->id = ++s->next_id;
+    *id = q->id;
+    q_push(&s->inbox, q);
+    s->n_waiting++;
+    s->stats.queued = s->n_waiting;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void rt_sched_cancel(rt_sched *s, uint64_t id)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->n_cancels == s->cap_cancels) {
+        int cap = s->cap_cancels ? s->cap_cancels * 2 : 16;
+        uint64_t *p = realloc(s->cancels, (size_t)cap * sizeof(uint64_t));
+        if (!p) {
+            /* The request runs to its end instead; its client is gone and
+             * the gateway drops the output. */
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        s->cancels = p;
+        s->cap_cancels = cap;
+    }
+    s->cancels[s->n_cancels++] = id;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void rt_sched_get_stats(rt_sched *s, rt_sched_stats *st)
+{
+    pthread_mutex_lock(&s->mu);
+    *st = s->stats;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- compute thread ---- */
+
+static void emit(sreq *r, rt_sched_event *ev)
+{
+    ev->id = r->id;
+    ev->prompt_tokens = r->n_prompt;
+    ev->completion_tokens = r->n_gen;
+    r->cb(r->user, ev);
+}
+
+static void finish_error(rt_sched *s, sreq *r, int error)
+{
+    rt_sched_event ev = {.kind = RT_EV_ERROR, .error = error};
+    emit(r, &ev);
+    sreq_free(r);
+}
+
+/* Drops the finished (NULL) slots of the running list, keeping order. */
+static void compact_running(rt_sched *s)
+{
+    int j = 0;
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i])
+            s->running[j++] = s->running[i];
+    s->n_running = j;
+}
+
+static bool take_cancel(uint64_t *ids, int n, uint64_t id)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] == id) {
+            ids[i] = 0;
+            return true;
+        }
+    return false;
+}
+
+/* Moves new requests in, applies cancellations, drops the waiting
+ * requests whose deadline has passed. */
+static void intake(rt_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    sreq *r;
+    while ((r = q_pop(&s->inbox)))
+        q_push(&s->waiting[r->prio], r);
+    int n_cancels = s->n_cancels;
+    uint64_t *ids = NULL;
+    if (n_cancels && (ids = malloc((size_t)n_cancels * sizeof(uint64_t))))
+        memcpy(ids, s->cancels, (size_t)n_cancels * sizeof(uint64_t));
+    if (ids || !n_cancels)
+        s->n_cancels = 0;
+    pthread_mutex_unlock(&s->mu);
+    if (!ids)
+        n_cancels = 0;
+
+    for (int i = 0; i < s->n_running; i++)
+        if (n_cancels && take_cancel(ids, n_cancels, s->running[i]->id)) {
+            finish_error(s, s->running[i], -ECANCELED);
+            s->running[i] = NULL;
+        }
+    compact_running(s);
+    int64_t now = epoch_ms();
+    int dropped = 0;
+    for (int p = 0; p < 2; p++) {
+        queue keep = {0};
+        while ((r = q_pop(&s->waiting[p]))) {
+            if (n_cancels && take_cancel(ids, n_cancels, r->id)) {
+                finish_error(s, r, -ECANCELED);
+                dropped++;
+            } else if (!r->started && r->deadline_ms && now > r->deadline_ms) {
+                finish_error(s, r, -ETIMEDOUT);
+                dropped++;
+            } else {
+                q_push(&keep, r);
+            }
+        }
+        s->waiting[p] = keep;
+    }
+    free(ids);
+    if (dropped) {
+        pthread_mutex_lock(&s->mu);
+        s->n_waiting -= dropped;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* Admits waiting requests, interactive first, while there is a sequence
+ * slot and KV room for the whole of the request's known tokens plus one
+ * block of headroom per running sequence (so decodes rarely preempt). */
+static void admit(rt_sched *s)
+{
+    int admitted = 0;
+    while (s->n_running < s->o.max_seqs) {
+        queue *q = s->waiting[0].n ? &s->waiting[0] : &s->waiting[1];
+        sreq *r = q->head;
+        if (!r)
+            break;
+        int need = blocks_for(s, r->n_tokens) + s->n_running;
+        if (need > rt_kv_blocks_free(s->kv) && s->n_running > 0)
+            break;
+        r->seq = rt_seq_new(s->kv, r->n_prompt + r->max_new);
+        if (!r->seq)
+            break;
+        q_pop(q);
+        r->started = true;
+        r->n_done = 0;
+        s->running[s->n_running++] = r;
+        admitted++;
+    }
+    if (admitted) {
+        pthread_mutex_lock(&s->mu);
+        s->n_waiting -= admitted;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* The youngest running request gives its blocks back and waits at the
+ * head of its queue to be recomputed from its tokens. */
+static void preempt_youngest(rt_sched *s)
+{
+    sreq *r = s->running[--s->n_running];
+    rt_seq_free(r->seq);
+    r->seq = NULL;
+    r->n_done = 0;
+    q_push_front(&s->waiting[r->prio], r);
+    pthread_mutex_lock(&s->mu);
+    s->n_waiting++;
+    s->stats.preemptions++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Fills s->batch: every decoding sequence's one token, then prompt chunks
+ * in admission order within the budget. Returns the entry count. */
+static int build_batch(rt_sched *s)
+{
+    for (;;) {
+        int budget = s->o.max_batch_tokens, n = 0, blocks = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < s->n_running; i++) {
+                sreq *r = s->running[i];
+                int remaining = r->n_tokens - r->n_done;
+                bool decoding = r->n_done > 0 && remaining == 1;
+                if ((pass == 0) != decoding)
+                    continue;
+                int take = remaining < budget ? remaining : budget;
+                if (pass == 0)
+                    take = 1; /* decodes always run: max_batch_tokens >= max_seqs */
+                if (take <= 0)
+                    continue;
+                budget -= take;
+                blocks += rt_seq_blocks_needed(r->seq, take);
+                s->take[n] = i;
+                s->batch[n] = (rt_batch_entry){
+                    .seq = r->seq,
+                    .tokens = r->tokens + r->n_done,
+                    .n_tokens = take,
+                    .logits = r->n_done + take == r->n_tokens ? s->logits + (size_t)n * s->n_vocab : NULL,
+                };
+                n++;
+            }
+        }
+        if (blocks <= rt_kv_blocks_free(s->kv) || s->n_running <= 1)
+            return n;
+        preempt_youngest(s);
+    }
+}
+
+static void update_stats_token(rt_sched *s, sreq *r, double now)
+{
+    pthread_mutex_lock(&s->mu);
+    rt_sched_stats *st = &s->stats;
+    if (r->n_gen == 1) {
+        double ttft = (now - r->t_submit) * 1e3;
+        st->ttft_ewma_ms = st->ttft_ewma_ms ? st->ttft_ewma_ms + EWMA_ALPHA * (ttft - st->ttft_ewma_ms) : ttft;
+    } else {
+        double tpot = (now - r->t_last) * 1e3;
+        st->tpot_ewma_ms = st->tpot_ewma_ms ? st->tpot_ewma_ms + EWMA_ALPHA * (tpot - st->tpot_ewma_ms) : tpot;
+    }
+    st->tokens_generated++;
+    pthread_mutex_unlock(&s->mu);
+    r->t_last = now;
+}
+
+/* Samples the next token of r from its logits and reports it. Returns true
+ * when r has finished (and has been reported and freed). */
+static bool advance(rt_sched *s, sreq *r, float *logits, double now)
+{
+    int32_t t = rt_sampler_sample(r->smp, logits);
+    rt_sampler_accept(r->smp, t);
+    r->tokens[r->n_tokens++] = t;
+    r->n_gen++;
+    update_stats_token(s, r, now);
+
+    const char *reason = NULL;
+    bool matched = false;
+    if (!r->ignore_eos && rt_tokenizer_is_eog(s->tok, t)) {
+        reason = "stop";
+    } else {
+        char piece[256];
+        int n = rt_tokenizer_piece(s->tok, t, piece, sizeof(piece));
+        if (n > (int)sizeof(piece))
+            n = (int)sizeof(piece);
+        if (n > 0 && rt_stop_feed(r->stop, piece, (size_t)n)) {
+            matched = true;
+            reason = "stop";
+        }
+    }
+    if (!reason && (r->n_gen >= r->max_new || r->n_tokens >= s->n_ctx))
+        reason = "length";
+    size_t len;
+    const char *text = rt_stop_take(r->stop, reason && !matched, &len);
+    rt_sched_event ev = {.kind = reason ? RT_EV_DONE : RT_EV_TEXT, .text = text, .text_len = len, .token = t,
+                         .finish_reason = reason};
+    emit(r, &ev);
+    if (reason) {
+        pthread_mutex_lock(&s->mu);
+        s->stats.requests_done++;
+        pthread_mutex_unlock(&s->mu);
+        sreq_free(r);
+    }
+    return reason != NULL;
+}
+
+static void step(rt_sched *s)
+{
+    int n = build_batch(s);
+    if (n == 0)
+        return;
+    int rc = rt_model_forward(s->model, s->batch, n);
+    double now = now_s();
+    for (int i = 0; i < n; i++) {
+        sreq *r = s->running[s->take[i]];
+        if (rc) {
+            /* Cannot happen with the KV accounting above; fail the batch's
+             * requests rather than spin on it. */
+            fprintf(stderr, "scheduler: forward pass failed (%d); failing request %llu\n", rc,
+                    (unsigned long long)r->id);
+            finish_error(s, r, -EIO);
+            s->running[s->take[i]] = NULL;
+            continue;
+        }
+        r->n_done += s->batch[i].n_tokens;
+        if (s->batch[i].logits && advance(s, r, s->batch[i].logits, now))
+            s->running[s->take[i]] = NULL;
+    }
+    compact_running(s);
+}
+
+static void publish_stats(rt_sched *s)
+{
+    double now = now_s();
+    pthread_mutex_lock(&s->mu);
+    rt_sched_stats *st = &s->stats;
+    st->queued = s->n_waiting;
+    st->running = s->n_running;
+    st->kv_blocks_free = rt_kv_blocks_free(s->kv);
+    st->steps++;
+    if (now - s->rate_t0 >= 1.0) {
+        st->tokens_per_s = (double)(st->tokens_generated - s->rate_tokens0) / (now - s->rate_t0);
+        s->rate_t0 = now;
+        s->rate_tokens0 = st->tokens_generated;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *run(void *arg)
+{
+    rt_sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        bool stopping = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (stopping)
+            break;
+        intake(s);
+        admit(s);
+        if (s->n_running > 0) {
+            step(s);
+            publish_stats(s);
+            continue;
+        }
+        publish_stats(s);
+        pthread_mutex_lock(&s->mu);
+        if (!s->stopping && !s->inbox.n && !s->n_cancels) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            long ns = ts.tv_nsec + IDLE_WAIT_MS * 1000000L;
+            ts.tv_sec += ns / 1000000000L;
+            ts.tv_nsec = ns % 1000000000L;
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    /* Shutting down: everyone still here is told. */
+    while (s->n_running > 0) {
+        sreq *r = s->running[--s->n_running];
+        finish_error(s, r, -ECANCELED);
+    }
+    for (int p = 0; p < 2; p++) {
+        sreq *r;
+        while ((r = q_pop(&s->waiting[p])))
+            finish_error(s, r, -ECANCELED);
+    }
+    return NULL;
+}
+
+rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t err_len)
+{
+    rt_sched *s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    s->o = *o;
+    if (s->o.max_seqs < 1 || s->o.max_queue < 0 || s->o.block_tokens < 1 ||
+        s->o.max_batch_tokens < s->o.max_seqs) {
+        snprintf(err, err_len, "max-seqs must be >= 1 and max-batch-tokens (%d) >= max-seqs (%d)",
+                 s->o.max_batch_tokens, s->o.max_seqs);
+        free(s);
+        return NULL;
+    }
+    s->model = m;
+    s->tok = rt_model_tokenizer(m);
+    s->n_ctx = rt_model_hparams(m)->n_ctx_train;
+    s->n_vocab = rt_model_hparams(m)->n_vocab;
+    s->kv = rt_kv_new(m, o->kv_bytes, o->block_tokens, err, err_len);
+    if (!s->kv) {
+        free(s);
+        return NULL;
+    }
+    int cap = s->o.max_seqs;
+    s->running = calloc((size_t)cap, sizeof(sreq *));
+    s->batch = calloc((size_t)cap, sizeof(rt_batch_entry));
+    s->take = calloc((size_t)cap, sizeof(int));
+    s->logits = malloc((size_t)cap * s->n_vocab * sizeof(float));
+    if (!s->running || !s->batch || !s->take || !s->logits) {
+        snprintf(err, err_len, "out of memory for %d sequences", cap);
+        goto fail;
+    }
+    s->stats.kv_blocks_total = rt_kv_blocks_total(s->kv);
+    s->stats.kv_blocks_free = s->stats.kv_blocks_total;
+    s->stats.kv_block_tokens = o->block_tokens;
+    s->stats.max_seqs = o->max_seqs;
+    s->stats.max_queue = o->max_queue;
+    s->stats.max_batch_tokens = o->max_batch_tokens;
+    s->rate_t0 = now_s();
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&s->thread, NULL, run, s)) {
+        snprintf(err, err_len, "cannot start the compute thread");
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->mu);
+        goto fail;
+    }
+    return s;
+fail:
+    free(s->running);
+    free(s->batch);
+    free(s->take);
+    free(s->logits);
+    rt_kv_free(s->kv);
+    free(s);
+    return NULL;
+}
+
+void rt_sched_free(rt_sched *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    sreq *r;
+    while ((r = q_pop(&s->inbox)))
+        finish_error(s, r, -ECANCELED);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s->cancels);
+    free(s->running);
+    free(s->batch);
+    free(s->take);
+    free(s->logits);
+    rt_kv_free(s->kv);
+    free(s);
+}

@@ -1,0 +1,106 @@
+/* Continuous-batching scheduler: one compute thread drives a model over
+ * many requests. Every step runs one forward pass over all running
+ * sequences (one token each) plus as many prompt tokens of admitted
+ * requests as the max_batch_tokens budget leaves (chunked prefill), so a
+ * long prompt never freezes the streams that are decoding. Requests join
+ * and leave between steps.
+ *
+ * KV memory is paged (rt_kv): a sequence grows block by block. When the
+ * pool runs dry, the most recently admitted sequence is preempted: its
+ * blocks go back and it waits at the head of the queue to be recomputed
+ * (prompt plus the tokens it already produced), so nothing it streamed
+ * changes. New requests wait while the pool is short.
+ *
+ * Threads: submit, cancel and stats may be called from any thread. Event
+ * callbacks run on the compute thread; they must not block and must copy
+ * what they keep. Every accepted request gets exactly one final event
+ * (DONE or ERROR), after which its id is dead. */
+#ifndef RT_SCHED_H
+#define RT_SCHED_H
+
+#include "runtime/sampler.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct rt_model rt_model;
+typedef struct rt_sched rt_sched;
+
+typedef struct rt_sched_opts {
+    size_t kv_bytes;      /* KV pool size */
+    int block_tokens;     /* positions per KV block (16) */
+    int max_seqs;         /* sequences running at once (32) */
+    int max_batch_tokens; /* tokens per forward pass (512) */
+    int max_queue;        /* requests waiting to start; past it submit says -EAGAIN (64) */
+} rt_sched_opts;
+
+void rt_sched_opts_default(rt_sched_opts *o);
+
+typedef enum rt_priority {
+    RT_PRIO_INTERACTIVE = 0, /* admitted first */
+    RT_PRIO_BATCH = 1,
+} rt_priority;
+
+typedef enum rt_sched_ev_kind {
+    RT_EV_TEXT,  /* new text (valid UTF-8, stop strings held back) for one token */
+    RT_EV_DONE,  /* final: finish_reason "stop" or "length" */
+    RT_EV_ERROR, /* final: error says why */
+} rt_sched_ev_kind;
+
+typedef struct rt_sched_event {
+    rt_sched_ev_kind kind;
+    uint64_t id;
+    const char *text; /* RT_EV_TEXT (may be empty while a stop string is pending) and DONE (the tail released
+                         at the end) */
+    size_t text_len;
+    int32_t token;             /* RT_EV_TEXT: the token generated */
+    const char *finish_reason; /* RT_EV_DONE */
+    int prompt_tokens, completion_tokens;
+    int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the start, -ECANCELED, -ENOMEM, -EIO */
+} rt_sched_event;
+
+typedef void (*rt_sched_cb)(void *user, const rt_sched_event *ev);
+
+typedef struct rt_sched_req {
+    const int32_t *prompt; /* copied */
+    int n_prompt;
+    int max_tokens; /* new tokens; <= 0: up to the context length */
+    rt_sampler_params sampling;
+    const char *const *stops; /* copied; at most 16 */
+    int n_stops;
+    bool ignore_eos;
+    rt_priority priority;
+    int64_t deadline_ms; /* absolute, epoch milliseconds; 0: none */
+    rt_sched_cb cb;
+    void *user;
+} rt_sched_req;
+
+/* Starts the compute thread. NULL with err filled on failure. */
+rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t err_len);
+/* Stops the thread; requests still open get ERROR -ECANCELED first. */
+void rt_sched_free(rt_sched *s);
+
+/* 0 and *id; -EAGAIN queue full; -E2BIG prompt plus max_tokens beyond the
+ * context length; -ENOSPC the request could never fit the KV pool;
+ * -EINVAL empty prompt or bad token; -ENOMEM; -ESHUTDOWN. On failure no
+ * event will come. */
+int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id);
+/* Asks the request to stop at the next step; its KV blocks go back and its
+ * final event is ERROR -ECANCELED (unless it finished first). Unknown ids
+ * are ignored. */
+void rt_sched_cancel(rt_sched *s, uint64_t id);
+
+typedef struct rt_sched_stats {
+    int queued, running;
+    int kv_blocks_free, kv_blocks_total, kv_block_tokens;
+    int max_seqs, max_queue, max_batch_tokens;
+    double ttft_ewma_ms; /* submit to first token */
+    double tpot_ewma_ms; /* time per output token after the first */
+    double tokens_per_s; /* generated tokens per second over the last few seconds */
+    uint64_t requests_done, tokens_generated, preemptions, steps;
+} rt_sched_stats;
+
+void rt_sched_get_stats(rt_sched *s, rt_sched_stats *st);
+
+#endif
