@@ -1,0 +1,165 @@
+"""infergate worker with real processes and a real HTTP/2 client (curl):
+batched greedy output equals solo output, streaming equals non-streaming,
+cancellation frees every KV block, queue limit -> 429, deadline -> 504,
+and each error case gets an OpenAI error object without disturbing others."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (INFERGATE, Checks, curl, gen_model, sse_events, spawn, tmpdir, wait_until)
+
+t = Checks()
+d = tmpdir()
+model = gen_model(os.path.join(d, "m.gguf"), dim=128, layers=2, heads=4, kv_heads=2, ffn=256, vocab=512, ctx=512,
+                  type="f32", seed=3)
+sock = os.path.join(d, "w.sock")
+URL = "http://localhost"
+
+
+def start_worker(sock, *extra):
+    p = spawn([INFERGATE, "worker", "--model", model, "--model-name", "m", "--listen", "unix:" + sock,
+               "--threads", "2"] + list(extra), os.path.join(d, os.path.basename(sock) + ".log"))
+    wait_until(lambda: curl(URL + "/health", unix=sock, timeout=2)[0] == 200 or p.poll() is not None, 60,
+               "worker health")
+    assert p.poll() is None, open(os.path.join(d, os.path.basename(sock) + ".log")).read()
+    return p
+
+
+def post(path, body, sock=sock, headers=(), timeout=60):
+    return curl(URL + path, unix=sock, data=body, headers=headers, timeout=timeout)
+
+
+def stats(sock=sock):
+    s, _, b = curl(URL + "/internal/stats", unix=sock, timeout=5)
+    return json.loads(b) if s == 200 else None
+
+
+def popen_post(path, body, sock=sock, extra=()):
+    args = ["curl", "-sS", "--http2-prior-knowledge", "--unix-socket", sock, "--max-time", "120", "-D", "-",
+            "-H", "content-type: application/json", "--data-binary", json.dumps(body), URL + path] + list(extra)
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+w = start_worker(sock, "--max-seqs", "32", "--max-queue", "64", "--kv-cache-mb", "64")
+
+# --- 32 concurrent greedy requests return what each returns alone ---
+prompts = [[1] + [(7 * i + 13 * j) % 500 + 5 for j in range(3 + i % 11)] for i in range(32)]
+def body(p, stream=False, n=12):
+    return {"model": "m", "prompt": p, "max_tokens": n, "temperature": 0, "stream": stream}
+alone = []
+for p in prompts:
+    s, _, b = post("/v1/completions", body(p))
+    alone.append(json.loads(b)["choices"][0]["text"] if s == 200 else None)
+t.ok(all(a is not None for a in alone), "32 solo completions answered 200")
+procs = [popen_post("/v1/completions", body(p)) for p in prompts]
+together = []
+for pr in procs:
+    out, _ = pr.communicate(timeout=120)
+    s, _, b = __import__("harness").parse_curl(out)
+    together.append(json.loads(b)["choices"][0]["text"] if s == 200 else None)
+t.ok(together == alone, "32 concurrent greedy completions equal their solo runs")
+st = stats()
+t.ok(st is not None and st["requests_done"] >= 64 and st["tokens_generated"] >= 64 * 12,
+     "stats count the requests and tokens")
+
+# --- streaming and non-streaming give the same text; usage chunk; [DONE] ---
+for i in (0, 5, 17):
+    s, h, b = post("/v1/completions", dict(body(prompts[i], stream=True), stream_options={"include_usage": True}))
+    events, done = sse_events(b)
+    text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+    usage = [e["usage"] for e in events if e.get("usage")]
+    finish = [e["choices"][0]["finish_reason"] for e in events if e.get("choices")]
+    t.ok(s == 200 and h.get("content-type") == "text/event-stream", "stream %d: 200 text/event-stream" % i)
+    t.ok(text == alone[i] and done, "stream %d: same text as non-streamed, ends with [DONE]" % i)
+    t.ok(usage == [{"prompt_tokens": len(prompts[i]), "completion_tokens": 12, "total_tokens": len(prompts[i]) + 12}],
+         "stream %d: include_usage gives one usage chunk" % i)
+    t.ok(finish[-1] == "length" and all(f is None for f in finish[:-1]), "stream %d: finish_reason on the last" % i)
+
+# --- chat completions, streamed and not ---
+chat = {"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        "max_tokens": 8, "temperature": 0}
+s, _, b = post("/v1/chat/completions", chat)
+r = json.loads(b) if s == 200 else {}
+t.ok(s == 200 and r.get("object") == "chat.completion" and r["choices"][0]["message"]["role"] == "assistant",
+     "chat completion answered")
+s, _, b = post("/v1/chat/completions", dict(chat, stream=True))
+events, done = sse_events(b)
+streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e.get("choices"))
+t.ok(s == 200 and done and events[0]["choices"][0]["delta"].get("role") == "assistant"
+     and streamed == r["choices"][0]["message"]["content"], "chat stream equals non-streamed chat")
+
+# --- errors: each gets the error object, others keep going ---
+bystander = popen_post("/v1/completions", body(prompts[3], stream=True, n=60))
+cases = [
+    ("malformed JSON", b'{"model": "m", "prompt": [1,2', 400, None),
+    ("wrong type", {"model": "m", "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("unknown model", {"model": "nope", "prompt": "hi"}, 404, "model"),
+    ("context exceeded", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 600}, 400, None),
+    ("empty prompt", {"model": "m", "prompt": ""}, 400, "prompt"),
+    ("n=2", {"model": "m", "prompt": "hi", "n": 2}, 400, "n"),
+]
+for what, b_, status, param in cases:
+    s, h, b = post("/v1/completions", b_)
+    try:
+        e = json.loads(b)["error"]
+        shape = all(k in e for k in ("message", "type", "param", "code")) and e["message"]
+    except Exception:
+        e, shape = {}, False
+    t.ok(s == status and shape and (param is None or e.get("param") == param),
+         "%s -> %d with an error object%s" % (what, status, " (param %s)" % param if param else ""))
+out, _ = bystander.communicate(timeout=120)
+events, done = sse_events(__import__("harness").parse_curl(out)[2])
+t.ok(done and len([e for e in events if e.get("choices") and e["choices"][0]["text"]]) > 0,
+     "a stream running alongside the errors finished normally")
+s, _, _ = curl(URL + "/nope", unix=sock)
+t.ok(s == 404, "unknown path -> 404")
+
+# --- deadline passed before start -> 504 ---
+past = str(int(time.time() * 1000) - 1000)
+s, _, b = post("/v1/completions", body(prompts[0]), headers=["x-infergate-deadline-ms: " + past])
+t.ok(s == 504 and "error" in json.loads(b), "deadline in the past -> 504")
+future = str(int(time.time() * 1000) + 60000)
+s, _, _ = post("/v1/completions", body(prompts[0]), headers=["x-infergate-deadline-ms: " + future,
+                                                               "x-infergate-priority: batch"])
+t.ok(s == 200, "deadline in the future and batch priority -> 200")
+
+# --- cancellation: killed clients free every KV block ---
+total = stats()["kv_blocks_total"]
+long_reqs = [popen_post("/v1/completions", body(prompts[i], stream=True, n=400)) for i in range(6)]
+wait_until(lambda: (stats() or {}).get("running", 0) >= 6, 30, "six streams running")
+t.ok(stats()["kv_blocks_free"] < total, "running streams hold KV blocks")
+for pr in long_reqs:
+    pr.kill()
+    pr.wait()
+freed = wait_until(lambda: (lambda st: st if st["running"] == 0 and st["kv_blocks_free"] == total else None)(stats()),
+                   15, "KV blocks back after the clients vanished")
+t.ok(freed["queued"] == 0, "cancelled streams left the batch and freed every KV block")
+
+# --- queue limit -> 429 with Retry-After ---
+sock2 = os.path.join(d, "w2.sock")
+w2 = start_worker(sock2, "--max-seqs", "1", "--max-queue", "1")
+holder = popen_post("/v1/completions", body(prompts[1], stream=True, n=400), sock=sock2)
+wait_until(lambda: (stats(sock2) or {}).get("running", 0) == 1, 30, "one stream running on worker 2")
+queued = popen_post("/v1/completions", body(prompts[2], n=4), sock=sock2)
+wait_until(lambda: (stats(sock2) or {}).get("queued", 0) == 1, 30, "one request queued on worker 2")
+s, h, b = post("/v1/completions", body(prompts[2], n=4), sock=sock2)
+t.ok(s == 429 and h.get("retry-after") and json.loads(b)["error"]["type"] == "rate_limit_error",
+     "queue full -> 429 with Retry-After")
+holder.kill()
+holder.wait()
+out, _ = queued.communicate(timeout=60)
+t.ok(__import__("harness").parse_curl(out)[0] == 200, "the queued request ran once the slot freed")
+
+# --- SIGTERM drains and exits ---
+w.send_signal(15)
+try:
+    rc = w.wait(timeout=40)
+except subprocess.TimeoutExpired:
+    rc = None
+t.ok(rc == 0, "SIGTERM: worker drains and exits 0")
+w2.send_signal(15)
+w2.wait(timeout=40)
+t.finish()
