@@ -251,21 +251,27 @@ int rt_model_gen(const rt_gen_params *p, const char *path, char *err, size_t err
     if ((rc = add_matrix(w, &bufs, p, "token_embd.weight", p->type, p->dim, p->vocab, sqrtf((float)p->dim))))
         goto out;
     for (int l = 0; l < p->layers; l++) {
+        /* The projections back into the residual stream are scaled down by
+         * sqrt(2 * layers), as GPT-2 initialises them: the residual path
+         * dominates, as in trained models, rather than a chaotic random
+         * network that amplifies every rounding. */
+        float res = 1.0f / sqrtf(2.0f * (float)p->layers);
         struct {
             const char *suffix;
             int n_in, n_out;
+            float scale;
         } m[] = {
-            {"attn_q.weight", p->dim, p->dim},   {"attn_k.weight", p->dim, kv_dim},
-            {"attn_v.weight", p->dim, kv_dim},   {"attn_output.weight", p->dim, p->dim},
-            {"ffn_gate.weight", p->dim, p->ffn}, {"ffn_up.weight", p->dim, p->ffn},
-            {"ffn_down.weight", p->ffn, p->dim},
+            {"attn_q.weight", p->dim, p->dim, 1},   {"attn_k.weight", p->dim, kv_dim, 1},
+            {"attn_v.weight", p->dim, kv_dim, 1},   {"attn_output.weight", p->dim, p->dim, res},
+            {"ffn_gate.weight", p->dim, p->ffn, 1}, {"ffn_up.weight", p->dim, p->ffn, 1},
+            {"ffn_down.weight", p->ffn, p->dim, res},
         };
         snprintf(name, sizeof(name), "blk.%d.attn_norm.weight", l);
         if ((rc = add_norm(w, &bufs, p, name, p->dim)))
             goto out;
         for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++) {
             snprintf(name, sizeof(name), "blk.%d.%s", l, m[i].suffix);
-            if ((rc = add_matrix(w, &bufs, p, name, p->type, m[i].n_in, m[i].n_out, 1.0f)))
+            if ((rc = add_matrix(w, &bufs, p, name, p->type, m[i].n_in, m[i].n_out, m[i].scale)))
                 goto out;
         }
         snprintf(name, sizeof(name), "blk.%d.ffn_norm.weight", l);
