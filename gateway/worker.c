@@ -174,8 +174,8 @@ static bool begin_stream(wreq *r)
     return true;
 }
 
-/* Writes one SSE event; a reader too slow for the per-stream bound loses
- * its stream (and so its request). */
+/* Writes one SSE event (NULL: out of memory); a reader too slow for the
+ * per-stream bound loses its stream, and so its request. */
 static bool write_sse(wreq *r, char *ev, size_t len)
 {
     if (!ev || gw_http_write(r->stream, ev, len)) {
@@ -188,32 +188,33 @@ static bool write_sse(wreq *r, char *ev, size_t len)
     return true;
 }
 
+static bool write_chunk(wreq *r, bool first, const char *text, size_t len, const char *finish,
+                        const rt_oai_usage *usage)
+{
+    size_t n = 0;
+    char *ev = rt_oai_chunk_sse(r->chat, r->cid, r->created, r->w->model_name, first, text, len, finish, usage, &n);
+    return write_sse(r, ev, n);
+}
+
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)
 {
-    worker *w = r->w;
-    size_t n;
     if (!begin_stream(r)) {
         gw_http_reset(r->stream);
-        rt_sched_cancel(w->sched, r->id);
+        rt_sched_cancel(r->w->sched, r->id);
         return;
     }
     bool first = !r->sent_first;
     if (ev->text_len || (first && r->chat)) {
-        if (!write_sse(r, rt_oai_chunk_sse(r->chat, r->cid, r->created, w->model_name, first, ev->text,
-                                           ev->text_len, NULL, NULL, &n),
-                       n))
+        if (!write_chunk(r, first, ev->text, ev->text_len, NULL, NULL))
             return;
         r->sent_first = true;
     }
     if (ev->kind != RT_EV_DONE)
         return;
     rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
-    if (!write_sse(r, rt_oai_chunk_sse(r->chat, r->cid, r->created, w->model_name, false, "", 0, ev->finish_reason,
-                                       NULL, &n),
-                   n))
+    if (!write_chunk(r, false, "", 0, ev->finish_reason, NULL))
         return;
-    if (r->include_usage &&
-        !write_sse(r, rt_oai_chunk_sse(r->chat, r->cid, r->created, w->model_name, false, NULL, 0, NULL, &u, &n), n))
+    if (r->include_usage && !write_chunk(r, false, NULL, 0, NULL, &u))
         return;
     static const char done[] = "data: [DONE]\n\n";
     if (gw_http_write(r->stream, done, sizeof(done) - 1) || gw_http_end(r->stream))
@@ -387,6 +388,7 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
         .sampling = q.sampling,
         .stops = (const char *const *)q.stop,
         .n_stops = q.n_stop,
+        .ignore_eos = q.ignore_eos,
         .priority = prio && !strcmp(prio, "batch") ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE,
         .deadline_ms = deadline,
         .cb = on_sched_event,

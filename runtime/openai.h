@@ -50,6 +50,7 @@ typedef struct rt_oai_request {
     char *stop[RT_OAI_MAX_STOPS];
     int n_stop;
     char *user;
+    bool ignore_eos; /* non-standard (vLLM): keep generating past end-of-generation tokens */
 } rt_oai_request;
 
 /* Parses a request body. chat selects the endpoint's schema. n_vocab bounds

@@ -184,8 +184,8 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     int rc = 0;
     if (s->stopping)
         rc = -ESHUTDOWN;
-    else if (s->n_waiting >= s->o.max_queue)
-        rc = -EAGAIN;
+    else if (s->n_waiting >= s->o.max_queue + (s->o.max_seqs - s->stats.running))
+        rc = -EAGAIN; /* requests that will start at once are not queued */
     if (rc) {
         pthread_mutex_unlock(&s->mu);
         sreq_free(q);
@@ -340,6 +340,7 @@ static void admit(rt_sched *s)
     if (admitted) {
         pthread_mutex_lock(&s->mu);
         s->n_waiting -= admitted;
+        s->stats.running = s->n_running;
         pthread_mutex_unlock(&s->mu);
     }
 }

@@ -1,0 +1,804 @@
+/* OpenAI request parsing and response encoding (see openai.h).
+ *
+ * Parsing follows the OpenAI API reference for the fields a local model can
+ * honour, checking each one's type and range and naming it in the error's
+ * `param`; JSON null means the field is absent, as the Python SDK sends it.
+ * Choices the reference leaves open are made the way vLLM and llama.cpp's
+ * server make them, so clients written against those keep working:
+ *   - max_completion_tokens wins over max_tokens when both are given;
+ *   - the text parts of an array content are joined with "\n";
+ *   - top_k and min_p (not OpenAI fields) are accepted, top_k < 0 means off;
+ *   - duplicate keys are rejected, so that the gateway (which reads only
+ *     `model` and `stream`) and the worker cannot see different values.
+ *
+ * Encoding builds jansson trees and dumps them compact. Text that is not
+ * valid UTF-8 has each ill-formed subsequence replaced by U+FFFD, so a
+ * response is always valid JSON whatever bytes the model produced. */
+#include "runtime/openai.h"
+
+#include <jansson.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char invalid_request[] = "invalid_request_error";
+
+/* ---- errors ---- */
+
+static void error_vset(rt_oai_error *e, int status, const char *type, const char *param, const char *code,
+                       const char *fmt, va_list ap)
+{
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    if (param != e->param_buf)
+        e->param_buf[0] = '\0';
+    e->param = param;
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+}
+
+void rt_oai_error_set(rt_oai_error *e, int status, const char *type, const char *param, const char *code,
+                      const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    error_vset(e, status, type, param, code, fmt, ap);
+    va_end(ap);
+}
+
+/* A 400 invalid_request_error; returns -EINVAL for `return bad(...)`. */
+static int bad(rt_oai_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int bad(rt_oai_error *e, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    error_vset(e, 400, invalid_request, param, NULL, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+static int oom(rt_oai_error *e)
+{
+    rt_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory parsing the request");
+    return -ENOMEM;
+}
+
+/* Formats an indexed param name ("messages[2].content[0].type") into the
+ * error's own storage. */
+static const char *param_at(rt_oai_error *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static const char *param_at(rt_oai_error *e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->param_buf, sizeof(e->param_buf), fmt, ap);
+    va_end(ap);
+    return e->param_buf;
+}
+
+/* ---- UTF-8 repair ---- */
+
+/* Length of the well-formed UTF-8 sequence at p (Unicode table 3-7: no
+ * overlongs, no surrogates, nothing above U+10FFFF), or 0 when it is
+ * ill-formed; then *skip is the length of its maximal subpart (at least 1),
+ * which is what one U+FFFD replaces. */
+static size_t utf8_seq(const unsigned char *p, size_t n, size_t *skip)
+{
+    unsigned char c = p[0];
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xBF;
+    *skip = 1;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 1;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else
+        return 0;
+    for (size_t i = 1; i <= need; i++) {
+        if (i >= n || p[i] < lo || p[i] > hi) {
+            *skip = i;
+            return 0;
+        }
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    return need + 1;
+}
+
+/* A JSON string of n bytes of s (NUL bytes allowed: jansson escapes them),
+ * repaired when it is not valid UTF-8. NULL only on ENOMEM. */
+static json_t *json_text(const char *s, size_t n)
+{
+    if (!s) {
+        s = "";
+        n = 0;
+    }
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0, skip;
+    while (i < n) {
+        size_t k = utf8_seq(p + i, n - i, &skip);
+        if (k == 0)
+            break;
+        i += k;
+    }
+    if (i == n)
+        return json_stringn(s, n);
+
+    /* Worst case every byte becomes the three bytes of U+FFFD. */
+    if (n > (SIZE_MAX - 1) / 3)
+        return NULL;
+    char *fixed = malloc(n * 3 + 1);
+    if (!fixed)
+        return NULL;
+    memcpy(fixed, s, i);
+    size_t o = i;
+    while (i < n) {
+        size_t k = utf8_seq(p + i, n - i, &skip);
+        if (k > 0) {
+            memcpy(fixed + o, s + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(fixed + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i += skip;
+        }
+    }
+    json_t *j = json_stringn(fixed, o);
+    free(fixed);
+    return j;
+}
+
+static json_t *json_cstr(const char *s)
+{
+    return json_text(s, s ? strlen(s) : 0);
+}
+
+/* ---- field readers ----
+ * Each returns 1 when the field is present, 0 when it is absent or null,
+ * -EINVAL (with *e filled) when its type or range is wrong. */
+
+static json_t *field(json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static int get_bool(json_t *obj, const char *key, bool *out, rt_oai_error *e)
+{
+    json_t *v = field(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return bad(e, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 1;
+}
+
+/* A number in [lo, hi], or (lo, hi] with lo_open. */
+static int get_number(json_t *obj, const char *key, double lo, double hi, bool lo_open, double *out,
+                      rt_oai_error *e)
+{
+    json_t *v = field(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return bad(e, key, "'%s' must be a number", key);
+    double d = json_number_value(v);
+    if ((lo_open ? !(d > lo) : !(d >= lo)) || !(d <= hi))
+        return bad(e, key, "'%s' must be %s %g and at most %g", key, lo_open ? "greater than" : "at least",
+                   lo, hi);
+    *out = d;
+    return 1;
+}
+
+/* An integer in [lo, hi]. A real with an integral value (100.0) counts, as
+ * pydantic's lax mode in vLLM allows. */
+static int get_int(json_t *obj, const char *key, long long lo, long long hi, long long *out, rt_oai_error *e)
+{
+    json_t *v = field(obj, key);
+    if (!v)
+        return 0;
+    long long x = 0;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v)) {
+        double d = json_real_value(v);
+        /* The range test comes first: converting an out-of-range double
+         * is undefined. 2^63 is the first value that does not fit. */
+        if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0) || d != (double)(long long)d)
+            return bad(e, key, "'%s' must be an integer", key);
+        x = (long long)d;
+    } else {
+        return bad(e, key, "'%s' must be an integer", key);
+    }
+    if (x < lo)
+        return bad(e, key, "'%s' must be at least %lld", key, lo);
+    if (x > hi)
+        return bad(e, key, "'%s' must be at most %lld", key, hi);
+    *out = x;
+    return 1;
+}
+
+static int get_string(json_t *obj, const char *key, const char **out, rt_oai_error *e)
+{
+    json_t *v = field(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_string(v))
+        return bad(e, key, "'%s' must be a string", key);
+    *out = json_string_value(v);
+    return 1;
+}
+
+/* ---- request parts ---- */
+
+static int parse_prompt(json_t *root, int32_t n_vocab, rt_oai_request *req, rt_oai_error *e)
+{
+    static const char shape[] =
+        "'prompt' must be a string, an array of token ids or an array with one string";
+    json_t *p = field(root, "prompt");
+    if (!p)
+        return bad(e, "prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        if (json_string_length(p) == 0)
+            return bad(e, "prompt", "prompt must not be empty");
+        req->prompt = strdup(json_string_value(p));
+        return req->prompt ? 0 : oom(e);
+    }
+    if (!json_is_array(p))
+        return bad(e, "prompt", shape);
+    size_t n = json_array_size(p);
+    if (n == 0)
+        return bad(e, "prompt", "prompt must not be empty");
+    if (json_is_string(json_array_get(p, 0)))
+        return bad(e, "prompt", "a batch of prompts is not supported: send one prompt per request");
+    if (n > INT_MAX)
+        return bad(e, "prompt", "'prompt' has too many tokens");
+    int32_t *ids = malloc(n * sizeof(*ids));
+    if (!ids)
+        return oom(e);
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(p, i);
+        if (!json_is_integer(t)) {
+            free(ids);
+            return bad(e, "prompt", shape);
+        }
+        long long id = json_integer_value(t);
+        if (id < 0 || (n_vocab > 0 && id >= n_vocab) || id > INT32_MAX) {
+            free(ids);
+            return bad(e, "prompt", "prompt[%zu]: token id %lld is out of range [0, %ld)", i, id,
+                       n_vocab > 0 ? (long)n_vocab : (long)INT32_MAX + 1);
+        }
+        ids[i] = (int32_t)id;
+    }
+    req->prompt_tokens = ids;
+    req->n_prompt_tokens = (int)n;
+    return 0;
+}
+
+/* Content as a string, or an array of {"type":"text","text":...} parts
+ * joined with "\n" (as vLLM joins them). *out is malloc'd. */
+static int parse_content(json_t *c, size_t mi, char **out, rt_oai_error *e)
+{
+    if (json_is_string(c)) {
+        *out = strdup(json_string_value(c));
+        return *out ? 0 : oom(e);
+    }
+    if (!json_is_array(c))
+        return bad(e, param_at(e, "messages[%zu].content", mi),
+                   "'messages[%zu].content' must be a string or an array of text parts", mi);
+    size_t total = 1, n = json_array_size(c);
+    for (size_t j = 0; j < n; j++) {
+        json_t *part = json_array_get(c, j);
+        if (!json_is_object(part))
+            return bad(e, param_at(e, "messages[%zu].content[%zu]", mi, j),
+                       "'messages[%zu].content[%zu]' must be an object", mi, j);
+        json_t *type = json_object_get(part, "type");
+        if (!json_is_string(type))
+            return bad(e, param_at(e, "messages[%zu].content[%zu].type", mi, j),
+                       "'messages[%zu].content[%zu].type' must be a string", mi, j);
+        if (strcmp(json_string_value(type), "text") != 0)
+            return bad(e, param_at(e, "messages[%zu].content[%zu].type", mi, j),
+                       "content part type '%.40s' is not supported: only 'text' parts are",
+                       json_string_value(type));
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text))
+            return bad(e, param_at(e, "messages[%zu].content[%zu].text", mi, j),
+                       "'messages[%zu].content[%zu].text' must be a string", mi, j);
+        total += json_string_length(text) + 1;
+    }
+    char *s = malloc(total);
+    if (!s)
+        return oom(e);
+    size_t o = 0;
+    for (size_t j = 0; j < n; j++) {
+        json_t *text = json_object_get(json_array_get(c, j), "text");
+        size_t len = json_string_length(text);
+        if (j > 0)
+            s[o++] = '\n';
+        memcpy(s + o, json_string_value(text), len);
+        o += len;
+    }
+    s[o] = '\0';
+    *out = s;
+    return 0;
+}
+
+static int parse_messages(json_t *root, rt_oai_request *req, rt_oai_error *e)
+{
+    json_t *m = field(root, "messages");
+    if (!m)
+        return bad(e, "messages", "'messages' is required");
+    if (!json_is_array(m))
+        return bad(e, "messages", "'messages' must be an array");
+    size_t n = json_array_size(m);
+    if (n == 0)
+        return bad(e, "messages", "'messages' must not be empty");
+    if (n > INT_MAX)
+        return bad(e, "messages", "'messages' has too many entries");
+    req->messages = calloc(n, sizeof(*req->messages));
+    if (!req->messages)
+        return oom(e);
+    for (size_t i = 0; i < n; i++) {
+        json_t *msg = json_array_get(m, i);
+        if (!json_is_object(msg))
+            return bad(e, param_at(e, "messages[%zu]", i), "'messages[%zu]' must be an object", i);
+
+        json_t *role = field(msg, "role");
+        if (!role)
+            return bad(e, param_at(e, "messages[%zu].role", i), "'messages[%zu].role' is required", i);
+        if (!json_is_string(role))
+            return bad(e, param_at(e, "messages[%zu].role", i), "'messages[%zu].role' must be a string", i);
+        const char *r = json_string_value(role);
+        const char *canon;
+        if (strcmp(r, "system") == 0 || strcmp(r, "developer") == 0)
+            canon = "system"; /* developer is the o1-era name of the system role */
+        else if (strcmp(r, "user") == 0)
+            canon = "user";
+        else if (strcmp(r, "assistant") == 0)
+            canon = "assistant";
+        else
+            return bad(e, param_at(e, "messages[%zu].role", i),
+                       "'messages[%zu].role' must be one of system, user, assistant, developer (got '%.40s')",
+                       i, r);
+
+        json_t *content = field(msg, "content");
+        if (!content)
+            return bad(e, param_at(e, "messages[%zu].content", i), "'messages[%zu].content' is required", i);
+
+        /* Count the entry before filling it, so that dispose frees what a
+         * failure leaves behind. */
+        req->n_messages = (int)i + 1;
+        req->messages[i].role = strdup(canon);
+        if (!req->messages[i].role)
+            return oom(e);
+        int rc = parse_content(content, i, &req->messages[i].content, e);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int parse_stop(json_t *root, rt_oai_request *req, rt_oai_error *e)
+{
+    json_t *s = field(root, "stop");
+    if (!s)
+        return 0;
+    if (json_is_string(s)) {
+        if (json_string_length(s) == 0)
+            return bad(e, "stop", "'stop' must not be an empty string");
+        req->stop[0] = strdup(json_string_value(s));
+        if (!req->stop[0])
+            return oom(e);
+        req->n_stop = 1;
+        return 0;
+    }
+    if (!json_is_array(s))
+        return bad(e, "stop", "'stop' must be a string or an array of strings");
+    size_t n = json_array_size(s);
+    if (n > RT_OAI_MAX_STOPS)
+        return bad(e, "stop", "'stop' allows at most %d sequences, got %zu", RT_OAI_MAX_STOPS, n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(s, i);
+        if (!json_is_string(v))
+            return bad(e, "stop", "'stop' must be a string or an array of strings");
+        if (json_string_length(v) == 0)
+            return bad(e, "stop", "'stop' must not contain an empty string");
+        req->stop[i] = strdup(json_string_value(v));
+        if (!req->stop[i])
+            return oom(e);
+        req->n_stop = (int)i + 1;
+    }
+    return 0;
+}
+
+static int parse_sampling(json_t *root, rt_oai_request *req, rt_oai_error *e)
+{
+    rt_sampler_params *sp = &req->sampling;
+    double d;
+    long long x = 0;
+    int rc;
+
+    if ((rc = get_number(root, "temperature", 0, 2, false, &d, e)) < 0)
+        return rc;
+    if (rc)
+        sp->temperature = (float)d;
+    if ((rc = get_number(root, "top_p", 0, 1, true, &d, e)) < 0)
+        return rc;
+    if (rc)
+        sp->top_p = (float)d;
+    if ((rc = get_number(root, "presence_penalty", -2, 2, false, &d, e)) < 0)
+        return rc;
+    if (rc)
+        sp->presence_penalty = (float)d;
+    if ((rc = get_number(root, "frequency_penalty", -2, 2, false, &d, e)) < 0)
+        return rc;
+    if (rc)
+        sp->frequency_penalty = (float)d;
+    if ((rc = get_number(root, "min_p", 0, 1, false, &d, e)) < 0)
+        return rc;
+    if (rc)
+        sp->min_p = (float)d;
+    /* llama.cpp takes top_k <= 0 as off, vLLM -1: both mean off here. */
+    if ((rc = get_int(root, "top_k", LLONG_MIN, INT_MAX, &x, e)) < 0)
+        return rc;
+    if (rc)
+        sp->top_k = x > 0 ? (int)x : 0;
+    if ((rc = get_int(root, "seed", LLONG_MIN, LLONG_MAX, &x, e)) < 0)
+        return rc;
+    if (rc) {
+        sp->seed = (uint64_t)x;
+        req->has_seed = true;
+    }
+    return 0;
+}
+
+static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request *req, rt_oai_error *e)
+{
+    const char *s = NULL;
+    long long x = 0;
+    int rc;
+
+    json_t *model = json_object_get(root, "model");
+    if (!model || json_is_null(model))
+        return bad(e, "model", "you must provide a model parameter");
+    if (!json_is_string(model))
+        return bad(e, "model", "'model' must be a string");
+    if (json_string_length(model) == 0)
+        return bad(e, "model", "'model' must not be empty");
+    req->model = strdup(json_string_value(model));
+    if (!req->model)
+        return oom(e);
+
+    rc = chat ? parse_messages(root, req, e) : parse_prompt(root, n_vocab, req, e);
+    if (rc < 0)
+        return rc;
+
+    if ((rc = get_bool(root, "stream", &req->stream, e)) < 0)
+        return rc;
+    /* vLLM's extension: generate max_tokens even past end-of-text
+     * (benchmarks need fixed-length outputs). */
+    if ((rc = get_bool(root, "ignore_eos", &req->ignore_eos, e)) < 0)
+        return rc;
+    json_t *so = field(root, "stream_options");
+    if (so) {
+        if (!json_is_object(so))
+            return bad(e, "stream_options", "'stream_options' must be an object");
+        /* OpenAI and vLLM both refuse options for a stream not asked for. */
+        if (!req->stream)
+            return bad(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+        json_t *iu = field(so, "include_usage");
+        if (iu && !json_is_boolean(iu))
+            return bad(e, "stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
+        req->include_usage = iu && json_is_true(iu);
+    }
+
+    /* Both names are checked, so that a wrong type in either is reported;
+     * the newer name wins, as in vLLM. */
+    long long mt = -1, mct = -1;
+    if ((rc = get_int(root, "max_tokens", 1, INT_MAX, &mt, e)) < 0)
+        return rc;
+    if ((rc = get_int(root, "max_completion_tokens", 1, INT_MAX, &mct, e)) < 0)
+        return rc;
+    req->max_tokens = (int)(mct > 0 ? mct : mt);
+
+    if ((rc = get_int(root, "n", LLONG_MIN, LLONG_MAX, &x, e)) < 0)
+        return rc;
+    if (rc && x != 1)
+        return bad(e, "n", "only n=1 is supported");
+
+    if ((rc = parse_sampling(root, req, e)) < 0)
+        return rc;
+    if ((rc = parse_stop(root, req, e)) < 0)
+        return rc;
+
+    if ((rc = get_string(root, "user", &s, e)) < 0)
+        return rc;
+    if (rc) {
+        req->user = strdup(s);
+        if (!req->user)
+            return oom(e);
+    }
+    return 0;
+}
+
+int rt_oai_parse(const char *body, size_t len, bool chat, int32_t n_vocab, rt_oai_request *req,
+                 rt_oai_error *e)
+{
+    rt_oai_error scratch;
+    if (!e)
+        e = &scratch;
+    memset(e, 0, sizeof(*e));
+    memset(req, 0, sizeof(*req));
+    req->chat = chat;
+    req->max_tokens = -1;
+    rt_sampler_params_default(&req->sampling);
+    /* OpenAI's defaults, whatever the sampler's own are. */
+    req->sampling.temperature = 1.0f;
+    req->sampling.top_p = 1.0f;
+    req->sampling.top_k = 0;
+    req->sampling.min_p = 0.0f;
+    req->sampling.presence_penalty = 0.0f;
+    req->sampling.frequency_penalty = 0.0f;
+
+    json_error_t jerr;
+    json_t *root =
+        json_loadb(body ? body : "", body ? len : 0, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        if (json_error_code(&jerr) == json_error_out_of_memory)
+            return oom(e);
+        return bad(e, NULL, "invalid JSON: %s at line %d column %d", jerr.text, jerr.line, jerr.column);
+    }
+    int rc;
+    if (!json_is_object(root))
+        rc = bad(e, NULL, "the request body must be a JSON object");
+    else
+        rc = parse_fields(root, chat, n_vocab, req, e);
+    json_decref(root);
+    if (rc < 0) {
+        rt_oai_request_dispose(req);
+        req->chat = chat;
+        req->max_tokens = -1;
+    }
+    return rc;
+}
+
+void rt_oai_request_dispose(rt_oai_request *req)
+{
+    if (!req)
+        return;
+    free(req->model);
+    free(req->prompt);
+    free(req->prompt_tokens);
+    for (int i = 0; i < req->n_messages; i++) {
+        free(req->messages[i].role);
+        free(req->messages[i].content);
+    }
+    free(req->messages);
+    for (int i = 0; i < req->n_stop && i < RT_OAI_MAX_STOPS; i++)
+        free(req->stop[i]);
+    free(req->user);
+    memset(req, 0, sizeof(*req));
+}
+
+/* ---- encoding ----
+ * Trees are built bottom-up: a child is filled before it is attached, since
+ * a failed attach releases it. */
+
+/* Adds key: v to obj, taking v's reference; a NULL v (failed allocation) or
+ * a failed insert marks the build as failed. */
+static void put(json_t *obj, const char *key, json_t *v, bool *ok)
+{
+    if (!obj || !v) {
+        json_decref(v);
+        *ok = false;
+        return;
+    }
+    if (json_object_set_new(obj, key, v) < 0)
+        *ok = false;
+}
+
+static void push(json_t *arr, json_t *v, bool *ok)
+{
+    if (!arr || !v) {
+        json_decref(v);
+        *ok = false;
+        return;
+    }
+    if (json_array_append_new(arr, v) < 0)
+        *ok = false;
+}
+
+/* Returns o, or NULL (releasing o) when the build failed. */
+static json_t *done(json_t *o, bool ok)
+{
+    if (!ok || !o) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static json_t *nullable_str(const char *s)
+{
+    return s ? json_cstr(s) : json_null();
+}
+
+static json_t *usage_json(const rt_oai_usage *u)
+{
+    bool ok = true;
+    json_t *o = json_object();
+    put(o, "prompt_tokens", json_integer(u->prompt_tokens), &ok);
+    put(o, "completion_tokens", json_integer(u->completion_tokens), &ok);
+    put(o, "total_tokens", json_integer((json_int_t)u->prompt_tokens + u->completion_tokens), &ok);
+    return done(o, ok);
+}
+
+/* The fields every response and chunk starts with, then "choices". */
+static json_t *envelope(const char *id, const char *object, long created, const char *model, json_t *choices)
+{
+    bool ok = true;
+    json_t *o = json_object();
+    put(o, "id", json_cstr(id), &ok);
+    put(o, "object", json_string(object), &ok);
+    put(o, "created", json_integer(created), &ok);
+    put(o, "model", json_cstr(model), &ok);
+    put(o, "choices", choices, &ok);
+    return done(o, ok);
+}
+
+/* A choice: index 0, the payload under `key`, logprobs, finish_reason. */
+static json_t *choice_json(const char *key, json_t *payload, const char *finish_reason)
+{
+    bool ok = true;
+    json_t *c = json_object();
+    put(c, "index", json_integer(0), &ok);
+    put(c, key, payload, &ok);
+    put(c, "logprobs", json_null(), &ok);
+    put(c, "finish_reason", nullable_str(finish_reason), &ok);
+    return done(c, ok);
+}
+
+static json_t *one(json_t *v)
+{
+    bool ok = true;
+    json_t *a = json_array();
+    push(a, v, &ok);
+    return done(a, ok);
+}
+
+static char *dump_and_free(json_t *o)
+{
+    if (!o)
+        return NULL;
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+char *rt_oai_response_json(bool chat, const char *id, long created, const char *model, const char *text,
+                           size_t text_len, const char *finish_reason, const rt_oai_usage *usage)
+{
+    bool ok = true;
+    json_t *payload;
+    if (chat) {
+        payload = json_object();
+        put(payload, "role", json_string("assistant"), &ok);
+        put(payload, "content", json_text(text, text ? text_len : 0), &ok);
+        payload = done(payload, ok);
+    } else {
+        payload = json_text(text, text ? text_len : 0);
+    }
+    json_t *choices = one(choice_json(chat ? "message" : "text", payload, finish_reason));
+    json_t *o = envelope(id, chat ? "chat.completion" : "text_completion", created, model, choices);
+    if (usage)
+        put(o, "usage", usage_json(usage), &ok);
+    return dump_and_free(done(o, ok));
+}
+
+char *rt_oai_chunk_sse(bool chat, const char *id, long created, const char *model, bool first,
+                       const char *text, size_t text_len, const char *finish_reason,
+                       const rt_oai_usage *usage, size_t *out_len)
+{
+    if (out_len)
+        *out_len = 0;
+    bool ok = true;
+    json_t *o;
+    const char *object = chat ? "chat.completion.chunk" : "text_completion";
+    if (!text && usage) {
+        /* The usage chunk comes after the last token and has no choice. */
+        o = envelope(id, object, created, model, json_array());
+        put(o, "usage", usage_json(usage), &ok);
+        o = done(o, ok);
+    } else {
+        json_t *payload;
+        if (chat) {
+            /* The first delta names the role; the last may carry no text (an
+             * empty delta beside the finish_reason). */
+            payload = json_object();
+            if (first)
+                put(payload, "role", json_string("assistant"), &ok);
+            if (text || first)
+                put(payload, "content", json_text(text, text ? text_len : 0), &ok);
+            payload = done(payload, ok);
+        } else {
+            payload = json_text(text, text ? text_len : 0);
+        }
+        json_t *choices = one(choice_json(chat ? "delta" : "text", payload, finish_reason));
+        o = envelope(id, object, created, model, choices);
+    }
+    if (!o)
+        return NULL;
+
+    static const char prefix[] = "data: ", suffix[] = "\n\n";
+    const size_t pre = sizeof(prefix) - 1, suf = sizeof(suffix) - 1;
+    size_t n = json_dumpb(o, NULL, 0, JSON_COMPACT);
+    char *sse = n ? malloc(pre + n + suf + 1) : NULL;
+    if (!sse) {
+        json_decref(o);
+        return NULL;
+    }
+    memcpy(sse, prefix, pre);
+    size_t got = json_dumpb(o, sse + pre, n, JSON_COMPACT);
+    json_decref(o);
+    if (got != n) {
+        free(sse);
+        return NULL;
+    }
+    memcpy(sse + pre + n, suffix, suf + 1);
+    if (out_len)
+        *out_len = pre + n + suf;
+    return sse;
+}
+
+char *rt_oai_models_json(const char *model, long created)
+{
+    bool ok = true;
+    json_t *m = json_object();
+    put(m, "id", json_cstr(model), &ok);
+    put(m, "object", json_string("model"), &ok);
+    put(m, "created", json_integer(created), &ok);
+    put(m, "owned_by", json_string("infergate"), &ok);
+    json_t *o = json_object();
+    put(o, "object", json_string("list"), &ok);
+    put(o, "data", one(done(m, ok)), &ok);
+    return dump_and_free(done(o, ok));
+}
+
+char *rt_oai_error_json(const rt_oai_error *e)
+{
+    const char *type = e->type;
+    if (!type)
+        type = e->status == 429 ? "rate_limit_error" : e->status >= 500 ? "server_error" : invalid_request;
+    bool ok = true;
+    json_t *err = json_object();
+    put(err, "message", json_text(e->message, strnlen(e->message, sizeof(e->message))), &ok);
+    put(err, "type", json_cstr(type), &ok);
+    put(err, "param", nullable_str(e->param), &ok);
+    put(err, "code", nullable_str(e->code), &ok);
+    json_t *o = json_object();
+    put(o, "error", done(err, ok), &ok);
+    return dump_and_free(done(o, ok));
+}
