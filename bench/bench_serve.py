@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""Serving benchmark of `infergate worker`: closed-loop streaming clients.
+
+Each of C clients sends a streaming completion (prompt of P token ids,
+G new tokens, ignore_eos so every request is the same length), and sends the
+next one when the last ends. The first round of every client is left out
+(warm-up); the next R rounds are measured. Reported per C: aggregate
+generated tokens/s, p50/p99 time-to-first-token (send -> first token event)
+and time-per-output-token (gaps between token events of one stream).
+
+The prefill rate of the same build is measured in the same run with
+`infergate generate` on a P-token prompt, for the "aggregate / prefill"
+ratio the targets are stated in.
+
+Needs Debian's python3-httpx and python3-h2 (run with /usr/bin/python3).
+
+  /usr/bin/python3 bench/bench_serve.py --infergate build/infergate \
+      [--model FILE] [--clients 1,4,16,32] [--rounds 3] [--prompt 128] [--gen 128] [--threads 2]
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+
+def pct(v, p):
+    v = sorted(v)
+    if not v:
+        return float("nan")
+    k = (len(v) - 1) * p / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+async def one_request(client, prompt, gen, rec):
+    body = {"model": "m", "prompt": prompt, "max_tokens": gen, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    t0 = time.monotonic()
+    stamps = []
+    async with client.stream("POST", "http://localhost/v1/completions", json=body, timeout=600) as r:
+        if r.status_code != 200:
+            rec["errors"] += 1
+            await r.aread()
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            ch = ev.get("choices") or []
+            if ch and ch[0].get("finish_reason") is None:
+                stamps.append(time.monotonic())
+    if not stamps:
+        rec["errors"] += 1
+        return
+    rec["ttft"].append(stamps[0] - t0)
+    rec["tpot"].extend(b - a for a, b in zip(stamps, stamps[1:]))
+    rec["tokens"] += gen
+    rec["first_start"] = min(rec["first_start"], t0)
+    rec["last_end"] = max(rec["last_end"], time.monotonic())
+
+
+async def client_loop(client, rounds, prompt_len, gen, vocab, rec, warm, seed):
+    rng = random.Random(seed)
+    for i in range(rounds + 1):
+        prompt = [1] + [rng.randrange(3, vocab) for _ in range(prompt_len - 1)]
+        await one_request(client, prompt, gen, warm if i == 0 else rec)
+
+
+async def run_level(sock, clients, rounds, prompt_len, gen, vocab):
+    rec = {"ttft": [], "tpot": [], "tokens": 0, "errors": 0, "first_start": float("inf"), "last_end": 0.0}
+    warm = {"ttft": [], "tpot": [], "tokens": 0, "errors": 0, "first_start": float("inf"), "last_end": 0.0}
+    transport = httpx.AsyncHTTPTransport(uds=sock, http2=True)
+    limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
+    async with httpx.AsyncClient(transport=transport, http2=True, limits=limits) as client:
+        await asyncio.gather(*(client_loop(client, rounds, prompt_len, gen, vocab, rec, warm, 1000 * clients + c)
+                               for c in range(clients)))
+    rec["errors"] += warm["errors"]
+    return rec
+
+
+def prefill_rate(infergate, model, prompt_len, threads, reps=3):
+    rates = []
+    toks = ",".join(["1"] + [str(3 + (i * 7919) % 31000) for i in range(prompt_len - 1)])
+    for _ in range(reps):
+        r = subprocess.run([infergate, "generate", "--model", model, "--prompt-tokens", toks, "-n", "1",
+                            "--threads", str(threads)], capture_output=True, text=True, check=True)
+        line = [l for l in r.stderr.splitlines() if l.startswith("prefill:")][0]
+        rates.append(float(line.split("(")[1].split()[0]))
+    return statistics.median(rates), min(rates), max(rates)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--infergate", default="build/infergate")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--clients", default="1,4,16,32")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-seqs", type=int, default=32)
+    a = ap.parse_args()
+
+    model = a.model
+    if not model:
+        model = "/tmp/infergate-bench/synth-768-12-2048-32000-q8_0.gguf"
+        if not os.path.exists(model):
+            os.makedirs(os.path.dirname(model), exist_ok=True)
+            subprocess.run([a.infergate, "model", "gen", "--out", model, "--dim", "768", "--layers", "12", "--heads",
+                            "12", "--kv-heads", "12", "--ffn", "2048", "--vocab", "32000", "--ctx", "2048",
+                            "--type", "q8_0"], check=True)
+    vocab = 32000
+    d = tempfile.mkdtemp(prefix="infergate-bench-")
+    sock = os.path.join(d, "w.sock")
+    log = open(os.path.join(d, "worker.log"), "wb")
+    w = subprocess.Popen([a.infergate, "worker", "--model", model, "--model-name", "m", "--listen", "unix:" + sock,
+                          "--threads", str(a.threads), "--max-seqs", str(a.max_seqs), "--max-queue", "256",
+                          "--kv-cache-mb", "2048"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        pre = prefill_rate(a.infergate, model, a.prompt, a.threads)
+        print("model %s, worker --threads %d --max-seqs %d; prompt %d tokens, %d new tokens, %d measured rounds "
+              "per client after one warm-up round" % (model, a.threads, a.max_seqs, a.prompt, a.gen, a.rounds))
+        print("prefill rate of this build (infergate generate, %d-token prompt, %d threads): %.1f tok/s "
+              "(min %.1f, max %.1f)\n" % (a.prompt, a.threads, pre[0], pre[1], pre[2]))
+        print("| clients | aggregate tok/s | x single | / prefill | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms "
+              "| TPOT p99 ms | p99/p50 TPOT | errors |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        single = None
+        for c in [int(x) for x in a.clients.split(",")]:
+            rec = asyncio.run(run_level(sock, c, a.rounds, a.prompt, a.gen, vocab))
+            agg = rec["tokens"] / (rec["last_end"] - rec["first_start"]) if rec["tokens"] else 0.0
+            single = single or agg
+            t50, t99 = pct(rec["ttft"], 50) * 1e3, pct(rec["ttft"], 99) * 1e3
+            p50, p99 = pct(rec["tpot"], 50) * 1e3, pct(rec["tpot"], 99) * 1e3
+            print("| %d | %.1f | %.2f | %.0f%% | %.0f | %.0f | %.1f | %.1f | %.2f | %d |" %
+                  (c, agg, agg / single, 100 * agg / pre[0], t50, t99, p50, p99, p99 / p50, rec["errors"]),
+                  flush=True)
+    finally:
+        w.terminate()
+        try:
+            w.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            w.kill()
+        subprocess.run(["rm", "-rf", d])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
