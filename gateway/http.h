@@ -56,18 +56,28 @@ typedef struct gw_http_handler {
     void (*on_close)(void *ud, gw_http_stream *s, void *stream_ud, bool finished);
 } gw_http_handler;
 
-/* NULL on out of memory. */
+/* NULL on out of memory. Zero limits take the defaults. The process must
+ * ignore SIGPIPE: a peer that vanishes mid-write would otherwise kill it. */
 gw_http_server *gw_http_server_new(struct event_base *base, const gw_http_limits *limits,
                                    const gw_http_handler *handler, void *ud);
 /* Starts listening on "unix:/path" or "tcp:HOST:PORT" (HOST may be [::1]).
  * A stale Unix socket file is replaced. 0, or a negative errno with err
  * filled. Several listeners per server are fine. */
 int gw_http_server_listen(gw_http_server *srv, const char *spec, char *err, size_t err_len);
+/* Port of the last TCP listener started (useful after "tcp:HOST:0"), 0 if
+ * none is listening. */
+int gw_http_server_port(const gw_http_server *srv);
+/* Serves an already connected stream socket (socket activation, a
+ * socketpair from a supervisor, fuzzers); the server owns `fd` from here,
+ * also on failure. 0, -ENOMEM, or -EBADF when it cannot be made
+ * non-blocking. */
+int gw_http_server_adopt(gw_http_server *srv, int fd);
 /* Stops accepting; existing connections go on. */
 void gw_http_server_stop_listening(gw_http_server *srv);
 /* Number of open streams over all connections. */
 size_t gw_http_server_active_streams(const gw_http_server *srv);
-/* Closes every connection (their streams get on_close) and frees. */
+/* Closes every connection (their streams get on_close) and frees. Not
+ * from inside a handler callback. */
 void gw_http_server_free(gw_http_server *srv);
 
 void gw_http_set_user(gw_http_stream *s, void *stream_ud);

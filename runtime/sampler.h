@@ -37,7 +37,10 @@ void rt_sampler_accept(rt_sampler *s, int32_t tok);
  * safe to emit. */
 typedef struct rt_stop rt_stop;
 
-/* Up to 16 stop strings; NULL-free array. Returns NULL on ENOMEM. */
+/* Up to 16 stop strings; NULL-free array; empty strings are ignored.
+ * Returns NULL on ENOMEM or for n outside 0..16. Every chunk that take()
+ * gives out ends on a UTF-8 character boundary: an incomplete sequence at
+ * the end is held until it completes (or until `final`). */
 rt_stop *rt_stop_new(const char *const *stops, int n);
 void rt_stop_free(rt_stop *s);
 /* Appends bytes. Returns true when a stop string matched; then the text
@@ -47,5 +50,8 @@ bool rt_stop_feed(rt_stop *s, const char *bytes, size_t n);
  * into the matcher's buffer, valid until the next feed. With `final`, also
  * releases the held-back tail (end of generation without a match). */
 const char *rt_stop_take(rt_stop *s, bool final, size_t *len);
+/* 0, or -ENOMEM when a feed could not grow the buffer: that feed returned
+ * true (generation ends with the text held so far), not a real match. */
+int rt_stop_error(const rt_stop *s);
 
 #endif

@@ -38,7 +38,9 @@ bool rt_tokenizer_add_bos_default(const rt_tokenizer *t);
 
 /* Encodes len bytes of text. Writes at most max_out ids; returns the number
  * the full encoding has (which may exceed max_out: call again with more room)
- * or a negative error. */
+ * or a negative error. With parse_special, control and user-defined tokens
+ * written literally in the text become their ids (leftmost, then longest
+ * match); without it they are plain text. Never adds EOS. */
 int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                         int32_t *out, int max_out);
 
@@ -48,7 +50,14 @@ int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, boo
  * out of range. */
 int rt_tokenizer_piece(const rt_tokenizer *t, int32_t tok, char *buf, size_t cap);
 /* Whole-sequence decode (SentencePiece drops the space the encoder added
- * before the first piece when `strip_leading_space`). Returns full length. */
+ * before the first piece when `strip_leading_space`). Returns full length.
+ * A NUL follows the text when it fits (length < cap).
+ *
+ * Round trip: without parse_special and without add_bos, decode(encode(x))
+ * gives back x byte for byte (invalid UTF-8 included) for BPE, and for
+ * SentencePiece with strip_leading_space when x has no U+2581 (which the
+ * SentencePiece scheme itself reads as a space) and the vocabulary has the
+ * "▁" token and the 256 byte tokens. */
 int rt_tokenizer_decode(const rt_tokenizer *t, const int32_t *toks, int n, bool strip_leading_space, char *buf,
                         size_t cap);
 
@@ -56,5 +65,16 @@ int rt_tokenizer_decode(const rt_tokenizer *t, const int32_t *toks, int n, bool 
 const char *rt_tokenizer_token_text(const rt_tokenizer *t, int32_t tok);
 /* Id of a token with this exact text, or -1. */
 int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *text);
+
+/* BPE pre-tokenizer family in use: "llama3", "qwen2", "gpt2" or "starcoder"
+ * ("" for SentencePiece). An absent tokenizer.ggml.pre means "gpt2"; a name
+ * this build does not know also gets "gpt2", and pre_fallback() says so
+ * (the ids may then differ from the model's own tokenizer: log it). */
+const char *rt_tokenizer_pre(const rt_tokenizer *t);
+bool rt_tokenizer_pre_fallback(const rt_tokenizer *t);
+/* Merges ignored at load because a side or the result is not an ordinary
+ * token of the vocabulary (llama.cpp ignores them too), or the entry has no
+ * space separator. */
+int64_t rt_tokenizer_merges_skipped(const rt_tokenizer *t);
 
 #endif

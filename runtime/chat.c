@@ -1,0 +1,349 @@
+/* Chat templates: recognise a model's Jinja template by marker substrings
+ * and render OpenAI messages the way that template would (see chat.h).
+ *
+ * Each renderer reproduces its family's published template byte for byte,
+ * including the whitespace handling of the Jinja source (Llama-2 strips each
+ * turn, Llama-3 trims each content, ChatML and Mistral keep content as is),
+ * and rejects the role orders the template would raise an exception for. */
+#include "runtime/chat.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- detection ---- */
+
+static bool contains(const char *hay, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+    if (n > len)
+        return false;
+    for (size_t i = 0; i + n <= len; i++)
+        if (hay[i] == needle[0] && memcmp(hay + i, needle, n) == 0)
+            return true;
+    return false;
+}
+
+static bool equals(const char *s, size_t len, const char *name)
+{
+    return strlen(name) == len && memcmp(s, name, len) == 0;
+}
+
+rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
+{
+    bool dummy;
+    if (!recognised)
+        recognised = &dummy;
+    /* No template at all is the documented default, not a surprise worth
+     * reporting: only an unrecognised template clears `recognised`. */
+    *recognised = true;
+    if (!tmpl || len == 0)
+        return RT_CHAT_CHATML;
+    /* A bare family name lets a config override the model's template, as
+     * llama.cpp's --chat-template does. */
+    if (equals(tmpl, len, "chatml"))
+        return RT_CHAT_CHATML;
+    if (equals(tmpl, len, "llama2"))
+        return RT_CHAT_LLAMA2;
+    if (equals(tmpl, len, "llama3"))
+        return RT_CHAT_LLAMA3;
+    if (equals(tmpl, len, "mistral"))
+        return RT_CHAT_MISTRAL;
+    /* Order matters: a template may mention several markers (e.g. a Llama-3
+     * template explaining ChatML in a comment), so the most specific first. */
+    if (contains(tmpl, len, "<|start_header_id|>"))
+        return RT_CHAT_LLAMA3;
+    if (contains(tmpl, len, "<|im_start|>"))
+        return RT_CHAT_CHATML;
+    if (contains(tmpl, len, "[INST]"))
+        return contains(tmpl, len, "<<SYS>>") ? RT_CHAT_LLAMA2 : RT_CHAT_MISTRAL;
+    *recognised = false;
+    return RT_CHAT_CHATML;
+}
+
+const char *rt_chat_kind_name(rt_chat_kind k)
+{
+    switch (k) {
+    case RT_CHAT_CHATML:
+        return "chatml";
+    case RT_CHAT_LLAMA2:
+        return "llama2";
+    case RT_CHAT_LLAMA3:
+        return "llama3";
+    case RT_CHAT_MISTRAL:
+        return "mistral";
+    }
+    return "unknown";
+}
+
+/* ---- output buffer ---- */
+
+typedef struct buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} buf;
+
+static void buf_add(buf *b, const char *s, size_t n)
+{
+    if (b->oom || n == 0)
+        return;
+    if (n > SIZE_MAX - b->len - 1) {
+        b->oom = true;
+        return;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap = cap > SIZE_MAX / 2 ? b->len + n + 1 : cap * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void buf_str(buf *b, const char *s)
+{
+    if (s)
+        buf_add(b, s, strlen(s));
+}
+
+/* Python's str.strip() as Jinja's |trim and .strip() apply it, limited to
+ * ASCII whitespace (the Unicode spaces it also strips do not occur at the
+ * edges of real chat turns often enough to be worth a UTF-8 decoder). */
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+static void buf_add_stripped(buf *b, const char *s, size_t n)
+{
+    while (n > 0 && is_space(s[0])) {
+        s++;
+        n--;
+    }
+    while (n > 0 && is_space(s[n - 1]))
+        n--;
+    buf_add(b, s, n);
+}
+
+/* ---- rendering ---- */
+
+enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_OTHER };
+
+static enum role role_of(const char *r)
+{
+    if (!r)
+        return ROLE_OTHER;
+    if (strcmp(r, "system") == 0)
+        return ROLE_SYSTEM;
+    if (strcmp(r, "user") == 0)
+        return ROLE_USER;
+    if (strcmp(r, "assistant") == 0)
+        return ROLE_ASSISTANT;
+    return ROLE_OTHER;
+}
+
+static int fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (err && err_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return -EINVAL;
+}
+
+static const char *content_of(const rt_chat_msg *m)
+{
+    return m->content ? m->content : "";
+}
+
+/* <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
+ * (the generic ChatML template; Qwen2's adds a default system prompt when
+ * none is given, which is the client's to send). */
+static void render_chatml(buf *b, const rt_chat_msg *msgs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        buf_str(b, "<|im_start|>");
+        buf_str(b, msgs[i].role);
+        buf_str(b, "\n");
+        buf_str(b, content_of(&msgs[i]));
+        buf_str(b, "<|im_end|>\n");
+    }
+    buf_str(b, "<|im_start|>assistant\n");
+}
+
+/* Meta-Llama-3-Instruct: bos, then per message
+ * <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>. */
+static void render_llama3(buf *b, const rt_chat_msg *msgs, int n, const char *bos)
+{
+    buf_str(b, bos);
+    for (int i = 0; i < n; i++) {
+        const char *c = content_of(&msgs[i]);
+        buf_str(b, "<|start_header_id|>");
+        buf_str(b, msgs[i].role);
+        buf_str(b, "<|end_header_id|>\n\n");
+        buf_add_stripped(b, c, strlen(c));
+        buf_str(b, "<|eot_id|>");
+    }
+    buf_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* Llama-2 and Mistral share the template's rule: an optional leading system
+ * message, then user and assistant strictly alternating from a user turn. */
+static int check_alternation(const char *family, const rt_chat_msg *msgs, int n, int start, char *err,
+                             size_t err_len)
+{
+    if (start >= n)
+        return fail(err, err_len, "%s: the conversation needs a user message after the system message",
+                    family);
+    for (int i = start; i < n; i++) {
+        enum role want = (i - start) % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
+        if (role_of(msgs[i].role) != want)
+            return fail(err, err_len,
+                        "%s: roles must alternate user/assistant/user/... after an optional leading "
+                        "system message (messages[%d] is '%s', expected '%s')",
+                        family, i, msgs[i].role ? msgs[i].role : "(null)",
+                        want == ROLE_USER ? "user" : "assistant");
+    }
+    return 0;
+}
+
+/* Llama-2-chat: per user turn bos + "[INST] " + strip(content) + " [/INST]",
+ * the system block folded into the first user turn before the strip, per
+ * assistant turn " " + strip(content) + " </s>". */
+static int render_llama2(buf *b, const rt_chat_msg *msgs, int n, const char *bos, char *err, size_t err_len)
+{
+    int start = role_of(msgs[0].role) == ROLE_SYSTEM ? 1 : 0;
+    int rc = check_alternation("llama2", msgs, n, start, err, err_len);
+    if (rc < 0)
+        return rc;
+    for (int i = start; i < n; i++) {
+        const char *c = content_of(&msgs[i]);
+        if (role_of(msgs[i].role) == ROLE_ASSISTANT) {
+            buf_str(b, " ");
+            buf_add_stripped(b, c, strlen(c));
+            buf_str(b, " </s>");
+            continue;
+        }
+        buf_str(b, bos);
+        buf_str(b, "[INST] ");
+        if (i == start && start == 1) {
+            /* The template strips the whole turn, system block included, so
+             * the block's leading text is kept and only the ends move. */
+            buf turn = {0};
+            buf_str(&turn, "<<SYS>>\n");
+            buf_str(&turn, content_of(&msgs[0]));
+            buf_str(&turn, "\n<</SYS>>\n\n");
+            buf_str(&turn, c);
+            if (turn.oom)
+                b->oom = true;
+            else
+                buf_add_stripped(b, turn.p, turn.len);
+            free(turn.p);
+        } else {
+            buf_add_stripped(b, c, strlen(c));
+        }
+        buf_str(b, " [/INST]");
+    }
+    return 0;
+}
+
+/* Mistral-Instruct v0.1/v0.2: bos once, "[INST] " + content + " [/INST]" per
+ * user turn (a system message prepended to the first one, then "\n\n"),
+ * content + "</s>" per assistant turn. */
+static int render_mistral(buf *b, const rt_chat_msg *msgs, int n, const char *bos, char *err, size_t err_len)
+{
+    int start = role_of(msgs[0].role) == ROLE_SYSTEM ? 1 : 0;
+    int rc = check_alternation("mistral", msgs, n, start, err, err_len);
+    if (rc < 0)
+        return rc;
+    buf_str(b, bos);
+    for (int i = start; i < n; i++) {
+        if (role_of(msgs[i].role) == ROLE_ASSISTANT) {
+            buf_str(b, content_of(&msgs[i]));
+            buf_str(b, "</s>");
+            continue;
+        }
+        buf_str(b, "[INST] ");
+        if (i == start && start == 1) {
+            buf_str(b, content_of(&msgs[0]));
+            buf_str(b, "\n\n");
+        }
+        buf_str(b, content_of(&msgs[i]));
+        buf_str(b, " [/INST]");
+    }
+    return 0;
+}
+
+int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out, char *err,
+                   size_t err_len)
+{
+    *out = NULL;
+    if (!msgs || n <= 0)
+        return fail(err, err_len, "no messages to render");
+    /* The role is written into the prompt by ChatML and Llama-3, so only the
+     * three roles every family knows get through (no text injected as a
+     * role header). */
+    for (int i = 0; i < n; i++)
+        if (role_of(msgs[i].role) == ROLE_OTHER)
+            return fail(err, err_len, "messages[%d]: role '%.32s' is not supported (system, user, assistant)",
+                        i, msgs[i].role ? msgs[i].role : "(null)");
+
+    buf b = {0};
+    int rc = 0;
+    switch (k) {
+    case RT_CHAT_CHATML:
+        render_chatml(&b, msgs, n);
+        break;
+    case RT_CHAT_LLAMA3:
+        render_llama3(&b, msgs, n, bos);
+        break;
+    case RT_CHAT_LLAMA2:
+        rc = render_llama2(&b, msgs, n, bos, err, err_len);
+        break;
+    case RT_CHAT_MISTRAL:
+        rc = render_mistral(&b, msgs, n, bos, err, err_len);
+        break;
+    default:
+        rc = fail(err, err_len, "unknown chat template kind %d", (int)k);
+        break;
+    }
+    if (rc < 0)
+        goto fail_buf;
+    if (b.oom) {
+        rc = -ENOMEM;
+        fail(err, err_len, "out of memory rendering the chat template");
+        goto fail_buf;
+    }
+    if (!b.p) {
+        /* Every family writes at least the assistant opening; still, never
+         * hand back NULL with success. */
+        b.p = calloc(1, 1);
+        if (!b.p) {
+            fail(err, err_len, "out of memory rendering the chat template");
+            rc = -ENOMEM;
+            goto fail_buf;
+        }
+    }
+    *out = b.p;
+    return 0;
+
+fail_buf:
+    free(b.p);
+    return rc;
+}

@@ -1,0 +1,282 @@
+/* Tests of chat template detection and rendering: detection of excerpts of
+ * the real published Jinja templates (Llama-2-chat, Llama-3-Instruct,
+ * Qwen2's ChatML, Mistral-Instruct v0.1 and v0.2/v0.3, and Zephyr as one we
+ * do not know), rendering of one system+user+assistant+user conversation per
+ * family against the string the Jinja template produces, the whitespace
+ * rules of each template, and the role orders each family must refuse. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "runtime/chat.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- template excerpts, as stored in tokenizer.chat_template ---- */
+
+/* meta-llama/Llama-2-7b-chat-hf */
+static const char tmpl_llama2[] =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+
+/* meta-llama/Meta-Llama-3-8B-Instruct */
+static const char tmpl_llama3[] =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+/* Qwen/Qwen2-7B-Instruct */
+static const char tmpl_qwen2[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/* mistralai/Mistral-7B-Instruct-v0.1 (first release) */
+static const char tmpl_mistral_v01[] =
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+
+/* mistralai/Mistral-7B-Instruct-v0.2, later revision with a system message */
+static const char tmpl_mistral_v02[] =
+    "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content'] %}\n"
+    "    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n"
+    "{%- endif %}\n\n{{- bos_token }}\n{%- for message in loop_messages %}\n"
+    "    {%- if message['role'] == 'user' %}\n        {%- if loop.first and system_message is defined %}\n"
+    "            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}\n";
+
+/* HuggingFaceH4/zephyr-7b-beta (TinyLlama-Chat uses it too) */
+static const char tmpl_zephyr[] =
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
+    "{{ '<|user|>\\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n"
+    "{{ '<|system|>\\n' + message['content'] + eos_token }}\n{% endif %}\n{% endfor %}";
+
+/* ---- detection ---- */
+
+static rt_chat_kind detect(const char *t, bool *rec)
+{
+    *rec = false;
+    return rt_chat_detect(t, strlen(t), rec);
+}
+
+static void test_detect_real_templates(void **state)
+{
+    (void)state;
+    bool rec;
+    assert_int_equal(detect(tmpl_llama2, &rec), RT_CHAT_LLAMA2);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_llama3, &rec), RT_CHAT_LLAMA3);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_qwen2, &rec), RT_CHAT_CHATML);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_mistral_v01, &rec), RT_CHAT_MISTRAL);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_mistral_v02, &rec), RT_CHAT_MISTRAL);
+    assert_true(rec);
+
+    rec = true;
+    assert_int_equal(detect(tmpl_zephyr, &rec), RT_CHAT_CHATML);
+    assert_false(rec);
+}
+
+static void test_detect_absent_names_and_bounds(void **state)
+{
+    (void)state;
+    bool rec = false;
+    assert_int_equal(rt_chat_detect(NULL, 0, &rec), RT_CHAT_CHATML);
+    assert_true(rec); /* no template: the documented default, not a surprise */
+    rec = false;
+    assert_int_equal(rt_chat_detect("", 0, &rec), RT_CHAT_CHATML);
+    assert_true(rec);
+    assert_int_equal(rt_chat_detect(NULL, 0, NULL), RT_CHAT_CHATML);
+
+    assert_int_equal(detect("llama2", &rec), RT_CHAT_LLAMA2);
+    assert_int_equal(detect("llama3", &rec), RT_CHAT_LLAMA3);
+    assert_int_equal(detect("mistral", &rec), RT_CHAT_MISTRAL);
+    assert_int_equal(detect("chatml", &rec), RT_CHAT_CHATML);
+    assert_true(rec);
+
+    /* Only len bytes are looked at: the marker past them does not count. */
+    const char t[] = "hello <|start_header_id|>";
+    assert_int_equal(rt_chat_detect(t, 6, &rec), RT_CHAT_CHATML);
+    assert_false(rec);
+    /* A marker at the very end of the range is found. */
+    assert_int_equal(rt_chat_detect(t, sizeof(t) - 1, &rec), RT_CHAT_LLAMA3);
+    assert_true(rec);
+
+    assert_string_equal(rt_chat_kind_name(RT_CHAT_CHATML), "chatml");
+    assert_string_equal(rt_chat_kind_name(RT_CHAT_LLAMA2), "llama2");
+    assert_string_equal(rt_chat_kind_name(RT_CHAT_LLAMA3), "llama3");
+    assert_string_equal(rt_chat_kind_name(RT_CHAT_MISTRAL), "mistral");
+}
+
+/* ---- rendering ---- */
+
+static const rt_chat_msg conv[] = {
+    {"system", "You are terse."},
+    {"user", "Hi"},
+    {"assistant", "Hello!"},
+    {"user", "How are you?"},
+};
+#define NCONV ((int)(sizeof(conv) / sizeof(conv[0])))
+
+static void expect_render(rt_chat_kind k, const rt_chat_msg *m, int n, const char *bos, const char *want)
+{
+    char *out = (char *)1, err[256] = "";
+    int rc = rt_chat_render(k, m, n, bos, &out, err, sizeof(err));
+    if (rc != 0)
+        fail_msg("render %s failed: %d %s", rt_chat_kind_name(k), rc, err);
+    assert_non_null(out);
+    assert_string_equal(out, want);
+    free(out);
+}
+
+static void expect_reject(rt_chat_kind k, const rt_chat_msg *m, int n, const char *needle)
+{
+    char *out = (char *)1, err[256] = "";
+    assert_int_equal(rt_chat_render(k, m, n, "<s>", &out, err, sizeof(err)), -EINVAL);
+    assert_null(out);
+    if (!strstr(err, needle))
+        fail_msg("error '%s' lacks '%s'", err, needle);
+}
+
+static void test_render_chatml(void **state)
+{
+    (void)state;
+    expect_render(RT_CHAT_CHATML, conv, NCONV, "<s>",
+                  "<|im_start|>system\nYou are terse.<|im_end|>\n"
+                  "<|im_start|>user\nHi<|im_end|>\n"
+                  "<|im_start|>assistant\nHello!<|im_end|>\n"
+                  "<|im_start|>user\nHow are you?<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+    /* Content is kept as is; any role order is fine. */
+    const rt_chat_msg m[] = {{"assistant", " a "}, {"assistant", "\nb\n"}};
+    expect_render(RT_CHAT_CHATML, m, 2, NULL,
+                  "<|im_start|>assistant\n a <|im_end|>\n<|im_start|>assistant\n\nb\n<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+}
+
+static void test_render_llama3(void **state)
+{
+    (void)state;
+    expect_render(RT_CHAT_LLAMA3, conv, NCONV, "<|begin_of_text|>",
+                  "<|begin_of_text|>"
+                  "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nHow are you?<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* | trim on each content; no bos text when the caller has none. */
+    const rt_chat_msg m[] = {{"user", " \n hi there\t\n"}};
+    expect_render(RT_CHAT_LLAMA3, m, 1, NULL,
+                  "<|start_header_id|>user<|end_header_id|>\n\nhi there<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void test_render_llama2(void **state)
+{
+    (void)state;
+    expect_render(RT_CHAT_LLAMA2, conv, NCONV, "<s>",
+                  "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello! </s>"
+                  "<s>[INST] How are you? [/INST]");
+    /* Without a system message; each turn stripped; bos on every user turn,
+     * none when the caller passes NULL. */
+    const rt_chat_msg m[] = {{"user", "  Hi\n"}, {"assistant", " Yo "}, {"user", "\tBye "}};
+    expect_render(RT_CHAT_LLAMA2, m, 3, "<s>", "<s>[INST] Hi [/INST] Yo </s><s>[INST] Bye [/INST]");
+    expect_render(RT_CHAT_LLAMA2, m, 3, NULL, "[INST] Hi [/INST] Yo </s>[INST] Bye [/INST]");
+    /* The strip covers the whole first turn, system block included: the
+     * system text keeps its own spaces, the user text loses its trailing
+     * ones (and an empty user text its "\n\n"). */
+    const rt_chat_msg s[] = {{"system", " sys "}, {"user", "q  "}};
+    expect_render(RT_CHAT_LLAMA2, s, 2, "<s>", "<s>[INST] <<SYS>>\n sys \n<</SYS>>\n\nq [/INST]");
+    const rt_chat_msg s2[] = {{"system", "sys"}, {"user", ""}};
+    expect_render(RT_CHAT_LLAMA2, s2, 2, "<s>", "<s>[INST] <<SYS>>\nsys\n<</SYS>> [/INST]");
+    /* Ending on an assistant turn renders as the template does. */
+    expect_render(RT_CHAT_LLAMA2, m, 2, "<s>", "<s>[INST] Hi [/INST] Yo </s>");
+}
+
+static void test_render_mistral(void **state)
+{
+    (void)state;
+    expect_render(RT_CHAT_MISTRAL, conv, NCONV, "<s>",
+                  "<s>[INST] You are terse.\n\nHi [/INST]Hello!</s>[INST] How are you? [/INST]");
+    const rt_chat_msg m[] = {{"user", " Hi "}, {"assistant", " Yo"}, {"user", "Bye"}};
+    expect_render(RT_CHAT_MISTRAL, m, 3, "<s>", "<s>[INST]  Hi  [/INST] Yo</s>[INST] Bye [/INST]");
+    expect_render(RT_CHAT_MISTRAL, m, 1, NULL, "[INST]  Hi  [/INST]");
+}
+
+static void test_render_errors(void **state)
+{
+    (void)state;
+    char *out = (char *)1, err[128] = "";
+    assert_int_equal(rt_chat_render(RT_CHAT_CHATML, conv, 0, NULL, &out, err, sizeof(err)), -EINVAL);
+    assert_null(out);
+    assert_true(strlen(err) > 0);
+    /* A NULL err buffer is allowed. */
+    assert_int_equal(rt_chat_render(RT_CHAT_LLAMA2, conv + 1, 0, NULL, &out, NULL, 0), -EINVAL);
+
+    const rt_chat_msg uu[] = {{"user", "a"}, {"user", "b"}};
+    const rt_chat_msg au[] = {{"assistant", "a"}, {"user", "b"}};
+    const rt_chat_msg mid_sys[] = {{"user", "a"}, {"assistant", "b"}, {"system", "c"}, {"user", "d"}};
+    const rt_chat_msg only_sys[] = {{"system", "s"}};
+    const rt_chat_msg two_sys[] = {{"system", "s"}, {"system", "t"}, {"user", "u"}};
+    for (int k = 0; k < 2; k++) {
+        rt_chat_kind kind = k == 0 ? RT_CHAT_LLAMA2 : RT_CHAT_MISTRAL;
+        expect_reject(kind, uu, 2, "messages[1] is 'user'");
+        expect_reject(kind, au, 2, "messages[0] is 'assistant'");
+        expect_reject(kind, mid_sys, 4, "messages[2] is 'system'");
+        expect_reject(kind, only_sys, 1, "needs a user message");
+        expect_reject(kind, two_sys, 3, "messages[1] is 'system'");
+        expect_reject(kind, au, 2, rt_chat_kind_name(kind));
+    }
+    /* Unknown roles are refused by every family (the role would otherwise be
+     * written into the prompt as a header). */
+    const rt_chat_msg tool[] = {{"user", "a"}, {"tool", "b"}};
+    const rt_chat_msg nul[] = {{NULL, "a"}};
+    for (int k = RT_CHAT_CHATML; k <= RT_CHAT_MISTRAL; k++) {
+        expect_reject((rt_chat_kind)k, tool, 2, "'tool'");
+        expect_reject((rt_chat_kind)k, nul, 1, "messages[0]");
+    }
+    /* These families accept any order of the three roles. */
+    expect_render(RT_CHAT_LLAMA3, uu, 2, NULL,
+                  "<|start_header_id|>user<|end_header_id|>\n\na<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nb<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void test_render_null_content(void **state)
+{
+    (void)state;
+    const rt_chat_msg m[] = {{"user", NULL}};
+    expect_render(RT_CHAT_CHATML, m, 1, NULL, "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n");
+    expect_render(RT_CHAT_MISTRAL, m, 1, "<s>", "<s>[INST]  [/INST]");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_detect_real_templates), cmocka_unit_test(test_detect_absent_names_and_bounds),
+        cmocka_unit_test(test_render_chatml),         cmocka_unit_test(test_render_llama3),
+        cmocka_unit_test(test_render_llama2),         cmocka_unit_test(test_render_mistral),
+        cmocka_unit_test(test_render_errors),         cmocka_unit_test(test_render_null_content),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
