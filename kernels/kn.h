@@ -66,11 +66,23 @@ typedef struct kn_ops {
     /* plain f32 dot and y += a * x: the pieces of attention. */
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);
+    /* Optional (NULL: kn_matmul uses the dots): y[r * y_stride + o] =
+     * dot(w_o, x_r) for n_w weight rows (w_o at w + o * w_stride bytes) and
+     * nr Q8_0 activation rows, for wide batches (prefill). A SIMD backend
+     * repacks a few weight rows at a time so that one instruction serves all
+     * of them, which the one-row dots cannot do. Same arithmetic as the dots. */
+    void (*gemm_q8_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr, int n,
+                      float *y, size_t y_stride);
+    void (*gemm_q4_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr, int n,
+                      float *y, size_t y_stride);
 } kn_ops;
 
 const kn_ops *kn_ops_ref(void);
 /* The AVX2/FMA table when the CPU has AVX2, FMA and F16C, else NULL. */
 const kn_ops *kn_ops_avx2(void);
+/* The AVX2 table with its quantized dots on AVX-VNNI (vpdpbusd) when the CPU
+ * also has AVX-VNNI, else NULL. */
+const kn_ops *kn_ops_avxvnni(void);
 /* The fastest table this CPU runs. */
 const kn_ops *kn_ops_best(void);
 
@@ -81,6 +93,7 @@ typedef enum kn_backend {
     KN_BACKEND_AUTO = 0, /* fastest for this CPU */
     KN_BACKEND_REF,      /* scalar reference, for checks */
     KN_BACKEND_AVX2,
+    KN_BACKEND_AVXVNNI,
 } kn_backend;
 
 /* n_threads <= 0 means one per online CPU. Returns NULL on failure (out of

@@ -1,0 +1,225 @@
+/* Kernel benchmark: memory read bandwidth, then the matmul of each weight
+ * type at decode width (one activation row: bound by weight bytes read) and
+ * at prefill width (64 rows: bound by arithmetic), at 1 and 2 threads, with
+ * the scalar reference at one point for scale. Prints a Markdown table.
+ *
+ *   bench_kernels [--reps N] [--pool-mib M]
+ *
+ * "cold" matvec cycles through copies of the matrix filling a pool far larger
+ * than the last-level cache, as decode does through a model's layers; "hot"
+ * repeats one matrix, which then sits in cache. Measurements of the
+ * configurations alternate within each repetition and the medians are shown. */
+#include "bench/membw.h"
+#include "kernels/kn.h"
+#include "kernels/quant_blocks.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_REPS 15
+#define N_SHAPES 4
+#define N_TYPES 3
+#define MM_ROWS 64
+
+static const int shapes[N_SHAPES][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}}; /* n_out, n_in */
+static const kn_type types[N_TYPES] = {KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, int n)
+{
+    double t[MAX_REPS];
+    memcpy(t, v, (size_t)n * sizeof(double));
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static double best(const double *v, int n)
+{
+    double b = 0;
+    for (int i = 0; i < n; i++)
+        b = v[i] > b ? v[i] : b;
+    return b;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+/* ---- bandwidth: each thread sums its own slice of one big buffer ---------- */
+
+static double bw_pass(const uint8_t *buf, size_t bytes, int n_threads)
+{
+    pthread_barrier_t start;
+    membw_slice s[2];
+    pthread_t th[2];
+    size_t slice = bytes / (size_t)n_threads / 128 * 128;
+    pthread_barrier_init(&start, NULL, (unsigned)n_threads);
+    for (int t = 0; t < n_threads; t++) {
+        s[t] = (membw_slice){.p = buf + (size_t)t * slice, .n = slice, .start = &start};
+        if (t > 0)
+            pthread_create(&th[t], NULL, membw_thread, &s[t]);
+    }
+    membw_thread(&s[0]);
+    double worst = s[0].seconds;
+    for (int t = 1; t < n_threads; t++) {
+        pthread_join(th[t], NULL);
+        worst = s[t].seconds > worst ? s[t].seconds : worst;
+    }
+    pthread_barrier_destroy(&start);
+    return (double)(slice * (size_t)n_threads) / worst;
+}
+
+/* ---- pool of weights ------------------------------------------------------
+ * Filled by tiling a few hundred random rows' worth of valid blocks, so every
+ * block-aligned offset starts a valid block and any window is a matrix. */
+static void fill_pool(uint8_t *pool, size_t bytes, kn_type type)
+{
+    const int n = 4096;
+    const size_t tile = kn_row_bytes(type, n) * 64;
+    float *x = malloc((size_t)n * sizeof(float));
+    uint8_t *t = malloc(tile);
+    for (size_t r = 0; r < 64; r++) {
+        for (int i = 0; i < n; i++)
+            x[i] = frand();
+        kn_quantize_row(type, x, t + r * kn_row_bytes(type, n), n);
+    }
+    for (size_t off = 0; off < bytes; off += tile)
+        memcpy(pool + off, t, bytes - off < tile ? bytes - off : tile);
+    free(t);
+    free(x);
+}
+
+static double time_matvec(kn_ctx *ctx, const uint8_t *pool, size_t mat_bytes, int n_mats, kn_type type,
+                          int n_out, int n_in, const float *x, float *y)
+{
+    double t0 = membw_now();
+    for (int m = 0; m < n_mats; m++)
+        kn_matmul(ctx, pool + (size_t)m * mat_bytes, type, n_out, n_in, x, 1, y);
+    return membw_now() - t0;
+}
+
+/* Calls repeated until at least `min_s` seconds have passed; seconds per call. */
+static double time_repeat(kn_ctx *ctx, const uint8_t *w, kn_type type, int n_out, int n_in, const float *x,
+                          int n_rows, float *y, double min_s)
+{
+    int calls = 0;
+    double t0 = membw_now(), t;
+    do {
+        kn_matmul(ctx, w, type, n_out, n_in, x, n_rows, y);
+        calls++;
+        t = membw_now() - t0;
+    } while (t < min_s || calls < 3);
+    return t / calls;
+}
+
+int main(int argc, char **argv)
+{
+    int reps = 5;
+    size_t pool_mib = 1024;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--pool-mib") == 0 && i + 1 < argc)
+            pool_mib = (size_t)atol(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 3)
+        reps = 3;
+    if (reps > MAX_REPS)
+        reps = MAX_REPS;
+    if (!__builtin_cpu_supports("avx2")) {
+        fprintf(stderr, "bench_kernels: needs AVX2\n");
+        return 1;
+    }
+    const size_t pool_bytes = pool_mib << 20;
+    uint8_t *pool = aligned_alloc(64, pool_bytes);
+    kn_ctx *ctx[2] = {kn_ctx_new(1, KN_BACKEND_AUTO), kn_ctx_new(2, KN_BACKEND_AUTO)};
+    kn_ctx *ref = kn_ctx_new(1, KN_BACKEND_REF);
+    float *x = malloc((size_t)MM_ROWS * 2048 * sizeof(float));
+    float *y = malloc((size_t)MM_ROWS * 32000 * sizeof(float));
+    if (!pool || !ctx[0] || !ctx[1] || !ref || !x || !y) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        return 1;
+    }
+    for (int i = 0; i < MM_ROWS * 2048; i++)
+        x[i] = frand();
+
+    /* (a) bandwidth */
+    memset(pool, 1, pool_bytes);
+    double bw[2][MAX_REPS];
+    for (int r = 0; r < reps; r++)
+        for (int t = 0; t < 2; t++)
+            bw[t][r] = bw_pass(pool, pool_bytes, t + 1);
+
+    /* (b) per type: cold matvec, hot matvec, matmul at 64 rows */
+    double cold[N_TYPES][N_SHAPES][2][MAX_REPS], hot[N_TYPES][N_SHAPES][2][MAX_REPS],
+        mm[N_TYPES][N_SHAPES][2][MAX_REPS];
+    double ref_mv[MAX_REPS], ref_mm[MAX_REPS];
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const kn_type type = types[ti];
+        fill_pool(pool, pool_bytes, type);
+        for (int r = 0; r < reps; r++) {
+            for (int si = 0; si < N_SHAPES; si++) {
+                const int n_out = shapes[si][0], n_in = shapes[si][1];
+                const size_t mat_bytes = kn_row_bytes(type, n_in) * (size_t)n_out;
+                const int n_mats = (int)(pool_bytes / mat_bytes);
+                for (int t = 0; t < 2; t++) {
+                    double s = time_matvec(ctx[t], pool, mat_bytes, n_mats, type, n_out, n_in, x, y);
+                    cold[ti][si][t][r] = (double)mat_bytes * n_mats / s;
+                    s = time_repeat(ctx[t], pool, type, n_out, n_in, x, 1, y, 0.02);
+                    hot[ti][si][t][r] = (double)mat_bytes / s;
+                    s = time_repeat(ctx[t], pool, type, n_out, n_in, x, MM_ROWS, y, 0.03);
+                    mm[ti][si][t][r] = 2.0 * MM_ROWS * n_out * n_in / s;
+                }
+            }
+            if (type == KN_TYPE_Q8_0) {
+                const size_t mat_bytes = kn_row_bytes(type, 768) * 2048;
+                ref_mv[r] = (double)mat_bytes / time_repeat(ref, pool, type, 2048, 768, x, 1, y, 0.02);
+                ref_mm[r] =
+                    2.0 * MM_ROWS * 2048 * 768 / time_repeat(ref, pool, type, 2048, 768, x, MM_ROWS, y, 0);
+            }
+        }
+    }
+
+    printf("## kernels (%s backend, median of %d runs; bandwidth: %zu MiB buffer)\n\n",
+           kn_ctx_ops(ctx[0])->name, reps, pool_mib);
+    printf("| measure | 1 thread | 2 threads |\n|---|---|---|\n");
+    printf("| memory read bandwidth, median GB/s | %.2f | %.2f |\n", median(bw[0], reps) / 1e9,
+           median(bw[1], reps) / 1e9);
+    printf("| memory read bandwidth, best GB/s | %.2f | %.2f |\n\n", best(bw[0], reps) / 1e9,
+           best(bw[1], reps) / 1e9);
+    printf(
+        "| type | n_out x n_in | threads | matvec cold GB/s | matvec hot GB/s | matmul 64 rows GFLOP/s |\n");
+    printf("|---|---|---|---|---|---|\n");
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (int si = 0; si < N_SHAPES; si++)
+            for (int t = 0; t < 2; t++)
+                printf("| %s | %dx%d | %d | %.2f | %.2f | %.1f |\n", kn_type_name(types[ti]), shapes[si][0],
+                       shapes[si][1], t + 1, median(cold[ti][si][t], reps) / 1e9,
+                       median(hot[ti][si][t], reps) / 1e9, median(mm[ti][si][t], reps) / 1e9);
+    printf("| q8_0 (ref backend) | 2048x768 | 1 | - | %.2f | %.1f |\n", median(ref_mv, reps) / 1e9,
+           median(ref_mm, reps) / 1e9);
+
+    kn_ctx_free(ref);
+    kn_ctx_free(ctx[1]);
+    kn_ctx_free(ctx[0]);
+    free(y);
+    free(x);
+    free(pool);
+    return 0;
+}

@@ -1,0 +1,731 @@
+/* kernels: the execution context. Holds the backend table, a persistent
+ * thread pool and the scratch the batched operations need, and implements the
+ * batched operations (matmul, RMSNorm, SiLU-gate, RoPE, paged attention) on
+ * top of the per-row functions of the table.
+ *
+ * A decode step issues about a hundred small parallel jobs per token, so the
+ * pool is built for dispatch latency: workers stay alive, spin briefly on a
+ * generation counter after each job (the next one usually follows within
+ * microseconds) and only then sleep on a condition variable; work items are
+ * handed out with one atomic counter; the calling thread works too.
+ *
+ * A context serves one caller at a time. Scratch grows only when a request
+ * needs more than any before, so the steady state never allocates. */
+#include "kernels/kn.h"
+#include "kernels/quant_blocks.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define KN_CACHE_LINE 64
+#define KN_MAX_THREADS 256
+/* Pause iterations a worker spins before it sleeps (roughly 0.1 ms): long
+ * enough to cover the serial gaps between the jobs of one decode step. */
+#define KN_SPIN_WORKER (1 << 12)
+/* Pause iterations the caller spins on stragglers before yielding the CPU. */
+#define KN_SPIN_CALLER (1 << 10)
+/* Elementwise work below this many elements runs on the calling thread:
+ * waking the pool would cost more than it saves. */
+#define KN_PAR_MIN_ELEMS (1 << 15)
+
+typedef void (*kn_job_fn)(void *arg, int i, int tid);
+
+/* Relaxed atomics: a worker that wakes late may read a slot while the caller
+ * rewrites it; it never uses what it read then (see run_items). */
+typedef struct kn_job {
+    _Atomic(kn_job_fn) fn;
+    _Atomic(void *) arg;
+    atomic_int n;
+} kn_job;
+
+typedef struct kn_worker {
+    kn_ctx *ctx;
+    int tid;
+    pthread_t thread;
+} kn_worker;
+
+struct kn_ctx {
+    const kn_ops *ops;
+    int n_threads;
+    int n_started; /* worker threads running (n_threads - 1 once built) */
+    kn_worker *workers;
+
+    /* Two job slots, used by alternate generations (see the pool below). */
+    kn_job jobs[2];
+    uint32_t gen; /* the caller's last generation */
+
+    /* Each hot atomic on its own line so spinning readers do not slow the
+     * writers of the others. */
+    alignas(KN_CACHE_LINE) _Atomic uint64_t ctl;
+    alignas(KN_CACHE_LINE) atomic_uint done;
+    alignas(KN_CACHE_LINE) atomic_int n_sleeping;
+    atomic_bool stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+
+    /* scratch */
+    void *q8; /* activations quantized to Q8_0 */
+    size_t q8_cap;
+    float *rope_cs; /* cos/sin per (row, pair), valid for the key below */
+    size_t rope_cs_cap;
+    int32_t *rope_pos;
+    size_t rope_pos_cap;
+    int rope_rows, rope_dim;
+    float rope_base;
+    bool rope_valid;
+    float **score; /* per-thread attention scores */
+    size_t *score_cap;
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Grows a 64-byte aligned buffer to at least `need` bytes; contents are not
+ * kept. Returns 0 or -ENOMEM (the old buffer stays valid then). */
+static int scratch_reserve(void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    /* round up so a slowly growing demand does not reallocate every call */
+    size_t sz = need + need / 4;
+    sz = (sz + KN_CACHE_LINE - 1) & ~(size_t)(KN_CACHE_LINE - 1);
+    if (sz < need)
+        return -ENOMEM;
+    void *p = aligned_alloc(KN_CACHE_LINE, sz);
+    if (p == NULL)
+        return -ENOMEM;
+    free(*buf);
+    *buf = p;
+    *cap = sz;
+    return 0;
+}
+
+/* ---- thread pool -------------------------------------------------------------
+ * `ctl` packs the job generation (high 32 bits) and the next item index (low
+ * 32 bits). A thread claims an item with a compare-and-swap that only
+ * succeeds while the generation is the one it read, so a worker that wakes
+ * late, after its job is finished or replaced, claims nothing. The caller
+ * waits for its items, not for the workers: a worker that the OS does not
+ * schedule in time costs nothing. The job's description alternates between
+ * two slots, so the one a late worker may still read is not the one being
+ * written; whatever such a worker reads, its claim fails. */
+
+static void run_items(kn_ctx *ctx, uint64_t v, int tid)
+{
+    const uint32_t g = (uint32_t)(v >> 32);
+    const kn_job *job = &ctx->jobs[g & 1];
+    const kn_job_fn fn = atomic_load_explicit(&job->fn, memory_order_relaxed);
+    void *arg = atomic_load_explicit(&job->arg, memory_order_relaxed);
+    const uint32_t n = (uint32_t)atomic_load_explicit(&job->n, memory_order_relaxed);
+    for (;;) {
+        if ((uint32_t)(v >> 32) != g || (uint32_t)v >= n)
+            return;
+        if (atomic_compare_exchange_weak_explicit(&ctx->ctl, &v, v + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            fn(arg, (int)(uint32_t)v, tid);
+            atomic_fetch_add_explicit(&ctx->done, 1, memory_order_release);
+            v = atomic_load_explicit(&ctx->ctl, memory_order_acquire);
+        }
+    }
+}
+
+static void *worker_main(void *p)
+{
+    kn_worker *wk = p;
+    kn_ctx *ctx = wk->ctx;
+    uint32_t seen = 0;
+    for (;;) {
+        uint64_t v = atomic_load_explicit(&ctx->ctl, memory_order_acquire);
+        for (int spins = 0; (uint32_t)(v >> 32) == seen && spins < KN_SPIN_WORKER; spins++) {
+            cpu_relax();
+            v = atomic_load_explicit(&ctx->ctl, memory_order_acquire);
+        }
+        if ((uint32_t)(v >> 32) == seen) {
+            /* Announce the sleep before the last look at `ctl`; the caller
+             * publishes `ctl` before it looks at n_sleeping, so (all
+             * seq_cst) one of the two sees the other and no wakeup is lost. */
+            pthread_mutex_lock(&ctx->mu);
+            atomic_fetch_add(&ctx->n_sleeping, 1);
+            while ((uint32_t)((v = atomic_load(&ctx->ctl)) >> 32) == seen)
+                pthread_cond_wait(&ctx->cv, &ctx->mu);
+            atomic_fetch_sub(&ctx->n_sleeping, 1);
+            pthread_mutex_unlock(&ctx->mu);
+        }
+        seen = (uint32_t)(v >> 32);
+        if (atomic_load_explicit(&ctx->stop, memory_order_acquire))
+            break;
+        run_items(ctx, v, wk->tid);
+    }
+    return NULL;
+}
+
+/* Publishes generation g with item 0 next, and wakes sleeping workers. */
+static void publish(kn_ctx *ctx, uint32_t g)
+{
+    atomic_store(&ctx->ctl, (uint64_t)g << 32);
+    if (atomic_load(&ctx->n_sleeping) > 0) {
+        pthread_mutex_lock(&ctx->mu);
+        pthread_cond_broadcast(&ctx->cv);
+        pthread_mutex_unlock(&ctx->mu);
+    }
+}
+
+/* Runs fn(arg, i, tid) for i in [0, n); tid < n_threads names the thread so
+ * a job can use per-thread scratch. */
+static void pool_run(kn_ctx *ctx, int n, kn_job_fn fn, void *arg)
+{
+    if (n <= 0)
+        return;
+    if (ctx->n_started == 0 || n == 1) {
+        for (int i = 0; i < n; i++)
+            fn(arg, i, 0);
+        return;
+    }
+    const uint32_t g = ctx->gen + 1;
+    ctx->gen = g;
+    kn_job *job = &ctx->jobs[g & 1];
+    atomic_store_explicit(&job->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&job->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&job->n, n, memory_order_relaxed);
+    atomic_store_explicit(&ctx->done, 0, memory_order_relaxed);
+    publish(ctx, g);
+    run_items(ctx, (uint64_t)g << 32, 0);
+    /* Only items claimed by workers that are still running them are left. */
+    for (int spins = 0; atomic_load_explicit(&ctx->done, memory_order_acquire) != (unsigned)n; spins++) {
+        if (spins < KN_SPIN_CALLER)
+            cpu_relax();
+        else
+            sched_yield();
+    }
+}
+
+static void pool_stop(kn_ctx *ctx)
+{
+    atomic_store_explicit(&ctx->stop, true, memory_order_release);
+    publish(ctx, ++ctx->gen);
+    for (int i = 0; i < ctx->n_started; i++)
+        pthread_join(ctx->workers[i].thread, NULL);
+    ctx->n_started = 0;
+}
+
+static int online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 ? (int)n : 1;
+}
+
+kn_ctx *kn_ctx_new(int n_threads, kn_backend backend)
+{
+    const kn_ops *ops;
+    switch (backend) {
+    case KN_BACKEND_AUTO:
+        ops = kn_ops_best();
+        break;
+    case KN_BACKEND_REF:
+        ops = kn_ops_ref();
+        break;
+    case KN_BACKEND_AVX2:
+        ops = kn_ops_avx2();
+        break;
+    case KN_BACKEND_AVXVNNI:
+        ops = kn_ops_avxvnni();
+        break;
+    default:
+        ops = NULL;
+    }
+    if (ops == NULL)
+        return NULL;
+    if (n_threads <= 0)
+        n_threads = online_cpus();
+    if (n_threads > KN_MAX_THREADS)
+        n_threads = KN_MAX_THREADS;
+
+    size_t sz = (sizeof(kn_ctx) + KN_CACHE_LINE - 1) & ~(size_t)(KN_CACHE_LINE - 1);
+    kn_ctx *ctx = aligned_alloc(KN_CACHE_LINE, sz);
+    if (ctx == NULL)
+        return NULL;
+    memset(ctx, 0, sizeof(*ctx));
+    ctx->ops = ops;
+    ctx->n_threads = n_threads;
+    atomic_init(&ctx->ctl, 0);
+    atomic_init(&ctx->done, 0);
+    atomic_init(&ctx->n_sleeping, 0);
+    for (int i = 0; i < 2; i++) {
+        atomic_init(&ctx->jobs[i].fn, NULL);
+        atomic_init(&ctx->jobs[i].arg, NULL);
+        atomic_init(&ctx->jobs[i].n, 0);
+    }
+    atomic_init(&ctx->stop, false);
+
+    ctx->score = calloc((size_t)n_threads, sizeof(*ctx->score));
+    if (ctx->score == NULL)
+        goto fail_ctx;
+    ctx->score_cap = calloc((size_t)n_threads, sizeof(*ctx->score_cap));
+    if (ctx->score_cap == NULL)
+        goto fail_score;
+    if (pthread_mutex_init(&ctx->mu, NULL) != 0)
+        goto fail_score_cap;
+    if (pthread_cond_init(&ctx->cv, NULL) != 0)
+        goto fail_mu;
+    if (n_threads > 1) {
+        ctx->workers = calloc((size_t)n_threads - 1, sizeof(*ctx->workers));
+        if (ctx->workers == NULL)
+            goto fail_cv;
+        for (int i = 0; i < n_threads - 1; i++) {
+            kn_worker *wk = &ctx->workers[i];
+            wk->ctx = ctx;
+            wk->tid = i + 1;
+            if (pthread_create(&wk->thread, NULL, worker_main, wk) != 0)
+                goto fail_threads;
+            ctx->n_started++;
+        }
+    }
+    return ctx;
+
+fail_threads:
+    pool_stop(ctx);
+    free(ctx->workers);
+fail_cv:
+    pthread_cond_destroy(&ctx->cv);
+fail_mu:
+    pthread_mutex_destroy(&ctx->mu);
+fail_score_cap:
+    free(ctx->score_cap);
+fail_score:
+    free(ctx->score);
+fail_ctx:
+    free(ctx);
+    return NULL;
+}
+
+void kn_ctx_free(kn_ctx *ctx)
+{
+    if (ctx == NULL)
+        return;
+    pool_stop(ctx);
+    free(ctx->workers);
+    pthread_cond_destroy(&ctx->cv);
+    pthread_mutex_destroy(&ctx->mu);
+    for (int i = 0; i < ctx->n_threads; i++)
+        free(ctx->score[i]);
+    free(ctx->score);
+    free(ctx->score_cap);
+    free(ctx->q8);
+    free(ctx->rope_cs);
+    free(ctx->rope_pos);
+    free(ctx);
+}
+
+int kn_ctx_threads(const kn_ctx *ctx)
+{
+    return ctx->n_threads;
+}
+
+const kn_ops *kn_ctx_ops(const kn_ctx *ctx)
+{
+    return ctx->ops;
+}
+
+typedef struct pfor_job {
+    void (*fn)(void *arg, int i);
+    void *arg;
+} pfor_job;
+
+static void pfor_item(void *arg, int i, int tid)
+{
+    (void)tid;
+    pfor_job *j = arg;
+    j->fn(j->arg, i);
+}
+
+void kn_parallel_for(kn_ctx *ctx, int n, void (*fn)(void *arg, int i), void *arg)
+{
+    pfor_job j = {fn, arg};
+    pool_run(ctx, n, pfor_item, &j);
+}
+
+/* ---- matmul --------------------------------------------------------------- */
+
+/* Activation rows handed to one `dot` call: the AVX2 kernels reuse a loaded
+ * weight block across this many rows. */
+#define KN_MM_NR 4
+
+typedef struct mm_job {
+    const kn_ops *ops;
+    const char *w;
+    kn_type wtype;
+    size_t w_row_bytes;
+    int n_out, n_in, n_rows, chunk;
+    const float *x;
+    const char *xq;
+    size_t xq_row_bytes;
+    float *y;
+} mm_job;
+
+static void mm_item(void *arg, int item, int tid)
+{
+    (void)tid;
+    const mm_job *j = arg;
+    const int o0 = item * j->chunk;
+    const int o1 = o0 + j->chunk < j->n_out ? o0 + j->chunk : j->n_out;
+    float tmp[KN_MM_NR];
+    /* Activation groups outside, weight rows inside: the chunk's weight rows
+     * stay in L2 across groups, the group's activations in L1. */
+    for (int r0 = 0; r0 < j->n_rows; r0 += KN_MM_NR) {
+        const int nr = j->n_rows - r0 < KN_MM_NR ? j->n_rows - r0 : KN_MM_NR;
+        float *y = j->y + (size_t)r0 * j->n_out;
+        for (int o = o0; o < o1; o++) {
+            const char *wr = j->w + (size_t)o * j->w_row_bytes;
+            switch (j->wtype) {
+            case KN_TYPE_F32:
+                j->ops->dot_f32((const float *)wr, j->x + (size_t)r0 * j->n_in, (size_t)j->n_in, nr, j->n_in,
+                                tmp);
+                break;
+            case KN_TYPE_F16:
+                j->ops->dot_f16((const uint16_t *)wr, j->x + (size_t)r0 * j->n_in, (size_t)j->n_in, nr,
+                                j->n_in, tmp);
+                break;
+            case KN_TYPE_Q8_0:
+                j->ops->dot_q8_0(wr, j->xq + (size_t)r0 * j->xq_row_bytes, j->xq_row_bytes, nr, j->n_in, tmp);
+                break;
+            case KN_TYPE_Q4_0:
+                j->ops->dot_q4_0(wr, j->xq + (size_t)r0 * j->xq_row_bytes, j->xq_row_bytes, nr, j->n_in, tmp);
+                break;
+            }
+            for (int k = 0; k < nr; k++)
+                y[(size_t)k * j->n_out + o] = tmp[k];
+        }
+    }
+}
+
+typedef struct quant_job {
+    const kn_ops *ops;
+    const float *x;
+    char *xq;
+    int n_in;
+    size_t xq_row_bytes;
+} quant_job;
+
+static void quant_item(void *arg, int r, int tid)
+{
+    (void)tid;
+    const quant_job *j = arg;
+    j->ops->quantize_q8_0(j->x + (size_t)r * j->n_in, j->xq + (size_t)r * j->xq_row_bytes, j->n_in);
+}
+
+int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, const float *x, int n_rows,
+              float *y)
+{
+    if (!kn_type_supported(wtype) || n_out < 0 || n_in <= 0 || n_rows < 0)
+        return -EINVAL;
+    const size_t w_row_bytes = kn_row_bytes(wtype, n_in);
+    if (w_row_bytes == 0)
+        return -EINVAL;
+    if (n_out == 0 || n_rows == 0)
+        return 0;
+
+    mm_job j = {
+        .ops = ctx->ops,
+        .w = w,
+        .wtype = wtype,
+        .w_row_bytes = w_row_bytes,
+        .n_out = n_out,
+        .n_in = n_in,
+        .n_rows = n_rows,
+        .x = x,
+        .y = y,
+    };
+    if (wtype == KN_TYPE_Q8_0 || wtype == KN_TYPE_Q4_0) {
+        /* Quantize each activation row once; every weight row reuses it. */
+        j.xq_row_bytes = kn_row_bytes(KN_TYPE_Q8_0, n_in);
+        if ((size_t)n_rows > SIZE_MAX / j.xq_row_bytes)
+            return -ENOMEM;
+        if (scratch_reserve(&ctx->q8, &ctx->q8_cap, (size_t)n_rows * j.xq_row_bytes) != 0)
+            return -ENOMEM;
+        j.xq = ctx->q8;
+        quant_job qj = {ctx->ops, x, ctx->q8, n_in, j.xq_row_bytes};
+        if ((int64_t)n_rows * n_in >= KN_PAR_MIN_ELEMS)
+            pool_run(ctx, n_rows, quant_item, &qj);
+        else
+            for (int r = 0; r < n_rows; r++)
+                quant_item(&qj, r, 0);
+    }
+
+    /* Several chunks per thread so dynamic hand-out evens out threads that
+     * run slower (shared cores), yet each chunk's weights are small enough
+     * to stay in L2 while every activation group passes over them. */
+    const int target = ctx->n_started > 0 ? ctx->n_threads * 8 : 1;
+    int chunk = (n_out + target - 1) / target;
+    const size_t max_chunk_bytes = (size_t)512 * 1024;
+    if (n_rows > KN_MM_NR && (size_t)chunk * w_row_bytes > max_chunk_bytes)
+        chunk = (int)(max_chunk_bytes / w_row_bytes) > 0 ? (int)(max_chunk_bytes / w_row_bytes) : 1;
+    if (chunk < 4)
+        chunk = n_out < 4 ? n_out : 4;
+    j.chunk = chunk;
+    pool_run(ctx, (n_out + chunk - 1) / chunk, mm_item, &j);
+    return 0;
+}
+
+/* ---- row-wise elementwise ------------------------------------------------- */
+
+typedef struct rows_job {
+    const kn_ops *ops;
+    float *y;
+    const float *x;
+    const float *g;
+    int n;
+    float eps;
+} rows_job;
+
+static void rmsnorm_item(void *arg, int r, int tid)
+{
+    (void)tid;
+    const rows_job *j = arg;
+    j->ops->rmsnorm(j->y + (size_t)r * j->n, j->x + (size_t)r * j->n, j->g, j->n, j->eps);
+}
+
+void kn_rmsnorm(kn_ctx *ctx, float *y, const float *x, const float *g, int n_rows, int n, float eps)
+{
+    rows_job j = {ctx->ops, y, x, g, n, eps};
+    if ((int64_t)n_rows * n >= KN_PAR_MIN_ELEMS) {
+        pool_run(ctx, n_rows, rmsnorm_item, &j);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++)
+        rmsnorm_item(&j, r, 0);
+}
+
+static void silu_item(void *arg, int r, int tid)
+{
+    (void)tid;
+    const rows_job *j = arg;
+    j->ops->silu_mul(j->y + (size_t)r * j->n, j->x + (size_t)r * j->n, j->n);
+}
+
+void kn_silu_mul(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n)
+{
+    rows_job j = {ctx->ops, gate, up, NULL, n, 0.0f};
+    if ((int64_t)n_rows * n >= KN_PAR_MIN_ELEMS) {
+        pool_run(ctx, n_rows, silu_item, &j);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++)
+        silu_item(&j, r, 0);
+}
+
+/* ---- RoPE ------------------------------------------------------------------
+ * Angles are computed in double and rounded once, in the reference and in the
+ * table alike, so both rotate by the same float cos/sin and agree to the
+ * last bit whatever the position. */
+
+static inline void rope_angle(int32_t pos, int i, int rope_dim, float freq_base, float *c, float *s)
+{
+    const double theta = (double)pos * pow((double)freq_base, -2.0 * i / rope_dim);
+    *c = (float)cos(theta);
+    *s = (float)sin(theta);
+}
+
+static inline void rope_head(float *xh, const float *cs, int rope_dim, bool neox)
+{
+    const int half = rope_dim / 2;
+    if (neox) {
+        for (int i = 0; i < half; i++) {
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            const float x0 = xh[i], x1 = xh[i + half];
+            xh[i] = x0 * c - x1 * s;
+            xh[i + half] = x0 * s + x1 * c;
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            const float x0 = xh[2 * i], x1 = xh[2 * i + 1];
+            xh[2 * i] = x0 * c - x1 * s;
+            xh[2 * i + 1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+static int rope_clamp_dim(int rope_dim, int head_dim)
+{
+    if (rope_dim > head_dim)
+        rope_dim = head_dim;
+    return rope_dim < 0 ? 0 : rope_dim & ~1;
+}
+
+void kn_rope_ref(float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
+                 float freq_base, bool neox)
+{
+    rope_dim = rope_clamp_dim(rope_dim, head_dim);
+    const int half = rope_dim / 2;
+    for (int r = 0; r < n_rows; r++) {
+        for (int h = 0; h < n_heads; h++) {
+            float *xh = x + ((size_t)r * n_heads + h) * head_dim;
+            for (int i = 0; i < half; i++) {
+                float c, s;
+                rope_angle(pos[r], i, rope_dim, freq_base, &c, &s);
+                const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                const float x0 = xh[a], x1 = xh[b];
+                xh[a] = x0 * c - x1 * s;
+                xh[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+typedef struct rope_job {
+    float *x;
+    const float *cs;
+    const int32_t *pos;
+    int n_heads, head_dim, rope_dim;
+    float freq_base;
+    bool neox;
+} rope_job;
+
+static void rope_table_item(void *arg, int r, int tid)
+{
+    (void)tid;
+    const rope_job *j = arg;
+    float *cs = (float *)j->cs + (size_t)r * j->rope_dim;
+    for (int i = 0; i < j->rope_dim / 2; i++)
+        rope_angle(j->pos[r], i, j->rope_dim, j->freq_base, &cs[2 * i], &cs[2 * i + 1]);
+}
+
+static void rope_apply_item(void *arg, int r, int tid)
+{
+    (void)tid;
+    const rope_job *j = arg;
+    const float *cs = j->cs + (size_t)r * j->rope_dim;
+    for (int h = 0; h < j->n_heads; h++)
+        rope_head(j->x + ((size_t)r * j->n_heads + h) * j->head_dim, cs, j->rope_dim, j->neox);
+}
+
+void kn_rope(kn_ctx *ctx, float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
+             float freq_base, bool neox)
+{
+    rope_dim = rope_clamp_dim(rope_dim, head_dim);
+    if (n_rows <= 0 || rope_dim == 0)
+        return;
+    const size_t cs_bytes = (size_t)n_rows * rope_dim * sizeof(float);
+    const size_t pos_bytes = (size_t)n_rows * sizeof(int32_t);
+    rope_job j = {x, NULL, pos, n_heads, head_dim, rope_dim, freq_base, neox};
+    /* The table depends only on the positions: Q and K of every layer in one
+     * forward pass share it, so it is built once per pass. */
+    bool hit = ctx->rope_valid && ctx->rope_rows == n_rows && ctx->rope_dim == rope_dim &&
+               ctx->rope_base == freq_base && memcmp(ctx->rope_pos, pos, pos_bytes) == 0;
+    if (!hit) {
+        ctx->rope_valid = false;
+        if (scratch_reserve((void **)&ctx->rope_cs, &ctx->rope_cs_cap, cs_bytes) != 0 ||
+            scratch_reserve((void **)&ctx->rope_pos, &ctx->rope_pos_cap, pos_bytes) != 0) {
+            /* out of memory: still give the right answer, just slower */
+            kn_rope_ref(x, n_rows, pos, n_heads, head_dim, rope_dim, freq_base, neox);
+            return;
+        }
+        j.cs = ctx->rope_cs;
+        if ((int64_t)n_rows * rope_dim >= 1024)
+            pool_run(ctx, n_rows, rope_table_item, &j);
+        else
+            for (int r = 0; r < n_rows; r++)
+                rope_table_item(&j, r, 0);
+        memcpy(ctx->rope_pos, pos, pos_bytes);
+        ctx->rope_rows = n_rows;
+        ctx->rope_dim = rope_dim;
+        ctx->rope_base = freq_base;
+        ctx->rope_valid = true;
+    }
+    j.cs = ctx->rope_cs;
+    if ((int64_t)n_rows * n_heads * head_dim >= KN_PAR_MIN_ELEMS) {
+        pool_run(ctx, n_rows, rope_apply_item, &j);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++)
+        rope_apply_item(&j, r, 0);
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+typedef struct attn_job {
+    kn_ctx *ctx;
+    const kn_attn_seq *seqs;
+    int n_seqs, n_head, n_kv_head, head_dim;
+    float scale;
+} attn_job;
+
+/* One work item is one (sequence, query row, head). */
+static void attn_item(void *arg, int item, int tid)
+{
+    const attn_job *j = arg;
+    const kn_ops *ops = j->ctx->ops;
+    const int per_seq_row = j->n_head;
+    int s = 0;
+    while (item >= j->seqs[s].n_q * per_seq_row) {
+        item -= j->seqs[s].n_q * per_seq_row;
+        s++;
+    }
+    const kn_attn_seq *sq = &j->seqs[s];
+    const int row = item / j->n_head, h = item % j->n_head;
+    const int hd = j->head_dim;
+    const size_t kv_dim = (size_t)j->n_kv_head * hd;
+    const size_t kv_head_off = (size_t)(h / (j->n_head / j->n_kv_head)) * hd;
+    const int n_ctx = sq->pos0 + row + 1;
+    const float *q = sq->q + ((size_t)row * j->n_head + h) * hd;
+    float *sc = j->ctx->score[tid];
+
+    for (int p = 0; p < n_ctx; p++) {
+        const float *k = sq->blocks[p / sq->block_tokens] + sq->k_off +
+                         (size_t)(p % sq->block_tokens) * kv_dim + kv_head_off;
+        sc[p] = j->scale * ops->dot(q, k, hd);
+    }
+    ops->softmax(sc, n_ctx);
+    /* Cleared only now, after q was read, so out may alias q. */
+    float *out = sq->out + ((size_t)row * j->n_head + h) * hd;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int p = 0; p < n_ctx; p++) {
+        const float *v = sq->blocks[p / sq->block_tokens] + sq->v_off +
+                         (size_t)(p % sq->block_tokens) * kv_dim + kv_head_off;
+        ops->axpy(out, sc[p], v, hd);
+    }
+}
+
+int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, int n_kv_head, int head_dim,
+                 float scale)
+{
+    if (n_seqs < 0 || n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head != 0)
+        return -EINVAL;
+    int64_t items = 0;
+    int max_ctx = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n_q < 0 || seqs[s].pos0 < 0 || seqs[s].block_tokens <= 0)
+            return -EINVAL;
+        if (seqs[s].n_q == 0)
+            continue;
+        items += (int64_t)seqs[s].n_q * n_head;
+        const int64_t last = (int64_t)seqs[s].pos0 + seqs[s].n_q;
+        if (last > INT32_MAX)
+            return -EINVAL;
+        if (last > max_ctx)
+            max_ctx = (int)last;
+    }
+    if (items > INT32_MAX)
+        return -EINVAL;
+    if (items == 0)
+        return 0;
+    /* Grown here, on the calling thread, so workers never allocate. */
+    for (int t = 0; t < ctx->n_threads; t++)
+        if (scratch_reserve((void **)&ctx->score[t], &ctx->score_cap[t], (size_t)max_ctx * sizeof(float)) !=
+            0)
+            return -ENOMEM;
+    attn_job j = {ctx, seqs, n_seqs, n_head, n_kv_head, head_dim, scale};
+    pool_run(ctx, (int)items, attn_item, &j);
+    return 0;
+}

@@ -1,0 +1,273 @@
+/* kernels: tensor type table, IEEE half conversion and the reference
+ * quantizers. The quantizers reproduce ggml's quantize_row_q8_0_ref and
+ * quantize_row_q4_0_ref operation for operation, so a file we quantize is
+ * byte-identical to one made by llama.cpp's tools and theirs load unchanged. */
+#include "kernels/kn.h"
+#include "kernels/quant_blocks.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+bool kn_type_supported(uint32_t type)
+{
+    return type == KN_TYPE_F32 || type == KN_TYPE_F16 || type == KN_TYPE_Q4_0 || type == KN_TYPE_Q8_0;
+}
+
+const char *kn_type_name(uint32_t type)
+{
+    switch (type) {
+    case KN_TYPE_F32:
+        return "f32";
+    case KN_TYPE_F16:
+        return "f16";
+    case KN_TYPE_Q4_0:
+        return "q4_0";
+    case KN_TYPE_Q8_0:
+        return "q8_0";
+    default:
+        return NULL;
+    }
+}
+
+int kn_type_from_name(const char *name, kn_type *out)
+{
+    static const kn_type all[] = {KN_TYPE_F32, KN_TYPE_F16, KN_TYPE_Q4_0, KN_TYPE_Q8_0};
+    if (name == NULL)
+        return -1;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        if (strcmp(name, kn_type_name(all[i])) == 0) {
+            if (out != NULL)
+                *out = all[i];
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int64_t kn_type_block_elems(uint32_t type)
+{
+    switch (type) {
+    case KN_TYPE_F32:
+    case KN_TYPE_F16:
+        return 1;
+    case KN_TYPE_Q4_0:
+        return KN_QK4_0;
+    case KN_TYPE_Q8_0:
+        return KN_QK8_0;
+    default:
+        return 0;
+    }
+}
+
+size_t kn_type_block_bytes(uint32_t type)
+{
+    switch (type) {
+    case KN_TYPE_F32:
+        return sizeof(float);
+    case KN_TYPE_F16:
+        return sizeof(uint16_t);
+    case KN_TYPE_Q4_0:
+        return sizeof(kn_block_q4_0);
+    case KN_TYPE_Q8_0:
+        return sizeof(kn_block_q8_0);
+    default:
+        return 0;
+    }
+}
+
+size_t kn_row_bytes(uint32_t type, int64_t n)
+{
+    int64_t be = kn_type_block_elems(type);
+    size_t bb = kn_type_block_bytes(type);
+    if (be == 0 || n < 0 || n % be != 0)
+        return 0;
+    uint64_t nb = (uint64_t)(n / be);
+    /* n comes from file headers: refuse sizes whose byte count would wrap. */
+    if (nb > SIZE_MAX / bb)
+        return 0;
+    return (size_t)nb * bb;
+}
+
+/* ---- IEEE 754 binary16 ---------------------------------------------------
+ * Portable bit manipulation rather than F16C, so the reference and the file
+ * tools give the same answer on every CPU; the SIMD backends use F16C, which
+ * rounds the same way (to nearest, ties to even). */
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+float kn_fp16_to_fp32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+
+    if (exp == 0) {
+        /* Zero or subnormal: mant * 2^-24 is exact in float. */
+        float v = (float)mant * (1.0f / 16777216.0f);
+        return f32_from_bits(f32_bits(v) | sign);
+    }
+    if (exp == 31) /* inf, or NaN with its payload kept */
+        return f32_from_bits(sign | 0x7f800000u | (mant << 13));
+    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+uint16_t kn_fp32_to_fp16(float f)
+{
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+
+    if (a >= 0x7f800000u) {
+        if (a == 0x7f800000u)
+            return sign | 0x7c00u;
+        /* NaN: keep the top payload bits and force it quiet so it stays NaN. */
+        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    }
+    /* 65520 is halfway between 65504 (max half) and 65536; ties to even
+     * round it up, so everything from there on is infinity. */
+    if (a >= 0x477ff000u)
+        return sign | 0x7c00u;
+    if (a < 0x38800000u) {
+        /* Below the smallest normal half: produce a subnormal (or zero) by
+         * shifting the full significand into units of 2^-24. */
+        uint32_t e = a >> 23;
+        if (e < 102) /* under half of 2^-24: rounds to zero */
+            return sign;
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e;
+        uint32_t q = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1)))
+            q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t h = ((a >> 23) - 112) << 10 | ((a >> 13) & 0x3ffu);
+    uint32_t rem = a & 0x1fffu;
+    /* A carry out of the mantissa correctly bumps the exponent. */
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+/* ---- reference quantization ---------------------------------------------- */
+
+static void quantize_q8_0(const float *x, kn_block_q8_0 *y, int64_t n)
+{
+    int64_t nb = n / KN_QK8_0;
+    for (int64_t i = 0; i < nb; i++) {
+        const float *xb = x + i * KN_QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < KN_QK8_0; j++)
+            amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = kn_fp32_to_fp16(d);
+        for (int j = 0; j < KN_QK8_0; j++) {
+            /* |x*id| <= 127 for finite input; the range test only keeps
+             * NaN/inf input from an undefined conversion. */
+            float r = roundf(xb[j] * id);
+            y[i].qs[j] = (int8_t)(r >= -128.0f && r <= 127.0f ? (int)r : 0);
+        }
+    }
+}
+
+static void quantize_q4_0(const float *x, kn_block_q4_0 *y, int64_t n)
+{
+    int64_t nb = n / KN_QK4_0;
+    for (int64_t i = 0; i < nb; i++) {
+        const float *xb = x + i * KN_QK4_0;
+        float amax = 0.0f, max = 0.0f;
+        /* Keep the sign of the largest magnitude: mapping it to -8 uses the
+         * one extra negative level of the 4-bit range. */
+        for (int j = 0; j < KN_QK4_0; j++) {
+            if (amax < fabsf(xb[j])) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = kn_fp32_to_fp16(d);
+        for (int j = 0; j < KN_QK4_0 / 2; j++) {
+            /* ggml truncates x*id + 8.5 to int8; the value is in [0.5, 16.5]
+             * for finite input, where int truncation is identical. The
+             * clamps only keep NaN/inf input defined. */
+            float f0 = xb[j] * id + 8.5f;
+            float f1 = xb[j + KN_QK4_0 / 2] * id + 8.5f;
+            int q0 = f0 >= 0.0f ? (f0 < 15.0f ? (int)f0 : 15) : 0;
+            int q1 = f1 >= 0.0f ? (f1 < 15.0f ? (int)f1 : 15) : 0;
+            y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+void kn_quantize_row(kn_type type, const float *x, void *y, int64_t n)
+{
+    switch (type) {
+    case KN_TYPE_F32:
+        memcpy(y, x, (size_t)n * sizeof(float));
+        break;
+    case KN_TYPE_F16: {
+        uint16_t *h = y;
+        for (int64_t i = 0; i < n; i++)
+            h[i] = kn_fp32_to_fp16(x[i]);
+        break;
+    }
+    case KN_TYPE_Q8_0:
+        quantize_q8_0(x, y, n);
+        break;
+    case KN_TYPE_Q4_0:
+        quantize_q4_0(x, y, n);
+        break;
+    }
+}
+
+void kn_dequantize_row(kn_type type, const void *x, float *y, int64_t n)
+{
+    switch (type) {
+    case KN_TYPE_F32:
+        memcpy(y, x, (size_t)n * sizeof(float));
+        break;
+    case KN_TYPE_F16: {
+        const uint16_t *h = x;
+        for (int64_t i = 0; i < n; i++)
+            y[i] = kn_fp16_to_fp32(h[i]);
+        break;
+    }
+    case KN_TYPE_Q8_0: {
+        const kn_block_q8_0 *b = x;
+        for (int64_t i = 0; i < n / KN_QK8_0; i++) {
+            const float d = kn_fp16_to_fp32(b[i].d);
+            for (int j = 0; j < KN_QK8_0; j++)
+                y[i * KN_QK8_0 + j] = (float)b[i].qs[j] * d;
+        }
+        break;
+    }
+    case KN_TYPE_Q4_0: {
+        const kn_block_q4_0 *b = x;
+        for (int64_t i = 0; i < n / KN_QK4_0; i++) {
+            const float d = kn_fp16_to_fp32(b[i].d);
+            float *yb = y + i * KN_QK4_0;
+            for (int j = 0; j < KN_QK4_0 / 2; j++) {
+                yb[j] = (float)((b[i].qs[j] & 0x0f) - 8) * d;
+                yb[j + KN_QK4_0 / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
+            }
+        }
+        break;
+    }
+    }
+}

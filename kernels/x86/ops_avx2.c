@@ -1,0 +1,377 @@
+/* kernels: the AVX2/FMA/F16C backend. Built with -mavx2 -mfma -mf16c and
+ * reached only through kn_ops_avx2(), which checks the CPU first, so no
+ * instruction here runs on a machine without them.
+ *
+ * The quantized dots carry the whole forward pass; they live in qdot_x86.h,
+ * shared with the AVX-VNNI build, and follow ggml's x86 approach: the block's
+ * integer dot with vpmaddubsw + vpmaddwd, then one FMA scaled by d_w * d_x.
+ * `nr` activation rows are done per pass over the weights, so a loaded (and,
+ * for Q4_0, unpacked) weight block is reused up to four times. Every function
+ * finishes sizes that are not a multiple of the vector width with a scalar
+ * tail. */
+#include "kernels/kn.h"
+#include "kernels/quant_blocks.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+
+#include "kernels/x86/ops_x86.h"
+
+static inline float hmax256(__m256 v)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float h2f(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+/* ---- activation quantization ---------------------------------------------
+ * Bit-identical to the reference: same amax, same d and 1/d computed in
+ * scalar, same product, and roundf's ties-away-from-zero rebuilt exactly as
+ * trunc(t) + trunc(2 * (t - trunc(t))) (every step is exact for |t| < 2^23). */
+static void avx2_quantize_q8_0(const float *x, void *y, int n)
+{
+    kn_block_q8_0 *yb = y;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int ib = 0; ib < n / KN_QK8_0; ib++) {
+        const float *xb = x + ib * KN_QK8_0;
+        __m256 v[4];
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
+        const float amax = hmax256(m);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        yb[ib].d = kn_fp32_to_fp16(d);
+        const __m256 idv = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 t = _mm256_mul_ps(v[k], idv);
+            /* Keep the rounded product: fusing it into the subtraction
+             * below (FMA contraction) would change which values tie. */
+            __asm__("" : "+x"(t));
+            __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __m256 fr2 = _mm256_add_ps(_mm256_sub_ps(t, tr), _mm256_sub_ps(t, tr));
+            __m256 r = _mm256_add_ps(tr, _mm256_round_ps(fr2, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+            q[k] = _mm256_cvtps_epi32(r);
+        }
+        __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+        __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p = _mm256_packs_epi16(p01, p23);
+        /* the packs work per 128-bit lane; restore element order */
+        p = _mm256_permutevar8x32_epi32(p, perm);
+        _mm256_storeu_si256((__m256i *)yb[ib].qs, p);
+    }
+}
+
+/* ---- float weight dots ---------------------------------------------------- */
+
+static inline __m256 load_w8(const void *w, bool half, int i)
+{
+    if (half)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+static inline float load_w1(const void *w, bool half, int i)
+{
+    return half ? h2f(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+/* K activation rows (a constant at each call site, so the eight accumulators
+ * stay in registers) against one weight row: each weight vector is loaded
+ * (and for F16 converted) once for the K rows. */
+static inline __attribute__((always_inline)) void dotf_rows(const void *w, bool half, const float *x,
+                                                            size_t xs, int K, int n, float *out)
+{
+    const float *x0 = x, *x1 = x + (K > 1 ? xs : 0), *x2 = x + (K > 2 ? 2 * xs : 0),
+                *x3 = x + (K > 3 ? 3 * xs : 0);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 w0 = load_w8(w, half, i), w1 = load_w8(w, half, i + 8);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
+        b0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + 8), b0);
+        if (K > 1) {
+            a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), a1);
+            b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + 8), b1);
+        }
+        if (K > 2) {
+            a2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), a2);
+            b2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + i + 8), b2);
+        }
+        if (K > 3) {
+            a3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + i), a3);
+            b3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + i + 8), b3);
+        }
+    }
+    if (i + 8 <= n) {
+        const __m256 w0 = load_w8(w, half, i);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
+        if (K > 1)
+            a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), a1);
+        if (K > 2)
+            a2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), a2);
+        if (K > 3)
+            a3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + i), a3);
+        i += 8;
+    }
+    float s0 = hsum256(_mm256_add_ps(a0, b0)), s1 = 0, s2 = 0, s3 = 0;
+    if (K > 1)
+        s1 = hsum256(_mm256_add_ps(a1, b1));
+    if (K > 2)
+        s2 = hsum256(_mm256_add_ps(a2, b2));
+    if (K > 3)
+        s3 = hsum256(_mm256_add_ps(a3, b3));
+    for (; i < n; i++) {
+        const float wi = load_w1(w, half, i);
+        s0 += wi * x0[i];
+        s1 += wi * x1[i];
+        s2 += wi * x2[i];
+        s3 += wi * x3[i];
+    }
+    out[0] = s0;
+    if (K > 1)
+        out[1] = s1;
+    if (K > 2)
+        out[2] = s2;
+    if (K > 3)
+        out[3] = s3;
+}
+
+/* One row: memory bound, so four independent chains to cover FMA latency. */
+static inline __attribute__((always_inline)) float dotf_1(const void *w, bool half, const float *x, int n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(load_w8(w, half, i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(load_w8(w, half, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(load_w8(w, half, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(load_w8(w, half, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(load_w8(w, half, i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++)
+        s += load_w1(w, half, i) * x[i];
+    return s;
+}
+
+static inline __attribute__((always_inline)) void dotf(const void *w, bool half, const float *x, size_t xs,
+                                                       int nr, int n, float *out)
+{
+    for (; nr >= 4; nr -= 4, x += 4 * xs, out += 4)
+        dotf_rows(w, half, x, xs, 4, n, out);
+    switch (nr) {
+    case 3:
+        dotf_rows(w, half, x, xs, 3, n, out);
+        break;
+    case 2:
+        dotf_rows(w, half, x, xs, 2, n, out);
+        break;
+    case 1:
+        out[0] = dotf_1(w, half, x, n);
+        break;
+    }
+}
+
+static void avx2_dot_f32(const float *w, const float *x, size_t xs, int nr, int n, float *out)
+{
+    dotf(w, false, x, xs, nr, n, out);
+}
+
+static void avx2_dot_f16(const uint16_t *w, const float *x, size_t xs, int nr, int n, float *out)
+{
+    dotf(w, true, x, xs, nr, n, out);
+}
+
+/* ---- quantized weight dots (qdot_x86.h, here without VNNI) ---------------- */
+
+float kn_x86_f16_table[1 << 16];
+static pthread_once_t f16_table_once = PTHREAD_ONCE_INIT;
+
+static void f16_table_init(void)
+{
+    for (int i = 0; i < (1 << 16); i += 8) {
+        const __m128i h = _mm_add_epi16(_mm_set1_epi16((short)i), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_storeu_ps(kn_x86_f16_table + i, _mm256_cvtph_ps(h));
+    }
+}
+
+#define QD_VNNI 0
+#define QD_FN(n) avx2_##n
+#define QD_ATTR
+#include "kernels/x86/qdot_x86.h"
+
+/* ---- elementwise ---------------------------------------------------------- */
+
+/* expf for 8 lanes: Cephes' range reduction (x = n ln2 + r, ln2 split in two
+ * so r is exact) and degree-6 polynomial, about 1 ulp. Inputs below the
+ * smallest normal result give 0, above the largest give +inf. */
+static inline __m256 exp256(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.3365478515625f), hi = _mm256_set1_ps(88.72283172607421875f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n split as 2^(n/2) * 2^(n - n/2) so n = 128 (x near the top of the
+     * range) still scales without overflowing the exponent field. */
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256 s1 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+    const __m256 s2 =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+    return _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(p, s1), s2), under);
+}
+
+static void avx2_rmsnorm(float *y, const float *x, const float *g, int n, float eps)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v0 = _mm256_loadu_ps(x + i);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+    }
+    float ss = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < n; i++)
+        ss += x[i] * x[i];
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_loadu_ps(g + i)));
+    for (; i < n; i++)
+        y[i] = x[i] * scale * g[i];
+}
+
+static void avx2_softmax(float *x, int n)
+{
+    if (n <= 0)
+        return;
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float max = hmax256(mv);
+    for (; i < n; i++)
+        max = fmaxf(max, x[i]);
+    const __m256 maxv = _mm256_set1_ps(max);
+    __m256 sv = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), maxv));
+        _mm256_storeu_ps(x + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum256(sv);
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    const float inv = 1.0f / sum;
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
+    for (; i < n; i++)
+        x[i] *= inv;
+}
+
+static void avx2_silu_mul(float *gate, const float *up, int n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp256(_mm256_xor_ps(g, sign));
+        const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++)
+        gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static float avx2_dot(const float *a, const float *b, int n)
+{
+    return dotf_1(a, false, b, n);
+}
+
+static void avx2_axpy(float *y, float a, const float *x, int n)
+{
+    const __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i + 8,
+                         _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8)));
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static const kn_ops ops_avx2 = {
+    .name = "avx2",
+    .quantize_q8_0 = avx2_quantize_q8_0,
+    .dot_f32 = avx2_dot_f32,
+    .dot_f16 = avx2_dot_f16,
+    .dot_q8_0 = avx2_dot_q8_0,
+    .dot_q4_0 = avx2_dot_q4_0,
+    .rmsnorm = avx2_rmsnorm,
+    .softmax = avx2_softmax,
+    .silu_mul = avx2_silu_mul,
+    .dot = avx2_dot,
+    .axpy = avx2_axpy,
+};
+
+const kn_ops *kn_ops_avx2(void)
+{
+    /* avx2 and fma through the builtin, which also checks that the OS saves
+     * the ymm state; f16c through cpuid because clang's builtin does not
+     * know that name. */
+    unsigned a, b, c, d;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return NULL;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C))
+        return NULL;
+    pthread_once(&f16_table_once, f16_table_init);
+    return &ops_avx2;
+}
+
+#else /* not an x86-64 build with the AVX2 flags */
+
+const kn_ops *kn_ops_avx2(void)
+{
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,965 @@
+/* Unit tests of kernels/: half conversion edge cases, the reference
+ * quantizers against hand-made blocks (GGUF layout, nibble order), round-trip
+ * error bounds, every op of each SIMD table against the scalar reference on
+ * odd sizes, and the context's batched operations (matmul over the thread
+ * pool, RoPE, paged GQA attention, parallel_for) against the reference or a
+ * naive implementation written here. SIMD comparisons skip on CPUs without
+ * the instructions. Fixed seeds; tolerances are relative to the magnitude of
+ * the sums involved, never to timing. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "kernels/kn.h"
+#include "kernels/quant_blocks.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static void seed(uint64_t s)
+{
+    rng = s * 0x9e3779b97f4a7c15ull + 1;
+}
+
+static uint32_t rnd32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 32);
+}
+
+/* uniform in [-1, 1) */
+static float frand(void)
+{
+    return (float)rnd32() * (2.0f / 4294967296.0f) - 1.0f;
+}
+
+static void fill(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * scale;
+}
+
+static float f32_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+/* The SIMD tables this CPU runs (none on a CPU without AVX2). */
+static int fast_tables(const kn_ops **out)
+{
+    int n = 0;
+    if (kn_ops_avx2() != NULL)
+        out[n++] = kn_ops_avx2();
+    if (kn_ops_avxvnni() != NULL)
+        out[n++] = kn_ops_avxvnni();
+    return n;
+}
+
+static void check_close(float got, double want, double tol, const char *what, const char *table, int n, int r)
+{
+    if (!(fabs((double)got - want) <= tol)) {
+        print_error("%s [%s] n=%d row=%d: got %.9g want %.9g (tol %.3g)\n", what, table, n, r, (double)got,
+                    want, tol);
+        fail();
+    }
+}
+
+/* ---- half precision ------------------------------------------------------- */
+
+/* Independent oracle: the nearest half by search over the monotonic
+ * positive halves, ties to the even code. */
+static uint16_t half_oracle(float f)
+{
+    uint16_t sign = (bits_of(f) >> 16) & 0x8000;
+    double a = fabs((double)f);
+    if (isnan(f))
+        return 0x7e00;
+    if (a >= 65520.0)
+        return sign | 0x7c00;
+    int lo = 0, hi = 0x7bff;
+    while (lo < hi) { /* largest code with value <= a */
+        int mid = (lo + hi + 1) / 2;
+        if ((double)kn_fp16_to_fp32((uint16_t)mid) <= a)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    double vlo = kn_fp16_to_fp32((uint16_t)lo);
+    if (vlo == a || lo == 0x7bff)
+        return sign | (uint16_t)lo;
+    double vhi = kn_fp16_to_fp32((uint16_t)(lo + 1));
+    int pick = (a - vlo < vhi - a) ? lo : (a - vlo > vhi - a) ? lo + 1 : ((lo & 1) ? lo + 1 : lo);
+    return sign | (uint16_t)pick;
+}
+
+static void test_fp16_known(void **state)
+{
+    (void)state;
+    struct {
+        float f;
+        uint16_t h;
+    } cases[] = {
+        {0.0f, 0x0000},
+        {-0.0f, 0x8000},
+        {1.0f, 0x3c00},
+        {-2.0f, 0xc000},
+        {0.5f, 0x3800},
+        {65504.0f, 0x7bff}, /* largest half */
+        {65519.0f, 0x7bff}, /* below the halfway point */
+        {65520.0f, 0x7c00}, /* halfway to 65536: even rounds up to inf */
+        {1e10f, 0x7c00},
+        {-1e10f, 0xfc00},
+        {INFINITY, 0x7c00},
+        {-INFINITY, 0xfc00},
+        {0x1p-14f, 0x0400}, /* smallest normal */
+        {0x1p-24f, 0x0001}, /* smallest subnormal */
+        {0x1p-25f, 0x0000}, /* half of it: tie to even zero */
+        {0x1.000002p-25f, 0x0001},
+        {0x3p-25f, 0x0002},   /* 1.5 units: tie to even 2 */
+        {0x5p-25f, 0x0002},   /* 2.5 units: tie to even 2 */
+        {0x3ffp-24f, 0x03ff}, /* largest subnormal */
+        {0x1p-30f, 0x0000},
+        {0x1.002p0f, 0x3c00}, /* 1 + 2^-11: tie to even 1 */
+        {0x1.006p0f, 0x3c02}, /* 1 + 3 * 2^-11: tie to even 1 + 2^-9 */
+        {0x1.0021p0f, 0x3c01},
+        {0x1.ffdp15f, 0x7bff},  /* 65512: nearer 65504 */
+        {0x1.ffcp-15f, 0x0400}, /* rounds up into the smallest normal */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint16_t h = kn_fp32_to_fp16(cases[i].f);
+        if (h != cases[i].h) {
+            print_error("fp32_to_fp16(%a) = 0x%04x, want 0x%04x\n", (double)cases[i].f, h, cases[i].h);
+            fail();
+        }
+    }
+    /* NaN stays NaN both ways, quiet, sign kept */
+    uint16_t hn = kn_fp32_to_fp16(NAN);
+    assert_true((hn & 0x7c00) == 0x7c00 && (hn & 0x03ff) != 0);
+    hn = kn_fp32_to_fp16(f32_of(0xff800001u)); /* signalling, payload in the low bits only */
+    assert_true((hn & 0xfc00) == 0xfc00 && (hn & 0x03ff) != 0);
+    assert_true(isnan(kn_fp16_to_fp32(0x7e00)));
+    assert_true(isnan(kn_fp16_to_fp32(0xfc01)));
+    assert_true(isinf(kn_fp16_to_fp32(0x7c00)) && kn_fp16_to_fp32(0x7c00) > 0);
+    assert_true(isinf(kn_fp16_to_fp32(0xfc00)) && kn_fp16_to_fp32(0xfc00) < 0);
+    assert_true(kn_fp16_to_fp32(0x0001) == 0x1p-24f);
+    assert_true(kn_fp16_to_fp32(0x03ff) == 0x3ffp-24f);
+    assert_true(kn_fp16_to_fp32(0x8001) == -0x1p-24f);
+    assert_true(bits_of(kn_fp16_to_fp32(0x8000)) == 0x80000000u);
+    assert_true(kn_fp16_to_fp32(0x7bff) == 65504.0f);
+    assert_true(kn_fp16_to_fp32(0x3555) == 0x1.554p-2f);
+}
+
+static void test_fp16_exhaustive(void **state)
+{
+    (void)state;
+    /* every half survives the round trip */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float f = kn_fp16_to_fp32((uint16_t)h);
+        if (isnan(f))
+            continue;
+        assert_int_equal(kn_fp32_to_fp16(f), h);
+    }
+    /* midpoints between neighbouring halves, and one float ulp either side */
+    for (uint32_t h = 0; h < 0x7bff; h++) {
+        double a = kn_fp16_to_fp32((uint16_t)h), b = kn_fp16_to_fp32((uint16_t)(h + 1));
+        float mid = (float)((a + b) / 2);
+        float probes[3] = {mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY)};
+        for (int k = 0; k < 3; k++) {
+            for (int s = 0; s < 2; s++) {
+                float f = s ? -probes[k] : probes[k];
+                uint16_t got = kn_fp32_to_fp16(f), want = half_oracle(f);
+                if (got != want) {
+                    print_error("fp32_to_fp16(%a) = 0x%04x, want 0x%04x\n", (double)f, got, want);
+                    fail();
+                }
+            }
+        }
+    }
+    /* a sweep across all float exponents */
+    for (uint64_t u = 0; u < 0x100000000ull; u += 7919 * 13) {
+        float f = f32_of((uint32_t)u);
+        if (isnan(f))
+            continue;
+        assert_int_equal(kn_fp32_to_fp16(f), half_oracle(f));
+    }
+}
+
+/* ---- type table ------------------------------------------------------------ */
+
+static void test_types(void **state)
+{
+    (void)state;
+    kn_type t;
+    assert_true(kn_type_supported(KN_TYPE_F32) && kn_type_supported(KN_TYPE_Q4_0));
+    assert_false(kn_type_supported(3));
+    assert_false(kn_type_supported(12));
+    assert_string_equal(kn_type_name(KN_TYPE_Q8_0), "q8_0");
+    assert_null(kn_type_name(7));
+    assert_int_equal(kn_type_from_name("q4_0", &t), 0);
+    assert_int_equal(t, KN_TYPE_Q4_0);
+    assert_int_equal(kn_type_from_name("f16", &t), 0);
+    assert_int_equal(t, KN_TYPE_F16);
+    assert_int_equal(kn_type_from_name("q5_0", &t), -1);
+    assert_int_equal(kn_type_from_name(NULL, &t), -1);
+    assert_int_equal(kn_type_block_elems(KN_TYPE_Q8_0), 32);
+    assert_int_equal(kn_type_block_elems(KN_TYPE_F16), 1);
+    assert_int_equal(kn_type_block_bytes(KN_TYPE_Q4_0), 18);
+    assert_int_equal(kn_type_block_bytes(99), 0);
+    assert_int_equal(kn_row_bytes(KN_TYPE_Q8_0, 64), 68);
+    assert_int_equal(kn_row_bytes(KN_TYPE_Q4_0, 4096), 2304);
+    assert_int_equal(kn_row_bytes(KN_TYPE_F16, 7), 14);
+    assert_int_equal(kn_row_bytes(KN_TYPE_Q8_0, 33), 0);
+    assert_int_equal(kn_row_bytes(KN_TYPE_F32, -1), 0);
+    assert_int_equal(kn_row_bytes(KN_TYPE_F32, INT64_MAX), 0); /* would wrap */
+}
+
+/* ---- reference quantization ------------------------------------------------ */
+
+static void test_quant_known_q8_0(void **state)
+{
+    (void)state;
+    float x[32] = {0};
+    x[0] = 1.0f;    /* amax: d = 1/127 */
+    x[1] = -0.25f;  /* -31.75 -> -32 */
+    x[2] = 0.1f;    /* 12.7 -> 13 */
+    x[3] = 0.5039f; /* 63.995 -> 64 */
+    x[31] = -1.0f;
+    kn_block_q8_0 b;
+    kn_quantize_row(KN_TYPE_Q8_0, x, &b, 32);
+    assert_int_equal(b.d, 0x2008); /* half nearest 1/127 */
+    int8_t want[32] = {127, -32, 13, 64};
+    want[31] = -127;
+    assert_memory_equal(b.qs, want, 32);
+    /* the serialized block is d (little endian) then the 32 bytes */
+    const uint8_t *raw = (const uint8_t *)&b;
+    assert_int_equal(raw[0], 0x08);
+    assert_int_equal(raw[1], 0x20);
+    assert_int_equal((int8_t)raw[2], 127);
+
+    /* all zero: d = 0, all q = 0 */
+    memset(x, 0, sizeof(x));
+    kn_quantize_row(KN_TYPE_Q8_0, x, &b, 32);
+    assert_int_equal(b.d, 0);
+    for (int j = 0; j < 32; j++)
+        assert_int_equal(b.qs[j], 0);
+
+    /* ties round away from zero (roundf): d = 1 exactly, so x*id = x */
+    for (int j = 0; j < 32; j++)
+        x[j] = (float)(j - 16) + 0.5f;
+    x[0] = 127.0f;
+    kn_quantize_row(KN_TYPE_Q8_0, x, &b, 32);
+    assert_int_equal(b.d, 0x3c00);
+    for (int j = 1; j < 32; j++) {
+        int want_q = j - 16 >= 0 ? j - 16 + 1 : j - 16; /* 0.5 -> 1, -0.5 -> -1, -1.5 -> -2 */
+        assert_int_equal(b.qs[j], want_q);
+    }
+}
+
+static void test_quant_known_q4_0(void **state)
+{
+    (void)state;
+    float x[32] = {0};
+    x[0] = -2.0f; /* the largest magnitude, negative: d = -2 / -8 = 0.25 */
+    x[5] = 1.0f;  /* 4 + 8.5 -> 12 */
+    x[16] = 0.5f; /* 2 + 8.5 -> 10, in the high nibble of byte 0 */
+    x[20] = -1.0f;
+    kn_block_q4_0 b;
+    kn_quantize_row(KN_TYPE_Q4_0, x, &b, 32);
+    assert_int_equal(b.d, 0x3400); /* 0.25 */
+    uint8_t want[16];
+    memset(want, 0x88, sizeof(want)); /* zeros quantize to 8 in both nibbles */
+    want[0] = 0xa0;                   /* element 0 -> 0 low, element 16 -> 10 high */
+    want[4] = 0x48;                   /* element 4 -> 8, element 20 -> 4 */
+    want[5] = 0x8c;                   /* element 5 -> 12, element 21 -> 8 */
+    assert_memory_equal(b.qs, want, 16);
+
+    float y[32];
+    kn_dequantize_row(KN_TYPE_Q4_0, &b, y, 32);
+    assert_true(y[0] == -2.0f && y[5] == 1.0f && y[16] == 0.5f && y[20] == -1.0f && y[1] == 0.0f);
+
+    /* the largest magnitude positive: d negative, it maps to level 0 */
+    memset(x, 0, sizeof(x));
+    x[31] = 2.0f;
+    x[30] = -2.0f + 0.25f; /* -1.75 * -4 = 7 + 8.5 -> 15 */
+    kn_quantize_row(KN_TYPE_Q4_0, x, &b, 32);
+    assert_int_equal(b.d, 0xb400); /* -0.25 */
+    assert_int_equal(b.qs[15] >> 4, 0);
+    assert_int_equal(b.qs[14] >> 4, 15);
+    assert_int_equal(b.qs[0], 0x88);
+    kn_dequantize_row(KN_TYPE_Q4_0, &b, y, 32);
+    assert_true(y[31] == 2.0f && y[30] == -1.75f);
+
+    /* -x maps to +8, which saturates at 15: the one asymmetric level */
+    memset(x, 0, sizeof(x));
+    x[0] = 1.0f;
+    x[1] = -1.0f;
+    kn_quantize_row(KN_TYPE_Q4_0, x, &b, 32);
+    assert_int_equal(b.qs[0] & 0x0f, 0);
+    assert_int_equal(b.qs[1] & 0x0f, 15);
+}
+
+static void test_quant_roundtrip(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    void *q = malloc(kn_row_bytes(KN_TYPE_F32, N));
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_non_null(q);
+    seed(1);
+    for (int trial = 0; trial < 4; trial++) {
+        float scale = trial == 0 ? 1.0f : trial == 1 ? 1e-3f : trial == 2 ? 300.0f : 1.0f;
+        fill(x, N, scale);
+        if (trial == 3) /* outliers, as real weights have */
+            for (int i = 0; i < N; i += 97)
+                x[i] *= 40.0f;
+
+        kn_quantize_row(KN_TYPE_Q8_0, x, q, N);
+        kn_dequantize_row(KN_TYPE_Q8_0, q, y, N);
+        const kn_block_q8_0 *b8 = q;
+        for (int i = 0; i < N; i++) {
+            float d = kn_fp16_to_fp32(b8[i / 32].d);
+            /* half a step, plus the rounding of the scale to a half (absolute
+             * 2^-25 once it is subnormal) over up to 127 steps */
+            assert_true(fabsf(x[i] - y[i]) <= 0.5f * d + 127.0f * fmaxf(d * 0x1p-11f, 0x1p-25f));
+        }
+
+        kn_quantize_row(KN_TYPE_Q4_0, x, q, N);
+        kn_dequantize_row(KN_TYPE_Q4_0, q, y, N);
+        const kn_block_q4_0 *b4 = q;
+        double se = 0, ss = 0;
+        for (int i = 0; i < N; i++) {
+            float d = fabsf(kn_fp16_to_fp32(b4[i / 32].d));
+            /* a full step only at the saturated +8 level, else half */
+            assert_true(fabsf(x[i] - y[i]) <= d + 8.0f * fmaxf(d * 0x1p-11f, 0x1p-25f));
+            se += (double)(x[i] - y[i]) * (x[i] - y[i]);
+            ss += (double)x[i] * x[i];
+        }
+        assert_true(trial == 3 || se / ss < 0.02); /* about 12% rms error for uniform data */
+
+        kn_quantize_row(KN_TYPE_F16, x, q, N);
+        kn_dequantize_row(KN_TYPE_F16, q, y, N);
+        for (int i = 0; i < N; i++)
+            assert_true(fabsf(x[i] - y[i]) <= fabsf(x[i]) * 0x1p-11f + 0x1p-25f);
+
+        kn_quantize_row(KN_TYPE_F32, x, q, N);
+        kn_dequantize_row(KN_TYPE_F32, q, y, N);
+        assert_memory_equal(x, y, N * sizeof(float));
+    }
+    free(q);
+    free(y);
+    free(x);
+}
+
+/* ---- SIMD tables against the reference -------------------------------------- */
+
+static const int f_sizes[] = {1, 7, 8, 31, 33, 257, 4095};
+static const int q_sizes[] = {32, 64, 96, 4096};
+
+static void test_quantize_q8_0_exact(void **state)
+{
+    (void)state;
+    const kn_ops *fast[4];
+    int nf = fast_tables(fast);
+    if (nf == 0)
+        skip();
+    const kn_ops *ref = kn_ops_ref();
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof(float));
+    size_t rb = kn_row_bytes(KN_TYPE_Q8_0, N);
+    uint8_t *a = malloc(rb), *b = malloc(rb);
+    assert_non_null(x);
+    assert_non_null(a);
+    assert_non_null(b);
+    seed(2);
+    for (int trial = 0; trial < 3; trial++) {
+        if (trial == 0) {
+            fill(x, N, 3.0f);
+        } else {
+            /* d = 1 exactly in every block, so most values are exact ties */
+            for (int i = 0; i < N; i++)
+                x[i] = (float)((int)(rnd32() % 253) - 126) + (trial == 1 ? 0.5f : 0.0f);
+            for (int i = 0; i < N; i += 32)
+                x[i] = (i / 32) % 2 ? 127.0f : -127.0f;
+        }
+        for (int k = 0; k < (int)(sizeof(q_sizes) / sizeof(q_sizes[0])); k++) {
+            int n = q_sizes[k];
+            ref->quantize_q8_0(x, a, n);
+            for (int t = 0; t < nf; t++) {
+                memset(b, 0xee, rb);
+                fast[t]->quantize_q8_0(x, b, n);
+                assert_memory_equal(a, b, kn_row_bytes(KN_TYPE_Q8_0, n));
+            }
+        }
+    }
+    free(b);
+    free(a);
+    free(x);
+}
+
+static void test_dot_float(void **state)
+{
+    (void)state;
+    const kn_ops *fast[4];
+    int nf = fast_tables(fast);
+    if (nf == 0)
+        skip();
+    const kn_ops *ref = kn_ops_ref();
+    enum { MAXN = 4095, MAXR = 5 };
+    const size_t xs = MAXN + 3; /* an odd row stride */
+    float *w = malloc(MAXN * sizeof(float)), *x = malloc(MAXR * xs * sizeof(float));
+    uint16_t *wh = malloc(MAXN * sizeof(uint16_t));
+    assert_non_null(w);
+    assert_non_null(x);
+    assert_non_null(wh);
+    seed(3);
+    fill(w, MAXN, 1.0f);
+    fill(x, MAXR * xs, 2.0f);
+    kn_quantize_row(KN_TYPE_F16, w, wh, MAXN);
+    for (int k = 0; k < (int)(sizeof(f_sizes) / sizeof(f_sizes[0])); k++) {
+        int n = f_sizes[k];
+        for (int nr = 1; nr <= MAXR; nr++) {
+            float want32[MAXR], want16[MAXR], got[MAXR];
+            ref->dot_f32(w, x, xs, nr, n, want32);
+            ref->dot_f16(wh, x, xs, nr, n, want16);
+            for (int t = 0; t < nf; t++) {
+                fast[t]->dot_f32(w, x, xs, nr, n, got);
+                for (int r = 0; r < nr; r++) {
+                    double mag = 0;
+                    for (int i = 0; i < n; i++)
+                        mag += fabs((double)w[i] * x[r * xs + i]);
+                    check_close(got[r], want32[r], 1e-5 * mag + 1e-30, "dot_f32", fast[t]->name, n, r);
+                }
+                fast[t]->dot_f16(wh, x, xs, nr, n, got);
+                for (int r = 0; r < nr; r++) {
+                    double mag = 0;
+                    for (int i = 0; i < n; i++)
+                        mag += fabs((double)w[i] * x[r * xs + i]);
+                    check_close(got[r], want16[r], 1e-5 * mag + 1e-30, "dot_f16", fast[t]->name, n, r);
+                }
+            }
+        }
+        float dr = ref->dot(w, x, n);
+        double mag = 0;
+        for (int i = 0; i < n; i++)
+            mag += fabs((double)w[i] * x[i]);
+        for (int t = 0; t < nf; t++)
+            check_close(fast[t]->dot(w, x, n), dr, 1e-5 * mag, "dot", fast[t]->name, n, 0);
+    }
+    free(wh);
+    free(x);
+    free(w);
+}
+
+static void dot_quant_case(kn_type wtype)
+{
+    const kn_ops *fast[4];
+    int nf = fast_tables(fast);
+    if (nf == 0)
+        skip();
+    const kn_ops *ref = kn_ops_ref();
+    enum { MAXN = 4096, MAXR = 5 };
+    const size_t xs = kn_row_bytes(KN_TYPE_Q8_0, MAXN) + 6; /* rows not block aligned */
+    float *w = malloc(MAXN * sizeof(float)), *x = malloc(MAXR * MAXN * sizeof(float));
+    float *wd = malloc(MAXN * sizeof(float)), *xd = malloc(MAXR * MAXN * sizeof(float));
+    uint8_t *wq = malloc(kn_row_bytes(wtype, MAXN)), *xq = malloc(MAXR * xs);
+    assert_non_null(w);
+    assert_non_null(x);
+    assert_non_null(wd);
+    assert_non_null(xd);
+    assert_non_null(wq);
+    assert_non_null(xq);
+    seed(4 + wtype);
+    for (int trial = 0; trial < 2; trial++) {
+        fill(w, MAXN, trial ? 0.02f : 1.0f);
+        fill(x, (size_t)MAXR * MAXN, trial ? 50.0f : 1.0f);
+        if (trial) /* a saturating Q8_0 weight: -128 only comes from other tools */
+            for (int i = 0; i < MAXN; i += 32)
+                w[i] = -0.03f;
+        for (int k = 0; k < (int)(sizeof(q_sizes) / sizeof(q_sizes[0])); k++) {
+            int n = q_sizes[k];
+            kn_quantize_row(wtype, w, wq, n);
+            if (trial && wtype == KN_TYPE_Q8_0) {
+                /* force a -128 into every block, as a foreign file may hold */
+                kn_block_q8_0 *b = (kn_block_q8_0 *)wq;
+                for (int ib = 0; ib < n / 32; ib++)
+                    b[ib].qs[ib % 32] = -128;
+            }
+            kn_dequantize_row(wtype, wq, wd, n);
+            for (int r = 0; r < MAXR; r++) {
+                ref->quantize_q8_0(x + (size_t)r * MAXN, xq + r * xs, n);
+                kn_dequantize_row(KN_TYPE_Q8_0, xq + r * xs, xd + (size_t)r * MAXN, n);
+            }
+            for (int nr = 1; nr <= MAXR; nr++) {
+                float want[MAXR], got[MAXR];
+                if (wtype == KN_TYPE_Q8_0)
+                    ref->dot_q8_0(wq, xq, xs, nr, n, want);
+                else
+                    ref->dot_q4_0(wq, xq, xs, nr, n, want);
+                for (int r = 0; r < nr; r++) {
+                    /* the reference is the product of the dequantized rows */
+                    double exact = 0, mag = 0;
+                    for (int i = 0; i < n; i++) {
+                        exact += (double)wd[i] * xd[(size_t)r * MAXN + i];
+                        mag += fabs((double)wd[i] * xd[(size_t)r * MAXN + i]);
+                    }
+                    check_close(want[r], exact, 1e-5 * mag + 1e-30, "ref dot", "ref", n, r);
+                }
+                for (int t = 0; t < nf; t++) {
+                    memset(got, 0xff, sizeof(got));
+                    if (wtype == KN_TYPE_Q8_0)
+                        fast[t]->dot_q8_0(wq, xq, xs, nr, n, got);
+                    else
+                        fast[t]->dot_q4_0(wq, xq, xs, nr, n, got);
+                    for (int r = 0; r < nr; r++) {
+                        double mag = 0;
+                        for (int i = 0; i < n; i++)
+                            mag += fabs((double)wd[i] * xd[(size_t)r * MAXN + i]);
+                        check_close(got[r], want[r], 1e-5 * mag + 1e-30,
+                                    wtype == KN_TYPE_Q8_0 ? "dot_q8_0" : "dot_q4_0", fast[t]->name, n, r);
+                    }
+                }
+            }
+        }
+    }
+    free(xq);
+    free(wq);
+    free(xd);
+    free(wd);
+    free(x);
+    free(w);
+}
+
+static void test_dot_q8_0(void **state)
+{
+    (void)state;
+    dot_quant_case(KN_TYPE_Q8_0);
+}
+
+static void test_dot_q4_0(void **state)
+{
+    (void)state;
+    dot_quant_case(KN_TYPE_Q4_0);
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    const kn_ops *fast[4];
+    int nf = fast_tables(fast);
+    if (nf == 0)
+        skip();
+    const kn_ops *ref = kn_ops_ref();
+    enum { MAXN = 4095 };
+    float *x = malloc(MAXN * sizeof(float)), *g = malloc(MAXN * sizeof(float));
+    float *a = malloc(MAXN * sizeof(float)), *b = malloc(MAXN * sizeof(float));
+    float *u = malloc(MAXN * sizeof(float));
+    assert_non_null(x);
+    assert_non_null(g);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(u);
+    seed(5);
+    for (int k = 0; k < (int)(sizeof(f_sizes) / sizeof(f_sizes[0])); k++) {
+        int n = f_sizes[k];
+        for (int t = 0; t < nf; t++) {
+            const char *nm = fast[t]->name;
+            /* rmsnorm, out of place and in place */
+            fill(x, n, 3.0f);
+            fill(g, n, 1.5f);
+            ref->rmsnorm(a, x, g, n, 1e-5f);
+            fast[t]->rmsnorm(b, x, g, n, 1e-5f);
+            for (int i = 0; i < n; i++)
+                check_close(b[i], a[i], 1e-5 * fabs(a[i]) + 1e-6, "rmsnorm", nm, n, i);
+            memcpy(b, x, n * sizeof(float));
+            fast[t]->rmsnorm(b, b, g, n, 1e-5f);
+            for (int i = 0; i < n; i++)
+                check_close(b[i], a[i], 1e-5 * fabs(a[i]) + 1e-6, "rmsnorm in place", nm, n, i);
+
+            /* softmax over a wide range, with masked (-inf) entries */
+            fill(x, n, 40.0f);
+            for (int i = 3; i < n; i += 11)
+                x[i] = -INFINITY;
+            x[0] = 10.0f; /* at least one finite entry */
+            memcpy(a, x, n * sizeof(float));
+            memcpy(b, x, n * sizeof(float));
+            ref->softmax(a, n);
+            fast[t]->softmax(b, n);
+            double sum = 0;
+            for (int i = 0; i < n; i++) {
+                check_close(b[i], a[i], 1e-5 * a[i] + 1e-7, "softmax", nm, n, i);
+                sum += b[i];
+            }
+            assert_true(fabs(sum - 1.0) < 1e-4);
+
+            /* silu(gate) * up, including saturating gates */
+            fill(x, n, 12.0f);
+            if (n > 4) {
+                x[1] = -100.0f;
+                x[2] = 100.0f;
+                x[3] = -88.5f;
+                x[4] = 0.0f;
+            }
+            fill(u, n, 2.0f);
+            memcpy(a, x, n * sizeof(float));
+            memcpy(b, x, n * sizeof(float));
+            ref->silu_mul(a, u, n);
+            fast[t]->silu_mul(b, u, n);
+            for (int i = 0; i < n; i++)
+                check_close(b[i], a[i], 2e-6 * fabs(a[i]) + 1e-30, "silu_mul", nm, n, i);
+
+            /* axpy */
+            fill(x, n, 1.0f);
+            fill(a, n, 1.0f);
+            memcpy(b, a, n * sizeof(float));
+            ref->axpy(a, 0.37f, x, n);
+            fast[t]->axpy(b, 0.37f, x, n);
+            for (int i = 0; i < n; i++)
+                check_close(b[i], a[i], 1e-6 * (fabs(a[i]) + 1.0), "axpy", nm, n, i);
+        }
+    }
+    free(u);
+    free(b);
+    free(a);
+    free(g);
+    free(x);
+}
+
+/* ---- context operations ----------------------------------------------------- */
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    const kn_backend fast_backends[] = {KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI};
+    const kn_type types[] = {KN_TYPE_F32, KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
+    const int rows[] = {1, 3, 64, 65};
+    const int n_out = 37, n_in_q = 96, n_in_f = 77;
+    kn_ctx *ref = kn_ctx_new(1, KN_BACKEND_REF);
+    assert_non_null(ref);
+    float *w = malloc((size_t)n_out * n_in_q * sizeof(float));
+    float *x = malloc((size_t)65 * n_in_q * sizeof(float));
+    void *wq = malloc((size_t)n_out * n_in_q * sizeof(float));
+    float *yr = malloc((size_t)65 * n_out * sizeof(float)), *yf = malloc((size_t)65 * n_out * sizeof(float));
+    float *wd = malloc((size_t)n_out * n_in_q * sizeof(float));
+    assert_non_null(w);
+    assert_non_null(x);
+    assert_non_null(wq);
+    assert_non_null(yr);
+    assert_non_null(yf);
+    assert_non_null(wd);
+    seed(6);
+    fill(w, (size_t)n_out * n_in_q, 1.0f);
+    fill(x, (size_t)65 * n_in_q, 1.0f);
+    int ran = 0;
+    for (int bi = 0; bi < 2; bi++) {
+        for (int nt = 1; nt <= 3; nt += 2) {
+            kn_ctx *ctx = kn_ctx_new(nt, fast_backends[bi]);
+            if (ctx == NULL)
+                continue;
+            ran++;
+            assert_int_equal(kn_ctx_threads(ctx), nt);
+            for (int ti = 0; ti < 4; ti++) {
+                kn_type t = types[ti];
+                int n_in = (t == KN_TYPE_F32 || t == KN_TYPE_F16) ? n_in_f : n_in_q;
+                size_t rb = kn_row_bytes(t, n_in);
+                for (int o = 0; o < n_out; o++) {
+                    kn_quantize_row(t, w + (size_t)o * n_in, (char *)wq + o * rb, n_in);
+                    kn_dequantize_row(t, (char *)wq + o * rb, wd + (size_t)o * n_in, n_in);
+                }
+                for (int ri = 0; ri < 4; ri++) {
+                    int nr = rows[ri];
+                    memset(yf, 0xff, (size_t)nr * n_out * sizeof(float));
+                    assert_int_equal(kn_matmul(ref, wq, t, n_out, n_in, x, nr, yr), 0);
+                    assert_int_equal(kn_matmul(ctx, wq, t, n_out, n_in, x, nr, yf), 0);
+                    for (int r = 0; r < nr; r++) {
+                        for (int o = 0; o < n_out; o++) {
+                            double mag = 0;
+                            for (int i = 0; i < n_in; i++)
+                                mag += fabs((double)wd[(size_t)o * n_in + i] * x[(size_t)r * n_in + i]);
+                            check_close(yf[(size_t)r * n_out + o], yr[(size_t)r * n_out + o], 1e-5 * mag,
+                                        kn_type_name(t), kn_ctx_ops(ctx)->name, nr, r * n_out + o);
+                        }
+                    }
+                }
+            }
+            /* bad input changes nothing and says why */
+            assert_int_equal(kn_matmul(ctx, wq, KN_TYPE_Q8_0, n_out, 33, x, 1, yf), -EINVAL);
+            assert_int_equal(kn_matmul(ctx, wq, (kn_type)7, n_out, 32, x, 1, yf), -EINVAL);
+            assert_int_equal(kn_matmul(ctx, wq, KN_TYPE_Q8_0, n_out, 32, x, 0, yf), 0);
+            kn_ctx_free(ctx);
+        }
+    }
+    free(wd);
+    free(yf);
+    free(yr);
+    free(wq);
+    free(x);
+    free(w);
+    kn_ctx_free(ref);
+    if (ran == 0)
+        skip();
+}
+
+/* RoPE as the header defines it, in double. */
+static void rope_naive(float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
+                       float base, bool neox)
+{
+    for (int r = 0; r < n_rows; r++)
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)r * n_heads + h) * head_dim;
+            for (int i = 0; i < rope_dim / 2; i++) {
+                double th = pos[r] * pow(base, -2.0 * i / rope_dim);
+                int a = neox ? i : 2 * i, b = neox ? i + rope_dim / 2 : 2 * i + 1;
+                double x0 = v[a], x1 = v[b];
+                v[a] = (float)(x0 * cos(th) - x1 * sin(th));
+                v[b] = (float)(x0 * sin(th) + x1 * cos(th));
+            }
+        }
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    enum { ROWS = 7, HEADS = 3, HD = 64 };
+    const int dims[] = {64, 32};
+    int32_t pos[ROWS];
+    float *x = malloc(ROWS * HEADS * HD * sizeof(float));
+    float *a = malloc(ROWS * HEADS * HD * sizeof(float)), *b = malloc(ROWS * HEADS * HD * sizeof(float));
+    assert_non_null(x);
+    assert_non_null(a);
+    assert_non_null(b);
+    kn_ctx *ctx = kn_ctx_new(2, KN_BACKEND_AUTO);
+    assert_non_null(ctx);
+    seed(7);
+    for (int neox = 0; neox < 2; neox++) {
+        for (int di = 0; di < 2; di++) {
+            for (int rep = 0; rep < 2; rep++) {
+                /* the same array refilled: the context's angle cache must see it */
+                for (int r = 0; r < ROWS; r++)
+                    pos[r] = (int32_t)(rnd32() % 5000);
+                pos[0] = 0;
+                fill(x, ROWS * HEADS * HD, 1.0f);
+                memcpy(a, x, ROWS * HEADS * HD * sizeof(float));
+                memcpy(b, x, ROWS * HEADS * HD * sizeof(float));
+                kn_rope_ref(a, ROWS, pos, HEADS, HD, dims[di], 10000.0f, neox);
+                kn_rope(ctx, b, ROWS, pos, HEADS, HD, dims[di], 10000.0f, neox);
+                rope_naive(x, ROWS, pos, HEADS, HD, dims[di], 10000.0f, neox);
+                for (int i = 0; i < ROWS * HEADS * HD; i++) {
+                    check_close(b[i], a[i], 1e-6, "rope vs ref", neox ? "neox" : "llama", dims[di], i);
+                    check_close(a[i], x[i], 2e-6, "rope_ref vs naive", neox ? "neox" : "llama", dims[di], i);
+                }
+            }
+        }
+    }
+    /* unrotated tail of a partial rope_dim keeps its exact bits */
+    for (int r = 0; r < ROWS; r++)
+        pos[r] = r * 100 + 3;
+    fill(x, ROWS * HEADS * HD, 1.0f);
+    memcpy(b, x, ROWS * HEADS * HD * sizeof(float));
+    kn_rope(ctx, b, ROWS, pos, HEADS, HD, 32, 10000.0f, true);
+    for (int r = 0; r < ROWS; r++)
+        for (int h = 0; h < HEADS; h++)
+            for (int i = 32; i < HD; i++) {
+                size_t k = ((size_t)r * HEADS + h) * HD + i;
+                assert_true(bits_of(b[k]) == bits_of(x[k]));
+            }
+    kn_ctx_free(ctx);
+    free(b);
+    free(a);
+    free(x);
+}
+
+/* Naive causal GQA attention over the paged cache, in double. */
+static void attention_naive(const kn_attn_seq *s, int n_head, int n_kv_head, int hd, float scale, float *out)
+{
+    const int kv_dim = n_kv_head * hd, group = n_head / n_kv_head;
+    for (int j = 0; j < s->n_q; j++) {
+        const int n_ctx = s->pos0 + j + 1;
+        for (int h = 0; h < n_head; h++) {
+            const float *q = s->q + ((size_t)j * n_head + h) * hd;
+            double *sc = malloc((size_t)n_ctx * sizeof(double)), mx = -INFINITY, sum = 0;
+            assert_non_null(sc);
+            for (int p = 0; p < n_ctx; p++) {
+                const float *k = s->blocks[p / s->block_tokens] + s->k_off +
+                                 (size_t)(p % s->block_tokens) * kv_dim + (size_t)(h / group) * hd;
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)q[i] * k[i];
+                sc[p] = d * scale;
+                mx = sc[p] > mx ? sc[p] : mx;
+            }
+            for (int p = 0; p < n_ctx; p++)
+                sum += (sc[p] = exp(sc[p] - mx));
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int p = 0; p < n_ctx; p++) {
+                    const float *v = s->blocks[p / s->block_tokens] + s->v_off +
+                                     (size_t)(p % s->block_tokens) * kv_dim + (size_t)(h / group) * hd;
+                    o += sc[p] / sum * v[i];
+                }
+                out[((size_t)j * n_head + h) * hd + i] = (float)o;
+            }
+            free(sc);
+        }
+    }
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    enum { NH = 8, NKV = 2, HD = 32, BT = 16, NBLK = 12, NSEQ = 3 };
+    const int kv_dim = NKV * HD;
+    const size_t blk_floats = (size_t)BT * kv_dim * 2; /* K rows then V rows */
+    float *blocks[NBLK];
+    seed(8);
+    for (int i = 0; i < NBLK; i++) {
+        blocks[i] = malloc(blk_floats * sizeof(float));
+        assert_non_null(blocks[i]);
+        fill(blocks[i], blk_floats, 1.0f);
+    }
+    /* block tables in scrambled order; pos0 > 0 and spans crossing blocks */
+    float *table[NSEQ][4] = {
+        {blocks[7], blocks[2], blocks[9], blocks[0]},
+        {blocks[5], blocks[11], blocks[1], blocks[3]},
+        {blocks[4], blocks[8], blocks[6], blocks[10]},
+    };
+    const int n_q[NSEQ] = {1, 5, 20}, pos0[NSEQ] = {40, 13, 0};
+    kn_attn_seq seqs[NSEQ];
+    float *q[NSEQ], *out[NSEQ], *want[NSEQ];
+    for (int s = 0; s < NSEQ; s++) {
+        size_t nf = (size_t)n_q[s] * NH * HD;
+        q[s] = malloc(nf * sizeof(float));
+        out[s] = malloc(nf * sizeof(float));
+        want[s] = malloc(nf * sizeof(float));
+        assert_non_null(q[s]);
+        assert_non_null(out[s]);
+        assert_non_null(want[s]);
+        fill(q[s], nf, 2.0f);
+        seqs[s] = (kn_attn_seq){.q = q[s],
+                                .out = out[s],
+                                .n_q = n_q[s],
+                                .pos0 = pos0[s],
+                                .blocks = table[s],
+                                .k_off = 0,
+                                .v_off = (size_t)BT * kv_dim,
+                                .block_tokens = BT};
+    }
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int s = 0; s < NSEQ; s++)
+        attention_naive(&seqs[s], NH, NKV, HD, scale, want[s]);
+
+    const kn_backend backends[] = {KN_BACKEND_REF, KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI};
+    for (int bi = 0; bi < 3; bi++) {
+        for (int nt = 1; nt <= 3; nt += 2) {
+            kn_ctx *ctx = kn_ctx_new(nt, backends[bi]);
+            if (ctx == NULL)
+                continue;
+            for (int rep = 0; rep < 2; rep++) { /* the second run reuses the scratch */
+                for (int s = 0; s < NSEQ; s++)
+                    memset(out[s], 0xff, (size_t)n_q[s] * NH * HD * sizeof(float));
+                assert_int_equal(kn_attention(ctx, seqs, NSEQ, NH, NKV, HD, scale), 0);
+                for (int s = 0; s < NSEQ; s++)
+                    for (int i = 0; i < n_q[s] * NH * HD; i++)
+                        check_close(out[s][i], want[s][i], 2e-5, "attention", kn_ctx_ops(ctx)->name, s, i);
+            }
+            assert_int_equal(kn_attention(ctx, seqs, NSEQ, 8, 3, HD, scale), -EINVAL);
+            assert_int_equal(kn_attention(ctx, seqs, 0, NH, NKV, HD, scale), 0);
+            kn_ctx_free(ctx);
+        }
+    }
+    for (int s = 0; s < NSEQ; s++) {
+        free(want[s]);
+        free(out[s]);
+        free(q[s]);
+    }
+    for (int i = 0; i < NBLK; i++)
+        free(blocks[i]);
+}
+
+typedef struct visit {
+    atomic_int *count;
+} visit;
+
+static void visit_fn(void *arg, int i)
+{
+    visit *v = arg;
+    atomic_fetch_add(&v->count[i], 1);
+}
+
+static void test_parallel_for(void **state)
+{
+    (void)state;
+    enum { MAXN = 1000 };
+    static atomic_int count[MAXN];
+    const int sizes[] = {0, 1, 2, 7, 64, MAXN};
+    const int threads[] = {1, 2, 4};
+    for (int ti = 0; ti < 3; ti++) {
+        kn_ctx *ctx = kn_ctx_new(threads[ti], KN_BACKEND_REF);
+        assert_non_null(ctx);
+        assert_int_equal(kn_ctx_threads(ctx), threads[ti]);
+        assert_ptr_equal(kn_ctx_ops(ctx), kn_ops_ref());
+        for (int rep = 0; rep < 50; rep++) {
+            int n = sizes[rep % 6];
+            for (int i = 0; i < MAXN; i++)
+                atomic_store(&count[i], 0);
+            visit v = {count};
+            kn_parallel_for(ctx, n, visit_fn, &v);
+            for (int i = 0; i < MAXN; i++)
+                assert_int_equal(atomic_load(&count[i]), i < n ? 1 : 0);
+            if (rep % 10 == 9) /* let the workers fall asleep, then wake them */
+                usleep(3000);
+        }
+        kn_ctx_free(ctx);
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    kn_ctx *ctx = kn_ctx_new(0, KN_BACKEND_AUTO);
+    assert_non_null(ctx);
+    assert_int_equal(kn_ctx_threads(ctx), cpus > 256 ? 256 : cpus);
+    assert_ptr_equal(kn_ctx_ops(ctx), kn_ops_best());
+    kn_ctx_free(ctx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp16_known),
+        cmocka_unit_test(test_fp16_exhaustive),
+        cmocka_unit_test(test_types),
+        cmocka_unit_test(test_quant_known_q8_0),
+        cmocka_unit_test(test_quant_known_q4_0),
+        cmocka_unit_test(test_quant_roundtrip),
+        cmocka_unit_test(test_quantize_q8_0_exact),
+        cmocka_unit_test(test_dot_float),
+        cmocka_unit_test(test_dot_q8_0),
+        cmocka_unit_test(test_dot_q4_0),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_parallel_for),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
