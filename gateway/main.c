@@ -16,6 +16,8 @@ static void usage(FILE *f)
                "                        write a synthetic llama-family GGUF (random weights)\n"
                "  model inspect FILE [--ctx N]\n"
                "                        print a GGUF model's architecture, tensors and memory needs\n"
+               "  serve [--config FILE]  run the gateway of one region (default: a demo model on\n"
+               "                        127.0.0.1:8080, no keys)\n"
                "  worker --model FILE --listen unix:PATH|tcp:HOST:PORT [options]\n"
                "                        serve one model over HTTP/2 (OpenAI API, continuous batching)\n"
                "  generate --model FILE --prompt TEXT [-n N --temp T ...]\n"
@@ -55,6 +57,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "model"))
         return gw_cmd_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve"))
+        return gw_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "worker"))
         return gw_cmd_worker(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate"))

@@ -1,0 +1,112 @@
+/* Gateway configuration: one YAML file (libyaml), validated whole before it
+ * is used, so a bad file never half-applies. Errors name the file, the line
+ * and the key: "gateway.yaml:12: tenants[0].rps: must be a number > 0".
+ *
+ * Schema (every key optional unless marked; units in the names):
+ *
+ *   listen:                     # default: [{address: "127.0.0.1:8080"}]
+ *     - address: "0.0.0.0:8443" # HOST:PORT, [IPv6]:PORT, or unix:/path
+ *       tls: {cert: FILE, key: FILE}   # TLS with ALPN h2 / http/1.1, TLS 1.2 minimum
+ *   workers:                    # default: one CPU worker on the demo model
+ *     - model: FILE             # required
+ *       name: ID                # model id clients ask for; default: file name without .gguf
+ *       devices: [cpu]          # cpu, or GPU / MIG UUIDs (one worker each), or "auto"
+ *       threads: 2
+ *       kv_cache_mb: 256
+ *       max_seqs: 32
+ *       max_batch_tokens: 512
+ *       max_queue: 64
+ *   tenants:                    # none: no auth, and the gateway only listens on loopback
+ *     - name: acme              # required
+ *       keys: [SHA256-HEX, ...] # required; `infergate key new` prints a key and its hash
+ *       models: ["*"]           # allowed model ids
+ *       rps: 10                 # requests per second (0 = unlimited)
+ *       tpm: 100000             # tokens per minute (0 = unlimited)
+ *       admin: false            # may read /metrics-like admin endpoints
+ *   limits:
+ *     max_body_bytes: 1048576
+ *     max_header_bytes: 65536
+ *     max_concurrent_streams: 256
+ *     max_connections: 10000
+ *     header_timeout_ms: 10000
+ *     idle_timeout_ms: 120000
+ *     stream_buffer_bytes: 1048576
+ *   logging:
+ *     access_log: stdout        # stdout, stderr, off, or a file path
+ *   drain_grace_s: 30
+ *   stats_interval_ms: 250      # how often worker stats are read
+ *   runtime_dir: /tmp/infergate-<pid>   # worker sockets
+ */
+#ifndef GW_CONFIG_H
+#define GW_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct gw_listen_cfg {
+    char *address; /* "HOST:PORT" or "unix:/path" */
+    char *tls_cert, *tls_key; /* both or neither */
+} gw_listen_cfg;
+
+typedef struct gw_worker_cfg {
+    char *model; /* path */
+    char *name;  /* model id */
+    char **devices; /* "cpu", a GPU/MIG UUID, or "auto" */
+    int n_devices;
+    int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue;
+} gw_worker_cfg;
+
+typedef struct gw_tenant_cfg {
+    char *name;
+    uint8_t (*key_hashes)[32]; /* SHA-256 of each key */
+    int n_keys;
+    char **models; /* "*" allows all */
+    int n_models;
+    double rps, tpm; /* 0 = unlimited */
+    bool admin;
+} gw_tenant_cfg;
+
+typedef struct gw_limits_cfg {
+    size_t max_body_bytes, max_header_bytes, stream_buffer_bytes;
+    uint32_t max_concurrent_streams;
+    int max_connections, header_timeout_ms, idle_timeout_ms;
+} gw_limits_cfg;
+
+typedef struct gw_config {
+    char *path; /* NULL for the built-in default */
+    gw_listen_cfg *listen;
+    int n_listen;
+    gw_worker_cfg *workers;
+    int n_workers;
+    gw_tenant_cfg *tenants;
+    int n_tenants;
+    gw_limits_cfg limits;
+    char *access_log;
+    int drain_grace_s, stats_interval_ms;
+    char *runtime_dir;
+} gw_config;
+
+/* Parses and validates path. 0, or -EINVAL with err "FILE:LINE: KEY: why",
+ * -errno when the file cannot be read, -ENOMEM. A file without `workers`
+ * gives n_workers == 0: the caller adds the default with
+ * gw_config_default_worker. Without tenants, every listen address must be
+ * loopback or a Unix socket. */
+int gw_config_load(const char *path, gw_config **out, char *err, size_t err_len);
+/* The same from memory (tests, fuzzing); name stands for FILE in errors and
+ * becomes c->path. */
+int gw_config_parse(const char *name, const char *text, size_t len, gw_config **out, char *err,
+                    size_t err_len);
+/* Adds one CPU worker on demo_model (defaults as documented above) when c
+ * has no worker. 0 or -ENOMEM. */
+int gw_config_default_worker(gw_config *c, const char *demo_model);
+/* The built-in default: 127.0.0.1:8080, one CPU worker on demo_model, no
+ * tenants. */
+int gw_config_default(const char *demo_model, gw_config **out);
+void gw_config_free(gw_config *c);
+
+/* SHA-256 of a key, for config files: "infergate key new". Writes 64 hex
+ * characters and a NUL. */
+void gw_key_hash_hex(const char *key, char hex[65]);
+
+#endif

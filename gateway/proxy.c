@@ -1,0 +1,584 @@
+/* The front door's request path: auth and limits, the few body fields
+ * routing needs (model, stream, max_tokens), the least-loaded ready worker,
+ * and the response streamed back chunk by chunk. The body goes to the
+ * worker unchanged. Response data is acknowledged upstream only once the
+ * client side has room for it, so a slow client holds back its upstream
+ * stream instead of filling a buffer here. */
+#define _GNU_SOURCE /* memmem */
+#include "gateway/serve_internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <time.h>
+
+#define USAGE_COPY_MAX 65536 /* bytes of a non-streamed answer kept to read its usage */
+#define MAX_TRIES 2          /* a failure before the first response byte is retried once */
+
+typedef struct preq {
+    gw_serve *g;
+    gw_http_stream *stream; /* NULL once closed */
+    const gw_http_request *req;
+    gw_upstream_req *up;
+    char id[48];
+    char model[128];
+    char tenant[64];
+    int worker, tries, status;
+    bool responded, sse, logged;
+    const char *error_kind; /* upstream failure, for the log */
+    size_t bytes_out, unconsumed;
+    double t_start, t_first, t_last;
+    int events;
+    int completion_tokens; /* from usage, -1 unknown */
+    double charged;
+    char *copy; /* non-streamed body, for usage */
+    size_t copy_len;
+} preq;
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- metrics ---- */
+
+static const double latency_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+static const double token_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+#define NB(a) ((int)(sizeof(a) / sizeof(a[0])))
+
+int gw_proxy_metrics_init(gw_metrics *m)
+{
+    int rc = 0;
+    rc |= gw_metrics_describe(m, "infergate_requests_total", GW_COUNTER,
+                              "Requests by model, tenant, status and target.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_request_duration_seconds", GW_HISTOGRAM,
+                              "Time from request to the end of the response, at the gateway.", latency_buckets,
+                              NB(latency_buckets));
+    rc |= gw_metrics_describe(m, "infergate_ttft_seconds", GW_HISTOGRAM,
+                              "Time to the first response byte of streamed completions, at the gateway.",
+                              latency_buckets, NB(latency_buckets));
+    rc |= gw_metrics_describe(m, "infergate_tpot_seconds", GW_HISTOGRAM,
+                              "Mean time per output token of streamed completions, at the gateway.", token_buckets,
+                              NB(token_buckets));
+    rc |= gw_metrics_describe(m, "infergate_upstream_errors_total", GW_COUNTER, "Upstream failures by kind.", NULL,
+                              0);
+    rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
+                              0);
+    rc |= gw_metrics_describe(m, "infergate_worker_running", GW_GAUGE, "Sequences running in each worker.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_kv_blocks_free", GW_GAUGE, "Free KV cache blocks per worker.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_restarts_total", GW_GAUGE, "Restarts of each worker.", NULL, 0);
+    return rc ? -ENOMEM : 0;
+}
+
+void gw_proxy_metrics_workers(gw_serve *g)
+{
+    gw_metrics *m = g->metrics;
+    gw_metrics_set(m, "infergate_workers_up", "", gw_supervisor_ready_count(g->sup));
+    gw_metrics_clear(m, "infergate_worker_queue_depth");
+    gw_metrics_clear(m, "infergate_worker_running");
+    gw_metrics_clear(m, "infergate_worker_kv_blocks_free");
+    gw_metrics_clear(m, "infergate_worker_restarts_total");
+    for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
+        const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
+        char model[128], device[128], labels[320];
+        gw_metrics_escape(w->model, model, sizeof(model));
+        gw_metrics_escape(w->device, device, sizeof(device));
+        snprintf(labels, sizeof(labels), "worker=\"%d\",model=\"%s\",device=\"%s\"", i, model, device);
+        gw_metrics_set(m, "infergate_worker_queue_depth", labels, w->ready ? w->queued : 0);
+        gw_metrics_set(m, "infergate_worker_running", labels, w->ready ? w->running : 0);
+        gw_metrics_set(m, "infergate_worker_kv_blocks_free", labels, w->ready ? w->kv_blocks_free : 0);
+        gw_metrics_set(m, "infergate_worker_restarts_total", labels, w->restarts);
+    }
+}
+
+/* ---- the end of a request: access log and metrics ---- */
+
+static void json_field_str(FILE *f, const char *k, const char *v)
+{
+    json_t *s = json_string(v ? v : "");
+    char *e = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
+    fprintf(f, ",\"%s\":%s", k, e ? e : "\"\"");
+    free(e);
+    json_decref(s);
+}
+
+static void finish_log(preq *p)
+{
+    if (p->logged)
+        return;
+    p->logged = true;
+    gw_serve *g = p->g;
+    double now = mono_s(), dur = now - p->t_start;
+    double ttft = p->t_first > 0 ? p->t_first - p->t_start : -1;
+    int tokens = p->completion_tokens >= 0 ? p->completion_tokens : (p->sse && p->events > 1 ? p->events - 1 : -1);
+    double tpot = p->sse && p->events > 2 ? (p->t_last - p->t_first) / (p->events - 2) : -1;
+    char target[32] = "-";
+    if (p->worker >= 0)
+        snprintf(target, sizeof(target), "worker-%d", p->worker);
+
+    if (g->access_log) {
+        FILE *f = g->access_log;
+        fprintf(f, "{\"ts\":%ld", (long)time(NULL));
+        json_field_str(f, "request_id", p->id);
+        json_field_str(f, "method", p->req->method);
+        json_field_str(f, "path", p->req->path);
+        json_field_str(f, "protocol", p->req->protocol);
+        json_field_str(f, "tenant", p->tenant);
+        json_field_str(f, "model", p->model);
+        json_field_str(f, "target", target);
+        fprintf(f, ",\"status\":%d,\"bytes\":%zu,\"ttft_ms\":%.3f,\"duration_ms\":%.3f,\"tokens\":%d,\"tries\":%d",
+                p->status, p->bytes_out, ttft >= 0 ? ttft * 1e3 : -1.0, dur * 1e3, tokens, p->tries);
+        if (p->error_kind)
+            json_field_str(f, "upstream_error", p->error_kind);
+        fputs("}\n", f);
+        fflush(f);
+    }
+
+    char model[160], tenant[96], labels[400];
+    gw_metrics_escape(p->model[0] ? p->model : "-", model, sizeof(model));
+    gw_metrics_escape(p->tenant[0] ? p->tenant : "-", tenant, sizeof(tenant));
+    snprintf(labels, sizeof(labels), "model=\"%s\",tenant=\"%s\",status=\"%d\",target=\"%s\"", model, tenant,
+             p->status, target);
+    gw_metrics_add(g->metrics, "infergate_requests_total", labels, 1);
+    if (p->model[0] && p->worker >= 0) {
+        snprintf(labels, sizeof(labels), "model=\"%s\"", model);
+        gw_metrics_observe(g->metrics, "infergate_request_duration_seconds", labels, dur);
+        if (p->sse && ttft >= 0)
+            gw_metrics_observe(g->metrics, "infergate_ttft_seconds", labels, ttft);
+        if (tpot >= 0)
+            gw_metrics_observe(g->metrics, "infergate_tpot_seconds", labels, tpot);
+    }
+    /* Tokens charged on the estimate come back once the real count is known. */
+    if (p->charged > 0 && tokens >= 0 && p->tenant[0]) {
+        gw_tenant *t = gw_tenants_find(g->tenants, p->tenant);
+        if (t && p->charged > tokens)
+            gw_tenant_refund(t, now, p->charged - tokens);
+    }
+}
+
+static void preq_free(preq *p)
+{
+    free(p->copy);
+    free(p);
+}
+
+/* ---- answers made here ---- */
+
+static void respond(preq *p, int status, const char *type, const char *code, const char *param, int retry_after,
+                    const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static void respond(preq *p, int status, const char *type, const char *code, const char *param, int retry_after,
+                    const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    json_t *o = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type", type, "param", param, "code",
+                          code);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    char ra[16];
+    snprintf(ra, sizeof(ra), "%d", retry_after);
+    gw_http_header h[3] = {{"content-type", "application/json"}, {"x-request-id", p->id}, {"retry-after", ra}};
+    p->status = status;
+    if (!body || gw_http_respond(p->stream, status, h, retry_after > 0 ? 3 : 2, body, strlen(body)))
+        gw_http_reset(p->stream);
+    else
+        p->bytes_out += strlen(body);
+    free(body);
+}
+
+static void respond_plain(preq *p, int status, const char *ctype, const char *body, size_t len)
+{
+    gw_http_header h[2] = {{"content-type", ctype}, {"x-request-id", p->id}};
+    p->status = status;
+    p->bytes_out += len;
+    if (gw_http_respond(p->stream, status, h, 2, body, len))
+        gw_http_reset(p->stream);
+}
+
+/* ---- upstream ---- */
+
+static void send_upstream(preq *p);
+
+static void up_response(void *ud, int status, const gw_http_header *hs, size_t n)
+{
+    preq *p = ud;
+    p->responded = true;
+    p->status = status;
+    gw_http_header out[8];
+    size_t k = 0;
+    char worker[16];
+    snprintf(worker, sizeof(worker), "%d", p->worker);
+    for (size_t i = 0; i < n && k < 5; i++) {
+        if (!strcmp(hs[i].name, "content-type") || !strcmp(hs[i].name, "cache-control") ||
+            !strcmp(hs[i].name, "retry-after")) {
+            out[k++] = hs[i];
+            if (!strcmp(hs[i].name, "content-type") && !strncmp(hs[i].value, "text/event-stream", 17))
+                p->sse = true;
+        }
+    }
+    out[k++] = (gw_http_header){"x-request-id", p->id};
+    out[k++] = (gw_http_header){"x-infergate-worker", worker};
+    if (!p->stream)
+        return;
+    if (gw_http_begin(p->stream, status, out, k)) {
+        gw_upstream_cancel(p->up);
+        p->up = NULL;
+        gw_http_reset(p->stream);
+    }
+}
+
+/* Counts SSE events (one per token in a completion stream) and reads the
+ * usage object when one passes by. */
+static void scan_sse(preq *p, const uint8_t *data, size_t len)
+{
+    const char *s = (const char *)data, *end = s + len;
+    for (const char *q = s; (q = memchr(q, 'd', (size_t)(end - q))); q++) {
+        if ((size_t)(end - q) >= 6 && !memcmp(q, "data: ", 6) && (q == s || q[-1] == '\n'))
+            p->events += !((size_t)(end - q) >= 12 && !memcmp(q + 6, "[DONE]", 6));
+    }
+    const char *u = len > 40 ? memmem(s, len, "\"completion_tokens\":", 20) : NULL;
+    if (u)
+        p->completion_tokens = atoi(u + 20);
+}
+
+static void up_data(void *ud, const uint8_t *data, size_t len)
+{
+    preq *p = ud;
+    double now = mono_s();
+    if (!p->t_first)
+        p->t_first = now;
+    p->t_last = now;
+    if (p->sse) {
+        scan_sse(p, data, len);
+    } else if (p->copy_len + len <= USAGE_COPY_MAX) {
+        char *c = realloc(p->copy, p->copy_len + len + 1);
+        if (c) {
+            memcpy(c + p->copy_len, data, len);
+            p->copy = c;
+            p->copy_len += len;
+            c[p->copy_len] = '\0';
+        }
+    }
+    if (!p->stream)
+        return;
+    int rc = gw_http_write(p->stream, data, len);
+    if (rc) {
+        gw_upstream_cancel(p->up);
+        p->up = NULL;
+        gw_http_reset(p->stream);
+        return;
+    }
+    p->bytes_out += len;
+    if (gw_http_pending(p->stream) <= p->g->cfg->limits.stream_buffer_bytes / 2)
+        gw_upstream_consume(p->up, len);
+    else
+        p->unconsumed += len;
+}
+
+static void up_end(void *ud)
+{
+    preq *p = ud;
+    p->up = NULL;
+    if (!p->sse && p->copy) {
+        json_t *o = json_loads(p->copy, 0, NULL);
+        json_t *ct = json_object_get(json_object_get(o, "usage"), "completion_tokens");
+        if (json_is_integer(ct))
+            p->completion_tokens = (int)json_integer_value(ct);
+        json_decref(o);
+    }
+    if (p->stream && gw_http_end(p->stream))
+        gw_http_reset(p->stream);
+}
+
+static void up_error(void *ud, gw_upstream_error e, bool responded)
+{
+    preq *p = ud;
+    gw_serve *g = p->g;
+    p->up = NULL;
+    p->error_kind = gw_upstream_error_name(e);
+    char labels[64];
+    snprintf(labels, sizeof(labels), "kind=\"%s\"", p->error_kind);
+    gw_metrics_add(g->metrics, "infergate_upstream_errors_total", labels, 1);
+    if (!p->stream)
+        return;
+    if (!responded) {
+        if (p->tries < MAX_TRIES) {
+            int other = gw_supervisor_pick(g->sup, p->model, p->worker);
+            if (other >= 0) {
+                p->worker = other;
+                send_upstream(p);
+                return;
+            }
+        }
+        respond(p, 502, "server_error", "upstream_failed", NULL, 1, "the worker failed before answering (%s)",
+                p->error_kind);
+        return;
+    }
+    /* Mid-response: a stream of events ends with an error event clients can
+     * read; anything else can only be cut off. */
+    if (p->sse) {
+        static const char ev[] = "data: {\"error\":{\"message\":\"the worker serving this stream failed\","
+                                 "\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_failed\"}}\n\n";
+        if (!gw_http_write(p->stream, ev, sizeof(ev) - 1) && !gw_http_end(p->stream))
+            return;
+    }
+    gw_http_reset(p->stream);
+}
+
+static const gw_upstream_cbs up_cbs = {up_response, up_data, up_end, up_error};
+
+static void send_upstream(preq *p)
+{
+    gw_serve *g = p->g;
+    const gw_http_request *r = p->req;
+    gw_http_header h[8];
+    size_t n = 0;
+    h[n++] = (gw_http_header){"content-type", "application/json"};
+    h[n++] = (gw_http_header){"x-request-id", p->id};
+    if (p->tenant[0])
+        h[n++] = (gw_http_header){"x-infergate-tenant", p->tenant};
+    const char *v;
+    if ((v = gw_http_header_get(r, "x-infergate-priority")))
+        h[n++] = (gw_http_header){"x-infergate-priority", v};
+    if ((v = gw_http_header_get(r, "x-infergate-deadline-ms")))
+        h[n++] = (gw_http_header){"x-infergate-deadline-ms", v};
+    const gw_worker_info *w = gw_supervisor_worker(g->sup, p->worker);
+    p->tries++;
+    p->up = gw_upstream_send(g->pool, w->target, r->method, r->path, "localhost", h, n, r->body, r->body_len, &up_cbs,
+                             p);
+    if (!p->up)
+        respond(p, 503, "server_error", NULL, NULL, 1, "out of memory");
+}
+
+/* ---- requests ---- */
+
+static void request_id(preq *p, const gw_http_request *r)
+{
+    const char *v = gw_http_header_get(r, "x-request-id");
+    bool ok = v && *v && strlen(v) < sizeof(p->id);
+    for (const char *c = v; ok && *c; c++)
+        ok = isalnum((unsigned char)*c) || strchr("-_.:", *c);
+    if (ok) {
+        snprintf(p->id, sizeof(p->id), "%s", v);
+        return;
+    }
+    uint8_t rnd[12];
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+        memset(rnd, 0, sizeof(rnd));
+    char *o = p->id;
+    o += sprintf(o, "req-");
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        o += sprintf(o, "%02x", rnd[i]);
+}
+
+/* The tenant of the request; NULL after answering 401 when auth is on.
+ * *ok is false when an answer was sent. */
+static gw_tenant *authenticate(preq *p, bool *ok)
+{
+    gw_serve *g = p->g;
+    *ok = true;
+    if (gw_tenants_open(g->tenants))
+        return NULL;
+    const char *a = gw_http_header_get(p->req, "authorization");
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0) {
+        respond(p, 401, "invalid_request_error", "missing_api_key", NULL, 0,
+                "missing API key: send it as 'Authorization: Bearer KEY'");
+        *ok = false;
+        return NULL;
+    }
+    gw_tenant *t = gw_tenants_auth(g->tenants, a + 7);
+    if (!t) {
+        respond(p, 401, "invalid_request_error", "invalid_api_key", NULL, 0, "invalid API key");
+        *ok = false;
+        return NULL;
+    }
+    snprintf(p->tenant, sizeof(p->tenant), "%s", gw_tenant_name(t));
+    return t;
+}
+
+static void handle_models(preq *p, gw_tenant *t)
+{
+    gw_serve *g = p->g;
+    json_t *data = json_array();
+    for (int i = 0; i < g->cfg->n_workers; i++) {
+        const char *id = g->cfg->workers[i].name;
+        bool dup = false;
+        for (int j = 0; j < i; j++)
+            dup |= !strcmp(g->cfg->workers[j].name, id);
+        if (!dup && (!t || gw_tenant_allows_model(t, id)))
+            json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:s}", "id", id, "object", "model", "created", 0,
+                                                  "owned_by", "infergate"));
+    }
+    json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", data);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (body)
+        respond_plain(p, 200, "application/json", body, strlen(body));
+    else
+        gw_http_reset(p->stream);
+    free(body);
+}
+
+static void handle_completion(preq *p, gw_tenant *t)
+{
+    gw_serve *g = p->g;
+    const gw_http_request *r = p->req;
+    json_error_t jerr;
+    json_t *o = json_loadb((const char *)r->body, r->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        respond(p, 400, "invalid_request_error", NULL, NULL, 0, "invalid JSON body: %s", jerr.text);
+        return;
+    }
+    json_t *m = json_object_get(o, "model");
+    json_t *mt = json_object_get(o, "max_completion_tokens");
+    if (!json_is_integer(mt))
+        mt = json_object_get(o, "max_tokens");
+    long long max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    bool chat = strstr(r->path, "/chat/") != NULL;
+    if (!json_is_string(m) || json_string_length(m) == 0 || json_string_length(m) >= sizeof(p->model)) {
+        json_decref(o);
+        respond(p, 400, "invalid_request_error", NULL, "model", 0, "'model' must be a non-empty string");
+        return;
+    }
+    snprintf(p->model, sizeof(p->model), "%s", json_string_value(m));
+    json_decref(o);
+
+    if (t && !gw_tenant_allows_model(t, p->model)) {
+        respond(p, 403, "permission_error", "model_not_allowed", "model", 0, "tenant '%s' may not use model '%s'",
+                p->tenant, p->model);
+        return;
+    }
+    if (!gw_supervisor_serves(g->sup, p->model)) {
+        respond(p, 404, "invalid_request_error", "model_not_found", "model", 0, "the model '%s' does not exist",
+                p->model);
+        return;
+    }
+    if (t) {
+        /* Charge an estimate now (4 bytes a token for the prompt, the asked
+         * maximum for the answer) and refund the difference at the end. */
+        p->charged = (double)r->body_len / 4 + (max_tokens > 0 ? (double)max_tokens : chat ? 256 : 16);
+        int retry;
+        if (gw_tenant_admit(t, mono_s(), p->charged, &retry)) {
+            p->charged = 0;
+            respond(p, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
+                    "tenant '%s' is over its request or token rate; retry in %d s", p->tenant, retry);
+            return;
+        }
+    }
+    p->worker = gw_supervisor_pick(g->sup, p->model, -1);
+    if (p->worker < 0) {
+        respond(p, 503, "server_error", "no_worker_ready", NULL, 1, "no worker for model '%s' is ready", p->model);
+        return;
+    }
+    send_upstream(p);
+}
+
+void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
+{
+    gw_serve *g = ud;
+    preq *p = calloc(1, sizeof(*p));
+    if (!p) {
+        gw_http_reset(s);
+        return;
+    }
+    p->g = g;
+    p->stream = s;
+    p->req = r;
+    p->worker = -1;
+    p->completion_tokens = -1;
+    p->t_start = mono_s();
+    request_id(p, r);
+    gw_http_set_user(s, p);
+
+    size_t plen = strcspn(r->path, "?");
+    bool get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST");
+#define PATH_IS(x) (plen == sizeof(x) - 1 && !strncmp(r->path, x, plen))
+    if (PATH_IS("/healthz") && get) {
+        respond_plain(p, 200, "application/json", "{\"status\":\"ok\"}", 15);
+        return;
+    }
+    if (PATH_IS("/readyz") && get) {
+        int n = gw_supervisor_ready_count(g->sup);
+        char body[96];
+        int len = snprintf(body, sizeof(body), "{\"ready\":%s,\"workers_ready\":%d,\"workers\":%d}",
+                           n > 0 && !g->draining ? "true" : "false", n, gw_supervisor_count(g->sup));
+        respond_plain(p, n > 0 && !g->draining ? 200 : 503, "application/json", body, (size_t)len);
+        return;
+    }
+    bool ok;
+    gw_tenant *t = authenticate(p, &ok);
+    if (!ok)
+        return;
+    if (PATH_IS("/metrics") && get) {
+        if (t && !gw_tenant_admin(t)) {
+            respond(p, 403, "permission_error", "admin_only", NULL, 0, "/metrics needs an admin key");
+            return;
+        }
+        gw_proxy_metrics_workers(g);
+        size_t len;
+        char *body = gw_metrics_render(g->metrics, &len);
+        if (body)
+            respond_plain(p, 200, "text/plain; version=0.0.4", body, len);
+        else
+            gw_http_reset(s);
+        free(body);
+        return;
+    }
+    if (PATH_IS("/v1/models") && get) {
+        handle_models(p, t);
+        return;
+    }
+    if ((PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions")) && post) {
+        handle_completion(p, t);
+        return;
+    }
+    if (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions") || PATH_IS("/v1/models") ||
+        PATH_IS("/metrics"))
+        respond(p, 405, "invalid_request_error", "method_not_allowed", NULL, 0, "%s is not allowed here", r->method);
+    else
+        respond(p, 404, "invalid_request_error", "not_found", NULL, 0, "no route for %s %.*s", r->method, (int)plen,
+                r->path);
+#undef PATH_IS
+}
+
+void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud)
+{
+    preq *p = stream_ud;
+    if (p && p->up && p->unconsumed) {
+        gw_upstream_consume(p->up, p->unconsumed);
+        p->unconsumed = 0;
+    }
+}
+
+void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished)
+{
+    preq *p = stream_ud;
+    if (!p)
+        return;
+    p->stream = NULL;
+    if (p->up) {
+        /* The client went away: the worker stops generating for it. */
+        gw_upstream_cancel(p->up);
+        p->up = NULL;
+        if (!p->status || p->responded)
+            p->error_kind = "client_closed";
+    }
+    if (!finished && !p->status)
+        p->status = 499;
+    finish_log(p);
+    preq_free(p);
+}

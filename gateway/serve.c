@@ -1,0 +1,388 @@
+/* `infergate serve`: the front door of one region. Loads the config (or
+ * the built-in default with a synthetic demo model), starts the workers,
+ * listens, and runs the loop: SIGHUP reloads tenants, keys and limits;
+ * SIGTERM drains (stop accepting, finish in-flight streams up to a grace
+ * period, stop the workers). */
+#include "gateway/cli.h"
+#include "gateway/serve_internal.h"
+
+#include "kernels/kn.h"
+#include "runtime/model_gen.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/event.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- the no-config default: a synthetic demo model in the cache ---- */
+
+static int demo_model_path(char *out, size_t n, char *err, size_t err_len)
+{
+    char dir[PATH_MAX];
+    const char *x = getenv("INFERGATE_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (x && *x)
+        snprintf(dir, sizeof(dir), "%s", x);
+    else if (xdg && *xdg)
+        snprintf(dir, sizeof(dir), "%s/infergate", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof(dir), "%s/.cache/infergate", home);
+    else
+        snprintf(dir, sizeof(dir), "/tmp/infergate-cache");
+    /* mkdir -p of the last two levels is enough for the usual layouts. */
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof(parent), "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = '\0';
+        mkdir(parent, 0755);
+    }
+    if (mkdir(dir, 0755) == -1 && errno != EEXIST) {
+        snprintf(err, err_len, "cannot make the cache directory %s: %s", dir, strerror(errno));
+        return -errno;
+    }
+    snprintf(out, n, "%s/demo.gguf", dir);
+    struct stat st;
+    if (stat(out, &st) == 0)
+        return 0;
+    rt_gen_params p;
+    rt_gen_params_default(&p);
+    p.chat_template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+    fprintf(stderr, "infergate: writing the synthetic demo model to %s (first run)\n", out);
+    return rt_model_gen(&p, out, err, err_len);
+}
+
+/* ---- signals ---- */
+
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    gw_serve *g = arg;
+    size_t open = gw_http_server_active_streams(g->http);
+    if (open == 0 || mono_s() > g->drain_deadline) {
+        if (open)
+            fprintf(stderr, "infergate: grace period over: closing %zu open streams\n", open);
+        event_base_loopexit(g->base, NULL);
+    }
+}
+
+static void on_term(evutil_socket_t sig, short what, void *arg)
+{
+    gw_serve *g = arg;
+    if (g->draining) {
+        fprintf(stderr, "infergate: second signal: stopping now\n");
+        event_base_loopexit(g->base, NULL);
+        return;
+    }
+    g->draining = true;
+    fprintf(stderr, "infergate: signal %d: draining — no new connections, %zu open streams finish within %d s\n",
+            (int)sig, gw_http_server_active_streams(g->http), g->cfg->drain_grace_s);
+    gw_http_server_stop_listening(g->http);
+    g->drain_deadline = mono_s() + g->cfg->drain_grace_s;
+    g->drain_timer = event_new(g->base, -1, EV_PERSIST, on_drain_tick, g);
+    struct timeval tv = {0, 50000};
+    if (!g->drain_timer || event_add(g->drain_timer, &tv))
+        event_base_loopexit(g->base, NULL);
+}
+
+static void http_limits(const gw_config *c, gw_http_limits *l)
+{
+    gw_http_limits_default(l);
+    l->max_body = c->limits.max_body_bytes;
+    l->max_concurrent_streams = c->limits.max_concurrent_streams;
+    l->max_header_list = c->limits.max_header_bytes;
+    l->max_stream_buffer = c->limits.stream_buffer_bytes;
+    l->idle_timeout_ms = c->limits.idle_timeout_ms;
+    l->header_timeout_ms = c->limits.header_timeout_ms;
+    l->max_connections = c->limits.max_connections;
+}
+
+/* Tenants, keys and limits change; listeners and workers stay as started
+ * (say so when they differ). A config that does not load changes nothing. */
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+    gw_serve *g = arg;
+    if (!g->cfg->path) {
+        fprintf(stderr, "infergate: SIGHUP: running on the built-in default, nothing to reload\n");
+        return;
+    }
+    char err[512];
+    gw_config *c;
+    if (gw_config_load(g->cfg->path, &c, err, sizeof(err))) {
+        fprintf(stderr, "infergate: reload failed, keeping the running config: %s\n", err);
+        return;
+    }
+    gw_tenants *t = gw_tenants_new(c, g->tenants);
+    if (!t) {
+        fprintf(stderr, "infergate: reload failed (out of memory), keeping the running config\n");
+        gw_config_free(c);
+        return;
+    }
+    if (gw_tenants_open(t) != gw_tenants_open(g->tenants)) {
+        fprintf(stderr, "infergate: reload refused: turning authentication %s needs a restart (listeners "
+                        "depend on it)\n",
+                gw_tenants_open(t) ? "off" : "on");
+        gw_tenants_free(t);
+        gw_config_free(c);
+        return;
+    }
+    gw_tenants_free(g->tenants);
+    g->tenants = t;
+    gw_http_limits l;
+    http_limits(c, &l);
+    gw_http_server_set_limits(g->http, &l);
+    if (c->n_workers != g->cfg->n_workers || c->n_listen != g->cfg->n_listen)
+        fprintf(stderr, "infergate: reload: listeners and workers are kept as started; restart to change them\n");
+    /* The running config keeps the workers' and listeners' entries the
+     * supervisor points into; only the reloaded parts move over. */
+    g->cfg->limits = c->limits;
+    gw_config_free(g->reloaded);
+    g->reloaded = c;
+    fprintf(stderr, "infergate: reloaded %s: %d tenants, limits updated\n", c->path, c->n_tenants);
+}
+
+/* ---- startup ---- */
+
+static bool is_loopback(const char *addr)
+{
+    if (!strncmp(addr, "unix:", 5))
+        return true;
+    char host[256];
+    snprintf(host, sizeof(host), "%s", addr);
+    char *colon = strrchr(host, ':');
+    if (colon)
+        *colon = '\0';
+    char *h = host;
+    if (*h == '[') {
+        h++;
+        h[strcspn(h, "]")] = '\0';
+    }
+    if (!strcmp(h, "localhost"))
+        return true;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, h, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, h, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
+}
+
+static int start_listeners(gw_serve *g, char *err, size_t err_len)
+{
+    for (int i = 0; i < g->cfg->n_listen; i++) {
+        const gw_listen_cfg *l = &g->cfg->listen[i];
+        char spec[600];
+        if (!strncmp(l->address, "unix:", 5))
+            snprintf(spec, sizeof(spec), "%s", l->address);
+        else
+            snprintf(spec, sizeof(spec), "tcp:%s", l->address);
+        int rc = l->tls_cert ? gw_http_server_listen_tls(g->http, spec, l->tls_cert, l->tls_key, err, err_len)
+                             : gw_http_server_listen(g->http, spec, err, err_len);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void print_ready(gw_serve *g)
+{
+    const gw_listen_cfg *l = &g->cfg->listen[0];
+    const char *scheme = l->tls_cert ? "https" : "http";
+    char url[600];
+    if (!strncmp(l->address, "unix:", 5))
+        snprintf(url, sizeof(url), "--unix-socket %s http://localhost", l->address + 5);
+    else
+        snprintf(url, sizeof(url), "%s://%s", scheme, l->address);
+    fprintf(stderr, "infergate: listening on");
+    for (int i = 0; i < g->cfg->n_listen; i++)
+        fprintf(stderr, " %s%s", g->cfg->listen[i].address, g->cfg->listen[i].tls_cert ? " (TLS)" : "");
+    fprintf(stderr, " — HTTP/1.1 and HTTP/2; %d workers starting\n", gw_supervisor_count(g->sup));
+    if (gw_tenants_open(g->tenants))
+        fprintf(stderr, "infergate: no tenants configured: no API key is needed, so only loopback addresses "
+                        "are served\n");
+    fprintf(stderr,
+            "infergate: try:\n  curl %s/v1/chat/completions -H 'content-type: application/json'%s -d "
+            "'{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}],\"max_tokens\":32}'\n",
+            url, gw_tenants_open(g->tenants) ? "" : " -H 'authorization: Bearer YOUR_KEY'", g->cfg->workers[0].name);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: infergate serve [--config FILE] [--listen HOST:PORT]\n"
+               "Runs the gateway of one region. Without --config: 127.0.0.1:8080, one CPU worker on a\n"
+               "synthetic demo model (random weights), no API keys. See README.md for the config.\n");
+}
+
+static void serve_dispose(gw_serve *g)
+{
+    if (g->http)
+        gw_http_server_free(g->http);
+    if (g->sup)
+        gw_supervisor_free(g->sup);
+    if (g->pool)
+        gw_upstream_pool_free(g->pool);
+    gw_tenants_free(g->tenants);
+    gw_metrics_free(g->metrics);
+    if (g->own_access_log && g->access_log)
+        fclose(g->access_log);
+    struct event *evs[] = {g->sigterm, g->sigint, g->sighup, g->drain_timer};
+    for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+        if (evs[i])
+            event_free(evs[i]);
+    if (g->base)
+        event_base_free(g->base);
+    gw_config_free(g->reloaded);
+    gw_config_free(g->cfg);
+}
+
+int gw_cmd_serve(int argc, char **argv)
+{
+    static const struct option opts[] = {{"config", required_argument, 0, 'c'},
+                                         {"listen", required_argument, 0, 'l'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *config = NULL, *listen = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:l:h", opts, NULL)) != -1) {
+        if (c == 'c' || c == 'l') {
+            *(c == 'c' ? &config : &listen) = optarg;
+            continue;
+        }
+        usage(c == 'h' ? stdout : stderr);
+        return c == 'h' ? 0 : 2;
+    }
+    if (optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    gw_serve g = {0};
+    char err[1024], exe[PATH_MAX];
+    int status = 1;
+    if (config) {
+        if (gw_config_load(config, &g.cfg, err, sizeof(err))) {
+            fprintf(stderr, "infergate: %s\n", err);
+            return 1;
+        }
+    } else {
+        char demo[PATH_MAX];
+        if (demo_model_path(demo, sizeof(demo), err, sizeof(err))) {
+            fprintf(stderr, "infergate: demo model: %s\n", err);
+            return 1;
+        }
+        if (gw_config_default(demo, &g.cfg)) {
+            fprintf(stderr, "infergate: out of memory\n");
+            return 1;
+        }
+        fprintf(stderr,
+                "infergate: no --config: serving the synthetic demo model %s — its weights are RANDOM, so its "
+                "text is gibberish.\n"
+                "infergate: to serve a real model, write a config with `workers: [{model: /path/to/model.gguf}]` "
+                "and run `infergate serve --config FILE` (see README.md).\n",
+                demo);
+    }
+    if (listen && g.cfg->n_listen > 0) {
+        /* --listen replaces the first listener's address (TLS settings stay). */
+        char *a = strdup(listen);
+        if (!a) {
+            fprintf(stderr, "infergate: out of memory\n");
+            goto out;
+        }
+        free(g.cfg->listen[0].address);
+        g.cfg->listen[0].address = a;
+    }
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) {
+        fprintf(stderr, "infergate: cannot find my own binary: %s\n", strerror(errno));
+        goto out;
+    }
+    exe[n] = '\0';
+
+    if (!(g.tenants = gw_tenants_new(g.cfg, NULL)) || !(g.metrics = gw_metrics_new(10000)) ||
+        gw_proxy_metrics_init(g.metrics)) {
+        fprintf(stderr, "infergate: out of memory\n");
+        goto out;
+    }
+    if (gw_tenants_open(g.tenants)) {
+        for (int i = 0; i < g.cfg->n_listen; i++)
+            if (!is_loopback(g.cfg->listen[i].address)) {
+                fprintf(stderr,
+                        "infergate: %s: listen address %s is not loopback, and no tenants (API keys) are "
+                        "configured: refusing to serve it without authentication\n",
+                        g.cfg->path ? g.cfg->path : "default config", g.cfg->listen[i].address);
+                goto out;
+            }
+    }
+    const char *log = g.cfg->access_log ? g.cfg->access_log : "stdout";
+    if (!strcmp(log, "stdout")) {
+        g.access_log = stdout;
+    } else if (!strcmp(log, "stderr")) {
+        g.access_log = stderr;
+    } else if (strcmp(log, "off") != 0) {
+        if (!(g.access_log = fopen(log, "a"))) {
+            fprintf(stderr, "infergate: access log %s: %s\n", log, strerror(errno));
+            goto out;
+        }
+        g.own_access_log = true;
+    }
+
+    g.base = event_base_new();
+    gw_upstream_opts uo;
+    gw_upstream_opts_default(&uo);
+    gw_http_limits lim;
+    http_limits(g.cfg, &lim);
+    gw_http_handler h = {.on_request = gw_proxy_on_request, .on_close = gw_proxy_on_close,
+                         .on_writable = gw_proxy_on_writable};
+    if (!g.base || !(g.pool = gw_upstream_pool_new(g.base, &uo, err, sizeof(err))) ||
+        !(g.http = gw_http_server_new(g.base, &lim, &h, &g))) {
+        fprintf(stderr, "infergate: cannot start: %s\n", g.base && !g.pool ? err : "out of memory");
+        goto out;
+    }
+    if (!(g.sup = gw_supervisor_new(g.base, g.pool, g.cfg, exe, err, sizeof(err)))) {
+        fprintf(stderr, "infergate: %s\n", err);
+        goto out;
+    }
+    g.sigterm = evsignal_new(g.base, SIGTERM, on_term, &g);
+    g.sigint = evsignal_new(g.base, SIGINT, on_term, &g);
+    g.sighup = evsignal_new(g.base, SIGHUP, on_hup, &g);
+    if (!g.sigterm || !g.sigint || !g.sighup || event_add(g.sigterm, NULL) || event_add(g.sigint, NULL) ||
+        event_add(g.sighup, NULL)) {
+        fprintf(stderr, "infergate: cannot set up signals\n");
+        goto out;
+    }
+    if (start_listeners(&g, err, sizeof(err))) {
+        fprintf(stderr, "infergate: listen: %s\n", err);
+        goto out;
+    }
+    if (gw_supervisor_start(g.sup, err, sizeof(err))) {
+        fprintf(stderr, "infergate: %s\n", err);
+        goto out;
+    }
+    print_ready(&g);
+    event_base_dispatch(g.base);
+    /* Drained (or told twice): close what is left, then the workers. */
+    gw_http_server_free(g.http);
+    g.http = NULL;
+    gw_supervisor_stop(g.sup, g.cfg->drain_grace_s);
+    fprintf(stderr, "infergate: stopped\n");
+    status = 0;
+out:
+    serve_dispose(&g);
+    return status;
+}

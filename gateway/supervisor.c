@@ -1,0 +1,483 @@
+/* Worker supervisor (see supervisor.h). Children are reaped from a SIGCHLD
+ * event on the loop; stats are read with GET /internal/stats over the
+ * upstream pool every stats_interval_ms. */
+#include "gateway/supervisor.h"
+
+#include "gateway/config.h"
+#include "gateway/upstream.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 10000
+#define STABLE_S 30.0   /* up this long: the back-off starts over */
+#define STALE_S 3.0     /* no stats this long: not ready */
+#define STATS_MAX 65536 /* bytes of a stats answer we read */
+
+typedef struct sworker {
+    gw_worker_info info;
+    const gw_worker_cfg *cfg;
+    char *device, *sock_path, *target;
+    gw_supervisor *sup;
+    double started_at, last_stats;
+    int backoff_ms;
+    struct event *respawn;
+    gw_upstream_req *stats_req;
+    char *stats_buf;
+    size_t stats_len;
+    int stats_status;
+    int picked; /* requests sent since the last stats */
+} sworker;
+
+struct gw_supervisor {
+    struct event_base *base;
+    gw_upstream_pool *pool;
+    const gw_config *cfg;
+    char *exe, *runtime_dir;
+    bool own_runtime_dir, stopping;
+    sworker *w;
+    int n;
+    struct event *sigchld, *tick;
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void log_line(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "supervisor: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ---- spawning ---- */
+
+static int spawn(sworker *w)
+{
+    gw_supervisor *s = w->sup;
+    const gw_worker_cfg *c = w->cfg;
+    char threads[16], kv[16], seqs[16], batch[16], queue[16], listen[600];
+    snprintf(threads, sizeof(threads), "%d", c->threads);
+    snprintf(kv, sizeof(kv), "%d", c->kv_cache_mb);
+    snprintf(seqs, sizeof(seqs), "%d", c->max_seqs);
+    snprintf(batch, sizeof(batch), "%d", c->max_batch_tokens);
+    snprintf(queue, sizeof(queue), "%d", c->max_queue);
+    snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
+    const char *argv[24];
+    int a = 0;
+    argv[a++] = s->exe;
+    argv[a++] = "worker";
+    argv[a++] = "--model";
+    argv[a++] = c->model;
+    argv[a++] = "--model-name";
+    argv[a++] = c->name;
+    argv[a++] = "--listen";
+    argv[a++] = listen;
+    if (c->threads > 0) {
+        argv[a++] = "--threads";
+        argv[a++] = threads;
+    }
+    argv[a++] = "--kv-cache-mb";
+    argv[a++] = kv;
+    argv[a++] = "--max-seqs";
+    argv[a++] = seqs;
+    argv[a++] = "--max-batch-tokens";
+    argv[a++] = batch;
+    argv[a++] = "--max-queue";
+    argv[a++] = queue;
+    argv[a] = NULL;
+
+    pid_t pid = fork();
+    if (pid == -1)
+        return -errno;
+    if (pid == 0) {
+        /* A worker must not outlive its gateway. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (strcmp(w->device, "cpu") != 0)
+            setenv("CUDA_VISIBLE_DEVICES", w->device, 1);
+        else
+            unsetenv("CUDA_VISIBLE_DEVICES");
+        signal(SIGPIPE, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execv(s->exe, (char *const *)argv);
+        fprintf(stderr, "supervisor: exec %s: %s\n", s->exe, strerror(errno));
+        _exit(127);
+    }
+    w->info.pid = pid;
+    w->info.ready = false;
+    w->started_at = mono_s();
+    w->last_stats = 0;
+    log_line("worker %d (model %s, device %s) started: pid %d, socket %s", w->info.index, c->name, w->device,
+             (int)pid, w->sock_path);
+    return 0;
+}
+
+static void on_respawn(evutil_socket_t fd, short what, void *arg)
+{
+    sworker *w = arg;
+    if (w->sup->stopping || w->info.pid)
+        return;
+    int rc = spawn(w);
+    if (rc) {
+        log_line("worker %d: cannot start: %s; retrying in %d ms", w->info.index, strerror(-rc), w->backoff_ms);
+        struct timeval tv = {w->backoff_ms / 1000, (w->backoff_ms % 1000) * 1000};
+        event_add(w->respawn, &tv);
+    }
+}
+
+static void describe_status(int status, char *buf, size_t n)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, n, "was killed by signal %d (%s)%s", WTERMSIG(status), strsignal(WTERMSIG(status)),
+                 WCOREDUMP(status) ? ", core dumped" : "");
+    else
+        snprintf(buf, n, "ended with wait status %d", status);
+}
+
+static void on_sigchld(evutil_socket_t fd, short what, void *arg)
+{
+    gw_supervisor *s = arg;
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < s->n; i++) {
+            sworker *w = &s->w[i];
+            if (w->info.pid != pid)
+                continue;
+            char why[128];
+            describe_status(status, why, sizeof(why));
+            w->info.pid = 0;
+            w->info.ready = false;
+            if (s->stopping) {
+                log_line("worker %d (pid %d) %s", i, (int)pid, why);
+                break;
+            }
+            double up = mono_s() - w->started_at;
+            w->backoff_ms = up > STABLE_S ? BACKOFF_MIN_MS
+                                          : (w->backoff_ms ? w->backoff_ms * 2 : BACKOFF_MIN_MS);
+            if (w->backoff_ms > BACKOFF_MAX_MS)
+                w->backoff_ms = BACKOFF_MAX_MS;
+            w->info.restarts++;
+            log_line("worker %d (model %s, device %s, pid %d) %s after %.1f s; restarting in %d ms", i,
+                     w->cfg->name, w->device, (int)pid, why, up, w->backoff_ms);
+            struct timeval tv = {w->backoff_ms / 1000, (w->backoff_ms % 1000) * 1000};
+            event_add(w->respawn, &tv);
+            break;
+        }
+    }
+}
+
+/* ---- stats ---- */
+
+static void stats_done(sworker *w)
+{
+    w->stats_req = NULL;
+    json_error_t jerr;
+    json_t *o = w->stats_status == 200 ? json_loadb(w->stats_buf, w->stats_len, 0, &jerr) : NULL;
+    free(w->stats_buf);
+    w->stats_buf = NULL;
+    w->stats_len = 0;
+    if (!o)
+        return;
+    gw_worker_info *i = &w->info;
+    i->queued = (int)json_integer_value(json_object_get(o, "queued"));
+    i->running = (int)json_integer_value(json_object_get(o, "running"));
+    i->max_seqs = (int)json_integer_value(json_object_get(o, "max_seqs"));
+    i->kv_blocks_free = (int)json_integer_value(json_object_get(o, "kv_blocks_free"));
+    i->kv_blocks_total = (int)json_integer_value(json_object_get(o, "kv_blocks_total"));
+    i->ttft_ewma_ms = json_number_value(json_object_get(o, "ttft_ewma_ms"));
+    i->tpot_ewma_ms = json_number_value(json_object_get(o, "tpot_ewma_ms"));
+    i->tokens_per_s = json_number_value(json_object_get(o, "tokens_per_s"));
+    json_decref(o);
+    if (!i->ready)
+        log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,
+                 (int)i->pid);
+    i->ready = i->pid != 0;
+    w->last_stats = mono_s();
+    w->picked = 0;
+}
+
+static void st_response(void *ud, int status, const gw_http_header *h, size_t n)
+{
+    ((sworker *)ud)->stats_status = status;
+}
+
+static void st_data(void *ud, const uint8_t *data, size_t len)
+{
+    sworker *w = ud;
+    gw_upstream_consume(w->stats_req, len);
+    if (w->stats_len + len > STATS_MAX)
+        return;
+    char *p = realloc(w->stats_buf, w->stats_len + len);
+    if (!p)
+        return;
+    memcpy(p + w->stats_len, data, len);
+    w->stats_buf = p;
+    w->stats_len += len;
+}
+
+static void st_end(void *ud)
+{
+    stats_done(ud);
+}
+
+static void st_error(void *ud, gw_upstream_error e, bool responded)
+{
+    sworker *w = ud;
+    w->stats_status = 0;
+    stats_done(w);
+}
+
+static const gw_upstream_cbs stats_cbs = {st_response, st_data, st_end, st_error};
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    gw_supervisor *s = arg;
+    double now = mono_s();
+    for (int i = 0; i < s->n; i++) {
+        sworker *w = &s->w[i];
+        if (w->info.ready && now - w->last_stats > STALE_S) {
+            log_line("worker %d (pid %d) has not answered stats for %.1f s: not ready", i, (int)w->info.pid,
+                     now - w->last_stats);
+            w->info.ready = false;
+        }
+        if (!w->info.pid || w->stats_req)
+            continue;
+        w->stats_status = 0;
+        w->stats_req = gw_upstream_send(s->pool, w->target, "GET", "/internal/stats", "localhost", NULL, 0, NULL, 0,
+                                        &stats_cbs, w);
+    }
+}
+
+/* ---- setup ---- */
+
+static int make_runtime_dir(gw_supervisor *s, char *err, size_t err_len)
+{
+    if (s->cfg->runtime_dir) {
+        s->runtime_dir = strdup(s->cfg->runtime_dir);
+        if (!s->runtime_dir)
+            return -ENOMEM;
+        if (mkdir(s->runtime_dir, 0700) == -1 && errno != EEXIST) {
+            snprintf(err, err_len, "runtime_dir %s: %s", s->runtime_dir, strerror(errno));
+            return -errno;
+        }
+        return 0;
+    }
+    char tmpl[] = "/tmp/infergate-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+        snprintf(err, err_len, "cannot make a runtime directory under /tmp: %s", strerror(errno));
+        return -errno;
+    }
+    s->own_runtime_dir = true;
+    s->runtime_dir = strdup(tmpl);
+    return s->runtime_dir ? 0 : -ENOMEM;
+}
+
+gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool, const gw_config *c,
+                                 const char *exe, char *err, size_t err_len)
+{
+    gw_supervisor *s = calloc(1, sizeof(*s));
+    if (!s)
+        goto nomem;
+    s->base = base;
+    s->pool = pool;
+    s->cfg = c;
+    if (!(s->exe = strdup(exe)))
+        goto nomem;
+    if (make_runtime_dir(s, err, err_len))
+        goto fail;
+    int n = 0;
+    for (int i = 0; i < c->n_workers; i++)
+        n += c->workers[i].n_devices;
+    s->w = calloc((size_t)(n ? n : 1), sizeof(sworker));
+    if (!s->w)
+        goto nomem;
+    for (int i = 0; i < c->n_workers; i++) {
+        for (int d = 0; d < c->workers[i].n_devices; d++) {
+            sworker *w = &s->w[s->n];
+            char path[512];
+            snprintf(path, sizeof(path), "%s/worker-%d.sock", s->runtime_dir, s->n);
+            w->sup = s;
+            w->cfg = &c->workers[i];
+            w->device = strdup(c->workers[i].devices[d]);
+            w->sock_path = strdup(path);
+            size_t tl = strlen(path) + 6;
+            w->target = malloc(tl);
+            w->respawn = evtimer_new(base, on_respawn, w);
+            if (!w->device || !w->sock_path || !w->target || !w->respawn)
+                goto nomem;
+            snprintf(w->target, tl, "unix:%s", path);
+            w->info = (gw_worker_info){.index = s->n, .model = w->cfg->name, .device = w->device,
+                                       .target = w->target, .max_seqs = w->cfg->max_seqs};
+            s->n++;
+        }
+    }
+    s->sigchld = evsignal_new(base, SIGCHLD, on_sigchld, s);
+    s->tick = event_new(base, -1, EV_PERSIST, on_tick, s);
+    if (!s->sigchld || !s->tick || event_add(s->sigchld, NULL))
+        goto nomem;
+    int ms = c->stats_interval_ms > 0 ? c->stats_interval_ms : 250;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (event_add(s->tick, &tv))
+        goto nomem;
+    return s;
+nomem:
+    snprintf(err, err_len, "out of memory");
+fail:
+    gw_supervisor_free(s);
+    return NULL;
+}
+
+int gw_supervisor_start(gw_supervisor *s, char *err, size_t err_len)
+{
+    for (int i = 0; i < s->n; i++) {
+        int rc = spawn(&s->w[i]);
+        if (rc) {
+            snprintf(err, err_len, "cannot start worker %d: %s", i, strerror(-rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void gw_supervisor_stop(gw_supervisor *s, int grace_s)
+{
+    s->stopping = true;
+    for (int i = 0; i < s->n; i++)
+        if (s->w[i].info.pid)
+            kill(s->w[i].info.pid, SIGTERM);
+    double deadline = mono_s() + grace_s;
+    for (;;) {
+        int alive = 0;
+        for (int i = 0; i < s->n; i++) {
+            sworker *w = &s->w[i];
+            if (!w->info.pid)
+                continue;
+            int status;
+            pid_t r = waitpid(w->info.pid, &status, WNOHANG);
+            if (r == w->info.pid || (r == -1 && errno == ECHILD)) {
+                char why[128];
+                describe_status(status, why, sizeof(why));
+                log_line("worker %d (pid %d) %s", i, (int)w->info.pid, r == -1 ? "was already reaped" : why);
+                w->info.pid = 0;
+            } else {
+                alive++;
+            }
+        }
+        if (!alive)
+            break;
+        if (mono_s() > deadline) {
+            for (int i = 0; i < s->n; i++)
+                if (s->w[i].info.pid) {
+                    log_line("worker %d (pid %d) did not stop within %d s: SIGKILL", i, (int)s->w[i].info.pid,
+                             grace_s);
+                    kill(s->w[i].info.pid, SIGKILL);
+                }
+            deadline = mono_s() + 5;
+        }
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+}
+
+void gw_supervisor_free(gw_supervisor *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->n; i++) {
+        sworker *w = &s->w[i];
+        if (w->info.pid)
+            kill(w->info.pid, SIGKILL);
+        if (w->stats_req)
+            gw_upstream_cancel(w->stats_req);
+        if (w->respawn)
+            event_free(w->respawn);
+        if (w->sock_path)
+            unlink(w->sock_path);
+        free(w->stats_buf);
+        free(w->device);
+        free(w->sock_path);
+        free(w->target);
+    }
+    if (s->sigchld)
+        event_free(s->sigchld);
+    if (s->tick)
+        event_free(s->tick);
+    if (s->own_runtime_dir && s->runtime_dir)
+        rmdir(s->runtime_dir);
+    free(s->runtime_dir);
+    free(s->exe);
+    free(s->w);
+    free(s);
+}
+
+int gw_supervisor_count(const gw_supervisor *s)
+{
+    return s->n;
+}
+
+const gw_worker_info *gw_supervisor_worker(const gw_supervisor *s, int i)
+{
+    return &s->w[i].info;
+}
+
+int gw_supervisor_ready_count(const gw_supervisor *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n; i++)
+        n += s->w[i].info.ready;
+    return n;
+}
+
+bool gw_supervisor_serves(const gw_supervisor *s, const char *model)
+{
+    for (int i = 0; i < s->n; i++)
+        if (!strcmp(s->w[i].cfg->name, model))
+            return true;
+    return false;
+}
+
+int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude)
+{
+    int best = -1;
+    double best_load = 0;
+    for (int i = 0; i < s->n; i++) {
+        sworker *w = &s->w[i];
+        if (i == exclude || !w->info.ready || strcmp(w->cfg->name, model))
+            continue;
+        int slots = w->info.max_seqs > 0 ? w->info.max_seqs : 1;
+        /* A waiting request weighs a whole batch: it waits for a slot.
+         * Requests sent since the last stats most likely run at once. */
+        double load = (double)w->info.queued + (double)(w->info.running + w->picked) / slots;
+        if (best < 0 || load < best_load) {
+            best = i;
+            best_load = load;
+        }
+    }
+    if (best >= 0)
+        s->w[best].picked++;
+    return best;
+}

@@ -1,0 +1,51 @@
+/* Worker supervisor: spawns `infergate worker` processes (one per device
+ * entry of each configured model), reads their /internal/stats over the
+ * upstream pool to know which are ready and how loaded, restarts a worker
+ * that dies (with exponential back-off and a log line giving its exit
+ * status), and stops them all on shutdown. */
+#ifndef GW_SUPERVISOR_H
+#define GW_SUPERVISOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct event_base;
+typedef struct gw_upstream_pool gw_upstream_pool;
+typedef struct gw_config gw_config;
+typedef struct gw_supervisor gw_supervisor;
+
+typedef struct gw_worker_info {
+    int index;
+    const char *model;  /* model id */
+    const char *device; /* "cpu" or a GPU / MIG UUID */
+    const char *target; /* "unix:/path" for the upstream pool */
+    pid_t pid;          /* 0 while not running */
+    bool ready;         /* stats answered recently */
+    int restarts;
+    int queued, running, max_seqs, kv_blocks_free, kv_blocks_total;
+    double ttft_ewma_ms, tpot_ewma_ms, tokens_per_s;
+} gw_worker_info;
+
+/* exe: the infergate binary to run as `exe worker ...`. NULL, err filled,
+ * when the runtime directory cannot be made. */
+gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool, const gw_config *c,
+                                 const char *exe, char *err, size_t err_len);
+/* Spawns every worker. 0 or -errno (err filled). */
+int gw_supervisor_start(gw_supervisor *s, char *err, size_t err_len);
+/* SIGTERM to every worker, then SIGKILL to those still alive after
+ * grace_s; blocks (the loop is shutting down). */
+void gw_supervisor_stop(gw_supervisor *s, int grace_s);
+void gw_supervisor_free(gw_supervisor *s);
+
+int gw_supervisor_count(const gw_supervisor *s);
+const gw_worker_info *gw_supervisor_worker(const gw_supervisor *s, int i);
+int gw_supervisor_ready_count(const gw_supervisor *s);
+/* Is some configured worker serving this model id (ready or not)? */
+bool gw_supervisor_serves(const gw_supervisor *s, const char *model);
+/* The least-loaded ready worker serving model, other than `exclude` (-1 for
+ * none): fewest queued, then fewest running relative to max_seqs. -1 when
+ * none is ready. Counts the request as queued on it until the next stats. */
+int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude);
+
+#endif

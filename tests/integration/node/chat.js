@@ -1,0 +1,32 @@
+// The official OpenAI Node SDK against infergate: chat completions, streamed
+// and not. Usage: node chat.js BASE_URL API_KEY MODEL
+// Prints one JSON line: {"text": ..., "streamed": ..., "finish": ...}.
+const OpenAI = require('openai');
+
+async function main() {
+    const [baseURL, apiKey, model] = process.argv.slice(2);
+    const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60000 });
+    const messages = [{ role: 'user', content: 'Say hello.' }];
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0 });
+    const stream = await client.chat.completions.create({
+        model, messages, max_tokens: 12, temperature: 0, stream: true,
+        stream_options: { include_usage: true },
+    });
+    let streamed = '', finish = null, usage = null;
+    for await (const chunk of stream) {
+        if (chunk.usage) usage = chunk.usage;
+        for (const c of chunk.choices) {
+            streamed += c.delta.content || '';
+            if (c.finish_reason) finish = c.finish_reason;
+        }
+    }
+    console.log(JSON.stringify({
+        text: r.choices[0].message.content, finish_plain: r.choices[0].finish_reason,
+        usage_plain: r.usage, streamed, finish, usage,
+    }));
+}
+
+main().catch((e) => {
+    console.log(JSON.stringify({ error: String(e), status: e.status || null }));
+    process.exit(1);
+});

@@ -1,0 +1,255 @@
+"""infergate serve, the front door of one region, with real workers and real
+clients: curl over HTTP/1.1, HTTP/2 cleartext and TLS (ALPN h2), nghttp, and
+the official OpenAI Node SDK. Auth failures, rate limits, a worker killed
+mid-stream, SIGHUP with a broken config, SIGTERM drain, metrics and the
+access log."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import (INFERGATE, Checks, curl, free_port, gen_model, parse_curl, spawn, sse_events, tmpdir,
+                     wait_until)
+
+t = Checks()
+d = tmpdir()
+small = gen_model(os.path.join(d, "small.gguf"), dim=128, layers=2, heads=4, kv_heads=2, ffn=256, vocab=512,
+                  ctx=1024, type="q8_0", seed=3)
+slow = gen_model(os.path.join(d, "slow.gguf"), dim=512, layers=8, heads=8, kv_heads=4, ffn=1024, vocab=512,
+                 ctx=2048, type="q8_0", seed=5)
+
+key_a, key_b, key_admin = "ig-test-key-alpha", "ig-test-key-beta", "ig-test-key-admin"
+
+
+def key_hash(k):
+    out = subprocess.run([INFERGATE, "key", "hash", k], capture_output=True, text=True, check=True).stdout
+    return re.search(r"[0-9a-f]{64}", out).group(0)
+
+
+r = subprocess.run([INFERGATE, "key", "new"], capture_output=True, text=True)
+t.ok(r.returncode == 0 and re.search(r"[0-9a-f]{64}", r.stdout) and "key" in r.stdout, "key new prints a key and hash")
+
+# TLS material for the front door: a self-signed certificate.
+cert, keyf = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days",
+                "1", "-subj", "/CN=localhost", "-keyout", keyf, "-out", cert], check=True, capture_output=True)
+
+port, tls_port = free_port(), free_port()
+access_log = os.path.join(d, "access.log")
+
+
+def config(tenant_a_keys, rps_a=1000):
+    return """
+listen:
+  - address: "127.0.0.1:%d"
+  - address: "127.0.0.1:%d"
+    tls: {cert: "%s", key: "%s"}
+workers:
+  - model: "%s"
+    name: small
+    devices: [cpu, cpu]
+    threads: 1
+    max_seqs: 8
+  - model: "%s"
+    name: slow
+    threads: 1
+    max_seqs: 4
+tenants:
+  - name: alpha
+    keys: [%s]
+    models: ["*"]
+    rps: %s
+  - name: beta
+    keys: ["%s"]
+    models: [small]
+    rps: 2
+  - name: ops
+    keys: ["%s"]
+    admin: true
+logging:
+  access_log: "%s"
+drain_grace_s: 20
+runtime_dir: "%s"
+""" % (port, tls_port, cert, keyf, small, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, key_hash(key_b),
+       key_hash(key_admin), access_log, os.path.join(d, "run"))
+
+
+cfg = os.path.join(d, "gateway.yaml")
+open(cfg, "w").write(config([key_hash(key_a)]))
+log_path = os.path.join(d, "gateway.log")
+g = spawn([INFERGATE, "serve", "--config", cfg], log_path)
+URL = "http://127.0.0.1:%d" % port
+TLS_URL = "https://localhost:%d" % tls_port
+AUTH = "authorization: Bearer " + key_a
+
+
+def ready():
+    s, _, b = curl(URL + "/readyz", http="--http1.1", timeout=2)
+    return s == 200 and json.loads(b)["workers_ready"] == 3
+
+
+try:
+    wait_until(lambda: ready() or g.poll() is not None, 90, "gateway ready with 3 workers")
+except AssertionError:
+    print(open(log_path).read())
+    raise
+t.ok(g.poll() is None, "gateway started with three workers ready")
+
+chat = {"model": "small", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
+comp = {"model": "small", "prompt": "hello world", "max_tokens": 8, "temperature": 0}
+
+# --- the same answer over every protocol ---
+answers = {}
+for name, http, url in [("HTTP/1.1", "--http1.1", URL), ("h2c", "--http2-prior-knowledge", URL),
+                        ("TLS h2", "--http2", TLS_URL), ("TLS HTTP/1.1", "--http1.1", TLS_URL)]:
+    s, h, b = curl(url + "/v1/completions", "-k", "-w", "\n%{http_version}", http=http, data=comp, headers=[AUTH])
+    body, _, ver = b.rpartition(b"\n")
+    answers[name] = json.loads(body)["choices"][0]["text"] if s == 200 else None
+    t.ok(s == 200 and h.get("x-request-id"), "%s: completion 200 with x-request-id" % name)
+    want = {"--http1.1": b"1.1", "--http2-prior-knowledge": b"2", "--http2": b"2"}[http]
+    t.ok(ver.strip() == want, "%s: spoken as HTTP %s" % (name, want.decode()))
+t.ok(len(set(answers.values())) == 1, "every protocol gives the same greedy text")
+
+# HTTP/1.1 streaming: SSE over chunked transfer, keep-alive
+s, h, b = curl(URL + "/v1/chat/completions", http="--http1.1", data=dict(chat, stream=True), headers=[AUTH])
+events, done = sse_events(b)
+t.ok(s == 200 and h.get("transfer-encoding") == "chunked" and done and len(events) >= 2,
+     "HTTP/1.1: streamed chat arrives as SSE over chunked transfer")
+r = subprocess.run(["curl", "-s", "--http1.1", "-o", "/dev/null", "-o", "/dev/null", "-w", "%{num_connects} ",
+                    URL + "/healthz", URL + "/healthz"], capture_output=True, text=True, timeout=20)
+t.ok(r.stdout.split() == ["1", "0"], "HTTP/1.1 keep-alive reuses the connection")
+# chunked request body
+r = subprocess.run(["curl", "-sS", "--http1.1", "-H", "transfer-encoding: chunked", "-H",
+                    "content-type: application/json", "-H", AUTH, "--data-binary", json.dumps(comp),
+                    URL + "/v1/completions"], capture_output=True, timeout=30)
+t.ok(json.loads(r.stdout)["choices"][0]["text"] == answers["HTTP/1.1"], "HTTP/1.1 chunked request body")
+
+# nghttp
+body_file = os.path.join(d, "body.json")
+open(body_file, "w").write(json.dumps(dict(comp, stream=True)))
+r = subprocess.run(["nghttp", "-d", body_file, "-H", "content-type: application/json", "-H", AUTH,
+                    URL + "/v1/completions"], capture_output=True, timeout=30)
+t.ok(r.returncode == 0 and b"data: [DONE]" in r.stdout, "nghttp streams a completion")
+
+# OpenAI Node SDK
+node_dir = os.path.join(os.path.dirname(__file__), "node")
+if shutil.which("node") and os.path.isdir(os.path.join(node_dir, "node_modules", "openai")):
+    r = subprocess.run(["node", os.path.join(node_dir, "chat.js"), URL + "/v1", key_a, "small"],
+                       capture_output=True, text=True, timeout=60)
+    out = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {"error": r.stderr}
+    t.ok(r.returncode == 0 and out.get("text") == out.get("streamed") and out.get("finish") in ("stop", "length")
+         and out.get("usage", {}).get("completion_tokens", 0) > 0,
+         "OpenAI Node SDK: chat completion, streamed and not, agree: %s" % out)
+else:
+    t.ok(False, "OpenAI Node SDK installed (npm ci in tests/integration/node)")
+
+# --- auth ---
+s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=comp)
+t.ok(s == 401 and json.loads(b)["error"]["code"] == "missing_api_key", "no key -> 401")
+s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=comp, headers=["authorization: Bearer nope"])
+t.ok(s == 401 and json.loads(b)["error"]["code"] == "invalid_api_key", "wrong key -> 401")
+s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="slow"),
+               headers=["authorization: Bearer " + key_b])
+t.ok(s == 403 and "error" in json.loads(b), "model outside the tenant's list -> 403")
+s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="nope"), headers=[AUTH])
+t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "unknown model -> 404")
+s, _, b = curl(URL + "/metrics", http="--http1.1", headers=[AUTH])
+t.ok(s == 403, "/metrics with a non-admin key -> 403")
+
+# --- rate limit: tenant beta has rps 2 ---
+codes = []
+for _ in range(6):
+    s, h, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, max_tokens=1),
+                   headers=["authorization: Bearer " + key_b])
+    codes.append((s, h.get("retry-after")))
+t.ok(any(c == 429 and ra for c, ra in codes) and codes[0][0] == 200,
+     "rate limit: a burst past 2 req/s gets 429 with Retry-After (%s)" % [c for c, _ in codes])
+
+# --- a worker killed mid-stream ---
+def stream_proc(model, n):
+    body = {"model": model, "prompt": "hello", "max_tokens": n, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    return subprocess.Popen(["curl", "-sS", "--http2-prior-knowledge", "--max-time", "120", "-H", AUTH, "-H",
+                             "content-type: application/json", "--data-binary", json.dumps(body),
+                             URL + "/v1/completions"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def worker_pids():
+    pids = {}
+    for line in open(log_path):
+        m = re.search(r"worker (\d+) \(model (\w+), device \w+\) started: pid (\d+)", line)
+        if m:
+            pids[int(m.group(1))] = int(m.group(3))
+    return pids
+
+
+victim = stream_proc("slow", 1500)
+bystander = stream_proc("small", 300)
+time.sleep(1.5)
+slow_pid = worker_pids()[2]
+os.kill(slow_pid, 9)
+out, _ = victim.communicate(timeout=60)
+t.ok(b"upstream_failed" in out or victim.returncode != 0,
+     "killed worker: its client gets an error event or a reset, not a hang")
+out, _ = bystander.communicate(timeout=120)
+events, done = sse_events(out)
+t.ok(done and bystander.returncode == 0, "the other worker's stream finished")
+back = wait_until(lambda: worker_pids().get(2) != slow_pid and ready(), 20, "killed worker back")
+t.ok(back, "the killed worker is back and ready within seconds")
+t.ok(re.search(r"worker 2 .*killed by signal 9", open(log_path).read()) is not None,
+     "the supervisor logged the worker's exit status")
+s, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="slow"), headers=[AUTH])
+t.ok(s == 200, "the restarted worker serves")
+
+# --- metrics, health, access log ---
+s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])
+m = b.decode()
+t.ok(s == 200 and 'infergate_requests_total{model="small",tenant="alpha",status="200"' in m
+     and "infergate_ttft_seconds_bucket" in m and "infergate_workers_up 3" in m
+     and "infergate_upstream_errors_total" in m and "infergate_worker_queue_depth" in m, "/metrics has the families")
+s, _, _ = curl(URL + "/healthz", http="--http1.1")
+t.ok(s == 200, "/healthz 200")
+lines = [json.loads(l) for l in open(access_log) if l.strip()]
+t.ok(len(lines) >= 10 and all(k in lines[-1] for k in ("request_id", "tenant", "model", "target", "status", "bytes",
+                                                         "ttft_ms", "duration_ms", "tokens")),
+     "one JSON access-log line per request with the fields")
+s, _, _ = curl(URL + "/healthz", http="--http1.1", headers=["x-request-id: trace-me-123"])
+time.sleep(0.2)
+t.ok(any(l.get("request_id") == "trace-me-123" for l in (json.loads(x) for x in open(access_log) if x.strip())),
+     "x-request-id from the client is logged")
+
+# --- SIGHUP: a broken config keeps the old one; a good one adds a key ---
+open(cfg, "w").write("listen: [\n  bad yaml")
+g.send_signal(1)
+time.sleep(0.5)
+s, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=comp, headers=[AUTH])
+t.ok(s == 200 and g.poll() is None and "reload failed" in open(log_path).read(),
+     "SIGHUP with a broken config: still serving on the old config")
+key_c = "ig-test-key-gamma"
+open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)]))
+g.send_signal(1)
+ok = wait_until(lambda: curl(URL + "/v1/models", http="--http1.1", headers=["authorization: Bearer " + key_c],
+                             timeout=5)[0] == 200, 10, "new key accepted after reload")
+t.ok(ok, "SIGHUP with a good config: the new key works without a restart")
+
+# --- SIGTERM drains ---
+inflight = stream_proc("slow", 200)
+time.sleep(1.0)
+g.send_signal(15)
+time.sleep(0.5)
+s, _, _ = curl(URL + "/healthz", http="--http1.1", timeout=3)
+t.ok(s == 0, "draining: new connections are refused")
+out, _ = inflight.communicate(timeout=120)
+events, done = sse_events(out)
+t.ok(done and len(events) >= 200, "draining: the in-flight stream finished")
+try:
+    rc = g.wait(timeout=60)
+except subprocess.TimeoutExpired:
+    rc = None
+t.ok(rc == 0, "gateway exits 0 after draining and stopping its workers")
+t.ok("stopped" in open(log_path).read(), "gateway logged its stop")
+t.finish()
