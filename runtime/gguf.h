@@ -111,7 +111,9 @@ typedef struct rt_gguf_writer rt_gguf_writer;
 
 rt_gguf_writer *rt_gguf_writer_new(void);
 void rt_gguf_writer_free(rt_gguf_writer *w);
-/* Each add returns 0 or -ENOMEM. */
+/* Each add returns 0, -ENOMEM, or -EINVAL for a bad argument (NULL key, a
+ * non-fixed-size type, nbytes that do not match the shape, a duplicate
+ * tensor name). */
 int rt_gguf_writer_add_u32(rt_gguf_writer *w, const char *key, uint32_t v);
 int rt_gguf_writer_add_i32(rt_gguf_writer *w, const char *key, int32_t v);
 int rt_gguf_writer_add_u64(rt_gguf_writer *w, const char *key, uint64_t v);
