@@ -20,7 +20,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <unistd.h>
 
 /* A config file is written by hand; anything this big is a mistake. */
 #define CFG_MAX_FILE (16u << 20)
@@ -112,8 +111,8 @@ static const char *node_kind(const yaml_node_t *n)
 
 /* A map with the given keys: vals[k] is the value of keys[k], or NULL.
  * Unknown and repeated keys are errors at the key's own line. */
-static int map_take(cfg_parser *p, const yaml_node_t *map, const char *path, const char *const *keys, int n_keys,
-                    yaml_node_t **vals)
+static int map_take(cfg_parser *p, const yaml_node_t *map, const char *path, const char *const *keys,
+                    int n_keys, yaml_node_t **vals)
 {
     if (map->type != YAML_MAPPING_NODE)
         return perr(p, map, path, "must be a map, not %s", node_kind(map));
@@ -372,11 +371,16 @@ static int parse_listen(cfg_parser *p, const yaml_node_t *n, gw_config *c)
         yaml_node_t *it;
         path_idx(ip, "listen", i);
         c->n_listen = i + 1;
-        if ((rc = seq_item(p, n, i, ip, &it)) || (rc = parse_listen_one(p, it, ip, &c->listen[i], !c->n_tenants)))
+        if ((rc = seq_item(p, n, i, ip, &it)) ||
+            (rc = parse_listen_one(p, it, ip, &c->listen[i], !c->n_tenants)))
             return rc;
-        for (int j = 0; j < i; j++)
-            if (!strcmp(c->listen[j].address, c->listen[i].address))
-                return perr(p, it, ip, "address %s is already listen[%d]", c->listen[i].address, j);
+        for (int j = 0; j < i; j++) {
+            if (strcmp(c->listen[j].address, c->listen[i].address))
+                continue;
+            char ap[CFG_PATH_MAX];
+            path_key(ap, ip, "address");
+            return perr(p, it, ap, "%s is already listen[%d]", c->listen[i].address, j);
+        }
     }
     return 0;
 }
@@ -398,7 +402,7 @@ static char *default_model_name(const char *model)
 static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, gw_worker_cfg *w)
 {
     enum { K_MODEL, K_NAME, K_DEVICES, K_THREADS, K_KV, K_SEQS, K_BATCH, K_QUEUE, K_N };
-    static const char *const keys[K_N] = {"model",    "name",        "devices",          "threads",
+    static const char *const keys[K_N] = {"model",       "name",     "devices",          "threads",
                                           "kv_cache_mb", "max_seqs", "max_batch_tokens", "max_queue"};
     /* The same ranges as the worker command's options. */
     static const long long lo[K_N] = {0, 0, 0, 0, 1, 1, 1, 0};
@@ -442,8 +446,11 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
             return -ENOMEM;
         w->n_devices = 1;
     }
-    int *ints[K_N] = {[K_THREADS] = &w->threads, [K_KV] = &w->kv_cache_mb, [K_SEQS] = &w->max_seqs,
-                      [K_BATCH] = &w->max_batch_tokens, [K_QUEUE] = &w->max_queue};
+    int *ints[K_N] = {[K_THREADS] = &w->threads,
+                      [K_KV] = &w->kv_cache_mb,
+                      [K_SEQS] = &w->max_seqs,
+                      [K_BATCH] = &w->max_batch_tokens,
+                      [K_QUEUE] = &w->max_queue};
     for (int k = K_THREADS; k < K_N; k++) {
         long long x;
         if (!v[k])
@@ -505,7 +512,8 @@ static int parse_key_hash(cfg_parser *p, const yaml_node_t *n, const char *path,
     const char *v = (const char *)n->data.scalar.value;
     /* Never echo the value: it may be a secret pasted in the wrong place. */
     if (!strncmp(v, "ig-", 3))
-        return perr(p, n, path, "this is a key, not its hash: put the output of `infergate key hash KEY` here");
+        return perr(p, n, path,
+                    "this is a key, not its hash: put the output of `infergate key hash KEY` here");
     bool ok = n->data.scalar.length == 64;
     for (int i = 0; ok && i < 32; i++) {
         int hi = hexval(v[2 * i]), lo = hexval(v[2 * i + 1]);
@@ -540,7 +548,8 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
     if ((rc = get_str(p, v[K_NAME], kp, &t->name)))
         return rc;
     if (!valid_tenant_name(t->name))
-        return perr(p, v[K_NAME], kp, "must be 1 to %d characters from A-Z a-z 0-9 . _ -", CFG_TENANT_NAME_MAX);
+        return perr(p, v[K_NAME], kp, "must be 1 to %d characters from A-Z a-z 0-9 . _ -",
+                    CFG_TENANT_NAME_MAX);
 
     int len;
     path_key(kp, path, "keys");
@@ -696,8 +705,8 @@ static void limits_defaults(gw_limits_cfg *l)
 static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
 {
     enum { K_BODY, K_HDR, K_STREAMS, K_CONNS, K_HDR_TO, K_IDLE_TO, K_BUF, K_N };
-    static const char *const keys[K_N] = {"max_body_bytes",    "max_header_bytes", "max_concurrent_streams",
-                                          "max_connections",   "header_timeout_ms", "idle_timeout_ms",
+    static const char *const keys[K_N] = {"max_body_bytes",     "max_header_bytes",  "max_concurrent_streams",
+                                          "max_connections",    "header_timeout_ms", "idle_timeout_ms",
                                           "stream_buffer_bytes"};
     static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096};
     static const long long hi[K_N] = {1LL << 34, 1 << 24, INT_MAX, INT_MAX, 86400000, 86400000, 1LL << 30};
@@ -713,13 +722,27 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
         if ((rc = get_int(p, v[k], (path_key(kp, "limits", keys[k]), kp), lo[k], hi[k], &x)))
             return rc;
         switch (k) {
-        case K_BODY: l->max_body_bytes = (size_t)x; break;
-        case K_HDR: l->max_header_bytes = (size_t)x; break;
-        case K_STREAMS: l->max_concurrent_streams = (uint32_t)x; break;
-        case K_CONNS: l->max_connections = (int)x; break;
-        case K_HDR_TO: l->header_timeout_ms = (int)x; break;
-        case K_IDLE_TO: l->idle_timeout_ms = (int)x; break;
-        case K_BUF: l->stream_buffer_bytes = (size_t)x; break;
+        case K_BODY:
+            l->max_body_bytes = (size_t)x;
+            break;
+        case K_HDR:
+            l->max_header_bytes = (size_t)x;
+            break;
+        case K_STREAMS:
+            l->max_concurrent_streams = (uint32_t)x;
+            break;
+        case K_CONNS:
+            l->max_connections = (int)x;
+            break;
+        case K_HDR_TO:
+            l->header_timeout_ms = (int)x;
+            break;
+        case K_IDLE_TO:
+            l->idle_timeout_ms = (int)x;
+            break;
+        case K_BUF:
+            l->stream_buffer_bytes = (size_t)x;
+            break;
         }
     }
     return 0;
@@ -752,7 +775,8 @@ static int parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
         if ((rc = parse_listen(p, v[K_LISTEN], c)))
             return rc;
     } else {
-        if (!(c->listen = calloc(1, sizeof(*c->listen))) || !(c->listen[0].address = strdup("127.0.0.1:8080")))
+        if (!(c->listen = calloc(1, sizeof(*c->listen))) ||
+            !(c->listen[0].address = strdup("127.0.0.1:8080")))
             return -ENOMEM;
         c->n_listen = 1;
     }
@@ -815,7 +839,8 @@ static int syntax_error(cfg_parser *p, const yaml_parser_t *yp)
     return -EINVAL;
 }
 
-int gw_config_parse(const char *name, const char *text, size_t len, gw_config **out, char *err, size_t err_len)
+int gw_config_parse(const char *name, const char *text, size_t len, gw_config **out, char *err,
+                    size_t err_len)
 {
     char dummy[1];
     if (!err || !err_len) {

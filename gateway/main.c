@@ -22,6 +22,8 @@ static void usage(FILE *f)
                "                        serve one model over HTTP/2 (OpenAI API, continuous batching)\n"
                "  generate --model FILE --prompt TEXT [-n N --temp T ...]\n"
                "                        run one prompt offline and print the text and tokens/s\n"
+               "  key new | key hash KEY|-\n"
+               "                        make a tenant API key and its SHA-256 for the config\n"
                "\n"
                "`infergate <command> --help` describes each command.\n");
 }
@@ -63,6 +65,8 @@ int main(int argc, char **argv)
         return gw_cmd_worker(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate"))
         return gw_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "key"))
+        return gw_cmd_key(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

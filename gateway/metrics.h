@@ -17,12 +17,17 @@ gw_metrics *gw_metrics_new(size_t max_series);
 void gw_metrics_free(gw_metrics *m);
 
 /* Declares a family (once, before use). buckets: upper bounds for
- * histograms, ascending (+Inf is implied). Returns 0, -EEXIST, -ENOMEM. */
+ * histograms, ascending (+Inf is implied). Returns 0, -EEXIST, -ENOMEM,
+ * or -EINVAL for a name that is not [a-zA-Z_:][a-zA-Z0-9_:]* or bounds
+ * that are not finite and strictly ascending. Families render in this
+ * order; infergate_metrics_dropped_total is built in and renders last. */
 int gw_metrics_describe(gw_metrics *m, const char *name, gw_metric_type type, const char *help,
                         const double *buckets, int n_buckets);
 
 /* labels is a preformatted label list without braces, e.g.
- * `model="m",status="200"` (build values with gw_metrics_escape), or "". */
+ * `model="m",status="200"` (build values with gw_metrics_escape), or "".
+ * An update to an undeclared family or one of another type is ignored, as
+ * are negative counter increments and NaN observations. */
 void gw_metrics_add(gw_metrics *m, const char *name, const char *labels, double v);     /* counter */
 void gw_metrics_set(gw_metrics *m, const char *name, const char *labels, double v);     /* gauge */
 void gw_metrics_observe(gw_metrics *m, const char *name, const char *labels, double v); /* histogram */

@@ -280,18 +280,20 @@ int gw_cmd_serve(int argc, char **argv)
             fprintf(stderr, "infergate: %s\n", err);
             return 1;
         }
-    } else {
+    }
+    if (!g.cfg || g.cfg->n_workers == 0) {
         char demo[PATH_MAX];
         if (demo_model_path(demo, sizeof(demo), err, sizeof(err))) {
             fprintf(stderr, "infergate: demo model: %s\n", err);
             return 1;
         }
-        if (gw_config_default(demo, &g.cfg)) {
+        if (g.cfg ? gw_config_default_worker(g.cfg, demo) : gw_config_default(demo, &g.cfg)) {
             fprintf(stderr, "infergate: out of memory\n");
+            gw_config_free(g.cfg);
             return 1;
         }
         fprintf(stderr,
-                "infergate: no --config: serving the synthetic demo model %s — its weights are RANDOM, so its "
+                "infergate: no workers configured: serving the synthetic demo model %s — its weights are RANDOM, so its "
                 "text is gibberish.\n"
                 "infergate: to serve a real model, write a config with `workers: [{model: /path/to/model.gguf}]` "
                 "and run `infergate serve --config FILE` (see README.md).\n",

@@ -1,0 +1,447 @@
+/* Tests of the gateway config loader.
+ *
+ * A file with every key set is checked field by field; a file without keys
+ * and gw_config_default give the documented defaults; a table of broken
+ * files (unknown, duplicate and missing keys, wrong types, out-of-range
+ * values, bad addresses and key hashes, YAML syntax, aliases) must each be
+ * -EINVAL with an error naming "FILE:LINE: KEY: why". Files are written to
+ * a temporary directory; gw_key_hash_hex is checked on known vectors. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "gateway/config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define H_K1 "6ab9f1eb8f7d3388f4f9d586f66e99fd54080df2c446f0e58668b09c08a16dd0"
+#define H_K2_UPPER "015F7E6BC5AEAF483724089E9252CC13B50951A6B69412522765CFF4D780306E"
+#define H_K3 "2f5052c9fd15b19a18c584d01363568198613f0c34e84409ef7938709a159ec2"
+
+static char tmpdir[64];
+
+static int setup_dir(void **state)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_config.XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int remove_dir(void **state)
+{
+    char p[128];
+    snprintf(p, sizeof(p), "%s/cfg.yaml", tmpdir);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/bad.yaml", tmpdir);
+    unlink(p);
+    rmdir(tmpdir);
+    return 0;
+}
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[128];
+    snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+    assert_int_equal(fclose(f), 0);
+    return path;
+}
+
+static void hash_bytes(const char *hex, uint8_t out[32])
+{
+    for (int i = 0; i < 32; i++) {
+        unsigned v;
+        assert_int_equal(sscanf(hex + 2 * i, "%2x", &v), 1);
+        out[i] = (uint8_t)v;
+    }
+}
+
+/* ---- a full file ---- */
+
+static const char full_yaml[] = "# every key of the schema\n"
+                                "listen:\n"
+                                "  - address: \"0.0.0.0:8443\"\n"
+                                "    tls: {cert: /etc/ig/cert.pem, key: /etc/ig/key.pem}\n"
+                                "  - address: \"[::1]:8080\"\n"
+                                "  - address: unix:/run/infergate.sock\n"
+                                "workers:\n"
+                                "  - model: /models/llama-7b.Q4_0.gguf\n"
+                                "    name: llama-7b\n"
+                                "    devices: [GPU-aaaa, MIG-bbbb]\n"
+                                "    threads: 2\n"
+                                "    kv_cache_mb: 1024\n"
+                                "    max_seqs: 64\n"
+                                "    max_batch_tokens: 2048\n"
+                                "    max_queue: 128\n"
+                                "  - model: /models/tiny.gguf\n"
+                                "tenants:\n"
+                                "  - name: acme\n"
+                                "    keys: [" H_K1 ", " H_K2_UPPER "]\n"
+                                "    models: [\"*\"]\n"
+                                "    rps: 10\n"
+                                "    tpm: 100000\n"
+                                "    admin: true\n"
+                                "  - name: beta.team-2\n"
+                                "    keys:\n"
+                                "      - " H_K3 "\n"
+                                "    models: [llama-7b, tiny]\n"
+                                "    rps: 0.5\n"
+                                "limits:\n"
+                                "  max_body_bytes: 2097152\n"
+                                "  max_header_bytes: 32768\n"
+                                "  max_concurrent_streams: 100\n"
+                                "  max_connections: 500\n"
+                                "  header_timeout_ms: 5000\n"
+                                "  idle_timeout_ms: 60000\n"
+                                "  stream_buffer_bytes: 65536\n"
+                                "logging:\n"
+                                "  access_log: /var/log/infergate/access.log\n"
+                                "drain_grace_s: 10\n"
+                                "stats_interval_ms: 100\n"
+                                "runtime_dir: /run/infergate\n";
+
+static void test_full(void **state)
+{
+    const char *path = write_file("cfg.yaml", full_yaml);
+    gw_config *c;
+    char err[256] = "";
+    int rc = gw_config_load(path, &c, err, sizeof(err));
+    if (rc)
+        fail_msg("load: %d %s", rc, err);
+    assert_string_equal(c->path, path);
+
+    assert_int_equal(c->n_listen, 3);
+    assert_string_equal(c->listen[0].address, "0.0.0.0:8443");
+    assert_string_equal(c->listen[0].tls_cert, "/etc/ig/cert.pem");
+    assert_string_equal(c->listen[0].tls_key, "/etc/ig/key.pem");
+    assert_string_equal(c->listen[1].address, "[::1]:8080");
+    assert_null(c->listen[1].tls_cert);
+    assert_null(c->listen[1].tls_key);
+    assert_string_equal(c->listen[2].address, "unix:/run/infergate.sock");
+
+    assert_int_equal(c->n_workers, 2);
+    const gw_worker_cfg *w = &c->workers[0];
+    assert_string_equal(w->model, "/models/llama-7b.Q4_0.gguf");
+    assert_string_equal(w->name, "llama-7b");
+    assert_int_equal(w->n_devices, 2);
+    assert_string_equal(w->devices[0], "GPU-aaaa");
+    assert_string_equal(w->devices[1], "MIG-bbbb");
+    assert_int_equal(w->threads, 2);
+    assert_int_equal(w->kv_cache_mb, 1024);
+    assert_int_equal(w->max_seqs, 64);
+    assert_int_equal(w->max_batch_tokens, 2048);
+    assert_int_equal(w->max_queue, 128);
+    w = &c->workers[1];
+    assert_string_equal(w->model, "/models/tiny.gguf");
+    assert_string_equal(w->name, "tiny");
+    assert_int_equal(w->n_devices, 1);
+    assert_string_equal(w->devices[0], "cpu");
+    assert_int_equal(w->threads, 0);
+    assert_int_equal(w->kv_cache_mb, 256);
+    assert_int_equal(w->max_seqs, 32);
+    assert_int_equal(w->max_batch_tokens, 512);
+    assert_int_equal(w->max_queue, 64);
+
+    assert_int_equal(c->n_tenants, 2);
+    const gw_tenant_cfg *t = &c->tenants[0];
+    uint8_t h[32];
+    assert_string_equal(t->name, "acme");
+    assert_int_equal(t->n_keys, 2);
+    hash_bytes(H_K1, h);
+    assert_memory_equal(t->key_hashes[0], h, 32);
+    hash_bytes(H_K2_UPPER, h);
+    assert_memory_equal(t->key_hashes[1], h, 32);
+    assert_int_equal(t->n_models, 1);
+    assert_string_equal(t->models[0], "*");
+    assert_true(t->rps == 10.0);
+    assert_true(t->tpm == 100000.0);
+    assert_true(t->admin);
+    t = &c->tenants[1];
+    assert_string_equal(t->name, "beta.team-2");
+    assert_int_equal(t->n_keys, 1);
+    hash_bytes(H_K3, h);
+    assert_memory_equal(t->key_hashes[0], h, 32);
+    assert_int_equal(t->n_models, 2);
+    assert_string_equal(t->models[0], "llama-7b");
+    assert_string_equal(t->models[1], "tiny");
+    assert_true(t->rps == 0.5);
+    assert_true(t->tpm == 0);
+    assert_false(t->admin);
+
+    assert_int_equal(c->limits.max_body_bytes, 2097152);
+    assert_int_equal(c->limits.max_header_bytes, 32768);
+    assert_int_equal(c->limits.max_concurrent_streams, 100);
+    assert_int_equal(c->limits.max_connections, 500);
+    assert_int_equal(c->limits.header_timeout_ms, 5000);
+    assert_int_equal(c->limits.idle_timeout_ms, 60000);
+    assert_int_equal(c->limits.stream_buffer_bytes, 65536);
+    assert_string_equal(c->access_log, "/var/log/infergate/access.log");
+    assert_int_equal(c->drain_grace_s, 10);
+    assert_int_equal(c->stats_interval_ms, 100);
+    assert_string_equal(c->runtime_dir, "/run/infergate");
+    gw_config_free(c);
+}
+
+/* ---- defaults ---- */
+
+static void check_default_limits(const gw_config *c)
+{
+    assert_int_equal(c->limits.max_body_bytes, 1048576);
+    assert_int_equal(c->limits.max_header_bytes, 65536);
+    assert_int_equal(c->limits.max_concurrent_streams, 256);
+    assert_int_equal(c->limits.max_connections, 10000);
+    assert_int_equal(c->limits.header_timeout_ms, 10000);
+    assert_int_equal(c->limits.idle_timeout_ms, 120000);
+    assert_int_equal(c->limits.stream_buffer_bytes, 1048576);
+    assert_string_equal(c->access_log, "stdout");
+    assert_int_equal(c->drain_grace_s, 30);
+    assert_int_equal(c->stats_interval_ms, 250);
+    assert_null(c->runtime_dir);
+    assert_int_equal(c->n_listen, 1);
+    assert_string_equal(c->listen[0].address, "127.0.0.1:8080");
+    assert_null(c->listen[0].tls_cert);
+    assert_int_equal(c->n_tenants, 0);
+}
+
+static void check_default_worker(const gw_worker_cfg *w, const char *model, const char *name)
+{
+    assert_string_equal(w->model, model);
+    assert_string_equal(w->name, name);
+    assert_int_equal(w->n_devices, 1);
+    assert_string_equal(w->devices[0], "cpu");
+    assert_int_equal(w->threads, 0);
+    assert_int_equal(w->kv_cache_mb, 256);
+    assert_int_equal(w->max_seqs, 32);
+    assert_int_equal(w->max_batch_tokens, 512);
+    assert_int_equal(w->max_queue, 64);
+}
+
+static void test_defaults(void **state)
+{
+    static const char *const empties[] = {"", "# only a comment\n", "---\n", "~\n"};
+    for (size_t i = 0; i < sizeof(empties) / sizeof(*empties); i++) {
+        const char *path = write_file("cfg.yaml", empties[i]);
+        gw_config *c;
+        char err[256] = "";
+        int rc = gw_config_load(path, &c, err, sizeof(err));
+        if (rc)
+            fail_msg("case %zu: %d %s", i, rc, err);
+        check_default_limits(c);
+        assert_int_equal(c->n_workers, 0);
+        assert_int_equal(gw_config_default_worker(c, "/srv/models/demo_model.gguf"), 0);
+        assert_int_equal(c->n_workers, 1);
+        check_default_worker(&c->workers[0], "/srv/models/demo_model.gguf", "demo_model");
+        /* A config with workers keeps them. */
+        assert_int_equal(gw_config_default_worker(c, "/other.gguf"), 0);
+        assert_int_equal(c->n_workers, 1);
+        gw_config_free(c);
+    }
+
+    gw_config *c;
+    assert_int_equal(gw_config_default("models/demo_model.gguf", &c), 0);
+    assert_null(c->path);
+    check_default_limits(c);
+    assert_int_equal(c->n_workers, 1);
+    check_default_worker(&c->workers[0], "models/demo_model.gguf", "demo_model");
+    gw_config_free(c);
+    /* A name without the .gguf suffix is the file name as is. */
+    assert_int_equal(gw_config_default("/m/tiny.bin", &c), 0);
+    assert_string_equal(c->workers[0].name, "tiny.bin");
+    gw_config_free(c);
+
+    /* Tenant defaults: every model, unlimited, not admin. */
+    const char *path = write_file("cfg.yaml", "tenants:\n  - name: a\n    keys: [" H_K1 "]\n");
+    char err[256] = "";
+    assert_int_equal(gw_config_load(path, &c, err, sizeof(err)), 0);
+    assert_int_equal(c->n_tenants, 1);
+    assert_int_equal(c->tenants[0].n_models, 1);
+    assert_string_equal(c->tenants[0].models[0], "*");
+    assert_true(c->tenants[0].rps == 0 && c->tenants[0].tpm == 0);
+    assert_false(c->tenants[0].admin);
+    gw_config_free(c);
+}
+
+/* ---- broken files ---- */
+
+#define TEN_A "tenants:\n  - name: a\n    keys: [" H_K1 "]\n"
+
+static const struct {
+    const char *yaml, *want;
+} broken[] = {
+    {TEN_A "  - name: b\n    keys: [" H_K3 "]\n    rpss: 3\n", "bad.yaml:6: tenants[1].rpss: unknown key"},
+    {"listne:\n  - address: 127.0.0.1:1\n", "bad.yaml:1: listne: unknown key"},
+    {"listen:\n  - address: 127.0.0.1:1\n    tls: {cert: /c, key: /k, ca: /a}\n",
+     "bad.yaml:3: listen[0].tls.ca: unknown key"},
+    {"workers:\n  - name: x\n", "bad.yaml:2: workers[0].model: required"},
+    {"workers:\n  - model: /m.gguf\n  - model: /n.gguf\n    thread: 2\n",
+     "bad.yaml:4: workers[1].thread: unknown key"},
+    {"workers: []\n", "bad.yaml:1: workers: needs at least one worker"},
+    {"workers:\n  - model: /m.gguf\n    threads: 2000\n",
+     "bad.yaml:3: workers[0].threads: must be a whole number from 0 to 1024"},
+    {"workers:\n  - model: /m.gguf\n    max_seqs: 0\n",
+     "bad.yaml:3: workers[0].max_seqs: must be a whole number from 1"},
+    {"workers:\n  - model: [a]\n", "bad.yaml:2: workers[0].model: must be a string, not a list"},
+    {"workers:\n  - model: /m.gguf\n    devices: [cpu, cpu]\n",
+     "bad.yaml:3: workers[0].devices[1]: device cpu is listed twice"},
+    {"workers:\n  - model: /m.gguf\n    devices: [auto, GPU-1]\n",
+     "workers[0].devices[0]: auto stands alone"},
+    {"workers:\n  - model: /m.gguf\n    devices: [\"GPU-1,GPU-2\"]\n",
+     "workers[0].devices[0]: one device per entry"},
+    {"workers:\n  - model: /m.gguf\n    devices: []\n", "bad.yaml:3: workers[0].devices: needs at least one"},
+    {"workers:\n  model: /m.gguf\n", "bad.yaml:2: workers: must be a list, not a map"},
+    {"limits:\n  max_body_bytes: \"10\"\n",
+     "bad.yaml:2: limits.max_body_bytes: must be a whole number, not a quoted string"},
+    {"limits:\n  max_body_bytes: 10k\n",
+     "bad.yaml:2: limits.max_body_bytes: must be a whole number from 1 to"},
+    {"limits:\n  max_concurrent_streams: 1.5\n",
+     "bad.yaml:2: limits.max_concurrent_streams: must be a whole number"},
+    {"limits:\n  max_connections: -5\n", "bad.yaml:2: limits.max_connections: must be a whole number from 1"},
+    {"limits:\n  header_timeout_ms:\n",
+     "bad.yaml:2: limits.header_timeout_ms: must be a whole number, not empty"},
+    {"limits: [1, 2]\n", "bad.yaml:1: limits: must be a map, not a list"},
+    {"listen: {address: 127.0.0.1:80}\n", "bad.yaml:1: listen: must be a list, not a map"},
+    {"listen: []\n", "bad.yaml:1: listen: needs at least one address"},
+    {"listen:\n  - tls: {cert: /c, key: /k}\n", "bad.yaml:2: listen[0].address: required"},
+    {"listen:\n  - address: 127.0.0.1:70000\n", "bad.yaml:2: listen[0].address: port must be a number"},
+    {"listen:\n  - address: \"127.0.0.1:\"\n", "bad.yaml:2: listen[0].address: port must be a number"},
+    {"listen:\n  - address: localhost:80\n", "bad.yaml:2: listen[0].address: HOST must be a numeric IPv4"},
+    {"listen:\n  - address: 127.0.0.1\n", "bad.yaml:2: listen[0].address: want HOST:PORT"},
+    {"listen:\n  - address: \"[::1:80\"\n", "bad.yaml:2: listen[0].address: want HOST:PORT"},
+    {"listen:\n  - address: \"[fe80::zz]:80\"\n", "bad.yaml:2: listen[0].address: not a numeric IPv6"},
+    {"listen:\n  - address: unix:relative.sock\n",
+     "bad.yaml:2: listen[0].address: unix: needs an absolute path"},
+    {"listen:\n  - address: 0.0.0.0:80\n", "bad.yaml:2: listen[0].address: not a loopback address"},
+    {"listen:\n  - address: \"[::]:80\"\n", "bad.yaml:2: listen[0].address: not a loopback address"},
+    {"listen:\n  - address: 127.0.0.1:1\n  - address: 127.0.0.1:1\n",
+     "bad.yaml:3: listen[1].address: 127.0.0.1:1 is already listen[0]"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c.pem}\n",
+     "bad.yaml:3: listen[0].tls: cert and key go together"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls:\n      key: /k.pem\n",
+     "bad.yaml:4: listen[0].tls: cert and key go together"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls:\n", "bad.yaml:3: listen[0].tls: must be a map, not empty"},
+    {"drain_grace_s: 1\ndrain_grace_s: 2\n", "bad.yaml:2: drain_grace_s: duplicate key"},
+    {"drain_grace_s: 1e3\n", "bad.yaml:1: drain_grace_s: must be a whole number"},
+    {"stats_interval_ms: 0\n", "bad.yaml:1: stats_interval_ms: must be a whole number from 10"},
+    {"runtime_dir: run/ig\n", "bad.yaml:1: runtime_dir: must be an absolute path"},
+    {"runtime_dir: "
+     "/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+     "bad.yaml:1: runtime_dir: longer than 80 bytes"},
+    {"logging:\n  access_log: [a]\n", "bad.yaml:2: logging.access_log: must be a string, not a list"},
+    {"logging:\n  acces_log: off\n", "bad.yaml:2: logging.acces_log: unknown key"},
+    {"tenants:\n  - name: a\n    keys: [abc]\n", "bad.yaml:3: tenants[0].keys[0]: must be a SHA-256 hash"},
+    {"tenants:\n  - name: a\n    keys: [" H_K1 "0]\n",
+     "bad.yaml:3: tenants[0].keys[0]: must be a SHA-256 hash"},
+    {"tenants:\n  - name: a\n    keys: [ig-AAAA]\n",
+     "bad.yaml:3: tenants[0].keys[0]: this is a key, not its hash"},
+    {"tenants:\n  - name: a\n    keys: []\n", "bad.yaml:3: tenants[0].keys: needs at least one key hash"},
+    {"tenants:\n  - name: a\n    keys: " H_K1 "\n",
+     "bad.yaml:3: tenants[0].keys: must be a list, not a plain value"},
+    {"tenants:\n  - name: a\n", "bad.yaml:2: tenants[0].keys: required"},
+    {"tenants:\n  - keys: [" H_K1 "]\n", "bad.yaml:2: tenants[0].name: required"},
+    {"tenants:\n  - name: a b\n    keys: [" H_K1 "]\n",
+     "bad.yaml:2: tenants[0].name: must be 1 to 64 characters"},
+    {TEN_A "  - name: a\n    keys: [" H_K3 "]\n",
+     "bad.yaml:4: tenants[1].name: tenant a is already tenants[0]"},
+    {TEN_A "  - name: b\n    keys: [" H_K3 ", " H_K1 "]\n",
+     "bad.yaml:5: tenants[1].keys[1]: the same key hash is already tenants[0].keys[0]"},
+    {TEN_A "    rps: -1\n", "bad.yaml:4: tenants[0].rps: must be a number from 0"},
+    {TEN_A "    rps: .inf\n", "bad.yaml:4: tenants[0].rps: must be a number from 0"},
+    {TEN_A "    tpm: \"100\"\n", "bad.yaml:4: tenants[0].tpm: must be a number, not a quoted string"},
+    {TEN_A "    tpm: 0x10\n", "bad.yaml:4: tenants[0].tpm: must be a number from 0"},
+    {TEN_A "    admin: yes\n", "bad.yaml:4: tenants[0].admin: must be true or false"},
+    {TEN_A "    models: \"*\"\n", "bad.yaml:4: tenants[0].models: must be a list, not a quoted string"},
+    {TEN_A "    models: [[a]]\n", "bad.yaml:4: tenants[0].models[0]: must be a string, not a list"},
+    {"tenants: {name: a}\n", "bad.yaml:1: tenants: must be a list, not a map"},
+    {"tenants:\n  - &t\n    name: a\n    keys: [" H_K1 "]\n  - *t\n",
+     "tenants[1]: YAML aliases (*name) are not supported"},
+    {"listen: &l [*l]\n", "YAML aliases (*name) are not supported"},
+    {"- a\n- b\n", "bad.yaml:1: (top level): must be a map of settings, not a list"},
+    {"just text\n", "bad.yaml:1: (top level): must be a map of settings"},
+    {"[1, 2]: x\n", "bad.yaml:1: (top level): keys must be plain names, not a list"},
+    {"drain_grace_s: 1\n---\ndrain_grace_s: 2\n",
+     "bad.yaml:3: (top level): only one YAML document is allowed"},
+    {"listen:\n  - address: [\n", "bad.yaml:3: YAML syntax error: "},
+    {"a: b: c\n", "bad.yaml:1: YAML syntax error: mapping values are not allowed in this context"},
+    {"listen:\n\t- address: 127.0.0.1:1\n", "bad.yaml:2: YAML syntax error: "},
+    {"drain_grace_s: \"\\x01\"\n", "bad.yaml:1: drain_grace_s: must be a whole number, not a quoted string"},
+    {"logging:\n  access_log: \"a\\tb\"\n",
+     "bad.yaml:2: logging.access_log: control characters are not allowed"},
+};
+
+static void test_broken(void **state)
+{
+    int failed = 0;
+    for (size_t i = 0; i < sizeof(broken) / sizeof(*broken); i++) {
+        const char *path = write_file("bad.yaml", broken[i].yaml);
+        gw_config *c = (gw_config *)1;
+        char err[512] = "";
+        int rc = gw_config_load(path, &c, err, sizeof(err));
+        /* The error starts with the file name as given. */
+        if (rc != -EINVAL || c != NULL || !strstr(err, broken[i].want) || strncmp(err, path, strlen(path))) {
+            print_error("case %zu: rc %d, err \"%s\", want \"%s\"\n", i, rc, err, broken[i].want);
+            failed++;
+        }
+    }
+    assert_int_equal(failed, 0);
+}
+
+static void test_file_errors(void **state)
+{
+    gw_config *c = (gw_config *)1;
+    char err[256] = "", path[128];
+    snprintf(path, sizeof(path), "%s/missing.yaml", tmpdir);
+    assert_int_equal(gw_config_load(path, &c, err, sizeof(err)), -ENOENT);
+    assert_null(c);
+    assert_non_null(strstr(err, "missing.yaml: No such file"));
+    assert_int_equal(gw_config_load(tmpdir, &c, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "not a regular file"));
+    /* A NULL err is allowed. */
+    assert_int_equal(gw_config_load(path, &c, NULL, 0), -ENOENT);
+}
+
+static void test_parse_mem(void **state)
+{
+    gw_config *c;
+    char err[256];
+    /* Not NUL-terminated: only len bytes are read. */
+    static const char text[] = "drain_grace_s: 7\nstats_interval_ms: 1x";
+    assert_int_equal(gw_config_parse("mem.yaml", text, 16, &c, err, sizeof(err)), 0);
+    assert_int_equal(c->drain_grace_s, 7);
+    assert_string_equal(c->path, "mem.yaml");
+    gw_config_free(c);
+    assert_int_equal(gw_config_parse("mem.yaml", text, sizeof(text) - 1, &c, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "mem.yaml:2: stats_interval_ms: must be a whole number"));
+    /* A short err buffer is truncated, not overrun. */
+    char small[8];
+    assert_int_equal(gw_config_parse("mem.yaml", text, sizeof(text) - 1, &c, small, sizeof(small)), -EINVAL);
+    assert_int_equal(strlen(small), 7);
+    gw_config_free(NULL);
+}
+
+static void test_key_hash(void **state)
+{
+    char hex[65];
+    gw_key_hash_hex("abc", hex);
+    assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    gw_key_hash_hex("", hex);
+    assert_string_equal(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    gw_key_hash_hex("k1", hex);
+    assert_string_equal(hex, H_K1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full),        cmocka_unit_test(test_defaults),  cmocka_unit_test(test_broken),
+        cmocka_unit_test(test_file_errors), cmocka_unit_test(test_parse_mem), cmocka_unit_test(test_key_hash),
+    };
+    return cmocka_run_group_tests(tests, setup_dir, remove_dir);
+}
