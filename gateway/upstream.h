@@ -65,11 +65,16 @@ typedef struct gw_upstream_cbs {
 /* NULL on failure (err filled: e.g. a bad CA or certificate file). */
 gw_upstream_pool *gw_upstream_pool_new(struct event_base *base, const gw_upstream_opts *o, char *err,
                                        size_t err_len);
-/* Resets every stream (no callbacks) and closes every connection. */
+/* Resets every stream (no callbacks) and closes every connection. Not
+ * from inside a callback of the pool. */
 void gw_upstream_pool_free(gw_upstream_pool *p);
 
 /* Sends a request to target: "unix:/path" (h2c), "tcp:HOST:PORT" (h2c) or
  * "tls:HOST:PORT" (h2 over TLS, ALPN h2, SNI and verification against HOST).
+ * HOST is a numeric IPv4 address, [IPv6] or localhost: names are not
+ * resolved, which would block the loop. A connection counts as made once
+ * the peer's SETTINGS arrive: a failure before (within connect_timeout_ms)
+ * is GW_UP_CONNECT or GW_UP_TIMEOUT. The process must ignore SIGPIPE.
  * headers are regular headers (lower-case names, no pseudo-headers, no
  * connection-specific ones); authority fills :authority. The body is copied.
  * Returns NULL when the request cannot even be queued (out of memory, bad

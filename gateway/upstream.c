@@ -1,0 +1,591 @@
+/* Upstream HTTP/2 client pool: targets, requests and the public calls.
+ * gw_upstream_send only copies the request and queues it; the pool's kick
+ * event (a loop callback) gives it to a connection with a free stream slot
+ * or opens one, so that no outcome, not even an immediate connect failure,
+ * reaches the caller from inside gw_upstream_send. Connections themselves
+ * live in gateway/upstream_conn.c; see gateway/upstream_internal.h for who
+ * owns what and which calls may happen where. */
+#include "gateway/upstream_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+const char *gw_upstream_error_name(gw_upstream_error e)
+{
+    switch (e) {
+    case GW_UP_CONNECT:
+        return "connect";
+    case GW_UP_RESET:
+        return "reset";
+    case GW_UP_PROTOCOL:
+        return "protocol";
+    case GW_UP_TIMEOUT:
+        return "timeout";
+    case GW_UP_NOMEM:
+        return "nomem";
+    }
+    return "unknown";
+}
+
+void gw_upstream_opts_default(gw_upstream_opts *o)
+{
+    *o = (gw_upstream_opts){
+        .connect_timeout_ms = 3000,
+        .response_timeout_ms = 0,
+        .stream_window = 256 << 10,
+        .max_streams_per_conn = 128,
+        .idle_close_ms = 60000,
+    };
+}
+
+uint64_t up_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- TLS context ---- */
+
+static void ssl_err(char *err, size_t err_len, const char *what, const char *file)
+{
+    char reason[200] = "";
+    unsigned long e = ERR_get_error();
+    if (e)
+        ERR_error_string_n(e, reason, sizeof(reason));
+    ERR_clear_error();
+    snprintf(err, err_len, "%s %s: %s", what, file, reason[0] ? reason : "unusable");
+}
+
+/* One client context for every "tls:" target: TLS 1.2 or later, the peer
+ * verified against the CA file (else the system store), ALPN h2, and the
+ * client certificate when mutual TLS is configured. The files are read now
+ * so that a bad one is a configuration error, not a failed request. */
+static SSL_CTX *ssl_ctx_new(const gw_upstream_opts *o, char *err, size_t err_len)
+{
+    static const unsigned char alpn[] = {2, 'h', '2'};
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        snprintf(err, err_len, "out of memory for the TLS context");
+        return NULL;
+    }
+    if (!SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) ||
+        SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn))) {
+        snprintf(err, err_len, "cannot configure the TLS context");
+        goto fail;
+    }
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    if (o->tls_ca_file) {
+        if (SSL_CTX_load_verify_locations(ctx, o->tls_ca_file, NULL) != 1) {
+            ssl_err(err, err_len, "tls_ca_file", o->tls_ca_file);
+            goto fail;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+        ssl_err(err, err_len, "system CA store", "(default paths)");
+        goto fail;
+    }
+    if (!o->tls_cert_file != !o->tls_key_file) {
+        snprintf(err, err_len, "tls_cert_file and tls_key_file go together");
+        goto fail;
+    }
+    if (o->tls_cert_file) {
+        if (SSL_CTX_use_certificate_chain_file(ctx, o->tls_cert_file) != 1) {
+            ssl_err(err, err_len, "tls_cert_file", o->tls_cert_file);
+            goto fail;
+        }
+        if (SSL_CTX_use_PrivateKey_file(ctx, o->tls_key_file, SSL_FILETYPE_PEM) != 1) {
+            ssl_err(err, err_len, "tls_key_file", o->tls_key_file);
+            goto fail;
+        }
+        if (SSL_CTX_check_private_key(ctx) != 1) {
+            ssl_err(err, err_len, "tls_key_file does not match", o->tls_cert_file);
+            goto fail;
+        }
+    }
+    return ctx;
+fail:
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+/* ---- pool ---- */
+
+static void on_kick(evutil_socket_t fd, short what, void *arg);
+
+gw_upstream_pool *gw_upstream_pool_new(struct event_base *base, const gw_upstream_opts *o, char *err,
+                                       size_t err_len)
+{
+    gw_upstream_opts d;
+    gw_upstream_opts_default(&d);
+    if (o) { /* zero means "the default", as in gw_http_limits */
+        if (o->connect_timeout_ms > 0)
+            d.connect_timeout_ms = o->connect_timeout_ms;
+        if (o->response_timeout_ms > 0)
+            d.response_timeout_ms = o->response_timeout_ms;
+        if (o->stream_window)
+            d.stream_window = o->stream_window;
+        if (o->max_streams_per_conn > 0)
+            d.max_streams_per_conn = o->max_streams_per_conn;
+        if (o->idle_close_ms > 0)
+            d.idle_close_ms = o->idle_close_ms;
+        d.tls_ca_file = o->tls_ca_file;
+        d.tls_cert_file = o->tls_cert_file;
+        d.tls_key_file = o->tls_key_file;
+    }
+    if (!base) {
+        snprintf(err, err_len, "no event base");
+        return NULL;
+    }
+    if (d.stream_window > NGHTTP2_MAX_WINDOW_SIZE) {
+        snprintf(err, err_len, "stream_window %u is larger than %u", d.stream_window,
+                 (unsigned)NGHTTP2_MAX_WINDOW_SIZE);
+        return NULL;
+    }
+    gw_upstream_pool *p = calloc(1, sizeof(*p));
+    if (!p) {
+        snprintf(err, err_len, "out of memory");
+        return NULL;
+    }
+    p->base = base;
+    p->opts = d;
+    uint64_t w = (uint64_t)d.stream_window * (uint64_t)d.max_streams_per_conn;
+    if (w < GW_UP_CONN_WINDOW_MIN)
+        w = GW_UP_CONN_WINDOW_MIN;
+    p->conn_window = w > NGHTTP2_MAX_WINDOW_SIZE ? NGHTTP2_MAX_WINDOW_SIZE : (uint32_t)w;
+    if (!(p->ssl_ctx = ssl_ctx_new(&d, err, err_len)))
+        goto fail;
+    p->opts.tls_ca_file = p->opts.tls_cert_file = p->opts.tls_key_file = NULL;
+    if (!(p->kick_ev = event_new(base, -1, 0, on_kick, p)) || up_conn_callbacks_init(p)) {
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
+    return p;
+fail:
+    gw_upstream_pool_free(p);
+    return NULL;
+}
+
+static void req_free(gw_upstream_req *r)
+{
+    if (r->timeout_ev)
+        event_free(r->timeout_ev);
+    free(r->hbuf);
+    free(r);
+}
+
+static void reap(gw_upstream_pool *p)
+{
+    gw_upstream_req *r;
+    while ((r = p->graveyard)) {
+        p->graveyard = r->next;
+        req_free(r);
+    }
+}
+
+void gw_upstream_pool_free(gw_upstream_pool *p)
+{
+    if (!p)
+        return;
+    up_target *t;
+    while ((t = p->targets)) {
+        p->targets = t->next;
+        while (t->conns) {
+            up_conn *c = t->conns;
+            gw_upstream_req *r;
+            while ((r = c->reqs)) {
+                c->reqs = r->next;
+                req_free(r);
+            }
+            c->n_reqs = 0;
+            up_conn_free(c);
+        }
+        free(t->name);
+        free(t->authority);
+        free(t);
+    }
+    gw_upstream_req *r;
+    while ((r = p->pending)) {
+        p->pending = r->next;
+        req_free(r);
+    }
+    reap(p);
+    if (p->kick_ev)
+        event_free(p->kick_ev);
+    if (p->ssl_ctx)
+        SSL_CTX_free(p->ssl_ctx);
+    if (p->ngopt)
+        nghttp2_option_del(p->ngopt);
+    if (p->cbs)
+        nghttp2_session_callbacks_del(p->cbs);
+    free(p);
+}
+
+void up_pool_kick(gw_upstream_pool *p)
+{
+    event_active(p->kick_ev, EV_TIMEOUT, 0);
+}
+
+void up_req_retire(gw_upstream_req *r)
+{
+    gw_upstream_pool *p = r->pool;
+    r->state = UP_RS_DONE;
+    r->conn = NULL;
+    r->prev = NULL;
+    r->next = p->graveyard;
+    p->graveyard = r;
+    if (r->timeout_ev)
+        event_del(r->timeout_ev);
+    up_pool_kick(p);
+}
+
+/* ---- targets ---- */
+
+/* "HOST:PORT" with HOST a numeric IPv4 address, [IPv6] or localhost.
+ * Names are not resolved: that would block the loop, and targets come from
+ * the configuration, where an address is as easy to write. */
+static int parse_host_port(up_target *t, const char *s)
+{
+    char host[INET6_ADDRSTRLEN + 1];
+    const char *port_s;
+    bool v6 = s[0] == '[';
+    if (v6) {
+        const char *end = strchr(s, ']');
+        if (!end || end[1] != ':' || (size_t)(end - s - 1) >= sizeof(host))
+            return -EINVAL;
+        memcpy(host, s + 1, (size_t)(end - s - 1));
+        host[end - s - 1] = '\0';
+        port_s = end + 2;
+    } else {
+        const char *colon = strrchr(s, ':');
+        if (!colon || colon == s || (size_t)(colon - s) >= sizeof(host))
+            return -EINVAL;
+        memcpy(host, s, (size_t)(colon - s));
+        host[colon - s] = '\0';
+        port_s = colon + 1;
+    }
+    char *endp;
+    long port = strtol(port_s, &endp, 10);
+    if (*port_s < '0' || *port_s > '9' || *endp || port < 1 || port > 65535)
+        return -EINVAL;
+    memset(&t->addr, 0, sizeof(t->addr));
+    if (v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&t->addr;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+            return -EINVAL;
+        t->addr_len = sizeof(*a);
+        t->host_is_ip = true;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)&t->addr;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((uint16_t)port);
+        if (!strcmp(host, "localhost")) {
+            a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        } else if (inet_pton(AF_INET, host, &a->sin_addr) == 1) {
+            t->host_is_ip = true;
+        } else {
+            return -EINVAL;
+        }
+        t->addr_len = sizeof(*a);
+    }
+    snprintf(t->host, sizeof(t->host), "%s", host);
+    return (t->authority = strdup(s)) ? 0 : -ENOMEM;
+}
+
+static int parse_target(up_target *t, const char *name)
+{
+    if (!strncmp(name, "unix:", 5)) {
+        struct sockaddr_un *a = (struct sockaddr_un *)&t->addr;
+        const char *path = name + 5;
+        if (!*path || strlen(path) >= sizeof(a->sun_path))
+            return -EINVAL;
+        memset(a, 0, sizeof(*a));
+        a->sun_family = AF_UNIX;
+        memcpy(a->sun_path, path, strlen(path) + 1);
+        t->addr_len = sizeof(*a);
+        t->kind = UP_UNIX;
+        snprintf(t->host, sizeof(t->host), "localhost");
+        return (t->authority = strdup("localhost")) ? 0 : -ENOMEM;
+    }
+    if (!strncmp(name, "tcp:", 4)) {
+        t->kind = UP_TCP;
+        return parse_host_port(t, name + 4);
+    }
+    if (!strncmp(name, "tls:", 4)) {
+        t->kind = UP_TLS;
+        return parse_host_port(t, name + 4);
+    }
+    return -EINVAL;
+}
+
+static up_target *target_find(gw_upstream_pool *p, const char *name)
+{
+    for (up_target *t = p->targets; t; t = t->next)
+        if (!strcmp(t->name, name))
+            return t;
+    return NULL;
+}
+
+up_target *up_target_get(gw_upstream_pool *p, const char *name)
+{
+    if (!name)
+        return NULL;
+    up_target *t = target_find(p, name);
+    if (t)
+        return t;
+    if (!(t = calloc(1, sizeof(*t))))
+        return NULL;
+    t->pool = p;
+    if (parse_target(t, name) || !(t->name = strdup(name))) {
+        free(t->authority);
+        free(t);
+        return NULL;
+    }
+    t->next = p->targets;
+    p->targets = t;
+    return t;
+}
+
+/* A connection of t with a free stream slot, else a new one, else (at the
+ * bound on connections) the least loaded. NULL on out of memory. */
+static up_conn *target_pick(up_target *t)
+{
+    up_conn *least = NULL;
+    for (up_conn *c = t->conns; c; c = c->next) {
+        if (!up_conn_usable(c))
+            continue;
+        if (c->n_reqs < up_conn_limit(c))
+            return c;
+        if (!least || c->n_reqs < least->n_reqs)
+            least = c;
+    }
+    if (least && t->n_conns >= GW_UP_MAX_CONNS_PER_TARGET)
+        return least;
+    return up_conn_new(t, -1);
+}
+
+void up_target_rtt_sample(up_target *t, double us)
+{
+    if (t->n_rtt == 0)
+        t->rtt_ewma_us = us;
+    else
+        t->rtt_ewma_us += (us - t->rtt_ewma_us) / 8;
+    t->rtt_us[t->rtt_pos] = us;
+    t->rtt_pos = (t->rtt_pos + 1) % GW_UP_RTT_SAMPLES;
+    if (t->n_rtt < GW_UP_RTT_SAMPLES)
+        t->n_rtt++;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int gw_upstream_rtt(gw_upstream_pool *p, const char *target, double *ewma_us, double *p95_us)
+{
+    up_target *t = target ? target_find(p, target) : NULL;
+    if (!t || t->n_rtt == 0)
+        return -ENOENT;
+    double s[GW_UP_RTT_SAMPLES];
+    memcpy(s, t->rtt_us, t->n_rtt * sizeof(s[0]));
+    qsort(s, t->n_rtt, sizeof(s[0]), cmp_double);
+    size_t k = (size_t)ceil(0.95 * t->n_rtt);
+    if (ewma_us)
+        *ewma_us = t->rtt_ewma_us;
+    if (p95_us)
+        *p95_us = s[k ? k - 1 : 0];
+    return 0;
+}
+
+void gw_upstream_set_ping_interval(gw_upstream_pool *p, int ping_interval_ms)
+{
+    p->ping_interval_ms = ping_interval_ms > 0 ? ping_interval_ms : 0;
+    for (up_target *t = p->targets; t; t = t->next)
+        for (up_conn *c = t->conns; c; c = c->next)
+            up_conn_ping_rearm(c);
+}
+
+int gw_upstream_connect(gw_upstream_pool *p, const char *target)
+{
+    up_target *t = up_target_get(p, target);
+    if (!t)
+        return -EINVAL;
+    for (up_conn *c = t->conns; c; c = c->next)
+        if (up_conn_usable(c))
+            return 0;
+    return up_conn_new(t, -1) ? 0 : -ENOMEM;
+}
+
+int gw_upstream_adopt(gw_upstream_pool *p, const char *target, int fd)
+{
+    up_target *t = up_target_get(p, target);
+    if (!t || t->kind == UP_TLS) {
+        close(fd);
+        return -EINVAL;
+    }
+    return up_conn_new(t, fd) ? 0 : -ENOMEM;
+}
+
+size_t gw_upstream_conn_count(gw_upstream_pool *p, const char *target)
+{
+    up_target *t = target_find(p, target);
+    return t ? t->n_conns : 0;
+}
+
+/* ---- requests ---- */
+
+static void on_response_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    gw_upstream_req *r = arg;
+    if (r->state == UP_RS_DONE || r->responded)
+        return;
+    up_req_unlink(r, NGHTTP2_CANCEL);
+    up_req_retire(r);
+    if (r->cbs.on_error)
+        r->cbs.on_error(r->ud, GW_UP_TIMEOUT, false);
+}
+
+static void on_kick(evutil_socket_t fd, short what, void *arg)
+{
+    gw_upstream_pool *p = arg;
+    reap(p);
+    gw_upstream_req *r;
+    /* Callbacks below may queue more requests: they are taken in this loop. */
+    while ((r = p->pending)) {
+        up_req_unlink(r, -1);
+        up_conn *c;
+        int rc = -ENOMEM;
+        for (int tries = 0; tries < 4; tries++) {
+            if (!(c = target_pick(r->target))) {
+                rc = -ENOMEM;
+                break;
+            }
+            if ((rc = up_conn_submit(c, r)) != -EAGAIN)
+                break;
+        }
+        if (rc) {
+            up_req_retire(r);
+            if (r->cbs.on_error)
+                r->cbs.on_error(r->ud, rc == -ENOMEM ? GW_UP_NOMEM : GW_UP_CONNECT, false);
+        }
+    }
+}
+
+static size_t str_size(const char *s)
+{
+    return s ? strlen(s) + 1 : 1;
+}
+
+/* Copies a string into the request's allocation; returns the next free byte. */
+static char *put(char *dst, const char *s, size_t *len)
+{
+    *len = s ? strlen(s) : 0;
+    if (*len)
+        memcpy(dst, s, *len);
+    dst[*len] = '\0';
+    return dst + *len + 1;
+}
+
+gw_upstream_req *gw_upstream_send(gw_upstream_pool *p, const char *target, const char *method,
+                                  const char *path, const char *authority, const gw_http_header *headers,
+                                  size_t n_headers, const void *body, size_t body_len,
+                                  const gw_upstream_cbs *cbs, void *ud)
+{
+    if (!p || !method || !path || !cbs || (n_headers && !headers) || (body_len && !body))
+        return NULL;
+    up_target *t = up_target_get(p, target);
+    if (!t)
+        return NULL;
+    if (!authority)
+        authority = t->authority;
+    const char *scheme = t->kind == UP_TLS ? "https" : "http";
+    size_t n_nv = n_headers + 4;
+    if (n_headers > (SIZE_MAX - sizeof(gw_upstream_req)) / (2 * sizeof(nghttp2_nv)))
+        return NULL;
+    size_t size = sizeof(gw_upstream_req) + n_nv * sizeof(nghttp2_nv);
+    size_t strs = str_size(method) + str_size(scheme) + str_size(authority) + str_size(path);
+    for (size_t i = 0; i < n_headers; i++) {
+        if (!headers[i].name || !headers[i].value)
+            return NULL;
+        strs += str_size(headers[i].name) + str_size(headers[i].value);
+    }
+    if (strs > SIZE_MAX - size || body_len > SIZE_MAX - size - strs)
+        return NULL;
+    gw_upstream_req *r = calloc(1, size + strs + body_len);
+    if (!r)
+        return NULL;
+    r->pool = p;
+    r->target = t;
+    r->cbs = *cbs;
+    r->ud = ud;
+    r->nv = (nghttp2_nv *)(r + 1);
+    r->n_nv = n_nv;
+    char *s = (char *)(r->nv + n_nv);
+    const char *names[4] = {":method", ":scheme", ":authority", ":path"};
+    const char *values[4] = {method, scheme, authority, path};
+    for (size_t i = 0; i < n_nv; i++) {
+        const char *name = i < 4 ? names[i] : headers[i - 4].name;
+        const char *value = i < 4 ? values[i] : headers[i - 4].value;
+        nghttp2_nv *nv = &r->nv[i];
+        nv->flags = NGHTTP2_NV_FLAG_NONE;
+        if (i < 4) {
+            nv->name = (uint8_t *)name; /* string literal */
+            nv->namelen = strlen(name);
+        } else {
+            nv->name = (uint8_t *)s;
+            s = put(s, name, &nv->namelen);
+        }
+        nv->value = (uint8_t *)s;
+        s = put(s, value, &nv->valuelen);
+    }
+    if (body_len)
+        memcpy(s, body, body_len);
+    r->body = (const uint8_t *)s;
+    r->body_len = body_len;
+    if (p->opts.response_timeout_ms > 0) {
+        int ms = p->opts.response_timeout_ms;
+        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        if (!(r->timeout_ev = evtimer_new(p->base, on_response_timeout, r)) ||
+            event_add(r->timeout_ev, &tv)) {
+            req_free(r);
+            return NULL;
+        }
+    }
+    r->state = UP_RS_PENDING;
+    r->prev = p->pending_tail;
+    if (p->pending_tail)
+        p->pending_tail->next = r;
+    else
+        p->pending = r;
+    p->pending_tail = r;
+    up_pool_kick(p);
+    return r;
+}
+
+void gw_upstream_consume(gw_upstream_req *r, size_t n)
+{
+    if (r && r->state == UP_RS_OPEN && n)
+        up_conn_consume(r, n);
+}
+
+void gw_upstream_cancel(gw_upstream_req *r)
+{
+    if (!r || r->state == UP_RS_DONE)
+        return;
+    up_req_unlink(r, NGHTTP2_CANCEL);
+    up_req_retire(r);
+}
