@@ -58,17 +58,18 @@ static int perr(cfg_parser *p, const yaml_node_t *n, const char *path, const cha
     return -EINVAL;
 }
 
+/* Key paths are for messages: a deep path is cut short, never overrun. */
 static void path_key(char *out, const char *parent, const char *key)
 {
-    if (*parent)
-        snprintf(out, CFG_PATH_MAX, "%s.%.64s", parent, key);
-    else
-        snprintf(out, CFG_PATH_MAX, "%.64s", key);
+    int n = *parent ? snprintf(out, CFG_PATH_MAX, "%s.%.64s", parent, key) : snprintf(out, CFG_PATH_MAX, "%.64s", key);
+    if (n >= CFG_PATH_MAX)
+        out[CFG_PATH_MAX - 1] = '\0';
 }
 
 static void path_idx(char *out, const char *parent, int i)
 {
-    snprintf(out, CFG_PATH_MAX, "%s[%d]", parent, i);
+    if (snprintf(out, CFG_PATH_MAX, "%s[%d]", parent, i) >= CFG_PATH_MAX)
+        out[CFG_PATH_MAX - 1] = '\0';
 }
 
 /* ---- node access ---- */
@@ -437,7 +438,9 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
                 return perr(p, v[K_DEVICES], dp, "one device per entry, without commas or spaces");
             if (!strcmp(d, "auto") && w->n_devices > 1)
                 return perr(p, v[K_DEVICES], dp, "auto stands alone: it means every GPU found");
-            for (int j = 0; j < i; j++)
+            /* A GPU serves one worker; the CPU may run several (each with
+             * its own threads), e.g. to survive one crashing. */
+            for (int j = 0; j < i && strcmp(d, "cpu"); j++)
                 if (!strcmp(w->devices[j], d))
                     return perr(p, v[K_DEVICES], dp, "device %s is listed twice", d);
         }
