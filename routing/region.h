@@ -1,0 +1,91 @@
+/* Region records and the routing table as one gateway sees it.
+ *
+ * A record is what a region publishes about itself (through Redis, or set
+ * locally for this gateway's own region): endpoint, models, residency tags,
+ * prices, capacity and load. To it each gateway adds what only it can know:
+ * its RTT to that region (latency is a property of the pair), the region's
+ * failure history (ejection), and how fresh the record is. */
+#ifndef ROUTE_REGION_H
+#define ROUTE_REGION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ROUTE_MAX_MODELS 16
+#define ROUTE_MAX_TAGS 8
+#define ROUTE_NAME_MAX 64
+
+typedef struct route_record {
+    char name[ROUTE_NAME_MAX];
+    char endpoint[128];            /* upstream target of the region's gateway: "tls:10.0.0.5:8443" */
+    char models[ROUTE_MAX_MODELS][ROUTE_NAME_MAX];
+    int n_models;
+    char tags[ROUTE_MAX_TAGS][32]; /* residency tags: "eu", "us", "gdpr" */
+    int n_tags;
+    double price_in, price_out;    /* per million input / output tokens */
+    char gpu[64];
+    int capacity, running, queued; /* sequences */
+    double ttft_ms, tpot_ms;       /* the region's own estimates */
+    bool healthy;
+    int64_t updated_ms;            /* epoch ms, set by the publisher */
+} route_record;
+
+/* Serialises a record as the field/value pairs of a Redis hash (and back).
+ * Fields: endpoint models tags price_in price_out gpu capacity running
+ * queued ttft_ms tpot_ms healthy updated_ms; lists are comma-separated. */
+typedef struct route_field {
+    const char *name;
+    char value[1100];
+} route_field;
+#define ROUTE_N_FIELDS 13
+void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELDS]);
+/* Fills r (name set by the caller) from n pairs; unknown fields are
+ * ignored. -EINVAL with err when a known field does not parse. */
+int route_record_from_fields(route_record *r, const char *const *names, const char *const *values, const size_t *lens,
+                             int n, char *err, size_t err_len);
+
+typedef struct route_region {
+    route_record rec;
+    bool local;            /* this gateway's own region */
+    int64_t seen_ms;       /* when this gateway last received the record (epoch ms) */
+    /* RTT from here, from HTTP/2 PINGs (local region: 0). */
+    double rtt_ewma_ms, rtt_p95_ms;
+    bool rtt_known;
+    /* Outlier ejection: consecutive failures eject for a back-off that
+     * doubles each time; after it one probe request decides. */
+    int consecutive_failures;
+    int ejections;
+    int64_t ejected_until_ms;
+    bool probing;
+} route_region;
+
+typedef struct route_table route_table;
+
+typedef struct route_table_opts {
+    int64_t stale_after_ms;  /* a record older than this leaves the candidates (e.g. 3 heartbeats) */
+    int eject_after;         /* consecutive failures that eject (e.g. 3) */
+    int64_t eject_base_ms;   /* first ejection length; doubles, capped at eject_max_ms */
+    int64_t eject_max_ms;
+} route_table_opts;
+
+route_table *route_table_new(const route_table_opts *o, int max_regions);
+void route_table_free(route_table *t);
+int route_table_count(const route_table *t);
+route_region *route_table_at(route_table *t, int i);
+route_region *route_table_find(route_table *t, const char *name);
+/* Inserts or replaces a record (keeping RTT and ejection state). -ENOSPC
+ * past max_regions. */
+int route_table_upsert(route_table *t, const route_record *r, bool local, int64_t now_ms);
+void route_table_remove(route_table *t, const char *name);
+void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, double p95_ms);
+
+/* Outcome of a request sent to a region: failures count towards ejection,
+ * a success clears them (and ends a probe). */
+void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_ms);
+/* Usable now? false while ejected (except for the one probe, which the
+ * caller takes with route_region_take_probe). */
+bool route_region_fresh(const route_table *t, const route_region *r, int64_t now_ms);
+bool route_region_ejected(const route_region *r, int64_t now_ms);
+
+#endif

@@ -1,0 +1,78 @@
+/* Region state shared through Redis (hiredis async on the gateway's
+ * libevent loop; any server speaking the protocol: Redis, Valkey).
+ *
+ * Keys (cluster = key prefix):
+ *   infergate:<cluster>:region:<name>   hash of the record (route_record_to_fields),
+ *                                       TTL = heartbeat * ttl_heartbeats
+ *   infergate:<cluster>:price:<name>    hash {input, output}: a price set at run time
+ *                                       (`infergate region set-price`); it overrides
+ *                                       the record's price for every reader, and
+ *                                       the owner publishes it as its own
+ *   infergate:<cluster>:events          pub/sub: the name of a region that changed
+ *
+ * Every heartbeat this gateway writes its record (HSET + PEXPIRE in one
+ * MULTI) and reads its price override; on a change it also PUBLISHes. It
+ * SUBSCRIBEs to the events channel (a second connection) and re-reads a
+ * region when told, and reads every region in full (SCAN + HGETALL) every
+ * full_read_ms. hiredis 0.14 has no command timeouts: each command carries
+ * a deadline timer of ours, and a connection whose command misses it is
+ * dropped and re-made with back-off. While Redis is away the table keeps
+ * the last records (they go stale on their own clock), and on reconnect the
+ * record is published and everything read again. */
+#ifndef ROUTE_SYNC_H
+#define ROUTE_SYNC_H
+
+#include "routing/region.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct event_base;
+typedef struct route_sync route_sync;
+
+typedef struct route_sync_opts {
+    const char *host; /* numeric address or "localhost" */
+    int port;
+    const char *password; /* NULL: none */
+    int db;
+    const char *cluster;
+    int heartbeat_ms;       /* 1000 */
+    int ttl_heartbeats;     /* 3 */
+    int full_read_ms;       /* 5000 */
+    int command_timeout_ms; /* 500 */
+    int reconnect_min_ms;   /* 100 */
+    int reconnect_max_ms;   /* 5000 */
+} route_sync_opts;
+
+void route_sync_opts_default(route_sync_opts *o);
+
+/* Starts connecting (failures are retried, never fatal). The table is
+ * updated in place on the loop's thread. NULL on out of memory. */
+route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, route_table *table);
+void route_sync_free(route_sync *s);
+/* The local record to publish from now on (copied). A change from the last
+ * one published is announced at once. */
+void route_sync_set_local(route_sync *s, const route_record *rec);
+bool route_sync_connected(const route_sync *s);
+/* Epoch ms of the last successful exchange with Redis (0: never). */
+int64_t route_sync_last_ok_ms(const route_sync *s);
+
+/* Fleet-wide rate limit, one atomic GCRA script per check (EVALSHA, loaded
+ * on connect): `cost` units against a limit of `rate` per second with a
+ * burst of `burst`, under key infergate:<cluster>:limit:<key>. The callback
+ * gets 0 (allowed), -EAGAIN with retry_after_ms (limited), or -ENOTCONN
+ * when Redis is away or missed its deadline — then the caller uses its
+ * local bucket. Returns 0, or -ENOTCONN at once (no callback) when not
+ * connected. */
+typedef void (*route_limit_cb)(void *ud, int result, int retry_after_ms);
+int route_sync_limit(route_sync *s, const char *key, double rate, double burst, double cost, route_limit_cb cb,
+                     void *ud);
+/* Forgets a pending limit callback (the request went away). */
+void route_sync_limit_cancel(route_sync *s, void *ud);
+
+/* `infergate region set-price`: writes the price override and announces it
+ * (blocking, with a timeout; for the command line). 0 or -errno, err filled. */
+int route_set_price(const route_sync_opts *o, const char *region, double input, double output, char *err,
+                    size_t err_len);
+
+#endif
