@@ -46,7 +46,8 @@ void kn_dequantize_row(kn_type type, const void *x, float *y, int64_t n);
  * the activations are first quantized to Q8_0 (`quantize_q8_0`), then dotted
  * in integers per block, as ggml does: the scalar reference does exactly the
  * same arithmetic, so fast and reference agree up to float summation order.
- * n is always a multiple of 32 for quantized types, any size for F32/F16. */
+ * n is always a multiple of 32 for quantized types, any size for F32/F16;
+ * quantized rows start 2-byte aligned (a block begins with its 16-bit scale). */
 typedef struct kn_ops {
     const char *name;
     void (*quantize_q8_0)(const float *x, void *y, int n);
@@ -71,10 +72,10 @@ typedef struct kn_ops {
      * nr Q8_0 activation rows, for wide batches (prefill). A SIMD backend
      * repacks a few weight rows at a time so that one instruction serves all
      * of them, which the one-row dots cannot do. Same arithmetic as the dots. */
-    void (*gemm_q8_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr, int n,
-                      float *y, size_t y_stride);
-    void (*gemm_q4_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr, int n,
-                      float *y, size_t y_stride);
+    void (*gemm_q8_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
+                      int n, float *y, size_t y_stride);
+    void (*gemm_q4_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
+                      int n, float *y, size_t y_stride);
 } kn_ops;
 
 const kn_ops *kn_ops_ref(void);

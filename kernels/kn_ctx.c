@@ -29,6 +29,7 @@
 /* Pause iterations a worker spins before it sleeps (roughly 0.1 ms): long
  * enough to cover the serial gaps between the jobs of one decode step. */
 #define KN_SPIN_WORKER (1 << 12)
+#define KN_SPIN_YIELD_EVERY 256
 /* Pause iterations the caller spins on stragglers before yielding the CPU. */
 #define KN_SPIN_CALLER (1 << 10)
 /* Elementwise work below this many elements runs on the calling thread:
@@ -37,7 +38,7 @@
 
 typedef void (*kn_job_fn)(void *arg, int i, int tid);
 
-/* Relaxed atomics: a worker that wakes late may read a slot while the caller
+/* Atomics because a worker that wakes late may read a slot while the caller
  * rewrites it; it never uses what it read then (see run_items). */
 typedef struct kn_job {
     _Atomic(kn_job_fn) fn;
@@ -125,9 +126,12 @@ static void run_items(kn_ctx *ctx, uint64_t v, int tid)
 {
     const uint32_t g = (uint32_t)(v >> 32);
     const kn_job *job = &ctx->jobs[g & 1];
-    const kn_job_fn fn = atomic_load_explicit(&job->fn, memory_order_relaxed);
-    void *arg = atomic_load_explicit(&job->arg, memory_order_relaxed);
-    const uint32_t n = (uint32_t)atomic_load_explicit(&job->n, memory_order_relaxed);
+    /* Acquire: if these are already the next-but-one job's values, the
+     * caller published the next generation before writing them, so the
+     * compare-and-swap below is then bound to see it and fail. */
+    const kn_job_fn fn = atomic_load_explicit(&job->fn, memory_order_acquire);
+    void *arg = atomic_load_explicit(&job->arg, memory_order_acquire);
+    const uint32_t n = (uint32_t)atomic_load_explicit(&job->n, memory_order_acquire);
     for (;;) {
         if ((uint32_t)(v >> 32) != g || (uint32_t)v >= n)
             return;
@@ -147,8 +151,14 @@ static void *worker_main(void *p)
     uint32_t seen = 0;
     for (;;) {
         uint64_t v = atomic_load_explicit(&ctx->ctl, memory_order_acquire);
-        for (int spins = 0; (uint32_t)(v >> 32) == seen && spins < KN_SPIN_WORKER; spins++) {
-            cpu_relax();
+        for (int spins = 1; (uint32_t)(v >> 32) == seen && spins <= KN_SPIN_WORKER; spins++) {
+            /* Give the CPU away now and then: with more runnable threads
+             * than cores (a shared machine), a spinning worker could keep
+             * the very thread it waits for from running. */
+            if (spins % KN_SPIN_YIELD_EVERY == 0)
+                sched_yield();
+            else
+                cpu_relax();
             v = atomic_load_explicit(&ctx->ctl, memory_order_acquire);
         }
         if ((uint32_t)(v >> 32) == seen) {
@@ -195,9 +205,9 @@ static void pool_run(kn_ctx *ctx, int n, kn_job_fn fn, void *arg)
     const uint32_t g = ctx->gen + 1;
     ctx->gen = g;
     kn_job *job = &ctx->jobs[g & 1];
-    atomic_store_explicit(&job->fn, fn, memory_order_relaxed);
-    atomic_store_explicit(&job->arg, arg, memory_order_relaxed);
-    atomic_store_explicit(&job->n, n, memory_order_relaxed);
+    atomic_store_explicit(&job->fn, fn, memory_order_release);
+    atomic_store_explicit(&job->arg, arg, memory_order_release);
+    atomic_store_explicit(&job->n, n, memory_order_release);
     atomic_store_explicit(&ctx->done, 0, memory_order_relaxed);
     publish(ctx, g);
     run_items(ctx, (uint64_t)g << 32, 0);
@@ -349,6 +359,8 @@ static void pfor_item(void *arg, int i, int tid)
     j->fn(j->arg, i);
 }
 
+/* fn must not call back into the same context: the pool runs one job at a
+ * time. */
 void kn_parallel_for(kn_ctx *ctx, int n, void (*fn)(void *arg, int i), void *arg)
 {
     pfor_job j = {fn, arg};
@@ -361,8 +373,20 @@ void kn_parallel_for(kn_ctx *ctx, int n, void (*fn)(void *arg, int i), void *arg
  * weight block across this many rows. */
 #define KN_MM_NR 4
 
+/* From this many activation rows on, a backend's gemm (when it has one) beats
+ * the one-row dots: its weight repacking is shared by all rows. */
+#define KN_GEMM_MIN_ROWS 4
+/* Activation rows per gemm work item: their Q8_0 rows stay in L2 while the
+ * item's weight rows pass over them. */
+#define KN_GEMM_ROW_BLOCK 64
+
+typedef void (*kn_gemm_fn)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
+                           int n, float *y, size_t y_stride);
+
 typedef struct mm_job {
     const kn_ops *ops;
+    kn_gemm_fn gemm;
+    int n_wchunks;
     const char *w;
     kn_type wtype;
     size_t w_row_bytes;
@@ -407,6 +431,20 @@ static void mm_item(void *arg, int item, int tid)
                 y[(size_t)k * j->n_out + o] = tmp[k];
         }
     }
+}
+
+/* Item = (activation row block, weight row chunk), weight chunks varying
+ * fastest so that threads share the row block in cache. */
+static void gemm_item(void *arg, int item, int tid)
+{
+    (void)tid;
+    const mm_job *j = arg;
+    const int o0 = (item % j->n_wchunks) * j->chunk;
+    const int r0 = (item / j->n_wchunks) * KN_GEMM_ROW_BLOCK;
+    const int n_w = j->n_out - o0 < j->chunk ? j->n_out - o0 : j->chunk;
+    const int nr = j->n_rows - r0 < KN_GEMM_ROW_BLOCK ? j->n_rows - r0 : KN_GEMM_ROW_BLOCK;
+    j->gemm(j->w + (size_t)o0 * j->w_row_bytes, j->w_row_bytes, n_w, j->xq + (size_t)r0 * j->xq_row_bytes,
+            j->xq_row_bytes, nr, j->n_in, j->y + (size_t)r0 * j->n_out + o0, (size_t)j->n_out);
 }
 
 typedef struct quant_job {
@@ -460,6 +498,26 @@ int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, co
         else
             for (int r = 0; r < n_rows; r++)
                 quant_item(&qj, r, 0);
+    }
+
+    if (n_rows >= KN_GEMM_MIN_ROWS)
+        j.gemm = wtype == KN_TYPE_Q8_0   ? ctx->ops->gemm_q8_0
+                 : wtype == KN_TYPE_Q4_0 ? ctx->ops->gemm_q4_0
+                                         : NULL;
+    if (j.gemm != NULL) {
+        /* chunks of whole 8-row tiles, about four per thread and row block */
+        const int row_blocks = (n_rows + KN_GEMM_ROW_BLOCK - 1) / KN_GEMM_ROW_BLOCK;
+        const int per = ctx->n_threads * 4 / row_blocks;
+        int chunk = per > 1 ? (n_out + per - 1) / per : n_out;
+        chunk = (chunk + 7) / 8 * 8;
+        chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
+        /* keep the item count an int whatever the shape */
+        while ((int64_t)((n_out + (int64_t)chunk - 1) / chunk) * row_blocks > INT32_MAX)
+            chunk *= 2;
+        j.chunk = chunk;
+        j.n_wchunks = (int)((n_out + (int64_t)chunk - 1) / chunk);
+        pool_run(ctx, j.n_wchunks * row_blocks, gemm_item, &j);
+        return 0;
     }
 
     /* Several chunks per thread so dynamic hand-out evens out threads that
@@ -681,10 +739,16 @@ static void attn_item(void *arg, int item, int tid)
     const float *q = sq->q + ((size_t)row * j->n_head + h) * hd;
     float *sc = j->ctx->score[tid];
 
-    for (int p = 0; p < n_ctx; p++) {
-        const float *k = sq->blocks[p / sq->block_tokens] + sq->k_off +
-                         (size_t)(p % sq->block_tokens) * kv_dim + kv_head_off;
-        sc[p] = j->scale * ops->dot(q, k, hd);
+    /* Scores a cache block at a time: the block's K rows are evenly spaced,
+     * so one dot_f32 call takes them all as its activation rows. */
+    for (int p = 0; p < n_ctx;) {
+        const int in_blk = p % sq->block_tokens;
+        const int run = n_ctx - p < sq->block_tokens - in_blk ? n_ctx - p : sq->block_tokens - in_blk;
+        const float *k = sq->blocks[p / sq->block_tokens] + sq->k_off + (size_t)in_blk * kv_dim + kv_head_off;
+        ops->dot_f32(q, k, kv_dim, run, hd, sc + p);
+        for (int i = 0; i < run; i++)
+            sc[p + i] *= j->scale;
+        p += run;
     }
     ops->softmax(sc, n_ctx);
     /* Cleared only now, after q was read, so out may alias q. */

@@ -75,6 +75,24 @@ static void ref_dot_q4_0(const void *w, const void *xq, size_t xq_stride, int nr
     }
 }
 
+static void ref_gemm_q8_0(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
+                          int n, float *y, size_t y_stride)
+{
+    for (int r = 0; r < nr; r++)
+        for (int o = 0; o < n_w; o++)
+            ref_dot_q8_0((const char *)w + (size_t)o * w_stride, (const char *)xq + (size_t)r * xq_stride, 0,
+                         1, n, &y[(size_t)r * y_stride + o]);
+}
+
+static void ref_gemm_q4_0(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
+                          int n, float *y, size_t y_stride)
+{
+    for (int r = 0; r < nr; r++)
+        for (int o = 0; o < n_w; o++)
+            ref_dot_q4_0((const char *)w + (size_t)o * w_stride, (const char *)xq + (size_t)r * xq_stride, 0,
+                         1, n, &y[(size_t)r * y_stride + o]);
+}
+
 static void ref_rmsnorm(float *y, const float *x, const float *g, int n, float eps)
 {
     double ss = 0.0;
@@ -132,6 +150,8 @@ static const kn_ops ops_ref = {
     .silu_mul = ref_silu_mul,
     .dot = ref_dot,
     .axpy = ref_axpy,
+    .gemm_q8_0 = ref_gemm_q8_0,
+    .gemm_q4_0 = ref_gemm_q4_0,
 };
 
 const kn_ops *kn_ops_ref(void)

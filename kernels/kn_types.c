@@ -185,6 +185,15 @@ static void quantize_q8_0(const float *x, kn_block_q8_0 *y, int64_t n)
     }
 }
 
+/* a * b rounded to float on its own, as ggml computes it: a compiler allowed
+ * to contract `a * b + c` into a fused multiply-add would skip this rounding
+ * and, at exact ties, pick another level than ggml does. */
+static inline float mul_rounded(float a, float b)
+{
+    volatile float p = a * b;
+    return p;
+}
+
 static void quantize_q4_0(const float *x, kn_block_q4_0 *y, int64_t n)
 {
     int64_t nb = n / KN_QK4_0;
@@ -206,8 +215,8 @@ static void quantize_q4_0(const float *x, kn_block_q4_0 *y, int64_t n)
             /* ggml truncates x*id + 8.5 to int8; the value is in [0.5, 16.5]
              * for finite input, where int truncation is identical. The
              * clamps only keep NaN/inf input defined. */
-            float f0 = xb[j] * id + 8.5f;
-            float f1 = xb[j + KN_QK4_0 / 2] * id + 8.5f;
+            float f0 = mul_rounded(xb[j], id) + 8.5f;
+            float f1 = mul_rounded(xb[j + KN_QK4_0 / 2], id) + 8.5f;
             int q0 = f0 >= 0.0f ? (f0 < 15.0f ? (int)f0 : 15) : 0;
             int q1 = f1 >= 0.0f ? (f1 < 15.0f ? (int)f1 : 15) : 0;
             y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));

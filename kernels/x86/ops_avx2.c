@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "kernels/x86/ops_x86.h"
 
@@ -350,6 +351,8 @@ static const kn_ops ops_avx2 = {
     .silu_mul = avx2_silu_mul,
     .dot = avx2_dot,
     .axpy = avx2_axpy,
+    .gemm_q8_0 = NULL, /* the sign trick needs too many steps per lane to beat the dots */
+    .gemm_q4_0 = avx2_gemm_q4_0,
 };
 
 const kn_ops *kn_ops_avx2(void)

@@ -13,6 +13,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "kernels/x86/ops_x86.h"
 
@@ -30,6 +31,8 @@ static void ops_vnni_init(void)
     ops_vnni.name = "avxvnni";
     ops_vnni.dot_q8_0 = vnni_dot_q8_0;
     ops_vnni.dot_q4_0 = vnni_dot_q4_0;
+    ops_vnni.gemm_q8_0 = vnni_gemm_q8_0;
+    ops_vnni.gemm_q4_0 = vnni_gemm_q4_0;
 }
 
 const kn_ops *kn_ops_avxvnni(void)

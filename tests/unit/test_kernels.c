@@ -565,6 +565,112 @@ static void test_dot_q4_0(void **state)
     dot_quant_case(KN_TYPE_Q4_0);
 }
 
+static void gemm_case(kn_type wtype)
+{
+    const kn_ops *fast[4];
+    int nf = fast_tables(fast);
+    const kn_ops *ref = kn_ops_ref();
+    enum { MAXW = 17, MAXR = 9, MAXN = 4096 };
+    const int ns[] = {32, 96, 2080, 4096}; /* 2080: 65 blocks, past one repacked segment */
+    const int nws[] = {1, 7, 8, 9, 17};
+    const int nrs[] = {1, 2, 3, 5, 9};
+    /* strides off the block size but even: blocks hold a 16-bit scale */
+    const size_t ws = kn_row_bytes(wtype, MAXN) + 6, xs = kn_row_bytes(KN_TYPE_Q8_0, MAXN) + 2;
+    const size_t ys = MAXW + 2; /* a guard column after every row */
+    float *f = malloc(MAXN * sizeof(float));
+    uint8_t *w = malloc(MAXW * ws), *xq = malloc(MAXR * xs);
+    float *want = malloc(MAXR * ys * sizeof(float)), *got = malloc(MAXR * ys * sizeof(float));
+    float *wd = malloc((size_t)MAXW * MAXN * sizeof(float)),
+          *xd = malloc((size_t)MAXR * MAXN * sizeof(float));
+    assert_non_null(f);
+    assert_non_null(w);
+    assert_non_null(xq);
+    assert_non_null(want);
+    assert_non_null(got);
+    assert_non_null(wd);
+    assert_non_null(xd);
+    seed(20 + wtype);
+    int ran = 0;
+    for (int ni = 0; ni < 4; ni++) {
+        const int n = ns[ni];
+        for (int o = 0; o < MAXW; o++) {
+            fill(f, n, o % 3 ? 1.0f : 0.01f);
+            kn_quantize_row(wtype, f, w + o * ws, n);
+            kn_dequantize_row(wtype, w + o * ws, wd + (size_t)o * MAXN, n);
+        }
+        for (int r = 0; r < MAXR; r++) {
+            fill(f, n, r % 2 ? 3.0f : 1.0f);
+            kn_quantize_row(KN_TYPE_Q8_0, f, xq + r * xs, n);
+            kn_dequantize_row(KN_TYPE_Q8_0, xq + r * xs, xd + (size_t)r * MAXN, n);
+        }
+        for (int wi = 0; wi < 5; wi++) {
+            for (int ri = 0; ri < 5; ri++) {
+                const int n_w = nws[wi], nr = nrs[ri];
+                void (*rg)(const void *, size_t, int, const void *, size_t, int, int, float *, size_t) =
+                    wtype == KN_TYPE_Q8_0 ? ref->gemm_q8_0 : ref->gemm_q4_0;
+                for (size_t i = 0; i < MAXR * ys; i++)
+                    want[i] = -7.0f;
+                rg(w, ws, n_w, xq, xs, nr, n, want, ys);
+                for (int r = 0; r < nr; r++) {
+                    for (int o = 0; o < n_w; o++) {
+                        float d;
+                        if (wtype == KN_TYPE_Q8_0)
+                            ref->dot_q8_0(w + o * ws, xq + r * xs, 0, 1, n, &d);
+                        else
+                            ref->dot_q4_0(w + o * ws, xq + r * xs, 0, 1, n, &d);
+                        assert_true(want[r * ys + o] == d);
+                    }
+                }
+                for (int t = 0; t < nf; t++) {
+                    void (*g)(const void *, size_t, int, const void *, size_t, int, int, float *, size_t) =
+                        wtype == KN_TYPE_Q8_0 ? fast[t]->gemm_q8_0 : fast[t]->gemm_q4_0;
+                    if (g == NULL)
+                        continue;
+                    ran++;
+                    for (size_t i = 0; i < MAXR * ys; i++)
+                        got[i] = -7.0f;
+                    g(w, ws, n_w, xq, xs, nr, n, got, ys);
+                    for (int r = 0; r < MAXR; r++) {
+                        for (int o = 0; o < (int)ys; o++) {
+                            if (r >= nr || o >= n_w) { /* outside the output: untouched */
+                                assert_true(got[r * ys + o] == -7.0f);
+                                continue;
+                            }
+                            double mag = 0;
+                            for (int i = 0; i < n; i++)
+                                mag += fabs((double)wd[(size_t)o * MAXN + i] * xd[(size_t)r * MAXN + i]);
+                            check_close(got[r * ys + o], want[r * ys + o], 1e-5 * mag + 1e-30,
+                                        wtype == KN_TYPE_Q8_0 ? "gemm_q8_0" : "gemm_q4_0", fast[t]->name, n,
+                                        r * 100 + o);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    free(xd);
+    free(wd);
+    free(got);
+    free(want);
+    free(xq);
+    free(w);
+    free(f);
+    if (ran == 0)
+        skip();
+}
+
+static void test_gemm_q8_0(void **state)
+{
+    (void)state;
+    gemm_case(KN_TYPE_Q8_0);
+}
+
+static void test_gemm_q4_0(void **state)
+{
+    (void)state;
+    gemm_case(KN_TYPE_Q4_0);
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
@@ -932,6 +1038,17 @@ static void test_parallel_for(void **state)
             if (rep % 10 == 9) /* let the workers fall asleep, then wake them */
                 usleep(3000);
         }
+        /* many tiny jobs back to back: workers often arrive after their
+         * job is done, and must then claim nothing of the next one */
+        for (int rep = 0; rep < 3000; rep++) {
+            int n = 2 + rep % 3;
+            for (int i = 0; i < n; i++)
+                atomic_store(&count[i], 0);
+            visit v = {count};
+            kn_parallel_for(ctx, n, visit_fn, &v);
+            for (int i = 0; i < n; i++)
+                assert_int_equal(atomic_load(&count[i]), 1);
+        }
         kn_ctx_free(ctx);
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -955,6 +1072,8 @@ int main(void)
         cmocka_unit_test(test_dot_float),
         cmocka_unit_test(test_dot_q8_0),
         cmocka_unit_test(test_dot_q4_0),
+        cmocka_unit_test(test_gemm_q8_0),
+        cmocka_unit_test(test_gemm_q4_0),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),
