@@ -51,9 +51,13 @@ async def one_request(client, prompt, gen, rec):
             await r.aread()
             return
         async for line in r.aiter_lines():
+            line = line.rstrip("\r\n")
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            ev = json.loads(line[6:])
+            try:
+                ev = json.loads(line[6:])
+            except ValueError:
+                raise RuntimeError("bad SSE line: %r" % line[:200])
             ch = ev.get("choices") or []
             if ch and ch[0].get("finish_reason") is None:
                 stamps.append(time.monotonic())

@@ -52,10 +52,14 @@ static int demo_model_path(char *out, size_t n, char *err, size_t err_len)
         mkdir(parent, 0755);
     }
     if (mkdir(dir, 0755) == -1 && errno != EEXIST) {
-        snprintf(err, err_len, "cannot make the cache directory %s: %s", dir, strerror(errno));
-        return -errno;
+        int e = errno;
+        snprintf(err, err_len, "cannot make the cache directory %.900s: %s", dir, strerror(e));
+        return -e;
     }
-    snprintf(out, n, "%s/demo.gguf", dir);
+    if (snprintf(out, n, "%s/demo.gguf", dir) >= (int)n) {
+        snprintf(err, err_len, "cache directory path too long");
+        return -ENAMETOOLONG;
+    }
     struct stat st;
     if (stat(out, &st) == 0)
         return 0;
