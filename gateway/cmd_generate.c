@@ -19,7 +19,7 @@
 #define PREFILL_CHUNK 512
 
 typedef struct gen_args {
-    const char *model, *prompt, *prompt_tokens, *dump_logits;
+    const char *model, *prompt, *prompt_tokens, *dump_logits, *device;
     long n_predict, threads;
     bool show_tokens, ignore_eos, reference;
     rt_sampler_params sp;
@@ -38,6 +38,7 @@ static void usage(FILE *f)
                "  --stop STR               stop string (repeatable, up to 16)\n"
                "  --threads N              compute threads (default: one per CPU)\n"
                "  --reference              scalar reference kernels (slow; for checks)\n"
+               "  --device cpu|cuda        where the model runs (default cpu)\n"
                "  --prompt-tokens LIST     prompt as token ids, no tokenizer, BOS only if listed\n"
                "  --show-tokens            print the generated token ids\n"
                "  --dump-logits FILE       write the logits of the last prompt position, one per line\n"
@@ -47,7 +48,7 @@ static void usage(FILE *f)
 static int parse_args(int argc, char **argv, gen_args *a)
 {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_PP, O_FP, O_STOP, O_THREADS, O_REF, O_PT, O_SHOW,
-           O_DUMP, O_IGN };
+           O_DUMP, O_IGN, O_DEVICE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},    {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"temp", required_argument, 0, O_TEMP},
@@ -57,7 +58,8 @@ static int parse_args(int argc, char **argv, gen_args *a)
         {"stop", required_argument, 0, O_STOP}, {"threads", required_argument, 0, O_THREADS},
         {"reference", no_argument, 0, O_REF},    {"prompt-tokens", required_argument, 0, O_PT},
         {"show-tokens", no_argument, 0, O_SHOW}, {"dump-logits", required_argument, 0, O_DUMP},
-        {"ignore-eos", no_argument, 0, O_IGN},   {"help", no_argument, 0, 'h'},
+        {"ignore-eos", no_argument, 0, O_IGN},   {"device", required_argument, 0, O_DEVICE},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     memset(a, 0, sizeof(*a));
@@ -129,6 +131,11 @@ static int parse_args(int argc, char **argv, gen_args *a)
         case O_SHOW: a->show_tokens = true; break;
         case O_DUMP: a->dump_logits = optarg; break;
         case O_IGN: a->ignore_eos = true; break;
+        case O_DEVICE:
+            a->device = optarg;
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+                bad = "--device must be cpu or cuda";
+            break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return -1;
         }
@@ -217,7 +224,7 @@ int gw_cmd_generate(int argc, char **argv)
     float *logits = NULL;
     int status = 1;
 
-    rt_model_opts mo = {.n_threads = (int)a.threads, .reference = a.reference};
+    rt_model_opts mo = {.n_threads = (int)a.threads, .reference = a.reference, .device = a.device};
     if ((rc = rt_model_load(a.model, &mo, &m, err, sizeof(err)))) {
         fprintf(stderr, "generate: %s: %s\n", a.model, err);
         return 1;

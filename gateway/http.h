@@ -1,7 +1,9 @@
 /* HTTP server of infergate: listeners and server sessions on one libevent
- * loop. Today it speaks HTTP/2 cleartext with prior knowledge (h2c), which
- * is what workers serve and what the gateway's upstream pool speaks; the
- * gateway's front door adds HTTP/1.1 and TLS behind this same interface.
+ * loop. One listener serves every client: on a cleartext listener the
+ * first bytes choose HTTP/2 (the prior-knowledge preface, h2c, which is
+ * what workers serve and what the upstream pool speaks) or HTTP/1.x; on a
+ * TLS listener ALPN chooses ("h2", else HTTP/1.1). The application sees
+ * the same requests and streams whichever protocol carries them.
  *
  * A request reaches the application once, whole (headers and a bounded
  * body), through on_request. The application answers at once with
@@ -9,7 +11,20 @@
  * gw_http_end, possibly later from other loop callbacks. on_close tells it
  * the stream is gone (finished, reset by the peer, or its connection
  * closed); after on_close returns the stream pointer is invalid. Every call
- * here happens on the loop's thread. */
+ * here happens on the loop's thread, and no handler callback ever runs
+ * inside a gw_http_* call.
+ *
+ * HTTP/1.x specifics: requests on a connection are served one at a time,
+ * in order (a pipelined request reaches on_request after the previous
+ * stream's on_close). gw_http_respond sends Content-Length; a streamed
+ * response is sent chunked (one chunk per gw_http_write, at once) or, to
+ * an HTTP/1.0 client, delimited by closing the connection. gw_http_reset
+ * closes the connection. The connection-specific headers (connection,
+ * keep-alive, proxy-connection, transfer-encoding, upgrade, te, expect,
+ * those named by Connection, and host, which is the authority) are not in
+ * the request's headers, and a chunked body arrives de-chunked: a request
+ * looks the same as over HTTP/2. Response headers of those names given by
+ * the application are not sent; the server frames the message itself. */
 #ifndef GW_HTTP_H
 #define GW_HTTP_H
 
@@ -35,15 +50,27 @@ typedef struct gw_http_request {
     size_t n_headers;
     const uint8_t *body;
     size_t body_len;
+    const char *protocol; /* "HTTP/2", "HTTP/1.1" or "HTTP/1.0" */
 } gw_http_request;
 
 typedef struct gw_http_limits {
     size_t max_body;                 /* bytes; larger -> 413 (default 1 MiB) */
     uint32_t max_concurrent_streams; /* SETTINGS_MAX_CONCURRENT_STREAMS (default 256) */
-    size_t max_header_list;          /* bytes of headers per request (default 64 KiB) */
+    size_t max_header_list;          /* bytes of headers per request, larger -> 431 (default
+                                        64 KiB): HTTP/2 counts as SETTINGS_MAX_HEADER_LIST_SIZE
+                                        does, HTTP/1.x the raw request line and header lines */
     size_t max_stream_buffer;        /* response bytes held for a slow reader before
                                         the stream is reset (default 1 MiB) */
-    int idle_timeout_ms;             /* close a connection with no streams after this (default 120000) */
+    int idle_timeout_ms;             /* close a connection with no streams after this (default 120000);
+                                        also bounds an HTTP/1.x keep-alive wait, a pause inside a
+                                        request body, and a peer that stops reading */
+    int header_timeout_ms;           /* HTTP/1.x: a request head must be complete this long after
+                                        its first byte (after accept for a connection's first
+                                        request, the TLS handshake included); HTTP/2: bounds only
+                                        the handshake and the connection preface (default 10000) */
+    size_t max_connections;          /* with this many open, a newly accepted connection is closed
+                                        at once (default 10000); adopted ones count, but
+                                        gw_http_server_adopt never refuses */
 } gw_http_limits;
 
 void gw_http_limits_default(gw_http_limits *l);
@@ -54,21 +81,45 @@ typedef struct gw_http_handler {
     /* The stream is gone; `stream_ud` is what gw_http_set_user stored.
      * `finished` is true when the response was sent completely. */
     void (*on_close)(void *ud, gw_http_stream *s, void *stream_ud, bool finished);
+    /* May be NULL. Flow control for producers that can pause (proxies):
+     * called from the loop, once each time the stream's gw_http_pending()
+     * falls to max_stream_buffer / 2 or below after a gw_http_write left
+     * it above max_stream_buffer / 2. Not called after gw_http_end or
+     * gw_http_reset, nor once the stream is closed. A producer pauses when
+     * gw_http_pending() > max_stream_buffer / 2 after a write and resumes
+     * here. */
+    void (*on_writable)(void *ud, gw_http_stream *s, void *stream_ud);
 } gw_http_handler;
 
 /* NULL on out of memory. Zero limits take the defaults. The process must
  * ignore SIGPIPE: a peer that vanishes mid-write would otherwise kill it. */
 gw_http_server *gw_http_server_new(struct event_base *base, const gw_http_limits *limits,
                                    const gw_http_handler *handler, void *ud);
+/* Replaces the limits, zero fields taking the defaults as in _new (a
+ * config reload). Body, header, buffer, timeout and connection bounds hold
+ * from their next check on, also for open connections;
+ * max_concurrent_streams, the write timeout and the HTTP/1.x watermarks
+ * for connections accepted from now on. */
+void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits);
 /* Starts listening on "unix:/path" or "tcp:HOST:PORT" (HOST may be [::1]).
  * A stale Unix socket file is replaced. 0, or a negative errno with err
  * filled. Several listeners per server are fine. */
 int gw_http_server_listen(gw_http_server *srv, const char *spec, char *err, size_t err_len);
+/* The same over TLS (1.2 or later), with ALPN choosing h2 or http/1.1.
+ * `cert_file` is a PEM certificate chain (leaf first), `key_file` its PEM
+ * private key; both are read and checked against each other now. 0, or a
+ * negative errno with err filled (naming the file at fault): -ENOENT or
+ * -EACCES when a file cannot be opened, -EINVAL when it does not hold a
+ * usable certificate or key or the two do not match, -ENOMEM, or what
+ * gw_http_server_listen returns. */
+int gw_http_server_listen_tls(gw_http_server *srv, const char *spec, const char *cert_file,
+                              const char *key_file, char *err, size_t err_len);
 /* Port of the last TCP listener started (useful after "tcp:HOST:0"), 0 if
  * none is listening. */
 int gw_http_server_port(const gw_http_server *srv);
 /* Serves an already connected stream socket (socket activation, a
- * socketpair from a supervisor, fuzzers); the server owns `fd` from here,
+ * socketpair from a supervisor, fuzzers) in cleartext, choosing HTTP/2 or
+ * HTTP/1.x by its first bytes; the server owns `fd` from here,
  * also on failure. 0, -ENOMEM, or -EBADF when it cannot be made
  * non-blocking. */
 int gw_http_server_adopt(gw_http_server *srv, int fd);
@@ -89,13 +140,19 @@ int gw_http_respond(gw_http_stream *s, int status, const gw_http_header *headers
                     const void *body, size_t body_len);
 /* Streaming response: headers now, data as it comes, then end. write
  * returns -ENOBUFS when the peer has not read and the bytes held for it
- * would pass max_stream_buffer: the caller should then give up (reset). */
+ * would pass max_stream_buffer: the caller should then give up (reset),
+ * or, better, pause before that (see on_writable). On HTTP/1.x a status
+ * below 200 is -EINVAL, and response header names and values must not
+ * hold CR, LF or NUL (-EINVAL). */
 int gw_http_begin(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers);
 int gw_http_write(gw_http_stream *s, const void *data, size_t len);
 int gw_http_end(gw_http_stream *s);
-/* Bytes written but not yet sent to the peer. */
+/* Bytes written but not yet sent to the peer: on HTTP/2 what waits in the
+ * stream's own buffer; on HTTP/1.x all that waits in the connection's
+ * output (the response head and chunk framing included). */
 size_t gw_http_pending(const gw_http_stream *s);
-/* Abort the stream (RST_STREAM with INTERNAL_ERROR or CANCEL); on_close follows. */
+/* Abort the stream (RST_STREAM with INTERNAL_ERROR on HTTP/2; closing the
+ * connection on HTTP/1.x); on_close follows, from the loop. */
 void gw_http_reset(gw_http_stream *s);
 
 #endif

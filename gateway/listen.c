@@ -1,6 +1,7 @@
 /* Listeners of the HTTP server: "unix:/path" and "tcp:HOST:PORT" specs
- * parsed into listening sockets, each accepted connection handed to
- * gw_http_server_adopt. Sockets are made here (not by
+ * parsed into listening sockets, cleartext or with a TLS context, each
+ * accepted connection handed to gw_conn_adopt unless the server holds
+ * max_connections already. Sockets are made here (not by
  * evconnlistener_new_bind) so that a failure names the exact errno. */
 #include "gateway/http_internal.h"
 
@@ -27,7 +28,13 @@ static void on_accept(struct evconnlistener *evl, evutil_socket_t fd, struct soc
                       void *arg)
 {
     gw_listener *l = arg;
-    gw_http_server_adopt(l->srv, fd); /* on failure the peer sees the close */
+    /* Refused at once: a full server that let connections queue would
+     * only hold them until they time out. */
+    if (l->srv->n_conns >= l->srv->limits.max_connections) {
+        evutil_closesocket(fd);
+        return;
+    }
+    gw_conn_adopt(l->srv, fd, l->tls); /* on failure the peer sees the close */
 }
 
 static void on_retry(evutil_socket_t fd, short what, void *arg)
@@ -60,14 +67,15 @@ static int fail_errno(char *err, size_t err_len, int e, const char *spec, const 
     return -e;
 }
 
-/* Wraps a bound socket; takes `fd` in every case. */
-static int listener_start(gw_http_server *srv, int fd, const char *unix_path, int port, const char *spec,
-                          char *err, size_t err_len)
+/* Wraps a bound socket; takes `fd` in every case, `tls` on success. */
+static int listener_start(gw_http_server *srv, int fd, struct ssl_ctx_st *tls, const char *unix_path,
+                          int port, const char *spec, char *err, size_t err_len)
 {
     gw_listener *l = calloc(1, sizeof(*l));
     if (!l || (unix_path && !(l->unix_path = strdup(unix_path))))
         goto nomem;
     l->srv = srv;
+    l->tls = tls;
     l->port = port;
     struct stat st;
     if (unix_path && stat(unix_path, &st) == 0) {
@@ -97,7 +105,8 @@ nomem:
     return fail(err, err_len, -ENOMEM, spec, "out of memory");
 }
 
-static int listen_tcp(gw_http_server *srv, const char *spec, const char *addr, char *err, size_t err_len)
+static int listen_tcp(gw_http_server *srv, const char *spec, const char *addr, struct ssl_ctx_st *tls,
+                      char *err, size_t err_len)
 {
     char host[INET6_ADDRSTRLEN + 1];
     const char *port_s;
@@ -159,7 +168,7 @@ static int listen_tcp(gw_http_server *srv, const char *spec, const char *addr, c
     }
     int bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                : ((struct sockaddr_in *)&ss)->sin_port);
-    return listener_start(srv, fd, NULL, bound, spec, err, err_len);
+    return listener_start(srv, fd, tls, NULL, bound, spec, err, err_len);
 }
 
 /* A socket file nobody accepts on is stale (a crashed server's); one that
@@ -186,7 +195,8 @@ static int unix_clear_stale(const char *spec, const struct sockaddr_un *sun, cha
     return 0;
 }
 
-static int listen_unix(gw_http_server *srv, const char *spec, const char *path, char *err, size_t err_len)
+static int listen_unix(gw_http_server *srv, const char *spec, const char *path, struct ssl_ctx_st *tls,
+                       char *err, size_t err_len)
 {
     struct sockaddr_un sun = {.sun_family = AF_UNIX};
     if (!*path)
@@ -212,16 +222,21 @@ static int listen_unix(gw_http_server *srv, const char *spec, const char *path, 
         unlink(path);
         return fail_errno(err, err_len, e, spec, "listen");
     }
-    return listener_start(srv, fd, path, -1, spec, err, err_len);
+    return listener_start(srv, fd, tls, path, -1, spec, err, err_len);
 }
 
-int gw_listener_add(gw_http_server *srv, const char *spec, char *err, size_t err_len)
+int gw_listener_add(gw_http_server *srv, const char *spec, struct ssl_ctx_st *tls, char *err, size_t err_len)
 {
+    int rc;
     if (!strncmp(spec, "unix:", 5))
-        return listen_unix(srv, spec, spec + 5, err, err_len);
-    if (!strncmp(spec, "tcp:", 4))
-        return listen_tcp(srv, spec, spec + 4, err, err_len);
-    return fail(err, err_len, -EINVAL, spec, "expected unix:/path or tcp:HOST:PORT");
+        rc = listen_unix(srv, spec, spec + 5, tls, err, err_len);
+    else if (!strncmp(spec, "tcp:", 4))
+        rc = listen_tcp(srv, spec, spec + 4, tls, err, err_len);
+    else
+        rc = fail(err, err_len, -EINVAL, spec, "expected unix:/path or tcp:HOST:PORT");
+    if (rc && tls)
+        gw_tls_ctx_free(tls);
+    return rc;
 }
 
 void gw_listener_free_all(gw_http_server *srv)
@@ -237,6 +252,8 @@ void gw_listener_free_all(gw_http_server *srv)
             (unsigned long long)st.st_ino == l->unix_ino)
             unlink(l->unix_path);
         free(l->unix_path);
+        if (l->tls)
+            gw_tls_ctx_free(l->tls);
         free(l);
     }
     srv->port = 0;

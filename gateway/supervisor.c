@@ -4,6 +4,7 @@
 #include "gateway/supervisor.h"
 
 #include "gateway/config.h"
+#include "gateway/gpu_list.h"
 #include "gateway/upstream.h"
 
 #include <errno.h>
@@ -25,6 +26,7 @@
 #define STABLE_S 30.0   /* up this long: the back-off starts over */
 #define STALE_S 3.0     /* no stats this long: not ready */
 #define STATS_MAX 65536 /* bytes of a stats answer we read */
+#define PROBE_MS 5000   /* nvidia-smi -L for devices: auto */
 
 typedef struct sworker {
     gw_worker_info info;
@@ -47,6 +49,8 @@ struct gw_supervisor {
     const gw_config *cfg;
     char *exe, *runtime_dir;
     bool own_runtime_dir, stopping;
+    char ***devs; /* per worker config: its devices, "auto" expanded */
+    int *n_devs;
     sworker *w;
     int n;
     struct event *sigchld, *tick;
@@ -105,6 +109,11 @@ static int spawn(sworker *w)
     argv[a++] = batch;
     argv[a++] = "--max-queue";
     argv[a++] = queue;
+    /* CUDA_VISIBLE_DEVICES (below) shows the worker just this GPU or MIG slice. */
+    if (gw_device_is_gpu(w->device)) {
+        argv[a++] = "--device";
+        argv[a++] = "cuda";
+    }
     argv[a] = NULL;
 
     pid_t pid = fork();
@@ -310,20 +319,31 @@ gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool
         goto nomem;
     if (make_runtime_dir(s, err, err_len))
         goto fail;
+    /* devices: [auto] becomes one worker per GPU or MIG instance found. */
     int n = 0;
-    for (int i = 0; i < c->n_workers; i++)
-        n += c->workers[i].n_devices;
+    if (!(s->devs = calloc((size_t)(c->n_workers ? c->n_workers : 1), sizeof(*s->devs))) ||
+        !(s->n_devs = calloc((size_t)(c->n_workers ? c->n_workers : 1), sizeof(*s->n_devs))))
+        goto nomem;
+    for (int i = 0; i < c->n_workers; i++) {
+        char why[512];
+        if (gw_gpu_expand_devices(c->workers[i].devices, c->workers[i].n_devices, NULL, PROBE_MS, &s->devs[i],
+                                  &s->n_devs[i], why, sizeof(why)))
+            goto nomem;
+        if (why[0])
+            log_line("model %s, devices auto: %s", c->workers[i].name, why);
+        n += s->n_devs[i];
+    }
     s->w = calloc((size_t)(n ? n : 1), sizeof(sworker));
     if (!s->w)
         goto nomem;
     for (int i = 0; i < c->n_workers; i++) {
-        for (int d = 0; d < c->workers[i].n_devices; d++) {
+        for (int d = 0; d < s->n_devs[i]; d++) {
             sworker *w = &s->w[s->n];
             char path[512];
             snprintf(path, sizeof(path), "%s/worker-%d.sock", s->runtime_dir, s->n);
             w->sup = s;
             w->cfg = &c->workers[i];
-            w->device = strdup(c->workers[i].devices[d]);
+            w->device = strdup(s->devs[i][d]);
             w->sock_path = strdup(path);
             size_t tl = strlen(path) + 6;
             w->target = malloc(tl);
@@ -428,6 +448,10 @@ void gw_supervisor_free(gw_supervisor *s)
         event_free(s->tick);
     if (s->own_runtime_dir && s->runtime_dir)
         rmdir(s->runtime_dir);
+    for (int i = 0; s->devs && s->n_devs && i < s->cfg->n_workers; i++)
+        gw_gpu_devices_free(s->devs[i], s->n_devs[i]);
+    free(s->devs);
+    free(s->n_devs);
     free(s->runtime_dir);
     free(s->exe);
     free(s->w);

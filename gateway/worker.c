@@ -433,6 +433,8 @@ static void handle_stats(worker *w, gw_http_stream *s)
 {
     rt_sched_stats st;
     rt_sched_get_stats(w->sched, &st);
+    rt_device_info dev;
+    rt_model_device_info(w->model, &dev);
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:I, s:I, s:I, s:s, s:s, s:s, "
                           "s:i}",
                           "queued", st.queued, "running", st.running, "kv_blocks_free", st.kv_blocks_free,
@@ -441,8 +443,17 @@ static void handle_stats(worker *w, gw_http_stream *s)
                           "ttft_ewma_ms", st.ttft_ewma_ms, "tpot_ewma_ms", st.tpot_ewma_ms, "tokens_per_s",
                           st.tokens_per_s, "requests_done", (json_int_t)st.requests_done, "tokens_generated",
                           (json_int_t)st.tokens_generated, "preemptions", (json_int_t)st.preemptions, "device",
-                          "cpu", "model", w->model_name, "backend", rt_model_backend_name(w->model), "threads",
+                          dev.kind, "model", w->model_name, "backend", rt_model_backend_name(w->model), "threads",
                           rt_model_threads(w->model));
+    /* On a GPU: which one (the MIG slice, if any) and its memory. */
+    if (o && strcmp(dev.kind, "cpu") != 0) {
+        json_t *d = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I}", "name", dev.name, "uuid", dev.uuid, "mig_profile",
+                              dev.mig_profile, "memory_total_bytes", (json_int_t)dev.mem_total,
+                              "memory_free_bytes", (json_int_t)dev.mem_free, "weights_bytes",
+                              (json_int_t)dev.mem_weights);
+        if (d)
+            json_object_set_new(o, "device_info", d);
+    }
     respond_json(s, 200, o ? json_dumps(o, JSON_COMPACT) : NULL);
     json_decref(o);
 }
@@ -532,6 +543,8 @@ static void usage(FILE *f)
             "usage: infergate worker --model FILE --listen unix:PATH|tcp:HOST:PORT [options]\n"
             "Serves one model over HTTP/2 cleartext (OpenAI-compatible), with continuous batching.\n"
             "  --model-name NAME      the id clients use in \"model\" (default: the file name without .gguf)\n"
+            "  --device cpu|cuda      where the model runs (default cpu; cuda: the GPU or MIG slice\n"
+            "                         CUDA_VISIBLE_DEVICES shows)\n"
             "  --threads N            compute threads (default: one per CPU)\n"
             "  --kv-cache-mb M        KV cache pool (default %zu)\n"
             "  --max-seqs S           sequences decoded together (default %d)\n"
@@ -543,16 +556,17 @@ static void usage(FILE *f)
 
 int gw_cmd_worker(int argc, char **argv)
 {
-    enum { O_NAME = 256, O_THREADS, O_KV, O_SEQS, O_BATCH, O_QUEUE, O_BODY };
+    enum { O_NAME = 256, O_THREADS, O_KV, O_SEQS, O_BATCH, O_QUEUE, O_BODY, O_DEVICE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"listen", required_argument, 0, 'l'},
         {"model-name", required_argument, 0, O_NAME}, {"threads", required_argument, 0, O_THREADS},
         {"kv-cache-mb", required_argument, 0, O_KV},  {"max-seqs", required_argument, 0, O_SEQS},
         {"max-batch-tokens", required_argument, 0, O_BATCH}, {"max-queue", required_argument, 0, O_QUEUE},
-        {"max-body", required_argument, 0, O_BODY},   {"help", no_argument, 0, 'h'},
+        {"max-body", required_argument, 0, O_BODY},   {"device", required_argument, 0, O_DEVICE},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *model_path = NULL, *listen = NULL, *name = NULL;
+    const char *model_path = NULL, *listen = NULL, *name = NULL, *device = "cpu";
     long threads = 0, kv_mb = -1, v;
     rt_sched_opts so;
     rt_sched_opts_default(&so);
@@ -566,6 +580,10 @@ int gw_cmd_worker(int argc, char **argv)
         case 'm': model_path = optarg; break;
         case 'l': listen = optarg; break;
         case O_NAME: name = optarg; break;
+        case O_DEVICE:
+            device = optarg;
+            bad = strcmp(device, "cpu") && strcmp(device, "cuda") ? "--device: cpu or cuda" : NULL;
+            break;
         case O_THREADS: bad = gw_parse_int(optarg, 1, 1024, &threads) ? "--threads: 1 to 1024" : NULL; break;
         case O_KV: bad = gw_parse_int(optarg, 1, 1 << 20, &kv_mb) ? "--kv-cache-mb: 1 to 1048576" : NULL; break;
         case O_SEQS:
@@ -608,7 +626,7 @@ int gw_cmd_worker(int argc, char **argv)
     char err[512], namebuf[256];
     int status = 1;
     pthread_mutex_init(&w.mu, NULL);
-    rt_model_opts mo = {.n_threads = (int)threads};
+    rt_model_opts mo = {.n_threads = (int)threads, .device = device};
     if (rt_model_load(model_path, &mo, &w.model, err, sizeof(err))) {
         fprintf(stderr, "worker: %s: %s\n", model_path, err);
         goto out;
@@ -655,11 +673,20 @@ int gw_cmd_worker(int argc, char **argv)
     }
     rt_sched_stats st;
     rt_sched_get_stats(w.sched, &st);
+    rt_device_info dev;
+    rt_model_device_info(w.model, &dev);
+    char where[512];
+    if (strcmp(dev.kind, "cpu"))
+        snprintf(where, sizeof(where), "%s %s%s%s (%.0f MiB, %.0f MiB free)", dev.name, dev.uuid,
+                 dev.mig_profile[0] ? ", MIG " : "", dev.mig_profile, (double)dev.mem_total / 1048576.0,
+                 (double)dev.mem_free / 1048576.0);
+    else
+        snprintf(where, sizeof(where), "cpu");
     fprintf(stderr,
-            "worker: ready: model '%s' (%s, %d layers, ctx %d) on cpu, %s kernels, %d threads; KV %d blocks of "
+            "worker: ready: model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of "
             "%d tokens; chat template %s%s; listening on %s\n",
             w.model_name, rt_model_hparams(w.model)->arch, rt_model_hparams(w.model)->n_layer,
-            rt_model_hparams(w.model)->n_ctx_train, rt_model_backend_name(w.model), rt_model_threads(w.model),
+            rt_model_hparams(w.model)->n_ctx_train, where, rt_model_backend_name(w.model), rt_model_threads(w.model),
             st.kv_blocks_total, st.kv_block_tokens, rt_chat_kind_name(w.chat_kind),
             tmpl.p && !recognised ? " (unrecognised template: fallback)" : tmpl.p ? "" : " (none in file: fallback)",
             listen);

@@ -183,7 +183,8 @@ int rt_model_forward(rt_model *m, rt_batch_entry *e, int n_entries)
         return -EINVAL;
     if ((rc = validate(m, e, n_entries, &T, &n_out)))
         return rc;
-    if ((rc = act_reserve(m, T, n_out, n_entries)))
+    /* A CUDA model keeps its activations on the device. */
+    if (!m->cuda && (rc = act_reserve(m, T, n_out, n_entries)))
         return rc;
     for (int i = 0; i < n_entries; i++) {
         if ((rc = rt_seq_grow(e[i].seq, e[i].n_tokens))) {
@@ -192,6 +193,15 @@ int rt_model_forward(rt_model *m, rt_batch_entry *e, int n_entries)
             return rc;
         }
     }
+#ifdef INFERGATE_HAVE_CUDA
+    if (m->cuda) {
+        if ((rc = rt_cuda_forward(m, e, n_entries, T, n_out)))
+            goto fail;
+        for (int i = 0; i < n_entries; i++)
+            e[i].seq->len += e[i].n_tokens;
+        return 0;
+    }
+#endif
 
     rt_act *a = &m->act;
     int dim = hp->n_embd;

@@ -1,6 +1,7 @@
 /* Paged KV cache: one pool of fixed-size blocks; sequences hold block
  * tables and grow block by block (see model.h). Block layout, per layer:
- * K [block_tokens][kv_dim] then V [block_tokens][kv_dim], as floats. */
+ * K [block_tokens][kv_dim] then V [block_tokens][kv_dim], as floats, or as
+ * halves in device memory for a CUDA model. */
 #include "runtime/model_internal.h"
 
 #include <errno.h>
@@ -15,7 +16,7 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, s
         return NULL;
     }
     size_t block_floats = (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * block_tokens;
-    size_t block_bytes = block_floats * sizeof(float);
+    size_t block_bytes = block_floats * (m->cuda ? 2 : sizeof(float));
     size_t n = bytes / block_bytes;
     if (n < 1)
         n = 1;
@@ -30,12 +31,22 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, s
     kv->block_tokens = block_tokens;
     kv->n_blocks = (int)n;
     kv->block_floats = block_floats;
-    /* mmap, not malloc: the pool is large and its pages are only touched
-     * as sequences reach them. */
-    void *p = mmap(NULL, n * block_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        goto nomem;
-    kv->pool = p;
+    kv->block_bytes = block_bytes;
+    if (m->cuda) {
+#ifdef INFERGATE_HAVE_CUDA
+        if (rt_cuda_kv_alloc(m, n * block_bytes, &kv->dev_pool, err, err_len)) {
+            rt_kv_free(kv);
+            return NULL;
+        }
+#endif
+    } else {
+        /* mmap, not malloc: the pool is large and its pages are only
+         * touched as sequences reach them. */
+        void *p = mmap(NULL, n * block_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            goto nomem;
+        kv->pool = p;
+    }
     kv->free_list = malloc(n * sizeof(int));
     if (!kv->free_list)
         goto nomem;
@@ -55,7 +66,11 @@ void rt_kv_free(rt_kv *kv)
     if (!kv)
         return;
     if (kv->pool)
-        munmap(kv->pool, (size_t)kv->n_blocks * kv->block_floats * sizeof(float));
+        munmap(kv->pool, (size_t)kv->n_blocks * kv->block_bytes);
+#ifdef INFERGATE_HAVE_CUDA
+    if (kv->dev_pool)
+        rt_cuda_kv_release(kv->model, kv->dev_pool);
+#endif
     free(kv->free_list);
     free(kv);
 }
@@ -77,7 +92,15 @@ int rt_kv_block_tokens(const rt_kv *kv)
 
 size_t rt_kv_block_bytes(const rt_kv *kv)
 {
-    return kv->block_floats * sizeof(float);
+    return kv->block_bytes;
+}
+
+/* Address of block i: plain integer arithmetic, since a device pool's
+ * addresses are not host objects. */
+static float *block_addr(const rt_kv *kv, int i)
+{
+    uintptr_t base = (uintptr_t)(kv->dev_pool ? kv->dev_pool : (void *)kv->pool);
+    return (float *)(base + (uintptr_t)i * kv->block_bytes);
 }
 
 rt_seq *rt_seq_new(rt_kv *kv, int max_tokens)
@@ -104,7 +127,7 @@ void rt_seq_free(rt_seq *s)
         return;
     rt_kv *kv = s->kv;
     for (int i = 0; i < s->n_blocks; i++)
-        kv->free_list[kv->n_free++] = (int)((s->blocks[i] - kv->pool) / (ptrdiff_t)kv->block_floats);
+        kv->free_list[kv->n_free++] = rt_kv_block_index(kv, s->blocks[i]);
     free(s->blocks);
     free(s);
 }
@@ -130,7 +153,7 @@ int rt_seq_grow(rt_seq *s, int n)
     if (need > kv->n_free)
         return -ENOSPC;
     for (int i = 0; i < need; i++)
-        s->blocks[s->n_blocks++] = kv->pool + (size_t)kv->free_list[--kv->n_free] * kv->block_floats;
+        s->blocks[s->n_blocks++] = block_addr(kv, kv->free_list[--kv->n_free]);
     return 0;
 }
 
@@ -139,5 +162,5 @@ void rt_seq_shrink(rt_seq *s)
     rt_kv *kv = s->kv;
     int keep = (s->len + kv->block_tokens - 1) / kv->block_tokens;
     while (s->n_blocks > keep)
-        kv->free_list[kv->n_free++] = (int)((s->blocks[--s->n_blocks] - kv->pool) / (ptrdiff_t)kv->block_floats);
+        kv->free_list[kv->n_free++] = rt_kv_block_index(kv, s->blocks[--s->n_blocks]);
 }

@@ -258,12 +258,30 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
         m->weight_bytes += b;
     }
 
-    int n_threads = opts ? opts->n_threads : 0;
+    const char *device = opts && opts->device ? opts->device : "cpu";
+    bool cuda = strcmp(device, "cuda") == 0;
+    if (!cuda && strcmp(device, "cpu") != 0) {
+        rc = ERR("device \"%s\" is neither cpu nor cuda", device);
+        goto fail;
+    }
+    /* On a GPU the CPU kernels only serve host-side odds and ends. */
+    int n_threads = cuda ? 1 : opts ? opts->n_threads : 0;
     m->kn = kn_ctx_new(n_threads, opts && opts->reference ? KN_BACKEND_REF : KN_BACKEND_AUTO);
     if (!m->kn) {
         rc = -ENOMEM;
         snprintf(err, err_len, "cannot start the kernel context (%d threads)", n_threads);
         goto fail;
+    }
+    if (cuda) {
+#ifdef INFERGATE_HAVE_CUDA
+        if ((rc = rt_cuda_model_load(m, err, err_len)) < 0)
+            goto fail;
+#else
+        snprintf(err, err_len, "no CUDA device: this build has no CUDA backend (configure with "
+                               "-DINFERGATE_CUDA=ON on a machine with nvcc and cuBLAS)");
+        rc = -ENODEV;
+        goto fail;
+#endif
     }
     *out = m;
     return 0;
@@ -288,6 +306,9 @@ void rt_model_free(rt_model *m)
         free(m->layers);
     }
     free(m->output_norm);
+#ifdef INFERGATE_HAVE_CUDA
+    rt_cuda_model_free(m->cuda);
+#endif
     rt_act_dispose(&m->act);
     kn_ctx_free(m->kn);
     rt_tokenizer_free(m->tok);
@@ -322,12 +343,25 @@ uint64_t rt_model_bytes_per_token(const rt_model *m)
 
 size_t rt_model_kv_bytes_per_token(const rt_model *m)
 {
-    return (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * sizeof(float);
+    /* F16 on a device, F32 on the host */
+    return (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * (m->cuda ? 2 : sizeof(float));
 }
 
 const char *rt_model_backend_name(const rt_model *m)
 {
-    return kn_ctx_ops(m->kn)->name;
+    return m->cuda ? "cuda" : kn_ctx_ops(m->kn)->name;
+}
+
+void rt_model_device_info(const rt_model *m, rt_device_info *out)
+{
+    memset(out, 0, sizeof(*out));
+#ifdef INFERGATE_HAVE_CUDA
+    if (m->cuda) {
+        rt_cuda_device_info(m, out);
+        return;
+    }
+#endif
+    snprintf(out->kind, sizeof(out->kind), "cpu");
 }
 
 int rt_model_threads(const rt_model *m)

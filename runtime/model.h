@@ -36,11 +36,15 @@ typedef struct rt_hparams {
 typedef struct rt_model_opts {
     int n_threads;   /* <= 0: one per CPU */
     bool reference;  /* scalar reference kernels (numerical checks) */
+    const char *device; /* "cpu" (default) or "cuda" */
 } rt_model_opts;
 
 /* 0; -EINVAL for a file that is not a usable model (err names the key or
  * tensor, and the byte offset where the GGUF reader has one); -ENOMEM;
- * -errno for I/O. */
+ * -errno for I/O. With device "cuda": the weights go to the first device
+ * CUDA_VISIBLE_DEVICES shows, once, and every forward pass runs there;
+ * -ENODEV ("no CUDA device: ...") when there is none or the build has no
+ * CUDA, -ENOSPC when the weights do not fit (err gives both sizes). */
 int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, char *err, size_t err_len);
 void rt_model_free(rt_model *m);
 
@@ -57,6 +61,17 @@ size_t rt_model_kv_bytes_per_token(const rt_model *m);
 const char *rt_model_backend_name(const rt_model *m);
 int rt_model_threads(const rt_model *m);
 
+/* Where the forward pass runs. */
+typedef struct rt_device_info {
+    char kind[8];         /* "cpu" or "cuda" */
+    char name[256];       /* device name; "" on the CPU */
+    char uuid[96];        /* GPU-... or MIG-...; "" on the CPU */
+    char mig_profile[32]; /* e.g. "1g.10gb"; "" when not a MIG instance */
+    uint64_t mem_total, mem_free; /* device memory in bytes (free: now); 0 on the CPU */
+    uint64_t mem_weights;         /* bytes the weights take on the device */
+} rt_device_info;
+void rt_model_device_info(const rt_model *m, rt_device_info *out);
+
 /* Hyper-parameters and tensor shapes of a GGUF file, checked as the loader
  * checks them, without building a model (for `model inspect`). */
 int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err_len);
@@ -68,7 +83,10 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
 typedef struct rt_kv rt_kv;
 typedef struct rt_seq rt_seq;
 
-/* Pool of as many blocks as fit in `bytes` (at least one). */
+/* Pool of as many blocks as fit in `bytes` (at least one). On a CUDA model
+ * the pool is device memory holding F16 (rt_model_kv_bytes_per_token says
+ * so), and a pool that does not fit what the device has free is refused
+ * with both sizes in err. */
 rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, size_t err_len);
 void rt_kv_free(rt_kv *kv);
 int rt_kv_blocks_total(const rt_kv *kv);

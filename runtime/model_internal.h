@@ -32,6 +32,9 @@ typedef struct rt_act {
     kn_attn_seq *attn;
 } rt_act;
 
+/* Weights and activations on a CUDA device (forward_cuda.c). */
+typedef struct rt_cuda_model rt_cuda_model;
+
 struct rt_model {
     rt_gguf *gguf;
     rt_hparams hp;
@@ -42,14 +45,19 @@ struct rt_model {
     uint64_t weight_bytes, bytes_per_token;
     kn_ctx *kn;
     rt_act act;
+    rt_cuda_model *cuda; /* non-NULL: the forward pass runs on a CUDA device */
 };
 
+/* On a CUDA model the pool is device memory of F16 elements: the same block
+ * bookkeeping, with block addresses that only the device dereferences. */
 struct rt_kv {
     const rt_model *model;
     int block_tokens;
     int n_blocks;
-    size_t block_floats;
-    float *pool;
+    size_t block_floats; /* elements per block (floats on the host, halves on a device) */
+    size_t block_bytes;
+    float *pool;    /* host pool, NULL on a device */
+    void *dev_pool; /* device pool, NULL on the host */
     int *free_list; /* stack of free block indices */
     int n_free;
 };
@@ -62,11 +70,35 @@ struct rt_seq {
     float **blocks; /* capacity: ceil(max_tokens / block_tokens) */
 };
 
+/* Index of a block of kv's pool from its address (host or device). */
+static inline int rt_kv_block_index(const rt_kv *kv, const float *blk)
+{
+    uintptr_t base = (uintptr_t)(kv->dev_pool ? kv->dev_pool : (void *)kv->pool);
+    return (int)(((uintptr_t)blk - base) / kv->block_bytes);
+}
+
 void rt_act_dispose(rt_act *a);
 /* Takes blocks so that seq can hold len + n positions: 0 or -ENOSPC / -E2BIG
  * (nothing taken on failure). */
 int rt_seq_grow(rt_seq *s, int n);
 /* Returns blocks beyond what len positions need (undo of a grow). */
 void rt_seq_shrink(rt_seq *s);
+
+#ifdef INFERGATE_HAVE_CUDA
+/* Uploads the weights of a loaded (bound) model to the first visible CUDA
+ * device and sets m->cuda. 0, -ENODEV, -ENOSPC (does not fit: err gives
+ * both sizes), -ENOMEM, -EIO, -EINVAL (a shape the kernels do not take). */
+int rt_cuda_model_load(rt_model *m, char *err, size_t err_len);
+void rt_cuda_model_free(rt_cuda_model *c);
+/* The forward pass of rt_model_forward on the device, for validated
+ * entries whose sequences have already grown by their n_tokens (n_tokens
+ * tokens in all, n_out of them want logits). 0, -EINVAL, -ENOMEM, -EIO. */
+int rt_cuda_forward(rt_model *m, rt_batch_entry *e, int n_entries, int n_tokens, int n_out);
+/* Device memory for a KV pool; refused with both sizes in err when it does
+ * not fit what the device has free (keeping room for activations). */
+int rt_cuda_kv_alloc(const rt_model *m, size_t bytes, void **out, char *err, size_t err_len);
+void rt_cuda_kv_release(const rt_model *m, void *p);
+void rt_cuda_device_info(const rt_model *m, rt_device_info *out);
+#endif
 
 #endif

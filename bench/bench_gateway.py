@@ -1,0 +1,313 @@
+#!/usr/bin/python3
+"""Helpers of bench/bench_gateway.sh (the gateway-overhead benchmark).
+
+Subcommands:
+  ports N                      print N free loopback TCP ports
+  run H2LOAD_OUT LOGFILE [k=v...]
+                               one h2load run -> one JSON line on stdout: the
+                               h2load req/s and counters, p50/p99 latency from
+                               the per-request log, plus the k=v fields given
+                               (server, kind, rep, CPU figures)
+  ttft --direct PORT --gateway PORT [--samples N] [--warmup N] [--out FILE]
+                               sequential streamed completions, alternating
+                               direct / gateway, time to the first DATA frame
+                               that carries a token event
+  table RESULTS.jsonl TTFT.json [k=v...]
+                               the Markdown table for bench/RESULTS.md
+
+h2load prints no percentiles, so latency comes from its --log-file: one
+tab-separated line per request of the measured phase (start time in µs,
+status, µs until the end of the response).
+
+The TTFT client speaks HTTP/2 with Debian's python3-h2 over a plain socket
+rather than httpx so that the only thing between the timestamps is one
+sendall and the recv that brings the first token: a heavier client would add
+its own jitter to both sides and hide a difference of tens of µs.
+
+Run with /usr/bin/python3 (Debian's python3-h2).
+"""
+import json
+import os
+import re
+import socket
+import statistics
+import sys
+import time
+
+
+def pct(v, p):
+    """Linear-interpolated percentile of an already sorted list."""
+    if not v:
+        return float("nan")
+    k = (len(v) - 1) * p / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def cmd_ports(args):
+    socks = []
+    for _ in range(int(args[0])):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    print(" ".join(str(s.getsockname()[1]) for s in socks))
+    for s in socks:
+        s.close()
+
+
+def parse_h2load(text):
+    out = {"rps": float("nan"), "total": 0, "succeeded": 0, "failed": 0, "errored": 0, "timeout": 0}
+    m = re.search(r"finished in [\d.]+s, ([\d.]+) req/s", text)
+    if m:
+        out["rps"] = float(m.group(1))
+    m = re.search(r"requests: (\d+) total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, "
+                  r"(\d+) errored, (\d+) timeout", text)
+    if m:
+        out["total"], out["succeeded"], out["failed"], out["errored"], out["timeout"] = map(int, m.groups())
+    m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", text)
+    if m:
+        out["s2xx"], out["s3xx"], out["s4xx"], out["s5xx"] = map(int, m.groups())
+    return out
+
+
+def cmd_run(args):
+    with open(args[0]) as f:
+        rec = parse_h2load(f.read())
+    lat, non2xx = [], 0
+    with open(args[1]) as f:
+        for line in f:
+            parts = line.split("\t")
+            if len(parts) < 3:
+                continue
+            status = int(parts[1])
+            if status < 200 or status > 299:
+                non2xx += 1
+            lat.append(int(parts[2]))
+    lat.sort()
+    rec["n_logged"] = len(lat)
+    rec["non2xx"] = non2xx
+    rec["p50_us"] = pct(lat, 50)
+    rec["p99_us"] = pct(lat, 99)
+    for kv in args[2:]:
+        k, v = kv.split("=", 1)
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+        rec[k] = v
+    # CPU per request: the process's CPU time over a window of the measured
+    # phase divided by the requests that window saw (rate x time), so a small
+    # misalignment of the window with h2load's own phase costs nothing.
+    for who in ("proxy", "worker"):
+        t = rec.get(who + "_cpu_s")
+        w = rec.get("cpu_wall_s")
+        if isinstance(t, float) and isinstance(w, float) and w > 0 and rec["rps"] > 0:
+            rec[who + "_us_per_req"] = t / w / rec["rps"] * 1e6
+    print(json.dumps(rec))
+
+
+# ---------------------------------------------------------------- TTFT client
+
+
+class H2Client:
+    """One HTTP/2 cleartext connection, one request at a time."""
+
+    def __init__(self, port):
+        import h2.config
+        import h2.connection
+
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        cfg = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self.conn = h2.connection.H2Connection(config=cfg)
+        self.conn.initiate_connection()
+        # A large window: the stream is never held up by flow control.
+        self.conn.increment_flow_control_window(16 << 20)
+        self.sock.sendall(self.conn.data_to_send())
+        self.port = port
+
+    def completion(self, body):
+        """Returns (ttft_s, total_s, status); ttft is None when no token came."""
+        import h2.events
+
+        sid = self.conn.get_next_available_stream_id()
+        headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"127.0.0.1"),
+                   (b":path", b"/v1/completions"), (b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode())]
+        self.conn.send_headers(sid, headers)
+        self.conn.send_data(sid, body, end_stream=True)
+        out = self.conn.data_to_send()
+        t0 = time.perf_counter_ns()
+        self.sock.sendall(out)
+        ttft, status, done = None, 0, False
+        while not done:
+            data = self.sock.recv(65536)
+            t = time.perf_counter_ns()
+            if not data:
+                raise RuntimeError("connection to port %d closed" % self.port)
+            for ev in self.conn.receive_data(data):
+                if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
+                    status = int(dict(ev.headers).get(b":status", b"0"))
+                elif isinstance(ev, h2.events.DataReceived):
+                    self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    # A token event: an SSE event with a choice still open.
+                    if ttft is None and ev.stream_id == sid and b'"finish_reason":null' in ev.data:
+                        ttft = t - t0
+                elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)) and ev.stream_id == sid:
+                    done = True
+            pending = self.conn.data_to_send()
+            if pending:
+                self.sock.sendall(pending)
+        return (None if ttft is None else ttft / 1e9), (time.perf_counter_ns() - t0) / 1e9, status
+
+
+def cmd_ttft(args):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="bench_gateway.py ttft")
+    ap.add_argument("--direct", type=int, required=True)
+    ap.add_argument("--gateway", type=int, required=True)
+    ap.add_argument("--samples", type=int, default=500)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--out")
+    a = ap.parse_args(args)
+    body = json.dumps({"model": "m", "prompt": [1, 5, 6], "max_tokens": a.max_tokens, "temperature": 0,
+                       "stream": True}, separators=(",", ":")).encode()
+    clients = {"direct": H2Client(a.direct), "gateway": H2Client(a.gateway)}
+    ttft = {"direct": [], "gateway": []}
+    errors = {"direct": 0, "gateway": 0}
+    for i in range(a.warmup + a.samples):
+        # Alternate which side goes first so neither always follows the other.
+        order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+        for side in order:
+            t, _, status = clients[side].completion(body)
+            if i < a.warmup:
+                continue
+            if status != 200 or t is None:
+                errors[side] += 1
+            else:
+                ttft[side].append(t * 1e6)
+    res = {"samples": a.samples, "max_tokens": a.max_tokens, "errors": errors}
+    for side in ttft:
+        v = sorted(ttft[side])
+        res[side] = {"p50_us": pct(v, 50), "p99_us": pct(v, 99), "min_us": v[0] if v else float("nan"),
+                     "n": len(v)}
+    res["diff_p50_us"] = res["gateway"]["p50_us"] - res["direct"]["p50_us"]
+    res["diff_p99_us"] = res["gateway"]["p99_us"] - res["direct"]["p99_us"]
+    text = json.dumps(res)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+# ---------------------------------------------------------------------- table
+
+SERVERS = (("A", "direct"), ("B", "gateway"), ("C", "haproxy"))
+KINDS = (("models", "`GET /v1/models`"), ("completion", "`POST /v1/completions` max_tokens 1"))
+
+
+def med_range(vals, fmt):
+    vals = [v for v in vals if isinstance(v, (int, float)) and v == v]
+    if not vals:
+        return "–"
+    return "%s (%s–%s)" % (fmt % statistics.median(vals), fmt % min(vals), fmt % max(vals))
+
+
+def med(vals):
+    vals = [v for v in vals if isinstance(v, (int, float)) and v == v]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def cmd_table(args):
+    recs = []
+    with open(args[0]) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                recs.append(json.loads(line))
+    ttft = None
+    if len(args) > 1 and os.path.exists(args[1]) and os.path.getsize(args[1]) > 0:
+        with open(args[1]) as f:
+            ttft = json.load(f)
+    meta = dict(kv.split("=", 1) for kv in args[2:])
+
+    def sel(server, kind, key):
+        return [r.get(key) for r in recs if r.get("server") == server and r.get("kind") == kind]
+
+    out = []
+    out.append("### Gateway overhead (h2load, 16 connections x 10 streams, loopback) — %s" % meta.get("date", ""))
+    out.append("")
+    out.append("commit `%s`, %s CPUs (%s); h2load on core 0, proxies and workers on core 1; "
+               "HAProxy %s; %s repetitions per point, alternating A B C, median (min–max)." %
+               (meta.get("commit", "?"), meta.get("nproc", "?"), meta.get("cpu", "?"), meta.get("haproxy", "?"),
+                meta.get("reps", "?")))
+    out.append("")
+    out.append("```")
+    out.append(meta.get("command", ""))
+    out.append("```")
+    out.append("")
+    out.append("| request | path | req/s | p50 µs | p99 µs | proxy CPU µs/req | worker CPU µs/req | non-2xx / failed |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for kind, kname in KINDS:
+        for letter, server in SERVERS:
+            if not sel(server, kind, "rps"):
+                continue
+            bad = sum(int(x or 0) for x in sel(server, kind, "non2xx"))
+            failed = sum(int(x or 0) for x in sel(server, kind, "failed")) + \
+                sum(int(x or 0) for x in sel(server, kind, "errored"))
+            out.append("| %s | %s %s | %s | %s | %s | %s | %s | %d / %d |" % (
+                kname, letter, server, med_range(sel(server, kind, "rps"), "%.0f"),
+                med_range(sel(server, kind, "p50_us"), "%.0f"), med_range(sel(server, kind, "p99_us"), "%.0f"),
+                med_range(sel(server, kind, "proxy_us_per_req"), "%.1f") if server != "direct" else "–",
+                med_range(sel(server, kind, "worker_us_per_req"), "%.1f"), bad, failed))
+    out.append("")
+    out.append("| request | gateway / HAProxy req/s | added p99 µs, gateway | added p99 µs, HAProxy | "
+               "added p50 µs, gateway | added p50 µs, HAProxy |")
+    out.append("| --- | --- | --- | --- | --- | --- |")
+    for kind, kname in KINDS:
+        # Ratios per repetition (A, B and C of one repetition ran back to back),
+        # then the median of those.
+        reps = sorted({r.get("rep") for r in recs if r.get("kind") == kind})
+        ratio, add99g, add99h, add50g, add50h = [], [], [], [], []
+        for rep in reps:
+            by = {r["server"]: r for r in recs if r.get("kind") == kind and r.get("rep") == rep}
+            if not all(s in by for _, s in SERVERS):
+                continue
+            d, g, h = by["direct"], by["gateway"], by["haproxy"]
+            ratio.append(g["rps"] / h["rps"] if h["rps"] else float("nan"))
+            add99g.append(g["p99_us"] - d["p99_us"])
+            add99h.append(h["p99_us"] - d["p99_us"])
+            add50g.append(g["p50_us"] - d["p50_us"])
+            add50h.append(h["p50_us"] - d["p50_us"])
+        if ratio:
+            out.append("| %s | %s | %s | %s | %s | %s |" % (
+                kname, med_range(ratio, "%.2f"), med_range(add99g, "%+.0f"), med_range(add99h, "%+.0f"),
+                med_range(add50g, "%+.0f"), med_range(add50h, "%+.0f")))
+    if ttft:
+        out.append("")
+        out.append("Streamed completion (max_tokens %d, tiny model), time to first token, %d sequential requests "
+                   "per side, direct and gateway alternating:" % (ttft["max_tokens"], ttft["samples"]))
+        out.append("")
+        out.append("| path | TTFT p50 µs | TTFT p99 µs | errors |")
+        out.append("| --- | --- | --- | --- |")
+        for side in ("direct", "gateway"):
+            out.append("| %s | %.0f | %.0f | %d |" % (side, ttft[side]["p50_us"], ttft[side]["p99_us"],
+                                                    ttft["errors"][side]))
+        out.append("| gateway − direct | %+.0f | %+.0f | |" % (ttft["diff_p50_us"], ttft["diff_p99_us"]))
+    print("\n".join(out))
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    cmd, args = sys.argv[1], sys.argv[2:]
+    fn = {"ports": cmd_ports, "run": cmd_run, "ttft": cmd_ttft, "table": cmd_table}.get(cmd)
+    if fn is None:
+        sys.exit("unknown subcommand %r\n%s" % (cmd, __doc__))
+    fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# Gateway-overhead benchmark (issue 4): what `infergate serve` costs on the
+# request path, against a worker reached directly and against HAProxy 2.6
+# (h2 on both sides) in front of the same worker, all in one run.
+#
+#   A  h2load -> infergate worker (tcp)
+#   B  h2load -> infergate serve  (its own worker on the same model, over its unix socket)
+#   C  h2load -> haproxy          -> the worker of A
+#
+# Two requests that cost the worker almost nothing, so the proxy is what is
+# measured: GET /v1/models and POST /v1/completions (max_tokens 1, tiny
+# model). h2load at 16 connections x 10 streams, pinned to core 0; proxies and
+# workers pinned to core 1. Points alternate A B C per repetition; medians
+# with min-max. Then a streamed completion, sequential, direct and gateway
+# alternating: time to first token (bench/bench_gateway.py ttft).
+#
+# Note: the gateway answers GET /v1/models itself (from its config, no
+# upstream hop), so that point compares the gateway's own HTTP/2 serving with
+# HAProxy forwarding; the completion point is the one that goes through the
+# proxy path of both.
+#
+# Needs (Debian): h2load, haproxy, python3-h2 —
+#   apt-get install -y haproxy nghttp2-client python3-h2
+#
+# Usage: bench/bench_gateway.sh [--infergate BIN] [--reps N] [--duration S]
+#            [--warmup S] [--ttft-samples N] [--profile]
+#   default BIN: build-bench/infergate, built if missing with
+#   cmake -B build-bench -DINFERGATE_CUDA=OFF -DCMAKE_BUILD_TYPE=Release
+#
+# --profile adds a perf record of the gateway under the completion load and
+# prints its top symbols (needs perf; diagnostic, not part of the table).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=/usr/bin/python3
+HELPER=$ROOT/bench/bench_gateway.py
+BIN=""
+REPS=3
+DUR=10
+WARM=2
+TTFT_N=500
+PROFILE=0
+CONNS=16
+STREAMS=10
+MAX_SEQS=160
+MAX_QUEUE=1024
+ARGS_ORIG="$*"
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --infergate) BIN=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
+    --duration) DUR=$2; shift 2 ;;
+    --warmup) WARM=$2; shift 2 ;;
+    --ttft-samples) TTFT_N=$2; shift 2 ;;
+    --profile) PROFILE=1; shift ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    *) echo "unknown option: $1" >&2; exit 2 ;;
+    esac
+done
+
+missing=""
+command -v h2load >/dev/null || missing="$missing nghttp2-client"
+command -v haproxy >/dev/null || missing="$missing haproxy"
+command -v taskset >/dev/null || missing="$missing util-linux"
+$PY -c 'import h2' 2>/dev/null || missing="$missing python3-h2"
+if [ -n "$missing" ]; then
+    echo "missing:$missing — run: apt-get install -y haproxy nghttp2-client python3-h2" >&2
+    exit 1
+fi
+if [ "$(nproc)" -lt 2 ]; then
+    echo "needs at least 2 CPUs (load generator on core 0, system under test on core 1)" >&2
+    exit 1
+fi
+
+if [ -z "$BIN" ]; then
+    BIN=$ROOT/build-bench/infergate
+    if [ ! -x "$BIN" ]; then
+        cmake -B build-bench -DINFERGATE_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
+        cmake --build build-bench -j2 --target infergate
+    fi
+fi
+BIN=$(readlink -f "$BIN")
+
+TMP=$(mktemp -d /tmp/bench-gateway.XXXXXX)
+PIDS=()
+cleanup() {
+    local p
+    # Reverse order: proxies before the worker they talk to; the gateway
+    # stops its own worker on SIGTERM.
+    for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+        p=${PIDS[i]}
+        kill -TERM "$p" 2>/dev/null || true
+    done
+    for p in "${PIDS[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+read -r P1 P2 P3 <<<"$($PY "$HELPER" ports 3)"
+MODEL=$TMP/tiny.gguf
+"$BIN" model gen --out "$MODEL" --dim 64 --layers 1 --heads 2 --kv-heads 2 --ffn 128 --vocab 300 \
+    --ctx 128 --type q8_0 >/dev/null
+
+# A: the worker, also HAProxy's backend.
+taskset -c 1 "$BIN" worker --model "$MODEL" --model-name m --listen "tcp:127.0.0.1:$P1" --threads 1 \
+    --max-seqs "$MAX_SEQS" --max-queue "$MAX_QUEUE" >"$TMP/worker.log" 2>&1 &
+W_PID=$!
+PIDS+=("$W_PID")
+
+# B: the gateway with its own worker on the same model and knobs.
+cat >"$TMP/gateway.yaml" <<EOF
+listen:
+  - address: "127.0.0.1:$P2"
+workers:
+  - model: $MODEL
+    name: m
+    devices: [cpu]
+    threads: 1
+    max_seqs: $MAX_SEQS
+    max_queue: $MAX_QUEUE
+logging:
+  access_log: "off"
+runtime_dir: $TMP/run
+EOF
+mkdir -p "$TMP/run"
+taskset -c 1 "$BIN" serve --config "$TMP/gateway.yaml" >"$TMP/gateway.log" 2>&1 &
+G_PID=$!
+PIDS+=("$G_PID")
+
+# C: HAProxy, h2 on both sides, one thread, no logging.
+cat >"$TMP/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+frontend fe
+    bind 127.0.0.1:$P3 proto h2
+    default_backend be
+backend be
+    http-reuse always
+    server w 127.0.0.1:$P1 proto h2
+EOF
+taskset -c 1 haproxy -f "$TMP/haproxy.cfg" -db >"$TMP/haproxy.log" 2>&1 &
+H_PID=$!
+PIDS+=("$H_PID")
+
+wait_ready() { # URL NAME LOG
+    for _ in $(seq 100); do
+        if [ "$(curl -s --http2-prior-knowledge -o /dev/null -w '%{http_code}' "$1" || true)" = 200 ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "$2 did not become ready; its log:" >&2
+    cat "$3" >&2
+    exit 1
+}
+wait_ready "http://127.0.0.1:$P1/health" worker "$TMP/worker.log"
+wait_ready "http://127.0.0.1:$P2/readyz" gateway "$TMP/gateway.log"
+wait_ready "http://127.0.0.1:$P3/health" haproxy "$TMP/haproxy.log"
+GW_WORKER=$(pgrep -P "$G_PID" | head -1)
+if [ -z "$GW_WORKER" ]; then
+    echo "cannot find the gateway's worker process" >&2
+    exit 1
+fi
+
+cpu_s() { # PID -> user+system CPU seconds (fields 14 and 15 of /proc/PID/stat)
+    local s
+    s=$(cat "/proc/$1/stat")
+    s=${s##*) }
+    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.4f", ($12 + $13) / hz }' <<<"$s"
+}
+now_s() { date +%s.%N; }
+
+printf '{"model":"m","prompt":[1,5,6],"max_tokens":1,"temperature":0}' >"$TMP/body.json"
+RESULTS=$TMP/results.jsonl
+: >"$RESULTS"
+
+port_of() { case $1 in direct) echo "$P1" ;; gateway) echo "$P2" ;; haproxy) echo "$P3" ;; esac; }
+proxy_of() { case $1 in direct) echo "" ;; gateway) echo "$G_PID" ;; haproxy) echo "$H_PID" ;; esac; }
+worker_of() { case $1 in gateway) echo "$GW_WORKER" ;; *) echo "$W_PID" ;; esac; }
+
+one_run() { # SERVER KIND REP
+    local server=$1 kind=$2 rep=$3 port proxy worker url extra=() hp c0p c0w c1p c1w t0 t1
+    port=$(port_of "$server")
+    proxy=$(proxy_of "$server")
+    worker=$(worker_of "$server")
+    if [ "$kind" = models ]; then
+        url="http://127.0.0.1:$port/v1/models"
+    else
+        url="http://127.0.0.1:$port/v1/completions"
+        extra=(-d "$TMP/body.json" -H "content-type: application/json")
+    fi
+    taskset -c 0 h2load -c "$CONNS" -m "$STREAMS" -D "$DUR" --warm-up-time "$WARM" "${extra[@]}" \
+        --log-file="$TMP/req.log" "$url" >"$TMP/h2load.out" 2>&1 &
+    hp=$!
+    # CPU window: from the end of the warm-up to the end of the run.
+    sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.2 }')"
+    t0=$(now_s)
+    c0w=$(cpu_s "$worker")
+    c0p=0
+    [ -n "$proxy" ] && c0p=$(cpu_s "$proxy")
+    sleep "$(awk -v d="$DUR" 'BEGIN { print d - 0.4 }')"
+    t1=$(now_s)
+    c1w=$(cpu_s "$worker")
+    c1p=0
+    [ -n "$proxy" ] && c1p=$(cpu_s "$proxy")
+    wait "$hp" || { echo "h2load failed:" >&2; cat "$TMP/h2load.out" >&2; exit 1; }
+    local kv=(server="$server" kind="$kind" rep="$rep"
+        cpu_wall_s="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f", b - a }')"
+        worker_cpu_s="$(awk -v a="$c0w" -v b="$c1w" 'BEGIN { printf "%.4f", b - a }')")
+    [ -n "$proxy" ] && kv+=(proxy_cpu_s="$(awk -v a="$c0p" -v b="$c1p" 'BEGIN { printf "%.4f", b - a }')")
+    taskset -c 0 $PY "$HELPER" run "$TMP/h2load.out" "$TMP/req.log" "${kv[@]}" | tee -a "$RESULTS" |
+        $PY -c 'import json,sys; r=json.load(sys.stdin); print("  rep %d %-10s %-8s %8.0f req/s  p50 %6.0f us  p99 %6.0f us  non-2xx %d  failed %d  proxy %s us/req  worker %.1f us/req" % (r["rep"], r["kind"], r["server"], r["rps"], r["p50_us"], r["p99_us"], r["non2xx"], r["failed"] + r["errored"], ("%.1f" % r["proxy_us_per_req"]) if "proxy_us_per_req" in r else "-", r.get("worker_us_per_req", float("nan"))))' >&2
+    rm -f "$TMP/req.log"
+}
+
+echo "throughput and latency: $REPS reps x 2 kinds x 3 paths, ${DUR}s each (+${WARM}s warm-up)" >&2
+for rep in $(seq "$REPS"); do
+    for kind in models completion; do
+        for server in direct gateway haproxy; do
+            one_run "$server" "$kind" "$rep"
+        done
+    done
+done
+
+echo "time to first token: $TTFT_N sequential streamed completions per side" >&2
+taskset -c 0 $PY "$HELPER" ttft --direct "$P1" --gateway "$P2" --samples "$TTFT_N" --out "$TMP/ttft.json" >&2
+
+if [ "$PROFILE" = 1 ]; then
+    if perf stat -e instructions true >/dev/null 2>&1; then
+        echo "profile: perf record of the gateway under the completion load (5 s)" >&2
+        taskset -c 0 h2load -c "$CONNS" -m "$STREAMS" -D 7 -d "$TMP/body.json" -H "content-type: application/json" \
+            "http://127.0.0.1:$P2/v1/completions" >/dev/null 2>&1 &
+        hp=$!
+        sleep 1
+        perf record -q -g -o "$TMP/perf.data" -p "$G_PID" -- sleep 5 >/dev/null 2>&1 || true
+        wait "$hp" || true
+        perf report -i "$TMP/perf.data" --no-children --sort symbol,dso --stdio 2>/dev/null |
+            grep -v '^#' | grep '%' | grep -v '^ *|' | grep -v -- '--' | head -40 >&2 || true
+    else
+        echo "profile: perf is not usable here, skipped" >&2
+    fi
+fi
+
+CPU=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+HAPV=$(haproxy -v | awk 'NR == 1 { print $3 }')
+$PY "$HELPER" table "$RESULTS" "$TMP/ttft.json" "date=$(date -u +%Y-%m-%d)" \
+    "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" "nproc=$(nproc)" "cpu=$CPU" \
+    "haproxy=$HAPV" "reps=$REPS" "command=bench/bench_gateway.sh${ARGS_ORIG:+ $ARGS_ORIG}"

@@ -1,0 +1,556 @@
+/* HTTP/2 server sessions: one nghttp2 server session per connection on a
+ * libevent bufferevent, over cleartext (prior knowledge) or TLS with ALPN
+ * h2. The wiring of nghttp2's examples/libevent-server.c, with h2o's
+ * discipline on top: a soft maximum on the output buffer, deferred close,
+ * streams whose on_close runs outside nghttp2. See gateway/http_internal.h
+ * for ownership and the rules on which calls may happen where. */
+#include "gateway/http_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+static const uint8_t empty_body[1];
+
+/* ---- responses ---- */
+
+static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
+                            nghttp2_data_source *src, void *ud)
+{
+    gw_http_stream *s = src->ptr;
+    size_t have = s->out ? evbuffer_get_length(s->out) : 0;
+    if (have == 0 && !s->resp_ended) {
+        s->deferred = true;
+        return NGHTTP2_ERR_DEFERRED;
+    }
+    size_t n = have < len ? have : len;
+    if (n && evbuffer_remove(s->out, buf, n) != (int)n)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (s->resp_ended && n == have)
+        *flags |= NGHTTP2_DATA_FLAG_EOF;
+    /* on_writable may not run inside nghttp2: conn_settle calls it. */
+    if (s->above_half && have - n <= s->conn->srv->limits.max_stream_buffer / 2) {
+        s->above_half = false;
+        s->writable_due = true;
+        s->conn->writable_due = true;
+    }
+    return (ssize_t)n;
+}
+
+/* Submits response headers, with `body` queued when given. With `whole`,
+ * the response ends after the body. 0, -EINVAL or -ENOMEM. */
+static int stream_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
+                         const void *body, size_t body_len, bool whole)
+{
+    if (status < 100 || status > 999 || (n_headers && !headers) || (body_len && !body))
+        return -EINVAL;
+    if (!s->out && !(s->out = evbuffer_new()))
+        return -ENOMEM;
+    nghttp2_nv stack_nv[16], *nv = stack_nv;
+    if (n_headers + 1 > sizeof(stack_nv) / sizeof(stack_nv[0])) {
+        if (n_headers > SIZE_MAX / sizeof(*nv) - 1 || !(nv = malloc((n_headers + 1) * sizeof(*nv))))
+            return -ENOMEM;
+    }
+    char st[4];
+    snprintf(st, sizeof(st), "%d", status);
+    nv[0] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, 3, NGHTTP2_NV_FLAG_NONE};
+    for (size_t i = 0; i < n_headers; i++)
+        nv[i + 1] = (nghttp2_nv){(uint8_t *)headers[i].name, (uint8_t *)headers[i].value,
+                                 strlen(headers[i].name), strlen(headers[i].value), NGHTTP2_NV_FLAG_NONE};
+    int rc = -ENOMEM;
+    if (body_len && evbuffer_add(s->out, body, body_len))
+        goto out;
+    nghttp2_data_provider dp = {.source.ptr = s, .read_callback = data_read_cb};
+    s->resp_ended = whole;
+    int rv = nghttp2_submit_response(s->conn->ngh, s->id, nv, n_headers + 1, whole && !body_len ? NULL : &dp);
+    if (rv) {
+        evbuffer_drain(s->out, body_len);
+        s->resp_ended = false;
+        rc = rv == NGHTTP2_ERR_NOMEM ? -ENOMEM : -EINVAL;
+        goto out;
+    }
+    s->resp_started = true;
+    rc = 0;
+out:
+    if (nv != stack_nv)
+        free(nv);
+    return rc;
+}
+
+/* The server answers instead of the application (the request never
+ * reaches it). */
+static void stream_reject(gw_http_stream *s, int status, const char *message, const char *code)
+{
+    static const gw_http_header hdr[] = {{"content-type", "application/json"}};
+    char body[320];
+    s->state = GW_SS_REJECTED;
+    free(s->body);
+    s->body = NULL;
+    s->body_len = s->body_cap = 0;
+    size_t n = gw_http_error_json(body, sizeof(body), message, code);
+    if (stream_submit(s, status, hdr, 1, body, n, true) &&
+        nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
+        s->conn->broken = true;
+}
+
+static void stream_fail(gw_http_stream *s)
+{
+    s->state = GW_SS_REJECTED;
+    if (nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
+        s->conn->broken = true;
+}
+
+static void stream_reject_body(gw_http_stream *s)
+{
+    char msg[96];
+    snprintf(msg, sizeof(msg), "request body larger than %zu bytes", s->conn->srv->limits.max_body);
+    stream_reject(s, 413, msg, "request_too_large");
+}
+
+/* ---- request assembly (nghttp2 callbacks) ---- */
+
+static gw_http_stream *stream_of(nghttp2_session *ngh, int32_t id)
+{
+    return nghttp2_session_get_stream_user_data(ngh, id);
+}
+
+static int on_begin_headers_cb(nghttp2_session *ngh, const nghttp2_frame *frame, void *ud)
+{
+    gw_http_conn *c = ud;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return 0;
+    gw_http_stream *s = gw_stream_new(c, frame->hd.stream_id);
+    if (!s)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* RST_STREAM INTERNAL_ERROR */
+    if (c->n_streams == 1 && !c->lingering && !c->goaway)
+        event_del(c->idle_ev); /* not idle any more */
+    if (nghttp2_session_set_stream_user_data(ngh, frame->hd.stream_id, s))
+        gw_stream_closed(s, false); /* nghttp2 holds no such stream: nothing will close it */
+    return 0;
+}
+
+static bool name_is(const uint8_t *name, size_t len, const char *lit)
+{
+    return strlen(lit) == len && !memcmp(name, lit, len);
+}
+
+static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                        const uint8_t *value, size_t valuelen, uint8_t flags, void *ud)
+{
+    gw_http_stream *s;
+    if (frame->hd.type != NGHTTP2_HEADERS || !(s = stream_of(ngh, frame->hd.stream_id)))
+        return 0;
+    if (s->state != GW_SS_HEADERS && s->state != GW_SS_BODY)
+        return 0;
+    /* Counted as SETTINGS_MAX_HEADER_LIST_SIZE counts (RFC 9113 6.5.2);
+     * HPACK bounds each field, so the sum cannot wrap. */
+    s->header_bytes += namelen + valuelen + 32;
+    if (s->header_bytes > s->conn->srv->limits.max_header_list)
+        s->reject_status = 431;
+    if (s->reject_status || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return 0; /* trailers are counted, not kept */
+    if (namelen && name[0] == ':') {
+        const char **slot = name_is(name, namelen, ":method")      ? &s->method
+                            : name_is(name, namelen, ":path")      ? &s->path
+                            : name_is(name, namelen, ":authority") ? &s->authority
+                                                                   : NULL;
+        if (slot && !(*slot = gw_arena_strndup(&s->arena, value, valuelen)))
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        return 0;
+    }
+    if (s->n_headers == s->cap_headers) {
+        size_t cap = s->cap_headers ? s->cap_headers * 2 : 16;
+        gw_http_header *h = realloc(s->headers, cap * sizeof(*h));
+        if (!h)
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        s->headers = h;
+        s->cap_headers = cap;
+    }
+    gw_http_header *h = &s->headers[s->n_headers];
+    if (!(h->name = gw_arena_strndup(&s->arena, name, namelen)) ||
+        !(h->value = gw_arena_strndup(&s->arena, value, valuelen)))
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    s->n_headers++;
+    return 0;
+}
+
+static void request_headers_done(gw_http_stream *s)
+{
+    const gw_http_limits *lim = &s->conn->srv->limits;
+    if (s->reject_status) {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "request headers larger than %zu bytes", lim->max_header_list);
+        stream_reject(s, 431, msg, "request_header_fields_too_large");
+        return;
+    }
+    if (!s->method || !s->path) { /* nghttp2 lets CONNECT through without :path */
+        stream_reject(s, 400, "request lacks :method or :path", "invalid_request");
+        return;
+    }
+    if (!s->authority)
+        s->authority =
+            gw_http_header_get(&(gw_http_request){.headers = s->headers, .n_headers = s->n_headers}, "host");
+    s->state = GW_SS_BODY;
+    /* nghttp2 checked that content-length is a number and will check it
+     * against the DATA that follows. A large one is grown into as the data
+     * comes, so that a claim alone does not reserve max_body. */
+    const char *cl = gw_http_header_get(&(gw_http_request){.headers = s->headers, .n_headers = s->n_headers},
+                                        "content-length");
+    if (cl) {
+        unsigned long long n = strtoull(cl, NULL, 10);
+        if (n > lim->max_body) {
+            stream_reject_body(s);
+        } else if (n > 0) {
+            size_t cap = n < 65536 ? (size_t)n : 65536;
+            if (!(s->body = malloc(cap)))
+                stream_fail(s);
+            else
+                s->body_cap = cap;
+        }
+    }
+}
+
+static void request_complete(gw_http_stream *s)
+{
+    if (s->state != GW_SS_BODY)
+        return;
+    if (s->reject_status) { /* trailers too large */
+        request_headers_done(s);
+        return;
+    }
+    gw_http_server *srv = s->conn->srv;
+    s->req = (gw_http_request){
+        .method = s->method,
+        .path = s->path,
+        .authority = s->authority,
+        .headers = s->headers,
+        .n_headers = s->n_headers,
+        .body = s->body ? s->body : empty_body,
+        .body_len = s->body_len,
+        .protocol = "HTTP/2",
+    };
+    s->state = GW_SS_APP;
+    srv->handler.on_request(srv->ud, s, &s->req);
+}
+
+static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id, const uint8_t *data,
+                                 size_t len, void *ud)
+{
+    gw_http_stream *s = stream_of(ngh, id);
+    if (!s || s->state != GW_SS_BODY)
+        return 0;
+    size_t max = s->conn->srv->limits.max_body;
+    if (s->body_len > max || len > max - s->body_len) { /* max may have shrunk (reload) */
+        stream_reject_body(s);
+        return 0;
+    }
+    if (s->body_len + len > s->body_cap) {
+        size_t cap = s->body_cap < 16384 ? 16384 : s->body_cap;
+        while (cap < s->body_len + len)
+            cap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
+        if (cap > max)
+            cap = max;
+        if (cap < s->body_len + len)
+            cap = s->body_len + len;
+        uint8_t *b = realloc(s->body, cap);
+        if (!b) {
+            stream_fail(s);
+            return 0;
+        }
+        s->body = b;
+        s->body_cap = cap;
+    }
+    memcpy(s->body + s->body_len, data, len);
+    s->body_len += len;
+    return 0;
+}
+
+static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, void *ud)
+{
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
+        return 0;
+    gw_http_stream *s = stream_of(ngh, frame->hd.stream_id);
+    if (!s)
+        return 0;
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
+        s->state == GW_SS_HEADERS)
+        request_headers_done(s);
+    if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
+        s->remote_ended = true;
+        request_complete(s);
+    }
+    return 0;
+}
+
+static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, void *ud)
+{
+    if ((frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) ||
+        !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        return 0;
+    gw_http_stream *s = stream_of(ngh, frame->hd.stream_id);
+    if (!s)
+        return 0;
+    /* A rejected upload is not cut short with RST_STREAM(NO_ERROR) as
+     * RFC 9113 8.1 allows: curl 7.88 takes it for a failure. The rest of
+     * the body is read and dropped; flow control is refilled as it comes. */
+    s->fin_sent = true;
+    return 0;
+}
+
+static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_code, void *ud)
+{
+    gw_http_stream *s = stream_of(ngh, id);
+    if (s)
+        gw_stream_closed(s, s->fin_sent);
+    return 0;
+}
+
+/* ---- the connection ---- */
+
+static void conn_arm_idle(gw_http_conn *c)
+{
+    if (!c->lingering && !c->goaway && !c->dead)
+        gw_conn_set_timer(c, c->srv->limits.idle_timeout_ms);
+}
+
+/* Feeds everything read to nghttp2. 0, or -1 when the connection must go. */
+static int conn_recv(gw_http_conn *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    while (evbuffer_get_length(in) > 0) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            return -1;
+        ssize_t rv = nghttp2_session_mem_recv(c->ngh, v.iov_base, v.iov_len);
+        if (rv < 0)
+            return -1;
+        evbuffer_drain(in, (size_t)rv);
+    }
+    return 0;
+}
+
+/* Moves frames from nghttp2 to the output until it is above the soft
+ * maximum; the write callback comes back for the rest. While the output is
+ * that full the peer is not reading, so we stop reading too (h2o). */
+static int conn_send(gw_http_conn *c)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    while (evbuffer_get_length(out) < GW_HTTP_OUT_SOFT_MAX) {
+        const uint8_t *data;
+        ssize_t n = nghttp2_session_mem_send(c->ngh, &data);
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            break;
+        if (evbuffer_add(out, data, (size_t)n))
+            return -1;
+    }
+    if (evbuffer_get_length(out) >= GW_HTTP_OUT_SOFT_MAX && !c->read_paused) {
+        c->read_paused = true;
+        bufferevent_disable(c->bev, EV_READ);
+    }
+    return 0;
+}
+
+/* on_writable for the streams whose buffer fell while nghttp2 sent. The
+ * handler cannot close or free streams (gw_http_* calls only buffer), so
+ * the list holds still under it. */
+static void conn_notify_writable(gw_http_conn *c)
+{
+    if (!c->writable_due)
+        return;
+    c->writable_due = false;
+    for (gw_http_stream *s = c->streams; s; s = s->next) {
+        if (s->writable_due) {
+            s->writable_due = false;
+            gw_stream_writable(s);
+        }
+    }
+}
+
+/* The end of every loop callback of a connection: on_close for the streams
+ * nghttp2 closed, then the connection goes if it failed or if nghttp2 is
+ * done with it and the output drained. */
+static void conn_settle(gw_http_conn *c, int rc)
+{
+    if (rc || c->broken) {
+        gw_conn_free(c);
+        return;
+    }
+    gw_conn_flush_closed(c);
+    conn_notify_writable(c);
+    if (c->broken) {
+        gw_conn_free(c);
+        return;
+    }
+    if (nghttp2_session_want_read(c->ngh) || nghttp2_session_want_write(c->ngh))
+        return;
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+        gw_conn_free(c);
+        return;
+    }
+    if (!c->lingering) {
+        c->lingering = true;
+        bufferevent_disable(c->bev, EV_READ);
+        bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+        gw_conn_set_timer(c, GW_HTTP_LINGER_MS);
+        if (c->broken)
+            gw_conn_free(c);
+    }
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+    gw_http_conn *c = arg;
+    int rc = conn_recv(c);
+    if (!rc)
+        rc = conn_send(c);
+    conn_settle(c, rc);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+    gw_http_conn *c = arg;
+    int rc = conn_send(c);
+    if (!rc && c->read_paused && !c->lingering &&
+        evbuffer_get_length(bufferevent_get_output(bev)) < GW_HTTP_OUT_SOFT_MAX) {
+        c->read_paused = false;
+        if (bufferevent_enable(bev, EV_READ))
+            rc = -1;
+    }
+    conn_settle(c, rc);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+    /* EOF, error, or no write progress for idle_timeout_ms: the peer is
+     * gone or not reading, and its streams end unfinished. */
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
+        gw_conn_free(arg);
+}
+
+void gw_h2_on_send(gw_http_conn *c)
+{
+    conn_settle(c, conn_send(c));
+}
+
+void gw_h2_on_timer(gw_http_conn *c)
+{
+    if (c->lingering || c->goaway) {
+        gw_conn_free(c);
+        return;
+    }
+    if (c->n_streams > 0)
+        return;
+    c->goaway = true;
+    if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_NO_ERROR)) {
+        gw_conn_free(c);
+        return;
+    }
+    /* Bound the wait for the GOAWAY to go out. */
+    gw_conn_set_timer(c, GW_HTTP_LINGER_MS);
+    conn_settle(c, conn_send(c));
+}
+
+void gw_h2_start(gw_http_conn *c)
+{
+    const gw_http_limits *lim = &c->srv->limits;
+    c->proto = GW_PROTO_H2;
+    nghttp2_settings_entry iv[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, lim->max_concurrent_streams},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
+         lim->max_header_list > UINT32_MAX ? UINT32_MAX : (uint32_t)lim->max_header_list},
+        {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
+    };
+    if (nghttp2_session_server_new2(&c->ngh, c->srv->cbs, c, c->srv->opt) ||
+        nghttp2_submit_settings(c->ngh, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0]))) {
+        gw_conn_free(c);
+        return;
+    }
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    bufferevent_setwatermark(c->bev, EV_WRITE, GW_HTTP_OUT_LOW_WATER, 0);
+    conn_arm_idle(c);   /* replaces the header timeout */
+    on_read(c->bev, c); /* the preface and whatever came with it; our SETTINGS */
+}
+
+/* ---- the application's side: buffer and schedule only ---- */
+
+static void stream_kick(gw_http_stream *s)
+{
+    if (s->deferred) {
+        s->deferred = false;
+        nghttp2_session_resume_data(s->conn->ngh, s->id);
+    }
+    gw_conn_schedule_send(s->conn);
+}
+
+int gw_h2_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
+                 const void *body, size_t body_len, bool whole)
+{
+    int rc = stream_submit(s, status, headers, n_headers, body, body_len, whole);
+    if (!rc)
+        gw_conn_schedule_send(s->conn);
+    return rc;
+}
+
+int gw_h2_write(gw_http_stream *s, const void *data, size_t len)
+{
+    if (evbuffer_add(s->out, data, len))
+        return -ENOMEM;
+    stream_kick(s);
+    return 0;
+}
+
+int gw_h2_end(gw_http_stream *s)
+{
+    s->resp_ended = true;
+    stream_kick(s);
+    return 0;
+}
+
+void gw_h2_reset(gw_http_stream *s)
+{
+    s->reset = true;
+    if (nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
+        s->conn->broken = true; /* no memory for the frame: drop the connection, and the stream with it */
+    gw_conn_schedule_send(s->conn);
+}
+
+/* ---- the server's shared nghttp2 setup ---- */
+
+int gw_h2_server_init(gw_http_server *srv)
+{
+    if (nghttp2_session_callbacks_new(&srv->cbs) || nghttp2_option_new(&srv->opt))
+        return -ENOMEM;
+    nghttp2_session_callbacks *cb = srv->cbs;
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers_cb);
+    nghttp2_session_callbacks_set_on_header_callback(cb, on_header_cb);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data_chunk_recv_cb);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv_cb);
+    nghttp2_session_callbacks_set_on_frame_send_callback(cb, on_frame_send_cb);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close_cb);
+    /* Flood bounds (nghttp2's defaults, stated): queued SETTINGS/PING
+     * ACKs, SETTINGS entries per frame, CONTINUATIONs per HEADERS, and the
+     * RST_STREAM token bucket against rapid reset (CVE-2023-44487). */
+    nghttp2_option_set_no_closed_streams(srv->opt, 1);
+    nghttp2_option_set_max_outbound_ack(srv->opt, 1000);
+    nghttp2_option_set_max_settings(srv->opt, 32);
+    nghttp2_option_set_max_continuations(srv->opt, 8);
+    nghttp2_option_set_stream_reset_rate_limit(srv->opt, 1000, 33);
+    return 0;
+}
+
+void gw_h2_server_dispose(gw_http_server *srv)
+{
+    if (srv->opt)
+        nghttp2_option_del(srv->opt);
+    if (srv->cbs)
+        nghttp2_session_callbacks_del(srv->cbs);
+    srv->opt = NULL;
+    srv->cbs = NULL;
+}

@@ -1,0 +1,128 @@
+/* Internals shared by the .cu files of the CUDA backend: the context, the
+ * error-recording checks (after ggml-cuda's CUDA_CHECK: statement, file and
+ * line kept for kn_cuda_error) and small device helpers. Not a public
+ * header. */
+#ifndef KN_CUDA_INTERNAL_CUH
+#define KN_CUDA_INTERNAL_CUH
+
+#include "kernels/cuda/kn_cuda.h"
+#include "kernels/quant_blocks.h"
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <errno.h>
+
+struct kn_cuda {
+    int ordinal, sm_count;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws; /* cuBLAS workspace: set explicitly so GEMMs can be captured */
+    bool capturing;
+    char err[512];
+    /* Scratch, grown on demand (never while capturing). */
+    void *x16;  /* F16 copy of GEMM activations */
+    void *w16;  /* dequantized weight tile */
+    void *xq;   /* Q8_0 activations when the caller brings none */
+    void *part; /* attention partial results of split keys */
+    size_t x16_cap, w16_cap, xq_cap, part_cap;
+    uint64_t scratch_gen; /* bumped when any scratch buffer moves */
+    void *stage;          /* pinned staging for weight uploads */
+    size_t stage_cap;
+};
+
+/* Record a failure and map it to an errno code. */
+int kn_cuda__fail(kn_cuda *c, cudaError_t e, const char *stmt, const char *file, int line);
+int kn_cuda__fail_blas(kn_cuda *c, cublasStatus_t s, const char *stmt, const char *file, int line);
+int kn_cuda__fail_msg(kn_cuda *c, int rc, const char *file, int line, const char *msg);
+/* Grows a scratch buffer to at least need bytes (contents are not kept). */
+int kn_cuda__scratch(kn_cuda *c, void **p, size_t *cap, size_t need);
+
+#define KN_CUDA_CHECK(c, stmt)                                                                               \
+    do {                                                                                                     \
+        cudaError_t e_ = (stmt);                                                                             \
+        if (e_ != cudaSuccess)                                                                               \
+            return kn_cuda__fail((c), e_, #stmt, __FILE__, __LINE__);                                        \
+    } while (0)
+
+#define KN_CUBLAS_CHECK(c, stmt)                                                                             \
+    do {                                                                                                     \
+        cublasStatus_t s_ = (stmt);                                                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                     \
+            return kn_cuda__fail_blas((c), s_, #stmt, __FILE__, __LINE__);                                   \
+    } while (0)
+
+/* After a kernel launch: a bad configuration shows up here, a fault in the
+ * kernel at the next synchronisation. */
+#define KN_CUDA_LAUNCHED(c) KN_CUDA_CHECK((c), cudaGetLastError())
+
+#define KN_CUDA_EINVAL(c, msg) kn_cuda__fail_msg((c), -EINVAL, __FILE__, __LINE__, (msg))
+
+static inline unsigned kn_cuda__blocks(size_t n, unsigned per_block)
+{
+    return (unsigned)((n + per_block - 1) / per_block);
+}
+
+#define KN_WARP 32
+
+__device__ __forceinline__ float kn_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = KN_WARP / 2; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ int kn_warp_sum_int(int v)
+{
+#pragma unroll
+    for (int o = KN_WARP / 2; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float kn_warp_max(float v)
+{
+#pragma unroll
+    for (int o = KN_WARP / 2; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over a block of blockDim.x threads (a multiple of 32, at most 1024);
+ * every thread gets the result. `sh` holds 32 floats. */
+__device__ __forceinline__ float kn_block_sum(float v, float *sh)
+{
+    const int lane = threadIdx.x % KN_WARP, warp = threadIdx.x / KN_WARP;
+    const int n_warps = blockDim.x / KN_WARP;
+    v = kn_warp_sum(v);
+    __syncthreads(); /* sh may still be read from a previous call */
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? sh[lane] : 0.0f;
+    return kn_warp_sum(v);
+}
+
+__device__ __forceinline__ float kn_block_max(float v, float *sh)
+{
+    const int lane = threadIdx.x % KN_WARP, warp = threadIdx.x / KN_WARP;
+    const int n_warps = blockDim.x / KN_WARP;
+    v = kn_warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? sh[lane] : -INFINITY;
+    return kn_warp_max(v);
+}
+
+/* Per-block metadata of Q8_0 activations (see kn_cuda_q8_bytes). */
+struct kn_q8_meta {
+    float d; /* F16-rounded scale */
+    int s;   /* sum of the block's quants */
+};
+static_assert(sizeof(kn_q8_meta) == 8, "Q8 activation metadata must be 8 bytes");
+
+#endif

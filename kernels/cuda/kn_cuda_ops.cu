@@ -1,0 +1,304 @@
+/* kernels/cuda: the row-wise and element-wise operations of a forward step —
+ * RMSNorm, softmax, SiLU-gate, residual and bias adds, row gather, embedding
+ * lookup, RoPE, and the store of new K/V rows into the F16 paged cache. Each
+ * mirrors its scalar reference in kernels/kn_ref.c or kn_ctx.c operation for
+ * operation; they are small next to the matrix products, so they are written
+ * to be obviously right rather than clever. */
+#include "kernels/cuda/kn_cuda_internal.cuh"
+
+#define ROW_THREADS 256
+
+/* ---- RMSNorm, softmax: one thread block per row ---- */
+
+__global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict__ g, int n, float eps)
+{
+    __shared__ float sh[32];
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *yr = y + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    ss = kn_block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        yr[i] = xr[i] * scale * g[i];
+}
+
+extern "C" int kn_cuda_rmsnorm(kn_cuda *c, float *d_y, const float *d_x, const float *d_g, int n_rows, int n,
+                               float eps)
+{
+    if (n_rows < 0 || n <= 0)
+        return KN_CUDA_EINVAL(c, "rmsnorm: bad shape");
+    if (n_rows == 0)
+        return 0;
+    rmsnorm_kernel<<<n_rows, ROW_THREADS, 0, c->stream>>>(d_y, d_x, d_g, n, eps);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+__global__ void softmax_kernel(float *x, int n)
+{
+    __shared__ float sh[32];
+    float *xr = x + (size_t)blockIdx.x * n;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        mx = fmaxf(mx, xr[i]);
+    mx = kn_block_max(mx, sh);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float e = expf(xr[i] - mx);
+        xr[i] = e;
+        sum += e;
+    }
+    sum = kn_block_sum(sum, sh);
+    const float inv = 1.0f / sum;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        xr[i] *= inv;
+}
+
+extern "C" int kn_cuda_softmax(kn_cuda *c, float *d_x, int n_rows, int n)
+{
+    if (n_rows < 0 || n <= 0)
+        return KN_CUDA_EINVAL(c, "softmax: bad shape");
+    if (n_rows == 0)
+        return 0;
+    softmax_kernel<<<n_rows, ROW_THREADS, 0, c->stream>>>(d_x, n);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+/* ---- element-wise ---- */
+
+__global__ void silu_mul_kernel(float *gate, const float *__restrict__ up, size_t n)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+extern "C" int kn_cuda_silu_mul(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, int n)
+{
+    if (n_rows < 0 || n < 0)
+        return KN_CUDA_EINVAL(c, "silu_mul: bad shape");
+    const size_t total = (size_t)n_rows * n;
+    if (total == 0)
+        return 0;
+    silu_mul_kernel<<<kn_cuda__blocks(total, 256), 256, 0, c->stream>>>(d_gate, d_up, total);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+__global__ void add_kernel(float *y, const float *__restrict__ x, size_t n)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] += x[i];
+}
+
+extern "C" int kn_cuda_add(kn_cuda *c, float *d_y, const float *d_x, size_t n)
+{
+    if (n == 0)
+        return 0;
+    add_kernel<<<kn_cuda__blocks(n, 256), 256, 0, c->stream>>>(d_y, d_x, n);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+__global__ void add_bias_kernel(float *x, const float *__restrict__ b, int n, size_t total)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total)
+        x[i] += b[i % n];
+}
+
+extern "C" int kn_cuda_add_bias(kn_cuda *c, float *d_x, const float *d_b, int n_rows, int n)
+{
+    if (n_rows < 0 || n <= 0)
+        return KN_CUDA_EINVAL(c, "add_bias: bad shape");
+    const size_t total = (size_t)n_rows * n;
+    if (total == 0)
+        return 0;
+    add_bias_kernel<<<kn_cuda__blocks(total, 256), 256, 0, c->stream>>>(d_x, d_b, n, total);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+__global__ void gather_rows_kernel(float *__restrict__ dst, const float *__restrict__ src,
+                                   const int32_t *__restrict__ rows, int n)
+{
+    const float *s = src + (size_t)rows[blockIdx.x] * n;
+    float *d = dst + (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        d[i] = s[i];
+}
+
+extern "C" int kn_cuda_gather_rows(kn_cuda *c, float *d_dst, const float *d_src, const int32_t *d_rows,
+                                   int n_rows, int n)
+{
+    if (n_rows < 0 || n <= 0)
+        return KN_CUDA_EINVAL(c, "gather_rows: bad shape");
+    if (n_rows == 0)
+        return 0;
+    gather_rows_kernel<<<n_rows, ROW_THREADS, 0, c->stream>>>(d_dst, d_src, d_rows, n);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+/* ---- embedding lookup: one thread block per token, any weight type ---- */
+
+__global__ void embed_kernel(kn_type type, const void *__restrict__ q, const __half *__restrict__ scl, int n,
+                             const int32_t *__restrict__ tokens, float *__restrict__ x)
+{
+    const size_t row = (size_t)tokens[blockIdx.x];
+    float *xr = x + (size_t)blockIdx.x * n;
+    const size_t nb = (size_t)n / 32;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v;
+        switch (type) {
+        case KN_TYPE_F32:
+            v = ((const float *)q)[row * n + i];
+            break;
+        case KN_TYPE_F16:
+            v = __half2float(((const __half *)q)[row * n + i]);
+            break;
+        case KN_TYPE_Q8_0:
+            v = (float)((const int8_t *)q)[row * n + i] * __half2float(scl[row * nb + i / 32]);
+            break;
+        default: { /* Q4_0 */
+            const int j = i % 32;
+            const uint8_t b = ((const uint8_t *)q)[row * (n / 2) + (size_t)(i / 32) * 16 + j % 16];
+            const int nib = j < 16 ? (b & 0x0f) : (b >> 4);
+            v = (float)(nib - 8) * __half2float(scl[row * nb + i / 32]);
+            break;
+        }
+        }
+        xr[i] = v;
+    }
+}
+
+extern "C" int kn_cuda_embed(kn_cuda *c, const kn_cuda_weight *emb, const int32_t *d_tokens, int n_tokens,
+                             float *d_x)
+{
+    if (n_tokens < 0 || !emb->d_q)
+        return KN_CUDA_EINVAL(c, "embed: no embedding matrix");
+    if (n_tokens == 0)
+        return 0;
+    embed_kernel<<<n_tokens, ROW_THREADS, 0, c->stream>>>(emb->type, emb->d_q, (const __half *)emb->d_scl,
+                                                          emb->n_in, d_tokens, d_x);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+/* ---- RoPE ----
+ * The angle of pair i at position p is p * base^(-2i/rope_dim), computed in
+ * double and rounded once to float cos/sin, exactly as the CPU path does,
+ * so both rotate by the same numbers at any position. */
+
+__global__ void rope_table_kernel(const int32_t *__restrict__ pos, int n_rows, int rope_dim, float freq_base,
+                                  float *__restrict__ cs)
+{
+    const int half = rope_dim / 2;
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)n_rows * half)
+        return;
+    const size_t r = k / half;
+    const int i = (int)(k % half);
+    const double theta = (double)pos[r] * pow((double)freq_base, -2.0 * i / rope_dim);
+    cs[r * rope_dim + 2 * i] = (float)cos(theta);
+    cs[r * rope_dim + 2 * i + 1] = (float)sin(theta);
+}
+
+static int rope_clamp_dim(int rope_dim, int head_dim)
+{
+    if (rope_dim > head_dim)
+        rope_dim = head_dim;
+    return rope_dim < 0 ? 0 : rope_dim & ~1;
+}
+
+extern "C" int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, int rope_dim, float freq_base,
+                                  float *d_cs)
+{
+    if (n_rows < 0 || rope_dim < 0)
+        return KN_CUDA_EINVAL(c, "rope_table: bad shape");
+    rope_dim &= ~1;
+    const size_t n = (size_t)n_rows * (rope_dim / 2);
+    if (n == 0)
+        return 0;
+    rope_table_kernel<<<kn_cuda__blocks(n, 128), 128, 0, c->stream>>>(d_pos, n_rows, rope_dim, freq_base,
+                                                                      d_cs);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+/* One thread per rotated pair; the table row was built for the table's
+ * rope_dim, which the caller passes again here. */
+__global__ void rope_kernel(float *x, const float *__restrict__ cs, int n_rows, int n_heads, int head_dim,
+                            int rope_dim, bool neox)
+{
+    const int half = rope_dim / 2;
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)n_rows * n_heads * half)
+        return;
+    const int i = (int)(k % half);
+    const size_t rh = k / half; /* row * n_heads + head */
+    const size_t r = rh / n_heads;
+    float *xh = x + rh * head_dim;
+    const float c = cs[r * rope_dim + 2 * i], s = cs[r * rope_dim + 2 * i + 1];
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float x0 = xh[a], x1 = xh[b];
+    xh[a] = x0 * c - x1 * s;
+    xh[b] = x0 * s + x1 * c;
+}
+
+extern "C" int kn_cuda_rope(kn_cuda *c, float *d_x, const float *d_cs, int n_rows, int n_heads, int head_dim,
+                            int rope_dim, bool neox)
+{
+    if (n_rows < 0 || n_heads <= 0 || head_dim <= 0)
+        return KN_CUDA_EINVAL(c, "rope: bad shape");
+    const int table_dim = rope_dim < 0 ? 0 : rope_dim & ~1;
+    rope_dim = rope_clamp_dim(rope_dim, head_dim);
+    if (rope_dim != table_dim)
+        return KN_CUDA_EINVAL(c, "rope: rope_dim is larger than the head");
+    const size_t n = (size_t)n_rows * n_heads * (rope_dim / 2);
+    if (n == 0)
+        return 0;
+    rope_kernel<<<kn_cuda__blocks(n, 256), 256, 0, c->stream>>>(d_x, d_cs, n_rows, n_heads, head_dim,
+                                                                rope_dim, neox);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+/* ---- new K/V rows into the paged F16 cache ---- */
+
+__global__ void kv_store_kernel(const float *__restrict__ k, const float *__restrict__ v, int kv_dim,
+                                const int32_t *__restrict__ slots, __half *__restrict__ pool,
+                                size_t block_elems, size_t k_off, size_t v_off, int block_tokens,
+                                size_t total)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    const size_t t = i / kv_dim, j = i % kv_dim;
+    const int slot = slots[t];
+    __half *blk =
+        pool + (size_t)(slot / block_tokens) * block_elems + (size_t)(slot % block_tokens) * kv_dim + j;
+    blk[k_off] = __float2half_rn(k[i]);
+    blk[v_off] = __float2half_rn(v[i]);
+}
+
+extern "C" int kn_cuda_kv_store(kn_cuda *c, const float *d_k, const float *d_v, int n_tokens, int kv_dim,
+                                const int32_t *d_slots, uint16_t *d_pool, size_t block_elems, size_t k_off,
+                                size_t v_off, int block_tokens)
+{
+    if (n_tokens < 0 || kv_dim <= 0 || block_tokens <= 0)
+        return KN_CUDA_EINVAL(c, "kv_store: bad shape");
+    const size_t total = (size_t)n_tokens * kv_dim;
+    if (total == 0)
+        return 0;
+    kv_store_kernel<<<kn_cuda__blocks(total, 256), 256, 0, c->stream>>>(
+        d_k, d_v, kv_dim, d_slots, (__half *)d_pool, block_elems, k_off, v_off, block_tokens, total);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}

@@ -1,0 +1,480 @@
+/* Shared harness of the HTTP server's tests that run real clients
+ * (test_http1.c, test_http_tls.c): a server on the test's own libevent
+ * loop with a handler that answers by path, child processes (curl,
+ * openssl) run while the loop turns, and raw sockets for bytes no client
+ * tool sends. Every wait is bounded by WAIT_MS, every child is reaped, and
+ * only 127.0.0.1 and files under /tmp are used.
+ *
+ * Paths the handler knows: /hello (a whole response), /echo (the body
+ * back), /headers (the request's headers as "name: value" lines),
+ * /stream (ten pieces from later loop turns, then the end), /paced (PACED
+ * bytes written as on_writable allows), /flood (writes until -ENOBUFS,
+ * then resets), /reset (reset at once), /hang (never answered). */
+#ifndef HTTP_HARNESS_H
+#define HTTP_HARNESS_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "gateway/http_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#define HARNESS static __attribute__((unused))
+
+extern char **environ;
+
+#define WAIT_MS 30000
+#define PACED (8 << 20)
+
+typedef struct tsrv {
+    struct event_base *base;
+    struct event *tick;
+    gw_http_server *srv;
+    gw_http_limits lim;
+    int port;
+    char dir[64]; /* scratch files for this test */
+    int n_request, n_close, n_finished, n_unfinished, n_writable;
+    bool in_api; /* set around our gw_http_* calls: on_close must not run inside */
+    char protocol[16], authority[128];
+    int flood_enobufs;
+    size_t flood_pending_max, paced_pending_max;
+} tsrv;
+
+typedef struct tstream {
+    tsrv *t;
+    gw_http_stream *s;
+    struct event *ev;
+    int n;
+    bool flood, paced, paused;
+    size_t sent;
+} tstream;
+
+HARNESS uint8_t pattern_byte(size_t i)
+{
+    return (uint8_t)(i * 7 + (i >> 12));
+}
+
+HARNESS int api_respond(tsrv *t, gw_http_stream *s, int status, const char *ctype, const void *body,
+                        size_t len)
+{
+    gw_http_header h[] = {{"content-type", ctype}};
+    t->in_api = true;
+    int rc = gw_http_respond(s, status, h, 1, body, len);
+    t->in_api = false;
+    return rc;
+}
+
+/* /paced: writes while the stream holds at most half its bound, then
+ * waits for on_writable; never -ENOBUFS. */
+HARNESS void paced_write(tstream *ts)
+{
+    tsrv *t = ts->t;
+    static uint8_t chunk[65536];
+    size_t half = t->lim.max_stream_buffer / 2;
+    t->in_api = true;
+    while (ts->sent < PACED && gw_http_pending(ts->s) <= half) {
+        size_t n = PACED - ts->sent < sizeof(chunk) ? PACED - ts->sent : sizeof(chunk);
+        for (size_t i = 0; i < n; i++)
+            chunk[i] = pattern_byte(ts->sent + i);
+        assert_int_equal(gw_http_write(ts->s, chunk, n), 0);
+        ts->sent += n;
+        if (gw_http_pending(ts->s) > t->paced_pending_max)
+            t->paced_pending_max = gw_http_pending(ts->s);
+    }
+    if (ts->sent == PACED)
+        assert_int_equal(gw_http_end(ts->s), 0);
+    t->in_api = false;
+}
+
+HARNESS void on_stream_tick(evutil_socket_t fd, short what, void *arg)
+{
+    tstream *ts = arg;
+    tsrv *t = ts->t;
+    char piece[32];
+    t->in_api = true;
+    if (ts->flood) {
+        static uint8_t chunk[16384];
+        int rc;
+        while ((rc = gw_http_write(ts->s, chunk, sizeof(chunk))) == 0)
+            if (gw_http_pending(ts->s) > t->flood_pending_max)
+                t->flood_pending_max = gw_http_pending(ts->s);
+        assert_int_equal(rc, -ENOBUFS);
+        t->flood_enobufs++;
+        gw_http_reset(ts->s);
+        assert_int_equal(gw_http_write(ts->s, "x", 1), -EPIPE);
+        event_del(ts->ev);
+    } else if (ts->n < 10) {
+        int len = snprintf(piece, sizeof(piece), "piece %d\n", ts->n++);
+        assert_int_equal(gw_http_write(ts->s, piece, (size_t)len), 0);
+    } else {
+        assert_int_equal(gw_http_end(ts->s), 0);
+        assert_int_equal(gw_http_write(ts->s, "late", 4), -EINVAL);
+        event_del(ts->ev);
+    }
+    t->in_api = false;
+}
+
+HARNESS void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
+{
+    tsrv *t = ud;
+    t->n_request++;
+    tstream *ts = calloc(1, sizeof(*ts));
+    assert_non_null(ts);
+    ts->t = t;
+    ts->s = s;
+    gw_http_set_user(s, ts);
+    assert_non_null(req->method);
+    assert_non_null(req->path);
+    assert_non_null(req->body);
+    assert_non_null(req->protocol);
+    snprintf(t->protocol, sizeof(t->protocol), "%s", req->protocol);
+    snprintf(t->authority, sizeof(t->authority), "%s", req->authority ? req->authority : "(none)");
+    const char *p = req->path;
+    if (!strcmp(p, "/hello")) {
+        assert_int_equal(api_respond(t, s, 200, "text/plain", "hello world\n", 12), 0);
+        assert_int_equal(api_respond(t, s, 200, "text/plain", "again", 5), -EINVAL);
+    } else if (!strcmp(p, "/echo")) {
+        assert_int_equal(api_respond(t, s, 200, "application/octet-stream", req->body, req->body_len), 0);
+    } else if (!strcmp(p, "/headers")) {
+        char out[4096] = "";
+        for (size_t i = 0; i < req->n_headers; i++)
+            snprintf(out + strlen(out), sizeof(out) - strlen(out), "%s: %s\n", req->headers[i].name,
+                     req->headers[i].value);
+        assert_int_equal(api_respond(t, s, 200, "text/plain", out, strlen(out)), 0);
+    } else if (!strcmp(p, "/stream") || !strcmp(p, "/flood") || !strcmp(p, "/paced")) {
+        gw_http_header h[] = {{"content-type", "text/plain"}, {"cache-control", "no-cache"}};
+        t->in_api = true;
+        assert_int_equal(gw_http_begin(s, 200, h, 2), 0);
+        assert_int_equal(gw_http_begin(s, 200, h, 2), -EINVAL);
+        t->in_api = false;
+        ts->flood = !strcmp(p, "/flood");
+        if (!strcmp(p, "/paced")) {
+            ts->paced = true;
+            paced_write(ts);
+            return;
+        }
+        ts->ev = event_new(t->base, -1, EV_PERSIST, on_stream_tick, ts);
+        assert_non_null(ts->ev);
+        struct timeval tv = {0, 5000};
+        assert_int_equal(event_add(ts->ev, &tv), 0);
+    } else if (!strcmp(p, "/reset")) {
+        t->in_api = true;
+        gw_http_reset(s);
+        t->in_api = false;
+    } else if (!strcmp(p, "/hang")) {
+        /* never answered: only the connection's end closes it */
+    } else {
+        assert_int_equal(api_respond(t, s, 404, "text/plain", "no\n", 3), 0);
+    }
+}
+
+HARNESS void on_writable(void *ud, gw_http_stream *s, void *stream_ud)
+{
+    tsrv *t = ud;
+    tstream *ts = stream_ud;
+    assert_false(t->in_api);
+    assert_ptr_equal(ts->s, s);
+    assert_true(gw_http_pending(s) <= t->lim.max_stream_buffer / 2);
+    t->n_writable++;
+    if (ts->paced)
+        paced_write(ts);
+}
+
+HARNESS void on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished)
+{
+    tsrv *t = ud;
+    tstream *ts = stream_ud;
+    assert_false(t->in_api);
+    assert_non_null(ts);
+    assert_ptr_equal(ts->s, s);
+    assert_int_equal(gw_http_write(s, "x", 1), -EPIPE);
+    gw_http_reset(s);
+    t->n_close++;
+    if (finished)
+        t->n_finished++;
+    else
+        t->n_unfinished++;
+    if (ts->ev)
+        event_free(ts->ev);
+    free(ts);
+}
+
+HARNESS void on_tick(evutil_socket_t fd, short what, void *arg) {}
+
+HARNESS long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000;
+}
+
+/* A server on a fresh loop; no listener yet. */
+HARNESS tsrv *harness_new(const gw_http_limits *lim)
+{
+    signal(SIGPIPE, SIG_IGN);
+    tsrv *t = calloc(1, sizeof(*t));
+    assert_non_null(t);
+    t->base = event_base_new();
+    assert_non_null(t->base);
+    /* Wakes the loop often so that waits can check children and clocks. */
+    t->tick = event_new(t->base, -1, EV_PERSIST, on_tick, NULL);
+    struct timeval tv = {0, 5000};
+    assert_int_equal(event_add(t->tick, &tv), 0);
+    gw_http_handler h = {.on_request = on_request, .on_close = on_close, .on_writable = on_writable};
+    t->srv = gw_http_server_new(t->base, lim, &h, t);
+    assert_non_null(t->srv);
+    t->lim = t->srv->limits; /* what the server runs with, defaults filled in */
+    snprintf(t->dir, sizeof(t->dir), "/tmp/infergate-http-XXXXXX");
+    assert_non_null(mkdtemp(t->dir));
+    return t;
+}
+
+HARNESS int harness_teardown(void **state)
+{
+    tsrv *t = *state;
+    if (t->srv)
+        gw_http_server_free(t->srv);
+    event_free(t->tick);
+    event_base_free(t->base);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t->dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", t->dir);
+    free(t);
+    return 0;
+}
+
+HARNESS bool have_tool(const char *name)
+{
+    const char *path = getenv("PATH");
+    char buf[512];
+    if (!path)
+        path = "/usr/bin:/bin";
+    while (*path) {
+        const char *end = strchr(path, ':');
+        size_t n = end ? (size_t)(end - path) : strlen(path);
+        snprintf(buf, sizeof(buf), "%.*s/%s", (int)n, path, name);
+        if (access(buf, X_OK) == 0)
+            return true;
+        path += n + (end ? 1 : 0);
+    }
+    return false;
+}
+
+#define REQUIRE_TOOL(name)                                                                                   \
+    do {                                                                                                     \
+        if (!have_tool(name)) {                                                                              \
+            fprintf(stderr, "%s not found: skipped\n", name);                                                \
+            skip();                                                                                          \
+        }                                                                                                    \
+    } while (0)
+
+HARNESS char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[n] = '\0';
+        if (len)
+            *len = (size_t)n;
+    }
+    return b;
+}
+
+/* Path of a scratch file of this test. */
+HARNESS const char *scratch(tsrv *t, const char *name)
+{
+    static char bufs[8][160];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof(bufs[0]), "%s/%s", t->dir, name);
+    return b;
+}
+
+/* Runs argv with stdout and stderr in scratch files `out_name` and
+ * `out_name`.err, turning the loop until it exits. Returns its exit
+ * status; fails the test on a timeout. */
+HARNESS int run_child(tsrv *t, char *const argv[], const char *out_name)
+{
+    char out[160], errp[170];
+    snprintf(out, sizeof(out), "%s/%s", t->dir, out_name);
+    snprintf(errp, sizeof(errp), "%s/%s.err", t->dir, out_name);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    assert_int_equal(rc, 0);
+    long deadline = now_ms() + WAIT_MS;
+    int st;
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            break;
+        assert_int_equal(w, 0);
+        if (now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            fail_msg("%s did not finish in %d ms", argv[0], WAIT_MS);
+        }
+        event_base_loop(t->base, EVLOOP_ONCE);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* The child's stdout (or stderr with ".err" appended), NUL-terminated. */
+HARNESS char *child_out(tsrv *t, const char *out_name)
+{
+    char *s = slurp(scratch(t, out_name), NULL);
+    assert_non_null(s);
+    return s;
+}
+
+typedef bool (*cond_fn)(tsrv *t, void *arg);
+
+HARNESS bool run_until(tsrv *t, cond_fn cond, void *arg)
+{
+    long deadline = now_ms() + WAIT_MS;
+    while (!cond(t, arg)) {
+        if (now_ms() > deadline)
+            return false;
+        event_base_loop(t->base, EVLOOP_ONCE);
+    }
+    return true;
+}
+
+HARNESS bool closes_reach(tsrv *t, void *arg)
+{
+    return t->n_close >= *(int *)arg;
+}
+
+HARNESS bool requests_reach(tsrv *t, void *arg)
+{
+    return t->n_request >= *(int *)arg;
+}
+
+HARNESS bool no_streams(tsrv *t, void *arg)
+{
+    return gw_http_server_active_streams(t->srv) == 0;
+}
+
+HARNESS void write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A file of `len` pseudo-random bytes (every byte value, NULs included). */
+HARNESS uint8_t *random_file(const char *path, size_t len)
+{
+    uint8_t *buf = malloc(len + 1);
+    assert_non_null(buf);
+    uint32_t x = 12345;
+    for (size_t i = 0; i < len; i++) {
+        x = x * 1103515245u + 12345u;
+        buf[i] = (uint8_t)(x >> 16);
+    }
+    write_file(path, buf, len);
+    return buf;
+}
+
+/* ---- raw sockets, for bytes no client tool sends ---- */
+
+HARNESS int raw_connect(tsrv *t, int rcvbuf)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    if (rcvbuf)
+        assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
+
+HARNESS void raw_send(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        assert_true(n > 0);
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+/* Reads until the server closes (or resets) the connection, turning the
+ * loop meanwhile. Returns the bytes read, NUL-terminated, in a buffer of
+ * `cap` bytes; fails the test after WAIT_MS. */
+HARNESS char *raw_read_all(tsrv *t, int fd, size_t cap, size_t *len)
+{
+    char *buf = malloc(cap + 1);
+    assert_non_null(buf);
+    size_t n = 0;
+    long deadline = now_ms() + WAIT_MS;
+    for (;;) {
+        ssize_t r = recv(fd, buf + n, cap - n, MSG_DONTWAIT);
+        if (r > 0) {
+            n += (size_t)r;
+            assert_true(n < cap);
+            continue;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EINTR))
+            break; /* EOF, or ECONNRESET */
+        if (now_ms() > deadline)
+            fail_msg("the server did not close the connection in %d ms", WAIT_MS);
+        event_base_loop(t->base, EVLOOP_ONCE);
+    }
+    buf[n] = '\0';
+    if (len)
+        *len = n;
+    return buf;
+}
+
+/* Sends `req` on a new connection and returns all the server sent back
+ * until it closed. */
+HARNESS char *raw_exchange(tsrv *t, const char *req, size_t req_len)
+{
+    int fd = raw_connect(t, 0);
+    raw_send(fd, req, req_len);
+    char *got = raw_read_all(t, fd, 1 << 20, NULL);
+    close(fd);
+    return got;
+}
+
+#endif

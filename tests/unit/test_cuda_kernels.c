@@ -1,0 +1,1009 @@
+/* CUDA backend against the scalar reference.
+ *
+ * Host checks (every build): a model asked for on device "cuda" without a
+ * device, or in a build without CUDA, is refused with "no CUDA device: ...";
+ * the device layouts (repacked Q8_0/Q4_0 rows, weight and activation buffer
+ * sizes, MIG profile parsing) are what the kernels expect.
+ *
+ * GPU checks (with a device): every operation on random data with odd sizes
+ * against kn_ops_ref / kn_rope_ref / kn_attention on the reference context —
+ * exact where the arithmetic is the same (activation quantization, embedding
+ * rows), within bounds derived from the magnitudes involved elsewhere (F32
+ * summation order; F16 rounding of GEMM inputs) — then a synthetic model:
+ * F16 on the GPU against the F32 reference (cosine >= 0.9999), Q8_0 greedy
+ * tokens equal to the CPU's for 32 steps, batched equal to alone, graphs
+ * equal to plain launches, and the KV cache refused when it cannot fit.
+ *
+ * Exits 77 (skip) after the host checks when there is no CUDA device or no
+ * CUDA in the build. Fixed seeds; no timing. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "kernels/kn.h"
+#include "kernels/quant_blocks.h"
+#include "runtime/model.h"
+#include "runtime/model_gen.h"
+#ifdef INFERGATE_HAVE_CUDA
+#include "kernels/cuda/kn_cuda.h"
+#endif
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+/* The CUDA driver maps memory where ASan keeps its shadow gap, and keeps
+ * allocations until exit. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "protect_shadow_gap=0";
+}
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\nleak:libcudart.so\nleak:libcublas\nleak:libnvidia\n";
+}
+#endif
+
+/* ---- shared: random numbers and synthetic models ---- */
+
+#ifdef INFERGATE_HAVE_CUDA
+static uint64_t rng = 1;
+
+static void seed(uint64_t s)
+{
+    rng = s * 0x9e3779b97f4a7c15ull + 1;
+}
+
+static float frand(void) /* [-1, 1) */
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+static void fill(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand() * scale;
+}
+
+#endif
+
+static char dir[64];
+static char path_f32[96], path_f16[96], path_q8[96], path_q4[96];
+
+static int gen(const char *path, uint32_t type)
+{
+    rt_gen_params p;
+    rt_gen_params_default(&p);
+    p.dim = 128;
+    p.layers = 3;
+    p.heads = 4;
+    p.kv_heads = 2;
+    p.ffn = 320;
+    p.vocab = 512;
+    p.ctx = 256;
+    p.type = type;
+    p.seed = 7;
+    char err[256];
+    int rc = rt_model_gen(&p, path, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "gen %s: %s\n", path, err);
+    return rc;
+}
+
+static int make_models(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/infergate-test-cuda-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(path_f32, sizeof(path_f32), "%s/f32.gguf", dir);
+    snprintf(path_f16, sizeof(path_f16), "%s/f16.gguf", dir);
+    snprintf(path_q8, sizeof(path_q8), "%s/q8.gguf", dir);
+    snprintf(path_q4, sizeof(path_q4), "%s/q4.gguf", dir);
+    return gen(path_f32, KN_TYPE_F32) || gen(path_f16, KN_TYPE_F16) || gen(path_q8, KN_TYPE_Q8_0) ||
+           gen(path_q4, KN_TYPE_Q4_0);
+}
+
+static void remove_models(void)
+{
+    unlink(path_f32);
+    unlink(path_f16);
+    unlink(path_q8);
+    unlink(path_q4);
+    rmdir(dir);
+}
+
+/* ---- host checks ---- */
+
+static bool have_device(char *why, size_t n)
+{
+#ifdef INFERGATE_HAVE_CUDA
+    int count;
+    return kn_cuda_device_count(&count, why, n) == 0 && count > 0;
+#else
+    snprintf(why, n, "built without CUDA");
+    return false;
+#endif
+}
+
+static void test_no_device_refused(void **state)
+{
+    char why[256], err[512];
+    rt_model *m = NULL;
+    if (!have_device(why, sizeof(why))) {
+        rt_model_opts o = {.device = "cuda"};
+        assert_int_equal(rt_model_load(path_q8, &o, &m, err, sizeof(err)), -ENODEV);
+        assert_null(m);
+        printf("# %s\n", err);
+        assert_memory_equal(err, "no CUDA device: ", 16);
+    }
+    rt_model_opts bad = {.device = "tpu"};
+    assert_int_equal(rt_model_load(path_q8, &bad, &m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "tpu"));
+    /* The CPU path is untouched by the option. */
+    rt_model_opts cpu = {.device = "cpu"};
+    assert_int_equal(rt_model_load(path_q8, &cpu, &m, err, sizeof(err)), 0);
+    rt_device_info di;
+    rt_model_device_info(m, &di);
+    assert_string_equal(di.kind, "cpu");
+    assert_int_equal(rt_model_kv_bytes_per_token(m), (size_t)2 * 3 * 2 * 32 * sizeof(float));
+    rt_model_free(m);
+}
+
+#ifdef INFERGATE_HAVE_CUDA
+static void test_layouts(void **state)
+{
+    enum { ROWS = 3, N = 96 };
+    seed(11);
+    float x[ROWS * N];
+    fill(x, ROWS * N, 2.0f);
+    const kn_type types[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0};
+    for (int t = 0; t < 2; t++) {
+        size_t rb = kn_row_bytes(types[t], N);
+        uint8_t *g = malloc(rb * ROWS);
+        for (int r = 0; r < ROWS; r++)
+            kn_quantize_row(types[t], x + r * N, g + r * rb, N);
+        const size_t qrow = types[t] == KN_TYPE_Q8_0 ? N : N / 2;
+        uint8_t q[ROWS * N];
+        uint16_t scl[ROWS * N / 32];
+        assert_int_equal(kn_cuda_repack_rows(types[t], g, ROWS, N, q, scl), 0);
+        /* Rebuild GGUF blocks from the device layout: they must be the input. */
+        for (int r = 0; r < ROWS; r++) {
+            uint8_t blocks[sizeof(kn_block_q8_0) * (N / 32)];
+            for (int b = 0; b < N / 32; b++) {
+                if (types[t] == KN_TYPE_Q8_0) {
+                    kn_block_q8_0 *k = (kn_block_q8_0 *)blocks + b;
+                    k->d = scl[r * (N / 32) + b];
+                    memcpy(k->qs, q + r * qrow + b * 32, 32);
+                } else {
+                    kn_block_q4_0 *k = (kn_block_q4_0 *)blocks + b;
+                    k->d = scl[r * (N / 32) + b];
+                    memcpy(k->qs, q + r * qrow + b * 16, 16);
+                }
+            }
+            assert_memory_equal(blocks, g + r * rb, rb);
+        }
+        free(g);
+    }
+    assert_int_equal(kn_cuda_repack_rows(KN_TYPE_F16, x, 1, N, NULL, NULL), -EINVAL);
+    assert_int_equal(kn_cuda_repack_rows(KN_TYPE_Q8_0, x, 1, 33, NULL, NULL), -EINVAL);
+
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_F32, 3, 5), 60);
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_F16, 3, 5), 30);
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_Q8_0, 3, 64), 256 + 3 * 2 * 2);
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_Q4_0, 10, 64), 512 + 10 * 2 * 2);
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_Q4_0, 10, 48), 0);
+    /* 4096 x 4096 Q8_0 is as many bytes as in GGUF: 34 per 32 weights. */
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_Q8_0, 4096, 4096), (uint64_t)4096 * 128 * 34);
+    assert_int_equal(kn_cuda_q8_meta_offset(3, 96), 288);
+    assert_int_equal(kn_cuda_q8_bytes(3, 96), 288 + 3 * 3 * 8);
+    assert_int_equal(kn_cuda_q8_meta_offset(1, 32), 32);
+    assert_true(kn_cuda_matmul_wants_q8(KN_TYPE_Q4_0, KN_CUDA_MMV_MAX_ROWS));
+    assert_false(kn_cuda_matmul_wants_q8(KN_TYPE_Q4_0, KN_CUDA_MMV_MAX_ROWS + 1));
+    assert_false(kn_cuda_matmul_wants_q8(KN_TYPE_F16, 1));
+
+    char prof[32];
+    kn_cuda_mig_profile_from_name("NVIDIA A100-SXM4-40GB MIG 1g.5gb", prof, sizeof(prof));
+    assert_string_equal(prof, "1g.5gb");
+    kn_cuda_mig_profile_from_name("NVIDIA H100 80GB HBM3 MIG 3g.40gb", prof, sizeof(prof));
+    assert_string_equal(prof, "3g.40gb");
+    kn_cuda_mig_profile_from_name("NVIDIA H100 80GB HBM3", prof, sizeof(prof));
+    assert_string_equal(prof, "");
+}
+#endif
+
+/* ---- GPU checks ---- */
+
+#ifdef INFERGATE_HAVE_CUDA
+static kn_cuda *kc;
+
+static const int32_t prompt[] = {1, 300, 301, 450, 17, 99, 260, 302, 303, 511, 42, 277, 310};
+#define N_PROMPT ((int)(sizeof(prompt) / sizeof(prompt[0])))
+
+#define CK(call)                                                                                             \
+    do {                                                                                                     \
+        int rc_ = (call);                                                                                    \
+        if (rc_)                                                                                             \
+            fail_msg("%s = %d: %s", #call, rc_, kn_cuda_error(kc));                                          \
+    } while (0)
+
+static void *dev_copy(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    CK(kn_cuda_alloc(kc, bytes, &d));
+    CK(kn_cuda_upload(kc, d, h, bytes));
+    return d;
+}
+
+static void *dev_zero(size_t bytes)
+{
+    void *d = NULL;
+    CK(kn_cuda_alloc(kc, bytes, &d));
+    CK(kn_cuda_memset(kc, d, 0, bytes));
+    return d;
+}
+
+static void host_copy(void *h, const void *d, size_t bytes)
+{
+    CK(kn_cuda_download(kc, h, d, bytes));
+}
+
+/* |a - b| <= tol for every element, with the worst named on failure. */
+static void assert_close(const char *what, const float *got, const float *want, const float *tol, size_t n)
+{
+    size_t worst = 0;
+    double worst_r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]), r = d / tol[i];
+        if (!(r <= worst_r)) { /* NaN counts as worst */
+            worst_r = isnan(r) ? INFINITY : r;
+            worst = i;
+        }
+    }
+    if (worst_r > 1.0)
+        fail_msg("%s: element %zu is %.9g, want %.9g (tolerance %.3g)", what, worst, got[worst], want[worst],
+                 tol[worst]);
+}
+
+static int gpu_setup(void **state)
+{
+    char err[256];
+    if (kn_cuda_new(0, &kc, err, sizeof(err))) {
+        fprintf(stderr, "kn_cuda_new: %s\n", err);
+        return -1;
+    }
+    kn_cuda_info info;
+    if (kn_cuda_get_info(kc, &info) == 0)
+        printf("# device: %s (%s%s%s), cc %d.%d, %d SMs, %.0f MiB\n", info.name, info.uuid,
+               info.mig_profile[0] ? ", MIG " : "", info.mig_profile, info.cc_major, info.cc_minor,
+               info.sm_count, (double)info.mem_total / 1048576.0);
+    return 0;
+}
+
+static int gpu_teardown(void **state)
+{
+    kn_cuda_free(kc);
+    return 0;
+}
+
+static void test_quantize_q8(void **state)
+{
+    enum { ROWS = 5, N = 160 };
+    seed(1);
+    float x[ROWS * N];
+    fill(x, ROWS * N, 3.0f);
+    for (int i = 0; i < 32; i++)
+        x[2 * N + 32 + i] = 0.0f; /* a zero block: scale 0, quants 0 */
+    x[7] = 127.0f / 3.0f;
+    void *dx = dev_copy(x, sizeof(x));
+    const size_t bytes = kn_cuda_q8_bytes(ROWS, N);
+    void *dq = dev_zero(bytes);
+    CK(kn_cuda_quantize_q8(kc, dx, ROWS, N, dq));
+    uint8_t *got = malloc(bytes);
+    host_copy(got, dq, bytes);
+    const size_t moff = kn_cuda_q8_meta_offset(ROWS, N);
+    for (int r = 0; r < ROWS; r++) {
+        kn_block_q8_0 want[N / 32];
+        kn_quantize_row(KN_TYPE_Q8_0, x + r * N, want, N);
+        for (int b = 0; b < N / 32; b++) {
+            const int8_t *q = (const int8_t *)got + (size_t)r * N + b * 32;
+            assert_memory_equal(q, want[b].qs, 32);
+            float d;
+            int32_t s, sum = 0;
+            memcpy(&d, got + moff + ((size_t)r * (N / 32) + b) * 8, 4);
+            memcpy(&s, got + moff + ((size_t)r * (N / 32) + b) * 8 + 4, 4);
+            for (int j = 0; j < 32; j++)
+                sum += want[b].qs[j];
+            assert_true(d == kn_fp16_to_fp32(want[b].d));
+            assert_int_equal(s, sum);
+        }
+    }
+    free(got);
+    kn_cuda_release(kc, dx);
+    kn_cuda_release(kc, dq);
+}
+
+/* y (+)= W x on the device against the reference: the same integer dots on
+ * Q8_0 activations for the quantized matvec, dequantized weights times x
+ * in double otherwise. Tolerances scale with sum |w| |x|. */
+static void check_matmul(kn_type type, int n_out, int n_in, int n_rows, bool add, bool pass_xq)
+{
+    const size_t rb = kn_row_bytes(type, n_in);
+    uint8_t *w = malloc(rb * n_out);
+    float *wf = malloc((size_t)n_out * n_in * sizeof(float));
+    float *x = malloc((size_t)n_rows * n_in * sizeof(float));
+    float *y0 = malloc((size_t)n_rows * n_out * sizeof(float));
+    float *want = malloc((size_t)n_rows * n_out * sizeof(float));
+    float *tol = malloc((size_t)n_rows * n_out * sizeof(float));
+    float *got = malloc((size_t)n_rows * n_out * sizeof(float));
+    fill(x, (size_t)n_rows * n_in, 1.0f);
+    fill(y0, (size_t)n_rows * n_out, 4.0f);
+    for (int o = 0; o < n_out; o++) {
+        float *row = wf + (size_t)o * n_in;
+        fill(row, n_in, 0.05f + 0.01f * (o % 7));
+        kn_quantize_row(type, row, w + (size_t)o * rb, n_in);
+        kn_dequantize_row(type, w + (size_t)o * rb, row, n_in); /* what the device sees */
+    }
+    const bool quant = type == KN_TYPE_Q8_0 || type == KN_TYPE_Q4_0;
+    const bool mmv = n_rows <= KN_CUDA_MMV_MAX_ROWS;
+    const bool f16_gemm = !mmv && type != KN_TYPE_F32;
+    uint8_t *xq = NULL;
+    const size_t xq_rb = quant ? kn_row_bytes(KN_TYPE_Q8_0, n_in) : 0;
+    if (quant && mmv) {
+        xq = malloc(xq_rb * n_rows);
+        for (int r = 0; r < n_rows; r++)
+            kn_quantize_row(KN_TYPE_Q8_0, x + (size_t)r * n_in, xq + r * xq_rb, n_in);
+    }
+    const kn_ops *ref = kn_ops_ref();
+    float *col = malloc((size_t)n_rows * sizeof(float));
+    for (int o = 0; o < n_out; o++) {
+        const float *wr = wf + (size_t)o * n_in;
+        if (xq) {
+            if (type == KN_TYPE_Q8_0)
+                ref->dot_q8_0(w + (size_t)o * rb, xq, xq_rb, n_rows, n_in, col);
+            else
+                ref->dot_q4_0(w + (size_t)o * rb, xq, xq_rb, n_rows, n_in, col);
+        }
+        for (int r = 0; r < n_rows; r++) {
+            const float *xr = x + (size_t)r * n_in;
+            double s = 0, mag = 0;
+            for (int i = 0; i < n_in; i++) {
+                s += (double)wr[i] * xr[i];
+                mag += fabs((double)wr[i] * xr[i]);
+            }
+            const size_t k = (size_t)r * n_out + o;
+            want[k] = (float)(xq ? col[r] : s) + (add ? y0[k] : 0.0f);
+            /* F16 inputs: each product off by up to ~2^-10 relative. */
+            tol[k] = (float)((f16_gemm ? 2e-3 : 1e-5) * mag + 1e-5 * (add ? fabsf(y0[k]) : 0.0f) + 1e-6);
+        }
+    }
+    kn_cuda_weight dw;
+    CK(kn_cuda_weight_upload(kc, w, type, n_out, n_in, &dw));
+    void *dx = dev_copy(x, (size_t)n_rows * n_in * sizeof(float));
+    void *dy = dev_copy(y0, (size_t)n_rows * n_out * sizeof(float));
+    void *dxq = NULL;
+    if (pass_xq && kn_cuda_matmul_wants_q8(type, n_rows)) {
+        dxq = dev_zero(kn_cuda_q8_bytes(n_rows, n_in));
+        CK(kn_cuda_quantize_q8(kc, dx, n_rows, n_in, dxq));
+    }
+    CK(kn_cuda_matmul(kc, &dw, dx, dxq, n_rows, dy, add));
+    host_copy(got, dy, (size_t)n_rows * n_out * sizeof(float));
+    char what[96];
+    snprintf(what, sizeof(what), "matmul %s %dx%d, %d rows%s", kn_type_name(type), n_out, n_in, n_rows,
+             add ? ", add" : "");
+    assert_close(what, got, want, tol, (size_t)n_rows * n_out);
+    kn_cuda_weight_release(kc, &dw);
+    kn_cuda_release(kc, dx);
+    kn_cuda_release(kc, dy);
+    kn_cuda_release(kc, dxq);
+    free(col);
+    free(xq);
+    free(w);
+    free(wf);
+    free(x);
+    free(y0);
+    free(want);
+    free(tol);
+    free(got);
+}
+
+static void test_matvec(void **state)
+{
+    seed(2);
+    const kn_type types[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_F16, KN_TYPE_F32};
+    for (int t = 0; t < 4; t++) {
+        for (int r = 1; r <= KN_CUDA_MMV_MAX_ROWS; r++)
+            check_matmul(types[t], 37, 96, r, r % 2 == 0, r % 3 != 0);
+        check_matmul(types[t], 1029, 4128, 1, false, true);
+        check_matmul(types[t], 1029, 4128, 3, true, false);
+        check_matmul(types[t], 515, 4128, 8, false, true);
+    }
+    /* Rows that are not 16-byte multiples take the scalar float paths. */
+    for (int r = 1; r <= KN_CUDA_MMV_MAX_ROWS; r += 3) {
+        check_matmul(KN_TYPE_F16, 33, 99, r, false, false);
+        check_matmul(KN_TYPE_F16, 33, 100, r, true, false);
+        check_matmul(KN_TYPE_F32, 33, 99, r, false, false);
+    }
+}
+
+static void test_gemm(void **state)
+{
+    seed(3);
+    const kn_type types[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_F16, KN_TYPE_F32};
+    for (int t = 0; t < 4; t++) {
+        check_matmul(types[t], 300, 4128, KN_CUDA_MMV_MAX_ROWS + 1, false, false);
+        check_matmul(types[t], 301, 96, 77, true, false);
+    }
+    /* More rows than one dequantized tile holds (16M halves / 8192). */
+    check_matmul(KN_TYPE_Q4_0, 2100, 8192, 9, true, false);
+    check_matmul(KN_TYPE_Q8_0, 2100, 8192, 9, false, false);
+}
+
+static void test_rows_ops(void **state)
+{
+    enum { ROWS = 3, N = 1001 };
+    seed(4);
+    const kn_ops *ref = kn_ops_ref();
+    float x[ROWS * N], g[N], y[ROWS * N], want[ROWS * N], tol[ROWS * N], b[N];
+    fill(x, ROWS * N, 2.0f);
+    fill(g, N, 1.5f);
+    fill(b, N, 1.0f);
+    float *dx = dev_copy(x, sizeof(x)), *dg = dev_copy(g, sizeof(g)), *dy = dev_zero(sizeof(y));
+
+    CK(kn_cuda_rmsnorm(kc, dy, dx, dg, ROWS, N, 1e-5f));
+    host_copy(y, dy, sizeof(y));
+    for (int r = 0; r < ROWS; r++)
+        ref->rmsnorm(want + r * N, x + r * N, g, N, 1e-5f);
+    for (int i = 0; i < ROWS * N; i++)
+        tol[i] = 1e-5f * (fabsf(want[i]) + 1e-3f);
+    assert_close("rmsnorm", y, want, tol, ROWS * N);
+    CK(kn_cuda_rmsnorm(kc, dx, dx, dg, ROWS, N, 1e-5f)); /* in place */
+    host_copy(y, dx, sizeof(y));
+    assert_close("rmsnorm in place", y, want, tol, ROWS * N);
+
+    CK(kn_cuda_upload(kc, dx, x, sizeof(x)));
+    CK(kn_cuda_softmax(kc, dx, ROWS, N));
+    host_copy(y, dx, sizeof(y));
+    memcpy(want, x, sizeof(x));
+    for (int r = 0; r < ROWS; r++)
+        ref->softmax(want + r * N, N);
+    for (int i = 0; i < ROWS * N; i++)
+        tol[i] = 1e-5f * want[i] + 1e-9f;
+    assert_close("softmax", y, want, tol, ROWS * N);
+
+    float up[ROWS * N];
+    fill(up, ROWS * N, 2.0f);
+    float *dup = dev_copy(up, sizeof(up));
+    CK(kn_cuda_upload(kc, dx, x, sizeof(x)));
+    CK(kn_cuda_silu_mul(kc, dx, dup, ROWS, N));
+    host_copy(y, dx, sizeof(y));
+    memcpy(want, x, sizeof(x));
+    ref->silu_mul(want, up, ROWS * N);
+    for (int i = 0; i < ROWS * N; i++)
+        tol[i] = 1e-6f * (fabsf(want[i]) + 1.0f);
+    assert_close("silu_mul", y, want, tol, ROWS * N);
+
+    CK(kn_cuda_upload(kc, dx, x, sizeof(x)));
+    CK(kn_cuda_add(kc, dx, dup, ROWS * N));
+    host_copy(y, dx, sizeof(y));
+    for (int i = 0; i < ROWS * N; i++) {
+        want[i] = x[i] + up[i];
+        tol[i] = 0.0f;
+    }
+    assert_close("add", y, want, tol, ROWS * N);
+
+    float *db = dev_copy(b, sizeof(b));
+    CK(kn_cuda_upload(kc, dx, x, sizeof(x)));
+    CK(kn_cuda_add_bias(kc, dx, db, ROWS, N));
+    host_copy(y, dx, sizeof(y));
+    for (int i = 0; i < ROWS * N; i++)
+        want[i] = x[i] + b[i % N];
+    assert_close("add_bias", y, want, tol, ROWS * N);
+
+    const int32_t rows[] = {2, 0, 2};
+    int32_t *drows = dev_copy(rows, sizeof(rows));
+    CK(kn_cuda_upload(kc, dx, x, sizeof(x)));
+    CK(kn_cuda_gather_rows(kc, dy, dx, drows, 3, N));
+    host_copy(y, dy, sizeof(y));
+    for (int r = 0; r < 3; r++)
+        memcpy(want + r * N, x + rows[r] * N, N * sizeof(float));
+    assert_close("gather_rows", y, want, tol, ROWS * N);
+
+    kn_cuda_release(kc, dx);
+    kn_cuda_release(kc, dg);
+    kn_cuda_release(kc, dy);
+    kn_cuda_release(kc, dup);
+    kn_cuda_release(kc, db);
+    kn_cuda_release(kc, drows);
+}
+
+static void test_embed(void **state)
+{
+    enum { VOCAB = 53, DIM = 160 };
+    seed(5);
+    const kn_type types[] = {KN_TYPE_F32, KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
+    const int32_t toks[] = {0, 52, 17, 17, 3};
+    float src[DIM], got[5 * DIM], want[5 * DIM], tol[5 * DIM] = {0};
+    int32_t *dt = dev_copy(toks, sizeof(toks));
+    float *dx = dev_zero(sizeof(got));
+    for (int t = 0; t < 4; t++) {
+        const size_t rb = kn_row_bytes(types[t], DIM);
+        uint8_t *e = malloc(rb * VOCAB);
+        for (int v = 0; v < VOCAB; v++) {
+            fill(src, DIM, 1.0f);
+            kn_quantize_row(types[t], src, e + v * rb, DIM);
+        }
+        for (int i = 0; i < 5; i++)
+            kn_dequantize_row(types[t], e + toks[i] * rb, want + i * DIM, DIM);
+        kn_cuda_weight w;
+        CK(kn_cuda_weight_upload(kc, e, types[t], VOCAB, DIM, &w));
+        CK(kn_cuda_embed(kc, &w, dt, 5, dx));
+        host_copy(got, dx, sizeof(got));
+        assert_close(kn_type_name(types[t]), got, want, tol, 5 * DIM); /* exact */
+        kn_cuda_weight_release(kc, &w);
+        free(e);
+    }
+    kn_cuda_release(kc, dt);
+    kn_cuda_release(kc, dx);
+}
+
+static void test_rope(void **state)
+{
+    enum { ROWS = 4, HEADS = 3, HD = 64 };
+    seed(6);
+    const int32_t pos[ROWS] = {0, 1, 4095, 100003};
+    const int rope_dims[] = {64, 32, 2};
+    float x[ROWS * HEADS * HD], want[ROWS * HEADS * HD], got[ROWS * HEADS * HD], tol[ROWS * HEADS * HD];
+    int32_t *dpos = dev_copy(pos, sizeof(pos));
+    float *dcs = dev_zero(ROWS * HD * sizeof(float));
+    for (int neox = 0; neox < 2; neox++) {
+        for (int k = 0; k < 3; k++) {
+            fill(x, ROWS * HEADS * HD, 1.0f);
+            memcpy(want, x, sizeof(x));
+            kn_rope_ref(want, ROWS, pos, HEADS, HD, rope_dims[k], 10000.0f, neox);
+            float *dx = dev_copy(x, sizeof(x));
+            CK(kn_cuda_rope_table(kc, dpos, ROWS, rope_dims[k], 10000.0f, dcs));
+            CK(kn_cuda_rope(kc, dx, dcs, ROWS, HEADS, HD, rope_dims[k], neox));
+            host_copy(got, dx, sizeof(got));
+            for (int i = 0; i < ROWS * HEADS * HD; i++)
+                tol[i] = 2e-6f;
+            assert_close(neox ? "rope neox" : "rope", got, want, tol, ROWS * HEADS * HD);
+            kn_cuda_release(kc, dx);
+        }
+    }
+    kn_cuda_release(kc, dpos);
+    kn_cuda_release(kc, dcs);
+}
+
+static float f16_round(float v)
+{
+    return kn_fp16_to_fp32(kn_fp32_to_fp16(v));
+}
+
+/* New K/V rows stored into a paged F16 cache that already holds earlier
+ * positions, then attention of every new token, against kn_attention on
+ * the reference context over the same values in an F32 cache (the values
+ * are F16-exact, so both caches hold the same numbers). Block ids are
+ * scrambled so block tables matter. */
+static void check_attention(int head_dim, int n_head, int n_kv, int bt, const int *pos0, const int *n_q,
+                            int n_seqs)
+{
+    enum { N_LAYER = 2, LAYER = 1 };
+    const int kv_dim = n_kv * head_dim, q_dim = n_head * head_dim;
+    const size_t block_elems = (size_t)2 * N_LAYER * bt * kv_dim;
+    const size_t k_off = (size_t)LAYER * 2 * bt * kv_dim, v_off = k_off + (size_t)bt * kv_dim;
+    int T = 0, n_blocks = 0, table_off[16];
+    for (int s = 0; s < n_seqs; s++) {
+        table_off[s] = n_blocks;
+        T += n_q[s];
+        n_blocks += (pos0[s] + n_q[s] + bt - 1) / bt;
+    }
+    const int n_pool = n_blocks + 3;
+    assert_true(n_pool % 7 != 0); /* so that i -> (7i + 3) mod n_pool is one to one */
+    int32_t *tables = malloc((size_t)n_blocks * sizeof(int32_t));
+    for (int i = 0; i < n_blocks; i++)
+        tables[i] = (int32_t)((i * 7 + 3) % n_pool); /* 7 does not divide n_pool below */
+    float *pool = malloc((size_t)n_pool * block_elems * sizeof(float));
+    uint16_t *pool_h = malloc((size_t)n_pool * block_elems * sizeof(uint16_t));
+    for (size_t i = 0; i < (size_t)n_pool * block_elems; i++) {
+        pool[i] = f16_round(frand());
+        pool_h[i] = kn_fp32_to_fp16(pool[i]);
+    }
+    float *q = malloc((size_t)T * q_dim * sizeof(float)), *k = malloc((size_t)T * kv_dim * sizeof(float));
+    float *v = malloc((size_t)T * kv_dim * sizeof(float));
+    float *want = malloc((size_t)T * q_dim * sizeof(float)), *got = malloc((size_t)T * q_dim * sizeof(float));
+    float *tol = malloc((size_t)T * q_dim * sizeof(float));
+    fill(q, (size_t)T * q_dim, 2.0f);
+    for (size_t i = 0; i < (size_t)T * kv_dim; i++) {
+        k[i] = f16_round(frand());
+        v[i] = f16_round(frand());
+    }
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t)), *tok_seq = malloc((size_t)T * sizeof(int32_t));
+    int32_t *slots = malloc((size_t)T * sizeof(int32_t));
+    kn_attn_seq seqs[16];
+    float **blocks = malloc((size_t)n_blocks * sizeof(float *));
+    for (int i = 0; i < n_blocks; i++)
+        blocks[i] = pool + (size_t)tables[i] * block_elems;
+    int t = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const int32_t *tab = tables + table_off[s];
+        seqs[s] = (kn_attn_seq){.q = q + (size_t)t * q_dim,
+                                .out = want + (size_t)t * q_dim,
+                                .n_q = n_q[s],
+                                .pos0 = pos0[s],
+                                .blocks = blocks + table_off[s],
+                                .k_off = k_off,
+                                .v_off = v_off,
+                                .block_tokens = bt};
+        for (int j = 0; j < n_q[s]; j++, t++) {
+            const int p = pos0[s] + j;
+            pos[t] = p;
+            tok_seq[t] = s;
+            slots[t] = tab[p / bt] * bt + p % bt;
+            float *row = pool + (size_t)tab[p / bt] * block_elems + (size_t)(p % bt) * kv_dim;
+            memcpy(row + k_off, k + (size_t)t * kv_dim, kv_dim * sizeof(float));
+            memcpy(row + v_off, v + (size_t)t * kv_dim, kv_dim * sizeof(float));
+        }
+    }
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    kn_ctx *ref = kn_ctx_new(1, KN_BACKEND_REF);
+    assert_non_null(ref);
+    assert_int_equal(kn_attention(ref, seqs, n_seqs, n_head, n_kv, head_dim, scale), 0);
+    kn_ctx_free(ref);
+
+    uint16_t *dpool = dev_copy(pool_h, (size_t)n_pool * block_elems * sizeof(uint16_t));
+    float *dq = dev_copy(q, (size_t)T * q_dim * sizeof(float)),
+          *dout = dev_zero((size_t)T * q_dim * sizeof(float));
+    float *dk = dev_copy(k, (size_t)T * kv_dim * sizeof(float)),
+          *dv = dev_copy(v, (size_t)T * kv_dim * sizeof(float));
+    int32_t *dpos = dev_copy(pos, (size_t)T * sizeof(int32_t)),
+            *dseq = dev_copy(tok_seq, (size_t)T * sizeof(int32_t));
+    int32_t *dslots = dev_copy(slots, (size_t)T * sizeof(int32_t));
+    int32_t *doff = dev_copy(table_off, (size_t)n_seqs * sizeof(int32_t));
+    int32_t *dtab = dev_copy(tables, (size_t)n_blocks * sizeof(int32_t));
+    CK(kn_cuda_kv_store(kc, dk, dv, T, kv_dim, dslots, dpool, block_elems, k_off, v_off, bt));
+    const kn_cuda_attn a = {.d_q = dq,
+                            .d_out = dout,
+                            .n_tokens = T,
+                            .d_pos = dpos,
+                            .d_tok_seq = dseq,
+                            .d_table_off = doff,
+                            .d_tables = dtab,
+                            .d_pool = dpool,
+                            .block_elems = block_elems,
+                            .k_off = k_off,
+                            .v_off = v_off,
+                            .block_tokens = bt,
+                            .n_head = n_head,
+                            .n_kv_head = n_kv,
+                            .head_dim = head_dim,
+                            .scale = scale};
+    CK(kn_cuda_attention(kc, &a));
+    host_copy(got, dout, (size_t)T * q_dim * sizeof(float));
+    for (size_t i = 0; i < (size_t)T * q_dim; i++)
+        tol[i] = 2e-5f; /* outputs are convex combinations of |v| <= 1 */
+    char what[96];
+    snprintf(what, sizeof(what), "attention hd %d, %d/%d heads, %d tokens", head_dim, n_head, n_kv, T);
+    assert_close(what, got, want, tol, (size_t)T * q_dim);
+
+    /* The stored rows: exactly the F16 values given. */
+    uint16_t *back = malloc((size_t)n_pool * block_elems * sizeof(uint16_t));
+    host_copy(back, dpool, (size_t)n_pool * block_elems * sizeof(uint16_t));
+    for (size_t i = 0; i < (size_t)n_pool * block_elems; i++)
+        if (kn_fp16_to_fp32(back[i]) != pool[i])
+            fail_msg("%s: cache element %zu is %g, want %g", what, i, kn_fp16_to_fp32(back[i]), pool[i]);
+    free(back);
+
+    void *dev[] = {dpool, dq, dout, dk, dv, dpos, dseq, dslots, doff, dtab};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        kn_cuda_release(kc, dev[i]);
+    free(blocks);
+    free(tables);
+    free(pool);
+    free(pool_h);
+    free(q);
+    free(k);
+    free(v);
+    free(want);
+    free(got);
+    free(tol);
+    free(pos);
+    free(tok_seq);
+    free(slots);
+}
+
+static void test_attention(void **state)
+{
+    seed(8);
+    /* Prefill from 0, a single decode token, a chunk in the middle. */
+    const int pos0[] = {0, 13, 40}, n_q[] = {7, 1, 3};
+    const int hds[] = {64, 72, 128, 256, 2};
+    for (int i = 0; i < 5; i++)
+        check_attention(hds[i], 6, 2, 5, pos0, n_q, 3);
+    /* One token alone: its keys split over many blocks. */
+    const int d0[] = {777}, d1[] = {1};
+    check_attention(128, 8, 8, 16, d0, d1, 1);
+    check_attention(64, 32, 4, 16, d0, d1, 1);
+    /* Enough tokens that nothing is split. */
+    const int p0[] = {0, 5}, p1[] = {300, 60};
+    check_attention(64, 6, 3, 16, p0, p1, 2);
+}
+
+/* ---- the model on the GPU ---- */
+
+static rt_model *load(const char *path, const char *device, bool reference)
+{
+    rt_model_opts o = {.n_threads = 2, .reference = reference, .device = device};
+    rt_model *m = NULL;
+    char err[512];
+    int rc = rt_model_load(path, &o, &m, err, sizeof(err));
+    if (rc)
+        fail_msg("load %s on %s: %s", path, device, err);
+    return m;
+}
+
+static float *prompt_logits(rt_model *m, int chunk)
+{
+    const rt_hparams *hp = rt_model_hparams(m);
+    char err[512];
+    rt_kv *kv = rt_kv_new(m, 128 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    if (!kv)
+        fail_msg("rt_kv_new: %s", err);
+    rt_seq *s = rt_seq_new(kv, 128);
+    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    for (int i = 0; i < N_PROMPT; i += chunk) {
+        int n = N_PROMPT - i < chunk ? N_PROMPT - i : chunk;
+        rt_batch_entry e = {.seq = s, .tokens = prompt + i, .n_tokens = n, .logits = logits};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+    }
+    rt_seq_free(s);
+    assert_int_equal(rt_kv_blocks_free(kv), rt_kv_blocks_total(kv));
+    rt_kv_free(kv);
+    return logits;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static double cosine(const float *a, const float *b, int n)
+{
+    double ab = 0, aa = 0, bb = 0;
+    for (int i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return ab / sqrt(aa * bb);
+}
+
+/* Greedy continuation; all_logits (n x vocab) when not NULL. */
+static void greedy(rt_model *m, int32_t *out, int n, float *all_logits)
+{
+    const rt_hparams *hp = rt_model_hparams(m);
+    char err[512];
+    rt_kv *kv = rt_kv_new(m, 128 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    if (!kv)
+        fail_msg("rt_kv_new: %s", err);
+    rt_seq *s = rt_seq_new(kv, 128);
+    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
+    assert_int_equal(rt_model_forward(m, &e, 1), 0);
+    for (int i = 0; i < n; i++) {
+        if (all_logits)
+            memcpy(all_logits + (size_t)i * hp->n_vocab, logits, (size_t)hp->n_vocab * sizeof(float));
+        out[i] = argmax(logits, hp->n_vocab);
+        e = (rt_batch_entry){.seq = s, .tokens = &out[i], .n_tokens = 1, .logits = logits};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+    }
+    free(logits);
+    rt_seq_free(s);
+    rt_kv_free(kv);
+}
+
+static void test_model_f16_vs_f32(void **state)
+{
+    rt_model *cpu = load(path_f32, "cpu", true);
+    rt_model *gpu = load(path_f16, "cuda", false);
+    assert_string_equal(rt_model_backend_name(gpu), "cuda");
+    const int n = rt_model_hparams(cpu)->n_vocab;
+    float *base = prompt_logits(cpu, N_PROMPT);
+    /* Whole prompt (GEMM path), one token at a time (matvec path), mixed. */
+    const int chunks[] = {N_PROMPT, 1, 5};
+    for (int k = 0; k < 3; k++) {
+        float *l = prompt_logits(gpu, chunks[k]);
+        double c = cosine(base, l, n);
+        printf("# f16 on the GPU, chunks of %d: cosine to the f32 reference %.7f\n", chunks[k], c);
+        assert_true(c >= 0.9999);
+        free(l);
+    }
+    free(base);
+    rt_model_free(gpu);
+    rt_model_free(cpu);
+}
+
+static void test_model_q8_greedy(void **state)
+{
+    enum { STEPS = 32 };
+    rt_model *cpu = load(path_q8, "cpu", false);
+    rt_model *gpu = load(path_q8, "cuda", false);
+    const int n = rt_model_hparams(cpu)->n_vocab;
+    int32_t a[STEPS], b[STEPS];
+    float *la = malloc((size_t)STEPS * n * sizeof(float)), *lb = malloc((size_t)STEPS * n * sizeof(float));
+    greedy(cpu, a, STEPS, la);
+    greedy(gpu, b, STEPS, lb);
+    double worst = 1.0;
+    for (int i = 0; i < STEPS; i++) {
+        double c = cosine(la + (size_t)i * n, lb + (size_t)i * n, n);
+        worst = c < worst ? c : worst;
+    }
+    printf("# q8_0 GPU vs CPU: worst cosine of logits over %d greedy steps %.7f\n", STEPS, worst);
+    assert_memory_equal(a, b, sizeof(a));
+    free(la);
+    free(lb);
+    rt_model_free(gpu);
+    rt_model_free(cpu);
+
+    /* Q4_0 too: the same weights on both sides, only activations differ. */
+    cpu = load(path_q4, "cpu", false);
+    gpu = load(path_q4, "cuda", false);
+    float *l1 = prompt_logits(cpu, N_PROMPT), *l2 = prompt_logits(gpu, N_PROMPT);
+    double c = cosine(l1, l2, n);
+    printf("# q4_0 GPU vs CPU: cosine %.7f\n", c);
+    assert_true(c >= 0.999);
+    free(l1);
+    free(l2);
+    rt_model_free(gpu);
+    rt_model_free(cpu);
+}
+
+/* Eight sequences of different lengths as one batch per step give the same
+ * greedy tokens as each alone; with graphs off, bit-identical logits. */
+static void test_model_batch_and_graphs(void **state)
+{
+    enum { N_SEQ = 8, N_GEN = 12 };
+    rt_model *m = load(path_q8, "cuda", false);
+    const int V = rt_model_hparams(m)->n_vocab;
+    char err[512];
+    rt_kv *kv = rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m), 8, err, sizeof(err));
+    if (!kv)
+        fail_msg("rt_kv_new: %s", err);
+    int32_t prompts[N_SEQ][N_PROMPT];
+    int lens[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) {
+        lens[s] = 3 + s;
+        for (int i = 0; i < lens[s]; i++)
+            prompts[s][i] = prompt[(i + s) % N_PROMPT];
+    }
+    int32_t alone[N_SEQ][N_GEN], together[N_SEQ][N_GEN];
+    float *logits = malloc((size_t)N_SEQ * V * sizeof(float));
+    for (int s = 0; s < N_SEQ; s++) {
+        rt_seq *seq = rt_seq_new(kv, 64);
+        rt_batch_entry e = {.seq = seq, .tokens = prompts[s], .n_tokens = lens[s], .logits = logits};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        for (int i = 0; i < N_GEN; i++) {
+            alone[s][i] = argmax(logits, V);
+            e = (rt_batch_entry){.seq = seq, .tokens = &alone[s][i], .n_tokens = 1, .logits = logits};
+            assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        }
+        rt_seq_free(seq);
+    }
+    rt_seq *seqs[N_SEQ];
+    rt_batch_entry e[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) {
+        seqs[s] = rt_seq_new(kv, 64);
+        e[s] = (rt_batch_entry){
+            .seq = seqs[s], .tokens = prompts[s], .n_tokens = lens[s], .logits = logits + (size_t)s * V};
+    }
+    assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
+    for (int i = 0; i < N_GEN; i++) {
+        for (int s = 0; s < N_SEQ; s++) {
+            together[s][i] = argmax(logits + (size_t)s * V, V);
+            e[s] = (rt_batch_entry){
+                .seq = seqs[s], .tokens = &together[s][i], .n_tokens = 1, .logits = logits + (size_t)s * V};
+        }
+        assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
+    }
+    assert_memory_equal(alone, together, sizeof(alone));
+    for (int s = 0; s < N_SEQ; s++)
+        rt_seq_free(seqs[s]);
+    assert_int_equal(rt_kv_blocks_free(kv), rt_kv_blocks_total(kv));
+    free(logits);
+    rt_kv_free(kv);
+
+    /* Graph replays (the default for short steps) against plain launches. */
+    enum { STEPS = 8 };
+    int32_t a[STEPS], b[STEPS];
+    float *la = malloc((size_t)STEPS * V * sizeof(float)), *lb = malloc((size_t)STEPS * V * sizeof(float));
+    greedy(m, a, STEPS, la);
+    rt_model_free(m);
+    setenv("INFERGATE_CUDA_GRAPHS", "0", 1);
+    m = load(path_q8, "cuda", false);
+    unsetenv("INFERGATE_CUDA_GRAPHS");
+    greedy(m, b, STEPS, lb);
+    assert_memory_equal(a, b, sizeof(a));
+    assert_memory_equal(la, lb, (size_t)STEPS * V * sizeof(float));
+    free(la);
+    free(lb);
+    rt_model_free(m);
+}
+
+static void test_device_info_and_limits(void **state)
+{
+    rt_model *m = load(path_q8, "cuda", false);
+    rt_device_info di;
+    rt_model_device_info(m, &di);
+    printf("# %s %s %s: %.0f MiB, %.0f MiB free, weights %.2f MiB\n", di.name, di.uuid, di.mig_profile,
+           (double)di.mem_total / 1048576.0, (double)di.mem_free / 1048576.0,
+           (double)di.mem_weights / 1048576.0);
+    assert_string_equal(di.kind, "cuda");
+    assert_true(di.name[0] != '\0');
+    assert_true(!strncmp(di.uuid, "GPU-", 4) || !strncmp(di.uuid, "MIG-", 4));
+    assert_true(di.mem_total > 0 && di.mem_free <= di.mem_total && di.mem_weights > 0);
+    /* F16 on the device. */
+    assert_int_equal(rt_model_kv_bytes_per_token(m), (size_t)2 * 3 * 2 * 32 * 2);
+    char err[512];
+    rt_kv *kv = rt_kv_new(m, (size_t)(di.mem_total + di.mem_total / 2), 16, err, sizeof(err));
+    assert_null(kv);
+    printf("# %s\n", err);
+    assert_non_null(strstr(err, "does not fit"));
+    assert_non_null(strstr(err, "MiB"));
+    rt_model_free(m);
+}
+#endif
+
+int main(void)
+{
+    if (make_models()) {
+        fprintf(stderr, "cannot generate the test models\n");
+        return 1;
+    }
+    const struct CMUnitTest host[] = {
+        cmocka_unit_test(test_no_device_refused),
+#ifdef INFERGATE_HAVE_CUDA
+        cmocka_unit_test(test_layouts),
+#endif
+    };
+    int failed = cmocka_run_group_tests_name("host checks", host, NULL, NULL);
+    char why[256];
+    if (failed == 0 && !have_device(why, sizeof(why))) {
+        printf("# host checks passed; no CUDA device (%s): GPU checks skipped\n", why);
+        remove_models();
+        return 77;
+    }
+#ifdef INFERGATE_HAVE_CUDA
+    if (failed == 0) {
+        const struct CMUnitTest gpu[] = {
+            cmocka_unit_test(test_quantize_q8),
+            cmocka_unit_test(test_matvec),
+            cmocka_unit_test(test_gemm),
+            cmocka_unit_test(test_rows_ops),
+            cmocka_unit_test(test_embed),
+            cmocka_unit_test(test_rope),
+            cmocka_unit_test(test_attention),
+            cmocka_unit_test(test_model_f16_vs_f32),
+            cmocka_unit_test(test_model_q8_greedy),
+            cmocka_unit_test(test_model_batch_and_graphs),
+            cmocka_unit_test(test_device_info_and_limits),
+        };
+        failed = cmocka_run_group_tests_name("GPU checks", gpu, gpu_setup, gpu_teardown);
+    }
+#endif
+    remove_models();
+    return failed ? 1 : 0;
+}

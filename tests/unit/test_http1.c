@@ -1,0 +1,640 @@
+/* Tests of the HTTP server's HTTP/1.x sessions (gateway/http1.c) and of
+ * the protocol choice on a cleartext port (gateway/http_server.c): curl
+ * --http1.1 and --http1.0 as child processes for what clients do (GET,
+ * POST with Content-Length and chunked bodies, keep-alive, streamed
+ * responses, HEAD, 413), raw sockets for what they do not (malformed
+ * requests, pipelining, a head that never ends, a peer that never reads),
+ * and curl --http2-prior-knowledge on the same port. See http_harness.h
+ * for the handler's paths. Nothing asserts on timing. */
+#include "http_harness.h"
+
+static tsrv *start(const gw_http_limits *lim)
+{
+    tsrv *t = harness_new(lim);
+    char err[256] = "";
+    if (gw_http_server_listen(t->srv, "tcp:127.0.0.1:0", err, sizeof(err)))
+        fail_msg("listen: %s", err);
+    t->port = gw_http_server_port(t->srv);
+    assert_true(t->port > 0);
+    return t;
+}
+
+static int setup(void **state)
+{
+    *state = start(NULL);
+    return 0;
+}
+
+/* Small bounds so that the limit tests stay fast. */
+static int setup_small(void **state)
+{
+    gw_http_limits l = {0};
+    l.max_body = 100000;
+    l.max_header_list = 4096;
+    l.max_stream_buffer = 256 << 10;
+    *state = start(&l);
+    return 0;
+}
+
+static int setup_timeouts(void **state)
+{
+    gw_http_limits l = {0};
+    l.header_timeout_ms = 200;
+    l.idle_timeout_ms = 300;
+    *state = start(&l);
+    return 0;
+}
+
+static int setup_two_conns(void **state)
+{
+    gw_http_limits l = {0};
+    l.max_connections = 2;
+    *state = start(&l);
+    return 0;
+}
+
+static const char *url(tsrv *t, const char *path)
+{
+    static char bufs[4][128];
+    static int next;
+    char *b = bufs[next++ % 4];
+    snprintf(b, sizeof(bufs[0]), "http://127.0.0.1:%d%s", t->port, path);
+    return b;
+}
+
+#define CURL "curl", "-sS", "--noproxy", "*"
+
+static void expect_output(tsrv *t, const char *name, const char *want)
+{
+    char *got = child_out(t, name);
+    assert_string_equal(got, want);
+    free(got);
+}
+
+/* ---- with curl ---- */
+
+static void test_get(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    char *argv[] = {CURL,
+                    "--http1.1",
+                    "-o",
+                    (char *)scratch(t, "body"),
+                    "-w",
+                    "%{http_code} %{http_version}",
+                    (char *)url(t, "/hello"),
+                    NULL};
+    assert_int_equal(run_child(t, argv, "meta"), 0);
+    expect_output(t, "meta", "200 1.1");
+    expect_output(t, "body", "hello world\n");
+    assert_string_equal(t->protocol, "HTTP/1.1");
+    char want[64];
+    snprintf(want, sizeof(want), "127.0.0.1:%d", t->port);
+    assert_string_equal(t->authority, want);
+    int one = 1;
+    assert_true(run_until(t, closes_reach, &one));
+    assert_int_equal(t->n_finished, 1);
+    assert_int_equal(gw_http_server_active_streams(t->srv), 0);
+}
+
+/* HTTP/1.1 and HTTP/2 with prior knowledge on one port. */
+static void test_h2c_same_port(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    char *h2[] = {CURL,
+                  "--http2-prior-knowledge",
+                  "-o",
+                  (char *)scratch(t, "b2"),
+                  "-w",
+                  "%{http_version}",
+                  (char *)url(t, "/hello"),
+                  NULL};
+    assert_int_equal(run_child(t, h2, "m2"), 0);
+    expect_output(t, "m2", "2");
+    expect_output(t, "b2", "hello world\n");
+    assert_string_equal(t->protocol, "HTTP/2");
+    char *h1[] = {
+        CURL, "--http1.1", "-o", (char *)scratch(t, "b1"), "-w", "%{http_version}", (char *)url(t, "/hello"),
+        NULL};
+    assert_int_equal(run_child(t, h1, "m1"), 0);
+    expect_output(t, "m1", "1.1");
+    assert_string_equal(t->protocol, "HTTP/1.1");
+    int two = 2;
+    assert_true(run_until(t, closes_reach, &two));
+    assert_int_equal(t->n_finished, 2);
+}
+
+/* POST /echo of `len` bytes with the extra curl arguments given. */
+static void post_echo(tsrv *t, size_t len, const char *h1, const char *h2)
+{
+    uint8_t *buf = random_file(scratch(t, "in"), len);
+    char data[200];
+    snprintf(data, sizeof(data), "@%s", scratch(t, "in"));
+    char *argv[24] = {CURL, "--http1.1",   "--data-binary", data, "-o", (char *)scratch(t, "out"),
+                      "-w", "%{http_code}"};
+    int n = 0;
+    while (argv[n])
+        n++;
+    if (h1) {
+        argv[n++] = "-H";
+        argv[n++] = (char *)h1;
+    }
+    if (h2) {
+        argv[n++] = "-H";
+        argv[n++] = (char *)h2;
+    }
+    argv[n++] = (char *)url(t, "/echo");
+    argv[n] = NULL;
+    assert_int_equal(run_child(t, argv, "code"), 0);
+    expect_output(t, "code", "200");
+    size_t got_len = 0;
+    char *got = slurp(scratch(t, "out"), &got_len);
+    assert_non_null(got);
+    if (got_len != len)
+        fail_msg("POST of %zu bytes with %s, %s: %zu came back", len, h1 ? h1 : "-", h2 ? h2 : "-", got_len);
+    assert_memory_equal(got, buf, len);
+    free(got);
+    free(buf);
+}
+
+static void test_post(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    post_echo(t, 3, NULL, NULL);
+    post_echo(t, (1 << 20) - 1, "Expect:", NULL);
+    post_echo(t, (1 << 20) - 1, "Expect: 100-continue", NULL);
+    post_echo(t, 5, "Transfer-Encoding: chunked", NULL);
+    post_echo(t, (1 << 20) - 1, "Transfer-Encoding: chunked", "Expect:");
+    post_echo(t, (1 << 20) - 1, "Transfer-Encoding: chunked", "Expect: 100-continue");
+    int six = 6;
+    assert_true(run_until(t, closes_reach, &six));
+    assert_int_equal(t->n_finished, 6);
+}
+
+/* Two URLs in one curl: the second reuses the connection. */
+static void test_keep_alive(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    char *argv[] = {CURL,
+                    "--http1.1",
+                    "-o",
+                    "/dev/null",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}:%{num_connects},",
+                    (char *)url(t, "/hello"),
+                    (char *)url(t, "/stream"),
+                    NULL};
+    assert_int_equal(run_child(t, argv, "meta"), 0);
+    expect_output(t, "meta", "200:1,200:0,");
+    int two = 2;
+    assert_true(run_until(t, closes_reach, &two));
+    assert_int_equal(t->n_finished, 2);
+}
+
+static const char ten_pieces[] = "piece 0\npiece 1\npiece 2\npiece 3\npiece 4\n"
+                                 "piece 5\npiece 6\npiece 7\npiece 8\npiece 9\n";
+
+static void test_streaming(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    char *argv[] = {CURL,
+                    "--http1.1",
+                    "-N",
+                    "-D",
+                    (char *)scratch(t, "head"),
+                    "-o",
+                    (char *)scratch(t, "out"),
+                    (char *)url(t, "/stream"),
+                    NULL};
+    assert_int_equal(run_child(t, argv, "meta"), 0);
+    expect_output(t, "out", ten_pieces);
+    char *head = child_out(t, "head");
+    assert_non_null(strstr(head, "transfer-encoding: chunked\r\n"));
+    assert_null(strstr(head, "content-length"));
+    free(head);
+    int one = 1;
+    assert_true(run_until(t, closes_reach, &one));
+    assert_int_equal(t->n_finished, 1);
+}
+
+/* HTTP/1.0: no chunked coding; a stream ends with the connection. */
+static void test_http10(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    char *a[] = {CURL,
+                 "--http1.0",
+                 "-D",
+                 (char *)scratch(t, "h1"),
+                 "-o",
+                 (char *)scratch(t, "b1"),
+                 (char *)url(t, "/hello"),
+                 NULL};
+    assert_int_equal(run_child(t, a, "m1"), 0);
+    expect_output(t, "b1", "hello world\n");
+    assert_string_equal(t->protocol, "HTTP/1.0");
+    char *head = child_out(t, "h1");
+    assert_non_null(strstr(head, "content-length: 12\r\n"));
+    assert_non_null(strstr(head, "connection: close\r\n"));
+    free(head);
+    char *b[] = {CURL,
+                 "--http1.0",
+                 "-D",
+                 (char *)scratch(t, "h2"),
+                 "-o",
+                 (char *)scratch(t, "b2"),
+                 (char *)url(t, "/stream"),
+                 NULL};
+    assert_int_equal(run_child(t, b, "m2"), 0);
+    expect_output(t, "b2", ten_pieces);
+    head = child_out(t, "h2");
+    assert_null(strstr(head, "transfer-encoding"));
+    free(head);
+    /* HTTP/1.0 with keep-alive asked for, raw: both answers on one connection. */
+    static const char req[] = "GET /hello HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+                              "GET /hello HTTP/1.0\r\n\r\n";
+    char *got = raw_exchange(t, req, sizeof(req) - 1);
+    const char *second = strstr(got, "connection: keep-alive\r\n");
+    assert_non_null(second);
+    assert_non_null(strstr(second, "hello world\nHTTP/1.1 200 OK\r\n"));
+    free(got);
+    int four = 4;
+    assert_true(run_until(t, closes_reach, &four));
+    assert_int_equal(t->n_finished, 4);
+}
+
+static void test_head(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    char *argv[] = {CURL, "--http1.1", "-I", "-o", (char *)scratch(t, "head"), (char *)url(t, "/hello"),
+                    NULL};
+    assert_int_equal(run_child(t, argv, "meta"), 0);
+    char *head = child_out(t, "head");
+    assert_non_null(strstr(head, "HTTP/1.1 200 OK\r\n"));
+    assert_non_null(strstr(head, "content-length: 12\r\n"));
+    free(head);
+    /* A streamed answer to HEAD has no body either; the connection goes on. */
+    static const char req[] = "HEAD /stream HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n"
+                              "Connection: close\r\n\r\n";
+    char *got = raw_exchange(t, req, sizeof(req) - 1);
+    assert_null(strstr(got, "piece"));
+    assert_non_null(strstr(got, "\r\n\r\nHTTP/1.1 200 OK\r\n"));
+    assert_non_null(strstr(got, "hello world\n"));
+    free(got);
+}
+
+static void test_body_too_large(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    static const char want[] = "{\"error\":{\"message\":\"request body larger than 100000 bytes\",\"type\":"
+                               "\"invalid_request_error\",\"param\":null,\"code\":\"request_too_large\"}}";
+    const char *variants[][2] = {
+        {"Expect:", NULL},                         /* Content-Length, body sent */
+        {"Expect: 100-continue", NULL},            /* refused before the body */
+        {"Transfer-Encoding: chunked", "Expect:"}, /* chunked, over mid-way */
+        {"Transfer-Encoding: chunked", "Expect: 100-continue"},
+    };
+    free(random_file(scratch(t, "in"), 100001));
+    char data[200];
+    snprintf(data, sizeof(data), "@%s", scratch(t, "in"));
+    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
+        char *argv[] = {CURL,
+                        "--http1.1",
+                        "--data-binary",
+                        data,
+                        "-H",
+                        (char *)variants[i][0],
+                        "-H",
+                        (char *)(variants[i][1] ? variants[i][1] : "X-Test: 1"),
+                        "-o",
+                        (char *)scratch(t, "out"),
+                        "-w",
+                        "%{http_code}",
+                        (char *)url(t, "/echo"),
+                        NULL};
+        assert_int_equal(run_child(t, argv, "code"), 0);
+        expect_output(t, "code", "413");
+        expect_output(t, "out", want);
+    }
+    assert_int_equal(t->n_request, 0);
+    assert_int_equal(t->n_close, 0);
+    assert_true(run_until(t, no_streams, NULL));
+    /* Under the bound is fine, in both framings. */
+    post_echo(t, 100000, "Expect:", NULL);
+    post_echo(t, 100000, "Transfer-Encoding: chunked", NULL);
+}
+
+static void test_reset(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    char *argv[] = {CURL, "--http1.1", "-o", "/dev/null", (char *)url(t, "/reset"), NULL};
+    assert_int_equal(run_child(t, argv, "meta"), 52); /* empty reply: the connection closed */
+    int one = 1;
+    assert_true(run_until(t, closes_reach, &one));
+    assert_int_equal(t->n_unfinished, 1);
+}
+
+/* on_writable paces a large stream: the stream never holds more than its
+ * bound, and every byte arrives in order. */
+static void test_paced(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    const char *protos[] = {"--http1.1", "--http2-prior-knowledge"};
+    for (int i = 0; i < 2; i++) {
+        t->n_writable = 0;
+        char *argv[] = {CURL, (char *)protos[i], "-o", (char *)scratch(t, "out"), (char *)url(t, "/paced"),
+                        NULL};
+        assert_int_equal(run_child(t, argv, "meta"), 0);
+        size_t len = 0;
+        char *got = slurp(scratch(t, "out"), &len);
+        assert_int_equal(len, PACED);
+        for (size_t k = 0; k < len; k++)
+            if ((uint8_t)got[k] != pattern_byte(k))
+                fail_msg("byte %zu differs", k);
+        free(got);
+        int n = i + 1;
+        assert_true(run_until(t, closes_reach, &n));
+        assert_int_equal(t->n_finished, n);
+        assert_true(t->n_writable > 0);
+        assert_true(t->paced_pending_max <= t->lim.max_stream_buffer);
+    }
+}
+
+/* ---- with raw sockets ---- */
+
+static void expect_refused(tsrv *t, const char *req, const char *status_line)
+{
+    char *got = raw_exchange(t, req, strlen(req));
+    if (strncmp(got, status_line, strlen(status_line)))
+        fail_msg("for %s\nwanted %s\ngot %s", req, status_line, got);
+    assert_non_null(strstr(got, "connection: close\r\n"));
+    assert_non_null(strstr(got, "\"type\":\"invalid_request_error\""));
+    free(got);
+}
+
+static void test_malformed(void **state)
+{
+    tsrv *t = *state;
+    static const struct {
+        const char *req, *status;
+    } cases[] = {
+        {"GET  / HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1 \r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: x\nX: y\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTX/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/2.0\r\nHost: x\r\n\r\n", "HTTP/1.1 505 "},
+        {"G(T / HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET x HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET * HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
+        {"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET http://user@a/ HTTP/1.1\r\nHost: a\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET http:///x HTTP/1.1\r\nHost: a\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost : x\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: x\r\n: empty\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: x\r\nX: a\001b\r\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n", "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+         "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+         "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+         "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1,1\r\n\r\nab", "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+         "HTTP/1.1 413 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "HTTP/1.1 501 "},
+        {"POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n",
+         "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3 \r\nabc\r\n",
+         "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\n",
+         "HTTP/1.1 413 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n",
+         "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\n\r\n", "HTTP/1.1 417 "},
+        {"GET / HTTP/1.1\r\nHost: x\r\nConnection: a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q\r\n\r\n",
+         "HTTP/1.1 400 "},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        expect_refused(t, cases[i].req, cases[i].status);
+    /* Headers over max_header_list (4 KiB here), and a request line that
+     * alone is over it. */
+    char big[6000];
+    snprintf(big, sizeof(big), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: %05000d\r\n\r\n", 0);
+    expect_refused(t, big, "HTTP/1.1 431 ");
+    snprintf(big, sizeof(big), "GET /%05000d HTTP/1.1\r\nHost: x\r\n\r\n", 0);
+    expect_refused(t, big, "HTTP/1.1 431 ");
+    assert_int_equal(t->n_request, 0);
+    assert_int_equal(t->n_close, 0);
+    assert_true(run_until(t, no_streams, NULL));
+}
+
+/* Pipelined requests are answered in order, one after the other; request
+ * framing and the headers the application sees. */
+static void test_pipelined(void **state)
+{
+    tsrv *t = *state;
+    static const char req[] =
+        "\r\n" /* an empty line before a request is ignored */
+        "GET /hello HTTP/1.1\r\nHost: a.example\r\n\r\n"
+        "POST /echo HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\n\r\nabcde"
+        "POST /echo HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "3;ext=1\r\nfgh\r\n2\r\nij\r\n0\r\nX-Trailer: t\r\n\r\n"
+        "GET /headers HTTP/1.1\r\nHOST: a.example\r\nConnection: keep-alive, X-Drop\r\n"
+        "X-Drop: 1\r\nX-Keep: Yes \r\nTE: trailers\r\nKeep-Alive: 5\r\nUpgrade: h2c\r\n"
+        "Proxy-Connection: x\r\n\r\n"
+        "GET http://b.example/hello HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n"
+        "GET /hello HTTP/1.1\r\nHost: never.example\r\n\r\n";
+    char *got = raw_exchange(t, req, sizeof(req) - 1);
+    const char *p = got;
+    static const char *const in_order[] = {"HTTP/1.1 200 OK\r\n",
+                                           "hello world\n",
+                                           "HTTP/1.1 200 OK\r\n",
+                                           "content-length: 5\r\n",
+                                           "abcde",
+                                           "HTTP/1.1 200 OK\r\n",
+                                           "content-length: 5\r\n",
+                                           "fghij",
+                                           "HTTP/1.1 200 OK\r\n",
+                                           "x-keep: Yes\nte: trailers\n",
+                                           "HTTP/1.1 200 OK\r\n",
+                                           "connection: close\r\n",
+                                           "hello world\n"};
+    for (size_t i = 0; i < sizeof(in_order) / sizeof(in_order[0]); i++) {
+        const char *q = strstr(p, in_order[i]);
+        if (!q)
+            fail_msg("missing %s after %s", in_order[i], p);
+        p = q + strlen(in_order[i]);
+    }
+    assert_null(strstr(p, "HTTP/1.1")); /* nothing after Connection: close */
+    assert_null(strstr(got, "x-drop"));
+    assert_null(strstr(got, "upgrade"));
+    assert_null(strstr(got, "keep-alive: 5"));
+    assert_null(strstr(got, "host:"));
+    free(got);
+    assert_int_equal(t->n_request, 5);
+    assert_string_equal(t->authority, "b.example"); /* the absolute form's authority wins */
+    int five = 5;
+    assert_true(run_until(t, closes_reach, &five));
+    assert_int_equal(t->n_finished, 5);
+}
+
+/* A head that does not complete in header_timeout_ms, and a keep-alive
+ * connection idle for idle_timeout_ms, are closed. */
+static void test_timeouts(void **state)
+{
+    tsrv *t = *state;
+    int fd = raw_connect(t, 0);
+    raw_send(fd, "GET /hel", 8);
+    char *got = raw_read_all(t, fd, 4096, NULL);
+    assert_string_equal(got, "");
+    free(got);
+    close(fd);
+    fd = raw_connect(t, 0); /* nothing at all */
+    got = raw_read_all(t, fd, 4096, NULL);
+    assert_string_equal(got, "");
+    free(got);
+    close(fd);
+    fd = raw_connect(t, 0);
+    static const char req[] = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(fd, req, sizeof(req) - 1);
+    got = raw_read_all(t, fd, 4096, NULL);
+    assert_non_null(strstr(got, "hello world\n"));
+    free(got);
+    close(fd);
+    /* h2c is held to the header timeout until its preface is in. */
+    fd = raw_connect(t, 0);
+    raw_send(fd, "PRI * HTTP/2.0\r\n", 16);
+    got = raw_read_all(t, fd, 4096, NULL);
+    assert_string_equal(got, "");
+    free(got);
+    close(fd);
+    assert_int_equal(t->n_request, 1);
+    assert_true(run_until(t, no_streams, NULL));
+}
+
+static bool flood_done(tsrv *t, void *arg)
+{
+    return t->flood_enobufs > 0 && t->n_close > 0;
+}
+
+/* A peer that never reads: writes are refused past max_stream_buffer, the
+ * reset closes the connection and the stream ends unfinished. */
+static void test_slow_reader(void **state)
+{
+    tsrv *t = *state;
+    int fd = raw_connect(t, 4096);
+    static const char req[] = "GET /flood HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(fd, req, sizeof(req) - 1);
+    assert_true(run_until(t, flood_done, NULL));
+    assert_int_equal(t->flood_enobufs, 1);
+    assert_true(t->flood_pending_max <= t->lim.max_stream_buffer);
+    assert_true(t->flood_pending_max + 16384 + 16 > t->lim.max_stream_buffer);
+    assert_int_equal(t->n_unfinished, 1);
+    assert_null(t->srv->conns);
+    close(fd);
+}
+
+static bool conns_reach(tsrv *t, void *arg)
+{
+    return t->srv->n_conns >= *(size_t *)arg;
+}
+
+static bool conns_below(tsrv *t, void *arg)
+{
+    return t->srv->n_conns < *(size_t *)arg;
+}
+
+/* Past max_connections a new connection is closed at once. */
+static void test_max_connections(void **state)
+{
+    tsrv *t = *state;
+    int a = raw_connect(t, 0), b = raw_connect(t, 0);
+    size_t two = 2;
+    assert_true(run_until(t, conns_reach, &two));
+    int c = raw_connect(t, 0);
+    char *got = raw_read_all(t, c, 4096, NULL);
+    assert_string_equal(got, "");
+    free(got);
+    close(c);
+    static const char req[] = "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    raw_send(a, req, sizeof(req) - 1);
+    got = raw_read_all(t, a, 4096, NULL);
+    assert_non_null(strstr(got, "hello world\n"));
+    free(got);
+    close(a);
+    assert_true(run_until(t, conns_below, &two));
+    c = raw_connect(t, 0); /* room again */
+    raw_send(c, req, sizeof(req) - 1);
+    got = raw_read_all(t, c, 4096, NULL);
+    assert_non_null(strstr(got, "hello world\n"));
+    free(got);
+    close(c);
+    close(b);
+}
+
+/* The client's going ends its stream unfinished; freeing the server ends
+ * the rest. */
+static void test_client_gone(void **state)
+{
+    tsrv *t = *state;
+    static const char req[] = "GET /hang HTTP/1.1\r\nHost: x\r\n\r\n";
+    int a = raw_connect(t, 0), b = raw_connect(t, 0);
+    raw_send(a, req, sizeof(req) - 1);
+    raw_send(b, req, sizeof(req) - 1);
+    int two = 2;
+    assert_true(run_until(t, requests_reach, &two));
+    close(a);
+    int one = 1;
+    assert_true(run_until(t, closes_reach, &one));
+    assert_int_equal(t->n_unfinished, 1);
+    gw_http_server_free(t->srv);
+    t->srv = NULL;
+    assert_int_equal(t->n_close, 2);
+    assert_int_equal(t->n_unfinished, 2);
+    close(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_get, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_h2c_same_port, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_post, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_keep_alive, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_streaming, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_http10, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_head, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_body_too_large, setup_small, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_reset, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_paced, setup_small, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_malformed, setup_small, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_timeouts, setup_timeouts, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_slow_reader, setup_small, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_max_connections, setup_two_conns, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_client_gone, setup, harness_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,935 @@
+/* Tests of the routing core (routing/region.h, routing/router.h), no
+ * sockets: the record's Redis fields (round trip, and a table of bad values
+ * each naming its field), the table (upsert, remove, freshness, RTT), every
+ * filter on its own, the latency order with its ties, queue growth and RTT
+ * changes moving a region, the cost policy, ejection with back-off doubling
+ * and a single probe, the local region, and 256 random regions checked
+ * against a brute-force ordering of the documented rules. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "routing/region.h"
+#include "routing/router.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const route_table_opts opts = {.stale_after_ms = 3000,
+                                      .eject_after = 3,
+                                      .eject_base_ms = 1000,
+                                      .eject_max_ms = 8000,
+                                      .probe_timeout_ms = 5000};
+
+/* A region serving the comma-separated models, with tags, an output price
+ * and an idle queue whose estimate is exactly ttft_ms. */
+static route_record mk(const char *name, const char *models, const char *tags, double price_out,
+                       double ttft_ms)
+{
+    route_record r;
+    memset(&r, 0, sizeof(r));
+    snprintf(r.name, sizeof(r.name), "%s", name);
+    snprintf(r.endpoint, sizeof(r.endpoint), "tls:10.0.0.1:8443");
+    const char *names[] = {"models", "tags"};
+    const char *values[] = {models, tags};
+    char err[128];
+    assert_int_equal(route_record_from_fields(&r, names, values, NULL, 2, err, sizeof(err)), 0);
+    r.price_in = price_out / 4;
+    r.price_out = price_out;
+    r.capacity = 8;
+    r.ttft_ms = ttft_ms;
+    r.tpot_ms = 1;
+    r.healthy = true;
+    r.updated_ms = 1;
+    return r;
+}
+
+static void add(route_table *t, const route_record *r, double rtt_ms, int64_t now)
+{
+    assert_int_equal(route_table_upsert(t, r, false, now), 0);
+    route_table_set_rtt(t, r->name, rtt_ms, rtt_ms * 1.5);
+}
+
+static route_query query(const char *model, int64_t now)
+{
+    route_query q = {.model = model, .policy = ROUTE_LATENCY, .now_ms = now};
+    return q;
+}
+
+static const char *cand(const route_decision *d, int i)
+{
+    return i < d->n ? d->cand[i]->rec.name : "(none)";
+}
+
+/* ---- fields ---- */
+
+static void fields_to_arrays(const route_field *f, const char **names, const char **values, size_t *lens)
+{
+    for (int i = 0; i < ROUTE_N_FIELDS; i++) {
+        names[i] = f[i].name;
+        values[i] = f[i].value;
+        lens[i] = strlen(f[i].value);
+    }
+}
+
+static void assert_record_equal(const route_record *a, const route_record *b)
+{
+    assert_string_equal(a->name, b->name);
+    assert_string_equal(a->endpoint, b->endpoint);
+    assert_int_equal(a->n_models, b->n_models);
+    for (int i = 0; i < a->n_models; i++)
+        assert_string_equal(a->models[i], b->models[i]);
+    assert_int_equal(a->n_tags, b->n_tags);
+    for (int i = 0; i < a->n_tags; i++)
+        assert_string_equal(a->tags[i], b->tags[i]);
+    assert_true(a->price_in == b->price_in && a->price_out == b->price_out);
+    assert_string_equal(a->gpu, b->gpu);
+    assert_int_equal(a->capacity, b->capacity);
+    assert_int_equal(a->running, b->running);
+    assert_int_equal(a->queued, b->queued);
+    assert_true(a->ttft_ms == b->ttft_ms && a->tpot_ms == b->tpot_ms);
+    assert_int_equal(a->healthy, b->healthy);
+    assert_int_equal(a->updated_ms, b->updated_ms);
+}
+
+static void round_trip(const route_record *in)
+{
+    route_field f[ROUTE_N_FIELDS];
+    const char *names[ROUTE_N_FIELDS], *values[ROUTE_N_FIELDS];
+    size_t lens[ROUTE_N_FIELDS];
+    assert_int_equal(route_record_check(in, NULL, 0), 0);
+    route_record_to_fields(in, f);
+    fields_to_arrays(f, names, values, lens);
+    route_record out;
+    memset(&out, 0, sizeof(out));
+    strcpy(out.name, in->name);
+    char err[128] = "";
+    int rc = route_record_from_fields(&out, names, values, lens, ROUTE_N_FIELDS, err, sizeof(err));
+    if (rc)
+        fail_msg("from_fields: %d %s", rc, err);
+    assert_record_equal(in, &out);
+}
+
+static void test_fields_round_trip(void **state)
+{
+    route_record r = mk("eu-west", "llama-7b,tiny", "eu,gdpr", 0.4, 120.5);
+    strcpy(r.gpu, "H100 80GB (MIG 3g.40gb)");
+    r.price_in = 1.0 / 3;
+    r.tpot_ms = 1e-300;
+    r.capacity = 2147483647;
+    r.running = 17;
+    r.queued = 123456;
+    r.updated_ms = 1732280000123;
+    round_trip(&r);
+
+    /* Shortest form that reads back: what an operator sees in redis-cli. */
+    route_field f[ROUTE_N_FIELDS];
+    route_record_to_fields(&r, f);
+    assert_string_equal(f[0].name, "endpoint");
+    assert_string_equal(f[0].value, "tls:10.0.0.1:8443");
+    assert_string_equal(f[1].value, "llama-7b,tiny");
+    assert_string_equal(f[2].value, "eu,gdpr");
+    assert_string_equal(f[4].name, "price_out");
+    assert_string_equal(f[4].value, "0.4");
+    assert_string_equal(f[11].value, "1");
+    assert_string_equal(f[12].value, "1732280000123");
+
+    /* Every list and string at its largest. */
+    memset(&r, 0, sizeof(r));
+    memset(r.name, 'n', sizeof(r.name) - 1);
+    memset(r.endpoint, 'e', sizeof(r.endpoint) - 1);
+    memset(r.gpu, 'g', sizeof(r.gpu) - 1);
+    for (int i = 0; i < ROUTE_MAX_MODELS; i++) {
+        memset(r.models[i], 'a' + i, sizeof(r.models[i]) - 1);
+        r.models[i][sizeof(r.models[i]) - 1] = '\0';
+    }
+    for (int i = 0; i < ROUTE_MAX_TAGS; i++) {
+        memset(r.tags[i], 'a' + i, sizeof(r.tags[i]) - 1);
+        r.tags[i][sizeof(r.tags[i]) - 1] = '\0';
+    }
+    r.n_models = ROUTE_MAX_MODELS;
+    r.n_tags = ROUTE_MAX_TAGS;
+    r.price_out = 1e300;
+    r.healthy = false;
+    round_trip(&r);
+
+    /* Empty lists, zeros. */
+    memset(&r, 0, sizeof(r));
+    strcpy(r.name, "z");
+    round_trip(&r);
+}
+
+static const struct {
+    const char *field, *value, *want;
+} bad_fields[] = {
+    {"price_in", "abc", "price_in: must be a number >= 0"},
+    {"price_in", "", "price_in: must be a number >= 0"},
+    {"price_out", "-1", "price_out: must be a number >= 0"},
+    {"price_out", "inf", "price_out: must be a number >= 0"},
+    {"price_out", "nan", "price_out: must be a number >= 0"},
+    {"price_out", "0x10", "price_out: must be a number >= 0"},
+    {"price_out", "1e999", "price_out: must be a number >= 0"},
+    {"price_out", " 1", "price_out: must be a number >= 0"},
+    {"price_out", "1.5.5", "price_out: must be a number >= 0"},
+    {"ttft_ms", "12ms", "ttft_ms: must be a number >= 0"},
+    {"tpot_ms", "-0.5", "tpot_ms: must be a number >= 0"},
+    {"capacity", "1.5", "capacity: must be a whole number from 0 to 2147483647"},
+    {"capacity", "-3", "capacity: must be a whole number"},
+    {"running", "2147483648", "running: must be a whole number"},
+    {"queued", "", "queued: must be a whole number"},
+    {"queued", "99999999999999999999999", "queued: must be a whole number"},
+    {"healthy", "yes", "healthy: must be 0 or 1"},
+    {"healthy", "", "healthy: must be 0 or 1"},
+    {"updated_ms", "-1", "updated_ms: must be a whole number"},
+    {"updated_ms", "9223372036854775808", "updated_ms: must be a whole number"},
+    {"models", "a,,b", "models: entry 2 is empty"},
+    {"models", "a,", "models: entry 2 is empty"},
+    {"models", ",a", "models: entry 1 is empty"},
+    {"models", "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q", "models: more than 16 entries"},
+    {"models", "m,aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+     "models: entry 2 is longer than 63 bytes"},
+    {"tags", "a,b,c,d,e,f,g,h,i", "tags: more than 8 entries"},
+    {"tags", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "tags: entry 1 is longer than 31 bytes"},
+    {"tags", "eu, gdpr", "tags: entry 2 has leading or trailing spaces"},
+    {"tags", "eu\tus", "tags: control characters are not allowed"},
+    {"endpoint",
+     "tls:"
+     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+     "aaaaaaaaaaa"
+     "aaaaaaaaaaa:1",
+     "endpoint: longer than 127 bytes"},
+    {"gpu", "H100\n", "gpu: control characters are not allowed"},
+};
+
+static void test_fields_bad(void **state)
+{
+    int failed = 0;
+    for (size_t i = 0; i < sizeof(bad_fields) / sizeof(*bad_fields); i++) {
+        route_record r = mk("a", "m1", "eu", 1, 10), before;
+        memcpy(&before, &r, sizeof(r));
+        const char *names[] = {"endpoint", bad_fields[i].field};
+        const char *values[] = {"tcp:127.0.0.1:1", bad_fields[i].value};
+        char err[160] = "";
+        int rc = route_record_from_fields(&r, names, values, NULL, 2, err, sizeof(err));
+        if (rc != -EINVAL || strncmp(err, bad_fields[i].want, strlen(bad_fields[i].want)) ||
+            memcmp(&r, &before, sizeof(r))) {
+            print_error("case %zu: rc %d err \"%s\" want \"%s\"\n", i, rc, err, bad_fields[i].want);
+            failed++;
+        }
+    }
+    assert_int_equal(failed, 0);
+
+    route_record r = mk("a", "m1", "eu", 1, 10);
+    char err[160] = "";
+    /* lens are honoured: a NUL inside the value, a value longer than any field. */
+    const char *names[] = {"gpu"};
+    const char *values[] = {"H1\0000"};
+    size_t lens[] = {4};
+    assert_int_equal(route_record_from_fields(&r, names, values, lens, 1, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "gpu: contains a NUL byte");
+    static char big[2000];
+    memset(big, '1', sizeof(big) - 1);
+    values[0] = big;
+    names[0] = "capacity";
+    assert_int_equal(route_record_from_fields(&r, names, values, NULL, 1, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "capacity: longer than 1099 bytes");
+    /* Only len bytes are read. */
+    values[0] = "12345";
+    lens[0] = 2;
+    assert_int_equal(route_record_from_fields(&r, names, values, lens, 1, err, sizeof(err)), 0);
+    assert_int_equal(r.capacity, 12);
+    /* Unknown fields are ignored, missing ones kept; no err buffer is fine. */
+    const char *n2[] = {"future_field", "queued"};
+    const char *v2[] = {"whatever, really", "7"};
+    assert_int_equal(route_record_from_fields(&r, n2, v2, NULL, 2, NULL, 0), 0);
+    assert_int_equal(r.queued, 7);
+    assert_string_equal(r.models[0], "m1");
+    v2[1] = "x";
+    assert_int_equal(route_record_from_fields(&r, n2, v2, NULL, 2, NULL, 0), -EINVAL);
+
+    /* route_record_check: what a table or a publisher refuses. */
+    route_record c = mk("a", "m1", "eu", 1, 10);
+    strcpy(c.models[0], "a,b");
+    assert_int_equal(route_record_check(&c, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "models[0]: contains a comma");
+    c = mk("a", "m1", "eu", 1, 10);
+    c.n_tags = 9;
+    assert_int_equal(route_record_check(&c, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "tags: count 9 is not within 0..8");
+    c = mk("a", "m1", "eu", 1, 10);
+    c.price_in = NAN;
+    assert_int_equal(route_record_check(&c, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "price_in: must be a number >= 0");
+    c = mk("a", "m1", "eu", 1, 10);
+    memset(c.name, 'x', sizeof(c.name));
+    assert_int_equal(route_record_check(&c, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "name: not terminated within 64 bytes");
+    c = mk("", "m1", "eu", 1, 10);
+    assert_int_equal(route_record_check(&c, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "name: empty");
+    c = mk("a", "m1", "eu", 1, 10);
+    c.queued = -1;
+    assert_int_equal(route_record_check(&c, err, sizeof(err)), -EINVAL);
+    assert_string_equal(err, "queued: must not be negative");
+}
+
+/* ---- the table ---- */
+
+static void test_table(void **state)
+{
+    route_table *t = route_table_new(&opts, 3);
+    assert_non_null(t);
+    assert_null(route_table_new(&opts, 0));
+    route_record a = mk("a", "m", "", 1, 10), b = mk("b", "m", "", 1, 10), c = mk("c", "m", "", 1, 10);
+    route_record d = mk("d", "m", "", 1, 10);
+    assert_int_equal(route_table_upsert(t, &a, false, 100), 0);
+    assert_int_equal(route_table_upsert(t, &b, false, 100), 0);
+    assert_int_equal(route_table_upsert(t, &c, false, 100), 0);
+    assert_int_equal(route_table_upsert(t, &d, false, 100), -ENOSPC);
+    assert_int_equal(route_table_count(t), 3);
+    assert_string_equal(route_table_at(t, 1)->rec.name, "b");
+    assert_null(route_table_at(t, 3));
+    assert_null(route_table_find(t, "d"));
+    route_region *rb = route_table_find(t, "b");
+    assert_non_null(rb);
+    assert_false(rb->rtt_known);
+    assert_true(route_expected_ms(rb) == ROUTE_UNKNOWN_RTT_MS + 10);
+
+    /* An invalid record is refused. */
+    route_record bad = mk("e", "m", "", 1, 10);
+    bad.n_models = -1;
+    assert_int_equal(route_table_upsert(t, &bad, false, 100), -EINVAL);
+
+    /* RTT: bad values and unknown names ignored. */
+    route_table_set_rtt(t, "b", 7.5, 9);
+    route_table_set_rtt(t, "b", NAN, 9);
+    route_table_set_rtt(t, "b", -1, 9);
+    route_table_set_rtt(t, "zz", 1, 1);
+    assert_true(rb->rtt_known && rb->rtt_ewma_ms == 7.5 && rb->rtt_p95_ms == 9);
+
+    /* Replacing keeps RTT and failures; seen_ms moves only with updated_ms. */
+    route_region_report(t, rb, false, 200);
+    b.queued = 5;
+    assert_int_equal(route_table_upsert(t, &b, false, 2000), 0);
+    assert_int_equal(rb->rec.queued, 5);
+    assert_true(rb->rtt_ewma_ms == 7.5);
+    assert_int_equal(rb->consecutive_failures, 1);
+    assert_int_equal(rb->seen_ms, 100);
+    b.updated_ms = 2;
+    assert_int_equal(route_table_upsert(t, &b, false, 2500), 0);
+    assert_int_equal(rb->seen_ms, 2500);
+
+    /* Freshness: stale after stale_after_ms without news. */
+    assert_true(route_region_fresh(t, rb, 2500 + 3000));
+    assert_false(route_region_fresh(t, rb, 2500 + 3001));
+    b.updated_ms = 3;
+    assert_int_equal(route_table_upsert(t, &b, false, 5600), 0);
+    assert_true(route_region_fresh(t, rb, 5600));
+
+    /* Remove keeps the others in order; the freed slot is reused last. */
+    route_region *ra = route_table_find(t, "a");
+    route_table_remove(t, "a");
+    route_table_remove(t, "nope");
+    assert_int_equal(route_table_count(t), 2);
+    assert_string_equal(route_table_at(t, 0)->rec.name, "b");
+    assert_string_equal(route_table_at(t, 1)->rec.name, "c");
+    route_region_report(t, ra, false, 0); /* a stale pointer: ignored */
+    assert_int_equal(route_table_upsert(t, &d, false, 100), 0);
+    assert_ptr_equal(route_table_find(t, "d"), ra); /* the only free slot */
+    assert_int_equal(route_table_find(t, "d")->consecutive_failures, 0);
+    route_region *rc = route_table_find(t, "c");
+    route_table_remove(t, "c");
+    route_table_remove(t, "d");
+    assert_int_equal(route_table_upsert(t, &a, false, 100), 0);
+    /* c's slot was freed before d's. */
+    assert_ptr_equal(route_table_find(t, "a"), rc);
+    assert_string_equal(route_table_at(t, 1)->rec.name, "a");
+    assert_int_equal(route_table_count(t), 2);
+    route_table_free(t);
+    route_table_free(NULL);
+}
+
+/* ---- filters, one at a time ---- */
+
+static void test_filters(void **state)
+{
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 10000;
+    route_record ok = mk("ok", "m1,m2", "eu,gdpr,us", 2, 10);
+    add(t, &ok, 5, now);
+    route_decision d;
+    route_query q = query("m1", now);
+
+    /* model */
+    route_record other = mk("other-model", "m3", "eu,gdpr,us", 2, 1);
+    add(t, &other, 1, now);
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "ok");
+    assert_int_equal(d.out_model, 1);
+    q.model = "m";
+    assert_int_equal(route_decide(t, &q, &d), 0);
+    assert_int_equal(d.out_model, 2);
+    assert_string_equal(d.reason,
+                        "no region: model 2, stale 0, unhealthy 0, ejected 0, residency 0, price 0");
+    q.model = NULL;
+    assert_int_equal(route_decide(t, &q, &d), 0);
+    q.model = "m1";
+    route_table_remove(t, "other-model");
+
+    /* stale: out while the shared store is up, kept (still shown stale) while it is away */
+    route_record stale = mk("stale", "m1", "eu,gdpr,us", 2, 1);
+    add(t, &stale, 1, now - 3001);
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_int_equal(d.out_stale, 1);
+    route_table_set_shared_ok(t, false);
+    assert_false(route_table_shared_ok(t));
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "stale");
+    assert_false(route_region_fresh(t, route_table_find(t, "stale"), now));
+    route_table_set_shared_ok(t, true);
+    route_table_remove(t, "stale");
+
+    /* unhealthy */
+    route_record sick = mk("sick", "m1", "eu,gdpr,us", 2, 1);
+    sick.healthy = false;
+    add(t, &sick, 1, now);
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_int_equal(d.out_unhealthy, 1);
+    route_table_remove(t, "sick");
+
+    /* ejected */
+    route_record ej = mk("ejected", "m1", "eu,gdpr,us", 2, 1);
+    add(t, &ej, 1, now);
+    route_region *re = route_table_find(t, "ejected");
+    for (int i = 0; i < 3; i++)
+        route_region_report(t, re, false, now);
+    assert_true(route_region_ejected(re, now));
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_int_equal(d.out_ejected, 1);
+    route_table_remove(t, "ejected");
+
+    /* residency: every needed tag must be on the region */
+    route_record only_eu = mk("only-eu", "m1", "eu", 2, 1);
+    route_record gdpr_us = mk("gdpr-us", "m1", "gdpr,us", 2, 1);
+    route_record none = mk("untagged", "m1", "", 2, 1);
+    route_record eug = mk("eu-gdpr", "m1", "gdpr,eu", 2, 1);
+    add(t, &only_eu, 1, now);
+    add(t, &gdpr_us, 1, now);
+    add(t, &none, 1, now);
+    add(t, &eug, 1, now);
+    const char *eu_gdpr[] = {"eu", "gdpr", "eu"};
+    q.need_tags = eu_gdpr;
+    q.n_need_tags = 3;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "eu-gdpr");
+    assert_string_equal(cand(&d, 1), "ok");
+    assert_int_equal(d.out_residency, 3);
+    const char *eu[] = {"eu"};
+    q.need_tags = eu;
+    q.n_need_tags = 1;
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_int_equal(d.out_residency, 2);
+    const char *mars[] = {"mars"};
+    q.need_tags = mars;
+    assert_int_equal(route_decide(t, &q, &d), 0);
+    assert_int_equal(d.out_residency, 5);
+    /* A tag is matched whole: "e" or "eu2" is not "eu". */
+    const char *e[] = {"e"};
+    q.need_tags = e;
+    assert_int_equal(route_decide(t, &q, &d), 0);
+    q.need_tags = NULL;
+    q.n_need_tags = 0;
+    assert_int_equal(route_decide(t, &q, &d), 5);
+    route_table_remove(t, "only-eu");
+    route_table_remove(t, "gdpr-us");
+    route_table_remove(t, "untagged");
+    route_table_remove(t, "eu-gdpr");
+
+    /* price cap on the output price; the cap itself is allowed */
+    route_record dear = mk("dear", "m1", "eu", 9, 1);
+    route_record exact = mk("exact", "m1", "eu", 3, 1);
+    add(t, &dear, 1, now);
+    add(t, &exact, 1, now);
+    q.max_price = 3;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_int_equal(d.out_price, 1);
+    q.max_price = 0;
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_int_equal(d.out_price, 0);
+    route_table_free(t);
+}
+
+/* ---- orders ---- */
+
+static void test_latency_order(void **state)
+{
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 1000;
+    route_record a = mk("a", "m", "", 1, 10), b = mk("b", "m", "", 1, 10), c = mk("c", "m", "", 1, 10);
+    add(t, &c, 60, now);
+    add(t, &a, 5, now);
+    add(t, &b, 25, now);
+    route_decision d;
+    route_query q = query("m", now);
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "a");
+    assert_string_equal(cand(&d, 1), "b");
+    assert_string_equal(cand(&d, 2), "c");
+    assert_true(fabs(d.expected_ms[0] - 15) < 1e-9 && fabs(d.expected_ms[2] - 70) < 1e-9);
+    assert_string_equal(d.reason, "latency 15.0 ms (rtt 5.0 + queue 10.0)");
+    route_table_free(t);
+
+    /* Within 0.5 ms of the fastest: the cheaper wins; equal price: faster; then the name. */
+    t = route_table_new(&opts, 16);
+    route_record fast_dear = mk("fast-dear", "m", "", 2, 10), slow_cheap = mk("slow-cheap", "m", "", 1, 10);
+    route_record far = mk("far", "m", "", 0.5, 10);
+    add(t, &fast_dear, 10.0, now);
+    add(t, &slow_cheap, 10.45, now);
+    add(t, &far, 10.6, now);
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "slow-cheap");
+    assert_string_equal(cand(&d, 1), "fast-dear");
+    assert_string_equal(cand(&d, 2), "far");        /* cheapest, but 0.6 ms slower */
+    route_table_set_rtt(t, "slow-cheap", 10.5, 11); /* exactly 0.5 ms: no longer a tie */
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "fast-dear");
+    assert_string_equal(cand(&d, 1), "far");
+    assert_string_equal(cand(&d, 2), "slow-cheap");
+    route_table_free(t);
+
+    t = route_table_new(&opts, 16);
+    route_record z = mk("z", "m", "", 1, 10), y = mk("y", "m", "", 1, 10), x = mk("x", "m", "", 1, 10);
+    add(t, &z, 5.0, now);
+    add(t, &y, 5.2, now);
+    add(t, &x, 5.2, now);
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "z");
+    assert_string_equal(cand(&d, 1), "x");
+    assert_string_equal(cand(&d, 2), "y");
+    route_table_free(t);
+}
+
+static void test_queue_moves(void **state)
+{
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 1000;
+    route_record a = mk("a", "m", "", 1, 10), b = mk("b", "m", "", 1, 10);
+    add(t, &a, 5, now);
+    add(t, &b, 25, now);
+    route_decision d;
+    route_query q = query("m", now);
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "a");
+    /* Busy but not full: no waiting yet. */
+    a.running = 7;
+    a.updated_ms++;
+    assert_int_equal(route_table_upsert(t, &a, false, now), 0);
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "a");
+    /* Full with a queue: each waiting request costs service/capacity =
+     * (10 + 128) / 8 = 17.25 ms; two of them outweigh the 20 ms RTT gap. */
+    double prev = route_expected_ms(route_table_find(t, "a"));
+    for (int queued = 0; queued < 4; queued++) {
+        a.running = 8;
+        a.queued = queued;
+        a.updated_ms++;
+        assert_int_equal(route_table_upsert(t, &a, false, now), 0);
+        double e = route_expected_ms(route_table_find(t, "a"));
+        assert_true(e > prev);
+        assert_true(fabs(e - (5 + 10 + (queued + 1) * 17.25)) < 1e-9);
+        prev = e;
+        assert_int_equal(route_decide(t, &q, &d), 2);
+        assert_string_equal(cand(&d, 0), queued == 0 ? "a" : "b");
+    }
+    assert_string_equal(d.reason, "latency 35.0 ms (rtt 25.0 + queue 10.0)");
+    /* Capacity 0 (no worker up) still grows with the queue. */
+    a.capacity = 0;
+    a.running = 0;
+    a.queued = 0;
+    a.updated_ms++;
+    assert_int_equal(route_table_upsert(t, &a, false, now), 0);
+    assert_true(fabs(route_queue_ms(route_table_find(t, "a")) - (10 + 138)) < 1e-9);
+    route_table_free(t);
+}
+
+static void test_rtt_moves(void **state)
+{
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 1000;
+    route_record a = mk("a", "m", "", 1, 10), b = mk("b", "m", "", 1, 10),
+                 u = mk("unmeasured", "m", "", 0.1, 10);
+    add(t, &a, 5, now);
+    add(t, &b, 25, now);
+    assert_int_equal(route_table_upsert(t, &u, false, now), 0);
+    route_decision d;
+    route_query q = query("m", now);
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "a");
+    assert_string_equal(cand(&d, 2), "unmeasured"); /* counts as 50 ms */
+    route_table_set_rtt(t, "a", 40, 60);
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "b");
+    assert_string_equal(cand(&d, 1), "a");
+    route_table_set_rtt(t, "unmeasured", 1, 2);
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "unmeasured");
+    route_table_free(t);
+}
+
+static void test_cost_policy(void **state)
+{
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 1000;
+    route_record fast = mk("fast", "m", "", 3.0, 10);     /* 15 ms */
+    route_record mid = mk("mid", "m", "", 1.0, 10);       /* 35 ms */
+    route_record mid2 = mk("mid2", "m", "", 1.0, 10);     /* 30 ms: same price, faster */
+    route_record slow = mk("slow", "m", "", 0.2, 10);     /* 70 ms: cheapest, over the SLO */
+    route_record slower = mk("slower", "m", "", 0.1, 10); /* 90 ms */
+    add(t, &fast, 5, now);
+    add(t, &mid, 25, now);
+    add(t, &mid2, 20, now);
+    add(t, &slow, 60, now);
+    add(t, &slower, 80, now);
+    route_decision d;
+    route_query q = query("m", now);
+    q.policy = ROUTE_COST;
+    q.slo_ms = 50;
+    assert_int_equal(route_decide(t, &q, &d), 5);
+    assert_string_equal(cand(&d, 0), "mid2");
+    assert_string_equal(cand(&d, 1), "mid");
+    assert_string_equal(cand(&d, 2), "fast");
+    assert_string_equal(cand(&d, 3), "slow");
+    assert_string_equal(cand(&d, 4), "slower");
+    assert_string_equal(d.reason, "cost 1.00/M, 30.0 ms within slo 50");
+    /* A price change moves the choice. */
+    fast.price_out = 0.5;
+    assert_int_equal(route_table_upsert(t, &fast, false, now), 0);
+    assert_int_equal(route_decide(t, &q, &d), 5);
+    assert_string_equal(cand(&d, 0), "fast");
+    /* A wider SLO lets the cheapest in. */
+    q.slo_ms = 75;
+    assert_int_equal(route_decide(t, &q, &d), 5);
+    assert_string_equal(cand(&d, 0), "slow");
+    assert_string_equal(cand(&d, 4), "slower");
+    /* No SLO: cheapest first. */
+    q.slo_ms = 0;
+    assert_int_equal(route_decide(t, &q, &d), 5);
+    assert_string_equal(cand(&d, 0), "slower");
+    assert_string_equal(d.reason, "cost 0.10/M, 90.0 ms, no slo");
+    /* Nothing within the SLO: by latency. */
+    q.slo_ms = 10;
+    assert_int_equal(route_decide(t, &q, &d), 5);
+    assert_string_equal(cand(&d, 0), "fast");
+    assert_string_equal(cand(&d, 1), "mid2");
+    assert_string_equal(cand(&d, 4), "slower");
+    assert_string_equal(d.reason, "cost: none within slo 10, latency 15.0 ms (rtt 5.0 + queue 10.0)");
+    route_table_free(t);
+}
+
+/* ---- ejection ---- */
+
+static void test_ejection(void **state)
+{
+    route_table_opts o = opts;
+    o.stale_after_ms = 0; /* the clock runs far past any heartbeat here */
+    route_table *t = route_table_new(&o, 16);
+    int64_t now = 100000;
+    route_record a = mk("a", "m", "", 1, 10), b = mk("b", "m", "", 1, 10);
+    add(t, &a, 5, now);
+    add(t, &b, 25, now);
+    route_region *ra = route_table_find(t, "a");
+    route_decision d;
+    route_query q = query("m", now);
+
+    /* Two failures and a success: no ejection. */
+    route_region_report(t, ra, false, now);
+    route_region_report(t, ra, false, now);
+    route_region_report(t, ra, true, now);
+    assert_int_equal(ra->consecutive_failures, 0);
+    route_region_report(t, ra, false, now);
+    route_region_report(t, ra, false, now);
+    assert_false(route_region_ejected(ra, now));
+    route_region_report(t, ra, false, now);
+    assert_true(route_region_ejected(ra, now));
+    assert_int_equal(ra->ejections, 1);
+    assert_int_equal(ra->ejected_until_ms, now + 1000);
+    /* Late failures of requests sent before do not extend it. */
+    route_region_report(t, ra, false, now + 10);
+    assert_int_equal(ra->ejected_until_ms, now + 1000);
+    assert_false(route_region_take_probe(ra, now + 999));
+
+    q.now_ms = now + 999;
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "b");
+    assert_int_equal(d.out_ejected, 1);
+
+    /* Back-off over: a goes first as the one probe... */
+    int64_t t1 = now + 1000;
+    q.now_ms = t1;
+    assert_false(route_region_ejected(ra, t1));
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "a");
+    assert_true(d.probe);
+    assert_string_equal(d.reason, "latency 15.0 ms (rtt 5.0 + queue 10.0) probe");
+    assert_true(ra->probing);
+    /* ...and while it is out, a is left out. */
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "b");
+    assert_false(d.probe);
+    assert_false(route_region_take_probe(ra, t1));
+
+    /* The probe fails: ejected for twice as long, then 4x, then capped at 8x. */
+    route_region_report(t, ra, false, t1);
+    assert_int_equal(ra->ejections, 2);
+    assert_int_equal(ra->ejected_until_ms, t1 + 2000);
+    int64_t tt = t1 + 2000;
+    int64_t want[] = {4000, 8000, 8000};
+    for (int i = 0; i < 3; i++) {
+        assert_true(route_region_ejected(ra, tt - 1));
+        assert_true(route_region_take_probe(ra, tt));
+        route_region_report(t, ra, false, tt);
+        assert_int_equal(ra->ejected_until_ms - tt, want[i]);
+        tt += want[i];
+    }
+
+    /* A claimed probe that is never reported frees up after probe_timeout_ms. */
+    assert_true(route_region_take_probe(ra, tt));
+    assert_true(route_region_ejected(ra, tt + 4999));
+    assert_false(route_region_take_probe(ra, tt + 4999));
+    tt += 5000;
+    assert_false(route_region_ejected(ra, tt));
+    assert_true(route_region_take_probe(ra, tt));
+
+    /* The probe succeeds: healthy again, the back-off starts over. */
+    route_region_report(t, ra, true, tt);
+    assert_false(route_region_ejected(ra, tt));
+    assert_int_equal(ra->ejections, 0);
+    assert_int_equal(ra->consecutive_failures, 0);
+    q.now_ms = tt;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "a");
+    assert_false(d.probe);
+    for (int i = 0; i < 3; i++)
+        route_region_report(t, ra, false, tt);
+    assert_int_equal(ra->ejected_until_ms, tt + 1000);
+
+    /* A region out of its back-off but not first is left out, unclaimed. */
+    route_table_set_rtt(t, "a", 40, 50);
+    tt += 1000;
+    q.now_ms = tt;
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "b");
+    assert_int_equal(d.out_ejected, 1);
+    assert_false(ra->probing);
+    /* When b goes, a gets its probe. */
+    route_region *rb = route_table_find(t, "b");
+    for (int i = 0; i < 3; i++)
+        route_region_report(t, rb, false, tt);
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "a");
+    assert_true(d.probe);
+    route_table_free(t);
+
+    /* eject_after 0: never ejected. */
+    o.eject_after = 0;
+    t = route_table_new(&o, 4);
+    add(t, &a, 5, now);
+    ra = route_table_find(t, "a");
+    for (int i = 0; i < 100; i++)
+        route_region_report(t, ra, false, now);
+    assert_false(route_region_ejected(ra, now));
+    assert_int_equal(ra->consecutive_failures, 100);
+    route_table_free(t);
+}
+
+/* ---- the local region ---- */
+
+static void test_local(void **state)
+{
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 1000;
+    route_record here = mk("here", "m", "eu", 1, 10), peer = mk("peer", "m", "eu", 1, 10);
+    assert_int_equal(route_table_upsert(t, &here, true, now), 0);
+    add(t, &peer, 5, now);
+    route_table_set_rtt(t, "here", 30, 30); /* ignored: RTT to ourselves is 0 */
+    route_region *rh = route_table_find(t, "here");
+    assert_true(rh->local && rh->rtt_known && rh->rtt_ewma_ms == 0);
+    route_decision d;
+    route_query q = query("m", now + 100000); /* never stale */
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    q.now_ms = now;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "here");
+    assert_string_equal(d.reason, "latency 10.0 ms (rtt 0.0 + queue 10.0)");
+    /* Loaded: the peer wins. */
+    here.running = 8;
+    here.queued = 1;
+    assert_int_equal(route_table_upsert(t, &here, true, now), 0);
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "peer");
+    assert_string_equal(cand(&d, 1), "here");
+    /* Our own record read back from Redis does not replace the local one. */
+    route_record echo = mk("here", "other", "", 1, 10);
+    assert_int_equal(route_table_upsert(t, &echo, false, now), 0);
+    assert_true(rh->local);
+    assert_string_equal(rh->rec.models[0], "m");
+    /* It is ejected like any other. */
+    for (int i = 0; i < 3; i++)
+        route_region_report(t, rh, false, now);
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_int_equal(d.out_ejected, 1);
+    route_table_free(t);
+}
+
+/* ---- many regions against a brute-force reference ---- */
+
+typedef struct ref_entry {
+    route_region *r;
+    double ms;
+    int group; /* cost: 0 within the SLO, 1 over */
+    int64_t step;
+} ref_entry;
+
+static int ref_cmp(const void *pa, const void *pb)
+{
+    const ref_entry *a = pa, *b = pb;
+    if (a->group != b->group)
+        return a->group - b->group;
+    if (a->step != b->step)
+        return a->step < b->step ? -1 : 1;
+    if (a->r->rec.price_out != b->r->rec.price_out)
+        return a->r->rec.price_out < b->r->rec.price_out ? -1 : 1;
+    if (a->ms != b->ms)
+        return a->ms < b->ms ? -1 : 1;
+    return strcmp(a->r->rec.name, b->r->rec.name);
+}
+
+static bool ref_has(char (*list)[ROUTE_NAME_MAX], int n, const char *s)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(list[i], s))
+            return true;
+    return false;
+}
+
+static bool ref_has_tag(const route_record *r, const char *s)
+{
+    for (int i = 0; i < r->n_tags; i++)
+        if (!strcmp(r->tags[i], s))
+            return true;
+    return false;
+}
+
+static void test_many(void **state)
+{
+    enum { N = 256 };
+    static const char *const models[] = {"llama-7b", "llama-70b", "mistral", "tiny", "qwen", "phi"};
+    static const char *const tags[] = {"eu", "us", "gdpr", "hipaa", "apac", "edge"};
+    route_table *t = route_table_new(&opts, N);
+    srand(12345);
+    int64_t now = 1000000;
+    for (int i = 0; i < N; i++) {
+        route_record r;
+        memset(&r, 0, sizeof(r));
+        snprintf(r.name, sizeof(r.name), "region-%03d", (i * 97) % N);
+        for (int m = 0; m < 6; m++)
+            if (rand() % 2)
+                strcpy(r.models[r.n_models++], models[m]);
+        for (int g = 0; g < 6; g++)
+            if (rand() % 3 == 0)
+                strcpy(r.tags[r.n_tags++], tags[g]);
+        r.price_out = (rand() % 8) * 0.25;
+        r.capacity = rand() % 16;
+        r.running = rand() % 16;
+        r.queued = rand() % 4 ? 0 : rand() % 20;
+        r.ttft_ms = 5 + rand() % 40;
+        r.tpot_ms = (rand() % 100) / 50.0;
+        r.healthy = rand() % 10 != 0;
+        r.updated_ms = 1;
+        bool local = i == 17;
+        assert_int_equal(route_table_upsert(t, &r, local, now - (rand() % 10 == 0 ? 5000 : 0)), 0);
+        if (rand() % 8)
+            route_table_set_rtt(t, r.name, (rand() % 2000) / 10.0, 300);
+        route_region *rr = route_table_find(t, r.name);
+        if (rand() % 12 == 0)
+            for (int k = 0; k < 3; k++)
+                route_region_report(t, rr, false, now);
+    }
+    assert_int_equal(route_table_count(t), N);
+
+    static ref_entry ref[N];
+    for (int iter = 0; iter < 400; iter++) {
+        route_query q = query(models[rand() % 6], now);
+        const char *need[2];
+        q.n_need_tags = rand() % 3;
+        for (int j = 0; j < q.n_need_tags; j++)
+            need[j] = tags[rand() % 3];
+        q.need_tags = need;
+        q.max_price = rand() % 3 ? 0 : 1.0;
+        q.policy = rand() % 2 ? ROUTE_COST : ROUTE_LATENCY;
+        q.slo_ms = rand() % 4 ? 20 + rand() % 150 : 0;
+
+        int n_ref = 0, out = 0;
+        double best = INFINITY;
+        for (int i = 0; i < N; i++) {
+            route_region *r = route_table_at(t, i);
+            const route_record *rec = &r->rec;
+            bool ok = ref_has((char(*)[ROUTE_NAME_MAX])rec->models, rec->n_models, q.model) &&
+                      route_region_fresh(t, r, now) && rec->healthy && !route_region_ejected(r, now) &&
+                      r->ejected_until_ms == 0 && (q.max_price <= 0 || rec->price_out <= q.max_price);
+            for (int j = 0; ok && j < q.n_need_tags; j++)
+                ok = ref_has_tag(rec, need[j]);
+            if (!ok) {
+                out++;
+                continue;
+            }
+            double ms = (r->local ? 0 : r->rtt_known ? r->rtt_ewma_ms : 50) + route_queue_ms(r);
+            ref[n_ref++] = (ref_entry){r, ms, 0, 0};
+            if (ms < best)
+                best = ms;
+        }
+        for (int i = 0; i < n_ref; i++) {
+            ref[i].step = (int64_t)floor((ref[i].ms - best) / 0.5);
+            if (q.policy == ROUTE_COST && q.slo_ms > 0 && ref[i].ms > q.slo_ms)
+                ref[i].group = 1;
+            else if (q.policy == ROUTE_COST)
+                ref[i].step = 0;
+        }
+        qsort(ref, (size_t)n_ref, sizeof(*ref), ref_cmp);
+
+        route_decision d;
+        int n = route_decide(t, &q, &d);
+        int want = n_ref < ROUTE_MAX_CANDIDATES ? n_ref : ROUTE_MAX_CANDIDATES;
+        if (n != want)
+            fail_msg("iter %d: %d candidates, want %d", iter, n, want);
+        assert_int_equal(
+            d.out_model + d.out_stale + d.out_unhealthy + d.out_ejected + d.out_residency + d.out_price, out);
+        for (int i = 0; i < n; i++)
+            if (d.cand[i] != ref[i].r || d.expected_ms[i] != ref[i].ms)
+                fail_msg("iter %d: candidate %d is %s, want %s", iter, i, cand(&d, i), ref[i].r->rec.name);
+    }
+    route_table_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fields_round_trip),
+        cmocka_unit_test(test_fields_bad),
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_filters),
+        cmocka_unit_test(test_latency_order),
+        cmocka_unit_test(test_queue_moves),
+        cmocka_unit_test(test_rtt_moves),
+        cmocka_unit_test(test_cost_policy),
+        cmocka_unit_test(test_ejection),
+        cmocka_unit_test(test_local),
+        cmocka_unit_test(test_many),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,621 @@
+/* Tests of the Redis sync of region state and of the shared rate limit
+ * (routing/sync.c) against a real redis-server that this test starts on a
+ * free 127.0.0.1 port (with a password, on db 3, nothing saved to disk).
+ * Two route_sync instances on one libevent loop play two gateways.
+ *
+ * Faults are made on the real server: SIGSTOP (commands hang: the deadline
+ * path), SIGKILL and a restart on the same port (the reconnect path),
+ * SCRIPT FLUSH (NOSCRIPT), keys that expire. Every wait is bounded
+ * (WAIT_MS); nothing asserts on timing, so where a test must show that an
+ * update came by PUBLISH, the full read is set too far away to deliver it.
+ * The server is killed at exit, also when a test fails. Skipped (77)
+ * without redis-server. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "routing/region.h"
+#include "routing/sync.h"
+
+#include <hiredis/hiredis.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#define WAIT_MS 10000
+#define PASS "s3cret-test"
+#define DB 3
+#define CLUSTER "t"
+
+static const char *redis_path;
+static pid_t redis_pid;
+static int redis_port;
+static char port_s[16];
+
+static struct event_base *base;
+static struct event *keepalive;
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t epoch_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- the server ---- */
+
+static void redis_kill(void)
+{
+    if (redis_pid > 0) {
+        kill(redis_pid, SIGCONT);
+        kill(redis_pid, SIGKILL);
+        waitpid(redis_pid, NULL, 0);
+        redis_pid = 0;
+    }
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    if (fd == -1)
+        return -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == -1 || getsockname(fd, (struct sockaddr *)&a, &len) == -1) {
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* A blocking client for the test's own look at the server. */
+static redisContext *rc_connect(void)
+{
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
+    if (!c)
+        return NULL;
+    if (c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *r = redisCommand(c, "AUTH %s", PASS);
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    r = ok ? redisCommand(c, "SELECT %d", DB) : NULL;
+    ok = r && r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    if (!ok) {
+        redisFree(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* One command on a fresh connection; the reply (or NULL) is the caller's. */
+static redisReply *rc_command(const char *fmt, ...)
+{
+    redisContext *c = rc_connect();
+    if (!c)
+        return NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    redisFree(c);
+    return r;
+}
+
+static long long rc_integer(const char *fmt, const char *arg)
+{
+    redisReply *r = rc_command(fmt, arg);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+static int redis_start(void)
+{
+    pid_t pid = fork();
+    if (pid == -1)
+        return -1;
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        if (null != -1) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execl(redis_path, "redis-server", "--port", port_s, "--bind", "127.0.0.1", "--save", "", "--appendonly",
+              "no", "--requirepass", PASS, (char *)NULL);
+        _exit(127);
+    }
+    redis_pid = pid;
+    for (int i = 0; i < 250; i++) { /* 5 s */
+        redisReply *r = rc_command("PING");
+        bool up = r && r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        if (up)
+            return 0;
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            redis_pid = 0;
+            return -1;
+        }
+        usleep(20000);
+    }
+    redis_kill();
+    return -1;
+}
+
+/* ---- the loop ---- */
+
+static void on_keepalive(evutil_socket_t fd, short what, void *arg) {}
+
+static void run_for(int ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    event_base_loopexit(base, &tv);
+    event_base_dispatch(base);
+}
+
+#define WAIT_UNTIL(cond)                                                                                     \
+    do {                                                                                                     \
+        int64_t t0_ = mono_ms();                                                                             \
+        while (!(cond)) {                                                                                    \
+            if (mono_ms() - t0_ > WAIT_MS)                                                                   \
+                fail_msg("%s:%d: timed out waiting for %s", __FILE__, __LINE__, #cond);                     \
+            run_for(5);                                                                                      \
+        }                                                                                                    \
+    } while (0)
+
+/* ---- fixture: two gateways ---- */
+
+typedef struct gateway {
+    route_table *table;
+    route_sync *sync;
+    route_record rec;
+} gateway;
+
+static gateway ga, gb;
+
+static void make_rec(route_record *r, const char *name, const char *tag, double pin, double pout)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->name, sizeof(r->name), "%s", name);
+    snprintf(r->endpoint, sizeof(r->endpoint), "tls:127.0.0.1:%d", 9000 + (int)strlen(name));
+    snprintf(r->models[0], sizeof(r->models[0]), "tiny");
+    snprintf(r->models[1], sizeof(r->models[1]), "tiny-chat");
+    r->n_models = 2;
+    snprintf(r->tags[0], sizeof(r->tags[0]), "%s", tag);
+    r->n_tags = 1;
+    r->price_in = pin;
+    r->price_out = pout;
+    snprintf(r->gpu, sizeof(r->gpu), "cpu");
+    r->capacity = 8;
+    r->ttft_ms = 20;
+    r->tpot_ms = 5;
+    r->healthy = true;
+}
+
+static void test_opts(route_sync_opts *o)
+{
+    route_sync_opts_default(o);
+    o->host = "127.0.0.1";
+    o->port = redis_port;
+    o->password = PASS;
+    o->db = DB;
+    o->cluster = CLUSTER;
+    o->heartbeat_ms = 200;
+    o->ttl_heartbeats = 3;
+    o->full_read_ms = 60000; /* tests that need the full read set it */
+    o->command_timeout_ms = 300;
+    o->reconnect_min_ms = 50;
+    o->reconnect_max_ms = 400;
+}
+
+static void gw_start(gateway *g, const route_sync_opts *o, const char *name, const char *tag, double pin,
+                     double pout)
+{
+    route_table_opts to = {.stale_after_ms = 1500, .eject_after = 3, .eject_base_ms = 1000, .eject_max_ms = 8000};
+    g->table = route_table_new(&to, 16);
+    assert_non_null(g->table);
+    g->sync = route_sync_new(base, o, g->table);
+    assert_non_null(g->sync);
+    make_rec(&g->rec, name, tag, pin, pout);
+    route_sync_set_local(g->sync, &g->rec);
+}
+
+static void gw_stop(gateway *g)
+{
+    route_sync_free(g->sync);
+    g->sync = NULL;
+    route_table_free(g->table);
+    g->table = NULL;
+}
+
+static int setup(void **state)
+{
+    if (!redis_pid && redis_start())
+        return -1;
+    redisReply *r = rc_command("FLUSHALL");
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    memset(&ga, 0, sizeof(ga));
+    memset(&gb, 0, sizeof(gb));
+    return ok ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    gw_stop(&ga);
+    gw_stop(&gb);
+    if (redis_pid)
+        kill(redis_pid, SIGCONT);
+    run_for(1);
+    return 0;
+}
+
+static const route_region *region(gateway *g, const char *name)
+{
+    return route_table_find(g->table, name);
+}
+
+static double price_in_of(gateway *g, const char *name)
+{
+    const route_region *r = region(g, name);
+    return r ? r->rec.price_in : -1;
+}
+
+static void start_pair(const route_sync_opts *o)
+{
+    gw_start(&ga, o, "eu-west", "eu", 3.0, 6.0);
+    gw_start(&gb, o, "us-east", "us", 1.0, 2.0);
+    WAIT_UNTIL(route_sync_connected(ga.sync) && route_sync_connected(gb.sync));
+    WAIT_UNTIL(region(&ga, "us-east") && region(&gb, "eu-west"));
+}
+
+/* ---- tests ---- */
+
+static void test_two_gateways(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    start_pair(&o);
+
+    const route_region *r = region(&ga, "us-east");
+    assert_false(r->local);
+    assert_string_equal(r->rec.endpoint, gb.rec.endpoint);
+    assert_int_equal(r->rec.n_models, 2);
+    assert_string_equal(r->rec.models[1], "tiny-chat");
+    assert_int_equal(r->rec.n_tags, 1);
+    assert_string_equal(r->rec.tags[0], "us");
+    assert_true(r->rec.price_in == 1.0 && r->rec.price_out == 2.0);
+    assert_true(r->rec.healthy);
+    assert_true(r->rec.updated_ms > 0);
+    assert_true(region(&ga, "eu-west")->local);
+    assert_true(route_sync_last_ok_ms(ga.sync) > 0);
+
+    /* The key carries all fields and a TTL of a few heartbeats. */
+    long long ttl = rc_integer("PTTL %s", "infergate:" CLUSTER ":region:us-east");
+    assert_true(ttl > 0 && ttl <= 600);
+
+    /* An identity change is announced at once (the full read is a minute
+     * away): a health change reaches the peer. */
+    gb.rec.healthy = false;
+    route_sync_set_local(gb.sync, &gb.rec);
+    WAIT_UNTIL(!region(&ga, "us-east")->rec.healthy);
+
+    /* A material load change goes out with the next heartbeat. */
+    gb.rec.queued = 5;
+    route_sync_set_local(gb.sync, &gb.rec);
+    WAIT_UNTIL(region(&ga, "us-east")->rec.queued == 5);
+
+    /* A live peer stays fresh across heartbeats. */
+    run_for(400);
+    assert_true(route_region_fresh(ga.table, region(&ga, "us-east"), epoch_ms()));
+}
+
+static void test_set_price(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    start_pair(&o);
+
+    char err[256];
+    int64_t t0 = mono_ms();
+    assert_int_equal(route_set_price(&o, "us-east", 1.5, 2.5, err, sizeof(err)), 0);
+    assert_string_equal(err, "");
+    /* Only the PUBLISH can deliver it this soon: the full read is minutes away. */
+    WAIT_UNTIL(price_in_of(&ga, "us-east") == 1.5);
+    printf("# set-price seen by the peer after %lld ms\n", (long long)(mono_ms() - t0));
+    assert_true(region(&ga, "us-east")->rec.price_out == 2.5);
+    /* The owner adopts it for its own region, and publishes it as its own. */
+    WAIT_UNTIL(price_in_of(&gb, "us-east") == 1.5);
+    assert_true(region(&gb, "us-east")->local);
+    WAIT_UNTIL(({
+        redisReply *r_ = rc_command("HGET infergate:" CLUSTER ":region:us-east price_in");
+        bool ok_ = r_ && r_->type == REDIS_REPLY_STRING && !strcmp(r_->str, "1.5");
+        freeReplyObject(r_);
+        ok_;
+    }));
+    /* A later set_local with the configured price keeps the override. */
+    gb.rec.running = 1;
+    route_sync_set_local(gb.sync, &gb.rec);
+    run_for(300);
+    assert_true(price_in_of(&gb, "us-east") == 1.5);
+    assert_true(price_in_of(&ga, "us-east") == 1.5);
+
+    /* A region that does not publish: stored, with a warning. */
+    assert_int_equal(route_set_price(&o, "ap-south", 1, 1, err, sizeof(err)), 0);
+    assert_non_null(strstr(err, "ap-south"));
+
+    /* Errors. */
+    assert_int_equal(route_set_price(&o, "bad name", 1, 1, err, sizeof(err)), -EINVAL);
+    assert_int_equal(route_set_price(&o, "us-east", -1, 1, err, sizeof(err)), -EINVAL);
+    route_sync_opts bad = o;
+    bad.password = "wrong";
+    assert_int_equal(route_set_price(&bad, "us-east", 1, 1, err, sizeof(err)), -EACCES);
+    bad = o;
+    bad.port = free_port();
+    assert_int_equal(route_set_price(&bad, "us-east", 1, 1, err, sizeof(err)), -ECONNREFUSED);
+    char want[64];
+    snprintf(want, sizeof(want), "cannot reach Redis at 127.0.0.1:%d", bad.port);
+    assert_non_null(strstr(err, want));
+}
+
+static void test_full_read_and_ttl(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    o.full_read_ms = 300;
+    start_pair(&o);
+
+    /* A record written without an announcement arrives by the full read. */
+    redisReply *r = rc_command("HSET infergate:" CLUSTER ":region:ap-south endpoint tls:127.0.0.1:9100 models tiny "
+                               "tags ap price_in 0.5 price_out 0.7 gpu h100 capacity 4 running 0 queued 0 ttft_ms 1 "
+                               "tpot_ms 1 healthy 1 updated_ms 7");
+    assert_non_null(r);
+    freeReplyObject(r);
+    WAIT_UNTIL(region(&ga, "ap-south") && region(&gb, "ap-south"));
+    assert_true(region(&ga, "ap-south")->rec.price_in == 0.5);
+
+    /* A malformed record is refused with a reason and changes nothing. */
+    r = rc_command("HSET infergate:" CLUSTER ":region:bad-one price_in abc");
+    freeReplyObject(r);
+    WAIT_UNTIL(strstr(route_sync_last_error(ga.sync), "bad-one") != NULL);
+    assert_null(region(&ga, "bad-one"));
+    r = rc_command("DEL infergate:" CLUSTER ":region:bad-one infergate:" CLUSTER ":region:ap-south");
+    freeReplyObject(r);
+
+    /* A stopped publisher: its key expires, the peer keeps the last record,
+     * which goes stale on the table's clock. */
+    gw_stop(&gb);
+    WAIT_UNTIL(rc_integer("EXISTS %s", "infergate:" CLUSTER ":region:us-east") == 0);
+    run_for(700); /* two more full reads */
+    const route_region *us = region(&ga, "us-east");
+    assert_non_null(us);
+    assert_string_equal(us->rec.tags[0], "us");
+    WAIT_UNTIL(!route_region_fresh(ga.table, region(&ga, "us-east"), epoch_ms()));
+    assert_non_null(region(&ga, "us-east"));
+    assert_true(route_region_fresh(ga.table, region(&ga, "eu-west"), epoch_ms())); /* local */
+}
+
+static int n_allowed, n_limited, n_notconn, n_answers;
+static int last_retry_ms;
+
+static void on_limit(void *ud, int result, int retry_after_ms)
+{
+    n_answers++;
+    if (result == 0)
+        n_allowed++;
+    else if (result == -EAGAIN) {
+        n_limited++;
+        last_retry_ms = retry_after_ms;
+    } else if (result == -ENOTCONN)
+        n_notconn++;
+}
+
+static void limit_burst(int n)
+{
+    n_allowed = n_limited = n_notconn = n_answers = 0;
+    for (int i = 0; i < n; i++)
+        assert_int_equal(route_sync_limit(i % 2 ? gb.sync : ga.sync, "tenant-a", 5, 5, 1, on_limit, NULL), 0);
+    WAIT_UNTIL(n_answers == n);
+}
+
+static void test_gcra(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    start_pair(&o);
+
+    /* 5/s with a burst of 5, from two gateways together. */
+    limit_burst(20);
+    printf("# first burst: %d allowed, %d limited\n", n_allowed, n_limited);
+    assert_int_equal(n_notconn, 0);
+    assert_in_range(n_allowed, 4, 6);
+    assert_int_equal(n_allowed + n_limited, 20);
+    assert_in_range(last_retry_ms, 1, 1000);
+
+    run_for(1000);
+    limit_burst(20);
+    printf("# after 1 s: %d allowed, %d limited\n", n_allowed, n_limited);
+    assert_in_range(n_allowed, 4, 6);
+
+    /* The script cache flushed: NOSCRIPT, reloaded, answered. */
+    redisReply *r = rc_command("SCRIPT FLUSH");
+    freeReplyObject(r);
+    n_allowed = n_limited = n_notconn = n_answers = 0;
+    assert_int_equal(route_sync_limit(ga.sync, "tenant-b", 100, 10, 1, on_limit, NULL), 0);
+    WAIT_UNTIL(n_answers == 1);
+    assert_int_equal(n_allowed, 1);
+
+    /* A cancelled request's answer is dropped; replies come in order, so
+     * once the second is answered the first was too. */
+    static int cancelled_token;
+    n_answers = 0;
+    assert_int_equal(route_sync_limit(ga.sync, "tenant-b", 100, 10, 1, on_limit, &cancelled_token), 0);
+    route_sync_limit_cancel(ga.sync, &cancelled_token);
+    assert_int_equal(route_sync_limit(ga.sync, "tenant-b", 100, 10, 1, on_limit, NULL), 0);
+    WAIT_UNTIL(n_answers == 1);
+    run_for(50);
+    assert_int_equal(n_answers, 1);
+
+    /* Bad arguments. */
+    assert_int_equal(route_sync_limit(ga.sync, "k", 0, 5, 1, on_limit, NULL), -EINVAL);
+    assert_int_equal(route_sync_limit(ga.sync, "k", 5, -1, 1, on_limit, NULL), -EINVAL);
+    assert_int_equal(route_sync_limit(ga.sync, "k", 5, 5, 0, on_limit, NULL), -EINVAL);
+}
+
+static void test_redis_stopped(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    start_pair(&o);
+
+    /* Hung server: a request in flight misses its deadline and answers
+     * -ENOTCONN; the connection is dropped; the records stay. */
+    assert_int_equal(kill(redis_pid, SIGSTOP), 0);
+    n_allowed = n_limited = n_notconn = n_answers = 0;
+    assert_int_equal(route_sync_limit(ga.sync, "tenant-a", 5, 5, 1, on_limit, NULL), 0);
+    WAIT_UNTIL(n_answers == 1);
+    assert_int_equal(n_notconn, 1);
+    WAIT_UNTIL(!route_sync_connected(ga.sync) && !route_sync_connected(gb.sync));
+    assert_non_null(strstr(route_sync_last_error(ga.sync), "did not answer"));
+    assert_false(route_table_shared_ok(ga.table));
+    assert_int_equal(route_sync_limit(ga.sync, "tenant-a", 5, 5, 1, on_limit, NULL), -ENOTCONN);
+    run_for(500); /* reconnects hang too and are dropped */
+    assert_false(route_sync_connected(ga.sync));
+    assert_non_null(region(&ga, "us-east"));
+    assert_non_null(region(&gb, "eu-west"));
+
+    /* Resumed: back, and a change made while away arrives. */
+    gb.rec.price_out = 9;
+    route_sync_set_local(gb.sync, &gb.rec);
+    assert_int_equal(kill(redis_pid, SIGCONT), 0);
+    WAIT_UNTIL(route_sync_connected(ga.sync) && route_sync_connected(gb.sync));
+    WAIT_UNTIL(region(&ga, "us-east")->rec.price_out == 9);
+
+    /* Killed: connections refused, records kept, then a new empty server on
+     * the same port: both publish and read again. */
+    redis_kill();
+    WAIT_UNTIL(!route_sync_connected(ga.sync) && !route_sync_connected(gb.sync));
+    run_for(300);
+    assert_non_null(region(&ga, "us-east"));
+    int64_t before = region(&ga, "us-east")->rec.updated_ms;
+    assert_int_equal(route_sync_limit(gb.sync, "tenant-a", 5, 5, 1, on_limit, NULL), -ENOTCONN);
+    assert_int_equal(redis_start(), 0);
+    WAIT_UNTIL(route_sync_connected(ga.sync) && route_sync_connected(gb.sync));
+    WAIT_UNTIL(rc_integer("EXISTS %s", "infergate:" CLUSTER ":region:us-east") == 1 &&
+               rc_integer("EXISTS %s", "infergate:" CLUSTER ":region:eu-west") == 1);
+    WAIT_UNTIL(region(&ga, "us-east")->rec.updated_ms > before);
+    WAIT_UNTIL(route_table_shared_ok(ga.table));
+    n_answers = 0;
+    assert_int_equal(route_sync_limit(gb.sync, "tenant-a", 5, 5, 1, on_limit, NULL), 0);
+    WAIT_UNTIL(n_answers == 1);
+}
+
+static void test_bad_settings(void **state)
+{
+    route_sync_opts o;
+    char err[200];
+    test_opts(&o);
+
+    /* A wrong password: never ready, and says why. */
+    o.password = "wrong";
+    gw_start(&ga, &o, "eu-west", "eu", 1, 1);
+    WAIT_UNTIL(strstr(route_sync_last_error(ga.sync), "WRONGPASS") ||
+               strstr(route_sync_last_error(ga.sync), "invalid"));
+    run_for(300);
+    assert_false(route_sync_connected(ga.sync));
+    assert_non_null(region(&ga, "eu-west")); /* the local region is in the table all the same */
+    gw_stop(&ga);
+
+    /* Nothing listening: refused, retried, never fatal. */
+    test_opts(&o);
+    o.port = free_port();
+    gw_start(&ga, &o, "eu-west", "eu", 1, 1);
+    run_for(300);
+    assert_false(route_sync_connected(ga.sync));
+    assert_non_null(strstr(route_sync_last_error(ga.sync), "cannot reach Redis"));
+    assert_int_equal(route_sync_limit(ga.sync, "k", 5, 5, 1, on_limit, NULL), -ENOTCONN);
+    gw_stop(&ga);
+
+    /* A host name would block the loop in getaddrinfo: refused. */
+    test_opts(&o);
+    o.host = "redis.example";
+    assert_int_equal(route_sync_opts_check(&o, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "numeric"));
+    gw_start(&ga, &o, "eu-west", "eu", 1, 1);
+    assert_non_null(strstr(route_sync_last_error(ga.sync), "numeric"));
+    run_for(50);
+    assert_false(route_sync_connected(ga.sync));
+    test_opts(&o);
+    o.host = "localhost";
+    assert_int_equal(route_sync_opts_check(&o, err, sizeof(err)), 0);
+    o.cluster = "a:b";
+    assert_int_equal(route_sync_opts_check(&o, err, sizeof(err)), -EINVAL);
+}
+
+int main(void)
+{
+    static const char *const candidates[] = {"/usr/bin/redis-server", "/usr/local/bin/redis-server"};
+    for (size_t i = 0; i < sizeof(candidates) / sizeof(candidates[0]); i++)
+        if (access(candidates[i], X_OK) == 0)
+            redis_path = candidates[i];
+    if (!redis_path) {
+        printf("# redis-server not found: skipped\n");
+        return 77;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    redis_port = free_port();
+    if (redis_port <= 0)
+        return 1;
+    snprintf(port_s, sizeof(port_s), "%d", redis_port);
+    atexit(redis_kill);
+    if (redis_start()) {
+        fprintf(stderr, "cannot start redis-server on port %d\n", redis_port);
+        return 1;
+    }
+    base = event_base_new();
+    keepalive = event_new(base, -1, EV_PERSIST, on_keepalive, NULL);
+    struct timeval tv = {1, 0};
+    evtimer_add(keepalive, &tv);
+
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_two_gateways, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_set_price, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_read_and_ttl, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gcra, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_redis_stopped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_settings, setup, teardown),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    event_free(keepalive);
+    event_base_free(base);
+    redis_kill();
+    return rc;
+}
