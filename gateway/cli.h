@@ -8,6 +8,7 @@ int gw_cmd_generate(int argc, char **argv);
 int gw_cmd_worker(int argc, char **argv);
 int gw_cmd_serve(int argc, char **argv);
 int gw_cmd_key(int argc, char **argv);
+int gw_cmd_region(int argc, char **argv);
 
 /* Parses a whole decimal number in [min, max]; 0 or -1. */
 int gw_parse_int(const char *s, long min, long max, long *out);

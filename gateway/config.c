@@ -5,6 +5,7 @@
  * worse than a gateway that refuses to start. Nothing is returned unless the
  * whole file is valid. */
 #include "gateway/config.h"
+#include "gateway/config_internal.h"
 
 #include <yaml.h>
 
@@ -32,21 +33,10 @@
 #define CFG_TENANT_NAME_MAX 64
 /* Leaves room in sun_path (108 bytes) for the worker socket names. */
 #define CFG_RUNTIME_DIR_MAX 80
-#define CFG_PATH_MAX 256
-
-typedef struct cfg_parser {
-    const char *file;
-    yaml_document_t *doc;
-    unsigned char *used; /* per node: visited once already (an alias) */
-    char *err;
-    size_t err_len;
-} cfg_parser;
 
 /* ---- errors and paths ---- */
 
-static int perr(cfg_parser *p, const yaml_node_t *n, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int perr(cfg_parser *p, const yaml_node_t *n, const char *path, const char *fmt, ...)
+int gw_cfg_perr(cfg_parser *p, const yaml_node_t *n, const char *path, const char *fmt, ...)
 {
     char why[384];
     va_list ap;
@@ -59,14 +49,15 @@ static int perr(cfg_parser *p, const yaml_node_t *n, const char *path, const cha
 }
 
 /* Key paths are for messages: a deep path is cut short, never overrun. */
-static void path_key(char *out, const char *parent, const char *key)
+void gw_cfg_path_key(char *out, const char *parent, const char *key)
 {
-    int n = *parent ? snprintf(out, CFG_PATH_MAX, "%s.%.64s", parent, key) : snprintf(out, CFG_PATH_MAX, "%.64s", key);
+    int n = *parent ? snprintf(out, CFG_PATH_MAX, "%s.%.64s", parent, key)
+                    : snprintf(out, CFG_PATH_MAX, "%.64s", key);
     if (n >= CFG_PATH_MAX)
         out[CFG_PATH_MAX - 1] = '\0';
 }
 
-static void path_idx(char *out, const char *parent, int i)
+void gw_cfg_path_idx(char *out, const char *parent, int i)
 {
     if (snprintf(out, CFG_PATH_MAX, "%s[%d]", parent, i) >= CFG_PATH_MAX)
         out[CFG_PATH_MAX - 1] = '\0';
@@ -81,10 +72,10 @@ static int node_take(cfg_parser *p, int index, const yaml_node_t *parent, const 
 {
     yaml_node_t *n = yaml_document_get_node(p->doc, index);
     if (!n)
-        return perr(p, parent, path, "missing node");
+        return gw_cfg_perr(p, parent, path, "missing node");
     size_t i = (size_t)(n - p->doc->nodes.start);
     if (p->used[i])
-        return perr(p, parent, path, "YAML aliases (*name) are not supported");
+        return gw_cfg_perr(p, parent, path, "YAML aliases (*name) are not supported");
     p->used[i] = 1;
     *out = n;
     return 0;
@@ -112,11 +103,11 @@ static const char *node_kind(const yaml_node_t *n)
 
 /* A map with the given keys: vals[k] is the value of keys[k], or NULL.
  * Unknown and repeated keys are errors at the key's own line. */
-static int map_take(cfg_parser *p, const yaml_node_t *map, const char *path, const char *const *keys,
+int gw_cfg_map_take(cfg_parser *p, const yaml_node_t *map, const char *path, const char *const *keys,
                     int n_keys, yaml_node_t **vals)
 {
     if (map->type != YAML_MAPPING_NODE)
-        return perr(p, map, path, "must be a map, not %s", node_kind(map));
+        return gw_cfg_perr(p, map, path, "must be a map, not %s", node_kind(map));
     for (int k = 0; k < n_keys; k++)
         vals[k] = NULL;
     for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top; pr++) {
@@ -125,17 +116,17 @@ static int map_take(cfg_parser *p, const yaml_node_t *map, const char *path, con
         if (rc)
             return rc;
         if (kn->type != YAML_SCALAR_NODE)
-            return perr(p, kn, path, "keys must be plain names, not %s", node_kind(kn));
+            return gw_cfg_perr(p, kn, path, "keys must be plain names, not %s", node_kind(kn));
         const char *name = (const char *)kn->data.scalar.value;
         char kpath[CFG_PATH_MAX];
-        path_key(kpath, path, name);
+        gw_cfg_path_key(kpath, path, name);
         int k = 0;
         while (k < n_keys && (strlen(keys[k]) != kn->data.scalar.length || strcmp(keys[k], name)))
             k++;
         if (k == n_keys)
-            return perr(p, kn, kpath, "unknown key");
+            return gw_cfg_perr(p, kn, kpath, "unknown key");
         if (vals[k])
-            return perr(p, kn, kpath, "duplicate key");
+            return gw_cfg_perr(p, kn, kpath, "duplicate key");
         if ((rc = node_take(p, pr->value, kn, kpath, &vn)))
             return rc;
         vals[k] = vn;
@@ -143,32 +134,32 @@ static int map_take(cfg_parser *p, const yaml_node_t *map, const char *path, con
     return 0;
 }
 
-static int seq_take(cfg_parser *p, const yaml_node_t *n, const char *path, int max, int *count)
+int gw_cfg_seq_take(cfg_parser *p, const yaml_node_t *n, const char *path, int max, int *count)
 {
     if (n->type != YAML_SEQUENCE_NODE)
-        return perr(p, n, path, "must be a list, not %s", node_kind(n));
+        return gw_cfg_perr(p, n, path, "must be a list, not %s", node_kind(n));
     ptrdiff_t len = n->data.sequence.items.top - n->data.sequence.items.start;
     if (len > max)
-        return perr(p, n, path, "too many entries (at most %d)", max);
+        return gw_cfg_perr(p, n, path, "too many entries (at most %d)", max);
     *count = (int)len;
     return 0;
 }
 
-static int seq_item(cfg_parser *p, const yaml_node_t *seq, int i, const char *path, yaml_node_t **out)
+int gw_cfg_seq_item(cfg_parser *p, const yaml_node_t *seq, int i, const char *path, yaml_node_t **out)
 {
     return node_take(p, seq->data.sequence.items.start[i], seq, path, out);
 }
 
 /* A non-empty string without control characters. */
-static int get_str(cfg_parser *p, const yaml_node_t *n, const char *path, char **out)
+int gw_cfg_str(cfg_parser *p, const yaml_node_t *n, const char *path, char **out)
 {
     if (n->type != YAML_SCALAR_NODE || is_null(n))
-        return perr(p, n, path, "must be a string, not %s", node_kind(n));
+        return gw_cfg_perr(p, n, path, "must be a string, not %s", node_kind(n));
     const unsigned char *v = n->data.scalar.value;
     size_t len = n->data.scalar.length;
     for (size_t i = 0; i < len; i++)
         if (v[i] < 0x20 || v[i] == 0x7f)
-            return perr(p, n, path, "control characters are not allowed");
+            return gw_cfg_perr(p, n, path, "control characters are not allowed");
     char *s = malloc(len + 1);
     if (!s)
         return -ENOMEM;
@@ -184,12 +175,12 @@ static int get_str(cfg_parser *p, const yaml_node_t *n, const char *path, char *
 static int plain_scalar(cfg_parser *p, const yaml_node_t *n, const char *path, const char *want)
 {
     if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE || is_null(n))
-        return perr(p, n, path, "must be %s, not %s", want, node_kind(n));
+        return gw_cfg_perr(p, n, path, "must be %s, not %s", want, node_kind(n));
     return 0;
 }
 
-static int get_int(cfg_parser *p, const yaml_node_t *n, const char *path, long long min, long long max,
-                   long long *out)
+int gw_cfg_int(cfg_parser *p, const yaml_node_t *n, const char *path, long long min, long long max,
+               long long *out)
 {
     int rc = plain_scalar(p, n, path, "a whole number");
     if (rc)
@@ -203,12 +194,12 @@ static int get_int(cfg_parser *p, const yaml_node_t *n, const char *path, long l
     errno = 0;
     long long x = digits ? strtoll(v, &end, 10) : 0;
     if (!digits || errno || *end || x < min || x > max)
-        return perr(p, n, path, "must be a whole number from %lld to %lld", min, max);
+        return gw_cfg_perr(p, n, path, "must be a whole number from %lld to %lld", min, max);
     *out = x;
     return 0;
 }
 
-static int get_num(cfg_parser *p, const yaml_node_t *n, const char *path, double max, double *out)
+int gw_cfg_num(cfg_parser *p, const yaml_node_t *n, const char *path, double max, double *out)
 {
     int rc = plain_scalar(p, n, path, "a number");
     if (rc)
@@ -220,12 +211,12 @@ static int get_num(cfg_parser *p, const yaml_node_t *n, const char *path, double
     errno = 0;
     double x = ok ? strtod(v, &end) : 0;
     if (!ok || errno || *end || !isfinite(x) || x < 0 || x > max)
-        return perr(p, n, path, "must be a number from 0 to %g", max);
+        return gw_cfg_perr(p, n, path, "must be a number from 0 to %g", max);
     *out = x;
     return 0;
 }
 
-static int get_bool(cfg_parser *p, const yaml_node_t *n, const char *path, bool *out)
+int gw_cfg_bool(cfg_parser *p, const yaml_node_t *n, const char *path, bool *out)
 {
     int rc = plain_scalar(p, n, path, "true or false");
     if (rc)
@@ -236,15 +227,14 @@ static int get_bool(cfg_parser *p, const yaml_node_t *n, const char *path, bool 
     else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "FALSE"))
         *out = false;
     else
-        return perr(p, n, path, "must be true or false");
+        return gw_cfg_perr(p, n, path, "must be true or false");
     return 0;
 }
 
-/* A list of strings (each checked by get_str). */
-static int get_str_list(cfg_parser *p, const yaml_node_t *n, const char *path, int max, char ***out,
-                        int *count)
+/* A list of strings (each checked by gw_cfg_str). */
+int gw_cfg_str_list(cfg_parser *p, const yaml_node_t *n, const char *path, int max, char ***out, int *count)
 {
-    int len, rc = seq_take(p, n, path, max, &len);
+    int len, rc = gw_cfg_seq_take(p, n, path, max, &len);
     if (rc)
         return rc;
     char **v = calloc(len ? (size_t)len : 1, sizeof(*v));
@@ -255,15 +245,15 @@ static int get_str_list(cfg_parser *p, const yaml_node_t *n, const char *path, i
     for (int i = 0; i < len; i++) {
         char ipath[CFG_PATH_MAX];
         yaml_node_t *it;
-        path_idx(ipath, path, i);
-        if ((rc = seq_item(p, n, i, ipath, &it)) || (rc = get_str(p, it, ipath, &v[i])))
+        gw_cfg_path_idx(ipath, path, i);
+        if ((rc = gw_cfg_seq_item(p, n, i, ipath, &it)) || (rc = gw_cfg_str(p, it, ipath, &v[i])))
             return rc;
         *count = i + 1;
     }
     return 0;
 }
 
-static void free_str_list(char **v, int n)
+void gw_cfg_free_str_list(char **v, int n)
 {
     for (int i = 0; i < n; i++)
         free(v[i]);
@@ -274,7 +264,7 @@ static void free_str_list(char **v, int n)
 
 /* HOST:PORT (numeric IPv4), [IPv6]:PORT or unix:/abs/path. *loopback is
  * set for 127/8, ::1 and Unix sockets. NULL when valid, else why not. */
-static const char *check_address(const char *s, bool *loopback)
+const char *gw_cfg_check_address(const char *s, bool *loopback)
 {
     if (!strncmp(s, "unix:", 5)) {
         struct sockaddr_un sun;
@@ -325,34 +315,39 @@ static int parse_listen_one(cfg_parser *p, const yaml_node_t *n, const char *pat
                             bool open_auth)
 {
     static const char *const keys[] = {"address", "tls"};
-    static const char *const tls_keys[] = {"cert", "key"};
-    yaml_node_t *v[2], *t[2];
+    static const char *const tls_keys[] = {"cert", "key", "client_ca"};
+    yaml_node_t *v[2], *t[3];
     char kp[CFG_PATH_MAX];
-    int rc = map_take(p, n, path, keys, 2, v);
+    int rc = gw_cfg_map_take(p, n, path, keys, 2, v);
     if (rc)
         return rc;
     if (!v[0])
-        return perr(p, n, (path_key(kp, path, "address"), kp), "required");
-    path_key(kp, path, "address");
-    if ((rc = get_str(p, v[0], kp, &l->address)))
+        return gw_cfg_perr(p, n, (gw_cfg_path_key(kp, path, "address"), kp), "required");
+    gw_cfg_path_key(kp, path, "address");
+    if ((rc = gw_cfg_str(p, v[0], kp, &l->address)))
         return rc;
     bool loopback = false;
-    const char *why = check_address(l->address, &loopback);
+    const char *why = gw_cfg_check_address(l->address, &loopback);
     if (why)
-        return perr(p, v[0], kp, "%s", why);
+        return gw_cfg_perr(p, v[0], kp, "%s", why);
     if (!loopback && open_auth)
-        return perr(p, v[0], kp,
-                    "not a loopback address, and no tenants are configured: without API keys the "
-                    "gateway only listens on 127.0.0.1, [::1] or a Unix socket");
+        return gw_cfg_perr(p, v[0], kp,
+                           "not a loopback address, and no tenants are configured: without API keys the "
+                           "gateway only listens on 127.0.0.1, [::1] or a Unix socket");
     if (v[1]) {
         char tp[CFG_PATH_MAX];
-        path_key(tp, path, "tls");
-        if ((rc = map_take(p, v[1], tp, tls_keys, 2, t)))
+        gw_cfg_path_key(tp, path, "tls");
+        if ((rc = gw_cfg_map_take(p, v[1], tp, tls_keys, 3, t)))
             return rc;
         if (!t[0] != !t[1])
-            return perr(p, v[1], tp, "cert and key go together: give both, or neither for cleartext");
-        if (t[0] && ((rc = get_str(p, t[0], (path_key(kp, tp, "cert"), kp), &l->tls_cert)) ||
-                     (rc = get_str(p, t[1], (path_key(kp, tp, "key"), kp), &l->tls_key))))
+            return gw_cfg_perr(p, v[1], tp, "cert and key go together: give both, or neither for cleartext");
+        if (t[2] && !t[0])
+            return gw_cfg_perr(p, t[2], (gw_cfg_path_key(kp, tp, "client_ca"), kp),
+                               "client certificates need TLS: give cert and key too");
+        if (t[2] && (rc = gw_cfg_str(p, t[2], (gw_cfg_path_key(kp, tp, "client_ca"), kp), &l->tls_client_ca)))
+            return rc;
+        if (t[0] && ((rc = gw_cfg_str(p, t[0], (gw_cfg_path_key(kp, tp, "cert"), kp), &l->tls_cert)) ||
+                     (rc = gw_cfg_str(p, t[1], (gw_cfg_path_key(kp, tp, "key"), kp), &l->tls_key))))
             return rc;
     }
     return 0;
@@ -360,27 +355,27 @@ static int parse_listen_one(cfg_parser *p, const yaml_node_t *n, const char *pat
 
 static int parse_listen(cfg_parser *p, const yaml_node_t *n, gw_config *c)
 {
-    int len, rc = seq_take(p, n, "listen", CFG_MAX_LISTEN, &len);
+    int len, rc = gw_cfg_seq_take(p, n, "listen", CFG_MAX_LISTEN, &len);
     if (rc)
         return rc;
     if (len == 0)
-        return perr(p, n, "listen", "needs at least one address");
+        return gw_cfg_perr(p, n, "listen", "needs at least one address");
     if (!(c->listen = calloc((size_t)len, sizeof(*c->listen))))
         return -ENOMEM;
     for (int i = 0; i < len; i++) {
         char ip[CFG_PATH_MAX];
         yaml_node_t *it;
-        path_idx(ip, "listen", i);
+        gw_cfg_path_idx(ip, "listen", i);
         c->n_listen = i + 1;
-        if ((rc = seq_item(p, n, i, ip, &it)) ||
+        if ((rc = gw_cfg_seq_item(p, n, i, ip, &it)) ||
             (rc = parse_listen_one(p, it, ip, &c->listen[i], !c->n_tenants)))
             return rc;
         for (int j = 0; j < i; j++) {
             if (strcmp(c->listen[j].address, c->listen[i].address))
                 continue;
             char ap[CFG_PATH_MAX];
-            path_key(ap, ip, "address");
-            return perr(p, it, ap, "%s is already listen[%d]", c->listen[i].address, j);
+            gw_cfg_path_key(ap, ip, "address");
+            return gw_cfg_perr(p, it, ap, "%s is already listen[%d]", c->listen[i].address, j);
         }
     }
     return 0;
@@ -410,39 +405,40 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
     static const long long hi[K_N] = {0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
-    int rc = map_take(p, n, path, keys, K_N, v);
+    int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
     if (rc)
         return rc;
     if (!v[K_MODEL])
-        return perr(p, n, (path_key(kp, path, "model"), kp), "required");
-    if ((rc = get_str(p, v[K_MODEL], (path_key(kp, path, "model"), kp), &w->model)))
+        return gw_cfg_perr(p, n, (gw_cfg_path_key(kp, path, "model"), kp), "required");
+    if ((rc = gw_cfg_str(p, v[K_MODEL], (gw_cfg_path_key(kp, path, "model"), kp), &w->model)))
         return rc;
     if (v[K_NAME]) {
-        if ((rc = get_str(p, v[K_NAME], (path_key(kp, path, "name"), kp), &w->name)))
+        if ((rc = gw_cfg_str(p, v[K_NAME], (gw_cfg_path_key(kp, path, "name"), kp), &w->name)))
             return rc;
     } else if (!(w->name = default_model_name(w->model))) {
         return -ENOMEM;
     }
     if (v[K_DEVICES]) {
-        path_key(kp, path, "devices");
-        if ((rc = get_str_list(p, v[K_DEVICES], kp, CFG_MAX_DEVICES, &w->devices, &w->n_devices)))
+        gw_cfg_path_key(kp, path, "devices");
+        if ((rc = gw_cfg_str_list(p, v[K_DEVICES], kp, CFG_MAX_DEVICES, &w->devices, &w->n_devices)))
             return rc;
         if (w->n_devices == 0)
-            return perr(p, v[K_DEVICES], kp, "needs at least one device (cpu, auto, or a GPU/MIG UUID)");
+            return gw_cfg_perr(p, v[K_DEVICES], kp,
+                               "needs at least one device (cpu, auto, or a GPU/MIG UUID)");
         for (int i = 0; i < w->n_devices; i++) {
             char dp[CFG_PATH_MAX];
-            path_idx(dp, kp, i);
+            gw_cfg_path_idx(dp, kp, i);
             const char *d = w->devices[i];
             /* Goes into CUDA_VISIBLE_DEVICES, where a comma would name two. */
             if (strpbrk(d, ", \t"))
-                return perr(p, v[K_DEVICES], dp, "one device per entry, without commas or spaces");
+                return gw_cfg_perr(p, v[K_DEVICES], dp, "one device per entry, without commas or spaces");
             if (!strcmp(d, "auto") && w->n_devices > 1)
-                return perr(p, v[K_DEVICES], dp, "auto stands alone: it means every GPU found");
+                return gw_cfg_perr(p, v[K_DEVICES], dp, "auto stands alone: it means every GPU found");
             /* A GPU serves one worker; the CPU may run several (each with
              * its own threads), e.g. to survive one crashing. */
             for (int j = 0; j < i && strcmp(d, "cpu"); j++)
                 if (!strcmp(w->devices[j], d))
-                    return perr(p, v[K_DEVICES], dp, "device %s is listed twice", d);
+                    return gw_cfg_perr(p, v[K_DEVICES], dp, "device %s is listed twice", d);
         }
     } else {
         if (!(w->devices = calloc(1, sizeof(*w->devices))) || !(w->devices[0] = strdup("cpu")))
@@ -458,7 +454,7 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
         long long x;
         if (!v[k])
             continue;
-        if ((rc = get_int(p, v[k], (path_key(kp, path, keys[k]), kp), lo[k], hi[k], &x)))
+        if ((rc = gw_cfg_int(p, v[k], (gw_cfg_path_key(kp, path, keys[k]), kp), lo[k], hi[k], &x)))
             return rc;
         *ints[k] = (int)x;
     }
@@ -476,20 +472,20 @@ static void worker_defaults(gw_worker_cfg *w)
 
 static int parse_workers(cfg_parser *p, const yaml_node_t *n, gw_config *c)
 {
-    int len, rc = seq_take(p, n, "workers", CFG_MAX_WORKERS, &len);
+    int len, rc = gw_cfg_seq_take(p, n, "workers", CFG_MAX_WORKERS, &len);
     if (rc)
         return rc;
     if (len == 0)
-        return perr(p, n, "workers", "needs at least one worker (leave the key out for the default)");
+        return gw_cfg_perr(p, n, "workers", "needs at least one worker (leave the key out for the default)");
     if (!(c->workers = calloc((size_t)len, sizeof(*c->workers))))
         return -ENOMEM;
     for (int i = 0; i < len; i++) {
         char ip[CFG_PATH_MAX];
         yaml_node_t *it;
-        path_idx(ip, "workers", i);
+        gw_cfg_path_idx(ip, "workers", i);
         worker_defaults(&c->workers[i]);
         c->n_workers = i + 1;
-        if ((rc = seq_item(p, n, i, ip, &it)) || (rc = parse_worker(p, it, ip, &c->workers[i])))
+        if ((rc = gw_cfg_seq_item(p, n, i, ip, &it)) || (rc = parse_worker(p, it, ip, &c->workers[i])))
             return rc;
     }
     return 0;
@@ -511,12 +507,12 @@ static int hexval(int ch)
 static int parse_key_hash(cfg_parser *p, const yaml_node_t *n, const char *path, uint8_t out[32])
 {
     if (n->type != YAML_SCALAR_NODE || is_null(n))
-        return perr(p, n, path, "must be a string, not %s", node_kind(n));
+        return gw_cfg_perr(p, n, path, "must be a string, not %s", node_kind(n));
     const char *v = (const char *)n->data.scalar.value;
     /* Never echo the value: it may be a secret pasted in the wrong place. */
     if (!strncmp(v, "ig-", 3))
-        return perr(p, n, path,
-                    "this is a key, not its hash: put the output of `infergate key hash KEY` here");
+        return gw_cfg_perr(p, n, path,
+                           "this is a key, not its hash: put the output of `infergate key hash KEY` here");
     bool ok = n->data.scalar.length == 64;
     for (int i = 0; ok && i < 32; i++) {
         int hi = hexval(v[2 * i]), lo = hexval(v[2 * i + 1]);
@@ -524,7 +520,8 @@ static int parse_key_hash(cfg_parser *p, const yaml_node_t *n, const char *path,
         out[i] = (uint8_t)(ok ? hi << 4 | lo : 0);
     }
     if (!ok)
-        return perr(p, n, path, "must be a SHA-256 hash: 64 hex characters (`infergate key new` prints one)");
+        return gw_cfg_perr(p, n, path,
+                           "must be a SHA-256 hash: 64 hex characters (`infergate key new` prints one)");
     return 0;
 }
 
@@ -537,54 +534,68 @@ static bool valid_tenant_name(const char *s)
 
 static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, gw_tenant_cfg *t)
 {
-    enum { K_NAME, K_KEYS, K_MODELS, K_RPS, K_TPM, K_ADMIN, K_N };
-    static const char *const keys[K_N] = {"name", "keys", "models", "rps", "tpm", "admin"};
+    enum { K_NAME, K_KEYS, K_MODELS, K_RPS, K_TPM, K_ADMIN, K_RESIDENCY, K_POLICY, K_SLO, K_PRICE, K_N };
+    static const char *const keys[K_N] = {"name",  "keys",      "models", "rps",    "tpm",
+                                          "admin", "residency", "policy", "slo_ms", "max_price"};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
-    int rc = map_take(p, n, path, keys, K_N, v);
+    int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
     if (rc)
         return rc;
     for (int k = K_NAME; k <= K_KEYS; k++)
         if (!v[k])
-            return perr(p, n, (path_key(kp, path, keys[k]), kp), "required");
-    path_key(kp, path, "name");
-    if ((rc = get_str(p, v[K_NAME], kp, &t->name)))
+            return gw_cfg_perr(p, n, (gw_cfg_path_key(kp, path, keys[k]), kp), "required");
+    gw_cfg_path_key(kp, path, "name");
+    if ((rc = gw_cfg_str(p, v[K_NAME], kp, &t->name)))
         return rc;
     if (!valid_tenant_name(t->name))
-        return perr(p, v[K_NAME], kp, "must be 1 to %d characters from A-Z a-z 0-9 . _ -",
-                    CFG_TENANT_NAME_MAX);
+        return gw_cfg_perr(p, v[K_NAME], kp, "must be 1 to %d characters from A-Z a-z 0-9 . _ -",
+                           CFG_TENANT_NAME_MAX);
 
     int len;
-    path_key(kp, path, "keys");
-    if ((rc = seq_take(p, v[K_KEYS], kp, CFG_MAX_KEYS, &len)))
+    gw_cfg_path_key(kp, path, "keys");
+    if ((rc = gw_cfg_seq_take(p, v[K_KEYS], kp, CFG_MAX_KEYS, &len)))
         return rc;
     if (len == 0)
-        return perr(p, v[K_KEYS], kp, "needs at least one key hash");
+        return gw_cfg_perr(p, v[K_KEYS], kp, "needs at least one key hash");
     if (!(t->key_hashes = calloc((size_t)len, sizeof(*t->key_hashes))))
         return -ENOMEM;
     for (int i = 0; i < len; i++) {
         char ip[CFG_PATH_MAX];
         yaml_node_t *it;
-        path_idx(ip, kp, i);
-        if ((rc = seq_item(p, v[K_KEYS], i, ip, &it)) || (rc = parse_key_hash(p, it, ip, t->key_hashes[i])))
+        gw_cfg_path_idx(ip, kp, i);
+        if ((rc = gw_cfg_seq_item(p, v[K_KEYS], i, ip, &it)) ||
+            (rc = parse_key_hash(p, it, ip, t->key_hashes[i])))
             return rc;
         t->n_keys = i + 1;
     }
 
     if (v[K_MODELS]) {
-        path_key(kp, path, "models");
-        if ((rc = get_str_list(p, v[K_MODELS], kp, CFG_MAX_MODELS, &t->models, &t->n_models)))
+        gw_cfg_path_key(kp, path, "models");
+        if ((rc = gw_cfg_str_list(p, v[K_MODELS], kp, CFG_MAX_MODELS, &t->models, &t->n_models)))
             return rc;
     } else {
         if (!(t->models = calloc(1, sizeof(*t->models))) || !(t->models[0] = strdup("*")))
             return -ENOMEM;
         t->n_models = 1;
     }
-    if (v[K_RPS] && (rc = get_num(p, v[K_RPS], (path_key(kp, path, "rps"), kp), 1e9, &t->rps)))
+    if (v[K_RPS] && (rc = gw_cfg_num(p, v[K_RPS], (gw_cfg_path_key(kp, path, "rps"), kp), 1e9, &t->rps)))
         return rc;
-    if (v[K_TPM] && (rc = get_num(p, v[K_TPM], (path_key(kp, path, "tpm"), kp), 1e12, &t->tpm)))
+    if (v[K_TPM] && (rc = gw_cfg_num(p, v[K_TPM], (gw_cfg_path_key(kp, path, "tpm"), kp), 1e12, &t->tpm)))
         return rc;
-    if (v[K_ADMIN] && (rc = get_bool(p, v[K_ADMIN], (path_key(kp, path, "admin"), kp), &t->admin)))
+    if (v[K_ADMIN] && (rc = gw_cfg_bool(p, v[K_ADMIN], (gw_cfg_path_key(kp, path, "admin"), kp), &t->admin)))
+        return rc;
+    if (v[K_RESIDENCY] && (rc = gw_cfg_tags(p, v[K_RESIDENCY], (gw_cfg_path_key(kp, path, "residency"), kp),
+                                            &t->residency, &t->n_residency)))
+        return rc;
+    if (v[K_POLICY] &&
+        (rc = gw_cfg_policy(p, v[K_POLICY], (gw_cfg_path_key(kp, path, "policy"), kp), &t->policy)))
+        return rc;
+    if (v[K_SLO] &&
+        (rc = gw_cfg_num(p, v[K_SLO], (gw_cfg_path_key(kp, path, "slo_ms"), kp), 3600000, &t->slo_ms)))
+        return rc;
+    if (v[K_PRICE] &&
+        (rc = gw_cfg_num(p, v[K_PRICE], (gw_cfg_path_key(kp, path, "max_price"), kp), 1e9, &t->max_price)))
         return rc;
     return 0;
 }
@@ -643,8 +654,8 @@ static int check_tenants_unique(cfg_parser *p, const yaml_node_t *seq, gw_config
         char ip[CFG_PATH_MAX];
         const yaml_node_t *t = yaml_document_get_node(p->doc, seq->data.sequence.items.start[nr[i].tenant]);
         snprintf(ip, sizeof(ip), "tenants[%d].name", nr[i].tenant);
-        rc = perr(p, map_value(p, t, "name"), ip, "tenant %s is already tenants[%d]", nr[i].name,
-                  nr[i - 1].tenant);
+        rc = gw_cfg_perr(p, map_value(p, t, "name"), ip, "tenant %s is already tenants[%d]", nr[i].name,
+                         nr[i - 1].tenant);
     }
     free(nr);
     if (rc)
@@ -667,8 +678,9 @@ static int check_tenants_unique(cfg_parser *p, const yaml_node_t *seq, gw_config
         const yaml_node_t *t = yaml_document_get_node(p->doc, seq->data.sequence.items.start[kr[i].tenant]);
         const yaml_node_t *keys = map_value(p, t, "keys");
         snprintf(ip, sizeof(ip), "tenants[%d].keys[%d]", kr[i].tenant, kr[i].key);
-        rc = perr(p, yaml_document_get_node(p->doc, keys->data.sequence.items.start[kr[i].key]), ip,
-                  "the same key hash is already tenants[%d].keys[%d]", kr[i - 1].tenant, kr[i - 1].key);
+        rc =
+            gw_cfg_perr(p, yaml_document_get_node(p->doc, keys->data.sequence.items.start[kr[i].key]), ip,
+                        "the same key hash is already tenants[%d].keys[%d]", kr[i - 1].tenant, kr[i - 1].key);
     }
     free(kr);
     return rc;
@@ -676,7 +688,7 @@ static int check_tenants_unique(cfg_parser *p, const yaml_node_t *seq, gw_config
 
 static int parse_tenants(cfg_parser *p, const yaml_node_t *n, gw_config *c)
 {
-    int len, rc = seq_take(p, n, "tenants", CFG_MAX_TENANTS, &len);
+    int len, rc = gw_cfg_seq_take(p, n, "tenants", CFG_MAX_TENANTS, &len);
     if (rc)
         return rc;
     if (len && !(c->tenants = calloc((size_t)len, sizeof(*c->tenants))))
@@ -684,9 +696,9 @@ static int parse_tenants(cfg_parser *p, const yaml_node_t *n, gw_config *c)
     for (int i = 0; i < len; i++) {
         char ip[CFG_PATH_MAX];
         yaml_node_t *it;
-        path_idx(ip, "tenants", i);
+        gw_cfg_path_idx(ip, "tenants", i);
         c->n_tenants = i + 1;
-        if ((rc = seq_item(p, n, i, ip, &it)) || (rc = parse_tenant(p, it, ip, &c->tenants[i])))
+        if ((rc = gw_cfg_seq_item(p, n, i, ip, &it)) || (rc = parse_tenant(p, it, ip, &c->tenants[i])))
             return rc;
     }
     return check_tenants_unique(p, n, c);
@@ -714,7 +726,7 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
     static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096};
     static const long long hi[K_N] = {1LL << 34, 1 << 24, INT_MAX, INT_MAX, 86400000, 86400000, 1LL << 30};
     yaml_node_t *v[K_N];
-    int rc = map_take(p, n, "limits", keys, K_N, v);
+    int rc = gw_cfg_map_take(p, n, "limits", keys, K_N, v);
     if (rc)
         return rc;
     for (int k = 0; k < K_N; k++) {
@@ -722,7 +734,7 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
         long long x;
         if (!v[k])
             continue;
-        if ((rc = get_int(p, v[k], (path_key(kp, "limits", keys[k]), kp), lo[k], hi[k], &x)))
+        if ((rc = gw_cfg_int(p, v[k], (gw_cfg_path_key(kp, "limits", keys[k]), kp), lo[k], hi[k], &x)))
             return rc;
         switch (k) {
         case K_BODY:
@@ -755,21 +767,38 @@ static int parse_logging(cfg_parser *p, const yaml_node_t *n, gw_config *c)
 {
     static const char *const keys[] = {"access_log"};
     yaml_node_t *v[1];
-    int rc = map_take(p, n, "logging", keys, 1, v);
+    int rc = gw_cfg_map_take(p, n, "logging", keys, 1, v);
     if (rc || !v[0])
         return rc;
-    return get_str(p, v[0], "logging.access_log", &c->access_log);
+    return gw_cfg_str(p, v[0], "logging.access_log", &c->access_log);
 }
 
 static int parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
 {
-    enum { K_LISTEN, K_WORKERS, K_TENANTS, K_LIMITS, K_LOGGING, K_DRAIN, K_STATS, K_RUNDIR, K_N };
-    static const char *const keys[K_N] = {"listen",  "workers",       "tenants",           "limits",
-                                          "logging", "drain_grace_s", "stats_interval_ms", "runtime_dir"};
+    enum {
+        K_LISTEN,
+        K_WORKERS,
+        K_TENANTS,
+        K_LIMITS,
+        K_LOGGING,
+        K_DRAIN,
+        K_STATS,
+        K_RUNDIR,
+        K_REGION,
+        K_CLUSTER,
+        K_REDIS,
+        K_ROUTING,
+        K_PEERS,
+        K_PEER_TLS,
+        K_N
+    };
+    static const char *const keys[K_N] = {
+        "listen",      "workers", "tenants", "limits", "logging", "drain_grace_s", "stats_interval_ms",
+        "runtime_dir", "region",  "cluster", "redis",  "routing", "peers",         "peer_tls"};
     yaml_node_t *v[K_N] = {0};
     int rc;
     long long x;
-    if (root && (rc = map_take(p, root, "", keys, K_N, v)))
+    if (root && (rc = gw_cfg_map_take(p, root, "", keys, K_N, v)))
         return rc;
     /* Tenants first: whether the listeners may leave loopback depends on them. */
     if (v[K_TENANTS] && (rc = parse_tenants(p, v[K_TENANTS], c)))
@@ -792,26 +821,28 @@ static int parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
     if (!c->access_log && !(c->access_log = strdup("stdout")))
         return -ENOMEM;
     if (v[K_DRAIN]) {
-        if ((rc = get_int(p, v[K_DRAIN], "drain_grace_s", 0, 86400, &x)))
+        if ((rc = gw_cfg_int(p, v[K_DRAIN], "drain_grace_s", 0, 86400, &x)))
             return rc;
         c->drain_grace_s = (int)x;
     }
     if (v[K_STATS]) {
-        if ((rc = get_int(p, v[K_STATS], "stats_interval_ms", 10, 60000, &x)))
+        if ((rc = gw_cfg_int(p, v[K_STATS], "stats_interval_ms", 10, 60000, &x)))
             return rc;
         c->stats_interval_ms = (int)x;
     }
     if (v[K_RUNDIR]) {
-        if ((rc = get_str(p, v[K_RUNDIR], "runtime_dir", &c->runtime_dir)))
+        if ((rc = gw_cfg_str(p, v[K_RUNDIR], "runtime_dir", &c->runtime_dir)))
             return rc;
         if (c->runtime_dir[0] != '/')
-            return perr(p, v[K_RUNDIR], "runtime_dir", "must be an absolute path");
+            return gw_cfg_perr(p, v[K_RUNDIR], "runtime_dir", "must be an absolute path");
         if (strlen(c->runtime_dir) > CFG_RUNTIME_DIR_MAX)
-            return perr(p, v[K_RUNDIR], "runtime_dir",
-                        "longer than %d bytes: worker socket paths would not fit a Unix socket address",
-                        CFG_RUNTIME_DIR_MAX);
+            return gw_cfg_perr(
+                p, v[K_RUNDIR], "runtime_dir",
+                "longer than %d bytes: worker socket paths would not fit a Unix socket address",
+                CFG_RUNTIME_DIR_MAX);
     }
-    return 0;
+    return gw_cfg_parse_routing(p, v[K_REGION], v[K_CLUSTER], v[K_REDIS], v[K_ROUTING], v[K_PEERS],
+                                v[K_PEER_TLS], c);
 }
 
 /* ---- entry points ---- */
@@ -824,6 +855,10 @@ static gw_config *config_new(void)
     limits_defaults(&c->limits);
     c->drain_grace_s = 30;
     c->stats_interval_ms = 250;
+    if (gw_cfg_routing_init(c)) {
+        free(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -874,7 +909,7 @@ int gw_config_parse(const char *name, const char *text, size_t len, gw_config **
         }
         yaml_node_t *r2 = yaml_document_get_root_node(&extra);
         if (r2)
-            perr(&p, r2, "", "only one YAML document is allowed");
+            gw_cfg_perr(&p, r2, "", "only one YAML document is allowed");
         yaml_document_delete(&extra);
         if (r2) {
             rc = -EINVAL;
@@ -895,7 +930,7 @@ int gw_config_parse(const char *name, const char *text, size_t len, gw_config **
     if (root)
         p.used[root - doc.nodes.start] = 1;
     if (root && root->type != YAML_MAPPING_NODE) {
-        rc = perr(&p, root, "", "must be a map of settings, not %s", node_kind(root));
+        rc = gw_cfg_perr(&p, root, "", "must be a map of settings, not %s", node_kind(root));
         goto out_doc;
     }
     rc = parse_root(&p, root, c);
@@ -1023,22 +1058,25 @@ void gw_config_free(gw_config *c)
         free(c->listen[i].address);
         free(c->listen[i].tls_cert);
         free(c->listen[i].tls_key);
+        free(c->listen[i].tls_client_ca);
     }
     free(c->listen);
     for (int i = 0; i < c->n_workers; i++) {
         free(c->workers[i].model);
         free(c->workers[i].name);
-        free_str_list(c->workers[i].devices, c->workers[i].n_devices);
+        gw_cfg_free_str_list(c->workers[i].devices, c->workers[i].n_devices);
     }
     free(c->workers);
     for (int i = 0; i < c->n_tenants; i++) {
         free(c->tenants[i].name);
         free(c->tenants[i].key_hashes);
-        free_str_list(c->tenants[i].models, c->tenants[i].n_models);
+        gw_cfg_free_str_list(c->tenants[i].models, c->tenants[i].n_models);
+        gw_cfg_free_str_list(c->tenants[i].residency, c->tenants[i].n_residency);
     }
     free(c->tenants);
     free(c->access_log);
     free(c->runtime_dir);
+    gw_cfg_routing_free(c);
     free(c->path);
     free(c);
 }

@@ -7,6 +7,7 @@
  *   listen:                     # default: [{address: "127.0.0.1:8080"}]
  *     - address: "0.0.0.0:8443" # HOST:PORT, [IPv6]:PORT, or unix:/path
  *       tls: {cert: FILE, key: FILE}   # TLS with ALPN h2 / http/1.1, TLS 1.2 minimum
+ *         client_ca: FILE       # require client certificates signed by this CA (the peer listener)
  *   workers:                    # default: one CPU worker on the demo model
  *     - model: FILE             # required
  *       name: ID                # model id clients ask for; default: file name without .gguf
@@ -23,6 +24,10 @@
  *       rps: 10                 # requests per second (0 = unlimited)
  *       tpm: 100000             # tokens per minute (0 = unlimited)
  *       admin: false            # may read /metrics-like admin endpoints
+ *       residency: [eu]         # region tags every request needs (none: any region)
+ *       policy: latency         # latency | cost; default: routing.policy
+ *       slo_ms: 200             # cost policy bound; default: routing.slo_ms
+ *       max_price: 2.5          # per million output tokens; default: no cap
  *   limits:
  *     max_body_bytes: 1048576
  *     max_header_bytes: 65536
@@ -36,6 +41,34 @@
  *   drain_grace_s: 30
  *   stats_interval_ms: 250      # how often worker stats are read
  *   runtime_dir: /tmp/infergate-<pid>   # worker sockets
+ *
+ * Regions (all optional: without them the gateway serves its own workers):
+ *   region:                     # this gateway's region in the fleet
+ *     name: eu-west             # required; 1-63 of A-Z a-z 0-9 . _ -
+ *     endpoint: "tls:10.0.0.5:8443"  # how peers reach it: tls:|tcp: HOST:PORT (numeric or localhost)
+ *     tags: [eu, gdpr]          # residency tags, at most 8, each 1-31 of A-Z a-z 0-9 . _ -
+ *     price: {input: 0.5, output: 1.5}  # per million tokens; default 0
+ *     gpu: H100                 # shown to operators
+ *   cluster: default            # Redis key prefix: infergate:<cluster>:...
+ *   redis:                      # shared region state; needs `region`
+ *     address: "127.0.0.1:6379" # required; HOST:PORT (numeric or localhost)
+ *     password: SECRET
+ *     db: 0
+ *   routing:
+ *     policy: latency           # latency | cost
+ *     slo_ms: 500               # cost policy: expected latency bound
+ *     heartbeat_ms: 1000        # record publication period
+ *     stale_after_ms: 3000      # default 3 heartbeats; at least one
+ *     eject_after: 3            # consecutive failures (0: never eject)
+ *     eject_base_ms: 1000       # first ejection; doubles up to eject_max_ms
+ *     eject_max_ms: 30000
+ *     ping_interval_ms: 1000    # RTT probes (HTTP/2 PING) to each peer
+ *     retry_budget: 0.2         # fraction of requests that may be retried, 0 to 1
+ *   peers:                      # static peers / endpoint overrides (e.g. a private link); needs `region`
+ *     - name: us-east           # required, not this region
+ *       endpoint: "tls:10.1.0.5:8443"  # required
+ *   peer_tls: {ca: FILE, cert: FILE, key: FILE}  # client side of mutual TLS to peers;
+ *                               # cert and key together, ca optional (else the system store)
  */
 #ifndef GW_CONFIG_H
 #define GW_CONFIG_H
@@ -45,17 +78,21 @@
 #include <stdint.h>
 
 typedef struct gw_listen_cfg {
-    char *address; /* "HOST:PORT" or "unix:/path" */
+    char *address;            /* "HOST:PORT" or "unix:/path" */
     char *tls_cert, *tls_key; /* both or neither */
+    char *tls_client_ca;      /* NULL: no client certificates asked for (only with cert/key) */
 } gw_listen_cfg;
 
 typedef struct gw_worker_cfg {
-    char *model; /* path */
-    char *name;  /* model id */
+    char *model;    /* path */
+    char *name;     /* model id */
     char **devices; /* "cpu", a GPU/MIG UUID, or "auto" */
     int n_devices;
     int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue;
 } gw_worker_cfg;
+
+/* Routing policy; a tenant's DEFAULT takes routing.policy. */
+typedef enum gw_route_policy { GW_POLICY_DEFAULT = 0, GW_POLICY_LATENCY, GW_POLICY_COST } gw_route_policy;
 
 typedef struct gw_tenant_cfg {
     char *name;
@@ -65,6 +102,11 @@ typedef struct gw_tenant_cfg {
     int n_models;
     double rps, tpm; /* 0 = unlimited */
     bool admin;
+    char **residency; /* region tags every request needs; n_residency 0: any region */
+    int n_residency;
+    gw_route_policy policy; /* DEFAULT: routing.policy */
+    double slo_ms;          /* 0: routing.slo_ms */
+    double max_price;       /* per million output tokens; 0: no cap */
 } gw_tenant_cfg;
 
 typedef struct gw_limits_cfg {
@@ -72,6 +114,38 @@ typedef struct gw_limits_cfg {
     uint32_t max_concurrent_streams;
     int max_connections, header_timeout_ms, idle_timeout_ms;
 } gw_limits_cfg;
+
+typedef struct gw_region_cfg {
+    char *name;     /* NULL: no region section */
+    char *endpoint; /* "tls:HOST:PORT" | "tcp:HOST:PORT"; NULL: peers cannot reach us */
+    char **tags;
+    int n_tags;
+    double price_in, price_out; /* per million tokens */
+    char *gpu;                  /* NULL: not given */
+} gw_region_cfg;
+
+typedef struct gw_redis_cfg {
+    char *address; /* NULL: no Redis */
+    char *host;    /* the address split: numeric, or "localhost" */
+    int port;
+    char *password; /* NULL: none */
+    int db;
+} gw_redis_cfg;
+
+typedef struct gw_routing_cfg {
+    gw_route_policy policy; /* LATENCY or COST, never DEFAULT */
+    double slo_ms;
+    int heartbeat_ms, stale_after_ms, eject_after, eject_base_ms, eject_max_ms, ping_interval_ms;
+    double retry_budget;
+} gw_routing_cfg;
+
+typedef struct gw_peer_cfg {
+    char *name, *endpoint;
+} gw_peer_cfg;
+
+typedef struct gw_peer_tls_cfg {
+    char *ca, *cert, *key; /* each NULL when not given; cert and key together */
+} gw_peer_tls_cfg;
 
 typedef struct gw_config {
     char *path; /* NULL for the built-in default */
@@ -85,6 +159,13 @@ typedef struct gw_config {
     char *access_log;
     int drain_grace_s, stats_interval_ms;
     char *runtime_dir;
+    gw_region_cfg region;
+    char *cluster; /* never NULL */
+    gw_redis_cfg redis;
+    gw_routing_cfg routing;
+    gw_peer_cfg *peers;
+    int n_peers;
+    gw_peer_tls_cfg peer_tls;
 } gw_config;
 
 /* Parses and validates path. 0, or -EINVAL with err "FILE:LINE: KEY: why",

@@ -24,6 +24,8 @@ static void usage(FILE *f)
                "                        run one prompt offline and print the text and tokens/s\n"
                "  key new | key hash KEY|-\n"
                "                        make a tenant API key and its SHA-256 for the config\n"
+               "  region set-price REGION --input X --output Y [--redis HOST:PORT --cluster NAME ...]\n"
+               "                        change a region's price for the whole fleet (through Redis)\n"
                "\n"
                "`infergate <command> --help` describes each command.\n");
 }
@@ -67,6 +69,8 @@ int main(int argc, char **argv)
         return gw_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "key"))
         return gw_cmd_key(argc - 1, argv + 1);
+    if (!strcmp(cmd, "region"))
+        return gw_cmd_region(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -18,17 +18,17 @@
 
 typedef struct route_record {
     char name[ROUTE_NAME_MAX];
-    char endpoint[128];            /* upstream target of the region's gateway: "tls:10.0.0.5:8443" */
+    char endpoint[128]; /* upstream target of the region's gateway: "tls:10.0.0.5:8443" */
     char models[ROUTE_MAX_MODELS][ROUTE_NAME_MAX];
     int n_models;
     char tags[ROUTE_MAX_TAGS][32]; /* residency tags: "eu", "us", "gdpr" */
     int n_tags;
-    double price_in, price_out;    /* per million input / output tokens */
+    double price_in, price_out; /* per million input / output tokens */
     char gpu[64];
     int capacity, running, queued; /* sequences */
     double ttft_ms, tpot_ms;       /* the region's own estimates */
     bool healthy;
-    int64_t updated_ms;            /* epoch ms, set by the publisher */
+    int64_t updated_ms; /* epoch ms, set by the publisher */
 } route_record;
 
 /* Serialises a record as the field/value pairs of a Redis hash (and back).
@@ -39,16 +39,29 @@ typedef struct route_field {
     char value[1100];
 } route_field;
 #define ROUTE_N_FIELDS 13
+/* Numbers are written so that they read back exactly (shortest %g that
+ * round-trips); healthy is "1" or "0"; updated_ms an integer. r must pass
+ * route_record_check (a comma inside a model or tag would split it). */
 void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELDS]);
 /* Fills r (name set by the caller) from n pairs; unknown fields are
- * ignored. -EINVAL with err when a known field does not parse. */
-int route_record_from_fields(route_record *r, const char *const *names, const char *const *values, const size_t *lens,
-                             int n, char *err, size_t err_len);
+ * ignored, missing ones keep r's value. -EINVAL with err when a known field
+ * does not parse ("price_in: must be a number >= 0"): numbers decimal,
+ * finite and >= 0, integers within int (updated_ms: int64), healthy 0|1,
+ * strings and list items within their buffers, without control characters
+ * or NUL bytes, list items non-empty and at most ROUTE_MAX_MODELS /
+ * ROUTE_MAX_TAGS of them. On error r is unchanged. */
+int route_record_from_fields(route_record *r, const char *const *names, const char *const *values,
+                             const size_t *lens, int n, char *err, size_t err_len);
+/* 0 when r can be put in a table and published: name set, every string
+ * NUL-terminated within its buffer, counts in range, models and tags
+ * non-empty without commas or control characters, numbers finite and
+ * >= 0. Else -EINVAL with err naming the field. */
+int route_record_check(const route_record *r, char *err, size_t err_len);
 
 typedef struct route_region {
     route_record rec;
-    bool local;            /* this gateway's own region */
-    int64_t seen_ms;       /* when this gateway last received the record (epoch ms) */
+    bool local;      /* this gateway's own region */
+    int64_t seen_ms; /* when this gateway last received the record (epoch ms) */
     /* RTT from here, from HTTP/2 PINGs (local region: 0). */
     double rtt_ewma_ms, rtt_p95_ms;
     bool rtt_known;
@@ -63,10 +76,13 @@ typedef struct route_region {
 typedef struct route_table route_table;
 
 typedef struct route_table_opts {
-    int64_t stale_after_ms;  /* a record older than this leaves the candidates (e.g. 3 heartbeats) */
-    int eject_after;         /* consecutive failures that eject (e.g. 3) */
-    int64_t eject_base_ms;   /* first ejection length; doubles, capped at eject_max_ms */
+    int64_t stale_after_ms; /* a record older than this leaves the candidates (e.g. 3 heartbeats) */
+    int eject_after;        /* consecutive failures that eject (e.g. 3) */
+    int64_t eject_base_ms;  /* first ejection length; doubles, capped at eject_max_ms */
     int64_t eject_max_ms;
+    /* A probe whose outcome is not reported within this time (the request
+     * was never sent, or is still waiting) may be claimed again; 0: 10000. */
+    int64_t probe_timeout_ms;
 } route_table_opts;
 
 route_table *route_table_new(const route_table_opts *o, int max_regions);
@@ -75,17 +91,45 @@ int route_table_count(const route_table *t);
 route_region *route_table_at(route_table *t, int i);
 route_region *route_table_find(route_table *t, const char *name);
 /* Inserts or replaces a record (keeping RTT and ejection state). -ENOSPC
- * past max_regions. */
+ * past max_regions, -EINVAL when route_record_check fails.
+ * seen_ms becomes now_ms for a new record and whenever updated_ms changes:
+ * re-reading a record its publisher has stopped refreshing is no news, so
+ * it still goes stale. The local region's record is set by this process
+ * only: an upsert of the same name with local == false (our own record read
+ * back from Redis) is ignored and returns 0.
+ * Region pointers (route_table_at, find, decisions) stay valid memory for
+ * the table's life; a removed region's slot is reused for a new region only
+ * after every other free slot, so look a region up again by name rather
+ * than keep a pointer across a remove. */
 int route_table_upsert(route_table *t, const route_record *r, bool local, int64_t now_ms);
 void route_table_remove(route_table *t, const char *name);
+/* Unknown names and values that are negative or not finite are ignored. */
 void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, double p95_ms);
+/* Whether the shared store (Redis) is reachable and read in full (default
+ * true). While it is not, records age with no news either way: they still
+ * show as stale (route_region_fresh) but stay candidates, and failures
+ * (ejection) keep dead regions out. */
+void route_table_set_shared_ok(route_table *t, bool ok);
+bool route_table_shared_ok(const route_table *t);
 
 /* Outcome of a request sent to a region: failures count towards ejection,
- * a success clears them (and ends a probe). */
+ * a success clears them (and ends a probe).
+ * eject_after consecutive failures (<= 0: never) eject the region for
+ * eject_base_ms * 2^(ejections-1), capped at eject_max_ms. When that time
+ * is up the region takes exactly one probe request at a time
+ * (route_region_take_probe): its success makes the region healthy again
+ * (failures and the back-off reset); its failure ejects it again for twice
+ * as long. Failures reported while ejected (requests sent before) only
+ * count. */
 void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_ms);
-/* Usable now? false while ejected (except for the one probe, which the
- * caller takes with route_region_take_probe). */
+/* Heartbeat fresh: the record was received within stale_after_ms (<= 0:
+ * never stale). The local region is always fresh. */
 bool route_region_fresh(const route_table *t, const route_region *r, int64_t now_ms);
+/* Ejected now: inside the back-off, or its probe is out. false once the
+ * back-off is over and the probe is free to take. */
 bool route_region_ejected(const route_region *r, int64_t now_ms);
+/* Claims the region's one probe: true when its back-off is over and no
+ * other probe is out (route_decide claims it for a region it puts first). */
+bool route_region_take_probe(route_region *r, int64_t now_ms);
 
 #endif

@@ -9,11 +9,43 @@
  * the region's queueing estimate, ties to the cheaper; policy "cost":
  * cheapest region whose expected latency is within the SLO, then the rest
  * by latency (so a request still has somewhere to go).
- * The local region is a candidate like any other. */
+ * The local region is a candidate like any other.
+ *
+ * Expected latency (ms), what a client waits for its first token:
+ *   rtt   = 0 for the local region, else rtt_ewma_ms, or ROUTE_UNKNOWN_RTT_MS
+ *           before the first PING answer (a region we never measured should
+ *           not win over one we have);
+ *   queue = ttft_ms + waiting * service / max(1, capacity), where
+ *           service = ttft_ms + tpot_ms * ROUTE_SERVICE_TOKENS is one
+ *           request's time in a slot and waiting = max(0, running + queued
+ *           + 1 - capacity) the requests (this one included) that need a
+ *           slot to free first: capacity slots free up every `service` ms.
+ *           ttft_ms is the region's unloaded time to first token.
+ * Ties: a region less than ROUTE_TIE_MS slower than the fastest candidate
+ * counts as equally fast; further ones are compared in ROUTE_TIE_MS steps
+ * from the fastest (a total order, so the result does not depend on table
+ * order). Equal latency goes to the lower price_out, then the lower exact
+ * latency, then the name.
+ * Cost policy: regions with expected <= slo_ms (slo_ms <= 0: no bound)
+ * first, by price_out, then exact latency, then name; then the others by
+ * latency as above.
+ * Stale records are left out only while the shared store is reachable
+ * (route_table_set_shared_ok). A region whose ejection back-off is over is
+ * kept only when it comes first: route_decide then claims its probe
+ * (d->probe); further down it is left out (out_ejected) without a claim.
+ * Models match by 64-bit hash and length (a false match is a random
+ * 64-bit collision, answered "model not found" by the region); residency
+ * tags are confirmed byte for byte.
+ * route_decide allocates nothing and mutates the table only to claim a
+ * probe: one table per thread (the gateway's loop). */
 #ifndef ROUTE_ROUTER_H
 #define ROUTE_ROUTER_H
 
 #include "routing/region.h"
+
+#define ROUTE_UNKNOWN_RTT_MS 50.0
+#define ROUTE_SERVICE_TOKENS 128
+#define ROUTE_TIE_MS 0.5
 
 typedef enum route_policy { ROUTE_LATENCY = 0, ROUTE_COST = 1 } route_policy;
 
@@ -30,16 +62,22 @@ typedef struct route_query {
 #define ROUTE_MAX_CANDIDATES 16
 
 typedef struct route_decision {
-    int n;                                  /* candidates in order */
+    int n; /* candidates in order */
     route_region *cand[ROUTE_MAX_CANDIDATES];
     double expected_ms[ROUTE_MAX_CANDIDATES];
-    char reason[160]; /* for x-infergate-route and the log: "latency:12.3ms" / "cost:0.40/M within 50ms" */
+    /* For x-infergate-route and the log, about cand[0]: "latency 12.3 ms (rtt 5.1 + queue 7.2)",
+     * "cost 0.40/M, 38.0 ms within slo 50", "cost: none within slo 50, latency ...", " probe"
+     * appended for a probe; when n is 0: "no region: model 3, stale 0, ...". */
+    char reason[160];
+    bool probe; /* cand[0] is its region's probe after an ejection */
     /* Why regions were left out (counts): */
     int out_model, out_stale, out_unhealthy, out_ejected, out_residency, out_price;
 } route_decision;
 
-/* Expected latency of a region from here, in ms. */
+/* Expected latency of a region from here, in ms: route_rtt_ms + route_queue_ms. */
 double route_expected_ms(const route_region *r);
+double route_rtt_ms(const route_region *r);
+double route_queue_ms(const route_region *r);
 /* Fills d; returns d->n (0: nowhere to send it; the counts say why). */
 int route_decide(route_table *t, const route_query *q, route_decision *d);
 

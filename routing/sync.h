@@ -45,6 +45,12 @@ typedef struct route_sync_opts {
 } route_sync_opts;
 
 void route_sync_opts_default(route_sync_opts *o);
+/* 0 when route_sync_new can use o: host numeric or "localhost" (a name
+ * would block the loop in getaddrinfo), port, db, cluster of
+ * [A-Za-z0-9._-], timings positive. Else -EINVAL with err (for the config
+ * loader; route_sync_new with bad options never connects and says why in
+ * route_sync_last_error). */
+int route_sync_opts_check(const route_sync_opts *o, char *err, size_t err_len);
 
 /* Starts connecting (failures are retried, never fatal). The table is
  * updated in place on the loop's thread. NULL on out of memory. */
@@ -56,6 +62,9 @@ void route_sync_set_local(route_sync *s, const route_record *rec);
 bool route_sync_connected(const route_sync *s);
 /* Epoch ms of the last successful exchange with Redis (0: never). */
 int64_t route_sync_last_ok_ms(const route_sync *s);
+/* The last problem with Redis, for logs and /v1/regions ("" if none yet);
+ * kept after recovery, so read it together with route_sync_connected. */
+const char *route_sync_last_error(const route_sync *s);
 
 /* Fleet-wide rate limit, one atomic GCRA script per check (EVALSHA, loaded
  * on connect): `cost` units against a limit of `rate` per second with a
@@ -64,6 +73,10 @@ int64_t route_sync_last_ok_ms(const route_sync *s);
  * when Redis is away or missed its deadline — then the caller uses its
  * local bucket. Returns 0, or -ENOTCONN at once (no callback) when not
  * connected. */
+/* The callback never runs inside route_sync_limit, and must not call
+ * route_sync_free; -EINVAL for a rate or cost <= 0, a negative burst or a
+ * key longer than 256 bytes. Errors the server returns answer -ENOTCONN
+ * too (the local bucket decides). */
 typedef void (*route_limit_cb)(void *ud, int result, int retry_after_ms);
 int route_sync_limit(route_sync *s, const char *key, double rate, double burst, double cost, route_limit_cb cb,
                      void *ud);
@@ -72,6 +85,8 @@ void route_sync_limit_cancel(route_sync *s, void *ud);
 
 /* `infergate region set-price`: writes the price override and announces it
  * (blocking, with a timeout; for the command line). 0 or -errno, err filled. */
+/* On success err holds a warning, or "" (e.g. no gateway of that region
+ * publishes now: the price is stored all the same). */
 int route_set_price(const route_sync_opts *o, const char *region, double input, double output, char *err,
                     size_t err_len);
 

@@ -4,8 +4,11 @@
  * and gw_config_default give the documented defaults; a table of broken
  * files (unknown, duplicate and missing keys, wrong types, out-of-range
  * values, bad addresses and key hashes, YAML syntax, aliases) must each be
- * -EINVAL with an error naming "FILE:LINE: KEY: why". Files are written to
- * a temporary directory; gw_key_hash_hex is checked on known vectors. */
+ * -EINVAL with an error naming "FILE:LINE: KEY: why". The multi-region
+ * sections (region, cluster, redis, routing, peers, peer_tls, a listener's
+ * client_ca, tenants' routing keys) get the same: a full file, defaults,
+ * broken cases. Files are written to a temporary directory;
+ * gw_key_hash_hex is checked on known vectors. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -208,7 +211,26 @@ static void check_default_limits(const gw_config *c)
     assert_int_equal(c->n_listen, 1);
     assert_string_equal(c->listen[0].address, "127.0.0.1:8080");
     assert_null(c->listen[0].tls_cert);
+    assert_null(c->listen[0].tls_client_ca);
     assert_int_equal(c->n_tenants, 0);
+    /* No region: a single gateway. */
+    assert_null(c->region.name);
+    assert_null(c->region.endpoint);
+    assert_int_equal(c->region.n_tags, 0);
+    assert_string_equal(c->cluster, "default");
+    assert_null(c->redis.address);
+    assert_int_equal(c->n_peers, 0);
+    assert_null(c->peer_tls.ca);
+    assert_null(c->peer_tls.cert);
+    assert_int_equal(c->routing.policy, GW_POLICY_LATENCY);
+    assert_true(c->routing.slo_ms == 500);
+    assert_int_equal(c->routing.heartbeat_ms, 1000);
+    assert_int_equal(c->routing.stale_after_ms, 3000);
+    assert_int_equal(c->routing.eject_after, 3);
+    assert_int_equal(c->routing.eject_base_ms, 1000);
+    assert_int_equal(c->routing.eject_max_ms, 30000);
+    assert_int_equal(c->routing.ping_interval_ms, 1000);
+    assert_true(c->routing.retry_budget == 0.2);
 }
 
 static void check_default_worker(const gw_worker_cfg *w, const char *model, const char *name)
@@ -266,6 +288,125 @@ static void test_defaults(void **state)
     assert_string_equal(c->tenants[0].models[0], "*");
     assert_true(c->tenants[0].rps == 0 && c->tenants[0].tpm == 0);
     assert_false(c->tenants[0].admin);
+    assert_int_equal(c->tenants[0].n_residency, 0);
+    assert_int_equal(c->tenants[0].policy, GW_POLICY_DEFAULT);
+    assert_true(c->tenants[0].slo_ms == 0 && c->tenants[0].max_price == 0);
+    gw_config_free(c);
+
+    /* A region alone: no Redis, no peers, price 0; stale_after follows heartbeat_ms. */
+    path = write_file("cfg.yaml", "region: {name: solo}\nrouting: {heartbeat_ms: 200}\n");
+    assert_int_equal(gw_config_load(path, &c, err, sizeof(err)), 0);
+    assert_string_equal(c->region.name, "solo");
+    assert_null(c->region.endpoint);
+    assert_null(c->region.gpu);
+    assert_true(c->region.price_in == 0 && c->region.price_out == 0);
+    assert_null(c->redis.address);
+    assert_int_equal(c->routing.heartbeat_ms, 200);
+    assert_int_equal(c->routing.stale_after_ms, 600);
+    gw_config_free(c);
+}
+
+/* ---- the multi-region sections ---- */
+
+static const char routing_yaml[] = "listen:\n"
+                                   "  - address: \"0.0.0.0:8443\"\n"
+                                   "    tls: {cert: /c.pem, key: /k.pem, client_ca: /peers-ca.pem}\n"
+                                   "  - address: \"127.0.0.1:8080\"\n"
+                                   "tenants:\n"
+                                   "  - name: acme\n"
+                                   "    keys: [" H_K1 "]\n"
+                                   "    residency: [eu, gdpr]\n"
+                                   "    policy: cost\n"
+                                   "    slo_ms: 120.5\n"
+                                   "    max_price: 2.5\n"
+                                   "region:\n"
+                                   "  name: eu-west.1\n"
+                                   "  endpoint: \"tls:10.0.0.5:8443\"\n"
+                                   "  tags: [eu, gdpr]\n"
+                                   "  price: {input: 0.5, output: 1.25}\n"
+                                   "  gpu: H100 80GB\n"
+                                   "cluster: prod_2\n"
+                                   "redis:\n"
+                                   "  address: \"[::1]:6380\"\n"
+                                   "  password: s3cret\n"
+                                   "  db: 3\n"
+                                   "routing:\n"
+                                   "  policy: cost\n"
+                                   "  slo_ms: 80\n"
+                                   "  heartbeat_ms: 500\n"
+                                   "  stale_after_ms: 2000\n"
+                                   "  eject_after: 5\n"
+                                   "  eject_base_ms: 250\n"
+                                   "  eject_max_ms: 8000\n"
+                                   "  ping_interval_ms: 300\n"
+                                   "  retry_budget: 0.1\n"
+                                   "peers:\n"
+                                   "  - name: us-east\n"
+                                   "    endpoint: \"tcp:localhost:9443\"\n"
+                                   "  - name: ap-south\n"
+                                   "    endpoint: \"tls:[fd00::5]:8443\"\n"
+                                   "peer_tls: {ca: /ca.pem, cert: /peer.pem, key: /peer.key}\n";
+
+static void test_routing_full(void **state)
+{
+    const char *path = write_file("cfg.yaml", routing_yaml);
+    gw_config *c;
+    char err[256] = "";
+    int rc = gw_config_load(path, &c, err, sizeof(err));
+    if (rc)
+        fail_msg("load: %d %s", rc, err);
+    assert_string_equal(c->listen[0].tls_client_ca, "/peers-ca.pem");
+    assert_null(c->listen[1].tls_client_ca);
+    const gw_tenant_cfg *t = &c->tenants[0];
+    assert_int_equal(t->n_residency, 2);
+    assert_string_equal(t->residency[0], "eu");
+    assert_string_equal(t->residency[1], "gdpr");
+    assert_int_equal(t->policy, GW_POLICY_COST);
+    assert_true(t->slo_ms == 120.5);
+    assert_true(t->max_price == 2.5);
+
+    assert_string_equal(c->region.name, "eu-west.1");
+    assert_string_equal(c->region.endpoint, "tls:10.0.0.5:8443");
+    assert_int_equal(c->region.n_tags, 2);
+    assert_string_equal(c->region.tags[0], "eu");
+    assert_string_equal(c->region.tags[1], "gdpr");
+    assert_true(c->region.price_in == 0.5 && c->region.price_out == 1.25);
+    assert_string_equal(c->region.gpu, "H100 80GB");
+    assert_string_equal(c->cluster, "prod_2");
+    assert_string_equal(c->redis.address, "[::1]:6380");
+    assert_string_equal(c->redis.host, "::1");
+    assert_int_equal(c->redis.port, 6380);
+    assert_string_equal(c->redis.password, "s3cret");
+    assert_int_equal(c->redis.db, 3);
+    assert_int_equal(c->routing.policy, GW_POLICY_COST);
+    assert_true(c->routing.slo_ms == 80);
+    assert_int_equal(c->routing.heartbeat_ms, 500);
+    assert_int_equal(c->routing.stale_after_ms, 2000);
+    assert_int_equal(c->routing.eject_after, 5);
+    assert_int_equal(c->routing.eject_base_ms, 250);
+    assert_int_equal(c->routing.eject_max_ms, 8000);
+    assert_int_equal(c->routing.ping_interval_ms, 300);
+    assert_true(c->routing.retry_budget == 0.1);
+    assert_int_equal(c->n_peers, 2);
+    assert_string_equal(c->peers[0].name, "us-east");
+    assert_string_equal(c->peers[0].endpoint, "tcp:localhost:9443");
+    assert_string_equal(c->peers[1].name, "ap-south");
+    assert_string_equal(c->peers[1].endpoint, "tls:[fd00::5]:8443");
+    assert_string_equal(c->peer_tls.ca, "/ca.pem");
+    assert_string_equal(c->peer_tls.cert, "/peer.pem");
+    assert_string_equal(c->peer_tls.key, "/peer.key");
+    gw_config_free(c);
+
+    /* Redis on localhost; peer_tls with a CA only. */
+    path = write_file("cfg.yaml",
+                      "region: {name: r}\nredis: {address: \"localhost:6379\"}\npeer_tls: {ca: /ca}\n");
+    assert_int_equal(gw_config_load(path, &c, err, sizeof(err)), 0);
+    assert_string_equal(c->redis.host, "localhost");
+    assert_int_equal(c->redis.port, 6379);
+    assert_null(c->redis.password);
+    assert_int_equal(c->redis.db, 0);
+    assert_string_equal(c->peer_tls.ca, "/ca");
+    assert_null(c->peer_tls.cert);
     gw_config_free(c);
 }
 
@@ -374,6 +515,87 @@ static const struct {
     {"drain_grace_s: \"\\x01\"\n", "bad.yaml:1: drain_grace_s: must be a whole number, not a quoted string"},
     {"logging:\n  access_log: \"a\\tb\"\n",
      "bad.yaml:2: logging.access_log: control characters are not allowed"},
+    /* multi-region */
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {client_ca: /ca.pem}\n",
+     "bad.yaml:3: listen[0].tls.client_ca: client certificates need TLS"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: [a]}\n",
+     "bad.yaml:3: listen[0].tls.client_ca: must be a string, not a list"},
+    {"region:\n  endpoint: \"tls:10.0.0.1:1\"\n", "bad.yaml:2: region.name: required"},
+    {"region: {name: \"eu west\"}\n", "bad.yaml:1: region.name: must be 1 to 63 characters"},
+    {"region: {name: eu, zone: a}\n", "bad.yaml:1: region.zone: unknown key"},
+    {"region: eu\n", "bad.yaml:1: region: must be a map, not a plain value"},
+    {"region:\n  name: eu\n  endpoint: \"10.0.0.1:8443\"\n",
+     "bad.yaml:3: region.endpoint: must be tls:HOST:PORT or tcp:HOST:PORT"},
+    {"region:\n  name: eu\n  endpoint: \"unix:/run/ig.sock\"\n", "region.endpoint: must be tls:HOST:PORT"},
+    {"region:\n  name: eu\n  endpoint: \"tls:gw.example.com:8443\"\n",
+     "bad.yaml:3: region.endpoint: HOST must be a numeric IPv4 address, [IPv6] or localhost"},
+    {"region:\n  name: eu\n  endpoint: \"tcp:10.0.0.1:0\"\n",
+     "bad.yaml:3: region.endpoint: port must be a number from 1 to 65535"},
+    {"region:\n  name: eu\n  endpoint: \"tcp:10.0.0.1\"\n", "bad.yaml:3: region.endpoint: want HOST:PORT"},
+    {"region:\n  name: eu\n  endpoint: \"tls:[fe80::zz]:1\"\n",
+     "region.endpoint: not a numeric IPv6 address"},
+    {"region:\n  name: eu\n  endpoint: \"tls:[::1:1\"\n", "region.endpoint: want HOST:PORT or [IPV6]:PORT"},
+    {"region:\n  name: eu\n  tags: [eu, \"g,dpr\"]\n",
+     "bad.yaml:3: region.tags[1]: a tag is 1 to 31 characters from A-Z a-z 0-9 . _ -"},
+    {"region:\n  name: eu\n  tags:\n    - eu\n    - eu\n",
+     "bad.yaml:5: region.tags[1]: tag eu is listed twice"},
+    {"region:\n  name: eu\n  tags: [a, b, c, d, e, f, g, h, i]\n",
+     "bad.yaml:3: region.tags: too many entries (at most 8)"},
+    {"region:\n  name: eu\n  tags: [aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa]\n", "region.tags[0]: a tag is 1 to 31"},
+    {"region:\n  name: eu\n  price: {input: -1}\n",
+     "bad.yaml:3: region.price.input: must be a number from 0"},
+    {"region:\n  name: eu\n  price: {output: \"2\"}\n",
+     "bad.yaml:3: region.price.output: must be a number, not a quoted string"},
+    {"region:\n  name: eu\n  price: {out: 2}\n", "bad.yaml:3: region.price.out: unknown key"},
+    {"region:\n  name: eu\n  gpu: "
+     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+     "bad.yaml:3: region.gpu: longer than 63 bytes"},
+    {"cluster: \"a:b\"\n", "bad.yaml:1: cluster: must be 1 to 64 characters"},
+    {"cluster: [a]\n", "bad.yaml:1: cluster: must be a string, not a list"},
+    {"redis: {address: \"127.0.0.1:6379\"}\n", "bad.yaml:1: redis: needs a region section"},
+    {"region: {name: eu}\nredis: {password: x}\n", "bad.yaml:2: redis.address: required"},
+    {"region: {name: eu}\nredis: {address: \"redis.local:6379\"}\n",
+     "bad.yaml:2: redis.address: HOST must be a numeric IPv4 address, [IPv6] or localhost"},
+    {"region: {name: eu}\nredis: {address: \"127.0.0.1\"}\n", "bad.yaml:2: redis.address: want HOST:PORT"},
+    {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\", db: -1}\n",
+     "bad.yaml:2: redis.db: must be a whole number from 0 to 65535"},
+    {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\", user: x}\n",
+     "bad.yaml:2: redis.user: unknown key"},
+    {"routing: {policy: fastest}\n", "bad.yaml:1: routing.policy: must be latency or cost"},
+    {"routing: {slo_ms: -5}\n", "bad.yaml:1: routing.slo_ms: must be a number from 0"},
+    {"routing: {heartbeat_ms: 10}\n",
+     "bad.yaml:1: routing.heartbeat_ms: must be a whole number from 50 to 60000"},
+    {"routing: {heartbeat_ms: 1000, stale_after_ms: 500}\n",
+     "bad.yaml:1: routing.stale_after_ms: less than heartbeat_ms (1000)"},
+    {"routing:\n  eject_base_ms: 5000\n  eject_max_ms: 1000\n",
+     "bad.yaml:3: routing.eject_max_ms: eject_max_ms (1000) is less than eject_base_ms (5000)"},
+    {"routing:\n  eject_base_ms: 60000\n",
+     "bad.yaml:2: routing.eject_base_ms: eject_max_ms (30000) is less than eject_base_ms (60000)"},
+    {"routing: {eject_after: 1.5}\n", "bad.yaml:1: routing.eject_after: must be a whole number"},
+    {"routing: {ping_interval_ms: 0}\n",
+     "bad.yaml:1: routing.ping_interval_ms: must be a whole number from 50"},
+    {"routing: {retry_budget: 1.5}\n", "bad.yaml:1: routing.retry_budget: must be a number from 0 to 1"},
+    {"routing: {retry: 1}\n", "bad.yaml:1: routing.retry: unknown key"},
+    {"peers:\n  - {name: us, endpoint: \"tcp:127.0.0.1:1\"}\n", "bad.yaml:2: peers: needs a region section"},
+    {"region: {name: eu}\npeers:\n  - {name: us}\n", "bad.yaml:3: peers[0].endpoint: required"},
+    {"region: {name: eu}\npeers:\n  - {endpoint: \"tcp:127.0.0.1:1\"}\n",
+     "bad.yaml:3: peers[0].name: required"},
+    {"region: {name: eu}\npeers:\n  - {name: eu, endpoint: \"tcp:127.0.0.1:1\"}\n",
+     "bad.yaml:3: peers[0].name: eu is this gateway's own region"},
+    {"region: {name: eu}\npeers:\n  - {name: us, endpoint: \"tcp:127.0.0.1:1\"}\n"
+     "  - {name: us, endpoint: \"tcp:127.0.0.1:2\"}\n",
+     "bad.yaml:4: peers[1].name: peer us is already peers[0]"},
+    {"region: {name: eu}\npeers:\n  - {name: us, endpoint: \"h2c:127.0.0.1:1\"}\n",
+     "bad.yaml:3: peers[0].endpoint: must be tls:HOST:PORT or tcp:HOST:PORT"},
+    {"region: {name: eu}\npeers: {name: us}\n", "bad.yaml:2: peers: must be a list, not a map"},
+    {"peer_tls: {cert: /c.pem}\n", "bad.yaml:1: peer_tls: cert and key go together"},
+    {"peer_tls: {}\n", "bad.yaml:1: peer_tls: give ca, or cert and key, or all three"},
+    {"peer_tls: {ca: /a, crt: /c}\n", "bad.yaml:1: peer_tls.crt: unknown key"},
+    {TEN_A "    residency: eu\n", "bad.yaml:4: tenants[0].residency: must be a list, not a plain value"},
+    {TEN_A "    residency: [\"e u\"]\n", "bad.yaml:4: tenants[0].residency[0]: a tag is 1 to 31"},
+    {TEN_A "    policy: cheapest\n", "bad.yaml:4: tenants[0].policy: must be latency or cost"},
+    {TEN_A "    slo_ms: fast\n", "bad.yaml:4: tenants[0].slo_ms: must be a number from 0"},
+    {TEN_A "    max_price: -1\n", "bad.yaml:4: tenants[0].max_price: must be a number from 0"},
 };
 
 static void test_broken(void **state)
@@ -440,8 +662,10 @@ static void test_key_hash(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_full),        cmocka_unit_test(test_defaults),  cmocka_unit_test(test_broken),
-        cmocka_unit_test(test_file_errors), cmocka_unit_test(test_parse_mem), cmocka_unit_test(test_key_hash),
+        cmocka_unit_test(test_full),         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_broken),       cmocka_unit_test(test_file_errors),
+        cmocka_unit_test(test_parse_mem),    cmocka_unit_test(test_key_hash),
+        cmocka_unit_test(test_routing_full),
     };
     return cmocka_run_group_tests(tests, setup_dir, remove_dir);
 }

@@ -8,7 +8,8 @@
  * SCRIPT FLUSH (NOSCRIPT), keys that expire. Every wait is bounded
  * (WAIT_MS); nothing asserts on timing, so where a test must show that an
  * update came by PUBLISH, the full read is set too far away to deliver it.
- * The server is killed at exit, also when a test fails. Skipped (77)
+ * The server is killed at exit, also when a test fails, and dies with this
+ * process when it is killed. Skipped (77)
  * without redis-server. */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "gateway/cli.h"
 #include "routing/region.h"
 #include "routing/sync.h"
 
@@ -30,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -83,7 +86,8 @@ static int free_port(void)
     socklen_t len = sizeof(a);
     if (fd == -1)
         return -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == -1 || getsockname(fd, (struct sockaddr *)&a, &len) == -1) {
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == -1 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) == -1) {
         close(fd);
         return -1;
     }
@@ -140,17 +144,23 @@ static long long rc_integer(const char *fmt, const char *arg)
 
 static int redis_start(void)
 {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == -1)
         return -1;
     if (pid == 0) {
+        /* Dies with the test even when atexit cannot run (a crash, ctest's
+         * timeout kill). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
         int null = open("/dev/null", O_RDWR);
         if (null != -1) {
             dup2(null, 1);
             dup2(null, 2);
         }
-        execl(redis_path, "redis-server", "--port", port_s, "--bind", "127.0.0.1", "--save", "", "--appendonly",
-              "no", "--requirepass", PASS, (char *)NULL);
+        execl(redis_path, "redis-server", "--port", port_s, "--bind", "127.0.0.1", "--save", "",
+              "--appendonly", "no", "--requirepass", PASS, (char *)NULL);
         _exit(127);
     }
     redis_pid = pid;
@@ -186,7 +196,7 @@ static void run_for(int ms)
         int64_t t0_ = mono_ms();                                                                             \
         while (!(cond)) {                                                                                    \
             if (mono_ms() - t0_ > WAIT_MS)                                                                   \
-                fail_msg("%s:%d: timed out waiting for %s", __FILE__, __LINE__, #cond);                     \
+                fail_msg("%s:%d: timed out waiting for %s", __FILE__, __LINE__, #cond);                      \
             run_for(5);                                                                                      \
         }                                                                                                    \
     } while (0)
@@ -239,7 +249,8 @@ static void test_opts(route_sync_opts *o)
 static void gw_start(gateway *g, const route_sync_opts *o, const char *name, const char *tag, double pin,
                      double pout)
 {
-    route_table_opts to = {.stale_after_ms = 1500, .eject_after = 3, .eject_base_ms = 1000, .eject_max_ms = 8000};
+    route_table_opts to = {
+        .stale_after_ms = 1500, .eject_after = 3, .eject_base_ms = 1000, .eject_max_ms = 8000};
     g->table = route_table_new(&to, 16);
     assert_non_null(g->table);
     g->sync = route_sync_new(base, o, g->table);
@@ -287,6 +298,14 @@ static double price_in_of(gateway *g, const char *name)
 {
     const route_region *r = region(g, name);
     return r ? r->rec.price_in : -1;
+}
+
+static bool published_price_in_is(const char *name, const char *want)
+{
+    redisReply *r = rc_command("HGET infergate:" CLUSTER ":region:%s price_in", name);
+    bool ok = r && r->type == REDIS_REPLY_STRING && !strcmp(r->str, want);
+    freeReplyObject(r);
+    return ok;
 }
 
 static void start_pair(const route_sync_opts *o)
@@ -355,12 +374,7 @@ static void test_set_price(void **state)
     /* The owner adopts it for its own region, and publishes it as its own. */
     WAIT_UNTIL(price_in_of(&gb, "us-east") == 1.5);
     assert_true(region(&gb, "us-east")->local);
-    WAIT_UNTIL(({
-        redisReply *r_ = rc_command("HGET infergate:" CLUSTER ":region:us-east price_in");
-        bool ok_ = r_ && r_->type == REDIS_REPLY_STRING && !strcmp(r_->str, "1.5");
-        freeReplyObject(r_);
-        ok_;
-    }));
+    WAIT_UNTIL(published_price_in_is("us-east", "1.5"));
     /* A later set_local with the configured price keeps the override. */
     gb.rec.running = 1;
     route_sync_set_local(gb.sync, &gb.rec);
@@ -394,9 +408,10 @@ static void test_full_read_and_ttl(void **state)
     start_pair(&o);
 
     /* A record written without an announcement arrives by the full read. */
-    redisReply *r = rc_command("HSET infergate:" CLUSTER ":region:ap-south endpoint tls:127.0.0.1:9100 models tiny "
-                               "tags ap price_in 0.5 price_out 0.7 gpu h100 capacity 4 running 0 queued 0 ttft_ms 1 "
-                               "tpot_ms 1 healthy 1 updated_ms 7");
+    redisReply *r =
+        rc_command("HSET infergate:" CLUSTER ":region:ap-south endpoint tls:127.0.0.1:9100 models tiny "
+                   "tags ap price_in 0.5 price_out 0.7 gpu h100 capacity 4 running 0 queued 0 ttft_ms 1 "
+                   "tpot_ms 1 healthy 1 updated_ms 7");
     assert_non_null(r);
     freeReplyObject(r);
     WAIT_UNTIL(region(&ga, "ap-south") && region(&gb, "ap-south"));
@@ -538,6 +553,42 @@ static void test_redis_stopped(void **state)
     WAIT_UNTIL(n_answers == 1);
 }
 
+/* `infergate region set-price`, explicit flags and from a gateway config. */
+static void test_cli(void **state)
+{
+    char port_arg[32], path[64];
+    snprintf(port_arg, sizeof(port_arg), "127.0.0.1:%d", redis_port);
+    char *argv1[] = {"region", "set-price", "us-east", "--input",   "0.25",  "--output",   "0.5", "--redis",
+                     port_arg, "--db",      "3",       "--cluster", CLUSTER, "--password", PASS,  NULL};
+    assert_int_equal(gw_cmd_region(15, argv1), 0);
+    redisReply *r = rc_command("HGET infergate:" CLUSTER ":price:us-east input");
+    assert_true(r && r->type == REDIS_REPLY_STRING && !strcmp(r->str, "0.25"));
+    freeReplyObject(r);
+
+    snprintf(path, sizeof(path), "/tmp/infergate-test-sync-%d.yaml", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "region:\n  name: eu-west\ncluster: %s\nredis:\n  address: \"127.0.0.1:%d\"\n  password: %s\n"
+            "  db: %d\n",
+            CLUSTER, redis_port, PASS, DB);
+    fclose(f);
+    char *argv2[] = {"region",   "set-price", "us-east",  "--input", "4",
+                     "--output", "8",         "--config", path,      NULL};
+    int rc = gw_cmd_region(9, argv2);
+    unlink(path);
+    assert_int_equal(rc, 0);
+    r = rc_command("HGET infergate:" CLUSTER ":price:us-east output");
+    assert_true(r && r->type == REDIS_REPLY_STRING && !strcmp(r->str, "8"));
+    freeReplyObject(r);
+
+    char *argv3[] = {"region", "set-price", "us-east", "--input", "x", "--output", "8", NULL};
+    assert_int_equal(gw_cmd_region(7, argv3), 2);
+    char *argv4[] = {"region",   "set-price", "us-east", "--input",     "1",
+                     "--output", "1",         "--redis", "127.0.0.1:1", NULL};
+    assert_int_equal(gw_cmd_region(9, argv4), 1);
+}
+
 static void test_bad_settings(void **state)
 {
     route_sync_opts o;
@@ -612,6 +663,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gcra, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_settings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     event_free(keepalive);

@@ -1,0 +1,528 @@
+/* Region records and the routing table (see region.h): the record's Redis
+ * hash encoding, strict on the way in because any gateway of the fleet (or
+ * an operator with redis-cli) writes these fields; the table of regions with
+ * what this gateway adds to each (RTT, freshness, ejection). */
+#include "routing/region.h"
+#include "routing/route_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FIELD_VALUE_MAX ((int)sizeof(((route_field *)0)->value))
+#define TAG_MAX ((int)sizeof(((route_record *)0)->tags[0]))
+#define MODEL_MAX ((int)sizeof(((route_record *)0)->models[0]))
+
+enum {
+    F_ENDPOINT,
+    F_MODELS,
+    F_TAGS,
+    F_PRICE_IN,
+    F_PRICE_OUT,
+    F_GPU,
+    F_CAPACITY,
+    F_RUNNING,
+    F_QUEUED,
+    F_TTFT,
+    F_TPOT,
+    F_HEALTHY,
+    F_UPDATED,
+    F_N
+};
+
+static const char *const field_names[F_N] = {"endpoint", "models",   "tags",      "price_in", "price_out",
+                                             "gpu",      "capacity", "running",   "queued",   "ttft_ms",
+                                             "tpot_ms",  "healthy",  "updated_ms"};
+
+_Static_assert(F_N == ROUTE_N_FIELDS, "route_field list and ROUTE_N_FIELDS disagree");
+
+static int fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (err && err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return -EINVAL;
+}
+
+/* ---- record -> fields ---- */
+
+/* The shortest %g that reads back as the same double: 0.4 stays "0.4" for
+ * an operator reading Redis, and nothing is lost in the round trip. */
+static void fmt_num(char *out, size_t n, double x)
+{
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(out, n, "%.*g", prec, x);
+        if (strtod(out, NULL) == x)
+            return;
+    }
+}
+
+static void join(char *out, size_t n, const char *items, size_t stride, int count)
+{
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        int w = snprintf(out + at, n - at, "%s%s", i ? "," : "", items + (size_t)i * stride);
+        if (w < 0 || (size_t)w >= n - at)
+            return; /* cannot happen for a checked record: the buffer holds the largest list */
+        at += (size_t)w;
+    }
+}
+
+void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELDS])
+{
+    for (int f = 0; f < F_N; f++) {
+        out[f].name = field_names[f];
+        out[f].value[0] = '\0';
+    }
+    snprintf(out[F_ENDPOINT].value, FIELD_VALUE_MAX, "%s", r->endpoint);
+    join(out[F_MODELS].value, FIELD_VALUE_MAX, r->models[0], sizeof(r->models[0]), r->n_models);
+    join(out[F_TAGS].value, FIELD_VALUE_MAX, r->tags[0], sizeof(r->tags[0]), r->n_tags);
+    fmt_num(out[F_PRICE_IN].value, FIELD_VALUE_MAX, r->price_in);
+    fmt_num(out[F_PRICE_OUT].value, FIELD_VALUE_MAX, r->price_out);
+    snprintf(out[F_GPU].value, FIELD_VALUE_MAX, "%s", r->gpu);
+    snprintf(out[F_CAPACITY].value, FIELD_VALUE_MAX, "%d", r->capacity);
+    snprintf(out[F_RUNNING].value, FIELD_VALUE_MAX, "%d", r->running);
+    snprintf(out[F_QUEUED].value, FIELD_VALUE_MAX, "%d", r->queued);
+    fmt_num(out[F_TTFT].value, FIELD_VALUE_MAX, r->ttft_ms);
+    fmt_num(out[F_TPOT].value, FIELD_VALUE_MAX, r->tpot_ms);
+    snprintf(out[F_HEALTHY].value, FIELD_VALUE_MAX, "%d", r->healthy ? 1 : 0);
+    snprintf(out[F_UPDATED].value, FIELD_VALUE_MAX, "%lld", (long long)r->updated_ms);
+}
+
+/* ---- fields -> record ---- */
+
+static bool has_ctl(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return true;
+    return false;
+}
+
+static int parse_num(const char *field, const char *v, double *out, char *err, size_t err_len)
+{
+    /* strtod also takes hex, "inf", "nan" and leading spaces: not ours. */
+    size_t len = strlen(v);
+    char *end;
+    errno = 0;
+    double x = len && strspn(v, "0123456789.eE+-") == len ? strtod(v, &end) : -1;
+    if (x < 0 || errno || *end || !isfinite(x))
+        return fail(err, err_len, "%s: must be a number >= 0", field);
+    *out = x;
+    return 0;
+}
+
+static int parse_int(const char *field, const char *v, long long max, long long *out, char *err,
+                     size_t err_len)
+{
+    size_t len = strlen(v);
+    char *end;
+    errno = 0;
+    long long x = len && len <= 19 && strspn(v, "0123456789") == len ? strtoll(v, &end, 10) : -1;
+    if (x < 0 || errno || x > max)
+        return fail(err, err_len, "%s: must be a whole number from 0 to %lld", field, max);
+    *out = x;
+    return 0;
+}
+
+static int parse_str(const char *field, const char *v, char *dst, size_t size, char *err, size_t err_len)
+{
+    size_t len = strlen(v);
+    if (len >= size)
+        return fail(err, err_len, "%s: longer than %zu bytes", field, size - 1);
+    if (has_ctl(v, len))
+        return fail(err, err_len, "%s: control characters are not allowed", field);
+    memcpy(dst, v, len + 1);
+    return 0;
+}
+
+/* A comma-separated list into count slots of `size` bytes each. */
+static int parse_list(const char *field, const char *v, char *dst, size_t size, int max, int *count,
+                      char *err, size_t err_len)
+{
+    int n = 0;
+    if (!*v) {
+        *count = 0;
+        return 0;
+    }
+    for (const char *p = v;; n++) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        if (n == max)
+            return fail(err, err_len, "%s: more than %d entries", field, max);
+        if (len == 0)
+            return fail(err, err_len, "%s: entry %d is empty", field, n + 1);
+        if (len >= size)
+            return fail(err, err_len, "%s: entry %d is longer than %zu bytes", field, n + 1, size - 1);
+        if (has_ctl(p, len))
+            return fail(err, err_len, "%s: control characters are not allowed", field);
+        /* "eu, gdpr" would make a tag " gdpr" that no query names. */
+        if (p[0] == ' ' || p[len - 1] == ' ')
+            return fail(err, err_len, "%s: entry %d has leading or trailing spaces", field, n + 1);
+        memcpy(dst + (size_t)n * size, p, len);
+        dst[(size_t)n * size + len] = '\0';
+        if (!c)
+            break;
+        p = c + 1;
+    }
+    *count = n + 1;
+    return 0;
+}
+
+static int parse_field(route_record *r, int f, const char *v, char *err, size_t err_len)
+{
+    const char *name = field_names[f];
+    long long x;
+    int rc = 0;
+    switch (f) {
+    case F_ENDPOINT:
+        return parse_str(name, v, r->endpoint, sizeof(r->endpoint), err, err_len);
+    case F_GPU:
+        return parse_str(name, v, r->gpu, sizeof(r->gpu), err, err_len);
+    case F_MODELS:
+        return parse_list(name, v, r->models[0], sizeof(r->models[0]), ROUTE_MAX_MODELS, &r->n_models, err,
+                          err_len);
+    case F_TAGS:
+        return parse_list(name, v, r->tags[0], sizeof(r->tags[0]), ROUTE_MAX_TAGS, &r->n_tags, err, err_len);
+    case F_PRICE_IN:
+        return parse_num(name, v, &r->price_in, err, err_len);
+    case F_PRICE_OUT:
+        return parse_num(name, v, &r->price_out, err, err_len);
+    case F_TTFT:
+        return parse_num(name, v, &r->ttft_ms, err, err_len);
+    case F_TPOT:
+        return parse_num(name, v, &r->tpot_ms, err, err_len);
+    case F_CAPACITY:
+    case F_RUNNING:
+    case F_QUEUED:
+        if ((rc = parse_int(name, v, INT_MAX, &x, err, err_len)))
+            return rc;
+        *(f == F_CAPACITY ? &r->capacity : f == F_RUNNING ? &r->running : &r->queued) = (int)x;
+        return 0;
+    case F_HEALTHY:
+        if (strcmp(v, "0") && strcmp(v, "1"))
+            return fail(err, err_len, "%s: must be 0 or 1", name);
+        r->healthy = v[0] == '1';
+        return 0;
+    case F_UPDATED:
+        if ((rc = parse_int(name, v, INT64_MAX, &x, err, err_len)))
+            return rc;
+        r->updated_ms = (int64_t)x;
+        return 0;
+    }
+    return 0;
+}
+
+int route_record_from_fields(route_record *r, const char *const *names, const char *const *values,
+                             const size_t *lens, int n, char *err, size_t err_len)
+{
+    /* Parsed into a copy: a bad field leaves the caller's record whole. */
+    route_record tmp = *r;
+    char buf[FIELD_VALUE_MAX];
+    for (int i = 0; i < n; i++) {
+        int f = 0;
+        while (f < F_N && strcmp(names[i], field_names[f]))
+            f++;
+        if (f == F_N)
+            continue;
+        size_t len = lens ? lens[i] : strlen(values[i]);
+        if (len >= sizeof(buf))
+            return fail(err, err_len, "%s: longer than %d bytes", field_names[f], FIELD_VALUE_MAX - 1);
+        if (memchr(values[i], '\0', len))
+            return fail(err, err_len, "%s: contains a NUL byte", field_names[f]);
+        memcpy(buf, values[i], len);
+        buf[len] = '\0';
+        int rc = parse_field(&tmp, f, buf, err, err_len);
+        if (rc)
+            return rc;
+    }
+    *r = tmp;
+    return 0;
+}
+
+/* ---- checks ---- */
+
+static int check_str(const char *field, const char *s, size_t size, bool need, char *err, size_t err_len)
+{
+    const char *nul = memchr(s, '\0', size);
+    if (!nul)
+        return fail(err, err_len, "%s: not terminated within %zu bytes", field, size);
+    if (need && nul == s)
+        return fail(err, err_len, "%s: empty", field);
+    if (has_ctl(s, (size_t)(nul - s)))
+        return fail(err, err_len, "%s: control characters are not allowed", field);
+    return 0;
+}
+
+static int check_list(const char *field, const char *items, size_t size, int n, int max, char *err,
+                      size_t err_len)
+{
+    if (n < 0 || n > max)
+        return fail(err, err_len, "%s: count %d is not within 0..%d", field, n, max);
+    for (int i = 0; i < n; i++) {
+        const char *s = items + (size_t)i * size;
+        char name[48];
+        snprintf(name, sizeof(name), "%s[%d]", field, i);
+        int rc = check_str(name, s, size, true, err, err_len);
+        if (rc)
+            return rc;
+        if (strchr(s, ','))
+            return fail(err, err_len, "%s: contains a comma", name);
+        if (s[0] == ' ' || s[strlen(s) - 1] == ' ')
+            return fail(err, err_len, "%s: has leading or trailing spaces", name);
+    }
+    return 0;
+}
+
+int route_record_check(const route_record *r, char *err, size_t err_len)
+{
+    int rc;
+    if ((rc = check_str("name", r->name, sizeof(r->name), true, err, err_len)) ||
+        (rc = check_str("endpoint", r->endpoint, sizeof(r->endpoint), false, err, err_len)) ||
+        (rc = check_str("gpu", r->gpu, sizeof(r->gpu), false, err, err_len)) ||
+        (rc = check_list("models", r->models[0], sizeof(r->models[0]), r->n_models, ROUTE_MAX_MODELS, err,
+                         err_len)) ||
+        (rc = check_list("tags", r->tags[0], sizeof(r->tags[0]), r->n_tags, ROUTE_MAX_TAGS, err, err_len)))
+        return rc;
+    const double nums[] = {r->price_in, r->price_out, r->ttft_ms, r->tpot_ms};
+    static const char *const num_names[] = {"price_in", "price_out", "ttft_ms", "tpot_ms"};
+    for (int i = 0; i < 4; i++)
+        if (!isfinite(nums[i]) || nums[i] < 0)
+            return fail(err, err_len, "%s: must be a number >= 0", num_names[i]);
+    if (r->capacity < 0 || r->running < 0 || r->queued < 0)
+        return fail(err, err_len, "%s: must not be negative",
+                    r->capacity < 0  ? "capacity"
+                    : r->running < 0 ? "running"
+                                     : "queued");
+    if (r->updated_ms < 0)
+        return fail(err, err_len, "updated_ms: must not be negative");
+    return 0;
+}
+
+/* ---- the table ---- */
+
+route_table *route_table_new(const route_table_opts *o, int max_regions)
+{
+    if (max_regions < 1)
+        return NULL;
+    route_table *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->o = *o;
+    if (t->o.probe_timeout_ms <= 0)
+        t->o.probe_timeout_ms = 10000;
+    t->max = max_regions;
+    t->shared_ok = true;
+    if (!(t->slots = calloc((size_t)max_regions, sizeof(*t->slots))))
+        goto fail_table;
+    if (!(t->order = calloc((size_t)max_regions, sizeof(*t->order))))
+        goto fail_slots;
+    if (!(t->free_q = calloc((size_t)max_regions, sizeof(*t->free_q))))
+        goto fail_order;
+    for (int i = 0; i < max_regions; i++)
+        t->free_q[i] = i;
+    t->free_n = max_regions;
+    return t;
+
+fail_order:
+    free(t->order);
+fail_slots:
+    free(t->slots);
+fail_table:
+    free(t);
+    return NULL;
+}
+
+void route_table_free(route_table *t)
+{
+    if (!t)
+        return;
+    free(t->free_q);
+    free(t->order);
+    free(t->slots);
+    free(t);
+}
+
+int route_table_count(const route_table *t)
+{
+    return t->n;
+}
+
+route_region *route_table_at(route_table *t, int i)
+{
+    if (i < 0 || i >= t->n)
+        return NULL;
+    return &t->slots[t->order[i]].r;
+}
+
+static int find_index(const route_table *t, const char *name, uint64_t h)
+{
+    for (int i = 0; i < t->n; i++) {
+        const route_slot *s = &t->slots[t->order[i]];
+        if (s->name_hash == h && !strcmp(s->r.rec.name, name))
+            return i;
+    }
+    return -1;
+}
+
+route_region *route_table_find(route_table *t, const char *name)
+{
+    int i = find_index(t, name, route__hash(name));
+    return i < 0 ? NULL : &t->slots[t->order[i]].r;
+}
+
+static void slot_index_record(route_slot *s)
+{
+    const route_record *r = &s->r.rec;
+    s->name_hash = route__hash(r->name);
+    s->model_bloom = s->tag_bloom = 0;
+    for (int i = 0; i < r->n_models; i++) {
+        s->model_hash[i] = route__hash(r->models[i]);
+        s->model_len[i] = (uint8_t)strlen(r->models[i]);
+        s->model_bloom |= route__bloom_bit(s->model_hash[i]);
+    }
+    for (int i = 0; i < r->n_tags; i++) {
+        s->tag_hash[i] = route__hash(r->tags[i]);
+        s->tag_bloom |= route__bloom_bit(s->tag_hash[i]);
+    }
+}
+
+int route_table_upsert(route_table *t, const route_record *r, bool local, int64_t now_ms)
+{
+    int rc = route_record_check(r, NULL, 0);
+    if (rc)
+        return rc;
+    int i = find_index(t, r->name, route__hash(r->name));
+    if (i >= 0) {
+        route_slot *s = &t->slots[t->order[i]];
+        if (s->r.local && !local)
+            return 0;
+        if (local || r->updated_ms != s->r.rec.updated_ms)
+            s->r.seen_ms = now_ms;
+        s->r.rec = *r;
+        s->r.local = local;
+        if (local) {
+            s->r.rtt_ewma_ms = s->r.rtt_p95_ms = 0;
+            s->r.rtt_known = true;
+        }
+        slot_index_record(s);
+        return 0;
+    }
+    if (t->n == t->max)
+        return -ENOSPC;
+    int si = t->free_q[t->free_head];
+    t->free_head = (t->free_head + 1) % t->max;
+    t->free_n--;
+    route_slot *s = &t->slots[si];
+    memset(s, 0, sizeof(*s));
+    s->in_use = true;
+    s->table = t;
+    s->r.rec = *r;
+    s->r.local = local;
+    s->r.seen_ms = now_ms;
+    s->r.rtt_known = local; /* RTT to ourselves is 0; a peer's comes with its first PING */
+    slot_index_record(s);
+    t->order[t->n++] = si;
+    return 0;
+}
+
+void route_table_remove(route_table *t, const char *name)
+{
+    int i = find_index(t, name, route__hash(name));
+    if (i < 0)
+        return;
+    int si = t->order[i];
+    t->slots[si].in_use = false;
+    memmove(&t->order[i], &t->order[i + 1], (size_t)(t->n - i - 1) * sizeof(*t->order));
+    t->n--;
+    t->free_q[(t->free_head + t->free_n) % t->max] = si;
+    t->free_n++;
+}
+
+void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, double p95_ms)
+{
+    route_region *r = route_table_find(t, name);
+    if (!r || r->local || !isfinite(ewma_ms) || !isfinite(p95_ms) || ewma_ms < 0 || p95_ms < 0)
+        return;
+    r->rtt_ewma_ms = ewma_ms;
+    r->rtt_p95_ms = p95_ms;
+    r->rtt_known = true;
+}
+
+void route_table_set_shared_ok(route_table *t, bool ok)
+{
+    t->shared_ok = ok;
+}
+
+bool route_table_shared_ok(const route_table *t)
+{
+    return t->shared_ok;
+}
+
+/* ---- freshness and ejection ---- */
+
+bool route_region_fresh(const route_table *t, const route_region *r, int64_t now_ms)
+{
+    return route__fresh(t, r, now_ms);
+}
+
+bool route_region_ejected(const route_region *r, int64_t now_ms)
+{
+    return route__ejection_state(r, now_ms) == ROUTE__EJECTED;
+}
+
+bool route_region_take_probe(route_region *r, int64_t now_ms)
+{
+    route_slot *s = route__slot(r);
+    if (route__ejection_state(r, now_ms) != ROUTE__PROBE)
+        return false;
+    r->probing = true;
+    s->probe_deadline_ms = now_ms + s->table->o.probe_timeout_ms;
+    return true;
+}
+
+static void eject(const route_table *t, route_region *r, int64_t now_ms)
+{
+    /* Doubling by a loop with the cap inside: 2^(ejections-1) would
+     * overflow long before any sane cap stops it. */
+    int64_t len = t->o.eject_base_ms > 0 ? t->o.eject_base_ms : 1;
+    int64_t cap = t->o.eject_max_ms > 0 ? t->o.eject_max_ms : len;
+    if (r->ejections < INT_MAX)
+        r->ejections++;
+    for (int i = 1; i < r->ejections && len < cap; i++)
+        len *= 2;
+    if (len > cap)
+        len = cap;
+    r->ejected_until_ms = now_ms + len;
+    r->probing = false;
+}
+
+void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_ms)
+{
+    if (!route__slot(r)->in_use)
+        return; /* removed since the decision */
+    if (ok) {
+        r->consecutive_failures = 0;
+        if (r->probing) {
+            r->probing = false;
+            r->ejections = 0;
+            r->ejected_until_ms = 0;
+        }
+        return;
+    }
+    if (r->consecutive_failures < INT_MAX)
+        r->consecutive_failures++;
+    if (r->probing)
+        eject(t, r, now_ms);
+    else if (r->ejected_until_ms == 0 && t->o.eject_after > 0 && r->consecutive_failures >= t->o.eject_after)
+        eject(t, r, now_ms);
+}

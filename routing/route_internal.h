@@ -1,0 +1,76 @@
+/* Routing internals shared by region.c (the table) and router.c (the
+ * decision): the table's slot layout with what is precomputed at upsert so
+ * that route_decide compares 64-bit hashes, not strings. */
+#ifndef ROUTE_INTERNAL_H
+#define ROUTE_INTERNAL_H
+
+#include "routing/region.h"
+
+typedef struct route_slot {
+    route_region r; /* first: a route_region * is a route_slot * */
+    bool in_use;
+    const struct route_table *table;
+    uint64_t name_hash;
+    uint64_t model_hash[ROUTE_MAX_MODELS];
+    uint8_t model_len[ROUTE_MAX_MODELS];
+    uint64_t tag_hash[ROUTE_MAX_TAGS];
+    /* One bit per model / tag hash: most regions that lack the model are
+     * turned away without reading the hash arrays. */
+    uint64_t model_bloom, tag_bloom;
+    int64_t probe_deadline_ms; /* a claimed probe not reported by then may be claimed again */
+    /* route_decide's scratch between its two passes. */
+    double scratch_ms;
+    bool scratch_ok;
+} route_slot;
+
+struct route_table {
+    route_table_opts o;
+    int max, n;
+    route_slot *slots; /* max entries, never moved: region pointers stay valid memory */
+    int *order;        /* n slot indices in insertion order (route_table_at) */
+    int *free_q;       /* free slot indices, reused oldest-freed first */
+    int free_head, free_n;
+    bool shared_ok; /* the shared store (Redis) is reachable: stale records leave the candidates */
+};
+
+static inline route_slot *route__slot(route_region *r)
+{
+    return (route_slot *)r;
+}
+
+/* FNV-1a: short names, no allocation, good enough spread for <= a few
+ * thousand names; every hash match is confirmed with strcmp. */
+static inline uint64_t route__hash(const char *s)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static inline uint64_t route__bloom_bit(uint64_t h)
+{
+    return 1ull << (h >> 58);
+}
+
+/* Ejection state as route_decide needs it (inline: it runs per region
+ * per request). */
+enum { ROUTE__USABLE, ROUTE__EJECTED, ROUTE__PROBE };
+
+static inline int route__ejection_state(const route_region *r, int64_t now_ms)
+{
+    if (r->ejected_until_ms == 0)
+        return ROUTE__USABLE;
+    if (now_ms < r->ejected_until_ms)
+        return ROUTE__EJECTED;
+    if (r->probing && now_ms < ((const route_slot *)r)->probe_deadline_ms)
+        return ROUTE__EJECTED;
+    return ROUTE__PROBE;
+}
+
+static inline bool route__fresh(const route_table *t, const route_region *r, int64_t now_ms)
+{
+    return r->local || t->o.stale_after_ms <= 0 || now_ms - r->seen_ms <= t->o.stale_after_ms;
+}
+
+#endif

@@ -1,0 +1,262 @@
+/* The routing decision (see router.h). It runs for every request, so it
+ * allocates nothing and compares precomputed 64-bit hashes (a string
+ * compare only confirms a match): one pass filters every region and finds
+ * the fastest, a second keeps the best ROUTE_MAX_CANDIDATES in order by
+ * insertion into a short sorted array. */
+#include "routing/router.h"
+#include "routing/route_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Required tags hashed once per decision; more than this (never in
+ * practice: a region has at most ROUTE_MAX_TAGS) are hashed per region. */
+#define NEED_HASHED 32
+
+double route_rtt_ms(const route_region *r)
+{
+    if (r->local)
+        return 0;
+    return r->rtt_known ? r->rtt_ewma_ms : ROUTE_UNKNOWN_RTT_MS;
+}
+
+double route_queue_ms(const route_region *r)
+{
+    const route_record *rec = &r->rec;
+    int64_t cap = rec->capacity > 0 ? rec->capacity : 1;
+    int64_t waiting = (int64_t)rec->running + rec->queued + 1 - rec->capacity;
+    if (waiting <= 0)
+        return rec->ttft_ms;
+    double service = rec->ttft_ms + rec->tpot_ms * ROUTE_SERVICE_TOKENS;
+    return rec->ttft_ms + (double)waiting * service / (double)cap;
+}
+
+double route_expected_ms(const route_region *r)
+{
+    return route_rtt_ms(r) + route_queue_ms(r);
+}
+
+/* A model matches on its 64-bit hash and length, without reading the
+ * string (which would cost a cache line per region): a false match is a
+ * random 64-bit collision, and would get a clean "model not found" from the
+ * region. Residency tags, where a mistake would break a tenant's rule, are
+ * confirmed byte for byte. */
+static bool serves_model(const route_slot *s, size_t len, uint64_t h)
+{
+    if (!(s->model_bloom & route__bloom_bit(h)))
+        return false;
+    for (int i = 0; i < s->r.rec.n_models; i++)
+        if (s->model_hash[i] == h && s->model_len[i] == len)
+            return true;
+    return false;
+}
+
+static bool has_tag(const route_slot *s, const char *tag, uint64_t h)
+{
+    for (int i = 0; i < s->r.rec.n_tags; i++)
+        if (s->tag_hash[i] == h && !strcmp(s->r.rec.tags[i], tag))
+            return true;
+    return false;
+}
+
+typedef struct rank {
+    route_slot *s;
+    int64_t k1; /* latency step (or SLO group, then step): the main key */
+    double price, ms;
+} rank;
+
+static bool rank_less(const rank *a, const rank *b)
+{
+    if (a->k1 != b->k1)
+        return a->k1 < b->k1;
+    if (a->price != b->price)
+        return a->price < b->price;
+    if (a->ms != b->ms)
+        return a->ms < b->ms;
+    return strcmp(a->s->r.rec.name, b->s->r.rec.name) < 0;
+}
+
+/* The reason is written for every request: a hand-rolled fixed-point
+ * writer costs a tenth of snprintf's "%.1f". */
+typedef struct out_buf {
+    char *p, *end; /* end: the last byte, kept for the NUL */
+} out_buf;
+
+static void put_str(out_buf *b, const char *s)
+{
+    while (*s && b->p < b->end)
+        *b->p++ = *s++;
+    *b->p = '\0';
+}
+
+/* x with `decimals` digits after the point, rounded half up; trim drops
+ * trailing zeros (and the point) for numbers like an SLO. */
+static void put_num(out_buf *b, double x, int decimals, bool trim)
+{
+    char tmp[48], *q = tmp + sizeof(tmp);
+    if (!(x >= 0 && x < 1e15)) {
+        snprintf(tmp, sizeof(tmp), "%.*g", decimals + 3, x);
+        put_str(b, tmp);
+        return;
+    }
+    uint64_t scale = 1;
+    for (int i = 0; i < decimals; i++)
+        scale *= 10;
+    uint64_t v = (uint64_t)(x * (double)scale + 0.5), ip = v / scale, fp = v % scale;
+    *--q = '\0';
+    if (decimals) {
+        bool keep = !trim;
+        for (int i = 0; i < decimals; i++, fp /= 10) {
+            keep = keep || fp % 10;
+            if (keep)
+                *--q = (char)('0' + fp % 10);
+        }
+        if (keep)
+            *--q = '.';
+    }
+    do
+        *--q = (char)('0' + ip % 10);
+    while (ip /= 10);
+    put_str(b, q);
+}
+
+static void format_reason(const route_query *q, route_decision *d)
+{
+    out_buf b = {d->reason, d->reason + sizeof(d->reason) - 1};
+    d->reason[0] = '\0';
+    if (d->n == 0) {
+        snprintf(d->reason, sizeof(d->reason),
+                 "no region: model %d, stale %d, unhealthy %d, ejected %d, residency %d, price %d",
+                 d->out_model, d->out_stale, d->out_unhealthy, d->out_ejected, d->out_residency,
+                 d->out_price);
+        return;
+    }
+    const route_region *r = d->cand[0];
+    double ms = d->expected_ms[0], rtt = route_rtt_ms(r);
+    bool latency = q->policy != ROUTE_COST || (q->slo_ms > 0 && ms > q->slo_ms);
+    if (q->policy == ROUTE_COST && latency) {
+        put_str(&b, "cost: none within slo ");
+        put_num(&b, q->slo_ms, 3, true);
+        put_str(&b, ", ");
+    }
+    if (latency) {
+        put_str(&b, "latency ");
+        put_num(&b, ms, 1, false);
+        put_str(&b, " ms (rtt ");
+        put_num(&b, rtt, 1, false);
+        put_str(&b, " + queue ");
+        put_num(&b, ms - rtt, 1, false);
+        put_str(&b, ")");
+    } else {
+        put_str(&b, "cost ");
+        put_num(&b, r->rec.price_out, 2, false);
+        put_str(&b, "/M, ");
+        put_num(&b, ms, 1, false);
+        if (q->slo_ms > 0) {
+            put_str(&b, " ms within slo ");
+            put_num(&b, q->slo_ms, 3, true);
+        } else {
+            put_str(&b, " ms, no slo");
+        }
+    }
+    if (d->probe)
+        put_str(&b, " probe");
+}
+
+int route_decide(route_table *t, const route_query *q, route_decision *d)
+{
+    const char *model = q->model ? q->model : "";
+    size_t model_len = strlen(model);
+    uint64_t mh = route__hash(model), need_bloom = 0, nh[NEED_HASHED];
+    int n_need = q->n_need_tags > 0 ? q->n_need_tags : 0;
+    for (int j = 0; j < n_need && j < NEED_HASHED; j++) {
+        nh[j] = route__hash(q->need_tags[j]);
+        need_bloom |= route__bloom_bit(nh[j]);
+    }
+    d->n = 0;
+    d->probe = false;
+    d->out_model = d->out_stale = d->out_unhealthy = d->out_ejected = d->out_residency = d->out_price = 0;
+
+    /* Pass 1: filters, and the fastest expected latency among the rest. */
+    double best = INFINITY;
+    int n_ok = 0;
+    for (int i = 0; i < t->n; i++) {
+        route_slot *s = &t->slots[t->order[i]];
+        route_region *r = &s->r;
+        s->scratch_ok = false;
+        if (!serves_model(s, model_len, mh)) {
+            d->out_model++;
+            continue;
+        }
+        if (t->shared_ok && !route__fresh(t, r, q->now_ms)) {
+            d->out_stale++;
+            continue;
+        }
+        if (!r->rec.healthy) {
+            d->out_unhealthy++;
+            continue;
+        }
+        if (route__ejection_state(r, q->now_ms) == ROUTE__EJECTED) {
+            d->out_ejected++;
+            continue;
+        }
+        bool allowed = (need_bloom & ~s->tag_bloom) == 0;
+        for (int j = 0; allowed && j < n_need; j++)
+            allowed = has_tag(s, q->need_tags[j], j < NEED_HASHED ? nh[j] : route__hash(q->need_tags[j]));
+        if (!allowed) {
+            d->out_residency++;
+            continue;
+        }
+        if (q->max_price > 0 && r->rec.price_out > q->max_price) {
+            d->out_price++;
+            continue;
+        }
+        s->scratch_ms = route_expected_ms(r);
+        s->scratch_ok = true;
+        if (s->scratch_ms < best)
+            best = s->scratch_ms;
+        n_ok++;
+    }
+
+    /* Pass 2: the best ROUTE_MAX_CANDIDATES, in order. */
+    rank top[ROUTE_MAX_CANDIDATES];
+    int n_top = 0;
+    bool cost = q->policy == ROUTE_COST;
+    for (int i = 0; i < t->n && n_ok; i++) {
+        route_slot *s = &t->slots[t->order[i]];
+        if (!s->scratch_ok)
+            continue;
+        n_ok--;
+        rank k = {s, (int64_t)((s->scratch_ms - best) / ROUTE_TIE_MS) /* >= 0: truncation is floor */,
+                  s->r.rec.price_out, s->scratch_ms};
+        if (cost) /* within the SLO: by price, then exact latency; the rest after, by latency */
+            k.k1 = q->slo_ms <= 0 || k.ms <= q->slo_ms ? 0 : 1 + k.k1;
+        if (n_top == ROUTE_MAX_CANDIDATES && !rank_less(&k, &top[n_top - 1]))
+            continue;
+        int at = n_top < ROUTE_MAX_CANDIDATES ? n_top++ : n_top - 1;
+        while (at > 0 && rank_less(&k, &top[at - 1])) {
+            top[at] = top[at - 1];
+            at--;
+        }
+        top[at] = k;
+    }
+
+    /* A region out of its back-off goes only as the first choice, which
+     * claims its one probe; elsewhere in the list nothing would claim it. */
+    for (int i = 0; i < n_top; i++) {
+        route_region *r = &top[i].s->r;
+        if (route__ejection_state(r, q->now_ms) == ROUTE__PROBE) {
+            if (d->n > 0 || !route_region_take_probe(r, q->now_ms)) {
+                d->out_ejected++;
+                continue;
+            }
+            d->probe = true;
+        }
+        d->cand[d->n] = r;
+        d->expected_ms[d->n] = top[i].ms;
+        d->n++;
+    }
+    format_reason(q, d);
+    return d->n;
+}
