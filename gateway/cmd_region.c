@@ -29,30 +29,6 @@ static void region_usage(FILE *f)
                "                      override it)\n");
 }
 
-/* gw_parse_int and gw_parse_float live in main.c, which the tests do not
- * link; these twins keep this command callable from them. */
-static int parse_long(const char *s, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *s, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v))
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* "HOST:PORT", "[v6]:PORT" or "HOST" (port 6379). host points into buf. */
 static int parse_redis_addr(const char *s, char *buf, size_t buf_len, const char **host, int *port)
 {
@@ -79,7 +55,7 @@ static int parse_redis_addr(const char *s, char *buf, size_t buf_len, const char
         if (!**host)
             return -1;
     }
-    if (colon && parse_long(colon + 1, 1, 65535, &p))
+    if (colon && gw_parse_int(colon + 1, 1, 65535, &p))
         return -1;
     *port = (int)p;
     return 0;
@@ -120,7 +96,7 @@ static int set_price(int argc, char **argv)
         long n;
         if (!strcmp(a, "--input") || !strcmp(a, "--output")) {
             double d;
-            if (parse_double(v, &d) || d < 0) {
+            if (gw_parse_float(v, &d) || d < 0) {
                 fprintf(stderr, "infergate region set-price: %s: '%s' is not a price (a number >= 0)\n", a,
                         v);
                 return 2;
@@ -142,7 +118,7 @@ static int set_price(int argc, char **argv)
             o.password = v;
             has_password = true;
         } else if (!strcmp(a, "--db")) {
-            if (parse_long(v, 0, 1000000, &n)) {
+            if (gw_parse_int(v, 0, 1000000, &n)) {
                 fprintf(stderr, "infergate region set-price: --db: '%s' is not a database number\n", v);
                 return 2;
             }

@@ -1,8 +1,6 @@
 /* infergate: one binary, several commands (serve, worker, model, generate). */
 #include "gateway/cli.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,28 +26,6 @@ static void usage(FILE *f)
                "                        change a region's price for the whole fleet (through Redis)\n"
                "\n"
                "`infergate <command> --help` describes each command.\n");
-}
-
-int gw_parse_int(const char *s, long min, long max, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-int gw_parse_float(const char *s, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v))
-        return -1;
-    *out = v;
-    return 0;
 }
 
 int main(int argc, char **argv)

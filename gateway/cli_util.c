@@ -1,0 +1,29 @@
+/* Number parsing shared by the subcommands: whole-string, range-checked,
+ * never silently wrapping (strtol/strtod with every error checked). */
+#include "gateway/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+int gw_parse_int(const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int gw_parse_float(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
