@@ -51,6 +51,9 @@ typedef struct gw_http_request {
     const uint8_t *body;
     size_t body_len;
     const char *protocol; /* "HTTP/2", "HTTP/1.1" or "HTTP/1.0" */
+    /* TLS with a client certificate that verified against the listener's
+     * client CA (gw_http_server_listen_tls_peer): another region's gateway. */
+    bool peer_verified;
 } gw_http_request;
 
 typedef struct gw_http_limits {
@@ -114,6 +117,11 @@ int gw_http_server_listen(gw_http_server *srv, const char *spec, char *err, size
  * gw_http_server_listen returns. */
 int gw_http_server_listen_tls(gw_http_server *srv, const char *spec, const char *cert_file,
                               const char *key_file, char *err, size_t err_len);
+/* The same, and client certificates are verified against client_ca: one
+ * that is presented must verify (else the handshake fails); requests on a
+ * connection that presented one have peer_verified set. */
+int gw_http_server_listen_tls_peer(gw_http_server *srv, const char *spec, const char *cert_file,
+                                   const char *key_file, const char *client_ca, char *err, size_t err_len);
 /* Port of the last TCP listener started (useful after "tcp:HOST:0"), 0 if
  * none is listening. */
 int gw_http_server_port(const gw_http_server *srv);

@@ -152,6 +152,7 @@ static void h1_dispatch(gw_http_conn *c)
         .body = s->body ? s->body : empty_body,
         .body_len = s->body_len,
         .protocol = h->http10 ? "HTTP/1.0" : "HTTP/1.1",
+        .peer_verified = c->tls && gw_tls_peer_verified(c->bev),
     };
     s->state = GW_SS_APP;
     h->state = GW_H1_APP;

@@ -233,6 +233,7 @@ static void request_complete(gw_http_stream *s)
         .body = s->body ? s->body : empty_body,
         .body_len = s->body_len,
         .protocol = "HTTP/2",
+        .peer_verified = s->conn->tls && gw_tls_peer_verified(s->conn->bev),
     };
     s->state = GW_SS_APP;
     srv->handler.on_request(srv->ud, s, &s->req);

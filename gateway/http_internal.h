@@ -257,7 +257,7 @@ bool gw_h1_hop_by_hop(const char *name, size_t len);
 /* A server context (TLS 1.2 minimum, ALPN h2 then http/1.1) with the
  * certificate chain and key loaded and checked. 0 or a negative errno
  * with err filled. */
-int gw_tls_ctx_new(const char *cert_file, const char *key_file, struct ssl_ctx_st **out, char *err,
+int gw_tls_ctx_new(const char *cert_file, const char *key_file, const char *client_ca, struct ssl_ctx_st **out, char *err,
                    size_t err_len);
 void gw_tls_ctx_free(struct ssl_ctx_st *ctx);
 /* A bufferevent running the server side of a handshake on `fd`, which it
@@ -265,6 +265,8 @@ void gw_tls_ctx_free(struct ssl_ctx_st *ctx);
 struct bufferevent *gw_tls_bev_new(struct event_base *base, int fd, struct ssl_ctx_st *ctx);
 /* After the handshake: whether ALPN chose h2. */
 bool gw_tls_alpn_h2(struct bufferevent *bev);
+/* Did the peer present a certificate that verified against the client CA? */
+bool gw_tls_peer_verified(struct bufferevent *bev);
 /* Sends close_notify (best effort) before our side of the socket shuts. */
 void gw_tls_close_notify(struct bufferevent *bev);
 

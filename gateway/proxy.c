@@ -7,6 +7,9 @@
 #define _GNU_SOURCE /* memmem */
 #include "gateway/serve_internal.h"
 
+#include "routing/router.h"
+#include "routing/sync.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
@@ -19,7 +22,9 @@
 #include <time.h>
 
 #define USAGE_COPY_MAX 65536 /* bytes of a non-streamed answer kept to read its usage */
-#define MAX_TRIES 2          /* a failure before the first response byte is retried once */
+#define MAX_TRIES 2          /* local only: a failure before the first response byte is retried once */
+#define RETRY_TOKENS_MAX 100 /* the retry budget saves up at most this many retries */
+#define MAX_NEED_TAGS 16
 
 typedef struct preq {
     gw_serve *g;
@@ -31,6 +36,13 @@ typedef struct preq {
     char tenant[64];
     int worker, tries, status;
     bool responded, sse, logged;
+    bool forwarded;              /* came from a peer region: served here, never forwarded again */
+    bool limit_pending;          /* waiting for the shared rate limit's answer */
+    int limit_stage;             /* 0: requests per second, 1: tokens per minute */
+    route_decision route;        /* candidate regions, in order */
+    int cand;                    /* the one being tried */
+    route_region *remote;        /* the remote region being tried; NULL when local */
+    char region[ROUTE_NAME_MAX]; /* the region that answers */
     const char *error_kind; /* upstream failure, for the log */
     size_t bytes_out, unconsumed;
     double t_start, t_first, t_last;
@@ -122,8 +134,10 @@ static void finish_log(preq *p)
     double ttft = p->t_first > 0 ? p->t_first - p->t_start : -1;
     int tokens = p->completion_tokens >= 0 ? p->completion_tokens : (p->sse && p->events > 1 ? p->events - 1 : -1);
     double tpot = p->sse && p->events > 2 ? (p->t_last - p->t_first) / (p->events - 2) : -1;
-    char target[32] = "-";
-    if (p->worker >= 0)
+    char target[96] = "-";
+    if (p->remote)
+        snprintf(target, sizeof(target), "region-%s", p->region);
+    else if (p->worker >= 0)
         snprintf(target, sizeof(target), "worker-%d", p->worker);
 
     if (g->access_log) {
@@ -136,6 +150,8 @@ static void finish_log(preq *p)
         json_field_str(f, "tenant", p->tenant);
         json_field_str(f, "model", p->model);
         json_field_str(f, "target", target);
+        json_field_str(f, "region", p->region);
+        json_field_str(f, "route", p->route.n ? p->route.reason : "");
         fprintf(f, ",\"status\":%d,\"bytes\":%zu,\"ttft_ms\":%.3f,\"duration_ms\":%.3f,\"tokens\":%d,\"tries\":%d",
                 p->status, p->bytes_out, ttft >= 0 ? ttft * 1e3 : -1.0, dur * 1e3, tokens, p->tries);
         if (p->error_kind)
@@ -150,7 +166,7 @@ static void finish_log(preq *p)
     snprintf(labels, sizeof(labels), "model=\"%s\",tenant=\"%s\",status=\"%d\",target=\"%s\"", model, tenant,
              p->status, target);
     gw_metrics_add(g->metrics, "infergate_requests_total", labels, 1);
-    if (p->model[0] && p->worker >= 0) {
+    if (p->model[0] && (p->worker >= 0 || p->remote)) {
         snprintf(labels, sizeof(labels), "model=\"%s\"", model);
         gw_metrics_observe(g->metrics, "infergate_request_duration_seconds", labels, dur);
         if (p->sse && ttft >= 0)
@@ -211,13 +227,54 @@ static void respond_plain(preq *p, int status, const char *ctype, const char *bo
 /* ---- upstream ---- */
 
 static void send_upstream(preq *p);
+static bool try_next(preq *p);
+
+/* A failure before the first response byte moves the request on: to
+ * another local worker (once), or to the next candidate region — while the
+ * retry budget lasts, so a fleet-wide outage does not multiply the load. */
+static bool retry(preq *p)
+{
+    gw_serve *g = p->g;
+    if (!p->stream || g->retry_tokens < 1)
+        return false;
+    if (p->remote || p->route.n) {
+        if (p->remote)
+            route_region_report(g->table, p->remote, false, gw_epoch_ms());
+        g->retry_tokens -= 1;
+        return try_next(p);
+    }
+    if (p->tries >= MAX_TRIES)
+        return false;
+    int other = gw_supervisor_pick(g->sup, p->model, p->worker);
+    if (other < 0)
+        return false;
+    g->retry_tokens -= 1;
+    p->worker = other;
+    send_upstream(p);
+    return true;
+}
 
 static void up_response(void *ud, int status, const gw_http_header *hs, size_t n)
 {
     preq *p = ud;
+    if (status >= 500 && p->remote) {
+        gw_upstream_cancel(p->up);
+        p->up = NULL;
+        p->error_kind = "status_5xx";
+        if (retry(p))
+            return;
+        if (!p->stream)
+            return;
+        /* Nowhere else to go: pass the region's answer on (a new request
+         * for its body is not possible; say what happened). */
+        respond(p, status, "server_error", "upstream_failed", NULL, 1, "region %s answered %d", p->region, status);
+        return;
+    }
+    if (p->remote)
+        route_region_report(p->g->table, p->remote, true, gw_epoch_ms());
     p->responded = true;
     p->status = status;
-    gw_http_header out[8];
+    gw_http_header out[10];
     size_t k = 0;
     char worker[16];
     snprintf(worker, sizeof(worker), "%d", p->worker);
@@ -230,7 +287,12 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         }
     }
     out[k++] = (gw_http_header){"x-request-id", p->id};
-    out[k++] = (gw_http_header){"x-infergate-worker", worker};
+    if (!p->remote)
+        out[k++] = (gw_http_header){"x-infergate-worker", worker};
+    if (p->region[0])
+        out[k++] = (gw_http_header){"x-infergate-region", p->region};
+    if (p->route.n)
+        out[k++] = (gw_http_header){"x-infergate-route", p->route.reason};
     if (!p->stream)
         return;
     if (gw_http_begin(p->stream, status, out, k)) {
@@ -315,20 +377,17 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
     if (!p->stream)
         return;
     if (!responded) {
-        if (p->tries < MAX_TRIES) {
-            int other = gw_supervisor_pick(g->sup, p->model, p->worker);
-            if (other >= 0) {
-                p->worker = other;
-                send_upstream(p);
-                return;
-            }
-        }
-        respond(p, 502, "server_error", "upstream_failed", NULL, 1, "the worker failed before answering (%s)",
-                p->error_kind);
+        if (retry(p))
+            return;
+        if (p->stream)
+            respond(p, 502, "server_error", "upstream_failed", NULL, 1, "%s failed before answering (%s)",
+                    p->remote ? "the region" : "the worker", p->error_kind);
         return;
     }
     /* Mid-response: a stream of events ends with an error event clients can
      * read; anything else can only be cut off. */
+    if (p->remote)
+        route_region_report(g->table, p->remote, false, gw_epoch_ms());
     if (p->sse) {
         static const char ev[] = "data: {\"error\":{\"message\":\"the worker serving this stream failed\","
                                  "\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_failed\"}}\n\n";
@@ -344,7 +403,7 @@ static void send_upstream(preq *p)
 {
     gw_serve *g = p->g;
     const gw_http_request *r = p->req;
-    gw_http_header h[8];
+    gw_http_header h[10];
     size_t n = 0;
     h[n++] = (gw_http_header){"content-type", "application/json"};
     h[n++] = (gw_http_header){"x-request-id", p->id};
@@ -355,10 +414,19 @@ static void send_upstream(preq *p)
         h[n++] = (gw_http_header){"x-infergate-priority", v};
     if ((v = gw_http_header_get(r, "x-infergate-deadline-ms")))
         h[n++] = (gw_http_header){"x-infergate-deadline-ms", v};
-    const gw_worker_info *w = gw_supervisor_worker(g->sup, p->worker);
+    const char *target;
+    if (p->remote) {
+        /* The receiving gateway serves it itself: one hop, never more. */
+        h[n++] = (gw_http_header){"x-infergate-hop", "1"};
+        if (g->cfg->region.name)
+            h[n++] = (gw_http_header){"x-infergate-origin", g->cfg->region.name};
+        target = gw_regions_target(g, p->remote);
+    } else {
+        target = gw_supervisor_worker(g->sup, p->worker)->target;
+    }
     p->tries++;
-    p->up = gw_upstream_send(g->pool, w->target, r->method, r->path, "localhost", h, n, r->body, r->body_len, &up_cbs,
-                             p);
+    p->up = gw_upstream_send(g->pool, target, r->method, r->path, p->remote ? p->remote->rec.name : "localhost", h, n,
+                             r->body, r->body_len, &up_cbs, p);
     if (!p->up)
         respond(p, 503, "server_error", NULL, NULL, 1, "out of memory");
 }
@@ -432,6 +500,198 @@ static void handle_models(preq *p, gw_tenant *t)
     free(body);
 }
 
+static const gw_tenant_cfg *tenant_cfg(const gw_serve *g, const char *name)
+{
+    const gw_config *c = g->reloaded ? g->reloaded : g->cfg;
+    for (int i = 0; i < c->n_tenants; i++)
+        if (!strcmp(c->tenants[i].name, name))
+            return &c->tenants[i];
+    return NULL;
+}
+
+/* Sends the request to the next usable candidate region; false when none
+ * is left. A local candidate without a ready worker is passed over. */
+static bool try_next(preq *p)
+{
+    gw_serve *g = p->g;
+    while (p->cand < p->route.n) {
+        route_region *r = p->route.cand[p->cand++];
+        if (r->local) {
+            int w = gw_supervisor_pick(g->sup, p->model, p->remote ? -1 : p->worker);
+            if (w < 0)
+                continue;
+            p->remote = NULL;
+            p->worker = w;
+        } else {
+            if (!*gw_regions_target(g, r))
+                continue;
+            p->remote = r;
+            p->worker = -1;
+        }
+        snprintf(p->region, sizeof(p->region), "%s", r->rec.name);
+        send_upstream(p);
+        return true;
+    }
+    return false;
+}
+
+/* Residency the request needs: the tenant's tags, narrowed further by the
+ * x-infergate-residency header (comma-separated). Returns the count, or -1
+ * for a header with too many or malformed tags. */
+static int need_tags(preq *p, const gw_tenant_cfg *tc, char *buf, size_t cap, const char **need)
+{
+    int n = 0;
+    for (int i = 0; tc && i < tc->n_residency && n < MAX_NEED_TAGS; i++)
+        need[n++] = tc->residency[i];
+    const char *h = gw_http_header_get(p->req, "x-infergate-residency");
+    if (!h)
+        return n;
+    if (strlen(h) >= cap)
+        return -1;
+    strcpy(buf, h);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+        if (n == MAX_NEED_TAGS || strlen(tok) >= 32)
+            return -1;
+        need[n++] = tok;
+    }
+    return n;
+}
+
+/* Local workers only (no region section, or a request forwarded to us);
+ * else the routing decision and its first candidate. */
+static void dispatch(preq *p)
+{
+    gw_serve *g = p->g;
+    if (!gw_regions_enabled(g) || p->forwarded) {
+        if (!gw_supervisor_serves(g->sup, p->model)) {
+            respond(p, 404, "invalid_request_error", "model_not_found", "model", 0, "the model '%s' does not exist",
+                    p->model);
+            return;
+        }
+        if (g->cfg->region.name)
+            snprintf(p->region, sizeof(p->region), "%s", g->cfg->region.name);
+        p->worker = gw_supervisor_pick(g->sup, p->model, -1);
+        if (p->worker < 0) {
+            respond(p, 503, "server_error", "no_worker_ready", NULL, 1, "no worker for model '%s' is ready",
+                    p->model);
+            return;
+        }
+        send_upstream(p);
+        return;
+    }
+    const gw_tenant_cfg *tc = p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL;
+    const char *need[MAX_NEED_TAGS];
+    char buf[512];
+    int n_need = need_tags(p, tc, buf, sizeof(buf), need);
+    if (n_need < 0) {
+        respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
+                "x-infergate-residency must be at most %d comma-separated tags", MAX_NEED_TAGS);
+        return;
+    }
+    double max_price = tc ? tc->max_price : 0;
+    const char *mp = gw_http_header_get(p->req, "x-infergate-max-price");
+    if (mp) {
+        char *end;
+        double v = strtod(mp, &end);
+        if (end == mp || *end || !(v > 0)) {
+            respond(p, 400, "invalid_request_error", "bad_max_price", NULL, 0,
+                    "x-infergate-max-price must be a positive price per million output tokens");
+            return;
+        }
+        /* A request may lower its tenant's cap, never raise it. */
+        if (max_price <= 0 || v < max_price)
+            max_price = v;
+    }
+    gw_route_policy pol = tc && tc->policy != GW_POLICY_DEFAULT ? tc->policy : g->cfg->routing.policy;
+    route_query q = {
+        .model = p->model,
+        .need_tags = need,
+        .n_need_tags = n_need,
+        .max_price = max_price,
+        .policy = pol == GW_POLICY_COST ? ROUTE_COST : ROUTE_LATENCY,
+        .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
+        .now_ms = gw_epoch_ms(),
+    };
+    g->retry_tokens += g->cfg->routing.retry_budget;
+    if (g->retry_tokens > RETRY_TOKENS_MAX)
+        g->retry_tokens = RETRY_TOKENS_MAX;
+    if (route_decide(g->table, &q, &p->route) == 0) {
+        const route_decision *d = &p->route;
+        if (d->out_model == route_table_count(g->table))
+            respond(p, 404, "invalid_request_error", "model_not_found", "model", 0,
+                    "no region serves the model '%s'", p->model);
+        else
+            respond(p, 503, "server_error", "no_region", NULL, 1,
+                    "no region may serve this request now (left out: %d residency, %d price, %d unhealthy, "
+                    "%d stale, %d ejected)",
+                    d->out_residency, d->out_price, d->out_unhealthy, d->out_stale, d->out_ejected);
+        return;
+    }
+    p->cand = 0;
+    if (!try_next(p))
+        respond(p, 503, "server_error", "no_worker_ready", NULL, 1, "no region has a ready worker for '%s'",
+                p->model);
+}
+
+/* ---- tenant limits: fleet-wide through Redis, local buckets without ---- */
+
+static void limit_local(preq *p)
+{
+    gw_tenant *t = gw_tenants_find(p->g->tenants, p->tenant);
+    int retry;
+    if (t && gw_tenant_admit(t, mono_s(), p->charged, &retry)) {
+        p->charged = 0;
+        respond(p, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
+                "tenant '%s' is over its request or token rate; retry in %d s", p->tenant, retry);
+        return;
+    }
+    dispatch(p);
+}
+
+static void on_shared_limit(void *ud, int result, int retry_after_ms);
+
+/* Stage 0 checks requests per second, stage 1 tokens per minute. */
+static void limit_shared(preq *p, int stage)
+{
+    gw_serve *g = p->g;
+    const gw_tenant_cfg *tc = tenant_cfg(g, p->tenant);
+    for (; tc && stage < 2; stage++) {
+        double per_s = stage == 0 ? tc->rps : tc->tpm / 60.0;
+        if (per_s <= 0)
+            continue;
+        char key[128];
+        snprintf(key, sizeof(key), "tenant:%s:%s", p->tenant, stage == 0 ? "rps" : "tpm");
+        double burst = stage == 0 ? (tc->rps > 1 ? tc->rps : 1) : tc->tpm;
+        p->limit_pending = true;
+        p->limit_stage = stage;
+        if (route_sync_limit(g->sync, key, per_s, burst, stage == 0 ? 1 : p->charged, on_shared_limit, p) == 0)
+            return;
+        p->limit_pending = false;
+        limit_local(p); /* Redis went away between the check and now */
+        return;
+    }
+    dispatch(p);
+}
+
+static void on_shared_limit(void *ud, int result, int retry_after_ms)
+{
+    preq *p = ud;
+    p->limit_pending = false;
+    if (result == -ENOTCONN) {
+        limit_local(p);
+        return;
+    }
+    if (result == -EAGAIN) {
+        int retry = (retry_after_ms + 999) / 1000;
+        p->charged = 0;
+        respond(p, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry > 0 ? retry : 1,
+                "tenant '%s' is over its fleet-wide request or token rate; retry in %d s", p->tenant,
+                retry > 0 ? retry : 1);
+        return;
+    }
+    limit_shared(p, p->limit_stage + 1);
+}
+
 static void handle_completion(preq *p, gw_tenant *t)
 {
     gw_serve *g = p->g;
@@ -462,29 +722,47 @@ static void handle_completion(preq *p, gw_tenant *t)
                 p->tenant, p->model);
         return;
     }
-    if (!gw_supervisor_serves(g->sup, p->model)) {
-        respond(p, 404, "invalid_request_error", "model_not_found", "model", 0, "the model '%s' does not exist",
-                p->model);
+    if (!t) {
+        dispatch(p);
         return;
     }
-    if (t) {
-        /* Charge an estimate now (4 bytes a token for the prompt, the asked
-         * maximum for the answer) and refund the difference at the end. */
-        p->charged = (double)r->body_len / 4 + (max_tokens > 0 ? (double)max_tokens : chat ? 256 : 16);
-        int retry;
-        if (gw_tenant_admit(t, mono_s(), p->charged, &retry)) {
-            p->charged = 0;
-            respond(p, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
-                    "tenant '%s' is over its request or token rate; retry in %d s", p->tenant, retry);
-            return;
-        }
+    /* Charge an estimate now (4 bytes a token for the prompt, the asked
+     * maximum for the answer) and refund the difference at the end. */
+    p->charged = (double)r->body_len / 4 + (max_tokens > 0 ? (double)max_tokens : chat ? 256 : 16);
+    if (g->sync && route_sync_connected(g->sync))
+        limit_shared(p, 0);
+    else
+        limit_local(p);
+}
+
+/* /v1/regions and /dashboard: the routing table, for admins. */
+static void handle_regions(preq *p, bool html)
+{
+    size_t len = 0;
+    char *body = html ? gw_regions_dashboard(p->g, &len) : gw_regions_json(p->g, &len);
+    if (body)
+        respond_plain(p, 200, html ? "text/html; charset=utf-8" : "application/json", body, len);
+    else
+        gw_http_reset(p->stream);
+    free(body);
+}
+
+/* A request another region's gateway forwarded: accepted only over a
+ * connection whose client certificate verified (mutual TLS), and then the
+ * tenant it names is taken as given. */
+static bool accept_forwarded(preq *p)
+{
+    const char *tenant = gw_http_header_get(p->req, "x-infergate-tenant");
+    if (!p->req->peer_verified) {
+        respond(p, 403, "permission_error", "peer_not_authenticated", NULL, 0,
+                "forwarded requests (x-infergate-hop) are accepted only from peer gateways with a verified client "
+                "certificate");
+        return false;
     }
-    p->worker = gw_supervisor_pick(g->sup, p->model, -1);
-    if (p->worker < 0) {
-        respond(p, 503, "server_error", "no_worker_ready", NULL, 1, "no worker for model '%s' is ready", p->model);
-        return;
-    }
-    send_upstream(p);
+    p->forwarded = true;
+    if (tenant && strlen(tenant) < sizeof(p->tenant))
+        snprintf(p->tenant, sizeof(p->tenant), "%s", tenant);
+    return true;
 }
 
 void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
@@ -519,10 +797,40 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         respond_plain(p, n > 0 && !g->draining ? 200 : 503, "application/json", body, (size_t)len);
         return;
     }
-    bool ok;
-    gw_tenant *t = authenticate(p, &ok);
+    bool completion = (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions")) && post;
+    if (gw_http_header_get(r, "x-infergate-hop")) {
+        if (!accept_forwarded(p))
+            return;
+        if (completion)
+            handle_completion(p, NULL);
+        else
+            respond(p, 404, "invalid_request_error", "not_found", NULL, 0, "only completions are forwarded");
+        return;
+    }
+    bool ok = true;
+    gw_tenant *t = NULL;
+    const char *q = strstr(r->path, "?key=");
+    if (PATH_IS("/dashboard") && q && !gw_http_header_get(r, "authorization") && !gw_tenants_open(g->tenants)) {
+        /* A browser refreshing the page sends no header: the admin key may
+         * come in the query string instead. */
+        if (!(t = gw_tenants_auth(g->tenants, q + 5))) {
+            respond(p, 401, "invalid_request_error", "invalid_api_key", NULL, 0, "invalid API key");
+            return;
+        }
+        snprintf(p->tenant, sizeof(p->tenant), "%s", gw_tenant_name(t));
+    } else {
+        t = authenticate(p, &ok);
+    }
     if (!ok)
         return;
+    if ((PATH_IS("/v1/regions") || PATH_IS("/dashboard")) && get) {
+        if (t && !gw_tenant_admin(t)) {
+            respond(p, 403, "permission_error", "admin_only", NULL, 0, "%.*s needs an admin key", (int)plen, r->path);
+            return;
+        }
+        handle_regions(p, PATH_IS("/dashboard"));
+        return;
+    }
     if (PATH_IS("/metrics") && get) {
         if (t && !gw_tenant_admin(t)) {
             respond(p, 403, "permission_error", "admin_only", NULL, 0, "/metrics needs an admin key");
@@ -542,7 +850,7 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         handle_models(p, t);
         return;
     }
-    if ((PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions")) && post) {
+    if (completion) {
         handle_completion(p, t);
         return;
     }
@@ -570,6 +878,8 @@ void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
     if (!p)
         return;
     p->stream = NULL;
+    if (p->limit_pending)
+        route_sync_limit_cancel(p->g->sync, p);
     if (p->up) {
         /* The client went away: the worker stops generating for it. */
         gw_upstream_cancel(p->up);

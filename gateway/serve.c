@@ -195,7 +195,8 @@ static int start_listeners(gw_serve *g, char *err, size_t err_len)
             snprintf(spec, sizeof(spec), "%s", l->address);
         else
             snprintf(spec, sizeof(spec), "tcp:%s", l->address);
-        int rc = l->tls_cert ? gw_http_server_listen_tls(g->http, spec, l->tls_cert, l->tls_key, err, err_len)
+        int rc = l->tls_cert ? gw_http_server_listen_tls_peer(g->http, spec, l->tls_cert, l->tls_key,
+                                                              l->tls_client_ca, err, err_len)
                              : gw_http_server_listen(g->http, spec, err, err_len);
         if (rc)
             return rc;
@@ -236,6 +237,7 @@ static void serve_dispose(gw_serve *g)
 {
     if (g->http)
         gw_http_server_free(g->http);
+    gw_regions_stop(g);
     if (g->sup)
         gw_supervisor_free(g->sup);
     if (g->pool)
@@ -351,6 +353,10 @@ int gw_cmd_serve(int argc, char **argv)
     g.base = event_base_new();
     gw_upstream_opts uo;
     gw_upstream_opts_default(&uo);
+    /* Mutual TLS to other regions: our client certificate, their CA. */
+    uo.tls_ca_file = g.cfg->peer_tls.ca;
+    uo.tls_cert_file = g.cfg->peer_tls.cert;
+    uo.tls_key_file = g.cfg->peer_tls.key;
     gw_http_limits lim;
     http_limits(g.cfg, &lim);
     gw_http_handler h = {.on_request = gw_proxy_on_request, .on_close = gw_proxy_on_close,
@@ -378,6 +384,10 @@ int gw_cmd_serve(int argc, char **argv)
     }
     if (gw_supervisor_start(g.sup, err, sizeof(err))) {
         fprintf(stderr, "infergate: %s\n", err);
+        goto out;
+    }
+    if (gw_regions_start(&g, err, sizeof(err))) {
+        fprintf(stderr, "infergate: routing: %s\n", err);
         goto out;
     }
     print_ready(&g);

@@ -14,6 +14,9 @@
 #include <stdio.h>
 
 struct event;
+typedef struct route_table route_table;
+typedef struct route_sync route_sync;
+typedef struct route_region route_region;
 
 typedef struct gw_serve {
     struct event_base *base;
@@ -27,6 +30,10 @@ typedef struct gw_serve {
     FILE *access_log;
     bool own_access_log;
     struct event *sigterm, *sigint, *sighup, *drain_timer, *metrics_timer;
+    route_table *table; /* NULL without a region section: local workers only */
+    route_sync *sync;   /* NULL without Redis */
+    struct event *heartbeat;
+    double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1 */
     bool draining;
     double drain_deadline;
     uint64_t next_request;
@@ -36,6 +43,16 @@ typedef struct gw_serve {
 void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *req);
 void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished);
 void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud);
+/* regions.c: cross-region routing state. */
+int gw_regions_start(gw_serve *g, char *err, size_t err_len);
+void gw_regions_stop(gw_serve *g);
+bool gw_regions_enabled(const gw_serve *g);
+/* Where this gateway reaches region r (a peers entry overrides the record). */
+const char *gw_regions_target(const gw_serve *g, const route_region *r);
+char *gw_regions_json(gw_serve *g, size_t *len);
+char *gw_regions_dashboard(gw_serve *g, size_t *len);
+int64_t gw_epoch_ms(void);
+
 /* Declares the metric families (once at start). */
 int gw_proxy_metrics_init(gw_metrics *m);
 /* Refreshes the per-worker gauges from the supervisor. */

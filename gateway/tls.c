@@ -77,8 +77,8 @@ static int check_readable(const char *path, const char *what, char *err, size_t 
     return 0;
 }
 
-int gw_tls_ctx_new(const char *cert_file, const char *key_file, struct ssl_ctx_st **out, char *err,
-                   size_t err_len)
+int gw_tls_ctx_new(const char *cert_file, const char *key_file, const char *client_ca, struct ssl_ctx_st **out,
+                   char *err, size_t err_len)
 {
     char why[256];
     int rc;
@@ -125,6 +125,21 @@ int gw_tls_ctx_new(const char *cert_file, const char *key_file, struct ssl_ctx_s
         }
         goto fail;
     }
+    if (client_ca) {
+        /* Peers (other regions' gateways) present certificates from this CA;
+         * applications on the same listener need none. A certificate that
+         * is presented must verify; gw_tls_peer_verified tells which
+         * connections carry one. */
+        if ((rc = check_readable(client_ca, "client CA", err, err_len)))
+            goto fail;
+        rc = -EINVAL;
+        if (SSL_CTX_load_verify_locations(ctx, client_ca, NULL) != 1) {
+            snprintf(err, err_len, "client CA %s: not a usable PEM certificate: %s", client_ca,
+                     ssl_reason(why, sizeof(why)));
+            goto fail;
+        }
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    }
     SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
     *out = ctx;
     return 0;
@@ -168,6 +183,15 @@ bool gw_tls_alpn_h2(struct bufferevent *bev)
     if (ssl)
         SSL_get0_alpn_selected(ssl, &p, &n);
     return n == 2 && !memcmp(p, "h2", 2);
+}
+
+bool gw_tls_peer_verified(struct bufferevent *bev)
+{
+    SSL *ssl = bufferevent_openssl_get_ssl(bev);
+    if (!ssl)
+        return false;
+    X509 *peer = SSL_get0_peer_certificate(ssl);
+    return peer && SSL_get_verify_result(ssl) == X509_V_OK;
 }
 
 void gw_tls_close_notify(struct bufferevent *bev)
