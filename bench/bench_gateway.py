@@ -12,6 +12,9 @@ Subcommands:
                                sequential streamed completions, alternating
                                direct / gateway, time to the first DATA frame
                                that carries a token event
+  cgtop ANNOTATE.txt N NAME [ROOT]
+                               instructions per request and top inclusive
+                               costs from callgrind_annotate --inclusive=yes
   table RESULTS.jsonl TTFT.json [k=v...]
                                the Markdown table for bench/RESULTS.md
 
@@ -73,19 +76,26 @@ def parse_h2load(text):
 def cmd_run(args):
     with open(args[0]) as f:
         rec = parse_h2load(f.read())
-    lat, non2xx = [], 0
+    lat, non2xx, cut = [], {}, 0
     with open(args[1]) as f:
         for line in f:
             parts = line.split("\t")
             if len(parts) < 3:
                 continue
             status = int(parts[1])
+            if status == 0:
+                # No response head: a stream h2load cut when the measured
+                # phase ended (h2load counts it neither failed nor done).
+                cut += 1
+                continue
             if status < 200 or status > 299:
-                non2xx += 1
+                non2xx[str(status)] = non2xx.get(str(status), 0) + 1
             lat.append(int(parts[2]))
     lat.sort()
     rec["n_logged"] = len(lat)
-    rec["non2xx"] = non2xx
+    rec["non2xx"] = sum(non2xx.values())
+    rec["non2xx_by_status"] = non2xx
+    rec["cut_at_end"] = cut
     rec["p50_us"] = pct(lat, 50)
     rec["p99_us"] = pct(lat, 99)
     for kv in args[2:]:
@@ -127,7 +137,8 @@ class H2Client:
         self.port = port
 
     def completion(self, body):
-        """Returns (ttft_s, total_s, status); ttft is None when no token came."""
+        """Returns (ttft_s, head_s, status): time to the first token event and
+        to the response head; ttft is None when no token came."""
         import h2.events
 
         sid = self.conn.get_next_available_stream_id()
@@ -139,7 +150,7 @@ class H2Client:
         out = self.conn.data_to_send()
         t0 = time.perf_counter_ns()
         self.sock.sendall(out)
-        ttft, status, done = None, 0, False
+        ttft, head, status, done = None, None, 0, False
         while not done:
             data = self.sock.recv(65536)
             t = time.perf_counter_ns()
@@ -148,6 +159,7 @@ class H2Client:
             for ev in self.conn.receive_data(data):
                 if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
                     status = int(dict(ev.headers).get(b":status", b"0"))
+                    head = t - t0
                 elif isinstance(ev, h2.events.DataReceived):
                     self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     # A token event: an SSE event with a choice still open.
@@ -158,7 +170,7 @@ class H2Client:
             pending = self.conn.data_to_send()
             if pending:
                 self.sock.sendall(pending)
-        return (None if ttft is None else ttft / 1e9), (time.perf_counter_ns() - t0) / 1e9, status
+        return (None if ttft is None else ttft / 1e9), (None if head is None else head / 1e9), status
 
 
 def cmd_ttft(args):
@@ -167,6 +179,7 @@ def cmd_ttft(args):
     ap = argparse.ArgumentParser(prog="bench_gateway.py ttft")
     ap.add_argument("--direct", type=int, required=True)
     ap.add_argument("--gateway", type=int, required=True)
+    ap.add_argument("--haproxy", type=int, help="also HAProxy, the reference for one proxy hop")
     ap.add_argument("--samples", type=int, default=500)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=4)
@@ -174,13 +187,17 @@ def cmd_ttft(args):
     a = ap.parse_args(args)
     body = json.dumps({"model": "m", "prompt": [1, 5, 6], "max_tokens": a.max_tokens, "temperature": 0,
                        "stream": True}, separators=(",", ":")).encode()
-    clients = {"direct": H2Client(a.direct), "gateway": H2Client(a.gateway)}
-    ttft = {"direct": [], "gateway": []}
-    errors = {"direct": 0, "gateway": 0}
+    ports = {"direct": a.direct, "gateway": a.gateway}
+    if a.haproxy:
+        ports["haproxy"] = a.haproxy
+    sides = list(ports)
+    clients = {side: H2Client(port) for side, port in ports.items()}
+    ttft = {side: [] for side in sides}
+    errors = {side: 0 for side in sides}
     for i in range(a.warmup + a.samples):
-        # Alternate which side goes first so neither always follows the other.
-        order = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
-        for side in order:
+        # Rotate which side goes first so none always follows another.
+        k = i % len(sides)
+        for side in sides[k:] + sides[:k]:
             t, _, status = clients[side].completion(body)
             if i < a.warmup:
                 continue
@@ -188,18 +205,65 @@ def cmd_ttft(args):
                 errors[side] += 1
             else:
                 ttft[side].append(t * 1e6)
-    res = {"samples": a.samples, "max_tokens": a.max_tokens, "errors": errors}
-    for side in ttft:
+    res = {"samples": a.samples, "max_tokens": a.max_tokens, "errors": errors, "sides": sides}
+    for side in sides:
         v = sorted(ttft[side])
         res[side] = {"p50_us": pct(v, 50), "p99_us": pct(v, 99), "min_us": v[0] if v else float("nan"),
                      "n": len(v)}
-    res["diff_p50_us"] = res["gateway"]["p50_us"] - res["direct"]["p50_us"]
-    res["diff_p99_us"] = res["gateway"]["p99_us"] - res["direct"]["p99_us"]
+    for side in sides[1:]:
+        res[side]["added_p50_us"] = res[side]["p50_us"] - res["direct"]["p50_us"]
+        res[side]["added_p99_us"] = res[side]["p99_us"] - res["direct"]["p99_us"]
     text = json.dumps(res)
     if a.out:
         with open(a.out, "w") as f:
             f.write(text + "\n")
     print(text)
+
+
+def cmd_cgtop(args):
+    """Instructions per request and the top inclusive costs from a
+    `callgrind_annotate --inclusive=yes` listing."""
+    path, n, name = args[0], int(args[1]), args[2]
+    root = args[3].rstrip("/") + "/" if len(args) > 3 else ""
+    total, rows = None, []
+    line_re = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S.*?)(?: \[(.*)\])?$")
+    with open(path) as f:
+        for line in f:
+            m = line_re.match(line.rstrip("\n"))
+            if not m:
+                continue
+            ir, fn, obj = int(m.group(1).replace(",", "")), m.group(2), m.group(3) or ""
+            if fn == "PROGRAM TOTALS":
+                total = ir
+                continue
+            rows.append((ir, fn, obj))
+    if not total:
+        print("%s: no callgrind totals in %s" % (name, path))
+        return
+    print("%s: %.1fk instructions per request (%d requests)" % (name, total / n / 1e3, n))
+    if name != "gateway":
+        return
+    # The frames every event passes through say nothing; unnamed addresses
+    # inside libraries neither.
+    skip = ("(below main)", "__libc_start", "main", "gw_cmd_serve", "event_base_", "bufferevent_run_",
+            "0x")
+    shown, seen = 0, set()
+    for ir, fn, obj in rows:
+        func = fn.split(":")[-1]
+        if any(func.startswith(k) for k in skip) or fn.startswith("???:0x"):
+            continue
+        if ir < total * 0.02 or shown >= 25:
+            break
+        where = fn[len(root):] if root and fn.startswith(root) else fn
+        # callgrind_annotate lists some functions twice, by absolute and by
+        # relative source path: the first is the one to show.
+        if where in seen:
+            continue
+        seen.add(where)
+        if where.startswith("???:"):
+            where = "%s (%s)" % (where[4:], os.path.basename(obj))
+        print("  %6.1fk/req %5.1f%%  %s" % (ir / n / 1e3, 100.0 * ir / total, where))
+        shown += 1
 
 
 # ---------------------------------------------------------------------- table
@@ -248,7 +312,7 @@ def cmd_table(args):
     out.append(meta.get("command", ""))
     out.append("```")
     out.append("")
-    out.append("| request | path | req/s | p50 µs | p99 µs | proxy CPU µs/req | worker CPU µs/req | non-2xx / failed |")
+    out.append("| request | path | req/s | p50 µs | p99 µs | proxy CPU µs/req | worker CPU µs/req | non-2xx / failed / cut at end |")
     out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind, kname in KINDS:
         for letter, server in SERVERS:
@@ -257,11 +321,15 @@ def cmd_table(args):
             bad = sum(int(x or 0) for x in sel(server, kind, "non2xx"))
             failed = sum(int(x or 0) for x in sel(server, kind, "failed")) + \
                 sum(int(x or 0) for x in sel(server, kind, "errored"))
-            out.append("| %s | %s %s | %s | %s | %s | %s | %s | %d / %d |" % (
+            cut = sum(int(x or 0) for x in sel(server, kind, "cut_at_end"))
+            out.append("| %s | %s %s | %s | %s | %s | %s | %s | %d / %d / %d |" % (
                 kname, letter, server, med_range(sel(server, kind, "rps"), "%.0f"),
                 med_range(sel(server, kind, "p50_us"), "%.0f"), med_range(sel(server, kind, "p99_us"), "%.0f"),
                 med_range(sel(server, kind, "proxy_us_per_req"), "%.1f") if server != "direct" else "–",
-                med_range(sel(server, kind, "worker_us_per_req"), "%.1f"), bad, failed))
+                med_range(sel(server, kind, "worker_us_per_req"), "%.1f"), bad, failed, cut))
+    out.append("")
+    out.append("The gateway answers `GET /v1/models` itself (worker CPU 0 there): that row is its own HTTP/2 "
+               "serving against HAProxy forwarding; the completion rows go through the proxy path of both.")
     out.append("")
     out.append("| request | gateway / HAProxy req/s | added p99 µs, gateway | added p99 µs, HAProxy | "
                "added p50 µs, gateway | added p50 µs, HAProxy |")
@@ -288,14 +356,19 @@ def cmd_table(args):
     if ttft:
         out.append("")
         out.append("Streamed completion (max_tokens %d, tiny model), time to first token, %d sequential requests "
-                   "per side, direct and gateway alternating:" % (ttft["max_tokens"], ttft["samples"]))
+                   "per side, one at a time, the paths taking turns (added: over direct):" % (ttft["max_tokens"], ttft["samples"]))
         out.append("")
-        out.append("| path | TTFT p50 µs | TTFT p99 µs | errors |")
-        out.append("| --- | --- | --- | --- |")
-        for side in ("direct", "gateway"):
-            out.append("| %s | %.0f | %.0f | %d |" % (side, ttft[side]["p50_us"], ttft[side]["p99_us"],
-                                                    ttft["errors"][side]))
-        out.append("| gateway − direct | %+.0f | %+.0f | |" % (ttft["diff_p50_us"], ttft["diff_p99_us"]))
+        out.append("| path | TTFT p50 µs | TTFT p99 µs | added p50 µs | added p99 µs | errors |")
+        out.append("| --- | --- | --- | --- | --- | --- |")
+        for side in ttft["sides"]:
+            d = ttft[side]
+            added = ("%+.0f | %+.0f" % (d["added_p50_us"], d["added_p99_us"])) if side != "direct" else "– | –"
+            out.append("| %s | %.0f | %.0f | %s | %d |" % (side, d["p50_us"], d["p99_us"], added,
+                                                          ttft["errors"][side]))
+    if "cg_gateway" in meta and "cg_haproxy" in meta:
+        out.append("")
+        out.append("Instructions per completion under callgrind (%s requests at 16x10, workers native): "
+                   "gateway %s, HAProxy %s." % (meta.get("cg_n", "?"), meta["cg_gateway"], meta["cg_haproxy"]))
     print("\n".join(out))
 
 
@@ -303,7 +376,7 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
-    fn = {"ports": cmd_ports, "run": cmd_run, "ttft": cmd_ttft, "table": cmd_table}.get(cmd)
+    fn = {"ports": cmd_ports, "run": cmd_run, "ttft": cmd_ttft, "table": cmd_table, "cgtop": cmd_cgtop}.get(cmd)
     if fn is None:
         sys.exit("unknown subcommand %r\n%s" % (cmd, __doc__))
     fn(args)

@@ -11,8 +11,10 @@
 # measured: GET /v1/models and POST /v1/completions (max_tokens 1, tiny
 # model). h2load at 16 connections x 10 streams, pinned to core 0; proxies and
 # workers pinned to core 1. Points alternate A B C per repetition; medians
-# with min-max. Then a streamed completion, sequential, direct and gateway
-# alternating: time to first token (bench/bench_gateway.py ttft).
+# with min-max. Then a streamed completion (max_tokens 4), one request at a
+# time, direct, gateway and HAProxy taking turns: time to first token
+# (bench/bench_gateway.py ttft). CPU per request: utime+stime of the proxy
+# and of the worker over the measured phase, divided by the requests served.
 #
 # Note: the gateway answers GET /v1/models itself (from its config, no
 # upstream hop), so that point compares the gateway's own HTTP/2 serving with
@@ -23,12 +25,14 @@
 #   apt-get install -y haproxy nghttp2-client python3-h2
 #
 # Usage: bench/bench_gateway.sh [--infergate BIN] [--reps N] [--duration S]
-#            [--warmup S] [--ttft-samples N] [--profile]
+#            [--warmup S] [--ttft-samples N] [--callgrind]
 #   default BIN: build-bench/infergate, built if missing with
 #   cmake -B build-bench -DINFERGATE_CUDA=OFF -DCMAKE_BUILD_TYPE=Release
 #
-# --profile adds a perf record of the gateway under the completion load and
-# prints its top symbols (needs perf; diagnostic, not part of the table).
+# --callgrind adds instructions per completion of the gateway and of HAProxy
+# under valgrind's callgrind (20000 requests each, ~1 minute) and the
+# gateway's top inclusive costs, to see where its time goes (diagnostic,
+# printed on stderr, not part of the table; needs valgrind).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -36,11 +40,12 @@ ROOT=$PWD
 PY=/usr/bin/python3
 HELPER=$ROOT/bench/bench_gateway.py
 BIN=""
-REPS=3
+REPS=5
 DUR=10
 WARM=2
 TTFT_N=500
-PROFILE=0
+CALLGRIND=0
+CG_N=20000
 CONNS=16
 STREAMS=10
 MAX_SEQS=160
@@ -54,8 +59,8 @@ while [ $# -gt 0 ]; do
     --duration) DUR=$2; shift 2 ;;
     --warmup) WARM=$2; shift 2 ;;
     --ttft-samples) TTFT_N=$2; shift 2 ;;
-    --profile) PROFILE=1; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    --callgrind) CALLGRIND=1; shift ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
     esac
 done
@@ -236,21 +241,57 @@ for rep in $(seq "$REPS"); do
 done
 
 echo "time to first token: $TTFT_N sequential streamed completions per side" >&2
-taskset -c 0 $PY "$HELPER" ttft --direct "$P1" --gateway "$P2" --samples "$TTFT_N" --out "$TMP/ttft.json" >&2
+taskset -c 0 $PY "$HELPER" ttft --direct "$P1" --gateway "$P2" --haproxy "$P3" --samples "$TTFT_N" --out "$TMP/ttft.json" >&2
 
-if [ "$PROFILE" = 1 ]; then
-    if perf stat -e instructions true >/dev/null 2>&1; then
-        echo "profile: perf record of the gateway under the completion load (5 s)" >&2
-        taskset -c 0 h2load -c "$CONNS" -m "$STREAMS" -D 7 -d "$TMP/body.json" -H "content-type: application/json" \
-            "http://127.0.0.1:$P2/v1/completions" >/dev/null 2>&1 &
-        hp=$!
-        sleep 1
-        perf record -q -g -o "$TMP/perf.data" -p "$G_PID" -- sleep 5 >/dev/null 2>&1 || true
-        wait "$hp" || true
-        perf report -i "$TMP/perf.data" --no-children --sort symbol,dso --stdio 2>/dev/null |
-            grep -v '^#' | grep '%' | grep -v '^ *|' | grep -v -- '--' | head -40 >&2 || true
+CG_META=()
+if [ "$CALLGRIND" = 1 ]; then
+    # Instructions per request cannot be moved by the neighbours' load: the
+    # gateway and HAProxy each under callgrind (counters zeroed once ready,
+    # dumped after a fixed number of completions), the workers native.
+    if ! command -v valgrind >/dev/null || ! command -v callgrind_control >/dev/null; then
+        echo "callgrind: valgrind is not installed (apt-get install -y valgrind), skipped" >&2
     else
-        echo "profile: perf is not usable here, skipped" >&2
+        read -r P4 P5 <<<"$($PY "$HELPER" ports 2)"
+        sed -e "s/127.0.0.1:$P2/127.0.0.1:$P4/" -e "s|$TMP/run|$TMP/run-cg|" "$TMP/gateway.yaml" >"$TMP/gateway-cg.yaml"
+        mkdir -p "$TMP/run-cg"
+        sed -e "s/127.0.0.1:$P3 /127.0.0.1:$P5 /" "$TMP/haproxy.cfg" >"$TMP/haproxy-cg.cfg"
+        cg_one() { # NAME PORT READY-PATH CMD...
+            local name=$1 port=$2 ready=$3 vp ok=0
+            shift 3
+            taskset -c 1 valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.$name" "$@" \
+                >"$TMP/cg.$name.log" 2>&1 &
+            vp=$!
+            PIDS+=("$vp")
+            for _ in $(seq 300); do
+                if [ "$(curl -s --http2-prior-knowledge -o /dev/null -w '%{http_code}' \
+                    "http://127.0.0.1:$port$ready" || true)" = 200 ]; then
+                    ok=1
+                    break
+                fi
+                sleep 0.1
+            done
+            if [ "$ok" = 1 ]; then
+                callgrind_control -z "$vp" >/dev/null 2>&1
+                taskset -c 0 h2load -c "$CONNS" -m "$STREAMS" -n "$CG_N" -d "$TMP/body.json" \
+                    -H "content-type: application/json" "http://127.0.0.1:$port/v1/completions" |
+                    grep -E '^(requests|status codes):' >&2
+                callgrind_control -d "$vp" >/dev/null 2>&1
+            else
+                echo "callgrind: $name did not become ready" >&2
+            fi
+            kill -TERM "$vp" 2>/dev/null || true
+            wait "$vp" 2>/dev/null || true
+        }
+        echo "callgrind: $CG_N completions through each proxy" >&2
+        cg_one gateway "$P4" /readyz "$BIN" serve --config "$TMP/gateway-cg.yaml"
+        cg_one haproxy "$P5" /health haproxy -f "$TMP/haproxy-cg.cfg" -db
+        for name in gateway haproxy; do
+            [ -f "$TMP/cg.$name.1" ] || continue
+            callgrind_annotate --auto=no --inclusive=yes "$TMP/cg.$name.1" >"$TMP/cg.$name.txt" 2>/dev/null || true
+            $PY "$HELPER" cgtop "$TMP/cg.$name.txt" "$CG_N" "$name" "$ROOT" | tee "$TMP/cg.$name.top" >&2
+            CG_META+=("cg_$name=$(awk 'NR == 1 { print $2 }' "$TMP/cg.$name.top")")
+        done
+        CG_META+=("cg_n=$CG_N")
     fi
 fi
 
@@ -258,4 +299,4 @@ CPU=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 HAPV=$(haproxy -v | awk 'NR == 1 { print $3 }')
 $PY "$HELPER" table "$RESULTS" "$TMP/ttft.json" "date=$(date -u +%Y-%m-%d)" \
     "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" "nproc=$(nproc)" "cpu=$CPU" \
-    "haproxy=$HAPV" "reps=$REPS" "command=bench/bench_gateway.sh${ARGS_ORIG:+ $ARGS_ORIG}"
+    "haproxy=$HAPV" "reps=$REPS" "command=bench/bench_gateway.sh${ARGS_ORIG:+ $ARGS_ORIG}" ${CG_META[@]+"${CG_META[@]}"}

@@ -379,9 +379,14 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
     if (!responded) {
         if (retry(p))
             return;
-        if (p->stream)
-            respond(p, 502, "server_error", "upstream_failed", NULL, 1, "%s failed before answering (%s)",
-                    p->remote ? "the region" : "the worker", p->error_kind);
+        /* Routed: every region the request may use has failed it, so the
+         * service is unavailable to it for now (never a region it may not use). */
+        if (p->stream && p->route.n)
+            respond(p, 503, "server_error", "no_region_available", NULL, 1,
+                    "no region this request may use could serve it (last: %s, %s)", p->region, p->error_kind);
+        else if (p->stream)
+            respond(p, 502, "server_error", "upstream_failed", NULL, 1, "the worker failed before answering (%s)",
+                    p->error_kind);
         return;
     }
     /* Mid-response: a stream of events ends with an error event clients can

@@ -1,0 +1,331 @@
+"""Three regions on loopback, one real redis-server: each region is an
+`infergate serve` with its own CPU worker on a tiny synthetic model; the
+gateways reach each other through delay relays (tests/integration/
+delay_relay.py) so that their RTTs differ, over mutual TLS with a CA made
+here. Checks latency and cost routing, price changes, residency, gateway
+death, Redis outages and the fleet-wide rate limit."""
+import http.client
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from delay_relay import DelayRelay
+from harness import INFERGATE, Checks, free_port, gen_model, spawn, tmpdir, wait_until
+
+if not os.path.exists("/usr/bin/redis-server"):
+    print("redis-server not installed: skipping")
+    sys.exit(77)
+
+t = Checks()
+d = tmpdir()
+model = gen_model(os.path.join(d, "m.gguf"), dim=64, layers=1, heads=2, kv_heads=2, ffn=128, vocab=300, ctx=512,
+                  type="q8_0", seed=2)
+
+
+def sh(*args):
+    subprocess.run(args, check=True, capture_output=True, timeout=60)
+
+
+# --- a CA and one certificate per region (server and client use) ---
+ca_key, ca = os.path.join(d, "ca.key"), os.path.join(d, "ca.pem")
+sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+   "-subj", "/CN=infergate test CA", "-keyout", ca_key, "-out", ca)
+ext = os.path.join(d, "ext.cnf")
+open(ext, "w").write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+
+
+def region_cert(name):
+    key, csr, crt = (os.path.join(d, name + s) for s in (".key", ".csr", ".pem"))
+    sh("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
+       "/CN=" + name, "-keyout", key, "-out", csr)
+    sh("openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
+       "-extfile", ext, "-out", crt)
+    return crt, key
+
+
+# --- redis ---
+redis_port = free_port()
+redis_args = ["/usr/bin/redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+              "--appendonly", "no"]
+redis = spawn(redis_args, os.path.join(d, "redis.log"))
+
+
+def redis_up():
+    r = subprocess.run(["redis-cli", "-p", str(redis_port), "ping"], capture_output=True, text=True, timeout=5)
+    return r.stdout.strip() == "PONG"
+
+
+wait_until(redis_up, 20, "redis-server")
+
+# --- three regions ---
+names = ["eu1", "us1", "ap1"]
+tags = {"eu1": ["eu"], "us1": ["us"], "ap1": ["us", "ap"]}
+prices = {"eu1": (3.0, 3.0), "us1": (1.0, 1.0), "ap1": (2.0, 2.0)}
+# one-way delays between pairs (ms): RTTs of about 8, 30 and 80 ms
+delay = {("eu1", "ap1"): 4, ("eu1", "us1"): 15, ("us1", "ap1"): 40}
+port = {n: free_port() for n in names}
+peer_port = {n: free_port() for n in names}
+relays = {}
+for (a, b), ms in delay.items():
+    relays[(a, b)] = DelayRelay(peer_port[b], ms)
+    relays[(b, a)] = DelayRelay(peer_port[a], ms)
+
+keys = {"open": "k-open", "usonly": "k-us", "euonly": "k-eu", "cheap": "k-cheap", "limited": "k-limited",
+        "ops": "k-ops"}
+
+
+def key_hash(k):
+    out = subprocess.run([INFERGATE, "key", "hash", k], capture_output=True, text=True, check=True).stdout
+    return re.search(r"[0-9a-f]{64}", out).group(0)
+
+
+hashes = {t_: key_hash(k) for t_, k in keys.items()}
+certs = {n: region_cert(n) for n in names}
+
+
+def config(n):
+    peers = "\n".join('  - {name: %s, endpoint: "tls:127.0.0.1:%d"}' % (m, relays[(n, m)].port)
+                      for m in names if m != n)
+    crt, key = certs[n]
+    return """
+listen:
+  - address: "127.0.0.1:%(port)d"
+  - address: "127.0.0.1:%(peer)d"
+    tls: {cert: "%(crt)s", key: "%(key)s", client_ca: "%(ca)s"}
+workers:
+  - model: "%(model)s"
+    name: m
+    threads: 1
+    max_seqs: 2
+    max_queue: 64
+region:
+  name: %(name)s
+  endpoint: "tls:127.0.0.1:%(peer)d"
+  tags: [%(tags)s]
+  price: {input: %(pin)s, output: %(pout)s}
+cluster: t%(redis)d
+redis: {address: "127.0.0.1:%(redis)d"}
+routing:
+  policy: latency
+  slo_ms: 500
+  heartbeat_ms: 200
+  stale_after_ms: 1000
+  ping_interval_ms: 100
+  eject_after: 2
+  eject_base_ms: 3000
+  retry_budget: 0.5
+peers:
+%(peers)s
+peer_tls: {ca: "%(ca)s", cert: "%(crt)s", key: "%(key)s"}
+tenants:
+  - {name: open, keys: ["%(h_open)s"]}
+  - {name: usonly, keys: ["%(h_us)s"], residency: [us]}
+  - {name: euonly, keys: ["%(h_eu)s"], residency: [eu]}
+  - {name: cheap, keys: ["%(h_cheap)s"], policy: cost, slo_ms: 400}
+  - {name: limited, keys: ["%(h_lim)s"], rps: 5}
+  - {name: ops, keys: ["%(h_ops)s"], admin: true}
+logging: {access_log: "%(log)s"}
+drain_grace_s: 5
+runtime_dir: "%(run)s"
+""" % dict(port=port[n], peer=peer_port[n], crt=crt, key=key, ca=ca, model=model, name=n,
+           tags=", ".join(tags[n]), pin=prices[n][0], pout=prices[n][1], redis=redis_port, peers=peers,
+           h_open=hashes["open"], h_us=hashes["usonly"], h_eu=hashes["euonly"], h_cheap=hashes["cheap"],
+           h_lim=hashes["limited"], h_ops=hashes["ops"], log=os.path.join(d, n + ".access.log"),
+           run=os.path.join(d, "run-" + n))
+
+
+gws = {}
+for n in names:
+    cfg = os.path.join(d, n + ".yaml")
+    open(cfg, "w").write(config(n))
+    gws[n] = spawn([INFERGATE, "serve", "--config", cfg], os.path.join(d, n + ".log"))
+
+
+def request(n, tenant, path="/v1/completions", body=None, headers=None, timeout=30):
+    """One request entering region n: (status, response headers, body)."""
+    c = http.client.HTTPConnection("127.0.0.1", port[n], timeout=timeout)
+    h = {"authorization": "Bearer " + keys[tenant], "content-type": "application/json"}
+    h.update(headers or {})
+    try:
+        if body is None and path.startswith("/v1/completions"):
+            body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 2, "temperature": 0}
+        c.request("POST" if body is not None else "GET", path, json.dumps(body) if body is not None else None, h)
+        r = c.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    except OSError as e:
+        return 0, {}, str(e).encode()
+    finally:
+        c.close()
+
+
+def served_by(n, tenant, **kw):
+    s, h, _ = request(n, tenant, **kw)
+    return h.get("x-infergate-region") if s == 200 else "status-%d" % s
+
+
+def table(n):
+    s, _, b = request(n, "ops", path="/v1/regions")
+    return {r["name"]: r for r in json.loads(b)["regions"]} if s == 200 else {}
+
+
+def all_fresh():
+    for n in names:
+        tb = table(n)
+        if len(tb) != 3 or any(r["stale"] or not r["healthy"] for r in tb.values()):
+            return False
+        if any(not r["local"] and r["rtt_ms"] is None for r in tb.values()):
+            return False
+    return True
+
+
+try:
+    wait_until(all_fresh, 90, "three regions see each other, healthy, with RTTs")
+except AssertionError:
+    for n in names:
+        print(n, json.dumps(table(n), indent=1)[:3000])
+        print(open(os.path.join(d, n + ".log")).read()[-3000:])
+    raise
+t.ok(True, "three gateways share their records through Redis and measure RTTs to each other")
+rtt = {n: {m: r["rtt_ms"] for m, r in table(n).items() if not r["local"]} for n in names}
+print("# RTT ms as each gateway sees it:", rtt)
+t.ok(rtt["eu1"]["ap1"] < rtt["eu1"]["us1"] < rtt["us1"]["ap1"], "RTTs follow the relay delays")
+
+# --- latency policy: entering eu1, a us-only tenant goes to the nearer us region ---
+got = [served_by("eu1", "usonly") for _ in range(10)]
+t.ok(got == ["ap1"] * 10, "latency: us-only requests entering eu1 go to ap1, the nearest us region (%s)" % got)
+s, h, _ = request("eu1", "usonly")
+t.ok(h.get("x-infergate-route", "").startswith("latency"), "x-infergate-route gives the reason: %s"
+     % h.get("x-infergate-route"))
+t.ok(served_by("us1", "open") == "us1", "the local region is chosen when it is the nearest")
+
+# the eu1 -> ap1 link slows down: requests move to us1
+relays[("eu1", "ap1")].set_delay(60)
+relays[("ap1", "eu1")].set_delay(60)
+moved = wait_until(lambda: served_by("eu1", "usonly") == "us1", 20, "requests move off the slower link")
+t.ok(moved, "a delay change moves requests to the now-nearer region")
+relays[("eu1", "ap1")].set_delay(4)
+relays[("ap1", "eu1")].set_delay(4)
+wait_until(lambda: served_by("eu1", "usonly") == "ap1", 20, "requests come back to ap1")
+
+# ap1's queue grows: requests move to us1
+def long_stream(n):
+    body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    return subprocess.Popen(["curl", "-sS", "--max-time", "120", "-H", "authorization: Bearer " + keys["open"],
+                             "-H", "content-type: application/json", "--data-binary", json.dumps(body),
+                             "http://127.0.0.1:%d/v1/completions" % port[n]], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+load = [long_stream("ap1") for _ in range(8)]
+moved = wait_until(lambda: served_by("eu1", "usonly") == "us1", 20, "requests move off the loaded region")
+t.ok(moved, "a growing queue at ap1 moves requests to us1: %s" % {k: (v["running"], v["queued"])
+                                                                 for k, v in table("eu1").items()})
+for p in load:
+    p.kill()
+    p.wait()
+wait_until(lambda: served_by("eu1", "usonly") == "ap1", 30, "ap1 back once its queue drains")
+
+# --- cost policy: the cheapest region within the SLO, following a price change ---
+got = {served_by(n, "cheap") for n in names}
+t.ok(got == {"us1"}, "cost: every region sends the cost tenant to us1, the cheapest (%s)" % got)
+t0 = time.monotonic()
+r = subprocess.run([INFERGATE, "region", "set-price", "us1", "--input", "9", "--output", "9", "--redis",
+                    "127.0.0.1:%d" % redis_port, "--cluster", "t%d" % redis_port], capture_output=True, text=True)
+t.ok(r.returncode == 0, "infergate region set-price: %s" % (r.stdout + r.stderr).strip())
+switched = wait_until(lambda: all(served_by(n, "cheap") == "ap1" for n in names), 5, "price change seen")
+price_s = time.monotonic() - t0
+t.ok(switched and price_s < 1.0, "every gateway follows the price change within a second (%.2f s)" % price_s)
+
+# --- residency: an eu-pinned tenant is only ever served in eu ---
+rng = random.Random(7)
+seen = {}
+for _ in range(300):
+    n = rng.choice(names)
+    hdrs = {"x-infergate-residency": "eu"} if rng.random() < 0.3 else None
+    where = served_by(n, "euonly", headers=hdrs)
+    seen[where] = seen.get(where, 0) + 1
+t.ok(set(seen) == {"eu1"}, "300 random eu-tenant requests entering every region were all served in eu1: %s" % seen)
+relays[("us1", "eu1")].set_delay(150)
+relays[("eu1", "us1")].set_delay(150)
+time.sleep(1.5)
+t.ok(all(served_by("us1", "euonly") == "eu1" for _ in range(10)), "even when eu1 is the slowest, eu stays in eu1")
+t.ok(served_by("us1", "usonly", headers={"x-infergate-residency": "eu"}) in ("status-503", "status-404"),
+     "a request narrowed to eu by its tenant us-only has nowhere to go: clean error")
+
+# --- fleet-wide rate limit: 5 rps shared by eu1 and us1 ---
+time.sleep(1.2)
+codes = [request(["eu1", "us1"][i % 2], "limited", body={"model": "m", "prompt": [1], "max_tokens": 1})[0]
+         for i in range(20)]
+allowed = codes.count(200)
+t.ok(4 <= allowed <= 7 and codes.count(429) == 20 - allowed,
+     "shared limit: %d of 20 requests across two gateways allowed at 5 rps (local buckets would allow 10)" % allowed)
+
+# --- Redis away: zero failed requests, stale marked; back: resync ---
+redis.terminate()
+redis.wait(10)
+fails = 0
+t_end = time.monotonic() + 4
+while time.monotonic() < t_end:
+    for n in names:
+        s, _, _ = request(n, "usonly")
+        fails += s != 200
+tb = table("eu1")
+s, _, b = request("eu1", "ops", path="/v1/regions")
+body = json.loads(b)
+t.ok(fails == 0, "Redis stopped for 4 s: zero failed requests")
+t.ok(not body["redis_connected"] and any(r["stale"] for r in tb.values() if not r["local"]),
+     "/v1/regions says Redis is away and the records are stale")
+redis = spawn(redis_args, os.path.join(d, "redis2.log"))
+wait_until(redis_up, 20, "redis-server back")
+wait_until(all_fresh, 20, "state resynced after Redis returned")
+t.ok(True, "Redis back: every gateway republished and resynced")
+
+# --- a region's gateway dies: within a second nothing goes there, nothing fails ---
+results = []
+kill_at = [None]
+
+
+def hammer(duration):
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        s, h, _ = request("eu1", "usonly")
+        results.append((time.monotonic(), s, h.get("x-infergate-region")))
+
+
+import threading
+
+th = threading.Thread(target=hammer, args=(4,))
+th.start()
+time.sleep(1.0)
+kill_at[0] = time.monotonic()
+gws["ap1"].kill()
+th.join()
+failed = [r for r in results if r[1] != 200]
+to_ap1 = [r[0] - kill_at[0] for r in results if r[0] > kill_at[0] and r[2] == "ap1"]
+failover = max(to_ap1) if to_ap1 else 0.0
+t.ok(not failed, "SIGKILL of ap1's gateway: no request failed (%d requests, %d failed)" % (len(results), len(failed)))
+t.ok(failover < 1.0, "no request served by ap1 later than %.3f s after the kill" % failover)
+first_us1 = min((r[0] - kill_at[0] for r in results if r[0] > kill_at[0] and r[2] == "us1"), default=None)
+print("# failover: first request served by us1 %.3f s after the kill" % (first_us1 or -1))
+t.ok(first_us1 is not None, "requests fail over to us1")
+
+# --- the eu region down: the eu tenant gets a clean 503, never a foreign region ---
+gws["eu1"].kill()
+wait_until(lambda: served_by("us1", "euonly") not in ("eu1",), 10, "eu1 gone")
+got = [served_by("us1", "euonly") for _ in range(10)]
+t.ok(all(g_ == "status-503" for g_ in got), "eu1 down: the eu tenant gets 503, not another region (%s)" % got)
+
+for n in names:
+    if gws[n].poll() is None:
+        gws[n].terminate()
+        gws[n].wait(20)
+for r_ in relays.values():
+    r_.close()
+t.finish()
