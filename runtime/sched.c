@@ -18,6 +18,7 @@
 #define MAX_STOPS 16
 #define EWMA_ALPHA 0.1
 #define IDLE_WAIT_MS 200
+#define PREFILL_MIN 16 /* prompt tokens per step at least, while others decode */
 
 typedef struct sreq sreq;
 struct sreq {
@@ -360,12 +361,32 @@ static void preempt_youngest(rt_sched *s)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Prompt tokens a step may carry besides its decodes. While sequences are
+ * decoding, prefill is spread over the steps — a little more than one
+ * prompt token per decoding sequence, so that prompts (which in chat
+ * traffic are about as long as answers) keep up — instead of arriving as one
+ * big chunk that stalls every stream for a step many times longer than the
+ * others. With nothing decoding, a prompt takes the whole budget. */
+static int prefill_budget(const rt_sched *s, int n_dec)
+{
+    int all = s->o.max_batch_tokens - n_dec;
+    if (n_dec == 0)
+        return all;
+    int b = n_dec + n_dec / 2;
+    if (b < PREFILL_MIN)
+        b = PREFILL_MIN;
+    return b < all ? b : all;
+}
+
 /* Fills s->batch: every decoding sequence's one token, then prompt chunks
  * in admission order within the budget. Returns the entry count. */
 static int build_batch(rt_sched *s)
 {
     for (;;) {
-        int budget = s->o.max_batch_tokens, n = 0, blocks = 0;
+        int n_dec = 0;
+        for (int i = 0; i < s->n_running; i++)
+            n_dec += s->running[i]->n_done > 0 && s->running[i]->n_tokens - s->running[i]->n_done == 1;
+        int budget = prefill_budget(s, n_dec) + n_dec, n = 0, blocks = 0;
         for (int pass = 0; pass < 2; pass++) {
             for (int i = 0; i < s->n_running; i++) {
                 sreq *r = s->running[i];
