@@ -66,7 +66,9 @@ static void local_record(gw_serve *g, route_record *r)
         ready++;
         r->running += w->running;
         r->queued += w->queued;
-        ttft += w->ttft_ewma_ms;
+        /* The queue is counted apart (running, queued): the time estimate
+         * must not count it again, nor keep the wait of a queue long gone. */
+        ttft += w->prefill_ewma_ms;
         tpot += w->tpot_ewma_ms;
     }
     r->ttft_ms = ready ? ttft / ready : 0;

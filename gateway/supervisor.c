@@ -220,6 +220,7 @@ static void stats_done(sworker *w)
     i->kv_blocks_total = (int)json_integer_value(json_object_get(o, "kv_blocks_total"));
     i->ttft_ewma_ms = json_number_value(json_object_get(o, "ttft_ewma_ms"));
     i->tpot_ewma_ms = json_number_value(json_object_get(o, "tpot_ewma_ms"));
+    i->prefill_ewma_ms = json_number_value(json_object_get(o, "prefill_ewma_ms"));
     i->tokens_per_s = json_number_value(json_object_get(o, "tokens_per_s"));
     json_decref(o);
     if (!i->ready)

@@ -25,6 +25,7 @@ typedef struct gw_worker_info {
     int restarts;
     int queued, running, max_seqs, kv_blocks_free, kv_blocks_total;
     double ttft_ewma_ms, tpot_ewma_ms, tokens_per_s;
+    double prefill_ewma_ms; /* admission to first token: service time without queueing */
 } gw_worker_info;
 
 /* exe: the infergate binary to run as `exe worker ...`. NULL, err filled,

@@ -435,12 +435,13 @@ static void handle_stats(worker *w, gw_http_stream *s)
     rt_sched_get_stats(w->sched, &st);
     rt_device_info dev;
     rt_model_device_info(w->model, &dev);
-    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:I, s:I, s:I, s:s, s:s, s:s, "
-                          "s:i}",
+    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:s, s:s, "
+                          "s:s, s:i}",
                           "queued", st.queued, "running", st.running, "kv_blocks_free", st.kv_blocks_free,
                           "kv_blocks_total", st.kv_blocks_total, "kv_block_tokens", st.kv_block_tokens, "max_seqs",
                           st.max_seqs, "max_queue", st.max_queue, "max_batch_tokens", st.max_batch_tokens,
-                          "ttft_ewma_ms", st.ttft_ewma_ms, "tpot_ewma_ms", st.tpot_ewma_ms, "tokens_per_s",
+                          "ttft_ewma_ms", st.ttft_ewma_ms, "prefill_ewma_ms", st.prefill_ewma_ms,
+                          "tpot_ewma_ms", st.tpot_ewma_ms, "tokens_per_s",
                           st.tokens_per_s, "requests_done", (json_int_t)st.requests_done, "tokens_generated",
                           (json_int_t)st.tokens_generated, "preemptions", (json_int_t)st.preemptions, "device",
                           dev.kind, "model", w->model_name, "backend", rt_model_backend_name(w->model), "threads",

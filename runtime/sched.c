@@ -35,7 +35,7 @@ struct sreq {
     rt_priority prio;
     int64_t deadline_ms;
     rt_seq *seq;
-    double t_submit, t_last;
+    double t_submit, t_admit, t_last;
 };
 
 typedef struct queue {
@@ -335,6 +335,7 @@ static void admit(rt_sched *s)
         q_pop(q);
         r->started = true;
         r->n_done = 0;
+        r->t_admit = now_s();
         s->running[s->n_running++] = r;
         admitted++;
     }
@@ -422,8 +423,10 @@ static void update_stats_token(rt_sched *s, sreq *r, double now)
     pthread_mutex_lock(&s->mu);
     rt_sched_stats *st = &s->stats;
     if (r->n_gen == 1) {
-        double ttft = (now - r->t_submit) * 1e3;
+        double ttft = (now - r->t_submit) * 1e3, prefill = (now - r->t_admit) * 1e3;
         st->ttft_ewma_ms = st->ttft_ewma_ms ? st->ttft_ewma_ms + EWMA_ALPHA * (ttft - st->ttft_ewma_ms) : ttft;
+        st->prefill_ewma_ms =
+            st->prefill_ewma_ms ? st->prefill_ewma_ms + EWMA_ALPHA * (prefill - st->prefill_ewma_ms) : prefill;
     } else {
         double tpot = (now - r->t_last) * 1e3;
         st->tpot_ewma_ms = st->tpot_ewma_ms ? st->tpot_ewma_ms + EWMA_ALPHA * (tpot - st->tpot_ewma_ms) : tpot;

@@ -95,7 +95,8 @@ typedef struct rt_sched_stats {
     int queued, running;
     int kv_blocks_free, kv_blocks_total, kv_block_tokens;
     int max_seqs, max_queue, max_batch_tokens;
-    double ttft_ewma_ms; /* submit to first token */
+    double ttft_ewma_ms;    /* submit to first token: what clients feel, queueing included */
+    double prefill_ewma_ms; /* admission to first token: the service time, for routing estimates */
     double tpot_ewma_ms; /* time per output token after the first */
     double tokens_per_s; /* generated tokens per second over the last few seconds */
     uint64_t requests_done, tokens_generated, preemptions, steps;

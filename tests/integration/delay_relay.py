@@ -82,6 +82,12 @@ class DelayRelay:
         except OSError:
             writer.close()
             return
+        # No Nagle: small frames (PINGs) must not wait for ACKs, or the
+        # relay adds tens of milliseconds of its own.
+        for w in (writer, up_writer):
+            s = w.get_extra_info("socket")
+            if s is not None:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._writers.update((writer, up_writer))
         await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
         self._writers.difference_update((writer, up_writer))
