@@ -1,0 +1,41 @@
+"""`infergate serve` with no config: a synthetic demo model written to the
+cache on first run, one CPU worker, no key, loopback only, and a startup
+message that says the weights are random and prints a curl command."""
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import INFERGATE, Checks, curl, free_port, spawn, tmpdir, wait_until
+
+t = Checks()
+d = tmpdir()
+env = dict(os.environ, INFERGATE_CACHE_DIR=os.path.join(d, "cache"))
+port = free_port()
+log = os.path.join(d, "serve.log")
+g = spawn([INFERGATE, "serve", "--listen", "127.0.0.1:%d" % port], log, env=env)
+url = "http://127.0.0.1:%d" % port
+wait_until(lambda: curl(url + "/readyz", http="--http1.1", timeout=2)[0] == 200 or g.poll() is not None, 120,
+           "default gateway ready")
+text = open(log).read()
+t.ok(g.poll() is None, "serve starts with no config")
+t.ok(os.path.exists(os.path.join(d, "cache", "demo.gguf")), "the demo model was written to the cache directory")
+t.ok("RANDOM" in text and "gibberish" in text and "--config" in text,
+     "the startup message says the weights are random and how to serve a real model")
+m = re.search(r"curl (\S+)/v1/chat/completions .*-d '(.*)'", text)
+t.ok(m is not None and "no API key is needed" in text, "a ready-to-paste curl command, and no key needed")
+s, _, b = curl(url + "/v1/chat/completions", http="--http1.1", data=json.loads(m.group(2)) if m else {})
+t.ok(s == 200 and json.loads(b)["object"] == "chat.completion", "the pasted request gets a chat completion")
+s, _, b = curl(url + "/v1/models", http="--http1.1")
+t.ok(s == 200 and json.loads(b)["data"][0]["id"] == "demo", "/v1/models lists the demo model")
+g.terminate()
+t.ok(g.wait(timeout=60) == 0, "SIGTERM stops it cleanly")
+# A second start finds the model in the cache.
+g = spawn([INFERGATE, "serve", "--listen", "127.0.0.1:%d" % port], log + "2", env=env)
+wait_until(lambda: curl(url + "/readyz", http="--http1.1", timeout=2)[0] == 200 or g.poll() is not None, 60,
+           "second start ready")
+t.ok("first run" not in open(log + "2").read(), "the second start reuses the cached demo model")
+g.terminate()
+g.wait(timeout=60)
+t.finish()
