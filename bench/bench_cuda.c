@@ -12,6 +12,7 @@
  * cycle through enough copies of the weights to overflow the L2 cache, so
  * every byte really comes from device memory. Models are generated into DIR
  * (default /tmp/infergate-bench) once. */
+#include "bench/bench_util.h"
 #include "kernels/kn.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
@@ -23,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #ifndef INFERGATE_HAVE_CUDA
 int main(void)
@@ -37,25 +37,6 @@ int main(void)
 #define ROTATE_BYTES ((size_t)512 << 20) /* weight copies cycled through: 10x an H100's L2 */
 
 static kn_cuda *kc;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void die(const char *what, int rc)
 {
@@ -72,14 +53,6 @@ static void die(const char *what, int rc)
 
 static uint64_t rng = 88172645463325252ull;
 
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
-
 /* ---- device copy bandwidth ---- */
 
 /* Bytes read plus bytes written per second by a device-to-device copy (as
@@ -95,15 +68,15 @@ static double copy_bandwidth(int reps)
     CK(kn_cuda_sync(kc));
     double v[MAX_REPS];
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         for (int i = 0; i < 5; i++)
             CK(kn_cuda_copy_d2d(kc, i % 2 ? a : b, i % 2 ? b : a, n));
         CK(kn_cuda_sync(kc));
-        v[r] = 5.0 * 2.0 * (double)n / (now_s() - t0);
+        v[r] = 5.0 * 2.0 * (double)n / (bench_now() - t0);
     }
     kn_cuda_release(kc, a);
     kn_cuda_release(kc, b);
-    return median(v, reps);
+    return bench_median(v, reps);
 }
 
 /* ---- matrices ---- */
@@ -123,7 +96,7 @@ static void mat_make(mat *m, kn_type type, int n_out, int n_in, size_t rotate_by
         die("malloc", -12);
     for (int o = 0; o < n_out; o++) {
         for (int i = 0; i < n_in; i++)
-            row[i] = frand() * 0.02f;
+            row[i] = bench_frand(&rng) * 0.02f;
         kn_quantize_row(type, row, host + (size_t)o * rb, n_in);
     }
     const uint64_t bytes = kn_cuda_weight_bytes(type, n_out, n_in);
@@ -164,13 +137,13 @@ static double time_matmul(mat *m, const float *d_x, const void *d_xq, int n_rows
     CK(kn_cuda_sync(kc));
     double v[MAX_REPS];
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         CK(kn_cuda_graph_launch(kc, g));
         CK(kn_cuda_sync(kc));
-        v[r] = (now_s() - t0) / iters;
+        v[r] = (bench_now() - t0) / iters;
     }
     kn_cuda_graph_free(g);
-    return median(v, reps);
+    return bench_median(v, reps);
 }
 
 static void bench_kernels(double copy_bw, int reps)
@@ -182,7 +155,7 @@ static void bench_kernels(double copy_bw, int reps)
     const int max_in = 14336;
     float *x = malloc((size_t)PREFILL_ROWS * max_in * sizeof(float));
     for (size_t i = 0; i < (size_t)PREFILL_ROWS * max_in; i++)
-        x[i] = frand();
+        x[i] = bench_frand(&rng);
     void *d_x, *d_xq, *d_y;
     CK(kn_cuda_alloc(kc, (size_t)PREFILL_ROWS * max_in * sizeof(float), &d_x));
     CK(kn_cuda_upload(kc, d_x, x, (size_t)PREFILL_ROWS * max_in * sizeof(float)));
@@ -264,7 +237,7 @@ static double decode_tps(rt_model *m, int batch, int n_prompt, int n_decode)
     double t0 = 0;
     for (int step = -2; step < n_decode; step++) { /* two untimed steps: graphs recorded */
         if (step == 0)
-            t0 = now_s();
+            t0 = bench_now();
         for (int b = 0; b < batch; b++)
             e[b] = (rt_batch_entry){.seq = seqs[b],
                                     .tokens = &toks[(step + 2 + b) % n_prompt],
@@ -273,7 +246,7 @@ static double decode_tps(rt_model *m, int batch, int n_prompt, int n_decode)
         if (rt_model_forward(m, e, batch))
             die("decode step", -1);
     }
-    double tps = (double)batch * n_decode / (now_s() - t0);
+    double tps = (double)batch * n_decode / (bench_now() - t0);
     for (int b = 0; b < batch; b++)
         rt_seq_free(seqs[b]);
     rt_kv_free(kv);
@@ -328,7 +301,7 @@ static void bench_model(const char *dir, double copy_bw, int reps)
             b32[r] = decode_tps(m, 32, 128, 128);
         }
         double bytes = (double)rt_model_bytes_per_token(m), bound = copy_bw / bytes;
-        double d1 = median(b1, reps), d32 = median(b32, reps);
+        double d1 = bench_median(b1, reps), d32 = bench_median(b32, reps);
         printf("| %s | %.0f | %.0f | %.0f | %.0f%% | %.0f |\n", kn_type_name(types[t]), bytes / 1e6, d1,
                bound, 100.0 * d1 / bound, d32);
         fflush(stdout);

@@ -25,20 +25,6 @@
 static const int shapes[N_SHAPES][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}}; /* n_out, n_in */
 static const kn_type types[N_TYPES] = {KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(const double *v, int n)
-{
-    double t[MAX_REPS];
-    memcpy(t, v, (size_t)n * sizeof(double));
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
-
 static double best(const double *v, int n)
 {
     double b = 0;
@@ -48,38 +34,6 @@ static double best(const double *v, int n)
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static float frand(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-/* ---- bandwidth: each thread sums its own slice of one big buffer ---------- */
-
-static double bw_pass(const uint8_t *buf, size_t bytes, int n_threads)
-{
-    pthread_barrier_t start;
-    membw_slice s[2];
-    pthread_t th[2];
-    size_t slice = bytes / (size_t)n_threads / 128 * 128;
-    pthread_barrier_init(&start, NULL, (unsigned)n_threads);
-    for (int t = 0; t < n_threads; t++) {
-        s[t] = (membw_slice){.p = buf + (size_t)t * slice, .n = slice, .start = &start};
-        if (t > 0)
-            pthread_create(&th[t], NULL, membw_thread, &s[t]);
-    }
-    membw_thread(&s[0]);
-    double worst = s[0].seconds;
-    for (int t = 1; t < n_threads; t++) {
-        pthread_join(th[t], NULL);
-        worst = s[t].seconds > worst ? s[t].seconds : worst;
-    }
-    pthread_barrier_destroy(&start);
-    return (double)(slice * (size_t)n_threads) / worst;
-}
 
 /* ---- pool of weights ------------------------------------------------------
  * Filled by tiling a few hundred random rows' worth of valid blocks, so every
@@ -92,7 +46,7 @@ static void fill_pool(uint8_t *pool, size_t bytes, kn_type type)
     uint8_t *t = malloc(tile);
     for (size_t r = 0; r < 64; r++) {
         for (int i = 0; i < n; i++)
-            x[i] = frand();
+            x[i] = bench_frand(&rng_state);
         kn_quantize_row(type, x, t + r * kn_row_bytes(type, n), n);
     }
     for (size_t off = 0; off < bytes; off += tile)
@@ -104,10 +58,10 @@ static void fill_pool(uint8_t *pool, size_t bytes, kn_type type)
 static double time_matvec(kn_ctx *ctx, const uint8_t *pool, size_t mat_bytes, int n_mats, kn_type type,
                           int n_out, int n_in, const float *x, float *y)
 {
-    double t0 = membw_now();
+    double t0 = bench_now();
     for (int m = 0; m < n_mats; m++)
         kn_matmul(ctx, pool + (size_t)m * mat_bytes, type, n_out, n_in, x, 1, y);
-    return membw_now() - t0;
+    return bench_now() - t0;
 }
 
 /* Calls repeated until at least `min_s` seconds have passed; seconds per call. */
@@ -115,11 +69,11 @@ static double time_repeat(kn_ctx *ctx, const uint8_t *w, kn_type type, int n_out
                           int n_rows, float *y, double min_s)
 {
     int calls = 0;
-    double t0 = membw_now(), t;
+    double t0 = bench_now(), t;
     do {
         kn_matmul(ctx, w, type, n_out, n_in, x, n_rows, y);
         calls++;
-        t = membw_now() - t0;
+        t = bench_now() - t0;
     } while (t < min_s || calls < 3);
     return t / calls;
 }
@@ -157,14 +111,14 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int i = 0; i < MM_ROWS * 2048; i++)
-        x[i] = frand();
+        x[i] = bench_frand(&rng_state);
 
     /* (a) bandwidth */
     memset(pool, 1, pool_bytes);
     double bw[2][MAX_REPS];
     for (int r = 0; r < reps; r++)
         for (int t = 0; t < 2; t++)
-            bw[t][r] = bw_pass(pool, pool_bytes, t + 1);
+            bw[t][r] = membw_pass(pool, pool_bytes, t + 1);
 
     /* (b) per type: cold matvec, hot matvec, matmul at 64 rows */
     double cold[N_TYPES][N_SHAPES][2][MAX_REPS], hot[N_TYPES][N_SHAPES][2][MAX_REPS],
@@ -199,8 +153,8 @@ int main(int argc, char **argv)
     printf("## kernels (%s backend, median of %d runs; bandwidth: %zu MiB buffer)\n\n",
            kn_ctx_ops(ctx[0])->name, reps, pool_mib);
     printf("| measure | 1 thread | 2 threads |\n|---|---|---|\n");
-    printf("| memory read bandwidth, median GB/s | %.2f | %.2f |\n", median(bw[0], reps) / 1e9,
-           median(bw[1], reps) / 1e9);
+    printf("| memory read bandwidth, median GB/s | %.2f | %.2f |\n", bench_median(bw[0], reps) / 1e9,
+           bench_median(bw[1], reps) / 1e9);
     printf("| memory read bandwidth, best GB/s | %.2f | %.2f |\n\n", best(bw[0], reps) / 1e9,
            best(bw[1], reps) / 1e9);
     printf(
@@ -210,10 +164,10 @@ int main(int argc, char **argv)
         for (int si = 0; si < N_SHAPES; si++)
             for (int t = 0; t < 2; t++)
                 printf("| %s | %dx%d | %d | %.2f | %.2f | %.1f |\n", kn_type_name(types[ti]), shapes[si][0],
-                       shapes[si][1], t + 1, median(cold[ti][si][t], reps) / 1e9,
-                       median(hot[ti][si][t], reps) / 1e9, median(mm[ti][si][t], reps) / 1e9);
-    printf("| q8_0 (ref backend) | 2048x768 | 1 | - | %.2f | %.1f |\n", median(ref_mv, reps) / 1e9,
-           median(ref_mm, reps) / 1e9);
+                       shapes[si][1], t + 1, bench_median(cold[ti][si][t], reps) / 1e9,
+                       bench_median(hot[ti][si][t], reps) / 1e9, bench_median(mm[ti][si][t], reps) / 1e9);
+    printf("| q8_0 (ref backend) | 2048x768 | 1 | - | %.2f | %.1f |\n", bench_median(ref_mv, reps) / 1e9,
+           bench_median(ref_mm, reps) / 1e9);
 
     kn_ctx_free(ref);
     kn_ctx_free(ctx[1]);

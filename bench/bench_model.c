@@ -7,6 +7,7 @@
  *                --vocab 32000] [--prompt 128] [--decode 64] [--reps 3]
  *
  * Models are generated into DIR (default /tmp/infergate-bench) once. */
+#include "bench/bench_util.h"
 #include "bench/membw.h"
 #include "kernels/kn.h"
 #include "runtime/model.h"
@@ -19,18 +20,6 @@
 #include <sys/stat.h>
 
 #define MAX_REPS 15
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* One prefill of n_prompt tokens then n_decode greedy-free decode steps
  * (the token fed back is fixed: sampling is not what is measured). */
@@ -49,13 +38,13 @@ static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tp
     }
     for (int i = 0; i < n_prompt; i++)
         toks[i] = 3 + (i * 7919) % (hp->n_vocab - 3);
-    double t0 = membw_now();
+    double t0 = bench_now();
     rt_batch_entry e = {.seq = s, .tokens = toks, .n_tokens = n_prompt, .logits = logits};
     if (rt_model_forward(m, &e, 1)) {
         fprintf(stderr, "bench_model: prefill failed\n");
         exit(1);
     }
-    double t1 = membw_now();
+    double t1 = bench_now();
     for (int i = 0; i < n_decode; i++) {
         e = (rt_batch_entry){.seq = s, .tokens = &toks[i % n_prompt], .n_tokens = 1, .logits = logits};
         if (rt_model_forward(m, &e, 1)) {
@@ -63,7 +52,7 @@ static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tp
             exit(1);
         }
     }
-    double t2 = membw_now();
+    double t2 = bench_now();
     *prefill_tps = n_prompt / (t1 - t0);
     *decode_tps = n_decode / (t2 - t1);
     free(logits);
@@ -154,7 +143,7 @@ int main(int argc, char **argv)
 
     double bw_med[N_THREADS];
     for (int th = 0; th < N_THREADS; th++)
-        bw_med[th] = median(bw[th], reps);
+        bw_med[th] = bench_median(bw[th], reps);
     printf("memory read bandwidth: 1 thread %.2f GB/s, 2 threads %.2f GB/s (median of %d)\n\n", bw_med[0] / 1e9,
            bw_med[1] / 1e9, reps);
     printf("model: dim %d, %d layers, %d heads, ffn %d, vocab %d; prompt %d tokens, decode %d tokens, %d reps\n\n",
@@ -165,7 +154,7 @@ int main(int argc, char **argv)
     for (int t = 0; t < N_TYPES; t++) {
         double bytes = (double)rt_model_bytes_per_token(models[t][0]);
         for (int th = 0; th < N_THREADS; th++) {
-            double p = median(pre[t][th], reps), d = median(dec[t][th], reps);
+            double p = bench_median(pre[t][th], reps), d = bench_median(dec[t][th], reps);
             double bound = bw_med[N_THREADS - 1] / bytes;
             printf("| %s | %.1f | %d | %.1f | %.1f | %.1f | %.0f%% | %.1fx |\n", kn_type_name(types[t]), bytes / 1e6,
                    th + 1, p, d, bound, 100.0 * d / bound, p / d);

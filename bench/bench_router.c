@@ -8,6 +8,7 @@
  * of RUNS runs is printed as a Markdown table (per policy).
  *
  *   build-route/bench_router [decisions-per-run] */
+#include "bench/bench_util.h"
 #include "routing/region.h"
 #include "routing/router.h"
 
@@ -24,12 +25,6 @@ static int64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static route_table *make_table(int n, unsigned seed, int64_t now)
@@ -117,7 +112,7 @@ int main(int argc, char **argv)
                 }
                 ns[run] = (double)(now_ns() - t0) / (double)per_run;
             }
-            qsort(ns, RUNS, sizeof(*ns), cmp_double);
+            qsort(ns, RUNS, sizeof(*ns), bench_cmp_double);
             printf("| %d | %s | %d | %.0f | %.0f | %.0f |\n", sizes[si], pol ? "cost" : "latency", d.n,
                    ns[RUNS / 2], ns[0], ns[RUNS - 1]);
         }

@@ -5,19 +5,13 @@
 #ifndef BENCH_MEMBW_H
 #define BENCH_MEMBW_H
 
+#include "bench/bench_util.h"
+
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static inline double membw_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct membw_slice {
     const uint8_t *p;
@@ -46,10 +40,36 @@ static void *membw_thread(void *arg)
 {
     membw_slice *s = arg;
     pthread_barrier_wait(s->start);
-    double t0 = membw_now();
+    double t0 = bench_now();
     s->sink = membw_sum_avx2(s->p, s->n);
-    s->seconds = membw_now() - t0;
+    s->seconds = bench_now() - t0;
     return NULL;
+}
+
+/* One pass of n_threads (1 to 64) over buf, 64-byte aligned and already
+ * faulted in: each thread sums its own slice. Bytes per second, timed by
+ * the slowest thread. */
+static inline double membw_pass(const uint8_t *buf, size_t bytes, int n_threads)
+{
+    size_t slice = bytes / (size_t)n_threads / 128 * 128;
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)n_threads);
+    membw_slice s[64];
+    pthread_t th[64];
+    for (int t = 0; t < n_threads; t++) {
+        s[t] = (membw_slice){.p = buf + (size_t)t * slice, .n = slice, .start = &start};
+        if (t > 0)
+            pthread_create(&th[t], NULL, membw_thread, &s[t]);
+    }
+    membw_thread(&s[0]);
+    double worst = s[0].seconds;
+    for (int t = 1; t < n_threads; t++) {
+        pthread_join(th[t], NULL);
+        if (s[t].seconds > worst)
+            worst = s[t].seconds;
+    }
+    pthread_barrier_destroy(&start);
+    return (double)(slice * (size_t)n_threads) / worst;
 }
 
 /* Best of `reps` passes over `bytes`, in bytes per second; 0 on failure. */
@@ -62,26 +82,8 @@ static inline double membw_measure(int n_threads, size_t bytes, int reps)
         return 0;
     memset(buf, 1, bytes); /* fault every page in before timing */
     double best = 0;
-    size_t slice = bytes / (size_t)n_threads / 128 * 128;
     for (int r = 0; r < reps; r++) {
-        pthread_barrier_t start;
-        pthread_barrier_init(&start, NULL, (unsigned)n_threads);
-        membw_slice s[64];
-        pthread_t th[64];
-        for (int t = 0; t < n_threads; t++) {
-            s[t] = (membw_slice){.p = buf + (size_t)t * slice, .n = slice, .start = &start};
-            if (t > 0)
-                pthread_create(&th[t], NULL, membw_thread, &s[t]);
-        }
-        membw_thread(&s[0]);
-        double worst = s[0].seconds;
-        for (int t = 1; t < n_threads; t++) {
-            pthread_join(th[t], NULL);
-            if (s[t].seconds > worst)
-                worst = s[t].seconds;
-        }
-        pthread_barrier_destroy(&start);
-        double bw = (double)(slice * (size_t)n_threads) / worst;
+        double bw = membw_pass(buf, bytes, n_threads);
         if (bw > best)
             best = bw;
     }

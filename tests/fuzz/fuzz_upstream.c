@@ -14,14 +14,12 @@
  *        && cmake --build build-fuzz --target fuzz_upstream
  * Run:   ./build-fuzz/fuzz_upstream -max_total_time=180 CORPUS_DIR tests/fuzz/corpus_upstream */
 #include "gateway/upstream_internal.h"
+#include "fuzz_loop.h"
 
-#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <event2/event.h>
 
@@ -129,23 +127,13 @@ static size_t conns_left(void)
     return gw_upstream_conn_count(pool, TARGET) + gw_upstream_conn_count(pool, RETRY_TARGET);
 }
 
-static bool drain(int fd)
-{
-    static uint8_t buf[65536];
-    bool any = false;
-    while (read(fd, buf, sizeof(buf)) > 0)
-        any = true;
-    return any;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const uint8_t settings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
     if (!base)
         init();
     int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == -1)
-        abort();
+    fz_socketpair(sv);
     if (gw_upstream_adopt(pool, TARGET, sv[0]))
         abort();
     static const gw_http_header h[] = {{"content-type", "application/json"}, {"x-request-id", "fuzz"}};
@@ -160,19 +148,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (write(sv[1], settings, sizeof(settings)) != (ssize_t)sizeof(settings))
         abort();
-    size_t off = 0;
-    int quiet = 0;
-    for (int turn = 0; turn < 1000 && (off < size || quiet < 2); turn++) {
-        if (off < size) {
-            ssize_t w = write(sv[1], data + off, size - off);
-            if (w > 0)
-                off += (size_t)w;
-            else if (errno != EAGAIN)
-                break; /* the client closed: the rest is moot */
-        }
-        event_base_loop(base, EVLOOP_NONBLOCK);
-        quiet = drain(sv[1]) ? 0 : quiet + 1;
-    }
+    fz_feed(base, sv[1], data, size);
     close(sv[1]);
     for (int turn = 0; turn < 1000 && (n_live || conns_left()); turn++)
         event_base_loop(base, EVLOOP_NONBLOCK);

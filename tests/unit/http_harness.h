@@ -1,23 +1,21 @@
 /* Shared harness of the HTTP server's tests that run real clients
- * (test_http1.c, test_http_tls.c): a server on the test's own libevent
- * loop with a handler that answers by path, child processes (curl,
- * openssl) run while the loop turns, and raw sockets for bytes no client
- * tool sends. Every wait is bounded by WAIT_MS, every child is reaped, and
- * only 127.0.0.1 and files under /tmp are used.
+ * (test_http_server.c, test_http1.c, test_http_tls.c): a server on the
+ * test's own libevent loop (loop_harness.h) with a handler that answers by
+ * path, child processes (curl, h2load, openssl) run while the loop turns,
+ * and raw sockets for bytes no client tool sends. Every wait is bounded by
+ * WAIT_MS, every child is reaped, and only 127.0.0.1 and files under /tmp
+ * are used.
  *
- * Paths the handler knows: /hello (a whole response), /echo (the body
- * back), /headers (the request's headers as "name: value" lines),
- * /stream (ten pieces from later loop turns, then the end), /paced (PACED
- * bytes written as on_writable allows), /flood (writes until -ENOBUFS,
- * then resets), /reset (reset at once), /hang (never answered). */
+ * Paths the handler knows: /hello (a whole response), /tiny ("ok"), /big
+ * (BIG_RESPONSE bytes of pattern_byte in one response), /echo (the body
+ * back), /headers (the request's headers as "name: value" lines), /stream
+ * (ten pieces from later loop turns, then the end), /slow (pieces that
+ * never end), /paced (PACED bytes written as on_writable allows), /flood
+ * (writes until -ENOBUFS, then resets), /reset (reset at once), /hang
+ * (never answered). A test may set check_request to look at every request
+ * before it is answered. */
 #ifndef HTTP_HARNESS_H
 #define HTTP_HARNESS_H
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <setjmp.h>
-#include <cmocka.h>
 
 #include "gateway/http_internal.h"
 
@@ -39,12 +37,10 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
-#define HARNESS static __attribute__((unused))
-
 extern char **environ;
 
-#define WAIT_MS 30000
 #define PACED (8 << 20)
+#define BIG_RESPONSE (16 << 20)
 
 typedef struct tsrv {
     struct event_base *base;
@@ -52,13 +48,18 @@ typedef struct tsrv {
     gw_http_server *srv;
     gw_http_limits lim;
     int port;
-    char dir[64]; /* scratch files for this test */
+    const char *scheme; /* of url(): "http", or "https" on a TLS listener */
+    char dir[64];       /* scratch files for this test */
     int n_request, n_close, n_finished, n_unfinished, n_writable;
     bool in_api; /* set around our gw_http_* calls: on_close must not run inside */
     char protocol[16], authority[128];
     int flood_enobufs;
-    size_t flood_pending_max, paced_pending_max;
+    size_t flood_written, flood_pending_max, paced_pending_max;
+    void (*check_request)(const gw_http_request *req);
 } tsrv;
+
+#define HARNESS_CTX tsrv
+#include "loop_harness.h"
 
 typedef struct tstream {
     tsrv *t;
@@ -72,6 +73,19 @@ typedef struct tstream {
 HARNESS uint8_t pattern_byte(size_t i)
 {
     return (uint8_t)(i * 7 + (i >> 12));
+}
+
+/* What /big answers: BIG_RESPONSE bytes of pattern_byte. */
+HARNESS const uint8_t *big_response(void)
+{
+    static uint8_t *b;
+    if (!b) {
+        b = malloc(BIG_RESPONSE);
+        assert_non_null(b);
+        for (size_t i = 0; i < BIG_RESPONSE; i++)
+            b[i] = pattern_byte(i);
+    }
+    return b;
 }
 
 HARNESS int api_respond(tsrv *t, gw_http_stream *s, int status, const char *ctype, const void *body,
@@ -113,17 +127,21 @@ HARNESS void on_stream_tick(evutil_socket_t fd, short what, void *arg)
     char piece[32];
     t->in_api = true;
     if (ts->flood) {
+        /* Write until the server refuses: the peer reads nothing. */
         static uint8_t chunk[16384];
         int rc;
-        while ((rc = gw_http_write(ts->s, chunk, sizeof(chunk))) == 0)
+        while ((rc = gw_http_write(ts->s, chunk, sizeof(chunk))) == 0) {
+            t->flood_written += sizeof(chunk);
             if (gw_http_pending(ts->s) > t->flood_pending_max)
                 t->flood_pending_max = gw_http_pending(ts->s);
+        }
         assert_int_equal(rc, -ENOBUFS);
         t->flood_enobufs++;
         gw_http_reset(ts->s);
+        gw_http_reset(ts->s); /* twice is harmless */
         assert_int_equal(gw_http_write(ts->s, "x", 1), -EPIPE);
         event_del(ts->ev);
-    } else if (ts->n < 10) {
+    } else if (ts->n < 10) { /* /stream: ten pieces, then the end; /slow: practically never */
         int len = snprintf(piece, sizeof(piece), "piece %d\n", ts->n++);
         assert_int_equal(gw_http_write(ts->s, piece, (size_t)len), 0);
     } else {
@@ -149,10 +167,16 @@ HARNESS void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
     assert_non_null(req->protocol);
     snprintf(t->protocol, sizeof(t->protocol), "%s", req->protocol);
     snprintf(t->authority, sizeof(t->authority), "%s", req->authority ? req->authority : "(none)");
+    if (t->check_request)
+        t->check_request(req);
     const char *p = req->path;
     if (!strcmp(p, "/hello")) {
         assert_int_equal(api_respond(t, s, 200, "text/plain", "hello world\n", 12), 0);
         assert_int_equal(api_respond(t, s, 200, "text/plain", "again", 5), -EINVAL);
+    } else if (!strcmp(p, "/tiny")) {
+        assert_int_equal(api_respond(t, s, 200, "text/plain", "ok", 2), 0);
+    } else if (!strcmp(p, "/big")) {
+        assert_int_equal(api_respond(t, s, 200, "application/octet-stream", big_response(), BIG_RESPONSE), 0);
     } else if (!strcmp(p, "/echo")) {
         assert_int_equal(api_respond(t, s, 200, "application/octet-stream", req->body, req->body_len), 0);
     } else if (!strcmp(p, "/headers")) {
@@ -161,13 +185,15 @@ HARNESS void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
             snprintf(out + strlen(out), sizeof(out) - strlen(out), "%s: %s\n", req->headers[i].name,
                      req->headers[i].value);
         assert_int_equal(api_respond(t, s, 200, "text/plain", out, strlen(out)), 0);
-    } else if (!strcmp(p, "/stream") || !strcmp(p, "/flood") || !strcmp(p, "/paced")) {
+    } else if (!strcmp(p, "/stream") || !strcmp(p, "/slow") || !strcmp(p, "/flood") || !strcmp(p, "/paced")) {
         gw_http_header h[] = {{"content-type", "text/plain"}, {"cache-control", "no-cache"}};
         t->in_api = true;
         assert_int_equal(gw_http_begin(s, 200, h, 2), 0);
         assert_int_equal(gw_http_begin(s, 200, h, 2), -EINVAL);
         t->in_api = false;
         ts->flood = !strcmp(p, "/flood");
+        if (!strcmp(p, "/slow"))
+            ts->n = -1000000; /* never reaches the end */
         if (!strcmp(p, "/paced")) {
             ts->paced = true;
             paced_write(ts);
@@ -219,33 +245,29 @@ HARNESS void on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finishe
     free(ts);
 }
 
-HARNESS void on_tick(evutil_socket_t fd, short what, void *arg) {}
-
-HARNESS long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000;
-}
-
 /* A server on a fresh loop; no listener yet. */
 HARNESS tsrv *harness_new(const gw_http_limits *lim)
 {
-    signal(SIGPIPE, SIG_IGN);
     tsrv *t = calloc(1, sizeof(*t));
     assert_non_null(t);
-    t->base = event_base_new();
-    assert_non_null(t->base);
-    /* Wakes the loop often so that waits can check children and clocks. */
-    t->tick = event_new(t->base, -1, EV_PERSIST, on_tick, NULL);
-    struct timeval tv = {0, 5000};
-    assert_int_equal(event_add(t->tick, &tv), 0);
+    loop_open(t, "infergate-http");
     gw_http_handler h = {.on_request = on_request, .on_close = on_close, .on_writable = on_writable};
     t->srv = gw_http_server_new(t->base, lim, &h, t);
     assert_non_null(t->srv);
     t->lim = t->srv->limits; /* what the server runs with, defaults filled in */
-    snprintf(t->dir, sizeof(t->dir), "/tmp/infergate-http-XXXXXX");
-    assert_non_null(mkdtemp(t->dir));
+    t->scheme = "http";
+    return t;
+}
+
+/* A server listening on a cleartext TCP port of 127.0.0.1. */
+HARNESS tsrv *harness_new_tcp(const gw_http_limits *lim)
+{
+    tsrv *t = harness_new(lim);
+    char err[256] = "";
+    if (gw_http_server_listen(t->srv, "tcp:127.0.0.1:0", err, sizeof(err)))
+        fail_msg("listen: %s", err);
+    t->port = gw_http_server_port(t->srv);
+    assert_true(t->port > 0);
     return t;
 }
 
@@ -254,14 +276,19 @@ HARNESS int harness_teardown(void **state)
     tsrv *t = *state;
     if (t->srv)
         gw_http_server_free(t->srv);
-    event_free(t->tick);
-    event_base_free(t->base);
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t->dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", t->dir);
+    loop_close(t);
     free(t);
     return 0;
+}
+
+/* The URL of `path` on the server's port; four calls' results stay valid. */
+HARNESS const char *url(tsrv *t, const char *path)
+{
+    static char bufs[4][128];
+    static int next;
+    char *b = bufs[next++ % 4];
+    snprintf(b, sizeof(bufs[0]), "%s://127.0.0.1:%d%s", t->scheme, t->port, path);
+    return b;
 }
 
 HARNESS bool have_tool(const char *name)
@@ -352,7 +379,13 @@ HARNESS int run_child(tsrv *t, char *const argv[], const char *out_name)
         }
         event_base_loop(t->base, EVLOOP_ONCE);
     }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (code != 0) {
+        char *e = slurp(errp, NULL);
+        fprintf(stderr, "(%s exited %d: %s)\n", argv[0], code, e ? e : "");
+        free(e);
+    }
+    return code;
 }
 
 /* The child's stdout (or stderr with ".err" appended), NUL-terminated. */
@@ -363,23 +396,16 @@ HARNESS char *child_out(tsrv *t, const char *out_name)
     return s;
 }
 
-typedef bool (*cond_fn)(tsrv *t, void *arg);
-
-HARNESS bool run_until(tsrv *t, cond_fn cond, void *arg)
+HARNESS void expect_output(tsrv *t, const char *name, const char *want)
 {
-    long deadline = now_ms() + WAIT_MS;
-    while (!cond(t, arg)) {
-        if (now_ms() > deadline)
-            return false;
-        event_base_loop(t->base, EVLOOP_ONCE);
-    }
-    return true;
+    char *got = child_out(t, name);
+    assert_string_equal(got, want);
+    free(got);
 }
 
-HARNESS bool closes_reach(tsrv *t, void *arg)
-{
-    return t->n_close >= *(int *)arg;
-}
+/* What /stream sends. */
+static const char ten_pieces[] __attribute__((unused)) = "piece 0\npiece 1\npiece 2\npiece 3\npiece 4\n"
+                                                         "piece 5\npiece 6\npiece 7\npiece 8\npiece 9\n";
 
 HARNESS bool requests_reach(tsrv *t, void *arg)
 {
@@ -389,6 +415,39 @@ HARNESS bool requests_reach(tsrv *t, void *arg)
 HARNESS bool no_streams(tsrv *t, void *arg)
 {
     return gw_http_server_active_streams(t->srv) == 0;
+}
+
+/* Waits until n streams have closed, and checks that all of them
+ * finished. */
+HARNESS void expect_finished(tsrv *t, int n)
+{
+    assert_true(run_until(t, closes_reach, &n));
+    assert_int_equal(t->n_finished, n);
+}
+
+HARNESS bool flood_done(tsrv *t, void *arg)
+{
+    return t->flood_enobufs > 0 && t->n_close > 0;
+}
+
+/* Runs argv, a client that fetches /paced into scratch file "out", as the
+ * n-th request of the test: every byte arrives in order, on_writable paced
+ * the stream and the stream never held more than its bound. */
+HARNESS void expect_paced(tsrv *t, char *const argv[], int n)
+{
+    t->n_writable = 0;
+    assert_int_equal(run_child(t, argv, "meta"), 0);
+    size_t len = 0;
+    char *got = slurp(scratch(t, "out"), &len);
+    assert_non_null(got);
+    assert_int_equal(len, PACED);
+    for (size_t k = 0; k < len; k++)
+        if ((uint8_t)got[k] != pattern_byte(k))
+            fail_msg("byte %zu differs", k);
+    free(got);
+    expect_finished(t, n);
+    assert_true(t->n_writable > 0);
+    assert_true(t->paced_pending_max <= t->lim.max_stream_buffer);
 }
 
 HARNESS void write_file(const char *path, const void *data, size_t len)

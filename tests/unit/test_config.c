@@ -58,6 +58,19 @@ static const char *write_file(const char *name, const char *text)
     return path;
 }
 
+/* Loads `yaml` as the file cfg.yaml; a refusal fails the test with the
+ * parser's reason. */
+static gw_config *load_ok(const char *yaml)
+{
+    const char *path = write_file("cfg.yaml", yaml);
+    gw_config *c;
+    char err[256] = "";
+    int rc = gw_config_load(path, &c, err, sizeof(err));
+    if (rc)
+        fail_msg("load: %d %s", rc, err);
+    return c;
+}
+
 static void hash_bytes(const char *hex, uint8_t out[32])
 {
     for (int i = 0; i < 32; i++) {
@@ -113,12 +126,9 @@ static const char full_yaml[] = "# every key of the schema\n"
 
 static void test_full(void **state)
 {
-    const char *path = write_file("cfg.yaml", full_yaml);
-    gw_config *c;
-    char err[256] = "";
-    int rc = gw_config_load(path, &c, err, sizeof(err));
-    if (rc)
-        fail_msg("load: %d %s", rc, err);
+    gw_config *c = load_ok(full_yaml);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/cfg.yaml", tmpdir);
     assert_string_equal(c->path, path);
 
     assert_int_equal(c->n_listen, 3);
@@ -250,12 +260,7 @@ static void test_defaults(void **state)
 {
     static const char *const empties[] = {"", "# only a comment\n", "---\n", "~\n"};
     for (size_t i = 0; i < sizeof(empties) / sizeof(*empties); i++) {
-        const char *path = write_file("cfg.yaml", empties[i]);
-        gw_config *c;
-        char err[256] = "";
-        int rc = gw_config_load(path, &c, err, sizeof(err));
-        if (rc)
-            fail_msg("case %zu: %d %s", i, rc, err);
+        gw_config *c = load_ok(empties[i]);
         check_default_limits(c);
         assert_int_equal(c->n_workers, 0);
         assert_int_equal(gw_config_default_worker(c, "/srv/models/demo_model.gguf"), 0);
@@ -280,9 +285,7 @@ static void test_defaults(void **state)
     gw_config_free(c);
 
     /* Tenant defaults: every model, unlimited, not admin. */
-    const char *path = write_file("cfg.yaml", "tenants:\n  - name: a\n    keys: [" H_K1 "]\n");
-    char err[256] = "";
-    assert_int_equal(gw_config_load(path, &c, err, sizeof(err)), 0);
+    c = load_ok("tenants:\n  - name: a\n    keys: [" H_K1 "]\n");
     assert_int_equal(c->n_tenants, 1);
     assert_int_equal(c->tenants[0].n_models, 1);
     assert_string_equal(c->tenants[0].models[0], "*");
@@ -294,8 +297,7 @@ static void test_defaults(void **state)
     gw_config_free(c);
 
     /* A region alone: no Redis, no peers, price 0; stale_after follows heartbeat_ms. */
-    path = write_file("cfg.yaml", "region: {name: solo}\nrouting: {heartbeat_ms: 200}\n");
-    assert_int_equal(gw_config_load(path, &c, err, sizeof(err)), 0);
+    c = load_ok("region: {name: solo}\nrouting: {heartbeat_ms: 200}\n");
     assert_string_equal(c->region.name, "solo");
     assert_null(c->region.endpoint);
     assert_null(c->region.gpu);
@@ -349,12 +351,7 @@ static const char routing_yaml[] = "listen:\n"
 
 static void test_routing_full(void **state)
 {
-    const char *path = write_file("cfg.yaml", routing_yaml);
-    gw_config *c;
-    char err[256] = "";
-    int rc = gw_config_load(path, &c, err, sizeof(err));
-    if (rc)
-        fail_msg("load: %d %s", rc, err);
+    gw_config *c = load_ok(routing_yaml);
     assert_string_equal(c->listen[0].tls_client_ca, "/peers-ca.pem");
     assert_null(c->listen[1].tls_client_ca);
     const gw_tenant_cfg *t = &c->tenants[0];
@@ -398,9 +395,7 @@ static void test_routing_full(void **state)
     gw_config_free(c);
 
     /* Redis on localhost; peer_tls with a CA only. */
-    path = write_file("cfg.yaml",
-                      "region: {name: r}\nredis: {address: \"localhost:6379\"}\npeer_tls: {ca: /ca}\n");
-    assert_int_equal(gw_config_load(path, &c, err, sizeof(err)), 0);
+    c = load_ok("region: {name: r}\nredis: {address: \"localhost:6379\"}\npeer_tls: {ca: /ca}\n");
     assert_string_equal(c->redis.host, "localhost");
     assert_int_equal(c->redis.port, 6379);
     assert_null(c->redis.password);

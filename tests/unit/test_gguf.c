@@ -113,18 +113,20 @@ static void test_scalars(void **state)
     assert_int_equal(rt_gguf_alignment(g), 32);
     assert_int_equal(rt_gguf_n_kv(g), 15);
     assert_int_equal(rt_gguf_n_tensors(g), 0);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.u8")), RT_GGUF_UINT8);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.i8")), RT_GGUF_INT8);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.u16")), RT_GGUF_UINT16);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.i16")), RT_GGUF_INT16);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.u32")), RT_GGUF_UINT32);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.i32")), RT_GGUF_INT32);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.f32")), RT_GGUF_FLOAT32);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.bool")), RT_GGUF_BOOL);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.str")), RT_GGUF_STRING);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.u64")), RT_GGUF_UINT64);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.i64")), RT_GGUF_INT64);
-    assert_int_equal(rt_gguf_kv_type(g, key(g, "t.f64")), RT_GGUF_FLOAT64);
+    static const struct {
+        const char *key;
+        rt_gguf_vtype type;
+    } types[] = {
+        {"t.u8", RT_GGUF_UINT8},    {"t.i8", RT_GGUF_INT8},    {"t.u16", RT_GGUF_UINT16},
+        {"t.i16", RT_GGUF_INT16},   {"t.u32", RT_GGUF_UINT32}, {"t.i32", RT_GGUF_INT32},
+        {"t.f32", RT_GGUF_FLOAT32}, {"t.bool", RT_GGUF_BOOL},  {"t.str", RT_GGUF_STRING},
+        {"t.u64", RT_GGUF_UINT64},  {"t.i64", RT_GGUF_INT64},  {"t.f64", RT_GGUF_FLOAT64},
+    };
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        rt_gguf_vtype got = rt_gguf_kv_type(g, key(g, types[i].key));
+        if (got != types[i].type)
+            fail_msg("%s: type %d, want %d", types[i].key, (int)got, (int)types[i].type);
+    }
     assert_true(rt_gguf_str_eq(rt_gguf_key_name(g, key(g, "t.u16")), "t.u16"));
 
     int64_t v;

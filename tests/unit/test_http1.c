@@ -8,20 +8,9 @@
  * for the handler's paths. Nothing asserts on timing. */
 #include "http_harness.h"
 
-static tsrv *start(const gw_http_limits *lim)
-{
-    tsrv *t = harness_new(lim);
-    char err[256] = "";
-    if (gw_http_server_listen(t->srv, "tcp:127.0.0.1:0", err, sizeof(err)))
-        fail_msg("listen: %s", err);
-    t->port = gw_http_server_port(t->srv);
-    assert_true(t->port > 0);
-    return t;
-}
-
 static int setup(void **state)
 {
-    *state = start(NULL);
+    *state = harness_new_tcp(NULL);
     return 0;
 }
 
@@ -32,7 +21,7 @@ static int setup_small(void **state)
     l.max_body = 100000;
     l.max_header_list = 4096;
     l.max_stream_buffer = 256 << 10;
-    *state = start(&l);
+    *state = harness_new_tcp(&l);
     return 0;
 }
 
@@ -41,7 +30,7 @@ static int setup_timeouts(void **state)
     gw_http_limits l = {0};
     l.header_timeout_ms = 200;
     l.idle_timeout_ms = 300;
-    *state = start(&l);
+    *state = harness_new_tcp(&l);
     return 0;
 }
 
@@ -49,27 +38,11 @@ static int setup_two_conns(void **state)
 {
     gw_http_limits l = {0};
     l.max_connections = 2;
-    *state = start(&l);
+    *state = harness_new_tcp(&l);
     return 0;
 }
 
-static const char *url(tsrv *t, const char *path)
-{
-    static char bufs[4][128];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof(bufs[0]), "http://127.0.0.1:%d%s", t->port, path);
-    return b;
-}
-
 #define CURL "curl", "-sS", "--noproxy", "*"
-
-static void expect_output(tsrv *t, const char *name, const char *want)
-{
-    char *got = child_out(t, name);
-    assert_string_equal(got, want);
-    free(got);
-}
 
 /* ---- with curl ---- */
 
@@ -92,9 +65,7 @@ static void test_get(void **state)
     char want[64];
     snprintf(want, sizeof(want), "127.0.0.1:%d", t->port);
     assert_string_equal(t->authority, want);
-    int one = 1;
-    assert_true(run_until(t, closes_reach, &one));
-    assert_int_equal(t->n_finished, 1);
+    expect_finished(t, 1);
     assert_int_equal(gw_http_server_active_streams(t->srv), 0);
 }
 
@@ -121,9 +92,7 @@ static void test_h2c_same_port(void **state)
     assert_int_equal(run_child(t, h1, "m1"), 0);
     expect_output(t, "m1", "1.1");
     assert_string_equal(t->protocol, "HTTP/1.1");
-    int two = 2;
-    assert_true(run_until(t, closes_reach, &two));
-    assert_int_equal(t->n_finished, 2);
+    expect_finished(t, 2);
 }
 
 /* POST /echo of `len` bytes with the extra curl arguments given. */
@@ -169,9 +138,7 @@ static void test_post(void **state)
     post_echo(t, 5, "Transfer-Encoding: chunked", NULL);
     post_echo(t, (1 << 20) - 1, "Transfer-Encoding: chunked", "Expect:");
     post_echo(t, (1 << 20) - 1, "Transfer-Encoding: chunked", "Expect: 100-continue");
-    int six = 6;
-    assert_true(run_until(t, closes_reach, &six));
-    assert_int_equal(t->n_finished, 6);
+    expect_finished(t, 6);
 }
 
 /* Two URLs in one curl: the second reuses the connection. */
@@ -192,13 +159,8 @@ static void test_keep_alive(void **state)
                     NULL};
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "meta", "200:1,200:0,");
-    int two = 2;
-    assert_true(run_until(t, closes_reach, &two));
-    assert_int_equal(t->n_finished, 2);
+    expect_finished(t, 2);
 }
-
-static const char ten_pieces[] = "piece 0\npiece 1\npiece 2\npiece 3\npiece 4\n"
-                                 "piece 5\npiece 6\npiece 7\npiece 8\npiece 9\n";
 
 static void test_streaming(void **state)
 {
@@ -219,9 +181,7 @@ static void test_streaming(void **state)
     assert_non_null(strstr(head, "transfer-encoding: chunked\r\n"));
     assert_null(strstr(head, "content-length"));
     free(head);
-    int one = 1;
-    assert_true(run_until(t, closes_reach, &one));
-    assert_int_equal(t->n_finished, 1);
+    expect_finished(t, 1);
 }
 
 /* HTTP/1.0: no chunked coding; a stream ends with the connection. */
@@ -265,9 +225,7 @@ static void test_http10(void **state)
     assert_non_null(second);
     assert_non_null(strstr(second, "hello world\nHTTP/1.1 200 OK\r\n"));
     free(got);
-    int four = 4;
-    assert_true(run_until(t, closes_reach, &four));
-    assert_int_equal(t->n_finished, 4);
+    expect_finished(t, 4);
 }
 
 static void test_head(void **state)
@@ -352,22 +310,9 @@ static void test_paced(void **state)
     REQUIRE_TOOL("curl");
     const char *protos[] = {"--http1.1", "--http2-prior-knowledge"};
     for (int i = 0; i < 2; i++) {
-        t->n_writable = 0;
         char *argv[] = {CURL, (char *)protos[i], "-o", (char *)scratch(t, "out"), (char *)url(t, "/paced"),
                         NULL};
-        assert_int_equal(run_child(t, argv, "meta"), 0);
-        size_t len = 0;
-        char *got = slurp(scratch(t, "out"), &len);
-        assert_int_equal(len, PACED);
-        for (size_t k = 0; k < len; k++)
-            if ((uint8_t)got[k] != pattern_byte(k))
-                fail_msg("byte %zu differs", k);
-        free(got);
-        int n = i + 1;
-        assert_true(run_until(t, closes_reach, &n));
-        assert_int_equal(t->n_finished, n);
-        assert_true(t->n_writable > 0);
-        assert_true(t->paced_pending_max <= t->lim.max_stream_buffer);
+        expect_paced(t, argv, i + 1);
     }
 }
 
@@ -495,9 +440,7 @@ static void test_pipelined(void **state)
     free(got);
     assert_int_equal(t->n_request, 5);
     assert_string_equal(t->authority, "b.example"); /* the absolute form's authority wins */
-    int five = 5;
-    assert_true(run_until(t, closes_reach, &five));
-    assert_int_equal(t->n_finished, 5);
+    expect_finished(t, 5);
 }
 
 /* A head that does not complete in header_timeout_ms, and a keep-alive
@@ -532,11 +475,6 @@ static void test_timeouts(void **state)
     close(fd);
     assert_int_equal(t->n_request, 1);
     assert_true(run_until(t, no_streams, NULL));
-}
-
-static bool flood_done(tsrv *t, void *arg)
-{
-    return t->flood_enobufs > 0 && t->n_close > 0;
 }
 
 /* A peer that never reads: writes are refused past max_stream_buffer, the

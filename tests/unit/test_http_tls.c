@@ -43,6 +43,7 @@ static tsrv *start(const gw_http_limits *lim)
         fail_msg("listen_tls: %s", err);
     t->port = gw_http_server_port(t->srv);
     assert_true(t->port > 0);
+    t->scheme = "https";
     return t;
 }
 
@@ -68,25 +69,6 @@ static int setup_small(void **state)
     } while (0)
 
 #define CURL "curl", "-sS", "-k", "--noproxy", "*"
-
-static const char *url(tsrv *t, const char *path)
-{
-    static char bufs[4][128];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof(bufs[0]), "https://127.0.0.1:%d%s", t->port, path);
-    return b;
-}
-
-static void expect_output(tsrv *t, const char *name, const char *want)
-{
-    char *got = child_out(t, name);
-    assert_string_equal(got, want);
-    free(got);
-}
-
-static const char ten_pieces[] = "piece 0\npiece 1\npiece 2\npiece 3\npiece 4\n"
-                                 "piece 5\npiece 6\npiece 7\npiece 8\npiece 9\n";
 
 /* ALPN: h2 when the client offers it, HTTP/1.1 when it offers only that. */
 static void test_alpn(void **state)
@@ -119,9 +101,7 @@ static void test_alpn(void **state)
                     NULL};
     assert_int_equal(run_child(t, none, "m0"), 0);
     expect_output(t, "m0", "1.1");
-    int three = 3;
-    assert_true(run_until(t, closes_reach, &three));
-    assert_int_equal(t->n_finished, 3);
+    expect_finished(t, 3);
 }
 
 static void test_bodies(void **state)
@@ -160,9 +140,7 @@ static void test_bodies(void **state)
     assert_int_equal(run_child(t, old, "meta"), 0);
     expect_output(t, "s0", ten_pieces);
     free(buf);
-    int five = 5;
-    assert_true(run_until(t, closes_reach, &five));
-    assert_int_equal(t->n_finished, 5);
+    expect_finished(t, 5);
 }
 
 static void test_keep_alive(void **state)
@@ -191,21 +169,9 @@ static void test_paced(void **state)
     REQUIRE_TOOLS();
     const char *protos[] = {"--http1.1", "--http2"};
     for (int i = 0; i < 2; i++) {
-        t->n_writable = 0;
         char *argv[] = {CURL, (char *)protos[i], "-o", (char *)scratch(t, "out"), (char *)url(t, "/paced"),
                         NULL};
-        assert_int_equal(run_child(t, argv, "meta"), 0);
-        size_t len = 0;
-        char *got = slurp(scratch(t, "out"), &len);
-        assert_int_equal(len, PACED);
-        for (size_t k = 0; k < len; k++)
-            if ((uint8_t)got[k] != pattern_byte(k))
-                fail_msg("byte %zu differs", k);
-        free(got);
-        int n = i + 1;
-        assert_true(run_until(t, closes_reach, &n));
-        assert_int_equal(t->n_finished, n);
-        assert_true(t->n_writable > 0);
+        expect_paced(t, argv, i + 1);
     }
 }
 

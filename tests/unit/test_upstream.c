@@ -6,9 +6,9 @@
  * file plays the server: one that accepts and closes, one that accepts and
  * says nothing, one that answers the first stream and sends GOAWAY.
  *
- * Every wait is bounded (WAIT_MS); only 127.0.0.1 and files under /tmp are
- * used. Nothing asserts on timing. Callbacks check that they never run
- * inside a gw_upstream_* call (t->in_api). */
+ * Every wait is bounded (WAIT_MS, loop_harness.h); only 127.0.0.1 and
+ * files under /tmp are used. Nothing asserts on timing. Callbacks check
+ * that they never run inside a gw_upstream_* call (t->in_api). */
 #define _GNU_SOURCE /* memmem */
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,7 +37,6 @@
 #include <event2/event.h>
 #include <openssl/ssl.h>
 
-#define WAIT_MS 30000
 #define ECHO_BIG (1 << 20)
 #define FLOW_TOTAL (3 << 19)  /* 1.5 MiB: more than the server buffers for a stream */
 #define FLOW_WINDOW (1 << 16) /* the client's stream window in the flow-control test */
@@ -74,7 +73,8 @@ struct tctx {
     int flow_enobufs;
 };
 
-static void on_tick(evutil_socket_t fd, short what, void *arg) {}
+#define HARNESS_CTX tctx
+#include "loop_harness.h"
 
 static void on_stream_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -168,20 +168,12 @@ static void srv_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool fini
 
 static int setup(void **state)
 {
-    signal(SIGPIPE, SIG_IGN);
     tctx *t = calloc(1, sizeof(*t));
     assert_non_null(t);
-    t->base = event_base_new();
-    assert_non_null(t->base);
-    /* Wakes the loop often so that waits can check their clocks. */
-    t->tick = event_new(t->base, -1, EV_PERSIST, on_tick, NULL);
-    struct timeval tv = {0, 5000};
-    assert_int_equal(event_add(t->tick, &tv), 0);
+    loop_open(t, "infergate-up");
     gw_http_handler h = {.on_request = srv_on_request, .on_close = srv_on_close};
     t->srv = gw_http_server_new(t->base, NULL, &h, t);
     assert_non_null(t->srv);
-    snprintf(t->dir, sizeof(t->dir), "/tmp/infergate-up-XXXXXX");
-    assert_non_null(mkdtemp(t->dir));
     char spec[128], err[256] = "";
     snprintf(spec, sizeof(spec), "unix:%s/s.sock", t->dir);
     if (gw_http_server_listen(t->srv, spec, err, sizeof(err)))
@@ -204,12 +196,7 @@ static int teardown(void **state)
         gw_upstream_pool_free(t->pool);
     if (t->srv)
         gw_http_server_free(t->srv);
-    event_free(t->tick);
-    event_base_free(t->base);
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t->dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", t->dir);
+    loop_close(t);
     free(t);
     return 0;
 }
@@ -223,39 +210,6 @@ static gw_upstream_pool *pool(tctx *t)
             fail_msg("pool: %s", err);
     }
     return t->pool;
-}
-
-static long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000;
-}
-
-typedef bool (*cond_fn)(tctx *t, void *arg);
-
-static bool run_until(tctx *t, cond_fn cond, void *arg)
-{
-    long deadline = now_ms() + WAIT_MS;
-    while (!cond(t, arg)) {
-        if (now_ms() > deadline)
-            return false;
-        event_base_loop(t->base, EVLOOP_ONCE);
-    }
-    return true;
-}
-
-/* Turns the loop for about `ms` (for checks that nothing more happens). */
-static void run_for(tctx *t, int ms)
-{
-    long end = now_ms() + ms;
-    while (now_ms() < end)
-        event_base_loop(t->base, EVLOOP_ONCE);
-}
-
-static bool closes_reach(tctx *t, void *arg)
-{
-    return t->n_close >= *(int *)arg;
 }
 
 /* ---- client requests ---- */
