@@ -69,9 +69,12 @@ typedef struct kn_ops {
     void (*axpy)(float *y, float a, const float *x, int n);
     /* Optional (NULL: kn_matmul uses the dots): y[r * y_stride + o] =
      * dot(w_o, x_r) for n_w weight rows (w_o at w + o * w_stride bytes) and
-     * nr Q8_0 activation rows, for wide batches (prefill). A SIMD backend
-     * repacks a few weight rows at a time so that one instruction serves all
-     * of them, which the one-row dots cannot do. Same arithmetic as the dots. */
+     * nr Q8_0 activation rows. When present, kn_matmul sends every quantized
+     * matmul here, from decode's one row to prefill's many: a SIMD backend
+     * works on several weight rows and activation rows at once, which the
+     * one-weight-row dots cannot. Same arithmetic as the reference dots, and
+     * in the x86 backends the same float rounding too, so a row's result has
+     * the same bits whatever batch it is computed in. */
     void (*gemm_q8_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
                       int n, float *y, size_t y_stride);
     void (*gemm_q4_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
@@ -84,6 +87,10 @@ const kn_ops *kn_ops_avx2(void);
 /* The AVX2 table with its quantized dots on AVX-VNNI (vpdpbusd) when the CPU
  * also has AVX-VNNI, else NULL. */
 const kn_ops *kn_ops_avxvnni(void);
+/* The AVX2 (or AVX-VNNI) table with its quantized gemm on 512-bit vectors
+ * when the CPU has AVX-512 F/BW/VL/VNNI and the OS saves the 512-bit state,
+ * else NULL. Same results, bit for bit, as the other tables' gemm. */
+const kn_ops *kn_ops_avx512vnni(void);
 /* The fastest table this CPU runs. */
 const kn_ops *kn_ops_best(void);
 
@@ -95,6 +102,7 @@ typedef enum kn_backend {
     KN_BACKEND_REF,      /* scalar reference, for checks */
     KN_BACKEND_AVX2,
     KN_BACKEND_AVXVNNI,
+    KN_BACKEND_AVX512VNNI,
 } kn_backend;
 
 /* n_threads <= 0 means one per online CPU. Returns NULL on failure (out of

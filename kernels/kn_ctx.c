@@ -251,6 +251,9 @@ kn_ctx *kn_ctx_new(int n_threads, kn_backend backend)
     case KN_BACKEND_AVXVNNI:
         ops = kn_ops_avxvnni();
         break;
+    case KN_BACKEND_AVX512VNNI:
+        ops = kn_ops_avx512vnni();
+        break;
     default:
         ops = NULL;
     }
@@ -373,11 +376,11 @@ void kn_parallel_for(kn_ctx *ctx, int n, void (*fn)(void *arg, int i), void *arg
  * weight block across this many rows. */
 #define KN_MM_NR 4
 
-/* From this many activation rows on, a backend's gemm (when it has one) beats
- * the one-row dots: its weight repacking is shared by all rows. */
-#define KN_GEMM_MIN_ROWS 4
-/* Activation rows per gemm work item: their Q8_0 rows stay in L2 while the
- * item's weight rows pass over them. */
+/* A backend's gemm, when it has one, serves quantized weights at every batch
+ * width, decode's single row included: the x86 ones pick their layout by
+ * width and give each row the same bits whatever batch it is in. Activation
+ * rows per gemm work item: their Q8_0 rows stay in L2 while the item's
+ * weight rows pass over them. */
 #define KN_GEMM_ROW_BLOCK 64
 
 typedef void (*kn_gemm_fn)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
@@ -500,17 +503,17 @@ int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, co
                 quant_item(&qj, r, 0);
     }
 
-    if (n_rows >= KN_GEMM_MIN_ROWS)
-        j.gemm = wtype == KN_TYPE_Q8_0   ? ctx->ops->gemm_q8_0
-                 : wtype == KN_TYPE_Q4_0 ? ctx->ops->gemm_q4_0
-                                         : NULL;
+    j.gemm = wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : wtype == KN_TYPE_Q4_0 ? ctx->ops->gemm_q4_0 : NULL;
     if (j.gemm != NULL) {
-        /* chunks of whole 8-row tiles, about four per thread and row block */
+        /* Chunks of whole 16-row tiles, about eight per thread and row
+         * block, so that dynamic hand-out evens out threads that run slower
+         * (shared cores); each chunk re-packs its row block's activations,
+         * which costs little next to its weight rows. */
         const int row_blocks = (n_rows + KN_GEMM_ROW_BLOCK - 1) / KN_GEMM_ROW_BLOCK;
-        const int per = ctx->n_threads * 4 / row_blocks;
+        const int per = ctx->n_threads * 8 / row_blocks;
         int chunk = per > 1 ? (n_out + per - 1) / per : n_out;
-        chunk = (chunk + 7) / 8 * 8;
-        chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
+        chunk = (chunk + 15) / 16 * 16;
+        chunk = chunk < 16 ? 16 : chunk > 256 ? 256 : chunk;
         /* keep the item count an int whatever the shape */
         while ((int64_t)((n_out + (int64_t)chunk - 1) / chunk) * row_blocks > INT32_MAX)
             chunk *= 2;

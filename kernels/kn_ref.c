@@ -161,7 +161,9 @@ const kn_ops *kn_ops_ref(void)
 
 const kn_ops *kn_ops_best(void)
 {
-    const kn_ops *ops = kn_ops_avxvnni();
+    const kn_ops *ops = kn_ops_avx512vnni();
+    if (ops == NULL)
+        ops = kn_ops_avxvnni();
     if (ops == NULL)
         ops = kn_ops_avx2();
     return ops != NULL ? ops : &ops_ref;

@@ -2,13 +2,10 @@
  * reached only through kn_ops_avx2(), which checks the CPU first, so no
  * instruction here runs on a machine without them.
  *
- * The quantized dots carry the whole forward pass; they live in qdot_x86.h,
- * shared with the AVX-VNNI build, and follow ggml's x86 approach: the block's
- * integer dot with vpmaddubsw + vpmaddwd, then one FMA scaled by d_w * d_x.
- * `nr` activation rows are done per pass over the weights, so a loaded (and,
- * for Q4_0, unpacked) weight block is reused up to four times. Every function
- * finishes sizes that are not a multiple of the vector width with a scalar
- * tail. */
+ * The quantized dots and gemm carry the whole forward pass; they live in
+ * qdot_x86.h, shared with the AVX-VNNI build: the block's integer dot with
+ * vpmaddubsw + vpmaddwd, then scaled by d_w * d_x. Every function finishes
+ * sizes that are not a multiple of the vector width with a scalar tail. */
 #include "kernels/kn.h"
 #include "kernels/quant_blocks.h"
 
@@ -351,7 +348,7 @@ static const kn_ops ops_avx2 = {
     .silu_mul = avx2_silu_mul,
     .dot = avx2_dot,
     .axpy = avx2_axpy,
-    .gemm_q8_0 = NULL, /* the sign trick needs too many steps per lane to beat the dots */
+    .gemm_q8_0 = avx2_gemm_q8_0,
     .gemm_q4_0 = avx2_gemm_q4_0,
 };
 

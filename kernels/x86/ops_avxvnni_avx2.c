@@ -1,8 +1,8 @@
-/* kernels: the AVX-VNNI backend. The AVX2 table with the two quantized dots
- * rebuilt on vpdpbusd (unsigned x signed bytes summed straight into int32
- * lanes), which replaces vpmaddubsw + vpmaddwd and lets the several-row loop
- * use the offset trick for Q8_0 too (see qdot_x86.h). Everything else is the
- * AVX2 code. The file gets the AVX2 flags from the build; the VNNI functions
+/* kernels: the AVX-VNNI backend. The AVX2 table with the quantized dots and
+ * gemm rebuilt on vpdpbusd (unsigned x signed bytes summed straight into
+ * int32 lanes), which replaces vpmaddubsw + vpmaddwd and lets Q8_0 use the
+ * offset trick and the transposed gemm layout too (see qdot_x86.h).
+ * Everything else is the AVX2 code. The file gets the AVX2 flags from the build; the VNNI functions
  * carry their own target attribute, and kn_ops_avxvnni() checks the CPU before
  * any of them can run. */
 #include "kernels/kn.h"

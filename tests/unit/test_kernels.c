@@ -74,6 +74,8 @@ static int fast_tables(const kn_ops **out)
         out[n++] = kn_ops_avx2();
     if (kn_ops_avxvnni() != NULL)
         out[n++] = kn_ops_avxvnni();
+    if (kn_ops_avx512vnni() != NULL)
+        out[n++] = kn_ops_avx512vnni();
     return n;
 }
 
@@ -565,30 +567,44 @@ static void test_dot_q4_0(void **state)
     dot_quant_case(KN_TYPE_Q4_0);
 }
 
+/* The batched entry against the reference on odd sizes: every batch width
+ * from 1 to 70 rows, so that every path of each table runs with every tail
+ * of its groups; weight row counts that end inside a tile; lengths past one
+ * segment of each path; strides off the block size; and quants at their
+ * limits (Q8_0's -128, which only foreign files hold; activation rows all
+ * zero or all at +-127). Also what continuous batching relies on: a row's
+ * result has the same bits whatever batch it came in, those of the table's
+ * gemm of that row alone. */
 static void gemm_case(kn_type wtype)
 {
     const kn_ops *fast[4];
     int nf = fast_tables(fast);
     const kn_ops *ref = kn_ops_ref();
-    enum { MAXW = 17, MAXR = 9, MAXN = 4096 };
-    const int ns[] = {32, 96, 2080, 4096}; /* 2080: 65 blocks, past one repacked segment */
-    const int nws[] = {1, 7, 8, 9, 17};
-    const int nrs[] = {1, 2, 3, 5, 9};
+    enum { MAXW = 33, MAXR = 70, MAXN = 8224 };
+    /* 1056 is 33 blocks, 8224 is 257: past one segment of either path */
+    const int ns[] = {32, 96, 1056, 8224};
+    const int nws[] = {1, 7, 8, 9, 17, 33};
     /* strides off the block size but even: blocks hold a 16-bit scale */
     const size_t ws = kn_row_bytes(wtype, MAXN) + 6, xs = kn_row_bytes(KN_TYPE_Q8_0, MAXN) + 2;
     const size_t ys = MAXW + 2; /* a guard column after every row */
     float *f = malloc(MAXN * sizeof(float));
     uint8_t *w = malloc(MAXW * ws), *xq = malloc(MAXR * xs);
     float *want = malloc(MAXR * ys * sizeof(float)), *got = malloc(MAXR * ys * sizeof(float));
+    float *alone = malloc(MAXR * ys * sizeof(float));
     float *wd = malloc((size_t)MAXW * MAXN * sizeof(float)),
           *xd = malloc((size_t)MAXR * MAXN * sizeof(float));
+    double *mag = malloc(MAXR * MAXW * sizeof(double));
     assert_non_null(f);
     assert_non_null(w);
     assert_non_null(xq);
     assert_non_null(want);
     assert_non_null(got);
+    assert_non_null(alone);
     assert_non_null(wd);
     assert_non_null(xd);
+    assert_non_null(mag);
+    void (*rg)(const void *, size_t, int, const void *, size_t, int, int, float *, size_t) =
+        wtype == KN_TYPE_Q8_0 ? ref->gemm_q8_0 : ref->gemm_q4_0;
     seed(20 + wtype);
     int ran = 0;
     for (int ni = 0; ni < 4; ni++) {
@@ -596,60 +612,87 @@ static void gemm_case(kn_type wtype)
         for (int o = 0; o < MAXW; o++) {
             fill(f, n, o % 3 ? 1.0f : 0.01f);
             kn_quantize_row(wtype, f, w + o * ws, n);
+            if (wtype == KN_TYPE_Q8_0 && o % 5 == 4) {
+                kn_block_q8_0 *b = (kn_block_q8_0 *)(w + o * ws);
+                for (int ib = 0; ib < n / 32; ib++)
+                    b[ib].qs[(o + ib) % 32] = -128;
+            }
             kn_dequantize_row(wtype, w + o * ws, wd + (size_t)o * MAXN, n);
         }
         for (int r = 0; r < MAXR; r++) {
-            fill(f, n, r % 2 ? 3.0f : 1.0f);
+            if (r % 11 == 10) {
+                memset(f, 0, n * sizeof(float));
+            } else if (r % 11 == 9) {
+                for (int i = 0; i < n; i++)
+                    f[i] = rnd32() & 1 ? 1.0f : -1.0f;
+            } else {
+                fill(f, n, r % 2 ? 3.0f : 1.0f);
+            }
             kn_quantize_row(KN_TYPE_Q8_0, f, xq + r * xs, n);
             kn_dequantize_row(KN_TYPE_Q8_0, xq + r * xs, xd + (size_t)r * MAXN, n);
         }
-        for (int wi = 0; wi < 5; wi++) {
-            for (int ri = 0; ri < 5; ri++) {
-                const int n_w = nws[wi], nr = nrs[ri];
-                void (*rg)(const void *, size_t, int, const void *, size_t, int, int, float *, size_t) =
-                    wtype == KN_TYPE_Q8_0 ? ref->gemm_q8_0 : ref->gemm_q4_0;
-                for (size_t i = 0; i < MAXR * ys; i++)
-                    want[i] = -7.0f;
-                rg(w, ws, n_w, xq, xs, nr, n, want, ys);
-                for (int r = 0; r < nr; r++) {
-                    for (int o = 0; o < n_w; o++) {
-                        float d;
-                        if (wtype == KN_TYPE_Q8_0)
-                            ref->dot_q8_0(w + o * ws, xq + r * xs, 0, 1, n, &d);
-                        else
-                            ref->dot_q4_0(w + o * ws, xq + r * xs, 0, 1, n, &d);
-                        assert_true(want[r * ys + o] == d);
-                    }
-                }
-                for (int t = 0; t < nf; t++) {
-                    void (*g)(const void *, size_t, int, const void *, size_t, int, int, float *, size_t) =
-                        wtype == KN_TYPE_Q8_0 ? fast[t]->gemm_q8_0 : fast[t]->gemm_q4_0;
-                    if (g == NULL)
-                        continue;
-                    ran++;
+        for (int r = 0; r < MAXR; r++) {
+            for (int o = 0; o < MAXW; o++) {
+                double m = 0;
+                for (int i = 0; i < n; i++)
+                    m += fabs((double)wd[(size_t)o * MAXN + i] * xd[(size_t)r * MAXN + i]);
+                mag[r * MAXW + o] = m;
+            }
+        }
+        rg(w, ws, MAXW, xq, xs, MAXR, n, want, ys);
+        /* the reference gemm is the reference dot */
+        for (int r = 0; r < MAXR; r += 13) {
+            for (int o = 0; o < MAXW; o += 5) {
+                float d;
+                if (wtype == KN_TYPE_Q8_0)
+                    ref->dot_q8_0(w + o * ws, xq + r * xs, 0, 1, n, &d);
+                else
+                    ref->dot_q4_0(w + o * ws, xq + r * xs, 0, 1, n, &d);
+                assert_true(want[r * ys + o] == d);
+            }
+        }
+        for (int t = 0; t < nf; t++) {
+            void (*g)(const void *, size_t, int, const void *, size_t, int, int, float *, size_t) =
+                wtype == KN_TYPE_Q8_0 ? fast[t]->gemm_q8_0 : fast[t]->gemm_q4_0;
+            const char *what = wtype == KN_TYPE_Q8_0 ? "gemm_q8_0" : "gemm_q4_0";
+            if (g == NULL)
+                continue;
+            ran++;
+            for (int r = 0; r < MAXR; r++)
+                g(w, ws, MAXW, xq + r * xs, xs, 1, n, alone + r * ys, ys);
+            for (int nr = 1; nr <= MAXR; nr++) {
+                if (n > 1056 && nr > 9 && nr % 8 != 1 && nr != MAXR)
+                    continue; /* the longest rows: the widths that reach new tails */
+                for (int wi = 0; wi < 2; wi++) {
+                    const int n_w = wi ? nws[nr % 6] : MAXW;
                     for (size_t i = 0; i < MAXR * ys; i++)
                         got[i] = -7.0f;
                     g(w, ws, n_w, xq, xs, nr, n, got, ys);
                     for (int r = 0; r < MAXR; r++) {
                         for (int o = 0; o < (int)ys; o++) {
+                            const float v = got[r * ys + o];
                             if (r >= nr || o >= n_w) { /* outside the output: untouched */
-                                assert_true(got[r * ys + o] == -7.0f);
+                                assert_true(v == -7.0f);
                                 continue;
                             }
-                            double mag = 0;
-                            for (int i = 0; i < n; i++)
-                                mag += fabs((double)wd[(size_t)o * MAXN + i] * xd[(size_t)r * MAXN + i]);
-                            check_close(got[r * ys + o], want[r * ys + o], 1e-5 * mag + 1e-30,
-                                        wtype == KN_TYPE_Q8_0 ? "gemm_q8_0" : "gemm_q4_0", fast[t]->name, n,
-                                        r * 100 + o);
+                            check_close(v, want[r * ys + o], 1e-5 * mag[r * MAXW + o] + 1e-30, what,
+                                        fast[t]->name, n, r * 100 + o);
+                            if (bits_of(v) != bits_of(alone[r * ys + o])) {
+                                print_error("%s [%s] n=%d: row %d of %d, column %d of %d: %.9g, alone %.9g\n",
+                                            what, fast[t]->name, n, r, nr, o, n_w, (double)v,
+                                            (double)alone[r * ys + o]);
+                                fail();
+                            }
                         }
                     }
                 }
             }
         }
     }
+    free(mag);
     free(xd);
     free(wd);
+    free(alone);
     free(got);
     free(want);
     free(xq);
@@ -759,28 +802,32 @@ static void test_elementwise(void **state)
 static void test_matmul(void **state)
 {
     (void)state;
-    const kn_backend fast_backends[] = {KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI};
+    const kn_backend fast_backends[] = {KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI, KN_BACKEND_AVX512VNNI};
     const kn_type types[] = {KN_TYPE_F32, KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
-    const int rows[] = {1, 3, 64, 65};
-    const int n_out = 37, n_in_q = 96, n_in_f = 77;
+    const int rows[] = {1, 2, 3, 4, 5, 7, 8, 13, 33, 64, 65};
+    enum { N_ROWS = sizeof(rows) / sizeof(rows[0]) };
+    /* 1056: 33 blocks, more than one segment of the batched kernels */
+    const int n_out = 37, n_in_q = 1056, n_in_f = 77;
     kn_ctx *ref = kn_ctx_new(1, KN_BACKEND_REF);
     assert_non_null(ref);
     float *w = malloc((size_t)n_out * n_in_q * sizeof(float));
     float *x = malloc((size_t)65 * n_in_q * sizeof(float));
     void *wq = malloc((size_t)n_out * n_in_q * sizeof(float));
     float *yr = malloc((size_t)65 * n_out * sizeof(float)), *yf = malloc((size_t)65 * n_out * sizeof(float));
+    float *y1 = malloc((size_t)n_out * sizeof(float));
     float *wd = malloc((size_t)n_out * n_in_q * sizeof(float));
     assert_non_null(w);
     assert_non_null(x);
     assert_non_null(wq);
     assert_non_null(yr);
     assert_non_null(yf);
+    assert_non_null(y1);
     assert_non_null(wd);
     seed(6);
     fill(w, (size_t)n_out * n_in_q, 1.0f);
     fill(x, (size_t)65 * n_in_q, 1.0f);
     int ran = 0;
-    for (int bi = 0; bi < 2; bi++) {
+    for (int bi = 0; bi < 3; bi++) {
         for (int nt = 1; nt <= 3; nt += 2) {
             kn_ctx *ctx = kn_ctx_new(nt, fast_backends[bi]);
             if (ctx == NULL)
@@ -795,7 +842,7 @@ static void test_matmul(void **state)
                     kn_quantize_row(t, w + (size_t)o * n_in, (char *)wq + o * rb, n_in);
                     kn_dequantize_row(t, (char *)wq + o * rb, wd + (size_t)o * n_in, n_in);
                 }
-                for (int ri = 0; ri < 4; ri++) {
+                for (int ri = 0; ri < N_ROWS; ri++) {
                     int nr = rows[ri];
                     memset(yf, 0xff, (size_t)nr * n_out * sizeof(float));
                     assert_int_equal(kn_matmul(ref, wq, t, n_out, n_in, x, nr, yr), 0);
@@ -809,6 +856,14 @@ static void test_matmul(void **state)
                                         kn_type_name(t), kn_ctx_ops(ctx)->name, nr, r * n_out + o);
                         }
                     }
+                    if (t != KN_TYPE_Q8_0 && t != KN_TYPE_Q4_0)
+                        continue;
+                    /* a row's result does not depend on the batch: the same
+                     * bits as the row alone, whatever the threads did */
+                    for (int r = 0; r < nr; r += 1 + nr / 8) {
+                        assert_int_equal(kn_matmul(ctx, wq, t, n_out, n_in, x + (size_t)r * n_in, 1, y1), 0);
+                        assert_memory_equal(y1, yf + (size_t)r * n_out, (size_t)n_out * sizeof(float));
+                    }
                 }
             }
             /* bad input changes nothing and says why */
@@ -819,6 +874,7 @@ static void test_matmul(void **state)
         }
     }
     free(wd);
+    free(y1);
     free(yf);
     free(yr);
     free(wq);
@@ -977,8 +1033,9 @@ static void test_attention(void **state)
     for (int s = 0; s < NSEQ; s++)
         attention_naive(&seqs[s], NH, NKV, HD, scale, want[s]);
 
-    const kn_backend backends[] = {KN_BACKEND_REF, KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI};
-    for (int bi = 0; bi < 3; bi++) {
+    const kn_backend backends[] = {KN_BACKEND_REF, KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI,
+                                   KN_BACKEND_AVX512VNNI};
+    for (int bi = 0; bi < 4; bi++) {
         for (int nt = 1; nt <= 3; nt += 2) {
             kn_ctx *ctx = kn_ctx_new(nt, backends[bi]);
             if (ctx == NULL)
