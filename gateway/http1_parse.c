@@ -10,6 +10,7 @@
  * Host as the authority, no connection-specific fields, the body
  * de-chunked. */
 #include "gateway/http_internal.h"
+#include "gateway/mem.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -76,7 +77,7 @@ static int stream_add_header(gw_http_stream *s, const char *name, size_t nlen, c
 {
     if (s->n_headers == s->cap_headers) {
         size_t cap = s->cap_headers ? s->cap_headers * 2 : 16;
-        gw_http_header *h = realloc(s->headers, cap * sizeof(*h));
+        gw_http_header *h = gw_mem_realloc(s->headers, cap * sizeof(*h));
         if (!h)
             return -ENOMEM;
         s->headers = h;
@@ -416,7 +417,7 @@ static int body_reserve(gw_http_stream *s, size_t more, size_t max)
         cap = max;
     if (cap < need) /* max shrank under a body already admitted (reload) */
         cap = need;
-    uint8_t *b = realloc(s->body, cap);
+    uint8_t *b = gw_mem_realloc(s->body, cap);
     if (!b)
         return -ENOMEM;
     s->body = b;

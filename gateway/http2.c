@@ -5,6 +5,7 @@
  * streams whose on_close runs outside nghttp2. See gateway/http_internal.h
  * for ownership and the rules on which calls may happen where. */
 #include "gateway/http_internal.h"
+#include "gateway/mem.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -42,6 +43,14 @@ static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size
     return (ssize_t)n;
 }
 
+/* x-request-id is new on every response: in the HPACK dynamic table it
+ * would only push out fields that repeat, and nghttp2 keeps the entries of
+ * one name on one hash chain, which it walks on every response. */
+static uint8_t hpack_flags(const char *name, size_t len)
+{
+    return len == 12 && !memcmp(name, "x-request-id", 12) ? NGHTTP2_NV_FLAG_NO_INDEX : NGHTTP2_NV_FLAG_NONE;
+}
+
 /* Submits response headers, with `body` queued when given. With `whole`,
  * the response ends after the body. 0, -EINVAL or -ENOMEM. */
 static int stream_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
@@ -56,12 +65,14 @@ static int stream_submit(gw_http_stream *s, int status, const gw_http_header *he
         if (n_headers > SIZE_MAX / sizeof(*nv) - 1 || !(nv = malloc((n_headers + 1) * sizeof(*nv))))
             return -ENOMEM;
     }
-    char st[4];
-    snprintf(st, sizeof(st), "%d", status);
+    char st[4] = {(char)('0' + status / 100), (char)('0' + status / 10 % 10), (char)('0' + status % 10),
+                  '\0'};
     nv[0] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, 3, NGHTTP2_NV_FLAG_NONE};
-    for (size_t i = 0; i < n_headers; i++)
-        nv[i + 1] = (nghttp2_nv){(uint8_t *)headers[i].name, (uint8_t *)headers[i].value,
-                                 strlen(headers[i].name), strlen(headers[i].value), NGHTTP2_NV_FLAG_NONE};
+    for (size_t i = 0; i < n_headers; i++) {
+        size_t nlen = strlen(headers[i].name);
+        nv[i + 1] = (nghttp2_nv){(uint8_t *)headers[i].name, (uint8_t *)headers[i].value, nlen,
+                                 strlen(headers[i].value), hpack_flags(headers[i].name, nlen)};
+    }
     int rc = -ENOMEM;
     if (body_len && evbuffer_add(s->out, body, body_len))
         goto out;
@@ -89,7 +100,7 @@ static void stream_reject(gw_http_stream *s, int status, const char *message, co
     static const gw_http_header hdr[] = {{"content-type", "application/json"}};
     char body[320];
     s->state = GW_SS_REJECTED;
-    free(s->body);
+    gw_mem_free(s->body);
     s->body = NULL;
     s->body_len = s->body_cap = 0;
     size_t n = gw_http_error_json(body, sizeof(body), message, code);
@@ -165,7 +176,7 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     }
     if (s->n_headers == s->cap_headers) {
         size_t cap = s->cap_headers ? s->cap_headers * 2 : 16;
-        gw_http_header *h = realloc(s->headers, cap * sizeof(*h));
+        gw_http_header *h = gw_mem_realloc(s->headers, cap * sizeof(*h));
         if (!h)
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
         s->headers = h;
@@ -207,7 +218,7 @@ static void request_headers_done(gw_http_stream *s)
             stream_reject_body(s);
         } else if (n > 0) {
             size_t cap = n < 65536 ? (size_t)n : 65536;
-            if (!(s->body = malloc(cap)))
+            if (!(s->body = gw_mem_alloc(cap)))
                 stream_fail(s);
             else
                 s->body_cap = cap;
@@ -258,7 +269,7 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
             cap = max;
         if (cap < s->body_len + len)
             cap = s->body_len + len;
-        uint8_t *b = realloc(s->body, cap);
+        uint8_t *b = gw_mem_realloc(s->body, cap);
         if (!b) {
             stream_fail(s);
             return 0;
@@ -335,6 +346,28 @@ static int conn_recv(gw_http_conn *c)
     return 0;
 }
 
+/* Cleartext: writes the output to the socket now instead of waiting for
+ * the loop to report it writable, which costs two epoll_ctl calls and a
+ * loop turn per write. The bufferevent writes (EV_WRITE enabled) only what
+ * the socket did not take. 0, or -1 when the connection must go. */
+static int conn_flush(gw_http_conn *c)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (c->tls || evbuffer_get_length(out) == 0)
+        return 0;
+    /* The bufferevent keeps the front of its output frozen, and thaws it
+     * itself only around its own writes. */
+    evbuffer_unfreeze(out, 1);
+    int n = evbuffer_write(out, bufferevent_getfd(c->bev));
+    int e = errno;
+    evbuffer_freeze(out, 1);
+    if (n < 0 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR)
+        return -1;
+    if (evbuffer_get_length(out) == 0)
+        return bufferevent_disable(c->bev, EV_WRITE) ? -1 : 0;
+    return bufferevent_enable(c->bev, EV_WRITE) ? -1 : 0;
+}
+
 /* Moves frames from nghttp2 to the output until it is above the soft
  * maximum; the write callback comes back for the rest. While the output is
  * that full the peer is not reading, so we stop reading too (h2o). */
@@ -350,7 +383,11 @@ static int conn_send(gw_http_conn *c)
             break;
         if (evbuffer_add(out, data, (size_t)n))
             return -1;
+        if (evbuffer_get_length(out) >= GW_HTTP_OUT_SOFT_MAX && conn_flush(c))
+            return -1;
     }
+    if (conn_flush(c))
+        return -1;
     if (evbuffer_get_length(out) >= GW_HTTP_OUT_SOFT_MAX && !c->read_paused) {
         c->read_paused = true;
         bufferevent_disable(c->bev, EV_READ);
@@ -417,7 +454,7 @@ static void on_read(struct bufferevent *bev, void *arg)
 static void on_write(struct bufferevent *bev, void *arg)
 {
     gw_http_conn *c = arg;
-    int rc = conn_send(c);
+    int rc = conn_send(c); /* also stops the write event once the output drained */
     if (!rc && c->read_paused && !c->lingering &&
         evbuffer_get_length(bufferevent_get_output(bev)) < GW_HTTP_OUT_SOFT_MAX) {
         c->read_paused = false;
@@ -468,13 +505,17 @@ void gw_h2_start(gw_http_conn *c)
          lim->max_header_list > UINT32_MAX ? UINT32_MAX : (uint32_t)lim->max_header_list},
         {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
     };
-    if (nghttp2_session_server_new2(&c->ngh, c->srv->cbs, c, c->srv->opt) ||
+    if (nghttp2_session_server_new3(&c->ngh, c->srv->cbs, c, c->srv->opt, gw_mem_nghttp2()) ||
         nghttp2_submit_settings(c->ngh, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0]))) {
         gw_conn_free(c);
         return;
     }
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     bufferevent_setwatermark(c->bev, EV_WRITE, GW_HTTP_OUT_LOW_WATER, 0);
+    if (!c->tls && bufferevent_disable(c->bev, EV_WRITE)) { /* conn_flush writes */
+        gw_conn_free(c);
+        return;
+    }
     conn_arm_idle(c);   /* replaces the header timeout */
     on_read(c->bev, c); /* the preface and whatever came with it; our SETTINGS */
 }

@@ -6,6 +6,7 @@
  * gateway/http_internal.h for ownership and the rules on which calls may
  * happen where. */
 #include "gateway/http_internal.h"
+#include "gateway/mem.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -56,8 +57,12 @@ char *gw_arena_strndup(gw_arena_chunk **head, const void *p, size_t n)
 {
     gw_arena_chunk *c = *head;
     if (!c || c->cap - c->used < n + 1) {
-        size_t cap = n + 1 > 4000 ? n + 1 : 4000;
-        if (!(c = malloc(sizeof(*c) + cap)))
+        /* The first chunk fits malloc's per-thread cache (a request's
+         * header strings seldom need more); later ones are larger. */
+        size_t cap = *head ? 4000 : 1000;
+        if (n + 1 > cap)
+            cap = n + 1;
+        if (!(c = gw_mem_alloc(sizeof(*c) + cap)))
             return NULL;
         c->next = *head;
         c->used = 0;
@@ -75,7 +80,7 @@ static void arena_free(gw_arena_chunk *c)
 {
     while (c) {
         gw_arena_chunk *next = c->next;
-        free(c);
+        gw_mem_free(c);
         c = next;
     }
 }
@@ -97,9 +102,10 @@ void gw_conn_set_timer(gw_http_conn *c, int ms)
 
 gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id)
 {
-    gw_http_stream *s = calloc(1, sizeof(*s));
+    gw_http_stream *s = gw_mem_alloc(sizeof(*s));
     if (!s)
         return NULL;
+    memset(s, 0, sizeof(*s));
     s->conn = c;
     s->id = id;
     s->state = GW_SS_HEADERS;
@@ -115,11 +121,11 @@ gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id)
 static void stream_free(gw_http_stream *s)
 {
     arena_free(s->arena);
-    free(s->headers);
-    free(s->body);
+    gw_mem_free(s->headers);
+    gw_mem_free(s->body);
     if (s->out)
         evbuffer_free(s->out);
-    free(s);
+    gw_mem_free(s);
 }
 
 void gw_stream_closed(gw_http_stream *s, bool finished)
@@ -419,8 +425,9 @@ void gw_http_set_user(gw_http_stream *s, void *stream_ud)
 
 const char *gw_http_header_get(const gw_http_request *req, const char *name)
 {
+    /* The first byte settles most mismatches without a call. */
     for (size_t i = 0; i < req->n_headers; i++)
-        if (!strcmp(req->headers[i].name, name))
+        if (req->headers[i].name[0] == name[0] && !strcmp(req->headers[i].name, name))
             return req->headers[i].value;
     return NULL;
 }

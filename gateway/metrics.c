@@ -1,7 +1,8 @@
 /* Prometheus registry (see metrics.h). Families live in declaration order;
  * each keeps its series in first-use order plus an open-addressing index
  * on the label string, so an update costs one hash of the labels whatever
- * the number of series. */
+ * the number of series. The family and the series used last are tried
+ * first: updates mostly repeat the previous one's name and labels. */
 #include "gateway/metrics.h"
 
 #include <errno.h>
@@ -34,10 +35,12 @@ typedef struct family {
     size_t n, cap;
     int32_t *index;   /* positions in s, -1 empty */
     size_t index_cap; /* power of two, at least 2n */
+    series *last;     /* the series found last, NULL after a clear */
 } family;
 
 struct gw_metrics {
     family **f;
+    family *last; /* the family found last */
     int n, cap;
     size_t max_series, n_series;
     double dropped;
@@ -65,6 +68,7 @@ static void family_clear(family *f)
     for (size_t i = 0; i < f->n; i++)
         series_free(f->s[i]);
     f->n = 0;
+    f->last = NULL;
     for (size_t i = 0; i < f->index_cap; i++)
         f->index[i] = -1;
 }
@@ -92,11 +96,13 @@ void gw_metrics_free(gw_metrics *m)
     free(m);
 }
 
-static family *find_family(const gw_metrics *m, const char *name)
+static family *find_family(gw_metrics *m, const char *name)
 {
+    if (m->last && !strcmp(m->last->name, name))
+        return m->last;
     for (int i = 0; i < m->n; i++)
         if (!strcmp(m->f[i]->name, name))
-            return m->f[i];
+            return m->last = m->f[i];
     return NULL;
 }
 
@@ -190,19 +196,24 @@ static int grow(family *f)
     return 0;
 }
 
-/* The series of `labels` in the family `name` of type `type`, made on first
- * use; NULL for an unknown family, the wrong type, the cap, or no memory. */
-static series *get_series(gw_metrics *m, const char *name, gw_metric_type type, const char *labels)
+/* The series of `labels` in the family `name` of type `type` (*fp), made
+ * on first use; NULL for an unknown family, the wrong type, the cap, or no
+ * memory. */
+static series *get_series(gw_metrics *m, const char *name, gw_metric_type type, const char *labels,
+                          family **fp)
 {
     family *f = find_family(m, name);
     if (!f || f->type != type)
         return NULL;
+    *fp = f;
     if (!labels)
         labels = "";
+    if (f->last && !strcmp(f->last->labels, labels))
+        return f->last;
     if (f->index_cap) {
         int32_t at = f->index[index_slot(f, labels)];
         if (at >= 0)
-            return f->s[at];
+            return f->last = f->s[at];
     }
     if (m->n_series >= m->max_series || f->n >= INT32_MAX) {
         m->dropped += 1;
@@ -218,21 +229,23 @@ static series *get_series(gw_metrics *m, const char *name, gw_metric_type type, 
     f->index[index_slot(f, labels)] = (int32_t)f->n;
     f->s[f->n++] = s;
     m->n_series++;
-    return s;
+    return f->last = s;
 }
 
 void gw_metrics_add(gw_metrics *m, const char *name, const char *labels, double v)
 {
     if (!(v >= 0)) /* counters only go up; also NaN */
         return;
-    series *s = get_series(m, name, GW_COUNTER, labels);
+    family *f;
+    series *s = get_series(m, name, GW_COUNTER, labels, &f);
     if (s)
         s->value += v;
 }
 
 void gw_metrics_set(gw_metrics *m, const char *name, const char *labels, double v)
 {
-    series *s = get_series(m, name, GW_GAUGE, labels);
+    family *f;
+    series *s = get_series(m, name, GW_GAUGE, labels, &f);
     if (s)
         s->value = v;
 }
@@ -241,10 +254,10 @@ void gw_metrics_observe(gw_metrics *m, const char *name, const char *labels, dou
 {
     if (isnan(v))
         return;
-    series *s = get_series(m, name, GW_HISTOGRAM, labels);
+    family *f;
+    series *s = get_series(m, name, GW_HISTOGRAM, labels, &f);
     if (!s)
         return;
-    const family *f = find_family(m, name);
     int b = 0;
     while (b < f->n_bounds && v > f->bounds[b])
         b++;

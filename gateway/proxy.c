@@ -4,8 +4,10 @@
  * worker unchanged. Response data is acknowledged upstream only once the
  * client side has room for it, so a slow client holds back its upstream
  * stream instead of filling a buffer here. */
-#define _GNU_SOURCE /* memmem */
 #include "gateway/serve_internal.h"
+
+#include "gateway/body_fields.h"
+#include "gateway/mem.h"
 
 #include "routing/router.h"
 #include "routing/sync.h"
@@ -20,8 +22,8 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
-#define USAGE_COPY_MAX 65536 /* bytes of a non-streamed answer kept to read its usage */
 #define MAX_TRIES 2          /* local only: a failure before the first response byte is retried once */
 #define RETRY_TOKENS_MAX 100 /* the retry budget saves up at most this many retries */
 #define MAX_NEED_TAGS 16
@@ -32,7 +34,7 @@ typedef struct preq {
     const gw_http_request *req;
     gw_upstream_req *up;
     char id[48];
-    char model[128];
+    char model[GW_BODY_MODEL_MAX];
     char tenant[64];
     int worker, tries, status;
     bool responded, sse, logged;
@@ -47,10 +49,8 @@ typedef struct preq {
     size_t bytes_out, unconsumed;
     double t_start, t_first, t_last;
     int events;
-    int completion_tokens; /* from usage, -1 unknown */
+    gw_usage_scan usage; /* completion_tokens of the answer, read as it passes */
     double charged;
-    char *copy; /* non-streamed body, for usage */
-    size_t copy_len;
 } preq;
 
 static double mono_s(void)
@@ -124,6 +124,67 @@ static void json_field_str(FILE *f, const char *k, const char *v)
     json_decref(s);
 }
 
+/* The label lists of the last request that finished: requests that follow
+ * each other mostly share model, tenant, status and target, and escaping
+ * and formatting them anew cost more than the rest of the bookkeeping. */
+static struct {
+    bool valid;
+    int status;
+    char model[GW_BODY_MODEL_MAX], tenant[64], target[96];
+    char labels[400];       /* model, tenant, status, target */
+    char model_labels[180]; /* model only */
+} last_labels;
+
+static void request_labels(const preq *p, const char *target, const char *out[2])
+{
+    if (!last_labels.valid || last_labels.status != p->status || strcmp(last_labels.model, p->model) ||
+        strcmp(last_labels.tenant, p->tenant) || strcmp(last_labels.target, target)) {
+        char model[160], tenant[96];
+        gw_metrics_escape(p->model[0] ? p->model : "-", model, sizeof(model));
+        gw_metrics_escape(p->tenant[0] ? p->tenant : "-", tenant, sizeof(tenant));
+        snprintf(last_labels.labels, sizeof(last_labels.labels),
+                 "model=\"%s\",tenant=\"%s\",status=\"%d\",target=\"%s\"", model, tenant, p->status, target);
+        snprintf(last_labels.model_labels, sizeof(last_labels.model_labels), "model=\"%s\"", model);
+        last_labels.status = p->status;
+        snprintf(last_labels.model, sizeof(last_labels.model), "%s", p->model);
+        snprintf(last_labels.tenant, sizeof(last_labels.tenant), "%s", p->tenant);
+        snprintf(last_labels.target, sizeof(last_labels.target), "%s", target);
+        last_labels.valid = true;
+    }
+    out[0] = last_labels.labels;
+    out[1] = last_labels.model_labels;
+}
+
+/* Writes v in decimal (at most 11 bytes, no NUL) and returns the end:
+ * printf's machinery costs more than the rest of a header. */
+static char *put_int(char *o, int v)
+{
+    char digits[12];
+    int n = 0;
+    unsigned u = v < 0 ? 0u - (unsigned)v : (unsigned)v;
+    do
+        digits[n++] = (char)('0' + u % 10);
+    while (u /= 10);
+    if (v < 0)
+        *o++ = '-';
+    while (n > 0)
+        *o++ = digits[--n];
+    return o;
+}
+
+/* "worker-N", "region-NAME" or "-"; buf holds at least 20 bytes. */
+static void target_name(const preq *p, char *buf, size_t cap)
+{
+    if (p->remote) {
+        snprintf(buf, cap, "region-%s", p->region);
+    } else if (p->worker >= 0) {
+        memcpy(buf, "worker-", 7);
+        *put_int(buf + 7, p->worker) = '\0';
+    } else {
+        snprintf(buf, cap, "-");
+    }
+}
+
 static void finish_log(preq *p)
 {
     if (p->logged)
@@ -132,13 +193,10 @@ static void finish_log(preq *p)
     gw_serve *g = p->g;
     double now = mono_s(), dur = now - p->t_start;
     double ttft = p->t_first > 0 ? p->t_first - p->t_start : -1;
-    int tokens = p->completion_tokens >= 0 ? p->completion_tokens : (p->sse && p->events > 1 ? p->events - 1 : -1);
+    int tokens = p->usage.tokens >= 0 ? p->usage.tokens : (p->sse && p->events > 1 ? p->events - 1 : -1);
     double tpot = p->sse && p->events > 2 ? (p->t_last - p->t_first) / (p->events - 2) : -1;
-    char target[96] = "-";
-    if (p->remote)
-        snprintf(target, sizeof(target), "region-%s", p->region);
-    else if (p->worker >= 0)
-        snprintf(target, sizeof(target), "worker-%d", p->worker);
+    char target[96];
+    target_name(p, target, sizeof(target));
 
     if (g->access_log) {
         FILE *f = g->access_log;
@@ -160,19 +218,15 @@ static void finish_log(preq *p)
         fflush(f);
     }
 
-    char model[160], tenant[96], labels[400];
-    gw_metrics_escape(p->model[0] ? p->model : "-", model, sizeof(model));
-    gw_metrics_escape(p->tenant[0] ? p->tenant : "-", tenant, sizeof(tenant));
-    snprintf(labels, sizeof(labels), "model=\"%s\",tenant=\"%s\",status=\"%d\",target=\"%s\"", model, tenant,
-             p->status, target);
-    gw_metrics_add(g->metrics, "infergate_requests_total", labels, 1);
+    const char *labels[2];
+    request_labels(p, target, labels);
+    gw_metrics_add(g->metrics, "infergate_requests_total", labels[0], 1);
     if (p->model[0] && (p->worker >= 0 || p->remote)) {
-        snprintf(labels, sizeof(labels), "model=\"%s\"", model);
-        gw_metrics_observe(g->metrics, "infergate_request_duration_seconds", labels, dur);
+        gw_metrics_observe(g->metrics, "infergate_request_duration_seconds", labels[1], dur);
         if (p->sse && ttft >= 0)
-            gw_metrics_observe(g->metrics, "infergate_ttft_seconds", labels, ttft);
+            gw_metrics_observe(g->metrics, "infergate_ttft_seconds", labels[1], ttft);
         if (tpot >= 0)
-            gw_metrics_observe(g->metrics, "infergate_tpot_seconds", labels, tpot);
+            gw_metrics_observe(g->metrics, "infergate_tpot_seconds", labels[1], tpot);
     }
     /* Tokens charged on the estimate come back once the real count is known. */
     if (p->charged > 0 && tokens >= 0 && p->tenant[0]) {
@@ -184,8 +238,7 @@ static void finish_log(preq *p)
 
 static void preq_free(preq *p)
 {
-    free(p->copy);
-    free(p);
+    gw_mem_free(p);
 }
 
 /* ---- answers made here ---- */
@@ -277,7 +330,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     gw_http_header out[10];
     size_t k = 0;
     char worker[16];
-    snprintf(worker, sizeof(worker), "%d", p->worker);
+    *put_int(worker, p->worker) = '\0';
     for (size_t i = 0; i < n && k < 5; i++) {
         if (!strcmp(hs[i].name, "content-type") || !strcmp(hs[i].name, "cache-control") ||
             !strcmp(hs[i].name, "retry-after")) {
@@ -302,8 +355,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     }
 }
 
-/* Counts SSE events (one per token in a completion stream) and reads the
- * usage object when one passes by. */
+/* Counts SSE events (one per token in a completion stream). */
 static void scan_sse(preq *p, const uint8_t *data, size_t len)
 {
     const char *s = (const char *)data, *end = s + len;
@@ -311,9 +363,6 @@ static void scan_sse(preq *p, const uint8_t *data, size_t len)
         if ((size_t)(end - q) >= 6 && !memcmp(q, "data: ", 6) && (q == s || q[-1] == '\n'))
             p->events += !((size_t)(end - q) >= 12 && !memcmp(q + 6, "[DONE]", 6));
     }
-    const char *u = len > 40 ? memmem(s, len, "\"completion_tokens\":", 20) : NULL;
-    if (u)
-        p->completion_tokens = atoi(u + 20);
 }
 
 static void up_data(void *ud, const uint8_t *data, size_t len)
@@ -323,17 +372,9 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
     if (!p->t_first)
         p->t_first = now;
     p->t_last = now;
-    if (p->sse) {
+    if (p->sse)
         scan_sse(p, data, len);
-    } else if (p->copy_len + len <= USAGE_COPY_MAX) {
-        char *c = realloc(p->copy, p->copy_len + len + 1);
-        if (c) {
-            memcpy(c + p->copy_len, data, len);
-            p->copy = c;
-            p->copy_len += len;
-            c[p->copy_len] = '\0';
-        }
-    }
+    gw_usage_scan_feed(&p->usage, data, len);
     if (!p->stream)
         return;
     int rc = gw_http_write(p->stream, data, len);
@@ -354,13 +395,6 @@ static void up_end(void *ud)
 {
     preq *p = ud;
     p->up = NULL;
-    if (!p->sse && p->copy) {
-        json_t *o = json_loads(p->copy, 0, NULL);
-        json_t *ct = json_object_get(json_object_get(o, "usage"), "completion_tokens");
-        if (json_is_integer(ct))
-            p->completion_tokens = (int)json_integer_value(ct);
-        json_decref(o);
-    }
     if (p->stream && gw_http_end(p->stream))
         gw_http_reset(p->stream);
 }
@@ -448,13 +482,29 @@ static void request_id(preq *p, const gw_http_request *r)
         snprintf(p->id, sizeof(p->id), "%s", v);
         return;
     }
-    uint8_t rnd[12];
-    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
-        memset(rnd, 0, sizeof(rnd));
-    char *o = p->id;
-    o += sprintf(o, "req-");
-    for (size_t i = 0; i < sizeof(rnd); i++)
-        o += sprintf(o, "%02x", rnd[i]);
+    /* 48 random bits drawn once per process, then a counter from a random
+     * start: unique without a system call per request. */
+    static uint64_t prefix, counter;
+    static bool seeded;
+    if (!seeded) {
+        uint64_t rnd[2] = {0, 0};
+        if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            rnd[0] ^= (uint64_t)ts.tv_nsec << 20 ^ (uint64_t)ts.tv_sec ^ (uint64_t)getpid() << 40;
+        }
+        prefix = rnd[0];
+        counter = rnd[1];
+        seeded = true;
+    }
+    static const char hex[] = "0123456789abcdef";
+    uint64_t n = ++counter;
+    memcpy(p->id, "req-", 4);
+    for (int i = 0; i < 12; i++) {
+        p->id[4 + i] = hex[(prefix >> (44 - 4 * i)) & 15];
+        p->id[16 + i] = hex[(n >> (44 - 4 * i)) & 15];
+    }
+    p->id[28] = '\0';
 }
 
 /* The tenant of the request; NULL after answering 401 when auth is on.
@@ -701,26 +751,19 @@ static void handle_completion(preq *p, gw_tenant *t)
 {
     gw_serve *g = p->g;
     const gw_http_request *r = p->req;
-    json_error_t jerr;
-    json_t *o = json_loadb((const char *)r->body, r->body_len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!json_is_object(o)) {
-        json_decref(o);
-        respond(p, 400, "invalid_request_error", NULL, NULL, 0, "invalid JSON body: %s", jerr.text);
+    gw_body_fields f;
+    char why[128];
+    if (gw_body_fields_scan(r->body, r->body_len, &f, why, sizeof(why))) {
+        respond(p, 400, "invalid_request_error", NULL, NULL, 0, "invalid JSON body: %s", why);
         return;
     }
-    json_t *m = json_object_get(o, "model");
-    json_t *mt = json_object_get(o, "max_completion_tokens");
-    if (!json_is_integer(mt))
-        mt = json_object_get(o, "max_tokens");
-    long long max_tokens = json_is_integer(mt) ? json_integer_value(mt) : -1;
+    long long max_tokens = f.max_tokens;
     bool chat = strstr(r->path, "/chat/") != NULL;
-    if (!json_is_string(m) || json_string_length(m) == 0 || json_string_length(m) >= sizeof(p->model)) {
-        json_decref(o);
+    if (!f.has_model || f.model_len == 0 || f.model_len >= sizeof(p->model)) {
         respond(p, 400, "invalid_request_error", NULL, "model", 0, "'model' must be a non-empty string");
         return;
     }
-    snprintf(p->model, sizeof(p->model), "%s", json_string_value(m));
-    json_decref(o);
+    memcpy(p->model, f.model, f.model_len + 1);
 
     if (t && !gw_tenant_allows_model(t, p->model)) {
         respond(p, 403, "permission_error", "model_not_allowed", "model", 0, "tenant '%s' may not use model '%s'",
@@ -773,16 +816,17 @@ static bool accept_forwarded(preq *p)
 void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
 {
     gw_serve *g = ud;
-    preq *p = calloc(1, sizeof(*p));
+    preq *p = gw_mem_alloc(sizeof(*p));
     if (!p) {
         gw_http_reset(s);
         return;
     }
+    memset(p, 0, sizeof(*p));
     p->g = g;
     p->stream = s;
     p->req = r;
     p->worker = -1;
-    p->completion_tokens = -1;
+    gw_usage_scan_init(&p->usage);
     p->t_start = mono_s();
     request_id(p, r);
     gw_http_set_user(s, p);

@@ -6,6 +6,7 @@
  * live in gateway/upstream_conn.c; see gateway/upstream_internal.h for who
  * owns what and which calls may happen where. */
 #include "gateway/upstream_internal.h"
+#include "gateway/mem.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -181,8 +182,8 @@ static void req_free(gw_upstream_req *r)
 {
     if (r->timeout_ev)
         event_free(r->timeout_ev);
-    free(r->hbuf);
-    free(r);
+    gw_mem_free(r->hbuf);
+    gw_mem_free(r);
 }
 
 static void reap(gw_upstream_pool *p)
@@ -525,9 +526,11 @@ gw_upstream_req *gw_upstream_send(gw_upstream_pool *p, const char *target, const
     }
     if (strs > SIZE_MAX - size || body_len > SIZE_MAX - size - strs)
         return NULL;
-    gw_upstream_req *r = calloc(1, size + strs + body_len);
+    /* Everything after the struct is written below. */
+    gw_upstream_req *r = gw_mem_alloc(size + strs + body_len);
     if (!r)
         return NULL;
+    memset(r, 0, sizeof(*r));
     r->pool = p;
     r->target = t;
     r->cbs = *cbs;
@@ -548,6 +551,10 @@ gw_upstream_req *gw_upstream_send(gw_upstream_pool *p, const char *target, const
         } else {
             nv->name = (uint8_t *)s;
             s = put(s, name, &nv->namelen);
+            /* New on every request: indexed, it would only push out fields
+             * that repeat and lengthen the chain nghttp2 walks per request. */
+            if (nv->namelen == 12 && !memcmp(name, "x-request-id", 12))
+                nv->flags = NGHTTP2_NV_FLAG_NO_INDEX;
         }
         nv->value = (uint8_t *)s;
         s = put(s, value, &nv->valuelen);

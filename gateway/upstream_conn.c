@@ -10,6 +10,7 @@
  * failure before that (refused, no socket file, TLS or ALPN failure, a
  * peer that closes at once) is GW_UP_CONNECT, after it GW_UP_RESET. */
 #include "gateway/upstream_internal.h"
+#include "gateway/mem.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -218,7 +219,7 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
         size_t cap = r->hcap ? r->hcap : 512;
         while (cap < r->hlen + need)
             cap *= 2;
-        char *b = realloc(r->hbuf, cap);
+        char *b = gw_mem_realloc(r->hbuf, cap);
         if (!b)
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
         r->hbuf = b;
@@ -256,7 +257,7 @@ static void response_deliver(gw_upstream_req *r)
     if (h != stack)
         free(h);
     /* r may be retired by now, but it is freed only from the pool's kick. */
-    free(r->hbuf);
+    gw_mem_free(r->hbuf);
     r->hbuf = NULL;
     r->hlen = r->hcap = r->n_h = 0;
 }
@@ -412,6 +413,33 @@ static int conn_recv(up_conn *c)
     return c->fail ? -1 : 0;
 }
 
+/* Cleartext: writes the output to the socket now instead of waiting for
+ * the loop to report it writable, which costs two epoll_ctl calls and a
+ * loop turn per write. The bufferevent writes (EV_WRITE enabled) only what
+ * the socket did not take. 0, or -1 with c->fail set. */
+static int conn_flush(up_conn *c)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (c->ssl || evbuffer_get_length(out) == 0)
+        return 0;
+    /* The bufferevent keeps the front of its output frozen, and thaws it
+     * itself only around its own writes. */
+    evbuffer_unfreeze(out, 1);
+    int n = evbuffer_write(out, c->fd);
+    int e = errno;
+    evbuffer_freeze(out, 1);
+    if (n < 0 && e != EAGAIN && e != EWOULDBLOCK && e != EINTR) {
+        c->fail = !c->established ? GW_UP_CONNECT : c->proto_error ? GW_UP_PROTOCOL : GW_UP_RESET;
+        return -1;
+    }
+    if (evbuffer_get_length(out) == 0 ? bufferevent_disable(c->bev, EV_WRITE)
+                                      : bufferevent_enable(c->bev, EV_WRITE)) {
+        c->fail = GW_UP_NOMEM;
+        return -1;
+    }
+    return 0;
+}
+
 /* Moves frames from nghttp2 to the output until it holds the soft maximum;
  * the write callback comes back for the rest once it drained. Reading goes
  * on meanwhile: a client that stopped reading while its peer waits for it
@@ -434,8 +462,10 @@ static int conn_send(up_conn *c)
             c->fail = GW_UP_NOMEM;
             return -1;
         }
+        if (evbuffer_get_length(out) >= GW_UP_OUT_SOFT_MAX && conn_flush(c))
+            return -1;
     }
-    return 0;
+    return conn_flush(c);
 }
 
 /* Fails every request still on c, then frees it. Only at the end of one of
@@ -600,7 +630,10 @@ static void conn_transport_start(up_conn *c)
     struct timeval wt = {ms / 1000, (ms % 1000) * 1000};
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     bufferevent_setwatermark(c->bev, EV_WRITE, GW_UP_OUT_LOW_WATER, 0);
-    if (bufferevent_set_timeouts(c->bev, NULL, &wt) || bufferevent_enable(c->bev, EV_READ | EV_WRITE)) {
+    /* Cleartext output goes out from conn_flush; the write event only
+     * waits for a socket that did not take it all. */
+    if (bufferevent_set_timeouts(c->bev, NULL, &wt) ||
+        bufferevent_enable(c->bev, t->kind == UP_TLS ? EV_READ | EV_WRITE : EV_READ)) {
         c->fail = GW_UP_NOMEM;
         return;
     }
@@ -657,7 +690,7 @@ static void on_idle(evutil_socket_t fd, short what, void *arg)
 static int conn_session_new(up_conn *c)
 {
     gw_upstream_pool *p = pool_of(c);
-    if (nghttp2_session_client_new2(&c->ngh, p->cbs, c, p->ngopt))
+    if (nghttp2_session_client_new3(&c->ngh, p->cbs, c, p->ngopt, gw_mem_nghttp2()))
         return -1;
     nghttp2_settings_entry iv[] = {
         {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
