@@ -11,6 +11,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -241,7 +242,35 @@ def long_stream(n):
                             stderr=subprocess.DEVNULL)
 
 
-load = [long_stream("ap1") for _ in range(10)]
+class Load:
+    """Keeps n long streams in flight at region n_ until stopped, however
+    fast the build runs them (a queue that lasts)."""
+
+    def __init__(self, region, n):
+        self.stop_flag = False
+        self.procs = [None] * n
+        self.threads = [threading.Thread(target=self.loop, args=(region, i), daemon=True) for i in range(n)]
+        for th_ in self.threads:
+            th_.start()
+
+    def loop(self, region, i):
+        while not self.stop_flag:
+            self.procs[i] = long_stream(region)
+            self.procs[i].wait()
+
+    def kill(self):
+        self.stop_flag = True
+        for p_ in self.procs:
+            if p_ and p_.poll() is None:
+                p_.kill()
+        for th_ in self.threads:
+            th_.join(10)
+        for p_ in self.procs:
+            if p_:
+                p_.wait()
+
+
+load = Load("ap1", 10)
 try:
     moved = wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "us1", 30, "requests move off the loaded region")
 except AssertionError:
@@ -251,9 +280,7 @@ except AssertionError:
     raise
 t.ok(moved, "a growing queue at ap1 moves requests to us1: %s" % {k: (v["running"], v["queued"])
                                                                  for k, v in table("eu1").items()})
-for p in load:
-    p.kill()
-    p.wait()
+load.kill()
 try:
     wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "ap1", 30, "ap1 back once its queue drains")
 except AssertionError:
@@ -327,8 +354,6 @@ def hammer(duration):
         s, h, _ = request("eu1", "usonly")
         results.append((time.monotonic(), s, h.get("x-infergate-region")))
 
-
-import threading
 
 th = threading.Thread(target=hammer, args=(4,))
 th.start()
