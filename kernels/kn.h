@@ -64,9 +64,13 @@ typedef struct kn_ops {
     void (*softmax)(float *x, int n);
     /* gate = silu(gate) * up. */
     void (*silu_mul)(float *gate, const float *up, int n);
-    /* plain f32 dot and y += a * x: the pieces of attention. */
-    float (*dot)(const float *a, const float *b, int n);
-    void (*axpy)(float *y, float a, const float *x, int n);
+    /* The pieces of attention over an F16 KV cache; rows r < n of hd halves
+     * at k + r * stride. kv_scores: out[r] = scale * dot(q, k_r).
+     * kv_accum: acc[i] += sum_r w[r] * v_r[i]. */
+    void (*kv_scores)(const float *q, const uint16_t *k, size_t stride, int n, int hd, float scale, float *out);
+    void (*kv_accum)(float *acc, const float *w, const uint16_t *v, size_t stride, int n, int hd);
+    /* y = x as IEEE halves, rounded to nearest even (kn_fp32_to_fp16). */
+    void (*to_f16)(const float *x, uint16_t *y, int n);
     /* Optional (NULL: kn_matmul uses the dots): y[r * y_stride + o] =
      * dot(w_o, x_r) for n_w weight rows (w_o at w + o * w_stride bytes) and
      * nr Q8_0 activation rows. When present, kn_matmul sends every quantized
@@ -137,19 +141,20 @@ void kn_rope(kn_ctx *ctx, float *x, int n_rows, const int32_t *pos, int n_heads,
 void kn_rope_ref(float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
                  float freq_base, bool neox);
 
-/* Causal attention of one sequence's new tokens over its paged KV cache.
- * Query row j (at q + j * n_head * head_dim) sits at position pos0 + j and
- * sees positions [0, pos0 + j]. The K row of position p is at
- * blocks[p / block_tokens] + k_off + (p % block_tokens) * kv_dim, V likewise
- * with v_off; kv_dim = n_kv_head * head_dim. Head h reads KV head
- * h / (n_head / n_kv_head) (grouped-query attention). */
+/* Causal attention of one sequence's new tokens over its paged KV cache of
+ * IEEE halves. Query row j (at q + j * n_head * head_dim) sits at position
+ * pos0 + j and sees positions [0, pos0 + j]. A block holds its K rows head
+ * by head: KV head g's K row of position p is at blocks[p / block_tokens] +
+ * k_off + (g * block_tokens + p % block_tokens) * head_dim, V likewise with
+ * v_off. Head h reads KV head h / (n_head / n_kv_head) (grouped-query
+ * attention). */
 typedef struct kn_attn_seq {
     const float *q;
-    float *out; /* n_q rows of n_head * head_dim */
+    float *out; /* n_q rows of n_head * head_dim; may alias q */
     int n_q;
     int pos0;
-    float *const *blocks;
-    size_t k_off, v_off; /* in floats */
+    uint16_t *const *blocks;
+    size_t k_off, v_off; /* in halves */
     int block_tokens;
 } kn_attn_seq;
 

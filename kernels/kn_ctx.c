@@ -719,48 +719,55 @@ typedef struct attn_job {
     kn_ctx *ctx;
     const kn_attn_seq *seqs;
     int n_seqs, n_head, n_kv_head, head_dim;
+    int n_chunks, chunk_heads; /* KV heads split into n_chunks runs of chunk_heads */
+    size_t score_stride;       /* floats between two heads' scores */
     float scale;
 } attn_job;
 
-/* One work item is one (sequence, query row, head). */
+/* One work item is one (sequence, query row, run of KV heads). A block's K
+ * (then V) rows of those heads are one contiguous span of the cache, swept
+ * in order a block at a time: the prefetchers see one stream, where a head
+ * at a time would be many short strided ones. Two passes, scores then
+ * weighted sums, with every query head of a KV head's group reading its rows
+ * while they are in cache. */
 static void attn_item(void *arg, int item, int tid)
 {
     const attn_job *j = arg;
     const kn_ops *ops = j->ctx->ops;
-    const int per_seq_row = j->n_head;
     int s = 0;
-    while (item >= j->seqs[s].n_q * per_seq_row) {
-        item -= j->seqs[s].n_q * per_seq_row;
+    while (item >= j->seqs[s].n_q * j->n_chunks) {
+        item -= j->seqs[s].n_q * j->n_chunks;
         s++;
     }
     const kn_attn_seq *sq = &j->seqs[s];
-    const int row = item / j->n_head, h = item % j->n_head;
-    const int hd = j->head_dim;
-    const size_t kv_dim = (size_t)j->n_kv_head * hd;
-    const size_t kv_head_off = (size_t)(h / (j->n_head / j->n_kv_head)) * hd;
+    const int row = item / j->n_chunks, kv0 = item % j->n_chunks * j->chunk_heads;
+    const int kv1 = kv0 + j->chunk_heads < j->n_kv_head ? kv0 + j->chunk_heads : j->n_kv_head;
+    const int group = j->n_head / j->n_kv_head, hd = j->head_dim, bt = sq->block_tokens;
     const int n_ctx = sq->pos0 + row + 1;
-    const float *q = sq->q + ((size_t)row * j->n_head + h) * hd;
+    const float *q = sq->q + (size_t)row * j->n_head * hd;
+    float *out = sq->out + (size_t)row * j->n_head * hd;
     float *sc = j->ctx->score[tid];
 
-    /* Scores a cache block at a time: the block's K rows are evenly spaced,
-     * so one dot_f32 call takes them all as its activation rows. */
-    for (int p = 0; p < n_ctx;) {
-        const int in_blk = p % sq->block_tokens;
-        const int run = n_ctx - p < sq->block_tokens - in_blk ? n_ctx - p : sq->block_tokens - in_blk;
-        const float *k = sq->blocks[p / sq->block_tokens] + sq->k_off + (size_t)in_blk * kv_dim + kv_head_off;
-        ops->dot_f32(q, k, kv_dim, run, hd, sc + p);
-        for (int i = 0; i < run; i++)
-            sc[p + i] *= j->scale;
-        p += run;
+    for (int p = 0; p < n_ctx; p += bt) {
+        const int run = n_ctx - p < bt ? n_ctx - p : bt;
+        const uint16_t *k = sq->blocks[p / bt] + sq->k_off;
+        for (int kvh = kv0; kvh < kv1; kvh++)
+            for (int h = kvh * group; h < (kvh + 1) * group; h++)
+                ops->kv_scores(q + (size_t)h * hd, k + (size_t)kvh * bt * hd, (size_t)hd, run, hd, j->scale,
+                               sc + (size_t)(h - kv0 * group) * j->score_stride + p);
     }
-    ops->softmax(sc, n_ctx);
     /* Cleared only now, after q was read, so out may alias q. */
-    float *out = sq->out + ((size_t)row * j->n_head + h) * hd;
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int p = 0; p < n_ctx; p++) {
-        const float *v = sq->blocks[p / sq->block_tokens] + sq->v_off +
-                         (size_t)(p % sq->block_tokens) * kv_dim + kv_head_off;
-        ops->axpy(out, sc[p], v, hd);
+    for (int h = kv0 * group; h < kv1 * group; h++) {
+        ops->softmax(sc + (size_t)(h - kv0 * group) * j->score_stride, n_ctx);
+        memset(out + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
+    }
+    for (int p = 0; p < n_ctx; p += bt) {
+        const int run = n_ctx - p < bt ? n_ctx - p : bt;
+        const uint16_t *v = sq->blocks[p / bt] + sq->v_off;
+        for (int kvh = kv0; kvh < kv1; kvh++)
+            for (int h = kvh * group; h < (kvh + 1) * group; h++)
+                ops->kv_accum(out + (size_t)h * hd, sc + (size_t)(h - kv0 * group) * j->score_stride + p,
+                              v + (size_t)kvh * bt * hd, (size_t)hd, run, hd);
     }
 }
 
@@ -769,30 +776,41 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
 {
     if (n_seqs < 0 || n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head != 0)
         return -EINVAL;
-    int64_t items = 0;
+    int64_t rows = 0;
     int max_ctx = 0;
     for (int s = 0; s < n_seqs; s++) {
         if (seqs[s].n_q < 0 || seqs[s].pos0 < 0 || seqs[s].block_tokens <= 0)
             return -EINVAL;
         if (seqs[s].n_q == 0)
             continue;
-        items += (int64_t)seqs[s].n_q * n_head;
+        rows += seqs[s].n_q;
         const int64_t last = (int64_t)seqs[s].pos0 + seqs[s].n_q;
         if (last > INT32_MAX)
             return -EINVAL;
         if (last > max_ctx)
             max_ctx = (int)last;
     }
-    if (items > INT32_MAX)
-        return -EINVAL;
-    if (items == 0)
+    if (rows == 0)
         return 0;
+    /* All heads in one item when there are rows enough to keep every thread
+     * busy; split the heads when there are few (decode of one sequence). */
+    int n_chunks = 1;
+    if (rows < 4 * (int64_t)ctx->n_threads)
+        n_chunks = (int)((4 * ctx->n_threads + rows - 1) / rows);
+    if (n_chunks > n_kv_head)
+        n_chunks = n_kv_head;
+    const int chunk_heads = (n_kv_head + n_chunks - 1) / n_chunks;
+    n_chunks = (n_kv_head + chunk_heads - 1) / chunk_heads;
+    if (rows * n_chunks > INT32_MAX)
+        return -EINVAL;
+    const size_t score_stride = ((size_t)max_ctx + 15) & ~(size_t)15;
+    const size_t group = (size_t)(n_head / n_kv_head);
     /* Grown here, on the calling thread, so workers never allocate. */
     for (int t = 0; t < ctx->n_threads; t++)
-        if (scratch_reserve((void **)&ctx->score[t], &ctx->score_cap[t], (size_t)max_ctx * sizeof(float)) !=
-            0)
+        if (scratch_reserve((void **)&ctx->score[t], &ctx->score_cap[t],
+                            score_stride * chunk_heads * group * sizeof(float)) != 0)
             return -ENOMEM;
-    attn_job j = {ctx, seqs, n_seqs, n_head, n_kv_head, head_dim, scale};
-    pool_run(ctx, (int)items, attn_item, &j);
+    attn_job j = {ctx, seqs, n_seqs, n_head, n_kv_head, head_dim, n_chunks, chunk_heads, score_stride, scale};
+    pool_run(ctx, (int)(rows * n_chunks), attn_item, &j);
     return 0;
 }

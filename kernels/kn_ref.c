@@ -124,18 +124,31 @@ static void ref_silu_mul(float *gate, const float *up, int n)
         gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-static float ref_dot(const float *a, const float *b, int n)
+static void ref_kv_scores(const float *q, const uint16_t *k, size_t stride, int n, int hd, float scale,
+                          float *out)
 {
-    double s = 0.0;
-    for (int i = 0; i < n; i++)
-        s += (double)a[i] * (double)b[i];
-    return (float)s;
+    for (int r = 0; r < n; r++) {
+        double s = 0.0;
+        for (int i = 0; i < hd; i++)
+            s += (double)q[i] * (double)kn_fp16_to_fp32(k[(size_t)r * stride + i]);
+        out[r] = (float)(s * scale);
+    }
 }
 
-static void ref_axpy(float *y, float a, const float *x, int n)
+static void ref_kv_accum(float *acc, const float *w, const uint16_t *v, size_t stride, int n, int hd)
+{
+    for (int i = 0; i < hd; i++) {
+        double s = 0.0;
+        for (int r = 0; r < n; r++)
+            s += (double)w[r] * (double)kn_fp16_to_fp32(v[(size_t)r * stride + i]);
+        acc[i] = (float)(acc[i] + s);
+    }
+}
+
+static void ref_to_f16(const float *x, uint16_t *y, int n)
 {
     for (int i = 0; i < n; i++)
-        y[i] += a * x[i];
+        y[i] = kn_fp32_to_fp16(x[i]);
 }
 
 static const kn_ops ops_ref = {
@@ -148,8 +161,9 @@ static const kn_ops ops_ref = {
     .rmsnorm = ref_rmsnorm,
     .softmax = ref_softmax,
     .silu_mul = ref_silu_mul,
-    .dot = ref_dot,
-    .axpy = ref_axpy,
+    .kv_scores = ref_kv_scores,
+    .kv_accum = ref_kv_accum,
+    .to_f16 = ref_to_f16,
     .gemm_q8_0 = ref_gemm_q8_0,
     .gemm_q4_0 = ref_gemm_q4_0,
 };

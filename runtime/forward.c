@@ -133,6 +133,7 @@ static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, 
     kn_rope(m->kn, a->k, T, a->pos, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_freq_base, hp->rope_neox);
 
     /* Store the new K and V rows in each sequence's blocks, then attend. */
+    const kn_ops *ops = kn_ctx_ops(m->kn);
     int row = 0;
     for (int i = 0; i < n_entries; i++) {
         rt_seq *s = e[i].seq;
@@ -141,11 +142,12 @@ static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, 
         size_t v_off = k_off + (size_t)bt * kv_dim;
         for (int j = 0; j < e[i].n_tokens; j++) {
             int p = s->len + j;
-            float *blk = s->blocks[p / bt];
-            memcpy(blk + k_off + (size_t)(p % bt) * kv_dim, a->k + (size_t)(row + j) * kv_dim,
-                   (size_t)kv_dim * sizeof(float));
-            memcpy(blk + v_off + (size_t)(p % bt) * kv_dim, a->v + (size_t)(row + j) * kv_dim,
-                   (size_t)kv_dim * sizeof(float));
+            for (int g = 0; g < hp->n_head_kv; g++) {
+                uint16_t *at = s->blocks[p / bt] + ((size_t)g * bt + p % bt) * hp->head_dim;
+                size_t src = (size_t)(row + j) * kv_dim + (size_t)g * hp->head_dim;
+                ops->to_f16(a->k + src, at + k_off, hp->head_dim);
+                ops->to_f16(a->v + src, at + v_off, hp->head_dim);
+            }
         }
         a->attn[i] = (kn_attn_seq){
             .q = a->q + (size_t)row * q_dim,

@@ -509,7 +509,7 @@ static int enqueue_step(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_o
         CK(kn_cuda_rope(kc, c->k, c->cs, T, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_neox));
 
         const size_t k_off = (size_t)l * 2 * bt * kv_dim, v_off = k_off + (size_t)bt * kv_dim;
-        CK(kn_cuda_kv_store(kc, c->k, c->v, T, kv_dim, md + ML->slots, kv->dev_pool, kv->block_floats, k_off,
+        CK(kn_cuda_kv_store(kc, c->k, c->v, T, kv_dim, md + ML->slots, kv->dev_pool, kv->block_elems, k_off,
                             v_off, bt));
         const kn_cuda_attn at = {
             .d_q = c->q,
@@ -520,7 +520,7 @@ static int enqueue_step(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_o
             .d_table_off = md + ML->table_off,
             .d_tables = md + ML->tables,
             .d_pool = kv->dev_pool,
-            .block_elems = kv->block_floats,
+            .block_elems = kv->block_elems,
             .k_off = k_off,
             .v_off = v_off,
             .block_tokens = bt,
@@ -646,11 +646,11 @@ int rt_cuda_forward(rt_model *m, rt_batch_entry *e, int n_entries, int n_tokens,
     if (rc || (rc = acts_reserve(c, hp, n_tokens)) || (rc = out_reserve(c, hp, n_out)) ||
         (rc = meta_reserve(c, ML.total)) || (rc = scratch_reserve(c, m, n_tokens, n_out)))
         goto fail;
-    if (c->graph_pool != kv->dev_pool || c->graph_block_elems != kv->block_floats ||
+    if (c->graph_pool != kv->dev_pool || c->graph_block_elems != kv->block_elems ||
         c->graph_block_tokens != kv->block_tokens || c->graph_gen != kn_cuda_scratch_generation(c->kc)) {
         graphs_drop(c);
         c->graph_pool = kv->dev_pool;
-        c->graph_block_elems = kv->block_floats;
+        c->graph_block_elems = kv->block_elems;
         c->graph_block_tokens = kv->block_tokens;
         c->graph_gen = kn_cuda_scratch_generation(c->kc);
     }

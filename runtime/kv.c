@@ -1,7 +1,11 @@
 /* Paged KV cache: one pool of fixed-size blocks; sequences hold block
  * tables and grow block by block (see model.h). Block layout, per layer:
- * K [block_tokens][kv_dim] then V [block_tokens][kv_dim], as floats, or as
- * halves in device memory for a CUDA model. */
+ * K then V, as IEEE halves. In host memory each is [n_kv_head][block_tokens]
+ * [head_dim] (kn_attention: a run of heads is one contiguous span); in
+ * device memory, for a CUDA model, [block_tokens][kv_dim]. Halves, not
+ * floats, on the host too: decode attention reads a sequence's whole cache
+ * for every token, and at a batch of long sequences that read outweighs the
+ * weights'. */
 #include "runtime/model_internal.h"
 
 #include <errno.h>
@@ -15,8 +19,8 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, s
         snprintf(err, err_len, "KV block size %d is out of range (1..4096 tokens)", block_tokens);
         return NULL;
     }
-    size_t block_floats = (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * block_tokens;
-    size_t block_bytes = block_floats * (m->cuda ? 2 : sizeof(float));
+    size_t block_elems = (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * block_tokens;
+    size_t block_bytes = block_elems * sizeof(uint16_t);
     size_t n = bytes / block_bytes;
     if (n < 1)
         n = 1;
@@ -30,7 +34,7 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, s
     kv->model = m;
     kv->block_tokens = block_tokens;
     kv->n_blocks = (int)n;
-    kv->block_floats = block_floats;
+    kv->block_elems = block_elems;
     kv->block_bytes = block_bytes;
     if (m->cuda) {
 #ifdef INFERGATE_HAVE_CUDA
@@ -97,10 +101,10 @@ size_t rt_kv_block_bytes(const rt_kv *kv)
 
 /* Address of block i: plain integer arithmetic, since a device pool's
  * addresses are not host objects. */
-static float *block_addr(const rt_kv *kv, int i)
+static uint16_t *block_addr(const rt_kv *kv, int i)
 {
     uintptr_t base = (uintptr_t)(kv->dev_pool ? kv->dev_pool : (void *)kv->pool);
-    return (float *)(base + (uintptr_t)i * kv->block_bytes);
+    return (uint16_t *)(base + (uintptr_t)i * kv->block_bytes);
 }
 
 rt_seq *rt_seq_new(rt_kv *kv, int max_tokens)
@@ -113,7 +117,7 @@ rt_seq *rt_seq_new(rt_kv *kv, int max_tokens)
         return NULL;
     s->kv = kv;
     s->max_tokens = max_tokens;
-    s->blocks = calloc((size_t)(max_tokens + kv->block_tokens - 1) / kv->block_tokens, sizeof(float *));
+    s->blocks = calloc((size_t)(max_tokens + kv->block_tokens - 1) / kv->block_tokens, sizeof(uint16_t *));
     if (!s->blocks) {
         free(s);
         return NULL;

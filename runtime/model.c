@@ -343,8 +343,8 @@ uint64_t rt_model_bytes_per_token(const rt_model *m)
 
 size_t rt_model_kv_bytes_per_token(const rt_model *m)
 {
-    /* F16 on a device, F32 on the host */
-    return (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * (m->cuda ? 2 : sizeof(float));
+    /* K and V of every layer, as halves */
+    return (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * sizeof(uint16_t);
 }
 
 const char *rt_model_backend_name(const rt_model *m)

@@ -83,10 +83,10 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
 typedef struct rt_kv rt_kv;
 typedef struct rt_seq rt_seq;
 
-/* Pool of as many blocks as fit in `bytes` (at least one). On a CUDA model
- * the pool is device memory holding F16 (rt_model_kv_bytes_per_token says
- * so), and a pool that does not fit what the device has free is refused
- * with both sizes in err. */
+/* Pool of as many blocks as fit in `bytes` (at least one), holding F16
+ * (rt_model_kv_bytes_per_token). On a CUDA model the pool is device memory,
+ * and a pool that does not fit what the device has free is refused with
+ * both sizes in err. */
 rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, size_t err_len);
 void rt_kv_free(rt_kv *kv);
 int rt_kv_blocks_total(const rt_kv *kv);

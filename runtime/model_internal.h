@@ -54,9 +54,9 @@ struct rt_kv {
     const rt_model *model;
     int block_tokens;
     int n_blocks;
-    size_t block_floats; /* elements per block (floats on the host, halves on a device) */
+    size_t block_elems; /* halves per block */
     size_t block_bytes;
-    float *pool;    /* host pool, NULL on a device */
+    uint16_t *pool; /* host pool, NULL on a device */
     void *dev_pool; /* device pool, NULL on the host */
     int *free_list; /* stack of free block indices */
     int n_free;
@@ -67,11 +67,11 @@ struct rt_seq {
     int len;
     int max_tokens;
     int n_blocks;
-    float **blocks; /* capacity: ceil(max_tokens / block_tokens) */
+    uint16_t **blocks; /* capacity: ceil(max_tokens / block_tokens) */
 };
 
 /* Index of a block of kv's pool from its address (host or device). */
-static inline int rt_kv_block_index(const rt_kv *kv, const float *blk)
+static inline int rt_kv_block_index(const rt_kv *kv, const uint16_t *blk)
 {
     uintptr_t base = (uintptr_t)(kv->dev_pool ? kv->dev_pool : (void *)kv->pool);
     return (int)(((uintptr_t)blk - base) / kv->block_bytes);

@@ -316,24 +316,96 @@ static void avx2_silu_mul(float *gate, const float *up, int n)
         gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-static float avx2_dot(const float *a, const float *b, int n)
+/* ---- attention over the F16 KV cache -------------------------------------- */
+
+static inline __m256 load_h8(const uint16_t *p)
 {
-    return dotf_1(a, false, b, n);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-static void avx2_axpy(float *y, float a, const float *x, int n)
+/* The eight lane sums of a[0..7], in order, as one vector. */
+static inline __m256 hsum8x8(const __m256 *a)
 {
-    const __m256 av = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-        _mm256_storeu_ps(y + i + 8,
-                         _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8)));
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+/* Eight K rows at a time, so one q load serves eight FMAs and the eight
+ * sums leave as one vector. */
+static void avx2_kv_scores(const float *q, const uint16_t *k, size_t stride, int n, int hd, float scale,
+                           float *out)
+{
+    const int hd8 = hd & ~7;
+    int r = 0;
+    for (; r + 8 <= n; r += 8) {
+        const uint16_t *kr = k + (size_t)r * stride;
+        __m256 a[8];
+        for (int j = 0; j < 8; j++)
+            a[j] = _mm256_setzero_ps();
+        for (int i = 0; i < hd8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            for (int j = 0; j < 8; j++)
+                a[j] = _mm256_fmadd_ps(qv, load_h8(kr + (size_t)j * stride + i), a[j]);
+        }
+        _mm256_storeu_ps(out + r, hsum8x8(a));
+        for (int j = 0; j < 8; j++) {
+            for (int i = hd8; i < hd; i++)
+                out[r + j] += q[i] * _cvtsh_ss(kr[(size_t)j * stride + i]);
+            out[r + j] *= scale;
+        }
     }
+    for (; r < n; r++) {
+        const uint16_t *kr = k + (size_t)r * stride;
+        __m256 a0 = _mm256_setzero_ps();
+        for (int i = 0; i < hd8; i += 8)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_h8(kr + i), a0);
+        float s = hsum256(a0);
+        for (int i = hd8; i < hd; i++)
+            s += q[i] * _cvtsh_ss(kr[i]);
+        out[r] = s * scale;
+    }
+}
+
+/* 64 output lanes held in registers across all n rows, then 8 at a time. */
+static void avx2_kv_accum(float *acc, const float *w, const uint16_t *v, size_t stride, int n, int hd)
+{
+    int i = 0;
+    for (; i + 64 <= hd; i += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++)
+            a[j] = _mm256_loadu_ps(acc + i + 8 * j);
+        for (int r = 0; r < n; r++) {
+            const __m256 wv = _mm256_broadcast_ss(w + r);
+            const uint16_t *vr = v + (size_t)r * stride + i;
+            for (int j = 0; j < 8; j++)
+                a[j] = _mm256_fmadd_ps(wv, load_h8(vr + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_ps(acc + i + 8 * j, a[j]);
+    }
+    for (; i + 8 <= hd; i += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + i);
+        for (int r = 0; r < n; r++)
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r), load_h8(v + (size_t)r * stride + i), a0);
+        _mm256_storeu_ps(acc + i, a0);
+    }
+    for (; i < hd; i++) {
+        float s = acc[i];
+        for (int r = 0; r < n; r++)
+            s += w[r] * _cvtsh_ss(v[(size_t)r * stride + i]);
+        acc[i] = s;
+    }
+}
+
+static void avx2_to_f16(const float *x, uint16_t *y, int n)
+{
+    int i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     for (; i < n; i++)
-        y[i] += a * x[i];
+        y[i] = kn_fp32_to_fp16(x[i]);
 }
 
 static const kn_ops ops_avx2 = {
@@ -346,8 +418,9 @@ static const kn_ops ops_avx2 = {
     .rmsnorm = avx2_rmsnorm,
     .softmax = avx2_softmax,
     .silu_mul = avx2_silu_mul,
-    .dot = avx2_dot,
-    .axpy = avx2_axpy,
+    .kv_scores = avx2_kv_scores,
+    .kv_accum = avx2_kv_accum,
+    .to_f16 = avx2_to_f16,
     .gemm_q8_0 = avx2_gemm_q8_0,
     .gemm_q4_0 = avx2_gemm_q4_0,
 };

@@ -156,7 +156,7 @@ static void test_no_device_refused(void **state)
     rt_device_info di;
     rt_model_device_info(m, &di);
     assert_string_equal(di.kind, "cpu");
-    assert_int_equal(rt_model_kv_bytes_per_token(m), (size_t)2 * 3 * 2 * 32 * sizeof(float));
+    assert_int_equal(rt_model_kv_bytes_per_token(m), (size_t)2 * 3 * 2 * 32 * 2);
     rt_model_free(m);
 }
 
@@ -592,8 +592,9 @@ static float f16_round(float v)
 
 /* New K/V rows stored into a paged F16 cache that already holds earlier
  * positions, then attention of every new token, against kn_attention on
- * the reference context over the same values in an F32 cache (the values
- * are F16-exact, so both caches hold the same numbers). Block ids are
+ * the reference context over a host copy of the cache, in the host's
+ * head-by-head block layout, with the same rows written (the values are
+ * F16-exact, so `pool` holds the same numbers as floats). Block ids are
  * scrambled so block tables matter. */
 static void check_attention(int head_dim, int n_head, int n_kv, int bt, const int *pos0, const int *n_q,
                             int n_seqs)
@@ -631,9 +632,17 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
     int32_t *pos = malloc((size_t)T * sizeof(int32_t)), *tok_seq = malloc((size_t)T * sizeof(int32_t));
     int32_t *slots = malloc((size_t)T * sizeof(int32_t));
     kn_attn_seq seqs[16];
-    float **blocks = malloc((size_t)n_blocks * sizeof(float *));
+    /* Every [bt][kv_dim] K or V region of the device layout becomes
+     * [n_kv][bt][head_dim] on the host. */
+    uint16_t *ref_h = malloc((size_t)n_pool * block_elems * sizeof(uint16_t));
+    for (size_t reg = 0; reg < (size_t)n_pool * 2 * N_LAYER; reg++)
+        for (int p = 0; p < bt; p++)
+            for (int i = 0; i < kv_dim; i++)
+                ref_h[reg * bt * kv_dim + ((size_t)(i / head_dim) * bt + p) * head_dim + i % head_dim] =
+                    pool_h[reg * bt * kv_dim + (size_t)p * kv_dim + i];
+    uint16_t **blocks = malloc((size_t)n_blocks * sizeof(uint16_t *));
     for (int i = 0; i < n_blocks; i++)
-        blocks[i] = pool + (size_t)tables[i] * block_elems;
+        blocks[i] = ref_h + (size_t)tables[i] * block_elems;
     int t = 0;
     for (int s = 0; s < n_seqs; s++) {
         const int32_t *tab = tables + table_off[s];
@@ -653,6 +662,12 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
             float *row = pool + (size_t)tab[p / bt] * block_elems + (size_t)(p % bt) * kv_dim;
             memcpy(row + k_off, k + (size_t)t * kv_dim, kv_dim * sizeof(float));
             memcpy(row + v_off, v + (size_t)t * kv_dim, kv_dim * sizeof(float));
+            uint16_t *blk_h = ref_h + (size_t)tab[p / bt] * block_elems;
+            for (int i = 0; i < kv_dim; i++) {
+                size_t at = ((size_t)(i / head_dim) * bt + p % bt) * head_dim + i % head_dim;
+                blk_h[k_off + at] = kn_fp32_to_fp16(k[(size_t)t * kv_dim + i]);
+                blk_h[v_off + at] = kn_fp32_to_fp16(v[(size_t)t * kv_dim + i]);
+            }
         }
     }
     const float scale = 1.0f / sqrtf((float)head_dim);
@@ -711,6 +726,7 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
     free(tables);
     free(pool);
     free(pool_h);
+    free(ref_h);
     free(q);
     free(k);
     free(v);

@@ -195,20 +195,30 @@ static void test_quantized_close_to_f32(void **state)
     rt_model_free(f32);
 }
 
+/* A prompt fed in chunks gives the logits it gives whole. Q8_0's gemm has
+ * the same bits whatever the batch, so there they are equal; F32's dots sum
+ * in an order that depends on the batch, and a last-bit difference in K or
+ * V can round to a neighbouring half in the cache, hence the tolerance. */
 static void test_chunked_prefill_matches(void **state)
 {
-    rt_model *m = load(path_f32, false, 2);
-    int n = rt_model_hparams(m)->n_vocab;
-    float *whole = prompt_logits(m, N_PROMPT);
-    int chunks[] = {1, 4, 5};
-    for (int k = 0; k < 3; k++) {
-        float *l = prompt_logits(m, chunks[k]);
-        for (int i = 0; i < n; i++)
-            assert_true(fabsf(l[i] - whole[i]) <= 1e-4f * (1 + fabsf(whole[i])));
-        free(l);
+    const char *paths[] = {path_q8, path_f32};
+    for (int k = 0; k < 2; k++) {
+        rt_model *m = load(paths[k], false, 2);
+        int n = rt_model_hparams(m)->n_vocab;
+        float *whole = prompt_logits(m, N_PROMPT);
+        int chunks[] = {1, 4, 5};
+        float maxdiff = 0;
+        for (int c = 0; c < 3; c++) {
+            float *l = prompt_logits(m, chunks[c]);
+            for (int i = 0; i < n; i++)
+                maxdiff = fmaxf(maxdiff, fabsf(l[i] - whole[i]) / (1 + fabsf(whole[i])));
+            free(l);
+        }
+        printf("# %s: chunked vs whole prefill: max relative diff %.3g\n", paths[k], maxdiff);
+        assert_true(k == 0 ? maxdiff == 0 : maxdiff <= 1e-3f);
+        free(whole);
+        rt_model_free(m);
     }
-    free(whole);
-    rt_model_free(m);
 }
 
 /* Eight sequences with different prompts and lengths, run as one batch
