@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_REPS 31
 
@@ -43,7 +44,13 @@ int main(int argc, char **argv)
     reps = reps > MAX_REPS ? MAX_REPS : reps;
     const size_t kv_dim = (size_t)KH * D, block_elems = 2 * (size_t)L * BT * kv_dim;
     const int per_seq = (C + BT - 1) / BT, n_blocks = S * per_seq;
-    uint16_t *pool = malloc((size_t)n_blocks * block_elems * sizeof(uint16_t));
+    /* Mapped as rt_kv_new maps its pool. */
+    const size_t pool_bytes = (size_t)n_blocks * block_elems * sizeof(uint16_t);
+    uint16_t *pool = mmap(NULL, pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pool == MAP_FAILED)
+        pool = NULL;
+    else if (arg_int(argc, argv, "--huge", 1))
+        madvise(pool, pool_bytes, MADV_HUGEPAGE);
     uint16_t **tables = malloc((size_t)n_blocks * sizeof(*tables));
     int *order = malloc((size_t)n_blocks * sizeof(int));
     float *q = malloc((size_t)S * H * D * sizeof(float)), *out = malloc((size_t)S * H * D * sizeof(float));
@@ -105,6 +112,6 @@ int main(int argc, char **argv)
     free(q);
     free(order);
     free(tables);
-    free(pool);
+    munmap(pool, pool_bytes);
     return 0;
 }

@@ -323,37 +323,49 @@ static inline __m256 load_h8(const uint16_t *p)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-/* The eight lane sums of a[0..7], in order, as one vector. */
-static inline __m256 hsum8x8(const __m256 *a)
+/* The eight lane sums of a0..a7, in order, as one vector. */
+static inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                             __m256 a7)
 {
-    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
     return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
 /* Eight K rows at a time, so one q load serves eight FMAs and the eight
- * sums leave as one vector. */
+ * sums leave as one vector. The accumulators are named, not an array: an
+ * array's loop is not unrolled at -O2 and its FMAs go through the stack. */
 static void avx2_kv_scores(const float *q, const uint16_t *k, size_t stride, int n, int hd, float scale,
                            float *out)
 {
     const int hd8 = hd & ~7;
     int r = 0;
     for (; r + 8 <= n; r += 8) {
-        const uint16_t *kr = k + (size_t)r * stride;
-        __m256 a[8];
-        for (int j = 0; j < 8; j++)
-            a[j] = _mm256_setzero_ps();
+        const uint16_t *k0 = k + (size_t)r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        const uint16_t *k4 = k3 + stride, *k5 = k4 + stride, *k6 = k5 + stride, *k7 = k6 + stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         for (int i = 0; i < hd8; i += 8) {
             const __m256 qv = _mm256_loadu_ps(q + i);
-            for (int j = 0; j < 8; j++)
-                a[j] = _mm256_fmadd_ps(qv, load_h8(kr + (size_t)j * stride + i), a[j]);
+            a0 = _mm256_fmadd_ps(qv, load_h8(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(qv, load_h8(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(qv, load_h8(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(qv, load_h8(k3 + i), a3);
+            a4 = _mm256_fmadd_ps(qv, load_h8(k4 + i), a4);
+            a5 = _mm256_fmadd_ps(qv, load_h8(k5 + i), a5);
+            a6 = _mm256_fmadd_ps(qv, load_h8(k6 + i), a6);
+            a7 = _mm256_fmadd_ps(qv, load_h8(k7 + i), a7);
         }
-        _mm256_storeu_ps(out + r, hsum8x8(a));
-        for (int j = 0; j < 8; j++) {
-            for (int i = hd8; i < hd; i++)
-                out[r + j] += q[i] * _cvtsh_ss(kr[(size_t)j * stride + i]);
-            out[r + j] *= scale;
+        __m256 sum = hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7);
+        if (hd8 < hd) {
+            float t[8];
+            for (int j = 0; j < 8; j++) {
+                t[j] = 0;
+                for (int i = hd8; i < hd; i++)
+                    t[j] += q[i] * _cvtsh_ss(k0[(size_t)j * stride + i]);
+            }
+            sum = _mm256_add_ps(sum, _mm256_loadu_ps(t));
         }
+        _mm256_storeu_ps(out + r, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
     }
     for (; r < n; r++) {
         const uint16_t *kr = k + (size_t)r * stride;
@@ -372,17 +384,30 @@ static void avx2_kv_accum(float *acc, const float *w, const uint16_t *v, size_t 
 {
     int i = 0;
     for (; i + 64 <= hd; i += 64) {
-        __m256 a[8];
-        for (int j = 0; j < 8; j++)
-            a[j] = _mm256_loadu_ps(acc + i + 8 * j);
+        float *o = acc + i;
+        __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8), a2 = _mm256_loadu_ps(o + 16);
+        __m256 a3 = _mm256_loadu_ps(o + 24), a4 = _mm256_loadu_ps(o + 32), a5 = _mm256_loadu_ps(o + 40);
+        __m256 a6 = _mm256_loadu_ps(o + 48), a7 = _mm256_loadu_ps(o + 56);
         for (int r = 0; r < n; r++) {
             const __m256 wv = _mm256_broadcast_ss(w + r);
             const uint16_t *vr = v + (size_t)r * stride + i;
-            for (int j = 0; j < 8; j++)
-                a[j] = _mm256_fmadd_ps(wv, load_h8(vr + 8 * j), a[j]);
+            a0 = _mm256_fmadd_ps(wv, load_h8(vr), a0);
+            a1 = _mm256_fmadd_ps(wv, load_h8(vr + 8), a1);
+            a2 = _mm256_fmadd_ps(wv, load_h8(vr + 16), a2);
+            a3 = _mm256_fmadd_ps(wv, load_h8(vr + 24), a3);
+            a4 = _mm256_fmadd_ps(wv, load_h8(vr + 32), a4);
+            a5 = _mm256_fmadd_ps(wv, load_h8(vr + 40), a5);
+            a6 = _mm256_fmadd_ps(wv, load_h8(vr + 48), a6);
+            a7 = _mm256_fmadd_ps(wv, load_h8(vr + 56), a7);
         }
-        for (int j = 0; j < 8; j++)
-            _mm256_storeu_ps(acc + i + 8 * j, a[j]);
+        _mm256_storeu_ps(o, a0);
+        _mm256_storeu_ps(o + 8, a1);
+        _mm256_storeu_ps(o + 16, a2);
+        _mm256_storeu_ps(o + 24, a3);
+        _mm256_storeu_ps(o + 32, a4);
+        _mm256_storeu_ps(o + 40, a5);
+        _mm256_storeu_ps(o + 48, a6);
+        _mm256_storeu_ps(o + 56, a7);
     }
     for (; i + 8 <= hd; i += 8) {
         __m256 a0 = _mm256_loadu_ps(acc + i);
