@@ -127,6 +127,20 @@ void kn_parallel_for(kn_ctx *ctx, int n, void (*fn)(void *arg, int i), void *arg
 int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, const float *x, int n_rows,
               float *y);
 
+/* Several products of one input: y_k[r * n_out_k + o] = sum_i W_k[o][i] *
+ * x[r * n_in + i] for k < n_outs (at most KN_MM_MAX_OUTS), every W_k of
+ * wtype. The input is quantized once and the weights' rows all go to the
+ * threads as one job: cheaper than n_outs kn_matmul calls at a small batch
+ * (Q, K and V; gate and up). Same results, bit for bit, as those calls. */
+#define KN_MM_MAX_OUTS 4
+typedef struct kn_mm_out {
+    const void *w;
+    int n_out;
+    float *y;
+} kn_mm_out;
+int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows, const kn_mm_out *outs,
+                int n_outs);
+
 /* Row-wise RMSNorm of n_rows rows of n elements; y may alias x. */
 void kn_rmsnorm(kn_ctx *ctx, float *y, const float *x, const float *g, int n_rows, int n, float eps);
 /* Row-wise gate = silu(gate) * up. */

@@ -388,8 +388,6 @@ typedef void (*kn_gemm_fn)(const void *w, size_t w_stride, int n_w, const void *
 
 typedef struct mm_job {
     const kn_ops *ops;
-    kn_gemm_fn gemm;
-    int n_wchunks;
     const char *w;
     kn_type wtype;
     size_t w_row_bytes;
@@ -436,18 +434,38 @@ static void mm_item(void *arg, int item, int tid)
     }
 }
 
-/* Item = (activation row block, weight row chunk), weight chunks varying
- * fastest so that threads share the row block in cache. */
+/* The gemm job of kn_matmul_n: each output's items are (activation row
+ * block, weight row chunk), weight chunks varying fastest so that threads
+ * share the row block in cache; the outputs' items follow one another. */
+typedef struct gemm_part {
+    const char *w;
+    float *y;
+    int n_out, chunk, n_wchunks, first; /* first: its first item */
+} gemm_part;
+
+typedef struct gemm_job {
+    kn_gemm_fn gemm;
+    gemm_part part[KN_MM_MAX_OUTS];
+    int n_parts, n_in, n_rows;
+    size_t w_row_bytes, xq_row_bytes;
+    const char *xq;
+} gemm_job;
+
 static void gemm_item(void *arg, int item, int tid)
 {
     (void)tid;
-    const mm_job *j = arg;
-    const int o0 = (item % j->n_wchunks) * j->chunk;
-    const int r0 = (item / j->n_wchunks) * KN_GEMM_ROW_BLOCK;
-    const int n_w = j->n_out - o0 < j->chunk ? j->n_out - o0 : j->chunk;
+    const gemm_job *j = arg;
+    int k = j->n_parts - 1;
+    while (item < j->part[k].first)
+        k--;
+    const gemm_part *p = &j->part[k];
+    item -= p->first;
+    const int o0 = (item % p->n_wchunks) * p->chunk;
+    const int r0 = (item / p->n_wchunks) * KN_GEMM_ROW_BLOCK;
+    const int n_w = p->n_out - o0 < p->chunk ? p->n_out - o0 : p->chunk;
     const int nr = j->n_rows - r0 < KN_GEMM_ROW_BLOCK ? j->n_rows - r0 : KN_GEMM_ROW_BLOCK;
-    j->gemm(j->w + (size_t)o0 * j->w_row_bytes, j->w_row_bytes, n_w, j->xq + (size_t)r0 * j->xq_row_bytes,
-            j->xq_row_bytes, nr, j->n_in, j->y + (size_t)r0 * j->n_out + o0, (size_t)j->n_out);
+    j->gemm(p->w + (size_t)o0 * j->w_row_bytes, j->w_row_bytes, n_w, j->xq + (size_t)r0 * j->xq_row_bytes,
+            j->xq_row_bytes, nr, j->n_in, p->y + (size_t)r0 * p->n_out + o0, (size_t)p->n_out);
 }
 
 typedef struct quant_job {
@@ -468,27 +486,64 @@ static void quant_item(void *arg, int r, int tid)
 int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, const float *x, int n_rows,
               float *y)
 {
-    if (!kn_type_supported(wtype) || n_out < 0 || n_in <= 0 || n_rows < 0)
+    const kn_mm_out out = {w, n_out, y};
+    return kn_matmul_n(ctx, wtype, n_in, x, n_rows, &out, 1);
+}
+
+/* Quantized weights: the backend's gemm, all outputs' items in one job. */
+static int matmul_gemm(kn_ctx *ctx, kn_gemm_fn gemm, size_t w_row_bytes, int n_in, const char *xq,
+                       size_t xq_row_bytes, int n_rows, const kn_mm_out *outs, int n_outs)
+{
+    gemm_job j = {.gemm = gemm, .n_in = n_in, .n_rows = n_rows, .w_row_bytes = w_row_bytes,
+                  .xq_row_bytes = xq_row_bytes, .xq = xq};
+    /* Chunks of whole 16-row tiles, about eight per thread and row block
+     * over all outputs, so that dynamic hand-out evens out threads that run
+     * slower (shared cores); each chunk re-packs its row block's
+     * activations, which costs little next to its weight rows. */
+    const int row_blocks = (n_rows + KN_GEMM_ROW_BLOCK - 1) / KN_GEMM_ROW_BLOCK;
+    int64_t total_out = 0;
+    for (int k = 0; k < n_outs; k++)
+        total_out += outs[k].n_out;
+    const int per = ctx->n_threads * 8 / row_blocks;
+    int64_t items = 0;
+    for (int k = 0; k < n_outs; k++) {
+        const int n_out = outs[k].n_out;
+        if (n_out == 0)
+            continue;
+        int64_t chunk = per > 1 ? (total_out + per - 1) / per : n_out;
+        chunk = (chunk + 15) / 16 * 16;
+        chunk = chunk < 16 ? 16 : chunk > 256 ? 256 : chunk;
+        /* keep the item count an int whatever the shape */
+        while ((n_out + chunk - 1) / chunk * row_blocks > INT32_MAX / KN_MM_MAX_OUTS)
+            chunk *= 2;
+        const int n_wchunks = (int)((n_out + chunk - 1) / chunk);
+        j.part[j.n_parts++] = (gemm_part){.w = outs[k].w, .y = outs[k].y, .n_out = n_out, .chunk = (int)chunk,
+                                          .n_wchunks = n_wchunks, .first = (int)items};
+        items += (int64_t)n_wchunks * row_blocks;
+    }
+    pool_run(ctx, (int)items, gemm_item, &j);
+    return 0;
+}
+
+int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows, const kn_mm_out *outs,
+                int n_outs)
+{
+    if (!kn_type_supported(wtype) || n_in <= 0 || n_rows < 0 || n_outs < 1 || n_outs > KN_MM_MAX_OUTS)
         return -EINVAL;
+    for (int k = 0; k < n_outs; k++)
+        if (outs[k].n_out < 0)
+            return -EINVAL;
     const size_t w_row_bytes = kn_row_bytes(wtype, n_in);
     if (w_row_bytes == 0)
         return -EINVAL;
-    if (n_out == 0 || n_rows == 0)
+    if (n_rows == 0)
         return 0;
 
-    mm_job j = {
-        .ops = ctx->ops,
-        .w = w,
-        .wtype = wtype,
-        .w_row_bytes = w_row_bytes,
-        .n_out = n_out,
-        .n_in = n_in,
-        .n_rows = n_rows,
-        .x = x,
-        .y = y,
-    };
+    mm_job j = {.ops = ctx->ops, .wtype = wtype, .w_row_bytes = w_row_bytes, .n_in = n_in, .n_rows = n_rows,
+                .x = x};
     if (wtype == KN_TYPE_Q8_0 || wtype == KN_TYPE_Q4_0) {
-        /* Quantize each activation row once; every weight row reuses it. */
+        /* Quantize each activation row once; every weight row of every
+         * output reuses it. */
         j.xq_row_bytes = kn_row_bytes(KN_TYPE_Q8_0, n_in);
         if ((size_t)n_rows > SIZE_MAX / j.xq_row_bytes)
             return -ENOMEM;
@@ -501,40 +556,31 @@ int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, co
         else
             for (int r = 0; r < n_rows; r++)
                 quant_item(&qj, r, 0);
+        kn_gemm_fn gemm = wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : ctx->ops->gemm_q4_0;
+        if (gemm != NULL)
+            return matmul_gemm(ctx, gemm, w_row_bytes, n_in, j.xq, j.xq_row_bytes, n_rows, outs, n_outs);
     }
 
-    j.gemm = wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : wtype == KN_TYPE_Q4_0 ? ctx->ops->gemm_q4_0 : NULL;
-    if (j.gemm != NULL) {
-        /* Chunks of whole 16-row tiles, about eight per thread and row
-         * block, so that dynamic hand-out evens out threads that run slower
-         * (shared cores); each chunk re-packs its row block's activations,
-         * which costs little next to its weight rows. */
-        const int row_blocks = (n_rows + KN_GEMM_ROW_BLOCK - 1) / KN_GEMM_ROW_BLOCK;
-        const int per = ctx->n_threads * 8 / row_blocks;
-        int chunk = per > 1 ? (n_out + per - 1) / per : n_out;
-        chunk = (chunk + 15) / 16 * 16;
-        chunk = chunk < 16 ? 16 : chunk > 256 ? 256 : chunk;
-        /* keep the item count an int whatever the shape */
-        while ((int64_t)((n_out + (int64_t)chunk - 1) / chunk) * row_blocks > INT32_MAX)
-            chunk *= 2;
+    /* The dots, an output at a time. Several chunks per thread so dynamic
+     * hand-out evens out threads that run slower (shared cores), yet each
+     * chunk's weights are small enough to stay in L2 while every activation
+     * group passes over them. */
+    for (int k = 0; k < n_outs; k++) {
+        j.w = outs[k].w;
+        j.n_out = outs[k].n_out;
+        j.y = outs[k].y;
+        if (j.n_out == 0)
+            continue;
+        const int target = ctx->n_started > 0 ? ctx->n_threads * 8 : 1;
+        int chunk = (j.n_out + target - 1) / target;
+        const size_t max_chunk_bytes = (size_t)512 * 1024;
+        if (n_rows > KN_MM_NR && (size_t)chunk * w_row_bytes > max_chunk_bytes)
+            chunk = (int)(max_chunk_bytes / w_row_bytes) > 0 ? (int)(max_chunk_bytes / w_row_bytes) : 1;
+        if (chunk < 4)
+            chunk = j.n_out < 4 ? j.n_out : 4;
         j.chunk = chunk;
-        j.n_wchunks = (int)((n_out + (int64_t)chunk - 1) / chunk);
-        pool_run(ctx, j.n_wchunks * row_blocks, gemm_item, &j);
-        return 0;
+        pool_run(ctx, (j.n_out + chunk - 1) / chunk, mm_item, &j);
     }
-
-    /* Several chunks per thread so dynamic hand-out evens out threads that
-     * run slower (shared cores), yet each chunk's weights are small enough
-     * to stay in L2 while every activation group passes over them. */
-    const int target = ctx->n_started > 0 ? ctx->n_threads * 8 : 1;
-    int chunk = (n_out + target - 1) / target;
-    const size_t max_chunk_bytes = (size_t)512 * 1024;
-    if (n_rows > KN_MM_NR && (size_t)chunk * w_row_bytes > max_chunk_bytes)
-        chunk = (int)(max_chunk_bytes / w_row_bytes) > 0 ? (int)(max_chunk_bytes / w_row_bytes) : 1;
-    if (chunk < 4)
-        chunk = n_out < 4 ? n_out : 4;
-    j.chunk = chunk;
-    pool_run(ctx, (n_out + chunk - 1) / chunk, mm_item, &j);
     return 0;
 }
 

@@ -92,6 +92,26 @@ static int matmul(rt_model *m, const rt_weight *w, const float *x, int n_rows, f
     return kn_matmul(m->kn, w->data, w->type, w->n_out, w->n_in, x, n_rows, y);
 }
 
+/* Products of one input with n weights (Q, K, V; gate, up): one kn_matmul_n
+ * when their types agree, as they do in every file we know of. */
+static int matmul_shared(rt_model *m, const float *x, int n_rows, const rt_weight *const *w, float *const *y,
+                         int n)
+{
+    kn_mm_out outs[KN_MM_MAX_OUTS];
+    for (int k = 0; k < n; k++) {
+        if (n > KN_MM_MAX_OUTS || w[k]->type != w[0]->type || w[k]->n_in != w[0]->n_in) {
+            for (int i = 0; i < n; i++) {
+                int rc = matmul(m, w[i], x, n_rows, y[i]);
+                if (rc)
+                    return rc;
+            }
+            return 0;
+        }
+        outs[k] = (kn_mm_out){w[k]->data, w[k]->n_out, y[k]};
+    }
+    return kn_matmul_n(m->kn, w[0]->type, w[0]->n_in, x, n_rows, outs, n);
+}
+
 static int validate(const rt_model *m, const rt_batch_entry *e, int n, int *n_tokens, int *n_out)
 {
     *n_tokens = 0;
@@ -123,8 +143,9 @@ static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, 
     int kv_dim = hp->n_head_kv * hp->head_dim;
 
     kn_rmsnorm(m->kn, a->xb, a->x, L->attn_norm, T, dim, hp->norm_eps);
-    if ((*rc = matmul(m, &L->wq, a->xb, T, a->q)) || (*rc = matmul(m, &L->wk, a->xb, T, a->k)) ||
-        (*rc = matmul(m, &L->wv, a->xb, T, a->v)))
+    const rt_weight *qkv[] = {&L->wq, &L->wk, &L->wv};
+    float *const qkv_out[] = {a->q, a->k, a->v};
+    if ((*rc = matmul_shared(m, a->xb, T, qkv, qkv_out, 3)))
         return;
     add_rows_bias(a->q, L->bq, T, q_dim);
     add_rows_bias(a->k, L->bk, T, kv_dim);
@@ -169,7 +190,9 @@ static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, 
     add_inplace(a->x, a->xb, (size_t)T * dim);
 
     kn_rmsnorm(m->kn, a->xb, a->x, L->ffn_norm, T, dim, hp->norm_eps);
-    if ((*rc = matmul(m, &L->w_gate, a->xb, T, a->hb)) || (*rc = matmul(m, &L->w_up, a->xb, T, a->hb2)))
+    const rt_weight *gate_up[] = {&L->w_gate, &L->w_up};
+    float *const gate_up_out[] = {a->hb, a->hb2};
+    if ((*rc = matmul_shared(m, a->xb, T, gate_up, gate_up_out, 2)))
         return;
     kn_silu_mul(m->kn, a->hb, a->hb2, T, hp->n_ff);
     if ((*rc = matmul(m, &L->w_down, a->hb, T, a->xb)))

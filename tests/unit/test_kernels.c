@@ -937,6 +937,22 @@ static void test_matmul(void **state)
                                         kn_type_name(t), kn_ctx_ops(ctx)->name, nr, r * n_out + o);
                         }
                     }
+                    /* three products of one input in one call: the bits of
+                     * three calls (outputs of 37, 20 and 1 rows) */
+                    float *ym = malloc((size_t)nr * (n_out + 20 + 1) * sizeof(float));
+                    float *ys = malloc((size_t)nr * n_out * sizeof(float));
+                    assert_non_null(ym);
+                    assert_non_null(ys);
+                    const kn_mm_out outs[3] = {{wq, n_out, ym},
+                                               {(char *)wq + 5 * rb, 20, ym + (size_t)nr * n_out},
+                                               {(char *)wq + 30 * rb, 1, ym + (size_t)nr * (n_out + 20)}};
+                    assert_int_equal(kn_matmul_n(ctx, t, n_in, x, nr, outs, 3), 0);
+                    for (int k = 0; k < 3; k++) {
+                        assert_int_equal(kn_matmul(ctx, outs[k].w, t, outs[k].n_out, n_in, x, nr, ys), 0);
+                        assert_memory_equal(outs[k].y, ys, (size_t)nr * outs[k].n_out * sizeof(float));
+                    }
+                    free(ys);
+                    free(ym);
                     if (t != KN_TYPE_Q8_0 && t != KN_TYPE_Q4_0)
                         continue;
                     /* a row's result does not depend on the batch: the same
@@ -951,6 +967,9 @@ static void test_matmul(void **state)
             assert_int_equal(kn_matmul(ctx, wq, KN_TYPE_Q8_0, n_out, 33, x, 1, yf), -EINVAL);
             assert_int_equal(kn_matmul(ctx, wq, (kn_type)7, n_out, 32, x, 1, yf), -EINVAL);
             assert_int_equal(kn_matmul(ctx, wq, KN_TYPE_Q8_0, n_out, 32, x, 0, yf), 0);
+            const kn_mm_out five[5] = {{wq, 1, yf}, {wq, 1, yf}, {wq, 1, yf}, {wq, 1, yf}, {wq, 1, yf}};
+            assert_int_equal(kn_matmul_n(ctx, KN_TYPE_Q8_0, 32, x, 1, five, 5), -EINVAL);
+            assert_int_equal(kn_matmul_n(ctx, KN_TYPE_Q8_0, 32, x, 1, five, 0), -EINVAL);
             kn_ctx_free(ctx);
         }
     }
