@@ -20,6 +20,11 @@ typedef enum kn_type {
     KN_TYPE_Q8_0 = 8,
 } kn_type;
 
+/* Q8_0 repacked in memory for a gemm_q8_0_p16 (kn_pack_q8_0); never in a
+ * file, so neither kn_type_supported nor kn_row_bytes knows it, and outside
+ * the enum so that switches over file types need not name it. */
+#define KN_TYPE_Q8_0_P16 ((kn_type)0x108)
+
 /* True for the tensor types this build computes with. */
 bool kn_type_supported(uint32_t type);
 /* "f32", "f16", "q4_0", "q8_0", or NULL for an unsupported type. */
@@ -36,6 +41,17 @@ size_t kn_row_bytes(uint32_t type, int64_t n);
 
 float kn_fp16_to_fp32(uint16_t h);
 uint16_t kn_fp32_to_fp16(float f); /* round to nearest even */
+
+/* Q8_0 repacked for a backend's gemm_q8_0_p16. Rows go in groups of 16 (the
+ * last padded with zero rows); a group is its n_in / 32 blocks in order, a
+ * block its 16 rows' scales (halves) and then, for each of the 8 quads of
+ * quants, the 16 rows' 4 quants: one 64-byte vector of a quad is a
+ * multiply-add of 16 rows against one broadcast dword of activations, and
+ * the block's 8 quads are the B tile of an AMX int8 product as they lie.
+ * Same bytes as the rows it packs, 544 per block of 16 rows. */
+#define KN_P16_BLOCK_BYTES 544
+size_t kn_pack_q8_0_bytes(int n_out, int n_in);
+void kn_pack_q8_0(const void *w, int n_out, int n_in, void *dst);
 
 /* Reference quantization of n elements (n a multiple of the block size). */
 void kn_quantize_row(kn_type type, const float *x, void *y, int64_t n);
@@ -83,6 +99,11 @@ typedef struct kn_ops {
                       int n, float *y, size_t y_stride);
     void (*gemm_q4_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
                       int n, float *y, size_t y_stride);
+    /* Optional: gemm_q8_0 over rows packed by kn_pack_q8_0 (w at the first
+     * of the n_w rows' groups), bit for bit the same results. A model whose
+     * table has it packs its Q8_0 matrices once at load. */
+    void (*gemm_q8_0_p16)(const void *w, int n_w, const void *xq, size_t xq_stride, int nr, int n, float *y,
+                          size_t y_stride);
 } kn_ops;
 
 const kn_ops *kn_ops_ref(void);
@@ -95,6 +116,10 @@ const kn_ops *kn_ops_avxvnni(void);
  * when the CPU has AVX-512 F/BW/VL/VNNI and the OS saves the 512-bit state,
  * else NULL. Same results, bit for bit, as the other tables' gemm. */
 const kn_ops *kn_ops_avx512vnni(void);
+/* The AVX-512 VNNI table with its packed Q8_0 gemm on AMX tiles when the
+ * CPU has AMX-INT8 and the kernel grants this process the tile state, else
+ * NULL. Same results, bit for bit. */
+const kn_ops *kn_ops_amx(void);
 /* The fastest table this CPU runs. */
 const kn_ops *kn_ops_best(void);
 
@@ -107,6 +132,7 @@ typedef enum kn_backend {
     KN_BACKEND_AVX2,
     KN_BACKEND_AVXVNNI,
     KN_BACKEND_AVX512VNNI,
+    KN_BACKEND_AMX,
 } kn_backend;
 
 /* n_threads <= 0 means one per online CPU. Returns NULL on failure (out of

@@ -254,6 +254,9 @@ kn_ctx *kn_ctx_new(int n_threads, kn_backend backend)
     case KN_BACKEND_AVX512VNNI:
         ops = kn_ops_avx512vnni();
         break;
+    case KN_BACKEND_AMX:
+        ops = kn_ops_amx();
+        break;
     default:
         ops = NULL;
     }
@@ -386,6 +389,9 @@ void kn_parallel_for(kn_ctx *ctx, int n, void (*fn)(void *arg, int i), void *arg
 typedef void (*kn_gemm_fn)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
                            int n, float *y, size_t y_stride);
 
+typedef void (*kn_gemm_p16_fn)(const void *w, int n_w, const void *xq, size_t xq_stride, int nr, int n,
+                               float *y, size_t y_stride);
+
 typedef struct mm_job {
     const kn_ops *ops;
     const char *w;
@@ -445,6 +451,7 @@ typedef struct gemm_part {
 
 typedef struct gemm_job {
     kn_gemm_fn gemm;
+    kn_gemm_p16_fn gemm_p16; /* instead, over packed rows: w_row_bytes is then a group's bytes */
     gemm_part part[KN_MM_MAX_OUTS];
     int n_parts, n_in, n_rows;
     size_t w_row_bytes, xq_row_bytes;
@@ -464,8 +471,14 @@ static void gemm_item(void *arg, int item, int tid)
     const int r0 = (item / p->n_wchunks) * KN_GEMM_ROW_BLOCK;
     const int n_w = p->n_out - o0 < p->chunk ? p->n_out - o0 : p->chunk;
     const int nr = j->n_rows - r0 < KN_GEMM_ROW_BLOCK ? j->n_rows - r0 : KN_GEMM_ROW_BLOCK;
-    j->gemm(p->w + (size_t)o0 * j->w_row_bytes, j->w_row_bytes, n_w, j->xq + (size_t)r0 * j->xq_row_bytes,
-            j->xq_row_bytes, nr, j->n_in, p->y + (size_t)r0 * p->n_out + o0, (size_t)p->n_out);
+    const char *xq = j->xq + (size_t)r0 * j->xq_row_bytes;
+    float *y = p->y + (size_t)r0 * p->n_out + o0;
+    if (j->gemm_p16)
+        j->gemm_p16(p->w + (size_t)(o0 / 16) * j->w_row_bytes, n_w, xq, j->xq_row_bytes, nr, j->n_in, y,
+                    (size_t)p->n_out);
+    else
+        j->gemm(p->w + (size_t)o0 * j->w_row_bytes, j->w_row_bytes, n_w, xq, j->xq_row_bytes, nr, j->n_in, y,
+                (size_t)p->n_out);
 }
 
 typedef struct quant_job {
@@ -491,11 +504,17 @@ int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, co
 }
 
 /* Quantized weights: the backend's gemm, all outputs' items in one job. */
-static int matmul_gemm(kn_ctx *ctx, kn_gemm_fn gemm, size_t w_row_bytes, int n_in, const char *xq,
+static int matmul_gemm(kn_ctx *ctx, kn_type wtype, size_t w_row_bytes, int n_in, const char *xq,
                        size_t xq_row_bytes, int n_rows, const kn_mm_out *outs, int n_outs)
 {
-    gemm_job j = {.gemm = gemm, .n_in = n_in, .n_rows = n_rows, .w_row_bytes = w_row_bytes,
-                  .xq_row_bytes = xq_row_bytes, .xq = xq};
+    gemm_job j = {.n_in = n_in, .n_rows = n_rows, .w_row_bytes = w_row_bytes, .xq_row_bytes = xq_row_bytes,
+                  .xq = xq};
+    if (wtype == KN_TYPE_Q8_0_P16) {
+        j.gemm_p16 = ctx->ops->gemm_q8_0_p16;
+        j.w_row_bytes = kn_pack_q8_0_bytes(16, n_in);
+    } else {
+        j.gemm = wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : ctx->ops->gemm_q4_0;
+    }
     /* Chunks of whole 16-row tiles, about eight per thread and row block
      * over all outputs, so that dynamic hand-out evens out threads that run
      * slower (shared cores); each chunk re-packs its row block's
@@ -528,12 +547,15 @@ static int matmul_gemm(kn_ctx *ctx, kn_gemm_fn gemm, size_t w_row_bytes, int n_i
 int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows, const kn_mm_out *outs,
                 int n_outs)
 {
-    if (!kn_type_supported(wtype) || n_in <= 0 || n_rows < 0 || n_outs < 1 || n_outs > KN_MM_MAX_OUTS)
+    const bool p16 = wtype == KN_TYPE_Q8_0_P16;
+    if (p16 ? ctx->ops->gemm_q8_0_p16 == NULL : !kn_type_supported(wtype))
+        return -EINVAL;
+    if (n_in <= 0 || n_rows < 0 || n_outs < 1 || n_outs > KN_MM_MAX_OUTS)
         return -EINVAL;
     for (int k = 0; k < n_outs; k++)
         if (outs[k].n_out < 0)
             return -EINVAL;
-    const size_t w_row_bytes = kn_row_bytes(wtype, n_in);
+    const size_t w_row_bytes = kn_row_bytes(p16 ? KN_TYPE_Q8_0 : wtype, n_in);
     if (w_row_bytes == 0)
         return -EINVAL;
     if (n_rows == 0)
@@ -541,7 +563,7 @@ int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows
 
     mm_job j = {.ops = ctx->ops, .wtype = wtype, .w_row_bytes = w_row_bytes, .n_in = n_in, .n_rows = n_rows,
                 .x = x};
-    if (wtype == KN_TYPE_Q8_0 || wtype == KN_TYPE_Q4_0) {
+    if (p16 || wtype == KN_TYPE_Q8_0 || wtype == KN_TYPE_Q4_0) {
         /* Quantize each activation row once; every weight row of every
          * output reuses it. */
         j.xq_row_bytes = kn_row_bytes(KN_TYPE_Q8_0, n_in);
@@ -556,9 +578,8 @@ int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows
         else
             for (int r = 0; r < n_rows; r++)
                 quant_item(&qj, r, 0);
-        kn_gemm_fn gemm = wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : ctx->ops->gemm_q4_0;
-        if (gemm != NULL)
-            return matmul_gemm(ctx, gemm, w_row_bytes, n_in, j.xq, j.xq_row_bytes, n_rows, outs, n_outs);
+        if (p16 || (wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : ctx->ops->gemm_q4_0) != NULL)
+            return matmul_gemm(ctx, wtype, w_row_bytes, n_in, j.xq, j.xq_row_bytes, n_rows, outs, n_outs);
     }
 
     /* The dots, an output at a time. Several chunks per thread so dynamic

@@ -175,7 +175,9 @@ const kn_ops *kn_ops_ref(void)
 
 const kn_ops *kn_ops_best(void)
 {
-    const kn_ops *ops = kn_ops_avx512vnni();
+    const kn_ops *ops = kn_ops_amx();
+    if (ops == NULL)
+        ops = kn_ops_avx512vnni();
     if (ops == NULL)
         ops = kn_ops_avxvnni();
     if (ops == NULL)

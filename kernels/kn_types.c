@@ -17,6 +17,8 @@ bool kn_type_supported(uint32_t type)
 const char *kn_type_name(uint32_t type)
 {
     switch (type) {
+    case KN_TYPE_Q8_0_P16:
+        return "q8_0 (packed)";
     case KN_TYPE_F32:
         return "f32";
     case KN_TYPE_F16:
@@ -278,5 +280,34 @@ void kn_dequantize_row(kn_type type, const void *x, float *y, int64_t n)
         }
         break;
     }
+    }
+}
+
+size_t kn_pack_q8_0_bytes(int n_out, int n_in)
+{
+    if (n_out <= 0 || n_in <= 0 || n_in % KN_QK8_0)
+        return 0;
+    return (size_t)((n_out + 15) / 16) * (size_t)(n_in / KN_QK8_0) * KN_P16_BLOCK_BYTES;
+}
+
+void kn_pack_q8_0(const void *w, int n_out, int n_in, void *dst)
+{
+    const int nb = n_in / KN_QK8_0;
+    const size_t row_bytes = (size_t)nb * sizeof(kn_block_q8_0);
+    uint8_t *out = dst;
+    for (int g = 0; g < (n_out + 15) / 16; g++) {
+        for (int b = 0; b < nb; b++, out += KN_P16_BLOCK_BYTES) {
+            memset(out, 0, KN_P16_BLOCK_BYTES);
+            for (int j = 0; j < 16; j++) {
+                const int o = g * 16 + j;
+                if (o >= n_out)
+                    continue; /* a padding row: zero scale, zero quants */
+                const kn_block_q8_0 *blk = (const kn_block_q8_0 *)((const char *)w + (size_t)o * row_bytes) + b;
+                memcpy(out + 2 * j, &blk->d, sizeof(blk->d));
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++)
+                        out[32 + 64 * k + 4 * j + i] = (uint8_t)blk->qs[4 * k + i];
+            }
+        }
     }
 }

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define ERR(...) (snprintf(err, err_len, __VA_ARGS__), -EINVAL)
 
@@ -211,6 +213,64 @@ static int bind_layers(rt_model *m, char *err, size_t err_len)
     return 0;
 }
 
+/* Repacks the Q8_0 matrices for the CPU table's packed gemm, where it has
+ * one, into one anonymous mapping, and lets the file's copy of them go:
+ * the pages of the mapping are read again only if something asks. A tied
+ * output matrix is left alone, its rows being the token embeddings too. */
+static int pack_weights(rt_model *m, char *err, size_t err_len)
+{
+    if (kn_ctx_ops(m->kn)->gemm_q8_0_p16 == NULL)
+        return 0;
+    rt_weight **all = malloc(((size_t)m->hp.n_layer * 7 + 1) * sizeof(*all));
+    if (!all) {
+        snprintf(err, err_len, "out of memory");
+        return -ENOMEM;
+    }
+    int n = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        rt_layer *L = &m->layers[l];
+        rt_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            all[n++] = lw[i];
+    }
+    if (!m->hp.tied_output)
+        all[n++] = &m->output;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (all[i]->type == KN_TYPE_Q8_0)
+            total += (kn_pack_q8_0_bytes(all[i]->n_out, all[i]->n_in) + 63) & ~(size_t)63;
+    void *p = total ? mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
+    if (p == MAP_FAILED) {
+        free(all);
+        snprintf(err, err_len, "cannot map %zu bytes for the repacked weights", total);
+        return -ENOMEM;
+    }
+    if (!p) {
+        free(all);
+        return 0;
+    }
+    madvise(p, total, MADV_HUGEPAGE); /* a hint: weights stream through the TLB every step */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    char *at = p;
+    for (int i = 0; i < n; i++) {
+        rt_weight *w = all[i];
+        if (w->type != KN_TYPE_Q8_0)
+            continue;
+        kn_pack_q8_0(w->data, w->n_out, w->n_in, at);
+        uintptr_t lo = ((uintptr_t)w->data + page - 1) & ~(page - 1);
+        uintptr_t hi = ((uintptr_t)w->data + w->nbytes) & ~(page - 1);
+        if (hi > lo)
+            madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        w->data = at;
+        w->type = KN_TYPE_Q8_0_P16;
+        at += (kn_pack_q8_0_bytes(w->n_out, w->n_in) + 63) & ~(size_t)63;
+    }
+    free(all);
+    m->packed = p;
+    m->packed_bytes = total;
+    return 0;
+}
+
 static uint64_t weight_bytes(const rt_weight *w)
 {
     return w->nbytes;
@@ -282,6 +342,8 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
         rc = -ENODEV;
         goto fail;
 #endif
+    } else if ((rc = pack_weights(m, err, err_len)) < 0) {
+        goto fail;
     }
     *out = m;
     return 0;
@@ -311,6 +373,8 @@ void rt_model_free(rt_model *m)
 #endif
     rt_act_dispose(&m->act);
     kn_ctx_free(m->kn);
+    if (m->packed)
+        munmap(m->packed, m->packed_bytes);
     rt_tokenizer_free(m->tok);
     rt_gguf_free(m->gguf);
     free(m);

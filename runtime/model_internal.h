@@ -44,6 +44,8 @@ struct rt_model {
     rt_layer *layers;
     uint64_t weight_bytes, bytes_per_token;
     kn_ctx *kn;
+    void *packed; /* Q8_0 matrices repacked for the CPU gemm (anonymous mapping), or NULL */
+    size_t packed_bytes;
     rt_act act;
     rt_cuda_model *cuda; /* non-NULL: the forward pass runs on a CUDA device */
 };

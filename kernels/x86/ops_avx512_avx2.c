@@ -36,6 +36,8 @@
 #define QZ_MSEG 128
 #define QZ_KMAX 16
 
+enum { QZ_Q8, QZ_Q4, QZ_P16 }; /* weight layouts */
+
 #define QZ_X(r) ((const kn_block_q8_0 *)((const char *)xq + (size_t)(r)*xs))
 
 /* acc + (float)isum * scale, rounded twice as the reference rounds it: the
@@ -68,6 +70,19 @@ typedef struct qz_act {
     int32_t corr[QZ_KMAX][QZ_MSEG]; /* -off * sum(x) per block */
     float dx[QZ_KMAX][QZ_MSEG];
 } qz_act;
+
+/* The segment's activation terms: corr, the zero-point correction, and the
+ * scales. */
+QZ_INLINE void qz_act_fill(qz_act *a, const void *xq, size_t xs, int K, int b0, int ns, int off)
+{
+    for (int r = 0; r < K; r++) {
+        for (int b = 0; b < ns; b++) {
+            const kn_block_q8_0 *xb = QZ_X(r) + b0 + b;
+            a->corr[r][b] = -off * qz_xsum(xb);
+            a->dx[r][b] = kn_x86_f16_table[xb->d];
+        }
+    }
+}
 
 /* 16 bytes from each of a, b, c, d, in that lane order. */
 QZ_INLINE __m512i qz_load4(const void *a, const void *b, const void *c, const void *d)
@@ -172,16 +187,9 @@ QZ_INLINE void qz_mv_run(const char *w, size_t ws, int n_w, bool q4, const void 
                          float *y, size_t ys)
 {
     qz_act a;
-    const int off = q4 ? 8 : 128;
     for (int b0 = 0; b0 < nb; b0 += QZ_MSEG) {
         const int ns = nb - b0 < QZ_MSEG ? nb - b0 : QZ_MSEG;
-        for (int r = 0; r < K; r++) {
-            for (int b = 0; b < ns; b++) {
-                const kn_block_q8_0 *xb = QZ_X(r) + b0 + b;
-                a.corr[r][b] = -off * qz_xsum(xb);
-                a.dx[r][b] = kn_x86_f16_table[xb->d];
-            }
-        }
+        qz_act_fill(&a, xq, xs, K, b0, ns, q4 ? 8 : 128);
         for (int o0 = 0; o0 < n_w; o0 += 16) {
             const int n_t = n_w - o0 < 16 ? n_w - o0 : 16;
             /* row offsets for the scales' gather (unused past 128 MiB rows) */
@@ -193,12 +201,74 @@ QZ_INLINE void qz_mv_run(const char *w, size_t ws, int n_w, bool q4, const void 
     }
 }
 
+/* ---- p16: rows packed by kn_pack_q8_0 ---------------------------------------
+ * A quad vector holds 4 quants of each of 16 rows, dword j row j's: one
+ * vpdpbusd against the activations' matching dword, broadcast, adds to row
+ * j's sum in lane j. No unpacking, no lane reduction: 8 multiply-adds and the
+ * scaling per block and activation row, where the mv layout needs 8 plus
+ * sixteen more. vpdpbusd wants one side unsigned: the weights' sign bits
+ * are flipped as they are loaded (q + 128), and `corr` takes the 128 * sum(x)
+ * that this adds back out. */
+
+QZ_INLINE void qz_p16_tile(const char *wg, int n_t, const void *xq, size_t xs, int K, int b0, int ns,
+                           const qz_act *a, float *y, size_t ys)
+{
+    const __mmask16 keep = (__mmask16)((1u << n_t) - 1);
+    __m512 f[QZ_KMAX];
+#pragma GCC unroll 16
+    for (int r = 0; r < K; r++)
+        f[r] = b0 > 0 ? _mm512_maskz_loadu_ps(keep, y + (size_t)r * ys) : _mm512_setzero_ps();
+    for (int b = 0; b < ns; b++) {
+        const int ib = b0 + b;
+        const char *blk = wg + (size_t)ib * KN_P16_BLOCK_BYTES;
+        _mm_prefetch(blk + 4 * KN_P16_BLOCK_BYTES, _MM_HINT_T0);
+        _mm_prefetch(blk + 4 * KN_P16_BLOCK_BYTES + 64 * 4, _MM_HINT_T0);
+        const __m512 dwv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        __m512i wv[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            wv[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(blk + 32 + 64 * k)),
+                                     _mm512_set1_epi8((char)0x80));
+#pragma GCC unroll 16
+        for (int r = 0; r < K; r++) {
+            int32_t xd[8];
+            memcpy(xd, (QZ_X(r) + ib)->qs, sizeof(xd));
+            /* two chains, so a lone activation row is not one long wait */
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(xd[0]));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(xd[1]));
+#pragma GCC unroll 3
+            for (int k = 2; k < 8; k += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, wv[k], _mm512_set1_epi32(xd[k]));
+                s1 = _mm512_dpbusd_epi32(s1, wv[k + 1], _mm512_set1_epi32(xd[k + 1]));
+            }
+            const __m512i v = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(a->corr[r][b]));
+            f[r] = qz_accum(f[r], v, _mm512_mul_ps(dwv, _mm512_set1_ps(a->dx[r][b])));
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < K; r++)
+        _mm512_mask_storeu_ps(y + (size_t)r * ys, keep, f[r]);
+}
+
+QZ_INLINE void qz_p16_run(const char *w, int n_w, const void *xq, size_t xs, int K, int nb, float *y, size_t ys)
+{
+    qz_act a;
+    const size_t group_bytes = (size_t)nb * KN_P16_BLOCK_BYTES;
+    for (int b0 = 0; b0 < nb; b0 += QZ_MSEG) {
+        const int ns = nb - b0 < QZ_MSEG ? nb - b0 : QZ_MSEG;
+        qz_act_fill(&a, xq, xs, K, b0, ns, 128);
+        for (int o0 = 0; o0 < n_w; o0 += 16)
+            qz_p16_tile(w + (size_t)(o0 / 16) * group_bytes, n_w - o0 < 16 ? n_w - o0 : 16, xq, xs, K, b0, ns,
+                        &a, y + o0, ys);
+    }
+}
+
 /* ---- dispatch -------------------------------------------------------------- */
 
 /* Batches are cut into even chunks of at most QZ_KMAX rows (17 rows as 9 +
  * 8, not 16 + 1: a chunk's weight work is the same whatever its rows). K is
  * a constant in each call so that the accumulators stay in registers. */
-QZ_INLINE void qz_gemm(const void *w, size_t ws, int n_w, bool q4, const void *xq, size_t xs, int nr, int n,
+QZ_INLINE void qz_gemm(const void *w, size_t ws, int n_w, int kind, const void *xq, size_t xs, int nr, int n,
                        float *y, size_t ys)
 {
     const int nb = n / KN_QK8_0;
@@ -210,7 +280,10 @@ QZ_INLINE void qz_gemm(const void *w, size_t ws, int n_w, bool q4, const void *x
         switch (K) {
 #define QZ_CASE(k)                                                                                           \
     case k:                                                                                                  \
-        qz_mv_run(w, ws, n_w, q4, xr, xs, k, nb, yr, ys);                                                    \
+        if (kind == QZ_P16)                                                                                  \
+            qz_p16_run(w, n_w, xr, xs, k, nb, yr, ys);                                                       \
+        else                                                                                                 \
+            qz_mv_run(w, ws, n_w, kind == QZ_Q4, xr, xs, k, nb, yr, ys);                                     \
         break;
             QZ_CASE(1)
             QZ_CASE(2)
@@ -237,13 +310,19 @@ QZ_INLINE void qz_gemm(const void *w, size_t ws, int n_w, bool q4, const void *x
 static QZ_ATTR void avx512_gemm_q8_0(const void *w, size_t w_stride, int n_w, const void *xq, size_t xs,
                                      int nr, int n, float *y, size_t y_stride)
 {
-    qz_gemm(w, w_stride, n_w, false, xq, xs, nr, n, y, y_stride);
+    qz_gemm(w, w_stride, n_w, QZ_Q8, xq, xs, nr, n, y, y_stride);
+}
+
+static QZ_ATTR void avx512_gemm_q8_0_p16(const void *w, int n_w, const void *xq, size_t xs, int nr, int n,
+                                         float *y, size_t y_stride)
+{
+    qz_gemm(w, 0, n_w, QZ_P16, xq, xs, nr, n, y, y_stride);
 }
 
 static QZ_ATTR void avx512_gemm_q4_0(const void *w, size_t w_stride, int n_w, const void *xq, size_t xs,
                                      int nr, int n, float *y, size_t y_stride)
 {
-    qz_gemm(w, w_stride, n_w, true, xq, xs, nr, n, y, y_stride);
+    qz_gemm(w, w_stride, n_w, QZ_Q4, xq, xs, nr, n, y, y_stride);
 }
 
 static kn_ops ops_avx512;
@@ -256,6 +335,7 @@ static void ops_avx512_init(void)
     ops_avx512.name = "avx512vnni";
     ops_avx512.gemm_q8_0 = avx512_gemm_q8_0;
     ops_avx512.gemm_q4_0 = avx512_gemm_q4_0;
+    ops_avx512.gemm_q8_0_p16 = avx512_gemm_q8_0_p16;
 }
 
 const kn_ops *kn_ops_avx512vnni(void)

@@ -76,6 +76,8 @@ static int fast_tables(const kn_ops **out)
         out[n++] = kn_ops_avxvnni();
     if (kn_ops_avx512vnni() != NULL)
         out[n++] = kn_ops_avx512vnni();
+    if (kn_ops_amx() != NULL)
+        out[n++] = kn_ops_amx();
     return n;
 }
 
@@ -384,7 +386,7 @@ static const int q_sizes[] = {32, 64, 96, 4096};
 static void test_quantize_q8_0_exact(void **state)
 {
     (void)state;
-    const kn_ops *fast[4];
+    const kn_ops *fast[5];
     int nf = fast_tables(fast);
     if (nf == 0)
         skip();
@@ -425,7 +427,7 @@ static void test_quantize_q8_0_exact(void **state)
 static void test_dot_float(void **state)
 {
     (void)state;
-    const kn_ops *fast[4];
+    const kn_ops *fast[5];
     int nf = fast_tables(fast);
     if (nf == 0)
         skip();
@@ -472,7 +474,7 @@ static void test_dot_float(void **state)
 
 static void dot_quant_case(kn_type wtype)
 {
-    const kn_ops *fast[4];
+    const kn_ops *fast[5];
     int nf = fast_tables(fast);
     if (nf == 0)
         skip();
@@ -571,7 +573,7 @@ static void test_dot_q4_0(void **state)
  * gemm of that row alone. */
 static void gemm_case(kn_type wtype)
 {
-    const kn_ops *fast[4];
+    const kn_ops *fast[5];
     int nf = fast_tables(fast);
     const kn_ops *ref = kn_ops_ref();
     enum { MAXW = 33, MAXR = 70, MAXN = 8224 };
@@ -588,6 +590,11 @@ static void gemm_case(kn_type wtype)
     float *wd = malloc((size_t)MAXW * MAXN * sizeof(float)),
           *xd = malloc((size_t)MAXR * MAXN * sizeof(float));
     double *mag = malloc(MAXR * MAXW * sizeof(double));
+    uint8_t *dense = malloc(MAXW * ws), *packed = malloc(kn_pack_q8_0_bytes(MAXW, MAXN));
+    float *packed_got = malloc(MAXR * ys * sizeof(float));
+    assert_non_null(dense);
+    assert_non_null(packed);
+    assert_non_null(packed_got);
     assert_non_null(f);
     assert_non_null(w);
     assert_non_null(xq);
@@ -634,6 +641,13 @@ static void gemm_case(kn_type wtype)
             }
         }
         rg(w, ws, MAXW, xq, xs, MAXR, n, want, ys);
+        if (wtype == KN_TYPE_Q8_0) {
+            const size_t rb = kn_row_bytes(wtype, n);
+            for (int o = 0; o < MAXW; o++)
+                memcpy(dense + o * rb, w + o * ws, rb);
+            assert_int_equal(kn_pack_q8_0_bytes(MAXW, n), (size_t)3 * (n / 32) * KN_P16_BLOCK_BYTES);
+            kn_pack_q8_0(dense, MAXW, n, packed);
+        }
         /* the reference gemm is the reference dot */
         for (int r = 0; r < MAXR; r += 13) {
             for (int o = 0; o < MAXW; o += 5) {
@@ -679,10 +693,25 @@ static void gemm_case(kn_type wtype)
                             }
                         }
                     }
+                    if (wtype != KN_TYPE_Q8_0 || fast[t]->gemm_q8_0_p16 == NULL)
+                        continue;
+                    /* the packed rows: the same bits, the same cells untouched */
+                    for (size_t i = 0; i < MAXR * ys; i++)
+                        packed_got[i] = -7.0f;
+                    fast[t]->gemm_q8_0_p16(packed, n_w, xq, xs, nr, n, packed_got, ys);
+                    for (size_t i = 0; i < MAXR * ys; i++)
+                        if (bits_of(packed_got[i]) != bits_of(got[i])) {
+                            print_error("gemm_q8_0_p16 [%s] n=%d rows %d n_w %d: cell %zu %.9g, unpacked %.9g\n",
+                                        fast[t]->name, n, nr, n_w, i, (double)packed_got[i], (double)got[i]);
+                            fail();
+                        }
                 }
             }
         }
     }
+    free(packed_got);
+    free(packed);
+    free(dense);
     free(mag);
     free(xd);
     free(wd);
@@ -711,7 +740,7 @@ static void test_gemm_q4_0(void **state)
 static void test_elementwise(void **state)
 {
     (void)state;
-    const kn_ops *fast[4];
+    const kn_ops *fast[5];
     int nf = fast_tables(fast);
     if (nf == 0)
         skip();
@@ -788,7 +817,7 @@ static void test_elementwise(void **state)
 static void test_kv_ops(void **state)
 {
     (void)state;
-    const kn_ops *fast[4];
+    const kn_ops *fast[5];
     int nf = fast_tables(fast);
     if (nf == 0)
         skip();
@@ -883,7 +912,8 @@ static void test_kv_ops(void **state)
 static void test_matmul(void **state)
 {
     (void)state;
-    const kn_backend fast_backends[] = {KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI, KN_BACKEND_AVX512VNNI};
+    const kn_backend fast_backends[] = {KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI, KN_BACKEND_AVX512VNNI,
+                                        KN_BACKEND_AMX};
     const kn_type types[] = {KN_TYPE_F32, KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
     const int rows[] = {1, 2, 3, 4, 5, 7, 8, 13, 33, 64, 65};
     enum { N_ROWS = sizeof(rows) / sizeof(rows[0]) };
@@ -908,7 +938,7 @@ static void test_matmul(void **state)
     fill(w, (size_t)n_out * n_in_q, 1.0f);
     fill(x, (size_t)65 * n_in_q, 1.0f);
     int ran = 0;
-    for (int bi = 0; bi < 3; bi++) {
+    for (int bi = 0; bi < 4; bi++) {
         for (int nt = 1; nt <= 3; nt += 2) {
             kn_ctx *ctx = kn_ctx_new(nt, fast_backends[bi]);
             if (ctx == NULL)
@@ -1135,8 +1165,8 @@ static void test_attention(void **state)
         attention_naive(&seqs[s], NH, NKV, HD, scale, want[s]);
 
     const kn_backend backends[] = {KN_BACKEND_REF, KN_BACKEND_AVX2, KN_BACKEND_AVXVNNI,
-                                   KN_BACKEND_AVX512VNNI};
-    for (int bi = 0; bi < 4; bi++) {
+                                   KN_BACKEND_AVX512VNNI, KN_BACKEND_AMX};
+    for (int bi = 0; bi < 5; bi++) {
         for (int nt = 1; nt <= 3; nt += 2) {
             kn_ctx *ctx = kn_ctx_new(nt, backends[bi]);
             if (ctx == NULL)
