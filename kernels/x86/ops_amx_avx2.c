@@ -78,25 +78,55 @@ static inline __attribute__((always_inline)) AMX_ATTR __m512 amx_accum(__m512 f,
     return _mm512_add_ps(f, t);
 }
 
-/* Adds one block's tile sums (c: 16 rows of 16 int32, rows past m unused)
- * to the accumulators. */
-static inline __attribute__((always_inline)) AMX_ATTR void amx_scale_block(__m512 *f, const int32_t *c,
-                                                                            const char *blk, const float *dx)
+/* Starts block ib's product in tile set `set` (A, B, C in tiles 0-2 or 3-5);
+ * the tile numbers must be constants, hence the two branches. */
+static inline __attribute__((always_inline)) AMX_ATTR void amx_product(int set, const char *wg, const char *xq,
+                                                                        size_t xs, int ib)
 {
-    const __m512 dwv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++)
-        f[r] = amx_accum(f[r], _mm512_loadu_si512((const void *)(c + 16 * r)),
-                         _mm512_mul_ps(dwv, _mm512_set1_ps(dx[r])));
+    const char *a = xq + (size_t)ib * sizeof(kn_block_q8_0) + 2, *k = wg + (size_t)ib * KN_P16_BLOCK_BYTES + 32;
+    if (set) {
+        _tile_loadd(3, a, (long)xs);
+        _tile_loadd(4, k, 64);
+        _tile_zero(5);
+        _tile_dpbssd(5, 3, 4);
+    } else {
+        _tile_loadd(0, a, (long)xs);
+        _tile_loadd(1, k, 64);
+        _tile_zero(2);
+        _tile_dpbssd(2, 0, 1);
+    }
 }
 
+/* The sixteen accumulators are named, not an array: GCC keeps an array of
+ * them on the stack across the tile instructions, a load and a store more
+ * per row and block. */
+#define AMX_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define AMX_INIT(r)                                                                                          \
+    __m512 f##r = b0 > 0 && r < m ? _mm512_maskz_loadu_ps(keep, y + (size_t)(r)*ys + o0) : _mm512_setzero_ps();
+#define AMX_SCALE(r)                                                                                         \
+    f##r = amx_accum(f##r, _mm512_load_si512((const void *)(c + 16 * (r))),                                  \
+                     _mm512_mul_ps(dwv, _mm512_set1_ps(dxr[r])));
+#define AMX_STORE(r)                                                                                         \
+    if (r < m)                                                                                               \
+        _mm512_mask_storeu_ps(y + (size_t)(r)*ys + o0, keep, f##r);
+/* Adds block ib's tile sums (c: 16 rows of 16 int32; rows past m are
+ * scaled too, never stored), weighted by its scales. */
+#define AMX_SCALE_BLOCK(cbuf, ib, dxrow)                                                                     \
+    do {                                                                                                     \
+        const int32_t *c = (cbuf);                                                                           \
+        const float *dxr = (dxrow);                                                                          \
+        const __m512 dwv =                                                                                   \
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wg + (size_t)(ib)*KN_P16_BLOCK_BYTES)));    \
+        AMX_EACH(AMX_SCALE)                                                                                  \
+    } while (0)
+
 /* m (<= 16) activation rows against n_w packed weight rows; tiles
- * configured for m. */
+ * configured for m. Software-pipelined: block b + 1's product runs on the
+ * tile unit (the other tile set) while block b's sums are scaled on the
+ * vector unit. */
 static AMX_ATTR void amx_rows(const char *w, int n_w, const char *xq, size_t xs, int m, int nb, float *y,
                               size_t ys)
 {
-    /* Rows past m are scaled too (the accumulators stay in registers that
-     * way) but never stored; zeros keep them harmless. */
     _Alignas(64) int32_t c0[16 * 16] = {0}, c1[16 * 16] = {0};
     float dx[AMX_SEG][16];
     const size_t group_bytes = (size_t)nb * KN_P16_BLOCK_BYTES;
@@ -109,38 +139,21 @@ static AMX_ATTR void amx_rows(const char *w, int n_w, const char *xq, size_t xs,
         for (int o0 = 0; o0 < n_w; o0 += 16) {
             const char *wg = w + (size_t)(o0 / 16) * group_bytes;
             const __mmask16 keep = (__mmask16)(n_w - o0 < 16 ? (1u << (n_w - o0)) - 1 : 0xffffu);
-            __m512 f[16];
-            for (int r = 0; r < 16; r++)
-                f[r] = b0 > 0 && r < m ? _mm512_maskz_loadu_ps(keep, y + (size_t)r * ys + o0)
-                                       : _mm512_setzero_ps();
-            int b = 0;
-            for (; b + 2 <= ns; b += 2) {
-                const char *k0 = wg + (size_t)(b0 + b) * KN_P16_BLOCK_BYTES, *k1 = k0 + KN_P16_BLOCK_BYTES;
-                const char *a0 = xq + (size_t)(b0 + b) * sizeof(kn_block_q8_0) + 2;
-                _tile_loadd(0, a0, (long)xs);
-                _tile_loadd(1, k0 + 32, 64);
-                _tile_zero(2);
-                _tile_dpbssd(2, 0, 1);
-                _tile_loadd(3, a0 + sizeof(kn_block_q8_0), (long)xs);
-                _tile_loadd(4, k1 + 32, 64);
-                _tile_zero(5);
-                _tile_dpbssd(5, 3, 4);
+            AMX_EACH(AMX_INIT)
+            amx_product(0, wg, xq, xs, b0);
+            for (int b = 0; b < ns; b += 2) {
+                if (b + 1 < ns)
+                    amx_product(1, wg, xq, xs, b0 + b + 1);
                 _tile_stored(2, c0, 64);
-                amx_scale_block(f, c0, k0, dx[b]);
+                AMX_SCALE_BLOCK(c0, b0 + b, dx[b]);
+                if (b + 1 >= ns)
+                    break;
+                if (b + 2 < ns)
+                    amx_product(0, wg, xq, xs, b0 + b + 2);
                 _tile_stored(5, c1, 64);
-                amx_scale_block(f, c1, k1, dx[b + 1]);
+                AMX_SCALE_BLOCK(c1, b0 + b + 1, dx[b + 1]);
             }
-            if (b < ns) {
-                const char *k0 = wg + (size_t)(b0 + b) * KN_P16_BLOCK_BYTES;
-                _tile_loadd(0, xq + (size_t)(b0 + b) * sizeof(kn_block_q8_0) + 2, (long)xs);
-                _tile_loadd(1, k0 + 32, 64);
-                _tile_zero(2);
-                _tile_dpbssd(2, 0, 1);
-                _tile_stored(2, c0, 64);
-                amx_scale_block(f, c0, k0, dx[b]);
-            }
-            for (int r = 0; r < m; r++)
-                _mm512_mask_storeu_ps(y + (size_t)r * ys + o0, keep, f[r]);
+            AMX_EACH(AMX_STORE)
         }
     }
 }
