@@ -36,6 +36,20 @@ static inline float h2f(uint16_t h)
  * Bit-identical to the reference: same amax, same d and 1/d computed in
  * scalar, same product, and roundf's ties-away-from-zero rebuilt exactly as
  * trunc(t) + trunc(2 * (t - trunc(t))) (every step is exact for |t| < 2^23). */
+/* roundf(v * id) for 8 lanes, as the reference rounds: halves away from
+ * zero, by truncation plus the truncated doubled remainder. */
+static inline __m256i q8_round(__m256 v, __m256 idv)
+{
+    __m256 t = _mm256_mul_ps(v, idv);
+    /* Keep the rounded product: fusing it into the subtraction below (FMA
+     * contraction) would change which values tie. */
+    __asm__("" : "+x"(t));
+    const __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 fr2 = _mm256_add_ps(_mm256_sub_ps(t, tr), _mm256_sub_ps(t, tr));
+    return _mm256_cvtps_epi32(_mm256_add_ps(tr, _mm256_round_ps(fr2, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)));
+}
+
+/* Named vectors, not arrays: GCC -O2 kept arrays of them on the stack. */
 static void avx2_quantize_q8_0(const float *x, void *y, int n)
 {
     kn_block_q8_0 *yb = y;
@@ -43,32 +57,20 @@ static void avx2_quantize_q8_0(const float *x, void *y, int n)
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int ib = 0; ib < n / KN_QK8_0; ib++) {
         const float *xb = x + ib * KN_QK8_0;
-        __m256 v[4];
-        for (int k = 0; k < 4; k++)
-            v[k] = _mm256_loadu_ps(xb + 8 * k);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
-                                 _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
+        const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                       _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
         const float amax = hmax256(m);
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        yb[ib].d = kn_fp32_to_fp16(d);
+        /* vcvtps2ph rounds to nearest even, as kn_fp32_to_fp16 does */
+        yb[ib].d = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m256 idv = _mm256_set1_ps(id);
-        __m256i q[4];
-        for (int k = 0; k < 4; k++) {
-            __m256 t = _mm256_mul_ps(v[k], idv);
-            /* Keep the rounded product: fusing it into the subtraction
-             * below (FMA contraction) would change which values tie. */
-            __asm__("" : "+x"(t));
-            __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            __m256 fr2 = _mm256_add_ps(_mm256_sub_ps(t, tr), _mm256_sub_ps(t, tr));
-            __m256 r = _mm256_add_ps(tr, _mm256_round_ps(fr2, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
-            q[k] = _mm256_cvtps_epi32(r);
-        }
-        __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
-        __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
-        __m256i p = _mm256_packs_epi16(p01, p23);
+        const __m256i p01 = _mm256_packs_epi32(q8_round(v0, idv), q8_round(v1, idv));
+        const __m256i p23 = _mm256_packs_epi32(q8_round(v2, idv), q8_round(v3, idv));
         /* the packs work per 128-bit lane; restore element order */
-        p = _mm256_permutevar8x32_epi32(p, perm);
+        const __m256i p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), perm);
         _mm256_storeu_si256((__m256i *)yb[ib].qs, p);
     }
 }
