@@ -791,6 +791,12 @@ typedef struct attn_job {
     float scale;
 } attn_job;
 
+static inline void prefetch_span(const uint16_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 32)
+        __builtin_prefetch(p + i);
+}
+
 /* One work item is one (sequence, query row, run of KV heads). A block's K
  * (then V) rows of those heads are one contiguous span of the cache, swept
  * in order a block at a time: the prefetchers see one stream, where a head
@@ -815,9 +821,14 @@ static void attn_item(void *arg, int item, int tid)
     float *out = sq->out + (size_t)row * j->n_head * hd;
     float *sc = j->ctx->score[tid];
 
+    const size_t span = (size_t)(kv1 - kv0) * bt * hd; /* halves of the heads' rows in a block */
     for (int p = 0; p < n_ctx; p += bt) {
         const int run = n_ctx - p < bt ? n_ctx - p : bt;
         const uint16_t *k = sq->blocks[p / bt] + sq->k_off;
+        /* the next block lies elsewhere in the pool: no prefetcher guesses it */
+        prefetch_span(p + bt < n_ctx ? sq->blocks[p / bt + 1] + sq->k_off + (size_t)kv0 * bt * hd
+                                     : sq->blocks[0] + sq->v_off + (size_t)kv0 * bt * hd,
+                      span);
         for (int kvh = kv0; kvh < kv1; kvh++)
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
                 ops->kv_scores(q + (size_t)h * hd, k + (size_t)kvh * bt * hd, (size_t)hd, run, hd, j->scale,
@@ -831,6 +842,8 @@ static void attn_item(void *arg, int item, int tid)
     for (int p = 0; p < n_ctx; p += bt) {
         const int run = n_ctx - p < bt ? n_ctx - p : bt;
         const uint16_t *v = sq->blocks[p / bt] + sq->v_off;
+        if (p + bt < n_ctx)
+            prefetch_span(sq->blocks[p / bt + 1] + sq->v_off + (size_t)kv0 * bt * hd, span);
         for (int kvh = kv0; kvh < kv1; kvh++)
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
                 ops->kv_accum(out + (size_t)h * hd, sc + (size_t)(h - kv0 * group) * j->score_stride + p,
