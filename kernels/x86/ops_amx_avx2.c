@@ -121,9 +121,8 @@ static inline __attribute__((always_inline)) AMX_ATTR void amx_product(int set, 
     } while (0)
 
 /* m (<= 16) activation rows against n_w packed weight rows; tiles
- * configured for m. Software-pipelined: block b + 1's product runs on the
- * tile unit (the other tile set) while block b's sums are scaled on the
- * vector unit. */
+ * configured for m. Software-pipelined over the two tile sets: the tile
+ * unit works on the next blocks while the vector unit scales the last. */
 static AMX_ATTR void amx_rows(const char *w, int n_w, const char *xq, size_t xs, int m, int nb, float *y,
                               size_t ys)
 {
@@ -140,18 +139,25 @@ static AMX_ATTR void amx_rows(const char *w, int n_w, const char *xq, size_t xs,
             const char *wg = w + (size_t)(o0 / 16) * group_bytes;
             const __mmask16 keep = (__mmask16)(n_w - o0 < 16 ? (1u << (n_w - o0)) - 1 : 0xffffu);
             AMX_EACH(AMX_INIT)
+            /* Block b's sums are stored while b + 1's product runs, and read
+             * back an iteration later, when the store has long landed. */
             amx_product(0, wg, xq, xs, b0);
             for (int b = 0; b < ns; b += 2) {
                 if (b + 1 < ns)
                     amx_product(1, wg, xq, xs, b0 + b + 1);
                 _tile_stored(2, c0, 64);
-                AMX_SCALE_BLOCK(c0, b0 + b, dx[b]);
-                if (b + 1 >= ns)
+                if (b > 0)
+                    AMX_SCALE_BLOCK(c1, b0 + b - 1, dx[b - 1]);
+                if (b + 1 >= ns) {
+                    AMX_SCALE_BLOCK(c0, b0 + b, dx[b]);
                     break;
+                }
                 if (b + 2 < ns)
                     amx_product(0, wg, xq, xs, b0 + b + 2);
                 _tile_stored(5, c1, 64);
-                AMX_SCALE_BLOCK(c1, b0 + b + 1, dx[b + 1]);
+                AMX_SCALE_BLOCK(c0, b0 + b, dx[b]);
+                if (b + 2 >= ns)
+                    AMX_SCALE_BLOCK(c1, b0 + b + 1, dx[b + 1]);
             }
             AMX_EACH(AMX_STORE)
         }
