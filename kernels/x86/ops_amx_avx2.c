@@ -43,6 +43,7 @@
  * below which the VNNI kernel (no tile set-up) is the faster one. */
 #define AMX_SEG 128
 #define AMX_MIN_ROWS 8
+#define AMX_AHEAD 4 /* blocks of weights prefetched ahead */
 
 /* The palette-1 configuration: tiles 0/3 A (m rows x 32 bytes), 1/4 B
  * (8 rows x 64 bytes), 2/5 C (m rows x 16 int32); two sets so that one
@@ -84,6 +85,12 @@ static inline __attribute__((always_inline)) AMX_ATTR void amx_product(int set, 
                                                                         size_t xs, int ib)
 {
     const char *a = xq + (size_t)ib * sizeof(kn_block_q8_0) + 2, *k = wg + (size_t)ib * KN_P16_BLOCK_BYTES + 32;
+    /* The weights come from memory once a step and a tile load waits for
+     * them in order: ask for them a few blocks ahead (past a group's end
+     * lies the next group). */
+    const char *ahead = k - 32 + AMX_AHEAD * KN_P16_BLOCK_BYTES;
+    for (int l = 0; l < KN_P16_BLOCK_BYTES; l += 64)
+        _mm_prefetch(ahead + l, _MM_HINT_T0);
     if (set) {
         _tile_loadd(3, a, (long)xs);
         _tile_loadd(4, k, 64);
