@@ -4,7 +4,10 @@
 Each of C clients sends a streaming completion (prompt of P token ids,
 G new tokens, ignore_eos so every request is the same length), and sends the
 next one when the last ends. The first round of every client is left out
-(warm-up); the next R rounds are measured. Reported per C: aggregate
+(warm-up); the next R rounds are measured, more where few clients would
+measure fewer than --min-tokens tokens (the single client's figure is the
+denominator of the scaling ratio, and a short run of it is noisy). Reported
+per C: aggregate
 generated tokens/s, p50/p99 time-to-first-token (send -> first token event)
 and time-per-output-token (gaps between token events of one stream).
 
@@ -15,7 +18,7 @@ ratio the targets are stated in.
 Needs Debian's python3-httpx and python3-h2 (run with /usr/bin/python3).
 
   /usr/bin/python3 bench/bench_serve.py --infergate build/infergate \
-      [--model FILE] [--clients 1,4,16,32] [--rounds 3] [--prompt 128] [--gen 128] [--threads 2]
+      [--model FILE] [--clients 1,4,16,32] [--rounds 3] [--min-tokens 3072] [--prompt 128] [--gen 128] [--threads 2]
 """
 import argparse
 import asyncio
@@ -107,6 +110,8 @@ def main():
     ap.add_argument("--model", default=None)
     ap.add_argument("--clients", default="1,4,16,32")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--min-tokens", type=int, default=3072,
+                    help="more rounds where fewer clients would measure fewer tokens than this")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
@@ -136,7 +141,8 @@ def main():
         time.sleep(0.5)
         pre = prefill_rate(a.infergate, model, a.prompt, a.threads)
         print("model %s, worker --threads %d --max-seqs %d; prompt %d tokens, %d new tokens, %d measured rounds "
-              "per client after one warm-up round" % (model, a.threads, a.max_seqs, a.prompt, a.gen, a.rounds))
+              "per client (at least %d tokens per level) after one warm-up round" %
+              (model, a.threads, a.max_seqs, a.prompt, a.gen, a.rounds, a.min_tokens))
         print("prefill rate of this build (infergate generate, %d-token prompt, %d threads): %.1f tok/s "
               "(min %.1f, max %.1f)\n" % (a.prompt, a.threads, pre[0], pre[1], pre[2]))
         print("| clients | aggregate tok/s | x single | / prefill | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms "
@@ -144,7 +150,8 @@ def main():
         print("|---|---|---|---|---|---|---|---|---|---|")
         single = None
         for c in [int(x) for x in a.clients.split(",")]:
-            rec = asyncio.run(run_level(sock, c, a.rounds, a.prompt, a.gen, vocab))
+            rounds = max(a.rounds, -(-a.min_tokens // (c * a.gen)))
+            rec = asyncio.run(run_level(sock, c, rounds, a.prompt, a.gen, vocab))
             agg = rec["tokens"] / (rec["last_end"] - rec["first_start"]) if rec["tokens"] else 0.0
             single = single or agg
             t50, t99 = pct(rec["ttft"], 50) * 1e3, pct(rec["ttft"], 99) * 1e3
