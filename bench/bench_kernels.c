@@ -7,7 +7,9 @@
  *
  * "cold" matvec cycles through copies of the matrix filling a pool far larger
  * than the last-level cache, as decode does through a model's layers; "hot"
- * repeats one matrix, which then sits in cache. Measurements of the
+ * repeats one matrix, which then sits in cache. Where the table has a packed
+ * Q8_0 gemm (AVX-512 VNNI, AMX), "q8_0 (packed)" is what a model's Q8_0
+ * matrices run as; its cold pool is a quarter of the pool per shape. Measurements of the
  * configurations alternate within each repetition and the medians are shown. */
 #include "bench/membw.h"
 #include "kernels/kn.h"
@@ -19,11 +21,13 @@
 
 #define MAX_REPS 15
 #define N_SHAPES 4
-#define N_TYPES 3
+#define N_TYPES 4
 #define MM_ROWS 64
 
 static const int shapes[N_SHAPES][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}}; /* n_out, n_in */
-static const kn_type types[N_TYPES] = {KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
+/* The last is Q8_0 packed for the gemm_q8_0_p16 of the AVX-512 and AMX
+ * tables, as a model holds its Q8_0 matrices on those CPUs. */
+static const kn_type types[N_TYPES] = {KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_Q8_0_P16};
 
 static double best(const double *v, int n)
 {
@@ -53,6 +57,30 @@ static void fill_pool(uint8_t *pool, size_t bytes, kn_type type)
         memcpy(pool + off, t, bytes - off < tile ? bytes - off : tile);
     free(t);
     free(x);
+}
+
+static size_t mat_bytes_of(kn_type type, int n_out, int n_in)
+{
+    return type == KN_TYPE_Q8_0_P16 ? kn_pack_q8_0_bytes(n_out, n_in) : kn_row_bytes(type, n_in) * (size_t)n_out;
+}
+
+/* The pool as copies of one packed n_out x n_in matrix (packing moves rows
+ * between blocks, so a window of a tiled pool would not be a matrix). */
+static void fill_pool_packed(uint8_t *pool, size_t bytes, int n_out, int n_in)
+{
+    const size_t rb = kn_row_bytes(KN_TYPE_Q8_0, n_in), mb = kn_pack_q8_0_bytes(n_out, n_in);
+    uint8_t *q = malloc(rb * (size_t)n_out);
+    float *x = malloc((size_t)n_in * sizeof(float));
+    for (int o = 0; o < n_out; o++) {
+        for (int i = 0; i < n_in; i++)
+            x[i] = bench_frand(&rng_state);
+        kn_quantize_row(KN_TYPE_Q8_0, x, q + (size_t)o * rb, n_in);
+    }
+    kn_pack_q8_0(q, n_out, n_in, pool);
+    for (size_t off = mb; off + mb <= bytes; off += mb)
+        memcpy(pool + off, pool, mb);
+    free(x);
+    free(q);
 }
 
 static double time_matvec(kn_ctx *ctx, const uint8_t *pool, size_t mat_bytes, int n_mats, kn_type type,
@@ -124,20 +152,29 @@ int main(int argc, char **argv)
     double cold[N_TYPES][N_SHAPES][2][MAX_REPS], hot[N_TYPES][N_SHAPES][2][MAX_REPS],
         mm[N_TYPES][N_SHAPES][2][MAX_REPS];
     double ref_mv[MAX_REPS], ref_mm[MAX_REPS];
-    for (int ti = 0; ti < N_TYPES; ti++) {
+    const bool packed = kn_ctx_ops(ctx[0])->gemm_q8_0_p16 != NULL;
+    const int n_types = packed ? N_TYPES : N_TYPES - 1;
+    const size_t region = pool_bytes / N_SHAPES / 64 * 64; /* packed: one region of copies per shape */
+    for (int ti = 0; ti < n_types; ti++) {
         const kn_type type = types[ti];
-        fill_pool(pool, pool_bytes, type);
+        const bool p16 = type == KN_TYPE_Q8_0_P16;
+        if (p16)
+            for (int si = 0; si < N_SHAPES; si++)
+                fill_pool_packed(pool + si * region, region, shapes[si][0], shapes[si][1]);
+        else
+            fill_pool(pool, pool_bytes, type);
         for (int r = 0; r < reps; r++) {
             for (int si = 0; si < N_SHAPES; si++) {
                 const int n_out = shapes[si][0], n_in = shapes[si][1];
-                const size_t mat_bytes = kn_row_bytes(type, n_in) * (size_t)n_out;
-                const int n_mats = (int)(pool_bytes / mat_bytes);
+                const size_t mat_bytes = mat_bytes_of(type, n_out, n_in);
+                const uint8_t *w = p16 ? pool + si * region : pool;
+                const int n_mats = (int)((p16 ? region : pool_bytes) / mat_bytes);
                 for (int t = 0; t < 2; t++) {
-                    double s = time_matvec(ctx[t], pool, mat_bytes, n_mats, type, n_out, n_in, x, y);
+                    double s = time_matvec(ctx[t], w, mat_bytes, n_mats, type, n_out, n_in, x, y);
                     cold[ti][si][t][r] = (double)mat_bytes * n_mats / s;
-                    s = time_repeat(ctx[t], pool, type, n_out, n_in, x, 1, y, 0.02);
+                    s = time_repeat(ctx[t], w, type, n_out, n_in, x, 1, y, 0.02);
                     hot[ti][si][t][r] = (double)mat_bytes / s;
-                    s = time_repeat(ctx[t], pool, type, n_out, n_in, x, MM_ROWS, y, 0.03);
+                    s = time_repeat(ctx[t], w, type, n_out, n_in, x, MM_ROWS, y, 0.03);
                     mm[ti][si][t][r] = 2.0 * MM_ROWS * n_out * n_in / s;
                 }
             }
@@ -160,7 +197,7 @@ int main(int argc, char **argv)
     printf(
         "| type | n_out x n_in | threads | matvec cold GB/s | matvec hot GB/s | matmul 64 rows GFLOP/s |\n");
     printf("|---|---|---|---|---|---|\n");
-    for (int ti = 0; ti < N_TYPES; ti++)
+    for (int ti = 0; ti < n_types; ti++)
         for (int si = 0; si < N_SHAPES; si++)
             for (int t = 0; t < 2; t++)
                 printf("| %s | %dx%d | %d | %.2f | %.2f | %.1f |\n", kn_type_name(types[ti]), shapes[si][0],
