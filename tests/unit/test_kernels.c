@@ -983,6 +983,20 @@ static void test_matmul(void **state)
                     }
                     free(ys);
                     free(ym);
+                    if (t == KN_TYPE_Q8_0 && kn_ctx_ops(ctx)->gemm_q8_0_p16 != NULL) {
+                        /* packed, through the context's chunking and threads:
+                         * the bits of the unpacked matmul */
+                        void *wp = malloc(kn_pack_q8_0_bytes(n_out, n_in));
+                        float *yp = malloc((size_t)nr * n_out * sizeof(float));
+                        assert_non_null(wp);
+                        assert_non_null(yp);
+                        kn_pack_q8_0(wq, n_out, n_in, wp);
+                        const kn_mm_out po = {wp, n_out, yp};
+                        assert_int_equal(kn_matmul_n(ctx, KN_TYPE_Q8_0_P16, n_in, x, nr, &po, 1), 0);
+                        assert_memory_equal(yp, yf, (size_t)nr * n_out * sizeof(float));
+                        free(yp);
+                        free(wp);
+                    }
                     if (t != KN_TYPE_Q8_0 && t != KN_TYPE_Q4_0)
                         continue;
                     /* a row's result does not depend on the batch: the same
@@ -1000,6 +1014,8 @@ static void test_matmul(void **state)
             const kn_mm_out five[5] = {{wq, 1, yf}, {wq, 1, yf}, {wq, 1, yf}, {wq, 1, yf}, {wq, 1, yf}};
             assert_int_equal(kn_matmul_n(ctx, KN_TYPE_Q8_0, 32, x, 1, five, 5), -EINVAL);
             assert_int_equal(kn_matmul_n(ctx, KN_TYPE_Q8_0, 32, x, 1, five, 0), -EINVAL);
+            if (kn_ctx_ops(ctx)->gemm_q8_0_p16 == NULL) /* packed rows need the packed gemm */
+                assert_int_equal(kn_matmul_n(ctx, KN_TYPE_Q8_0_P16, 32, x, 1, five, 1), -EINVAL);
             kn_ctx_free(ctx);
         }
     }
