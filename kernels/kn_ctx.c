@@ -35,6 +35,9 @@
 /* Elementwise work below this many elements runs on the calling thread:
  * waking the pool would cost more than it saves. */
 #define KN_PAR_MIN_ELEMS (1 << 15)
+/* Attention scores a thread keeps at once, unless one KV head's group needs
+ * more (see kn_attention). */
+#define KN_ATTN_SCRATCH_FLOATS (1 << 18)
 
 typedef void (*kn_job_fn)(void *arg, int i, int tid);
 
@@ -865,7 +868,7 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
             continue;
         rows += seqs[s].n_q;
         const int64_t last = (int64_t)seqs[s].pos0 + seqs[s].n_q;
-        if (last > INT32_MAX)
+        if (last > INT32_MAX - seqs[s].block_tokens) /* attn_item steps a block past the end */
             return -EINVAL;
         if (last > max_ctx)
             max_ctx = (int)last;
@@ -879,12 +882,17 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
         n_chunks = (int)((4 * ctx->n_threads + rows - 1) / rows);
     if (n_chunks > n_kv_head)
         n_chunks = n_kv_head;
-    const int chunk_heads = (n_kv_head + n_chunks - 1) / n_chunks;
+    int chunk_heads = (n_kv_head + n_chunks - 1) / n_chunks;
+    /* Each item keeps the scores of all its query heads: at long contexts
+     * fewer KV heads an item, so the per-thread scratch stays near 1 MiB (a
+     * split costs no extra reads, each item sweeping only its own heads). */
+    const size_t score_stride = ((size_t)max_ctx + 15) & ~(size_t)15;
+    const size_t group = (size_t)(n_head / n_kv_head);
+    while (chunk_heads > 1 && score_stride * group * (size_t)chunk_heads > KN_ATTN_SCRATCH_FLOATS)
+        chunk_heads = (chunk_heads + 1) / 2;
     n_chunks = (n_kv_head + chunk_heads - 1) / chunk_heads;
     if (rows * n_chunks > INT32_MAX)
         return -EINVAL;
-    const size_t score_stride = ((size_t)max_ctx + 15) & ~(size_t)15;
-    const size_t group = (size_t)(n_head / n_kv_head);
     /* Grown here, on the calling thread, so workers never allocate. */
     for (int t = 0; t < ctx->n_threads; t++)
         if (scratch_reserve((void **)&ctx->score[t], &ctx->score_cap[t],

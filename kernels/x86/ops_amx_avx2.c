@@ -21,7 +21,17 @@
 #include "kernels/kn.h"
 #include "kernels/quant_blocks.h"
 
-#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__linux__)
+/* The AMX intrinsics came with GCC 11 and clang 12. */
+#if defined(__clang__)
+#define KN_AMX_COMPILER (__clang_major__ >= 12)
+#elif defined(__GNUC__)
+#define KN_AMX_COMPILER (__GNUC__ >= 11)
+#else
+#define KN_AMX_COMPILER 0
+#endif
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__linux__) &&     \
+    KN_AMX_COMPILER
 
 #include <cpuid.h>
 #include <immintrin.h>

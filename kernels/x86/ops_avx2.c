@@ -89,102 +89,57 @@ static inline float load_w1(const void *w, bool half, int i)
     return half ? h2f(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
-/* K activation rows (a constant at each call site, so the eight accumulators
- * stay in registers) against one weight row: each weight vector is loaded
- * (and for F16 converted) once for the K rows. */
+/* One or two activation rows against one weight row, four chains of
+ * eight lanes per row (a single row is bound by memory, and four chains
+ * keep the loads going); the same order of additions for a row whether it
+ * comes alone or paired, so an F32 or F16 model gives a sequence the same
+ * bits in any batch. */
 static inline __attribute__((always_inline)) void dotf_rows(const void *w, bool half, const float *x,
                                                             size_t xs, int K, int n, float *out)
 {
-    const float *x0 = x, *x1 = x + (K > 1 ? xs : 0), *x2 = x + (K > 2 ? 2 * xs : 0),
-                *x3 = x + (K > 3 ? 3 * xs : 0);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const float *x0 = x, *x1 = x + (K > 1 ? xs : 0);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + 32 <= n; i += 32) {
         const __m256 w0 = load_w8(w, half, i), w1 = load_w8(w, half, i + 8);
+        const __m256 w2 = load_w8(w, half, i + 16), w3 = load_w8(w, half, i + 24);
         a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
-        b0 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + 8), b0);
+        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + 8), a1);
+        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x0 + i + 16), a2);
+        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x0 + i + 24), a3);
         if (K > 1) {
-            a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), a1);
-            b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + 8), b1);
-        }
-        if (K > 2) {
-            a2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), a2);
-            b2 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + i + 8), b2);
-        }
-        if (K > 3) {
-            a3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + i), a3);
-            b3 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + i + 8), b3);
+            c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), c0);
+            c1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + 8), c1);
+            c2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x1 + i + 16), c2);
+            c3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x1 + i + 24), c3);
         }
     }
-    if (i + 8 <= n) {
+    for (; i + 8 <= n; i += 8) {
         const __m256 w0 = load_w8(w, half, i);
         a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
         if (K > 1)
-            a1 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), a1);
-        if (K > 2)
-            a2 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i), a2);
-        if (K > 3)
-            a3 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + i), a3);
-        i += 8;
+            c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), c0);
     }
-    float s0 = hsum256(_mm256_add_ps(a0, b0)), s1 = 0, s2 = 0, s3 = 0;
+    float s0 = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))), s1 = 0;
     if (K > 1)
-        s1 = hsum256(_mm256_add_ps(a1, b1));
-    if (K > 2)
-        s2 = hsum256(_mm256_add_ps(a2, b2));
-    if (K > 3)
-        s3 = hsum256(_mm256_add_ps(a3, b3));
+        s1 = hsum256(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
     for (; i < n; i++) {
         const float wi = load_w1(w, half, i);
         s0 += wi * x0[i];
         s1 += wi * x1[i];
-        s2 += wi * x2[i];
-        s3 += wi * x3[i];
     }
     out[0] = s0;
     if (K > 1)
         out[1] = s1;
-    if (K > 2)
-        out[2] = s2;
-    if (K > 3)
-        out[3] = s3;
-}
-
-/* One row: memory bound, so four independent chains to cover FMA latency. */
-static inline __attribute__((always_inline)) float dotf_1(const void *w, bool half, const float *x, int n)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(load_w8(w, half, i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(load_w8(w, half, i + 8), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(load_w8(w, half, i + 16), _mm256_loadu_ps(x + i + 16), a2);
-        a3 = _mm256_fmadd_ps(load_w8(w, half, i + 24), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    for (; i + 8 <= n; i += 8)
-        a0 = _mm256_fmadd_ps(load_w8(w, half, i), _mm256_loadu_ps(x + i), a0);
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; i++)
-        s += load_w1(w, half, i) * x[i];
-    return s;
 }
 
 static inline __attribute__((always_inline)) void dotf(const void *w, bool half, const float *x, size_t xs,
                                                        int nr, int n, float *out)
 {
-    for (; nr >= 4; nr -= 4, x += 4 * xs, out += 4)
-        dotf_rows(w, half, x, xs, 4, n, out);
-    switch (nr) {
-    case 3:
-        dotf_rows(w, half, x, xs, 3, n, out);
-        break;
-    case 2:
+    for (; nr >= 2; nr -= 2, x += 2 * xs, out += 2)
         dotf_rows(w, half, x, xs, 2, n, out);
-        break;
-    case 1:
-        out[0] = dotf_1(w, half, x, n);
-        break;
-    }
+    if (nr == 1)
+        dotf_rows(w, half, x, xs, 1, n, out);
 }
 
 static void avx2_dot_f32(const float *w, const float *x, size_t xs, int nr, int n, float *out)
