@@ -1214,6 +1214,57 @@ static void test_attention(void **state)
         free(blocks[i]);
 }
 
+/* A context long enough that one item's scores for all its heads would
+ * pass the per-thread scratch bound: the heads are split further, and the
+ * result is still the naive one. The block table cycles over a few blocks. */
+static void test_attention_long(void **state)
+{
+    (void)state;
+    enum { NH = 8, NKV = 4, HD = 32, BT = 16, NBLK = 12, NQ = 4, POS0 = 32800 };
+    const int kv_dim = NKV * HD, n_tab = (POS0 + NQ + BT - 1) / BT;
+    const size_t blk_elems = (size_t)BT * kv_dim * 2;
+    uint16_t *blocks[NBLK], **table = malloc((size_t)n_tab * sizeof(*table));
+    float *q = malloc((size_t)NQ * NH * HD * sizeof(float)), *out = malloc((size_t)NQ * NH * HD * sizeof(float));
+    float *want = malloc((size_t)NQ * NH * HD * sizeof(float));
+    assert_non_null(table);
+    assert_non_null(q);
+    assert_non_null(out);
+    assert_non_null(want);
+    seed(9);
+    for (int i = 0; i < NBLK; i++) {
+        blocks[i] = malloc(blk_elems * sizeof(uint16_t));
+        assert_non_null(blocks[i]);
+        for (size_t e = 0; e < blk_elems; e++)
+            blocks[i][e] = kn_fp32_to_fp16(frand());
+    }
+    for (int i = 0; i < n_tab; i++)
+        table[i] = blocks[(i * 5) % NBLK];
+    fill(q, (size_t)NQ * NH * HD, 2.0f);
+    const kn_attn_seq seq = {.q = q, .out = out, .n_q = NQ, .pos0 = POS0, .blocks = table, .k_off = 0,
+                             .v_off = (size_t)BT * kv_dim, .block_tokens = BT};
+    const float scale = 1.0f / sqrtf((float)HD);
+    attention_naive(&seq, NH, NKV, HD, scale, want);
+    /* one thread: NQ rows are enough that the heads would not be split for
+     * the thread count alone */
+    kn_ctx *ctx = kn_ctx_new(1, KN_BACKEND_AUTO);
+    assert_non_null(ctx);
+    memset(out, 0xff, (size_t)NQ * NH * HD * sizeof(float));
+    assert_int_equal(kn_attention(ctx, &seq, 1, NH, NKV, HD, scale), 0);
+    for (int i = 0; i < NQ * NH * HD; i++)
+        check_close(out[i], want[i], 2e-5, "attention long", kn_ctx_ops(ctx)->name, 0, i);
+    /* a position too close to INT32_MAX for the block walk is refused */
+    const kn_attn_seq far = {.q = q, .out = out, .n_q = 1, .pos0 = INT32_MAX - 8, .blocks = table,
+                             .v_off = (size_t)BT * kv_dim, .block_tokens = BT};
+    assert_int_equal(kn_attention(ctx, &far, 1, NH, NKV, HD, scale), -EINVAL);
+    kn_ctx_free(ctx);
+    for (int i = 0; i < NBLK; i++)
+        free(blocks[i]);
+    free(want);
+    free(out);
+    free(q);
+    free(table);
+}
+
 typedef struct visit {
     atomic_int *count;
 } visit;
@@ -1288,6 +1339,7 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_parallel_for),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
