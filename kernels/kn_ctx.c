@@ -527,14 +527,15 @@ static int matmul_gemm(kn_ctx *ctx, kn_type wtype, size_t w_row_bytes, int n_in,
     for (int k = 0; k < n_outs; k++)
         total_out += outs[k].n_out;
     const int per = ctx->n_threads * 8 / row_blocks;
+    int64_t even = per > 1 ? (total_out + per - 1) / per : total_out;
+    even = (even + 15) / 16 * 16;
+    even = even < 16 ? 16 : even > 256 ? 256 : even;
     int64_t items = 0;
     for (int k = 0; k < n_outs; k++) {
         const int n_out = outs[k].n_out;
         if (n_out == 0)
             continue;
-        int64_t chunk = per > 1 ? (total_out + per - 1) / per : n_out;
-        chunk = (chunk + 15) / 16 * 16;
-        chunk = chunk < 16 ? 16 : chunk > 256 ? 256 : chunk;
+        int64_t chunk = even;
         /* keep the item count an int whatever the shape */
         while ((n_out + chunk - 1) / chunk * row_blocks > INT32_MAX / KN_MM_MAX_OUTS)
             chunk *= 2;

@@ -80,15 +80,6 @@ static AMX_ATTR void amx_configure(int m)
     _tile_loadconfig(&c);
 }
 
-/* f + (float)isum * scale, rounded twice as the reference rounds it (the
- * barrier keeps the compiler from contracting the two into an FMA). */
-static inline __attribute__((always_inline)) AMX_ATTR __m512 amx_accum(__m512 f, __m512i isum, __m512 scale)
-{
-    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), scale);
-    __asm__("" : "+v"(t));
-    return _mm512_add_ps(f, t);
-}
-
 /* Starts block ib's product in tile set `set` (A, B, C in tiles 0-2 or 3-5);
  * the tile numbers must be constants, hence the two branches. */
 static inline __attribute__((always_inline)) AMX_ATTR void amx_product(int set, const char *wg, const char *xq,
@@ -121,7 +112,7 @@ static inline __attribute__((always_inline)) AMX_ATTR void amx_product(int set, 
 #define AMX_INIT(r)                                                                                          \
     __m512 f##r = b0 > 0 && r < m ? _mm512_maskz_loadu_ps(keep, y + (size_t)(r)*ys + o0) : _mm512_setzero_ps();
 #define AMX_SCALE(r)                                                                                         \
-    f##r = amx_accum(f##r, _mm512_load_si512((const void *)(c + 16 * (r))),                                  \
+    f##r = x86_block_accum(f##r, _mm512_load_si512((const void *)(c + 16 * (r))),                                  \
                      _mm512_mul_ps(dwv, _mm512_set1_ps(dxr[r])));
 #define AMX_STORE(r)                                                                                         \
     if (r < m)                                                                                               \

@@ -40,15 +40,6 @@ enum { QZ_Q8, QZ_Q4, QZ_P16 }; /* weight layouts */
 
 #define QZ_X(r) ((const kn_block_q8_0 *)((const char *)xq + (size_t)(r)*xs))
 
-/* acc + (float)isum * scale, rounded twice as the reference rounds it: the
- * barrier keeps the compiler from contracting the two into an FMA. */
-QZ_INLINE __m512 qz_accum(__m512 acc, __m512i isum, __m512 scale)
-{
-    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), scale);
-    __asm__("" : "+v"(t));
-    return _mm512_add_ps(acc, t);
-}
-
 /* Sum of an activation block's 32 quants. */
 QZ_INLINE int32_t qz_xsum(const kn_block_q8_0 *x)
 {
@@ -175,7 +166,7 @@ QZ_INLINE void qz_mv_tile(const char *w, size_t ws, int n_t, bool q4, const void
                 c[p] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[p], xl), hi[p], xh);
             const __m512i v =
                 _mm512_add_epi32(qz_reduce(c[0], c[1], c[2], c[3]), _mm512_set1_epi32(a->corr[r][b]));
-            f[r] = qz_accum(f[r], v, _mm512_mul_ps(dwv, _mm512_set1_ps(a->dx[r][b])));
+            f[r] = x86_block_accum(f[r], v, _mm512_mul_ps(dwv, _mm512_set1_ps(a->dx[r][b])));
         }
     }
 #pragma GCC unroll 16
@@ -242,7 +233,7 @@ QZ_INLINE void qz_p16_tile(const char *wg, int n_t, const void *xq, size_t xs, i
                 s1 = _mm512_dpbusd_epi32(s1, wv[k + 1], _mm512_set1_epi32(xd[k + 1]));
             }
             const __m512i v = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(a->corr[r][b]));
-            f[r] = qz_accum(f[r], v, _mm512_mul_ps(dwv, _mm512_set1_ps(a->dx[r][b])));
+            f[r] = x86_block_accum(f[r], v, _mm512_mul_ps(dwv, _mm512_set1_ps(a->dx[r][b])));
         }
     }
 #pragma GCC unroll 16

@@ -17,4 +17,16 @@ static inline float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* acc + (float)isum * scale for 16 lanes, rounded twice as the reference
+ * rounds a Q8_0 block's sum: the barrier keeps the compiler from contracting
+ * the two into an FMA. Shared by the AVX-512 and AMX gemms, whose results
+ * must stay bit-identical to each other and to the reference. */
+static inline __attribute__((always_inline, target("avx512f"))) __m512 x86_block_accum(__m512 acc, __m512i isum,
+                                                                                       __m512 scale)
+{
+    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), scale);
+    __asm__("" : "+v"(t));
+    return _mm512_add_ps(acc, t);
+}
+
 #endif
