@@ -1,12 +1,13 @@
 /* Decode attention benchmark: S sequences, one new token each, over a paged
- * F16 KV cache of C positions per sequence, every layer in turn (so the
- * cache is read from memory, as a decode step reads it). Attention at decode
- * has nothing to share between sequences: each reads its own cache once, so
- * it is bound by memory bandwidth, and this prints how close it comes.
+ * KV cache of C positions per sequence, every layer in turn (so the cache is
+ * read from memory, as a decode step reads it). Attention at decode has
+ * nothing to share between sequences: each reads its own cache once, so it
+ * is bound by memory bandwidth, and this prints how close it comes. The F16
+ * and the Q8_0 cache are timed in alternate repetitions of one run.
  *
  *   bench_attention [--seqs S] [--ctx C] [--layers L] [--heads H]
  *                   [--kv-heads K] [--head-dim D] [--block-tokens B]
- *                   [--threads T] [--reps N]
+ *                   [--threads T] [--reps N] [--huge 0|1]
  *
  * Blocks are handed out in a shuffled order, as a pool looks after requests
  * have come and gone. */
@@ -30,39 +31,91 @@ static int arg_int(int argc, char **argv, const char *name, int dflt)
     return dflt;
 }
 
+typedef struct cache {
+    kn_type type;
+    size_t row, block_units, pool_bytes; /* row and block in 16-bit units */
+    uint16_t *pool;
+    uint16_t **tables;
+    double t[MAX_REPS];
+} cache;
+
+static int cache_init(cache *c, kn_type type, int S, int per_seq, int L, int KH, int D, int BT, const int *order,
+                      bool huge, uint64_t *rng)
+{
+    const int n_blocks = S * per_seq;
+    c->type = type;
+    c->row = kn_kv_row_units(type, D);
+    c->block_units = 2 * (size_t)L * BT * KH * c->row;
+    c->pool_bytes = (size_t)n_blocks * c->block_units * sizeof(uint16_t);
+    /* Mapped as rt_kv_new maps its pool. */
+    c->pool = mmap(NULL, c->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    c->tables = malloc((size_t)n_blocks * sizeof(*c->tables));
+    float *x = malloc((size_t)D * sizeof(float));
+    if (c->pool == MAP_FAILED || !c->tables || !x || c->row == 0) {
+        free(x);
+        return -1;
+    }
+    if (huge)
+        madvise(c->pool, c->pool_bytes, MADV_HUGEPAGE);
+    for (size_t r = 0; r < (size_t)n_blocks * c->block_units / c->row; r++) {
+        for (int i = 0; i < D; i++)
+            x[i] = bench_frand(rng);
+        kn_quantize_row(type, x, c->pool + r * c->row, D);
+    }
+    for (int i = 0; i < n_blocks; i++)
+        c->tables[i] = c->pool + (size_t)order[i] * c->block_units;
+    free(x);
+    return 0;
+}
+
+/* One decode step: every layer's attention for every sequence. */
+static int step(kn_ctx *ctx, const cache *c, kn_attn_seq *seqs, const float *q, float *out, int S, int C,
+                int per_seq, int L, int H, int KH, int D, int BT)
+{
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int l = 0; l < L; l++) {
+        const size_t k_off = (size_t)l * 2 * BT * KH * c->row;
+        for (int s = 0; s < S; s++)
+            seqs[s] = (kn_attn_seq){.q = q + (size_t)s * H * D,
+                                    .out = out + (size_t)s * H * D,
+                                    .n_q = 1,
+                                    .pos0 = C - 1,
+                                    .blocks = c->tables + (size_t)s * per_seq,
+                                    .k_off = k_off,
+                                    .v_off = k_off + (size_t)BT * KH * c->row,
+                                    .block_tokens = BT,
+                                    .kv_type = c->type};
+        if (kn_attention(ctx, seqs, S, H, KH, D, scale))
+            return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const int S = arg_int(argc, argv, "--seqs", 16), C = arg_int(argc, argv, "--ctx", 192);
     const int L = arg_int(argc, argv, "--layers", 12), H = arg_int(argc, argv, "--heads", 12);
     const int KH = arg_int(argc, argv, "--kv-heads", H), D = arg_int(argc, argv, "--head-dim", 64);
     const int BT = arg_int(argc, argv, "--block-tokens", 16), T = arg_int(argc, argv, "--threads", 2);
+    const bool huge = arg_int(argc, argv, "--huge", 0) != 0;
     int reps = arg_int(argc, argv, "--reps", 9);
-    if (S < 1 || C < 1 || L < 1 || H < 1 || KH < 1 || H % KH || D < 1 || BT < 1 || T < 1 || reps < 1) {
-        fprintf(stderr, "bench_attention: every size must be positive and heads a multiple of kv-heads\n");
+    if (S < 1 || C < 1 || L < 1 || H < 1 || KH < 1 || H % KH || D < 32 || D % 32 || BT < 1 || T < 1 ||
+        reps < 1) {
+        fprintf(stderr, "bench_attention: every size must be positive, heads a multiple of kv-heads and the "
+                        "head size a multiple of 32\n");
         return 2;
     }
     reps = reps > MAX_REPS ? MAX_REPS : reps;
-    const size_t kv_dim = (size_t)KH * D, block_elems = 2 * (size_t)L * BT * kv_dim;
     const int per_seq = (C + BT - 1) / BT, n_blocks = S * per_seq;
-    /* Mapped as rt_kv_new maps its pool. */
-    const size_t pool_bytes = (size_t)n_blocks * block_elems * sizeof(uint16_t);
-    uint16_t *pool = mmap(NULL, pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (pool == MAP_FAILED)
-        pool = NULL;
-    else if (arg_int(argc, argv, "--huge", 1))
-        madvise(pool, pool_bytes, MADV_HUGEPAGE);
-    uint16_t **tables = malloc((size_t)n_blocks * sizeof(*tables));
     int *order = malloc((size_t)n_blocks * sizeof(int));
     float *q = malloc((size_t)S * H * D * sizeof(float)), *out = malloc((size_t)S * H * D * sizeof(float));
     kn_attn_seq *seqs = malloc((size_t)S * sizeof(*seqs));
     kn_ctx *ctx = kn_ctx_new(T, KN_BACKEND_AUTO);
-    if (!pool || !tables || !order || !q || !out || !seqs || !ctx) {
+    if (!order || !q || !out || !seqs || !ctx) {
         fprintf(stderr, "bench_attention: out of memory\n");
         return 1;
     }
     uint64_t rng = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < (size_t)n_blocks * block_elems; i++)
-        pool[i] = kn_fp32_to_fp16(bench_frand(&rng));
     for (int i = 0; i < n_blocks; i++)
         order[i] = i;
     for (int i = n_blocks - 1; i > 0; i--) {
@@ -71,47 +124,44 @@ int main(int argc, char **argv)
         order[i] = order[j];
         order[j] = t;
     }
-    for (int i = 0; i < n_blocks; i++)
-        tables[i] = pool + (size_t)order[i] * block_elems;
+    cache caches[2];
+    if (cache_init(&caches[0], KN_TYPE_F16, S, per_seq, L, KH, D, BT, order, huge, &rng) ||
+        cache_init(&caches[1], KN_TYPE_Q8_0, S, per_seq, L, KH, D, BT, order, huge, &rng)) {
+        fprintf(stderr, "bench_attention: out of memory\n");
+        return 1;
+    }
     for (size_t i = 0; i < (size_t)S * H * D; i++)
         q[i] = bench_frand(&rng);
 
-    const float scale = 1.0f / sqrtf((float)D);
-    double t_all[MAX_REPS];
-    for (int r = 0; r < reps; r++) {
-        double t0 = bench_now();
-        for (int l = 0; l < L; l++) {
-            const size_t k_off = (size_t)l * 2 * BT * kv_dim;
-            for (int s = 0; s < S; s++)
-                seqs[s] = (kn_attn_seq){.q = q + (size_t)s * H * D,
-                                        .out = out + (size_t)s * H * D,
-                                        .n_q = 1,
-                                        .pos0 = C - 1,
-                                        .blocks = tables + (size_t)s * per_seq,
-                                        .k_off = k_off,
-                                        .v_off = k_off + (size_t)BT * kv_dim,
-                                        .block_tokens = BT};
-            if (kn_attention(ctx, seqs, S, H, KH, D, scale)) {
+    for (int r = 0; r < reps; r++)
+        for (int c = 0; c < 2; c++) {
+            double t0 = bench_now();
+            if (step(ctx, &caches[c], seqs, q, out, S, C, per_seq, L, H, KH, D, BT)) {
                 fprintf(stderr, "bench_attention: kn_attention failed\n");
                 return 1;
             }
+            caches[c].t[r] = bench_now() - t0;
         }
-        t_all[r] = bench_now() - t0;
-    }
-    const double t = bench_median(t_all, reps);
-    const double bytes = (double)S * C * L * kv_dim * 2 * sizeof(uint16_t);
     const double bw = membw_measure(T, (size_t)1 << 30, 3);
     printf("decode attention [%s, %d threads]: %d seqs x %d positions, %d layers, %d/%d heads of %d, "
-           "blocks of %d\n",
-           kn_ctx_ops(ctx)->name, T, S, C, L, H, KH, D, BT);
-    printf("  %.1f us per layer, %.2f ms per step; K+V read %.1f MB at %.1f GB/s; memory %.1f GB/s (%.0f%%)\n",
-           t / L * 1e6, t * 1e3, bytes / 1e6, bytes / t / 1e9, bw / 1e9, bw > 0 ? 100.0 * bytes / t / bw : 0.0);
+           "blocks of %d%s; memory %.1f GB/s\n",
+           kn_ctx_ops(ctx)->name, T, S, C, L, H, KH, D, BT, huge ? ", huge pages" : "", bw / 1e9);
+    double t_f16 = 0;
+    for (int c = 0; c < 2; c++) {
+        const double t = bench_median(caches[c].t, reps);
+        const double bytes = (double)S * C * L * KH * caches[c].row * 2 * sizeof(uint16_t);
+        t_f16 = c == 0 ? t : t_f16;
+        printf("  %-4s cache: %.1f us per layer, %.2f ms per step (x%.2f of f16); K+V read %.1f MB at %.1f GB/s "
+               "(%.0f%% of memory)\n",
+               kn_type_name(caches[c].type), t / L * 1e6, t * 1e3, t / t_f16, bytes / 1e6, bytes / t / 1e9,
+               bw > 0 ? 100.0 * bytes / t / bw : 0.0);
+        munmap(caches[c].pool, caches[c].pool_bytes);
+        free(caches[c].tables);
+    }
     kn_ctx_free(ctx);
     free(seqs);
     free(out);
     free(q);
     free(order);
-    free(tables);
-    munmap(pool, pool_bytes);
     return 0;
 }

@@ -217,7 +217,8 @@ static double decode_tps(rt_model *m, int batch, int n_prompt, int n_decode)
     const rt_hparams *hp = rt_model_hparams(m);
     char err[512];
     const int per_seq = n_prompt + n_decode + 16;
-    rt_kv *kv = rt_kv_new(m, (size_t)batch * per_seq * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    rt_kv *kv = rt_kv_new(m, (size_t)batch * per_seq * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16,
+                          KN_TYPE_F16, err, sizeof(err));
     if (!kv) {
         fprintf(stderr, "bench_cuda: %s\n", err);
         exit(1);

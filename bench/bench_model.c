@@ -27,8 +27,8 @@ static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tp
 {
     const rt_hparams *hp = rt_model_hparams(m);
     char err[256];
-    rt_kv *kv = rt_kv_new(m, (size_t)(n_prompt + n_decode + 16) * rt_model_kv_bytes_per_token(m), 16, err,
-                          sizeof(err));
+    rt_kv *kv = rt_kv_new(m, (size_t)(n_prompt + n_decode + 16) * rt_model_kv_bytes_per_token(m, KN_TYPE_F16),
+                          16, KN_TYPE_F16, err, sizeof(err));
     rt_seq *s = kv ? rt_seq_new(kv, n_prompt + n_decode + 16) : NULL;
     int32_t *toks = malloc((size_t)n_prompt * sizeof(int32_t));
     float *logits = malloc((size_t)hp->n_vocab * sizeof(float));

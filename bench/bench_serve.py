@@ -19,6 +19,7 @@ Needs Debian's python3-httpx and python3-h2 (run with /usr/bin/python3).
 
   /usr/bin/python3 bench/bench_serve.py --infergate build/infergate \
       [--model FILE] [--clients 1,4,16,32] [--rounds 3] [--min-tokens 3072] [--prompt 128] [--gen 128] [--threads 2]
+      [--kv-type f16|q8_0]
 """
 import argparse
 import asyncio
@@ -116,6 +117,7 @@ def main():
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-seqs", type=int, default=32)
+    ap.add_argument("--kv-type", default="f16", help="the worker's --kv-type (f16 or q8_0)")
     a = ap.parse_args()
 
     model = a.model
@@ -132,7 +134,7 @@ def main():
     log = open(os.path.join(d, "worker.log"), "wb")
     w = subprocess.Popen([a.infergate, "worker", "--model", model, "--model-name", "m", "--listen", "unix:" + sock,
                           "--threads", str(a.threads), "--max-seqs", str(a.max_seqs), "--max-queue", "256",
-                          "--kv-cache-mb", "2048"], stdout=log, stderr=subprocess.STDOUT)
+                          "--kv-cache-mb", "2048", "--kv-type", a.kv_type], stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
             if os.path.exists(sock):
@@ -140,9 +142,9 @@ def main():
             time.sleep(0.1)
         time.sleep(0.5)
         pre = prefill_rate(a.infergate, model, a.prompt, a.threads)
-        print("model %s, worker --threads %d --max-seqs %d; prompt %d tokens, %d new tokens, %d measured rounds "
+        print("model %s, worker --threads %d --max-seqs %d --kv-type %s; prompt %d tokens, %d new tokens, %d measured rounds "
               "per client (at least %d tokens per level) after one warm-up round" %
-              (model, a.threads, a.max_seqs, a.prompt, a.gen, a.rounds, a.min_tokens))
+              (model, a.threads, a.max_seqs, a.kv_type, a.prompt, a.gen, a.rounds, a.min_tokens))
         print("prefill rate of this build (infergate generate, %d-token prompt, %d threads): %.1f tok/s "
               "(min %.1f, max %.1f)\n" % (a.prompt, a.threads, pre[0], pre[1], pre[2]))
         print("| clients | aggregate tok/s | x single | / prefill | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms "

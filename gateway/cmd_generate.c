@@ -253,7 +253,8 @@ int gw_cmd_generate(int argc, char **argv)
                 a.n_predict, hp->n_ctx_train);
         goto out;
     }
-    kv = rt_kv_new(m, (size_t)(total + 15) / 16 * 16 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    kv = rt_kv_new(m, (size_t)(total + 15) / 16 * 16 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16,
+                   KN_TYPE_F16, err, sizeof(err));
     if (!kv) {
         fprintf(stderr, "generate: %s\n", err);
         goto out;

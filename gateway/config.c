@@ -397,12 +397,13 @@ static char *default_model_name(const char *model)
 
 static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, gw_worker_cfg *w)
 {
-    enum { K_MODEL, K_NAME, K_DEVICES, K_THREADS, K_KV, K_SEQS, K_BATCH, K_QUEUE, K_N };
-    static const char *const keys[K_N] = {"model",       "name",     "devices",          "threads",
-                                          "kv_cache_mb", "max_seqs", "max_batch_tokens", "max_queue"};
+    enum { K_MODEL, K_NAME, K_DEVICES, K_KV_TYPE, K_THREADS, K_KV, K_SEQS, K_BATCH, K_QUEUE, K_N };
+    static const char *const keys[K_N] = {"model",    "name",        "devices",  "kv_type",
+                                          "threads",  "kv_cache_mb", "max_seqs", "max_batch_tokens",
+                                          "max_queue"};
     /* The same ranges as the worker command's options. */
-    static const long long lo[K_N] = {0, 0, 0, 0, 1, 1, 1, 0};
-    static const long long hi[K_N] = {0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20};
+    static const long long lo[K_N] = {0, 0, 0, 0, 0, 1, 1, 1, 0};
+    static const long long hi[K_N] = {0, 0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
@@ -444,6 +445,17 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
         if (!(w->devices = calloc(1, sizeof(*w->devices))) || !(w->devices[0] = strdup("cpu")))
             return -ENOMEM;
         w->n_devices = 1;
+    }
+    if (v[K_KV_TYPE]) {
+        char *t = NULL;
+        gw_cfg_path_key(kp, path, "kv_type");
+        if ((rc = gw_cfg_str(p, v[K_KV_TYPE], kp, &t)))
+            return rc;
+        bool f16 = !strcmp(t, "f16"), q8 = !strcmp(t, "q8_0");
+        free(t);
+        if (!f16 && !q8)
+            return gw_cfg_perr(p, v[K_KV_TYPE], kp, "f16 or q8_0");
+        w->kv_q8_0 = q8;
     }
     int *ints[K_N] = {[K_THREADS] = &w->threads,
                       [K_KV] = &w->kv_cache_mb,

@@ -14,6 +14,7 @@
  *       devices: [cpu]          # cpu, or GPU / MIG UUIDs (one worker each), or "auto"
  *       threads: 2
  *       kv_cache_mb: 256
+ *       kv_type: f16            # f16 | q8_0 (CPU workers: half the KV memory and reads)
  *       max_seqs: 32
  *       max_batch_tokens: 512
  *       max_queue: 64
@@ -89,6 +90,7 @@ typedef struct gw_worker_cfg {
     char **devices; /* "cpu", a GPU/MIG UUID, or "auto" */
     int n_devices;
     int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue;
+    bool kv_q8_0; /* kv_type: q8_0 */
 } gw_worker_cfg;
 
 /* Routing policy; a tenant's DEFAULT takes routing.policy. */

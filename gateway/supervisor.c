@@ -87,7 +87,7 @@ static int spawn(sworker *w)
     snprintf(batch, sizeof(batch), "%d", c->max_batch_tokens);
     snprintf(queue, sizeof(queue), "%d", c->max_queue);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
-    const char *argv[24];
+    const char *argv[28];
     int a = 0;
     argv[a++] = s->exe;
     argv[a++] = "worker";
@@ -109,6 +109,10 @@ static int spawn(sworker *w)
     argv[a++] = batch;
     argv[a++] = "--max-queue";
     argv[a++] = queue;
+    if (c->kv_q8_0) {
+        argv[a++] = "--kv-type";
+        argv[a++] = "q8_0";
+    }
     /* CUDA_VISIBLE_DEVICES (below) shows the worker just this GPU or MIG slice. */
     if (gw_device_is_gpu(w->device)) {
         argv[a++] = "--device";

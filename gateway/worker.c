@@ -436,7 +436,7 @@ static void handle_stats(worker *w, gw_http_stream *s)
     rt_device_info dev;
     rt_model_device_info(w->model, &dev);
     json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:s, s:s, "
-                          "s:s, s:i}",
+                          "s:s, s:i, s:s}",
                           "queued", st.queued, "running", st.running, "kv_blocks_free", st.kv_blocks_free,
                           "kv_blocks_total", st.kv_blocks_total, "kv_block_tokens", st.kv_block_tokens, "max_seqs",
                           st.max_seqs, "max_queue", st.max_queue, "max_batch_tokens", st.max_batch_tokens,
@@ -445,7 +445,7 @@ static void handle_stats(worker *w, gw_http_stream *s)
                           st.tokens_per_s, "requests_done", (json_int_t)st.requests_done, "tokens_generated",
                           (json_int_t)st.tokens_generated, "preemptions", (json_int_t)st.preemptions, "device",
                           dev.kind, "model", w->model_name, "backend", rt_model_backend_name(w->model), "threads",
-                          rt_model_threads(w->model));
+                          rt_model_threads(w->model), "kv_type", kn_type_name(st.kv_type));
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
         json_t *d = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I}", "name", dev.name, "uuid", dev.uuid, "mig_profile",
@@ -548,6 +548,8 @@ static void usage(FILE *f)
             "                         CUDA_VISIBLE_DEVICES shows)\n"
             "  --threads N            compute threads (default: one per CPU)\n"
             "  --kv-cache-mb M        KV cache pool (default %zu)\n"
+            "  --kv-type f16|q8_0     KV cache elements (default f16; q8_0: CPU only, half the memory\n"
+            "                         and half the bytes decode attention reads, slightly less precise)\n"
             "  --max-seqs S           sequences decoded together (default %d)\n"
             "  --max-batch-tokens T   tokens per forward pass, prefill chunks included (default %d)\n"
             "  --max-queue Q          requests waiting to start; past it 429 (default %d)\n"
@@ -557,13 +559,14 @@ static void usage(FILE *f)
 
 int gw_cmd_worker(int argc, char **argv)
 {
-    enum { O_NAME = 256, O_THREADS, O_KV, O_SEQS, O_BATCH, O_QUEUE, O_BODY, O_DEVICE };
+    enum { O_NAME = 256, O_THREADS, O_KV, O_KV_TYPE, O_SEQS, O_BATCH, O_QUEUE, O_BODY, O_DEVICE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"listen", required_argument, 0, 'l'},
         {"model-name", required_argument, 0, O_NAME}, {"threads", required_argument, 0, O_THREADS},
         {"kv-cache-mb", required_argument, 0, O_KV},  {"max-seqs", required_argument, 0, O_SEQS},
         {"max-batch-tokens", required_argument, 0, O_BATCH}, {"max-queue", required_argument, 0, O_QUEUE},
         {"max-body", required_argument, 0, O_BODY},   {"device", required_argument, 0, O_DEVICE},
+        {"kv-type", required_argument, 0, O_KV_TYPE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -587,6 +590,10 @@ int gw_cmd_worker(int argc, char **argv)
             break;
         case O_THREADS: bad = gw_parse_int(optarg, 1, 1024, &threads) ? "--threads: 1 to 1024" : NULL; break;
         case O_KV: bad = gw_parse_int(optarg, 1, 1 << 20, &kv_mb) ? "--kv-cache-mb: 1 to 1048576" : NULL; break;
+        case O_KV_TYPE:
+            bad = strcmp(optarg, "f16") && strcmp(optarg, "q8_0") ? "--kv-type: f16 or q8_0" : NULL;
+            so.kv_type = strcmp(optarg, "q8_0") ? KN_TYPE_F16 : KN_TYPE_Q8_0;
+            break;
         case O_SEQS:
             bad = gw_parse_int(optarg, 1, 4096, &v) ? "--max-seqs: 1 to 4096" : NULL;
             so.max_seqs = (int)v;
@@ -685,10 +692,10 @@ int gw_cmd_worker(int argc, char **argv)
         snprintf(where, sizeof(where), "cpu");
     fprintf(stderr,
             "worker: ready: model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of "
-            "%d tokens; chat template %s%s; listening on %s\n",
+            "%d tokens of %s; chat template %s%s; listening on %s\n",
             w.model_name, rt_model_hparams(w.model)->arch, rt_model_hparams(w.model)->n_layer,
             rt_model_hparams(w.model)->n_ctx_train, where, rt_model_backend_name(w.model), rt_model_threads(w.model),
-            st.kv_blocks_total, st.kv_block_tokens, rt_chat_kind_name(w.chat_kind),
+            st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type), rt_chat_kind_name(w.chat_kind),
             tmpl.p && !recognised ? " (unrecognised template: fallback)" : tmpl.p ? "" : " (none in file: fallback)",
             listen);
     event_base_dispatch(w.base);

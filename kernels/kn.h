@@ -85,6 +85,9 @@ typedef struct kn_ops {
      * kv_accum: acc[i] += sum_r w[r] * v_r[i]. */
     void (*kv_scores)(const float *q, const uint16_t *k, size_t stride, int n, int hd, float scale, float *out);
     void (*kv_accum)(float *acc, const float *w, const uint16_t *v, size_t stride, int n, int hd);
+    /* kv_accum over a Q8_0 cache: rows of hd / 32 blocks, stride in bytes.
+     * (A Q8_0 cache's scores are dot_q8_0 of the quantized query.) */
+    void (*kv_accum_q8_0)(float *acc, const float *w, const void *v, size_t stride, int n, int hd);
     /* y = x as IEEE halves, rounded to nearest even (kn_fp32_to_fp16). */
     void (*to_f16)(const float *x, uint16_t *y, int n);
     /* Optional (NULL: kn_matmul uses the dots): y[r * y_stride + o] =
@@ -181,22 +184,31 @@ void kn_rope(kn_ctx *ctx, float *x, int n_rows, const int32_t *pos, int n_heads,
 void kn_rope_ref(float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
                  float freq_base, bool neox);
 
-/* Causal attention of one sequence's new tokens over its paged KV cache of
- * IEEE halves. Query row j (at q + j * n_head * head_dim) sits at position
- * pos0 + j and sees positions [0, pos0 + j]. A block holds its K rows head
- * by head: KV head g's K row of position p is at blocks[p / block_tokens] +
- * k_off + (g * block_tokens + p % block_tokens) * head_dim, V likewise with
- * v_off. Head h reads KV head h / (n_head / n_kv_head) (grouped-query
- * attention). */
+/* Causal attention of one sequence's new tokens over its paged KV cache.
+ * Query row j (at q + j * n_head * head_dim) sits at position pos0 + j and
+ * sees positions [0, pos0 + j]. A block holds its K rows head by head: KV
+ * head g's K row of position p is at blocks[p / block_tokens] + k_off +
+ * (g * block_tokens + p % block_tokens) * row, V likewise with v_off, where
+ * row is kn_kv_row_units(kv_type, head_dim). Head h reads KV head
+ * h / (n_head / n_kv_head) (grouped-query attention).
+ *
+ * kv_type is KN_TYPE_F16 (IEEE halves) or KN_TYPE_Q8_0 (head_dim a multiple
+ * of 32; half the bytes, which decode attention is bound by; the query is
+ * quantized to Q8_0 for the scores, as ggml does for a quantized K). */
 typedef struct kn_attn_seq {
     const float *q;
     float *out; /* n_q rows of n_head * head_dim; may alias q */
     int n_q;
     int pos0;
     uint16_t *const *blocks;
-    size_t k_off, v_off; /* in halves */
+    size_t k_off, v_off; /* in 16-bit units, like row */
     int block_tokens;
+    kn_type kv_type;
 } kn_attn_seq;
+
+/* 16-bit units of one head's K or V row of a kv_type cache: head_dim for
+ * F16, 17 per 32 elements (a 34-byte block) for Q8_0; 0 if unsupported. */
+size_t kn_kv_row_units(kn_type kv_type, int head_dim);
 
 /* Returns 0 or -ENOMEM (score scratch for a longer context than before). */
 int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, int n_kv_head, int head_dim,

@@ -792,6 +792,8 @@ typedef struct attn_job {
     int n_seqs, n_head, n_kv_head, head_dim;
     int n_chunks, chunk_heads; /* KV heads split into n_chunks runs of chunk_heads */
     size_t score_stride;       /* floats between two heads' scores */
+    size_t row;                /* 16-bit units of one head's K or V row */
+    size_t qq_off;             /* Q8_0 cache: the quantized queries, in floats after the scores */
     float scale;
 } attn_job;
 
@@ -817,6 +819,7 @@ static void attn_item(void *arg, int item, int tid)
         s++;
     }
     const kn_attn_seq *sq = &j->seqs[s];
+    const bool q8 = sq->kv_type == KN_TYPE_Q8_0;
     const int row = item / j->n_chunks, kv0 = item % j->n_chunks * j->chunk_heads;
     const int kv1 = kv0 + j->chunk_heads < j->n_kv_head ? kv0 + j->chunk_heads : j->n_kv_head;
     const int group = j->n_head / j->n_kv_head, hd = j->head_dim, bt = sq->block_tokens;
@@ -824,19 +827,38 @@ static void attn_item(void *arg, int item, int tid)
     const float *q = sq->q + (size_t)row * j->n_head * hd;
     float *out = sq->out + (size_t)row * j->n_head * hd;
     float *sc = j->ctx->score[tid];
+    const size_t rw = j->row, rw_bytes = rw * sizeof(uint16_t); /* a quantized query row too */
+    char *qq = (char *)(sc + j->qq_off);
+    if (q8)
+        for (int h = kv0 * group; h < kv1 * group; h++)
+            ops->quantize_q8_0(q + (size_t)h * hd, qq + (size_t)(h - kv0 * group) * rw_bytes, hd);
 
-    const size_t span = (size_t)(kv1 - kv0) * bt * hd; /* halves of the heads' rows in a block */
+    const size_t span = (size_t)(kv1 - kv0) * bt * rw; /* 16-bit units of the heads' rows in a block */
     for (int p = 0; p < n_ctx; p += bt) {
         const int run = n_ctx - p < bt ? n_ctx - p : bt;
         const uint16_t *k = sq->blocks[p / bt] + sq->k_off;
         /* the next block lies elsewhere in the pool: no prefetcher guesses it */
-        prefetch_span(p + bt < n_ctx ? sq->blocks[p / bt + 1] + sq->k_off + (size_t)kv0 * bt * hd
-                                     : sq->blocks[0] + sq->v_off + (size_t)kv0 * bt * hd,
+        prefetch_span(p + bt < n_ctx ? sq->blocks[p / bt + 1] + sq->k_off + (size_t)kv0 * bt * rw
+                                     : sq->blocks[0] + sq->v_off + (size_t)kv0 * bt * rw,
                       span);
         for (int kvh = kv0; kvh < kv1; kvh++)
-            for (int h = kvh * group; h < (kvh + 1) * group; h++)
-                ops->kv_scores(q + (size_t)h * hd, k + (size_t)kvh * bt * hd, (size_t)hd, run, hd, j->scale,
-                               sc + (size_t)(h - kv0 * group) * j->score_stride + p);
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                float *o = sc + (size_t)(h - kv0 * group) * j->score_stride + p;
+                const uint16_t *kr = k + (size_t)kvh * bt * rw;
+                if (!q8) {
+                    ops->kv_scores(q + (size_t)h * hd, kr, rw, run, hd, j->scale, o);
+                    continue;
+                }
+                const char *qh = qq + (size_t)(h - kv0 * group) * rw_bytes;
+                /* K rows as a gemm's weight rows: the decode matvec's layout,
+                 * eight rows' sums in one vector, where the dot reduces each */
+                if (ops->gemm_q8_0)
+                    ops->gemm_q8_0(kr, rw_bytes, run, qh, rw_bytes, 1, hd, o, (size_t)run);
+                else
+                    ops->dot_q8_0(qh, kr, rw_bytes, run, hd, o);
+                for (int r = 0; r < run; r++)
+                    o[r] *= j->scale;
+            }
     }
     /* Cleared only now, after q was read, so out may alias q. */
     for (int h = kv0 * group; h < kv1 * group; h++) {
@@ -847,11 +869,16 @@ static void attn_item(void *arg, int item, int tid)
         const int run = n_ctx - p < bt ? n_ctx - p : bt;
         const uint16_t *v = sq->blocks[p / bt] + sq->v_off;
         if (p + bt < n_ctx)
-            prefetch_span(sq->blocks[p / bt + 1] + sq->v_off + (size_t)kv0 * bt * hd, span);
+            prefetch_span(sq->blocks[p / bt + 1] + sq->v_off + (size_t)kv0 * bt * rw, span);
         for (int kvh = kv0; kvh < kv1; kvh++)
-            for (int h = kvh * group; h < (kvh + 1) * group; h++)
-                ops->kv_accum(out + (size_t)h * hd, sc + (size_t)(h - kv0 * group) * j->score_stride + p,
-                              v + (size_t)kvh * bt * hd, (size_t)hd, run, hd);
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                const float *w = sc + (size_t)(h - kv0 * group) * j->score_stride + p;
+                const uint16_t *vr = v + (size_t)kvh * bt * rw;
+                if (q8)
+                    ops->kv_accum_q8_0(out + (size_t)h * hd, w, vr, rw_bytes, run, hd);
+                else
+                    ops->kv_accum(out + (size_t)h * hd, w, vr, rw, run, hd);
+            }
     }
 }
 
@@ -862,8 +889,11 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
         return -EINVAL;
     int64_t rows = 0;
     int max_ctx = 0;
+    const size_t row = n_seqs > 0 ? kn_kv_row_units(seqs[0].kv_type, head_dim) : 0;
     for (int s = 0; s < n_seqs; s++) {
-        if (seqs[s].n_q < 0 || seqs[s].pos0 < 0 || seqs[s].block_tokens <= 0)
+        /* one cache, one type: the row length is the job's */
+        if (seqs[s].n_q < 0 || seqs[s].pos0 < 0 || seqs[s].block_tokens <= 0 || row == 0 ||
+            seqs[s].kv_type != seqs[0].kv_type)
             return -EINVAL;
         if (seqs[s].n_q == 0)
             continue;
@@ -894,12 +924,27 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
     n_chunks = (n_kv_head + chunk_heads - 1) / chunk_heads;
     if (rows * n_chunks > INT32_MAX)
         return -EINVAL;
-    /* Grown here, on the calling thread, so workers never allocate. */
+    /* Grown here, on the calling thread, so workers never allocate. The
+     * quantized queries of a Q8_0 cache follow the scores (a multiple of 16
+     * floats, so they start on a cache line). */
+    const size_t qq_off = score_stride * chunk_heads * group;
+    const size_t qq_floats = seqs[0].kv_type == KN_TYPE_Q8_0 ? (group * chunk_heads * row * 2 + 3) / 4 : 0;
     for (int t = 0; t < ctx->n_threads; t++)
         if (scratch_reserve((void **)&ctx->score[t], &ctx->score_cap[t],
-                            score_stride * chunk_heads * group * sizeof(float)) != 0)
+                            (qq_off + qq_floats) * sizeof(float)) != 0)
             return -ENOMEM;
-    attn_job j = {ctx, seqs, n_seqs, n_head, n_kv_head, head_dim, n_chunks, chunk_heads, score_stride, scale};
+    attn_job j = {.ctx = ctx,
+                  .seqs = seqs,
+                  .n_seqs = n_seqs,
+                  .n_head = n_head,
+                  .n_kv_head = n_kv_head,
+                  .head_dim = head_dim,
+                  .n_chunks = n_chunks,
+                  .chunk_heads = chunk_heads,
+                  .score_stride = score_stride,
+                  .row = row,
+                  .qq_off = qq_off,
+                  .scale = scale};
     pool_run(ctx, (int)(rows * n_chunks), attn_item, &j);
     return 0;
 }

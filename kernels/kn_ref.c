@@ -145,6 +145,19 @@ static void ref_kv_accum(float *acc, const float *w, const uint16_t *v, size_t s
     }
 }
 
+static void ref_kv_accum_q8_0(float *acc, const float *w, const void *v, size_t stride, int n, int hd)
+{
+    for (int i = 0; i < hd; i++) {
+        double s = 0.0;
+        for (int r = 0; r < n; r++) {
+            const kn_block_q8_0 *b =
+                (const kn_block_q8_0 *)((const char *)v + (size_t)r * stride) + i / KN_QK8_0;
+            s += (double)w[r] * kn_fp16_to_fp32(b->d) * b->qs[i % KN_QK8_0];
+        }
+        acc[i] = (float)(acc[i] + s);
+    }
+}
+
 static void ref_to_f16(const float *x, uint16_t *y, int n)
 {
     for (int i = 0; i < n; i++)
@@ -163,6 +176,7 @@ static const kn_ops ops_ref = {
     .silu_mul = ref_silu_mul,
     .kv_scores = ref_kv_scores,
     .kv_accum = ref_kv_accum,
+    .kv_accum_q8_0 = ref_kv_accum_q8_0,
     .to_f16 = ref_to_f16,
     .gemm_q8_0 = ref_gemm_q8_0,
     .gemm_q4_0 = ref_gemm_q4_0,

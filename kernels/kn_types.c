@@ -91,6 +91,13 @@ size_t kn_row_bytes(uint32_t type, int64_t n)
     return (size_t)nb * bb;
 }
 
+size_t kn_kv_row_units(kn_type kv_type, int head_dim)
+{
+    if (head_dim <= 0 || (kv_type != KN_TYPE_F16 && kv_type != KN_TYPE_Q8_0))
+        return 0;
+    return kn_row_bytes(kv_type, head_dim) / sizeof(uint16_t);
+}
+
 /* ---- IEEE 754 binary16 ---------------------------------------------------
  * Portable bit manipulation rather than F16C, so the reference and the file
  * tools give the same answer on every CPU; the SIMD backends use F16C, which

@@ -158,16 +158,23 @@ static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, 
     int row = 0;
     for (int i = 0; i < n_entries; i++) {
         rt_seq *s = e[i].seq;
-        int bt = s->kv->block_tokens;
-        size_t k_off = (size_t)l * 2 * bt * kv_dim;
-        size_t v_off = k_off + (size_t)bt * kv_dim;
+        const int bt = s->kv->block_tokens;
+        const bool q8 = s->kv->type == KN_TYPE_Q8_0;
+        const size_t rw = kn_kv_row_units(s->kv->type, hp->head_dim);
+        const size_t k_off = (size_t)l * 2 * bt * hp->n_head_kv * rw;
+        const size_t v_off = k_off + (size_t)bt * hp->n_head_kv * rw;
         for (int j = 0; j < e[i].n_tokens; j++) {
             int p = s->len + j;
             for (int g = 0; g < hp->n_head_kv; g++) {
-                uint16_t *at = s->blocks[p / bt] + ((size_t)g * bt + p % bt) * hp->head_dim;
+                uint16_t *at = s->blocks[p / bt] + ((size_t)g * bt + p % bt) * rw;
                 size_t src = (size_t)(row + j) * kv_dim + (size_t)g * hp->head_dim;
-                ops->to_f16(a->k + src, at + k_off, hp->head_dim);
-                ops->to_f16(a->v + src, at + v_off, hp->head_dim);
+                if (q8) {
+                    ops->quantize_q8_0(a->k + src, at + k_off, hp->head_dim);
+                    ops->quantize_q8_0(a->v + src, at + v_off, hp->head_dim);
+                } else {
+                    ops->to_f16(a->k + src, at + k_off, hp->head_dim);
+                    ops->to_f16(a->v + src, at + v_off, hp->head_dim);
+                }
             }
         }
         a->attn[i] = (kn_attn_seq){
@@ -179,6 +186,7 @@ static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, 
             .k_off = k_off,
             .v_off = v_off,
             .block_tokens = bt,
+            .kv_type = s->kv->type,
         };
         row += e[i].n_tokens;
     }

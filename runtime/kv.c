@@ -1,11 +1,11 @@
 /* Paged KV cache: one pool of fixed-size blocks; sequences hold block
  * tables and grow block by block (see model.h). Block layout, per layer:
- * K then V, as IEEE halves. In host memory each is [n_kv_head][block_tokens]
- * [head_dim] (kn_attention: a run of heads is one contiguous span); in
- * device memory, for a CUDA model, [block_tokens][kv_dim]. Halves, not
- * floats, on the host too: decode attention reads a sequence's whole cache
- * for every token, and at a batch of long sequences that read outweighs the
- * weights'. */
+ * K then V, as IEEE halves or Q8_0 rows. In host memory each is
+ * [n_kv_head][block_tokens][row] (kn_attention: a run of heads is one
+ * contiguous span); in device memory, for a CUDA model, halves as
+ * [block_tokens][kv_dim]. Halves, not floats, on the host too, and Q8_0 on
+ * request: decode attention reads a sequence's whole cache for every token,
+ * and at a batch of long sequences that read outweighs the weights'. */
 #include "runtime/model_internal.h"
 
 #include <errno.h>
@@ -13,13 +13,29 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
-rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, size_t err_len)
+rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_type, char *err,
+                 size_t err_len)
 {
     if (block_tokens <= 0 || block_tokens > 4096) {
         snprintf(err, err_len, "KV block size %d is out of range (1..4096 tokens)", block_tokens);
         return NULL;
     }
-    size_t block_elems = (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * block_tokens;
+    if (kv_type != KN_TYPE_F16 && kv_type != KN_TYPE_Q8_0) {
+        snprintf(err, err_len, "a KV cache holds f16 or q8_0, not %s",
+                 kn_type_name(kv_type) ? kn_type_name(kv_type) : "this type");
+        return NULL;
+    }
+    if (kv_type == KN_TYPE_Q8_0 && m->cuda) {
+        snprintf(err, err_len, "a q8_0 KV cache is for CPU workers; a CUDA worker keeps f16");
+        return NULL;
+    }
+    if (kn_kv_row_units(kv_type, m->hp.head_dim) == 0) {
+        snprintf(err, err_len, "a q8_0 KV cache needs a head size that is a multiple of 32, not %d",
+                 m->hp.head_dim);
+        return NULL;
+    }
+    /* block_elems counts 16-bit units, as block tables address them */
+    size_t block_elems = rt_model_kv_bytes_per_token(m, kv_type) / sizeof(uint16_t) * block_tokens;
     size_t block_bytes = block_elems * sizeof(uint16_t);
     size_t n = bytes / block_bytes;
     if (n < 1)
@@ -33,6 +49,7 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, s
         goto nomem;
     kv->model = m;
     kv->block_tokens = block_tokens;
+    kv->type = kv_type;
     kv->n_blocks = (int)n;
     kv->block_elems = block_elems;
     kv->block_bytes = block_bytes;
@@ -87,6 +104,11 @@ int rt_kv_blocks_total(const rt_kv *kv)
 int rt_kv_blocks_free(const rt_kv *kv)
 {
     return kv->n_free;
+}
+
+kn_type rt_kv_type(const rt_kv *kv)
+{
+    return kv->type;
 }
 
 int rt_kv_block_tokens(const rt_kv *kv)

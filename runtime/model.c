@@ -405,10 +405,11 @@ uint64_t rt_model_bytes_per_token(const rt_model *m)
     return m->bytes_per_token;
 }
 
-size_t rt_model_kv_bytes_per_token(const rt_model *m)
+size_t rt_model_kv_bytes_per_token(const rt_model *m, kn_type kv_type)
 {
-    /* K and V of every layer, as halves */
-    return (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim * sizeof(uint16_t);
+    /* K and V of every layer */
+    return (size_t)2 * m->hp.n_layer * m->hp.n_head_kv * kn_kv_row_units(kv_type, m->hp.head_dim) *
+           sizeof(uint16_t);
 }
 
 const char *rt_model_backend_name(const rt_model *m)

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kn.h"
+
 typedef struct rt_gguf rt_gguf;
 typedef struct rt_tokenizer rt_tokenizer;
 typedef struct rt_model rt_model;
@@ -56,8 +58,9 @@ uint64_t rt_model_weight_bytes(const rt_model *m);
 /* Bytes the forward pass reads per decoded token (every weight matrix once,
  * plus one embedding row): the bound for batch-1 decode. */
 uint64_t rt_model_bytes_per_token(const rt_model *m);
-/* KV cache bytes per token of context. */
-size_t rt_model_kv_bytes_per_token(const rt_model *m);
+/* KV cache bytes per token of context in a kv_type cache (0: a type the
+ * cache cannot hold, see rt_kv_new). */
+size_t rt_model_kv_bytes_per_token(const rt_model *m, kn_type kv_type);
 const char *rt_model_backend_name(const rt_model *m);
 int rt_model_threads(const rt_model *m);
 
@@ -83,11 +86,15 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
 typedef struct rt_kv rt_kv;
 typedef struct rt_seq rt_seq;
 
-/* Pool of as many blocks as fit in `bytes` (at least one), holding F16
- * (rt_model_kv_bytes_per_token). On a CUDA model the pool is device memory,
- * and a pool that does not fit what the device has free is refused with
- * both sizes in err. */
-rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, char *err, size_t err_len);
+/* Pool of as many blocks as fit in `bytes` (at least one), holding kv_type
+ * elements (rt_model_kv_bytes_per_token): KN_TYPE_F16, or KN_TYPE_Q8_0 on
+ * the CPU when head_dim is a multiple of 32 (half the memory, and half the
+ * bytes decode attention reads, for a small loss of precision). On a CUDA
+ * model the pool is device memory, and a pool that does not fit what the
+ * device has free is refused with both sizes in err. */
+rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_type, char *err,
+                 size_t err_len);
+kn_type rt_kv_type(const rt_kv *kv);
 void rt_kv_free(rt_kv *kv);
 int rt_kv_blocks_total(const rt_kv *kv);
 int rt_kv_blocks_free(const rt_kv *kv);

@@ -55,8 +55,9 @@ struct rt_model {
 struct rt_kv {
     const rt_model *model;
     int block_tokens;
+    kn_type type; /* KN_TYPE_F16 or (host only) KN_TYPE_Q8_0 */
     int n_blocks;
-    size_t block_elems; /* halves per block */
+    size_t block_elems; /* 16-bit units per block: halves, or Q8_0 blocks of 17 */
     size_t block_bytes;
     uint16_t *pool; /* host pool, NULL on a device */
     void *dev_pool; /* device pool, NULL on the host */

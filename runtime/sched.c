@@ -77,6 +77,7 @@ void rt_sched_opts_default(rt_sched_opts *o)
     *o = (rt_sched_opts){
         .kv_bytes = 256u << 20,
         .block_tokens = 16,
+        .kv_type = KN_TYPE_F16,
         .max_seqs = 32,
         .max_batch_tokens = 512,
         .max_queue = 64,
@@ -578,7 +579,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->tok = rt_model_tokenizer(m);
     s->n_ctx = rt_model_hparams(m)->n_ctx_train;
     s->n_vocab = rt_model_hparams(m)->n_vocab;
-    s->kv = rt_kv_new(m, o->kv_bytes, o->block_tokens, err, err_len);
+    s->kv = rt_kv_new(m, o->kv_bytes, o->block_tokens, o->kv_type, err, err_len);
     if (!s->kv) {
         free(s);
         return NULL;
@@ -595,6 +596,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->stats.kv_blocks_total = rt_kv_blocks_total(s->kv);
     s->stats.kv_blocks_free = s->stats.kv_blocks_total;
     s->stats.kv_block_tokens = o->block_tokens;
+    s->stats.kv_type = o->kv_type;
     s->stats.max_seqs = o->max_seqs;
     s->stats.max_queue = o->max_queue;
     s->stats.max_batch_tokens = o->max_batch_tokens;

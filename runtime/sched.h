@@ -18,6 +18,7 @@
 #ifndef RT_SCHED_H
 #define RT_SCHED_H
 
+#include "kernels/kn.h"
 #include "runtime/sampler.h"
 
 #include <stdbool.h>
@@ -30,6 +31,7 @@ typedef struct rt_sched rt_sched;
 typedef struct rt_sched_opts {
     size_t kv_bytes;      /* KV pool size */
     int block_tokens;     /* positions per KV block (16) */
+    kn_type kv_type;      /* KV element type: KN_TYPE_F16, or KN_TYPE_Q8_0 (rt_kv_new) */
     int max_seqs;         /* sequences running at once (32) */
     int max_batch_tokens; /* tokens per forward pass (512) */
     int max_queue;        /* requests waiting to start; past it submit says -EAGAIN (64) */
@@ -94,6 +96,7 @@ void rt_sched_cancel(rt_sched *s, uint64_t id);
 typedef struct rt_sched_stats {
     int queued, running;
     int kv_blocks_free, kv_blocks_total, kv_block_tokens;
+    kn_type kv_type;
     int max_seqs, max_queue, max_batch_tokens;
     double ttft_ewma_ms;    /* submit to first token: what clients feel, queueing included */
     double prefill_ewma_ms; /* admission to first token: the service time, for routing estimates */

@@ -380,6 +380,34 @@ static void avx2_kv_accum(float *acc, const float *w, const uint16_t *v, size_t 
     }
 }
 
+static inline __m256 load_q8x8(const int8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* A Q8_0 block (32 lanes) at a time, its accumulators held across all n
+ * rows; each row's weight is folded into the block scale first. */
+static void avx2_kv_accum_q8_0(float *acc, const float *w, const void *v, size_t stride, int n, int hd)
+{
+    for (int b = 0; b < hd / KN_QK8_0; b++) {
+        float *o = acc + b * KN_QK8_0;
+        __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8), a2 = _mm256_loadu_ps(o + 16);
+        __m256 a3 = _mm256_loadu_ps(o + 24);
+        for (int r = 0; r < n; r++) {
+            const kn_block_q8_0 *vb = (const kn_block_q8_0 *)((const char *)v + (size_t)r * stride) + b;
+            const __m256 f = _mm256_set1_ps(w[r] * h2f(vb->d));
+            a0 = _mm256_fmadd_ps(f, load_q8x8(vb->qs), a0);
+            a1 = _mm256_fmadd_ps(f, load_q8x8(vb->qs + 8), a1);
+            a2 = _mm256_fmadd_ps(f, load_q8x8(vb->qs + 16), a2);
+            a3 = _mm256_fmadd_ps(f, load_q8x8(vb->qs + 24), a3);
+        }
+        _mm256_storeu_ps(o, a0);
+        _mm256_storeu_ps(o + 8, a1);
+        _mm256_storeu_ps(o + 16, a2);
+        _mm256_storeu_ps(o + 24, a3);
+    }
+}
+
 static void avx2_to_f16(const float *x, uint16_t *y, int n)
 {
     int i = 0;
@@ -402,6 +430,7 @@ static const kn_ops ops_avx2 = {
     .silu_mul = avx2_silu_mul,
     .kv_scores = avx2_kv_scores,
     .kv_accum = avx2_kv_accum,
+    .kv_accum_q8_0 = avx2_kv_accum_q8_0,
     .to_f16 = avx2_to_f16,
     .gemm_q8_0 = avx2_gemm_q8_0,
     .gemm_q4_0 = avx2_gemm_q4_0,

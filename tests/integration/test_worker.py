@@ -65,6 +65,33 @@ st = stats()
 t.ok(st is not None and st["requests_done"] >= 64 and st["tokens_generated"] >= 64
      and st["running"] == 0 and st["queued"] == 0, "stats count the requests and tokens: %s" % st)
 
+# --- a Q8_0 KV cache: the same batch invariance, in half the memory ---
+sock_q8 = os.path.join(d, "wq8.sock")
+wq8 = start_worker(sock_q8, "--max-seqs", "32", "--kv-cache-mb", "64", "--kv-type", "q8_0")
+st_q8 = stats(sock_q8)
+t.ok(st_q8["kv_type"] == "q8_0" and st["kv_type"] == "f16"
+     and st_q8["kv_blocks_total"] > 1.8 * st["kv_blocks_total"],
+     "--kv-type q8_0: %d blocks in 64 MiB, f16: %d" % (st_q8["kv_blocks_total"], st["kv_blocks_total"]))
+alone_q8 = []
+for p in prompts:
+    s, _, b = post("/v1/completions", body(p), sock=sock_q8)
+    alone_q8.append(json.loads(b)["choices"][0]["text"] if s == 200 else None)
+procs = [popen_post("/v1/completions", body(p), sock=sock_q8) for p in prompts]
+together_q8 = []
+for pr in procs:
+    out, _ = pr.communicate(timeout=120)
+    s, _, b = __import__("harness").parse_curl(out)
+    together_q8.append(json.loads(b)["choices"][0]["text"] if s == 200 else None)
+t.ok(all(a is not None for a in alone_q8) and together_q8 == alone_q8,
+     "q8_0 KV: 32 concurrent greedy completions equal their solo runs")
+same = sum(a == b for a, b in zip(alone_q8, alone))
+t.ok(same >= 16, "q8_0 KV: %d of 32 greedy completions equal the f16 cache's" % same)
+wq8.send_signal(15)
+t.ok(wq8.wait(timeout=40) == 0, "SIGTERM: q8_0 worker exits 0")
+r = subprocess.run([INFERGATE, "worker", "--model", model, "--listen", "unix:" + sock_q8, "--kv-type", "q4_0"],
+                   capture_output=True, text=True, timeout=30)
+t.ok(r.returncode == 2 and "--kv-type: f16 or q8_0" in r.stderr, "--kv-type q4_0 is refused: %r" % r.stderr)
+
 # --- streaming and non-streaming give the same text; usage chunk; [DONE] ---
 for i in (0, 5, 17):
     s, h, b = post("/v1/completions", dict(body(prompts[i], stream=True), stream_options={"include_usage": True}))

@@ -156,7 +156,7 @@ static void test_no_device_refused(void **state)
     rt_device_info di;
     rt_model_device_info(m, &di);
     assert_string_equal(di.kind, "cpu");
-    assert_int_equal(rt_model_kv_bytes_per_token(m), (size_t)2 * 3 * 2 * 32 * 2);
+    assert_int_equal(rt_model_kv_bytes_per_token(m, KN_TYPE_F16), (size_t)2 * 3 * 2 * 32 * 2);
     rt_model_free(m);
 }
 
@@ -653,7 +653,8 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
                                 .blocks = blocks + table_off[s],
                                 .k_off = k_off,
                                 .v_off = v_off,
-                                .block_tokens = bt};
+                                .block_tokens = bt,
+                                .kv_type = KN_TYPE_F16};
         for (int j = 0; j < n_q[s]; j++, t++) {
             const int p = pos0[s] + j;
             pos[t] = p;
@@ -772,7 +773,8 @@ static float *prompt_logits(rt_model *m, int chunk)
 {
     const rt_hparams *hp = rt_model_hparams(m);
     char err[512];
-    rt_kv *kv = rt_kv_new(m, 128 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    rt_kv *kv =
+        rt_kv_new(m, 128 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
     if (!kv)
         fail_msg("rt_kv_new: %s", err);
     rt_seq *s = rt_seq_new(kv, 128);
@@ -813,7 +815,8 @@ static void greedy(rt_model *m, int32_t *out, int n, float *all_logits)
 {
     const rt_hparams *hp = rt_model_hparams(m);
     char err[512];
-    rt_kv *kv = rt_kv_new(m, 128 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    rt_kv *kv =
+        rt_kv_new(m, 128 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
     if (!kv)
         fail_msg("rt_kv_new: %s", err);
     rt_seq *s = rt_seq_new(kv, 128);
@@ -896,7 +899,8 @@ static void test_model_batch_and_graphs(void **state)
     rt_model *m = load(path_q8, "cuda", false);
     const int V = rt_model_hparams(m)->n_vocab;
     char err[512];
-    rt_kv *kv = rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m), 8, err, sizeof(err));
+    rt_kv *kv =
+        rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 8, KN_TYPE_F16, err, sizeof(err));
     if (!kv)
         fail_msg("rt_kv_new: %s", err);
     int32_t prompts[N_SEQ][N_PROMPT];
@@ -972,9 +976,9 @@ static void test_device_info_and_limits(void **state)
     assert_true(!strncmp(di.uuid, "GPU-", 4) || !strncmp(di.uuid, "MIG-", 4));
     assert_true(di.mem_total > 0 && di.mem_free <= di.mem_total && di.mem_weights > 0);
     /* F16 on the device. */
-    assert_int_equal(rt_model_kv_bytes_per_token(m), (size_t)2 * 3 * 2 * 32 * 2);
+    assert_int_equal(rt_model_kv_bytes_per_token(m, KN_TYPE_F16), (size_t)2 * 3 * 2 * 32 * 2);
     char err[512];
-    rt_kv *kv = rt_kv_new(m, (size_t)(di.mem_total + di.mem_total / 2), 16, err, sizeof(err));
+    rt_kv *kv = rt_kv_new(m, (size_t)(di.mem_total + di.mem_total / 2), 16, KN_TYPE_F16, err, sizeof(err));
     assert_null(kv);
     printf("# %s\n", err);
     assert_non_null(strstr(err, "does not fit"));

@@ -811,9 +811,10 @@ static void test_elementwise(void **state)
     free(x);
 }
 
-/* The F16 KV cache ops: scores and weighted sums over strided half rows of
- * every width (vector multiples and tails), and the float-to-half store,
- * bit for bit, over random bit patterns from subnormal to overflow. */
+/* The KV cache ops: scores and weighted sums over strided half rows of
+ * every width (vector multiples and tails), weighted sums over Q8_0 rows,
+ * and the float-to-half store, bit for bit, over random bit patterns from
+ * subnormal to overflow. */
 static void test_kv_ops(void **state)
 {
     (void)state;
@@ -867,6 +868,41 @@ static void test_kv_ops(void **state)
             }
         }
     }
+
+    /* kv_accum over Q8_0 rows, strides with and without padding */
+    const int qhds[] = {32, 64, 96, 128};
+    kn_block_q8_0 *qkv = malloc((size_t)MAXR * (MAXHD / KN_QK8_0 + 1) * sizeof(kn_block_q8_0));
+    float *tmp = malloc(MAXHD * sizeof(float));
+    assert_non_null(qkv);
+    assert_non_null(tmp);
+    for (int hi = 0; hi < (int)(sizeof(qhds) / sizeof(qhds[0])); hi++) {
+        for (int ri = 0; ri < (int)(sizeof(rows) / sizeof(rows[0])); ri++) {
+            const int hd = qhds[hi], n = rows[ri];
+            const size_t stride = kn_row_bytes(KN_TYPE_Q8_0, hd) + (size_t)(ri % 2) * 6; /* bytes */
+            for (int r = 0; r < n; r++) {
+                fill(tmp, hd, 4.0f);
+                kn_quantize_row(KN_TYPE_Q8_0, tmp, (char *)qkv + (size_t)r * stride, hd);
+            }
+            fill(w, n, 1.0f);
+            fill(acc0, hd, 2.0f);
+            for (int t = 0; t < nf; t++) {
+                memcpy(want, acc0, (size_t)hd * sizeof(float));
+                memcpy(got, acc0, (size_t)hd * sizeof(float));
+                ref->kv_accum_q8_0(want, w, qkv, stride, n, hd);
+                fast[t]->kv_accum_q8_0(got, w, qkv, stride, n, hd);
+                for (int i = 0; i < hd; i++) {
+                    double mag = fabs(acc0[i]);
+                    for (int r = 0; r < n; r++) {
+                        kn_dequantize_row(KN_TYPE_Q8_0, (char *)qkv + (size_t)r * stride, tmp, hd);
+                        mag += fabs((double)w[r] * tmp[i]);
+                    }
+                    check_close(got[i], want[i], 1e-5 * mag + 1e-30, "kv_accum_q8_0", fast[t]->name, hd, i);
+                }
+            }
+        }
+    }
+    free(tmp);
+    free(qkv);
 
     enum { NF = 4099 };
     float *x = malloc(NF * sizeof(float));
@@ -1100,55 +1136,89 @@ static void test_rope(void **state)
     free(x);
 }
 
-/* Naive causal GQA attention over the paged cache, in double. */
+/* One head's K or V row of a paged cache as floats. */
+static void kv_row(const kn_attn_seq *s, size_t off, int g, int p, int hd, float *dst)
+{
+    const size_t rw = kn_kv_row_units(s->kv_type, hd);
+    const uint16_t *r = s->blocks[p / s->block_tokens] + off + ((size_t)g * s->block_tokens + p % s->block_tokens) * rw;
+    kn_dequantize_row(s->kv_type, r, dst, hd);
+}
+
+/* Naive causal GQA attention over the paged cache, in double. Over a Q8_0
+ * cache the query is rounded through Q8_0 first, as the kernel's is. */
 static void attention_naive(const kn_attn_seq *s, int n_head, int n_kv_head, int hd, float scale, float *out)
 {
     const int group = n_head / n_kv_head;
+    float *row = malloc((size_t)hd * sizeof(float)), *qr = malloc((size_t)hd * sizeof(float));
+    kn_block_q8_0 *qq = malloc((size_t)(hd / KN_QK8_0 + 1) * sizeof(kn_block_q8_0));
+    assert_non_null(row);
+    assert_non_null(qr);
+    assert_non_null(qq);
     for (int j = 0; j < s->n_q; j++) {
         const int n_ctx = s->pos0 + j + 1;
         for (int h = 0; h < n_head; h++) {
             const float *q = s->q + ((size_t)j * n_head + h) * hd;
+            memcpy(qr, q, (size_t)hd * sizeof(float));
+            if (s->kv_type == KN_TYPE_Q8_0) {
+                kn_quantize_row(KN_TYPE_Q8_0, q, qq, hd);
+                kn_dequantize_row(KN_TYPE_Q8_0, qq, qr, hd);
+            }
             double *sc = malloc((size_t)n_ctx * sizeof(double)), mx = -INFINITY, sum = 0;
+            double *o = calloc((size_t)hd, sizeof(double));
             assert_non_null(sc);
+            assert_non_null(o);
             for (int p = 0; p < n_ctx; p++) {
-                const uint16_t *k = s->blocks[p / s->block_tokens] + s->k_off +
-                                    ((size_t)(h / group) * s->block_tokens + p % s->block_tokens) * hd;
+                kv_row(s, s->k_off, h / group, p, hd, row);
                 double d = 0;
                 for (int i = 0; i < hd; i++)
-                    d += (double)q[i] * kn_fp16_to_fp32(k[i]);
+                    d += (double)qr[i] * row[i];
                 sc[p] = d * scale;
                 mx = sc[p] > mx ? sc[p] : mx;
             }
             for (int p = 0; p < n_ctx; p++)
                 sum += (sc[p] = exp(sc[p] - mx));
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int p = 0; p < n_ctx; p++) {
-                    const uint16_t *v = s->blocks[p / s->block_tokens] + s->v_off +
-                                        ((size_t)(h / group) * s->block_tokens + p % s->block_tokens) * hd;
-                    o += sc[p] / sum * kn_fp16_to_fp32(v[i]);
-                }
-                out[((size_t)j * n_head + h) * hd + i] = (float)o;
+            for (int p = 0; p < n_ctx; p++) {
+                kv_row(s, s->v_off, h / group, p, hd, row);
+                for (int i = 0; i < hd; i++)
+                    o[i] += sc[p] / sum * row[i];
             }
+            for (int i = 0; i < hd; i++)
+                out[((size_t)j * n_head + h) * hd + i] = (float)o[i];
+            free(o);
             free(sc);
         }
     }
+    free(qq);
+    free(qr);
+    free(row);
 }
 
-static void test_attention(void **state)
+/* Random K and V rows into every block, stored as kv_type. */
+static void fill_kv_blocks(uint16_t **blocks, int n_blocks, size_t blk_units, kn_type kv_type, int hd)
 {
-    (void)state;
+    const size_t rw = kn_kv_row_units(kv_type, hd);
+    float *x = malloc((size_t)hd * sizeof(float));
+    assert_non_null(x);
+    for (int i = 0; i < n_blocks; i++)
+        for (size_t r = 0; r < blk_units / rw; r++) {
+            fill(x, (size_t)hd, 1.0f);
+            kn_quantize_row(kv_type, x, blocks[i] + r * rw, hd);
+        }
+    free(x);
+}
+
+static void attention_case(kn_type kv_type)
+{
     enum { NH = 8, NKV = 2, HD = 32, BT = 16, NBLK = 12, NSEQ = 3 };
-    const int kv_dim = NKV * HD;
-    const size_t blk_elems = (size_t)BT * kv_dim * 2; /* K rows then V rows */
+    const size_t kv_units = NKV * kn_kv_row_units(kv_type, HD);
+    const size_t blk_elems = (size_t)BT * kv_units * 2; /* K rows then V rows */
     uint16_t *blocks[NBLK];
     seed(8);
     for (int i = 0; i < NBLK; i++) {
         blocks[i] = malloc(blk_elems * sizeof(uint16_t));
         assert_non_null(blocks[i]);
-        for (size_t e = 0; e < blk_elems; e++)
-            blocks[i][e] = kn_fp32_to_fp16(frand());
     }
+    fill_kv_blocks(blocks, NBLK, blk_elems, kv_type, HD);
     /* block tables in scrambled order; pos0 > 0 and spans crossing blocks */
     uint16_t *table[NSEQ][4] = {
         {blocks[7], blocks[2], blocks[9], blocks[0]},
@@ -1173,8 +1243,9 @@ static void test_attention(void **state)
                                 .pos0 = pos0[s],
                                 .blocks = table[s],
                                 .k_off = 0,
-                                .v_off = (size_t)BT * kv_dim,
-                                .block_tokens = BT};
+                                .v_off = (size_t)BT * kv_units,
+                                .block_tokens = BT,
+                                .kv_type = kv_type};
     }
     const float scale = 1.0f / sqrtf((float)HD);
     for (int s = 0; s < NSEQ; s++)
@@ -1202,6 +1273,9 @@ static void test_attention(void **state)
                 check_close(out[0][i], want[0][i], 2e-5, "attention alone", kn_ctx_ops(ctx)->name, 0, i);
             assert_int_equal(kn_attention(ctx, seqs, NSEQ, 8, 3, HD, scale), -EINVAL);
             assert_int_equal(kn_attention(ctx, seqs, 0, NH, NKV, HD, scale), 0);
+            /* Q8_0 rows need a head size that is a multiple of 32 */
+            if (kv_type == KN_TYPE_Q8_0)
+                assert_int_equal(kn_attention(ctx, seqs, NSEQ, NH / 2, NKV / 2, HD * 2 - 16, scale), -EINVAL);
             kn_ctx_free(ctx);
         }
     }
@@ -1212,6 +1286,13 @@ static void test_attention(void **state)
     }
     for (int i = 0; i < NBLK; i++)
         free(blocks[i]);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    attention_case(KN_TYPE_F16);
+    attention_case(KN_TYPE_Q8_0);
 }
 
 /* A context long enough that one item's scores for all its heads would
@@ -1241,7 +1322,8 @@ static void test_attention_long(void **state)
         table[i] = blocks[(i * 5) % NBLK];
     fill(q, (size_t)NQ * NH * HD, 2.0f);
     const kn_attn_seq seq = {.q = q, .out = out, .n_q = NQ, .pos0 = POS0, .blocks = table, .k_off = 0,
-                             .v_off = (size_t)BT * kv_dim, .block_tokens = BT};
+                             .v_off = (size_t)BT * kv_dim, .block_tokens = BT,
+                             .kv_type = KN_TYPE_F16};
     const float scale = 1.0f / sqrtf((float)HD);
     attention_naive(&seq, NH, NKV, HD, scale, want);
     /* one thread: NQ rows are enough that the heads would not be split for
@@ -1254,7 +1336,8 @@ static void test_attention_long(void **state)
         check_close(out[i], want[i], 2e-5, "attention long", kn_ctx_ops(ctx)->name, 0, i);
     /* a position too close to INT32_MAX for the block walk is refused */
     const kn_attn_seq far = {.q = q, .out = out, .n_q = 1, .pos0 = INT32_MAX - 8, .blocks = table,
-                             .v_off = (size_t)BT * kv_dim, .block_tokens = BT};
+                             .v_off = (size_t)BT * kv_dim, .block_tokens = BT,
+                             .kv_type = KN_TYPE_F16};
     assert_int_equal(kn_attention(ctx, &far, 1, NH, NKV, HD, scale), -EINVAL);
     kn_ctx_free(ctx);
     for (int i = 0; i < NBLK; i++)

@@ -83,13 +83,15 @@ static rt_model *load(const char *path, bool reference, int threads)
     return m;
 }
 
-/* Logits after the prompt, prefilled in chunks of `chunk` tokens. */
-static float *prompt_logits(rt_model *m, int chunk)
+/* Logits after the prompt, prefilled in chunks of `chunk` tokens, over a
+ * kv_type cache. */
+static float *prompt_logits_kv(rt_model *m, int chunk, kn_type kv_type)
 {
     const rt_hparams *hp = rt_model_hparams(m);
     char err[128];
-    rt_kv *kv = rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    rt_kv *kv = rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m, kv_type), 16, kv_type, err, sizeof(err));
     assert_non_null(kv);
+    assert_int_equal(rt_kv_blocks_total(kv), 4);
     rt_seq *s = rt_seq_new(kv, 64);
     float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
     for (int i = 0; i < N_PROMPT; i += chunk) {
@@ -102,6 +104,11 @@ static float *prompt_logits(rt_model *m, int chunk)
     assert_int_equal(rt_kv_blocks_free(kv), rt_kv_blocks_total(kv));
     rt_kv_free(kv);
     return logits;
+}
+
+static float *prompt_logits(rt_model *m, int chunk)
+{
+    return prompt_logits_kv(m, chunk, KN_TYPE_F16);
 }
 
 static int argmax(const float *x, int n)
@@ -118,7 +125,8 @@ static void greedy(rt_model *m, int32_t *out, int n)
 {
     const rt_hparams *hp = rt_model_hparams(m);
     char err[128];
-    rt_kv *kv = rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    rt_kv *kv =
+        rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
     rt_seq *s = rt_seq_new(kv, 64);
     float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
     rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
@@ -221,6 +229,56 @@ static void test_chunked_prefill_matches(void **state)
     }
 }
 
+/* A Q8_0 KV cache: close to the F16 cache's logits, the fast kernels close
+ * to the reference's, and chunked prefill bit for bit the whole prefill
+ * (K and V rows are quantized one by one, the same whatever the batch). */
+static void test_kv_q8_0(void **state)
+{
+    const char *paths[] = {path_q8, path_f32};
+    for (int k = 0; k < 2; k++) {
+        rt_model *m = load(paths[k], false, 2), *ref = load(paths[k], true, 1);
+        int n = rt_model_hparams(m)->n_vocab;
+        float *f16 = prompt_logits_kv(m, N_PROMPT, KN_TYPE_F16);
+        float *whole = prompt_logits_kv(m, N_PROMPT, KN_TYPE_Q8_0);
+        float *slow = prompt_logits_kv(ref, N_PROMPT, KN_TYPE_Q8_0);
+        double c = cosine(f16, whole, n);
+        float maxabs = 0, maxref = 0, maxchunk = 0;
+        for (int i = 0; i < n; i++) {
+            maxabs = fmaxf(maxabs, fabsf(slow[i]));
+            maxref = fmaxf(maxref, fabsf(whole[i] - slow[i]));
+        }
+        const int chunks[] = {1, 4, 5};
+        for (int ci = 0; ci < 3; ci++) {
+            float *l = prompt_logits_kv(m, chunks[ci], KN_TYPE_Q8_0);
+            for (int i = 0; i < n; i++)
+                maxchunk = fmaxf(maxchunk, fabsf(l[i] - whole[i]));
+            free(l);
+        }
+        printf("# %s, q8_0 KV: cosine to f16 KV %.6f; %s vs ref max |diff| %.3g of %.3g; chunked vs whole %.3g\n",
+               paths[k], c, rt_model_backend_name(m), maxref, maxabs, maxchunk);
+        assert_true(c >= 0.999);
+        assert_true(maxref <= 1e-4f * maxabs);
+        if (k == 0)
+            assert_true(maxchunk == 0);
+        else
+            assert_true(maxchunk <= 1e-3f * maxabs);
+        free(slow);
+        free(whole);
+        free(f16);
+        rt_model_free(ref);
+        rt_model_free(m);
+    }
+
+    /* A cache holds f16 or q8_0, nothing else. */
+    rt_model *m = load(path_q8, false, 1);
+    char err[128] = "";
+    assert_null(rt_kv_new(m, 1 << 20, 16, KN_TYPE_Q4_0, err, sizeof(err)));
+    assert_non_null(strstr(err, "f16 or q8_0"));
+    assert_int_equal(rt_model_kv_bytes_per_token(m, KN_TYPE_Q8_0) * 32,
+                     rt_model_kv_bytes_per_token(m, KN_TYPE_F16) * 17);
+    rt_model_free(m);
+}
+
 /* Eight sequences with different prompts and lengths, run as one batch
  * per step (prefill of all, then one decode token each), give the same
  * greedy tokens as each sequence alone. */
@@ -230,7 +288,8 @@ static void test_batch_matches_alone(void **state)
     rt_model *m = load(path_q8, false, 2);
     int V = rt_model_hparams(m)->n_vocab;
     char err[128];
-    rt_kv *kv = rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m), 8, err, sizeof(err));
+    rt_kv *kv =
+        rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 8, KN_TYPE_F16, err, sizeof(err));
     int32_t prompts[N_SEQ][N_PROMPT];
     int lens[N_SEQ];
     for (int s = 0; s < N_SEQ; s++) {
@@ -280,7 +339,8 @@ static void test_kv_exhaustion(void **state)
 {
     rt_model *m = load(path_q8, false, 1);
     char err[128];
-    rt_kv *kv = rt_kv_new(m, 2 * 16 * rt_model_kv_bytes_per_token(m), 16, err, sizeof(err));
+    rt_kv *kv =
+        rt_kv_new(m, 2 * 16 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
     assert_int_equal(rt_kv_blocks_total(kv), 2);
     rt_seq *a = rt_seq_new(kv, 64), *b = rt_seq_new(kv, 64);
     int32_t toks[20];
@@ -340,7 +400,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fast_matches_reference), cmocka_unit_test(test_quantized_close_to_f32),
-        cmocka_unit_test(test_chunked_prefill_matches), cmocka_unit_test(test_batch_matches_alone),
+        cmocka_unit_test(test_chunked_prefill_matches),
+        cmocka_unit_test(test_kv_q8_0), cmocka_unit_test(test_batch_matches_alone),
         cmocka_unit_test(test_kv_exhaustion),           cmocka_unit_test(test_missing_key_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
