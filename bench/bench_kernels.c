@@ -6,7 +6,8 @@
  *   bench_kernels [--reps N] [--pool-mib M]
  *
  * "cold" matvec cycles through copies of the matrix filling a pool far larger
- * than the last-level cache, as decode does through a model's layers; "hot"
+ * than the last-level cache, as decode does through a model's layers, for one
+ * activation row and for 16 (a decode step of 16 sequences); "hot"
  * repeats one matrix, which then sits in cache. Where the table has a packed
  * Q8_0 gemm (AVX-512 VNNI, AMX), "q8_0 (packed)" is what a model's Q8_0
  * matrices run as; its cold pool is a quarter of the pool per shape. Measurements of the
@@ -83,12 +84,14 @@ static void fill_pool_packed(uint8_t *pool, size_t bytes, int n_out, int n_in)
     free(q);
 }
 
-static double time_matvec(kn_ctx *ctx, const uint8_t *pool, size_t mat_bytes, int n_mats, kn_type type,
-                          int n_out, int n_in, const float *x, float *y)
+/* Each copy of the matrix once, so every weight comes from memory: decode
+ * of one sequence (n_rows 1) or of a batch of them. */
+static double time_cold(kn_ctx *ctx, const uint8_t *pool, size_t mat_bytes, int n_mats, kn_type type, int n_out,
+                        int n_in, const float *x, int n_rows, float *y)
 {
     double t0 = bench_now();
     for (int m = 0; m < n_mats; m++)
-        kn_matmul(ctx, pool + (size_t)m * mat_bytes, type, n_out, n_in, x, 1, y);
+        kn_matmul(ctx, pool + (size_t)m * mat_bytes, type, n_out, n_in, x, n_rows, y);
     return bench_now() - t0;
 }
 
@@ -149,8 +152,8 @@ int main(int argc, char **argv)
             bw[t][r] = membw_pass(pool, pool_bytes, t + 1);
 
     /* (b) per type: cold matvec, hot matvec, matmul at 64 rows */
-    double cold[N_TYPES][N_SHAPES][2][MAX_REPS], hot[N_TYPES][N_SHAPES][2][MAX_REPS],
-        mm[N_TYPES][N_SHAPES][2][MAX_REPS];
+    double cold[N_TYPES][N_SHAPES][2][MAX_REPS], cold16[N_TYPES][N_SHAPES][2][MAX_REPS],
+        hot[N_TYPES][N_SHAPES][2][MAX_REPS], mm[N_TYPES][N_SHAPES][2][MAX_REPS];
     double ref_mv[MAX_REPS], ref_mm[MAX_REPS];
     const bool packed = kn_ctx_ops(ctx[0])->gemm_q8_0_p16 != NULL;
     const int n_types = packed ? N_TYPES : N_TYPES - 1;
@@ -170,8 +173,10 @@ int main(int argc, char **argv)
                 const uint8_t *w = p16 ? pool + si * region : pool;
                 const int n_mats = (int)((p16 ? region : pool_bytes) / mat_bytes);
                 for (int t = 0; t < 2; t++) {
-                    double s = time_matvec(ctx[t], w, mat_bytes, n_mats, type, n_out, n_in, x, y);
+                    double s = time_cold(ctx[t], w, mat_bytes, n_mats, type, n_out, n_in, x, 1, y);
                     cold[ti][si][t][r] = (double)mat_bytes * n_mats / s;
+                    s = time_cold(ctx[t], w, mat_bytes, n_mats, type, n_out, n_in, x, 16, y);
+                    cold16[ti][si][t][r] = (double)mat_bytes * n_mats / s;
                     s = time_repeat(ctx[t], w, type, n_out, n_in, x, 1, y, 0.02);
                     hot[ti][si][t][r] = (double)mat_bytes / s;
                     s = time_repeat(ctx[t], w, type, n_out, n_in, x, MM_ROWS, y, 0.03);
@@ -195,15 +200,17 @@ int main(int argc, char **argv)
     printf("| memory read bandwidth, best GB/s | %.2f | %.2f |\n\n", best(bw[0], reps) / 1e9,
            best(bw[1], reps) / 1e9);
     printf(
-        "| type | n_out x n_in | threads | matvec cold GB/s | matvec hot GB/s | matmul 64 rows GFLOP/s |\n");
-    printf("|---|---|---|---|---|---|\n");
+        "| type | n_out x n_in | threads | matvec cold GB/s | 16 rows cold GB/s | matvec hot GB/s | matmul 64 rows "
+        "GFLOP/s |\n");
+    printf("|---|---|---|---|---|---|---|\n");
     for (int ti = 0; ti < n_types; ti++)
         for (int si = 0; si < N_SHAPES; si++)
             for (int t = 0; t < 2; t++)
-                printf("| %s | %dx%d | %d | %.2f | %.2f | %.1f |\n", kn_type_name(types[ti]), shapes[si][0],
+                printf("| %s | %dx%d | %d | %.2f | %.2f | %.2f | %.1f |\n", kn_type_name(types[ti]), shapes[si][0],
                        shapes[si][1], t + 1, bench_median(cold[ti][si][t], reps) / 1e9,
+                       bench_median(cold16[ti][si][t], reps) / 1e9,
                        bench_median(hot[ti][si][t], reps) / 1e9, bench_median(mm[ti][si][t], reps) / 1e9);
-    printf("| q8_0 (ref backend) | 2048x768 | 1 | - | %.2f | %.1f |\n", bench_median(ref_mv, reps) / 1e9,
+    printf("| q8_0 (ref backend) | 2048x768 | 1 | - | - | %.2f | %.1f |\n", bench_median(ref_mv, reps) / 1e9,
            bench_median(ref_mm, reps) / 1e9);
 
     kn_ctx_free(ref);
