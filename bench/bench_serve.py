@@ -15,11 +15,18 @@ The prefill rate of the same build is measured in the same run with
 `infergate generate` on a P-token prompt, for the "aggregate / prefill"
 ratio the targets are stated in.
 
-Needs Debian's python3-httpx and python3-h2 (run with /usr/bin/python3).
+The clients are bench_loadgen (C, nghttp2; built beside infergate) by
+default: this machine has two cores, both computing for the worker, and the
+load generator takes its CPU from them. `--client httpx` runs the same
+closed loop in Python (httpx over HTTP/2), which took a tenth of a core at
+16 clients where bench_loadgen takes a hundredth; kept to compare.
+
+Needs Debian's python3-httpx and python3-h2 for `--client httpx` (run with
+/usr/bin/python3).
 
   /usr/bin/python3 bench/bench_serve.py --infergate build/infergate \
       [--model FILE] [--clients 1,4,16,32] [--rounds 3] [--min-tokens 3072] [--prompt 128] [--gen 128] [--threads 2]
-      [--kv-type f16|q8_0]
+      [--kv-type f16|q8_0] [--client loadgen|httpx]
 """
 import argparse
 import asyncio
@@ -32,7 +39,6 @@ import sys
 import tempfile
 import time
 
-import httpx
 
 
 def pct(v, p):
@@ -42,6 +48,15 @@ def pct(v, p):
     k = (len(v) - 1) * p / 100.0
     lo, hi = int(k), min(int(k) + 1, len(v) - 1)
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def run_level_loadgen(loadgen, sock, clients, rounds, prompt_len, gen, vocab):
+    r = subprocess.run([loadgen, "--unix", sock, "--clients", str(clients), "--rounds", str(rounds),
+                        "--prompt", str(prompt_len), "--gen", str(gen), "--vocab", str(vocab)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("bench_loadgen failed: %s" % r.stderr.strip())
+    return json.loads(r.stdout)
 
 
 async def one_request(client, prompt, gen, rec):
@@ -83,6 +98,7 @@ async def client_loop(client, rounds, prompt_len, gen, vocab, rec, warm, seed):
 
 
 async def run_level(sock, clients, rounds, prompt_len, gen, vocab):
+    import httpx
     rec = {"ttft": [], "tpot": [], "tokens": 0, "errors": 0, "first_start": float("inf"), "last_end": 0.0}
     warm = {"ttft": [], "tpot": [], "tokens": 0, "errors": 0, "first_start": float("inf"), "last_end": 0.0}
     transport = httpx.AsyncHTTPTransport(uds=sock, http2=True)
@@ -118,6 +134,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-seqs", type=int, default=32)
     ap.add_argument("--kv-type", default="f16", help="the worker's --kv-type (f16 or q8_0)")
+    ap.add_argument("--client", default="loadgen", choices=["loadgen", "httpx"])
     a = ap.parse_args()
 
     model = a.model
@@ -142,9 +159,9 @@ def main():
             time.sleep(0.1)
         time.sleep(0.5)
         pre = prefill_rate(a.infergate, model, a.prompt, a.threads)
-        print("model %s, worker --threads %d --max-seqs %d --kv-type %s; prompt %d tokens, %d new tokens, %d measured rounds "
+        print("clients: %s; model %s, worker --threads %d --max-seqs %d --kv-type %s; prompt %d tokens, %d new tokens, %d measured rounds "
               "per client (at least %d tokens per level) after one warm-up round" %
-              (model, a.threads, a.max_seqs, a.kv_type, a.prompt, a.gen, a.rounds, a.min_tokens))
+              (a.client, model, a.threads, a.max_seqs, a.kv_type, a.prompt, a.gen, a.rounds, a.min_tokens))
         print("prefill rate of this build (infergate generate, %d-token prompt, %d threads): %.1f tok/s "
               "(min %.1f, max %.1f)\n" % (a.prompt, a.threads, pre[0], pre[1], pre[2]))
         print("| clients | aggregate tok/s | x single | / prefill | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms "
@@ -153,11 +170,18 @@ def main():
         single = None
         for c in [int(x) for x in a.clients.split(",")]:
             rounds = max(a.rounds, -(-a.min_tokens // (c * a.gen)))
-            rec = asyncio.run(run_level(sock, c, rounds, a.prompt, a.gen, vocab))
-            agg = rec["tokens"] / (rec["last_end"] - rec["first_start"]) if rec["tokens"] else 0.0
+            if a.client == "loadgen":
+                lg = run_level_loadgen(os.path.join(os.path.dirname(a.infergate), "bench_loadgen"), sock, c,
+                                       rounds, a.prompt, a.gen, vocab)
+                agg = lg["tokens"] / lg["wall_s"] if lg["tokens"] else 0.0
+                t50, t99, p50, p99 = lg["ttft_p50_ms"], lg["ttft_p99_ms"], lg["tpot_p50_ms"], lg["tpot_p99_ms"]
+                rec = {"errors": lg["errors"]}
+            else:
+                rec = asyncio.run(run_level(sock, c, rounds, a.prompt, a.gen, vocab))
+                agg = rec["tokens"] / (rec["last_end"] - rec["first_start"]) if rec["tokens"] else 0.0
+                t50, t99 = pct(rec["ttft"], 50) * 1e3, pct(rec["ttft"], 99) * 1e3
+                p50, p99 = pct(rec["tpot"], 50) * 1e3, pct(rec["tpot"], 99) * 1e3
             single = single or agg
-            t50, t99 = pct(rec["ttft"], 50) * 1e3, pct(rec["ttft"], 99) * 1e3
-            p50, p99 = pct(rec["tpot"], 50) * 1e3, pct(rec["tpot"], 99) * 1e3
             print("| %d | %.1f | %.2f | %.0f%% | %.0f | %.0f | %.1f | %.1f | %.2f | %d |" %
                   (c, agg, agg / single, 100 * agg / pre[0], t50, t99, p50, p99, p99 / p50, rec["errors"]),
                   flush=True)
