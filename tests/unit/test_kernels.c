@@ -811,6 +811,19 @@ static void test_elementwise(void **state)
     free(x);
 }
 
+/* kv_accum's result (acc0 plus the rows v, as floats, weighted by w)
+ * against the reference's, to a tolerance scaled by the terms' sizes. */
+static void check_kv_accum(const char *what, const char *table, const float *got, const float *want,
+                           const float *acc0, const float *w, const float *v, int n, int hd)
+{
+    for (int i = 0; i < hd; i++) {
+        double mag = fabs(acc0[i]);
+        for (int r = 0; r < n; r++)
+            mag += fabs((double)w[r] * v[(size_t)r * hd + i]);
+        check_close(got[i], want[i], 1e-5 * mag + 1e-30, what, table, hd, i);
+    }
+}
+
 /* The KV cache ops: scores and weighted sums over strided half rows of
  * every width (vector multiples and tails), weighted sums over Q8_0 rows,
  * and the float-to-half store, bit for bit, over random bit patterns from
@@ -828,7 +841,8 @@ static void test_kv_ops(void **state)
     uint16_t *kv = malloc((size_t)MAXR * (MAXHD + STRIDE_PAD) * sizeof(uint16_t));
     float *q = malloc(MAXHD * sizeof(float)), *w = malloc(MAXR * sizeof(float));
     float *want = malloc(MAXHD * sizeof(float)), *got = malloc(MAXHD * sizeof(float));
-    float *acc0 = malloc(MAXHD * sizeof(float));
+    float *acc0 = malloc(MAXHD * sizeof(float)), *vf = malloc((size_t)MAXR * MAXHD * sizeof(float));
+    assert_non_null(vf);
     assert_non_null(kv);
     assert_non_null(q);
     assert_non_null(w);
@@ -842,6 +856,8 @@ static void test_kv_ops(void **state)
             const size_t stride = (size_t)hd + (size_t)(ri % 2) * STRIDE_PAD;
             for (size_t i = 0; i < (size_t)n * stride; i++)
                 kv[i] = kn_fp32_to_fp16(frand() * 4.0f);
+            for (int r = 0; r < n; r++)
+                kn_dequantize_row(KN_TYPE_F16, kv + (size_t)r * stride, vf + (size_t)r * hd, hd);
             fill(q, hd, 3.0f);
             fill(w, n, 1.0f);
             fill(acc0, hd, 2.0f);
@@ -859,12 +875,7 @@ static void test_kv_ops(void **state)
                 memcpy(got, acc0, (size_t)hd * sizeof(float));
                 ref->kv_accum(want, w, kv, stride, n, hd);
                 fast[t]->kv_accum(got, w, kv, stride, n, hd);
-                for (int i = 0; i < hd; i++) {
-                    double mag = fabs(acc0[i]);
-                    for (int r = 0; r < n; r++)
-                        mag += fabs((double)w[r] * kn_fp16_to_fp32(kv[(size_t)r * stride + i]));
-                    check_close(got[i], want[i], 1e-5 * mag + 1e-30, "kv_accum", nm, hd, i);
-                }
+                check_kv_accum("kv_accum", nm, got, want, acc0, w, vf, n, hd);
             }
         }
     }
@@ -872,17 +883,17 @@ static void test_kv_ops(void **state)
     /* kv_accum over Q8_0 rows, strides with and without padding */
     const int qhds[] = {32, 64, 96, 128};
     kn_block_q8_0 *qkv = malloc((size_t)MAXR * (MAXHD / KN_QK8_0 + 1) * sizeof(kn_block_q8_0));
-    float *tmp = malloc(MAXHD * sizeof(float));
     assert_non_null(qkv);
-    assert_non_null(tmp);
     for (int hi = 0; hi < (int)(sizeof(qhds) / sizeof(qhds[0])); hi++) {
         for (int ri = 0; ri < (int)(sizeof(rows) / sizeof(rows[0])); ri++) {
             const int hd = qhds[hi], n = rows[ri];
             const size_t stride = kn_row_bytes(KN_TYPE_Q8_0, hd) + (size_t)(ri % 2) * 6; /* bytes */
             for (int r = 0; r < n; r++) {
-                fill(tmp, hd, 4.0f);
-                kn_quantize_row(KN_TYPE_Q8_0, tmp, (char *)qkv + (size_t)r * stride, hd);
+                fill(vf, hd, 4.0f);
+                kn_quantize_row(KN_TYPE_Q8_0, vf, (char *)qkv + (size_t)r * stride, hd);
             }
+            for (int r = 0; r < n; r++)
+                kn_dequantize_row(KN_TYPE_Q8_0, (char *)qkv + (size_t)r * stride, vf + (size_t)r * hd, hd);
             fill(w, n, 1.0f);
             fill(acc0, hd, 2.0f);
             for (int t = 0; t < nf; t++) {
@@ -890,18 +901,10 @@ static void test_kv_ops(void **state)
                 memcpy(got, acc0, (size_t)hd * sizeof(float));
                 ref->kv_accum_q8_0(want, w, qkv, stride, n, hd);
                 fast[t]->kv_accum_q8_0(got, w, qkv, stride, n, hd);
-                for (int i = 0; i < hd; i++) {
-                    double mag = fabs(acc0[i]);
-                    for (int r = 0; r < n; r++) {
-                        kn_dequantize_row(KN_TYPE_Q8_0, (char *)qkv + (size_t)r * stride, tmp, hd);
-                        mag += fabs((double)w[r] * tmp[i]);
-                    }
-                    check_close(got[i], want[i], 1e-5 * mag + 1e-30, "kv_accum_q8_0", fast[t]->name, hd, i);
-                }
+                check_kv_accum("kv_accum_q8_0", fast[t]->name, got, want, acc0, w, vf, n, hd);
             }
         }
     }
-    free(tmp);
     free(qkv);
 
     enum { NF = 4099 };
@@ -935,6 +938,7 @@ static void test_kv_ops(void **state)
     free(hg);
     free(hw);
     free(x);
+    free(vf);
     free(acc0);
     free(got);
     free(want);
