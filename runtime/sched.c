@@ -596,7 +596,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->stats.kv_blocks_total = rt_kv_blocks_total(s->kv);
     s->stats.kv_blocks_free = s->stats.kv_blocks_total;
     s->stats.kv_block_tokens = o->block_tokens;
-    s->stats.kv_type = o->kv_type;
+    s->stats.kv_type = rt_kv_type(s->kv);
     s->stats.max_seqs = o->max_seqs;
     s->stats.max_queue = o->max_queue;
     s->stats.max_batch_tokens = o->max_batch_tokens;
