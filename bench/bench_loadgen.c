@@ -294,15 +294,17 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Linear interpolation between closest ranks, as bench_serve.py's pct(). */
-static double pct(double *v, size_t n, double p)
+/* The p-th percentile in ms, as JSON (null with no samples): linear
+ * interpolation between closest ranks, as bench_serve.py's pct(). */
+static const char *pct_ms(double *v, size_t n, double p, char *buf, size_t len)
 {
     if (n == 0)
-        return -1;
+        return "null";
     qsort(v, n, sizeof(double), cmp_double);
     double k = (double)(n - 1) * p / 100.0;
     size_t lo = (size_t)k, hi = lo + 1 < n ? lo + 1 : n - 1;
-    return v[lo] + (v[hi] - v[lo]) * (k - (double)lo);
+    snprintf(buf, len, "%.3f", (v[lo] + (v[hi] - v[lo]) * (k - (double)lo)) * 1e3);
+    return buf;
 }
 
 static int arg_int(int argc, char **argv, const char *name, int dflt)
@@ -385,11 +387,12 @@ int main(int argc, char **argv)
     event_base_dispatch(R.base);
     event_free(tev);
 
-    printf("{\"clients\":%d,\"tokens\":%ld,\"errors\":%ld,\"failed\":%s,\"wall_s\":%.6f,\"ttft_p50_ms\":%.3f,"
-           "\"ttft_p99_ms\":%.3f,\"tpot_p50_ms\":%.3f,\"tpot_p99_ms\":%.3f}\n",
-           R.clients, R.tokens, R.errors, R.failed ? "true" : "false",
-           R.tokens ? R.last_end - R.first_start : 0.0, pct(R.ttft, R.n_ttft, 50) * 1e3,
-           pct(R.ttft, R.n_ttft, 99) * 1e3, pct(R.tpot, R.n_tpot, 50) * 1e3, pct(R.tpot, R.n_tpot, 99) * 1e3);
+    char p[4][32];
+    printf("{\"clients\":%d,\"tokens\":%ld,\"errors\":%ld,\"failed\":%s,\"wall_s\":%.6f,\"ttft_p50_ms\":%s,"
+           "\"ttft_p99_ms\":%s,\"tpot_p50_ms\":%s,\"tpot_p99_ms\":%s}\n",
+           R.clients, R.tokens, R.errors, R.failed ? "true" : "false", R.tokens ? R.last_end - R.first_start : 0.0,
+           pct_ms(R.ttft, R.n_ttft, 50, p[0], sizeof(p[0])), pct_ms(R.ttft, R.n_ttft, 99, p[1], sizeof(p[1])),
+           pct_ms(R.tpot, R.n_tpot, 50, p[2], sizeof(p[2])), pct_ms(R.tpot, R.n_tpot, 99, p[3], sizeof(p[3])));
     for (int i = 0; i < n_conns; i++) {
         nghttp2_session_del(cs[i].ng);
         bufferevent_free(cs[i].bev);

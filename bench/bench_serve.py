@@ -174,7 +174,8 @@ def main():
                 lg = run_level_loadgen(os.path.join(os.path.dirname(a.infergate), "bench_loadgen"), sock, c,
                                        rounds, a.prompt, a.gen, vocab)
                 agg = lg["tokens"] / lg["wall_s"] if lg["tokens"] else 0.0
-                t50, t99, p50, p99 = lg["ttft_p50_ms"], lg["ttft_p99_ms"], lg["tpot_p50_ms"], lg["tpot_p99_ms"]
+                t50, t99, p50, p99 = (float("nan") if lg[k] is None else lg[k]
+                                      for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"))
                 rec = {"errors": lg["errors"]}
             else:
                 rec = asyncio.run(run_level(sock, c, rounds, a.prompt, a.gen, vocab))
