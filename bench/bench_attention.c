@@ -52,6 +52,9 @@ static int cache_init(cache *c, kn_type type, int S, int per_seq, int L, int KH,
     c->tables = malloc((size_t)n_blocks * sizeof(*c->tables));
     float *x = malloc((size_t)D * sizeof(float));
     if (c->pool == MAP_FAILED || !c->tables || !x || c->row == 0) {
+        if (c->pool != MAP_FAILED)
+            munmap(c->pool, c->pool_bytes);
+        free(c->tables);
         free(x);
         return -1;
     }

@@ -3,9 +3,11 @@
  * ignore_eos) and its next one when the last ends, over HTTP/2 (h2c) on a
  * few connections to a worker's unix socket. Round 0 of every client is a
  * warm-up; the next R are measured. Prints one JSON object: generated
- * tokens, errors, the measured wall time, and p50/p99 time-to-first-token
- * (send -> first token event) and time-per-output-token (gaps between one
- * stream's token events), in ms.
+ * tokens, errors (a request counts when it answered 200 and ended with
+ * data: [DONE] on a stream closed without error), the measured wall time,
+ * and p50/p99 time-to-first-token (request submitted -> first token event)
+ * and time-per-output-token (gaps between one stream's token events), in
+ * ms.
  *
  *   bench_loadgen --unix PATH --clients C --rounds R [--prompt P] [--gen G]
  *                 [--vocab V] [--model NAME] [--conns K] [--timeout-s S]
@@ -41,7 +43,8 @@ typedef struct client {
     double *stamps;
     int n_stamps, cap_stamps;
     int status;
-    bool bad; /* a line that is not the event we expect */
+    bool bad;  /* a line that is not the event we expect, or a reset stream */
+    bool done; /* data: [DONE] seen */
     char *line;
     size_t line_len, line_cap;
 } client;
@@ -143,6 +146,7 @@ static void submit(client *k)
     k->n_stamps = 0;
     k->status = 0;
     k->bad = false;
+    k->done = false;
     k->line_len = 0;
     k->t0 = now();
     if (nghttp2_submit_request(k->c->ng, NULL, hdrs, sizeof(hdrs) / sizeof(hdrs[0]), &dp, k) < 0) {
@@ -155,10 +159,15 @@ static void submit(client *k)
 /* One SSE line: a token event is a chunk whose choice has no finish_reason. */
 static void on_line(client *k, const char *line, size_t n, double t)
 {
-    if (n < 6 || memcmp(line, "data: ", 6) != 0 || (n == 12 && memcmp(line + 6, "[DONE]", 6) == 0))
+    if (n < 6 || memcmp(line, "data: ", 6) != 0)
         return;
+    if (n == 12 && memcmp(line + 6, "[DONE]", 6) == 0) {
+        k->done = true;
+        return;
+    }
     json_error_t err;
-    json_t *ev = json_loadb(line + 6, n - 6, 0, &err);
+    /* A token may be a NUL byte: "\u0000" is valid JSON. */
+    json_t *ev = json_loadb(line + 6, n - 6, JSON_ALLOW_NUL, &err);
     if (!ev) {
         k->bad = true;
         return;
@@ -206,9 +215,14 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
     return 0;
 }
 
+static bool succeeded(const client *k)
+{
+    return k->status == 200 && !k->bad && k->done && k->n_stamps > 0;
+}
+
 static void record(client *k, double t_end)
 {
-    if (k->status != 200 || k->bad || k->n_stamps == 0) {
+    if (!succeeded(k)) {
         R.errors++;
         return;
     }
@@ -226,15 +240,17 @@ static void record(client *k, double t_end)
 
 static int on_close(nghttp2_session *s, int32_t sid, uint32_t code, void *ud)
 {
-    (void)ud, (void)code;
+    (void)ud;
     client *k = nghttp2_session_get_stream_user_data(s, sid);
     if (!k)
         return 0;
     if (k->line_len)
         on_line(k, k->line, k->line_len, now());
+    if (code != NGHTTP2_NO_ERROR)
+        k->bad = true; /* reset: whatever came is not a whole answer */
     if (k->round > 0)
         record(k, now());
-    else if (k->status != 200 || k->bad || k->n_stamps == 0)
+    else if (!succeeded(k))
         R.errors++; /* a failed warm-up counts too */
     if (++k->round <= R.rounds) {
         make_body(k);
@@ -339,6 +355,12 @@ int main(int argc, char **argv)
                         "[--vocab V] [--model NAME] [--conns K] [--timeout-s S]\n");
         return 2;
     }
+    /* The name goes into the JSON body as it is. */
+    for (const char *c = R.model; *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) {
+            fprintf(stderr, "bench_loadgen: --model: no quotes, backslashes or control characters\n");
+            return 2;
+        }
     n_conns = n_conns > R.clients ? R.clients : n_conns;
     n_conns = n_conns > MAX_CONNS ? MAX_CONNS : n_conns;
     R.base = event_base_new();
@@ -353,7 +375,10 @@ int main(int argc, char **argv)
     }
 
     nghttp2_session_callbacks *cb;
-    nghttp2_session_callbacks_new(&cb);
+    if (nghttp2_session_callbacks_new(&cb) != 0) {
+        fprintf(stderr, "bench_loadgen: out of memory\n");
+        return 1;
+    }
     nghttp2_session_callbacks_set_send_callback(cb, on_send);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data);
     nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
@@ -369,8 +394,11 @@ int main(int argc, char **argv)
         }
         bufferevent_setcb(c->bev, on_read, NULL, on_event, c);
         bufferevent_enable(c->bev, EV_READ | EV_WRITE);
-        nghttp2_session_client_new(&c->ng, cb, c);
-        nghttp2_submit_settings(c->ng, NGHTTP2_FLAG_NONE, NULL, 0);
+        if (nghttp2_session_client_new(&c->ng, cb, c) != 0 ||
+            nghttp2_submit_settings(c->ng, NGHTTP2_FLAG_NONE, NULL, 0) != 0) {
+            fprintf(stderr, "bench_loadgen: cannot start an HTTP/2 session\n");
+            return 1;
+        }
     }
     nghttp2_session_callbacks_del(cb);
     for (int i = 0; i < R.clients; i++) {

@@ -455,6 +455,11 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
         free(t);
         if (!f16 && !q8)
             return gw_cfg_perr(p, v[K_KV_TYPE], kp, "f16 or q8_0");
+        /* the CUDA cache is halves only: a GPU worker would refuse to start */
+        for (int i = 0; q8 && i < w->n_devices; i++)
+            if (strcmp(w->devices[i], "cpu") != 0)
+                return gw_cfg_perr(p, v[K_KV_TYPE], kp, "q8_0 is for CPU workers, and device %s is not one",
+                                   w->devices[i]);
         w->kv_q8_0 = q8;
     }
     int *ints[K_N] = {[K_THREADS] = &w->threads,

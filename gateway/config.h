@@ -14,7 +14,7 @@
  *       devices: [cpu]          # cpu, or GPU / MIG UUIDs (one worker each), or "auto"
  *       threads: 2
  *       kv_cache_mb: 256
- *       kv_type: f16            # f16 | q8_0 (CPU workers: half the KV memory and reads)
+ *       kv_type: f16            # f16 | q8_0 (cpu devices only: half the KV memory and reads)
  *       max_seqs: 32
  *       max_batch_tokens: 512
  *       max_queue: 64

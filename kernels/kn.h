@@ -86,7 +86,8 @@ typedef struct kn_ops {
     void (*kv_scores)(const float *q, const uint16_t *k, size_t stride, int n, int hd, float scale, float *out);
     void (*kv_accum)(float *acc, const float *w, const uint16_t *v, size_t stride, int n, int hd);
     /* kv_accum over a Q8_0 cache: rows of hd / 32 blocks, stride in bytes.
-     * (A Q8_0 cache's scores are dot_q8_0 of the quantized query.) */
+     * (A Q8_0 cache's scores are the quantized query against the K rows,
+     * through gemm_q8_0, or dot_q8_0 in a table without it.) */
     void (*kv_accum_q8_0)(float *acc, const float *w, const void *v, size_t stride, int n, int hd);
     /* y = x as IEEE halves, rounded to nearest even (kn_fp32_to_fp16). */
     void (*to_f16)(const float *x, uint16_t *y, int n);

@@ -58,8 +58,8 @@ uint64_t rt_model_weight_bytes(const rt_model *m);
 /* Bytes the forward pass reads per decoded token (every weight matrix once,
  * plus one embedding row): the bound for batch-1 decode. */
 uint64_t rt_model_bytes_per_token(const rt_model *m);
-/* KV cache bytes per token of context in a kv_type cache (0: a type the
- * cache cannot hold, see rt_kv_new). */
+/* KV cache bytes per token of context in a kv_type cache (0: a type no
+ * cache holds; rt_kv_new says which the model's device can). */
 size_t rt_model_kv_bytes_per_token(const rt_model *m, kn_type kv_type);
 const char *rt_model_backend_name(const rt_model *m);
 int rt_model_threads(const rt_model *m);

@@ -58,6 +58,7 @@ workers:
     name: slow
     threads: 1
     max_seqs: 4
+    kv_type: q8_0
 tenants:
   - name: alpha
     keys: [%s]
@@ -98,6 +99,9 @@ except AssertionError:
     print(open(log_path).read())
     raise
 t.ok(g.poll() is None, "gateway started with three workers ready")
+kv_types = re.findall(r"worker: ready: model '(\w+)'.* tokens of (\w+);", open(log_path).read())
+t.ok(sorted(kv_types) == [("slow", "q8_0"), ("small", "f16"), ("small", "f16")],
+     "workers[].kv_type reaches the workers: %s" % kv_types)
 
 chat = {"model": "small", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
 comp = {"model": "small", "prompt": "hello world", "max_tokens": 8, "temperature": 0}

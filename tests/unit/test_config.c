@@ -94,11 +94,12 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "    devices: [GPU-aaaa, MIG-bbbb]\n"
                                 "    threads: 2\n"
                                 "    kv_cache_mb: 1024\n"
-                                "    kv_type: q8_0\n"
+                                "    kv_type: f16\n"
                                 "    max_seqs: 64\n"
                                 "    max_batch_tokens: 2048\n"
                                 "    max_queue: 128\n"
                                 "  - model: /models/tiny.gguf\n"
+                                "    kv_type: q8_0\n"
                                 "tenants:\n"
                                 "  - name: acme\n"
                                 "    keys: [" H_K1 ", " H_K2_UPPER "]\n"
@@ -150,7 +151,7 @@ static void test_full(void **state)
     assert_string_equal(w->devices[1], "MIG-bbbb");
     assert_int_equal(w->threads, 2);
     assert_int_equal(w->kv_cache_mb, 1024);
-    assert_true(w->kv_q8_0);
+    assert_false(w->kv_q8_0);
     assert_int_equal(w->max_seqs, 64);
     assert_int_equal(w->max_batch_tokens, 2048);
     assert_int_equal(w->max_queue, 128);
@@ -161,7 +162,7 @@ static void test_full(void **state)
     assert_string_equal(w->devices[0], "cpu");
     assert_int_equal(w->threads, 0);
     assert_int_equal(w->kv_cache_mb, 256);
-    assert_false(w->kv_q8_0);
+    assert_true(w->kv_q8_0);
     assert_int_equal(w->max_seqs, 32);
     assert_int_equal(w->max_batch_tokens, 512);
     assert_int_equal(w->max_queue, 64);
@@ -428,6 +429,8 @@ static const struct {
     {"workers:\n  - model: /m.gguf\n    max_seqs: 0\n",
      "bad.yaml:3: workers[0].max_seqs: must be a whole number from 1"},
     {"workers:\n  - model: /m.gguf\n    kv_type: q4_0\n", "bad.yaml:3: workers[0].kv_type: f16 or q8_0"},
+    {"workers:\n  - model: /m.gguf\n    devices: [cpu, GPU-1]\n    kv_type: q8_0\n",
+     "bad.yaml:4: workers[0].kv_type: q8_0 is for CPU workers, and device GPU-1 is not one"},
     {"workers:\n  - model: [a]\n", "bad.yaml:2: workers[0].model: must be a string, not a list"},
     {"workers:\n  - model: /m.gguf\n    devices: [GPU-1, cpu, GPU-1]\n",
      "bad.yaml:3: workers[0].devices[2]: device GPU-1 is listed twice"},

@@ -1211,9 +1211,9 @@ static void fill_kv_blocks(uint16_t **blocks, int n_blocks, size_t blk_units, kn
     free(x);
 }
 
-static void attention_case(kn_type kv_type)
+static void attention_case(kn_type kv_type, const int HD)
 {
-    enum { NH = 8, NKV = 2, HD = 32, BT = 16, NBLK = 12, NSEQ = 3 };
+    enum { NH = 8, NKV = 2, BT = 16, NBLK = 12, NSEQ = 3 };
     const size_t kv_units = NKV * kn_kv_row_units(kv_type, HD);
     const size_t blk_elems = (size_t)BT * kv_units * 2; /* K rows then V rows */
     uint16_t *blocks[NBLK];
@@ -1295,8 +1295,12 @@ static void attention_case(kn_type kv_type)
 static void test_attention(void **state)
 {
     (void)state;
-    attention_case(KN_TYPE_F16);
-    attention_case(KN_TYPE_Q8_0);
+    attention_case(KN_TYPE_F16, 32);
+    attention_case(KN_TYPE_F16, 72);
+    /* Q8_0 rows of one, two and four blocks */
+    attention_case(KN_TYPE_Q8_0, 32);
+    attention_case(KN_TYPE_Q8_0, 64);
+    attention_case(KN_TYPE_Q8_0, 128);
 }
 
 /* A context long enough that one item's scores for all its heads would
