@@ -216,6 +216,20 @@ static int scan_string(scan *s, char *out, size_t cap, size_t *dlen)
     return 0;
 }
 
+/* [0-9]+ from `from`: *p past it, or the scan fails there. */
+static int digit_run(scan *s, const uint8_t **p, const uint8_t *from)
+{
+    const uint8_t *q = from;
+    if (q == s->end || *q < '0' || *q > '9') {
+        s->p = q;
+        return fail(s, "invalid number");
+    }
+    while (q < s->end && *q >= '0' && *q <= '9')
+        q++;
+    *p = q;
+    return 0;
+}
+
 /* -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? at s->p. *is_int when it
  * has neither fraction nor exponent, with its value in *v; an integer
  * outside long long is refused, as jansson refuses it. */
@@ -244,25 +258,14 @@ static int scan_number(scan *s, bool *is_int, long long *v)
     *is_int = true;
     if (p < end && *p == '.') {
         *is_int = false;
-        p++;
-        if (p == end || *p < '0' || *p > '9') {
-            s->p = p;
-            return fail(s, "invalid number");
-        }
-        while (p < end && *p >= '0' && *p <= '9')
-            p++;
+        if (digit_run(s, &p, p + 1))
+            return -EINVAL;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
         *is_int = false;
         p++;
-        if (p < end && (*p == '+' || *p == '-'))
-            p++;
-        if (p == end || *p < '0' || *p > '9') {
-            s->p = p;
-            return fail(s, "invalid number");
-        }
-        while (p < end && *p >= '0' && *p <= '9')
-            p++;
+        if (digit_run(s, &p, p < end && (*p == '+' || *p == '-') ? p + 1 : p))
+            return -EINVAL;
     }
     if (*is_int && ovf)
         return fail(s, "integer out of range");

@@ -81,6 +81,15 @@ static int fast_tables(const kn_ops **out)
     return n;
 }
 
+/* fast_tables, skipping the test where there are none to compare. */
+static int fast_tables_or_skip(const kn_ops **out)
+{
+    int n = fast_tables(out);
+    if (n == 0)
+        skip();
+    return n;
+}
+
 static void check_close(float got, double want, double tol, const char *what, const char *table, int n, int r)
 {
     if (!(fabs((double)got - want) <= tol)) {
@@ -387,9 +396,7 @@ static void test_quantize_q8_0_exact(void **state)
 {
     (void)state;
     const kn_ops *fast[5];
-    int nf = fast_tables(fast);
-    if (nf == 0)
-        skip();
+    int nf = fast_tables_or_skip(fast);
     const kn_ops *ref = kn_ops_ref();
     enum { N = 4096 };
     float *x = malloc(N * sizeof(float));
@@ -428,9 +435,7 @@ static void test_dot_float(void **state)
 {
     (void)state;
     const kn_ops *fast[5];
-    int nf = fast_tables(fast);
-    if (nf == 0)
-        skip();
+    int nf = fast_tables_or_skip(fast);
     const kn_ops *ref = kn_ops_ref();
     enum { MAXN = 4095, MAXR = 5 };
     const size_t xs = MAXN + 3; /* an odd row stride */
@@ -475,9 +480,7 @@ static void test_dot_float(void **state)
 static void dot_quant_case(kn_type wtype)
 {
     const kn_ops *fast[5];
-    int nf = fast_tables(fast);
-    if (nf == 0)
-        skip();
+    int nf = fast_tables_or_skip(fast);
     const kn_ops *ref = kn_ops_ref();
     enum { MAXN = 4096, MAXR = 5 };
     const size_t xs = kn_row_bytes(KN_TYPE_Q8_0, MAXN) + 6; /* rows not block aligned */
@@ -741,9 +744,7 @@ static void test_elementwise(void **state)
 {
     (void)state;
     const kn_ops *fast[5];
-    int nf = fast_tables(fast);
-    if (nf == 0)
-        skip();
+    int nf = fast_tables_or_skip(fast);
     const kn_ops *ref = kn_ops_ref();
     enum { MAXN = 4095 };
     float *x = malloc(MAXN * sizeof(float)), *g = malloc(MAXN * sizeof(float));
@@ -832,9 +833,7 @@ static void test_kv_ops(void **state)
 {
     (void)state;
     const kn_ops *fast[5];
-    int nf = fast_tables(fast);
-    if (nf == 0)
-        skip();
+    int nf = fast_tables_or_skip(fast);
     const kn_ops *ref = kn_ops_ref();
     enum { MAXR = 40, MAXHD = 136, STRIDE_PAD = 5 };
     const int hds[] = {1, 7, 8, 31, 64, 65, 128, 136}, rows[] = {1, 7, 8, 9, 16, 17, 40};
