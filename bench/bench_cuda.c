@@ -6,7 +6,7 @@
  * vocab 32000) at batch 1 and, aggregated, at batch 32. Markdown output for
  * bench/RESULTS.md. Exits 77 without a CUDA device.
  *
- *   bench_cuda [--dir DIR] [--reps N] [--no-model]
+ *   bench_cuda [--dir DIR] [--reps N] [--no-model] [--matvec-only]
  *
  * Kernel timings replay the calls from a CUDA graph (no launch gaps) and
  * cycle through enough copies of the weights to overflow the L2 cache, so
@@ -146,12 +146,16 @@ static double time_matmul(mat *m, const float *d_x, const void *d_xq, int n_rows
     return bench_median(v, reps);
 }
 
-static void bench_kernels(double copy_bw, int reps)
+/* Matrix shapes of a 7-8B llama layer (attention out, FFN up, FFN down). */
+static const struct {
+    int n_out, n_in;
+} shapes[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+enum { N_SHAPES = 3, PREFILL_ROWS = 512 };
+
+static void bench_gemm(const void *d_x, void *d_y, int reps);
+
+static void bench_kernels(double copy_bw, int reps, bool gemm)
 {
-    static const struct {
-        int n_out, n_in;
-    } shapes[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
-    enum { N_SHAPES = 3, PREFILL_ROWS = 512 };
     const int max_in = 14336;
     float *x = malloc((size_t)PREFILL_ROWS * max_in * sizeof(float));
     for (size_t i = 0; i < (size_t)PREFILL_ROWS * max_in; i++)
@@ -167,22 +171,40 @@ static void bench_kernels(double copy_bw, int reps)
     printf("Weight bytes read per second, device layout (34 bytes per 32 weights for Q8_0, 18 for Q4_0), "
            "against the measured copy bandwidth %.0f GB/s.\n\n",
            copy_bw / 1e9);
-    printf("| type | n_out x n_in | MB | us/call | GB/s | of copy bw |\n|---|---|---|---|---|---|\n");
+    printf("With PDL, each call may launch while the one before it finishes and stream its weights in "
+           "meanwhile (programmatic dependent launch, sm_90), as in a forward step; plain: each call starts "
+           "after the last has ended. Both timed in this run.\n\n");
+    printf("| type | n_out x n_in | MB | us/call | GB/s | of copy bw | plain us/call | plain of copy bw |\n"
+           "|---|---|---|---|---|---|---|---|\n");
     static const kn_type qtypes[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0};
     for (int t = 0; t < 2; t++) {
         for (int s = 0; s < N_SHAPES; s++) {
             mat m;
             mat_make(&m, qtypes[t], shapes[s].n_out, shapes[s].n_in, ROTATE_BYTES);
             CK(kn_cuda_quantize_q8(kc, d_x, 1, m.n_in, d_xq));
+            const bool pdl = kn_cuda_set_pdl(kc, true);
             double sec = time_matmul(&m, d_x, d_xq, 1, d_y, 200, reps);
+            kn_cuda_set_pdl(kc, false);
+            double plain = time_matmul(&m, d_x, d_xq, 1, d_y, 200, reps);
+            kn_cuda_set_pdl(kc, pdl);
             double bytes = (double)m.w[0].bytes;
-            printf("| %s | %d x %d | %.1f | %.1f | %.0f | %.0f%% |\n", kn_type_name(qtypes[t]), m.n_out,
-                   m.n_in, bytes / 1e6, sec * 1e6, bytes / sec / 1e9, 100.0 * bytes / sec / copy_bw);
+            printf("| %s | %d x %d | %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% |\n",
+                   kn_type_name(qtypes[t]), m.n_out, m.n_in, bytes / 1e6, sec * 1e6, bytes / sec / 1e9,
+                   100.0 * bytes / sec / copy_bw, plain * 1e6, 100.0 * bytes / plain / copy_bw);
             fflush(stdout);
             mat_free(&m);
         }
     }
 
+    if (gemm)
+        bench_gemm(d_x, d_y, reps);
+    kn_cuda_release(kc, d_x);
+    kn_cuda_release(kc, d_xq);
+    kn_cuda_release(kc, d_y);
+}
+
+static void bench_gemm(const void *d_x, void *d_y, int reps)
+{
     printf("\n## Prefill GEMM (%d rows)\n\n", PREFILL_ROWS);
     printf("Q8_0/Q4_0: dequantize to F16 tiles + cublasGemmEx (F16 in, F32 accumulate and out); F16: "
            "cublasGemmEx alone on the same shape.\n\n");
@@ -202,9 +224,6 @@ static void bench_kernels(double copy_bw, int reps)
                tf[1], tf[2], 100.0 * tf[0] / tf[2], 100.0 * tf[1] / tf[2]);
         fflush(stdout);
     }
-    kn_cuda_release(kc, d_x);
-    kn_cuda_release(kc, d_xq);
-    kn_cuda_release(kc, d_y);
 }
 
 /* ---- whole-model decode ---- */
@@ -274,8 +293,8 @@ static void bench_model(const char *dir, double copy_bw, int reps)
     printf("dim %d, %d layers, %d heads (%d KV), ffn %d, vocab %d; prompt 128 tokens, then 128 decode steps. "
            "Bound = copy bandwidth / bytes read per token (batch 1 reads every weight once per token).\n\n",
            gp.dim, gp.layers, gp.heads, gp.kv_heads, gp.ffn, gp.vocab);
-    printf("| type | MB/token | batch 1 tok/s | bound tok/s | of bound | batch 32 aggregate tok/s |\n"
-           "|---|---|---|---|---|---|\n");
+    printf("| type | MB/token | batch 1 tok/s | bound tok/s | of bound | batch 32 aggregate tok/s | "
+           "batch 1 plain | batch 32 plain |\n|---|---|---|---|---|---|---|---|\n");
     static const kn_type types[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0};
     for (int t = 0; t < 2; t++) {
         char path[512], err[512];
@@ -290,23 +309,33 @@ static void bench_model(const char *dir, double copy_bw, int reps)
                 exit(1);
             }
         }
+        /* The same model twice, the second with PDL off (its context reads
+         * the variable when made), timed in alternation. */
         rt_model_opts o = {.device = "cuda"};
-        rt_model *m;
-        if (rt_model_load(path, &o, &m, err, sizeof(err))) {
-            fprintf(stderr, "bench_cuda: %s: %s\n", path, err);
-            exit(1);
+        rt_model *m[2];
+        for (int i = 0; i < 2; i++) {
+            if (i == 1)
+                setenv("INFERGATE_CUDA_PDL", "0", 1);
+            if (rt_model_load(path, &o, &m[i], err, sizeof(err))) {
+                fprintf(stderr, "bench_cuda: %s: %s\n", path, err);
+                exit(1);
+            }
         }
-        double b1[MAX_REPS], b32[MAX_REPS];
-        for (int r = 0; r < reps; r++) {
-            b1[r] = decode_tps(m, 1, 128, 128);
-            b32[r] = decode_tps(m, 32, 128, 128);
-        }
-        double bytes = (double)rt_model_bytes_per_token(m), bound = copy_bw / bytes;
-        double d1 = bench_median(b1, reps), d32 = bench_median(b32, reps);
-        printf("| %s | %.0f | %.0f | %.0f | %.0f%% | %.0f |\n", kn_type_name(types[t]), bytes / 1e6, d1,
-               bound, 100.0 * d1 / bound, d32);
+        unsetenv("INFERGATE_CUDA_PDL");
+        double b1[2][MAX_REPS], b32[2][MAX_REPS];
+        for (int r = 0; r < reps; r++)
+            for (int i = 0; i < 2; i++) {
+                b1[i][r] = decode_tps(m[i], 1, 128, 128);
+                b32[i][r] = decode_tps(m[i], 32, 128, 128);
+            }
+        double bytes = (double)rt_model_bytes_per_token(m[0]), bound = copy_bw / bytes;
+        double d1 = bench_median(b1[0], reps), d32 = bench_median(b32[0], reps);
+        printf("| %s | %.0f | %.0f | %.0f | %.0f%% | %.0f | %.0f | %.0f |\n", kn_type_name(types[t]),
+               bytes / 1e6, d1, bound, 100.0 * d1 / bound, d32, bench_median(b1[1], reps),
+               bench_median(b32[1], reps));
         fflush(stdout);
-        rt_model_free(m);
+        rt_model_free(m[0]);
+        rt_model_free(m[1]);
     }
 }
 
@@ -314,7 +343,7 @@ int main(int argc, char **argv)
 {
     const char *dir = "/tmp/infergate-bench";
     int reps = 5;
-    bool model = true;
+    bool model = true, gemm = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dir") && i + 1 < argc)
             dir = argv[++i];
@@ -322,8 +351,10 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-model"))
             model = false;
+        else if (!strcmp(argv[i], "--matvec-only"))
+            model = false, gemm = false;
         else {
-            fprintf(stderr, "usage: bench_cuda [--dir DIR] [--reps N] [--no-model]\n");
+            fprintf(stderr, "usage: bench_cuda [--dir DIR] [--reps N] [--no-model] [--matvec-only]\n");
             return 2;
         }
     }
@@ -346,7 +377,7 @@ int main(int argc, char **argv)
     double bw = copy_bandwidth(reps);
     printf("Device-to-device copy: %.0f GB/s (bytes read + written per second, median of %d).\n\n", bw / 1e9,
            reps);
-    bench_kernels(bw, reps);
+    bench_kernels(bw, reps, gemm);
     kn_cuda_free(kc); /* the models bring their own contexts */
     kc = NULL;
     if (model)

@@ -7,7 +7,9 @@
 #   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e"] [--reps N]
 #
 # DIR holds the binaries (default .gpu/bin, made by bench/gpu_pack.sh, with
-# their libraries in DIR/../lib). Logs go to $OUT (default /tmp/gpu-check).
+# their libraries in DIR/../lib). Logs go to $OUT (default /tmp/gpu-check):
+# bench_cuda.log and test_cuda_kernels.log as they are, all of them in
+# logs.tgz (the device tool brings back at most 8 files).
 # Each step runs under a time limit; the script goes on after a failure and
 # prints a summary table last.
 set -u
@@ -22,8 +24,9 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--bin DIR] [--steps LIST] [--reps N]" >&2; exit 2 ;;
     esac
 done
-out=${OUT:-/tmp/gpu-check}
-mkdir -p "$out"
+dest=${OUT:-/tmp/gpu-check}
+out=$(mktemp -d)
+mkdir -p "$dest"
 bin=$(cd "$bin" && pwd)
 cublas=$(ldconfig -p | awk '/libcublas.so.13 / { print $NF; exit }')
 [ -n "$cublas" ] || cublas=$(find / -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
@@ -96,5 +99,9 @@ for step in $steps; do
         ;;
     esac
 done
-echo "== gpu_check summary (logs in $out)"
+printf '%s\n' "${summary[@]}" >"$out/summary.txt"
+tar czf "$dest/logs.tgz" -C "$out" .
+cp "$out"/summary.txt "$out"/bench_cuda.log "$out"/test_cuda_kernels.log "$dest/" 2>/dev/null
+rm -rf "$out"
+echo "== gpu_check summary (logs in $dest)"
 printf '%s\n' "${summary[@]}"

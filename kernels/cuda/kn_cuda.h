@@ -61,6 +61,12 @@ int kn_cuda_get_info(kn_cuda *c, kn_cuda_info *out);
  * kn_cuda_clear_error (the root cause of a chain), or "". */
 const char *kn_cuda_error(const kn_cuda *c);
 void kn_cuda_clear_error(kn_cuda *c);
+/* Programmatic dependent launch: on sm_90 and newer each kernel may launch
+ * while the one before it finishes, and streams its weights in meanwhile.
+ * On by default there; INFERGATE_CUDA_PDL=0 in the environment turns it off
+ * for new contexts. kn_cuda_set_pdl returns whether it is now on (never on
+ * a device that lacks it). Graphs keep the setting they were recorded with. */
+bool kn_cuda_set_pdl(kn_cuda *c, bool on);
 /* Streaming multiprocessors of the context's device. */
 int kn_cuda_sm_count(const kn_cuda *c);
 /* Makes the context's device current for the calling thread: a thread

@@ -21,6 +21,7 @@
 template <int NP>
 __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn a, int n_split, float *part)
 {
+    kn_pdl_begin();
     const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x % KN_WARP, warp = threadIdx.x / KN_WARP;
     const int hd = a.head_dim;
@@ -164,6 +165,7 @@ __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn 
 __global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, int hd,
                                   float *__restrict__ out)
 {
+    kn_pdl_begin();
     const size_t th = blockIdx.x;
     const float *pp = part + th * n_split * (size_t)(hd + 2);
     float M = -INFINITY;
@@ -227,15 +229,15 @@ extern "C" int kn_cuda_attention(kn_cuda *c, const kn_cuda_attn *a)
     const dim3 grid(a->n_tokens, a->n_head, n_split), block(ATTN_WARPS * KN_WARP);
     float *part = (float *)c->part;
     if (a->head_dim <= 64)
-        attn_kernel<1><<<grid, block, 0, c->stream>>>(*a, n_split, part);
+        kn_cuda__launch(c, grid, block, 0, attn_kernel<1>, *a, n_split, part);
     else if (a->head_dim <= 128)
-        attn_kernel<2><<<grid, block, 0, c->stream>>>(*a, n_split, part);
+        kn_cuda__launch(c, grid, block, 0, attn_kernel<2>, *a, n_split, part);
     else
-        attn_kernel<4><<<grid, block, 0, c->stream>>>(*a, n_split, part);
+        kn_cuda__launch(c, grid, block, 0, attn_kernel<4>, *a, n_split, part);
     KN_CUDA_LAUNCHED(c);
     if (n_split > 1) {
-        attn_merge_kernel<<<a->n_tokens * a->n_head, 128, 0, c->stream>>>(part, n_split, a->head_dim,
-                                                                          a->d_out);
+        kn_cuda__launch(c, a->n_tokens * a->n_head, 128, 0, attn_merge_kernel, part, n_split, a->head_dim,
+                        a->d_out);
         KN_CUDA_LAUNCHED(c);
     }
     return 0;

@@ -142,6 +142,11 @@ extern "C" int kn_cuda_new(int ordinal, kn_cuda **out, char *err, size_t err_len
         goto fail;
     }
     c->sm_count = prop.multiProcessorCount;
+    c->cc_major = prop.major;
+    {
+        const char *pdl = getenv("INFERGATE_CUDA_PDL");
+        kn_cuda_set_pdl(c, !(pdl && !strcmp(pdl, "0")));
+    }
     STEP(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     STEP(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES));
     {
@@ -183,6 +188,12 @@ extern "C" void kn_cuda_free(kn_cuda *c)
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
+}
+
+extern "C" bool kn_cuda_set_pdl(kn_cuda *c, bool on)
+{
+    c->pdl = on && c->cc_major >= 9;
+    return c->pdl;
 }
 
 extern "C" int kn_cuda_sm_count(const kn_cuda *c)

@@ -22,6 +22,7 @@ static int tile_rows(const kn_cuda_weight *w)
 
 __global__ void f32_to_f16_kernel(const float *__restrict__ x, __half *__restrict__ y, size_t n)
 {
+    kn_pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = __float2half_rn(x[i]);
@@ -31,6 +32,7 @@ __global__ void f32_to_f16_kernel(const float *__restrict__ x, __half *__restric
 __global__ void dequant_q8_0_f16_kernel(const int8_t *__restrict__ q, const __half *__restrict__ d,
                                         __half *__restrict__ out, size_t n_chunks)
 {
+    kn_pdl_begin();
     const size_t ch = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= n_chunks)
         return;
@@ -50,6 +52,7 @@ __global__ void dequant_q8_0_f16_kernel(const int8_t *__restrict__ q, const __ha
 __global__ void dequant_q4_0_f16_kernel(const uint8_t *__restrict__ q, const __half *__restrict__ d,
                                         __half *__restrict__ out, size_t n_blocks)
 {
+    kn_pdl_begin();
     const size_t blk = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (blk >= n_blocks)
         return;
@@ -74,12 +77,12 @@ static int dequant_tile(kn_cuda *c, const kn_cuda_weight *w, int o0, int rows, _
     const __half *scl = (const __half *)w->d_scl + (size_t)o0 * nb;
     if (w->type == KN_TYPE_Q8_0) {
         const size_t n_chunks = (size_t)rows * w->n_in / 16;
-        dequant_q8_0_f16_kernel<<<kn_cuda__blocks(n_chunks, 256), 256, 0, c->stream>>>(
-            (const int8_t *)w->d_q + (size_t)o0 * w->n_in, scl, out, n_chunks);
+        kn_cuda__launch(c, kn_cuda__blocks(n_chunks, 256), 256, 0, dequant_q8_0_f16_kernel,
+                        (const int8_t *)w->d_q + (size_t)o0 * w->n_in, scl, out, n_chunks);
     } else {
         const size_t n_blocks = (size_t)rows * nb;
-        dequant_q4_0_f16_kernel<<<kn_cuda__blocks(n_blocks, 256), 256, 0, c->stream>>>(
-            (const uint8_t *)w->d_q + (size_t)o0 * (w->n_in / 2), scl, out, n_blocks);
+        kn_cuda__launch(c, kn_cuda__blocks(n_blocks, 256), 256, 0, dequant_q4_0_f16_kernel,
+                        (const uint8_t *)w->d_q + (size_t)o0 * (w->n_in / 2), scl, out, n_blocks);
     }
     KN_CUDA_LAUNCHED(c);
     return 0;
@@ -140,7 +143,7 @@ extern "C" int kn_cuda_matmul(kn_cuda *c, const kn_cuda_weight *w, const float *
 
     const size_t nx = (size_t)n_rows * w->n_in;
     __half *x16 = (__half *)c->x16;
-    f32_to_f16_kernel<<<kn_cuda__blocks(nx, 256), 256, 0, c->stream>>>(d_x, x16, nx);
+    kn_cuda__launch(c, kn_cuda__blocks(nx, 256), 256, 0, f32_to_f16_kernel, d_x, x16, nx);
     KN_CUDA_LAUNCHED(c);
     if (w->type == KN_TYPE_F16)
         return gemm(c, w->d_q, CUDA_R_16F, w->n_out, n_rows, w->n_in, x16, CUDA_R_16F, d_y, w->n_out, add);

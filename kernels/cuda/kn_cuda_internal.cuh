@@ -13,11 +13,13 @@
 #include <cuda_runtime.h>
 
 #include <errno.h>
+#include <utility>
 
 struct kn_cuda {
-    int ordinal, sm_count;
+    int ordinal, sm_count, cc_major;
     cudaStream_t stream;
     cublasHandle_t blas;
+    bool pdl;      /* launch kernels with programmatic dependent launch (sm_90+) */
     void *blas_ws; /* cuBLAS workspace: set explicitly so GEMMs can be captured */
     bool capturing;
     char err[512];
@@ -58,6 +60,58 @@ int kn_cuda__scratch(kn_cuda *c, void **p, size_t *cap, size_t need);
 #define KN_CUDA_LAUNCHED(c) KN_CUDA_CHECK((c), cudaGetLastError())
 
 #define KN_CUDA_EINVAL(c, msg) kn_cuda__fail_msg((c), -EINVAL, __FILE__, __LINE__, (msg))
+
+/* ---- programmatic dependent launch ----
+ * On sm_90 a kernel may be launched while the one before it in the stream
+ * still runs (kn_cuda__launch sets the attribute when c->pdl): its blocks get
+ * resident and can read what no earlier kernel writes (weights) until
+ * kn_pdl_wait(), which returns once the previous kernel has finished and its
+ * writes are visible. So every kernel of this backend calls kn_pdl_wait()
+ * before its first read or write of activations, caches or scratch, and
+ * kn_pdl_trigger() to let the next kernel launch: after the wait in most
+ * kernels (kn_pdl_begin), so that at most one kernel waits ahead of the one
+ * running; before it in the quantized matvec, whose successors stream their
+ * weights early (kn_cuda_matvec.cu). Both are no-ops before sm_90 and without
+ * the attribute. */
+__device__ __forceinline__ void kn_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void kn_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Wait for the previous kernel, then let the next one launch. */
+__device__ __forceinline__ void kn_pdl_begin(void)
+{
+    kn_pdl_wait();
+    kn_pdl_trigger();
+}
+
+/* Launches kernel k on the context's stream; errors show in
+ * KN_CUDA_LAUNCHED as with <<<>>>. */
+template <typename... P, typename... A>
+static inline void kn_cuda__launch(const kn_cuda *c, dim3 grid, dim3 block, size_t smem, void (*k)(P...),
+                                   A &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    (void)cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
 
 static inline unsigned kn_cuda__blocks(size_t n, unsigned per_block)
 {

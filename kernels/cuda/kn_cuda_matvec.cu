@@ -1,15 +1,14 @@
 /* kernels/cuda: decode matrix-vector products for a few activation rows —
- * the bandwidth-bound half of a forward step. One warp owns one output row
- * and walks it with 128-bit loads, so a warp reads 512 contiguous weight
- * bytes per step and every weight byte is read once, whatever the number of
- * activation rows (up to KN_CUDA_MMV_MAX_ROWS, a template parameter so the
- * accumulators stay in registers). Quantized weights meet Q8_0 activations
+ * the bandwidth-bound half of a forward step. A warp owns one output row (two
+ * for quantized weights) and walks it with 128-bit loads, so a warp reads 512
+ * contiguous weight bytes per load and every weight byte is read once,
+ * whatever the number of activation rows (up to KN_CUDA_MMV_MAX_ROWS, a
+ * template parameter so the accumulators stay in registers). Quantized weights meet Q8_0 activations
  * in __dp4a integer dots, one exact integer sum per 32-block, as the scalar
  * reference computes them; F16/F32 weights take the F32 activations. */
 #include "kernels/cuda/kn_cuda_internal.cuh"
 
-#define MMV_WARPS 4  /* output rows per thread block */
-#define MMV_UNROLL 4 /* 16-byte loads a lane has in flight */
+#define MMV_WARPS 4 /* warps per thread block */
 
 /* ---- activations to Q8_0 ----------------------------------------------------
  * One warp per 32-block, one element per lane. The operations are the
@@ -18,6 +17,7 @@
 __global__ void quantize_q8_kernel(const float *__restrict__ x, size_t n_blocks, int8_t *__restrict__ q,
                                    kn_q8_meta *__restrict__ meta)
 {
+    kn_pdl_begin();
     const size_t blk = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / KN_WARP;
     const int lane = threadIdx.x % KN_WARP;
     if (blk >= n_blocks)
@@ -47,8 +47,8 @@ extern "C" int kn_cuda_quantize_q8(kn_cuda *c, const float *d_x, int n_rows, int
         return 0;
     int8_t *q = (int8_t *)d_xq;
     kn_q8_meta *meta = (kn_q8_meta *)((char *)d_xq + kn_cuda_q8_meta_offset(n_rows, n));
-    quantize_q8_kernel<<<kn_cuda__blocks(n_blocks * KN_WARP, 256), 256, 0, c->stream>>>(d_x, n_blocks, q,
-                                                                                        meta);
+    kn_cuda__launch(c, kn_cuda__blocks(n_blocks * KN_WARP, 256), 256, 0, quantize_q8_kernel, d_x, n_blocks, q,
+                    meta);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -69,121 +69,141 @@ __device__ __forceinline__ void mmv_store(float (&acc)[R], float *__restrict__ y
     }
 }
 
-/* ---- Q8_0 x Q8_0 ----
- * A lane reads 16 quants (half a block) per load; the two lanes holding one
- * block add their integer sums with a shuffle so the block is scaled once,
- * as in the reference. */
-template <int R>
-__global__ void __launch_bounds__(MMV_WARPS *KN_WARP)
-    mmv_q8_0_kernel(const int8_t *__restrict__ wq, const __half *__restrict__ wd, int n_out, int n_in,
-                    const int8_t *__restrict__ xq, const kn_q8_meta *__restrict__ xm, float *__restrict__ y,
-                    bool add)
+/* ---- Q8_0 and Q4_0 weights x Q8_0 activations ----
+ * A lane's unit is one 16-byte load: half a Q8_0 block (16 quants) or a
+ * whole Q4_0 block (32 nibbles). A warp owns MMV_NR output rows and walks
+ * them together, U units per lane per row and step.
+ *
+ * Q8_0: the two lanes holding one block add their integer sums with a
+ * shuffle so the block is scaled once, as in the reference.
+ * Q4_0: low nibbles are elements 0..15, high nibbles 16..31; the dot runs on
+ * the raw 0..15 values and 8 * sum(x quants) comes off afterwards, which
+ * equals the reference's sum of (q - 8) * x exactly.
+ *
+ * Weights are the one input no earlier kernel writes, so the first step's
+ * loads are issued before kn_pdl_wait() and stream in while the previous
+ * kernel finishes; and the next kernel may launch as soon as every block of
+ * this one has started (the trigger comes first here, unlike kn_pdl_begin),
+ * so that a chain of products keeps HBM busy across kernel boundaries. On an
+ * H100 that took a 4096 x 4096 Q8_0 product from 68% to 82% of the copy
+ * bandwidth and Q4_0 from 61% to 81% (bench/RESULTS.md). Loading step k+1
+ * before the dots of step k, or capping registers for occupancy, measured
+ * slower. */
+#define MMV_NR 2 /* output rows per warp */
+
+template <bool Q4, int U>
+__device__ __forceinline__ void mmv_load(const int4 *const (&w)[MMV_NR], const __half *const (&d)[MMV_NR],
+                                         int n_units, int u0, int lane, int4 (&wv)[MMV_NR][U],
+                                         float (&dw)[MMV_NR][U])
 {
-    const int o = blockIdx.x * MMV_WARPS + threadIdx.x / KN_WARP;
-    const int lane = threadIdx.x % KN_WARP;
-    if (o >= n_out)
-        return;
-    const int nb = n_in / 32, n_chunks = n_in / 16;
-    const int4 *w = (const int4 *)(wq + (size_t)o * n_in);
-    const __half *d = wd + (size_t)o * nb;
-    float acc[R];
 #pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = 0.0f;
-    for (int c0 = 0; c0 < n_chunks; c0 += KN_WARP * MMV_UNROLL) {
-        int4 wv[MMV_UNROLL];
-        float dw[MMV_UNROLL];
-        /* All loads of the step first: they are what keeps HBM busy. */
+    for (int u = 0; u < U; u++) {
+        const int k = u0 + u * KN_WARP + lane;
 #pragma unroll
-        for (int u = 0; u < MMV_UNROLL; u++) {
-            const int ch = c0 + u * KN_WARP + lane;
-            wv[u] = ch < n_chunks ? __ldcs(w + ch) : make_int4(0, 0, 0, 0);
-            dw[u] = ch < n_chunks ? __half2float(d[ch / 2]) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < MMV_UNROLL; u++) {
-            const int ch = c0 + u * KN_WARP + lane;
-            if (c0 + u * KN_WARP >= n_chunks)
-                break; /* uniform across the warp */
-            const bool ok = ch < n_chunks;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int s = 0;
-                if (ok) {
-                    const int4 xv = __ldg((const int4 *)(xq + (size_t)r * n_in) + ch);
-                    s = __dp4a(wv[u].x, xv.x, s);
-                    s = __dp4a(wv[u].y, xv.y, s);
-                    s = __dp4a(wv[u].z, xv.z, s);
-                    s = __dp4a(wv[u].w, xv.w, s);
-                }
-                s += __shfl_xor_sync(0xffffffffu, s, 1);
-                if (ok && (lane & 1) == 0)
-                    acc[r] += (float)s * (dw[u] * xm[(size_t)r * nb + ch / 2].d);
-            }
+        for (int j = 0; j < MMV_NR; j++) {
+            wv[j][u] = k < n_units ? __ldcs(w[j] + k) : make_int4(0, 0, 0, 0);
+            dw[j][u] = k < n_units ? __half2float(d[j][Q4 ? k : k / 2]) : 0.0f;
         }
     }
-    mmv_store<R>(acc, y, n_out, o, add);
 }
 
-/* ---- Q4_0 x Q8_0 ----
- * A lane reads one whole block (16 bytes of nibbles) per load. Low nibbles
- * are elements 0..15, high nibbles 16..31; the dot runs on the raw 0..15
- * values and 8 * sum(x quants) comes off afterwards, which equals the
- * reference's sum of (q - 8) * x exactly. */
-template <int R>
-__global__ void __launch_bounds__(MMV_WARPS *KN_WARP)
-    mmv_q4_0_kernel(const uint8_t *__restrict__ wq, const __half *__restrict__ wd, int n_out, int n_in,
-                    const int8_t *__restrict__ xq, const kn_q8_meta *__restrict__ xm, float *__restrict__ y,
-                    bool add)
+/* Adds the dots of one step (units u0 + u * 32 + lane) to acc. */
+template <int R, bool Q4, int U>
+__device__ __forceinline__ void mmv_dots(const int4 (&wv)[MMV_NR][U], const float (&dw)[MMV_NR][U], int n_in,
+                                         int n_units, int u0, int lane, const int8_t *__restrict__ xq,
+                                         const kn_q8_meta *__restrict__ xm, float (&acc)[MMV_NR][R])
 {
-    const int o = blockIdx.x * MMV_WARPS + threadIdx.x / KN_WARP;
-    const int lane = threadIdx.x % KN_WARP;
-    if (o >= n_out)
-        return;
     const int nb = n_in / 32;
-    const int4 *w = (const int4 *)(wq + (size_t)o * (n_in / 2));
-    const __half *d = wd + (size_t)o * nb;
-    float acc[R];
 #pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = 0.0f;
-    for (int b0 = 0; b0 < nb; b0 += KN_WARP * MMV_UNROLL) {
-        int4 wv[MMV_UNROLL];
-        float dw[MMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < MMV_UNROLL; u++) {
-            const int b = b0 + u * KN_WARP + lane;
-            wv[u] = b < nb ? __ldcs(w + b) : make_int4(0, 0, 0, 0);
-            dw[u] = b < nb ? __half2float(d[b]) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < MMV_UNROLL; u++) {
-            const int b = b0 + u * KN_WARP + lane;
-            if (b >= nb)
+    for (int u = 0; u < U; u++) {
+        if (u0 + u * KN_WARP >= n_units)
+            break; /* uniform across the warp */
+        const int k = u0 + u * KN_WARP + lane;
+        const bool ok = k < n_units;
+        if (Q4) {
+            if (!ok)
                 break; /* lanes past the row end drop out; no shuffles below */
-            const int lo0 = wv[u].x & 0x0f0f0f0f, hi0 = (wv[u].x >> 4) & 0x0f0f0f0f;
-            const int lo1 = wv[u].y & 0x0f0f0f0f, hi1 = (wv[u].y >> 4) & 0x0f0f0f0f;
-            const int lo2 = wv[u].z & 0x0f0f0f0f, hi2 = (wv[u].z >> 4) & 0x0f0f0f0f;
-            const int lo3 = wv[u].w & 0x0f0f0f0f, hi3 = (wv[u].w >> 4) & 0x0f0f0f0f;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const int4 *xr = (const int4 *)(xq + (size_t)r * n_in) + 2 * b;
+                const int4 *xr = (const int4 *)(xq + (size_t)r * n_in) + 2 * k;
                 const int4 x0 = __ldg(xr), x1 = __ldg(xr + 1);
-                const kn_q8_meta m = xm[(size_t)r * nb + b];
-                int s = __dp4a(lo0, x0.x, 0);
-                s = __dp4a(lo1, x0.y, s);
-                s = __dp4a(lo2, x0.z, s);
-                s = __dp4a(lo3, x0.w, s);
-                s = __dp4a(hi0, x1.x, s);
-                s = __dp4a(hi1, x1.y, s);
-                s = __dp4a(hi2, x1.z, s);
-                s = __dp4a(hi3, x1.w, s);
-                s -= 8 * m.s;
-                acc[r] += (float)s * (dw[u] * m.d);
+                const kn_q8_meta m = xm[(size_t)r * nb + k];
+#pragma unroll
+                for (int j = 0; j < MMV_NR; j++) {
+                    const int4 q = wv[j][u];
+                    int s = __dp4a(q.x & 0x0f0f0f0f, x0.x, 0);
+                    s = __dp4a(q.y & 0x0f0f0f0f, x0.y, s);
+                    s = __dp4a(q.z & 0x0f0f0f0f, x0.z, s);
+                    s = __dp4a(q.w & 0x0f0f0f0f, x0.w, s);
+                    s = __dp4a((q.x >> 4) & 0x0f0f0f0f, x1.x, s);
+                    s = __dp4a((q.y >> 4) & 0x0f0f0f0f, x1.y, s);
+                    s = __dp4a((q.z >> 4) & 0x0f0f0f0f, x1.z, s);
+                    s = __dp4a((q.w >> 4) & 0x0f0f0f0f, x1.w, s);
+                    s -= 8 * m.s;
+                    acc[j][r] += (float)s * (dw[j][u] * m.d);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int4 xv = ok ? __ldg((const int4 *)(xq + (size_t)r * n_in) + k) : make_int4(0, 0, 0, 0);
+                const float xd = ok ? xm[(size_t)r * nb + k / 2].d : 0.0f;
+#pragma unroll
+                for (int j = 0; j < MMV_NR; j++) {
+                    int s = __dp4a(wv[j][u].x, xv.x, 0);
+                    s = __dp4a(wv[j][u].y, xv.y, s);
+                    s = __dp4a(wv[j][u].z, xv.z, s);
+                    s = __dp4a(wv[j][u].w, xv.w, s);
+                    s += __shfl_xor_sync(0xffffffffu, s, 1);
+                    if ((lane & 1) == 0)
+                        acc[j][r] += (float)s * (dw[j][u] * xd);
+                }
             }
         }
     }
-    mmv_store<R>(acc, y, n_out, o, add);
+}
+
+template <int R, bool Q4, int U>
+__global__ void __launch_bounds__(MMV_WARPS *KN_WARP)
+    mmv_quant_kernel(const uint8_t *__restrict__ wq, const __half *__restrict__ wd, int n_out, int n_in,
+                     const int8_t *__restrict__ xq, const kn_q8_meta *__restrict__ xm, float *__restrict__ y,
+                     bool add)
+{
+    const int o0 = (blockIdx.x * MMV_WARPS + threadIdx.x / KN_WARP) * MMV_NR;
+    const int lane = threadIdx.x % KN_WARP;
+    if (o0 >= n_out)
+        return;
+    const int nb = n_in / 32, n_units = Q4 ? nb : n_in / 16;
+    const size_t row_bytes = Q4 ? (size_t)n_in / 2 : (size_t)n_in;
+    const int4 *w[MMV_NR];
+    const __half *d[MMV_NR];
+#pragma unroll
+    for (int j = 0; j < MMV_NR; j++) {
+        const int o = min(o0 + j, n_out - 1); /* rows past the end read the last again; not stored */
+        w[j] = (const int4 *)(wq + (size_t)o * row_bytes);
+        d[j] = wd + (size_t)o * nb;
+    }
+    int4 wv[MMV_NR][U];
+    float dw[MMV_NR][U];
+    kn_pdl_trigger();
+    mmv_load<Q4, U>(w, d, n_units, 0, lane, wv, dw);
+    kn_pdl_wait();
+    float acc[MMV_NR][R];
+#pragma unroll
+    for (int j = 0; j < MMV_NR; j++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[j][r] = 0.0f;
+    const int step = KN_WARP * U;
+    for (int u0 = 0; u0 < n_units; u0 += step) {
+        mmv_dots<R, Q4, U>(wv, dw, n_in, n_units, u0, lane, xq, xm, acc);
+        if (u0 + step < n_units)
+            mmv_load<Q4, U>(w, d, n_units, u0 + step, lane, wv, dw);
+    }
+#pragma unroll
+    for (int j = 0; j < MMV_NR; j++)
+        if (o0 + j < n_out)
+            mmv_store<R>(acc[j], y, n_out, o0 + j, add);
 }
 
 /* ---- F16 and F32 weights x F32 activations ----
@@ -198,6 +218,7 @@ __global__ void __launch_bounds__(MMV_WARPS *KN_WARP)
     const int lane = threadIdx.x % KN_WARP;
     if (o >= n_out)
         return;
+    kn_pdl_begin();
     const __half *wr = w + (size_t)o * n_in;
     float acc[R];
 #pragma unroll
@@ -240,6 +261,7 @@ __global__ void __launch_bounds__(MMV_WARPS *KN_WARP)
     const int lane = threadIdx.x % KN_WARP;
     if (o >= n_out)
         return;
+    kn_pdl_begin();
     const float *wr = w + (size_t)o * n_in;
     float acc[R];
 #pragma unroll
@@ -277,31 +299,40 @@ static void mmv_launch(kn_cuda *c, const kn_cuda_weight *w, const float *x, cons
     switch (w->type) {
     case KN_TYPE_Q8_0:
     case KN_TYPE_Q4_0: {
+        const dim3 qgrid(kn_cuda__blocks((size_t)n_out, MMV_WARPS * MMV_NR));
         const int8_t *q = (const int8_t *)xq;
         const kn_q8_meta *m = (const kn_q8_meta *)((const char *)xq + kn_cuda_q8_meta_offset(R, n_in));
-        if (w->type == KN_TYPE_Q8_0)
-            mmv_q8_0_kernel<R><<<grid, block, 0, c->stream>>>(
-                (const int8_t *)w->d_q, (const __half *)w->d_scl, n_out, n_in, q, m, y, add);
+        /* Long rows take 8 loads per lane and row: more bytes in flight, at
+         * a register count that needs few rows per launch to stay resident. */
+        const bool q4 = w->type == KN_TYPE_Q4_0;
+        const bool u8 = R <= 2 && (q4 ? n_in / 32 : n_in / 16) >= 8 * KN_WARP;
+        const uint8_t *wq = (const uint8_t *)w->d_q;
+        const __half *wd = (const __half *)w->d_scl;
+        if (q4)
+            kn_cuda__launch(c, qgrid, block, 0, u8 ? mmv_quant_kernel < R, true,
+                            R <= 2 ? 8 : 4 > : mmv_quant_kernel<R, true, 4>, wq, wd, n_out, n_in, q, m, y,
+                            add);
         else
-            mmv_q4_0_kernel<R><<<grid, block, 0, c->stream>>>(
-                (const uint8_t *)w->d_q, (const __half *)w->d_scl, n_out, n_in, q, m, y, add);
+            kn_cuda__launch(c, qgrid, block, 0, u8 ? mmv_quant_kernel < R, false,
+                            R <= 2 ? 8 : 4 > : mmv_quant_kernel<R, false, 4>, wq, wd, n_out, n_in, q, m, y,
+                            add);
         break;
     }
     case KN_TYPE_F16:
         if (n_in % 8 == 0)
-            mmv_f16_kernel<R, true>
-                <<<grid, block, 0, c->stream>>>((const __half *)w->d_q, n_out, n_in, x, y, add);
+            kn_cuda__launch(c, grid, block, 0, mmv_f16_kernel<R, true>, (const __half *)w->d_q, n_out, n_in,
+                            x, y, add);
         else
-            mmv_f16_kernel<R, false>
-                <<<grid, block, 0, c->stream>>>((const __half *)w->d_q, n_out, n_in, x, y, add);
+            kn_cuda__launch(c, grid, block, 0, mmv_f16_kernel<R, false>, (const __half *)w->d_q, n_out, n_in,
+                            x, y, add);
         break;
     case KN_TYPE_F32:
         if (n_in % 4 == 0)
-            mmv_f32_kernel<R, true>
-                <<<grid, block, 0, c->stream>>>((const float *)w->d_q, n_out, n_in, x, y, add);
+            kn_cuda__launch(c, grid, block, 0, mmv_f32_kernel<R, true>, (const float *)w->d_q, n_out, n_in, x,
+                            y, add);
         else
-            mmv_f32_kernel<R, false>
-                <<<grid, block, 0, c->stream>>>((const float *)w->d_q, n_out, n_in, x, y, add);
+            kn_cuda__launch(c, grid, block, 0, mmv_f32_kernel<R, false>, (const float *)w->d_q, n_out, n_in,
+                            x, y, add);
         break;
     }
 }

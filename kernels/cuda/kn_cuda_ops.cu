@@ -12,6 +12,7 @@
 
 __global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict__ g, int n, float eps)
 {
+    kn_pdl_begin();
     __shared__ float sh[32];
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
@@ -31,13 +32,14 @@ extern "C" int kn_cuda_rmsnorm(kn_cuda *c, float *d_y, const float *d_x, const f
         return KN_CUDA_EINVAL(c, "rmsnorm: bad shape");
     if (n_rows == 0)
         return 0;
-    rmsnorm_kernel<<<n_rows, ROW_THREADS, 0, c->stream>>>(d_y, d_x, d_g, n, eps);
+    kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel, d_y, d_x, d_g, n, eps);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
 
 __global__ void softmax_kernel(float *x, int n)
 {
+    kn_pdl_begin();
     __shared__ float sh[32];
     float *xr = x + (size_t)blockIdx.x * n;
     float mx = -INFINITY;
@@ -62,7 +64,7 @@ extern "C" int kn_cuda_softmax(kn_cuda *c, float *d_x, int n_rows, int n)
         return KN_CUDA_EINVAL(c, "softmax: bad shape");
     if (n_rows == 0)
         return 0;
-    softmax_kernel<<<n_rows, ROW_THREADS, 0, c->stream>>>(d_x, n);
+    kn_cuda__launch(c, n_rows, ROW_THREADS, 0, softmax_kernel, d_x, n);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -71,6 +73,7 @@ extern "C" int kn_cuda_softmax(kn_cuda *c, float *d_x, int n_rows, int n)
 
 __global__ void silu_mul_kernel(float *gate, const float *__restrict__ up, size_t n)
 {
+    kn_pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const float g = gate[i];
@@ -85,13 +88,14 @@ extern "C" int kn_cuda_silu_mul(kn_cuda *c, float *d_gate, const float *d_up, in
     const size_t total = (size_t)n_rows * n;
     if (total == 0)
         return 0;
-    silu_mul_kernel<<<kn_cuda__blocks(total, 256), 256, 0, c->stream>>>(d_gate, d_up, total);
+    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, silu_mul_kernel, d_gate, d_up, total);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
 
 __global__ void add_kernel(float *y, const float *__restrict__ x, size_t n)
 {
+    kn_pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] += x[i];
@@ -101,13 +105,14 @@ extern "C" int kn_cuda_add(kn_cuda *c, float *d_y, const float *d_x, size_t n)
 {
     if (n == 0)
         return 0;
-    add_kernel<<<kn_cuda__blocks(n, 256), 256, 0, c->stream>>>(d_y, d_x, n);
+    kn_cuda__launch(c, kn_cuda__blocks(n, 256), 256, 0, add_kernel, d_y, d_x, n);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
 
 __global__ void add_bias_kernel(float *x, const float *__restrict__ b, int n, size_t total)
 {
+    kn_pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total)
         x[i] += b[i % n];
@@ -120,7 +125,7 @@ extern "C" int kn_cuda_add_bias(kn_cuda *c, float *d_x, const float *d_b, int n_
     const size_t total = (size_t)n_rows * n;
     if (total == 0)
         return 0;
-    add_bias_kernel<<<kn_cuda__blocks(total, 256), 256, 0, c->stream>>>(d_x, d_b, n, total);
+    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, add_bias_kernel, d_x, d_b, n, total);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -128,6 +133,7 @@ extern "C" int kn_cuda_add_bias(kn_cuda *c, float *d_x, const float *d_b, int n_
 __global__ void gather_rows_kernel(float *__restrict__ dst, const float *__restrict__ src,
                                    const int32_t *__restrict__ rows, int n)
 {
+    kn_pdl_begin();
     const float *s = src + (size_t)rows[blockIdx.x] * n;
     float *d = dst + (size_t)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -141,7 +147,7 @@ extern "C" int kn_cuda_gather_rows(kn_cuda *c, float *d_dst, const float *d_src,
         return KN_CUDA_EINVAL(c, "gather_rows: bad shape");
     if (n_rows == 0)
         return 0;
-    gather_rows_kernel<<<n_rows, ROW_THREADS, 0, c->stream>>>(d_dst, d_src, d_rows, n);
+    kn_cuda__launch(c, n_rows, ROW_THREADS, 0, gather_rows_kernel, d_dst, d_src, d_rows, n);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -151,6 +157,7 @@ extern "C" int kn_cuda_gather_rows(kn_cuda *c, float *d_dst, const float *d_src,
 __global__ void embed_kernel(kn_type type, const void *__restrict__ q, const __half *__restrict__ scl, int n,
                              const int32_t *__restrict__ tokens, float *__restrict__ x)
 {
+    kn_pdl_begin();
     const size_t row = (size_t)tokens[blockIdx.x];
     float *xr = x + (size_t)blockIdx.x * n;
     const size_t nb = (size_t)n / 32;
@@ -185,8 +192,8 @@ extern "C" int kn_cuda_embed(kn_cuda *c, const kn_cuda_weight *emb, const int32_
         return KN_CUDA_EINVAL(c, "embed: no embedding matrix");
     if (n_tokens == 0)
         return 0;
-    embed_kernel<<<n_tokens, ROW_THREADS, 0, c->stream>>>(emb->type, emb->d_q, (const __half *)emb->d_scl,
-                                                          emb->n_in, d_tokens, d_x);
+    kn_cuda__launch(c, n_tokens, ROW_THREADS, 0, embed_kernel, emb->type, emb->d_q,
+                    (const __half *)emb->d_scl, emb->n_in, d_tokens, d_x);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -199,6 +206,7 @@ extern "C" int kn_cuda_embed(kn_cuda *c, const kn_cuda_weight *emb, const int32_
 __global__ void rope_table_kernel(const int32_t *__restrict__ pos, int n_rows, int rope_dim, float freq_base,
                                   float *__restrict__ cs)
 {
+    kn_pdl_begin();
     const int half = rope_dim / 2;
     const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= (size_t)n_rows * half)
@@ -226,8 +234,8 @@ extern "C" int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, 
     const size_t n = (size_t)n_rows * (rope_dim / 2);
     if (n == 0)
         return 0;
-    rope_table_kernel<<<kn_cuda__blocks(n, 128), 128, 0, c->stream>>>(d_pos, n_rows, rope_dim, freq_base,
-                                                                      d_cs);
+    kn_cuda__launch(c, kn_cuda__blocks(n, 128), 128, 0, rope_table_kernel, d_pos, n_rows, rope_dim, freq_base,
+                    d_cs);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -237,6 +245,7 @@ extern "C" int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, 
 __global__ void rope_kernel(float *x, const float *__restrict__ cs, int n_rows, int n_heads, int head_dim,
                             int rope_dim, bool neox)
 {
+    kn_pdl_begin();
     const int half = rope_dim / 2;
     const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= (size_t)n_rows * n_heads * half)
@@ -264,8 +273,8 @@ extern "C" int kn_cuda_rope(kn_cuda *c, float *d_x, const float *d_cs, int n_row
     const size_t n = (size_t)n_rows * n_heads * (rope_dim / 2);
     if (n == 0)
         return 0;
-    rope_kernel<<<kn_cuda__blocks(n, 256), 256, 0, c->stream>>>(d_x, d_cs, n_rows, n_heads, head_dim,
-                                                                rope_dim, neox);
+    kn_cuda__launch(c, kn_cuda__blocks(n, 256), 256, 0, rope_kernel, d_x, d_cs, n_rows, n_heads, head_dim,
+                    rope_dim, neox);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -277,6 +286,7 @@ __global__ void kv_store_kernel(const float *__restrict__ k, const float *__rest
                                 size_t block_elems, size_t k_off, size_t v_off, int block_tokens,
                                 size_t total)
 {
+    kn_pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
         return;
@@ -297,8 +307,8 @@ extern "C" int kn_cuda_kv_store(kn_cuda *c, const float *d_k, const float *d_v, 
     const size_t total = (size_t)n_tokens * kv_dim;
     if (total == 0)
         return 0;
-    kv_store_kernel<<<kn_cuda__blocks(total, 256), 256, 0, c->stream>>>(
-        d_k, d_v, kv_dim, d_slots, (__half *)d_pool, block_elems, k_off, v_off, block_tokens, total);
+    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, kv_store_kernel, d_k, d_v, kv_dim, d_slots,
+                    (__half *)d_pool, block_elems, k_off, v_off, block_tokens, total);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
