@@ -490,12 +490,8 @@ static int enqueue_step(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_o
     CK(kn_cuda_rope_table(kc, md + ML->pos, T, hp->n_rot, hp->rope_freq_base, c->cs));
     for (int l = 0; l < hp->n_layer; l++) {
         const cuda_layer *L = &c->layers[l];
-        const void *xq = NULL;
-        CK(kn_cuda_rmsnorm(kc, c->xb, c->x, L->attn_norm, T, dim, hp->norm_eps));
-        if (wants_q8(T, &L->wq, &L->wk, &L->wv)) {
-            CK(kn_cuda_quantize_q8(kc, c->xb, T, dim, c->xq));
-            xq = c->xq;
-        }
+        void *xq = wants_q8(T, &L->wq, &L->wk, &L->wv) ? c->xq : NULL;
+        CK(kn_cuda_rmsnorm_q8(kc, c->xb, c->x, L->attn_norm, T, dim, hp->norm_eps, xq));
         CK(kn_cuda_matmul(kc, &L->wq, c->xb, xq, T, c->q, false));
         CK(kn_cuda_matmul(kc, &L->wk, c->xb, xq, T, c->k, false));
         CK(kn_cuda_matmul(kc, &L->wv, c->xb, xq, T, c->v, false));
@@ -538,20 +534,12 @@ static int enqueue_step(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_o
         }
         CK(kn_cuda_matmul(kc, &L->wo, c->att, xq, T, c->x, true)); /* residual */
 
-        xq = NULL;
-        CK(kn_cuda_rmsnorm(kc, c->xb, c->x, L->ffn_norm, T, dim, hp->norm_eps));
-        if (wants_q8(T, &L->w_gate, &L->w_up, NULL)) {
-            CK(kn_cuda_quantize_q8(kc, c->xb, T, dim, c->xq));
-            xq = c->xq;
-        }
+        xq = wants_q8(T, &L->w_gate, &L->w_up, NULL) ? c->xq : NULL;
+        CK(kn_cuda_rmsnorm_q8(kc, c->xb, c->x, L->ffn_norm, T, dim, hp->norm_eps, xq));
         CK(kn_cuda_matmul(kc, &L->w_gate, c->xb, xq, T, c->hb, false));
         CK(kn_cuda_matmul(kc, &L->w_up, c->xb, xq, T, c->hb2, false));
-        CK(kn_cuda_silu_mul(kc, c->hb, c->hb2, T, hp->n_ff));
-        xq = NULL;
-        if (wants_q8(T, &L->w_down, NULL, NULL)) {
-            CK(kn_cuda_quantize_q8(kc, c->hb, T, hp->n_ff, c->xq));
-            xq = c->xq;
-        }
+        xq = wants_q8(T, &L->w_down, NULL, NULL) ? c->xq : NULL;
+        CK(kn_cuda_silu_mul_q8(kc, c->hb, c->hb2, T, hp->n_ff, xq));
         CK(kn_cuda_matmul(kc, &L->w_down, c->hb, xq, T, c->x, true)); /* residual */
     }
     if (n_out > 0) {

@@ -173,6 +173,12 @@ int kn_cuda_rmsnorm(kn_cuda *c, float *d_y, const float *d_x, const float *d_g, 
 int kn_cuda_softmax(kn_cuda *c, float *d_x, int n_rows, int n);
 /* gate = silu(gate) * up */
 int kn_cuda_silu_mul(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, int n);
+/* The same, and when d_xq is not NULL the result also quantized into d_xq
+ * (n a multiple of 32), bit for bit as kn_cuda_quantize_q8 would: one kernel
+ * where the decode path would launch two. */
+int kn_cuda_rmsnorm_q8(kn_cuda *c, float *d_y, const float *d_x, const float *d_g, int n_rows, int n, float eps,
+                       void *d_xq);
+int kn_cuda_silu_mul_q8(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, int n, void *d_xq);
 /* y += x, n floats */
 int kn_cuda_add(kn_cuda *c, float *d_y, const float *d_x, size_t n);
 /* x[r] += b for every row */

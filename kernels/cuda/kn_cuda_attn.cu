@@ -46,19 +46,27 @@ __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn 
     for (int p0 = p_begin + warp * ATTN_KEYS; p0 < p_end; p0 += ATTN_WARPS * ATTN_KEYS) {
         const __half *base[ATTN_KEYS];
         float sc[ATTN_KEYS];
+        /* V rows are loaded with the K rows, not after the scores: one
+         * memory latency per group of keys instead of two. */
+        __half2 vr[ATTN_KEYS][NP];
 #pragma unroll
         for (int k = 0; k < ATTN_KEYS; k++) {
             const int p = p0 + k;
             float s = 0.0f;
             base[k] = NULL;
+#pragma unroll
+            for (int i = 0; i < NP; i++)
+                vr[k][i] = __float2half2_rn(0.0f);
             if (p < p_end) {
                 const int blk = table[p / a.block_tokens];
                 base[k] = (const __half *)a.d_pool + (size_t)blk * a.block_elems +
                           (size_t)(p % a.block_tokens) * kv_dim + (size_t)kvh * hd;
                 const __half2 *kr = (const __half2 *)(base[k] + a.k_off);
+                const __half2 *vrow = (const __half2 *)(base[k] + a.v_off);
 #pragma unroll
                 for (int i = 0; i < NP; i++) {
                     if (2 * lane + 64 * i < hd) {
+                        vr[k][i] = vrow[lane + 32 * i];
                         const float2 kf = __half22float2(kr[lane + 32 * i]);
                         s += q[i].x * kf.x + q[i].y * kf.y;
                     }
@@ -94,11 +102,10 @@ __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn 
                 continue;
             const float pk = expf(sc[k] - mx);
             l += pk;
-            const __half2 *vr = (const __half2 *)(base[k] + a.v_off);
 #pragma unroll
             for (int i = 0; i < NP; i++) {
                 if (2 * lane + 64 * i < hd) {
-                    const float2 vf = __half22float2(vr[lane + 32 * i]);
+                    const float2 vf = __half22float2(vr[k][i]);
                     acc[i].x += pk * vf.x;
                     acc[i].y += pk * vf.y;
                 }
@@ -161,30 +168,38 @@ __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn 
     }
 }
 
-/* One block per (token, head): out = sum_s acc_s e^(M_s - M) / sum_s L_s e^(M_s - M). */
+/* One block per (token, head): out = sum_s acc_s e^(M_s - M) / sum_s L_s e^(M_s - M).
+ * The first warp reads every split's max and sum at once (a lane each) and
+ * leaves the weights in shared memory; then each thread sums its dimensions
+ * over the splits with all loads in flight. */
 __global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, int hd,
                                   float *__restrict__ out)
 {
+    static_assert(ATTN_MAX_SPLIT <= KN_WARP, "one lane per split");
     kn_pdl_begin();
-    const size_t th = blockIdx.x;
-    const float *pp = part + th * n_split * (size_t)(hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_split; s++)
-        M = fmaxf(M, pp[s * (size_t)(hd + 2) + hd]);
-    float L = 0.0f;
-    for (int s = 0; s < n_split; s++) {
-        const float ms = pp[s * (size_t)(hd + 2) + hd];
-        if (ms != -INFINITY)
-            L += pp[s * (size_t)(hd + 2) + hd + 1] * expf(ms - M);
+    __shared__ float wgt[ATTN_MAX_SPLIT], l_sum;
+    const size_t th = blockIdx.x, stride = (size_t)hd + 2;
+    const float *pp = part + th * n_split * stride;
+    if (threadIdx.x < KN_WARP) {
+        const int s = threadIdx.x;
+        const float ms = s < n_split ? pp[s * stride + hd] : -INFINITY;
+        const float ls = s < n_split ? pp[s * stride + hd + 1] : 0.0f;
+        const float M = kn_warp_max(ms); /* finite: split 0 holds the first key */
+        const float w = ms == -INFINITY ? 0.0f : expf(ms - M);
+        const float L = kn_warp_sum(ls * w);
+        if (s < ATTN_MAX_SPLIT)
+            wgt[s] = w;
+        if (s == 0)
+            l_sum = L;
     }
+    __syncthreads();
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float num = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            const float ms = pp[s * (size_t)(hd + 2) + hd];
-            if (ms != -INFINITY)
-                num += pp[s * (size_t)(hd + 2) + d] * expf(ms - M);
-        }
-        out[th * hd + d] = num / L;
+#pragma unroll
+        for (int s = 0; s < ATTN_MAX_SPLIT; s++)
+            if (s < n_split)
+                num += pp[s * stride + d] * wgt[s];
+        out[th * hd + d] = num / l_sum;
     }
 }
 

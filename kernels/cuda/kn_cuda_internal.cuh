@@ -179,4 +179,34 @@ struct kn_q8_meta {
 };
 static_assert(sizeof(kn_q8_meta) == 8, "Q8 activation metadata must be 8 bytes");
 
+/* Quantizes 32-block `blk` of activations to Q8_0, one element per lane of
+ * a whole warp. The operations are the reference's (amax / 127, IEEE
+ * reciprocal, roundf, F16 scale), so quants and scales are bit-identical to
+ * kn_quantize_row. */
+__device__ __forceinline__ void kn_q8_store_warp(float v, size_t blk, int8_t *__restrict__ q,
+                                                 kn_q8_meta *__restrict__ meta)
+{
+    const int lane = threadIdx.x % KN_WARP;
+    const float amax = kn_warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float r = roundf(v * id);
+    const int qi = r >= -128.0f && r <= 127.0f ? (int)r : 0;
+    q[blk * 32 + lane] = (int8_t)qi;
+    const int s = kn_warp_sum_int(qi);
+    if (lane == 0) {
+        kn_q8_meta m;
+        m.d = __half2float(__float2half_rn(d));
+        m.s = s;
+        meta[blk] = m;
+    }
+}
+
+/* Where the metadata of n_rows quantized rows of n starts in an activation
+ * buffer (kn_cuda_q8_meta_offset), as a typed pointer. */
+static inline kn_q8_meta *kn_q8_meta_of(void *d_xq, int n_rows, int n)
+{
+    return (kn_q8_meta *)((char *)d_xq + kn_cuda_q8_meta_offset(n_rows, n));
+}
+
 #endif

@@ -10,32 +10,16 @@
 
 #define MMV_WARPS 4 /* warps per thread block */
 
-/* ---- activations to Q8_0 ----------------------------------------------------
- * One warp per 32-block, one element per lane. The operations are the
- * reference's (amax / 127, IEEE reciprocal, roundf, F16 scale), so the
- * quants and scales are bit-identical to kn_quantize_row. */
+/* ---- activations to Q8_0: one warp per 32-block ---- */
+
 __global__ void quantize_q8_kernel(const float *__restrict__ x, size_t n_blocks, int8_t *__restrict__ q,
                                    kn_q8_meta *__restrict__ meta)
 {
     kn_pdl_begin();
     const size_t blk = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / KN_WARP;
-    const int lane = threadIdx.x % KN_WARP;
     if (blk >= n_blocks)
         return; /* whole warps leave together */
-    const float v = x[blk * 32 + lane];
-    const float amax = kn_warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const float r = roundf(v * id);
-    const int qi = r >= -128.0f && r <= 127.0f ? (int)r : 0;
-    q[blk * 32 + lane] = (int8_t)qi;
-    const int s = kn_warp_sum_int(qi);
-    if (lane == 0) {
-        kn_q8_meta m;
-        m.d = __half2float(__float2half_rn(d));
-        m.s = s;
-        meta[blk] = m;
-    }
+    kn_q8_store_warp(x[blk * 32 + threadIdx.x % KN_WARP], blk, q, meta);
 }
 
 extern "C" int kn_cuda_quantize_q8(kn_cuda *c, const float *d_x, int n_rows, int n, void *d_xq)
@@ -45,10 +29,8 @@ extern "C" int kn_cuda_quantize_q8(kn_cuda *c, const float *d_x, int n_rows, int
     const size_t n_blocks = (size_t)n_rows * (n / 32);
     if (n_blocks == 0)
         return 0;
-    int8_t *q = (int8_t *)d_xq;
-    kn_q8_meta *meta = (kn_q8_meta *)((char *)d_xq + kn_cuda_q8_meta_offset(n_rows, n));
-    kn_cuda__launch(c, kn_cuda__blocks(n_blocks * KN_WARP, 256), 256, 0, quantize_q8_kernel, d_x, n_blocks, q,
-                    meta);
+    kn_cuda__launch(c, kn_cuda__blocks(n_blocks * KN_WARP, 256), 256, 0, quantize_q8_kernel, d_x, n_blocks,
+                    (int8_t *)d_xq, kn_q8_meta_of(d_xq, n_rows, n));
     KN_CUDA_LAUNCHED(c);
     return 0;
 }

@@ -10,31 +10,90 @@
 
 /* ---- RMSNorm, softmax: one thread block per row ---- */
 
-__global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict__ g, int n, float eps)
+/* Rows of up to V * ROW_THREADS elements stay in registers between the sum
+ * of squares and the scaling, so x and g are read once with all loads in
+ * flight together (a loop that reloads costs a memory latency per
+ * iteration, which made this the slowest small kernel of a decode step);
+ * V = 0 loops, for longer rows. Both sum in the same order. With q, the
+ * result is also quantized to Q8_0, one warp per 32 elements (n % 32 == 0,
+ * so each warp is whole), exactly as quantize_q8_kernel would. */
+template <int V>
+__global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict__ g, int n, float eps,
+                               int8_t *__restrict__ q, kn_q8_meta *__restrict__ meta)
 {
     kn_pdl_begin();
     __shared__ float sh[32];
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
+    float xv[V > 0 ? V : 1], gv[V > 0 ? V : 1];
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        ss += xr[i] * xr[i];
+    if (V > 0) {
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            const int i = threadIdx.x + v * ROW_THREADS;
+            xv[v] = i < n ? xr[i] : 0.0f;
+            gv[v] = i < n ? g[i] : 0.0f;
+        }
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            ss += xv[v] * xv[v];
+    } else {
+        for (int i = threadIdx.x; i < n; i += ROW_THREADS)
+            ss += xr[i] * xr[i];
+    }
     ss = kn_block_sum(ss, sh);
     const float scale = 1.0f / sqrtf(ss / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        yr[i] = xr[i] * scale * g[i];
+    const size_t blk0 = (size_t)blockIdx.x * (n / 32);
+    if (V > 0) {
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            const int i = threadIdx.x + v * ROW_THREADS;
+            if (i >= n)
+                break;
+            const float r = xv[v] * scale * gv[v];
+            yr[i] = r;
+            if (q)
+                kn_q8_store_warp(r, blk0 + i / 32, q, meta);
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += ROW_THREADS) {
+            const float r = xr[i] * scale * g[i];
+            yr[i] = r;
+            if (q)
+                kn_q8_store_warp(r, blk0 + i / 32, q, meta);
+        }
+    }
+}
+
+extern "C" int kn_cuda_rmsnorm_q8(kn_cuda *c, float *d_y, const float *d_x, const float *d_g, int n_rows, int n,
+                                  float eps, void *d_xq)
+{
+    if (n_rows < 0 || n <= 0)
+        return KN_CUDA_EINVAL(c, "rmsnorm: bad shape");
+    if (d_xq && n % 32 != 0)
+        return KN_CUDA_EINVAL(c, "rmsnorm: Q8_0 output needs n a multiple of 32");
+    if (n_rows == 0)
+        return 0;
+    int8_t *q = (int8_t *)d_xq;
+    kn_q8_meta *meta = d_xq ? kn_q8_meta_of(d_xq, n_rows, n) : NULL;
+    if (n <= 4 * ROW_THREADS)
+        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<4>, d_y, d_x, d_g, n, eps, q, meta);
+    else if (n <= 8 * ROW_THREADS)
+        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<8>, d_y, d_x, d_g, n, eps, q, meta);
+    else if (n <= 16 * ROW_THREADS)
+        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<16>, d_y, d_x, d_g, n, eps, q, meta);
+    else if (n <= 32 * ROW_THREADS)
+        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<32>, d_y, d_x, d_g, n, eps, q, meta);
+    else
+        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<0>, d_y, d_x, d_g, n, eps, q, meta);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
 }
 
 extern "C" int kn_cuda_rmsnorm(kn_cuda *c, float *d_y, const float *d_x, const float *d_g, int n_rows, int n,
                                float eps)
 {
-    if (n_rows < 0 || n <= 0)
-        return KN_CUDA_EINVAL(c, "rmsnorm: bad shape");
-    if (n_rows == 0)
-        return 0;
-    kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel, d_y, d_x, d_g, n, eps);
-    KN_CUDA_LAUNCHED(c);
-    return 0;
+    return kn_cuda_rmsnorm_q8(c, d_y, d_x, d_g, n_rows, n, eps, NULL);
 }
 
 __global__ void softmax_kernel(float *x, int n)
@@ -71,26 +130,40 @@ extern "C" int kn_cuda_softmax(kn_cuda *c, float *d_x, int n_rows, int n)
 
 /* ---- element-wise ---- */
 
-__global__ void silu_mul_kernel(float *gate, const float *__restrict__ up, size_t n)
+/* With q, the result is also quantized to Q8_0 as in rmsnorm_kernel (the
+ * blocks of 256 threads hold whole 32-blocks when n % 32 == 0). */
+__global__ void silu_mul_kernel(float *gate, const float *__restrict__ up, size_t n, int8_t *__restrict__ q,
+                                kn_q8_meta *__restrict__ meta)
 {
     kn_pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    if (i >= n)
+        return; /* with q, whole warps leave together */
+    const float g = gate[i];
+    const float r = g / (1.0f + expf(-g)) * up[i];
+    gate[i] = r;
+    if (q)
+        kn_q8_store_warp(r, i / 32, q, meta);
+}
+
+extern "C" int kn_cuda_silu_mul_q8(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, int n, void *d_xq)
+{
+    if (n_rows < 0 || n < 0)
+        return KN_CUDA_EINVAL(c, "silu_mul: bad shape");
+    if (d_xq && n % 32 != 0)
+        return KN_CUDA_EINVAL(c, "silu_mul: Q8_0 output needs n a multiple of 32");
+    const size_t total = (size_t)n_rows * n;
+    if (total == 0)
+        return 0;
+    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, silu_mul_kernel, d_gate, d_up, total,
+                    (int8_t *)d_xq, d_xq ? kn_q8_meta_of(d_xq, n_rows, n) : (kn_q8_meta *)NULL);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
 }
 
 extern "C" int kn_cuda_silu_mul(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, int n)
 {
-    if (n_rows < 0 || n < 0)
-        return KN_CUDA_EINVAL(c, "silu_mul: bad shape");
-    const size_t total = (size_t)n_rows * n;
-    if (total == 0)
-        return 0;
-    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, silu_mul_kernel, d_gate, d_up, total);
-    KN_CUDA_LAUNCHED(c);
-    return 0;
+    return kn_cuda_silu_mul_q8(c, d_gate, d_up, n_rows, n, NULL);
 }
 
 __global__ void add_kernel(float *y, const float *__restrict__ x, size_t n)

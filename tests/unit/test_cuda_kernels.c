@@ -532,6 +532,75 @@ static void test_rows_ops(void **state)
     kn_cuda_release(kc, drows);
 }
 
+/* The fused Q8_0 outputs of rmsnorm and silu_mul equal kn_cuda_quantize_q8
+ * of their float results byte for byte; rmsnorm rows of every register
+ * tier (up to 4, 8, 16, 32 elements a thread) and the loop beyond. */
+static void check_q8_equal(const char *what, void *d_xq, const float *d_y, int rows, int n)
+{
+    const size_t bytes = kn_cuda_q8_bytes(rows, n);
+    void *d_want = dev_zero(bytes);
+    CK(kn_cuda_quantize_q8(kc, d_y, rows, n, d_want));
+    uint8_t *got = malloc(bytes), *want = malloc(bytes);
+    host_copy(got, d_xq, bytes);
+    host_copy(want, d_want, bytes);
+    if (memcmp(got, want, bytes) != 0)
+        fail_msg("%s: fused Q8_0 output differs from kn_cuda_quantize_q8 (n %d)", what, n);
+    free(got);
+    free(want);
+    kn_cuda_release(kc, d_want);
+}
+
+static void test_fused_q8(void **state)
+{
+    enum { ROWS = 3 };
+    static const int ns[] = {96, 1024, 2048, 2080, 4096, 8192, 8224};
+    const kn_ops *ref = kn_ops_ref();
+    seed(11);
+    for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+        const int n = ns[k];
+        const size_t nf = (size_t)ROWS * n;
+        float *x = malloc(nf * sizeof(float)), *g = malloc(n * sizeof(float)), *y = malloc(nf * sizeof(float));
+        float *want = malloc(nf * sizeof(float)), *tol = malloc(nf * sizeof(float));
+        fill(x, nf, 2.0f);
+        fill(g, n, 1.5f);
+        float *dx = dev_copy(x, nf * sizeof(float)), *dg = dev_copy(g, n * sizeof(float));
+        float *dy = dev_zero(nf * sizeof(float));
+        void *dxq = dev_zero(kn_cuda_q8_bytes(ROWS, n));
+        CK(kn_cuda_rmsnorm_q8(kc, dy, dx, dg, ROWS, n, 1e-5f, dxq));
+        host_copy(y, dy, nf * sizeof(float));
+        for (int r = 0; r < ROWS; r++)
+            ref->rmsnorm(want + (size_t)r * n, x + (size_t)r * n, g, n, 1e-5f);
+        for (size_t i = 0; i < nf; i++)
+            tol[i] = 1e-5f * (fabsf(want[i]) + 1e-3f);
+        assert_close("rmsnorm_q8", y, want, tol, nf);
+        check_q8_equal("rmsnorm_q8", dxq, dy, ROWS, n);
+
+        /* silu_mul_q8 on the same buffers: gate = x, up = the normalised rows */
+        memcpy(want, x, nf * sizeof(float));
+        ref->silu_mul(want, y, nf);
+        CK(kn_cuda_silu_mul_q8(kc, dx, dy, ROWS, n, dxq));
+        host_copy(x, dx, nf * sizeof(float));
+        for (size_t i = 0; i < nf; i++)
+            tol[i] = 1e-6f * (fabsf(want[i]) + 1.0f);
+        assert_close("silu_mul_q8", x, want, tol, nf);
+        check_q8_equal("silu_mul_q8", dxq, dx, ROWS, n);
+
+        kn_cuda_release(kc, dx);
+        kn_cuda_release(kc, dg);
+        kn_cuda_release(kc, dy);
+        kn_cuda_release(kc, dxq);
+        free(x);
+        free(g);
+        free(y);
+        free(want);
+        free(tol);
+    }
+    /* A Q8_0 output needs whole 32-blocks. */
+    assert_int_equal(kn_cuda_rmsnorm_q8(kc, NULL, NULL, NULL, 1, 100, 1e-5f, (void *)16), -EINVAL);
+    assert_int_equal(kn_cuda_silu_mul_q8(kc, NULL, NULL, 1, 100, (void *)16), -EINVAL);
+    kn_cuda_clear_error(kc);
+}
+
 static void test_embed(void **state)
 {
     enum { VOCAB = 53, DIM = 160 };
@@ -1018,6 +1087,7 @@ int main(void)
             cmocka_unit_test(test_matvec),
             cmocka_unit_test(test_gemm),
             cmocka_unit_test(test_rows_ops),
+            cmocka_unit_test(test_fused_q8),
             cmocka_unit_test(test_embed),
             cmocka_unit_test(test_rope),
             cmocka_unit_test(test_attention),
