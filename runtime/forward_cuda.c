@@ -501,12 +501,26 @@ static int enqueue_step(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_o
             CK(kn_cuda_add_bias(kc, c->k, L->bk, T, kv_dim));
         if (L->bv)
             CK(kn_cuda_add_bias(kc, c->v, L->bv, T, kv_dim));
-        CK(kn_cuda_rope(kc, c->q, c->cs, T, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_neox));
-        CK(kn_cuda_rope(kc, c->k, c->cs, T, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_neox));
-
         const size_t k_off = (size_t)l * 2 * bt * kv_dim, v_off = k_off + (size_t)bt * kv_dim;
-        CK(kn_cuda_kv_store(kc, c->k, c->v, T, kv_dim, md + ML->slots, kv->dev_pool, kv->block_elems, k_off,
-                            v_off, bt));
+        const kn_cuda_rope_kv rk = {
+            .d_q = c->q,
+            .d_k = c->k,
+            .d_v = c->v,
+            .d_cs = c->cs,
+            .n_tokens = T,
+            .n_head = hp->n_head,
+            .n_kv_head = hp->n_head_kv,
+            .head_dim = hp->head_dim,
+            .rope_dim = hp->n_rot,
+            .neox = hp->rope_neox,
+            .d_slots = md + ML->slots,
+            .d_pool = kv->dev_pool,
+            .block_elems = kv->block_elems,
+            .k_off = k_off,
+            .v_off = v_off,
+            .block_tokens = bt,
+        };
+        CK(kn_cuda_rope_kv_store(kc, &rk));
         const kn_cuda_attn at = {
             .d_q = c->q,
             .d_out = c->att,

@@ -197,6 +197,22 @@ int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, int rope_di
 int kn_cuda_rope(kn_cuda *c, float *d_x, const float *d_cs, int n_rows, int n_heads, int head_dim,
                  int rope_dim, bool neox);
 
+/* RoPE of a step's Q (in place) and K, and the store of its K and V rows
+ * into the cache, in one launch: the same numbers as kn_cuda_rope on d_q and
+ * on a copy of d_k followed by kn_cuda_kv_store (d_k itself is not
+ * changed). Layout and slots as for kn_cuda_kv_store below. */
+typedef struct kn_cuda_rope_kv {
+    float *d_q;
+    const float *d_k, *d_v, *d_cs; /* d_cs: kn_cuda_rope_table of rope_dim */
+    int n_tokens, n_head, n_kv_head, head_dim, rope_dim;
+    bool neox;
+    const int32_t *d_slots;
+    uint16_t *d_pool;
+    size_t block_elems, k_off, v_off;
+    int block_tokens;
+} kn_cuda_rope_kv;
+int kn_cuda_rope_kv_store(kn_cuda *c, const kn_cuda_rope_kv *a);
+
 /* ---- paged KV cache in F16 and attention ----
  * The pool is blocks of block_elems halves; within a block, one layer's K
  * rows are at k_off + slot * kv_dim and its V rows at v_off + slot * kv_dim

@@ -313,6 +313,14 @@ extern "C" int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, 
     return 0;
 }
 
+/* The rotation of one pair, with the roundings spelled out so that every
+ * kernel that rotates gets the same bits (contraction into FMA is otherwise
+ * the compiler's choice). */
+__device__ __forceinline__ float2 rope_rotate(float x0, float x1, float c, float s)
+{
+    return make_float2(__fmaf_rn(x0, c, -__fmul_rn(x1, s)), __fmaf_rn(x0, s, __fmul_rn(x1, c)));
+}
+
 /* One thread per rotated pair; the table row was built for the table's
  * rope_dim, which the caller passes again here. */
 __global__ void rope_kernel(float *x, const float *__restrict__ cs, int n_rows, int n_heads, int head_dim,
@@ -329,9 +337,9 @@ __global__ void rope_kernel(float *x, const float *__restrict__ cs, int n_rows, 
     float *xh = x + rh * head_dim;
     const float c = cs[r * rope_dim + 2 * i], s = cs[r * rope_dim + 2 * i + 1];
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float x0 = xh[a], x1 = xh[b];
-    xh[a] = x0 * c - x1 * s;
-    xh[b] = x0 * s + x1 * c;
+    const float2 rot = rope_rotate(xh[a], xh[b], c, s);
+    xh[a] = rot.x;
+    xh[b] = rot.y;
 }
 
 extern "C" int kn_cuda_rope(kn_cuda *c, float *d_x, const float *d_cs, int n_rows, int n_heads, int head_dim,
@@ -382,6 +390,68 @@ extern "C" int kn_cuda_kv_store(kn_cuda *c, const float *d_k, const float *d_v, 
         return 0;
     kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, kv_store_kernel, d_k, d_v, kv_dim, d_slots,
                     (__half *)d_pool, block_elems, k_off, v_off, block_tokens, total);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+/* ---- RoPE of Q and K and the cache store in one launch ----
+ * Threads [0, n_q_pairs) rotate Q pairs in place as rope_kernel does; the
+ * rest take one element of the new K and V rows each: the K element is
+ * rotated from its pair (read, not written: d_k stays as it was) and both
+ * are stored as kv_store_kernel stores them. */
+__global__ void rope_kv_kernel(kn_cuda_rope_kv a, size_t n_q_pairs, size_t total)
+{
+    kn_pdl_begin();
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= total)
+        return;
+    const int hd = a.head_dim, half = a.rope_dim / 2;
+    if (k < n_q_pairs) {
+        const int i = (int)(k % half);
+        const size_t rh = k / half; /* row * n_head + head */
+        const size_t r = rh / a.n_head;
+        float *xh = a.d_q + rh * hd;
+        const float c = a.d_cs[r * a.rope_dim + 2 * i], s = a.d_cs[r * a.rope_dim + 2 * i + 1];
+        const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
+        const float2 rot = rope_rotate(xh[ia], xh[ib], c, s);
+        xh[ia] = rot.x;
+        xh[ib] = rot.y;
+        return;
+    }
+    const size_t e = k - n_q_pairs;
+    const int kv_dim = a.n_kv_head * hd;
+    const size_t t = e / kv_dim;
+    const int j = (int)(e % kv_dim), d = j % hd;
+    const float *kh = a.d_k + t * kv_dim + (j - d);
+    float kval = kh[d];
+    if (d < a.rope_dim) {
+        const int i = a.neox ? (d < half ? d : d - half) : d / 2;
+        const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
+        const float c = a.d_cs[t * a.rope_dim + 2 * i], s = a.d_cs[t * a.rope_dim + 2 * i + 1];
+        const float2 rot = rope_rotate(kh[ia], kh[ib], c, s);
+        kval = d == ia ? rot.x : rot.y;
+    }
+    const int slot = a.d_slots[t];
+    __half *blk = (__half *)a.d_pool + (size_t)(slot / a.block_tokens) * a.block_elems +
+                  (size_t)(slot % a.block_tokens) * kv_dim + j;
+    blk[a.k_off] = __float2half_rn(kval);
+    blk[a.v_off] = __float2half_rn(a.d_v[e]);
+}
+
+extern "C" int kn_cuda_rope_kv_store(kn_cuda *c, const kn_cuda_rope_kv *a)
+{
+    if (a->n_tokens < 0 || a->n_head <= 0 || a->n_kv_head <= 0 || a->head_dim <= 0 || a->block_tokens <= 0)
+        return KN_CUDA_EINVAL(c, "rope_kv_store: bad shape");
+    const int table_dim = a->rope_dim < 0 ? 0 : a->rope_dim & ~1;
+    if (rope_clamp_dim(a->rope_dim, a->head_dim) != table_dim)
+        return KN_CUDA_EINVAL(c, "rope_kv_store: rope_dim is larger than the head");
+    kn_cuda_rope_kv k = *a;
+    k.rope_dim = table_dim;
+    const size_t n_q_pairs = (size_t)a->n_tokens * a->n_head * (table_dim / 2);
+    const size_t total = n_q_pairs + (size_t)a->n_tokens * a->n_kv_head * a->head_dim;
+    if (total == 0)
+        return 0;
+    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, rope_kv_kernel, k, n_q_pairs, total);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }

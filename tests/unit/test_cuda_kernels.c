@@ -659,6 +659,78 @@ static void test_rope(void **state)
     kn_cuda_release(kc, dcs);
 }
 
+/* kn_cuda_rope_kv_store against kn_cuda_rope on Q and K and then
+ * kn_cuda_kv_store: the same bits in Q and in the cache, K untouched; GQA
+ * heads, both pair layouts, full and partial rotation, scattered slots. */
+static void test_rope_kv_store(void **state)
+{
+    enum { T = 5, NH = 6, NKV = 2, HD = 40, BT = 4, N_BLOCKS = 4 };
+    const int q_dim = NH * HD, kv_dim = NKV * HD;
+    const size_t block_elems = (size_t)2 * BT * kv_dim, pool_bytes = N_BLOCKS * block_elems * 2;
+    const int32_t pos[T] = {0, 7, 8, 300, 4095}, slots[T] = {13, 2, 3, 8, 15};
+    const int rope_dims[] = {HD, 16};
+    seed(12);
+    float q[T * NH * HD], k[T * NKV * HD], v[T * NKV * HD], got[T * NH * HD], want[T * NH * HD];
+    int32_t *dpos = dev_copy(pos, sizeof(pos)), *dslots = dev_copy(slots, sizeof(slots));
+    float *dcs = dev_zero(T * HD * sizeof(float));
+    uint8_t *pool_got = malloc(pool_bytes), *pool_want = malloc(pool_bytes);
+    for (int neox = 0; neox < 2; neox++) {
+        for (int rd = 0; rd < 2; rd++) {
+            fill(q, T * q_dim, 1.0f);
+            fill(k, T * kv_dim, 1.0f);
+            fill(v, T * kv_dim, 1.0f);
+            CK(kn_cuda_rope_table(kc, dpos, T, rope_dims[rd], 10000.0f, dcs));
+            float *dq1 = dev_copy(q, sizeof(q)), *dk1 = dev_copy(k, sizeof(k)), *dv = dev_copy(v, sizeof(v));
+            float *dq2 = dev_copy(q, sizeof(q)), *dk2 = dev_copy(k, sizeof(k));
+            uint16_t *pool1 = dev_zero(pool_bytes), *pool2 = dev_zero(pool_bytes);
+            CK(kn_cuda_rope(kc, dq1, dcs, T, NH, HD, rope_dims[rd], neox));
+            CK(kn_cuda_rope(kc, dk1, dcs, T, NKV, HD, rope_dims[rd], neox));
+            CK(kn_cuda_kv_store(kc, dk1, dv, T, kv_dim, dslots, pool1, block_elems, 0, (size_t)BT * kv_dim, BT));
+            const kn_cuda_rope_kv a = {.d_q = dq2,
+                                       .d_k = dk2,
+                                       .d_v = dv,
+                                       .d_cs = dcs,
+                                       .n_tokens = T,
+                                       .n_head = NH,
+                                       .n_kv_head = NKV,
+                                       .head_dim = HD,
+                                       .rope_dim = rope_dims[rd],
+                                       .neox = neox,
+                                       .d_slots = dslots,
+                                       .d_pool = pool2,
+                                       .block_elems = block_elems,
+                                       .k_off = 0,
+                                       .v_off = (size_t)BT * kv_dim,
+                                       .block_tokens = BT};
+            CK(kn_cuda_rope_kv_store(kc, &a));
+            host_copy(want, dq1, sizeof(want));
+            host_copy(got, dq2, sizeof(got));
+            assert_memory_equal(got, want, sizeof(got));
+            host_copy(pool_want, pool1, pool_bytes);
+            host_copy(pool_got, pool2, pool_bytes);
+            assert_memory_equal(pool_got, pool_want, pool_bytes);
+            host_copy(got, dk2, sizeof(k));
+            assert_memory_equal(got, k, sizeof(k));
+            kn_cuda_release(kc, dq1);
+            kn_cuda_release(kc, dk1);
+            kn_cuda_release(kc, dv);
+            kn_cuda_release(kc, dq2);
+            kn_cuda_release(kc, dk2);
+            kn_cuda_release(kc, pool1);
+            kn_cuda_release(kc, pool2);
+        }
+    }
+    kn_cuda_rope_kv bad = {.n_tokens = 1, .n_head = 1, .n_kv_head = 1, .head_dim = 8, .rope_dim = 10,
+                           .block_tokens = 4};
+    assert_int_equal(kn_cuda_rope_kv_store(kc, &bad), -EINVAL);
+    kn_cuda_clear_error(kc);
+    free(pool_got);
+    free(pool_want);
+    kn_cuda_release(kc, dpos);
+    kn_cuda_release(kc, dslots);
+    kn_cuda_release(kc, dcs);
+}
+
 static float f16_round(float v)
 {
     return kn_fp16_to_fp32(kn_fp32_to_fp16(v));
@@ -1090,6 +1162,7 @@ int main(void)
             cmocka_unit_test(test_fused_q8),
             cmocka_unit_test(test_embed),
             cmocka_unit_test(test_rope),
+            cmocka_unit_test(test_rope_kv_store),
             cmocka_unit_test(test_attention),
             cmocka_unit_test(test_model_f16_vs_f32),
             cmocka_unit_test(test_model_q8_greedy),
