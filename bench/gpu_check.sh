@@ -1,10 +1,11 @@
 #!/bin/bash
 # One call's worth of GPU checks, for the device machine (see bench/RESULTS.md,
 # "CUDA"): the machine, every unit test binary (test_cuda_kernels among them),
-# bench_cuda, and a CUDA worker end to end (generate on cpu and cuda, then a
-# worker serving streamed and whole completions over h2c).
+# bench_cuda, a CUDA worker end to end (generate on cpu and cuda, then a
+# worker serving streamed and whole completions over h2c), and
+# tests/integration/test_worker.py with CUDA workers.
 #
-#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e"] [--reps N]
+#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e worker"] [--reps N]
 #
 # DIR holds the binaries (default .gpu/bin, made by bench/gpu_pack.sh, with
 # their libraries in DIR/../lib). Logs go to $OUT (default /tmp/gpu-check):
@@ -14,7 +15,7 @@
 # prints a summary table last.
 set -u
 bin=.gpu/bin
-steps="env unit cuda bench e2e"
+steps="env unit cuda bench e2e worker"
 reps=7
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -50,6 +51,11 @@ for step in $steps; do
           for t in curl nghttp python3 compute-sanitizer; do printf '%s: %s\n' $t "$(command -v $t)"; done;
           ldd "$bin/infergate" "$bin/test_cuda_kernels" | grep -i 'not found'; } >"$out/env.log" 2>&1
         note env "$(nvidia-smi -L | head -1)"
+        ;;
+    worker)
+        # tests/integration/test_worker.py with its workers on the GPU
+        INFERGATE_TEST_DEVICE=cuda PYTHONUNBUFFERED=1 run_step test_worker_cuda 300 \
+            python3 tests/integration/test_worker.py "$bin/infergate"
         ;;
     unit)
         for t in "$bin"/test_*; do

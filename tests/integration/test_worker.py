@@ -19,9 +19,15 @@ sock = os.path.join(d, "w.sock")
 URL = "http://localhost"
 
 
+# INFERGATE_TEST_DEVICE=cuda runs the workers on the GPU (bench/gpu_check.sh);
+# the Q8_0 KV cache is CPU-only, so that worker stays on the CPU.
+DEVICE = os.environ.get("INFERGATE_TEST_DEVICE", "cpu")
+
+
 def start_worker(sock, *extra, model_path=model):
+    dev = "cpu" if "--kv-type" in extra else DEVICE
     p = spawn([INFERGATE, "worker", "--model", model_path, "--model-name", "m", "--listen", "unix:" + sock,
-               "--threads", "2"] + list(extra), os.path.join(d, os.path.basename(sock) + ".log"))
+               "--threads", "2", "--device", dev] + list(extra), os.path.join(d, os.path.basename(sock) + ".log"))
     wait_until(lambda: curl(URL + "/health", unix=sock, timeout=2)[0] == 200 or p.poll() is not None, 60,
                "worker health")
     assert p.poll() is None, open(os.path.join(d, os.path.basename(sock) + ".log")).read()
