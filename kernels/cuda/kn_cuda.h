@@ -129,7 +129,9 @@ typedef struct kn_cuda_weight {
 /* Device bytes of a weight (0 for an unsupported type or shape). */
 uint64_t kn_cuda_weight_bytes(kn_type type, int n_out, int n_in);
 /* Uploads n_out rows of n_in elements in GGUF layout. 0, -EINVAL (type or
- * shape), -ENOMEM, -EIO. On failure *w holds nothing. */
+ * shape), -ENOMEM, -EIO. On failure *w holds nothing. Weights are read-only
+ * from then on: matvec kernels start reading them before the kernel ahead of
+ * them has finished (programmatic dependent launch). */
 int kn_cuda_weight_upload(kn_cuda *c, const void *gguf_rows, kn_type type, int n_out, int n_in,
                           kn_cuda_weight *w);
 void kn_cuda_weight_release(kn_cuda *c, kn_cuda_weight *w);

@@ -69,10 +69,12 @@ int kn_cuda__scratch(kn_cuda *c, void **p, size_t *cap, size_t need);
  * writes are visible. So every kernel of this backend calls kn_pdl_wait()
  * before its first read or write of activations, caches or scratch, and
  * kn_pdl_trigger() to let the next kernel launch: after the wait in most
- * kernels (kn_pdl_begin), so that at most one kernel waits ahead of the one
- * running; before it in the quantized matvec, whose successors stream their
- * weights early (kn_cuda_matvec.cu). Both are no-ops before sm_90 and without
- * the attribute. */
+ * kernels (kn_pdl_begin), so that one kernel at most waits ahead of them;
+ * before it in the quantized matvec, whose successors stream their weights
+ * early (kn_cuda_matvec.cu), so a run of matvecs may have several grids
+ * resident at once (each still waits for the one before it). Weights are
+ * never written by a kernel: a kernel that did would race with a matvec after
+ * it. Both are no-ops before sm_90 and without the attribute. */
 __device__ __forceinline__ void kn_pdl_wait(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
