@@ -67,7 +67,7 @@ __device__ __forceinline__ void mmv_store(float (&acc)[R], float *__restrict__ y
  * kernel finishes; and the next kernel may launch as soon as every block of
  * this one has started (the trigger comes first here, unlike kn_pdl_begin),
  * so that a chain of products keeps HBM busy across kernel boundaries. On an
- * H100 that took a 4096 x 4096 Q8_0 product from 68% to 82% of the copy
+ * H100 that takes a 4096 x 4096 Q8_0 product from 68% to 85% of the copy
  * bandwidth and Q4_0 from 61% to 81% (bench/RESULTS.md). Loading step k+1
  * before the dots of step k, or capping registers for occupancy, measured
  * slower. */
