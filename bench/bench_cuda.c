@@ -1,9 +1,10 @@
 /* CUDA benchmark: the decode matvec's effective bandwidth (weight bytes read
  * per second) for Q8_0 and Q4_0 next to the device's measured copy
- * bandwidth, prefill GEMM TFLOP/s at 512 rows (dequantize + cublasGemmEx)
- * next to cublasGemmEx on F16 weights of the same shape, and decode tokens/s
- * of a synthetic ~1.1B llama (dim 2048, 22 layers, 32/4 heads, ffn 5632,
- * vocab 32000) at batch 1 and, aggregated, at batch 32. Markdown output for
+ * bandwidth, with and without programmatic dependent launch; prefill GEMM
+ * TFLOP/s at 512 rows (dequantize + cublasGemmEx) next to cublasGemmEx on F16
+ * weights of the same shape; and decode tokens/s of a synthetic ~1.1B llama
+ * (dim 2048, 22 layers, 32/4 heads, ffn 5632, vocab 32000) at batch 1 and,
+ * aggregated, at batch 32, with and without PDL. Markdown output for
  * bench/RESULTS.md. Exits 77 without a CUDA device.
  *
  *   bench_cuda [--dir DIR] [--reps N] [--no-model] [--matvec-only]
@@ -152,7 +153,28 @@ static const struct {
 } shapes[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
 enum { N_SHAPES = 3, PREFILL_ROWS = 512 };
 
-static void bench_gemm(const void *d_x, void *d_y, int reps);
+static void bench_gemm(const void *d_x, void *d_y, int reps)
+{
+    printf("\n## Prefill GEMM (%d rows)\n\n", PREFILL_ROWS);
+    printf("Q8_0/Q4_0: dequantize to F16 tiles + cublasGemmEx (F16 in, F32 accumulate and out); F16: "
+           "cublasGemmEx alone on the same shape.\n\n");
+    printf("| n_out x n_in | q8_0 TFLOP/s | q4_0 TFLOP/s | f16 cuBLAS TFLOP/s | q8_0 / f16 | q4_0 / f16 |\n"
+           "|---|---|---|---|---|---|\n");
+    static const kn_type gtypes[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_F16};
+    for (int s = 0; s < N_SHAPES; s++) {
+        double tf[3];
+        for (int t = 0; t < 3; t++) {
+            mat m;
+            mat_make(&m, gtypes[t], shapes[s].n_out, shapes[s].n_in, (size_t)256 << 20);
+            double sec = time_matmul(&m, d_x, NULL, PREFILL_ROWS, d_y, 20, reps);
+            tf[t] = 2.0 * PREFILL_ROWS * m.n_out * (double)m.n_in / sec / 1e12;
+            mat_free(&m);
+        }
+        printf("| %d x %d | %.0f | %.0f | %.0f | %.0f%% | %.0f%% |\n", shapes[s].n_out, shapes[s].n_in, tf[0],
+               tf[1], tf[2], 100.0 * tf[0] / tf[2], 100.0 * tf[1] / tf[2]);
+        fflush(stdout);
+    }
+}
 
 static void bench_kernels(double copy_bw, int reps, bool gemm)
 {
@@ -201,29 +223,6 @@ static void bench_kernels(double copy_bw, int reps, bool gemm)
     kn_cuda_release(kc, d_x);
     kn_cuda_release(kc, d_xq);
     kn_cuda_release(kc, d_y);
-}
-
-static void bench_gemm(const void *d_x, void *d_y, int reps)
-{
-    printf("\n## Prefill GEMM (%d rows)\n\n", PREFILL_ROWS);
-    printf("Q8_0/Q4_0: dequantize to F16 tiles + cublasGemmEx (F16 in, F32 accumulate and out); F16: "
-           "cublasGemmEx alone on the same shape.\n\n");
-    printf("| n_out x n_in | q8_0 TFLOP/s | q4_0 TFLOP/s | f16 cuBLAS TFLOP/s | q8_0 / f16 | q4_0 / f16 |\n"
-           "|---|---|---|---|---|---|\n");
-    static const kn_type gtypes[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_F16};
-    for (int s = 0; s < N_SHAPES; s++) {
-        double tf[3];
-        for (int t = 0; t < 3; t++) {
-            mat m;
-            mat_make(&m, gtypes[t], shapes[s].n_out, shapes[s].n_in, (size_t)256 << 20);
-            double sec = time_matmul(&m, d_x, NULL, PREFILL_ROWS, d_y, 20, reps);
-            tf[t] = 2.0 * PREFILL_ROWS * m.n_out * (double)m.n_in / sec / 1e12;
-            mat_free(&m);
-        }
-        printf("| %d x %d | %.0f | %.0f | %.0f | %.0f%% | %.0f%% |\n", shapes[s].n_out, shapes[s].n_in, tf[0],
-               tf[1], tf[2], 100.0 * tf[0] / tf[2], 100.0 * tf[1] / tf[2]);
-        fflush(stdout);
-    }
 }
 
 /* ---- whole-model decode ---- */

@@ -211,4 +211,9 @@ static inline kn_q8_meta *kn_q8_meta_of(void *d_xq, int n_rows, int n)
     return (kn_q8_meta *)((char *)d_xq + kn_cuda_q8_meta_offset(n_rows, n));
 }
 
+static inline const kn_q8_meta *kn_q8_meta_of(const void *d_xq, int n_rows, int n)
+{
+    return (const kn_q8_meta *)((const char *)d_xq + kn_cuda_q8_meta_offset(n_rows, n));
+}
+
 #endif

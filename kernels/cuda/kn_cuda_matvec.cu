@@ -3,9 +3,10 @@
  * for quantized weights) and walks it with 128-bit loads, so a warp reads 512
  * contiguous weight bytes per load and every weight byte is read once,
  * whatever the number of activation rows (up to KN_CUDA_MMV_MAX_ROWS, a
- * template parameter so the accumulators stay in registers). Quantized weights meet Q8_0 activations
- * in __dp4a integer dots, one exact integer sum per 32-block, as the scalar
- * reference computes them; F16/F32 weights take the F32 activations. */
+ * template parameter so the accumulators stay in registers). Quantized
+ * weights meet Q8_0 activations in __dp4a integer dots, one exact integer sum
+ * per 32-block, as the scalar reference computes them; F16/F32 weights take
+ * the F32 activations. */
 #include "kernels/cuda/kn_cuda_internal.cuh"
 
 #define MMV_WARPS 4 /* warps per thread block */
@@ -281,23 +282,17 @@ static void mmv_launch(kn_cuda *c, const kn_cuda_weight *w, const float *x, cons
     switch (w->type) {
     case KN_TYPE_Q8_0:
     case KN_TYPE_Q4_0: {
-        const dim3 qgrid(kn_cuda__blocks((size_t)n_out, MMV_WARPS * MMV_NR));
-        const int8_t *q = (const int8_t *)xq;
-        const kn_q8_meta *m = (const kn_q8_meta *)((const char *)xq + kn_cuda_q8_meta_offset(R, n_in));
-        /* Long rows take 8 loads per lane and row: more bytes in flight, at
-         * a register count that needs few rows per launch to stay resident. */
+        /* Rows of at least 256 loads take 8 loads per lane and row (more
+         * bytes in flight); more activation rows than 2 would make that
+         * too many registers. */
         const bool q4 = w->type == KN_TYPE_Q4_0;
-        const bool u8 = R <= 2 && (q4 ? n_in / 32 : n_in / 16) >= 8 * KN_WARP;
-        const uint8_t *wq = (const uint8_t *)w->d_q;
-        const __half *wd = (const __half *)w->d_scl;
-        if (q4)
-            kn_cuda__launch(c, qgrid, block, 0, u8 ? mmv_quant_kernel < R, true,
-                            R <= 2 ? 8 : 4 > : mmv_quant_kernel<R, true, 4>, wq, wd, n_out, n_in, q, m, y,
-                            add);
-        else
-            kn_cuda__launch(c, qgrid, block, 0, u8 ? mmv_quant_kernel < R, false,
-                            R <= 2 ? 8 : 4 > : mmv_quant_kernel<R, false, 4>, wq, wd, n_out, n_in, q, m, y,
-                            add);
+        const bool long_rows = (q4 ? n_in / 32 : n_in / 16) >= 8 * KN_WARP;
+        constexpr int U_LONG = R <= 2 ? 8 : 4;
+        auto k = q4 ? (long_rows ? mmv_quant_kernel<R, true, U_LONG> : mmv_quant_kernel<R, true, 4>)
+                    : (long_rows ? mmv_quant_kernel<R, false, U_LONG> : mmv_quant_kernel<R, false, 4>);
+        kn_cuda__launch(c, kn_cuda__blocks((size_t)n_out, MMV_WARPS * MMV_NR), block, 0, k,
+                        (const uint8_t *)w->d_q, (const __half *)w->d_scl, n_out, n_in, (const int8_t *)xq,
+                        kn_q8_meta_of(xq, R, n_in), y, add);
         break;
     }
     case KN_TYPE_F16:

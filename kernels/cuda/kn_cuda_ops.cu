@@ -74,18 +74,13 @@ extern "C" int kn_cuda_rmsnorm_q8(kn_cuda *c, float *d_y, const float *d_x, cons
         return KN_CUDA_EINVAL(c, "rmsnorm: Q8_0 output needs n a multiple of 32");
     if (n_rows == 0)
         return 0;
-    int8_t *q = (int8_t *)d_xq;
-    kn_q8_meta *meta = d_xq ? kn_q8_meta_of(d_xq, n_rows, n) : NULL;
-    if (n <= 4 * ROW_THREADS)
-        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<4>, d_y, d_x, d_g, n, eps, q, meta);
-    else if (n <= 8 * ROW_THREADS)
-        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<8>, d_y, d_x, d_g, n, eps, q, meta);
-    else if (n <= 16 * ROW_THREADS)
-        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<16>, d_y, d_x, d_g, n, eps, q, meta);
-    else if (n <= 32 * ROW_THREADS)
-        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<32>, d_y, d_x, d_g, n, eps, q, meta);
-    else
-        kn_cuda__launch(c, n_rows, ROW_THREADS, 0, rmsnorm_kernel<0>, d_y, d_x, d_g, n, eps, q, meta);
+    auto k = n <= 4 * ROW_THREADS    ? rmsnorm_kernel<4>
+             : n <= 8 * ROW_THREADS  ? rmsnorm_kernel<8>
+             : n <= 16 * ROW_THREADS ? rmsnorm_kernel<16>
+             : n <= 32 * ROW_THREADS ? rmsnorm_kernel<32>
+                                     : rmsnorm_kernel<0>;
+    kn_cuda__launch(c, n_rows, ROW_THREADS, 0, k, d_y, d_x, d_g, n, eps, (int8_t *)d_xq,
+                    d_xq ? kn_q8_meta_of(d_xq, n_rows, n) : (kn_q8_meta *)NULL);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -321,6 +316,16 @@ __device__ __forceinline__ float2 rope_rotate(float x0, float x1, float c, float
     return make_float2(__fmaf_rn(x0, c, -__fmul_rn(x1, s)), __fmaf_rn(x0, s, __fmul_rn(x1, c)));
 }
 
+/* Rotates pair i of one head in place; csr is the position's table row. */
+__device__ __forceinline__ void rope_pair(float *xh, const float *__restrict__ csr, int i, int half,
+                                          bool neox)
+{
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float2 rot = rope_rotate(xh[a], xh[b], csr[2 * i], csr[2 * i + 1]);
+    xh[a] = rot.x;
+    xh[b] = rot.y;
+}
+
 /* One thread per rotated pair; the table row was built for the table's
  * rope_dim, which the caller passes again here. */
 __global__ void rope_kernel(float *x, const float *__restrict__ cs, int n_rows, int n_heads, int head_dim,
@@ -333,13 +338,7 @@ __global__ void rope_kernel(float *x, const float *__restrict__ cs, int n_rows, 
         return;
     const int i = (int)(k % half);
     const size_t rh = k / half; /* row * n_heads + head */
-    const size_t r = rh / n_heads;
-    float *xh = x + rh * head_dim;
-    const float c = cs[r * rope_dim + 2 * i], s = cs[r * rope_dim + 2 * i + 1];
-    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float2 rot = rope_rotate(xh[a], xh[b], c, s);
-    xh[a] = rot.x;
-    xh[b] = rot.y;
+    rope_pair(x + rh * head_dim, cs + rh / n_heads * rope_dim, i, half, neox);
 }
 
 extern "C" int kn_cuda_rope(kn_cuda *c, float *d_x, const float *d_cs, int n_rows, int n_heads, int head_dim,
@@ -360,45 +359,11 @@ extern "C" int kn_cuda_rope(kn_cuda *c, float *d_x, const float *d_cs, int n_row
     return 0;
 }
 
-/* ---- new K/V rows into the paged F16 cache ---- */
-
-__global__ void kv_store_kernel(const float *__restrict__ k, const float *__restrict__ v, int kv_dim,
-                                const int32_t *__restrict__ slots, __half *__restrict__ pool,
-                                size_t block_elems, size_t k_off, size_t v_off, int block_tokens,
-                                size_t total)
-{
-    kn_pdl_begin();
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total)
-        return;
-    const size_t t = i / kv_dim, j = i % kv_dim;
-    const int slot = slots[t];
-    __half *blk =
-        pool + (size_t)(slot / block_tokens) * block_elems + (size_t)(slot % block_tokens) * kv_dim + j;
-    blk[k_off] = __float2half_rn(k[i]);
-    blk[v_off] = __float2half_rn(v[i]);
-}
-
-extern "C" int kn_cuda_kv_store(kn_cuda *c, const float *d_k, const float *d_v, int n_tokens, int kv_dim,
-                                const int32_t *d_slots, uint16_t *d_pool, size_t block_elems, size_t k_off,
-                                size_t v_off, int block_tokens)
-{
-    if (n_tokens < 0 || kv_dim <= 0 || block_tokens <= 0)
-        return KN_CUDA_EINVAL(c, "kv_store: bad shape");
-    const size_t total = (size_t)n_tokens * kv_dim;
-    if (total == 0)
-        return 0;
-    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, kv_store_kernel, d_k, d_v, kv_dim, d_slots,
-                    (__half *)d_pool, block_elems, k_off, v_off, block_tokens, total);
-    KN_CUDA_LAUNCHED(c);
-    return 0;
-}
-
-/* ---- RoPE of Q and K and the cache store in one launch ----
+/* ---- RoPE of Q and K and the store of new K/V rows into the F16 cache ----
  * Threads [0, n_q_pairs) rotate Q pairs in place as rope_kernel does; the
  * rest take one element of the new K and V rows each: the K element is
  * rotated from its pair (read, not written: d_k stays as it was) and both
- * are stored as kv_store_kernel stores them. */
+ * are stored. kn_cuda_kv_store is the same kernel with no rotation. */
 __global__ void rope_kv_kernel(kn_cuda_rope_kv a, size_t n_q_pairs, size_t total)
 {
     kn_pdl_begin();
@@ -409,13 +374,7 @@ __global__ void rope_kv_kernel(kn_cuda_rope_kv a, size_t n_q_pairs, size_t total
     if (k < n_q_pairs) {
         const int i = (int)(k % half);
         const size_t rh = k / half; /* row * n_head + head */
-        const size_t r = rh / a.n_head;
-        float *xh = a.d_q + rh * hd;
-        const float c = a.d_cs[r * a.rope_dim + 2 * i], s = a.d_cs[r * a.rope_dim + 2 * i + 1];
-        const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
-        const float2 rot = rope_rotate(xh[ia], xh[ib], c, s);
-        xh[ia] = rot.x;
-        xh[ib] = rot.y;
+        rope_pair(a.d_q + rh * hd, a.d_cs + rh / a.n_head * a.rope_dim, i, half, a.neox);
         return;
     }
     const size_t e = k - n_q_pairs;
@@ -454,4 +413,25 @@ extern "C" int kn_cuda_rope_kv_store(kn_cuda *c, const kn_cuda_rope_kv *a)
     kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, rope_kv_kernel, k, n_q_pairs, total);
     KN_CUDA_LAUNCHED(c);
     return 0;
+}
+
+extern "C" int kn_cuda_kv_store(kn_cuda *c, const float *d_k, const float *d_v, int n_tokens, int kv_dim,
+                                const int32_t *d_slots, uint16_t *d_pool, size_t block_elems, size_t k_off,
+                                size_t v_off, int block_tokens)
+{
+    if (kv_dim <= 0)
+        return KN_CUDA_EINVAL(c, "kv_store: bad shape");
+    kn_cuda_rope_kv a = {}; /* no Q, no rotation: K and V rows of one "head" of kv_dim */
+    a.d_k = d_k;
+    a.d_v = d_v;
+    a.n_tokens = n_tokens;
+    a.n_head = a.n_kv_head = 1;
+    a.head_dim = kv_dim;
+    a.d_slots = d_slots;
+    a.d_pool = d_pool;
+    a.block_elems = block_elems;
+    a.k_off = k_off;
+    a.v_off = v_off;
+    a.block_tokens = block_tokens;
+    return kn_cuda_rope_kv_store(c, &a);
 }
