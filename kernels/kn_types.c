@@ -294,26 +294,26 @@ size_t kn_pack_q8_0_bytes(int n_out, int n_in)
 {
     if (n_out <= 0 || n_in <= 0 || n_in % KN_QK8_0)
         return 0;
-    return (size_t)((n_out + 15) / 16) * (size_t)(n_in / KN_QK8_0) * KN_P16_BLOCK_BYTES;
+    return (size_t)((n_out + 15) / 16) * kn_p16_group_bytes(n_in / KN_QK8_0);
 }
 
 void kn_pack_q8_0(const void *w, int n_out, int n_in, void *dst)
 {
     const int nb = n_in / KN_QK8_0;
-    const size_t row_bytes = (size_t)nb * sizeof(kn_block_q8_0);
-    uint8_t *out = dst;
-    for (int g = 0; g < (n_out + 15) / 16; g++) {
-        for (int b = 0; b < nb; b++, out += KN_P16_BLOCK_BYTES) {
-            memset(out, 0, KN_P16_BLOCK_BYTES);
-            for (int j = 0; j < 16; j++) {
-                const int o = g * 16 + j;
-                if (o >= n_out)
-                    continue; /* a padding row: zero scale, zero quants */
-                const kn_block_q8_0 *blk = (const kn_block_q8_0 *)((const char *)w + (size_t)o * row_bytes) + b;
-                memcpy(out + 2 * j, &blk->d, sizeof(blk->d));
+    const size_t row_bytes = (size_t)nb * sizeof(kn_block_q8_0), group_bytes = kn_p16_group_bytes(nb);
+    uint8_t *group = dst;
+    for (int g = 0; g < (n_out + 15) / 16; g++, group += group_bytes) {
+        memset(group, 0, group_bytes); /* padding rows: zero scales, zero quants */
+        for (int b = 0; b < nb; b++) {
+            uint8_t *sc = group + (size_t)b * KN_P16_SCALE_BYTES;
+            uint8_t *q = group + kn_p16_quants_at(nb) + (size_t)b * KN_P16_QUANT_BYTES;
+            for (int j = 0; j < 16 && g * 16 + j < n_out; j++) {
+                const kn_block_q8_0 *blk =
+                    (const kn_block_q8_0 *)((const char *)w + (size_t)(g * 16 + j) * row_bytes) + b;
+                memcpy(sc + 2 * j, &blk->d, sizeof(blk->d));
                 for (int k = 0; k < 8; k++)
                     for (int i = 0; i < 4; i++)
-                        out[32 + 64 * k + 4 * j + i] = (uint8_t)blk->qs[4 * k + i];
+                        q[64 * k + 4 * j + i] = (uint8_t)blk->qs[4 * k + i];
             }
         }
     }

@@ -81,17 +81,19 @@ static AMX_ATTR void amx_configure(int m)
 }
 
 /* Starts block ib's product in tile set `set` (A, B, C in tiles 0-2 or 3-5);
- * the tile numbers must be constants, hence the two branches. */
-static inline __attribute__((always_inline)) AMX_ATTR void amx_product(int set, const char *wg, const char *xq,
-                                                                        size_t xs, int ib)
+ * the tile numbers must be constants, hence the two branches. The group's
+ * scales are at sc, its quants at q. */
+static inline __attribute__((always_inline)) AMX_ATTR void amx_product(int set, const char *sc, const char *q,
+                                                                       size_t group_bytes, int nb,
+                                                                       const char *xq, size_t xs, int ib)
 {
-    const char *a = xq + (size_t)ib * sizeof(kn_block_q8_0) + 2, *k = wg + (size_t)ib * KN_P16_BLOCK_BYTES + 32;
+    const char *a = xq + (size_t)ib * sizeof(kn_block_q8_0) + 2, *k = q + (size_t)ib * KN_P16_QUANT_BYTES;
     /* The weights come from memory once a step and a tile load waits for
-     * them in order: ask for them a few blocks ahead (past a group's end
-     * lies the next group). */
-    const char *ahead = k - 32 + AMX_AHEAD * KN_P16_BLOCK_BYTES;
-    for (int l = 0; l < KN_P16_BLOCK_BYTES; l += 64)
+     * them in order: ask for them a few blocks ahead. */
+    const char *ahead = x86_p16_ahead(q, ib, AMX_AHEAD, nb, KN_P16_QUANT_BYTES, group_bytes);
+    for (int l = 0; l < KN_P16_QUANT_BYTES; l += 64)
         _mm_prefetch(ahead + l, _MM_HINT_T0);
+    _mm_prefetch(x86_p16_ahead(sc, ib, 2 * AMX_AHEAD, nb, KN_P16_SCALE_BYTES, group_bytes), _MM_HINT_T0);
     if (set) {
         _tile_loadd(3, a, (long)xs);
         _tile_loadd(4, k, 64);
@@ -124,7 +126,7 @@ static inline __attribute__((always_inline)) AMX_ATTR void amx_product(int set, 
         const int32_t *c = (cbuf);                                                                           \
         const float *dxr = (dxrow);                                                                          \
         const __m512 dwv =                                                                                   \
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wg + (size_t)(ib)*KN_P16_BLOCK_BYTES)));    \
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)(ib)*KN_P16_SCALE_BYTES)));    \
         AMX_EACH(AMX_SCALE)                                                                                  \
     } while (0)
 
@@ -136,7 +138,7 @@ static AMX_ATTR void amx_rows(const char *w, int n_w, const char *xq, size_t xs,
 {
     _Alignas(64) int32_t c0[16 * 16] = {0}, c1[16 * 16] = {0};
     float dx[AMX_SEG][16];
-    const size_t group_bytes = (size_t)nb * KN_P16_BLOCK_BYTES;
+    const size_t group_bytes = kn_p16_group_bytes(nb), quants_at = kn_p16_quants_at(nb);
     memset(dx, 0, sizeof(dx));
     for (int b0 = 0; b0 < nb; b0 += AMX_SEG) {
         const int ns = nb - b0 < AMX_SEG ? nb - b0 : AMX_SEG;
@@ -144,15 +146,15 @@ static AMX_ATTR void amx_rows(const char *w, int n_w, const char *xq, size_t xs,
             for (int r = 0; r < m; r++)
                 dx[b][r] = kn_x86_f16_table[((const kn_block_q8_0 *)(xq + (size_t)r * xs) + b0 + b)->d];
         for (int o0 = 0; o0 < n_w; o0 += 16) {
-            const char *wg = w + (size_t)(o0 / 16) * group_bytes;
+            const char *sc = w + (size_t)(o0 / 16) * group_bytes, *q = sc + quants_at;
             const __mmask16 keep = (__mmask16)(n_w - o0 < 16 ? (1u << (n_w - o0)) - 1 : 0xffffu);
             AMX_EACH(AMX_INIT)
             /* Block b's sums are stored while b + 1's product runs, and read
              * back an iteration later, when the store has long landed. */
-            amx_product(0, wg, xq, xs, b0);
+            amx_product(0, sc, q, group_bytes, nb, xq, xs, b0);
             for (int b = 0; b < ns; b += 2) {
                 if (b + 1 < ns)
-                    amx_product(1, wg, xq, xs, b0 + b + 1);
+                    amx_product(1, sc, q, group_bytes, nb, xq, xs, b0 + b + 1);
                 _tile_stored(2, c0, 64);
                 if (b > 0)
                     AMX_SCALE_BLOCK(c1, b0 + b - 1, dx[b - 1]);
@@ -161,7 +163,7 @@ static AMX_ATTR void amx_rows(const char *w, int n_w, const char *xq, size_t xs,
                     break;
                 }
                 if (b + 2 < ns)
-                    amx_product(0, wg, xq, xs, b0 + b + 2);
+                    amx_product(0, sc, q, group_bytes, nb, xq, xs, b0 + b + 2);
                 _tile_stored(5, c1, 64);
                 AMX_SCALE_BLOCK(c0, b0 + b, dx[b]);
                 if (b + 2 >= ns)

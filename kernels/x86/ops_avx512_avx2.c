@@ -201,8 +201,9 @@ QZ_INLINE void qz_mv_run(const char *w, size_t ws, int n_w, bool q4, const void 
  * are flipped as they are loaded (q + 128), and `corr` takes the 128 * sum(x)
  * that this adds back out. */
 
-QZ_INLINE void qz_p16_tile(const char *wg, int n_t, const void *xq, size_t xs, int K, int b0, int ns,
-                           const qz_act *a, float *y, size_t ys)
+/* One group (sc: its scales, q: its quants) of nb blocks, blocks b0 .. b0 + ns. */
+QZ_INLINE void qz_p16_tile(const char *sc, const char *q, size_t group_bytes, int nb, int n_t, const void *xq,
+                           size_t xs, int K, int b0, int ns, const qz_act *a, float *y, size_t ys)
 {
     const __mmask16 keep = (__mmask16)((1u << n_t) - 1);
     __m512 f[QZ_KMAX];
@@ -211,14 +212,16 @@ QZ_INLINE void qz_p16_tile(const char *wg, int n_t, const void *xq, size_t xs, i
         f[r] = b0 > 0 ? _mm512_maskz_loadu_ps(keep, y + (size_t)r * ys) : _mm512_setzero_ps();
     for (int b = 0; b < ns; b++) {
         const int ib = b0 + b;
-        const char *blk = wg + (size_t)ib * KN_P16_BLOCK_BYTES;
-        _mm_prefetch(blk + 4 * KN_P16_BLOCK_BYTES, _MM_HINT_T0);
-        _mm_prefetch(blk + 4 * KN_P16_BLOCK_BYTES + 64 * 4, _MM_HINT_T0);
-        const __m512 dwv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const char *qb = q + (size_t)ib * KN_P16_QUANT_BYTES;
+        const char *ahead = x86_p16_ahead(q, ib, 4, nb, KN_P16_QUANT_BYTES, group_bytes);
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64 * 4, _MM_HINT_T0);
+        const __m512 dwv =
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)ib * KN_P16_SCALE_BYTES)));
         __m512i wv[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
-            wv[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(blk + 32 + 64 * k)),
+            wv[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * k)),
                                      _mm512_set1_epi8((char)0x80));
 #pragma GCC unroll 16
         for (int r = 0; r < K; r++) {
@@ -244,13 +247,15 @@ QZ_INLINE void qz_p16_tile(const char *wg, int n_t, const void *xq, size_t xs, i
 QZ_INLINE void qz_p16_run(const char *w, int n_w, const void *xq, size_t xs, int K, int nb, float *y, size_t ys)
 {
     qz_act a;
-    const size_t group_bytes = (size_t)nb * KN_P16_BLOCK_BYTES;
+    const size_t group_bytes = kn_p16_group_bytes(nb);
     for (int b0 = 0; b0 < nb; b0 += QZ_MSEG) {
         const int ns = nb - b0 < QZ_MSEG ? nb - b0 : QZ_MSEG;
         qz_act_fill(&a, xq, xs, K, b0, ns, 128);
-        for (int o0 = 0; o0 < n_w; o0 += 16)
-            qz_p16_tile(w + (size_t)(o0 / 16) * group_bytes, n_w - o0 < 16 ? n_w - o0 : 16, xq, xs, K, b0, ns,
-                        &a, y + o0, ys);
+        for (int o0 = 0; o0 < n_w; o0 += 16) {
+            const char *g = w + (size_t)(o0 / 16) * group_bytes;
+            qz_p16_tile(g, g + kn_p16_quants_at(nb), group_bytes, nb, n_w - o0 < 16 ? n_w - o0 : 16, xq, xs,
+                        K, b0, ns, &a, y + o0, ys);
+        }
     }
 }
 

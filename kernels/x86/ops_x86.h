@@ -17,6 +17,16 @@ static inline float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* For prefetching a packed Q8_0 group (kn_pack_q8_0): block ib + ahead of
+ * the run at `base` (the group's scales or its quants, blocks `unit` bytes
+ * apart); past the group's end, the same run of the next group. */
+static inline const char *x86_p16_ahead(const char *base, int ib, int ahead, int nb, size_t unit,
+                                        size_t group_bytes)
+{
+    const int t = ib + ahead;
+    return t < nb ? base + (size_t)t * unit : base + group_bytes + (size_t)(t - nb) * unit;
+}
+
 /* acc + (float)isum * scale for 16 lanes, rounded twice as the reference
  * rounds a Q8_0 block's sum: the barrier keeps the compiler from contracting
  * the two into an FMA. Shared by the AVX-512 and AMX gemms, whose results

@@ -648,7 +648,7 @@ static void gemm_case(kn_type wtype)
             const size_t rb = kn_row_bytes(wtype, n);
             for (int o = 0; o < MAXW; o++)
                 memcpy(dense + o * rb, w + o * ws, rb);
-            assert_int_equal(kn_pack_q8_0_bytes(MAXW, n), (size_t)3 * (n / 32) * KN_P16_BLOCK_BYTES);
+            assert_int_equal(kn_pack_q8_0_bytes(MAXW, n), (size_t)3 * kn_p16_group_bytes(n / 32));
             kn_pack_q8_0(dense, MAXW, n, packed);
         }
         /* the reference gemm is the reference dot */
