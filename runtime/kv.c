@@ -61,12 +61,22 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_t
         }
 #endif
     } else {
-        /* mmap, not malloc: the pool is large and its pages are only
-         * touched as sequences reach them. */
         void *p = mmap(NULL, n * block_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
             goto nomem;
         kv->pool = p;
+        /* Huge pages where the kernel grants them: a decode step reads the
+         * blocks of every running sequence, scattered over the pool, and on
+         * 4 KiB pages each block's span crosses pages that the TLB and the
+         * prefetchers lose (bench_attention: 13% less time, 16 sequences).
+         * The pool is faulted in now, not as sequences first reach it: a
+         * huge page's first touch clears 2 MiB and may compact memory, a
+         * stall that would land in some request's step. Hints both: where
+         * refused, the pool works as it is. */
+        madvise(p, n * block_bytes, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+        madvise(p, n * block_bytes, MADV_POPULATE_WRITE);
+#endif
     }
     kv->free_list = malloc(n * sizeof(int));
     if (!kv->free_list)
