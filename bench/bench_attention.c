@@ -7,7 +7,7 @@
  *
  *   bench_attention [--seqs S] [--ctx C] [--layers L] [--heads H]
  *                   [--kv-heads K] [--head-dim D] [--block-tokens B]
- *                   [--threads T] [--reps N] [--huge 0|1]
+ *                   [--threads T] [--reps N] [--huge 1|0]
  *
  * Blocks are handed out in a shuffled order, as a pool looks after requests
  * have come and gone. */
@@ -47,7 +47,7 @@ static int cache_init(cache *c, kn_type type, int S, int per_seq, int L, int KH,
     c->row = kn_kv_row_units(type, D);
     c->block_units = 2 * (size_t)L * BT * KH * c->row;
     c->pool_bytes = (size_t)n_blocks * c->block_units * sizeof(uint16_t);
-    /* Mapped as rt_kv_new maps its pool. */
+    /* Mapped as rt_kv_new maps its pool: on huge pages unless --huge 0. */
     c->pool = mmap(NULL, c->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     c->tables = malloc((size_t)n_blocks * sizeof(*c->tables));
     float *x = malloc((size_t)D * sizeof(float));
@@ -100,7 +100,7 @@ int main(int argc, char **argv)
     const int L = arg_int(argc, argv, "--layers", 12), H = arg_int(argc, argv, "--heads", 12);
     const int KH = arg_int(argc, argv, "--kv-heads", H), D = arg_int(argc, argv, "--head-dim", 64);
     const int BT = arg_int(argc, argv, "--block-tokens", 16), T = arg_int(argc, argv, "--threads", 2);
-    const bool huge = arg_int(argc, argv, "--huge", 0) != 0;
+    const bool huge = arg_int(argc, argv, "--huge", 1) != 0;
     int reps = arg_int(argc, argv, "--reps", 9);
     if (S < 1 || C < 1 || L < 1 || H < 1 || KH < 1 || H % KH || D < 32 || D % 32 || BT < 1 || T < 1 ||
         reps < 1) {
