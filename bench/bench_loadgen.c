@@ -11,6 +11,10 @@
  *
  *   bench_loadgen --unix PATH --clients C --rounds R [--prompt P] [--gen G]
  *                 [--vocab V] [--model NAME] [--conns K] [--timeout-s S]
+ *                 [--temperature T]
+ *
+ * Greedy (temperature 0) unless --temperature says otherwise: T 1 is what an
+ * OpenAI SDK request sends when it names none.
  *
  * C, not Python: on a 2-core machine the load generator shares the CPU the
  * server is measured with, and httpx took a tenth of a core at 16 clients
@@ -57,6 +61,7 @@ struct conn {
 typedef struct run {
     struct event_base *base;
     int clients, rounds, prompt, gen, vocab;
+    double temperature;
     const char *model;
     int running;
     long tokens, errors;
@@ -103,7 +108,8 @@ static void make_body(client *k)
     for (int i = 1; i < R.prompt; i++)
         n += (size_t)snprintf(k->body + n, cap - n, ",%d", 3 + (int)(splitmix(&s) % (uint64_t)(R.vocab - 3)));
     n += (size_t)snprintf(k->body + n, cap - n,
-                          "],\"max_tokens\":%d,\"temperature\":0,\"stream\":true,\"ignore_eos\":true}", R.gen);
+                          "],\"max_tokens\":%d,\"temperature\":%g,\"stream\":true,\"ignore_eos\":true}",
+                          R.gen, R.temperature);
     k->body_len = n;
     k->body_off = 0;
 }
@@ -349,10 +355,12 @@ int main(int argc, char **argv)
     R.vocab = arg_int(argc, argv, "--vocab", 32000);
     R.model = arg_str(argc, argv, "--model", "m");
     int n_conns = arg_int(argc, argv, "--conns", MAX_CONNS), timeout_s = arg_int(argc, argv, "--timeout-s", 900);
-    if (!path || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path) || R.clients < 1 || R.rounds < 1 ||
+    R.temperature = atof(arg_str(argc, argv, "--temperature", "0"));
+    if (!path || !(R.temperature >= 0 && R.temperature <= 2) ||
+        strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path) || R.clients < 1 || R.rounds < 1 ||
         R.prompt < 1 || R.gen < 1 || R.vocab < 4 || n_conns < 1 || timeout_s < 1) {
         fprintf(stderr, "usage: bench_loadgen --unix PATH --clients C --rounds R [--prompt P] [--gen G] "
-                        "[--vocab V] [--model NAME] [--conns K] [--timeout-s S]\n");
+                        "[--vocab V] [--model NAME] [--conns K] [--timeout-s S] [--temperature 0..2]\n");
         return 2;
     }
     /* The name goes into the JSON body as it is. */

@@ -433,3 +433,8 @@ int rt_model_threads(const rt_model *m)
 {
     return kn_ctx_threads(m->kn);
 }
+
+void rt_model_parallel_for(rt_model *m, int n, void (*fn)(void *arg, int i), void *arg)
+{
+    kn_parallel_for(m->kn, n, fn, arg);
+}

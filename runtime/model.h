@@ -125,4 +125,8 @@ typedef struct rt_batch_entry {
  * entry; -ENOMEM. */
 int rt_model_forward(rt_model *m, rt_batch_entry *entries, int n_entries);
 
+/* Runs fn(arg, i) for i in [0, n) on the model's CPU threads, between
+ * forward passes (sampling a batch's rows); fn must not call the model. */
+void rt_model_parallel_for(rt_model *m, int n, void (*fn)(void *arg, int i), void *arg);
+
 #endif

@@ -68,6 +68,7 @@ struct rt_sched {
     rt_batch_entry *batch;
     int *take;
     float *logits;
+    int32_t *sampled; /* the token drawn from each batch entry's logits */
     double rate_t0;
     uint64_t rate_tokens0;
 };
@@ -437,11 +438,20 @@ static void update_stats_token(rt_sched *s, sreq *r, double now)
     r->t_last = now;
 }
 
-/* Samples the next token of r from its logits and reports it. Returns true
- * when r has finished (and has been reported and freed). */
-static bool advance(rt_sched *s, sreq *r, float *logits, double now)
+/* Batch entry i's next token, from its logits. The entries' samplers and
+ * logits are their own, so the rows are sampled on all compute threads:
+ * at temperature 1 a row of 32000 logits takes ~0.16 ms, greedy ~0.03. */
+static void sample_item(void *arg, int i)
 {
-    int32_t t = rt_sampler_sample(r->smp, logits);
+    rt_sched *s = arg;
+    if (s->batch[i].logits)
+        s->sampled[i] = rt_sampler_sample(s->running[s->take[i]]->smp, s->batch[i].logits);
+}
+
+/* Reports r's next token t. Returns true when r has finished (and has been
+ * reported and freed). */
+static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
+{
     rt_sampler_accept(r->smp, t);
     r->tokens[r->n_tokens++] = t;
     r->n_gen++;
@@ -483,6 +493,8 @@ static void step(rt_sched *s)
     if (n == 0)
         return;
     int rc = rt_model_forward(s->model, s->batch, n);
+    if (rc == 0)
+        rt_model_parallel_for(s->model, n, sample_item, s);
     double now = now_s();
     for (int i = 0; i < n; i++) {
         sreq *r = s->running[s->take[i]];
@@ -496,7 +508,7 @@ static void step(rt_sched *s)
             continue;
         }
         r->n_done += s->batch[i].n_tokens;
-        if (s->batch[i].logits && advance(s, r, s->batch[i].logits, now))
+        if (s->batch[i].logits && advance(s, r, s->sampled[i], now))
             s->running[s->take[i]] = NULL;
     }
     compact_running(s);
@@ -589,7 +601,8 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->batch = calloc((size_t)cap, sizeof(rt_batch_entry));
     s->take = calloc((size_t)cap, sizeof(int));
     s->logits = malloc((size_t)cap * s->n_vocab * sizeof(float));
-    if (!s->running || !s->batch || !s->take || !s->logits) {
+    s->sampled = calloc((size_t)cap, sizeof(int32_t));
+    if (!s->running || !s->batch || !s->take || !s->logits || !s->sampled) {
         snprintf(err, err_len, "out of memory for %d sequences", cap);
         goto fail;
     }
@@ -618,6 +631,7 @@ fail:
     free(s->batch);
     free(s->take);
     free(s->logits);
+    free(s->sampled);
     rt_kv_free(s->kv);
     free(s);
     return NULL;
@@ -642,6 +656,7 @@ void rt_sched_free(rt_sched *s)
     free(s->batch);
     free(s->take);
     free(s->logits);
+    free(s->sampled);
     rt_kv_free(s->kv);
     free(s);
 }
