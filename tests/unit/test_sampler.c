@@ -70,6 +70,10 @@ static void test_defaults_and_greedy(void **state)
     s = make(-1.0f, 0, 1.0f, 0.0f, 1, 5); /* negative temperature: greedy */
     assert_int_equal(draw(s, logits, 5), 1);
     rt_sampler_free(s);
+    s = make(1e-45f, 0, 1.0f, 0.0f, 1, 5); /* too small to divide by: greedy */
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(draw(s, logits, 5), 1);
+    rt_sampler_free(s);
 
     float nan_logits[] = {NAN, 1.0f, NAN, 2.0f};
     s = make(0.0f, 0, 1.0f, 0.0f, 1, 4);
