@@ -217,6 +217,37 @@ static void test_distribution(void **state)
     }
 }
 
+/* A vocabulary long enough for the vector softmax (and a tail after it),
+ * with NaN and -inf tokens among the rest: the draws follow the softmax
+ * and never pick a masked token. */
+static void test_distribution_vector(void **state)
+{
+    (void)state;
+    enum { N = 37 };
+    float logits[N];
+    for (int i = 0; i < N; i++)
+        logits[i] = (float)(i % 5) * 0.5f;
+    logits[3] = NAN;
+    logits[10] = -INFINITY;
+    double p[N], z = 0;
+    for (int i = 0; i < N; i++)
+        z += p[i] = (i == 3 || i == 10) ? 0.0 : exp(logits[i] / 0.8);
+    rt_sampler *s = make(0.8f, 0, 1.0f, 0.0f, 77, N);
+    int hist[N] = {0};
+    enum { DRAWS = 40000 };
+    for (int d = 0; d < DRAWS; d++) {
+        float tmp[N];
+        memcpy(tmp, logits, sizeof(tmp));
+        hist[rt_sampler_sample(s, tmp)]++;
+    }
+    assert_int_equal(hist[3], 0);
+    assert_int_equal(hist[10], 0);
+    for (int i = 0; i < N; i++)
+        if (fabs(hist[i] / (double)DRAWS - p[i] / z) > 0.006)
+            fail_msg("token %d: %.4f vs softmax %.4f", i, hist[i] / (double)DRAWS, p[i] / z);
+    rt_sampler_free(s);
+}
+
 static int cmp_desc(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -524,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_filters),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_distribution_vector),
         cmocka_unit_test(test_large_vocab),
         cmocka_unit_test(test_stop_basic),
         cmocka_unit_test(test_stop_utf8),
