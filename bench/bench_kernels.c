@@ -136,7 +136,9 @@ int main(int argc, char **argv)
     kn_ctx *ctx[2] = {kn_ctx_new(1, KN_BACKEND_AUTO), kn_ctx_new(2, KN_BACKEND_AUTO)};
     kn_ctx *ref = kn_ctx_new(1, KN_BACKEND_REF);
     float *x = malloc((size_t)MM_ROWS * 2048 * sizeof(float));
-    float *y = malloc((size_t)MM_ROWS * 32000 * sizeof(float));
+    /* on a cache line, as a model's activations are: threads write
+     * neighbouring chunks of each output row */
+    float *y = aligned_alloc(64, (size_t)MM_ROWS * 32000 * sizeof(float));
     if (!pool || !ctx[0] || !ctx[1] || !ref || !x || !y) {
         fprintf(stderr, "bench_kernels: out of memory\n");
         return 1;
