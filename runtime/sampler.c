@@ -262,34 +262,32 @@ static int32_t argmax(const float *logits, int32_t n)
     return 0;
 }
 
-/* Every token's probability into s->c in id order (no top-k: the OpenAI
- * default), the exponentials on the vector unit. With expf, a division and
- * chains of dependent maxima and sums, one token took ~5 ns; 32000 of them
- * at every step of every sequence. logits is ours to change. Returns the
- * probabilities' sum. */
-static double every_token(rt_sampler *s, float *logits, int32_t n, float inv_t)
+/* x[0..n) becomes the probabilities of a draw at temperature 1 / inv_t:
+ * the exponentials on the vector unit (the CPU table's softmax), where
+ * expf, a division and chains of dependent maxima and sums took ~5 ns a
+ * token, 32000 of them at every step of every sequence. NaN counts as
+ * -inf. Returns the probabilities' sum. */
+static double probabilities(rt_sampler *s, float *x, int32_t n, float inv_t)
 {
     float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
     for (int32_t i = 0; i < n; i++) {
-        const float v = isnan(logits[i]) ? -INFINITY : logits[i];
-        logits[i] = v;
+        const float v = isnan(x[i]) ? -INFINITY : x[i];
+        x[i] = v;
         mx[i & 3] = v > mx[i & 3] ? v : mx[i & 3];
     }
     const float max = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
     if (isinf(max)) {
         /* an infinite maximum makes the tokens that reach it equally likely */
         for (int32_t i = 0; i < n; i++)
-            logits[i] = logits[i] == max ? 1.0f : 0.0f;
+            x[i] = x[i] == max ? 1.0f : 0.0f;
     } else {
         for (int32_t i = 0; i < n; i++)
-            logits[i] = (logits[i] - max) * inv_t;
-        s->softmax(logits, n);
+            x[i] = (x[i] - max) * inv_t;
+        s->softmax(x, n);
     }
     double part[4] = {0.0, 0.0, 0.0, 0.0};
-    for (int32_t i = 0; i < n; i++) {
-        s->c[i] = (cand){logits[i], i};
-        part[i & 3] += logits[i];
-    }
+    for (int32_t i = 0; i < n; i++)
+        part[i & 3] += x[i];
     return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
@@ -308,26 +306,25 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits)
     if (p->temperature == 0.0f || p->top_k == 1 || !isfinite(inv_t))
         return argmax(logits, n);
 
+    /* logits is ours to change: it holds the probabilities as they are
+     * computed, of every token or of the top_k best */
     cand *c = s->c;
     size_t m = (size_t)n;
-    double sum = 0.0;
+    double sum;
     if (p->top_k > 0 && p->top_k < n) {
         for (int32_t i = 0; i < n; i++)
             c[i] = (cand){isnan(logits[i]) ? -INFINITY : logits[i], i};
         select_top(c, m, (size_t)p->top_k);
         m = (size_t)p->top_k;
-        float max = -INFINITY;
         for (size_t i = 0; i < m; i++)
-            if (c[i].v > max)
-                max = c[i].v;
-        for (size_t i = 0; i < m; i++) {
-            /* an infinite maximum makes the tokens that reach it equally likely */
-            float pr = isinf(max) ? (c[i].v == max ? 1.0f : 0.0f) : expf((c[i].v - max) / p->temperature);
-            c[i].v = pr;
-            sum += pr;
-        }
+            logits[i] = c[i].v;
+        sum = probabilities(s, logits, (int32_t)m, inv_t);
+        for (size_t i = 0; i < m; i++)
+            c[i].v = logits[i];
     } else {
-        sum = every_token(s, logits, n, inv_t);
+        sum = probabilities(s, logits, n, inv_t);
+        for (int32_t i = 0; i < n; i++)
+            c[i] = (cand){logits[i], i};
     }
 
     if (p->top_p < 1.0f) {
