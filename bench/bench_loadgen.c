@@ -11,10 +11,10 @@
  *
  *   bench_loadgen --unix PATH --clients C --rounds R [--prompt P] [--gen G]
  *                 [--vocab V] [--model NAME] [--conns K] [--timeout-s S]
- *                 [--temperature T]
+ *                 [--temperature T] [--top-p P]
  *
- * Greedy (temperature 0) unless --temperature says otherwise: T 1 is what an
- * OpenAI SDK request sends when it names none.
+ * Greedy (temperature 0) unless --temperature says otherwise: T 1 and top_p
+ * 1 are what an OpenAI SDK request sends when it names neither.
  *
  * C, not Python: on a 2-core machine the load generator shares the CPU the
  * server is measured with, and httpx took a tenth of a core at 16 clients
@@ -61,7 +61,7 @@ struct conn {
 typedef struct run {
     struct event_base *base;
     int clients, rounds, prompt, gen, vocab;
-    double temperature;
+    double temperature, top_p;
     const char *model;
     int running;
     long tokens, errors;
@@ -108,8 +108,9 @@ static void make_body(client *k)
     for (int i = 1; i < R.prompt; i++)
         n += (size_t)snprintf(k->body + n, cap - n, ",%d", 3 + (int)(splitmix(&s) % (uint64_t)(R.vocab - 3)));
     n += (size_t)snprintf(k->body + n, cap - n,
-                          "],\"max_tokens\":%d,\"temperature\":%g,\"stream\":true,\"ignore_eos\":true}",
-                          R.gen, R.temperature);
+                          "],\"max_tokens\":%d,\"temperature\":%g,\"top_p\":%g,\"stream\":true,"
+                          "\"ignore_eos\":true}",
+                          R.gen, R.temperature, R.top_p);
     k->body_len = n;
     k->body_off = 0;
 }
@@ -356,11 +357,13 @@ int main(int argc, char **argv)
     R.model = arg_str(argc, argv, "--model", "m");
     int n_conns = arg_int(argc, argv, "--conns", MAX_CONNS), timeout_s = arg_int(argc, argv, "--timeout-s", 900);
     R.temperature = atof(arg_str(argc, argv, "--temperature", "0"));
-    if (!path || !(R.temperature >= 0 && R.temperature <= 2) ||
+    R.top_p = atof(arg_str(argc, argv, "--top-p", "1"));
+    if (!path || !(R.temperature >= 0 && R.temperature <= 2) || !(R.top_p > 0 && R.top_p <= 1) ||
         strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path) || R.clients < 1 || R.rounds < 1 ||
         R.prompt < 1 || R.gen < 1 || R.vocab < 4 || n_conns < 1 || timeout_s < 1) {
         fprintf(stderr, "usage: bench_loadgen --unix PATH --clients C --rounds R [--prompt P] [--gen G] "
-                        "[--vocab V] [--model NAME] [--conns K] [--timeout-s S] [--temperature 0..2]\n");
+                        "[--vocab V] [--model NAME] [--conns K] [--timeout-s S] [--temperature 0..2] "
+                        "[--top-p (0,1]]\n");
         return 2;
     }
     /* The name goes into the JSON body as it is. */

@@ -28,6 +28,7 @@ struct rt_sampler {
     cand *c;
     uint64_t rng[4]; /* xoshiro256** */
     void (*softmax)(float *x, int n); /* the CPU table's, on the vector unit */
+    float least;                      /* scaled logits below it (against the best) get probability 0 */
 };
 
 /* ---- PRNG: xoshiro256** seeded through splitmix64 (Blackman & Vigna) ---- */
@@ -101,6 +102,14 @@ rt_sampler *rt_sampler_new(const rt_sampler_params *p, int32_t n_vocab)
         s->p.frequency_penalty = 0.0f;
     s->n_vocab = n_vocab;
     s->softmax = kn_ops_best()->softmax;
+    /* A probability e^z / S (z <= 0 against the best, 1 <= S <= n_vocab)
+     * stays a normal float, above e^-87.3, for z >= ln n_vocab - 87.3.
+     * Below that it would be a subnormal, and without flush-to-zero each one
+     * costs a microcode assist wherever it is made or read: logits spread
+     * over 100 units (a low temperature) took 3.5x the time of a flat row.
+     * The tokens given 0 here are e^-75 (32000 tokens) less likely than the
+     * best. */
+    s->least = logf((float)n_vocab) - 86.0f;
     s->count = calloc((size_t)n_vocab, sizeof(uint32_t));
     s->seen = malloc((size_t)n_vocab * sizeof(int32_t));
     s->c = malloc((size_t)n_vocab * sizeof(cand));
@@ -245,15 +254,143 @@ static void select_top(cand *a, size_t n, size_t k)
     }
 }
 
+/* Lomuto partition as cand_partition, without branches on the data (the
+ * order of probabilities is a coin toss per token, and a mispredicted
+ * branch per token cost more than the rest of the loop); *mass gets the
+ * sum of v over the ones before the pivot. Every element is swapped: when
+ * x does not go before the pivot, both places it touches are at or past
+ * store, where such elements belong. */
+static size_t cand_partition_mass(cand *a, size_t lo, size_t hi, double *mass)
+{
+    const size_t last = hi - 1;
+    const cand pivot = a[last];
+    size_t store = lo;
+    double sum = 0.0;
+    for (size_t i = lo; i < last; i++) {
+        const cand x = a[i];
+        const size_t before = (size_t)((x.v > pivot.v) | ((x.v == pivot.v) & (x.id < pivot.id)));
+        a[i] = a[store];
+        a[store] = x;
+        store += before;
+        sum += before ? (double)x.v : 0.0;
+    }
+    cand_swap(&a[store], &a[last]);
+    *mass = sum;
+    return store;
+}
+
+/* The nucleus of a[0..n) (v: probabilities) moved to a[0..k), in no
+ * particular order; returns k. It is the shortest run of the best (in
+ * cand_before's order) whose mass reaches target, or all n. Quickselect on
+ * mass: whatever lies before a pivot is either all in the nucleus or holds
+ * its end, so O(n) where sorting as far as the nucleus reaches took ~1.6 ms
+ * a row of 32000 flat logits. */
+static size_t select_mass(cand *a, size_t n, double target)
+{
+    size_t lo = 0, hi = n;
+    double acc = 0.0; /* mass of a[0..lo), all of it in the nucleus */
+    for (int round = 0; hi - lo > 16 && round < 64; round++) {
+        cand_median_last(a, lo, hi);
+        double left;
+        const size_t p = cand_partition_mass(a, lo, hi, &left);
+        if (acc + left >= target) {
+            hi = p; /* the nucleus ends before the pivot */
+            continue;
+        }
+        acc += left;
+        if (acc + a[p].v >= target)
+            return p + 1;
+        acc += a[p].v;
+        lo = p + 1;
+    }
+    cand_sort(a + lo, hi - lo);
+    for (size_t i = lo; i < hi; i++) {
+        acc += a[i].v;
+        if (acc >= target)
+            return i + 1;
+    }
+    /* rounding: a[0..hi) summed in another order fell short by an ulp */
+    return hi;
+}
+
+/* Candidates for a nucleus of the given mass out of n probabilities, into
+ * c; returns how many. A float's exponent sorts it into one of 128 powers
+ * of two (all of [0, 1]); the candidates are the tokens in the fewest top
+ * powers whose mass reaches target, and one power below, so that a sum
+ * rounded differently here than in select_mass still leaves the whole
+ * nucleus among them. A peaked distribution keeps a handful of 32000. */
+static size_t heavy_tokens(const float *prob, int32_t n, double target, cand *c)
+{
+    enum { POWERS = 128, CHAINS = 4 };
+    double mass[CHAINS][POWERS] = {{0.0}};
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &prob[i], sizeof(bits));
+        uint32_t e = bits >> 23; /* probabilities are >= 0: no sign bit */
+        e = e < POWERS ? e : POWERS - 1;
+        /* four tables: consecutive tokens of one power would otherwise wait
+         * on each other's load and store of the same sum */
+        mass[i & (CHAINS - 1)][e] += prob[i];
+    }
+    int lowest = 0;
+    double acc = 0.0;
+    for (int e = POWERS - 1; e >= 0; e--) {
+        for (int k = 0; k < CHAINS; k++)
+            acc += mass[k][e];
+        if (acc >= target) {
+            lowest = e > 0 ? e - 1 : 0;
+            break;
+        }
+    }
+    size_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &prob[i], sizeof(bits));
+        c[m] = (cand){prob[i], i};
+        m += (bits >> 23) >= (uint32_t)lowest;
+    }
+    return m;
+}
+
+/* The largest of x[0..n), NaN never counting; -inf if there is none. In
+ * four chains held in registers: one chain of dependent compares took ~1 ns
+ * a token, an array of four indexed by i & 3 lived on the stack. */
+static float max_logit(const float *x, int32_t n)
+{
+    float m0 = -INFINITY, m1 = -INFINITY, m2 = -INFINITY, m3 = -INFINITY;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        m0 = x[i] > m0 ? x[i] : m0;
+        m1 = x[i + 1] > m1 ? x[i + 1] : m1;
+        m2 = x[i + 2] > m2 ? x[i + 2] : m2;
+        m3 = x[i + 3] > m3 ? x[i + 3] : m3;
+    }
+    for (; i < n; i++)
+        m0 = x[i] > m0 ? x[i] : m0;
+    return fmaxf(fmaxf(m0, m1), fmaxf(m2, m3));
+}
+
+/* Sum of x[0..n) in double, four chains as max_logit. */
+static double sum_probs(const float *x, int32_t n)
+{
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += x[i];
+        s1 += x[i + 1];
+        s2 += x[i + 2];
+        s3 += x[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += x[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
 /* The first token with the largest logit (NaN never compares greater; all
- * NaN or -inf: token 0). The maximum in four chains, then its index: one
- * chain of dependent compares took ~1 ns a token. */
+ * NaN or -inf: token 0). */
 static int32_t argmax(const float *logits, int32_t n)
 {
-    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    for (int32_t i = 0; i < n; i++)
-        mx[i & 3] = logits[i] > mx[i & 3] ? logits[i] : mx[i & 3];
-    const float max = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
+    const float max = max_logit(logits, n);
     if (max == -INFINITY)
         return 0;
     for (int32_t i = 0; i < n; i++)
@@ -269,26 +406,54 @@ static int32_t argmax(const float *logits, int32_t n)
  * -inf. Returns the probabilities' sum. */
 static double probabilities(rt_sampler *s, float *x, int32_t n, float inv_t)
 {
-    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    for (int32_t i = 0; i < n; i++) {
-        const float v = isnan(x[i]) ? -INFINITY : x[i];
-        x[i] = v;
-        mx[i & 3] = v > mx[i & 3] ? v : mx[i & 3];
-    }
-    const float max = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
+    const float max = max_logit(x, n);
     if (isinf(max)) {
         /* an infinite maximum makes the tokens that reach it equally likely */
         for (int32_t i = 0; i < n; i++)
-            x[i] = x[i] == max ? 1.0f : 0.0f;
+            x[i] = x[i] == max || (isnan(x[i]) && max == -INFINITY) ? 1.0f : 0.0f;
     } else {
-        for (int32_t i = 0; i < n; i++)
-            x[i] = (x[i] - max) * inv_t;
+        const float least = s->least; /* a local: x must not be seen to alias it */
+        for (int32_t i = 0; i < n; i++) {
+            const float z = (x[i] - max) * inv_t;
+            x[i] = z >= least ? z : -INFINITY; /* NaN too */
+        }
         s->softmax(x, n);
     }
-    double part[4] = {0.0, 0.0, 0.0, 0.0};
-    for (int32_t i = 0; i < n; i++)
-        part[i & 3] += x[i];
-    return (part[0] + part[1]) + (part[2] + part[3]);
+    return sum_probs(x, n);
+}
+
+/* The token that u, in [0, sum of p), falls on: the first whose running sum
+ * passes u. Blocks of 16 are summed first and only the one u lands in is
+ * walked, where a walk token by token, a compare and a dependent add each,
+ * was half the time of a draw from 32000 tokens at top_p 1. The blocks'
+ * sums round differently from the running one, so a walk that falls short
+ * goes on into the next block. Rounding that leaves u at the very top gives
+ * the last token with a probability (0 where none has one). */
+static int32_t draw_index(const float *p, int32_t n, double u)
+{
+    enum { BLOCK = 16 };
+    double cum = 0.0;
+    int32_t i = 0, last_block = -1;
+    for (; i + BLOCK <= n; i += BLOCK) {
+        const double b = sum_probs(p + i, BLOCK);
+        if (cum + b > u)
+            break;
+        cum += b;
+        last_block = b > 0.0 ? i : last_block;
+    }
+    int32_t last = -1;
+    for (; i < n; i++) {
+        if (p[i] <= 0.0f)
+            continue;
+        cum += p[i];
+        last = i;
+        if (u < cum)
+            return i;
+    }
+    if (last < 0 && last_block >= 0)
+        for (int32_t j = last_block; j < last_block + BLOCK; j++)
+            last = p[j] > 0.0f ? j : last;
+    return last < 0 ? 0 : last;
 }
 
 int32_t rt_sampler_sample(rt_sampler *s, float *logits)
@@ -323,31 +488,18 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits)
             c[i].v = logits[i];
     } else {
         sum = probabilities(s, logits, n, inv_t);
-        for (int32_t i = 0; i < n; i++)
-            c[i] = (cand){logits[i], i};
+        if (p->top_p >= 1.0f && p->min_p <= 0.0f) /* the OpenAI defaults */
+            return draw_index(logits, n, rng_uniform(s->rng) * sum);
+        if (p->top_p < 1.0f) {
+            m = heavy_tokens(logits, n, (double)p->top_p * sum, c);
+        } else {
+            for (int32_t i = 0; i < n; i++)
+                c[i] = (cand){logits[i], i};
+        }
     }
 
     if (p->top_p < 1.0f) {
-        /* Sort only as far as the nucleus reaches: the best 64, then the
-         * next 256, ... A peaked distribution never sorts the vocabulary. */
-        double target = (double)p->top_p * sum, cum = 0.0;
-        size_t done = 0, chunk = 64, keep = m;
-        while (done < m && keep == m) {
-            size_t cnt = m - done < chunk ? m - done : chunk;
-            if (cnt < m - done)
-                select_top(c + done, m - done, cnt);
-            cand_sort(c + done, cnt);
-            for (size_t i = done; i < done + cnt; i++) {
-                cum += c[i].v;
-                if (cum >= target) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            done += cnt;
-            chunk *= 4;
-        }
-        m = keep;
+        m = select_mass(c, m, (double)p->top_p * sum);
         sum = 0.0;
         for (size_t i = 0; i < m; i++)
             sum += c[i].v;

@@ -158,6 +158,25 @@ static void test_filters(void **state)
     rt_sampler_free(s);
 }
 
+/* A nucleus that ends inside a run of equal probabilities takes the run's
+ * lowest ids, as a sort would: 60 equal tokens at top_p 0.31 are 19. */
+static void test_nucleus_ties(void **state)
+{
+    (void)state;
+    enum { N = 60, KEEP = 19 };
+    float logits[N];
+    for (int i = 0; i < N; i++)
+        logits[i] = 1.5f;
+    int hist[N] = {0};
+    rt_sampler *s = make(1.0f, 0, 0.31f, 0.0f, 11, N);
+    for (int d = 0; d < 6000; d++)
+        hist[draw(s, logits, N)]++;
+    for (int i = 0; i < N; i++)
+        if ((i < KEEP) != (hist[i] > 0))
+            fail_msg("token %d drawn %d times; the nucleus is tokens 0..%d", i, hist[i], KEEP - 1);
+    rt_sampler_free(s);
+}
+
 static void test_penalties(void **state)
 {
     (void)state;
@@ -553,6 +572,7 @@ int main(void)
         cmocka_unit_test(test_defaults_and_greedy),
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_filters),
+        cmocka_unit_test(test_nucleus_ties),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_distribution_vector),
