@@ -19,12 +19,15 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #define DRAIN_GRACE_S 30
 
@@ -68,6 +71,7 @@ struct worker {
     wevent *head, *tail;
     double drain_deadline;
     uint64_t next_cid;
+    uint64_t next_seed; /* for requests that name none; the sampler mixes it */
 };
 
 static double mono_s(void)
@@ -89,20 +93,43 @@ static void respond_json(gw_http_stream *s, int status, char *body)
     free(body);
 }
 
-static void respond_error(gw_http_stream *s, const rt_oai_error *e)
+/* An error response; retry_after_s > 0 adds Retry-After. */
+static void respond_error_after(gw_http_stream *s, const rt_oai_error *e, int retry_after_s)
 {
     char *body = rt_oai_error_json(e);
     if (!body) {
         gw_http_reset(s);
         return;
     }
-    if (e->status == 429) {
-        gw_http_header h[] = {{"content-type", "application/json"}, {"retry-after", "1"}};
+    if (retry_after_s > 0) {
+        char ra[16];
+        snprintf(ra, sizeof(ra), "%d", retry_after_s);
+        gw_http_header h[] = {{"content-type", "application/json"}, {"retry-after", ra}};
         gw_http_respond(s, e->status, h, 2, body, strlen(body));
     } else {
         gw_http_respond(s, e->status, json_headers, 1, body, strlen(body));
     }
     free(body);
+}
+
+static void respond_error(gw_http_stream *s, const rt_oai_error *e)
+{
+    respond_error_after(s, e, 0);
+}
+
+/* Seconds until a turned-away request would likely find room: the queue
+ * ahead drained max_seqs at a time, each request taking what the recent
+ * ones took (first token, then its share of tokens at the per-token
+ * pace). A constant 1 told a thousand clients to come back together in a
+ * second, whatever the backlog. 1 to 60. */
+static int retry_after_s(worker *w)
+{
+    rt_sched_stats st;
+    rt_sched_get_stats(w->sched, &st);
+    double per_req = st.requests_done ? (double)st.tokens_generated / (double)st.requests_done : 0.0;
+    double req_s = (st.ttft_ewma_ms + per_req * st.tpot_ewma_ms) * 1e-3;
+    double wait = (double)(st.queued + 1) / (st.max_seqs > 0 ? st.max_seqs : 1) * req_s;
+    return wait < 1.0 ? 1 : wait > 60.0 ? 60 : (int)ceil(wait);
 }
 
 static void wreq_maybe_free(wreq *r)
@@ -365,6 +392,10 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
                          "epoch milliseconds");
         goto fail;
     }
+    /* Without a seed every request draws anew, as OpenAI's do: a seed of 0
+     * for all of them gave the same "random" completion every time. */
+    if (!q.has_seed)
+        q.sampling.seed = w->next_seed++;
     int n_prompt;
     if (!(toks = prompt_tokens(w, &q, &n_prompt, &e)))
         goto fail;
@@ -407,17 +438,30 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
         rt_oai_error_set(&e, 429, "rate_limit_error", NULL, "queue_full",
                          "the worker's queue is full; retry shortly");
         break;
-    case -E2BIG:
-        rt_oai_error_set(&e, 400, "invalid_request_error", q.max_tokens > 0 ? "max_tokens" : "messages",
-                         "context_length_exceeded",
+    case -E2BIG: {
+        const char *param = n_prompt < ctx ? "max_tokens" : chat ? "messages" : "prompt";
+        rt_oai_error_set(&e, 400, "invalid_request_error", param, "context_length_exceeded",
                          "this model's maximum context length is %d tokens; the prompt has %d tokens and "
                          "max_tokens asks for %d more",
                          ctx, n_prompt, sr.max_tokens > 0 ? sr.max_tokens : 0);
         break;
-    case -ENOSPC:
-        rt_oai_error_set(&e, 503, "server_error", NULL, "kv_cache_too_small",
-                         "prompt plus max_tokens need more KV cache than this worker has");
+    }
+    case -ENOSPC: {
+        rt_sched_stats st;
+        rt_sched_get_stats(w->sched, &st);
+        long long pool = (long long)st.kv_blocks_total * st.kv_block_tokens;
+        if (n_prompt >= pool)
+            rt_oai_error_set(&e, 503, "server_error", NULL, "kv_cache_too_small",
+                             "this worker's KV cache holds %lld tokens, fewer than the prompt's %d", pool,
+                             n_prompt);
+        else
+            rt_oai_error_set(
+                &e, 503, "server_error", NULL, "kv_cache_too_small",
+                "this worker's KV cache holds %lld tokens; the prompt has %d and max_tokens asks "
+                "for %d more",
+                pool, n_prompt, sr.max_tokens);
         break;
+    }
     default:
         rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "cannot queue the request (%s)", strerror(-rc));
         break;
@@ -426,7 +470,9 @@ fail:
     free(r);
     free(toks);
     rt_oai_request_dispose(&q);
-    respond_error(s, &e);
+    /* a full queue and a failure to queue pass; a pool too small does not */
+    bool busy = e.status == 429 || (e.status == 503 && !(e.code && !strcmp(e.code, "kv_cache_too_small")));
+    respond_error_after(s, &e, busy ? retry_after_s(w) : 0);
 }
 
 static void handle_stats(worker *w, gw_http_stream *s)
@@ -649,6 +695,8 @@ int gw_cmd_worker(int argc, char **argv)
     }
     w.model_name = name;
     w.created = (long)time(NULL);
+    if (getrandom(&w.next_seed, sizeof(w.next_seed), GRND_NONBLOCK) != (ssize_t)sizeof(w.next_seed))
+        w.next_seed = (uint64_t)w.created ^ ((uint64_t)getpid() << 32);
     w.tok = rt_model_tokenizer(w.model);
     rt_gguf_str tmpl = {NULL, 0};
     rt_gguf_get_str(rt_model_gguf(w.model), "tokenizer.chat_template", &tmpl);

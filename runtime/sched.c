@@ -157,11 +157,23 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
             return -EINVAL;
     if (r->n_prompt >= s->n_ctx)
         return -E2BIG;
-    int max_new = r->max_tokens > 0 ? r->max_tokens : s->n_ctx - r->n_prompt;
-    if (max_new > s->n_ctx - r->n_prompt)
-        return -E2BIG;
-    if (blocks_for(s, r->n_prompt + max_new) > rt_kv_blocks_total(s->kv))
+    /* One sequence may grow to the context length or the whole pool,
+     * whichever is less. Without max_tokens it gets that much room: a pool
+     * smaller than one full context (Llama-3-8B's 8k in the default 256 MiB
+     * holds 2k) must not turn every request that names no limit away. */
+    const int64_t pool_tokens = (int64_t)rt_kv_blocks_total(s->kv) * s->o.block_tokens;
+    if (r->n_prompt >= pool_tokens)
         return -ENOSPC;
+    int max_new = s->n_ctx - r->n_prompt;
+    if (r->max_tokens > 0) {
+        if (r->max_tokens > max_new)
+            return -E2BIG;
+        max_new = r->max_tokens;
+        if (blocks_for(s, r->n_prompt + max_new) > rt_kv_blocks_total(s->kv))
+            return -ENOSPC;
+    } else if (max_new > pool_tokens - r->n_prompt) {
+        max_new = (int)(pool_tokens - r->n_prompt);
+    }
 
     sreq *q = calloc(1, sizeof(*q));
     if (!q)
@@ -349,11 +361,22 @@ static void admit(rt_sched *s)
     }
 }
 
-/* The youngest running request gives its blocks back and waits at the
- * head of its queue to be recomputed from its tokens. */
+/* The youngest running batch request, or the youngest of all where none
+ * is batch, gives its blocks back and waits at the head of its queue to be
+ * recomputed from its tokens. Batch first: an interactive request admitted
+ * after long batch jobs should not be the one that waits again. */
 static void preempt_youngest(rt_sched *s)
 {
-    sreq *r = s->running[--s->n_running];
+    int v = s->n_running - 1;
+    for (int i = v; i >= 0; i--)
+        if (s->running[i]->prio == RT_PRIO_BATCH) {
+            v = i;
+            break;
+        }
+    sreq *r = s->running[v];
+    /* the rest keep their admission order, which prefill follows */
+    memmove(&s->running[v], &s->running[v + 1], (size_t)(s->n_running - v - 1) * sizeof(s->running[0]));
+    s->n_running--;
     rt_seq_free(r->seq);
     r->seq = NULL;
     r->n_done = 0;

@@ -67,7 +67,7 @@ typedef void (*rt_sched_cb)(void *user, const rt_sched_event *ev);
 typedef struct rt_sched_req {
     const int32_t *prompt; /* copied */
     int n_prompt;
-    int max_tokens; /* new tokens; <= 0: up to the context length */
+    int max_tokens; /* new tokens; <= 0: up to the context length or the KV pool's size */
     rt_sampler_params sampling;
     const char *const *stops; /* copied; at most 16 */
     int n_stops;
@@ -84,7 +84,8 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
 void rt_sched_free(rt_sched *s);
 
 /* 0 and *id; -EAGAIN queue full; -E2BIG prompt plus max_tokens beyond the
- * context length; -ENOSPC the request could never fit the KV pool;
+ * context length; -ENOSPC the prompt (plus max_tokens) could never fit the
+ * KV pool;
  * -EINVAL empty prompt or bad token; -ENOMEM; -ESHUTDOWN. On failure no
  * event will come. */
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id);

@@ -124,13 +124,25 @@ streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events i
 t.ok(s == 200 and done and events[0]["choices"][0]["delta"].get("role") == "assistant"
      and streamed == r["choices"][0]["message"]["content"], "chat stream equals non-streamed chat")
 
+# --- seeds: a request without one draws anew, one with a seed repeats ---
+def sampled(seed=None):
+    b_ = {"model": "m", "prompt": prompts[1], "max_tokens": 24, "temperature": 1.5, "ignore_eos": True}
+    if seed is not None:
+        b_["seed"] = seed
+    s, _, b = post("/v1/completions", b_)
+    return json.loads(b)["choices"][0]["text"] if s == 200 else None
+unseeded = [sampled() for _ in range(3)]
+t.ok(None not in unseeded and len(set(unseeded)) == 3, "three unseeded draws at temperature 1.5 differ")
+t.ok(sampled(42) == sampled(42) is not None, "two draws with seed 42 are the same")
+
 # --- errors: each gets the error object, others keep going ---
 bystander = popen_post("/v1/completions", body(prompts[3], stream=True, n=60))
 cases = [
     ("malformed JSON", b'{"model": "m", "prompt": [1,2', 400, None),
     ("wrong type", {"model": "m", "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
     ("unknown model", {"model": "nope", "prompt": "hi"}, 404, "model"),
-    ("context exceeded", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 600}, 400, None),
+    ("context exceeded", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 600}, 400, "max_tokens"),
+    ("prompt beyond the context", {"model": "m", "prompt": [1] * 600}, 400, "prompt"),
     ("empty prompt", {"model": "m", "prompt": ""}, 400, "prompt"),
     ("n=2", {"model": "m", "prompt": "hi", "n": 2}, 400, "n"),
 ]
@@ -175,7 +187,7 @@ t.ok(st["kv_blocks_free"] < total, "running streams hold KV blocks")
 
 # Queue limit: a seventh request finds the queue full.
 s, h, b = post("/v1/completions", body(prompts[2], n=4), sock=sock2)
-t.ok(s == 429 and h.get("retry-after") and json.loads(b)["error"]["type"] == "rate_limit_error",
+t.ok(s == 429 and 1 <= int(h.get("retry-after", "0")) <= 60 and json.loads(b)["error"]["type"] == "rate_limit_error",
      "queue full -> 429 with Retry-After")
 
 for pr in long_reqs:
@@ -187,6 +199,43 @@ freed = wait_until(lambda: (lambda x: x if x and x["running"] == 0 and x["queued
 t.ok(freed is not None, "cancelled streams left the batch and the queue and freed every KV block")
 s, _, _ = post("/v1/completions", body(prompts[2], n=4), sock=sock2)
 t.ok(s == 200, "the worker serves again after the cancellations")
+
+# --- a KV pool smaller than the context: 1 MiB holds 128 of 2048 positions ---
+# (the slow model's layers with a 16x wider feed-forward: ~4 ms a token, so
+# that a request is still running when the next one comes)
+wide = gen_model(os.path.join(d, "wide.gguf"), dim=512, layers=8, heads=8, kv_heads=4, ffn=8192, vocab=512,
+                 ctx=2048, type="q8_0", seed=6)
+sock3 = os.path.join(d, "w3.sock")
+w3 = start_worker(sock3, "--kv-cache-mb", "1", model_path=wide)
+pool = (lambda x: x["kv_blocks_total"] * x["kv_block_tokens"])(stats(sock3))
+s, _, b = post("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                        "temperature": 0, "ignore_eos": True}, sock=sock3)
+r = json.loads(b) if s == 200 else {}
+u = r.get("usage", {})
+t.ok(s == 200 and r["choices"][0]["finish_reason"] == "length"
+     and u["prompt_tokens"] + u["completion_tokens"] == pool,
+     "no max_tokens: the chat runs until the %d-token pool is full, not 503: %d %s" % (pool, s, u))
+s, _, b = post("/v1/completions", body(prompts[2], n=pool), sock=sock3)
+e = json.loads(b).get("error", {}) if b else {}
+t.ok(s == 503 and e.get("code") == "kv_cache_too_small" and ("holds %d tokens" % pool) in e.get("message", ""),
+     "max_tokens past the pool -> 503 saying what fits: %s" % e.get("message"))
+# The pool runs short with a batch and an interactive request running: the
+# batch one gives its blocks back and waits, although it is the older.
+pre = stats(sock3)["preemptions"]
+batch = popen_post("/v1/completions", dict(body(prompts[2], stream=True, n=118), ignore_eos=True), sock=sock3,
+                   extra=["-H", "x-infergate-priority: batch"])
+wait_until(lambda: (stats(sock3) or {}).get("running") == 1, 30, "the batch request running", interval=0.02)
+inter = popen_post("/v1/completions", dict(body(prompts[4], n=100), ignore_eos=True), sock=sock3)
+order, until = [], time.time() + 120
+while len(order) < 2 and time.time() < until:
+    order += [n for n, pr in (("batch", batch), ("interactive", inter)) if n not in order and pr.poll() is not None]
+    time.sleep(0.01)
+outs = [__import__("harness").parse_curl(pr.communicate(timeout=10)[0]) for pr in (batch, inter)]
+t.ok([o[0] for o in outs] == [200, 200] and sse_events(outs[0][2])[1], "both requests finished")
+t.ok(order == ["interactive", "batch"] and stats(sock3)["preemptions"] > pre,
+     "a short pool preempts the batch request, not the younger interactive one: %s" % order)
+w3.send_signal(15)
+t.ok(w3.wait(timeout=40) == 0, "SIGTERM: small-pool worker exits 0")
 
 # --- SIGTERM drains and exits ---
 w.send_signal(15)
