@@ -131,8 +131,11 @@ int gw_http_server_port(const gw_http_server *srv);
  * also on failure. 0, -ENOMEM, or -EBADF when it cannot be made
  * non-blocking. */
 int gw_http_server_adopt(gw_http_server *srv, int fd);
-/* Stops accepting; existing connections go on. */
-void gw_http_server_stop_listening(gw_http_server *srv);
+/* Stops accepting and winds the connections down: each HTTP/2 one gets a
+ * GOAWAY naming the last stream it started, so its client sends new
+ * requests elsewhere, and closes after that stream; an HTTP/1.x one closes
+ * when idle, or after the response in progress. Open streams finish. */
+void gw_http_server_drain(gw_http_server *srv);
 /* Number of open streams over all connections. */
 size_t gw_http_server_active_streams(const gw_http_server *srv);
 /* Closes every connection (their streams get on_close) and frees. Not

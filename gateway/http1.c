@@ -262,7 +262,7 @@ static void h1_run(gw_http_conn *c)
             h->cur = NULL;
             gw_stream_closed(s, true);
             gw_conn_flush_closed(c);
-            if (h->keep_alive && !h->eof) {
+            if (h->keep_alive && !h->eof && !c->srv->draining) {
                 h->state = GW_H1_IDLE;
                 gw_conn_set_timer(c, c->srv->limits.idle_timeout_ms);
             } else {
@@ -327,6 +327,14 @@ void gw_h1_on_timer(gw_http_conn *c)
      * body that stalled, or a peer that does not close after us. */
     if (c->h1.state != GW_H1_APP)
         gw_conn_free(c);
+}
+
+/* Between requests a connection closes now; with one in progress, after
+ * its response (the keep-alive test above). */
+void gw_h1_drain(gw_http_conn *c)
+{
+    if (c->h1.state == GW_H1_IDLE)
+        gw_conn_set_timer(c, 0);
 }
 
 void gw_h1_start(gw_http_conn *c)

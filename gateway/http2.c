@@ -327,7 +327,7 @@ static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_c
 static void conn_arm_idle(gw_http_conn *c)
 {
     if (!c->lingering && !c->goaway && !c->dead)
-        gw_conn_set_timer(c, c->srv->limits.idle_timeout_ms);
+        gw_conn_set_timer(c, gw_conn_idle_ms(c));
 }
 
 /* Feeds everything read to nghttp2. 0, or -1 when the connection must go. */
@@ -492,6 +492,25 @@ void gw_h2_on_timer(gw_http_conn *c)
     }
     /* Bound the wait for the GOAWAY to go out. */
     gw_conn_set_timer(c, GW_HTTP_LINGER_MS);
+    conn_settle(c, conn_send(c));
+}
+
+/* A GOAWAY with the last stream nghttp2 took: the client opens no more
+ * here (nghttp2 refuses any that cross it), the open ones finish, and the
+ * idle timer, 0 while draining, then sends the final GOAWAY and closes.
+ * Without it a client with a pooled connection (the gateway's to its
+ * workers) kept sending, and a drain ran to its grace period. */
+void gw_h2_drain(gw_http_conn *c)
+{
+    if (c->lingering || c->goaway || c->dead)
+        return;
+    if (nghttp2_submit_goaway(c->ngh, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(c->ngh),
+                              NGHTTP2_NO_ERROR, NULL, 0)) {
+        gw_conn_free(c);
+        return;
+    }
+    if (c->n_streams == 0)
+        gw_conn_set_timer(c, 0);
     conn_settle(c, conn_send(c));
 }
 

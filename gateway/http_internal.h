@@ -175,6 +175,7 @@ struct gw_http_server {
     gw_http_conn *conns;
     size_t n_conns;
     size_t active_streams;
+    bool draining;                  /* gw_http_server_drain: no new requests */
     int port;                       /* of the last TCP listener, 0 if none */
     nghttp2_session_callbacks *cbs; /* shared by every HTTP/2 connection */
     nghttp2_option *opt;
@@ -197,6 +198,9 @@ void gw_stream_writable(gw_http_stream *s);
 /* Closes every stream (on_close unfinished) and frees the connection. */
 void gw_conn_free(gw_http_conn *c);
 void gw_conn_schedule_send(gw_http_conn *c);
+/* How long a connection with nothing in flight may stay: the idle timeout,
+ * 0 while the server drains. */
+int gw_conn_idle_ms(const gw_http_conn *c);
 /* (Re)arms the connection's timer; sets c->broken when it cannot. */
 void gw_conn_set_timer(gw_http_conn *c, int ms);
 /* Serves a connected socket, over TLS when `tls` is given. Takes `fd`. */
@@ -215,6 +219,7 @@ void gw_h2_server_dispose(gw_http_server *srv);
 void gw_h2_start(gw_http_conn *c);
 void gw_h2_on_send(gw_http_conn *c);  /* the send event fired */
 void gw_h2_on_timer(gw_http_conn *c); /* the timer fired */
+void gw_h2_drain(gw_http_conn *c);    /* the server is draining */
 int gw_h2_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
                  const void *body, size_t body_len, bool whole);
 int gw_h2_write(gw_http_stream *s, const void *data, size_t len);
@@ -224,6 +229,7 @@ void gw_h2_reset(gw_http_stream *s);
 /* ---- http1.c ---- */
 
 void gw_h1_start(gw_http_conn *c); /* as gw_h2_start */
+void gw_h1_drain(gw_http_conn *c); /* as gw_h2_drain */
 void gw_h1_on_send(gw_http_conn *c);
 void gw_h1_on_timer(gw_http_conn *c);
 int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,

@@ -93,6 +93,11 @@ void gw_conn_schedule_send(gw_http_conn *c)
         event_active(c->send_ev, EV_WRITE, 0);
 }
 
+int gw_conn_idle_ms(const gw_http_conn *c)
+{
+    return c->srv->draining ? 0 : c->srv->limits.idle_timeout_ms;
+}
+
 void gw_conn_set_timer(gw_http_conn *c, int ms)
 {
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
@@ -142,7 +147,7 @@ void gw_stream_closed(gw_http_stream *s, bool finished)
     /* An HTTP/2 connection with no streams is idle; HTTP/1.x keeps its
      * own timer. */
     if (--c->n_streams == 0 && c->proto == GW_PROTO_H2 && !c->lingering && !c->goaway && !c->dead)
-        gw_conn_set_timer(c, c->srv->limits.idle_timeout_ms);
+        gw_conn_set_timer(c, gw_conn_idle_ms(c));
     if (s->state != GW_SS_APP) {
         stream_free(s);
         return;
@@ -395,9 +400,17 @@ int gw_http_server_port(const gw_http_server *srv)
     return srv->port;
 }
 
-void gw_http_server_stop_listening(gw_http_server *srv)
+void gw_http_server_drain(gw_http_server *srv)
 {
     gw_listener_free_all(srv);
+    srv->draining = true;
+    for (gw_http_conn *c = srv->conns, *next; c; c = next) {
+        next = c->next; /* draining may free c */
+        if (c->proto == GW_PROTO_H2)
+            gw_h2_drain(c);
+        else if (c->proto == GW_PROTO_H1)
+            gw_h1_drain(c);
+    }
 }
 
 size_t gw_http_server_active_streams(const gw_http_server *srv)

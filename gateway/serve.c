@@ -95,7 +95,7 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
     g->draining = true;
     fprintf(stderr, "infergate: signal %d: draining — no new connections, %zu open streams finish within %d s\n",
             (int)sig, gw_http_server_active_streams(g->http), g->cfg->drain_grace_s);
-    gw_http_server_stop_listening(g->http);
+    gw_http_server_drain(g->http);
     g->drain_deadline = mono_s() + g->cfg->drain_grace_s;
     g->drain_timer = event_new(g->base, -1, EV_PERSIST, on_drain_tick, g);
     struct timeval tv = {0, 50000};

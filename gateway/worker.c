@@ -574,7 +574,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
         return;
     fprintf(stderr, "worker: signal %d: draining %zu open streams (at most %d s)\n", (int)sig,
             gw_http_server_active_streams(w->http), DRAIN_GRACE_S);
-    gw_http_server_stop_listening(w->http);
+    gw_http_server_drain(w->http);
     w->drain_deadline = mono_s() + DRAIN_GRACE_S;
     w->drain_timer = event_new(w->base, -1, EV_PERSIST, on_drain_tick, w);
     struct timeval tv = {0, 50000};

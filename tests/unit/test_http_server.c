@@ -205,7 +205,7 @@ static void test_unix_socket(void **state)
     char *argv[] = {CURL_H2, "--unix-socket", path, "http://localhost/hello", NULL};
     assert_int_equal(run_child(t, argv, "out"), 0);
     expect_output(t, "out", "hello world\n");
-    gw_http_server_stop_listening(t->srv);
+    gw_http_server_drain(t->srv);
     assert_int_equal(stat(path, &st), -1); /* the file goes with the listener */
     assert_int_equal(gw_http_server_port(t->srv), 0);
 }
@@ -390,6 +390,11 @@ static bool cli_eof(tsrv *t, void *arg)
     return ((tcli *)arg)->eof;
 }
 
+static bool cli_goaway(tsrv *t, void *arg)
+{
+    return ((tcli *)arg)->goaway;
+}
+
 static void test_client_reset(void **state)
 {
     tsrv *t = *state;
@@ -539,6 +544,28 @@ static void test_eof_closes_streams(void **state)
     assert_int_equal(gw_http_server_active_streams(t->srv), 0);
 }
 
+/* Draining: the connection is told GOAWAY naming its last stream while that
+ * stream still runs, the stream finishes whole, and then the server closes
+ * the connection (before, it stayed open for the client to go on using). */
+static void test_drain(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 65535, true);
+    cli_get(c, "/stream");
+    int one = 1;
+    assert_true(run_until(t, requests_reach, &one));
+    gw_http_server_drain(t->srv);
+    assert_true(run_until(t, cli_goaway, c));
+    assert_false(c->closed);
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->status, 200);
+    assert_int_equal(c->close_err, NGHTTP2_NO_ERROR);
+    assert_string_equal(c->body, ten_pieces);
+    assert_true(run_until(t, cli_eof, c));
+    expect_finished(t, 1);
+    cli_free(c);
+}
+
 static int setup_small(void **state)
 {
     gw_http_limits l;
@@ -574,6 +601,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_free_closes_streams, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_eof_closes_streams, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_idle_timeout, setup_idle, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_drain, setup, harness_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
