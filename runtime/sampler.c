@@ -143,10 +143,12 @@ void rt_sampler_accept(rt_sampler *s, int32_t tok)
         s->count[tok]++;
 }
 
-/* Total order: higher value first, then lower id. */
+/* Total order: higher value first, then lower id. Without branches: in a
+ * partition the order of probabilities is a coin toss per token, and a
+ * mispredicted branch per token cost more than the rest of the loop. */
 static inline bool cand_before(const cand *a, const cand *b)
 {
-    return a->v > b->v || (a->v == b->v && a->id < b->id);
+    return (a->v > b->v) | ((a->v == b->v) & (a->id < b->id));
 }
 
 static inline void cand_swap(cand *a, cand *b)
@@ -196,15 +198,27 @@ static void cand_median_last(cand *a, size_t lo, size_t hi)
         cand_swap(&a[mid], &a[last]);
 }
 
-/* Lomuto partition around a[hi - 1]; returns the pivot's final place. */
-static size_t cand_partition(cand *a, size_t lo, size_t hi)
+/* Lomuto partition around a[hi - 1]; returns the pivot's final place and
+ * puts the mass (sum of v) of what went before it in *mass. Every element
+ * is swapped, so the loop has no branch on the data: when x does not go
+ * before the pivot, both places it touches are at or past store, where
+ * such elements belong. */
+static size_t cand_partition(cand *a, size_t lo, size_t hi, double *mass)
 {
-    size_t last = hi - 1, store = lo;
-    cand pivot = a[last];
-    for (size_t i = lo; i < last; i++)
-        if (cand_before(&a[i], &pivot))
-            cand_swap(&a[i], &a[store++]);
+    const size_t last = hi - 1;
+    const cand pivot = a[last];
+    size_t store = lo;
+    double sum = 0.0;
+    for (size_t i = lo; i < last; i++) {
+        const cand x = a[i];
+        const bool before = cand_before(&x, &pivot);
+        a[i] = a[store];
+        a[store] = x;
+        store += before;
+        sum += before ? (double)x.v : 0.0;
+    }
     cand_swap(&a[store], &a[last]);
+    *mass = sum;
     return store;
 }
 
@@ -217,7 +231,8 @@ static void cand_sort(cand *a, size_t n)
             return;
         }
         cand_median_last(a, lo, hi);
-        size_t p = cand_partition(a, lo, hi);
+        double mass;
+        size_t p = cand_partition(a, lo, hi, &mass);
         /* recurse into the smaller side, loop on the larger: stack O(log n) */
         if (p - lo < hi - p - 1) {
             cand_sort(a + lo, p - lo);
@@ -244,7 +259,8 @@ static void select_top(cand *a, size_t n, size_t k)
             return;
         }
         cand_median_last(a, lo, hi);
-        size_t store = cand_partition(a, lo, hi);
+        double mass;
+        size_t store = cand_partition(a, lo, hi, &mass);
         if (store == k || store + 1 == k)
             return;
         if (store > k)
@@ -252,31 +268,6 @@ static void select_top(cand *a, size_t n, size_t k)
         else
             lo = store + 1;
     }
-}
-
-/* Lomuto partition as cand_partition, without branches on the data (the
- * order of probabilities is a coin toss per token, and a mispredicted
- * branch per token cost more than the rest of the loop); *mass gets the
- * sum of v over the ones before the pivot. Every element is swapped: when
- * x does not go before the pivot, both places it touches are at or past
- * store, where such elements belong. */
-static size_t cand_partition_mass(cand *a, size_t lo, size_t hi, double *mass)
-{
-    const size_t last = hi - 1;
-    const cand pivot = a[last];
-    size_t store = lo;
-    double sum = 0.0;
-    for (size_t i = lo; i < last; i++) {
-        const cand x = a[i];
-        const size_t before = (size_t)((x.v > pivot.v) | ((x.v == pivot.v) & (x.id < pivot.id)));
-        a[i] = a[store];
-        a[store] = x;
-        store += before;
-        sum += before ? (double)x.v : 0.0;
-    }
-    cand_swap(&a[store], &a[last]);
-    *mass = sum;
-    return store;
 }
 
 /* The nucleus of a[0..n) (v: probabilities) moved to a[0..k), in no
@@ -292,7 +283,7 @@ static size_t select_mass(cand *a, size_t n, double target)
     for (int round = 0; hi - lo > 16 && round < 64; round++) {
         cand_median_last(a, lo, hi);
         double left;
-        const size_t p = cand_partition_mass(a, lo, hi, &left);
+        const size_t p = cand_partition(a, lo, hi, &left);
         if (acc + left >= target) {
             hi = p; /* the nucleus ends before the pivot */
             continue;
@@ -498,12 +489,8 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits)
         }
     }
 
-    if (p->top_p < 1.0f) {
+    if (p->top_p < 1.0f)
         m = select_mass(c, m, (double)p->top_p * sum);
-        sum = 0.0;
-        for (size_t i = 0; i < m; i++)
-            sum += c[i].v;
-    }
 
     if (p->min_p > 0.0f) {
         float pmax = 0.0f;
@@ -524,23 +511,12 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits)
                     c[k++] = c[i];
             m = k;
         }
-        sum = 0.0;
-        for (size_t i = 0; i < m; i++)
-            sum += c[i].v;
     }
 
-    double u = rng_uniform(s->rng) * sum, cum = 0.0;
-    size_t last = 0;
-    for (size_t i = 0; i < m; i++) {
-        if (c[i].v <= 0.0f)
-            continue;
-        cum += c[i].v;
-        last = i;
-        if (u < cum)
-            return c[i].id;
-    }
-    /* rounding left u at the very top, or every probability was 0 */
-    return c[last].id;
+    /* the survivors' probabilities, in their order, where draw_index walks them */
+    for (size_t i = 0; i < m; i++)
+        logits[i] = c[i].v;
+    return c[draw_index(logits, (int32_t)m, rng_uniform(s->rng) * sum_probs(logits, (int32_t)m))].id;
 }
 
 /* ---- stop strings ---- */

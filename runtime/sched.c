@@ -169,7 +169,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
         if (r->max_tokens > max_new)
             return -E2BIG;
         max_new = r->max_tokens;
-        if (blocks_for(s, r->n_prompt + max_new) > rt_kv_blocks_total(s->kv))
+        if (r->n_prompt + max_new > pool_tokens)
             return -ENOSPC;
     } else if (max_new > pool_tokens - r->n_prompt) {
         max_new = (int)(pool_tokens - r->n_prompt);
@@ -463,7 +463,8 @@ static void update_stats_token(rt_sched *s, sreq *r, double now)
 
 /* Batch entry i's next token, from its logits. The entries' samplers and
  * logits are their own, so the rows are sampled on all compute threads:
- * at temperature 1 a row of 32000 logits takes ~0.16 ms, greedy ~0.03. */
+ * a row of 32000 logits takes ~60 us at temperature 1, ~190 us with top_p
+ * on flat logits, ~12 us greedy. */
 static void sample_item(void *arg, int i)
 {
     rt_sched *s = arg;
