@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,8 @@ struct wreq {
     gw_http_stream *stream; /* NULL once closed */
     uint64_t id;
     bool submitted, final_seen, begun, sent_first;
+    bool ended;            /* answered or reset early: later events are dropped */
+    atomic_bool text_lost; /* the compute thread could not queue a TEXT event */
     bool chat, stream_mode, include_usage;
     char cid[40];
     long created;
@@ -118,17 +121,19 @@ static void respond_error(gw_http_stream *s, const rt_oai_error *e)
 }
 
 /* Seconds until a turned-away request would likely find room: the queue
- * ahead drained max_seqs at a time, each request taking what the recent
- * ones took (first token, then its share of tokens at the per-token
- * pace). A constant 1 told a thousand clients to come back together in a
- * second, whatever the backlog. 1 to 60. */
-static int retry_after_s(worker *w)
+ * ahead (for an interactive request, the interactive requests; for a batch
+ * one, all) drained max_seqs at a time, each request taking what the
+ * recent ones took (first token, then its share of tokens at the
+ * per-token pace). A constant 1 told a thousand clients to come back
+ * together in a second, whatever the backlog. 1 to 60. */
+static int retry_after_s(worker *w, rt_priority prio)
 {
     rt_sched_stats st;
     rt_sched_get_stats(w->sched, &st);
     double per_req = st.requests_done ? (double)st.tokens_generated / (double)st.requests_done : 0.0;
     double req_s = (st.ttft_ewma_ms + per_req * st.tpot_ewma_ms) * 1e-3;
-    double wait = (double)(st.queued + 1) / (st.max_seqs > 0 ? st.max_seqs : 1) * req_s;
+    int ahead = prio == RT_PRIO_BATCH ? st.queued : st.queued - st.queued_batch;
+    double wait = (double)(ahead + 1) / (st.max_seqs > 0 ? st.max_seqs : 1) * req_s;
     return wait < 1.0 ? 1 : wait > 60.0 ? 60 : (int)ceil(wait);
 }
 
@@ -148,10 +153,15 @@ static void on_sched_event(void *user, const rt_sched_event *ev)
     worker *w = r->w;
     wevent *we = malloc(sizeof(*we) + ev->text_len + 1);
     if (!we) {
-        /* Losing a TEXT event garbles one stream; losing the final one
-         * would leak it, so a final event is retried until it fits. */
-        if (ev->kind == RT_EV_TEXT)
+        /* A lost TEXT event would leave a hole in the text: the request is
+         * stopped and its client told (handle_event) instead. Losing the
+         * final event would leak the request, so it is retried until it
+         * fits. */
+        if (ev->kind == RT_EV_TEXT) {
+            atomic_store(&r->text_lost, true);
+            rt_sched_cancel(w->sched, ev->id);
             return;
+        }
         while (!(we = malloc(sizeof(*we) + ev->text_len + 1)))
             nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
@@ -239,7 +249,8 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
     if (ev->kind != RT_EV_DONE)
         return;
     rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
-    if (!write_chunk(r, false, "", 0, ev->finish_reason, NULL))
+    /* No text: chat's last delta is {}, a completion's text "", as OpenAI's */
+    if (!write_chunk(r, false, NULL, 0, ev->finish_reason, NULL))
         return;
     if (r->include_usage && !write_chunk(r, false, NULL, 0, NULL, &u))
         return;
@@ -253,10 +264,21 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
     worker *w = r->w;
     if (ev->kind != RT_EV_TEXT)
         r->final_seen = true;
-    if (!r->stream)
+    if (!r->stream || r->ended)
         return;
+    rt_oai_error e;
+    if (atomic_load(&r->text_lost)) {
+        /* Events after the lost one are dropped: the client gets a reset,
+         * or an error where nothing was sent yet, never a text with a hole. */
+        r->ended = true;
+        rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "out of memory while generating");
+        if (r->begun)
+            gw_http_reset(r->stream);
+        else
+            respond_error(r->stream, &e);
+        return;
+    }
     if (ev->kind == RT_EV_ERROR) {
-        rt_oai_error e;
         if (ev->error == -ETIMEDOUT)
             rt_oai_error_set(&e, 504, "timeout_error", NULL, "deadline_exceeded",
                              "the request's deadline passed before it could start");
@@ -375,6 +397,7 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
     rt_oai_error e;
     int32_t *toks = NULL;
     wreq *r = NULL;
+    rt_priority prio = RT_PRIO_INTERACTIVE;
     if (rt_oai_parse((const char *)req->body, req->body_len, chat, rt_model_hparams(w->model)->n_vocab, &q, &e)) {
         respond_error(s, &e);
         return;
@@ -384,14 +407,16 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
                          "the model '%s' does not exist; this worker serves '%s'", q.model, w->model_name);
         goto fail;
     }
-    const char *prio = gw_http_header_get(req, "x-infergate-priority");
+    const char *prio_h = gw_http_header_get(req, "x-infergate-priority");
     int64_t deadline = header_int(req, "x-infergate-deadline-ms", 0);
-    if ((prio && strcmp(prio, "interactive") && strcmp(prio, "batch")) || deadline < 0) {
+    if ((prio_h && strcmp(prio_h, "interactive") && strcmp(prio_h, "batch")) || deadline < 0) {
         rt_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL,
                          "x-infergate-priority must be interactive or batch, and x-infergate-deadline-ms "
                          "epoch milliseconds");
         goto fail;
     }
+    if (prio_h && !strcmp(prio_h, "batch"))
+        prio = RT_PRIO_BATCH;
     /* Without a seed every request draws anew, as OpenAI's do: a seed of 0
      * for all of them gave the same "random" completion every time. */
     if (!q.has_seed)
@@ -420,7 +445,7 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
         .stops = (const char *const *)q.stop,
         .n_stops = q.n_stop,
         .ignore_eos = q.ignore_eos,
-        .priority = prio && !strcmp(prio, "batch") ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE,
+        .priority = prio,
         .deadline_ms = deadline,
         .cb = on_sched_event,
         .user = r,
@@ -472,7 +497,7 @@ fail:
     rt_oai_request_dispose(&q);
     /* a full queue and a failure to queue pass; a pool too small does not */
     bool busy = e.status == 429 || (e.status == 503 && !(e.code && !strcmp(e.code, "kv_cache_too_small")));
-    respond_error_after(s, &e, busy ? retry_after_s(w) : 0);
+    respond_error_after(s, &e, busy ? retry_after_s(w, prio) : 0);
 }
 
 static void handle_stats(worker *w, gw_http_stream *s)
@@ -481,17 +506,17 @@ static void handle_stats(worker *w, gw_http_stream *s)
     rt_sched_get_stats(w->sched, &st);
     rt_device_info dev;
     rt_model_device_info(w->model, &dev);
-    json_t *o = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:s, s:s, "
-                          "s:s, s:i, s:s}",
-                          "queued", st.queued, "running", st.running, "kv_blocks_free", st.kv_blocks_free,
-                          "kv_blocks_total", st.kv_blocks_total, "kv_block_tokens", st.kv_block_tokens, "max_seqs",
-                          st.max_seqs, "max_queue", st.max_queue, "max_batch_tokens", st.max_batch_tokens,
-                          "ttft_ewma_ms", st.ttft_ewma_ms, "prefill_ewma_ms", st.prefill_ewma_ms,
-                          "tpot_ewma_ms", st.tpot_ewma_ms, "tokens_per_s",
-                          st.tokens_per_s, "requests_done", (json_int_t)st.requests_done, "tokens_generated",
-                          (json_int_t)st.tokens_generated, "preemptions", (json_int_t)st.preemptions, "device",
-                          dev.kind, "model", w->model_name, "backend", rt_model_backend_name(w->model), "threads",
-                          rt_model_threads(w->model), "kv_type", kn_type_name(st.kv_type));
+    json_t *o = json_pack(
+        "{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, s:I, s:s, s:s, "
+        "s:s, s:i, s:s}",
+        "queued", st.queued, "queued_batch", st.queued_batch, "running", st.running, "kv_blocks_free",
+        st.kv_blocks_free, "kv_blocks_total", st.kv_blocks_total, "kv_block_tokens", st.kv_block_tokens,
+        "max_seqs", st.max_seqs, "max_queue", st.max_queue, "max_batch_tokens", st.max_batch_tokens,
+        "ttft_ewma_ms", st.ttft_ewma_ms, "prefill_ewma_ms", st.prefill_ewma_ms, "tpot_ewma_ms",
+        st.tpot_ewma_ms, "tokens_per_s", st.tokens_per_s, "requests_done", (json_int_t)st.requests_done,
+        "tokens_generated", (json_int_t)st.tokens_generated, "preemptions", (json_int_t)st.preemptions,
+        "device", dev.kind, "model", w->model_name, "backend", rt_model_backend_name(w->model), "threads",
+        rt_model_threads(w->model), "kv_type", kn_type_name(st.kv_type));
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
         json_t *d = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I}", "name", dev.name, "uuid", dev.uuid, "mig_profile",
@@ -586,21 +611,22 @@ static void usage(FILE *f)
 {
     rt_sched_opts d;
     rt_sched_opts_default(&d);
-    fprintf(f,
-            "usage: infergate worker --model FILE --listen unix:PATH|tcp:HOST:PORT [options]\n"
-            "Serves one model over HTTP/2 cleartext (OpenAI-compatible), with continuous batching.\n"
-            "  --model-name NAME      the id clients use in \"model\" (default: the file name without .gguf)\n"
-            "  --device cpu|cuda      where the model runs (default cpu; cuda: the GPU or MIG slice\n"
-            "                         CUDA_VISIBLE_DEVICES shows)\n"
-            "  --threads N            compute threads (default: one per CPU)\n"
-            "  --kv-cache-mb M        KV cache pool (default %zu)\n"
-            "  --kv-type f16|q8_0     KV cache elements (default f16; q8_0: CPU only, half the memory\n"
-            "                         and half the bytes decode attention reads, slightly less precise)\n"
-            "  --max-seqs S           sequences decoded together (default %d)\n"
-            "  --max-batch-tokens T   tokens per forward pass, prefill chunks included (default %d)\n"
-            "  --max-queue Q          requests waiting to start; past it 429 (default %d)\n"
-            "  --max-body BYTES       largest request body (default 1048576)\n",
-            d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue);
+    fprintf(
+        f,
+        "usage: infergate worker --model FILE --listen unix:PATH|tcp:HOST:PORT [options]\n"
+        "Serves one model over HTTP/2 cleartext (OpenAI-compatible), with continuous batching.\n"
+        "  --model-name NAME      the id clients use in \"model\" (default: the file name without .gguf)\n"
+        "  --device cpu|cuda      where the model runs (default cpu; cuda: the GPU or MIG slice\n"
+        "                         CUDA_VISIBLE_DEVICES shows)\n"
+        "  --threads N            compute threads (default: one per CPU)\n"
+        "  --kv-cache-mb M        KV cache pool (default %zu)\n"
+        "  --kv-type f16|q8_0     KV cache elements (default f16; q8_0: CPU only, half the memory\n"
+        "                         and half the bytes decode attention reads, slightly less precise)\n"
+        "  --max-seqs S           sequences decoded together (default %d)\n"
+        "  --max-batch-tokens T   tokens per forward pass, prefill chunks included (default %d)\n"
+        "  --max-queue Q          requests of a priority waiting; past it 429 (default %d)\n"
+        "  --max-body BYTES       largest request body (default 1048576)\n",
+        d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue);
 }
 
 int gw_cmd_worker(int argc, char **argv)

@@ -58,7 +58,7 @@ struct rt_sched {
     queue inbox;       /* submitted, not yet seen by the compute thread */
     uint64_t *cancels; /* ids asked to stop */
     int n_cancels, cap_cancels;
-    int n_waiting; /* inbox + waiting queues, for -EAGAIN */
+    int n_waiting[2]; /* inbox + waiting queue of each priority, for -EAGAIN */
     rt_sched_stats stats;
 
     /* compute thread only */
@@ -72,6 +72,13 @@ struct rt_sched {
     double rate_t0;
     uint64_t rate_tokens0;
 };
+
+/* Mirrors the waiting counts into the stats; call with mu held. */
+static void count_queued(rt_sched *s)
+{
+    s->stats.queued = s->n_waiting[0] + s->n_waiting[1];
+    s->stats.queued_batch = s->n_waiting[1];
+}
 
 void rt_sched_opts_default(rt_sched_opts *o)
 {
@@ -197,10 +204,13 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
 
     pthread_mutex_lock(&s->mu);
     int rc = 0;
+    /* Each priority has its own max_queue, so that a backlog of batch jobs
+     * never turns an interactive request away. Requests that will start at
+     * once are not counted as queued. */
     if (s->stopping)
         rc = -ESHUTDOWN;
-    else if (s->n_waiting >= s->o.max_queue + (s->o.max_seqs - s->stats.running))
-        rc = -EAGAIN; /* requests that will start at once are not queued */
+    else if (s->n_waiting[q->prio] >= s->o.max_queue + (s->o.max_seqs - s->stats.running))
+        rc = -EAGAIN;
     if (rc) {
         pthread_mutex_unlock(&s->mu);
         sreq_free(q);
@@ -209,8 +219,8 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     q->id = ++s->next_id;
     *id = q->id;
     q_push(&s->inbox, q);
-    s->n_waiting++;
-    s->stats.queued = s->n_waiting;
+    s->n_waiting[q->prio]++;
+    count_queued(s);
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -305,16 +315,16 @@ static void intake(rt_sched *s)
         }
     compact_running(s);
     int64_t now = epoch_ms();
-    int dropped = 0;
+    int dropped[2] = {0, 0};
     for (int p = 0; p < 2; p++) {
         queue keep = {0};
         while ((r = q_pop(&s->waiting[p]))) {
             if (n_cancels && take_cancel(ids, n_cancels, r->id)) {
                 finish_error(s, r, -ECANCELED);
-                dropped++;
+                dropped[p]++;
             } else if (!r->started && r->deadline_ms && now > r->deadline_ms) {
                 finish_error(s, r, -ETIMEDOUT);
-                dropped++;
+                dropped[p]++;
             } else {
                 q_push(&keep, r);
             }
@@ -322,26 +332,36 @@ static void intake(rt_sched *s)
         s->waiting[p] = keep;
     }
     free(ids);
-    if (dropped) {
+    if (dropped[0] || dropped[1]) {
         pthread_mutex_lock(&s->mu);
-        s->n_waiting -= dropped;
+        s->n_waiting[0] -= dropped[0];
+        s->n_waiting[1] -= dropped[1];
+        count_queued(s);
         pthread_mutex_unlock(&s->mu);
     }
 }
 
 /* Admits waiting requests, interactive first, while there is a sequence
  * slot and KV room for the whole of the request's known tokens plus one
- * block of headroom per running sequence (so decodes rarely preempt). */
+ * block of headroom per running sequence (so decodes rarely preempt).
+ * Sequences take their blocks as their prompts are prefilled, chunk by chunk,
+ * so the room counted is what is free less what the running sequences'
+ * known tokens will still take: without it, long prompts admitted together
+ * each saw the whole free pool and preempted one another. */
 static void admit(rt_sched *s)
 {
-    int admitted = 0;
+    int admitted[2] = {0, 0}, promised = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        const sreq *r = s->running[i];
+        promised += rt_seq_blocks_needed(r->seq, r->n_tokens - r->n_done);
+    }
     while (s->n_running < s->o.max_seqs) {
         queue *q = s->waiting[0].n ? &s->waiting[0] : &s->waiting[1];
         sreq *r = q->head;
         if (!r)
             break;
-        int need = blocks_for(s, r->n_tokens) + s->n_running;
-        if (need > rt_kv_blocks_free(s->kv) && s->n_running > 0)
+        int blocks = blocks_for(s, r->n_tokens);
+        if (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)
             break;
         r->seq = rt_seq_new(s->kv, r->n_prompt + r->max_new);
         if (!r->seq)
@@ -351,11 +371,14 @@ static void admit(rt_sched *s)
         r->n_done = 0;
         r->t_admit = now_s();
         s->running[s->n_running++] = r;
-        admitted++;
+        admitted[r->prio]++;
+        promised += blocks;
     }
-    if (admitted) {
+    if (admitted[0] || admitted[1]) {
         pthread_mutex_lock(&s->mu);
-        s->n_waiting -= admitted;
+        s->n_waiting[0] -= admitted[0];
+        s->n_waiting[1] -= admitted[1];
+        count_queued(s);
         s->stats.running = s->n_running;
         pthread_mutex_unlock(&s->mu);
     }
@@ -382,7 +405,8 @@ static void preempt_youngest(rt_sched *s)
     r->n_done = 0;
     q_push_front(&s->waiting[r->prio], r);
     pthread_mutex_lock(&s->mu);
-    s->n_waiting++;
+    s->n_waiting[r->prio]++;
+    count_queued(s);
     s->stats.preemptions++;
     pthread_mutex_unlock(&s->mu);
 }
@@ -543,7 +567,7 @@ static void publish_stats(rt_sched *s)
     double now = now_s();
     pthread_mutex_lock(&s->mu);
     rt_sched_stats *st = &s->stats;
-    st->queued = s->n_waiting;
+    count_queued(s);
     st->running = s->n_running;
     st->kv_blocks_free = rt_kv_blocks_free(s->kv);
     st->steps++;

@@ -9,7 +9,9 @@
  * pool runs dry, the most recently admitted sequence is preempted: its
  * blocks go back and it waits at the head of the queue to be recomputed
  * (prompt plus the tokens it already produced), so nothing it streamed
- * changes. New requests wait while the pool is short.
+ * changes. New requests wait while the pool is short: a request is admitted
+ * when the pool has room for its known tokens on top of what the running
+ * sequences' known tokens will still take.
  *
  * Threads: submit, cancel and stats may be called from any thread. Event
  * callbacks run on the compute thread; they must not block and must copy
@@ -34,7 +36,7 @@ typedef struct rt_sched_opts {
     kn_type kv_type;      /* KV element type: KN_TYPE_F16, or KN_TYPE_Q8_0 (rt_kv_new) */
     int max_seqs;         /* sequences running at once (32) */
     int max_batch_tokens; /* tokens per forward pass (512) */
-    int max_queue;        /* requests waiting to start; past it submit says -EAGAIN (64) */
+    int max_queue;        /* requests of one priority waiting to start; past it submit says -EAGAIN (64) */
 } rt_sched_opts;
 
 void rt_sched_opts_default(rt_sched_opts *o);
@@ -83,7 +85,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
 /* Stops the thread; requests still open get ERROR -ECANCELED first. */
 void rt_sched_free(rt_sched *s);
 
-/* 0 and *id; -EAGAIN queue full; -E2BIG prompt plus max_tokens beyond the
+/* 0 and *id; -EAGAIN the queue of the request's priority is full; -E2BIG prompt plus max_tokens beyond the
  * context length; -ENOSPC the prompt (plus max_tokens) could never fit the
  * KV pool;
  * -EINVAL empty prompt or bad token; -ENOMEM; -ESHUTDOWN. On failure no
@@ -96,6 +98,7 @@ void rt_sched_cancel(rt_sched *s, uint64_t id);
 
 typedef struct rt_sched_stats {
     int queued, running;
+    int queued_batch; /* of queued, the batch-priority ones */
     int kv_blocks_free, kv_blocks_total, kv_block_tokens;
     kn_type kv_type;
     int max_seqs, max_queue, max_batch_tokens;

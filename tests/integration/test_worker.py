@@ -123,6 +123,8 @@ events, done = sse_events(b)
 streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e.get("choices"))
 t.ok(s == 200 and done and events[0]["choices"][0]["delta"].get("role") == "assistant"
      and streamed == r["choices"][0]["message"]["content"], "chat stream equals non-streamed chat")
+last = [e["choices"][0] for e in events if e.get("choices")][-1]
+t.ok(last["finish_reason"] == "length" and last["delta"] == {}, "chat stream ends with delta {} as OpenAI's: %s" % last)
 
 # --- seeds: a request without one draws anew, one with a seed repeats ---
 def sampled(seed=None):
