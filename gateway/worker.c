@@ -5,6 +5,7 @@
  * compute thread. */
 #include "gateway/cli.h"
 #include "gateway/http.h"
+#include "gateway/offload.h"
 
 #include "runtime/chat.h"
 #include "runtime/gguf.h"
@@ -19,6 +20,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -41,6 +43,7 @@ struct wreq {
     worker *w;
     gw_http_stream *stream; /* NULL once closed */
     uint64_t id;
+    bool preparing; /* with the offload thread (wprep): not yet submitted */
     bool submitted, final_seen, begun, sent_first;
     bool ended;            /* answered or reset early: later events are dropped */
     atomic_bool text_lost; /* the compute thread could not queue a TEXT event */
@@ -65,6 +68,7 @@ struct worker {
     gw_http_server *http;
     rt_model *model;
     rt_sched *sched;
+    gw_offload *prep; /* parses and encodes requests off the loop */
     const rt_tokenizer *tok;
     rt_chat_kind chat_kind;
     char bos_text[64];
@@ -139,7 +143,7 @@ static int retry_after_s(worker *w, rt_priority prio)
 
 static void wreq_maybe_free(wreq *r)
 {
-    if (r->stream || (r->submitted && !r->final_seen))
+    if (r->stream || r->preparing || (r->submitted && !r->final_seen))
         return;
     free(r->text);
     free(r);
@@ -337,6 +341,33 @@ static int64_t header_int(const gw_http_request *req, const char *name, int64_t 
     return errno || end == v || *end ? -1 : x;
 }
 
+/* Encodes src in one pass where the tokens fit len + 16 (a token covers a
+ * byte or more, but for BOS and the leading space; a vocabulary without
+ * "▁" spends three byte tokens on each space and takes a second pass).
+ * malloc'd; count in *n, or NULL with *n < 0 on an encoder error. */
+static int32_t *encode(const rt_tokenizer *tok, const char *src, size_t len, bool bos, bool special, int *n)
+{
+    size_t cap = len + 16;
+    if (cap > INT_MAX) {
+        *n = -E2BIG;
+        return NULL;
+    }
+    int32_t *t = malloc(cap * sizeof(int32_t));
+    int count = t ? rt_tokenizer_encode(tok, src, len, bos, special, t, (int)cap) : -ENOMEM;
+    if (count > (int)cap) {
+        int32_t *bigger = realloc(t, (size_t)count * sizeof(int32_t));
+        int again = bigger ? rt_tokenizer_encode(tok, src, len, bos, special, bigger, count) : -ENOMEM;
+        t = bigger ? bigger : t;
+        count = again == count ? count : again < 0 ? again : -EIO;
+    }
+    *n = count;
+    if (count <= 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
 /* Prompt tokens for a parsed request; malloc'd, count in *n. */
 static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai_error *e)
 {
@@ -374,79 +405,90 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
         if (w->bos_text[0] && !strncmp(text, w->bos_text, strlen(w->bos_text)))
             bos = false;
     }
-    size_t len = strlen(src);
-    int count = rt_tokenizer_encode(w->tok, src, len, bos, special, NULL, 0);
-    int32_t *t = count > 0 ? malloc((size_t)count * sizeof(int32_t)) : NULL;
-    if (t && rt_tokenizer_encode(w->tok, src, len, bos, special, t, count) != count) {
-        free(t);
-        t = NULL;
-    }
+    int32_t *t = encode(w->tok, src, strlen(src), bos, special, n);
     free(text);
-    if (count <= 0)
+    if (*n == 0)
         rt_oai_error_set(e, 400, "invalid_request_error", q->chat ? "messages" : "prompt", NULL,
                          "the prompt encodes to no tokens");
     else if (!t)
-        rt_oai_error_set(e, 503, "server_error", NULL, NULL, "out of memory");
-    *n = count;
+        rt_oai_error_set(e, 503, "server_error", NULL, NULL, "cannot encode the prompt (%s)", strerror(-*n));
     return t;
 }
 
-static void handle_completion(worker *w, gw_http_stream *s, const gw_http_request *req, bool chat)
-{
+/* A completion request on its way to the scheduler. The loop copies the
+ * body (the stream, and with it the request, may close first); the offload
+ * thread parses it and encodes the prompt, which for a long prompt takes
+ * long enough to hold back every other stream's tokens (~150 ms for 256
+ * KiB); the loop then submits it. */
+typedef struct wprep {
+    gw_offload_job job; /* first */
+    wreq *r;            /* the loop's: the offload thread does not touch it */
+    worker *w;
+    bool chat;
+    char *body;
+    size_t body_len;
+    rt_priority prio;
+    int64_t deadline_ms;
+    bool parsed, failed; /* q to dispose; e says why */
     rt_oai_request q;
     rt_oai_error e;
-    int32_t *toks = NULL;
-    wreq *r = NULL;
-    rt_priority prio = RT_PRIO_INTERACTIVE;
-    if (rt_oai_parse((const char *)req->body, req->body_len, chat, rt_model_hparams(w->model)->n_vocab, &q, &e)) {
-        respond_error(s, &e);
+    int32_t *toks;
+    int n_prompt;
+} wprep;
+
+static void wprep_free(wprep *p)
+{
+    if (p->parsed)
+        rt_oai_request_dispose(&p->q);
+    free(p->toks);
+    free(p->body);
+    free(p);
+}
+
+/* Offload thread: parse, check the model, encode. Only what the request
+ * brought and what never changes (model, tokenizer, template) is read. */
+static void prepare(gw_offload_job *job)
+{
+    wprep *p = (wprep *)job;
+    worker *w = p->w;
+    p->failed = true;
+    if (rt_oai_parse(p->body, p->body_len, p->chat, rt_model_hparams(w->model)->n_vocab, &p->q, &p->e))
+        return;
+    p->parsed = true;
+    if (strcmp(p->q.model, w->model_name) != 0) {
+        rt_oai_error_set(&p->e, 404, "invalid_request_error", "model", "model_not_found",
+                         "the model '%s' does not exist; this worker serves '%s'", p->q.model, w->model_name);
         return;
     }
-    if (strcmp(q.model, w->model_name) != 0) {
-        rt_oai_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
-                         "the model '%s' does not exist; this worker serves '%s'", q.model, w->model_name);
+    if ((p->toks = prompt_tokens(w, &p->q, &p->n_prompt, &p->e)))
+        p->failed = false;
+}
+
+/* Loop: queues a prepared request, or says why it cannot run. */
+static void submit_prepared(worker *w, wprep *p)
+{
+    wreq *r = p->r;
+    rt_oai_request *q = &p->q;
+    rt_oai_error e = p->e;
+    int n_prompt = p->n_prompt;
+    if (p->failed)
         goto fail;
-    }
-    const char *prio_h = gw_http_header_get(req, "x-infergate-priority");
-    int64_t deadline = header_int(req, "x-infergate-deadline-ms", 0);
-    if ((prio_h && strcmp(prio_h, "interactive") && strcmp(prio_h, "batch")) || deadline < 0) {
-        rt_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL,
-                         "x-infergate-priority must be interactive or batch, and x-infergate-deadline-ms "
-                         "epoch milliseconds");
-        goto fail;
-    }
-    if (prio_h && !strcmp(prio_h, "batch"))
-        prio = RT_PRIO_BATCH;
+    r->stream_mode = q->stream;
+    r->include_usage = q->include_usage;
     /* Without a seed every request draws anew, as OpenAI's do: a seed of 0
      * for all of them gave the same "random" completion every time. */
-    if (!q.has_seed)
-        q.sampling.seed = w->next_seed++;
-    int n_prompt;
-    if (!(toks = prompt_tokens(w, &q, &n_prompt, &e)))
-        goto fail;
-    if (!(r = calloc(1, sizeof(*r)))) {
-        rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "out of memory");
-        goto fail;
-    }
-    r->w = w;
-    r->stream = s;
-    r->chat = chat;
-    r->stream_mode = q.stream;
-    r->include_usage = q.include_usage;
-    r->created = (long)time(NULL);
-    snprintf(r->cid, sizeof(r->cid), "%s-%llx%08llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)++w->next_cid,
-             (unsigned long long)r->created);
-
+    if (!q->has_seed)
+        q->sampling.seed = w->next_seed++;
     rt_sched_req sr = {
-        .prompt = toks,
+        .prompt = p->toks,
         .n_prompt = n_prompt,
-        .max_tokens = q.max_tokens > 0 ? q.max_tokens : (chat ? 0 : 16),
-        .sampling = q.sampling,
-        .stops = (const char *const *)q.stop,
-        .n_stops = q.n_stop,
-        .ignore_eos = q.ignore_eos,
-        .priority = prio,
-        .deadline_ms = deadline,
+        .max_tokens = q->max_tokens > 0 ? q->max_tokens : (r->chat ? 0 : 16),
+        .sampling = q->sampling,
+        .stops = (const char *const *)q->stop,
+        .n_stops = q->n_stop,
+        .ignore_eos = q->ignore_eos,
+        .priority = p->prio,
+        .deadline_ms = p->deadline_ms,
         .cb = on_sched_event,
         .user = r,
     };
@@ -455,16 +497,13 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
     switch (rc) {
     case 0:
         r->submitted = true;
-        gw_http_set_user(s, r);
-        free(toks);
-        rt_oai_request_dispose(&q);
         return;
     case -EAGAIN:
         rt_oai_error_set(&e, 429, "rate_limit_error", NULL, "queue_full",
                          "the worker's queue is full; retry shortly");
         break;
     case -E2BIG: {
-        const char *param = n_prompt < ctx ? "max_tokens" : chat ? "messages" : "prompt";
+        const char *param = n_prompt < ctx ? "max_tokens" : r->chat ? "messages" : "prompt";
         rt_oai_error_set(&e, 400, "invalid_request_error", param, "context_length_exceeded",
                          "this model's maximum context length is %d tokens; the prompt has %d tokens and "
                          "max_tokens asks for %d more",
@@ -491,13 +530,64 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
         rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "cannot queue the request (%s)", strerror(-rc));
         break;
     }
-fail:
-    free(r);
-    free(toks);
-    rt_oai_request_dispose(&q);
+fail:;
     /* a full queue and a failure to queue pass; a pool too small does not */
     bool busy = e.status == 429 || (e.status == 503 && !(e.code && !strcmp(e.code, "kv_cache_too_small")));
-    respond_error_after(s, &e, busy ? retry_after_s(w, prio) : 0);
+    respond_error_after(r->stream, &e, busy ? retry_after_s(w, p->prio) : 0);
+}
+
+static void on_prepared(void *ud, gw_offload_job *job, bool ran)
+{
+    wprep *p = (wprep *)job;
+    wreq *r = p->r;
+    r->preparing = false;
+    if (ran && r->stream)
+        submit_prepared(ud, p);
+    wprep_free(p);
+    wreq_maybe_free(r);
+}
+
+static void handle_completion(worker *w, gw_http_stream *s, const gw_http_request *req, bool chat)
+{
+    rt_oai_error e;
+    const char *prio = gw_http_header_get(req, "x-infergate-priority");
+    int64_t deadline = header_int(req, "x-infergate-deadline-ms", 0);
+    if ((prio && strcmp(prio, "interactive") && strcmp(prio, "batch")) || deadline < 0) {
+        rt_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL,
+                         "x-infergate-priority must be interactive or batch, and x-infergate-deadline-ms "
+                         "epoch milliseconds");
+        respond_error(s, &e);
+        return;
+    }
+    wreq *r = calloc(1, sizeof(*r));
+    wprep *p = calloc(1, sizeof(*p));
+    char *body = malloc(req->body_len + 1);
+    if (!r || !p || !body) {
+        free(r);
+        free(p);
+        free(body);
+        rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "out of memory");
+        respond_error_after(s, &e, 1);
+        return;
+    }
+    if (req->body_len)
+        memcpy(body, req->body, req->body_len);
+    r->w = w;
+    r->stream = s;
+    r->chat = chat;
+    r->preparing = true;
+    r->created = (long)time(NULL);
+    snprintf(r->cid, sizeof(r->cid), "%s-%llx%08llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)++w->next_cid, (unsigned long long)r->created);
+    *p = (wprep){.r = r,
+                 .w = w,
+                 .chat = chat,
+                 .body = body,
+                 .body_len = req->body_len,
+                 .prio = prio && !strcmp(prio, "batch") ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE,
+                 .deadline_ms = deadline};
+    gw_http_set_user(s, r);
+    gw_offload_submit(w->prep, &p->job);
 }
 
 static void handle_stats(worker *w, gw_http_stream *s)
@@ -578,7 +668,7 @@ static void on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished
     if (!r)
         return;
     r->stream = NULL;
-    if (!r->final_seen)
+    if (r->submitted && !r->final_seen)
         rt_sched_cancel(w->sched, r->id);
     wreq_maybe_free(r);
 }
@@ -742,6 +832,10 @@ int gw_cmd_worker(int argc, char **argv)
         goto out;
     }
     w.notify = event_new(w.base, -1, 0, on_notify, &w);
+    if (!(w.prep = gw_offload_new(w.base, prepare, on_prepared, &w))) {
+        fprintf(stderr, "worker: cannot start the request thread\n");
+        goto out;
+    }
     w.sigterm = evsignal_new(w.base, SIGTERM, on_signal, &w);
     w.sigint = evsignal_new(w.base, SIGINT, on_signal, &w);
     if (!w.notify || !w.sigterm || !w.sigint || event_add(w.sigterm, NULL) || event_add(w.sigint, NULL)) {
@@ -775,10 +869,12 @@ int gw_cmd_worker(int argc, char **argv)
     event_base_dispatch(w.base);
     status = 0;
 out:
-    /* The server first (its streams close and cancel), then the scheduler
-     * (its last events land in the queue), then the queue. */
+    /* The server first (its streams close and cancel), then the requests
+     * being prepared (their streams are gone), then the scheduler (its last
+     * events land in the queue), then the queue. */
     if (w.http)
         gw_http_server_free(w.http);
+    gw_offload_free(w.prep);
     rt_sched_free(w.sched);
     if (w.base)
         on_notify(-1, 0, &w);

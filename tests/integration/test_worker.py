@@ -164,6 +164,27 @@ t.ok(done and len([e for e in events if e.get("choices") and e["choices"][0]["te
 s, _, _ = curl(URL + "/nope", unix=sock)
 t.ok(s == 404, "unknown path -> 404")
 
+# --- long prompts are parsed and encoded off the event loop ---
+# A prompt past the context still gets its token count; clients that give up
+# while theirs is being encoded leave nothing behind.
+big = {"model": "m", "prompt": "long prompts are encoded on their own thread " * 6000, "max_tokens": 1}
+s, _, b = post("/v1/completions", big)
+e = json.loads(b).get("error", {}) if b else {}
+t.ok(s == 400 and e.get("code") == "context_length_exceeded" and e.get("param") == "prompt",
+     "a 270 KB prompt -> 400 context_length_exceeded: %s" % e.get("message"))
+big_path = os.path.join(d, "big.json")
+with open(big_path, "w") as f:
+    json.dump(big, f)
+quitters = [subprocess.Popen(["curl", "-sS", "--http2-prior-knowledge", "--unix-socket", sock, "--max-time", "0.05",
+                              "-H", "content-type: application/json", "--data-binary", "@" + big_path,
+                              URL + "/v1/completions"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(6)]
+for pr in quitters:
+    pr.communicate(timeout=30)
+s, _, b = post("/v1/completions", body(prompts[0]))
+t.ok(s == 200 and json.loads(b)["choices"][0]["text"] == alone[0],
+     "after six clients left mid-encoding, the worker answers as before")
+
 # --- deadline passed before start -> 504 ---
 past = str(int(time.time() * 1000) - 1000)
 s, _, b = post("/v1/completions", body(prompts[0]), headers=["x-infergate-deadline-ms: " + past])
