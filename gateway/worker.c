@@ -410,8 +410,11 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
     if (*n == 0)
         rt_oai_error_set(e, 400, "invalid_request_error", q->chat ? "messages" : "prompt", NULL,
                          "the prompt encodes to no tokens");
-    else if (!t)
-        rt_oai_error_set(e, 503, "server_error", NULL, NULL, "cannot encode the prompt (%s)", strerror(-*n));
+    else if (*n == -ENOMEM)
+        rt_oai_error_set(e, 503, "server_error", NULL, NULL, "out of memory");
+    else if (!t) /* beyond what the encoder takes (~700 MB), past any sane --max-body */
+        rt_oai_error_set(e, 400, "invalid_request_error", q->chat ? "messages" : "prompt", NULL,
+                         "the prompt is too long to encode");
     return t;
 }
 
