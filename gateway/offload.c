@@ -20,7 +20,7 @@ struct gw_offload {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stopping;
-    job_queue todo, finished; /* under mu */
+    job_queue pending, finished; /* under mu */
 };
 
 static void push(job_queue *q, gw_offload_job *j)
@@ -54,14 +54,14 @@ static void *run(void *arg)
     gw_offload *o = arg;
     pthread_mutex_lock(&o->mu);
     for (;;) {
-        while (!o->stopping && !o->todo.head)
+        while (!o->stopping && !o->pending.head)
             pthread_cond_wait(&o->cv, &o->mu);
         if (o->stopping)
             break;
-        gw_offload_job *j = o->todo.head;
-        o->todo.head = j->next_;
-        if (!o->todo.head)
-            o->todo.tail = NULL;
+        gw_offload_job *j = o->pending.head;
+        o->pending.head = j->next_;
+        if (!o->pending.head)
+            o->pending.tail = NULL;
         pthread_mutex_unlock(&o->mu);
         o->work(j);
         pthread_mutex_lock(&o->mu);
@@ -116,7 +116,7 @@ fail_ev:
 void gw_offload_submit(gw_offload *o, gw_offload_job *job)
 {
     pthread_mutex_lock(&o->mu);
-    push(&o->todo, job);
+    push(&o->pending, job);
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
 }
@@ -132,7 +132,7 @@ void gw_offload_free(gw_offload *o)
     pthread_join(o->thread, NULL);
     event_free(o->ev);
     deliver(o, take_all(&o->finished), true);
-    deliver(o, take_all(&o->todo), false);
+    deliver(o, take_all(&o->pending), false);
     pthread_cond_destroy(&o->cv);
     pthread_mutex_destroy(&o->mu);
     free(o);

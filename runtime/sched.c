@@ -567,7 +567,6 @@ static void publish_stats(rt_sched *s)
     double now = now_s();
     pthread_mutex_lock(&s->mu);
     rt_sched_stats *st = &s->stats;
-    count_queued(s);
     st->running = s->n_running;
     st->kv_blocks_free = rt_kv_blocks_free(s->kv);
     st->steps++;
