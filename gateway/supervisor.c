@@ -24,7 +24,7 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
 #define STABLE_S 30.0   /* up this long: the back-off starts over */
-#define STALE_S 3.0     /* no stats this long: not ready */
+#define STALE_S 3.0     /* no stats this long: not ready; a stats request this old is given up */
 #define STATS_MAX 65536 /* bytes of a stats answer we read */
 #define PROBE_MS 5000   /* nvidia-smi -L for devices: auto */
 
@@ -33,7 +33,7 @@ typedef struct sworker {
     const gw_worker_cfg *cfg;
     char *device, *sock_path, *target;
     gw_supervisor *sup;
-    double started_at, last_stats;
+    double started_at, last_stats, stats_sent;
     int backoff_ms;
     struct event *respawn;
     gw_upstream_req *stats_req;
@@ -279,9 +279,22 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
                      now - w->last_stats);
             w->info.ready = false;
         }
+        /* A worker that reads the request but never answers it (a wedged
+         * loop that came back, a lost stream) must not leave it unready for
+         * good: give the request up and ask again. */
+        if (w->stats_req && now - w->stats_sent > STALE_S) {
+            log_line("worker %d (pid %d): stats request unanswered for %.1f s; asking again", i,
+                     (int)w->info.pid, now - w->stats_sent);
+            gw_upstream_cancel(w->stats_req);
+            w->stats_req = NULL;
+            free(w->stats_buf);
+            w->stats_buf = NULL;
+            w->stats_len = 0;
+        }
         if (!w->info.pid || w->stats_req)
             continue;
         w->stats_status = 0;
+        w->stats_sent = now;
         w->stats_req = gw_upstream_send(s->pool, w->target, "GET", "/internal/stats", "localhost", NULL, 0, NULL, 0,
                                         &stats_cbs, w);
     }

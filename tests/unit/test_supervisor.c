@@ -1,0 +1,197 @@
+/* The worker supervisor against workers that misbehave on demand. The
+ * supervisor runs `EXE worker ... --listen unix:PATH`; here EXE is this
+ * test binary, which then plays a fault-injecting worker (fake_worker,
+ * below): a real HTTP/2 server (gateway/http) that answers
+ * /internal/stats, but leaves one stats request unanswered, or exits at
+ * once the first time it starts — faults a real worker cannot be made to
+ * show on demand. */
+#include "gateway/config.h"
+#include "gateway/http.h"
+#include "gateway/supervisor.h"
+#include "gateway/upstream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+typedef struct tsup {
+    struct event_base *base;
+    struct event *tick;
+    char dir[64];
+    int n_close;
+    gw_config *cfg;
+    gw_upstream_pool *pool;
+    gw_supervisor *sup;
+} tsup;
+
+#define HARNESS_CTX tsup
+#include "loop_harness.h"
+
+/* ---- the fault-injecting worker (this binary run as `... worker`) ---- */
+
+typedef struct fake {
+    const char *mode; /* FAKE_WORKER: "hang-second" or "exit-first" */
+    int requests;     /* stats requests seen */
+    int reset;        /* streams closed before their answer */
+} fake;
+
+static void fake_request(void *ud, gw_http_stream *s, const gw_http_request *req)
+{
+    fake *f = ud;
+    if (strcmp(req->path, "/internal/stats") != 0) {
+        gw_http_respond(s, 404, NULL, 0, NULL, 0);
+        return;
+    }
+    if (++f->requests == 2 && !strcmp(f->mode, "hang-second"))
+        return; /* read, never answered */
+    /* running counts the requests seen and queued the ones given up, so
+     * the test sees which request an answer came from. */
+    char body[256];
+    int n =
+        snprintf(body, sizeof(body),
+                 "{\"queued\":%d,\"running\":%d,\"max_seqs\":4,\"kv_blocks_free\":8,\"kv_blocks_total\":8}",
+                 f->reset, f->requests);
+    gw_http_header h = {"content-type", "application/json"};
+    gw_http_respond(s, 200, &h, 1, body, (size_t)n);
+}
+
+static void fake_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished)
+{
+    if (!finished)
+        ((fake *)ud)->reset++;
+}
+
+static int fake_worker(int argc, char **argv)
+{
+    const char *listen = NULL, *marker = getenv("FAKE_WORKER_MARKER");
+    for (int i = 2; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--listen"))
+            listen = argv[i + 1];
+    fake f = {.mode = getenv("FAKE_WORKER") ? getenv("FAKE_WORKER") : ""};
+    if (!listen)
+        return 2;
+    if (!strcmp(f.mode, "exit-first") && marker) {
+        int fd = open(marker, O_CREAT | O_EXCL | O_WRONLY, 0600);
+        if (fd >= 0) {
+            close(fd);
+            return 3;
+        }
+    }
+    signal(SIGPIPE, SIG_IGN);
+    struct event_base *base = event_base_new();
+    gw_http_handler h = {fake_request, fake_close, NULL};
+    gw_http_server *srv = base ? gw_http_server_new(base, NULL, &h, &f) : NULL;
+    char err[256];
+    if (!srv || gw_http_server_listen(srv, listen, err, sizeof(err))) {
+        fprintf(stderr, "fake worker: cannot listen on %s\n", listen);
+        return 1;
+    }
+    event_base_dispatch(base); /* until the supervisor's SIGTERM */
+    return 0;
+}
+
+/* ---- the supervisor under test ---- */
+
+static char self_exe[4096];
+
+static void sup_open(tsup *t, const char *mode)
+{
+    loop_open(t, "ig-sup");
+    char marker[128], yaml[1024];
+    snprintf(marker, sizeof(marker), "%s/exited", t->dir);
+    setenv("FAKE_WORKER", mode, 1);
+    setenv("FAKE_WORKER_MARKER", marker, 1);
+    int n = snprintf(yaml, sizeof(yaml),
+                     "runtime_dir: \"%s/run\"\n"
+                     "stats_interval_ms: 50\n"
+                     "workers:\n"
+                     "  - model: \"%s/none.gguf\"\n"
+                     "    name: m\n"
+                     "    devices: [cpu]\n",
+                     t->dir, t->dir);
+    char err[512];
+    assert_int_equal(gw_config_parse("test", yaml, (size_t)n, &t->cfg, err, sizeof(err)), 0);
+    gw_upstream_opts o;
+    gw_upstream_opts_default(&o);
+    t->pool = gw_upstream_pool_new(t->base, &o, err, sizeof(err));
+    assert_non_null(t->pool);
+    t->sup = gw_supervisor_new(t->base, t->pool, t->cfg, self_exe, err, sizeof(err));
+    assert_non_null(t->sup);
+    assert_int_equal(gw_supervisor_start(t->sup, err, sizeof(err)), 0);
+}
+
+static void sup_close(tsup *t)
+{
+    gw_supervisor_stop(t->sup, 5);
+    gw_supervisor_free(t->sup);
+    gw_upstream_pool_free(t->pool);
+    gw_config_free(t->cfg);
+    loop_close(t);
+}
+
+static bool ready_with(tsup *t, void *arg)
+{
+    const gw_worker_info *w = gw_supervisor_worker(t->sup, 0);
+    return w->ready && w->running >= *(int *)arg;
+}
+
+static bool reset_seen(tsup *t, void *arg)
+{
+    return gw_supervisor_worker(t->sup, 0)->queued >= 1;
+}
+
+static bool not_ready(tsup *t, void *arg)
+{
+    return !gw_supervisor_worker(t->sup, 0)->ready;
+}
+
+/* The second stats request is never answered. Before the fix the
+ * supervisor waited on it for good and the worker stayed unready; now it
+ * resets it after STALE_S and asks again. */
+static void test_unanswered_stats_request_is_retried(void **state)
+{
+    tsup t = {0};
+    sup_open(&t, "hang-second");
+    int first = 1, third = 3;
+    assert_true(run_until(&t, ready_with, &first));
+    assert_true(run_until(&t, not_ready, NULL));
+    assert_true(run_until(&t, ready_with, &third));
+    /* The hung request was reset, not left open on the worker (a later
+     * answer says so: the reset may reach it after the next request). */
+    assert_true(run_until(&t, reset_seen, NULL));
+    const gw_worker_info *w = gw_supervisor_worker(t.sup, 0);
+    assert_int_equal(w->queued, 1);
+    assert_int_equal(w->restarts, 0);
+    sup_close(&t);
+}
+
+/* A worker that exits at start is restarted after a back-off and then
+ * becomes ready. */
+static void test_exited_worker_is_restarted(void **state)
+{
+    tsup t = {0};
+    sup_open(&t, "exit-first");
+    int one = 1;
+    assert_true(run_until(&t, ready_with, &one));
+    const gw_worker_info *w = gw_supervisor_worker(t.sup, 0);
+    assert_int_equal(w->restarts, 1);
+    assert_true(w->pid > 0);
+    sup_close(&t);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "worker"))
+        return fake_worker(argc, argv);
+    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
+    if (n <= 0)
+        return 1;
+    self_exe[n] = '\0';
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unanswered_stats_request_is_retried),
+        cmocka_unit_test(test_exited_worker_is_restarted),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
