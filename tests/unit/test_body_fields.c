@@ -25,6 +25,24 @@ static int scan(const char *body, gw_body_fields *f, char *err, size_t err_len)
 }
 
 /* jansson's reading of the same body, as the gateway used to make it. */
+/* What the worker takes for an integer (runtime/openai.c, get_int): an
+ * integer, or a real with an integral value. (The scan leaves out a
+ * number text too long for any sane count; none is compared here.) */
+static bool integral(json_t *v, long long *out)
+{
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return true;
+    }
+    if (!json_is_real(v))
+        return false;
+    double d = json_real_value(v);
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0) || d != (double)(long long)d)
+        return false;
+    *out = (long long)d;
+    return true;
+}
+
 static void assert_like_jansson(const char *body, size_t len)
 {
     json_error_t je;
@@ -45,10 +63,10 @@ static void assert_like_jansson(const char *body, size_t len)
         if (f.model_len < GW_BODY_MODEL_MAX)
             assert_memory_equal(f.model, json_string_value(m), f.model_len + 1);
     }
-    json_t *mt = json_object_get(o, "max_completion_tokens");
-    if (!json_is_integer(mt))
-        mt = json_object_get(o, "max_tokens");
-    assert_int_equal(f.max_tokens, json_is_integer(mt) ? json_integer_value(mt) : -1);
+    long long want = -1;
+    if (!integral(json_object_get(o, "max_completion_tokens"), &want))
+        integral(json_object_get(o, "max_tokens"), &want);
+    assert_int_equal(f.max_tokens, want);
     json_decref(o);
 }
 
@@ -85,10 +103,17 @@ static void test_token_fields(void **state)
         {"{\"max_tokens\":5,\"max_completion_tokens\":9}", 9},
         {"{\"max_completion_tokens\":9,\"max_tokens\":5}", 9},
         {"{\"max_completion_tokens\":\"9\",\"max_tokens\":5}", 5},
-        {"{\"max_completion_tokens\":9.0,\"max_tokens\":5}", 5},
+        {"{\"max_completion_tokens\":9.0,\"max_tokens\":5}", 9},
+        {"{\"max_completion_tokens\":9.5,\"max_tokens\":5}", 5},
         {"{\"max_completion_tokens\":null,\"max_tokens\":5}", 5},
-        {"{\"max_tokens\":5e0}", -1},
-        {"{\"max_tokens\":1E2}", -1},
+        {"{\"max_tokens\":5e0}", 5},
+        {"{\"max_tokens\":1E2}", 100},
+        {"{\"max_tokens\":100.000}", 100},
+        {"{\"max_tokens\":-0.0}", 0},
+        {"{\"max_tokens\":1e-2}", -1},
+        {"{\"max_tokens\":1e300}", -1},
+        {"{\"max_tokens\":9223372036854775808.0}", -1},
+        {"{\"max_tokens\":100.00000000000000000000000000000000000000000000000000000000000000000}", 100},
         {"{\"max_tokens\":-0}", 0},
         {"{\"max_tokens\":0}", 0},
         {"{\"max_tokens\":9223372036854775807}", 9223372036854775807LL},
@@ -110,6 +135,13 @@ static void test_token_fields(void **state)
             fail_msg("%s: max_tokens %lld, want %lld", cases[i].body, f.max_tokens, cases[i].want);
         assert_like_jansson(cases[i].body, strlen(cases[i].body));
     }
+    /* A number text longer than the scan reads as a real is left out. */
+    char body[700];
+    int n = snprintf(body, sizeof(body), "{\"max_tokens\":5.%0600d}", 0);
+    gw_body_fields f;
+    char err[128];
+    assert_int_equal(gw_body_fields_scan(body, (size_t)n, &f, err, sizeof(err)), 0);
+    assert_int_equal(f.max_tokens, -1);
 }
 
 static void test_model_values(void **state)
