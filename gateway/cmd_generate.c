@@ -287,7 +287,6 @@ int gw_cmd_generate(int argc, char **argv)
 
     int n_gen = 0;
     bool stopped = false;
-    char piece[256];
     t0 = now_s();
     while (n_gen < a.n_predict) {
         int32_t t = rt_sampler_sample(smp, logits);
@@ -295,10 +294,9 @@ int gw_cmd_generate(int argc, char **argv)
         generated[n_gen++] = t;
         if (!a.ignore_eos && rt_tokenizer_is_eog(tok, t))
             break;
-        int n = rt_tokenizer_piece(tok, t, piece, sizeof(piece));
-        if (n > (int)sizeof(piece))
-            n = (int)sizeof(piece);
-        if (n > 0 && rt_stop_feed(stop, piece, (size_t)n)) {
+        size_t n = 0;
+        const char *piece = rt_tokenizer_piece(tok, t, &n);
+        if (piece && n > 0 && rt_stop_feed(stop, piece, n)) {
             stopped = true;
             break;
         }

@@ -510,11 +510,9 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
     if (!r->ignore_eos && rt_tokenizer_is_eog(s->tok, t)) {
         reason = "stop";
     } else {
-        char piece[256];
-        int n = rt_tokenizer_piece(s->tok, t, piece, sizeof(piece));
-        if (n > (int)sizeof(piece))
-            n = (int)sizeof(piece);
-        if (n > 0 && rt_stop_feed(r->stop, piece, (size_t)n)) {
+        size_t n = 0;
+        const char *piece = rt_tokenizer_piece(s->tok, t, &n);
+        if (piece && n > 0 && rt_stop_feed(r->stop, piece, n)) {
             matched = true;
             reason = "stop";
         }

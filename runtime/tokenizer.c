@@ -1282,15 +1282,12 @@ out:
 
 /* ---- decoding ---- */
 
-int rt_tokenizer_piece(const rt_tokenizer *t, int32_t tok, char *buf, size_t cap)
+const char *rt_tokenizer_piece(const rt_tokenizer *t, int32_t tok, size_t *len)
 {
     if (tok < 0 || tok >= t->n_vocab)
-        return -EINVAL;
-    size_t n = t->piece_off[tok + 1] - t->piece_off[tok];
-    if (n > INT_MAX)
-        return -EOVERFLOW;
-    memcpy(buf, t->piece + t->piece_off[tok], n < cap ? n : cap);
-    return (int)n;
+        return NULL;
+    *len = t->piece_off[tok + 1] - t->piece_off[tok];
+    return t->piece + t->piece_off[tok];
 }
 
 int rt_tokenizer_decode(const rt_tokenizer *t, const int32_t *toks, int n, bool strip_leading_space,

@@ -45,10 +45,10 @@ int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, boo
                         int32_t *out, int max_out);
 
 /* Bytes that token `tok` contributes to the text (a byte token gives its one
- * raw byte, which may be part of a UTF-8 sequence). Control tokens give "".
- * Writes at most cap bytes; returns the full length, or -EINVAL for an id
- * out of range. */
-int rt_tokenizer_piece(const rt_tokenizer *t, int32_t tok, char *buf, size_t cap);
+ * raw byte, which may be part of a UTF-8 sequence), *len of them, not
+ * NUL-terminated; they live as long as t. Control tokens give none. NULL
+ * for an id out of range. */
+const char *rt_tokenizer_piece(const rt_tokenizer *t, int32_t tok, size_t *len);
 /* Whole-sequence decode (SentencePiece drops the space the encoder added
  * before the first piece when `strip_leading_space`). Returns full length.
  * A NUL follows the text when it fits (length < cap).

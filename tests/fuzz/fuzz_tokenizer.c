@@ -255,18 +255,20 @@ static void check(const rt_tokenizer *t, const uint8_t *data, size_t size, bool 
     } else if (!spm) {
         size_t o = 0;
         for (int i = 0; i < n; i++) {
-            int k = rt_tokenizer_piece(t, body[i], out + o, cap - o);
-            if (k < 0 || (size_t)k > cap - o)
+            size_t k = 0;
+            const char *piece = rt_tokenizer_piece(t, body[i], &k);
+            if (!piece || k > cap - o)
                 die("piece", "failed");
+            memcpy(out + o, piece, k);
             if (k == 0) { /* control: its text was in the input */
                 const char *s = rt_tokenizer_token_text(t, body[i]);
                 size_t sl = strlen(s);
                 if (sl > cap - o)
                     die("piece", "overflow");
                 memcpy(out + o, s, sl);
-                k = (int)sl;
+                k = sl;
             }
-            o += (size_t)k;
+            o += k;
         }
         if (o != size || memcmp(out, text, size) != 0)
             die("round trip", "bpe with specials");
