@@ -20,7 +20,7 @@ struct gw_offload {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stopping;
-    job_queue pending, finished; /* under mu */
+    job_queue pending[2], finished; /* under mu; pending[0] is urgent */
 };
 
 static void push(job_queue *q, gw_offload_job *j)
@@ -54,14 +54,15 @@ static void *run(void *arg)
     gw_offload *o = arg;
     pthread_mutex_lock(&o->mu);
     for (;;) {
-        while (!o->stopping && !o->pending.head)
+        while (!o->stopping && !o->pending[0].head && !o->pending[1].head)
             pthread_cond_wait(&o->cv, &o->mu);
         if (o->stopping)
             break;
-        gw_offload_job *j = o->pending.head;
-        o->pending.head = j->next_;
-        if (!o->pending.head)
-            o->pending.tail = NULL;
+        job_queue *q = &o->pending[o->pending[0].head ? 0 : 1];
+        gw_offload_job *j = q->head;
+        q->head = j->next_;
+        if (!q->head)
+            q->tail = NULL;
         pthread_mutex_unlock(&o->mu);
         o->work(j);
         pthread_mutex_lock(&o->mu);
@@ -113,10 +114,10 @@ fail_ev:
     return NULL;
 }
 
-void gw_offload_submit(gw_offload *o, gw_offload_job *job)
+void gw_offload_submit(gw_offload *o, gw_offload_job *job, bool urgent)
 {
     pthread_mutex_lock(&o->mu);
-    push(&o->pending, job);
+    push(&o->pending[urgent ? 0 : 1], job);
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
 }
@@ -132,7 +133,8 @@ void gw_offload_free(gw_offload *o)
     pthread_join(o->thread, NULL);
     event_free(o->ev);
     deliver(o, take_all(&o->finished), true);
-    deliver(o, take_all(&o->pending), false);
+    deliver(o, take_all(&o->pending[0]), false);
+    deliver(o, take_all(&o->pending[1]), false);
     pthread_cond_destroy(&o->cv);
     pthread_mutex_destroy(&o->mu);
     free(o);

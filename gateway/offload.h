@@ -28,11 +28,14 @@ typedef void (*gw_offload_done_fn)(void *ud, gw_offload_job *job, bool ran);
 /* NULL when out of memory or the thread cannot start. */
 gw_offload *gw_offload_new(struct event_base *base, gw_offload_work_fn work, gw_offload_done_fn done,
                            void *ud);
-/* Queues job; never fails (the queue is intrusive). Any thread. */
-void gw_offload_submit(gw_offload *o, gw_offload_job *job);
+/* Queues job; never fails (the queue is intrusive). Any thread. Jobs run
+ * in order, except that an urgent one runs before every job not urgent
+ * (an interactive request's prompt before a batch job's). */
+void gw_offload_submit(gw_offload *o, gw_offload_job *job, bool urgent);
 /* Stops the thread after the job it is running, then passes every job not
- * yet handed back to done, in order, on the calling thread: those the
- * thread finished with ran true, the rest false. NULL is ignored. */
+ * yet handed back to done, on the calling thread: those the thread
+ * finished with ran true, then the rest, in the order they would have
+ * run, with ran false. NULL is ignored. */
 void gw_offload_free(gw_offload *o);
 
 #endif

@@ -79,7 +79,32 @@ struct worker {
     double drain_deadline;
     uint64_t next_cid;
     uint64_t next_seed; /* for requests that name none; the sampler mixes it */
+    int preparing[2];   /* requests with the offload thread, by rt_priority */
 };
+
+static int64_t epoch_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static bool deadline_passed(int64_t deadline_ms)
+{
+    return deadline_ms && epoch_ms() > deadline_ms;
+}
+
+static void set_deadline_error(rt_oai_error *e)
+{
+    rt_oai_error_set(e, 504, "timeout_error", NULL, "deadline_exceeded",
+                     "the request's deadline passed before it could start");
+}
+
+static void set_queue_full_error(rt_oai_error *e)
+{
+    rt_oai_error_set(e, 429, "rate_limit_error", NULL, "queue_full",
+                     "the worker's queue is full; retry shortly");
+}
 
 static double mono_s(void)
 {
@@ -96,7 +121,10 @@ static void respond_json(gw_http_stream *s, int status, char *body)
         gw_http_reset(s);
         return;
     }
-    gw_http_respond(s, status, json_headers, 1, body, strlen(body));
+    /* A response that cannot be queued (out of memory) must not leave the
+     * stream open without one. */
+    if (gw_http_respond(s, status, json_headers, 1, body, strlen(body)))
+        gw_http_reset(s);
     free(body);
 }
 
@@ -108,14 +136,11 @@ static void respond_error_after(gw_http_stream *s, const rt_oai_error *e, int re
         gw_http_reset(s);
         return;
     }
-    if (retry_after_s > 0) {
-        char ra[16];
-        snprintf(ra, sizeof(ra), "%d", retry_after_s);
-        gw_http_header h[] = {{"content-type", "application/json"}, {"retry-after", ra}};
-        gw_http_respond(s, e->status, h, 2, body, strlen(body));
-    } else {
-        gw_http_respond(s, e->status, json_headers, 1, body, strlen(body));
-    }
+    char ra[16];
+    snprintf(ra, sizeof(ra), "%d", retry_after_s);
+    gw_http_header h[] = {{"content-type", "application/json"}, {"retry-after", ra}};
+    if (gw_http_respond(s, e->status, h, retry_after_s > 0 ? 2 : 1, body, strlen(body)))
+        gw_http_reset(s);
     free(body);
 }
 
@@ -127,15 +152,16 @@ static void respond_error(gw_http_stream *s, const rt_oai_error *e)
 /* Seconds until a turned-away request would likely find room: the queue
  * ahead (for an interactive request, the interactive requests; for a batch
  * one, all) drained max_seqs at a time, each request taking what the
- * recent ones took (first token, then its share of tokens at the
- * per-token pace). A constant 1 told a thousand clients to come back
- * together in a second, whatever the backlog. 1 to 60. */
+ * recent finished ones took once admitted (first token, then its share of
+ * tokens at the per-token pace). Not the TTFT clients see: it holds the
+ * queueing this already counts. A constant 1 told a thousand clients to
+ * come back together in a second, whatever the backlog. 1 to 60. */
 static int retry_after_s(worker *w, rt_priority prio)
 {
     rt_sched_stats st;
     rt_sched_get_stats(w->sched, &st);
-    double per_req = st.requests_done ? (double)st.tokens_generated / (double)st.requests_done : 0.0;
-    double req_s = (st.ttft_ewma_ms + per_req * st.tpot_ewma_ms) * 1e-3;
+    double per_req = st.requests_done ? (double)st.done_tokens / (double)st.requests_done : 0.0;
+    double req_s = (st.prefill_ewma_ms + per_req * st.tpot_ewma_ms) * 1e-3;
     int ahead = prio == RT_PRIO_BATCH ? st.queued : st.queued - st.queued_batch;
     double wait = (double)(ahead + 1) / (st.max_seqs > 0 ? st.max_seqs : 1) * req_s;
     return wait < 1.0 ? 1 : wait > 60.0 ? 60 : (int)ceil(wait);
@@ -283,16 +309,20 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
         return;
     }
     if (ev->kind == RT_EV_ERROR) {
-        if (ev->error == -ETIMEDOUT)
-            rt_oai_error_set(&e, 504, "timeout_error", NULL, "deadline_exceeded",
-                             "the request's deadline passed before it could start");
-        else
+        int retry = 0;
+        if (ev->error == -ETIMEDOUT) {
+            set_deadline_error(&e);
+        } else if (ev->error == -ENOMEM) {
+            rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "out of memory while running the model");
+            retry = 1;
+        } else {
             rt_oai_error_set(&e, 500, "server_error", NULL, NULL, "the model failed to run this request (%s)",
                              strerror(-ev->error));
+        }
         if (r->begun)
             gw_http_reset(r->stream);
         else
-            respond_error(r->stream, &e);
+            respond_error_after(r->stream, &e, retry);
         return;
     }
     if (r->stream_mode) {
@@ -455,6 +485,11 @@ static void prepare(gw_offload_job *job)
     wprep *p = (wprep *)job;
     worker *w = p->w;
     p->failed = true;
+    /* It may have waited behind long prompts: no parse for a lost cause. */
+    if (deadline_passed(p->deadline_ms)) {
+        set_deadline_error(&p->e);
+        return;
+    }
     if (rt_oai_parse(p->body, p->body_len, p->chat, rt_model_hparams(w->model)->n_vocab, &p->q, &p->e))
         return;
     p->parsed = true;
@@ -502,8 +537,7 @@ static void submit_prepared(worker *w, wprep *p)
         r->submitted = true;
         return;
     case -EAGAIN:
-        rt_oai_error_set(&e, 429, "rate_limit_error", NULL, "queue_full",
-                         "the worker's queue is full; retry shortly");
+        set_queue_full_error(&e);
         break;
     case -E2BIG: {
         const char *param = n_prompt < ctx ? "max_tokens" : r->chat ? "messages" : "prompt";
@@ -544,6 +578,7 @@ static void on_prepared(void *ud, gw_offload_job *job, bool ran)
     wprep *p = (wprep *)job;
     wreq *r = p->r;
     r->preparing = false;
+    p->w->preparing[p->prio]--;
     if (ran && r->stream)
         submit_prepared(ud, p);
     wprep_free(p);
@@ -560,6 +595,19 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
                          "x-infergate-priority must be interactive or batch, and x-infergate-deadline-ms "
                          "epoch milliseconds");
         respond_error(s, &e);
+        return;
+    }
+    rt_priority pr = prio && !strcmp(prio, "batch") ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE;
+    if (deadline_passed(deadline)) {
+        set_deadline_error(&e);
+        respond_error(s, &e);
+        return;
+    }
+    /* A request being prepared counts against its priority's queue limit:
+     * past it, it is turned away before its body costs a parse. */
+    if (w->preparing[pr] >= rt_sched_room(w->sched, pr)) {
+        set_queue_full_error(&e);
+        respond_error_after(s, &e, retry_after_s(w, pr));
         return;
     }
     wreq *r = calloc(1, sizeof(*r));
@@ -587,10 +635,11 @@ static void handle_completion(worker *w, gw_http_stream *s, const gw_http_reques
                  .chat = chat,
                  .body = body,
                  .body_len = req->body_len,
-                 .prio = prio && !strcmp(prio, "batch") ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE,
+                 .prio = pr,
                  .deadline_ms = deadline};
     gw_http_set_user(s, r);
-    gw_offload_submit(w->prep, &p->job);
+    w->preparing[pr]++;
+    gw_offload_submit(w->prep, &p->job, pr == RT_PRIO_INTERACTIVE);
 }
 
 static void handle_stats(worker *w, gw_http_stream *s)
@@ -638,8 +687,7 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
         }
     } else if (PATH_IS("/health")) {
         if (get) {
-            static const char ok[] = "{\"status\":\"ok\"}";
-            gw_http_respond(s, 200, json_headers, 1, ok, sizeof(ok) - 1);
+            respond_json(s, 200, strdup("{\"status\":\"ok\"}"));
             return;
         }
     } else if (PATH_IS("/v1/models")) {

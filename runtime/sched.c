@@ -80,6 +80,23 @@ static void count_queued(rt_sched *s)
     s->stats.queued_batch = s->n_waiting[1];
 }
 
+/* Under mu. Each priority has its own max_queue, so that a backlog of batch
+ * jobs never turns an interactive request away. Requests that will start
+ * at once are not counted as queued. */
+static int room(const rt_sched *s, int prio)
+{
+    int n = s->o.max_queue + (s->o.max_seqs - s->stats.running) - s->n_waiting[prio];
+    return n > 0 ? n : 0;
+}
+
+int rt_sched_room(rt_sched *s, rt_priority p)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = room(s, p == RT_PRIO_BATCH ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void rt_sched_opts_default(rt_sched_opts *o)
 {
     *o = (rt_sched_opts){
@@ -204,12 +221,9 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
 
     pthread_mutex_lock(&s->mu);
     int rc = 0;
-    /* Each priority has its own max_queue, so that a backlog of batch jobs
-     * never turns an interactive request away. Requests that will start at
-     * once are not counted as queued. */
     if (s->stopping)
         rc = -ESHUTDOWN;
-    else if (s->n_waiting[q->prio] >= s->o.max_queue + (s->o.max_seqs - s->stats.running))
+    else if (room(s, q->prio) == 0)
         rc = -EAGAIN;
     if (rc) {
         pthread_mutex_unlock(&s->mu);
@@ -527,6 +541,7 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
     if (reason) {
         pthread_mutex_lock(&s->mu);
         s->stats.requests_done++;
+        s->stats.done_tokens += (uint64_t)r->n_gen;
         pthread_mutex_unlock(&s->mu);
         sreq_free(r);
     }
@@ -545,11 +560,12 @@ static void step(rt_sched *s)
     for (int i = 0; i < n; i++) {
         sreq *r = s->running[s->take[i]];
         if (rc) {
-            /* Cannot happen with the KV accounting above; fail the batch's
-             * requests rather than spin on it. */
+            /* Blocks cannot run out with the KV accounting above; memory
+             * for activations can. Fail the batch's requests rather than
+             * spin on it: -ENOMEM (worth a retry) or -EIO. */
             fprintf(stderr, "scheduler: forward pass failed (%d); failing request %llu\n", rc,
                     (unsigned long long)r->id);
-            finish_error(s, r, -EIO);
+            finish_error(s, r, rc == -ENOMEM ? -ENOMEM : -EIO);
             s->running[s->take[i]] = NULL;
             continue;
         }

@@ -212,6 +212,8 @@ t.ok(st["kv_blocks_free"] < total, "running streams hold KV blocks")
 s, h, b = post("/v1/completions", body(prompts[2], n=4), sock=sock2)
 t.ok(s == 429 and 1 <= int(h.get("retry-after", "0")) <= 60 and json.loads(b)["error"]["type"] == "rate_limit_error",
      "queue full -> 429 with Retry-After")
+s, h, b = post("/v1/completions", b'{"model": "m", "prompt": [1, 2', sock=sock2)
+t.ok(s == 429 and "retry-after" in h, "queue full: a request is turned away before its body is parsed: %d" % s)
 
 for pr in long_reqs:
     pr.kill()
