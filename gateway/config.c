@@ -30,7 +30,6 @@
 #define CFG_MAX_TENANTS 65536
 #define CFG_MAX_KEYS 64
 #define CFG_MAX_MODELS 256
-#define CFG_TENANT_NAME_MAX 64
 /* Leaves room in sun_path (108 bytes) for the worker socket names. */
 #define CFG_RUNTIME_DIR_MAX 80
 
@@ -545,7 +544,7 @@ static int parse_key_hash(cfg_parser *p, const yaml_node_t *n, const char *path,
 static bool valid_tenant_name(const char *s)
 {
     size_t n = strlen(s);
-    return n >= 1 && n <= CFG_TENANT_NAME_MAX &&
+    return n >= 1 && n <= GW_TENANT_NAME_MAX &&
            strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == n;
 }
 
@@ -567,7 +566,7 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
         return rc;
     if (!valid_tenant_name(t->name))
         return gw_cfg_perr(p, v[K_NAME], kp, "must be 1 to %d characters from A-Z a-z 0-9 . _ -",
-                           CFG_TENANT_NAME_MAX);
+                           GW_TENANT_NAME_MAX);
 
     int len;
     gw_cfg_path_key(kp, path, "keys");

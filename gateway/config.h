@@ -96,6 +96,8 @@ typedef struct gw_worker_cfg {
 /* Routing policy; a tenant's DEFAULT takes routing.policy. */
 typedef enum gw_route_policy { GW_POLICY_DEFAULT = 0, GW_POLICY_LATENCY, GW_POLICY_COST } gw_route_policy;
 
+#define GW_TENANT_NAME_MAX 64 /* characters of a tenant's name */
+
 typedef struct gw_tenant_cfg {
     char *name;
     uint8_t (*key_hashes)[32]; /* SHA-256 of each key */

@@ -35,7 +35,7 @@ typedef struct preq {
     gw_upstream_req *up;
     char id[48];
     char model[GW_BODY_MODEL_MAX];
-    char tenant[64];
+    char tenant[GW_TENANT_NAME_MAX + 1];
     int worker, tries, status;
     bool responded, sse, logged;
     bool forwarded;              /* came from a peer region: served here, never forwarded again */
@@ -115,13 +115,37 @@ void gw_proxy_metrics_workers(gw_serve *g)
 
 /* ---- the end of a request: access log and metrics ---- */
 
-static void json_field_str(FILE *f, const char *k, const char *v)
+static void json_field_strn(FILE *f, const char *k, const char *v, size_t len)
 {
-    json_t *s = json_string(v ? v : "");
+    json_t *s = json_stringn(v ? v : "", v ? len : 0);
     char *e = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
     fprintf(f, ",\"%s\":%s", k, e ? e : "\"\"");
     free(e);
     json_decref(s);
+}
+
+static void json_field_str(FILE *f, const char *k, const char *v)
+{
+    json_field_strn(f, k, v, v ? strlen(v) : 0);
+}
+
+/* The path, but for an API key given as ?key= (the dashboard takes the
+ * admin key so): the log gets "?key=REDACTED". */
+static void json_field_path(FILE *f, const char *path)
+{
+    const char *kq = strstr(path, "?key=");
+    if (!kq) {
+        json_field_str(f, "path", path);
+        return;
+    }
+    size_t n = (size_t)(kq - path) + 5;
+    char *red = malloc(n + sizeof("REDACTED"));
+    if (red) {
+        memcpy(red, path, n);
+        memcpy(red + n, "REDACTED", sizeof("REDACTED"));
+    }
+    json_field_strn(f, "path", red ? red : path, red ? strlen(red) : (size_t)(kq - path));
+    free(red);
 }
 
 /* The label lists of the last request that finished: requests that follow
@@ -130,7 +154,7 @@ static void json_field_str(FILE *f, const char *k, const char *v)
 static struct {
     bool valid;
     int status;
-    char model[GW_BODY_MODEL_MAX], tenant[64], target[96];
+    char model[GW_BODY_MODEL_MAX], tenant[GW_TENANT_NAME_MAX + 1], target[96];
     char labels[400];       /* model, tenant, status, target */
     char model_labels[180]; /* model only */
 } last_labels;
@@ -139,7 +163,7 @@ static void request_labels(const preq *p, const char *target, const char *out[2]
 {
     if (!last_labels.valid || last_labels.status != p->status || strcmp(last_labels.model, p->model) ||
         strcmp(last_labels.tenant, p->tenant) || strcmp(last_labels.target, target)) {
-        char model[160], tenant[96];
+        char model[160], tenant[2 * GW_TENANT_NAME_MAX + 1];
         gw_metrics_escape(p->model[0] ? p->model : "-", model, sizeof(model));
         gw_metrics_escape(p->tenant[0] ? p->tenant : "-", tenant, sizeof(tenant));
         snprintf(last_labels.labels, sizeof(last_labels.labels),
@@ -203,7 +227,7 @@ static void finish_log(preq *p)
         fprintf(f, "{\"ts\":%ld", (long)time(NULL));
         json_field_str(f, "request_id", p->id);
         json_field_str(f, "method", p->req->method);
-        json_field_str(f, "path", p->req->path);
+        json_field_path(f, p->req->path);
         json_field_str(f, "protocol", p->req->protocol);
         json_field_str(f, "tenant", p->tenant);
         json_field_str(f, "model", p->model);
@@ -284,15 +308,17 @@ static bool try_next(preq *p);
 
 /* A failure before the first response byte moves the request on: to
  * another local worker (once), or to the next candidate region — while the
- * retry budget lasts, so a fleet-wide outage does not multiply the load. */
+ * retry budget lasts, so a fleet-wide outage does not multiply the load.
+ * The region that failed is told so first, budget or not: its failures
+ * are what ejects it. */
 static bool retry(preq *p)
 {
     gw_serve *g = p->g;
+    if (p->remote)
+        route_region_report(g->table, p->remote, false, gw_epoch_ms());
     if (!p->stream || g->retry_tokens < 1)
         return false;
     if (p->remote || p->route.n) {
-        if (p->remote)
-            route_region_report(g->table, p->remote, false, gw_epoch_ms());
         g->retry_tokens -= 1;
         return try_next(p);
     }
@@ -617,6 +643,9 @@ static int need_tags(preq *p, const gw_tenant_cfg *tc, char *buf, size_t cap, co
 static void dispatch(preq *p)
 {
     gw_serve *g = p->g;
+    g->retry_tokens += g->cfg->routing.retry_budget;
+    if (g->retry_tokens > RETRY_TOKENS_MAX)
+        g->retry_tokens = RETRY_TOKENS_MAX;
     if (!gw_regions_enabled(g) || p->forwarded) {
         if (!gw_supervisor_serves(g->sup, p->model)) {
             respond(p, 404, "invalid_request_error", "model_not_found", "model", 0, "the model '%s' does not exist",
@@ -667,9 +696,6 @@ static void dispatch(preq *p)
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
         .now_ms = gw_epoch_ms(),
     };
-    g->retry_tokens += g->cfg->routing.retry_budget;
-    if (g->retry_tokens > RETRY_TOKENS_MAX)
-        g->retry_tokens = RETRY_TOKENS_MAX;
     if (route_decide(g->table, &q, &p->route) == 0) {
         const route_decision *d = &p->route;
         if (d->out_model == route_table_count(g->table))

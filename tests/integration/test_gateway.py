@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ slow = gen_model(os.path.join(d, "slow.gguf"), dim=512, layers=8, heads=8, kv_he
                  ctx=2048, type="q8_0", seed=5)
 
 key_a, key_b, key_admin = "ig-test-key-alpha", "ig-test-key-beta", "ig-test-key-admin"
+beta = "beta-" + "x" * 59  # the longest name a tenant may have: its limits must hold all the same
 
 
 def key_hash(k):
@@ -64,7 +66,7 @@ tenants:
     keys: [%s]
     models: ["*"]
     rps: %s
-  - name: beta
+  - name: %s
     keys: ["%s"]
     models: [small]
     rps: 2
@@ -75,7 +77,7 @@ logging:
   access_log: "%s"
 drain_grace_s: 20
 runtime_dir: "%s"
-""" % (port, tls_port, cert, keyf, small, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, key_hash(key_b),
+""" % (port, tls_port, cert, keyf, small, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
        key_hash(key_admin), access_log, os.path.join(d, "run"))
 
 
@@ -164,7 +166,7 @@ t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "unknown 
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=[AUTH])
 t.ok(s == 403, "/metrics with a non-admin key -> 403")
 
-# --- rate limit: tenant beta has rps 2 ---
+# --- rate limit: tenant beta (a 64-character name) has rps 2 ---
 codes = []
 for _ in range(6):
     s, h, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, max_tokens=1),
@@ -209,6 +211,21 @@ t.ok(re.search(r"worker 2 .*killed by signal 9", open(log_path).read()) is not N
 s, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="slow"), headers=[AUTH])
 t.ok(s == 200, "the restarted worker serves")
 
+# --- a worker that dies before answering: the request moves to the other ---
+# Worker 0 is frozen, so that the next request (both idle: worker 0 first)
+# waits on it with nothing answered, then killed.
+small_pid = worker_pids()[0]
+os.kill(small_pid, signal.SIGSTOP)
+mover = subprocess.Popen(["curl", "-sS", "--http2-prior-knowledge", "--max-time", "60", "-D", "-", "-H", AUTH, "-H",
+                          "content-type: application/json", "--data-binary", json.dumps(comp),
+                          URL + "/v1/completions"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+time.sleep(0.5)
+os.kill(small_pid, signal.SIGKILL)
+s, h, b = parse_curl(mover.communicate(timeout=60)[0])
+t.ok(s == 200 and h.get("x-infergate-worker") == "1" and json.loads(b)["choices"][0]["text"] == answers["h2c"],
+     "a worker killed before answering: the request is retried on the other worker: %s %s" % (s, h))
+wait_until(lambda: worker_pids().get(0) != small_pid and ready(), 20, "killed small worker back")
+
 # --- metrics, health, access log ---
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])
 m = b.decode()
@@ -225,6 +242,11 @@ s, _, _ = curl(URL + "/healthz", http="--http1.1", headers=["x-request-id: trace
 time.sleep(0.2)
 t.ok(any(l.get("request_id") == "trace-me-123" for l in (json.loads(x) for x in open(access_log) if x.strip())),
      "x-request-id from the client is logged")
+s, _, _ = curl(URL + "/dashboard?key=" + key_admin, http="--http1.1")
+time.sleep(0.2)
+logged = open(access_log).read()
+t.ok(s == 200 and key_admin not in logged and "/dashboard?key=REDACTED" in logged,
+     "the dashboard's ?key= is not written to the access log (%d)" % s)
 
 # --- SIGHUP: a broken config keeps the old one; a good one adds a key ---
 open(cfg, "w").write("listen: [\n  bad yaml")
