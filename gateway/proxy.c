@@ -50,7 +50,9 @@ typedef struct preq {
     double t_start, t_first, t_last;
     int events;
     gw_usage_scan usage; /* completion_tokens of the answer, read as it passes */
-    double charged;
+    double charged;      /* tokens taken from the tenant's budget: prompt and completion estimates */
+    double charged_completion; /* of which the completion's */
+    bool charged_shared;       /* taken from the fleet-wide (Redis) bucket, not the local one */
 } preq;
 
 static double mono_s(void)
@@ -209,6 +211,24 @@ static void target_name(const preq *p, char *buf, size_t cap)
     }
 }
 
+static const gw_tenant_cfg *tenant_cfg(const gw_serve *g, const char *name);
+
+static void refund(preq *p, double now, double tokens)
+{
+    gw_serve *g = p->g;
+    if (p->charged_shared) {
+        const gw_tenant_cfg *tc = tenant_cfg(g, p->tenant);
+        char key[128];
+        snprintf(key, sizeof(key), "tenant:%s:tpm", p->tenant);
+        if (tc && tc->tpm > 0)
+            route_sync_refund(g->sync, key, tc->tpm / 60.0, tc->tpm, tokens);
+        return;
+    }
+    gw_tenant *t = gw_tenants_find(g->tenants, p->tenant);
+    if (t)
+        gw_tenant_refund(t, now, tokens);
+}
+
 static void finish_log(preq *p)
 {
     if (p->logged)
@@ -252,11 +272,14 @@ static void finish_log(preq *p)
         if (tpot >= 0)
             gw_metrics_observe(g->metrics, "infergate_tpot_seconds", labels[1], tpot);
     }
-    /* Tokens charged on the estimate come back once the real count is known. */
-    if (p->charged > 0 && tokens >= 0 && p->tenant[0]) {
-        gw_tenant *t = gw_tenants_find(g->tenants, p->tenant);
-        if (t && p->charged > tokens)
-            gw_tenant_refund(t, now, p->charged - tokens);
+    /* What the estimate charged at admission over-counted comes back: all
+     * of it when no completion was served (an error, or no answer at
+     * all), else the completion estimate past the tokens generated. The
+     * prompt's estimate stays: the prompt was computed. */
+    if (p->charged > 0 && p->tenant[0]) {
+        double back = p->status != 200 ? p->charged : tokens >= 0 ? p->charged_completion - tokens : 0;
+        if (back > 0)
+            refund(p, now, back);
     }
 }
 
@@ -745,8 +768,11 @@ static void limit_shared(preq *p, int stage)
         double burst = stage == 0 ? (tc->rps > 1 ? tc->rps : 1) : tc->tpm;
         p->limit_pending = true;
         p->limit_stage = stage;
-        if (route_sync_limit(g->sync, key, per_s, burst, stage == 0 ? 1 : p->charged, on_shared_limit, p) == 0)
+        if (route_sync_limit(g->sync, key, per_s, burst, stage == 0 ? 1 : p->charged, on_shared_limit, p) ==
+            0) {
+            p->charged_shared = stage == 1;
             return;
+        }
         p->limit_pending = false;
         limit_local(p); /* Redis went away between the check and now */
         return;
@@ -759,6 +785,7 @@ static void on_shared_limit(void *ud, int result, int retry_after_ms)
     preq *p = ud;
     p->limit_pending = false;
     if (result == -ENOTCONN) {
+        p->charged_shared = false;
         limit_local(p);
         return;
     }
@@ -802,7 +829,8 @@ static void handle_completion(preq *p, gw_tenant *t)
     }
     /* Charge an estimate now (4 bytes a token for the prompt, the asked
      * maximum for the answer) and refund the difference at the end. */
-    p->charged = (double)r->body_len / 4 + (max_tokens > 0 ? (double)max_tokens : chat ? 256 : 16);
+    p->charged_completion = max_tokens > 0 ? (double)max_tokens : chat ? 256 : 16;
+    p->charged = (double)r->body_len / 4 + p->charged_completion;
     if (g->sync && route_sync_connected(g->sync))
         limit_shared(p, 0);
     else
@@ -953,8 +981,11 @@ void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
     if (!p)
         return;
     p->stream = NULL;
-    if (p->limit_pending)
+    if (p->limit_pending) {
+        /* Whether the shared bucket took the charge is not known: no refund. */
         route_sync_limit_cancel(p->g->sync, p);
+        p->charged = 0;
+    }
     if (p->up) {
         /* The client went away: the worker stops generating for it. */
         gw_upstream_cancel(p->up);

@@ -68,7 +68,11 @@
 /* GCRA on the server's clock (TIME), so gateways with skewed clocks share
  * one schedule. TAT (theoretical arrival time) in ms is the key's value.
  * KEYS[1]; ARGV: rate per second, burst, cost. Returns {1, 0} allowed or
- * {0, retry_after_ms}. replicate_commands lets Redis < 5 write after TIME. */
+ * {0, retry_after_ms}. A cost above the whole burst is admitted once the
+ * bucket is full (TAT not ahead of now), leaving it in debt, as the local
+ * bucket does; refused, it waits until the bucket is full. A negative
+ * cost is a refund: TAT moves back by it, never before now. replicate_commands
+ * lets Redis < 5 write after TIME. */
 static const char gcra_lua[] =
     "if redis.replicate_commands then pcall(redis.replicate_commands) end\n"
     "local rate = tonumber(ARGV[1])\n"
@@ -82,8 +86,14 @@ static const char gcra_lua[] =
     "local tat = tonumber(redis.call('GET', KEYS[1]))\n"
     "if not tat or tat < now then tat = now end\n"
     "local new_tat = tat + increment\n"
-    "local diff = now - (new_tat - tolerance)\n"
-    "if diff < 0 then return {0, math.ceil(-diff)} end\n"
+    "if cost < 0 then\n"
+    "  if new_tat <= now then redis.call('DEL', KEYS[1]) return {1, 0} end\n"
+    "elseif cost > burst then\n"
+    "  if tat > now then return {0, math.ceil(tat - now)} end\n"
+    "else\n"
+    "  local diff = now - (new_tat - tolerance)\n"
+    "  if diff < 0 then return {0, math.ceil(-diff)} end\n"
+    "end\n"
     "redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1)\n"
     "return {1, 0}\n";
 
@@ -726,11 +736,12 @@ static int send_limit(sync_req *q)
     return req_send(q, 7, argv, NULL);
 }
 
-int route_sync_limit(route_sync *s, const char *key, double rate, double burst, double cost,
+/* A check (cost > 0, cb) or a refund (cost < 0, no cb). */
+static int limit_req(route_sync *s, const char *key, double rate, double burst, double cost,
                      route_limit_cb cb, void *ud)
 {
-    if (!s || !key || !cb || !(rate > 0) || !isfinite(rate) || !(burst >= 0) || !isfinite(burst) ||
-        !(cost > 0) || !isfinite(cost) || strlen(key) > SYNC_LIMIT_KEY_MAX)
+    if (!s || !key || !(rate > 0) || !isfinite(rate) || !(burst >= 0) || !isfinite(burst) ||
+        !isfinite(cost) || strlen(key) > SYNC_LIMIT_KEY_MAX)
         return -EINVAL;
     if (!s->cmd.ready || !s->sha[0] || s->n_pending >= SYNC_MAX_PENDING)
         return -ENOTCONN;
@@ -749,6 +760,21 @@ int route_sync_limit(route_sync *s, const char *key, double rate, double burst, 
         return rc;
     }
     return 0;
+}
+
+int route_sync_limit(route_sync *s, const char *key, double rate, double burst, double cost,
+                     route_limit_cb cb, void *ud)
+{
+    if (!cb || !(cost > 0))
+        return -EINVAL;
+    return limit_req(s, key, rate, burst, cost, cb, ud);
+}
+
+int route_sync_refund(route_sync *s, const char *key, double rate, double burst, double amount)
+{
+    if (!(amount > 0))
+        return -EINVAL;
+    return limit_req(s, key, rate, burst, -amount, NULL, NULL);
 }
 
 void route_sync_limit_cancel(route_sync *s, void *ud)

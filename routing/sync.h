@@ -82,6 +82,11 @@ int route_sync_limit(route_sync *s, const char *key, double rate, double burst, 
                      void *ud);
 /* Forgets a pending limit callback (the request went away). */
 void route_sync_limit_cancel(route_sync *s, void *ud);
+/* Gives back `amount` of what route_sync_limit charged under key (same
+ * rate and burst), when it turned out not used; the bucket never fills past
+ * full. Fire and forget: 0 when sent, -ENOTCONN when not connected (the
+ * refund is lost), -EINVAL as route_sync_limit, or for amount <= 0. */
+int route_sync_refund(route_sync *s, const char *key, double rate, double burst, double amount);
 
 /* `infergate region set-price`: writes the price override and announces it
  * (blocking, with a timeout; for the command line). 0 or -errno, err filled. */

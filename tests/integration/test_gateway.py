@@ -24,6 +24,7 @@ slow = gen_model(os.path.join(d, "slow.gguf"), dim=512, layers=8, heads=8, kv_he
                  ctx=2048, type="q8_0", seed=5)
 
 key_a, key_b, key_admin = "ig-test-key-alpha", "ig-test-key-beta", "ig-test-key-admin"
+key_m = "ig-test-key-metered"
 beta = "beta-" + "x" * 59  # the longest name a tenant may have: its limits must hold all the same
 
 
@@ -73,12 +74,15 @@ tenants:
   - name: ops
     keys: ["%s"]
     admin: true
+  - name: metered
+    keys: ["%s"]
+    tpm: 1000
 logging:
   access_log: "%s"
 drain_grace_s: 20
 runtime_dir: "%s"
 """ % (port, tls_port, cert, keyf, small, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
-       key_hash(key_admin), access_log, os.path.join(d, "run"))
+       key_hash(key_admin), key_hash(key_m), access_log, os.path.join(d, "run"))
 
 
 cfg = os.path.join(d, "gateway.yaml")
@@ -174,6 +178,20 @@ for _ in range(6):
     codes.append((s, h.get("retry-after")))
 t.ok(any(c == 429 and ra for c, ra in codes) and codes[0][0] == 200,
      "rate limit: a burst past 2 req/s gets 429 with Retry-After (%s)" % [c for c, _ in codes])
+
+# --- tokens per minute: tenant metered has 1000 ---
+# A request is charged its prompt (4 bytes a token) and max_tokens up
+# front. An answer that is an error gives all of it back: three requests
+# of 400 each on a bucket of 1000 all reach the worker (and get its 400).
+METERED = "authorization: Bearer " + key_m
+bad = {"model": "small", "prompt": [1, 99999], "max_tokens": 400}
+codes = [curl(URL + "/v1/completions", http="--http1.1", data=bad, headers=[METERED])[0] for _ in range(3)]
+t.ok(codes == [400, 400, 400], "tpm: an error answer gives its charge back: %s" % codes)
+# What max_tokens over-counted comes back, the prompt's estimate does not:
+# 640 token ids in ~3.2 KB (~800 tokens charged), max_tokens 1.
+heavy = {"model": "small", "prompt": [1] + [100] * 639, "max_tokens": 1, "temperature": 0}
+codes = [curl(URL + "/v1/completions", http="--http1.1", data=heavy, headers=[METERED])[0] for _ in range(2)]
+t.ok(codes == [200, 429], "tpm: a prompt's tokens stay charged: %s" % codes)
 
 # --- a worker killed mid-stream ---
 def stream_proc(model, n):

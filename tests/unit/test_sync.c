@@ -503,6 +503,49 @@ static void test_gcra(void **state)
     assert_int_equal(route_sync_limit(ga.sync, "k", 0, 5, 1, on_limit, NULL), -EINVAL);
     assert_int_equal(route_sync_limit(ga.sync, "k", 5, -1, 1, on_limit, NULL), -EINVAL);
     assert_int_equal(route_sync_limit(ga.sync, "k", 5, 5, 0, on_limit, NULL), -EINVAL);
+    assert_int_equal(route_sync_refund(ga.sync, "k", 5, 5, 0), -EINVAL);
+    assert_int_equal(route_sync_refund(ga.sync, "k", 0, 5, 1), -EINVAL);
+}
+
+/* One answer to a single check of cost against a rate of one unit per 10 s
+ * (slow enough that no unit comes back while a test runs), burst 100. */
+#define SLOW_RATE 0.1
+
+static int limit_one(const char *key, double cost)
+{
+    n_allowed = n_limited = n_notconn = n_answers = 0;
+    assert_int_equal(route_sync_limit(ga.sync, key, SLOW_RATE, 100, cost, on_limit, NULL), 0);
+    WAIT_UNTIL(n_answers == 1);
+    return n_allowed ? 0 : n_limited ? -EAGAIN : -ENOTCONN;
+}
+
+/* Tokens per minute: a request may cost more than the whole burst, and
+ * what the estimate over-charged comes back. */
+static void test_gcra_debt_and_refund(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    start_pair(&o);
+
+    /* More than the burst: admitted on a full bucket, which then fills
+     * again in 6000 s (600 units); the next waits for full. Before, such
+     * a request was refused for ever. */
+    assert_int_equal(limit_one("big", 600), 0);
+    assert_int_equal(limit_one("big", 600), -EAGAIN);
+    assert_in_range(last_retry_ms, 5990000, 6000000);
+    assert_int_equal(limit_one("big", 1), -EAGAIN);
+
+    /* The whole burst taken: refused; 40 given back: 40 more fit, not 41. */
+    assert_int_equal(limit_one("refunded", 100), 0);
+    assert_int_equal(limit_one("refunded", 20), -EAGAIN);
+    assert_int_equal(route_sync_refund(ga.sync, "refunded", SLOW_RATE, 100, 40), 0);
+    assert_int_equal(limit_one("refunded", 39), 0);
+    assert_int_equal(limit_one("refunded", 2), -EAGAIN);
+
+    /* A refund never fills past full. */
+    assert_int_equal(route_sync_refund(ga.sync, "fresh", SLOW_RATE, 100, 1000), 0);
+    assert_int_equal(limit_one("fresh", 100), 0);
+    assert_int_equal(limit_one("fresh", 5), -EAGAIN);
 }
 
 static void test_redis_stopped(void **state)
@@ -661,6 +704,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_set_price, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_read_and_ttl, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gcra, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gcra_debt_and_refund, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_settings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
