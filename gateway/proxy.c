@@ -515,8 +515,11 @@ static void send_upstream(preq *p)
     p->tries++;
     p->up = gw_upstream_send(g->pool, target, r->method, r->path, p->remote ? p->remote->rec.name : "localhost", h, n,
                              r->body, r->body_len, &up_cbs, p);
+    /* A target the pool cannot use (a peer's record with an endpoint it
+     * cannot parse) or no memory: as a failed connect, the region is told
+     * and the next candidate tried. */
     if (!p->up)
-        respond(p, 503, "server_error", NULL, NULL, 1, "out of memory");
+        up_error(p, GW_UP_CONNECT, false);
 }
 
 /* ---- requests ---- */

@@ -357,6 +357,13 @@ int gw_cmd_serve(int argc, char **argv)
     uo.tls_ca_file = g.cfg->peer_tls.ca;
     uo.tls_cert_file = g.cfg->peer_tls.cert;
     uo.tls_key_file = g.cfg->peer_tls.key;
+    /* The proxy stops taking a stream's upstream data once the client's
+     * side holds half of stream_buffer_bytes; what the worker may still
+     * send (the window) must fit in the other half, or the stream of a
+     * client that merely reads slowly is reset. A reload that lowers the
+     * buffer keeps the window: it takes full effect at restart. */
+    if (uo.stream_window > g.cfg->limits.stream_buffer_bytes / 4)
+        uo.stream_window = (uint32_t)(g.cfg->limits.stream_buffer_bytes / 4);
     gw_http_limits lim;
     http_limits(g.cfg, &lim);
     gw_http_handler h = {.on_request = gw_proxy_on_request, .on_close = gw_proxy_on_close,

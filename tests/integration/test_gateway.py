@@ -1,13 +1,15 @@
 """infergate serve, the front door of one region, with real workers and real
-clients: curl over HTTP/1.1, HTTP/2 cleartext and TLS (ALPN h2), nghttp, and
-the official OpenAI Node SDK. Auth failures, rate limits, a worker killed
-mid-stream, SIGHUP with a broken config, SIGTERM drain, metrics and the
-access log."""
+clients: curl over HTTP/1.1, HTTP/2 cleartext and TLS (ALPN h2), nghttp,
+python3-h2 (a client that stops reading), and the official OpenAI Node SDK.
+Auth failures, rate limits, token limits, a worker killed mid-stream or
+before answering, SIGHUP with a broken config, SIGTERM drain, metrics and
+the access log."""
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -77,6 +79,8 @@ tenants:
   - name: metered
     keys: ["%s"]
     tpm: 1000
+limits:
+  stream_buffer_bytes: 65536
 logging:
   access_log: "%s"
 drain_grace_s: 20
@@ -178,6 +182,59 @@ for _ in range(6):
     codes.append((s, h.get("retry-after")))
 t.ok(any(c == 429 and ra for c, ra in codes) and codes[0][0] == 200,
      "rate limit: a burst past 2 req/s gets 429 with Retry-After (%s)" % [c for c, _ in codes])
+
+# --- a client that stops reading for a while ---
+# python3-h2 as the client: it acknowledges data only when told, so the
+# stream's window (64 KiB) fills and the rest waits at the gateway, whose
+# stream_buffer_bytes is 64 KiB. The worker may not send more than fits:
+# before, its 256 KiB window overran the buffer and the stream was reset.
+def held_stream(body, hold_s):
+    import h2.config
+    import h2.connection
+    import h2.events
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    c.initiate_connection()
+    c.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
+                       (":authority", "127.0.0.1"), ("content-type", "application/json"), ("authorization",
+                                                                                            "Bearer " + key_a)])
+    c.send_data(1, json.dumps(body).encode(), end_stream=True)
+    s.sendall(c.data_to_send())
+    got, unacked, held, outcome, until = b"", 0, False, None, time.time() + 60
+    while outcome is None and time.time() < until:
+        data = s.recv(65536)
+        if not data:
+            outcome = "closed"
+            break
+        for ev in c.receive_data(data):
+            if isinstance(ev, h2.events.DataReceived):
+                got += ev.data
+                unacked += ev.flow_controlled_length
+            elif isinstance(ev, h2.events.StreamEnded):
+                outcome = "ended"
+            elif isinstance(ev, h2.events.StreamReset):
+                outcome = "reset"
+        if not held and len(got) >= 60000:
+            time.sleep(hold_s)  # the window is spent: the worker goes on generating meanwhile
+            held = True
+        if held and unacked:
+            c.acknowledge_received_data(unacked, 1)
+            unacked = 0
+        s.sendall(c.data_to_send())
+    s.close()
+    return outcome, got, held
+
+
+long_stream = {"model": "small", "prompt": "hello", "max_tokens": 900, "temperature": 0, "stream": True,
+               "ignore_eos": True}
+outcome, got, held = held_stream(long_stream, 2.0)
+events, done = sse_events(got) if outcome == "ended" else ([], False)
+_, _, b = curl(URL + "/v1/completions", data=long_stream, headers=[AUTH])
+read_at_once, _ = sse_events(b)
+text = lambda evs: "".join(e["choices"][0]["text"] for e in evs if e.get("choices"))
+t.ok(held and outcome == "ended" and done and text(events) == text(read_at_once) and len(got) > 100000,
+     "a client that stops reading for 2 s gets its whole stream after (%s, %d events, %d bytes)"
+     % (outcome, len(events), len(got)))
 
 # --- tokens per minute: tenant metered has 1000 ---
 # A request is charged its prompt (4 bytes a token) and max_tokens up
