@@ -31,7 +31,8 @@ typedef enum gw_upstream_error {
     GW_UP_CONNECT = 1, /* could not connect (refused, no such socket, TLS handshake failed) */
     GW_UP_RESET,       /* the stream was reset or the connection closed under it */
     GW_UP_PROTOCOL,    /* the peer broke HTTP/2 */
-    GW_UP_TIMEOUT,     /* connect or response-header timeout */
+    GW_UP_TIMEOUT,     /* connect or response-header timeout, or the connection's PING went
+                          unanswered for ten ping intervals */
     GW_UP_NOMEM,
 } gw_upstream_error;
 

@@ -534,9 +534,15 @@ static void conn_ping(up_conn *c)
 {
     uint64_t now = up_now_ns();
     int ms = pool_of(c)->ping_interval_ms;
-    /* One PING in flight; one unanswered for ten intervals is given up. */
-    if (c->ping_sent_ns && now - c->ping_sent_ns < (uint64_t)ms * 10000000u)
+    /* One PING in flight. One unanswered for ten intervals means a peer
+     * that is up but no longer answers (a wedged process, packets dropped
+     * without a reset): the connection fails, so that its streams end
+     * rather than wait for ever, and a region's failures count. */
+    if (c->ping_sent_ns) {
+        if (now - c->ping_sent_ns >= (uint64_t)ms * 10000000u)
+            c->fail = GW_UP_TIMEOUT;
         return;
+    }
     uint8_t opaque[8];
     memcpy(opaque, &now, sizeof(opaque));
     if (nghttp2_submit_ping(c->ngh, NGHTTP2_FLAG_NONE, opaque) == 0)

@@ -791,6 +791,7 @@ typedef enum fmode {
     F_SILENT, /* accepts and says nothing */
     F_HTTP1,  /* answers whatever comes like an HTTP/1.1 server */
     F_GOAWAY, /* first connection: answers the first of two streams, then GOAWAY; later ones answer all */
+    F_DEAF,   /* sends its SETTINGS, then reads everything and answers nothing (not even PING) */
 } fmode;
 
 typedef struct fconn {
@@ -849,6 +850,8 @@ static void on_fconn(evutil_socket_t fd, short what, void *arg)
         event_del(fc->ev);
         return;
     }
+    if (f->mode == F_DEAF)
+        return;
     fc->len += (size_t)n;
     if (!fc->magic && fc->len >= 24) {
         fc->magic = true;
@@ -898,7 +901,7 @@ static void on_faccept(evutil_socket_t lfd, short what, void *arg)
         static const char resp[] = "HTTP/1.1 400 Bad Request\r\nconnection: close\r\n\r\n";
         fwrite_all(fd, resp, sizeof(resp) - 1);
     }
-    if (f->mode == F_GOAWAY) {
+    if (f->mode == F_GOAWAY || f->mode == F_DEAF) {
         frame(fd, 4, 0, 0, NULL, 0); /* our SETTINGS */
         fc->ev = event_new(f->t->base, fd, EV_READ | EV_PERSIST, on_fconn, f);
         assert_non_null(fc->ev);
@@ -969,6 +972,25 @@ static void test_peer_silent(void **state)
     wait_done(t, &c);
     expect_error(&c, GW_UP_TIMEOUT, false); /* no SETTINGS within connect_timeout_ms */
     assert_int_equal(f.n_accepted, 1);
+    fpeer_stop(&f);
+}
+
+/* A peer whose connection stays up but that no longer answers anything
+ * (a wedged process, a route that drops packets without a reset): once a
+ * PING has gone unanswered for ten intervals the connection is given up,
+ * and its requests fail rather than wait for ever. */
+static void test_peer_deaf(void **state)
+{
+    tctx *t = *state;
+    fpeer f;
+    fpeer_start(t, &f, F_DEAF, true);
+    gw_upstream_set_ping_interval(pool(t), 20);
+    creq c = {0};
+    send_req(t, &c, f.target, "GET", "/hello", NULL, 0, NULL, 0);
+    wait_done(t, &c);
+    expect_error(&c, GW_UP_TIMEOUT, false);
+    assert_int_equal(gw_upstream_conn_count(t->pool, f.target), 0);
+    gw_upstream_set_ping_interval(t->pool, 0);
     fpeer_stop(&f);
 }
 
@@ -1330,6 +1352,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rtt_stats, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_silent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_deaf, setup, teardown),
         cmocka_unit_test_setup_teardown(test_goaway, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tls_config_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tls_failures, setup, teardown),
