@@ -74,6 +74,16 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     event_base_loopbreak(arg);
 }
 
+/* Turns the loop until every job came back (done breaks it), 30 s at most. */
+static void run_loop(fixture *f)
+{
+    struct event *t = evtimer_new(f->base, on_timeout, f->base);
+    struct timeval limit = {30, 0};
+    evtimer_add(t, &limit);
+    event_base_dispatch(f->base);
+    event_free(t);
+}
+
 static void test_jobs_come_back_in_order(void **state)
 {
     fixture f = {.base = event_base_new(), .loop_thread = pthread_self(), .off_loop = true, .on_loop = true};
@@ -85,11 +95,7 @@ static void test_jobs_come_back_in_order(void **state)
         jobs[i] = (job){.n = i};
         gw_offload_submit(o, &jobs[i].base, false);
     }
-    struct event *t = evtimer_new(f.base, on_timeout, f.base);
-    struct timeval limit = {30, 0};
-    evtimer_add(t, &limit);
-    event_base_dispatch(f.base);
-    event_free(t);
+    run_loop(&f);
     assert_int_equal(f.n_done, N_JOBS);
     assert_int_equal(f.n_ran, N_JOBS);
     assert_true(f.off_loop);
@@ -141,11 +147,7 @@ static void test_urgent_jobs_go_first(void **state)
         gw_offload_submit(o, &jobs[i].base, i % 2 == 1);
     }
     sem_post(&release);
-    struct event *t = evtimer_new(f.base, on_timeout, f.base);
-    struct timeval limit = {30, 0};
-    evtimer_add(t, &limit);
-    event_base_dispatch(f.base);
-    event_free(t);
+    run_loop(&f);
     assert_int_equal(f.n_done, N_JOBS);
     int want = 0, k = 0;
     assert_int_equal(f.order[k++], want);
