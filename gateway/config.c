@@ -550,9 +550,22 @@ static bool valid_tenant_name(const char *s)
 
 static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, gw_tenant_cfg *t)
 {
-    enum { K_NAME, K_KEYS, K_MODELS, K_RPS, K_TPM, K_ADMIN, K_RESIDENCY, K_POLICY, K_SLO, K_PRICE, K_N };
-    static const char *const keys[K_N] = {"name",  "keys",      "models", "rps",    "tpm",
-                                          "admin", "residency", "policy", "slo_ms", "max_price"};
+    enum {
+        K_NAME,
+        K_KEYS,
+        K_MODELS,
+        K_RPS,
+        K_TPM,
+        K_ADMIN,
+        K_RESIDENCY,
+        K_POLICY,
+        K_SLO,
+        K_PRICE,
+        K_PRIO,
+        K_N
+    };
+    static const char *const keys[K_N] = {"name",      "keys",   "models", "rps",       "tpm",     "admin",
+                                          "residency", "policy", "slo_ms", "max_price", "priority"};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
@@ -613,7 +626,17 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
     if (v[K_PRICE] &&
         (rc = gw_cfg_num(p, v[K_PRICE], (gw_cfg_path_key(kp, path, "max_price"), kp), 1e9, &t->max_price)))
         return rc;
-    return 0;
+    if (v[K_PRIO]) {
+        char *s = NULL;
+        gw_cfg_path_key(kp, path, "priority");
+        if ((rc = gw_cfg_str(p, v[K_PRIO], kp, &s)))
+            return rc;
+        t->batch_only = !strcmp(s, "batch");
+        if (!t->batch_only && strcmp(s, "interactive"))
+            rc = gw_cfg_perr(p, v[K_PRIO], kp, "must be interactive or batch");
+        free(s);
+    }
+    return rc;
 }
 
 typedef struct key_ref {

@@ -29,6 +29,7 @@
  *       policy: latency         # latency | cost; default: routing.policy
  *       slo_ms: 200             # cost policy bound; default: routing.slo_ms
  *       max_price: 2.5          # per million output tokens; default: no cap
+ *       priority: interactive   # interactive: x-infergate-priority decides; batch: every request is batch
  *   limits:
  *     max_body_bytes: 1048576
  *     max_header_bytes: 65536
@@ -111,6 +112,7 @@ typedef struct gw_tenant_cfg {
     gw_route_policy policy; /* DEFAULT: routing.policy */
     double slo_ms;          /* 0: routing.slo_ms */
     double max_price;       /* per million output tokens; 0: no cap */
+    bool batch_only;        /* priority: batch, whatever the request asks */
 } gw_tenant_cfg;
 
 typedef struct gw_limits_cfg {

@@ -497,8 +497,10 @@ static void send_upstream(preq *p)
     h[n++] = (gw_http_header){"x-request-id", p->id};
     if (p->tenant[0])
         h[n++] = (gw_http_header){"x-infergate-tenant", p->tenant};
-    const char *v;
-    if ((v = gw_http_header_get(r, "x-infergate-priority")))
+    /* Priority is the client's to ask, within its tenant's policy. */
+    const gw_tenant_cfg *tc = p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL;
+    const char *v = tc && tc->batch_only ? "batch" : gw_http_header_get(r, "x-infergate-priority");
+    if (v)
         h[n++] = (gw_http_header){"x-infergate-priority", v};
     if ((v = gw_http_header_get(r, "x-infergate-deadline-ms")))
         h[n++] = (gw_http_header){"x-infergate-deadline-ms", v};

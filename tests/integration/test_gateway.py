@@ -76,6 +76,7 @@ tenants:
   - name: ops
     keys: ["%s"]
     admin: true
+    priority: batch
   - name: metered
     keys: ["%s"]
     tpm: 1000
@@ -300,6 +301,32 @@ s, h, b = parse_curl(mover.communicate(timeout=60)[0])
 t.ok(s == 200 and h.get("x-infergate-worker") == "1" and json.loads(b)["choices"][0]["text"] == answers["h2c"],
      "a worker killed before answering: the request is retried on the other worker: %s %s" % (s, h))
 wait_until(lambda: worker_pids().get(0) != small_pid and ready(), 20, "killed small worker back")
+
+# --- a tenant with priority: batch is batch whatever its requests ask ---
+# The slow worker's four slots taken, the ops tenant's request waits in its
+# queue, where the worker's own stats say which priority it has.
+slow_sock = os.path.join(d, "run", "worker-2.sock")
+
+
+def slow_stats():
+    s, _, b = curl("http://localhost/internal/stats", unix=slow_sock, timeout=5)
+    return json.loads(b) if s == 200 else {}
+
+
+hogs = [stream_proc("slow", 1500) for _ in range(4)]
+wait_until(lambda: slow_stats().get("running") == 4, 30, "four streams on the slow worker")
+asks_interactive = subprocess.Popen(
+    ["curl", "-sS", "--http2-prior-knowledge", "--max-time", "60", "-o", "/dev/null", "-H",
+     "authorization: Bearer " + key_admin, "-H", "x-infergate-priority: interactive", "-H",
+     "content-type: application/json", "--data-binary", json.dumps(dict(comp, model="slow", max_tokens=2)),
+     URL + "/v1/completions"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+st = wait_until(lambda: (lambda x: x if x.get("queued") == 1 else None)(slow_stats()), 30, "the ops request queued")
+t.ok(st.get("queued_batch") == 1, "a tenant with priority: batch queues as batch, though it asked interactive: %s"
+     % {k: st.get(k) for k in ("queued", "queued_batch", "running")})
+for pr in hogs:
+    pr.kill()
+    pr.wait()
+asks_interactive.communicate(timeout=60)
 
 # --- metrics, health, access log ---
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])

@@ -298,6 +298,7 @@ static void test_defaults(void **state)
     assert_int_equal(c->tenants[0].n_residency, 0);
     assert_int_equal(c->tenants[0].policy, GW_POLICY_DEFAULT);
     assert_true(c->tenants[0].slo_ms == 0 && c->tenants[0].max_price == 0);
+    assert_false(c->tenants[0].batch_only);
     gw_config_free(c);
 
     /* A region alone: no Redis, no peers, price 0; stale_after follows heartbeat_ms. */
@@ -325,6 +326,7 @@ static const char routing_yaml[] = "listen:\n"
                                    "    policy: cost\n"
                                    "    slo_ms: 120.5\n"
                                    "    max_price: 2.5\n"
+                                   "    priority: batch\n"
                                    "region:\n"
                                    "  name: eu-west.1\n"
                                    "  endpoint: \"tls:10.0.0.5:8443\"\n"
@@ -365,6 +367,7 @@ static void test_routing_full(void **state)
     assert_int_equal(t->policy, GW_POLICY_COST);
     assert_true(t->slo_ms == 120.5);
     assert_true(t->max_price == 2.5);
+    assert_true(t->batch_only);
 
     assert_string_equal(c->region.name, "eu-west.1");
     assert_string_equal(c->region.endpoint, "tls:10.0.0.5:8443");
@@ -598,6 +601,7 @@ static const struct {
     {TEN_A "    policy: cheapest\n", "bad.yaml:4: tenants[0].policy: must be latency or cost"},
     {TEN_A "    slo_ms: fast\n", "bad.yaml:4: tenants[0].slo_ms: must be a number from 0"},
     {TEN_A "    max_price: -1\n", "bad.yaml:4: tenants[0].max_price: must be a number from 0"},
+    {TEN_A "    priority: urgent\n", "bad.yaml:4: tenants[0].priority: must be interactive or batch"},
 };
 
 static void test_broken(void **state)
