@@ -40,7 +40,7 @@ typedef struct preq {
     bool responded, sse, logged;
     bool forwarded;              /* came from a peer region: served here, never forwarded again */
     bool limit_pending;          /* waiting for the shared rate limit's answer */
-    int limit_stage;             /* 0: requests per second, 1: tokens per minute */
+    int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (below) */
     route_decision route;        /* candidate regions, in order */
     int cand;                    /* the one being tried */
     route_region *remote;        /* the remote region being tried; NULL when local */
@@ -213,15 +213,27 @@ static void target_name(const preq *p, char *buf, size_t cap)
 
 static const gw_tenant_cfg *tenant_cfg(const gw_serve *g, const char *name);
 
+enum { LIMIT_RPS, LIMIT_TPM };
+
+/* The fleet-wide bucket of a tenant's limit: its Redis key, rate per
+ * second and burst. false when that limit is off. */
+static bool shared_bucket(const gw_tenant_cfg *tc, int which, char key[128], double *per_s, double *burst)
+{
+    *per_s = which == LIMIT_RPS ? tc->rps : tc->tpm / 60.0;
+    *burst = which == LIMIT_RPS ? (tc->rps > 1 ? tc->rps : 1) : tc->tpm;
+    snprintf(key, 128, "tenant:%s:%s", tc->name, which == LIMIT_RPS ? "rps" : "tpm");
+    return *per_s > 0;
+}
+
 static void refund(preq *p, double now, double tokens)
 {
     gw_serve *g = p->g;
     if (p->charged_shared) {
         const gw_tenant_cfg *tc = tenant_cfg(g, p->tenant);
         char key[128];
-        snprintf(key, sizeof(key), "tenant:%s:tpm", p->tenant);
-        if (tc && tc->tpm > 0)
-            route_sync_refund(g->sync, key, tc->tpm / 60.0, tc->tpm, tokens);
+        double per_s, burst;
+        if (tc && shared_bucket(tc, LIMIT_TPM, key, &per_s, &burst))
+            route_sync_refund(g->sync, key, per_s, burst, tokens);
         return;
     }
     gw_tenant *t = gw_tenants_find(g->tenants, p->tenant);
@@ -498,8 +510,8 @@ static void send_upstream(preq *p)
     if (p->tenant[0])
         h[n++] = (gw_http_header){"x-infergate-tenant", p->tenant};
     /* Priority is the client's to ask, within its tenant's policy. */
-    const gw_tenant_cfg *tc = p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL;
-    const char *v = tc && tc->batch_only ? "batch" : gw_http_header_get(r, "x-infergate-priority");
+    const gw_tenant *t = p->tenant[0] ? gw_tenants_find(g->tenants, p->tenant) : NULL;
+    const char *v = t && gw_tenant_batch_only(t) ? "batch" : gw_http_header_get(r, "x-infergate-priority");
     if (v)
         h[n++] = (gw_http_header){"x-infergate-priority", v};
     if ((v = gw_http_header_get(r, "x-infergate-deadline-ms")))
@@ -759,23 +771,21 @@ static void limit_local(preq *p)
 
 static void on_shared_limit(void *ud, int result, int retry_after_ms);
 
-/* Stage 0 checks requests per second, stage 1 tokens per minute. */
+/* Stage LIMIT_RPS checks requests per second, LIMIT_TPM tokens per minute. */
 static void limit_shared(preq *p, int stage)
 {
     gw_serve *g = p->g;
     const gw_tenant_cfg *tc = tenant_cfg(g, p->tenant);
-    for (; tc && stage < 2; stage++) {
-        double per_s = stage == 0 ? tc->rps : tc->tpm / 60.0;
-        if (per_s <= 0)
-            continue;
+    for (; tc && stage <= LIMIT_TPM; stage++) {
         char key[128];
-        snprintf(key, sizeof(key), "tenant:%s:%s", p->tenant, stage == 0 ? "rps" : "tpm");
-        double burst = stage == 0 ? (tc->rps > 1 ? tc->rps : 1) : tc->tpm;
+        double per_s, burst;
+        if (!shared_bucket(tc, stage, key, &per_s, &burst))
+            continue;
         p->limit_pending = true;
         p->limit_stage = stage;
-        if (route_sync_limit(g->sync, key, per_s, burst, stage == 0 ? 1 : p->charged, on_shared_limit, p) ==
-            0) {
-            p->charged_shared = stage == 1;
+        double cost = stage == LIMIT_RPS ? 1 : p->charged;
+        if (route_sync_limit(g->sync, key, per_s, burst, cost, on_shared_limit, p) == 0) {
+            p->charged_shared = stage == LIMIT_TPM;
             return;
         }
         p->limit_pending = false;
@@ -837,7 +847,7 @@ static void handle_completion(preq *p, gw_tenant *t)
     p->charged_completion = max_tokens > 0 ? (double)max_tokens : chat ? 256 : 16;
     p->charged = (double)r->body_len / 4 + p->charged_completion;
     if (g->sync && route_sync_connected(g->sync))
-        limit_shared(p, 0);
+        limit_shared(p, LIMIT_RPS);
     else
         limit_local(p);
 }

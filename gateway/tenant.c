@@ -26,7 +26,7 @@ struct gw_tenant {
     char *name;
     char **models;
     int n_models;
-    bool any_model, admin;
+    bool any_model, admin, batch_only;
     bucket req, tok;
     double last;  /* now_s of the last refill */
     bool started; /* buckets start full at the first call that gives a time */
@@ -92,6 +92,7 @@ static int tenant_init(gw_tenant *t, const gw_tenant_cfg *c, const gw_tenant *pr
             t->any_model = true;
     }
     t->admin = c->admin;
+    t->batch_only = c->batch_only;
     double rps = c->rps > 0 ? c->rps : 0, tpm = c->tpm > 0 ? c->tpm : 0;
     bucket_init(&t->req, fmax(1.0, rps), rps, prev ? &prev->req : NULL);
     bucket_init(&t->tok, tpm, tpm / 60.0, prev ? &prev->tok : NULL);
@@ -189,6 +190,11 @@ const char *gw_tenant_name(const gw_tenant *t)
 bool gw_tenant_admin(const gw_tenant *t)
 {
     return t->admin;
+}
+
+bool gw_tenant_batch_only(const gw_tenant *t)
+{
+    return t->batch_only;
 }
 
 bool gw_tenant_allows_model(const gw_tenant *t, const char *model)

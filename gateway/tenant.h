@@ -31,6 +31,8 @@ gw_tenant *gw_tenants_auth(gw_tenants *t, const char *bearer);
 gw_tenant *gw_tenants_find(const gw_tenants *t, const char *name);
 const char *gw_tenant_name(const gw_tenant *t);
 bool gw_tenant_admin(const gw_tenant *t);
+/* priority: batch — every request is batch, whatever it asks. */
+bool gw_tenant_batch_only(const gw_tenant *t);
 bool gw_tenant_allows_model(const gw_tenant *t, const char *model);
 
 /* Takes one request and `tokens` tokens from the buckets at time now_s

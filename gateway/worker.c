@@ -82,16 +82,10 @@ struct worker {
     int preparing[2];   /* requests with the offload thread, by rt_priority */
 };
 
-static int64_t epoch_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
+/* The scheduler's rule, applied before it sees the request. */
 static bool deadline_passed(int64_t deadline_ms)
 {
-    return deadline_ms && epoch_ms() > deadline_ms;
+    return deadline_ms && rt_sched_epoch_ms() > deadline_ms;
 }
 
 static void set_deadline_error(rt_oai_error *e)
@@ -687,7 +681,9 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
         }
     } else if (PATH_IS("/health")) {
         if (get) {
-            respond_json(s, 200, strdup("{\"status\":\"ok\"}"));
+            static const char ok[] = "{\"status\":\"ok\"}";
+            if (gw_http_respond(s, 200, json_headers, 1, ok, sizeof(ok) - 1))
+                gw_http_reset(s);
             return;
         }
     } else if (PATH_IS("/v1/models")) {

@@ -116,7 +116,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int64_t epoch_ms(void)
+int64_t rt_sched_epoch_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -328,7 +328,7 @@ static void intake(rt_sched *s)
             s->running[i] = NULL;
         }
     compact_running(s);
-    int64_t now = epoch_ms();
+    int64_t now = rt_sched_epoch_ms();
     int dropped[2] = {0, 0};
     for (int p = 0; p < 2; p++) {
         queue keep = {0};

@@ -90,6 +90,9 @@ void rt_sched_free(rt_sched *s);
  * (plus max_tokens) could never fit the KV pool; -EINVAL empty prompt or
  * bad token; -ENOMEM; -ESHUTDOWN. On failure no event will come. */
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id);
+/* The clock of deadline_ms (epoch milliseconds): a request is dropped
+ * once it reads past its deadline before the request started. */
+int64_t rt_sched_epoch_ms(void);
 /* How many more requests of priority p rt_sched_submit would take now
  * (slots free plus room in p's queue); 0 when it would answer -EAGAIN. */
 int rt_sched_room(rt_sched *s, rt_priority p);
