@@ -365,11 +365,13 @@ static int64_t header_int(const gw_http_request *req, const char *name, int64_t 
     return errno || end == v || *end ? -1 : x;
 }
 
-/* Encodes src in one pass where the tokens fit len + 16 (a token covers a
- * byte or more, but for BOS and the leading space; a vocabulary without
- * "▁" spends three byte tokens on each space and takes a second pass).
- * malloc'd; count in *n, or NULL with *n < 0 on an encoder error. */
-static int32_t *encode(const rt_tokenizer *tok, const char *src, size_t len, bool bos, bool special, int *n)
+/* Encodes src, special tokens matched outside the plain spans only, in one
+ * pass where the tokens fit len + 16 (a token covers a byte or more, but
+ * for BOS and the leading space; a vocabulary without "▁" spends three
+ * byte tokens on each space and takes a second pass). malloc'd; count in
+ * *n, or NULL with *n < 0 on an encoder error. */
+static int32_t *encode(const rt_tokenizer *tok, const char *src, size_t len, bool bos,
+                       const rt_text_span *plain, int n_plain, int *n)
 {
     size_t cap = len + 16;
     if (cap > INT_MAX) {
@@ -377,10 +379,11 @@ static int32_t *encode(const rt_tokenizer *tok, const char *src, size_t len, boo
         return NULL;
     }
     int32_t *t = malloc(cap * sizeof(int32_t));
-    int count = t ? rt_tokenizer_encode(tok, src, len, bos, special, t, (int)cap) : -ENOMEM;
+    int count = t ? rt_tokenizer_encode_spans(tok, src, len, bos, plain, n_plain, t, (int)cap) : -ENOMEM;
     if (count > (int)cap) {
         int32_t *bigger = realloc(t, (size_t)count * sizeof(int32_t));
-        int again = bigger ? rt_tokenizer_encode(tok, src, len, bos, special, bigger, count) : -ENOMEM;
+        int again =
+            bigger ? rt_tokenizer_encode_spans(tok, src, len, bos, plain, n_plain, bigger, count) : -ENOMEM;
         t = bigger ? bigger : t;
         count = again == count ? count : again < 0 ? again : -EIO;
     }
@@ -397,7 +400,11 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
 {
     char *text = NULL;
     const char *src = q->prompt;
-    bool bos = rt_tokenizer_add_bos_default(w->tok), special = false;
+    bool bos = rt_tokenizer_add_bos_default(w->tok);
+    /* A completion's prompt is text throughout; a chat's messages are too,
+     * within the template's special tokens. */
+    rt_text_span whole = {0, strlen(src ? src : "")}, *plain = &whole;
+    int n_plain = 1;
     if (q->prompt_tokens) {
         int32_t *t = malloc((size_t)q->n_prompt_tokens * sizeof(int32_t));
         if (t)
@@ -416,20 +423,25 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
         }
         for (int i = 0; i < q->n_messages; i++)
             msgs[i] = (rt_chat_msg){q->messages[i].role, q->messages[i].content};
-        int rc = rt_chat_render(w->chat_kind, msgs, q->n_messages, w->bos_text[0] ? w->bos_text : NULL, &text, err,
-                                sizeof(err));
+        int rc = rt_chat_render(w->chat_kind, msgs, q->n_messages, w->bos_text[0] ? w->bos_text : NULL, &text,
+                                &plain, &n_plain, err, sizeof(err));
         free(msgs);
+        if (rc == -ENOMEM) {
+            rt_oai_error_set(e, 503, "server_error", NULL, NULL, "out of memory");
+            return NULL;
+        }
         if (rc) {
             rt_oai_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", err);
             return NULL;
         }
         src = text;
-        special = true;
         /* A template that writes BOS into the text gets no second one. */
         if (w->bos_text[0] && !strncmp(text, w->bos_text, strlen(w->bos_text)))
             bos = false;
     }
-    int32_t *t = encode(w->tok, src, strlen(src), bos, special, n);
+    int32_t *t = encode(w->tok, src, strlen(src), bos, plain, n_plain, n);
+    if (plain != &whole)
+        free(plain);
     free(text);
     if (*n == 0)
         rt_oai_error_set(e, 400, "invalid_request_error", q->chat ? "messages" : "prompt", NULL,

@@ -8,6 +8,7 @@
 #include "runtime/chat.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -84,7 +85,9 @@ const char *rt_chat_kind_name(rt_chat_kind k)
 typedef struct buf {
     char *p;
     size_t len, cap;
-    bool oom;
+    rt_text_span *spans; /* where message content went, when want_spans */
+    int n_spans, cap_spans;
+    bool want_spans, oom;
 } buf;
 
 static void buf_add(buf *b, const char *s, size_t n)
@@ -118,6 +121,31 @@ static void buf_str(buf *b, const char *s)
         buf_add(b, s, strlen(s));
 }
 
+/* Appends text taken from a message, and records where it went. */
+static void buf_content(buf *b, const char *s, size_t n)
+{
+    size_t at = b->len;
+    buf_add(b, s, n);
+    if (b->oom || !b->want_spans || b->len == at)
+        return;
+    rt_text_span *last = b->n_spans ? &b->spans[b->n_spans - 1] : NULL;
+    if (last && last->off + last->len == at) {
+        last->len += b->len - at;
+        return;
+    }
+    if (b->n_spans == b->cap_spans) {
+        int cap = b->cap_spans ? 2 * b->cap_spans : 8;
+        rt_text_span *p = b->cap_spans < INT_MAX / 2 ? realloc(b->spans, (size_t)cap * sizeof(*p)) : NULL;
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->spans = p;
+        b->cap_spans = cap;
+    }
+    b->spans[b->n_spans++] = (rt_text_span){at, b->len - at};
+}
+
 /* Python's str.strip() as Jinja's |trim and .strip() apply it, limited to
  * ASCII whitespace (the Unicode spaces it also strips do not occur at the
  * edges of real chat turns often enough to be worth a UTF-8 decoder). */
@@ -134,7 +162,7 @@ static void buf_add_stripped(buf *b, const char *s, size_t n)
     }
     while (n > 0 && is_space(s[n - 1]))
         n--;
-    buf_add(b, s, n);
+    buf_content(b, s, n);
 }
 
 /* ---- rendering ---- */
@@ -181,7 +209,7 @@ static void render_chatml(buf *b, const rt_chat_msg *msgs, int n)
         buf_str(b, "<|im_start|>");
         buf_str(b, msgs[i].role);
         buf_str(b, "\n");
-        buf_str(b, content_of(&msgs[i]));
+        buf_content(b, content_of(&msgs[i]), strlen(content_of(&msgs[i])));
         buf_str(b, "<|im_end|>\n");
     }
     buf_str(b, "<|im_start|>assistant\n");
@@ -275,25 +303,29 @@ static int render_mistral(buf *b, const rt_chat_msg *msgs, int n, const char *bo
     buf_str(b, bos);
     for (int i = start; i < n; i++) {
         if (role_of(msgs[i].role) == ROLE_ASSISTANT) {
-            buf_str(b, content_of(&msgs[i]));
+            buf_content(b, content_of(&msgs[i]), strlen(content_of(&msgs[i])));
             buf_str(b, "</s>");
             continue;
         }
         buf_str(b, "[INST] ");
         if (i == start && start == 1) {
-            buf_str(b, content_of(&msgs[0]));
+            buf_content(b, content_of(&msgs[0]), strlen(content_of(&msgs[0])));
             buf_str(b, "\n\n");
         }
-        buf_str(b, content_of(&msgs[i]));
+        buf_content(b, content_of(&msgs[i]), strlen(content_of(&msgs[i])));
         buf_str(b, " [/INST]");
     }
     return 0;
 }
 
-int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out, char *err,
-                   size_t err_len)
+int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out,
+                   rt_text_span **content, int *n_content, char *err, size_t err_len)
 {
     *out = NULL;
+    if (content) {
+        *content = NULL;
+        *n_content = 0;
+    }
     if (!msgs || n <= 0)
         return fail(err, err_len, "no messages to render");
     /* The role is written into the prompt by ChatML and Llama-3, so only the
@@ -304,7 +336,7 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
             return fail(err, err_len, "messages[%d]: role '%.32s' is not supported (system, user, assistant)",
                         i, msgs[i].role ? msgs[i].role : "(null)");
 
-    buf b = {0};
+    buf b = {.want_spans = content != NULL};
     int rc = 0;
     switch (k) {
     case RT_CHAT_CHATML:
@@ -341,9 +373,14 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
         }
     }
     *out = b.p;
+    if (content) {
+        *content = b.spans;
+        *n_content = b.n_spans;
+    }
     return 0;
 
 fail_buf:
     free(b.p);
+    free(b.spans);
     return rc;
 }

@@ -9,6 +9,8 @@
 #ifndef RT_CHAT_H
 #define RT_CHAT_H
 
+#include "runtime/tokenizer.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -32,10 +34,14 @@ const char *rt_chat_kind_name(rt_chat_kind k); /* "chatml", "llama2", "llama3", 
 /* Renders messages into a NUL-terminated prompt (malloc'd, *out), ending
  * with the assistant turn's opening so generation continues as the
  * assistant. bos is the BOS token text (e.g. "<s>") where the family writes it
- * into the text; the caller then encodes with parse_special=true and without
- * adding another BOS. Returns 0, -EINVAL (no messages, or a role the family
- * cannot place, with err filled), -ENOMEM. */
-int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out, char *err,
-                   size_t err_len);
+ * into the text. When content is not NULL, *content gets the spans of the
+ * prompt the messages' content went to (malloc'd, *n_content of them, in
+ * order; NULL when none): the caller encodes with
+ * rt_tokenizer_encode_spans, so special tokens written by the template
+ * count and those written in a message do not, and without adding another
+ * BOS. Returns 0, -EINVAL (no messages, or a role the family cannot place,
+ * with err filled), -ENOMEM. */
+int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out,
+                   rt_text_span **content, int *n_content, char *err, size_t err_len);
 
 #endif

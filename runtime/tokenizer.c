@@ -1226,9 +1226,21 @@ static int encode_fragment(const rt_tokenizer *t, enc_ws *w, const char *s, size
 int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                         int32_t *out, int max_out)
 {
+    rt_text_span all = {0, len};
+    return rt_tokenizer_encode_spans(t, text, len, add_bos, parse_special ? NULL : &all,
+                                     parse_special ? 0 : 1, out, max_out);
+}
+
+int rt_tokenizer_encode_spans(const rt_tokenizer *t, const char *text, size_t len, bool add_bos,
+                              const rt_text_span *plain, int n_plain, int32_t *out, int max_out)
+{
     /* at most 3 ids per byte (a space escaped to U+2581, then byte fallback) */
-    if ((len && !text) || len > (size_t)(INT_MAX - 8) / 3)
+    if ((len && !text) || len > (size_t)(INT_MAX - 8) / 3 || n_plain < 0 || (n_plain && !plain))
         return -EINVAL;
+    for (int k = 0; k < n_plain; k++)
+        if (plain[k].off > len || plain[k].len > len - plain[k].off ||
+            (k && plain[k].off < plain[k - 1].off + plain[k - 1].len))
+            return -EINVAL;
     enc_ws w = {0};
     w.out = out;
     w.max_out = out && max_out > 0 ? (size_t)max_out : 0;
@@ -1245,7 +1257,19 @@ int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, boo
     /* SentencePiece puts a space before the text and after every special token */
     bool prev_special = true;
     size_t frag = 0;
-    for (size_t i = 0; parse_special && t->n_trie && i < len;) {
+    int next = 0; /* the first plain span that does not end before i */
+    for (size_t i = 0; t->n_trie && i < len;) {
+        while (next < n_plain && (plain[next].len == 0 || plain[next].off + plain[next].len <= i))
+            next++;
+        /* A match may not start in a plain span nor reach into the next one. */
+        size_t stop = len;
+        if (next < n_plain) {
+            if (plain[next].off <= i) {
+                i = plain[next].off + plain[next].len;
+                continue;
+            }
+            stop = plain[next].off;
+        }
         int32_t best = -1;
         size_t best_len = 0;
         int32_t node = t->trie_root[(uint8_t)text[i]];
@@ -1254,7 +1278,7 @@ int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, boo
                 best = t->trie[node].tok;
                 best_len = j - i;
             }
-            if (j == len)
+            if (j == stop)
                 break;
             node = trie_child(t, node, (uint8_t)text[j]);
         }

@@ -44,6 +44,21 @@ bool rt_tokenizer_add_bos_default(const rt_tokenizer *t);
 int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                         int32_t *out, int max_out);
 
+/* Bytes [off, off + len) of a text. */
+typedef struct rt_text_span {
+    size_t off, len;
+} rt_text_span;
+
+/* As rt_tokenizer_encode with parse_special, except that no special token
+ * is matched that overlaps one of the n_plain spans (sorted by offset, not
+ * overlapping, within the text): what a chat template took from a client's
+ * message stays text, as OpenAI's API treats it, so a message cannot forge
+ * a role header. Elsewhere, and for text without special tokens inside the
+ * spans, the ids are those of rt_tokenizer_encode. -EINVAL for spans out of
+ * order or out of range. */
+int rt_tokenizer_encode_spans(const rt_tokenizer *t, const char *text, size_t len, bool add_bos,
+                              const rt_text_span *plain, int n_plain, int32_t *out, int max_out);
+
 /* Bytes that token `tok` contributes to the text (a byte token gives its one
  * raw byte, which may be part of a UTF-8 sequence), *len of them, not
  * NUL-terminated; they live as long as t. Control tokens give none. NULL

@@ -97,14 +97,24 @@ static void fuzz_render(const rt_oai_request *r)
     for (int k = RT_CHAT_CHATML; k <= RT_CHAT_MISTRAL; k++) {
         for (int with_bos = 0; with_bos < 2; with_bos++) {
             char *out = NULL, err[256];
+            rt_text_span *sp = NULL;
+            int n_sp = -1;
             err[0] = '\0';
-            int rc = rt_chat_render((rt_chat_kind)k, msgs, r->n_messages, with_bos ? "<s>" : NULL, &out, err,
-                                    sizeof(err));
+            int rc = rt_chat_render((rt_chat_kind)k, msgs, r->n_messages, with_bos ? "<s>" : NULL, &out, &sp,
+                                    &n_sp, err, sizeof(err));
             if (rc == 0) {
-                FUZZ_CHECK(out != NULL);
+                FUZZ_CHECK(out != NULL && n_sp >= 0 && (n_sp == 0) == (sp == NULL));
+                /* Content spans: non-empty, in order, apart, within the text. */
+                size_t len = strlen(out), end = 0;
+                for (int i = 0; i < n_sp; i++) {
+                    FUZZ_CHECK(sp[i].len > 0 && sp[i].off <= len && sp[i].len <= len - sp[i].off);
+                    FUZZ_CHECK(i == 0 || sp[i].off > end);
+                    end = sp[i].off + sp[i].len;
+                }
+                free(sp);
                 free(out);
             } else {
-                FUZZ_CHECK((rc == -EINVAL || rc == -ENOMEM) && out == NULL && err[0] != '\0');
+                FUZZ_CHECK((rc == -EINVAL || rc == -ENOMEM) && out == NULL && sp == NULL && err[0] != '\0');
             }
         }
     }

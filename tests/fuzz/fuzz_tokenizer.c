@@ -10,7 +10,10 @@
  *  - without parse_special, decode(encode(x)) == x: always for BPE; for
  *    SentencePiece (stripping the prefix space) when x has no U+2581;
  *  - with parse_special, for BPE, the pieces with control tokens replaced by
- *    their text concatenate to x. */
+ *    their text concatenate to x;
+ *  - with plain spans (drawn from the input's first bytes), for BPE, the
+ *    same holds and no control token's text overlaps a span; with no spans
+ *    the ids are those of parse_special. */
 #define _GNU_SOURCE /* memmem */
 #include <stdint.h>
 #include <stdio.h>
@@ -277,6 +280,70 @@ static void check(const rt_tokenizer *t, const uint8_t *data, size_t size, bool 
     free(ids);
 }
 
+static bool overlaps(const rt_text_span *sp, int n, size_t off, size_t len)
+{
+    for (int i = 0; i < n; i++)
+        if (sp[i].len && off < sp[i].off + sp[i].len && sp[i].off < off + len)
+            return true;
+    return false;
+}
+
+/* Up to 4 spans in order, their gaps and lengths from the first bytes. */
+static int draw_spans(const uint8_t *data, size_t size, rt_text_span *sp)
+{
+    int n = 0;
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < size && i < 8 && n < 4; i += 2) {
+        size_t off = at + data[i] % 16, len = data[i + 1] % 16;
+        if (off > size || len > size - off)
+            break;
+        sp[n++] = (rt_text_span){off, len};
+        at = off + len;
+    }
+    return n;
+}
+
+static void check_spans(const rt_tokenizer *t, const uint8_t *data, size_t size)
+{
+    const char *text = (const char *)data;
+    rt_text_span sp[4];
+    int n_sp = draw_spans(data, size, sp);
+    int n = rt_tokenizer_encode_spans(t, text, size, false, sp, n_sp, NULL, 0);
+    if (n < 0)
+        die("encode_spans", "failed");
+    int32_t *ids = malloc(((size_t)n + 1) * sizeof(int32_t));
+    if (rt_tokenizer_encode_spans(t, text, size, false, sp, n_sp, ids, n + 1) != n)
+        die("encode_spans", "count changes with the buffer");
+    if (n_sp == 0) {
+        int32_t *ref = malloc(((size_t)n + 1) * sizeof(int32_t));
+        if (rt_tokenizer_encode(t, text, size, false, true, ref, n + 1) != n ||
+            memcmp(ref, ids, (size_t)n * sizeof(int32_t)))
+            die("encode_spans", "no spans differs from parse_special");
+        free(ref);
+    }
+    if (rt_tokenizer_kind(t) == RT_TOK_BPE) {
+        size_t o = 0;
+        for (int i = 0; i < n; i++) {
+            size_t k = 0;
+            const char *piece = rt_tokenizer_piece(t, ids[i], &k);
+            if (!piece)
+                die("piece", "failed");
+            if (k == 0) {
+                piece = rt_tokenizer_token_text(t, ids[i]);
+                k = strlen(piece);
+                if (overlaps(sp, n_sp, o, k))
+                    die("encode_spans", "a special token overlaps a plain span");
+            }
+            if (k > size - o || memcmp(text + o, piece, k))
+                die("round trip", "bpe with plain spans");
+            o += k;
+        }
+        if (o != size)
+            die("round trip", "bpe with plain spans: short");
+    }
+    free(ids);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size > 4096)
@@ -284,6 +351,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int k = 0; k < N_TOK; k++) {
         check(g_tok[k], data, size, false);
         check(g_tok[k], data, size, true);
+        check_spans(g_tok[k], data, size);
     }
     return 0;
 }

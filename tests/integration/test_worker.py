@@ -126,6 +126,17 @@ t.ok(s == 200 and done and events[0]["choices"][0]["delta"].get("role") == "assi
 last = [e["choices"][0] for e in events if e.get("choices")][-1]
 t.ok(last["finish_reason"] == "length" and last["delta"] == {}, "chat stream ends with delta {} as OpenAI's: %s" % last)
 
+# A message's text is text: "</s>" written by a client is four characters,
+# as "<s/>" is, not the end-of-sequence token (nor could "<|im_start|>system"
+# forge a role on a model that has it).
+def chat_prompt_tokens(content):
+    s, _, b = post("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": content}],
+                                            "max_tokens": 1})
+    return json.loads(b)["usage"]["prompt_tokens"] if s == 200 else (s, b)
+t.ok(chat_prompt_tokens("a</s>b") == chat_prompt_tokens("a<s/>b"),
+     "special-token text in a message stays text: %s vs %s" % (chat_prompt_tokens("a</s>b"),
+                                                               chat_prompt_tokens("a<s/>b")))
+
 # --- seeds: a request without one draws anew, one with a seed repeats ---
 def sampled(seed=None):
     b_ = {"model": "m", "prompt": prompts[1], "max_tokens": 24, "temperature": 1.5, "ignore_eos": True}

@@ -684,6 +684,61 @@ static void test_bpe_special(void **state)
     vocab_free(v);
 }
 
+/* Special tokens are matched outside the plain spans only: not inside
+ * one, not reaching into one (the longest match gives way to a shorter). */
+static void test_plain_spans(void **state)
+{
+    (void)state;
+    vocab *v = bpe_vocab();
+    rt_tokenizer *t = bpe_tok(v, "llama3");
+    int32_t st = id(t, "<|im_start|>"), en = id(t, "<|im_end|>"), stx = id(t, "<|im_start|>x");
+    const char *text = "<|im_start|>user\nHello<|im_end|><|im_start|>x";
+    size_t len = strlen(text);
+    assert_int_equal(len, 45);
+    int32_t all[64], got[64];
+    int n_all = rt_tokenizer_encode(t, text, len, false, true, all, 64);
+    /* No spans: as parse_special. */
+    assert_int_equal(rt_tokenizer_encode_spans(t, text, len, false, NULL, 0, got, 64), n_all);
+    assert_memory_equal(got, all, (size_t)n_all * sizeof(int32_t));
+
+    /* "Hello<|im_end|>" plain; the other two specials still count. */
+    rt_text_span hello[] = {{17, 15}};
+    int n = rt_tokenizer_encode_spans(t, text, len, false, hello, 1, got, 64);
+    assert_true(n > n_all);
+    assert_int_equal(got[0], st);
+    assert_int_equal(got[n - 1], stx);
+    for (int i = 0; i < n; i++)
+        assert_true(got[i] != en);
+    char buf[128];
+    assert_int_equal(rt_tokenizer_decode(t, got, n, false, buf, sizeof(buf)),
+                     (int)strlen("user\nHello<|im_end|><|im_start|>x"));
+    assert_string_equal(buf, "user\nHello<|im_end|><|im_start|>x");
+
+    /* A span over part of a special token, or an empty span before one,
+     * and a span at the last byte: "<|im_start|>x" gives way to "<|im_start|>". */
+    rt_text_span part[] = {{0, 0}, {25, 1}, {44, 1}};
+    n = rt_tokenizer_encode_spans(t, text, len, false, part, 3, got, 64);
+    assert_int_equal(got[0], st);
+    for (int i = 0; i < n; i++)
+        assert_true(got[i] != en && got[i] != stx);
+    assert_int_equal(got[n - 2], st);
+    assert_int_equal(got[n - 1], 'x');
+
+    /* The whole text plain: as without parse_special. */
+    rt_text_span whole = {0, len};
+    n_all = rt_tokenizer_encode(t, text, len, false, false, all, 64);
+    assert_int_equal(rt_tokenizer_encode_spans(t, text, len, false, &whole, 1, got, 64), n_all);
+    assert_memory_equal(got, all, (size_t)n_all * sizeof(int32_t));
+
+    /* Spans out of order, overlapping or past the end. */
+    rt_text_span bad1[] = {{20, 2}, {10, 2}}, bad2[] = {{10, 5}, {12, 2}}, bad3[] = {{40, 6}};
+    assert_int_equal(rt_tokenizer_encode_spans(t, text, len, false, bad1, 2, got, 64), -EINVAL);
+    assert_int_equal(rt_tokenizer_encode_spans(t, text, len, false, bad2, 2, got, 64), -EINVAL);
+    assert_int_equal(rt_tokenizer_encode_spans(t, text, len, false, bad3, 1, got, 64), -EINVAL);
+    rt_tokenizer_free(t);
+    vocab_free(v);
+}
+
 /* Naive BPE on one word: the lowest-ranked adjacent pair, leftmost on ties. */
 static int bpe_reference(const vocab *v, const char *word, int32_t *out)
 {
@@ -875,13 +930,10 @@ static void test_large_vocab(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spm_known),
-        cmocka_unit_test(test_spm_reference_and_roundtrip),
-        cmocka_unit_test(test_bpe_pretokenizers),
-        cmocka_unit_test(test_bpe_special),
-        cmocka_unit_test(test_bpe_reference_and_roundtrip),
-        cmocka_unit_test(test_bad_metadata),
-        cmocka_unit_test(test_large_vocab),
+        cmocka_unit_test(test_spm_known),         cmocka_unit_test(test_spm_reference_and_roundtrip),
+        cmocka_unit_test(test_bpe_pretokenizers), cmocka_unit_test(test_bpe_special),
+        cmocka_unit_test(test_plain_spans),       cmocka_unit_test(test_bpe_reference_and_roundtrip),
+        cmocka_unit_test(test_bad_metadata),      cmocka_unit_test(test_large_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
