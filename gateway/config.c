@@ -754,16 +754,18 @@ static void limits_defaults(gw_limits_cfg *l)
     l->header_timeout_ms = 10000;
     l->idle_timeout_ms = 120000;
     l->stream_buffer_bytes = 1048576;
+    l->response_timeout_ms = 600000;
 }
 
 static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
 {
-    enum { K_BODY, K_HDR, K_STREAMS, K_CONNS, K_HDR_TO, K_IDLE_TO, K_BUF, K_N };
-    static const char *const keys[K_N] = {"max_body_bytes",     "max_header_bytes",  "max_concurrent_streams",
-                                          "max_connections",    "header_timeout_ms", "idle_timeout_ms",
-                                          "stream_buffer_bytes"};
-    static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096};
-    static const long long hi[K_N] = {1LL << 34, 1 << 24, INT_MAX, INT_MAX, 86400000, 86400000, 1LL << 30};
+    enum { K_BODY, K_HDR, K_STREAMS, K_CONNS, K_HDR_TO, K_IDLE_TO, K_BUF, K_RESP_TO, K_N };
+    static const char *const keys[K_N] = {
+        "max_body_bytes",    "max_header_bytes", "max_concurrent_streams", "max_connections",
+        "header_timeout_ms", "idle_timeout_ms",  "stream_buffer_bytes",    "response_timeout_ms"};
+    static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096, 0};
+    static const long long hi[K_N] = {1LL << 34, 1 << 24,  INT_MAX,   INT_MAX,
+                                      86400000,  86400000, 1LL << 30, 86400000};
     yaml_node_t *v[K_N];
     int rc = gw_cfg_map_take(p, n, "limits", keys, K_N, v);
     if (rc)
@@ -796,6 +798,9 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
             break;
         case K_BUF:
             l->stream_buffer_bytes = (size_t)x;
+            break;
+        case K_RESP_TO:
+            l->response_timeout_ms = (int)x;
             break;
         }
     }

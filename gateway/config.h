@@ -38,6 +38,9 @@
  *     header_timeout_ms: 10000
  *     idle_timeout_ms: 120000
  *     stream_buffer_bytes: 1048576
+ *     response_timeout_ms: 600000  # longest a worker's or region's response may stand still
+ *                           # (no headers yet, or no more body): then 504, or an error event
+ *                           # mid-stream; 0: none. 600 s is the OpenAI SDK's own timeout.
  *   logging:
  *     access_log: stdout        # stdout, stderr, off, or a file path
  *   drain_grace_s: 30
@@ -119,6 +122,7 @@ typedef struct gw_limits_cfg {
     size_t max_body_bytes, max_header_bytes, stream_buffer_bytes;
     uint32_t max_concurrent_streams;
     int max_connections, header_timeout_ms, idle_timeout_ms;
+    int response_timeout_ms; /* 0: none */
 } gw_limits_cfg;
 
 typedef struct gw_region_cfg {

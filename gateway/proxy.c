@@ -479,6 +479,11 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
         if (p->stream && p->route.n)
             respond(p, 503, "server_error", "no_region_available", NULL, 1,
                     "no region this request may use could serve it (last: %s, %s)", p->region, p->error_kind);
+        else if (p->stream && e == GW_UP_TIMEOUT)
+            respond(
+                p, 504, "timeout_error", "upstream_timeout", NULL, 1,
+                "the worker did not answer in time (limits.response_timeout_ms, or its connection stopped "
+                "answering)");
         else if (p->stream)
             respond(p, 502, "server_error", "upstream_failed", NULL, 1, "the worker failed before answering (%s)",
                     p->error_kind);
@@ -489,9 +494,16 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
     if (p->remote)
         route_region_report(g->table, p->remote, false, gw_epoch_ms());
     if (p->sse) {
-        static const char ev[] = "data: {\"error\":{\"message\":\"the worker serving this stream failed\","
-                                 "\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_failed\"}}\n\n";
-        if (!gw_http_write(p->stream, ev, sizeof(ev) - 1) && !gw_http_end(p->stream))
+        static const char failed[] =
+            "data: {\"error\":{\"message\":\"the worker serving this stream failed\","
+            "\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_failed\"}}\n\n";
+        static const char stalled[] =
+            "data: {\"error\":{\"message\":\"the worker serving this stream stopped "
+            "sending (limits.response_timeout_ms)\",\"type\":\"timeout_error\","
+            "\"param\":null,\"code\":\"upstream_timeout\"}}\n\n";
+        const char *ev = e == GW_UP_TIMEOUT ? stalled : failed;
+        size_t len = e == GW_UP_TIMEOUT ? sizeof(stalled) - 1 : sizeof(failed) - 1;
+        if (!gw_http_write(p->stream, ev, len) && !gw_http_end(p->stream))
             return;
     }
     gw_http_reset(p->stream);

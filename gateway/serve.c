@@ -149,6 +149,8 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     gw_http_limits l;
     http_limits(c, &l);
     gw_http_server_set_limits(g->http, &l);
+    if (gw_upstream_set_response_timeout(g->pool, c->limits.response_timeout_ms))
+        fprintf(stderr, "infergate: reload: out of memory setting response_timeout_ms; the old one stays\n");
     if (c->n_workers != g->cfg->n_workers || c->n_listen != g->cfg->n_listen)
         fprintf(stderr, "infergate: reload: listeners and workers are kept as started; restart to change them\n");
     /* The running config keeps the workers' and listeners' entries the
@@ -357,6 +359,7 @@ int gw_cmd_serve(int argc, char **argv)
     uo.tls_ca_file = g.cfg->peer_tls.ca;
     uo.tls_cert_file = g.cfg->peer_tls.cert;
     uo.tls_key_file = g.cfg->peer_tls.key;
+    uo.response_timeout_ms = g.cfg->limits.response_timeout_ms;
     /* The proxy stops taking a stream's upstream data once the client's
      * side holds half of stream_buffer_bytes; what the worker may still
      * send (the window) must fit in the other half, or the stream of a

@@ -168,7 +168,8 @@ gw_upstream_pool *gw_upstream_pool_new(struct event_base *base, const gw_upstrea
     if (!(p->ssl_ctx = ssl_ctx_new(&d, err, err_len)))
         goto fail;
     p->opts.tls_ca_file = p->opts.tls_cert_file = p->opts.tls_key_file = NULL;
-    if (!(p->kick_ev = event_new(base, -1, 0, on_kick, p)) || up_conn_callbacks_init(p)) {
+    if (!(p->kick_ev = event_new(base, -1, 0, on_kick, p)) || up_conn_callbacks_init(p) ||
+        gw_upstream_set_response_timeout(p, p->opts.response_timeout_ms)) {
         snprintf(err, err_len, "out of memory");
         goto fail;
     }
@@ -452,12 +453,31 @@ size_t gw_upstream_conn_count(gw_upstream_pool *p, const char *target)
 static void on_response_timeout(evutil_socket_t fd, short what, void *arg)
 {
     gw_upstream_req *r = arg;
-    if (r->state == UP_RS_DONE || r->responded)
+    if (r->state == UP_RS_DONE)
         return;
     up_req_unlink(r, NGHTTP2_CANCEL);
     up_req_retire(r);
     if (r->cbs.on_error)
-        r->cbs.on_error(r->ud, GW_UP_TIMEOUT, false);
+        r->cbs.on_error(r->ud, GW_UP_TIMEOUT, r->responded);
+}
+
+int gw_upstream_set_response_timeout(gw_upstream_pool *p, int ms)
+{
+    const struct timeval *tv = NULL;
+    if (ms > 0) {
+        struct timeval d = {ms / 1000, (ms % 1000) * 1000};
+        if (!(tv = event_base_init_common_timeout(p->base, &d)))
+            return -ENOMEM;
+    }
+    p->opts.response_timeout_ms = ms > 0 ? ms : 0;
+    p->response_tv = tv;
+    return 0;
+}
+
+void up_req_progress(gw_upstream_req *r)
+{
+    if (r->timeout_ev)
+        event_add(r->timeout_ev, r->pool->response_tv);
 }
 
 static void on_kick(evutil_socket_t fd, short what, void *arg)
@@ -563,11 +583,9 @@ gw_upstream_req *gw_upstream_send(gw_upstream_pool *p, const char *target, const
         memcpy(s, body, body_len);
     r->body = (const uint8_t *)s;
     r->body_len = body_len;
-    if (p->opts.response_timeout_ms > 0) {
-        int ms = p->opts.response_timeout_ms;
-        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (p->response_tv) {
         if (!(r->timeout_ev = evtimer_new(p->base, on_response_timeout, r)) ||
-            event_add(r->timeout_ev, &tv)) {
+            event_add(r->timeout_ev, p->response_tv)) {
             req_free(r);
             return NULL;
         }
@@ -585,8 +603,10 @@ gw_upstream_req *gw_upstream_send(gw_upstream_pool *p, const char *target, const
 
 void gw_upstream_consume(gw_upstream_req *r, size_t n)
 {
-    if (r && r->state == UP_RS_OPEN && n)
+    if (r && r->state == UP_RS_OPEN && n) {
+        up_req_progress(r);
         up_conn_consume(r, n);
+    }
 }
 
 void gw_upstream_cancel(gw_upstream_req *r)

@@ -250,8 +250,7 @@ static void response_deliver(gw_upstream_req *r)
         s += strlen(s) + 1;
     }
     r->responded = true;
-    if (r->timeout_ev)
-        event_del(r->timeout_ev);
+    up_req_progress(r);
     if (r->cbs.on_response)
         r->cbs.on_response(r->ud, r->status, h, r->n_h);
     if (h != stack)
@@ -348,6 +347,7 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
         return 0;
     }
     r->unconsumed += len;
+    up_req_progress(r);
     r->cbs.on_data(r->ud, data, len);
     return 0;
 }

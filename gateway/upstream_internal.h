@@ -88,7 +88,7 @@ struct gw_upstream_req {
     int status;        /* of the HEADERS being received */
     char *hbuf;        /* its fields, "name\0value\0" each */
     size_t hlen, hcap, n_h;
-    struct event *timeout_ev; /* response_timeout_ms, until on_response */
+    struct event *timeout_ev; /* response_timeout_ms: re-armed by each sign of progress */
 };
 
 struct up_conn {
@@ -146,6 +146,9 @@ struct gw_upstream_pool {
     gw_upstream_req *pending, *pending_tail;
     gw_upstream_req *graveyard;
     struct event *kick_ev; /* dispatches pending requests and frees the graveyard */
+    /* response_timeout_ms as libevent's common timeout: every request has
+     * the same, and re-arming one on each piece of a response is O(1). */
+    const struct timeval *response_tv;
 };
 
 /* ---- upstream.c ---- */
@@ -154,6 +157,9 @@ struct gw_upstream_pool {
 void up_pool_kick(gw_upstream_pool *p);
 /* r is finished: it goes to the graveyard (it must be on no list). */
 void up_req_retire(gw_upstream_req *r);
+/* r's response moved (headers, a piece of body, or its reader took some):
+ * its response timeout starts again. */
+void up_req_progress(gw_upstream_req *r);
 /* Adds an RTT sample to the target's statistics. */
 void up_target_rtt_sample(up_target *t, double us);
 /* The target of that name, parsed and added when new; NULL for a bad name

@@ -47,7 +47,7 @@ port, tls_port = free_port(), free_port()
 access_log = os.path.join(d, "access.log")
 
 
-def config(tenant_a_keys, rps_a=1000):
+def config(tenant_a_keys, rps_a=1000, response_timeout_ms=600000):
     return """
 listen:
   - address: "127.0.0.1:%d"
@@ -82,12 +82,13 @@ tenants:
     tpm: 1000
 limits:
   stream_buffer_bytes: 65536
+  response_timeout_ms: %d
 logging:
   access_log: "%s"
 drain_grace_s: 20
 runtime_dir: "%s"
 """ % (port, tls_port, cert, keyf, small, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
-       key_hash(key_admin), key_hash(key_m), access_log, os.path.join(d, "run"))
+       key_hash(key_admin), key_hash(key_m), response_timeout_ms, access_log, os.path.join(d, "run"))
 
 
 cfg = os.path.join(d, "gateway.yaml")
@@ -363,6 +364,35 @@ g.send_signal(1)
 ok = wait_until(lambda: curl(URL + "/v1/models", http="--http1.1", headers=["authorization: Bearer " + key_c],
                              timeout=5)[0] == 200, 10, "new key accepted after reload")
 t.ok(ok, "SIGHUP with a good config: the new key works without a restart")
+
+# --- a worker that stops answering: limits.response_timeout_ms ---
+# Reloaded down to 1.5 s. The slow worker is frozen (SIGSTOP: alive, its
+# socket open, nothing sent) with a stream running and a request arriving:
+# the stream ends with an error event, the request gets a 504.
+open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)], response_timeout_ms=1500))
+g.send_signal(1)
+wait_until(lambda: open(log_path).read().count("reloaded") >= 2, 10, "second reload")
+body = {"model": "slow", "prompt": "hello", "max_tokens": 2000, "temperature": 0, "stream": True, "ignore_eos": True}
+stalled = subprocess.Popen(["curl", "-sS", "-N", "--http2-prior-knowledge", "--max-time", "30", "-H", AUTH, "-H",
+                            "content-type: application/json", "--data-binary", json.dumps(body),
+                            URL + "/v1/completions"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+wait_until(lambda: slow_stats().get("running") == 1, 30, "the stream running on the slow worker")
+time.sleep(0.3)
+slow_pid = worker_pids()[2]
+os.kill(slow_pid, signal.SIGSTOP)
+try:
+    s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="slow"), headers=[AUTH],
+                   timeout=30)
+    t.ok(s == 504 and json.loads(b)["error"]["code"] == "upstream_timeout",
+         "a frozen worker: a request waiting on it gets 504 upstream_timeout: %s %s" % (s, b[:200]))
+    out, _ = stalled.communicate(timeout=40)
+    events, _ = sse_events(out)
+    t.ok(stalled.returncode == 0 and len(events) > 1 and events[-1].get("error", {}).get("code") == "upstream_timeout",
+         "a frozen worker: its stream ends with an upstream_timeout error event (rc %s, %d events, last %s)"
+         % (stalled.returncode, len(events), events[-1] if events else None))
+finally:
+    os.kill(slow_pid, signal.SIGCONT)
+t.ok(wait_until(ready, 20, "slow worker ready again"), "the worker, thawed, is ready again")
 
 # --- SIGTERM drains ---
 inflight = stream_proc("slow", 200)

@@ -120,6 +120,7 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "  header_timeout_ms: 5000\n"
                                 "  idle_timeout_ms: 60000\n"
                                 "  stream_buffer_bytes: 65536\n"
+                                "  response_timeout_ms: 0\n"
                                 "logging:\n"
                                 "  access_log: /var/log/infergate/access.log\n"
                                 "drain_grace_s: 10\n"
@@ -200,6 +201,7 @@ static void test_full(void **state)
     assert_int_equal(c->limits.header_timeout_ms, 5000);
     assert_int_equal(c->limits.idle_timeout_ms, 60000);
     assert_int_equal(c->limits.stream_buffer_bytes, 65536);
+    assert_int_equal(c->limits.response_timeout_ms, 0);
     assert_string_equal(c->access_log, "/var/log/infergate/access.log");
     assert_int_equal(c->drain_grace_s, 10);
     assert_int_equal(c->stats_interval_ms, 100);
@@ -218,6 +220,7 @@ static void check_default_limits(const gw_config *c)
     assert_int_equal(c->limits.header_timeout_ms, 10000);
     assert_int_equal(c->limits.idle_timeout_ms, 120000);
     assert_int_equal(c->limits.stream_buffer_bytes, 1048576);
+    assert_int_equal(c->limits.response_timeout_ms, 600000);
     assert_string_equal(c->access_log, "stdout");
     assert_int_equal(c->drain_grace_s, 30);
     assert_int_equal(c->stats_interval_ms, 250);
@@ -453,6 +456,8 @@ static const struct {
     {"limits:\n  header_timeout_ms:\n",
      "bad.yaml:2: limits.header_timeout_ms: must be a whole number, not empty"},
     {"limits: [1, 2]\n", "bad.yaml:1: limits: must be a map, not a list"},
+    {"limits:\n  response_timeout_ms: -1\n",
+     "bad.yaml:2: limits.response_timeout_ms: must be a whole number from 0 to 86400000"},
     {"listen: {address: 127.0.0.1:80}\n", "bad.yaml:1: listen: must be a list, not a map"},
     {"listen: []\n", "bad.yaml:1: listen: needs at least one address"},
     {"listen:\n  - tls: {cert: /c, key: /k}\n", "bad.yaml:2: listen[0].address: required"},
