@@ -39,8 +39,9 @@
  *     idle_timeout_ms: 120000
  *     stream_buffer_bytes: 1048576
  *     response_timeout_ms: 600000  # longest a worker's or region's response may stand still
- *                           # (no headers yet, or no more body): then 504, or an error event
- *                           # mid-stream; 0: none. 600 s is the OpenAI SDK's own timeout.
+ *                           # (no headers yet, or no more body): then 504 (not retried), or an
+ *                           # error event mid-stream; 0: none. 600 s is the OpenAI SDK's own
+ *                           # timeout. A reload applies at once, to requests in flight too.
  *   logging:
  *     access_log: stdout        # stdout, stderr, off, or a file path
  *   drain_grace_s: 30

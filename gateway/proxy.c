@@ -472,6 +472,17 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
     if (!p->stream)
         return;
     if (!responded) {
+        /* A stalled target had the request all along: another try would
+         * double the wait, and a request that wedges a worker could wedge
+         * the next. */
+        if (e == GW_UP_STALLED) {
+            if (p->remote)
+                route_region_report(g->table, p->remote, false, gw_epoch_ms());
+            respond(p, 504, "timeout_error", "upstream_timeout", NULL, 1,
+                    "%s %s did not answer within limits.response_timeout_ms", p->remote ? "region" : "worker",
+                    p->remote ? p->region : "serving this request");
+            return;
+        }
         if (retry(p))
             return;
         /* Routed: every region the request may use has failed it, so the
@@ -479,11 +490,6 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
         if (p->stream && p->route.n)
             respond(p, 503, "server_error", "no_region_available", NULL, 1,
                     "no region this request may use could serve it (last: %s, %s)", p->region, p->error_kind);
-        else if (p->stream && e == GW_UP_TIMEOUT)
-            respond(
-                p, 504, "timeout_error", "upstream_timeout", NULL, 1,
-                "the worker did not answer in time (limits.response_timeout_ms, or its connection stopped "
-                "answering)");
         else if (p->stream)
             respond(p, 502, "server_error", "upstream_failed", NULL, 1, "the worker failed before answering (%s)",
                     p->error_kind);
@@ -501,8 +507,8 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
             "data: {\"error\":{\"message\":\"the worker serving this stream stopped "
             "sending (limits.response_timeout_ms)\",\"type\":\"timeout_error\","
             "\"param\":null,\"code\":\"upstream_timeout\"}}\n\n";
-        const char *ev = e == GW_UP_TIMEOUT ? stalled : failed;
-        size_t len = e == GW_UP_TIMEOUT ? sizeof(stalled) - 1 : sizeof(failed) - 1;
+        const char *ev = e == GW_UP_STALLED ? stalled : failed;
+        size_t len = e == GW_UP_STALLED ? sizeof(stalled) - 1 : sizeof(failed) - 1;
         if (!gw_http_write(p->stream, ev, len) && !gw_http_end(p->stream))
             return;
     }

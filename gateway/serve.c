@@ -149,8 +149,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     gw_http_limits l;
     http_limits(c, &l);
     gw_http_server_set_limits(g->http, &l);
-    if (gw_upstream_set_response_timeout(g->pool, c->limits.response_timeout_ms))
-        fprintf(stderr, "infergate: reload: out of memory setting response_timeout_ms; the old one stays\n");
+    gw_upstream_set_response_timeout(g->pool, c->limits.response_timeout_ms);
     if (c->n_workers != g->cfg->n_workers || c->n_listen != g->cfg->n_listen)
         fprintf(stderr, "infergate: reload: listeners and workers are kept as started; restart to change them\n");
     /* The running config keeps the workers' and listeners' entries the

@@ -36,6 +36,8 @@ const char *gw_upstream_error_name(gw_upstream_error e)
         return "timeout";
     case GW_UP_NOMEM:
         return "nomem";
+    case GW_UP_STALLED:
+        return "stalled";
     }
     return "unknown";
 }
@@ -124,6 +126,7 @@ fail:
 /* ---- pool ---- */
 
 static void on_kick(evutil_socket_t fd, short what, void *arg);
+static void on_stall_sweep(evutil_socket_t fd, short what, void *arg);
 
 gw_upstream_pool *gw_upstream_pool_new(struct event_base *base, const gw_upstream_opts *o, char *err,
                                        size_t err_len)
@@ -168,11 +171,12 @@ gw_upstream_pool *gw_upstream_pool_new(struct event_base *base, const gw_upstrea
     if (!(p->ssl_ctx = ssl_ctx_new(&d, err, err_len)))
         goto fail;
     p->opts.tls_ca_file = p->opts.tls_cert_file = p->opts.tls_key_file = NULL;
-    if (!(p->kick_ev = event_new(base, -1, 0, on_kick, p)) || up_conn_callbacks_init(p) ||
-        gw_upstream_set_response_timeout(p, p->opts.response_timeout_ms)) {
+    if (!(p->kick_ev = event_new(base, -1, 0, on_kick, p)) ||
+        !(p->stall_ev = event_new(base, -1, EV_PERSIST, on_stall_sweep, p)) || up_conn_callbacks_init(p)) {
         snprintf(err, err_len, "out of memory");
         goto fail;
     }
+    gw_upstream_set_response_timeout(p, p->opts.response_timeout_ms);
     return p;
 fail:
     gw_upstream_pool_free(p);
@@ -181,8 +185,6 @@ fail:
 
 static void req_free(gw_upstream_req *r)
 {
-    if (r->timeout_ev)
-        event_free(r->timeout_ev);
     gw_mem_free(r->hbuf);
     gw_mem_free(r);
 }
@@ -225,6 +227,8 @@ void gw_upstream_pool_free(gw_upstream_pool *p)
     reap(p);
     if (p->kick_ev)
         event_free(p->kick_ev);
+    if (p->stall_ev)
+        event_free(p->stall_ev);
     if (p->ssl_ctx)
         SSL_CTX_free(p->ssl_ctx);
     if (p->ngopt)
@@ -247,8 +251,6 @@ void up_req_retire(gw_upstream_req *r)
     r->prev = NULL;
     r->next = p->graveyard;
     p->graveyard = r;
-    if (r->timeout_ev)
-        event_del(r->timeout_ev);
     up_pool_kick(p);
 }
 
@@ -450,34 +452,49 @@ size_t gw_upstream_conn_count(gw_upstream_pool *p, const char *target)
 
 /* ---- requests ---- */
 
-static void on_response_timeout(evutil_socket_t fd, short what, void *arg)
+/* Takes r off its list if its response has stood still too long. A
+ * request whose caller holds data it has not taken waits for the caller. */
+static void stall_check(gw_upstream_req *r, uint64_t now, gw_upstream_req **stalled)
 {
-    gw_upstream_req *r = arg;
-    if (r->state == UP_RS_DONE)
+    if (r->unconsumed || now - r->moved_ns <= r->pool->response_timeout_ns)
         return;
     up_req_unlink(r, NGHTTP2_CANCEL);
     up_req_retire(r);
-    if (r->cbs.on_error)
-        r->cbs.on_error(r->ud, GW_UP_TIMEOUT, r->responded);
+    r->stalled_next = *stalled;
+    *stalled = r;
 }
 
-int gw_upstream_set_response_timeout(gw_upstream_pool *p, int ms)
+static void on_stall_sweep(evutil_socket_t fd, short what, void *arg)
 {
-    const struct timeval *tv = NULL;
-    if (ms > 0) {
-        struct timeval d = {ms / 1000, (ms % 1000) * 1000};
-        if (!(tv = event_base_init_common_timeout(p->base, &d)))
-            return -ENOMEM;
+    gw_upstream_pool *p = arg;
+    uint64_t now = up_now_ns();
+    gw_upstream_req *stalled = NULL, *r, *next;
+    /* Taken off first, told after: a callback may send or cancel others. */
+    for (r = p->pending; r; r = next) {
+        next = r->next;
+        stall_check(r, now, &stalled);
     }
-    p->opts.response_timeout_ms = ms > 0 ? ms : 0;
-    p->response_tv = tv;
-    return 0;
+    for (up_target *t = p->targets; t; t = t->next)
+        for (up_conn *c = t->conns; c; c = c->next)
+            for (r = c->reqs; r; r = next) {
+                next = r->next;
+                stall_check(r, now, &stalled);
+            }
+    for (r = stalled; r; r = r->stalled_next) /* retired: freed only from the kick */
+        if (r->cbs.on_error)
+            r->cbs.on_error(r->ud, GW_UP_STALLED, r->responded);
 }
 
-void up_req_progress(gw_upstream_req *r)
+void gw_upstream_set_response_timeout(gw_upstream_pool *p, int ms)
 {
-    if (r->timeout_ev)
-        event_add(r->timeout_ev, r->pool->response_tv);
+    p->opts.response_timeout_ms = ms > 0 ? ms : 0;
+    p->response_timeout_ns = ms > 0 ? (uint64_t)ms * 1000000u : 0;
+    event_del(p->stall_ev);
+    if (ms <= 0)
+        return;
+    int every = ms / 8 < 10 ? 10 : ms / 8 > 1000 ? 1000 : ms / 8;
+    struct timeval tv = {every / 1000, (every % 1000) * 1000};
+    event_add(p->stall_ev, &tv);
 }
 
 static void on_kick(evutil_socket_t fd, short what, void *arg)
@@ -583,13 +600,7 @@ gw_upstream_req *gw_upstream_send(gw_upstream_pool *p, const char *target, const
         memcpy(s, body, body_len);
     r->body = (const uint8_t *)s;
     r->body_len = body_len;
-    if (p->response_tv) {
-        if (!(r->timeout_ev = evtimer_new(p->base, on_response_timeout, r)) ||
-            event_add(r->timeout_ev, p->response_tv)) {
-            req_free(r);
-            return NULL;
-        }
-    }
+    up_req_progress(r);
     r->state = UP_RS_PENDING;
     r->prev = p->pending_tail;
     if (p->pending_tail)

@@ -31,19 +31,22 @@ typedef enum gw_upstream_error {
     GW_UP_CONNECT = 1, /* could not connect (refused, no such socket, TLS handshake failed) */
     GW_UP_RESET,       /* the stream was reset or the connection closed under it */
     GW_UP_PROTOCOL,    /* the peer broke HTTP/2 */
-    GW_UP_TIMEOUT,     /* connect or response timeout, or the connection's PING went
-                          unanswered for ten ping intervals */
+    GW_UP_TIMEOUT,     /* connect timeout, or the connection's PING went unanswered for ten
+                          ping intervals */
     GW_UP_NOMEM,
+    GW_UP_STALLED, /* the response stood still for response_timeout_ms (the target
+                      had the request all that time: not one to retry blindly) */
 } gw_upstream_error;
 
 const char *gw_upstream_error_name(gw_upstream_error e); /* "connect", "reset", ... */
 
 typedef struct gw_upstream_opts {
     int connect_timeout_ms;        /* default 3000 */
-    /* The longest a request's response may stand still: until its headers,
-     * then between pieces of its body (data taken by the caller counts as
-     * movement too, so a response held back by a slow reader is not
-     * blamed on the target). Default 0 = none. */
+    /* The longest a request's response may stand still (GW_UP_STALLED):
+     * until its headers, then between pieces of its body. Data taken by
+     * the caller counts as movement, and while the caller holds data it
+     * has not taken the clock waits for it: a response held back by a slow
+     * reader is not blamed on the target. Default 0 = none. */
     int response_timeout_ms;
     uint32_t stream_window;        /* per-stream receive window; default 256 KiB */
     int max_streams_per_conn;      /* default 128; past it a second connection is opened */
@@ -98,9 +101,8 @@ void gw_upstream_cancel(gw_upstream_req *r);
  * last 64 samples, in microseconds. -ENOENT when no sample yet. */
 int gw_upstream_rtt(gw_upstream_pool *p, const char *target, double *ewma_us, double *p95_us);
 void gw_upstream_set_ping_interval(gw_upstream_pool *p, int ping_interval_ms);
-/* Changes response_timeout_ms (0: none) for requests sent from now on.
- * 0 or -ENOMEM. */
-int gw_upstream_set_response_timeout(gw_upstream_pool *p, int response_timeout_ms);
+/* Changes response_timeout_ms (0: none), for the requests in flight too. */
+void gw_upstream_set_response_timeout(gw_upstream_pool *p, int response_timeout_ms);
 /* Opens a connection to target now (so RTT is measured before any request). */
 int gw_upstream_connect(gw_upstream_pool *p, const char *target);
 

@@ -88,7 +88,8 @@ struct gw_upstream_req {
     int status;        /* of the HEADERS being received */
     char *hbuf;        /* its fields, "name\0value\0" each */
     size_t hlen, hcap, n_h;
-    struct event *timeout_ev; /* response_timeout_ms: re-armed by each sign of progress */
+    uint64_t moved_ns; /* the last sign of progress, for response_timeout_ms */
+    gw_upstream_req *stalled_next; /* the sweep's list of requests to fail */
 };
 
 struct up_conn {
@@ -146,9 +147,11 @@ struct gw_upstream_pool {
     gw_upstream_req *pending, *pending_tail;
     gw_upstream_req *graveyard;
     struct event *kick_ev; /* dispatches pending requests and frees the graveyard */
-    /* response_timeout_ms as libevent's common timeout: every request has
-     * the same, and re-arming one on each piece of a response is O(1). */
-    const struct timeval *response_tv;
+    /* response_timeout_ms is kept by a sweep over the open requests every
+     * eighth of it (10 ms to 1 s) rather than a timer per request: progress
+     * then costs a clock read, not a timer re-armed per piece of body. */
+    uint64_t response_timeout_ns; /* 0: none */
+    struct event *stall_ev;
 };
 
 /* ---- upstream.c ---- */
@@ -157,9 +160,6 @@ struct gw_upstream_pool {
 void up_pool_kick(gw_upstream_pool *p);
 /* r is finished: it goes to the graveyard (it must be on no list). */
 void up_req_retire(gw_upstream_req *r);
-/* r's response moved (headers, a piece of body, or its reader took some):
- * its response timeout starts again. */
-void up_req_progress(gw_upstream_req *r);
 /* Adds an RTT sample to the target's statistics. */
 void up_target_rtt_sample(up_target *t, double us);
 /* The target of that name, parsed and added when new; NULL for a bad name
@@ -167,6 +167,12 @@ void up_target_rtt_sample(up_target *t, double us);
 up_target *up_target_get(gw_upstream_pool *p, const char *name);
 /* Monotonic clock in nanoseconds. */
 uint64_t up_now_ns(void);
+/* r's response moved (headers, a piece of body, or its reader took some):
+ * its response timeout starts again. */
+static inline void up_req_progress(gw_upstream_req *r)
+{
+    r->moved_ns = up_now_ns();
+}
 
 /* ---- upstream_conn.c ---- */
 

@@ -662,6 +662,7 @@ static void test_bad_targets(void **state)
     assert_null(gw_upstream_send(t->pool, t->tcp_target, NULL, "/", NULL, NULL, 0, NULL, 0, &cbs, &c));
     assert_string_equal(gw_upstream_error_name(GW_UP_RESET), "reset");
     assert_string_equal(gw_upstream_error_name(GW_UP_TIMEOUT), "timeout");
+    assert_string_equal(gw_upstream_error_name(GW_UP_STALLED), "stalled");
     char err[256] = "";
     gw_upstream_opts o;
     gw_upstream_opts_default(&o);
@@ -697,7 +698,7 @@ static void test_response_timeout(void **state)
     creq c = {0};
     send_req(t, &c, t->unix_target, "GET", "/hang", NULL, 0, NULL, 0);
     wait_done(t, &c);
-    expect_error(&c, GW_UP_TIMEOUT, false);
+    expect_error(&c, GW_UP_STALLED, false);
     int one = 1;
     assert_true(run_until(t, closes_reach, &one)); /* the server's stream was reset */
     assert_int_equal(t->n_unfinished, 1);
@@ -706,7 +707,7 @@ static void test_response_timeout(void **state)
     wait_done(t, &d);
     assert_int_equal(d.status, 200);
     assert_int_equal(d.len, 6);
-    expect_error(&d, GW_UP_TIMEOUT, true);
+    expect_error(&d, GW_UP_STALLED, true);
     int two = 2;
     assert_true(run_until(t, closes_reach, &two));
     assert_int_equal(t->n_unfinished, 2);
@@ -716,8 +717,36 @@ static void test_response_timeout(void **state)
     assert_int_equal(e.n_error, 0);
     assert_int_equal(e.n_end, 1);
     assert_int_equal(e.len, strlen("piece 0\n") * 10 + strlen("piece 10\n") * 2);
+    /* A caller holding data it has not taken is behind, not the target:
+     * the clock starts once it has taken it. */
+    creq f = {.hold = true};
+    send_req(t, &f, t->unix_target, "GET", "/slow", NULL, 0, NULL, 0);
+    assert_true(run_until(t, got_data, &f));
+    run_for(t, 700);
+    assert_false(creq_done(&f));
+    t->in_api = true;
+    gw_upstream_consume(f.r, f.unconsumed);
+    t->in_api = false;
+    f.unconsumed = 0;
+    wait_done(t, &f);
+    expect_error(&f, GW_UP_STALLED, true);
+    /* Changed to none, the timeout is off for the requests in flight too;
+     * back on, it counts from their last progress. */
+    creq g = {0}, h = {0};
+    send_req(t, &g, t->unix_target, "GET", "/hang", NULL, 0, NULL, 0);
+    gw_upstream_set_response_timeout(t->pool, 0);
+    send_req(t, &h, t->unix_target, "GET", "/hang", NULL, 0, NULL, 0);
+    run_for(t, 500);
+    assert_false(creq_done(&g));
+    assert_false(creq_done(&h));
+    gw_upstream_set_response_timeout(t->pool, 100);
+    wait_done(t, &g);
+    wait_done(t, &h);
+    expect_error(&g, GW_UP_STALLED, false);
+    expect_error(&h, GW_UP_STALLED, false);
     free(d.body);
     free(e.body);
+    free(f.body);
 }
 
 static bool no_conns(tctx *t, void *arg)
