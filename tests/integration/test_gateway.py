@@ -2,8 +2,8 @@
 clients: curl over HTTP/1.1, HTTP/2 cleartext and TLS (ALPN h2), nghttp,
 python3-h2 (a client that stops reading), and the official OpenAI Node SDK.
 Auth failures, rate limits, token limits, a worker killed mid-stream or
-before answering, SIGHUP with a broken config, SIGTERM drain, metrics and
-the access log."""
+before answering, workers frozen (the response timeout), SIGHUP with a
+broken config, SIGTERM drain, metrics and the access log."""
 import json
 import os
 import re
@@ -366,9 +366,12 @@ ok = wait_until(lambda: curl(URL + "/v1/models", http="--http1.1", headers=["aut
 t.ok(ok, "SIGHUP with a good config: the new key works without a restart")
 
 # --- a worker that stops answering: limits.response_timeout_ms ---
-# Reloaded down to 1.5 s. The slow worker is frozen (SIGSTOP: alive, its
-# socket open, nothing sent) with a stream running and a request arriving:
-# the stream ends with an error event, the request gets a 504.
+# Reloaded down to 1.5 s. The slow worker is frozen (SIGSTOP: its socket
+# open, nothing sent; without regions nothing PINGs it) with a stream
+# running: the stream ends with an error event. Small worker 0 is frozen
+# too, and a request sent to it (both idle: worker 0 first) gets a 504: a
+# worker that had the request all along is not worth a second try on
+# worker 1.
 open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)], response_timeout_ms=1500))
 g.send_signal(1)
 wait_until(lambda: open(log_path).read().count("reloaded") >= 2, 10, "second reload")
@@ -378,13 +381,13 @@ stalled = subprocess.Popen(["curl", "-sS", "-N", "--http2-prior-knowledge", "--m
                             URL + "/v1/completions"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 wait_until(lambda: slow_stats().get("running") == 1, 30, "the stream running on the slow worker")
 time.sleep(0.3)
-slow_pid = worker_pids()[2]
+slow_pid, small_pid = worker_pids()[2], worker_pids()[0]
 os.kill(slow_pid, signal.SIGSTOP)
+os.kill(small_pid, signal.SIGSTOP)
 try:
-    s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="slow"), headers=[AUTH],
-                   timeout=30)
+    s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=comp, headers=[AUTH], timeout=30)
     t.ok(s == 504 and json.loads(b)["error"]["code"] == "upstream_timeout",
-         "a frozen worker: a request waiting on it gets 504 upstream_timeout: %s %s" % (s, b[:200]))
+         "a frozen worker: a request waiting on it gets 504 upstream_timeout, not a retry: %s %s" % (s, b[:200]))
     out, _ = stalled.communicate(timeout=40)
     events, _ = sse_events(out)
     t.ok(stalled.returncode == 0 and len(events) > 1 and events[-1].get("error", {}).get("code") == "upstream_timeout",
@@ -392,7 +395,8 @@ try:
          % (stalled.returncode, len(events), events[-1] if events else None))
 finally:
     os.kill(slow_pid, signal.SIGCONT)
-t.ok(wait_until(ready, 20, "slow worker ready again"), "the worker, thawed, is ready again")
+    os.kill(small_pid, signal.SIGCONT)
+t.ok(wait_until(ready, 20, "workers ready again"), "the workers, thawed, are ready again")
 
 # --- SIGTERM drains ---
 inflight = stream_proc("slow", 200)

@@ -2,8 +2,9 @@
 `infergate serve` with its own CPU worker on a tiny synthetic model; the
 gateways reach each other through delay relays (tests/integration/
 delay_relay.py) so that their RTTs differ, over mutual TLS with a CA made
-here. Checks latency and cost routing, price changes, residency, gateway
-death, Redis outages and the fleet-wide rate limit."""
+here. Checks latency and cost routing, price changes, residency, a region
+that stands still (the response timeout), gateway death, Redis outages and
+the fleet-wide rate limit."""
 import http.client
 import json
 import os
@@ -135,13 +136,14 @@ tenants:
   - {name: limited, keys: ["%(h_lim)s"], rps: 5}
   - {name: ops, keys: ["%(h_ops)s"], admin: true}
 logging: {access_log: "%(log)s"}
+limits: {response_timeout_ms: %(resp_to)d}
 drain_grace_s: 5
 runtime_dir: "%(run)s"
 """ % dict(port=port[n], peer=peer_port[n], crt=crt, key=key, ca=ca, model=model, name=n,
            tags=", ".join(tags[n]), pin=prices[n][0], pout=prices[n][1], redis=redis_port, peers=peers,
            h_open=hashes["open"], h_us=hashes["usonly"], h_eu=hashes["euonly"], h_cheap=hashes["cheap"],
            h_lim=hashes["limited"], h_ops=hashes["ops"], log=os.path.join(d, n + ".access.log"),
-           run=os.path.join(d, "run-" + n))
+           run=os.path.join(d, "run-" + n), resp_to=2000 if n == "eu1" else 600000)
 
 
 gws = {}
@@ -342,6 +344,28 @@ redis = spawn(redis_args, os.path.join(d, "redis2.log"))
 wait_until(redis_up, 20, "redis-server back")
 wait_until(all_fresh, 20, "state resynced after Redis returned")
 t.ok(True, "Redis back: every gateway republished and resynced")
+
+# --- a region that stands still: limits.response_timeout_ms ---
+# ap1 is busy (ten long interactive streams, two slots), alive and
+# answering PINGs. A batch request entering eu1 (response_timeout_ms 2000)
+# that only ap1 may serve waits in ap1's queue behind them with nothing
+# sent back: eu1 gives up with a 504.
+# (A frozen process is another matter: its PINGs stop, and that failure is
+# retried elsewhere.)
+load = Load("ap1", 10)
+try:
+    wait_until(lambda: table("eu1").get("ap1", {}).get("queued", 0) >= 4, 30, "a queue at ap1")
+    t0 = time.monotonic()
+    s, h, b = request("eu1", "open", headers={"x-infergate-residency": "ap", "x-infergate-priority": "batch"},
+                      timeout=30)
+    took = time.monotonic() - t0
+    code = json.loads(b).get("error", {}).get("code") if s else None
+    t.ok(s == 504 and code == "upstream_timeout" and took < 10,
+         "a region that sends nothing back for response_timeout_ms: 504 upstream_timeout after %.1f s (%d %s)"
+         % (took, s, b[:160]))
+finally:
+    load.kill()
+wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "ap1", 30, "ap1 back once its queue drains")
 
 # --- a region's gateway dies: within a second nothing goes there, nothing fails ---
 results = []
