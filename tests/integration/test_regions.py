@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -94,7 +95,7 @@ hashes = {t_: key_hash(k) for t_, k in keys.items()}
 certs = {n: region_cert(n) for n in names}
 
 
-def config(n):
+def config(n, resp_to=600000):
     peers = "\n".join('  - {name: %s, endpoint: "tls:127.0.0.1:%d"}' % (m, relays[(n, m)].port)
                       for m in names if m != n)
     crt, key = certs[n]
@@ -143,7 +144,7 @@ runtime_dir: "%(run)s"
            tags=", ".join(tags[n]), pin=prices[n][0], pout=prices[n][1], redis=redis_port, peers=peers,
            h_open=hashes["open"], h_us=hashes["usonly"], h_eu=hashes["euonly"], h_cheap=hashes["cheap"],
            h_lim=hashes["limited"], h_ops=hashes["ops"], log=os.path.join(d, n + ".access.log"),
-           run=os.path.join(d, "run-" + n), resp_to=2000 if n == "eu1" else 600000)
+           run=os.path.join(d, "run-" + n), resp_to=resp_to)
 
 
 gws = {}
@@ -346,26 +347,40 @@ wait_until(all_fresh, 20, "state resynced after Redis returned")
 t.ok(True, "Redis back: every gateway republished and resynced")
 
 # --- a region that stands still: limits.response_timeout_ms ---
-# ap1 is busy (ten long interactive streams, two slots), alive and
-# answering PINGs. A batch request entering eu1 (response_timeout_ms 2000)
-# that only ap1 may serve waits in ap1's queue behind them with nothing
-# sent back: eu1 gives up with a 504.
-# (A frozen process is another matter: its PINGs stop, and that failure is
-# retried elsewhere.)
-load = Load("ap1", 10)
+# eu1 is reloaded with response_timeout_ms 500 and sends the us-only tenant
+# to ap1, whose one worker is then frozen (SIGSTOP): ap1's gateway takes the
+# request and sends nothing back. eu1 answers 504 at 0.5 s, before ap1's
+# own PINGs to its worker (every 100 ms, failing after ten) would turn it
+# into a 502 that eu1 retries at us1; and eu1 does not try us1 for a stall.
+def worker_pid(n):
+    pids = re.findall(r"worker 0 \(model \w+, device \w+\) started: pid (\d+)",
+                      open(os.path.join(d, n + ".log")).read())
+    return int(pids[-1])
+
+
+def reload_eu1(resp_to):
+    before = open(os.path.join(d, "eu1.log")).read().count("reloaded")
+    open(os.path.join(d, "eu1.yaml"), "w").write(config("eu1", resp_to))
+    gws["eu1"].send_signal(signal.SIGHUP)
+    wait_until(lambda: open(os.path.join(d, "eu1.log")).read().count("reloaded") > before, 10, "eu1 reloaded")
+
+
+reload_eu1(500)
+wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "ap1", 30, "eu1 sends the us-only tenant to ap1")
+ap1_worker = worker_pid("ap1")
+os.kill(ap1_worker, signal.SIGSTOP)
 try:
-    wait_until(lambda: table("eu1").get("ap1", {}).get("queued", 0) >= 4, 30, "a queue at ap1")
     t0 = time.monotonic()
-    s, h, b = request("eu1", "open", headers={"x-infergate-residency": "ap", "x-infergate-priority": "batch"},
-                      timeout=30)
+    s, h, b = request("eu1", "usonly", timeout=30)
     took = time.monotonic() - t0
     code = json.loads(b).get("error", {}).get("code") if s else None
-    t.ok(s == 504 and code == "upstream_timeout" and took < 10,
-         "a region that sends nothing back for response_timeout_ms: 504 upstream_timeout after %.1f s (%d %s)"
-         % (took, s, b[:160]))
+    t.ok(s == 504 and code == "upstream_timeout",
+         "a region that sends nothing back for response_timeout_ms: 504 upstream_timeout after %.1f s, no retry "
+         "at us1 (%d %s)" % (took, s, b[:160]))
 finally:
-    load.kill()
-wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "ap1", 30, "ap1 back once its queue drains")
+    os.kill(ap1_worker, signal.SIGCONT)
+reload_eu1(600000)
+wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "ap1", 30, "ap1 serves again once thawed")
 
 # --- a region's gateway dies: within a second nothing goes there, nothing fails ---
 results = []
