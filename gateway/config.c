@@ -396,13 +396,25 @@ static char *default_model_name(const char *model)
 
 static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, gw_worker_cfg *w)
 {
-    enum { K_MODEL, K_NAME, K_DEVICES, K_KV_TYPE, K_THREADS, K_KV, K_SEQS, K_BATCH, K_QUEUE, K_N };
-    static const char *const keys[K_N] = {"model",    "name",        "devices",  "kv_type",
-                                          "threads",  "kv_cache_mb", "max_seqs", "max_batch_tokens",
-                                          "max_queue"};
+    enum {
+        K_MODEL,
+        K_NAME,
+        K_DEVICES,
+        K_KV_TYPE,
+        K_THREADS,
+        K_KV,
+        K_SEQS,
+        K_BATCH,
+        K_QUEUE,
+        K_BATCH_WAIT,
+        K_N
+    };
+    static const char *const keys[K_N] = {
+        "model",       "name",     "devices",          "kv_type",   "threads",
+        "kv_cache_mb", "max_seqs", "max_batch_tokens", "max_queue", "batch_max_wait_ms"};
     /* The same ranges as the worker command's options. */
-    static const long long lo[K_N] = {0, 0, 0, 0, 0, 1, 1, 1, 0};
-    static const long long hi[K_N] = {0, 0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20};
+    static const long long lo[K_N] = {0, 0, 0, 0, 0, 1, 1, 1, 0, 0};
+    static const long long hi[K_N] = {0, 0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20, 86400000};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
@@ -461,11 +473,9 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
                                    w->devices[i]);
         w->kv_q8_0 = q8;
     }
-    int *ints[K_N] = {[K_THREADS] = &w->threads,
-                      [K_KV] = &w->kv_cache_mb,
-                      [K_SEQS] = &w->max_seqs,
-                      [K_BATCH] = &w->max_batch_tokens,
-                      [K_QUEUE] = &w->max_queue};
+    int *ints[K_N] = {
+        [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,
+        [K_BATCH] = &w->max_batch_tokens, [K_QUEUE] = &w->max_queue, [K_BATCH_WAIT] = &w->batch_max_wait_ms};
     for (int k = K_THREADS; k < K_N; k++) {
         long long x;
         if (!v[k])
@@ -484,6 +494,7 @@ static void worker_defaults(gw_worker_cfg *w)
     w->max_seqs = 32;
     w->max_batch_tokens = 512;
     w->max_queue = 64;
+    w->batch_max_wait_ms = 30000;
 }
 
 static int parse_workers(cfg_parser *p, const yaml_node_t *n, gw_config *c)

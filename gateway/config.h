@@ -18,6 +18,8 @@
  *       max_seqs: 32
  *       max_batch_tokens: 512
  *       max_queue: 64
+ *       batch_max_wait_ms: 30000  # a batch request waiting this long starts in turn with
+ *                                 # interactive ones (no starving under interactive load)
  *   tenants:                    # none: no auth, and the gateway only listens on loopback
  *     - name: acme              # required
  *       keys: [SHA256-HEX, ...] # required; `infergate key new` prints a key and its hash
@@ -94,7 +96,7 @@ typedef struct gw_worker_cfg {
     char *name;     /* model id */
     char **devices; /* "cpu", a GPU/MIG UUID, or "auto" */
     int n_devices;
-    int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue;
+    int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue, batch_max_wait_ms;
     bool kv_q8_0; /* kv_type: q8_0 */
 } gw_worker_cfg;
 

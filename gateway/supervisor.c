@@ -80,12 +80,13 @@ static int spawn(sworker *w)
 {
     gw_supervisor *s = w->sup;
     const gw_worker_cfg *c = w->cfg;
-    char threads[16], kv[16], seqs[16], batch[16], queue[16], listen[600];
+    char threads[16], kv[16], seqs[16], batch[16], queue[16], batch_wait[16], listen[600];
     snprintf(threads, sizeof(threads), "%d", c->threads);
     snprintf(kv, sizeof(kv), "%d", c->kv_cache_mb);
     snprintf(seqs, sizeof(seqs), "%d", c->max_seqs);
     snprintf(batch, sizeof(batch), "%d", c->max_batch_tokens);
     snprintf(queue, sizeof(queue), "%d", c->max_queue);
+    snprintf(batch_wait, sizeof(batch_wait), "%d", c->batch_max_wait_ms);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
     const char *argv[28];
     int a = 0;
@@ -109,6 +110,8 @@ static int spawn(sworker *w)
     argv[a++] = batch;
     argv[a++] = "--max-queue";
     argv[a++] = queue;
+    argv[a++] = "--batch-max-wait-ms";
+    argv[a++] = batch_wait;
     if (c->kv_q8_0) {
         argv[a++] = "--kv-type";
         argv[a++] = "q8_0";

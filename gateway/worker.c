@@ -774,20 +774,39 @@ static void usage(FILE *f)
         "  --max-seqs S           sequences decoded together (default %d)\n"
         "  --max-batch-tokens T   tokens per forward pass, prefill chunks included (default %d)\n"
         "  --max-queue Q          requests of a priority waiting; past it 429 (default %d)\n"
+        "  --batch-max-wait-ms MS a batch request waiting this long starts in turn with interactive\n"
+        "                         ones, oldest first (default %d)\n"
         "  --max-body BYTES       largest request body (default 1048576)\n",
-        d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue);
+        d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue, d.batch_max_wait_ms);
 }
 
 int gw_cmd_worker(int argc, char **argv)
 {
-    enum { O_NAME = 256, O_THREADS, O_KV, O_KV_TYPE, O_SEQS, O_BATCH, O_QUEUE, O_BODY, O_DEVICE };
+    enum {
+        O_NAME = 256,
+        O_THREADS,
+        O_KV,
+        O_KV_TYPE,
+        O_SEQS,
+        O_BATCH,
+        O_QUEUE,
+        O_BODY,
+        O_DEVICE,
+        O_BATCH_WAIT
+    };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},         {"listen", required_argument, 0, 'l'},
-        {"model-name", required_argument, 0, O_NAME}, {"threads", required_argument, 0, O_THREADS},
-        {"kv-cache-mb", required_argument, 0, O_KV},  {"max-seqs", required_argument, 0, O_SEQS},
-        {"max-batch-tokens", required_argument, 0, O_BATCH}, {"max-queue", required_argument, 0, O_QUEUE},
-        {"max-body", required_argument, 0, O_BODY},   {"device", required_argument, 0, O_DEVICE},
+        {"model", required_argument, 0, 'm'},
+        {"listen", required_argument, 0, 'l'},
+        {"model-name", required_argument, 0, O_NAME},
+        {"threads", required_argument, 0, O_THREADS},
+        {"kv-cache-mb", required_argument, 0, O_KV},
+        {"max-seqs", required_argument, 0, O_SEQS},
+        {"max-batch-tokens", required_argument, 0, O_BATCH},
+        {"max-queue", required_argument, 0, O_QUEUE},
+        {"max-body", required_argument, 0, O_BODY},
+        {"device", required_argument, 0, O_DEVICE},
         {"kv-type", required_argument, 0, O_KV_TYPE},
+        {"batch-max-wait-ms", required_argument, 0, O_BATCH_WAIT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -826,6 +845,10 @@ int gw_cmd_worker(int argc, char **argv)
         case O_QUEUE:
             bad = gw_parse_int(optarg, 0, 1 << 20, &v) ? "--max-queue: 0 to 1048576" : NULL;
             so.max_queue = (int)v;
+            break;
+        case O_BATCH_WAIT:
+            bad = gw_parse_int(optarg, 0, 86400000, &v) ? "--batch-max-wait-ms: 0 to 86400000" : NULL;
+            so.batch_max_wait_ms = (int)v;
             break;
         case O_BODY:
             bad = gw_parse_int(optarg, 1, 1L << 30, &v) ? "--max-body: 1 to 1073741824" : NULL;

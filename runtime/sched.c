@@ -106,6 +106,7 @@ void rt_sched_opts_default(rt_sched_opts *o)
         .max_seqs = 32,
         .max_batch_tokens = 512,
         .max_queue = 64,
+        .batch_max_wait_ms = 30000,
     };
 }
 
@@ -362,6 +363,19 @@ static void intake(rt_sched *s)
  * so the room counted is what is free less what the running sequences'
  * known tokens will still take: without it, long prompts admitted together
  * each saw the whole free pool and preempted one another. */
+/* The queue to admit from: interactive, unless the oldest batch request
+ * has waited batch_max_wait_ms and came before the oldest interactive one. */
+static queue *next_queue(rt_sched *s, double now)
+{
+    queue *in = &s->waiting[0], *ba = &s->waiting[1];
+    if (!ba->head)
+        return in;
+    if (!in->head)
+        return ba;
+    bool aged = now - ba->head->t_submit >= s->o.batch_max_wait_ms / 1e3;
+    return aged && ba->head->t_submit < in->head->t_submit ? ba : in;
+}
+
 static void admit(rt_sched *s)
 {
     int admitted[2] = {0, 0}, promised = 0;
@@ -369,8 +383,9 @@ static void admit(rt_sched *s)
         const sreq *r = s->running[i];
         promised += rt_seq_blocks_needed(r->seq, r->n_tokens - r->n_done);
     }
+    double now = now_s();
     while (s->n_running < s->o.max_seqs) {
-        queue *q = s->waiting[0].n ? &s->waiting[0] : &s->waiting[1];
+        queue *q = next_queue(s, now);
         sreq *r = q->head;
         if (!r)
             break;
@@ -641,6 +656,11 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
         return NULL;
     }
     s->o = *o;
+    if (s->o.batch_max_wait_ms < 0) {
+        snprintf(err, err_len, "batch-max-wait-ms must be >= 0");
+        free(s);
+        return NULL;
+    }
     if (s->o.max_seqs < 1 || s->o.max_queue < 0 || s->o.block_tokens < 1 ||
         s->o.max_batch_tokens < s->o.max_seqs) {
         snprintf(err, err_len, "max-seqs must be >= 1 and max-batch-tokens (%d) >= max-seqs (%d)",

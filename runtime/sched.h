@@ -37,6 +37,10 @@ typedef struct rt_sched_opts {
     int max_seqs;         /* sequences running at once (32) */
     int max_batch_tokens; /* tokens per forward pass (512) */
     int max_queue;        /* requests of one priority waiting to start; past it submit says -EAGAIN (64) */
+    /* A batch request waiting this long takes its turn with the
+     * interactive ones, oldest first, so a steady interactive load cannot
+     * starve it (30000; 0: at once, which is one queue by age). */
+    int batch_max_wait_ms;
 } rt_sched_opts;
 
 void rt_sched_opts_default(rt_sched_opts *o);

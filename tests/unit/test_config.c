@@ -98,6 +98,7 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "    max_seqs: 64\n"
                                 "    max_batch_tokens: 2048\n"
                                 "    max_queue: 128\n"
+                                "    batch_max_wait_ms: 5000\n"
                                 "  - model: /models/tiny.gguf\n"
                                 "    kv_type: q8_0\n"
                                 "tenants:\n"
@@ -156,6 +157,7 @@ static void test_full(void **state)
     assert_int_equal(w->max_seqs, 64);
     assert_int_equal(w->max_batch_tokens, 2048);
     assert_int_equal(w->max_queue, 128);
+    assert_int_equal(w->batch_max_wait_ms, 5000);
     w = &c->workers[1];
     assert_string_equal(w->model, "/models/tiny.gguf");
     assert_string_equal(w->name, "tiny");
@@ -167,6 +169,7 @@ static void test_full(void **state)
     assert_int_equal(w->max_seqs, 32);
     assert_int_equal(w->max_batch_tokens, 512);
     assert_int_equal(w->max_queue, 64);
+    assert_int_equal(w->batch_max_wait_ms, 30000);
 
     assert_int_equal(c->n_tenants, 2);
     const gw_tenant_cfg *t = &c->tenants[0];
@@ -261,6 +264,7 @@ static void check_default_worker(const gw_worker_cfg *w, const char *model, cons
     assert_int_equal(w->max_seqs, 32);
     assert_int_equal(w->max_batch_tokens, 512);
     assert_int_equal(w->max_queue, 64);
+    assert_int_equal(w->batch_max_wait_ms, 30000);
 }
 
 static void test_defaults(void **state)
