@@ -403,7 +403,7 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
     bool bos = rt_tokenizer_add_bos_default(w->tok);
     /* A completion's prompt is text throughout; a chat's messages are too,
      * within the template's special tokens. */
-    rt_text_span whole = {0, strlen(src ? src : "")}, *plain = &whole;
+    rt_text_span whole = {0, 0}, *plain = &whole;
     int n_plain = 1;
     if (q->prompt_tokens) {
         int32_t *t = malloc((size_t)q->n_prompt_tokens * sizeof(int32_t));
@@ -439,7 +439,9 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
         if (w->bos_text[0] && !strncmp(text, w->bos_text, strlen(w->bos_text)))
             bos = false;
     }
-    int32_t *t = encode(w->tok, src, strlen(src), bos, plain, n_plain, n);
+    size_t len = strlen(src);
+    whole.len = len;
+    int32_t *t = encode(w->tok, src, len, bos, plain, n_plain, n);
     if (plain != &whole)
         free(plain);
     free(text);

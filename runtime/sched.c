@@ -356,13 +356,6 @@ static void intake(rt_sched *s)
     }
 }
 
-/* Admits waiting requests, interactive first, while there is a sequence
- * slot and KV room for the whole of the request's known tokens plus one
- * block of headroom per running sequence (so decodes rarely preempt).
- * Sequences take their blocks as their prompts are prefilled, chunk by chunk,
- * so the room counted is what is free less what the running sequences'
- * known tokens will still take: without it, long prompts admitted together
- * each saw the whole free pool and preempted one another. */
 /* The queue to admit from: interactive, unless the oldest batch request
  * has waited batch_max_wait_ms and came before the oldest interactive one. */
 static queue *next_queue(rt_sched *s, double now)
@@ -376,6 +369,14 @@ static queue *next_queue(rt_sched *s, double now)
     return aged && ba->head->t_submit < in->head->t_submit ? ba : in;
 }
 
+/* Admits waiting requests, interactive first (batch ones once aged: see
+ * next_queue), while there is a sequence slot and KV room for the whole of
+ * the request's known tokens plus one block of headroom per running
+ * sequence (so decodes rarely preempt).
+ * Sequences take their blocks as their prompts are prefilled, chunk by chunk,
+ * so the room counted is what is free less what the running sequences'
+ * known tokens will still take: without it, long prompts admitted together
+ * each saw the whole free pool and preempted one another. */
 static void admit(rt_sched *s)
 {
     int admitted[2] = {0, 0}, promised = 0;
