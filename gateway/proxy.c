@@ -341,6 +341,14 @@ static void respond_plain(preq *p, int status, const char *ctype, const char *bo
 static void send_upstream(preq *p);
 static bool try_next(preq *p);
 
+/* The remote region being tried failed the request: its failures are
+ * what ejects it. */
+static void region_failed(preq *p)
+{
+    if (p->remote)
+        route_region_report(p->g->table, p->remote, false, gw_epoch_ms());
+}
+
 /* A failure before the first response byte moves the request on: to
  * another local worker (once), or to the next candidate region — while the
  * retry budget lasts, so a fleet-wide outage does not multiply the load.
@@ -349,8 +357,7 @@ static bool try_next(preq *p);
 static bool retry(preq *p)
 {
     gw_serve *g = p->g;
-    if (p->remote)
-        route_region_report(g->table, p->remote, false, gw_epoch_ms());
+    region_failed(p);
     if (!p->stream || g->retry_tokens < 1)
         return false;
     if (p->remote || p->route.n) {
@@ -476,8 +483,7 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
          * double the wait, and a request that wedges a worker could wedge
          * the next. */
         if (e == GW_UP_STALLED) {
-            if (p->remote)
-                route_region_report(g->table, p->remote, false, gw_epoch_ms());
+            region_failed(p);
             respond(p, 504, "timeout_error", "upstream_timeout", NULL, 1,
                     "%s %s did not answer within limits.response_timeout_ms", p->remote ? "region" : "worker",
                     p->remote ? p->region : "serving this request");
@@ -497,8 +503,7 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
     }
     /* Mid-response: a stream of events ends with an error event clients can
      * read; anything else can only be cut off. */
-    if (p->remote)
-        route_region_report(g->table, p->remote, false, gw_epoch_ms());
+    region_failed(p);
     if (p->sse) {
         static const char failed[] =
             "data: {\"error\":{\"message\":\"the worker serving this stream failed\","

@@ -200,6 +200,13 @@ static const char *content_of(const rt_chat_msg *m)
     return m->content ? m->content : "";
 }
 
+/* Appends a message's content as it is. */
+static void buf_message(buf *b, const rt_chat_msg *m)
+{
+    const char *c = content_of(m);
+    buf_content(b, c, strlen(c));
+}
+
 /* <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
  * (the generic ChatML template; Qwen2's adds a default system prompt when
  * none is given, which is the client's to send). */
@@ -209,7 +216,7 @@ static void render_chatml(buf *b, const rt_chat_msg *msgs, int n)
         buf_str(b, "<|im_start|>");
         buf_str(b, msgs[i].role);
         buf_str(b, "\n");
-        buf_content(b, content_of(&msgs[i]), strlen(content_of(&msgs[i])));
+        buf_message(b, &msgs[i]);
         buf_str(b, "<|im_end|>\n");
     }
     buf_str(b, "<|im_start|>assistant\n");
@@ -272,7 +279,9 @@ static int render_llama2(buf *b, const rt_chat_msg *msgs, int n, const char *bos
         buf_str(b, "[INST] ");
         if (i == start && start == 1) {
             /* The template strips the whole turn, system block included, so
-             * the block's leading text is kept and only the ends move. */
+             * the block's leading text is kept and only the ends move. The
+             * whole turn counts as content: <<SYS>> is plain text in
+             * Llama-2's vocabulary. */
             buf turn = {0};
             buf_str(&turn, "<<SYS>>\n");
             buf_str(&turn, content_of(&msgs[0]));
@@ -303,16 +312,16 @@ static int render_mistral(buf *b, const rt_chat_msg *msgs, int n, const char *bo
     buf_str(b, bos);
     for (int i = start; i < n; i++) {
         if (role_of(msgs[i].role) == ROLE_ASSISTANT) {
-            buf_content(b, content_of(&msgs[i]), strlen(content_of(&msgs[i])));
+            buf_message(b, &msgs[i]);
             buf_str(b, "</s>");
             continue;
         }
         buf_str(b, "[INST] ");
         if (i == start && start == 1) {
-            buf_content(b, content_of(&msgs[0]), strlen(content_of(&msgs[0])));
+            buf_message(b, &msgs[0]);
             buf_str(b, "\n\n");
         }
-        buf_content(b, content_of(&msgs[i]), strlen(content_of(&msgs[i])));
+        buf_message(b, &msgs[i]);
         buf_str(b, " [/INST]");
     }
     return 0;
