@@ -6,6 +6,7 @@
  * whole file is valid. */
 #include "gateway/config.h"
 #include "gateway/config_internal.h"
+#include "routing/region.h"
 
 #include <yaml.h>
 
@@ -394,6 +395,20 @@ static char *default_model_name(const char *model)
     return strndup(base, n);
 }
 
+/* A model name travels in region records (a comma-separated list of at
+ * most ROUTE_NAME_MAX - 1 bytes each), response bodies and metric labels:
+ * NULL when it fits all of them, else why not. */
+static const char *model_name_why(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= ROUTE_NAME_MAX)
+        return "must be 1 to 63 bytes";
+    for (size_t i = 0; i < n; i++)
+        if (s[i] <= ' ' || s[i] >= 0x7f || strchr(",\"\\", s[i]))
+            return "must be printable ASCII without spaces, commas, quotes or backslashes";
+    return NULL;
+}
+
 static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, gw_worker_cfg *w)
 {
     enum {
@@ -430,6 +445,12 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
     } else if (!(w->name = default_model_name(w->model))) {
         return -ENOMEM;
     }
+    const char *why = model_name_why(w->name);
+    if (why && v[K_NAME])
+        return gw_cfg_perr(p, v[K_NAME], (gw_cfg_path_key(kp, path, "name"), kp), "%s", why);
+    if (why)
+        return gw_cfg_perr(p, v[K_MODEL], (gw_cfg_path_key(kp, path, "model"), kp),
+                           "the model name taken from the file name, '%s', %s: set name", w->name, why);
     if (v[K_DEVICES]) {
         gw_cfg_path_key(kp, path, "devices");
         if ((rc = gw_cfg_str_list(p, v[K_DEVICES], kp, CFG_MAX_DEVICES, &w->devices, &w->n_devices)))

@@ -97,59 +97,15 @@ int gw_cfg_policy(cfg_parser *p, const yaml_node_t *n, const char *path, gw_rout
     return rc;
 }
 
-/* HOST:PORT where HOST is a numeric IPv4 address, [IPv6] or localhost
- * (what the upstream pool and the Redis client connect to without a
- * blocking DNS lookup) and PORT 1 to 65535. host (without brackets) gets
- * at least INET6_ADDRSTRLEN bytes. NULL when valid, else why not. */
-static const char *check_host_port(const char *s, char *host, int *port)
-{
-    const char *ps;
-    size_t hl;
-    if (s[0] == '[') {
-        const char *end = strchr(s, ']');
-        if (!end || end[1] != ':')
-            return "want HOST:PORT or [IPV6]:PORT";
-        hl = (size_t)(end - s - 1);
-        if (hl >= INET6_ADDRSTRLEN)
-            return "not a numeric IPv6 address";
-        memcpy(host, s + 1, hl);
-        ps = end + 2;
-    } else {
-        const char *colon = strrchr(s, ':');
-        if (!colon)
-            return "want HOST:PORT or [IPV6]:PORT";
-        hl = (size_t)(colon - s);
-        if (hl >= INET6_ADDRSTRLEN)
-            return "HOST must be a numeric IPv4 address, [IPv6] or localhost";
-        memcpy(host, s, hl);
-        ps = colon + 1;
-    }
-    host[hl] = '\0';
-    size_t nd = strspn(ps, "0123456789");
-    if (nd == 0 || nd > 5 || ps[nd] || atol(ps) < 1 || atol(ps) > 65535)
-        return "port must be a number from 1 to 65535";
-    *port = (int)atol(ps);
-    unsigned char a[16];
-    if (s[0] == '[')
-        return inet_pton(AF_INET6, host, a) == 1 ? NULL : "not a numeric IPv6 address";
-    if (strcmp(host, "localhost") && inet_pton(AF_INET, host, a) != 1)
-        return "HOST must be a numeric IPv4 address, [IPv6] or localhost: names are not resolved";
-    return NULL;
-}
-
 /* "tls:HOST:PORT" | "tcp:HOST:PORT", within a record's endpoint field. */
 static int get_endpoint(cfg_parser *p, const yaml_node_t *n, const char *path, char **out)
 {
     int rc = gw_cfg_str(p, n, path, out);
     if (rc)
         return rc;
-    if (strncmp(*out, "tls:", 4) && strncmp(*out, "tcp:", 4))
-        return gw_cfg_perr(p, n, path, "must be tls:HOST:PORT or tcp:HOST:PORT");
     if (strlen(*out) >= (size_t)ENDPOINT_SIZE)
         return gw_cfg_perr(p, n, path, "longer than %d bytes", ENDPOINT_SIZE - 1);
-    char host[INET6_ADDRSTRLEN];
-    int port;
-    const char *why = check_host_port(*out + 4, host, &port);
+    const char *why = route_endpoint_check(*out);
     return why ? gw_cfg_perr(p, n, path, "%s", why) : 0;
 }
 
@@ -204,8 +160,8 @@ static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
         return gw_cfg_perr(p, n, "redis.address", "required");
     if ((rc = gw_cfg_str(p, v[K_ADDRESS], "redis.address", &r->address)))
         return rc;
-    char host[INET6_ADDRSTRLEN];
-    const char *why = check_host_port(r->address, host, &r->port);
+    char host[ROUTE_HOST_MAX];
+    const char *why = route_host_port(r->address, host, &r->port);
     if (why)
         return gw_cfg_perr(p, v[K_ADDRESS], "redis.address", "%s", why);
     if (!(r->host = strdup(host)))
@@ -255,9 +211,12 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
     }
     if (!v[K_STALE])
         r->stale_after_ms = 3 * r->heartbeat_ms;
-    else if (r->stale_after_ms < r->heartbeat_ms)
+    else if (r->stale_after_ms < 2 * r->heartbeat_ms)
+        /* A quiet peer is refreshed by the full read, every stale_after_ms
+         * / 2 but no more often than a heartbeat: below two heartbeats
+         * live records would go stale between reads. */
         return gw_cfg_perr(p, v[K_STALE], "routing.stale_after_ms",
-                           "less than heartbeat_ms (%d): every record would go stale between heartbeats",
+                           "less than twice heartbeat_ms (%d): live records would go stale between reads",
                            r->heartbeat_ms);
     if (r->eject_max_ms < r->eject_base_ms)
         return gw_cfg_perr(p, v[K_EJ_MAX] ? v[K_EJ_MAX] : v[K_EJ_BASE],
@@ -329,11 +288,22 @@ int gw_cfg_parse_routing(cfg_parser *p, const yaml_node_t *region, const yaml_no
     int rc;
     if (region && (rc = parse_region(p, region, &c->region)))
         return rc;
+    /* The region's record lists the models its workers serve. */
+    int n_models = 0;
+    for (int i = 0; region && i < c->n_workers; i++) {
+        int j = 0;
+        while (j < i && strcmp(c->workers[j].name, c->workers[i].name))
+            j++;
+        n_models += j == i;
+    }
+    if (n_models > ROUTE_MAX_MODELS)
+        return gw_cfg_perr(p, region, "region", "the workers serve %d models; a region serves at most %d",
+                           n_models, ROUTE_MAX_MODELS);
     if (cluster) {
         if ((rc = gw_cfg_str(p, cluster, "cluster", &c->cluster)))
             return rc;
-        if (!valid_name(c->cluster, 64))
-            return gw_cfg_perr(p, cluster, "cluster", "must be 1 to 64 characters from A-Z a-z 0-9 . _ -");
+        if (!valid_name(c->cluster, ROUTE_NAME_MAX - 1))
+            return gw_cfg_perr(p, cluster, "cluster", "must be 1 to 63 characters from A-Z a-z 0-9 . _ -");
     }
     /* Both publish or route for a region, which needs this gateway's name. */
     if (redis && !region)

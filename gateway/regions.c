@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <event2/event.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,8 +72,9 @@ static void local_record(gw_serve *g, route_record *r)
         ttft += w->prefill_ewma_ms;
         tpot += w->tpot_ewma_ms;
     }
-    r->ttft_ms = ready ? ttft / ready : 0;
-    r->tpot_ms = ready ? tpot / ready : 0;
+    /* Within a record's bounds whatever a worker's stats say. */
+    r->ttft_ms = fmin(ready ? ttft / ready : 0, ROUTE_MAX_MS);
+    r->tpot_ms = fmin(ready ? tpot / ready : 0, ROUTE_MAX_MS);
     r->healthy = ready > 0 && !g->draining;
     r->updated_ms = gw_epoch_ms();
 }
@@ -85,11 +87,21 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     route_record me;
     local_record(g, &me);
     int64_t now = gw_epoch_ms();
-    route_table_upsert(g->table, &me, true, now);
+    char err[160];
+    int rc = route_record_check(&me, err, sizeof(err));
+    if (!rc && (rc = route_table_upsert(g->table, &me, true, now)))
+        snprintf(err, sizeof(err), "%s", strerror(-rc));
+    if (rc) {
+        /* The config is checked against the record's limits: a bug. */
+        static bool told;
+        if (!told)
+            fprintf(stderr, "infergate: this region's own record is refused: %s\n", err);
+        told = true;
+    }
     if (g->sync)
         route_sync_set_local(g->sync, &me);
     else
-        route_table_set_shared_ok(g->table, true);
+        route_table_set_shared_ok(g->table, true, now);
     for (int i = 0; i < route_table_count(g->table); i++) {
         route_region *r = route_table_at(g->table, i);
         if (r->local)

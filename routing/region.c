@@ -5,6 +5,7 @@
 #include "routing/region.h"
 #include "routing/route_internal.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -108,15 +109,15 @@ static bool has_ctl(const char *s, size_t len)
     return false;
 }
 
-static int parse_num(const char *field, const char *v, double *out, char *err, size_t err_len)
+static int parse_num(const char *field, const char *v, double max, double *out, char *err, size_t err_len)
 {
     /* strtod also takes hex, "inf", "nan" and leading spaces: not ours. */
     size_t len = strlen(v);
     char *end;
     errno = 0;
     double x = len && strspn(v, "0123456789.eE+-") == len ? strtod(v, &end) : -1;
-    if (x < 0 || errno || *end || !isfinite(x))
-        return fail(err, err_len, "%s: must be a number >= 0", field);
+    if (x < 0 || errno || *end || !(x <= max))
+        return fail(err, err_len, "%s: must be a number from 0 to %g", field, max);
     *out = x;
     return 0;
 }
@@ -184,8 +185,12 @@ static int parse_field(route_record *r, int f, const char *v, char *err, size_t 
     long long x;
     int rc = 0;
     switch (f) {
-    case F_ENDPOINT:
-        return parse_str(name, v, r->endpoint, sizeof(r->endpoint), err, err_len);
+    case F_ENDPOINT: {
+        if ((rc = parse_str(name, v, r->endpoint, sizeof(r->endpoint), err, err_len)))
+            return rc;
+        const char *why = *v ? route_endpoint_check(v) : NULL;
+        return why ? fail(err, err_len, "%s: %s", name, why) : 0;
+    }
     case F_GPU:
         return parse_str(name, v, r->gpu, sizeof(r->gpu), err, err_len);
     case F_MODELS:
@@ -194,13 +199,13 @@ static int parse_field(route_record *r, int f, const char *v, char *err, size_t 
     case F_TAGS:
         return parse_list(name, v, r->tags[0], sizeof(r->tags[0]), ROUTE_MAX_TAGS, &r->n_tags, err, err_len);
     case F_PRICE_IN:
-        return parse_num(name, v, &r->price_in, err, err_len);
+        return parse_num(name, v, ROUTE_MAX_PRICE, &r->price_in, err, err_len);
     case F_PRICE_OUT:
-        return parse_num(name, v, &r->price_out, err, err_len);
+        return parse_num(name, v, ROUTE_MAX_PRICE, &r->price_out, err, err_len);
     case F_TTFT:
-        return parse_num(name, v, &r->ttft_ms, err, err_len);
+        return parse_num(name, v, ROUTE_MAX_MS, &r->ttft_ms, err, err_len);
     case F_TPOT:
-        return parse_num(name, v, &r->tpot_ms, err, err_len);
+        return parse_num(name, v, ROUTE_MAX_MS, &r->tpot_ms, err, err_len);
     case F_CAPACITY:
     case F_RUNNING:
     case F_QUEUED:
@@ -251,6 +256,53 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
 
 /* ---- checks ---- */
 
+const char *route_host_port(const char *s, char host[ROUTE_HOST_MAX], int *port)
+{
+    const char *ps;
+    size_t hl;
+    if (s[0] == '[') {
+        const char *end = strchr(s, ']');
+        if (!end || end[1] != ':')
+            return "want HOST:PORT or [IPV6]:PORT";
+        hl = (size_t)(end - s - 1);
+        if (hl >= ROUTE_HOST_MAX)
+            return "not a numeric IPv6 address";
+        memcpy(host, s + 1, hl);
+        ps = end + 2;
+    } else {
+        const char *colon = strrchr(s, ':');
+        if (!colon)
+            return "want HOST:PORT or [IPV6]:PORT";
+        hl = (size_t)(colon - s);
+        if (hl >= ROUTE_HOST_MAX)
+            return "HOST must be a numeric IPv4 address, [IPv6] or localhost";
+        memcpy(host, s, hl);
+        ps = colon + 1;
+    }
+    host[hl] = '\0';
+    size_t nd = strspn(ps, "0123456789");
+    if (nd == 0 || nd > 5 || ps[nd] || atol(ps) < 1 || atol(ps) > 65535)
+        return "port must be a number from 1 to 65535";
+    *port = (int)atol(ps);
+    unsigned char a[16];
+    if (s[0] == '[')
+        return inet_pton(AF_INET6, host, a) == 1 ? NULL : "not a numeric IPv6 address";
+    if (strcmp(host, "localhost") && inet_pton(AF_INET, host, a) != 1)
+        return "HOST must be a numeric IPv4 address, [IPv6] or localhost: names are not resolved";
+    return NULL;
+}
+
+const char *route_endpoint_check(const char *endpoint)
+{
+    if (strncmp(endpoint, "tls:", 4) && strncmp(endpoint, "tcp:", 4))
+        return "must be tls:HOST:PORT or tcp:HOST:PORT";
+    if (strlen(endpoint) >= sizeof(((route_record *)0)->endpoint))
+        return "too long";
+    char host[ROUTE_HOST_MAX];
+    int port;
+    return route_host_port(endpoint + 4, host, &port);
+}
+
 static int check_str(const char *field, const char *s, size_t size, bool need, char *err, size_t err_len)
 {
     const char *nul = memchr(s, '\0', size);
@@ -293,11 +345,16 @@ int route_record_check(const route_record *r, char *err, size_t err_len)
                          err_len)) ||
         (rc = check_list("tags", r->tags[0], sizeof(r->tags[0]), r->n_tags, ROUTE_MAX_TAGS, err, err_len)))
         return rc;
+    const char *why = r->endpoint[0] ? route_endpoint_check(r->endpoint) : NULL;
+    if (why)
+        return fail(err, err_len, "endpoint: %s", why);
     const double nums[] = {r->price_in, r->price_out, r->ttft_ms, r->tpot_ms};
     static const char *const num_names[] = {"price_in", "price_out", "ttft_ms", "tpot_ms"};
-    for (int i = 0; i < 4; i++)
-        if (!isfinite(nums[i]) || nums[i] < 0)
-            return fail(err, err_len, "%s: must be a number >= 0", num_names[i]);
+    for (int i = 0; i < 4; i++) {
+        double max = i < 2 ? ROUTE_MAX_PRICE : ROUTE_MAX_MS;
+        if (!(nums[i] >= 0 && nums[i] <= max))
+            return fail(err, err_len, "%s: must be a number from 0 to %g", num_names[i], max);
+    }
     if (r->capacity < 0 || r->running < 0 || r->queued < 0)
         return fail(err, err_len, "%s: must not be negative",
                     r->capacity < 0  ? "capacity"
@@ -458,8 +515,10 @@ void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, doubl
     r->rtt_known = true;
 }
 
-void route_table_set_shared_ok(route_table *t, bool ok)
+void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms)
 {
+    if (t->shared_ok && !ok)
+        t->shared_lost_ms = now_ms;
     t->shared_ok = ok;
 }
 

@@ -15,6 +15,12 @@
 #define ROUTE_MAX_MODELS 16
 #define ROUTE_MAX_TAGS 8
 #define ROUTE_NAME_MAX 64
+/* Bounds on a record's numbers: prices as the config allows them, latency
+ * estimates well past any real one, so that the router's arithmetic on
+ * them stays finite and in range whatever a record says. */
+#define ROUTE_MAX_PRICE 1e9
+#define ROUTE_MAX_MS 1e7
+#define ROUTE_HOST_MAX 46 /* INET6_ADDRSTRLEN */
 
 typedef struct route_record {
     char name[ROUTE_NAME_MAX];
@@ -46,7 +52,9 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
 /* Fills r (name set by the caller) from n pairs; unknown fields are
  * ignored, missing ones keep r's value. -EINVAL with err when a known field
  * does not parse ("price_in: must be a number >= 0"): numbers decimal,
- * finite and >= 0, integers within int (updated_ms: int64), healthy 0|1,
+ * from 0 to ROUTE_MAX_PRICE (prices) or ROUTE_MAX_MS (ttft_ms, tpot_ms),
+ * integers within int (updated_ms: int64), healthy 0|1, the endpoint
+ * empty or valid for route_endpoint_check,
  * strings and list items within their buffers, without control characters
  * or NUL bytes, list items non-empty and at most ROUTE_MAX_MODELS /
  * ROUTE_MAX_TAGS of them. On error r is unchanged. */
@@ -54,9 +62,21 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
                              const size_t *lens, int n, char *err, size_t err_len);
 /* 0 when r can be put in a table and published: name set, every string
  * NUL-terminated within its buffer, counts in range, models and tags
- * non-empty without commas or control characters, numbers finite and
- * >= 0. Else -EINVAL with err naming the field. */
+ * non-empty without commas or control characters, numbers within the
+ * bounds above, the endpoint empty or valid. Else -EINVAL with err naming
+ * the field. */
 int route_record_check(const route_record *r, char *err, size_t err_len);
+
+/* HOST:PORT where HOST is a numeric IPv4 address, [IPv6] or localhost
+ * (what the gateway connects to without a blocking DNS lookup) and PORT 1
+ * to 65535. host (without brackets) gets ROUTE_HOST_MAX bytes. NULL when
+ * valid, else why not. */
+const char *route_host_port(const char *s, char host[ROUTE_HOST_MAX], int *port);
+/* A region's endpoint: "tls:HOST:PORT" or "tcp:HOST:PORT" within the
+ * record's buffer. NULL when valid, else why not. A record comes from any
+ * writer to Redis: "unix:/path" or a name to resolve would have this
+ * gateway forward tenants' requests where no peer is. */
+const char *route_endpoint_check(const char *endpoint);
 
 typedef struct route_region {
     route_record rec;
@@ -106,10 +126,12 @@ void route_table_remove(route_table *t, const char *name);
 /* Unknown names and values that are negative or not finite are ignored. */
 void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, double p95_ms);
 /* Whether the shared store (Redis) is reachable and read in full (default
- * true). While it is not, records age with no news either way: they still
- * show as stale (route_region_fresh) but stay candidates, and failures
- * (ejection) keep dead regions out. */
-void route_table_set_shared_ok(route_table *t, bool ok);
+ * true); now_ms is when that changed. While it is not, records age with no
+ * news either way: those fresh when the store went away still show as
+ * stale (route_region_fresh) but stay candidates, and failures (ejection)
+ * keep dead regions out; those already stale then stay out, so a region
+ * gone for days does not come back with every Redis restart. */
+void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms);
 bool route_table_shared_ok(const route_table *t);
 
 /* Outcome of a request sent to a region: failures count towards ejection,

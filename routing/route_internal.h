@@ -30,7 +30,8 @@ struct route_table {
     int *order;        /* n slot indices in insertion order (route_table_at) */
     int *free_q;       /* free slot indices, reused oldest-freed first */
     int free_head, free_n;
-    bool shared_ok; /* the shared store (Redis) is reachable: stale records leave the candidates */
+    bool shared_ok;         /* the shared store (Redis) is reachable: stale records leave the candidates */
+    int64_t shared_lost_ms; /* when it went away: records stale then stay out */
 };
 
 static inline route_slot *route__slot(route_region *r)
@@ -71,6 +72,13 @@ static inline int route__ejection_state(const route_region *r, int64_t now_ms)
 static inline bool route__fresh(const route_table *t, const route_region *r, int64_t now_ms)
 {
     return r->local || t->o.stale_after_ms <= 0 || now_ms - r->seen_ms <= t->o.stale_after_ms;
+}
+
+/* A candidate as far as news goes: fresh now, or, while the shared store
+ * is away, fresh when it went. */
+static inline bool route__current(const route_table *t, const route_region *r, int64_t now_ms)
+{
+    return route__fresh(t, r, t->shared_ok ? now_ms : t->shared_lost_ms);
 }
 
 #endif

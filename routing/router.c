@@ -189,7 +189,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
             d->out_model++;
             continue;
         }
-        if (t->shared_ok && !route__fresh(t, r, q->now_ms)) {
+        if (!route__current(t, r, q->now_ms)) {
             d->out_stale++;
             continue;
         }
@@ -228,8 +228,10 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         if (!s->scratch_ok)
             continue;
         n_ok--;
-        rank k = {s, (int64_t)((s->scratch_ms - best) / ROUTE_TIE_MS) /* >= 0: truncation is floor */,
-                  s->r.rec.price_out, s->scratch_ms};
+        /* >= 0, so truncation is floor; capped so that the cast stays in
+         * range whatever a record or an RTT says. */
+        double steps = (s->scratch_ms - best) / ROUTE_TIE_MS;
+        rank k = {s, steps < 1e15 ? (int64_t)steps : (int64_t)1e15, s->r.rec.price_out, s->scratch_ms};
         if (cost) /* within the SLO: by price, then exact latency; the rest after, by latency */
             k.k1 = q->slo_ms <= 0 || k.ms <= q->slo_ms ? 0 : 1 + k.k1;
         if (n_top == ROUTE_MAX_CANDIDATES && !rank_less(&k, &top[n_top - 1]))

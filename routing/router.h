@@ -29,8 +29,8 @@
  * Cost policy: regions with expected <= slo_ms (slo_ms <= 0: no bound)
  * first, by price_out, then exact latency, then name; then the others by
  * latency as above.
- * Stale records are left out only while the shared store is reachable
- * (route_table_set_shared_ok). A region whose ejection back-off is over is
+ * Stale records are left out; while the shared store is away, only those
+ * stale when it went (route_table_set_shared_ok). A region whose ejection back-off is over is
  * kept only when it comes first: route_decide then claims its probe
  * (d->probe); further down it is left out (out_ejected) without a claim.
  * Models match by 64-bit hash and length (a false match is a random

@@ -56,8 +56,12 @@
 #include <unistd.h>
 
 /* Requests in flight on `cmd`; past it reads are skipped (the next full
- * read catches up) and limits answer -ENOTCONN (the local bucket decides). */
+ * read catches up) and limits answer -ENOTCONN (the local bucket decides).
+ * Rate-limit checks, one or two per client request, stop short of it: the
+ * rest is kept for the heartbeat and the reads, or a busy region's record
+ * would expire from its peers' view exactly when it is busiest. */
 #define SYNC_MAX_PENDING 4096
+#define SYNC_MAX_PENDING_LIMITS (SYNC_MAX_PENDING - 256)
 #define SYNC_SCAN_COUNT "100"
 /* "infergate:" + cluster (< ROUTE_NAME_MAX) + ":region:" */
 #define SYNC_PREFIX_MAX 96
@@ -711,7 +715,7 @@ static void on_scan(route_sync *s, redisReply *r)
         s->scan_active = false;
         /* Read in full with both connections up: news reaches us again. */
         if (route_sync_connected(s))
-            route_table_set_shared_ok(s->table, true);
+            route_table_set_shared_ok(s->table, true, epoch_ms());
         if (s->rescan)
             full_read_start(s);
     } else
@@ -743,7 +747,7 @@ static int limit_req(route_sync *s, const char *key, double rate, double burst, 
     if (!s || !key || !(rate > 0) || !isfinite(rate) || !(burst >= 0) || !isfinite(burst) ||
         !isfinite(cost) || strlen(key) > SYNC_LIMIT_KEY_MAX)
         return -EINVAL;
-    if (!s->cmd.ready || !s->sha[0] || s->n_pending >= SYNC_MAX_PENDING)
+    if (!s->cmd.ready || !s->sha[0] || s->n_pending >= SYNC_MAX_PENDING_LIMITS)
         return -ENOTCONN;
     sync_req *q = req_new(s, REQ_LIMIT);
     if (!q)
@@ -902,7 +906,7 @@ static void conn_lost(sync_conn *c)
         s->rescan = false;
     }
     if (!s->freeing)
-        route_table_set_shared_ok(s->table, false);
+        route_table_set_shared_ok(s->table, false, epoch_ms());
     conn_schedule_retry(c);
 }
 
@@ -956,6 +960,22 @@ static void on_setup_reply(redisAsyncContext *ac, void *r, void *privdata)
     }
     if (--c->setup_left == 0)
         conn_became_ready(c);
+}
+
+/* SCRIPT LOAD refused (an ACL user without scripting): rate limits fall
+ * back to the local buckets (no script hash); records need no script. */
+static void on_script_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+    sync_conn *c = privdata;
+    redisReply *reply = r;
+    if (ac == c->ac && reply && reply->type == REDIS_REPLY_ERROR) {
+        set_err(c->s, "Redis at %s refused SCRIPT LOAD (%s): rate limits are per gateway", c->s->addr,
+                reply->str);
+        if (--c->setup_left == 0)
+            conn_became_ready(c);
+        return;
+    }
+    on_setup_reply(ac, r, privdata);
 }
 
 static void on_sub_message(redisAsyncContext *ac, void *r, void *privdata)
@@ -1070,7 +1090,7 @@ static void conn_start(sync_conn *c)
         if (s->o.db != 0)
             rc = setup_send(c, on_setup_reply, 2, sel);
         if (!rc)
-            rc = setup_send(c, on_setup_reply, 3, load);
+            rc = setup_send(c, on_script_reply, 3, load);
     }
     if (!rc && c->kind == CONN_SUB)
         rc = setup_send(c, on_sub_message, 2, subscribe);
@@ -1125,7 +1145,7 @@ route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, ro
         s->host_ok = host_literal(o->host, s->host, sizeof(s->host));
         format_addr(s->addr, sizeof(s->addr), s->host, o->port);
         snprintf(s->cluster, sizeof(s->cluster), "%s", o->cluster);
-        if (o->password) {
+        if (o->password && *o->password) {
             snprintf(s->password, sizeof(s->password), "%s", o->password);
             s->has_password = true;
         }
@@ -1143,7 +1163,7 @@ route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, ro
     if (conn_init(s, &s->cmd, CONN_CMD) || conn_init(s, &s->sub, CONN_SUB))
         goto fail;
     /* Until the first full read, the table has no news from the fleet. */
-    route_table_set_shared_ok(table, false);
+    route_table_set_shared_ok(table, false, epoch_ms());
     s->heartbeat_ev = event_new(base, -1, EV_PERSIST, on_heartbeat, s);
     s->full_read_ev = event_new(base, -1, EV_PERSIST, on_full_read, s);
     if (!s->heartbeat_ev || !s->full_read_ev)

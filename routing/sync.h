@@ -33,7 +33,7 @@ typedef struct route_sync route_sync;
 typedef struct route_sync_opts {
     const char *host; /* numeric address or "localhost" */
     int port;
-    const char *password; /* NULL: none */
+    const char *password; /* NULL or "": none (no AUTH) */
     int db;
     const char *cluster;
     int heartbeat_ms;       /* 1000 */

@@ -346,19 +346,30 @@ wait_until(redis_up, 20, "redis-server back")
 wait_until(all_fresh, 20, "state resynced after Redis returned")
 t.ok(True, "Redis back: every gateway republished and resynced")
 
-# --- a peer's record whose endpoint no gateway can use ---
+# --- a peer's record whose endpoint nothing listens on, or that no gateway may use ---
 # zz1 exists only in Redis: a record kept fresh by this test (as a live
-# region's heartbeat would), cheapest of all, with an endpoint that is not
-# an address. The pool cannot even start a connection to it, so the proxy
-# treats it as a failed connect: region told, next candidate tried.
+# region's heartbeat would), cheapest of all, pointing at a closed port: a
+# failed connect, region told, next candidate tried. zz2's endpoint is a
+# Unix socket, which a record may not name (anyone who can write to Redis
+# would have gateways forward tenants' requests to a local socket): it
+# never enters a table.
 zz_key = "infergate:t%d:region:zz1" % redis_port
+zz2_key = "infergate:t%d:region:zz2" % redis_port
 zz_stop = threading.Event()
+closed_port = free_port()
 
 
 def zz_refresh():
     while not zz_stop.is_set():
         now_ms = str(int(time.time() * 1000))
-        subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", zz_key, "endpoint", "not-an-endpoint",
+        subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", zz2_key, "endpoint",
+                        "unix:" + os.path.join(d, "run-eu1", "worker-0.sock"), "models", "m", "tags", "zz",
+                        "price_in", "0.1", "price_out", "0.1", "healthy", "1", "updated_ms", now_ms],
+                       capture_output=True, timeout=5)
+        subprocess.run(["redis-cli", "-p", str(redis_port), "PUBLISH", "infergate:t%d:events" % redis_port, "zz2"],
+                       capture_output=True, timeout=5)
+        subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", zz_key, "endpoint",
+                        "tcp:127.0.0.1:%d" % closed_port,
                         "models", "m", "tags", "zz", "price_in", "0.1", "price_out", "0.1", "gpu", "cpu",
                         "capacity", "4", "running", "0", "queued", "0", "ttft_ms", "1", "tpot_ms", "1",
                         "healthy", "1", "updated_ms", now_ms], capture_output=True, timeout=5)
@@ -371,15 +382,16 @@ zz_thread = threading.Thread(target=zz_refresh, daemon=True)
 zz_thread.start()
 try:
     wait_until(lambda: all(not table(n).get("zz1", {"stale": True})["stale"] for n in names), 20, "zz1 seen")
+    t.ok(all("zz2" not in table(n) for n in names), "a record naming a Unix socket is refused by every gateway")
     s, h, b = request("eu1", "cheap")
     zz = table("eu1")["zz1"]
     t.ok(s == 200 and h.get("x-infergate-region") in names and zz["consecutive_failures"] >= 1,
-         "a peer with an unusable endpoint, first by price, fails as a connect and the next region serves "
+         "a peer whose endpoint refuses connections, first by price, fails and the next region serves "
          "(%d from %s; zz1 failures %d)" % (s, h.get("x-infergate-region"), zz["consecutive_failures"]))
     s, h, b = request("eu1", "open", headers={"x-infergate-residency": "zz"})
     err = json.loads(b).get("error", {}) if s else {}
     t.ok(s == 503 and err.get("code") == "no_region_available" and "zz1" in err.get("message", ""),
-         "the only region a request may use has an unusable endpoint: 503 naming it (%d %s)" % (s, b[:200]))
+         "the only region a request may use refuses connections: 503 naming it (%d %s)" % (s, b[:200]))
     s, h, b = request("eu1", "open", headers={"x-infergate-residency": "zz"})
     t.ok(s == 503 and table("eu1")["zz1"]["ejected"], "after eject_after failures it is ejected (%d %s)"
          % (s, b[:200]))
@@ -387,7 +399,7 @@ try:
 finally:
     zz_stop.set()
     zz_thread.join(10)
-    subprocess.run(["redis-cli", "-p", str(redis_port), "DEL", zz_key], capture_output=True, timeout=5)
+    subprocess.run(["redis-cli", "-p", str(redis_port), "DEL", zz_key, zz2_key], capture_output=True, timeout=5)
 
 # --- a region that stands still: limits.response_timeout_ms ---
 # eu1 is reloaded with response_timeout_ms 500 and sends the us-only tenant

@@ -434,6 +434,21 @@ static const struct {
     {"workers:\n  - model: /m.gguf\n  - model: /n.gguf\n    thread: 2\n",
      "bad.yaml:4: workers[1].thread: unknown key"},
     {"workers: []\n", "bad.yaml:1: workers: needs at least one worker"},
+    {"workers:\n  - model: /m.gguf\n    name: \"a,b\"\n",
+     "bad.yaml:3: workers[0].name: must be printable ASCII without spaces, commas, quotes or backslashes"},
+    {"workers:\n  - model: /m.gguf\n    name: \"\"\n", "bad.yaml:3: workers[0].name: must be 1 to 63 bytes"},
+    {"workers:\n  - model: "
+     "/models/a-file-name-that-is-much-too-long-to-be-a-model-id-in-a-region-record.gguf\n",
+     "bad.yaml:2: workers[0].model: the model name taken from the file name, "
+     "'a-file-name-that-is-much-too-long-to-be-a-model-id-in-a-region-record', must be 1 to 63 bytes: set "
+     "name"},
+    {"region: {name: eu}\nworkers:\n  - {model: /m.gguf, name: m0}\n  - {model: /m.gguf, name: m1}\n  - "
+     "{model: /m.gguf, name: m2}\n  - {model: /m.gguf, name: m3}\n  - {model: /m.gguf, name: m4}\n  - "
+     "{model: /m.gguf, name: m5}\n  - {model: /m.gguf, name: m6}\n  - {model: /m.gguf, name: m7}\n  - "
+     "{model: /m.gguf, name: m8}\n  - {model: /m.gguf, name: m9}\n  - {model: /m.gguf, name: m10}\n  - "
+     "{model: /m.gguf, name: m11}\n  - {model: /m.gguf, name: m12}\n  - {model: /m.gguf, name: m13}\n  - "
+     "{model: /m.gguf, name: m14}\n  - {model: /m.gguf, name: m15}\n  - {model: /m.gguf, name: m16}\n",
+     "bad.yaml:1: region: the workers serve 17 models; a region serves at most 16"},
     {"workers:\n  - model: /m.gguf\n    threads: 2000\n",
      "bad.yaml:3: workers[0].threads: must be a whole number from 0 to 1024"},
     {"workers:\n  - model: /m.gguf\n    max_seqs: 0\n",
@@ -564,7 +579,7 @@ static const struct {
     {"region:\n  name: eu\n  gpu: "
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
      "bad.yaml:3: region.gpu: longer than 63 bytes"},
-    {"cluster: \"a:b\"\n", "bad.yaml:1: cluster: must be 1 to 64 characters"},
+    {"cluster: \"a:b\"\n", "bad.yaml:1: cluster: must be 1 to 63 characters"},
     {"cluster: [a]\n", "bad.yaml:1: cluster: must be a string, not a list"},
     {"redis: {address: \"127.0.0.1:6379\"}\n", "bad.yaml:1: redis: needs a region section"},
     {"region: {name: eu}\nredis: {password: x}\n", "bad.yaml:2: redis.address: required"},
@@ -580,7 +595,9 @@ static const struct {
     {"routing: {heartbeat_ms: 10}\n",
      "bad.yaml:1: routing.heartbeat_ms: must be a whole number from 50 to 60000"},
     {"routing: {heartbeat_ms: 1000, stale_after_ms: 500}\n",
-     "bad.yaml:1: routing.stale_after_ms: less than heartbeat_ms (1000)"},
+     "bad.yaml:1: routing.stale_after_ms: less than twice heartbeat_ms (1000)"},
+    {"routing: {heartbeat_ms: 1000, stale_after_ms: 1999}\n",
+     "bad.yaml:1: routing.stale_after_ms: less than twice heartbeat_ms (1000)"},
     {"routing:\n  eject_base_ms: 5000\n  eject_max_ms: 1000\n",
      "bad.yaml:3: routing.eject_max_ms: eject_max_ms (1000) is less than eject_base_ms (5000)"},
     {"routing:\n  eject_base_ms: 60000\n",

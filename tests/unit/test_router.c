@@ -142,7 +142,8 @@ static void test_fields_round_trip(void **state)
     /* Every list and string at its largest. */
     memset(&r, 0, sizeof(r));
     memset(r.name, 'n', sizeof(r.name) - 1);
-    memset(r.endpoint, 'e', sizeof(r.endpoint) - 1);
+    /* the longest endpoint route_endpoint_check allows */
+    strcpy(r.endpoint, "tcp:[0000:0000:0000:0000:0000:ffff:255.255.255.255]:65535");
     memset(r.gpu, 'g', sizeof(r.gpu) - 1);
     for (int i = 0; i < ROUTE_MAX_MODELS; i++) {
         memset(r.models[i], 'a' + i, sizeof(r.models[i]) - 1);
@@ -154,7 +155,8 @@ static void test_fields_round_trip(void **state)
     }
     r.n_models = ROUTE_MAX_MODELS;
     r.n_tags = ROUTE_MAX_TAGS;
-    r.price_out = 1e300;
+    r.price_out = ROUTE_MAX_PRICE;
+    r.ttft_ms = r.tpot_ms = ROUTE_MAX_MS;
     r.healthy = false;
     round_trip(&r);
 
@@ -167,17 +169,17 @@ static void test_fields_round_trip(void **state)
 static const struct {
     const char *field, *value, *want;
 } bad_fields[] = {
-    {"price_in", "abc", "price_in: must be a number >= 0"},
-    {"price_in", "", "price_in: must be a number >= 0"},
-    {"price_out", "-1", "price_out: must be a number >= 0"},
-    {"price_out", "inf", "price_out: must be a number >= 0"},
-    {"price_out", "nan", "price_out: must be a number >= 0"},
-    {"price_out", "0x10", "price_out: must be a number >= 0"},
-    {"price_out", "1e999", "price_out: must be a number >= 0"},
-    {"price_out", " 1", "price_out: must be a number >= 0"},
-    {"price_out", "1.5.5", "price_out: must be a number >= 0"},
-    {"ttft_ms", "12ms", "ttft_ms: must be a number >= 0"},
-    {"tpot_ms", "-0.5", "tpot_ms: must be a number >= 0"},
+    {"price_in", "abc", "price_in: must be a number from 0 to 1e+09"},
+    {"price_in", "", "price_in: must be a number from 0 to 1e+09"},
+    {"price_out", "-1", "price_out: must be a number from 0 to 1e+09"},
+    {"price_out", "inf", "price_out: must be a number from 0 to 1e+09"},
+    {"price_out", "nan", "price_out: must be a number from 0 to 1e+09"},
+    {"price_out", "0x10", "price_out: must be a number from 0 to 1e+09"},
+    {"price_out", "1e999", "price_out: must be a number from 0 to 1e+09"},
+    {"price_out", " 1", "price_out: must be a number from 0 to 1e+09"},
+    {"price_out", "1.5.5", "price_out: must be a number from 0 to 1e+09"},
+    {"ttft_ms", "12ms", "ttft_ms: must be a number from 0 to 1e+07"},
+    {"tpot_ms", "-0.5", "tpot_ms: must be a number from 0 to 1e+07"},
     {"capacity", "1.5", "capacity: must be a whole number from 0 to 2147483647"},
     {"capacity", "-3", "capacity: must be a whole number"},
     {"running", "2147483648", "running: must be a whole number"},
@@ -204,6 +206,11 @@ static const struct {
      "aaaaaaaaaaa:1",
      "endpoint: longer than 127 bytes"},
     {"gpu", "H100\n", "gpu: control characters are not allowed"},
+    {"price_out", "1000000001", "price_out: must be a number from 0 to 1e+09"},
+    {"ttft_ms", "1e300", "ttft_ms: must be a number from 0 to 1e+07"},
+    {"tpot_ms", "10000000.5", "tpot_ms: must be a number from 0 to 1e+07"},
+    {"endpoint", "unix:/tmp/w.sock", "endpoint: must be tls:HOST:PORT or tcp:HOST:PORT"},
+    {"endpoint", "tls:peer.example:443", "endpoint: HOST must be a numeric IPv4 address"},
 };
 
 static void test_fields_bad(void **state)
@@ -264,7 +271,7 @@ static void test_fields_bad(void **state)
     c = mk("a", "m1", "eu", 1, 10);
     c.price_in = NAN;
     assert_int_equal(route_record_check(&c, err, sizeof(err)), -EINVAL);
-    assert_string_equal(err, "price_in: must be a number >= 0");
+    assert_string_equal(err, "price_in: must be a number from 0 to 1e+09");
     c = mk("a", "m1", "eu", 1, 10);
     memset(c.name, 'x', sizeof(c.name));
     assert_int_equal(route_record_check(&c, err, sizeof(err)), -EINVAL);
@@ -304,6 +311,43 @@ static void test_table(void **state)
     route_record bad = mk("e", "m", "", 1, 10);
     bad.n_models = -1;
     assert_int_equal(route_table_upsert(t, &bad, false, 100), -EINVAL);
+    /* Numbers past their bounds: the router's arithmetic on them must stay
+     * finite (1e300 ms once sorted first). */
+    bad = mk("e", "m", "", 1, 10);
+    bad.ttft_ms = 1e300;
+    assert_int_equal(route_table_upsert(t, &bad, false, 100), -EINVAL);
+    bad.ttft_ms = ROUTE_MAX_MS;
+    bad.price_out = ROUTE_MAX_PRICE * 2;
+    assert_int_equal(route_table_upsert(t, &bad, false, 100), -EINVAL);
+    /* An endpoint is tls: or tcp: with a numeric host: a record from Redis
+     * must not point this gateway at a local socket or a name to resolve. */
+    static const char *const endpoints[][2] = {
+        {"", "ok"},
+        {"tls:10.0.0.1:8443", "ok"},
+        {"tcp:[::1]:80", "ok"},
+        {"tls:localhost:1", "ok"},
+        {"unix:/run/infergate/worker-0.sock", "must be tls:HOST:PORT or tcp:HOST:PORT"},
+        {"tls:example.com:443",
+         "HOST must be a numeric IPv4 address, [IPv6] or localhost: names are not resolved"},
+        {"tls:10.0.0.1:0", "port must be a number from 1 to 65535"},
+        {"tls:10.0.0.1", "want HOST:PORT or [IPV6]:PORT"},
+    };
+    for (size_t i = 0; i < sizeof(endpoints) / sizeof(endpoints[0]); i++) {
+        bad = mk("e", "m", "", 1, 10);
+        snprintf(bad.endpoint, sizeof(bad.endpoint), "%s", endpoints[i][0]);
+        bool ok = !strcmp(endpoints[i][1], "ok");
+        char err[160] = "";
+        assert_int_equal(route_record_check(&bad, err, sizeof(err)), ok ? 0 : -EINVAL);
+        if (!ok) {
+            char want[160];
+            snprintf(want, sizeof(want), "endpoint: %s", endpoints[i][1]);
+            assert_string_equal(err, want);
+        }
+        const char *name = "endpoint", *value = endpoints[i][0];
+        route_record r2 = mk("e", "m", "", 1, 10);
+        assert_int_equal(route_record_from_fields(&r2, &name, &value, NULL, 1, err, sizeof(err)),
+                         ok ? 0 : -EINVAL);
+    }
 
     /* RTT: bad values and unknown names ignored. */
     route_table_set_rtt(t, "b", 7.5, 9);
@@ -381,18 +425,32 @@ static void test_filters(void **state)
     q.model = "m1";
     route_table_remove(t, "other-model");
 
-    /* stale: out while the shared store is up, kept (still shown stale) while it is away */
+    /* stale: out while the shared store is up; while it is away, a record
+     * fresh when it went stays a candidate (still shown stale once it
+     * ages), one already stale then stays out */
     route_record stale = mk("stale", "m1", "eu,gdpr,us", 2, 1);
     add(t, &stale, 1, now - 3001);
     assert_int_equal(route_decide(t, &q, &d), 1);
     assert_int_equal(d.out_stale, 1);
-    route_table_set_shared_ok(t, false);
-    assert_false(route_table_shared_ok(t));
+    route_record aging = mk("aging", "m1", "eu,gdpr,us", 2, 1);
+    add(t, &aging, 0.5, now - 2000);
     assert_int_equal(route_decide(t, &q, &d), 2);
-    assert_string_equal(cand(&d, 0), "stale");
-    assert_false(route_region_fresh(t, route_table_find(t, "stale"), now));
-    route_table_set_shared_ok(t, true);
+    route_table_set_shared_ok(t, false, now);
+    assert_false(route_table_shared_ok(t));
+    q.now_ms = now + 60000;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "aging");
+    assert_string_equal(cand(&d, 1), "ok");
+    assert_int_equal(d.out_stale, 1);
+    assert_false(route_region_fresh(t, route_table_find(t, "aging"), q.now_ms));
+    route_table_set_shared_ok(t, false, now + 30000); /* still away: the loss keeps its time */
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    route_table_set_shared_ok(t, true, q.now_ms);
+    assert_int_equal(route_decide(t, &q, &d), 0);
+    assert_int_equal(d.out_stale, 3);
+    q.now_ms = now;
     route_table_remove(t, "stale");
+    route_table_remove(t, "aging");
 
     /* unhealthy */
     route_record sick = mk("sick", "m1", "eu,gdpr,us", 2, 1);
