@@ -378,7 +378,9 @@ int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, s
         if (!valid_header(&headers[i]))
             return -EINVAL;
     bool no_content = status == 204 || status == 304; /* never a body, nor its length */
-    bool keep_alive = h->keep_alive;
+    /* Draining: the connection closes after this response; say so, or a
+     * client that reuses it races the close with its next request. */
+    bool keep_alive = h->keep_alive && !c->srv->draining;
     if (!whole && !no_content && !s->head && h->http10)
         keep_alive = false; /* the close delimits the stream */
     struct evbuffer *buf = evbuffer_new();

@@ -14,6 +14,7 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/util.h>
 #include <openssl/err.h>
+#include <openssl/sha.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
@@ -139,6 +140,16 @@ int gw_tls_ctx_new(const char *cert_file, const char *key_file, const char *clie
             goto fail;
         }
         SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+        /* Without a session id context OpenSSL fails every resumption on a
+         * context that verifies peers (an application's reconnect from its
+         * session cache). Sessions and tickets are this SSL_CTX's own;
+         * the context names the CA they were verified against. */
+        unsigned char sid[SHA256_DIGEST_LENGTH];
+        SHA256((const unsigned char *)client_ca, strlen(client_ca), sid);
+        if (SSL_CTX_set_session_id_context(ctx, sid, SSL_MAX_SID_CTX_LENGTH) != 1) {
+            snprintf(err, err_len, "client CA %s: %s", client_ca, ssl_reason(why, sizeof(why)));
+            goto fail;
+        }
     }
     SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
     *out = ctx;

@@ -554,6 +554,28 @@ static void test_client_gone(void **state)
     close(b);
 }
 
+/* A request whose body is still arriving when the server starts draining
+ * is answered, with connection: close, and the connection then closes. */
+static void test_drain_mid_request(void **state)
+{
+    tsrv *t = *state;
+    int fd = raw_connect(t, 0);
+    static const char head[] = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nab";
+    raw_send(fd, head, sizeof(head) - 1);
+    for (int i = 0; i < 20; i++) { /* the server reads the head */
+        event_base_loop(t->base, EVLOOP_NONBLOCK);
+        usleep(2000);
+    }
+    gw_http_server_drain(t->srv);
+    raw_send(fd, "cde", 3);
+    char *got = raw_read_all(t, fd, 1 << 16, NULL);
+    close(fd);
+    if (strncmp(got, "HTTP/1.1 200 ", 13) || !strstr(got, "\r\nconnection: close\r\n") ||
+        !strstr(got, "\r\n\r\nabcde"))
+        fail_msg("got: %s", got);
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -573,6 +595,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_slow_reader, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_max_connections, setup_two_conns, harness_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_drain_mid_request, setup, harness_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

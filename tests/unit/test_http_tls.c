@@ -215,6 +215,35 @@ static void test_handshake_timeout(void **state)
     assert_int_equal(t->n_request, 0);
 }
 
+/* A client resumes its session on the listener that verifies client
+ * certificates (the peer listener, which applications share): without a
+ * session id context OpenSSL refused every resumption there with an
+ * internal_error alert. s_client offers no certificate, as an application
+ * would not. */
+static void test_resume_peer_listener(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOLS();
+    char cert[160], key[160], err[512] = "", port[16], sess[160];
+    snprintf(cert, sizeof(cert), "%s", scratch(t, "cert.pem"));
+    snprintf(key, sizeof(key), "%s", scratch(t, "key.pem"));
+    snprintf(sess, sizeof(sess), "%s", scratch(t, "session.pem"));
+    if (gw_http_server_listen_tls_peer(t->srv, "tcp:127.0.0.1:0", cert, key, cert, err, sizeof(err)))
+        fail_msg("listen_tls_peer: %s", err);
+    snprintf(port, sizeof(port), "127.0.0.1:%d", gw_http_server_port(t->srv));
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {"openssl", "s_client",    "-connect",  port,
+                        "-tls1_2", "-servername", "localhost", i ? "-sess_in" : "-sess_out",
+                        sess,      NULL};
+        assert_int_equal(run_child(t, argv, i ? "second" : "first"), 0);
+    }
+    char *first = child_out(t, "first"), *second = child_out(t, "second");
+    if (!strstr(first, "New, TLSv1.2") || !strstr(second, "Reused, TLSv1.2"))
+        fail_msg("first: %.300s\nsecond: %.300s", first, second);
+    free(first);
+    free(second);
+}
+
 static void test_bad_files(void **state)
 {
     tsrv *t = *state;
@@ -262,6 +291,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_paced, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_tls11_refused, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_handshake_timeout, setup_small, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_resume_peer_listener, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_bad_files, setup, harness_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
