@@ -58,6 +58,12 @@ typedef struct gw_http_request {
 
 typedef struct gw_http_limits {
     size_t max_body;                 /* bytes; larger -> 413 (default 1 MiB) */
+    size_t max_conn_body;            /* HTTP/2: request body bytes still arriving on one
+                                        connection; past it a newer stream is refused
+                                        (REFUSED_STREAM, safe to send again), the oldest goes on.
+                                        0: 4 x max_body; SIZE_MAX: no bound (a worker, whose one
+                                        client is its gateway). Connections with a verified
+                                        client certificate (peers) are not bound */
     uint32_t max_concurrent_streams; /* SETTINGS_MAX_CONCURRENT_STREAMS (default 256) */
     size_t max_header_list;          /* bytes of headers per request, larger -> 431 (default
                                         64 KiB): HTTP/2 counts as SETTINGS_MAX_HEADER_LIST_SIZE
@@ -66,11 +72,13 @@ typedef struct gw_http_limits {
                                         the stream is reset (default 1 MiB) */
     int idle_timeout_ms;             /* close a connection with no streams after this (default 120000);
                                         also bounds an HTTP/1.x keep-alive wait, a pause inside a
-                                        request body, and a peer that stops reading */
+                                        request body (408), a peer that stops reading, and an
+                                        HTTP/2 response its flow-control window holds (reset) */
     int header_timeout_ms;           /* HTTP/1.x: a request head must be complete this long after
                                         its first byte (after accept for a connection's first
-                                        request, the TLS handshake included); HTTP/2: bounds only
-                                        the handshake and the connection preface (default 10000) */
+                                        request, the TLS handshake included); HTTP/2: the
+                                        handshake, the preface up to the first frame, and each
+                                        request's header block (default 10000) */
     size_t max_connections;          /* with this many open, a newly accepted connection is closed
                                         at once (default 10000); adopted ones count, but
                                         gw_http_server_adopt never refuses */

@@ -11,12 +11,50 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
 static const uint8_t empty_body[1];
+
+/* ---- stream bounds ---- */
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Sets the stream's bound and makes sure the connection's timer comes by
+ * then. The timer only ever moves earlier here; when it fires it finds
+ * the next bound (a stream that moved on has a later one by then). */
+static void stream_due(gw_http_stream *s, int64_t due)
+{
+    gw_http_conn *c = s->conn;
+    s->due_ms = due;
+    if (!due || c->lingering || c->goaway || c->dead || (c->h2_check_ms && c->h2_check_ms <= due))
+        return;
+    c->h2_check_ms = due;
+    int64_t ms = due - mono_ms();
+    gw_conn_set_timer(c, ms > 0 ? (int)ms : 0);
+}
+
+static void stream_due_idle(gw_http_stream *s)
+{
+    stream_due(s, mono_ms() + s->conn->srv->limits.idle_timeout_ms);
+}
+
+/* The stream stops receiving its request body: the body leaves the
+ * connection's count, and no bound is left on it until it answers. */
+static void stream_body_done(gw_http_stream *s)
+{
+    if (s->state == GW_SS_BODY)
+        s->conn->h2_body_bytes -= s->body_len;
+    s->due_ms = 0;
+}
 
 /* ---- responses ---- */
 
@@ -32,6 +70,10 @@ static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size
     size_t n = have < len ? have : len;
     if (n && evbuffer_remove(s->out, buf, n) != (int)n)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    /* Output moved: what is left (held by the peer's window) gets a new
+     * bound; with nothing left there is none. */
+    if (n)
+        s->due_ms = have > n ? mono_ms() + s->conn->srv->limits.idle_timeout_ms : 0;
     if (s->resp_ended && n == have)
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     /* on_writable may not run inside nghttp2: conn_settle calls it. */
@@ -99,6 +141,7 @@ static void stream_reject(gw_http_stream *s, int status, const char *message, co
 {
     static const gw_http_header hdr[] = {{"content-type", "application/json"}};
     char body[320];
+    stream_body_done(s);
     s->state = GW_SS_REJECTED;
     gw_mem_free(s->body);
     s->body = NULL;
@@ -107,12 +150,28 @@ static void stream_reject(gw_http_stream *s, int status, const char *message, co
     if (stream_submit(s, status, hdr, 1, body, n, true) &&
         nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
         s->conn->broken = true;
+    else if (!s->remote_ended)
+        stream_due_idle(s); /* the rest of the body, read and dropped */
 }
 
 static void stream_fail(gw_http_stream *s)
 {
+    stream_body_done(s);
     s->state = GW_SS_REJECTED;
     if (nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
+        s->conn->broken = true;
+}
+
+/* Refused before the application saw it: a client may send it again
+ * (RFC 9113 8.7), as nghttp2's and curl's do by themselves. */
+static void stream_refuse(gw_http_stream *s)
+{
+    stream_body_done(s);
+    s->state = GW_SS_REJECTED;
+    gw_mem_free(s->body);
+    s->body = NULL;
+    s->body_len = s->body_cap = 0;
+    if (nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_REFUSED_STREAM))
         s->conn->broken = true;
 }
 
@@ -138,10 +197,13 @@ static int on_begin_headers_cb(nghttp2_session *ngh, const nghttp2_frame *frame,
     gw_http_stream *s = gw_stream_new(c, frame->hd.stream_id);
     if (!s)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* RST_STREAM INTERNAL_ERROR */
-    if (c->n_streams == 1 && !c->lingering && !c->goaway)
-        event_del(c->idle_ev); /* not idle any more */
-    if (nghttp2_session_set_stream_user_data(ngh, frame->hd.stream_id, s))
+    if (nghttp2_session_set_stream_user_data(ngh, frame->hd.stream_id, s)) {
         gw_stream_closed(s, false); /* nghttp2 holds no such stream: nothing will close it */
+        return 0;
+    }
+    if (c->n_streams == 1)
+        c->h2_check_ms = 0; /* the idle timer gives way to the streams' bounds */
+    stream_due(s, mono_ms() + c->srv->limits.header_timeout_ms);
     return 0;
 }
 
@@ -235,6 +297,7 @@ static void request_complete(gw_http_stream *s)
         return;
     }
     gw_http_server *srv = s->conn->srv;
+    stream_body_done(s);
     s->req = (gw_http_request){
         .method = s->method,
         .path = s->path,
@@ -256,10 +319,26 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
     gw_http_stream *s = stream_of(ngh, id);
     if (!s || s->state != GW_SS_BODY)
         return 0;
-    size_t max = s->conn->srv->limits.max_body;
+    gw_http_conn *c = s->conn;
+    size_t max = c->srv->limits.max_body;
     if (s->body_len > max || len > max - s->body_len) { /* max may have shrunk (reload) */
         stream_reject_body(s);
         return 0;
+    }
+    /* Bodies still arriving on one connection are held to max_conn_body
+     * (256 streams each near max_body would pin 256 MiB before any of them
+     * is authenticated). The oldest always goes on, so a connection never
+     * stalls; the others are refused, to be sent again. A peer gateway,
+     * multiplexing its clients' requests, is not held to it. */
+    size_t conn_max = c->srv->limits.max_conn_body;
+    if (!conn_max)
+        conn_max = max > SIZE_MAX / 4 ? SIZE_MAX : 4 * max;
+    if (c->h2_body_bytes + len > conn_max && !(c->tls && gw_tls_peer_verified(c->bev))) {
+        for (gw_http_stream *o = c->streams; o; o = o->next)
+            if (o->state == GW_SS_BODY && o->id < s->id) {
+                stream_refuse(s);
+                return 0;
+            }
     }
     if (s->body_len + len > s->body_cap) {
         size_t cap = s->body_cap < 16384 ? 16384 : s->body_cap;
@@ -279,11 +358,20 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
     }
     memcpy(s->body + s->body_len, data, len);
     s->body_len += len;
+    c->h2_body_bytes += len;
     return 0;
 }
 
+static void conn_arm_idle(gw_http_conn *c);
+
 static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, void *ud)
 {
+    gw_http_conn *c = ud;
+    if (!c->h2_framed) { /* the preface is in: header_timeout gives way to idle_timeout */
+        c->h2_framed = true;
+        if (c->n_streams == 0)
+            conn_arm_idle(c);
+    }
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
         return 0;
     gw_http_stream *s = stream_of(ngh, frame->hd.stream_id);
@@ -295,6 +383,8 @@ static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
         s->remote_ended = true;
         request_complete(s);
+    } else if (s->state == GW_SS_BODY || (s->state == GW_SS_REJECTED && frame->hd.type == NGHTTP2_DATA)) {
+        stream_due_idle(s); /* the next piece of the body is due */
     }
     return 0;
 }
@@ -309,16 +399,22 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
         return 0;
     /* A rejected upload is not cut short with RST_STREAM(NO_ERROR) as
      * RFC 9113 8.1 allows: curl 7.88 takes it for a failure. The rest of
-     * the body is read and dropped; flow control is refilled as it comes. */
+     * the body is read and dropped; flow control is refilled as it comes,
+     * each piece due within idle_timeout_ms (stream_reject). A body that
+     * had already stopped is closed now. */
     s->fin_sent = true;
+    if (s->rst_after_fin && nghttp2_submit_rst_stream(ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR))
+        s->conn->broken = true;
     return 0;
 }
 
 static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_code, void *ud)
 {
     gw_http_stream *s = stream_of(ngh, id);
-    if (s)
+    if (s) {
+        stream_body_done(s);
         gw_stream_closed(s, s->fin_sent);
+    }
     return 0;
 }
 
@@ -477,14 +573,55 @@ void gw_h2_on_send(gw_http_conn *c)
     conn_settle(c, conn_send(c));
 }
 
+/* The streams' bounds: a header block left open holds the whole
+ * connection (nothing may come between its frames), so the connection
+ * goes; a body that stopped arriving gets 408; a response the peer's
+ * window has held for idle_timeout_ms is reset, and the application
+ * hears of it (on_close unfinished), so no upstream work waits on it. */
+static void conn_check_streams(gw_http_conn *c)
+{
+    int64_t now = mono_ms(), next = 0;
+    c->h2_check_ms = 0;
+    for (gw_http_stream *s = c->streams; s; s = s->next) {
+        if (!s->due_ms)
+            continue;
+        if (s->due_ms > now) {
+            next = next && next < s->due_ms ? next : s->due_ms;
+            continue;
+        }
+        s->due_ms = 0;
+        if (s->state == GW_SS_HEADERS) {
+            gw_conn_free(c);
+            return;
+        }
+        if (s->state == GW_SS_BODY) {
+            stream_reject(s, 408, "the request body stopped arriving", "request_timeout");
+            s->due_ms = 0;
+            s->rst_after_fin = true;
+        } else if (s->state == GW_SS_REJECTED) {
+            if (nghttp2_submit_rst_stream(c->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR))
+                c->broken = true;
+        } else if (s->state == GW_SS_APP && !s->reset) {
+            gw_h2_reset(s);
+        }
+    }
+    if (next) {
+        c->h2_check_ms = next;
+        gw_conn_set_timer(c, (int)(next - now));
+    }
+    conn_settle(c, conn_send(c));
+}
+
 void gw_h2_on_timer(gw_http_conn *c)
 {
     if (c->lingering || c->goaway) {
         gw_conn_free(c);
         return;
     }
-    if (c->n_streams > 0)
+    if (c->n_streams > 0) {
+        conn_check_streams(c);
         return;
+    }
     c->goaway = true;
     if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_NO_ERROR)) {
         gw_conn_free(c);
@@ -535,7 +672,9 @@ void gw_h2_start(gw_http_conn *c)
         gw_conn_free(c);
         return;
     }
-    conn_arm_idle(c);   /* replaces the header timeout */
+    /* header_timeout_ms (from accept, or the end of the TLS handshake)
+     * until the client's first frame, then idle_timeout_ms. */
+    gw_conn_set_timer(c, lim->header_timeout_ms);
     on_read(c->bev, c); /* the preface and whatever came with it; our SETTINGS */
 }
 
@@ -563,6 +702,8 @@ int gw_h2_write(gw_http_stream *s, const void *data, size_t len)
 {
     if (evbuffer_add(s->out, data, len))
         return -ENOMEM;
+    if (!s->due_ms)
+        stream_due_idle(s); /* until the output moves */
     stream_kick(s);
     return 0;
 }
@@ -570,6 +711,8 @@ int gw_h2_write(gw_http_stream *s, const void *data, size_t len)
 int gw_h2_end(gw_http_stream *s)
 {
     s->resp_ended = true;
+    if (!s->due_ms)
+        stream_due_idle(s); /* until END_STREAM goes */
     stream_kick(s);
     return 0;
 }

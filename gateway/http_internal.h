@@ -76,7 +76,13 @@ struct gw_http_stream {
     bool head;         /* HTTP/1.x: a HEAD request, whose response has no body */
     bool bodiless;     /* HTTP/1.x: the response carries no body bytes (HEAD, 204, 304) */
     bool chunked;      /* HTTP/1.x: the response body is in chunked coding */
+    bool rst_after_fin; /* HTTP/2: RST_STREAM(NO_ERROR) once the response ended (a body timed out) */
     int reject_status; /* pending server answer (400, 413, 431), 0 if none */
+    /* HTTP/2: monotonic ms by which the stream must move on, 0 for no
+     * bound: its header block (header_timeout_ms), each piece of its body,
+     * and, once answered, its pending output while the peer's window holds
+     * it (idle_timeout_ms). The connection's timer checks them. */
+    int64_t due_ms;
     void *user;
 
     /* request: strings live in the arena */
@@ -152,7 +158,10 @@ struct gw_http_conn {
     bool writable_due; /* some stream's writable_due is set */
     bool broken;       /* an allocation failed where no error could be returned: close */
     bool dead;         /* being freed: gw_http_* calls on its streams fail */
-    gw_h1 h1;          /* HTTP/1.x only */
+    bool h2_framed;    /* HTTP/2: a frame came after the preface (header_timeout until then) */
+    int64_t h2_check_ms;  /* HTTP/2 with streams: when the timer is set to check their due_ms, 0: not set */
+    size_t h2_body_bytes; /* HTTP/2: request body bytes held by streams still receiving theirs */
+    gw_h1 h1;             /* HTTP/1.x only */
 };
 
 struct gw_listener {

@@ -26,6 +26,7 @@ static const char h2_preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 void gw_http_limits_default(gw_http_limits *l)
 {
     l->max_body = 1 << 20;
+    l->max_conn_body = 0; /* 4 x max_body */
     l->max_concurrent_streams = 256;
     l->max_header_list = 64 << 10;
     l->max_stream_buffer = 1 << 20;
@@ -146,8 +147,10 @@ void gw_stream_closed(gw_http_stream *s, bool finished)
     c->srv->active_streams--;
     /* An HTTP/2 connection with no streams is idle; HTTP/1.x keeps its
      * own timer. */
-    if (--c->n_streams == 0 && c->proto == GW_PROTO_H2 && !c->lingering && !c->goaway && !c->dead)
+    if (--c->n_streams == 0 && c->proto == GW_PROTO_H2 && !c->lingering && !c->goaway && !c->dead) {
+        c->h2_check_ms = 0;
         gw_conn_set_timer(c, gw_conn_idle_ms(c));
+    }
     if (s->state != GW_SS_APP) {
         stream_free(s);
         return;
@@ -341,6 +344,7 @@ void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits
     const gw_http_limits *l = limits; /* zero means "the default" */
     if (l->max_body)
         srv->limits.max_body = l->max_body;
+    srv->limits.max_conn_body = l->max_conn_body;
     if (l->max_concurrent_streams)
         srv->limits.max_concurrent_streams = l->max_concurrent_streams;
     if (l->max_header_list)

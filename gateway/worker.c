@@ -818,6 +818,9 @@ int gw_cmd_worker(int argc, char **argv)
     rt_sched_opts_default(&so);
     gw_http_limits lim;
     gw_http_limits_default(&lim);
+    /* Its one client is its gateway, which multiplexes many requests on a
+     * connection and has bounded their bodies already. */
+    lim.max_conn_body = SIZE_MAX;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:l:h", opts, NULL)) != -1) {

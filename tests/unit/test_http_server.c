@@ -248,6 +248,13 @@ typedef struct tcli {
     size_t body_len, data_total;
     bool closed, goaway, eof, rst_on_data, rst_sent;
     uint32_t close_err;
+    int n_closed, n_refused;
+    /* request bodies sent piece by piece (cli_upload) */
+    struct tupload {
+        char data[4096];
+        size_t len, off;
+        bool end;
+    } up[8];
 } tcli;
 
 static ssize_t cli_send(tcli *c)
@@ -315,6 +322,8 @@ static int cli_on_close(nghttp2_session *s, int32_t id, uint32_t err, void *ud)
     tcli *c = ud;
     c->closed = true;
     c->close_err = err;
+    c->n_closed++;
+    c->n_refused += err == NGHTTP2_REFUSED_STREAM;
     return 0;
 }
 
@@ -380,6 +389,43 @@ static int32_t cli_get(tcli *c, const char *path)
     return id;
 }
 
+/* A POST /echo whose body goes out as cli_upload_add gives it. */
+static ssize_t cli_upload_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
+                               nghttp2_data_source *src, void *ud)
+{
+    struct tupload *u = src->ptr;
+    size_t n = u->len - u->off < len ? u->len - u->off : len;
+    if (n == 0 && !u->end)
+        return NGHTTP2_ERR_DEFERRED;
+    memcpy(buf, u->data + u->off, n);
+    u->off += n;
+    if (u->end && u->off == u->len)
+        *flags |= NGHTTP2_DATA_FLAG_EOF;
+    return (ssize_t)n;
+}
+
+static int32_t cli_upload(tcli *c, int slot)
+{
+    nghttp2_nv nv[] = {NV(":method", "POST"), NV(":scheme", "http"), NV(":authority", "127.0.0.1"),
+                       NV(":path", "/echo")};
+    nghttp2_data_provider dp = {.source.ptr = &c->up[slot], .read_callback = cli_upload_read};
+    int32_t id = nghttp2_submit_request(c->ngh, NULL, nv, 4, &dp, NULL);
+    assert_true(id > 0);
+    assert_int_equal(cli_send(c), 0);
+    return id;
+}
+
+static void cli_upload_add(tcli *c, int slot, int32_t id, size_t n, bool end)
+{
+    struct tupload *u = &c->up[slot];
+    assert_true(u->len + n <= sizeof(u->data));
+    memset(u->data + u->len, 'a' + slot, n);
+    u->len += n;
+    u->end = end;
+    nghttp2_session_resume_data(c->ngh, id);
+    assert_int_equal(cli_send(c), 0);
+}
+
 static bool cli_closed(tsrv *t, void *arg)
 {
     return ((tcli *)arg)->closed;
@@ -388,6 +434,17 @@ static bool cli_closed(tsrv *t, void *arg)
 static bool cli_eof(tsrv *t, void *arg)
 {
     return ((tcli *)arg)->eof;
+}
+
+struct cli_wait {
+    tcli *c;
+    int n;
+};
+
+static bool closes_reach_cli(tsrv *t, void *arg)
+{
+    struct cli_wait *w = arg;
+    return w->c->n_closed >= w->n;
 }
 
 static bool cli_goaway(tsrv *t, void *arg)
@@ -583,6 +640,144 @@ static int setup_idle(void **state)
     return setup_limits(state, &l);
 }
 
+/* Turns the loop for about ms milliseconds, however far off its next
+ * event is (run_for waits for one). */
+static void run_for_exactly(tsrv *t, int ms)
+{
+    long end = now_ms() + ms;
+    while (now_ms() < end) {
+        struct timeval tv = {0, 5000};
+        event_base_loopexit(t->base, &tv);
+        event_base_dispatch(t->base);
+    }
+}
+
+/* idle_timeout_ms bounds each pause inside a request body, as it does for
+ * HTTP/1.x: a body that keeps coming is read whole; one that stops gets 408
+ * and the application never hears of it. Before, the stream stayed open for
+ * ever, holding its body. */
+static void test_body_timeout(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 65535, true);
+    int32_t id = cli_upload(c, 0);
+    for (int i = 0; i < 4; i++) { /* four pauses of half the timeout */
+        cli_upload_add(c, 0, id, 10, false);
+        run_for_exactly(t, 150);
+    }
+    cli_upload_add(c, 0, id, 10, true);
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->status, 200);
+    assert_int_equal(c->body_len, 50);
+    assert_int_equal(t->n_request, 1);
+
+    c->closed = false;
+    c->status = 0;
+    c->body_len = 0;
+    long t0 = now_ms();
+    id = cli_upload(c, 1);
+    cli_upload_add(c, 1, id, 10, false);
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->status, 408);
+    assert_non_null(strstr(c->body, "\"code\":\"request_timeout\""));
+    assert_true(now_ms() - t0 >= 250);
+    assert_int_equal(t->n_request, 1);
+    cli_free(c);
+}
+
+/* A response the client's flow-control window holds (a window of 0 here)
+ * is reset after idle_timeout_ms, and the application hears of it: the
+ * work behind it stops. Before, the stream and its buffered output stayed
+ * for as long as the client kept the connection. */
+static void test_window_held(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 0, true);
+    cli_get(c, "/stream");
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->status, 200);
+    assert_int_equal(c->close_err, NGHTTP2_INTERNAL_ERROR);
+    int one = 1;
+    assert_true(run_until(t, closes_reach, &one));
+    assert_int_equal(t->n_unfinished, 1);
+    cli_free(c);
+}
+
+/* A header block left open (HEADERS without END_HEADERS, then nothing)
+ * holds the whole connection: it is closed after header_timeout_ms. So is
+ * a connection that sent the preface's magic and no frame. Before, both
+ * waited for idle_timeout_ms (a minute here). */
+static void test_header_block_timeout(void **state)
+{
+    tsrv *t = *state;
+    static const char magic[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    static const uint8_t settings[] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
+    /* length 3, HEADERS, no flags, stream 1: :method GET, :path /, :scheme http */
+    static const uint8_t headers[] = {0, 0, 3, 1, 0, 0, 0, 0, 1, 0x82, 0x84, 0x86};
+    for (int i = 0; i < 2; i++) {
+        long t0 = now_ms();
+        int fd = raw_connect(t, 0);
+        raw_send(fd, magic, sizeof(magic) - 1);
+        if (i == 0) {
+            raw_send(fd, settings, sizeof(settings));
+            raw_send(fd, headers, sizeof(headers));
+        }
+        free(raw_read_all(t, fd, 1 << 16, NULL));
+        close(fd);
+        long took = now_ms() - t0;
+        if (took < 150 || took > 20000)
+            fail_msg("case %d: closed after %ld ms", i, took);
+    }
+    assert_int_equal(t->n_request, 0);
+}
+
+/* Request bodies still arriving on one connection are held to 4 x max_body:
+ * past it a newer stream is refused (REFUSED_STREAM, safe to send again);
+ * the oldest always goes on, and the rest complete. */
+static void test_conn_body_bound(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 65535, true);
+    int32_t ids[6];
+    for (int i = 0; i < 6; i++) {
+        ids[i] = cli_upload(c, i);
+        cli_upload_add(c, i, ids[i], 900, false); /* max_body 1000: 4 fit in 4000 */
+    }
+    assert_true(run_until(t, closes_reach_cli, &(struct cli_wait){c, 2}));
+    assert_int_equal(c->n_refused, 2);
+    for (int i = 0; i < 4; i++)
+        cli_upload_add(c, i, ids[i], 50, true);
+    assert_true(run_until(t, closes_reach_cli, &(struct cli_wait){c, 6}));
+    assert_int_equal(c->n_refused, 2);
+    assert_int_equal(t->n_request, 4);
+    cli_free(c);
+}
+
+static int setup_stream_bounds(void **state)
+{
+    gw_http_limits l;
+    gw_http_limits_default(&l);
+    l.idle_timeout_ms = 300;
+    return setup_limits(state, &l);
+}
+
+static int setup_header_block(void **state)
+{
+    gw_http_limits l;
+    gw_http_limits_default(&l);
+    l.idle_timeout_ms = 60000;
+    l.header_timeout_ms = 200;
+    return setup_limits(state, &l);
+}
+
+static int setup_conn_body(void **state)
+{
+    gw_http_limits l;
+    gw_http_limits_default(&l);
+    l.max_body = 1000;
+    return setup_limits(state, &l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -602,6 +797,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_eof_closes_streams, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_idle_timeout, setup_idle, harness_teardown),
         cmocka_unit_test_setup_teardown(test_drain, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_body_timeout, setup_stream_bounds, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_window_held, setup_stream_bounds, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_header_block_timeout, setup_header_block, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_conn_body_bound, setup_conn_body, harness_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
