@@ -66,7 +66,7 @@
  *     policy: latency           # latency | cost
  *     slo_ms: 500               # cost policy: expected latency bound
  *     heartbeat_ms: 1000        # record publication period
- *     stale_after_ms: 3000      # default 3 heartbeats; at least one
+ *     stale_after_ms: 3000      # default 3 heartbeats; at least two
  *     eject_after: 3            # consecutive failures (0: never eject)
  *     eject_base_ms: 1000       # first ejection; doubles up to eject_max_ms
  *     eject_max_ms: 30000
@@ -198,6 +198,12 @@ int gw_config_default_worker(gw_config *c, const char *demo_model);
  * tenants. */
 int gw_config_default(const char *demo_model, gw_config **out);
 void gw_config_free(gw_config *c);
+/* The sections a running gateway keeps as started (listen, workers,
+ * region, cluster, redis, routing timings, peers, logging,
+ * stats_interval_ms, runtime_dir) that differ in c: their names,
+ * comma-separated, in out; returns how many. Tenants, limits, routing
+ * policy, slo_ms, retry_budget and drain_grace_s reload. */
+int gw_config_restart_diff(const gw_config *run, const gw_config *c, char *out, size_t len);
 
 /* SHA-256 of a key, for config files: "infergate key new". Writes 64 hex
  * characters and a NUL. */

@@ -161,18 +161,22 @@ static struct {
     char model_labels[180]; /* model only */
 } last_labels;
 
+/* The model label is a model some worker or region was asked for: the
+ * names a client makes up (answered 404 or 403 here) would each start a
+ * series of their own, until the metrics' bound refused real ones. */
 static void request_labels(const preq *p, const char *target, const char *out[2])
 {
-    if (!last_labels.valid || last_labels.status != p->status || strcmp(last_labels.model, p->model) ||
+    const char *m = p->worker >= 0 || p->remote ? p->model : "";
+    if (!last_labels.valid || last_labels.status != p->status || strcmp(last_labels.model, m) ||
         strcmp(last_labels.tenant, p->tenant) || strcmp(last_labels.target, target)) {
         char model[160], tenant[2 * GW_TENANT_NAME_MAX + 1];
-        gw_metrics_escape(p->model[0] ? p->model : "-", model, sizeof(model));
+        gw_metrics_escape(m[0] ? m : "-", model, sizeof(model));
         gw_metrics_escape(p->tenant[0] ? p->tenant : "-", tenant, sizeof(tenant));
         snprintf(last_labels.labels, sizeof(last_labels.labels),
                  "model=\"%s\",tenant=\"%s\",status=\"%d\",target=\"%s\"", model, tenant, p->status, target);
         snprintf(last_labels.model_labels, sizeof(last_labels.model_labels), "model=\"%s\"", model);
         last_labels.status = p->status;
-        snprintf(last_labels.model, sizeof(last_labels.model), "%s", p->model);
+        snprintf(last_labels.model, sizeof(last_labels.model), "%s", m);
         snprintf(last_labels.tenant, sizeof(last_labels.tenant), "%s", p->tenant);
         snprintf(last_labels.target, sizeof(last_labels.target), "%s", target);
         last_labels.valid = true;

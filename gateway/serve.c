@@ -93,6 +93,7 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
         return;
     }
     g->draining = true;
+    gw_supervisor_drain(g->sup);
     fprintf(stderr, "infergate: signal %d: draining — no new connections, %zu open streams finish within %d s\n",
             (int)sig, gw_http_server_active_streams(g->http), g->cfg->drain_grace_s);
     gw_http_server_drain(g->http);
@@ -115,8 +116,9 @@ static void http_limits(const gw_config *c, gw_http_limits *l)
     l->max_connections = c->limits.max_connections;
 }
 
-/* Tenants, keys and limits change; listeners and workers stay as started
- * (say so when they differ). A config that does not load changes nothing. */
+/* Tenants, keys, limits, the routing policy and the drain grace change;
+ * the rest stays as started (say which when it differs). A config that
+ * does not load changes nothing. */
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
     gw_serve *g = arg;
@@ -129,6 +131,19 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     if (gw_config_load(g->cfg->path, &c, err, sizeof(err))) {
         fprintf(stderr, "infergate: reload failed, keeping the running config: %s\n", err);
         return;
+    }
+    /* As at start: the demo worker when none is configured, --listen. */
+    char *addr = g->listen_override && c->n_listen > 0 ? strdup(g->listen_override) : NULL;
+    if ((c->n_workers == 0 && gw_config_default_worker(c, g->cfg->workers[0].model)) ||
+        (g->listen_override && c->n_listen > 0 && !addr)) {
+        fprintf(stderr, "infergate: reload failed (out of memory), keeping the running config\n");
+        free(addr);
+        gw_config_free(c);
+        return;
+    }
+    if (addr) {
+        free(c->listen[0].address);
+        c->listen[0].address = addr;
     }
     gw_tenants *t = gw_tenants_new(c, g->tenants);
     if (!t) {
@@ -146,18 +161,35 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     }
     gw_tenants_free(g->tenants);
     g->tenants = t;
+    /* The proxy stops taking a stream's upstream data at half the buffer,
+     * and the upstream window, fixed at start, must fit in the rest (see
+     * gw_cmd_serve): a smaller buffer waits for a restart. */
+    if (c->limits.stream_buffer_bytes < 4 * (size_t)g->up_window) {
+        fprintf(
+            stderr,
+            "infergate: reload: stream_buffer_bytes %zu is below 4 x the upstream window of %u bytes set at "
+            "start; keeping %zu until a restart\n",
+            c->limits.stream_buffer_bytes, g->up_window, 4 * (size_t)g->up_window);
+        c->limits.stream_buffer_bytes = 4 * (size_t)g->up_window;
+    }
     gw_http_limits l;
     http_limits(c, &l);
     gw_http_server_set_limits(g->http, &l);
     gw_upstream_set_response_timeout(g->pool, c->limits.response_timeout_ms);
-    if (c->n_workers != g->cfg->n_workers || c->n_listen != g->cfg->n_listen)
-        fprintf(stderr, "infergate: reload: listeners and workers are kept as started; restart to change them\n");
-    /* The running config keeps the workers' and listeners' entries the
-     * supervisor points into; only the reloaded parts move over. */
+    char kept[512];
+    if (gw_config_restart_diff(g->cfg, c, kept, sizeof(kept)))
+        fprintf(stderr, "infergate: reload: kept as started until a restart: %s\n", kept);
+    /* The running config keeps the entries the supervisor, the listeners
+     * and the routing table point into; only the reloaded parts move over. */
     g->cfg->limits = c->limits;
+    g->cfg->routing.policy = c->routing.policy;
+    g->cfg->routing.slo_ms = c->routing.slo_ms;
+    g->cfg->routing.retry_budget = c->routing.retry_budget;
+    g->cfg->drain_grace_s = c->drain_grace_s;
     gw_config_free(g->reloaded);
     g->reloaded = c;
-    fprintf(stderr, "infergate: reloaded %s: %d tenants, limits updated\n", c->path, c->n_tenants);
+    fprintf(stderr, "infergate: reloaded %s: %d tenants, limits, routing policy and drain grace updated\n",
+            c->path, c->n_tenants);
 }
 
 /* ---- startup ---- */
@@ -344,7 +376,7 @@ int gw_cmd_serve(int argc, char **argv)
     } else if (!strcmp(log, "stderr")) {
         g.access_log = stderr;
     } else if (strcmp(log, "off") != 0) {
-        if (!(g.access_log = fopen(log, "a"))) {
+        if (!(g.access_log = fopen(log, "ae"))) {
             fprintf(stderr, "infergate: access log %s: %s\n", log, strerror(errno));
             goto out;
         }
@@ -362,10 +394,12 @@ int gw_cmd_serve(int argc, char **argv)
     /* The proxy stops taking a stream's upstream data once the client's
      * side holds half of stream_buffer_bytes; what the worker may still
      * send (the window) must fit in the other half, or the stream of a
-     * client that merely reads slowly is reset. A reload that lowers the
-     * buffer keeps the window: it takes full effect at restart. */
+     * client that merely reads slowly is reset. A reload keeps the buffer
+     * at 4 x this window at least (on_hup). */
     if (uo.stream_window > g.cfg->limits.stream_buffer_bytes / 4)
         uo.stream_window = (uint32_t)(g.cfg->limits.stream_buffer_bytes / 4);
+    g.up_window = uo.stream_window;
+    g.listen_override = listen;
     gw_http_limits lim;
     http_limits(g.cfg, &lim);
     gw_http_handler h = {.on_request = gw_proxy_on_request, .on_close = gw_proxy_on_close,
@@ -401,10 +435,18 @@ int gw_cmd_serve(int argc, char **argv)
     }
     print_ready(&g);
     event_base_dispatch(g.base);
-    /* Drained (or told twice): close what is left, then the workers. */
+    /* Drained (or told twice): close what is left, then the workers. The
+     * pool goes before they are waited for: the loop will not run again to
+     * send the RST_STREAMs of what was cut, and closing their connections
+     * tells them as well, so they drop that work now instead of at the end
+     * of their grace. */
     gw_http_server_free(g.http);
     g.http = NULL;
-    gw_supervisor_stop(g.sup, g.cfg->drain_grace_s);
+    gw_regions_stop(&g);
+    gw_supervisor_stop(g.sup);
+    gw_upstream_pool_free(g.pool);
+    g.pool = NULL;
+    gw_supervisor_wait(g.sup, g.cfg->drain_grace_s);
     fprintf(stderr, "infergate: stopped\n");
     status = 0;
 out:

@@ -36,6 +36,8 @@ typedef struct gw_serve {
     double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1 */
     bool draining;
     double drain_deadline;
+    const char *listen_override; /* --listen: replaces the first listener's address, reloads too */
+    uint32_t up_window;          /* the upstream stream window, fixed at start */
     uint64_t next_request;
 } gw_serve;
 

@@ -1,6 +1,7 @@
 /* Worker supervisor (see supervisor.h). Children are reaped from a SIGCHLD
  * event on the loop; stats are read with GET /internal/stats over the
  * upstream pool every stats_interval_ms. */
+#define _GNU_SOURCE /* close_range */
 #include "gateway/supervisor.h"
 
 #include "gateway/config.h"
@@ -24,7 +25,9 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
 #define STABLE_S 30.0   /* up this long: the back-off starts over */
-#define STALE_S 3.0     /* no stats this long: not ready; a stats request this old is given up */
+#define STALE_S                                                                                              \
+    3.0 /* no stats this long (or 3 intervals, if longer): not ready; a stats request this old is given up   \
+         */
 #define STATS_MAX 65536 /* bytes of a stats answer we read */
 #define PROBE_MS 5000   /* nvidia-smi -L for devices: auto */
 
@@ -56,6 +59,13 @@ struct gw_supervisor {
     struct event *sigchld, *tick;
 };
 
+/* The stats interval, and how long a worker may go without answering. */
+static double stale_s(const gw_supervisor *s)
+{
+    double every = s->cfg->stats_interval_ms > 0 ? s->cfg->stats_interval_ms / 1000.0 : 0.25;
+    return 3 * every > STALE_S ? 3 * every : STALE_S;
+}
+
 static double mono_s(void)
 {
     struct timespec ts;
@@ -80,13 +90,14 @@ static int spawn(sworker *w)
 {
     gw_supervisor *s = w->sup;
     const gw_worker_cfg *c = w->cfg;
-    char threads[16], kv[16], seqs[16], batch[16], queue[16], batch_wait[16], listen[600];
+    char threads[16], kv[16], seqs[16], batch[16], queue[16], batch_wait[16], grace[16], listen[600];
     snprintf(threads, sizeof(threads), "%d", c->threads);
     snprintf(kv, sizeof(kv), "%d", c->kv_cache_mb);
     snprintf(seqs, sizeof(seqs), "%d", c->max_seqs);
     snprintf(batch, sizeof(batch), "%d", c->max_batch_tokens);
     snprintf(queue, sizeof(queue), "%d", c->max_queue);
     snprintf(batch_wait, sizeof(batch_wait), "%d", c->batch_max_wait_ms);
+    snprintf(grace, sizeof(grace), "%d", s->cfg->drain_grace_s);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
     const char *argv[28];
     int a = 0;
@@ -112,6 +123,8 @@ static int spawn(sworker *w)
     argv[a++] = queue;
     argv[a++] = "--batch-max-wait-ms";
     argv[a++] = batch_wait;
+    argv[a++] = "--drain-grace-s";
+    argv[a++] = grace;
     if (c->kv_q8_0) {
         argv[a++] = "--kv-type";
         argv[a++] = "q8_0";
@@ -123,17 +136,37 @@ static int spawn(sworker *w)
     }
     argv[a] = NULL;
 
+    /* Signals wait until the child has its own dispositions: the loop's
+     * handlers it inherits would write into the gateway's signal pipe (a
+     * SIGTERM meant for the child would drain the gateway). */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t parent = getpid();
     pid_t pid = fork();
-    if (pid == -1)
-        return -errno;
+    if (pid == -1) {
+        int e = errno;
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        return -e;
+    }
     if (pid == 0) {
-        /* A worker must not outlive its gateway. */
+        static const int caught[] = {SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGPIPE};
+        for (size_t i = 0; i < sizeof(caught) / sizeof(caught[0]); i++)
+            signal(caught[i], SIG_DFL);
+        /* A worker must not outlive its gateway, even one that died
+         * before this line. Its own process group: a terminal's Ctrl-C is
+         * the gateway's to pass on, after its drain. */
         prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(1);
+        setpgid(0, 0);
+        /* Nothing of the gateway's (sockets, the access log, Redis
+         * connections) goes with it. */
+        close_range(3, ~0U, 0);
         if (strcmp(w->device, "cpu") != 0)
             setenv("CUDA_VISIBLE_DEVICES", w->device, 1);
         else
             unsetenv("CUDA_VISIBLE_DEVICES");
-        signal(SIGPIPE, SIG_DFL);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
@@ -141,6 +174,7 @@ static int spawn(sworker *w)
         fprintf(stderr, "supervisor: exec %s: %s\n", s->exe, strerror(errno));
         _exit(127);
     }
+    sigprocmask(SIG_SETMASK, &old, NULL);
     w->info.pid = pid;
     w->info.ready = false;
     w->started_at = mono_s();
@@ -277,7 +311,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     double now = mono_s();
     for (int i = 0; i < s->n; i++) {
         sworker *w = &s->w[i];
-        if (w->info.ready && now - w->last_stats > STALE_S) {
+        if (w->info.ready && now - w->last_stats > stale_s(s)) {
             log_line("worker %d (pid %d) has not answered stats for %.1f s: not ready", i, (int)w->info.pid,
                      now - w->last_stats);
             w->info.ready = false;
@@ -285,7 +319,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         /* A worker that reads the request but never answers it (a wedged
          * loop that came back, a lost stream) must not leave it unready for
          * good: give the request up and ask again. */
-        if (w->stats_req && now - w->stats_sent > STALE_S) {
+        if (w->stats_req && now - w->stats_sent > stale_s(s)) {
             log_line("worker %d (pid %d): stats request unanswered for %.1f s; asking again", i,
                      (int)w->info.pid, now - w->stats_sent);
             gw_upstream_cancel(w->stats_req);
@@ -405,12 +439,31 @@ int gw_supervisor_start(gw_supervisor *s, char *err, size_t err_len)
     return 0;
 }
 
-void gw_supervisor_stop(gw_supervisor *s, int grace_s)
+void gw_supervisor_drain(gw_supervisor *s)
 {
     s->stopping = true;
-    for (int i = 0; i < s->n; i++)
-        if (s->w[i].info.pid)
-            kill(s->w[i].info.pid, SIGTERM);
+}
+
+void gw_supervisor_stop(gw_supervisor *s)
+{
+    s->stopping = true;
+    if (s->tick)
+        event_del(s->tick);
+    for (int i = 0; i < s->n; i++) {
+        sworker *w = &s->w[i];
+        if (w->stats_req)
+            gw_upstream_cancel(w->stats_req);
+        w->stats_req = NULL;
+        if (w->respawn)
+            event_del(w->respawn);
+        if (w->info.pid)
+            kill(w->info.pid, SIGTERM);
+    }
+}
+
+void gw_supervisor_wait(gw_supervisor *s, int grace_s)
+{
+    gw_supervisor_stop(s); /* again: harmless, and enough for a caller who only waits */
     double deadline = mono_s() + grace_s;
     for (;;) {
         int alive = 0;

@@ -34,9 +34,15 @@ gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool
                                  const char *exe, char *err, size_t err_len);
 /* Spawns every worker. 0 or -errno (err filled). */
 int gw_supervisor_start(gw_supervisor *s, char *err, size_t err_len);
-/* SIGTERM to every worker, then SIGKILL to those still alive after
- * grace_s; blocks (the loop is shutting down). */
-void gw_supervisor_stop(gw_supervisor *s, int grace_s);
+/* The gateway drains: a worker that exits is not restarted. */
+void gw_supervisor_drain(gw_supervisor *s);
+/* No more restarts or stats (its requests on the pool are cancelled, so
+ * the pool may go next), and SIGTERM to every worker. Does not wait. */
+void gw_supervisor_stop(gw_supervisor *s);
+/* gw_supervisor_stop if not yet, then waits for the workers to exit,
+ * SIGKILL to those still alive after grace_s; blocks (the loop is shutting
+ * down). */
+void gw_supervisor_wait(gw_supervisor *s, int grace_s);
 void gw_supervisor_free(gw_supervisor *s);
 
 int gw_supervisor_count(const gw_supervisor *s);

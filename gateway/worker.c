@@ -77,6 +77,7 @@ struct worker {
     pthread_mutex_t mu;
     wevent *head, *tail;
     double drain_deadline;
+    int drain_grace_s;
     uint64_t next_cid;
     uint64_t next_seed; /* for requests that name none; the sampler mixes it */
     int preparing[2];   /* requests with the offload thread, by rt_priority */
@@ -749,9 +750,9 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     if (w->drain_timer)
         return;
     fprintf(stderr, "worker: signal %d: draining %zu open streams (at most %d s)\n", (int)sig,
-            gw_http_server_active_streams(w->http), DRAIN_GRACE_S);
+            gw_http_server_active_streams(w->http), w->drain_grace_s);
     gw_http_server_drain(w->http);
-    w->drain_deadline = mono_s() + DRAIN_GRACE_S;
+    w->drain_deadline = mono_s() + w->drain_grace_s;
     w->drain_timer = event_new(w->base, -1, EV_PERSIST, on_drain_tick, w);
     struct timeval tv = {0, 50000};
     if (!w->drain_timer || event_add(w->drain_timer, &tv))
@@ -778,8 +779,9 @@ static void usage(FILE *f)
         "  --max-queue Q          requests of a priority waiting; past it 429 (default %d)\n"
         "  --batch-max-wait-ms MS a batch request waiting this long starts in turn with interactive\n"
         "                         ones, oldest first (default %d)\n"
-        "  --max-body BYTES       largest request body (default 1048576)\n",
-        d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue, d.batch_max_wait_ms);
+        "  --max-body BYTES       largest request body (default 1048576)\n"
+        "  --drain-grace-s S      on SIGTERM, open streams finish within this (default %d)\n",
+        d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue, d.batch_max_wait_ms, DRAIN_GRACE_S);
 }
 
 int gw_cmd_worker(int argc, char **argv)
@@ -794,7 +796,8 @@ int gw_cmd_worker(int argc, char **argv)
         O_QUEUE,
         O_BODY,
         O_DEVICE,
-        O_BATCH_WAIT
+        O_BATCH_WAIT,
+        O_GRACE
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -809,11 +812,12 @@ int gw_cmd_worker(int argc, char **argv)
         {"device", required_argument, 0, O_DEVICE},
         {"kv-type", required_argument, 0, O_KV_TYPE},
         {"batch-max-wait-ms", required_argument, 0, O_BATCH_WAIT},
+        {"drain-grace-s", required_argument, 0, O_GRACE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *listen = NULL, *name = NULL, *device = "cpu";
-    long threads = 0, kv_mb = -1, v;
+    long threads = 0, kv_mb = -1, grace = DRAIN_GRACE_S, v;
     rt_sched_opts so;
     rt_sched_opts_default(&so);
     gw_http_limits lim;
@@ -854,6 +858,9 @@ int gw_cmd_worker(int argc, char **argv)
         case O_BATCH_WAIT:
             bad = gw_parse_int(optarg, 0, 86400000, &v) ? "--batch-max-wait-ms: 0 to 86400000" : NULL;
             so.batch_max_wait_ms = (int)v;
+            break;
+        case O_GRACE:
+            bad = gw_parse_int(optarg, 0, 86400, &grace) ? "--drain-grace-s: 0 to 86400" : NULL;
             break;
         case O_BODY:
             bad = gw_parse_int(optarg, 1, 1L << 30, &v) ? "--max-body: 1 to 1073741824" : NULL;
@@ -897,6 +904,7 @@ int gw_cmd_worker(int argc, char **argv)
         name = base;
     }
     w.model_name = name;
+    w.drain_grace_s = (int)grace;
     w.created = (long)time(NULL);
     if (getrandom(&w.next_seed, sizeof(w.next_seed), GRND_NONBLOCK) != (ssize_t)sizeof(w.next_seed))
         w.next_seed = (uint64_t)w.created ^ ((uint64_t)getpid() << 32);

@@ -47,7 +47,7 @@ port, tls_port = free_port(), free_port()
 access_log = os.path.join(d, "access.log")
 
 
-def config(tenant_a_keys, rps_a=1000, response_timeout_ms=600000):
+def config(tenant_a_keys, rps_a=1000, response_timeout_ms=600000, stream_buffer=65536, small_seqs=8):
     return """
 listen:
   - address: "127.0.0.1:%d"
@@ -58,7 +58,7 @@ workers:
     name: small
     devices: [cpu, cpu]
     threads: 1
-    max_seqs: 8
+    max_seqs: %d
   - model: "%s"
     name: slow
     threads: 1
@@ -81,14 +81,14 @@ tenants:
     keys: ["%s"]
     tpm: 1000
 limits:
-  stream_buffer_bytes: 65536
+  stream_buffer_bytes: %d
   response_timeout_ms: %d
 logging:
   access_log: "%s"
 drain_grace_s: 20
 runtime_dir: "%s"
-""" % (port, tls_port, cert, keyf, small, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
-       key_hash(key_admin), key_hash(key_m), response_timeout_ms, access_log, os.path.join(d, "run"))
+""" % (port, tls_port, cert, keyf, small, small_seqs, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
+       key_hash(key_admin), key_hash(key_m), stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
 
 
 cfg = os.path.join(d, "gateway.yaml")
@@ -330,8 +330,12 @@ for pr in hogs:
 asks_interactive.communicate(timeout=60)
 
 # --- metrics, health, access log ---
+made_up = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="made-up-model-7"),
+               headers=[AUTH])[0]
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])
 m = b.decode()
+t.ok(made_up == 404 and "made-up-model-7" not in m and 'model="-",tenant="alpha",status="404"' in m,
+     "a model name a client made up starts no metric series of its own (counted under model \"-\")")
 t.ok(s == 200 and 'infergate_requests_total{model="small",tenant="alpha",status="200"' in m
      and "infergate_ttft_seconds_bucket" in m and "infergate_workers_up 3" in m
      and "infergate_upstream_errors_total" in m and "infergate_worker_queue_depth" in m, "/metrics has the families")
@@ -364,6 +368,19 @@ g.send_signal(1)
 ok = wait_until(lambda: curl(URL + "/v1/models", http="--http1.1", headers=["authorization: Bearer " + key_c],
                              timeout=5)[0] == 200, 10, "new key accepted after reload")
 t.ok(ok, "SIGHUP with a good config: the new key works without a restart")
+t.ok("kept as started" not in open(log_path).read(), "a reload of keys alone names nothing kept as started")
+# What a reload cannot apply is named, and a stream buffer too small for
+# the upstream window set at start is kept at 4 x that window (a smaller
+# one would reset the streams of clients that merely read slowly).
+open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)], stream_buffer=16384, small_seqs=6))
+g.send_signal(1)
+wait_until(lambda: "kept as started until a restart: workers" in open(log_path).read(), 10, "reload with workers")
+t.ok("stream_buffer_bytes 16384 is below 4 x the upstream window of 16384 bytes set at start; keeping 65536"
+     in open(log_path).read(), "a reload naming a changed worker and keeping the stream buffer at 4 x the window")
+outcome, got, held = held_stream(long_stream, 1.0)
+events, done = sse_events(got) if outcome == "ended" else ([], False)
+t.ok(held and outcome == "ended" and done, "after that reload a client that stops reading for 1 s still gets its "
+     "whole stream (%s, %d events)" % (outcome, len(events)))
 
 # --- a worker that stops answering: limits.response_timeout_ms ---
 # Reloaded down to 1.5 s. The slow worker is frozen (SIGSTOP: its socket
@@ -374,7 +391,7 @@ t.ok(ok, "SIGHUP with a good config: the new key works without a restart")
 # worker 1.
 open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)], response_timeout_ms=1500))
 g.send_signal(1)
-wait_until(lambda: open(log_path).read().count("reloaded") >= 2, 10, "second reload")
+wait_until(lambda: open(log_path).read().count("reloaded") >= 3, 10, "third reload")
 body = {"model": "slow", "prompt": "hello", "max_tokens": 2000, "temperature": 0, "stream": True, "ignore_eos": True}
 stalled = subprocess.Popen(["curl", "-sS", "-N", "--http2-prior-knowledge", "--max-time", "30", "-H", AUTH, "-H",
                             "content-type: application/json", "--data-binary", json.dumps(body),

@@ -691,13 +691,46 @@ static void test_key_hash(void **state)
     assert_string_equal(hex, H_K1);
 }
 
+/* What SIGHUP cannot apply is named, section by section; what it applies
+ * (tenants, limits, routing policy and SLO, retry budget, drain grace) is
+ * not. */
+static void test_restart_diff(void **state)
+{
+    static const char base[] = "workers:\n  - {model: /m.gguf, max_seqs: 8}\n"
+                               "region: {name: eu, tags: [eu]}\n"
+                               "routing: {policy: latency, heartbeat_ms: 1000}\n"
+                               "drain_grace_s: 30\n";
+    gw_config *a = load_ok(base);
+    char out[256];
+    gw_config *b = load_ok("workers:\n  - {model: /m.gguf, max_seqs: 8}\n"
+                           "region: {name: eu, tags: [eu]}\n"
+                           "routing: {policy: cost, slo_ms: 900, heartbeat_ms: 1000, retry_budget: 0.5}\n"
+                           "drain_grace_s: 5\nlimits: {idle_timeout_ms: 1000}\n");
+    assert_int_equal(gw_config_restart_diff(a, b, out, sizeof(out)), 0);
+    assert_string_equal(out, "");
+    gw_config_free(b);
+    b = load_ok("workers:\n  - {model: /m.gguf, max_seqs: 9}\n"
+                "region: {name: eu, tags: [eu, gdpr]}\n"
+                "routing: {policy: latency, heartbeat_ms: 500}\n"
+                "stats_interval_ms: 100\n");
+    assert_int_equal(gw_config_restart_diff(a, b, out, sizeof(out)), 4);
+    assert_string_equal(
+        out, "workers, region, routing (heartbeat_ms, stale_after_ms, ejection, ping_interval_ms), "
+             "stats_interval_ms");
+    /* A short buffer is cut, the count is whole. */
+    assert_int_equal(gw_config_restart_diff(a, b, out, 10), 4);
+    assert_string_equal(out, "workers, ");
+    gw_config_free(b);
+    gw_config_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_broken),       cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_parse_mem),    cmocka_unit_test(test_key_hash),
-        cmocka_unit_test(test_routing_full),
+        cmocka_unit_test(test_routing_full), cmocka_unit_test(test_restart_diff),
     };
     return cmocka_run_group_tests(tests, setup_dir, remove_dir);
 }
