@@ -401,35 +401,38 @@ static int parse_messages(json_t *root, rt_oai_request *req, rt_oai_error *e)
     return 0;
 }
 
+/* One stop sequence into req->stop[req->n_stop]. */
+static int add_stop(json_t *v, rt_oai_request *req, rt_oai_error *e)
+{
+    if (!json_is_string(v))
+        return bad(e, "stop", "'stop' must be a string or an array of strings");
+    size_t len = json_string_length(v);
+    if (len == 0)
+        return bad(e, "stop", "'stop' must not contain an empty string");
+    if (len > RT_OAI_MAX_STOP_BYTES)
+        return bad(e, "stop", "a stop sequence may be at most %d bytes, got %zu", RT_OAI_MAX_STOP_BYTES, len);
+    if (!(req->stop[req->n_stop] = strdup(json_string_value(v))))
+        return oom(e);
+    req->n_stop++;
+    return 0;
+}
+
 static int parse_stop(json_t *root, rt_oai_request *req, rt_oai_error *e)
 {
     json_t *s = field(root, "stop");
     if (!s)
         return 0;
-    if (json_is_string(s)) {
-        if (json_string_length(s) == 0)
-            return bad(e, "stop", "'stop' must not be an empty string");
-        req->stop[0] = strdup(json_string_value(s));
-        if (!req->stop[0])
-            return oom(e);
-        req->n_stop = 1;
-        return 0;
-    }
+    if (json_is_string(s))
+        return add_stop(s, req, e);
     if (!json_is_array(s))
         return bad(e, "stop", "'stop' must be a string or an array of strings");
     size_t n = json_array_size(s);
     if (n > RT_OAI_MAX_STOPS)
         return bad(e, "stop", "'stop' allows at most %d sequences, got %zu", RT_OAI_MAX_STOPS, n);
     for (size_t i = 0; i < n; i++) {
-        json_t *v = json_array_get(s, i);
-        if (!json_is_string(v))
-            return bad(e, "stop", "'stop' must be a string or an array of strings");
-        if (json_string_length(v) == 0)
-            return bad(e, "stop", "'stop' must not contain an empty string");
-        req->stop[i] = strdup(json_string_value(v));
-        if (!req->stop[i])
-            return oom(e);
-        req->n_stop = (int)i + 1;
+        int rc = add_stop(json_array_get(s, i), req, e);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }

@@ -15,6 +15,10 @@
 #include <stdint.h>
 
 #define RT_OAI_MAX_STOPS 4 /* OpenAI allows up to 4 stop sequences */
+/* Bytes of one stop sequence. The text that could still begin one is held
+ * back from the stream and searched again at every token: a long one would
+ * cost each token time that grows with its square. */
+#define RT_OAI_MAX_STOP_BYTES 512
 
 typedef struct rt_oai_error {
     int status;          /* HTTP status: 400, 404, 413, 429, 500, 503, 504 */

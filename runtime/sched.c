@@ -82,10 +82,15 @@ static void count_queued(rt_sched *s)
 
 /* Under mu. Each priority has its own max_queue, so that a backlog of batch
  * jobs never turns an interactive request away. Requests that will start
- * at once are not counted as queued. */
+ * at once are not counted as queued: the free sequence slots go to the
+ * waiting interactive requests first, as admission gives them. */
 static int room(const rt_sched *s, int prio)
 {
-    int n = s->o.max_queue + (s->o.max_seqs - s->stats.running) - s->n_waiting[prio];
+    int free = s->o.max_seqs - s->stats.running;
+    if (free < 0)
+        free = 0;
+    int starts = prio == RT_PRIO_INTERACTIVE ? free : free - s->n_waiting[RT_PRIO_INTERACTIVE];
+    int n = s->o.max_queue + (starts > 0 ? starts : 0) - s->n_waiting[prio];
     return n > 0 ? n : 0;
 }
 
@@ -543,6 +548,12 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
         size_t n = 0;
         const char *piece = rt_tokenizer_piece(s->tok, t, &n);
         if (piece && n > 0 && rt_stop_feed(r->stop, piece, n)) {
+            if (rt_stop_error(r->stop)) {
+                /* No memory to hold the text back: an error, not a stop
+                 * the client would take for the model's. */
+                finish_error(s, r, -ENOMEM);
+                return true;
+            }
             matched = true;
             reason = "stop";
         }

@@ -272,6 +272,18 @@ static void test_stop_shapes(void **state)
     expect_bad("{\"model\":\"m\",\"prompt\":\"p\",\"stop\":[\"a\",1]}", false, "stop", NULL);
     expect_bad("{\"model\":\"m\",\"prompt\":\"p\",\"stop\":1}", false, "stop", NULL);
     expect_bad("{\"model\":\"m\",\"prompt\":\"p\",\"stop\":{}}", false, "stop", NULL);
+    /* A stop sequence of RT_OAI_MAX_STOP_BYTES is taken, one byte more is not. */
+    char body[RT_OAI_MAX_STOP_BYTES + 100], stop[RT_OAI_MAX_STOP_BYTES + 2];
+    memset(stop, 'x', RT_OAI_MAX_STOP_BYTES);
+    stop[RT_OAI_MAX_STOP_BYTES] = '\0';
+    snprintf(body, sizeof(body), "{\"model\":\"m\",\"prompt\":\"p\",\"stop\":[\"a\",\"%s\"]}", stop);
+    parse_ok(body, false, &r);
+    assert_int_equal(r.n_stop, 2);
+    assert_int_equal(strlen(r.stop[1]), RT_OAI_MAX_STOP_BYTES);
+    rt_oai_request_dispose(&r);
+    strcat(stop, "x");
+    snprintf(body, sizeof(body), "{\"model\":\"m\",\"prompt\":\"p\",\"stop\":\"%s\"}", stop);
+    expect_bad(body, false, "stop", "at most 512 bytes");
 }
 
 static void test_max_tokens_names(void **state)

@@ -206,6 +206,26 @@ static void test_queue_per_priority(void **state)
     rt_sched_free(s);
 }
 
+/* Three slots, one running, a queue of one per priority: three interactive
+ * requests fit (two will start at once, one queues), a fourth does not;
+ * with the free slots spoken for, one batch request fits. Before, the two
+ * free slots counted for both priorities, and three batch requests were
+ * taken into a queue of one. */
+static void test_free_slots_counted_once(void **state)
+{
+    rt_sched *s = sched_new(3, 1, 0);
+    assert_int_equal(submit(s, GATE, 4, 3, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(true, 0));
+    for (int i = 1; i <= 3; i++)
+        assert_int_equal(submit(s, i, 4, 2, RT_PRIO_INTERACTIVE), 0);
+    assert_int_equal(submit(s, 4, 4, 2, RT_PRIO_INTERACTIVE), -EAGAIN);
+    assert_int_equal(submit(s, 5, 4, 2, RT_PRIO_BATCH), 0);
+    assert_int_equal(submit(s, 6, 4, 2, RT_PRIO_BATCH), -EAGAIN);
+    open_gate();
+    assert_true(wait_seen(false, 5));
+    rt_sched_free(s);
+}
+
 /* A batch request that has waited batch_max_wait_ms (50 ms here) starts
  * before interactive requests that came after it. */
 static void test_batch_aging(void **state)
@@ -262,6 +282,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queue_per_priority),
+        cmocka_unit_test(test_free_slots_counted_once),
         cmocka_unit_test(test_batch_aging),
         cmocka_unit_test(test_admission_counts_promised_blocks),
     };
