@@ -859,6 +859,7 @@ static int parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
         K_LOGGING,
         K_DRAIN,
         K_STATS,
+        K_HANG,
         K_RUNDIR,
         K_REGION,
         K_CLUSTER,
@@ -869,8 +870,10 @@ static int parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
         K_N
     };
     static const char *const keys[K_N] = {
-        "listen",      "workers", "tenants", "limits", "logging", "drain_grace_s", "stats_interval_ms",
-        "runtime_dir", "region",  "cluster", "redis",  "routing", "peers",         "peer_tls"};
+        "listen",      "workers",       "tenants",           "limits",
+        "logging",     "drain_grace_s", "stats_interval_ms", "worker_hang_timeout_s",
+        "runtime_dir", "region",        "cluster",           "redis",
+        "routing",     "peers",         "peer_tls"};
     yaml_node_t *v[K_N] = {0};
     int rc;
     long long x;
@@ -906,6 +909,11 @@ static int parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
             return rc;
         c->stats_interval_ms = (int)x;
     }
+    if (v[K_HANG]) {
+        if ((rc = gw_cfg_int(p, v[K_HANG], "worker_hang_timeout_s", 0, 86400, &x)))
+            return rc;
+        c->worker_hang_timeout_s = (int)x;
+    }
     if (v[K_RUNDIR]) {
         if ((rc = gw_cfg_str(p, v[K_RUNDIR], "runtime_dir", &c->runtime_dir)))
             return rc;
@@ -931,6 +939,7 @@ static gw_config *config_new(void)
     limits_defaults(&c->limits);
     c->drain_grace_s = 30;
     c->stats_interval_ms = 250;
+    c->worker_hang_timeout_s = 30;
     if (gw_cfg_routing_init(c)) {
         free(c);
         return NULL;

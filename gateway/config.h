@@ -48,6 +48,8 @@
  *     access_log: stdout        # stdout, stderr, off, or a file path
  *   drain_grace_s: 30
  *   stats_interval_ms: 250      # how often worker stats are read
+ *   worker_hang_timeout_s: 30   # a ready worker that answers no stats this long is killed
+ *                               # and restarted (0: never)
  *   runtime_dir: /tmp/infergate-<pid>   # worker sockets
  *
  * Regions (all optional: without them the gateway serves its own workers):
@@ -170,7 +172,7 @@ typedef struct gw_config {
     int n_tenants;
     gw_limits_cfg limits;
     char *access_log;
-    int drain_grace_s, stats_interval_ms;
+    int drain_grace_s, stats_interval_ms, worker_hang_timeout_s;
     char *runtime_dir;
     gw_region_cfg region;
     char *cluster; /* never NULL */
@@ -202,7 +204,8 @@ void gw_config_free(gw_config *c);
  * region, cluster, redis, routing timings, peers, logging,
  * stats_interval_ms, runtime_dir) that differ in c: their names,
  * comma-separated, in out; returns how many. Tenants, limits, routing
- * policy, slo_ms, retry_budget and drain_grace_s reload. */
+ * policy, slo_ms, retry_budget, drain_grace_s and worker_hang_timeout_s
+ * reload. */
 int gw_config_restart_diff(const gw_config *run, const gw_config *c, char *out, size_t len);
 
 /* SHA-256 of a key, for config files: "infergate key new". Writes 64 hex

@@ -186,9 +186,10 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     g->cfg->routing.slo_ms = c->routing.slo_ms;
     g->cfg->routing.retry_budget = c->routing.retry_budget;
     g->cfg->drain_grace_s = c->drain_grace_s;
+    g->cfg->worker_hang_timeout_s = c->worker_hang_timeout_s;
     gw_config_free(g->reloaded);
     g->reloaded = c;
-    fprintf(stderr, "infergate: reloaded %s: %d tenants, limits, routing policy and drain grace updated\n",
+    fprintf(stderr, "infergate: reloaded %s: %d tenants, limits, routing policy and timeouts updated\n",
             c->path, c->n_tenants);
 }
 

@@ -43,7 +43,8 @@ typedef struct sworker {
     char *stats_buf;
     size_t stats_len;
     int stats_status;
-    int picked; /* requests sent since the last stats */
+    int picked;       /* requests sent since the last stats */
+    bool hang_killed; /* SIGKILLed for answering no stats */
 } sworker;
 
 struct gw_supervisor {
@@ -179,6 +180,7 @@ static int spawn(sworker *w)
     w->info.ready = false;
     w->started_at = mono_s();
     w->last_stats = 0;
+    w->hang_killed = false;
     log_line("worker %d (model %s, device %s) started: pid %d, socket %s", w->info.index, c->name, w->device,
              (int)pid, w->sock_path);
     return 0;
@@ -309,8 +311,22 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     gw_supervisor *s = arg;
     double now = mono_s();
+    int hang = s->cfg->worker_hang_timeout_s;
     for (int i = 0; i < s->n; i++) {
         sworker *w = &s->w[i];
+        /* Its loop answers stats whatever its compute threads do: one that
+         * has answered and then stopped is wedged (a stuck GPU call, a
+         * deadlock) and holds its requests and its device for nothing.
+         * Killed, it is restarted as after a crash. */
+        if (hang > 0 && w->info.pid && w->last_stats > 0 && !w->hang_killed && !s->stopping &&
+            now - w->last_stats > hang) {
+            log_line(
+                "worker %d (pid %d) has answered no stats for %.0f s (worker_hang_timeout_s): SIGKILL to "
+                "restart it",
+                i, (int)w->info.pid, now - w->last_stats);
+            kill(w->info.pid, SIGKILL);
+            w->hang_killed = true;
+        }
         if (w->info.ready && now - w->last_stats > stale_s(s)) {
             log_line("worker %d (pid %d) has not answered stats for %.1f s: not ready", i, (int)w->info.pid,
                      now - w->last_stats);

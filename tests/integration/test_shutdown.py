@@ -1,4 +1,5 @@
-"""Stopping `infergate serve` while a stream cannot finish: a client that
+"""A worker that hangs is killed and restarted (worker_hang_timeout_s).
+Stopping `infergate serve` while a stream cannot finish: a client that
 reads nothing holds a long completion past drain_grace_s. The gateway cuts
 it at the end of its grace, and its worker hears of it at once (its
 connection to the gateway closes) and exits 0 — it is not left draining
@@ -32,6 +33,8 @@ workers:
 limits: {stream_buffer_bytes: 65536}
 logging: {access_log: "%s"}
 drain_grace_s: %d
+stats_interval_ms: 100
+worker_hang_timeout_s: 2
 runtime_dir: "%s"
 """ % (port, model, model, access_log, GRACE_S, os.path.join(d, "run")))
 log_path = os.path.join(d, "gateway.log")
@@ -54,6 +57,20 @@ t.ok("--drain-grace-s" in cmdline and cmdline[cmdline.index("--drain-grace-s") +
      "a worker is told the gateway's drain_grace_s")
 fds = [os.readlink("/proc/%d/fd/%s" % (pids[0], f)) for f in os.listdir("/proc/%d/fd" % pids[0])]
 t.ok(not any(f == access_log for f in fds), "a worker does not hold the gateway's access log open (%s)" % fds)
+
+# A worker whose loop stops answering (SIGSTOP stands in for a wedged
+# process) is killed after worker_hang_timeout_s and started again.
+os.kill(pids[1], signal.SIGSTOP)
+t0 = time.monotonic()
+restarted = wait_until(lambda: len(re.findall(r"worker 1 .*started: pid (\d+)", open(log_path).read())) == 2, 20,
+                       "the hung worker restarted")
+took = time.monotonic() - t0
+text = open(log_path).read()
+t.ok(restarted and "answered no stats for 2 s (worker_hang_timeout_s): SIGKILL" in text,
+     "a worker answering no stats for worker_hang_timeout_s (2 s) is killed and restarted (%.1f s)" % took)
+pids[1] = int(re.findall(r"worker 1 .*started: pid (\d+)", text)[-1])
+wait_until(lambda: "worker 1 (model m, device cpu, pid %d) is ready" % pids[1] in open(log_path).read(), 30,
+           "the restarted worker ready")
 
 # A client that sends a long streaming completion and takes nothing: an
 # HTTP/2 window of 0 (kernel buffers would hold a whole HTTP/1.1 answer).
@@ -86,10 +103,10 @@ took = time.monotonic() - t0
 stuck.close()
 text = open(log_path).read()
 t.ok(rc == 0, "the gateway exits 0 (%s)" % rc)
-t.ok("SIGKILL" not in text and re.search(r"worker 0 \(pid %d\) exited with status 0" % pids[0], text),
+t.ok("did not stop within" not in text and re.search(r"worker 0 \(pid %d\) exited with status 0" % pids[0], text),
      "the worker of the cut stream exits 0 without a SIGKILL")
 t.ok(took < GRACE_S + 1.5, "stopped %.1f s after SIGTERM, with a grace of %d s" % (took, GRACE_S))
-t.ok("restarting" not in text, "the worker that died during the drain was not restarted")
+t.ok(text.count("restarting") == 1, "the worker that died during the drain was not restarted (only the hung one was)")
 if t.failed:
     print("# gateway log:\n" + text[-3000:])
 t.finish()

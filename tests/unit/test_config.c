@@ -126,6 +126,7 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "  access_log: /var/log/infergate/access.log\n"
                                 "drain_grace_s: 10\n"
                                 "stats_interval_ms: 100\n"
+                                "worker_hang_timeout_s: 0\n"
                                 "runtime_dir: /run/infergate\n";
 
 static void test_full(void **state)
@@ -208,6 +209,7 @@ static void test_full(void **state)
     assert_string_equal(c->access_log, "/var/log/infergate/access.log");
     assert_int_equal(c->drain_grace_s, 10);
     assert_int_equal(c->stats_interval_ms, 100);
+    assert_int_equal(c->worker_hang_timeout_s, 0);
     assert_string_equal(c->runtime_dir, "/run/infergate");
     gw_config_free(c);
 }
@@ -227,6 +229,7 @@ static void check_default_limits(const gw_config *c)
     assert_string_equal(c->access_log, "stdout");
     assert_int_equal(c->drain_grace_s, 30);
     assert_int_equal(c->stats_interval_ms, 250);
+    assert_int_equal(c->worker_hang_timeout_s, 30);
     assert_null(c->runtime_dir);
     assert_int_equal(c->n_listen, 1);
     assert_string_equal(c->listen[0].address, "127.0.0.1:8080");
@@ -500,6 +503,8 @@ static const struct {
     {"drain_grace_s: 1\ndrain_grace_s: 2\n", "bad.yaml:2: drain_grace_s: duplicate key"},
     {"drain_grace_s: 1e3\n", "bad.yaml:1: drain_grace_s: must be a whole number"},
     {"stats_interval_ms: 0\n", "bad.yaml:1: stats_interval_ms: must be a whole number from 10"},
+    {"worker_hang_timeout_s: -1\n",
+     "bad.yaml:1: worker_hang_timeout_s: must be a whole number from 0 to 86400"},
     {"runtime_dir: run/ig\n", "bad.yaml:1: runtime_dir: must be an absolute path"},
     {"runtime_dir: "
      "/tmp/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
