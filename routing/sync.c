@@ -62,7 +62,11 @@
  * would expire from its peers' view exactly when it is busiest. */
 #define SYNC_MAX_PENDING 4096
 #define SYNC_MAX_PENDING_LIMITS (SYNC_MAX_PENDING - 256)
-#define SYNC_SCAN_COUNT "100"
+/* Keys SCAN walks per call: the full read takes (keys in the database /
+ * this) round trips, and a Redis shared with other data (rate-limit keys,
+ * an application's own) in another region must still be read well within
+ * stale_after_ms. */
+#define SYNC_SCAN_COUNT "1000"
 /* "infergate:" + cluster (< ROUTE_NAME_MAX) + ":region:" */
 #define SYNC_PREFIX_MAX 96
 #define SYNC_KEY_MAX (SYNC_PREFIX_MAX + ROUTE_NAME_MAX)
