@@ -350,7 +350,7 @@ static bool try_next(preq *p);
 static void region_failed(preq *p)
 {
     if (p->remote)
-        route_region_report(p->g->table, p->remote, false, gw_epoch_ms());
+        route_region_report(p->g->table, p->remote, false, route_clock_ms());
 }
 
 /* A failure before the first response byte moves the request on: to
@@ -396,7 +396,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         return;
     }
     if (p->remote)
-        route_region_report(p->g->table, p->remote, true, gw_epoch_ms());
+        route_region_report(p->g->table, p->remote, true, route_clock_ms());
     p->responded = true;
     p->status = status;
     gw_http_header out[10];
@@ -761,7 +761,7 @@ static void dispatch(preq *p)
         .max_price = max_price,
         .policy = pol == GW_POLICY_COST ? ROUTE_COST : ROUTE_LATENCY,
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
-        .now_ms = gw_epoch_ms(),
+        .now_ms = route_clock_ms(),
     };
     if (route_decide(g->table, &q, &p->route) == 0) {
         const route_decision *d = &p->route;

@@ -86,7 +86,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     gw_serve *g = arg;
     route_record me;
     local_record(g, &me);
-    int64_t now = gw_epoch_ms();
+    int64_t now = route_clock_ms();
     char err[160];
     int rc = route_record_check(&me, err, sizeof(err));
     if (!rc && (rc = route_table_upsert(g->table, &me, true, now)))
@@ -180,7 +180,7 @@ void gw_regions_stop(gw_serve *g)
 }
 
 /* One region as the table shows it. */
-static json_t *region_json(gw_serve *g, route_region *r, int64_t now)
+static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wall)
 {
     json_t *models = json_array(), *tags = json_array();
     for (int i = 0; i < r->rec.n_models; i++)
@@ -188,26 +188,26 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now)
     for (int i = 0; i < r->rec.n_tags; i++)
         json_array_append_new(tags, json_string(r->rec.tags[i]));
     bool ejected = route_region_ejected(r, now);
-    return json_pack("{s:s, s:s, s:b, s:o, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:b, s:o, s:o, "
-                     "s:f, s:f, s:I, s:i, s:I}",
-                     "name", r->rec.name, "endpoint", r->local ? r->rec.endpoint : gw_regions_target(g, r), "local",
-                     r->local, "models", models, "tags", tags, "price_input", r->rec.price_in, "price_output",
-                     r->rec.price_out, "gpu", r->rec.gpu, "capacity", r->rec.capacity, "running", r->rec.running,
-                     "queued", r->rec.queued, "ttft_ms", r->rec.ttft_ms, "tpot_ms", r->rec.tpot_ms, "healthy",
-                     r->rec.healthy, "stale", !route_region_fresh(g->table, r, now), "ejected", ejected, "rtt_ms",
-                     r->rtt_known ? json_real(r->rtt_ewma_ms) : json_null(), "rtt_p95_ms",
-                     r->rtt_known ? json_real(r->rtt_p95_ms) : json_null(), "queue_ms", route_queue_ms(r),
-                     "expected_ms", route_expected_ms(r), "age_ms", (json_int_t)(now - r->rec.updated_ms),
-                     "consecutive_failures", r->consecutive_failures, "ejected_for_ms",
-                     (json_int_t)(ejected ? r->ejected_until_ms - now : 0));
+    return json_pack(
+        "{s:s, s:s, s:b, s:o, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:b, s:o, s:o, "
+        "s:f, s:f, s:I, s:i, s:I}",
+        "name", r->rec.name, "endpoint", r->local ? r->rec.endpoint : gw_regions_target(g, r), "local",
+        r->local, "models", models, "tags", tags, "price_input", r->rec.price_in, "price_output",
+        r->rec.price_out, "gpu", r->rec.gpu, "capacity", r->rec.capacity, "running", r->rec.running, "queued",
+        r->rec.queued, "ttft_ms", r->rec.ttft_ms, "tpot_ms", r->rec.tpot_ms, "healthy", r->rec.healthy,
+        "stale", !route_region_fresh(g->table, r, now), "ejected", ejected, "rtt_ms",
+        r->rtt_known ? json_real(r->rtt_ewma_ms) : json_null(), "rtt_p95_ms",
+        r->rtt_known ? json_real(r->rtt_p95_ms) : json_null(), "queue_ms", route_queue_ms(r), "expected_ms",
+        route_expected_ms(r), "age_ms", (json_int_t)(wall - r->rec.updated_ms), "consecutive_failures",
+        r->consecutive_failures, "ejected_for_ms", (json_int_t)(ejected ? r->ejected_until_ms - now : 0));
 }
 
 char *gw_regions_json(gw_serve *g, size_t *len)
 {
-    int64_t now = gw_epoch_ms();
+    int64_t now = route_clock_ms(), wall = gw_epoch_ms();
     json_t *list = json_array();
     for (int i = 0; g->table && i < route_table_count(g->table); i++)
-        json_array_append_new(list, region_json(g, route_table_at(g->table, i), now));
+        json_array_append_new(list, region_json(g, route_table_at(g->table, i), now, wall));
     json_t *o = json_pack("{s:s?, s:s, s:b, s:b, s:s?, s:o}", "region", g->cfg->region.name, "policy",
                           g->cfg->routing.policy == GW_POLICY_COST ? "cost" : "latency", "redis_configured",
                           g->cfg->redis.address != NULL, "redis_connected", g->sync && route_sync_connected(g->sync),
@@ -241,7 +241,7 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
     FILE *f = open_memstream(&buf, &n);
     if (!f)
         return NULL;
-    int64_t now = gw_epoch_ms();
+    int64_t now = route_clock_ms(), wall = gw_epoch_ms();
     bool redis = g->sync && route_sync_connected(g->sync);
     fprintf(f, "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=2>"
                "<title>infergate regions</title><style>"
@@ -281,7 +281,7 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
             fputs(m ? ", " : "", f);
             html(f, r->rec.models[m]);
         }
-        fprintf(f, "</td><td>%.1f</td></tr>", (double)(now - r->rec.updated_ms) / 1000.0);
+        fprintf(f, "</td><td>%.1f</td></tr>", (double)(wall - r->rec.updated_ms) / 1000.0);
     }
     fprintf(f, "</table></body></html>\n");
     if (fclose(f)) {

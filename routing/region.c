@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define FIELD_VALUE_MAX ((int)sizeof(((route_field *)0)->value))
 #define TAG_MAX ((int)sizeof(((route_record *)0)->tags[0]))
@@ -252,6 +253,13 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
     }
     *r = tmp;
     return 0;
+}
+
+int64_t route_clock_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ---- checks ---- */

@@ -81,7 +81,7 @@ const char *route_endpoint_check(const char *endpoint);
 typedef struct route_region {
     route_record rec;
     bool local;      /* this gateway's own region */
-    int64_t seen_ms; /* when this gateway last received the record (epoch ms) */
+    int64_t seen_ms; /* when this gateway last received the record (route_clock_ms) */
     /* RTT from here, from HTTP/2 PINGs (local region: 0). */
     double rtt_ewma_ms, rtt_p95_ms;
     bool rtt_known;
@@ -94,6 +94,13 @@ typedef struct route_region {
 } route_region;
 
 typedef struct route_table route_table;
+
+/* The clock of a table's own times (seen_ms, ejection, probes, the store
+ * going away): CLOCK_MONOTONIC in ms, so that a step of the wall clock
+ * neither keeps a region ejected nor a dead one fresh. Every now_ms given
+ * to the table and the router is this clock's; a record's updated_ms stays
+ * its publisher's wall clock, only ever compared with itself. */
+int64_t route_clock_ms(void);
 
 typedef struct route_table_opts {
     int64_t stale_after_ms; /* a record older than this leaves the candidates (e.g. 3 heartbeats) */

@@ -354,7 +354,7 @@ static void local_to_table(route_sync *s)
         return;
     route_record e;
     local_effective(s, &e);
-    int rc = route_table_upsert(s->table, &e, true, epoch_ms());
+    int rc = route_table_upsert(s->table, &e, true, route_clock_ms());
     if (rc)
         set_err(s, "routing table: cannot add the local region %s: %s", e.name, strerror(-rc));
 }
@@ -662,7 +662,7 @@ static void on_read(route_sync *s, sync_req *q, redisReply *r)
     route_region *cur = route_table_find(s->table, q->name);
     if (cur && (cur->local || record_equal(&cur->rec, &rec)))
         return;
-    int rc = route_table_upsert(s->table, &rec, false, epoch_ms());
+    int rc = route_table_upsert(s->table, &rec, false, route_clock_ms());
     if (rc)
         set_err(s, "routing table: cannot add region %s: %s", q->name, strerror(-rc));
 }
@@ -719,7 +719,7 @@ static void on_scan(route_sync *s, redisReply *r)
         s->scan_active = false;
         /* Read in full with both connections up: news reaches us again. */
         if (route_sync_connected(s))
-            route_table_set_shared_ok(s->table, true, epoch_ms());
+            route_table_set_shared_ok(s->table, true, route_clock_ms());
         if (s->rescan)
             full_read_start(s);
     } else
@@ -910,7 +910,7 @@ static void conn_lost(sync_conn *c)
         s->rescan = false;
     }
     if (!s->freeing)
-        route_table_set_shared_ok(s->table, false, epoch_ms());
+        route_table_set_shared_ok(s->table, false, route_clock_ms());
     conn_schedule_retry(c);
 }
 
@@ -1167,7 +1167,7 @@ route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, ro
     if (conn_init(s, &s->cmd, CONN_CMD) || conn_init(s, &s->sub, CONN_SUB))
         goto fail;
     /* Until the first full read, the table has no news from the fleet. */
-    route_table_set_shared_ok(table, false, epoch_ms());
+    route_table_set_shared_ok(table, false, route_clock_ms());
     s->heartbeat_ev = event_new(base, -1, EV_PERSIST, on_heartbeat, s);
     s->full_read_ev = event_new(base, -1, EV_PERSIST, on_full_read, s);
     if (!s->heartbeat_ev || !s->full_read_ev)
