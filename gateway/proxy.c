@@ -53,6 +53,9 @@ typedef struct preq {
     double charged;      /* tokens taken from the tenant's budget: prompt and completion estimates */
     double charged_completion; /* of which the completion's */
     bool charged_shared;       /* taken from the fleet-wide (Redis) bucket, not the local one */
+    /* SSE: the bytes after the last whole event, held back (see sse_write) */
+    uint8_t *hold;
+    size_t hold_len;
 } preq;
 
 static double mono_s(void)
@@ -229,20 +232,28 @@ static bool shared_bucket(const gw_tenant_cfg *tc, int which, char key[128], dou
     return *per_s > 0;
 }
 
-static void refund(preq *p, double now, double tokens)
+/* Settles the tenant's token charge once the answer is known: back > 0
+ * gives tokens back, back < 0 takes more (into debt). */
+static void settle(preq *p, double now, double back)
 {
     gw_serve *g = p->g;
     if (p->charged_shared) {
         const gw_tenant_cfg *tc = tenant_cfg(g, p->tenant);
         char key[128];
         double per_s, burst;
-        if (tc && shared_bucket(tc, LIMIT_TPM, key, &per_s, &burst))
-            route_sync_refund(g->sync, key, per_s, burst, tokens);
+        if (tc && shared_bucket(tc, LIMIT_TPM, key, &per_s, &burst)) {
+            if (back > 0)
+                route_sync_refund(g->sync, key, per_s, burst, back);
+            else
+                route_sync_charge(g->sync, key, per_s, burst, -back);
+        }
         return;
     }
     gw_tenant *t = gw_tenants_find(g->tenants, p->tenant);
-    if (t)
-        gw_tenant_refund(t, now, tokens);
+    if (t && back > 0)
+        gw_tenant_refund(t, now, back);
+    else if (t)
+        gw_tenant_charge(t, now, -back);
 }
 
 static void finish_log(preq *p)
@@ -290,17 +301,20 @@ static void finish_log(preq *p)
     }
     /* What the estimate charged at admission over-counted comes back: all
      * of it when no completion was served (an error, or no answer at
-     * all), else the completion estimate past the tokens generated. The
-     * prompt's estimate stays: the prompt was computed. */
+     * all), else the completion estimate past the tokens generated; what
+     * it under-counted (no max_tokens: the estimate is a guess, the
+     * worker's bound the context) is taken now, into debt. The prompt's
+     * estimate stays: the prompt was computed. */
     if (p->charged > 0 && p->tenant[0]) {
         double back = p->status != 200 ? p->charged : tokens >= 0 ? p->charged_completion - tokens : 0;
-        if (back > 0)
-            refund(p, now, back);
+        if (back != 0)
+            settle(p, now, back);
     }
 }
 
 static void preq_free(preq *p)
 {
+    gw_mem_free(p->hold);
     gw_mem_free(p);
 }
 
@@ -366,7 +380,10 @@ static bool retry(preq *p)
         return false;
     if (p->remote || p->route.n) {
         g->retry_tokens -= 1;
-        return try_next(p);
+        if (try_next(p))
+            return true;
+        g->retry_tokens += 1; /* nowhere left to go: no retry was spent */
+        return false;
     }
     if (p->tries >= MAX_TRIES)
         return false;
@@ -382,7 +399,12 @@ static bool retry(preq *p)
 static void up_response(void *ud, int status, const gw_http_header *hs, size_t n)
 {
     preq *p = ud;
-    if (status >= 500 && p->remote) {
+    /* A region's 503 (no worker ready, draining) or 502 (its worker failed
+     * before answering, already retried there) is worth the next region;
+     * its 504 is not (the request held a worker there for
+     * response_timeout_ms, and could hold the next one as long), nor a 500:
+     * those are passed on, and count against the region all the same. */
+    if ((status == 502 || status == 503) && p->remote) {
         gw_upstream_cancel(p->up);
         p->up = NULL;
         p->error_kind = "status_5xx";
@@ -396,7 +418,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         return;
     }
     if (p->remote)
-        route_region_report(p->g->table, p->remote, true, route_clock_ms());
+        route_region_report(p->g->table, p->remote, status < 500, route_clock_ms());
     p->responded = true;
     p->status = status;
     gw_http_header out[10];
@@ -437,6 +459,43 @@ static void scan_sse(preq *p, const uint8_t *data, size_t len)
     }
 }
 
+/* SSE data goes to the client a whole event at a time: the bytes after the
+ * last blank line are held until the rest of their event comes (an
+ * upstream's DATA frames follow its flow-control window, not events). So
+ * the error event written after an upstream failure never lands inside a
+ * half-sent event, which a client would read as one event of broken JSON.
+ * An "event" longer than SSE_HOLD_MAX is let through as it comes. */
+#define SSE_HOLD_MAX 16384
+
+static int sse_hold(preq *p, const uint8_t *data, size_t len)
+{
+    if (!p->hold && !(p->hold = gw_mem_alloc(SSE_HOLD_MAX)))
+        return -ENOMEM;
+    memcpy(p->hold + p->hold_len, data, len);
+    p->hold_len += len;
+    return 0;
+}
+
+static int sse_write(preq *p, const uint8_t *data, size_t len)
+{
+    size_t cut = len; /* data[0..cut) ends the last whole event */
+    while (cut > 0 && !(data[cut - 1] == '\n' &&
+                        (cut >= 2 ? data[cut - 2] == '\n' : p->hold_len && p->hold[p->hold_len - 1] == '\n')))
+        cut--;
+    if (cut == 0 && p->hold_len + len <= SSE_HOLD_MAX)
+        return sse_hold(p, data, len);
+    if (cut == 0 || len - cut > SSE_HOLD_MAX)
+        cut = len; /* no event boundary within reach: pass it all */
+    if (p->hold_len) {
+        int rc = gw_http_write(p->stream, p->hold, p->hold_len);
+        if (rc)
+            return rc;
+        p->hold_len = 0;
+    }
+    int rc = gw_http_write(p->stream, data, cut);
+    return rc || cut == len ? rc : sse_hold(p, data + cut, len - cut);
+}
+
 static void up_data(void *ud, const uint8_t *data, size_t len)
 {
     preq *p = ud;
@@ -449,7 +508,7 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
     gw_usage_scan_feed(&p->usage, data, len);
     if (!p->stream)
         return;
-    int rc = gw_http_write(p->stream, data, len);
+    int rc = p->sse ? sse_write(p, data, len) : gw_http_write(p->stream, data, len);
     if (rc) {
         gw_upstream_cancel(p->up);
         p->up = NULL;
@@ -467,8 +526,12 @@ static void up_end(void *ud)
 {
     preq *p = ud;
     p->up = NULL;
-    if (p->stream && gw_http_end(p->stream))
+    /* An upstream that ends without a blank line: its last bytes go as they are. */
+    if (p->stream && p->hold_len && gw_http_write(p->stream, p->hold, p->hold_len))
         gw_http_reset(p->stream);
+    else if (p->stream && gw_http_end(p->stream))
+        gw_http_reset(p->stream);
+    p->hold_len = 0;
 }
 
 static void up_error(void *ud, gw_upstream_error e, bool responded)
@@ -509,6 +572,8 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
      * read; anything else can only be cut off. */
     region_failed(p);
     if (p->sse) {
+        /* What was held of a half-received event is dropped. */
+        p->hold_len = 0;
         static const char failed[] =
             "data: {\"error\":{\"message\":\"the worker serving this stream failed\","
             "\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_failed\"}}\n\n";

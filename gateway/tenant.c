@@ -261,6 +261,14 @@ int gw_tenant_admit(gw_tenant *t, double now_s, double tokens, int *retry_after_
     return 0;
 }
 
+void gw_tenant_charge(gw_tenant *t, double now_s, double tokens)
+{
+    if (!(tokens > 0) || t->tok.rate <= 0)
+        return;
+    refill(t, now_s);
+    t->tok.level -= tokens;
+}
+
 void gw_tenant_refund(gw_tenant *t, double now_s, double tokens)
 {
     if (!(tokens > 0) || t->tok.rate <= 0)

@@ -44,5 +44,8 @@ bool gw_tenant_allows_model(const gw_tenant *t, const char *model);
 int gw_tenant_admit(gw_tenant *t, double now_s, double tokens, int *retry_after_s);
 /* Gives back tokens charged but not used (the estimate was high). */
 void gw_tenant_refund(gw_tenant *t, double now_s, double tokens);
+/* Takes tokens used beyond the charge (the estimate was low), into debt
+ * if need be: the next requests wait for it. */
+void gw_tenant_charge(gw_tenant *t, double now_s, double tokens);
 
 #endif

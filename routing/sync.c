@@ -86,6 +86,7 @@ static const char gcra_lua[] =
     "local rate = tonumber(ARGV[1])\n"
     "local burst = tonumber(ARGV[2])\n"
     "local cost = tonumber(ARGV[3])\n"
+    "local force = ARGV[4] == '1'\n"
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000\n"
     "local interval = 1000 / rate\n"
@@ -96,6 +97,7 @@ static const char gcra_lua[] =
     "local new_tat = tat + increment\n"
     "if cost < 0 then\n"
     "  if new_tat <= now then redis.call('DEL', KEYS[1]) return {1, 0} end\n"
+    "elseif force then\n"
     "elseif cost > burst then\n"
     "  if tat > now then return {0, math.ceil(tat - now)} end\n"
     "else\n"
@@ -136,7 +138,7 @@ typedef struct sync_req {
     void *ud;
     bool retried;
     char key[SYNC_PREFIX_MAX + SYNC_LIMIT_KEY_MAX + 1];
-    char args[3][32];
+    char args[4][32]; /* rate, burst, cost, force */
 } sync_req;
 
 struct route_sync {
@@ -737,11 +739,11 @@ static int send_limit(sync_req *q)
 {
     route_sync *s = q->s;
     if (q->retried) {
-        const char *argv[] = {"EVAL", gcra_lua, "1", q->key, q->args[0], q->args[1], q->args[2]};
-        return req_send(q, 7, argv, NULL);
+        const char *argv[] = {"EVAL", gcra_lua, "1", q->key, q->args[0], q->args[1], q->args[2], q->args[3]};
+        return req_send(q, 8, argv, NULL);
     }
-    const char *argv[] = {"EVALSHA", s->sha, "1", q->key, q->args[0], q->args[1], q->args[2]};
-    return req_send(q, 7, argv, NULL);
+    const char *argv[] = {"EVALSHA", s->sha, "1", q->key, q->args[0], q->args[1], q->args[2], q->args[3]};
+    return req_send(q, 8, argv, NULL);
 }
 
 /* A check (cost > 0, cb) or a refund (cost < 0, no cb). */
@@ -762,6 +764,7 @@ static int limit_req(route_sync *s, const char *key, double rate, double burst, 
     snprintf(q->args[0], sizeof(q->args[0]), "%.17g", rate);
     snprintf(q->args[1], sizeof(q->args[1]), "%.17g", burst);
     snprintf(q->args[2], sizeof(q->args[2]), "%.17g", cost);
+    snprintf(q->args[3], sizeof(q->args[3]), "%d", !cb && cost > 0); /* a charge, not a check */
     int rc = send_limit(q);
     if (rc) {
         req_free(q);
@@ -783,6 +786,13 @@ int route_sync_refund(route_sync *s, const char *key, double rate, double burst,
     if (!(amount > 0))
         return -EINVAL;
     return limit_req(s, key, rate, burst, -amount, NULL, NULL);
+}
+
+int route_sync_charge(route_sync *s, const char *key, double rate, double burst, double amount)
+{
+    if (!(amount > 0))
+        return -EINVAL;
+    return limit_req(s, key, rate, burst, amount, NULL, NULL);
 }
 
 void route_sync_limit_cancel(route_sync *s, void *ud)

@@ -87,6 +87,10 @@ void route_sync_limit_cancel(route_sync *s, void *ud);
  * full. Fire and forget: 0 when sent, -ENOTCONN when not connected (the
  * refund is lost), -EINVAL as route_sync_limit, or for amount <= 0. */
 int route_sync_refund(route_sync *s, const char *key, double rate, double burst, double amount);
+/* Takes `amount` more under key without asking (the estimate was low: a
+ * completion ran longer than charged for); the bucket may go into debt,
+ * and the next requests wait. Fire and forget, as route_sync_refund. */
+int route_sync_charge(route_sync *s, const char *key, double rate, double burst, double amount);
 
 /* `infergate region set-price`: writes the price override and announces it
  * (blocking, with a timeout; for the command line). 0 or -errno, err filled. */

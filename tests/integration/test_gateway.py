@@ -27,6 +27,7 @@ slow = gen_model(os.path.join(d, "slow.gguf"), dim=512, layers=8, heads=8, kv_he
 
 key_a, key_b, key_admin = "ig-test-key-alpha", "ig-test-key-beta", "ig-test-key-admin"
 key_m = "ig-test-key-metered"
+key_chatty = "ig-test-key-chatty"
 beta = "beta-" + "x" * 59  # the longest name a tenant may have: its limits must hold all the same
 
 
@@ -80,6 +81,9 @@ tenants:
   - name: metered
     keys: ["%s"]
     tpm: 1000
+  - name: chatty
+    keys: ["%s"]
+    tpm: 1000
 limits:
   stream_buffer_bytes: %d
   response_timeout_ms: %d
@@ -88,7 +92,7 @@ logging:
 drain_grace_s: 20
 runtime_dir: "%s"
 """ % (port, tls_port, cert, keyf, small, small_seqs, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
-       key_hash(key_admin), key_hash(key_m), stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
+       key_hash(key_admin), key_hash(key_m), key_hash(key_chatty), stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
 
 
 cfg = os.path.join(d, "gateway.yaml")
@@ -251,6 +255,16 @@ t.ok(codes == [400, 400, 400], "tpm: an error answer gives its charge back: %s" 
 heavy = {"model": "small", "prompt": [1] + [100] * 639, "max_tokens": 1, "temperature": 0}
 codes = [curl(URL + "/v1/completions", http="--http1.1", data=heavy, headers=[METERED])[0] for _ in range(2)]
 t.ok(codes == [200, 429], "tpm: a prompt's tokens stay charged: %s" % codes)
+# A chat request without max_tokens is charged a guess (256); the worker's
+# bound is the context (1024 here). What it generates past the guess is
+# charged when it ends: the bucket goes into debt and the next waits.
+# Before, three such requests of ~970 tokens each passed on a 1000 budget.
+CHATTY = "authorization: Bearer " + key_chatty
+open_ended = {"model": "small", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+got = [curl(URL + "/v1/chat/completions", http="--http1.1", data=open_ended, headers=[CHATTY]) for _ in range(2)]
+used = json.loads(got[0][2])["usage"]["completion_tokens"] if got[0][0] == 200 else 0
+t.ok([g_[0] for g_ in got] == [200, 429] and used > 900,
+     "tpm: tokens generated past the estimate are charged (%d completion tokens, then %d)" % (used, got[1][0]))
 
 # --- a worker killed mid-stream ---
 def stream_proc(model, n):

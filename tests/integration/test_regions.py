@@ -18,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from delay_relay import DelayRelay
+from fault_region import EVENT, FaultRegion
 from harness import INFERGATE, Checks, free_port, gen_model, spawn, tmpdir, wait_until
 
 if not os.path.exists("/usr/bin/redis-server"):
@@ -346,42 +347,48 @@ wait_until(redis_up, 20, "redis-server back")
 wait_until(all_fresh, 20, "state resynced after Redis returned")
 t.ok(True, "Redis back: every gateway republished and resynced")
 
-# --- a peer's record whose endpoint nothing listens on, or that no gateway may use ---
-# zz1 exists only in Redis: a record kept fresh by this test (as a live
-# region's heartbeat would), cheapest of all, pointing at a closed port: a
-# failed connect, region told, next candidate tried. zz2's endpoint is a
-# Unix socket, which a record may not name (anyone who can write to Redis
-# would have gateways forward tenants' requests to a local socket): it
-# never enters a table.
-zz_key = "infergate:t%d:region:zz1" % redis_port
-zz2_key = "infergate:t%d:region:zz2" % redis_port
-zz_stop = threading.Event()
-closed_port = free_port()
+# --- regions that exist only as records in Redis ---
+class Records:
+    """Keeps records of made-up regions fresh in Redis, as their heartbeats
+    would: every 0.15 s each is written with a new updated_ms and announced."""
 
+    def __init__(self, records):
+        self.records = records
+        self.stop_ev = threading.Event()
+        self.th = threading.Thread(target=self.loop, daemon=True)
+        self.th.start()
 
-def zz_refresh():
-    while not zz_stop.is_set():
-        now_ms = str(int(time.time() * 1000))
-        subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", zz2_key, "endpoint",
-                        "unix:" + os.path.join(d, "run-eu1", "worker-0.sock"), "models", "m", "tags", "zz",
-                        "price_in", "0.1", "price_out", "0.1", "healthy", "1", "updated_ms", now_ms],
+    def loop(self):
+        while not self.stop_ev.is_set():
+            for name, fields in self.records.items():
+                f = dict(dict(models="m", price_in="0.1", price_out="0.1", healthy="1"), **fields)
+                f["updated_ms"] = str(int(time.time() * 1000))
+                subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", "infergate:t%d:region:%s" % (redis_port, name)]
+                               + [x for kv in f.items() for x in kv], capture_output=True, timeout=5)
+                subprocess.run(["redis-cli", "-p", str(redis_port), "PUBLISH", "infergate:t%d:events" % redis_port,
+                                name], capture_output=True, timeout=5)
+            self.stop_ev.wait(0.15)
+
+    def stop(self):
+        self.stop_ev.set()
+        self.th.join(10)
+        subprocess.run(["redis-cli", "-p", str(redis_port), "DEL"]
+                       + ["infergate:t%d:region:%s" % (redis_port, n) for n in self.records],
                        capture_output=True, timeout=5)
-        subprocess.run(["redis-cli", "-p", str(redis_port), "PUBLISH", "infergate:t%d:events" % redis_port, "zz2"],
-                       capture_output=True, timeout=5)
-        subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", zz_key, "endpoint",
-                        "tcp:127.0.0.1:%d" % closed_port,
-                        "models", "m", "tags", "zz", "price_in", "0.1", "price_out", "0.1", "gpu", "cpu",
-                        "capacity", "4", "running", "0", "queued", "0", "ttft_ms", "1", "tpot_ms", "1",
-                        "healthy", "1", "updated_ms", now_ms], capture_output=True, timeout=5)
-        subprocess.run(["redis-cli", "-p", str(redis_port), "PUBLISH", "infergate:t%d:events" % redis_port, "zz1"],
-                       capture_output=True, timeout=5)
-        zz_stop.wait(0.15)
 
 
-zz_thread = threading.Thread(target=zz_refresh, daemon=True)
-zz_thread.start()
+def fresh_everywhere(name):
+    return all(not table(n).get(name, {"stale": True})["stale"] for n in names)
+
+
+# zz1, cheapest of all, points at a closed port: a failed connect, region
+# told, next candidate tried. zz2's endpoint is a Unix socket, which a
+# record may not name (anyone who can write to Redis would have gateways
+# forward tenants' requests to a local socket): it never enters a table.
+recs = Records({"zz1": {"endpoint": "tcp:127.0.0.1:%d" % free_port(), "tags": "zz"},
+                "zz2": {"endpoint": "unix:" + os.path.join(d, "run-eu1", "worker-0.sock"), "tags": "zz"}})
 try:
-    wait_until(lambda: all(not table(n).get("zz1", {"stale": True})["stale"] for n in names), 20, "zz1 seen")
+    wait_until(lambda: fresh_everywhere("zz1"), 20, "zz1 seen")
     t.ok(all("zz2" not in table(n) for n in names), "a record naming a Unix socket is refused by every gateway")
     s, h, b = request("eu1", "cheap")
     zz = table("eu1")["zz1"]
@@ -397,9 +404,43 @@ try:
          % (s, b[:200]))
     t.ok(gws["eu1"].poll() is None, "eu1 still runs")
 finally:
-    zz_stop.set()
-    zz_thread.join(10)
-    subprocess.run(["redis-cli", "-p", str(redis_port), "DEL", zz_key, zz2_key], capture_output=True, timeout=5)
+    recs.stop()
+
+# --- what a region answers that a real one produces only by accident ---
+# fk1 is a fault-injecting stand-in (fault_region.py), the cheapest of all
+# and the only region tagged fk.
+fault = FaultRegion()
+recs = Records({"fk1": {"endpoint": "tcp:127.0.0.1:%d" % fault.port, "tags": "fk", "price_in": "0.01",
+                        "price_out": "0.01"}})
+try:
+    wait_until(lambda: fresh_everywhere("fk1"), 20, "fk1 seen")
+    # A stream whose region fails after one whole event and half of the
+    # next: the client gets the whole event, then the error event, and
+    # never the half (which would have glued the two into broken JSON).
+    fk = {"x-infergate-residency": "fk"}
+    s, h, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "split", "stream": True})
+    events = [e for e in b.split(b"\n\n") if e]
+
+    def error_code(ev):
+        try:
+            return json.loads(ev[6:])["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    t.ok(s == 200 and len(events) == 2 and events[0] + b"\n\n" == EVENT and error_code(events[1]) == "upstream_failed",
+         "a region failing mid-event: the whole event, then a clean error event (%r)" % b[:400])
+    # A region's 504 (its worker stood still) is passed on, not tried at the
+    # next region; its 502 (its worker failed before answering) is.
+    before = len(fault.requests)
+    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "504", "max_tokens": 1})
+    t.ok(s == 504 and fault.requests[before:] == ["504"], "a region's 504 is not retried elsewhere (%d %s)"
+         % (s, b[:200]))
+    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "502", "max_tokens": 1})
+    t.ok(s == 200 and h.get("x-infergate-region") in names, "a region's 502 is retried at the next region (%d %s)"
+         % (s, h.get("x-infergate-region")))
+finally:
+    recs.stop()
+    fault.stop()
 
 # --- a region that stands still: limits.response_timeout_ms ---
 # eu1 is reloaded with response_timeout_ms 500 and sends the us-only tenant

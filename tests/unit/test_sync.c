@@ -539,6 +539,18 @@ static void test_gcra_debt_and_refund(void **state)
     assert_int_equal(route_sync_refund(ga.sync, "fresh", SLOW_RATE, 100, 1000), 0);
     assert_int_equal(limit_one("fresh", 100), 0);
     assert_int_equal(limit_one("fresh", 5), -EAGAIN);
+
+    /* A charge after the fact (a completion longer than its estimate)
+     * is taken without asking, into debt: 30 charged on 50 taken leaves
+     * 20, and a charge past empty makes the next request wait longer. */
+    assert_int_equal(route_sync_charge(ga.sync, "charged", SLOW_RATE, 100, 0), -EINVAL);
+    assert_int_equal(limit_one("charged", 50), 0);
+    assert_int_equal(route_sync_charge(ga.sync, "charged", SLOW_RATE, 100, 30), 0);
+    assert_int_equal(limit_one("charged", 20), 0);
+    assert_int_equal(limit_one("charged", 1), -EAGAIN);
+    assert_int_equal(route_sync_charge(ga.sync, "charged", SLOW_RATE, 100, 500), 0);
+    assert_int_equal(limit_one("charged", 1), -EAGAIN);
+    assert_in_range(last_retry_ms, 5000000, 5020000); /* 500 units of debt at 0.1/s */
 }
 
 static void test_redis_stopped(void **state)

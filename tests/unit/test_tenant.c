@@ -180,7 +180,15 @@ static void test_tpm(void **state)
     /* Nonsense amounts count as zero. */
     gw_tenant_refund(a, 100.0, -5);
     gw_tenant_refund(a, 100.0, 0.0 / 0.0);
+    gw_tenant_charge(a, 100.0, -5);
+    gw_tenant_charge(a, 100.0, 0.0 / 0.0);
     assert_int_equal(gw_tenant_admit(a, 100.0, 1, &retry), -EAGAIN);
+    /* A charge after the fact goes into debt: the next request waits for
+     * it to be paid back (0 -> -100, then 10 more at 10/s: 11 s). */
+    gw_tenant_charge(a, 100.0, 100);
+    assert_int_equal(gw_tenant_admit(a, 100.0, 10, &retry), -EAGAIN);
+    assert_int_equal(retry, 11);
+    assert_int_equal(gw_tenant_admit(a, 111.0, 10, &retry), 0);
     gw_tenants_free(t);
 
     /* More than a whole burst: admitted when full, leaving a debt. */

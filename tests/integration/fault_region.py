@@ -1,0 +1,97 @@
+"""A fault-injecting stand-in for a region's gateway: an HTTP/2 cleartext
+server (python3-h2) that answers what a real region produces only by
+accident, chosen by the request's prompt:
+
+  "split"  200 text/event-stream, one whole event and half of the next,
+           then RST_STREAM (a region whose worker died while its DATA
+           frames were cut by flow control, not by events)
+  "502"    a 502, as a region whose worker failed before answering
+  "504"    a 504, as a region whose worker stood still
+  other    a 200 completion
+
+It answers PINGs (h2 does) and counts the requests it got. Test use only."""
+import json
+import socket
+import threading
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.errors
+import h2.exceptions
+
+EVENT = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+
+
+class FaultRegion:
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.requests = []
+        self.lock = threading.Lock()
+        self.stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stopped:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _answer(self, conn, sid, body):
+        try:
+            prompt = json.loads(body).get("prompt", "")
+        except ValueError:
+            prompt = ""
+        with self.lock:
+            self.requests.append(prompt)
+        if prompt in ("502", "504"):
+            msg = json.dumps({"error": {"message": "fault " + prompt, "type": "server_error", "param": None,
+                                        "code": "fault"}}).encode()
+            conn.send_headers(sid, [(":status", prompt), ("content-type", "application/json"),
+                                    ("content-length", str(len(msg)))])
+            conn.send_data(sid, msg, end_stream=True)
+        elif prompt == "split":
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
+            conn.send_data(sid, EVENT + EVENT[:40])
+            conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        else:
+            msg = json.dumps({"id": "x", "object": "text_completion", "choices": [
+                {"index": 0, "text": "ok", "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "application/json"),
+                                    ("content-length", str(len(msg)))])
+            conn.send_data(sid, msg, end_stream=True)
+
+    def _serve(self, c):
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        conn.initiate_connection()
+        bodies = {}
+        try:
+            c.sendall(conn.data_to_send())
+            while not self.stopped:
+                data = c.recv(65536)
+                if not data:
+                    return
+                for ev in conn.receive_data(data):
+                    if isinstance(ev, h2.events.RequestReceived):
+                        bodies[ev.stream_id] = b""
+                    elif isinstance(ev, h2.events.DataReceived):
+                        bodies[ev.stream_id] = bodies.get(ev.stream_id, b"") + ev.data
+                        conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                    elif isinstance(ev, h2.events.StreamEnded):
+                        self._answer(conn, ev.stream_id, bodies.pop(ev.stream_id, b""))
+                c.sendall(conn.data_to_send())
+        except (OSError, h2.exceptions.ProtocolError):
+            return
+        finally:
+            c.close()
+
+    def stop(self):
+        self.stopped = True
+        self.sock.close()
