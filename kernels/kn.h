@@ -191,11 +191,17 @@ void kn_silu_mul(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n);
 /* Rotary position embedding, in place, on n_rows rows of n_heads * head_dim.
  * Row r is at position pos[r]. Only the first rope_dim elements of each head
  * rotate. neox=false pairs (2i, 2i+1) (llama); neox=true pairs (i, i+rope_dim/2)
- * (GPT-NeoX, Qwen2). theta_i = pos * base^(-2i/rope_dim). */
+ * (GPT-NeoX, Qwen2). theta_i = pos * inv_freq[i], i < rope_dim / 2: the
+ * model gives base^(-2i/rope_dim), divided by its file's frequency factors
+ * and linear scaling (kn_rope_inv_freq). inv_freq must stay unchanged while
+ * ctx may use it: kn_rope keeps its table of angles per (pointer, positions). */
 void kn_rope(kn_ctx *ctx, float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
-             float freq_base, bool neox);
+             const double *inv_freq, bool neox);
 void kn_rope_ref(float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
-                 float freq_base, bool neox);
+                 const double *inv_freq, bool neox);
+/* inv_freq[i] = base^(-2i/rope_dim) / scale / (factors ? factors[i] : 1) for
+ * i < rope_dim / 2. */
+void kn_rope_inv_freq(double *inv_freq, int rope_dim, float base, float scale, const float *factors);
 
 /* Causal attention of one sequence's new tokens over its paged KV cache.
  * Query row j (at q + j * n_head * head_dim) sits at position pos0 + j and

@@ -82,7 +82,7 @@ struct kn_ctx {
     int32_t *rope_pos;
     size_t rope_pos_cap;
     int rope_rows, rope_dim;
-    float rope_base;
+    const double *rope_inv;
     bool rope_valid;
     float **score; /* per-thread attention scores */
     size_t *score_cap;
@@ -661,9 +661,21 @@ void kn_silu_mul(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n)
  * table alike, so both rotate by the same float cos/sin and agree to the
  * last bit whatever the position. */
 
-static inline void rope_angle(int32_t pos, int i, int rope_dim, float freq_base, float *c, float *s)
+void kn_rope_inv_freq(double *inv_freq, int rope_dim, float base, float scale, const float *factors)
 {
-    const double theta = (double)pos * pow((double)freq_base, -2.0 * i / rope_dim);
+    for (int i = 0; i < rope_dim / 2; i++) {
+        double f = pow((double)base, -2.0 * i / rope_dim);
+        if (scale != 1.0f)
+            f /= scale;
+        if (factors)
+            f /= factors[i];
+        inv_freq[i] = f;
+    }
+}
+
+static inline void rope_angle(int32_t pos, double inv_freq, float *c, float *s)
+{
+    const double theta = (double)pos * inv_freq;
     *c = (float)cos(theta);
     *s = (float)sin(theta);
 }
@@ -696,7 +708,7 @@ static int rope_clamp_dim(int rope_dim, int head_dim)
 }
 
 void kn_rope_ref(float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
-                 float freq_base, bool neox)
+                 const double *inv_freq, bool neox)
 {
     rope_dim = rope_clamp_dim(rope_dim, head_dim);
     const int half = rope_dim / 2;
@@ -705,7 +717,7 @@ void kn_rope_ref(float *x, int n_rows, const int32_t *pos, int n_heads, int head
             float *xh = x + ((size_t)r * n_heads + h) * head_dim;
             for (int i = 0; i < half; i++) {
                 float c, s;
-                rope_angle(pos[r], i, rope_dim, freq_base, &c, &s);
+                rope_angle(pos[r], inv_freq[i], &c, &s);
                 const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
                 const float x0 = xh[a], x1 = xh[b];
                 xh[a] = x0 * c - x1 * s;
@@ -720,7 +732,7 @@ typedef struct rope_job {
     const float *cs;
     const int32_t *pos;
     int n_heads, head_dim, rope_dim;
-    float freq_base;
+    const double *inv_freq;
     bool neox;
 } rope_job;
 
@@ -730,7 +742,7 @@ static void rope_table_item(void *arg, int r, int tid)
     const rope_job *j = arg;
     float *cs = (float *)j->cs + (size_t)r * j->rope_dim;
     for (int i = 0; i < j->rope_dim / 2; i++)
-        rope_angle(j->pos[r], i, j->rope_dim, j->freq_base, &cs[2 * i], &cs[2 * i + 1]);
+        rope_angle(j->pos[r], j->inv_freq[i], &cs[2 * i], &cs[2 * i + 1]);
 }
 
 static void rope_apply_item(void *arg, int r, int tid)
@@ -743,24 +755,24 @@ static void rope_apply_item(void *arg, int r, int tid)
 }
 
 void kn_rope(kn_ctx *ctx, float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
-             float freq_base, bool neox)
+             const double *inv_freq, bool neox)
 {
     rope_dim = rope_clamp_dim(rope_dim, head_dim);
     if (n_rows <= 0 || rope_dim == 0)
         return;
     const size_t cs_bytes = (size_t)n_rows * rope_dim * sizeof(float);
     const size_t pos_bytes = (size_t)n_rows * sizeof(int32_t);
-    rope_job j = {x, NULL, pos, n_heads, head_dim, rope_dim, freq_base, neox};
+    rope_job j = {x, NULL, pos, n_heads, head_dim, rope_dim, inv_freq, neox};
     /* The table depends only on the positions: Q and K of every layer in one
      * forward pass share it, so it is built once per pass. */
     bool hit = ctx->rope_valid && ctx->rope_rows == n_rows && ctx->rope_dim == rope_dim &&
-               ctx->rope_base == freq_base && memcmp(ctx->rope_pos, pos, pos_bytes) == 0;
+               ctx->rope_inv == inv_freq && memcmp(ctx->rope_pos, pos, pos_bytes) == 0;
     if (!hit) {
         ctx->rope_valid = false;
         if (scratch_reserve((void **)&ctx->rope_cs, &ctx->rope_cs_cap, cs_bytes) != 0 ||
             scratch_reserve((void **)&ctx->rope_pos, &ctx->rope_pos_cap, pos_bytes) != 0) {
             /* out of memory: still give the right answer, just slower */
-            kn_rope_ref(x, n_rows, pos, n_heads, head_dim, rope_dim, freq_base, neox);
+            kn_rope_ref(x, n_rows, pos, n_heads, head_dim, rope_dim, inv_freq, neox);
             return;
         }
         j.cs = ctx->rope_cs;
@@ -772,7 +784,7 @@ void kn_rope(kn_ctx *ctx, float *x, int n_rows, const int32_t *pos, int n_heads,
         memcpy(ctx->rope_pos, pos, pos_bytes);
         ctx->rope_rows = n_rows;
         ctx->rope_dim = rope_dim;
-        ctx->rope_base = freq_base;
+        ctx->rope_inv = inv_freq;
         ctx->rope_valid = true;
     }
     j.cs = ctx->rope_cs;

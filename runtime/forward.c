@@ -157,8 +157,8 @@ static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, 
     add_rows_bias(a->q, L->bq, T, q_dim);
     add_rows_bias(a->k, L->bk, T, kv_dim);
     add_rows_bias(a->v, L->bv, T, kv_dim);
-    kn_rope(m->kn, a->q, T, a->pos, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_freq_base, hp->rope_neox);
-    kn_rope(m->kn, a->k, T, a->pos, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_freq_base, hp->rope_neox);
+    kn_rope(m->kn, a->q, T, a->pos, hp->n_head, hp->head_dim, hp->n_rot, m->rope_inv_freq, hp->rope_neox);
+    kn_rope(m->kn, a->k, T, a->pos, hp->n_head_kv, hp->head_dim, hp->n_rot, m->rope_inv_freq, hp->rope_neox);
 
     /* Store the new K and V rows in each sequence's blocks, then attend. */
     const kn_ops *ops = kn_ctx_ops(m->kn);

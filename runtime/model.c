@@ -113,6 +113,30 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
         return rc;
     if (!(hp->rope_freq_base > 0.0f))
         return ERR("%s.rope.freq_base must be positive", a);
+    /* RoPE scaling: none or linear (positions divided by the factor, as
+     * llama.cpp does); yarn and the rest would give wrong logits without a
+     * word, so such a file is refused. The older rope.scale_linear key
+     * means the same as linear. */
+    hp->rope_scale = 1.0f;
+    char key[96];
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", a);
+    rt_gguf_str st;
+    rc = rt_gguf_get_str(g, key, &st);
+    if (rc < 0 && rc != -ENOENT)
+        return ERR("key %s is not a string", key);
+    bool linear = rc == 0 && st.n == 6 && !memcmp(st.p, "linear", 6);
+    if (rc == 0 && !linear && !(st.n == 4 && !memcmp(st.p, "none", 4)))
+        return ERR("%s = \"%.*s\": this RoPE scaling is not supported (none and linear are)", key,
+                   (int)(st.n > 32 ? 32 : st.n), st.p);
+    if ((rc = get_arch_f32(g, a, linear ? "rope.scaling.factor" : "rope.scale_linear", &hp->rope_scale, err,
+                           err_len)) < 0)
+        return rc;
+    if (rc == 1 && linear)
+        return ERR("missing required key %s.rope.scaling.factor (%s is linear)", a, key);
+    if (hp->rope_scale == 0.0f) /* as llama.cpp: 0 means none */
+        hp->rope_scale = 1.0f;
+    if (!(hp->rope_scale > 0.0f) || !isfinite(hp->rope_scale))
+        return ERR("%s.rope.%s must be a positive number", a, linear ? "scaling.factor" : "scale_linear");
     hp->norm_eps = 1e-5f;
     if ((rc = get_arch_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err, err_len)) < 0)
         return rc;
@@ -298,6 +322,21 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
         goto fail;
     if ((rc = bind_layers(m, err, err_len)) < 0)
         goto fail;
+    /* Per-pair frequency factors (Llama 3.1 and later: rope_freqs.weight). */
+    if ((rc = load_vector(m->gguf, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_factors, err,
+                          err_len)) < 0)
+        goto fail;
+    for (int i = 0; m->rope_factors && i < hp->n_rot / 2; i++)
+        if (!(m->rope_factors[i] > 0.0f) || !isfinite(m->rope_factors[i])) {
+            rc = ERR("tensor rope_freqs.weight: element %d is %g, not a positive number", i,
+                     m->rope_factors[i]);
+            goto fail;
+        }
+    if (!(m->rope_inv_freq = malloc((size_t)(hp->n_rot / 2) * sizeof(double)))) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    kn_rope_inv_freq(m->rope_inv_freq, hp->n_rot, hp->rope_freq_base, hp->rope_scale, m->rope_factors);
     if ((rc = rt_tokenizer_load(m->gguf, &m->tok, err, err_len)) < 0)
         goto fail;
     if (rt_tokenizer_n_vocab(m->tok) > hp->n_vocab) {
@@ -322,6 +361,14 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
     bool cuda = strcmp(device, "cuda") == 0;
     if (!cuda && strcmp(device, "cpu") != 0) {
         rc = ERR("device \"%s\" is neither cpu nor cuda", device);
+        goto fail;
+    }
+    /* The CUDA forward pass turns positions by base alone (its angle table
+     * is built on the device): until it takes the factors, such a model
+     * runs on the CPU only. */
+    if (cuda && (m->rope_factors || hp->rope_scale != 1.0f)) {
+        rc = ERR("RoPE %s: not supported on cuda yet (run this model with device cpu)",
+                 m->rope_factors ? "frequency factors (rope_freqs.weight)" : "linear scaling");
         goto fail;
     }
     /* On a GPU the CPU kernels only serve host-side odds and ends. */
@@ -368,6 +415,8 @@ void rt_model_free(rt_model *m)
         free(m->layers);
     }
     free(m->output_norm);
+    free(m->rope_factors);
+    free(m->rope_inv_freq);
 #ifdef INFERGATE_HAVE_CUDA
     rt_cuda_model_free(m->cuda);
 #endif

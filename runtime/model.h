@@ -30,6 +30,7 @@ typedef struct rt_hparams {
     int n_vocab;
     int n_rot;            /* rotary dims per head */
     float rope_freq_base; /* default 10000 */
+    float rope_scale;     /* linear RoPE scaling: positions count 1/rope_scale each (1: none) */
     float norm_eps;       /* RMSNorm epsilon */
     bool rope_neox;
     bool tied_output; /* no output.weight: the embedding matrix is reused */

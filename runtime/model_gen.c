@@ -245,6 +245,16 @@ int rt_model_gen(const rt_gen_params *p, const char *path, char *err, size_t err
         (rc = rt_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)) ||
         (rc = rt_gguf_writer_add_u32(w, "llama.vocab_size", (uint32_t)p->vocab)) || (rc = add_vocab(w, p)))
         goto out;
+    if ((p->rope_scaling && (rc = rt_gguf_writer_add_str(w, "llama.rope.scaling.type", p->rope_scaling))) ||
+        (p->rope_scaling_factor > 0 &&
+         (rc = rt_gguf_writer_add_f32(w, "llama.rope.scaling.factor", p->rope_scaling_factor))))
+        goto out;
+    if (p->rope_freqs) {
+        int64_t ne[1] = {head_dim / 2};
+        if ((rc = rt_gguf_writer_add_tensor(w, "rope_freqs.weight", KN_TYPE_F32, 1, ne, p->rope_freqs,
+                                            (uint64_t)(head_dim / 2) * sizeof(float))))
+            goto out;
+    }
 
     /* Embeddings of unit scale; projections of variance 1/n_in so that
      * activations keep their size through the layers. */

@@ -15,6 +15,9 @@ typedef struct rt_gen_params {
     uint64_t seed;
     bool tied; /* no output.weight: reuse the embeddings */
     float rope_base;
+    const char *rope_scaling;  /* rope.scaling.type ("linear"), or NULL for none */
+    float rope_scaling_factor; /* > 0: rope.scaling.factor */
+    const float *rope_freqs;   /* head_dim / 2 factors for rope_freqs.weight, or NULL */
     const char *chat_template; /* tokenizer.chat_template, or NULL */
 } rt_gen_params;
 

@@ -644,7 +644,9 @@ static void test_rope(void **state)
         for (int k = 0; k < 3; k++) {
             fill(x, ROWS * HEADS * HD, 1.0f);
             memcpy(want, x, sizeof(x));
-            kn_rope_ref(want, ROWS, pos, HEADS, HD, rope_dims[k], 10000.0f, neox);
+            double inv[HD / 2];
+            kn_rope_inv_freq(inv, rope_dims[k], 10000.0f, 1.0f, NULL);
+            kn_rope_ref(want, ROWS, pos, HEADS, HD, rope_dims[k], inv, neox);
             float *dx = dev_copy(x, sizeof(x));
             CK(kn_cuda_rope_table(kc, dpos, ROWS, rope_dims[k], 10000.0f, dcs));
             CK(kn_cuda_rope(kc, dx, dcs, ROWS, HEADS, HD, rope_dims[k], neox));

@@ -1087,15 +1087,16 @@ static void test_matmul(void **state)
         skip();
 }
 
-/* RoPE as the header defines it, in double. */
+/* RoPE as the header defines it, in double: a base, a linear scale and
+ * per-pair frequency factors (Llama 3.1's rope_freqs). */
 static void rope_naive(float *x, int n_rows, const int32_t *pos, int n_heads, int head_dim, int rope_dim,
-                       float base, bool neox)
+                       float base, float scale, const float *factors, bool neox)
 {
     for (int r = 0; r < n_rows; r++)
         for (int h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)r * n_heads + h) * head_dim;
             for (int i = 0; i < rope_dim / 2; i++) {
-                double th = pos[r] * pow(base, -2.0 * i / rope_dim);
+                double th = pos[r] * pow(base, -2.0 * i / rope_dim) / scale / (factors ? factors[i] : 1.0);
                 int a = neox ? i : 2 * i, b = neox ? i + rope_dim / 2 : 2 * i + 1;
                 double x0 = v[a], x1 = v[b];
                 v[a] = (float)(x0 * cos(th) - x1 * sin(th));
@@ -1118,22 +1119,35 @@ static void test_rope(void **state)
     kn_ctx *ctx = kn_ctx_new(2, KN_BACKEND_AUTO);
     assert_non_null(ctx);
     seed(7);
+    /* inv_freq per rope_dim: plain, and scaled by 4 with random factors in [1, 8] */
+    static double inv[2][2][HD / 2];
+    float factors[HD / 2];
+    for (int i = 0; i < HD / 2; i++)
+        factors[i] = 1.0f + 7.0f * (float)(rnd32() % 1000) / 999.0f;
+    for (int di = 0; di < 2; di++) {
+        kn_rope_inv_freq(inv[di][0], dims[di], 10000.0f, 1.0f, NULL);
+        kn_rope_inv_freq(inv[di][1], dims[di], 10000.0f, 4.0f, factors);
+    }
     for (int neox = 0; neox < 2; neox++) {
         for (int di = 0; di < 2; di++) {
-            for (int rep = 0; rep < 2; rep++) {
-                /* the same array refilled: the context's angle cache must see it */
-                for (int r = 0; r < ROWS; r++)
-                    pos[r] = (int32_t)(rnd32() % 5000);
-                pos[0] = 0;
-                fill(x, ROWS * HEADS * HD, 1.0f);
-                memcpy(a, x, ROWS * HEADS * HD * sizeof(float));
-                memcpy(b, x, ROWS * HEADS * HD * sizeof(float));
-                kn_rope_ref(a, ROWS, pos, HEADS, HD, dims[di], 10000.0f, neox);
-                kn_rope(ctx, b, ROWS, pos, HEADS, HD, dims[di], 10000.0f, neox);
-                rope_naive(x, ROWS, pos, HEADS, HD, dims[di], 10000.0f, neox);
-                for (int i = 0; i < ROWS * HEADS * HD; i++) {
-                    check_close(b[i], a[i], 1e-6, "rope vs ref", neox ? "neox" : "llama", dims[di], i);
-                    check_close(a[i], x[i], 2e-6, "rope_ref vs naive", neox ? "neox" : "llama", dims[di], i);
+            for (int fv = 0; fv < 2; fv++) {
+                for (int rep = 0; rep < 2; rep++) {
+                    /* the same array refilled: the context's angle cache must see it */
+                    for (int r = 0; r < ROWS; r++)
+                        pos[r] = (int32_t)(rnd32() % 5000);
+                    pos[0] = 0;
+                    fill(x, ROWS * HEADS * HD, 1.0f);
+                    memcpy(a, x, ROWS * HEADS * HD * sizeof(float));
+                    memcpy(b, x, ROWS * HEADS * HD * sizeof(float));
+                    kn_rope_ref(a, ROWS, pos, HEADS, HD, dims[di], inv[di][fv], neox);
+                    kn_rope(ctx, b, ROWS, pos, HEADS, HD, dims[di], inv[di][fv], neox);
+                    rope_naive(x, ROWS, pos, HEADS, HD, dims[di], 10000.0f, fv ? 4.0f : 1.0f,
+                               fv ? factors : NULL, neox);
+                    for (int i = 0; i < ROWS * HEADS * HD; i++) {
+                        check_close(b[i], a[i], 1e-6, "rope vs ref", neox ? "neox" : "llama", dims[di], i);
+                        check_close(a[i], x[i], 2e-6, "rope_ref vs naive", neox ? "neox" : "llama", dims[di],
+                                    i);
+                    }
                 }
             }
         }
@@ -1143,7 +1157,7 @@ static void test_rope(void **state)
         pos[r] = r * 100 + 3;
     fill(x, ROWS * HEADS * HD, 1.0f);
     memcpy(b, x, ROWS * HEADS * HD * sizeof(float));
-    kn_rope(ctx, b, ROWS, pos, HEADS, HD, 32, 10000.0f, true);
+    kn_rope(ctx, b, ROWS, pos, HEADS, HD, 32, inv[1][0], true);
     for (int r = 0; r < ROWS; r++)
         for (int h = 0; h < HEADS; h++)
             for (int i = 32; i < HD; i++) {

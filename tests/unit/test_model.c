@@ -396,13 +396,92 @@ static void test_missing_key_named(void **state)
     unlink(path);
 }
 
+/* RoPE frequency factors (rope_freqs.weight, Llama 3.1 and later) and
+ * linear scaling turn the positions: factors of 1 change nothing; factors
+ * of 4 are linear scaling by 4, bit for bit; either differs from none.
+ * Before, both were ignored and such files gave the unscaled logits.
+ * Scalings other than linear are refused, naming the key, and so is a
+ * model with factors on cuda (whose angle table does not take them yet). */
+static void test_rope_scaling(void **state)
+{
+    (void)state;
+    float ones[16], fours[16];
+    for (int i = 0; i < 16; i++) {
+        ones[i] = 1.0f;
+        fours[i] = 4.0f;
+    }
+    const struct {
+        const char *scaling;
+        float factor;
+        const float *freqs;
+        const char *refused; /* in the load error, or NULL */
+    } cases[] = {
+        {NULL, 0, NULL, NULL},
+        {NULL, 0, ones, NULL},
+        {NULL, 0, fours, NULL},
+        {"linear", 4, NULL, NULL},
+        {"none", 0, NULL, NULL},
+        {"yarn", 4, NULL, "llama.rope.scaling.type = \"yarn\""},
+        {"linear", 0, NULL, "missing required key llama.rope.scaling.factor"},
+    };
+    float *logits[7] = {0};
+    for (int k = 0; k < 7; k++) {
+        char path[128], err[256] = "";
+        snprintf(path, sizeof(path), "%s/rope%d.gguf", dir, k);
+        rt_gen_params p;
+        rt_gen_params_default(&p);
+        p.dim = 128; /* head_dim 32: 16 factors */
+        p.layers = 2;
+        p.heads = 4;
+        p.kv_heads = 2;
+        p.ffn = 256;
+        p.vocab = 512;
+        p.ctx = 256;
+        p.type = KN_TYPE_F32;
+        p.seed = 7;
+        p.rope_scaling = cases[k].scaling;
+        p.rope_scaling_factor = cases[k].factor;
+        p.rope_freqs = cases[k].freqs;
+        assert_int_equal(rt_model_gen(&p, path, err, sizeof(err)), 0);
+        rt_model_opts o = {.n_threads = 1};
+        rt_model *m = NULL;
+        int rc = rt_model_load(path, &o, &m, err, sizeof(err));
+        if (cases[k].refused) {
+            assert_int_equal(rc, -EINVAL);
+            if (!strstr(err, cases[k].refused))
+                fail_msg("case %d: %s", k, err);
+            continue;
+        }
+        if (rc)
+            fail_msg("case %d: %s", k, err);
+        logits[k] = prompt_logits(m, N_PROMPT);
+        rt_model_free(m);
+        if (cases[k].freqs) {
+            o.device = "cuda";
+            assert_int_equal(rt_model_load(path, &o, &m, err, sizeof(err)), -EINVAL);
+            assert_non_null(strstr(err, "not supported on cuda yet"));
+        }
+    }
+    size_t bytes = 512 * sizeof(float);
+    assert_memory_equal(logits[1], logits[0], bytes); /* factors of 1 */
+    assert_memory_equal(logits[4], logits[0], bytes); /* "none" */
+    assert_memory_equal(logits[2], logits[3], bytes); /* factors of 4 = linear 4 */
+    assert_memory_not_equal(logits[2], logits[0], bytes);
+    for (int k = 0; k < 7; k++)
+        free(logits[k]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fast_matches_reference), cmocka_unit_test(test_quantized_close_to_f32),
+        cmocka_unit_test(test_rope_scaling),
+        cmocka_unit_test(test_fast_matches_reference),
+        cmocka_unit_test(test_quantized_close_to_f32),
         cmocka_unit_test(test_chunked_prefill_matches),
-        cmocka_unit_test(test_kv_q8_0), cmocka_unit_test(test_batch_matches_alone),
-        cmocka_unit_test(test_kv_exhaustion),           cmocka_unit_test(test_missing_key_named),
+        cmocka_unit_test(test_kv_q8_0),
+        cmocka_unit_test(test_batch_matches_alone),
+        cmocka_unit_test(test_kv_exhaustion),
+        cmocka_unit_test(test_missing_key_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
