@@ -53,12 +53,16 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
         return RT_CHAT_LLAMA3;
     if (equals(tmpl, len, "mistral"))
         return RT_CHAT_MISTRAL;
+    if (equals(tmpl, len, "zephyr"))
+        return RT_CHAT_ZEPHYR;
     /* Order matters: a template may mention several markers (e.g. a Llama-3
      * template explaining ChatML in a comment), so the most specific first. */
     if (contains(tmpl, len, "<|start_header_id|>"))
         return RT_CHAT_LLAMA3;
     if (contains(tmpl, len, "<|im_start|>"))
         return RT_CHAT_CHATML;
+    if (contains(tmpl, len, "<|user|>") && contains(tmpl, len, "<|assistant|>"))
+        return RT_CHAT_ZEPHYR;
     if (contains(tmpl, len, "[INST]"))
         return contains(tmpl, len, "<<SYS>>") ? RT_CHAT_LLAMA2 : RT_CHAT_MISTRAL;
     *recognised = false;
@@ -76,6 +80,8 @@ const char *rt_chat_kind_name(rt_chat_kind k)
         return "llama3";
     case RT_CHAT_MISTRAL:
         return "mistral";
+    case RT_CHAT_ZEPHYR:
+        return "zephyr";
     }
     return "unknown";
 }
@@ -327,6 +333,25 @@ static int render_mistral(buf *b, const rt_chat_msg *msgs, int n, const char *bo
     return 0;
 }
 
+/* Zephyr (HuggingFaceH4/zephyr-7b-beta, TinyLlama-1.1B-Chat): per message
+ * "<|" role "|>\n" + content + eos + "\n" (Jinja's trim_blocks keeps the
+ * newline after each expression), then "<|assistant|>\n". The template
+ * writes no BOS, the tokenizer adds it (add_bos_token): it is written here,
+ * as the caller encodes without adding one. Its eos_token is </s> in both
+ * vocabularies. */
+static void render_zephyr(buf *b, const rt_chat_msg *msgs, int n, const char *bos)
+{
+    buf_str(b, bos);
+    for (int i = 0; i < n; i++) {
+        buf_str(b, "<|");
+        buf_str(b, msgs[i].role);
+        buf_str(b, "|>\n");
+        buf_message(b, &msgs[i]);
+        buf_str(b, "</s>\n");
+    }
+    buf_str(b, "<|assistant|>\n");
+}
+
 int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out,
                    rt_text_span **content, int *n_content, char *err, size_t err_len)
 {
@@ -359,6 +384,9 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
         break;
     case RT_CHAT_MISTRAL:
         rc = render_mistral(&b, msgs, n, bos, err, err_len);
+        break;
+    case RT_CHAT_ZEPHYR:
+        render_zephyr(&b, msgs, n, bos);
         break;
     default:
         rc = fail(err, err_len, "unknown chat template kind %d", (int)k);

@@ -1,6 +1,6 @@
 /* Tests of chat template detection and rendering: detection of excerpts of
  * the real published Jinja templates (Llama-2-chat, Llama-3-Instruct,
- * Qwen2's ChatML, Mistral-Instruct v0.1 and v0.2/v0.3, and Zephyr as one we
+ * Qwen2's ChatML, Mistral-Instruct v0.1 and v0.2/v0.3, Zephyr, and one we
  * do not know), rendering of one system+user+assistant+user conversation per
  * family against the string the Jinja template produces, the whitespace
  * rules of each template, and the role orders each family must refuse. */
@@ -64,11 +64,18 @@ static const char tmpl_mistral_v02[] =
     "    {%- if message['role'] == 'user' %}\n        {%- if loop.first and system_message is defined %}\n"
     "            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}\n";
 
-/* HuggingFaceH4/zephyr-7b-beta (TinyLlama-Chat uses it too) */
+/* TinyLlama/TinyLlama-1.1B-Chat-v1.0 (HuggingFaceH4/zephyr-7b-beta's) */
 static const char tmpl_zephyr[] =
     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
     "{{ '<|user|>\\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n"
-    "{{ '<|system|>\\n' + message['content'] + eos_token }}\n{% endif %}\n{% endfor %}";
+    "{{ '<|system|>\\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n"
+    "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n"
+    "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+
+/* A template of a family we do not render (Gemma's) */
+static const char tmpl_unknown[] =
+    "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\\n' + "
+    "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}";
 
 /* ---- detection ---- */
 
@@ -93,8 +100,11 @@ static void test_detect_real_templates(void **state)
     assert_int_equal(detect(tmpl_mistral_v02, &rec), RT_CHAT_MISTRAL);
     assert_true(rec);
 
+    assert_int_equal(detect(tmpl_zephyr, &rec), RT_CHAT_ZEPHYR);
+    assert_true(rec);
+
     rec = true;
-    assert_int_equal(detect(tmpl_zephyr, &rec), RT_CHAT_CHATML);
+    assert_int_equal(detect(tmpl_unknown, &rec), RT_CHAT_CHATML);
     assert_false(rec);
 }
 
@@ -112,6 +122,7 @@ static void test_detect_absent_names_and_bounds(void **state)
     assert_int_equal(detect("llama2", &rec), RT_CHAT_LLAMA2);
     assert_int_equal(detect("llama3", &rec), RT_CHAT_LLAMA3);
     assert_int_equal(detect("mistral", &rec), RT_CHAT_MISTRAL);
+    assert_int_equal(detect("zephyr", &rec), RT_CHAT_ZEPHYR);
     assert_int_equal(detect("chatml", &rec), RT_CHAT_CHATML);
     assert_true(rec);
 
@@ -127,6 +138,7 @@ static void test_detect_absent_names_and_bounds(void **state)
     assert_string_equal(rt_chat_kind_name(RT_CHAT_LLAMA2), "llama2");
     assert_string_equal(rt_chat_kind_name(RT_CHAT_LLAMA3), "llama3");
     assert_string_equal(rt_chat_kind_name(RT_CHAT_MISTRAL), "mistral");
+    assert_string_equal(rt_chat_kind_name(RT_CHAT_ZEPHYR), "zephyr");
 }
 
 /* ---- rendering ---- */
@@ -283,6 +295,19 @@ static void test_render_mistral(void **state)
     expect_render(RT_CHAT_MISTRAL, m, 1, NULL, "[INST]  Hi  [/INST]");
 }
 
+/* What TinyLlama-Chat's template gives with add_generation_prompt (HF
+ * applies trim_blocks: the newline after each expression stays). */
+static void test_render_zephyr(void **state)
+{
+    (void)state;
+    expect_render(RT_CHAT_ZEPHYR, conv, NCONV, "<s>",
+                  "<s><|system|>\nYou are terse.</s>\n"
+                  "<|user|>\nHi</s>\n"
+                  "<|assistant|>\nHello!</s>\n"
+                  "<|user|>\nHow are you?</s>\n"
+                  "<|assistant|>\n");
+}
+
 static void test_render_errors(void **state)
 {
     (void)state;
@@ -312,7 +337,7 @@ static void test_render_errors(void **state)
      * written into the prompt as a header). */
     const rt_chat_msg tool[] = {{"user", "a"}, {"tool", "b"}};
     const rt_chat_msg nul[] = {{NULL, "a"}};
-    for (int k = RT_CHAT_CHATML; k <= RT_CHAT_MISTRAL; k++) {
+    for (int k = RT_CHAT_CHATML; k <= RT_CHAT_ZEPHYR; k++) {
         expect_reject((rt_chat_kind)k, tool, 2, "'tool'");
         expect_reject((rt_chat_kind)k, nul, 1, "messages[0]");
     }
@@ -338,7 +363,7 @@ int main(void)
         cmocka_unit_test(test_render_chatml),         cmocka_unit_test(test_render_llama3),
         cmocka_unit_test(test_render_llama2),         cmocka_unit_test(test_render_mistral),
         cmocka_unit_test(test_render_spans),          cmocka_unit_test(test_render_errors),
-        cmocka_unit_test(test_render_null_content),
+        cmocka_unit_test(test_render_null_content),   cmocka_unit_test(test_render_zephyr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
