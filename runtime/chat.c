@@ -55,6 +55,10 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
         return RT_CHAT_MISTRAL;
     if (equals(tmpl, len, "zephyr"))
         return RT_CHAT_ZEPHYR;
+    if (equals(tmpl, len, "mistral-v1"))
+        return RT_CHAT_MISTRAL_V1;
+    if (equals(tmpl, len, "mistral-v3"))
+        return RT_CHAT_MISTRAL_V3;
     /* Order matters: a template may mention several markers (e.g. a Llama-3
      * template explaining ChatML in a comment), so the most specific first. */
     if (contains(tmpl, len, "<|start_header_id|>"))
@@ -63,6 +67,13 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
         return RT_CHAT_CHATML;
     if (contains(tmpl, len, "<|user|>") && contains(tmpl, len, "<|assistant|>"))
         return RT_CHAT_ZEPHYR;
+    /* Mistral's templates by their revision's marks, as llama.cpp tells
+     * them apart: v0.3 offers tools; v0.2's later one puts a space before
+     * [INST]. */
+    if (contains(tmpl, len, "[AVAILABLE_TOOLS]"))
+        return RT_CHAT_MISTRAL_V3;
+    if (contains(tmpl, len, "' [INST] '"))
+        return RT_CHAT_MISTRAL_V1;
     if (contains(tmpl, len, "[INST]"))
         return contains(tmpl, len, "<<SYS>>") ? RT_CHAT_LLAMA2 : RT_CHAT_MISTRAL;
     *recognised = false;
@@ -82,6 +93,10 @@ const char *rt_chat_kind_name(rt_chat_kind k)
         return "mistral";
     case RT_CHAT_ZEPHYR:
         return "zephyr";
+    case RT_CHAT_MISTRAL_V1:
+        return "mistral-v1";
+    case RT_CHAT_MISTRAL_V3:
+        return "mistral-v3";
     }
     return "unknown";
 }
@@ -306,29 +321,43 @@ static int render_llama2(buf *b, const rt_chat_msg *msgs, int n, const char *bos
     return 0;
 }
 
-/* Mistral-Instruct v0.1/v0.2: bos once, "[INST] " + content + " [/INST]" per
- * user turn (a system message prepended to the first one, then "\n\n"),
- * content + "</s>" per assistant turn. */
-static int render_mistral(buf *b, const rt_chat_msg *msgs, int n, const char *bos, char *err, size_t err_len)
+/* Mistral-Instruct's revisions, bos once, then:
+ *  v0.1 (and v0.2's first template): "[INST] " + content + " [/INST]" per
+ *   user turn (a system message prepended to the first one, then "\n\n"),
+ *   content + "</s>" per assistant turn;
+ *  v0.2's later template (v1): " [INST] " + content + " [/INST]", the
+ *   system message in the first user turn, " " + content + "</s>";
+ *  v0.3 (v3): "[INST] " + content + "[/INST]" ([INST] and [/INST] are
+ *   control tokens there), the system message in the last user turn (and
+ *   nowhere when the conversation ends on an assistant turn),
+ *   " " + trim(content) + "</s>". */
+static int render_mistral(buf *b, rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char *err,
+                          size_t err_len)
 {
     int start = role_of(msgs[0].role) == ROLE_SYSTEM ? 1 : 0;
-    int rc = check_alternation("mistral", msgs, n, start, err, err_len);
+    int rc = check_alternation(rt_chat_kind_name(k), msgs, n, start, err, err_len);
     if (rc < 0)
         return rc;
+    int sys_turn = start == 0 ? -1 : k == RT_CHAT_MISTRAL_V3 ? n - 1 : start;
     buf_str(b, bos);
     for (int i = start; i < n; i++) {
         if (role_of(msgs[i].role) == ROLE_ASSISTANT) {
-            buf_message(b, &msgs[i]);
+            if (k != RT_CHAT_MISTRAL)
+                buf_str(b, " ");
+            if (k == RT_CHAT_MISTRAL_V3)
+                buf_add_stripped(b, content_of(&msgs[i]), strlen(content_of(&msgs[i])));
+            else
+                buf_message(b, &msgs[i]);
             buf_str(b, "</s>");
             continue;
         }
-        buf_str(b, "[INST] ");
-        if (i == start && start == 1) {
+        buf_str(b, k == RT_CHAT_MISTRAL_V1 ? " [INST] " : "[INST] ");
+        if (i == sys_turn) {
             buf_message(b, &msgs[0]);
             buf_str(b, "\n\n");
         }
         buf_message(b, &msgs[i]);
-        buf_str(b, " [/INST]");
+        buf_str(b, k == RT_CHAT_MISTRAL_V3 ? "[/INST]" : " [/INST]");
     }
     return 0;
 }
@@ -383,7 +412,9 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
         rc = render_llama2(&b, msgs, n, bos, err, err_len);
         break;
     case RT_CHAT_MISTRAL:
-        rc = render_mistral(&b, msgs, n, bos, err, err_len);
+    case RT_CHAT_MISTRAL_V1:
+    case RT_CHAT_MISTRAL_V3:
+        rc = render_mistral(&b, k, msgs, n, bos, err, err_len);
         break;
     case RT_CHAT_ZEPHYR:
         render_zephyr(&b, msgs, n, bos);

@@ -18,8 +18,10 @@ typedef enum rt_chat_kind {
     RT_CHAT_CHATML = 0, /* also the fallback */
     RT_CHAT_LLAMA2,     /* [INST] <<SYS>> ... <</SYS>> ... [/INST] */
     RT_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-    RT_CHAT_MISTRAL, /* [INST] ... [/INST] with no <<SYS>> block (system folded into the first user turn) */
-    RT_CHAT_ZEPHYR,  /* <|role|>\ncontent</s>\n (Zephyr, TinyLlama-Chat) */
+    RT_CHAT_MISTRAL,    /* [INST] ... [/INST], system folded into the first user turn (v0.1) */
+    RT_CHAT_ZEPHYR,     /* <|role|>\ncontent</s>\n (Zephyr, TinyLlama-Chat) */
+    RT_CHAT_MISTRAL_V1, /* " [INST] ... [/INST]" (Mistral-Instruct v0.2's later template) */
+    RT_CHAT_MISTRAL_V3, /* "[INST] ...[/INST]", system in the last user turn (v0.3) */
 } rt_chat_kind;
 
 typedef struct rt_chat_msg {
@@ -30,7 +32,8 @@ typedef struct rt_chat_msg {
 /* Recognises a template; tmpl may be NULL (-> fallback). `recognised` is set
  * false when the fallback was used for a template that was present. */
 rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised);
-const char *rt_chat_kind_name(rt_chat_kind k); /* "chatml", "llama2", "llama3", "mistral", "zephyr" */
+/* "chatml", "llama2", "llama3", "mistral", "zephyr", "mistral-v1", "mistral-v3" */
+const char *rt_chat_kind_name(rt_chat_kind k);
 
 /* Renders messages into a NUL-terminated prompt (malloc'd, *out), ending
  * with the assistant turn's opening so generation continues as the

@@ -64,6 +64,14 @@ static const char tmpl_mistral_v02[] =
     "    {%- if message['role'] == 'user' %}\n        {%- if loop.first and system_message is defined %}\n"
     "            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}\n";
 
+/* mistralai/Mistral-7B-Instruct-v0.3 (excerpt) */
+static const char tmpl_mistral_v03[] =
+    "{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n"
+    "        {%- if tools is not none and (message == user_messages[-1]) %}\n"
+    "            {{- \"[AVAILABLE_TOOLS] [\" }}\n"
+    "        {%- if loop.last and system_message is defined %}\n"
+    "            {{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n";
+
 /* TinyLlama/TinyLlama-1.1B-Chat-v1.0 (HuggingFaceH4/zephyr-7b-beta's) */
 static const char tmpl_zephyr[] =
     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
@@ -97,7 +105,9 @@ static void test_detect_real_templates(void **state)
     assert_true(rec);
     assert_int_equal(detect(tmpl_mistral_v01, &rec), RT_CHAT_MISTRAL);
     assert_true(rec);
-    assert_int_equal(detect(tmpl_mistral_v02, &rec), RT_CHAT_MISTRAL);
+    assert_int_equal(detect(tmpl_mistral_v02, &rec), RT_CHAT_MISTRAL_V1);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_mistral_v03, &rec), RT_CHAT_MISTRAL_V3);
     assert_true(rec);
 
     assert_int_equal(detect(tmpl_zephyr, &rec), RT_CHAT_ZEPHYR);
@@ -139,6 +149,9 @@ static void test_detect_absent_names_and_bounds(void **state)
     assert_string_equal(rt_chat_kind_name(RT_CHAT_LLAMA3), "llama3");
     assert_string_equal(rt_chat_kind_name(RT_CHAT_MISTRAL), "mistral");
     assert_string_equal(rt_chat_kind_name(RT_CHAT_ZEPHYR), "zephyr");
+    assert_string_equal(rt_chat_kind_name(RT_CHAT_MISTRAL_V1), "mistral-v1");
+    assert_string_equal(rt_chat_kind_name(RT_CHAT_MISTRAL_V3), "mistral-v3");
+    assert_int_equal(detect("mistral-v3", &rec), RT_CHAT_MISTRAL_V3);
 }
 
 /* ---- rendering ---- */
@@ -293,6 +306,19 @@ static void test_render_mistral(void **state)
     const rt_chat_msg m[] = {{"user", " Hi "}, {"assistant", " Yo"}, {"user", "Bye"}};
     expect_render(RT_CHAT_MISTRAL, m, 3, "<s>", "<s>[INST]  Hi  [/INST] Yo</s>[INST] Bye [/INST]");
     expect_render(RT_CHAT_MISTRAL, m, 1, NULL, "[INST]  Hi  [/INST]");
+
+    /* v0.2's later template: spaces before [INST] and the answer, the
+     * system message in the first user turn. */
+    expect_render(RT_CHAT_MISTRAL_V1, conv, NCONV, "<s>",
+                  "<s> [INST] You are terse.\n\nHi [/INST] Hello!</s> [INST] How are you? [/INST]");
+    /* v0.3, as llama.cpp's test of its Jinja output has it: no space before
+     * [/INST], the system message in the last user turn, the answer trimmed
+     * after one space; a conversation ending on the answer drops the system
+     * message. */
+    expect_render(RT_CHAT_MISTRAL_V3, conv, NCONV, "<s>",
+                  "<s>[INST] Hi[/INST] Hello!</s>[INST] You are terse.\n\nHow are you?[/INST]");
+    expect_render(RT_CHAT_MISTRAL_V3, m, 3, "<s>", "<s>[INST]  Hi [/INST] Yo</s>[INST] Bye[/INST]");
+    expect_render(RT_CHAT_MISTRAL_V3, conv, 3, "<s>", "<s>[INST] Hi[/INST] Hello!</s>");
 }
 
 /* What TinyLlama-Chat's template gives with add_generation_prompt (HF
@@ -324,8 +350,9 @@ static void test_render_errors(void **state)
     const rt_chat_msg mid_sys[] = {{"user", "a"}, {"assistant", "b"}, {"system", "c"}, {"user", "d"}};
     const rt_chat_msg only_sys[] = {{"system", "s"}};
     const rt_chat_msg two_sys[] = {{"system", "s"}, {"system", "t"}, {"user", "u"}};
-    for (int k = 0; k < 2; k++) {
-        rt_chat_kind kind = k == 0 ? RT_CHAT_LLAMA2 : RT_CHAT_MISTRAL;
+    const rt_chat_kind strict[] = {RT_CHAT_LLAMA2, RT_CHAT_MISTRAL, RT_CHAT_MISTRAL_V1, RT_CHAT_MISTRAL_V3};
+    for (int k = 0; k < 4; k++) {
+        rt_chat_kind kind = strict[k];
         expect_reject(kind, uu, 2, "messages[1] is 'user'");
         expect_reject(kind, au, 2, "messages[0] is 'assistant'");
         expect_reject(kind, mid_sys, 4, "messages[2] is 'system'");
@@ -337,7 +364,7 @@ static void test_render_errors(void **state)
      * written into the prompt as a header). */
     const rt_chat_msg tool[] = {{"user", "a"}, {"tool", "b"}};
     const rt_chat_msg nul[] = {{NULL, "a"}};
-    for (int k = RT_CHAT_CHATML; k <= RT_CHAT_ZEPHYR; k++) {
+    for (int k = RT_CHAT_CHATML; k <= RT_CHAT_MISTRAL_V3; k++) {
         expect_reject((rt_chat_kind)k, tool, 2, "'tool'");
         expect_reject((rt_chat_kind)k, nul, 1, "messages[0]");
     }
