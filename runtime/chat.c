@@ -228,19 +228,27 @@ static void buf_message(buf *b, const rt_chat_msg *m)
     buf_content(b, c, strlen(c));
 }
 
-/* <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
- * (the generic ChatML template; Qwen2's adds a default system prompt when
- * none is given, which is the client's to send). */
-static void render_chatml(buf *b, const rt_chat_msg *msgs, int n)
+/* Families that write every message as open + role + mid + content + close,
+ * then the assistant's opening:
+ *  ChatML: <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
+ *   (the generic template; Qwen2's adds a default system prompt when none
+ *   is given, which is the client's to send);
+ *  Zephyr (HuggingFaceH4/zephyr-7b-beta, TinyLlama-1.1B-Chat): bos, then
+ *   <|{role}|>\n{content}</s>\n (Jinja's trim_blocks keeps the newline after
+ *   each expression) ... <|assistant|>\n. Its template writes no BOS, the
+ *   tokenizer adds it (add_bos_token): it is written here, as the caller
+ *   encodes without adding one. Its eos_token is </s> in both vocabularies. */
+static void render_turns(buf *b, const rt_chat_msg *msgs, int n, const char *open, const char *mid,
+                         const char *close, const char *assistant)
 {
     for (int i = 0; i < n; i++) {
-        buf_str(b, "<|im_start|>");
+        buf_str(b, open);
         buf_str(b, msgs[i].role);
-        buf_str(b, "\n");
+        buf_str(b, mid);
         buf_message(b, &msgs[i]);
-        buf_str(b, "<|im_end|>\n");
+        buf_str(b, close);
     }
-    buf_str(b, "<|im_start|>assistant\n");
+    buf_str(b, assistant);
 }
 
 /* Meta-Llama-3-Instruct: bos, then per message
@@ -362,25 +370,6 @@ static int render_mistral(buf *b, rt_chat_kind k, const rt_chat_msg *msgs, int n
     return 0;
 }
 
-/* Zephyr (HuggingFaceH4/zephyr-7b-beta, TinyLlama-1.1B-Chat): per message
- * "<|" role "|>\n" + content + eos + "\n" (Jinja's trim_blocks keeps the
- * newline after each expression), then "<|assistant|>\n". The template
- * writes no BOS, the tokenizer adds it (add_bos_token): it is written here,
- * as the caller encodes without adding one. Its eos_token is </s> in both
- * vocabularies. */
-static void render_zephyr(buf *b, const rt_chat_msg *msgs, int n, const char *bos)
-{
-    buf_str(b, bos);
-    for (int i = 0; i < n; i++) {
-        buf_str(b, "<|");
-        buf_str(b, msgs[i].role);
-        buf_str(b, "|>\n");
-        buf_message(b, &msgs[i]);
-        buf_str(b, "</s>\n");
-    }
-    buf_str(b, "<|assistant|>\n");
-}
-
 int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out,
                    rt_text_span **content, int *n_content, char *err, size_t err_len)
 {
@@ -403,7 +392,7 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
     int rc = 0;
     switch (k) {
     case RT_CHAT_CHATML:
-        render_chatml(&b, msgs, n);
+        render_turns(&b, msgs, n, "<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n");
         break;
     case RT_CHAT_LLAMA3:
         render_llama3(&b, msgs, n, bos);
@@ -417,7 +406,8 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
         rc = render_mistral(&b, k, msgs, n, bos, err, err_len);
         break;
     case RT_CHAT_ZEPHYR:
-        render_zephyr(&b, msgs, n, bos);
+        buf_str(&b, bos);
+        render_turns(&b, msgs, n, "<|", "|>\n", "</s>\n", "<|assistant|>\n");
         break;
     default:
         rc = fail(err, err_len, "unknown chat template kind %d", (int)k);
