@@ -59,7 +59,10 @@ fds = [os.readlink("/proc/%d/fd/%s" % (pids[0], f)) for f in os.listdir("/proc/%
 t.ok(not any(f == access_log for f in fds), "a worker does not hold the gateway's access log open (%s)" % fds)
 
 # A worker whose loop stops answering (SIGSTOP stands in for a wedged
-# process) is killed after worker_hang_timeout_s and started again.
+# process) is killed after worker_hang_timeout_s and started again: once
+# it has answered (one still loading is left alone).
+wait_until(lambda: "worker 1 (model m, device cpu, pid %d) is ready" % pids[1] in open(log_path).read(), 60,
+           "worker 1 ready")
 os.kill(pids[1], signal.SIGSTOP)
 t0 = time.monotonic()
 restarted = wait_until(lambda: len(re.findall(r"worker 1 .*started: pid (\d+)", open(log_path).read())) == 2, 20,
