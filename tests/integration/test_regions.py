@@ -430,14 +430,22 @@ try:
     t.ok(s == 200 and len(events) == 2 and events[0] + b"\n\n" == EVENT and error_code(events[1]) == "upstream_failed",
          "a region failing mid-event: the whole event, then a clean error event (%r)" % b[:400])
     # A region's 504 (its worker stood still) is passed on, not tried at the
-    # next region; its 502 (its worker failed before answering) is.
+    # next region; its 502 (its worker failed before answering) is. A good
+    # answer before each clears fk1's failures, so it is not ejected
+    # (eject_after 2) and each request really goes to it first.
+    def fk_ok():
+        return request("eu1", "open", headers=fk, body={"model": "m", "prompt": "hello", "max_tokens": 1})[0]
+
+    t.ok(fk_ok() == 200, "fk1 answers")
     before = len(fault.requests)
     s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "504", "max_tokens": 1})
     t.ok(s == 504 and fault.requests[before:] == ["504"], "a region's 504 is not retried elsewhere (%d %s)"
          % (s, b[:200]))
+    t.ok(fk_ok() == 200, "fk1 answers again")
+    before = len(fault.requests)
     s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "502", "max_tokens": 1})
-    t.ok(s == 200 and h.get("x-infergate-region") in names, "a region's 502 is retried at the next region (%d %s)"
-         % (s, h.get("x-infergate-region")))
+    t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["502"],
+         "a region's 502 is retried at the next region (%d %s)" % (s, h.get("x-infergate-region")))
 finally:
     recs.stop()
     fault.stop()
