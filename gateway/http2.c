@@ -72,8 +72,10 @@ static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     /* Output moved: what is left (held by the peer's window) gets a new
      * bound; with nothing left there is none. */
-    if (n)
-        s->due_ms = have > n ? mono_ms() + s->conn->srv->limits.idle_timeout_ms : 0;
+    if (n && have > n)
+        stream_due_idle(s);
+    else if (n)
+        s->due_ms = 0;
     if (s->resp_ended && n == have)
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     /* on_writable may not run inside nghttp2: conn_settle calls it. */
@@ -128,6 +130,10 @@ static int stream_submit(gw_http_stream *s, int status, const gw_http_header *he
         goto out;
     }
     s->resp_started = true;
+    /* A body queued with the headers is output like any other: bounded
+     * while the peer's window holds it. */
+    if (body_len && !s->due_ms)
+        stream_due_idle(s);
     rc = 0;
 out:
     if (nv != stack_nv)
@@ -596,7 +602,6 @@ static void conn_check_streams(gw_http_conn *c)
         }
         if (s->state == GW_SS_BODY) {
             stream_reject(s, 408, "the request body stopped arriving", "request_timeout");
-            s->due_ms = 0;
             s->rst_after_fin = true;
         } else if (s->state == GW_SS_REJECTED) {
             if (nghttp2_submit_rst_stream(c->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR))

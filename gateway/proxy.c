@@ -375,7 +375,10 @@ static void region_failed(preq *p)
 static bool retry(preq *p)
 {
     gw_serve *g = p->g;
-    region_failed(p);
+    /* A refused stream (the peer holds too many request bodies on the
+     * connection) says nothing of the region's health. */
+    if (!p->error_kind || strcmp(p->error_kind, "refused"))
+        region_failed(p);
     if (!p->stream || g->retry_tokens < 1)
         return false;
     if (p->remote || p->route.n) {
@@ -527,9 +530,8 @@ static void up_end(void *ud)
     preq *p = ud;
     p->up = NULL;
     /* An upstream that ends without a blank line: its last bytes go as they are. */
-    if (p->stream && p->hold_len && gw_http_write(p->stream, p->hold, p->hold_len))
-        gw_http_reset(p->stream);
-    else if (p->stream && gw_http_end(p->stream))
+    if (p->stream &&
+        ((p->hold_len && gw_http_write(p->stream, p->hold, p->hold_len)) || gw_http_end(p->stream)))
         gw_http_reset(p->stream);
     p->hold_len = 0;
 }

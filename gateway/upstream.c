@@ -38,6 +38,8 @@ const char *gw_upstream_error_name(gw_upstream_error e)
         return "nomem";
     case GW_UP_STALLED:
         return "stalled";
+    case GW_UP_REFUSED:
+        return "refused";
     }
     return "unknown";
 }

@@ -36,6 +36,8 @@ typedef enum gw_upstream_error {
     GW_UP_NOMEM,
     GW_UP_STALLED, /* the response stood still for response_timeout_ms (the target
                       had the request all that time: not one to retry blindly) */
+    GW_UP_REFUSED, /* RST_STREAM(REFUSED_STREAM) before any answer: the target did not
+                      process it (RFC 9113 8.7) and is not failing; send it again */
 } gw_upstream_error;
 
 const char *gw_upstream_error_name(gw_upstream_error e); /* "connect", "reset", ... */

@@ -355,8 +355,13 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
 static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_code, void *ud)
 {
     gw_upstream_req *r = req_of(ngh, id);
-    if (r) /* closed before its response ended: reset by the peer, or by nghttp2 for an error */
-        req_fail(r, r->proto_error ? GW_UP_PROTOCOL : GW_UP_RESET, -1);
+    /* closed before its response ended: reset by the peer, or by nghttp2 for an error */
+    if (r)
+        req_fail(r,
+                 r->proto_error                                          ? GW_UP_PROTOCOL
+                 : error_code == NGHTTP2_REFUSED_STREAM && !r->responded ? GW_UP_REFUSED
+                                                                         : GW_UP_RESET,
+                 -1);
     return 0;
 }
 

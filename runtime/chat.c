@@ -65,7 +65,10 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
         return RT_CHAT_LLAMA3;
     if (contains(tmpl, len, "<|im_start|>"))
         return RT_CHAT_CHATML;
-    if (contains(tmpl, len, "<|user|>") && contains(tmpl, len, "<|assistant|>"))
+    /* Phi-3 (<|end|>) and StableLM's Zephyr (<|endoftext|>) share the role
+     * tags but end turns otherwise: not ours to render with </s>. */
+    if (contains(tmpl, len, "<|user|>") && contains(tmpl, len, "<|assistant|>") &&
+        !contains(tmpl, len, "<|end|>") && !contains(tmpl, len, "<|endoftext|>"))
         return RT_CHAT_ZEPHYR;
     /* Mistral's templates by their revision's marks, as llama.cpp tells
      * them apart: v0.3 offers tools; v0.2's later one puts a space before

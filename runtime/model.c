@@ -113,10 +113,10 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
         return rc;
     if (!(hp->rope_freq_base > 0.0f))
         return ERR("%s.rope.freq_base must be positive", a);
-    /* RoPE scaling: none or linear (positions divided by the factor, as
-     * llama.cpp does); yarn and the rest would give wrong logits without a
-     * word, so such a file is refused. The older rope.scale_linear key
-     * means the same as linear. */
+    /* RoPE scaling as llama.cpp reads it: the type none or linear, or no
+     * type (then a factor, if given, is linear); the factor from
+     * rope.scaling.factor, else the older rope.scale_linear; 0 means none.
+     * yarn and the rest would give wrong logits without a word: refused. */
     hp->rope_scale = 1.0f;
     char key[96];
     snprintf(key, sizeof(key), "%s.rope.scaling.type", a);
@@ -124,19 +124,24 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
     rc = rt_gguf_get_str(g, key, &st);
     if (rc < 0 && rc != -ENOENT)
         return ERR("key %s is not a string", key);
-    bool linear = rc == 0 && st.n == 6 && !memcmp(st.p, "linear", 6);
-    if (rc == 0 && !linear && !(st.n == 4 && !memcmp(st.p, "none", 4)))
+    bool typed = rc == 0, none = typed && st.n == 4 && !memcmp(st.p, "none", 4);
+    bool linear = typed && st.n == 6 && !memcmp(st.p, "linear", 6);
+    if (typed && !none && !linear)
         return ERR("%s = \"%.*s\": this RoPE scaling is not supported (none and linear are)", key,
                    (int)(st.n > 32 ? 32 : st.n), st.p);
-    if ((rc = get_arch_f32(g, a, linear ? "rope.scaling.factor" : "rope.scale_linear", &hp->rope_scale, err,
-                           err_len)) < 0)
-        return rc;
-    if (rc == 1 && linear)
-        return ERR("missing required key %s.rope.scaling.factor (%s is linear)", a, key);
-    if (hp->rope_scale == 0.0f) /* as llama.cpp: 0 means none */
-        hp->rope_scale = 1.0f;
-    if (!(hp->rope_scale > 0.0f) || !isfinite(hp->rope_scale))
-        return ERR("%s.rope.%s must be a positive number", a, linear ? "scaling.factor" : "scale_linear");
+    if (!none) {
+        const char *fk = "rope.scaling.factor";
+        if ((rc = get_arch_f32(g, a, fk, &hp->rope_scale, err, err_len)) == 1)
+            rc = get_arch_f32(g, a, fk = "rope.scale_linear", &hp->rope_scale, err, err_len);
+        if (rc < 0)
+            return rc;
+        if (rc == 1 && linear)
+            return ERR("missing required key %s.rope.scaling.factor (%s is linear)", a, key);
+        if (hp->rope_scale == 0.0f)
+            hp->rope_scale = 1.0f;
+        if (!(hp->rope_scale > 0.0f) || !isfinite(hp->rope_scale))
+            return ERR("%s.%s must be a positive number", a, fk);
+    }
     hp->norm_eps = 1e-5f;
     if ((rc = get_arch_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err, err_len)) < 0)
         return rc;

@@ -7,6 +7,8 @@ accident, chosen by the request's prompt:
            frames were cut by flow control, not by events)
   "502"    a 502, as a region whose worker failed before answering
   "504"    a 504, as a region whose worker stood still
+  "refuse" RST_STREAM(REFUSED_STREAM), as a region holding too many request
+           bodies on the connection
   other    a 200 completion
 
 It answers PINGs (h2 does) and counts the requests it got. Test use only."""
@@ -56,6 +58,8 @@ class FaultRegion:
             conn.send_headers(sid, [(":status", prompt), ("content-type", "application/json"),
                                     ("content-length", str(len(msg)))])
             conn.send_data(sid, msg, end_stream=True)
+        elif prompt == "refuse":
+            conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
         elif prompt == "split":
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
             conn.send_data(sid, EVENT + EVENT[:40])

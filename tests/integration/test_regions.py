@@ -446,6 +446,15 @@ try:
     s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "502", "max_tokens": 1})
     t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["502"],
          "a region's 502 is retried at the next region (%d %s)" % (s, h.get("x-infergate-region")))
+    # A refused stream (RFC 9113 8.7: not processed) goes to the next region
+    # and does not count against fk1.
+    t.ok(fk_ok() == 200, "fk1 answers once more")
+    before = len(fault.requests)
+    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "refuse", "max_tokens": 1})
+    fails = table("eu1")["fk1"]["consecutive_failures"]
+    t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["refuse"] and fails == 0,
+         "a refused stream is sent to the next region and is no failure of fk1's (%d %s, fk1 failures %d)"
+         % (s, h.get("x-infergate-region"), fails))
 finally:
     recs.stop()
     fault.stop()

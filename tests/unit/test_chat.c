@@ -116,6 +116,11 @@ static void test_detect_real_templates(void **state)
     rec = true;
     assert_int_equal(detect(tmpl_unknown, &rec), RT_CHAT_CHATML);
     assert_false(rec);
+    /* Phi-3's role tags are Zephyr's, its turns end in <|end|>. */
+    rec = true;
+    assert_int_equal(detect("{{'<|user|>\\n' + message['content'] + '<|end|>\\n<|assistant|>\\n'}}", &rec),
+                     RT_CHAT_CHATML);
+    assert_false(rec);
 }
 
 static void test_detect_absent_names_and_bounds(void **state)

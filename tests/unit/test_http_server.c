@@ -701,6 +701,14 @@ static void test_window_held(void **state)
     assert_true(run_until(t, closes_reach, &one));
     assert_int_equal(t->n_unfinished, 1);
     cli_free(c);
+    /* A whole response (headers and body submitted together) as well. */
+    c = cli_new(t, 0, true);
+    cli_get(c, "/hello");
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->status, 200);
+    assert_int_equal(c->close_err, NGHTTP2_INTERNAL_ERROR);
+    assert_int_equal(c->body_len, 0);
+    cli_free(c);
 }
 
 /* A header block left open (HEADERS without END_HEADERS, then nothing)

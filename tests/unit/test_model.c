@@ -423,9 +423,12 @@ static void test_rope_scaling(void **state)
         {"none", 0, NULL, NULL},
         {"yarn", 4, NULL, "llama.rope.scaling.type = \"yarn\""},
         {"linear", 0, NULL, "missing required key llama.rope.scaling.factor"},
+        {NULL, 4, NULL, NULL},   /* a factor without a type is linear */
+        {"none", 4, NULL, NULL}, /* none is none, whatever the factor */
     };
-    float *logits[7] = {0};
-    for (int k = 0; k < 7; k++) {
+    enum { N_CASES = sizeof(cases) / sizeof(cases[0]) };
+    float *logits[N_CASES] = {0};
+    for (int k = 0; k < N_CASES; k++) {
         char path[128], err[256] = "";
         snprintf(path, sizeof(path), "%s/rope%d.gguf", dir, k);
         rt_gen_params p;
@@ -467,7 +470,9 @@ static void test_rope_scaling(void **state)
     assert_memory_equal(logits[4], logits[0], bytes); /* "none" */
     assert_memory_equal(logits[2], logits[3], bytes); /* factors of 4 = linear 4 */
     assert_memory_not_equal(logits[2], logits[0], bytes);
-    for (int k = 0; k < 7; k++)
+    assert_memory_equal(logits[7], logits[3], bytes);
+    assert_memory_equal(logits[8], logits[0], bytes);
+    for (int k = 0; k < N_CASES; k++)
         free(logits[k]);
 }
 
