@@ -9,6 +9,7 @@ accident, chosen by the request's prompt:
   "504"    a 504, as a region whose worker stood still
   "refuse" RST_STREAM(REFUSED_STREAM), as a region holding too many request
            bodies on the connection
+  "tail"   200 text/event-stream whose last event lacks its blank line
   other    a 200 completion
 
 It answers PINGs (h2 does) and counts the requests it got. Test use only."""
@@ -58,6 +59,9 @@ class FaultRegion:
             conn.send_headers(sid, [(":status", prompt), ("content-type", "application/json"),
                                     ("content-length", str(len(msg)))])
             conn.send_data(sid, msg, end_stream=True)
+        elif prompt == "tail":
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
+            conn.send_data(sid, EVENT + b"data: [DONE]\n", end_stream=True)
         elif prompt == "refuse":
             conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
         elif prompt == "split":

@@ -429,6 +429,11 @@ try:
 
     t.ok(s == 200 and len(events) == 2 and events[0] + b"\n\n" == EVENT and error_code(events[1]) == "upstream_failed",
          "a region failing mid-event: the whole event, then a clean error event (%r)" % b[:400])
+    # A stream whose last event lacks its blank line: what was held back
+    # goes out as it is, and the response ends.
+    s, h, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "tail", "stream": True}, timeout=10)
+    t.ok(s == 200 and b == EVENT + b"data: [DONE]\n", "a stream ending without a blank line ends, whole (%d %r)"
+         % (s, b[-80:]))
     # A region's 504 (its worker stood still) is passed on, not tried at the
     # next region; its 502 (its worker failed before answering) is. A good
     # answer before each clears fk1's failures, so it is not ejected
