@@ -25,19 +25,25 @@ static char path_f32[96], path_f16[96], path_q8[96], path_q4[96];
 static const int32_t prompt[] = {1, 300, 301, 450, 17, 99, 260, 302, 303, 511, 42, 277, 310};
 #define N_PROMPT ((int)(sizeof(prompt) / sizeof(prompt[0])))
 
+/* The shape every model of these tests has (head_dim 32). */
+static void small_params(rt_gen_params *p, uint32_t type)
+{
+    rt_gen_params_default(p);
+    p->dim = 128;
+    p->layers = 3;
+    p->heads = 4;
+    p->kv_heads = 2;
+    p->ffn = 320;
+    p->vocab = 512;
+    p->ctx = 256;
+    p->type = type;
+    p->seed = 7;
+}
+
 static void gen(const char *path, uint32_t type)
 {
     rt_gen_params p;
-    rt_gen_params_default(&p);
-    p.dim = 128;
-    p.layers = 3;
-    p.heads = 4;
-    p.kv_heads = 2;
-    p.ffn = 320;
-    p.vocab = 512;
-    p.ctx = 256;
-    p.type = type;
-    p.seed = 7;
+    small_params(&p, type);
     char err[256];
     int rc = rt_model_gen(&p, path, err, sizeof(err));
     if (rc)
@@ -432,16 +438,7 @@ static void test_rope_scaling(void **state)
         char path[128], err[256] = "";
         snprintf(path, sizeof(path), "%s/rope%d.gguf", dir, k);
         rt_gen_params p;
-        rt_gen_params_default(&p);
-        p.dim = 128; /* head_dim 32: 16 factors */
-        p.layers = 2;
-        p.heads = 4;
-        p.kv_heads = 2;
-        p.ffn = 256;
-        p.vocab = 512;
-        p.ctx = 256;
-        p.type = KN_TYPE_F32;
-        p.seed = 7;
+        small_params(&p, KN_TYPE_F32); /* head_dim 32: 16 factors */
         p.rope_scaling = cases[k].scaling;
         p.rope_scaling_factor = cases[k].factor;
         p.rope_freqs = cases[k].freqs;
