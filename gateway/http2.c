@@ -141,17 +141,23 @@ out:
     return rc;
 }
 
+/* The request will never reach the application: what came of its body goes. */
+static void stream_drop_request(gw_http_stream *s)
+{
+    stream_body_done(s);
+    s->state = GW_SS_REJECTED;
+    gw_mem_free(s->body);
+    s->body = NULL;
+    s->body_len = s->body_cap = 0;
+}
+
 /* The server answers instead of the application (the request never
  * reaches it). */
 static void stream_reject(gw_http_stream *s, int status, const char *message, const char *code)
 {
     static const gw_http_header hdr[] = {{"content-type", "application/json"}};
     char body[320];
-    stream_body_done(s);
-    s->state = GW_SS_REJECTED;
-    gw_mem_free(s->body);
-    s->body = NULL;
-    s->body_len = s->body_cap = 0;
+    stream_drop_request(s);
     size_t n = gw_http_error_json(body, sizeof(body), message, code);
     if (stream_submit(s, status, hdr, 1, body, n, true) &&
         nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
@@ -172,11 +178,7 @@ static void stream_fail(gw_http_stream *s)
  * (RFC 9113 8.7), as nghttp2's and curl's do by themselves. */
 static void stream_refuse(gw_http_stream *s)
 {
-    stream_body_done(s);
-    s->state = GW_SS_REJECTED;
-    gw_mem_free(s->body);
-    s->body = NULL;
-    s->body_len = s->body_cap = 0;
+    stream_drop_request(s);
     if (nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_REFUSED_STREAM))
         s->conn->broken = true;
 }

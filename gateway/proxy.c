@@ -371,13 +371,12 @@ static void region_failed(preq *p)
  * another local worker (once), or to the next candidate region — while the
  * retry budget lasts, so a fleet-wide outage does not multiply the load.
  * The region that failed is told so first, budget or not: its failures
- * are what ejects it. */
-static bool retry(preq *p)
+ * are what ejects it (not a refused stream, which says nothing of its
+ * health: it holds too many request bodies on the connection). */
+static bool retry(preq *p, bool region_at_fault)
 {
     gw_serve *g = p->g;
-    /* A refused stream (the peer holds too many request bodies on the
-     * connection) says nothing of the region's health. */
-    if (!p->error_kind || strcmp(p->error_kind, "refused"))
+    if (region_at_fault)
         region_failed(p);
     if (!p->stream || g->retry_tokens < 1)
         return false;
@@ -411,7 +410,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         gw_upstream_cancel(p->up);
         p->up = NULL;
         p->error_kind = "status_5xx";
-        if (retry(p))
+        if (retry(p, true))
             return;
         if (!p->stream)
             return;
@@ -558,7 +557,7 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
                     p->remote ? p->region : "serving this request");
             return;
         }
-        if (retry(p))
+        if (retry(p, e != GW_UP_REFUSED))
             return;
         /* Routed: every region the request may use has failed it, so the
          * service is unavailable to it for now (never a region it may not use). */

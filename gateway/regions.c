@@ -87,15 +87,14 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     route_record me;
     local_record(g, &me);
     int64_t now = route_clock_ms();
-    char err[160];
-    int rc = route_record_check(&me, err, sizeof(err));
-    if (!rc && (rc = route_table_upsert(g->table, &me, true, now)))
-        snprintf(err, sizeof(err), "%s", strerror(-rc));
-    if (rc) {
+    int rc = route_table_upsert(g->table, &me, true, now);
+    static bool told;
+    if (rc && !told) {
         /* The config is checked against the record's limits: a bug. */
-        static bool told;
-        if (!told)
-            fprintf(stderr, "infergate: this region's own record is refused: %s\n", err);
+        char err[160];
+        if (rc != -EINVAL || route_record_check(&me, err, sizeof(err)) == 0)
+            snprintf(err, sizeof(err), "%s", strerror(-rc));
+        fprintf(stderr, "infergate: this region's own record is refused: %s\n", err);
         told = true;
     }
     if (g->sync)

@@ -25,9 +25,9 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 10000
 #define STABLE_S 30.0   /* up this long: the back-off starts over */
-#define STALE_S                                                                                              \
-    3.0 /* no stats this long (or 3 intervals, if longer): not ready; a stats request this old is given up   \
-         */
+/* No stats this long (or 3 intervals, if longer): not ready; a stats
+ * request this old is given up. */
+#define STALE_S 3.0
 #define STATS_MAX 65536 /* bytes of a stats answer we read */
 #define PROBE_MS 5000   /* nvidia-smi -L for devices: auto */
 
@@ -479,7 +479,6 @@ void gw_supervisor_stop(gw_supervisor *s)
 
 void gw_supervisor_wait(gw_supervisor *s, int grace_s)
 {
-    gw_supervisor_stop(s); /* again: harmless, and enough for a caller who only waits */
     double deadline = mono_s() + grace_s;
     for (;;) {
         int alive = 0;

@@ -39,9 +39,8 @@ void gw_supervisor_drain(gw_supervisor *s);
 /* No more restarts or stats (its requests on the pool are cancelled, so
  * the pool may go next), and SIGTERM to every worker. Does not wait. */
 void gw_supervisor_stop(gw_supervisor *s);
-/* gw_supervisor_stop if not yet, then waits for the workers to exit,
- * SIGKILL to those still alive after grace_s; blocks (the loop is shutting
- * down). */
+/* After gw_supervisor_stop: waits for the workers to exit, SIGKILL to
+ * those still alive after grace_s; blocks (the loop is shutting down). */
 void gw_supervisor_wait(gw_supervisor *s, int grace_s);
 void gw_supervisor_free(gw_supervisor *s);
 

@@ -746,7 +746,8 @@ static int send_limit(sync_req *q)
     return req_send(q, 8, argv, NULL);
 }
 
-/* A check (cost > 0, cb) or a refund (cost < 0, no cb). */
+/* A check (cost > 0, cb), a charge taken without asking (cost > 0, no cb)
+ * or a refund (cost < 0, no cb). */
 static int limit_req(route_sync *s, const char *key, double rate, double burst, double cost,
                      route_limit_cb cb, void *ud)
 {

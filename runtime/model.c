@@ -300,6 +300,28 @@ static int pack_weights(rt_model *m, char *err, size_t err_len)
     return 0;
 }
 
+/* What kn_rope turns each position by: the base's frequencies, the linear
+ * scale, and the per-pair factors of rope_freqs.weight (Llama 3.1 and
+ * later), which *has_factors reports. */
+static int rope_frequencies(rt_model *m, bool *has_factors, char *err, size_t err_len)
+{
+    const rt_hparams *hp = &m->hp;
+    float *factors;
+    int rc = load_vector(m->gguf, "rope_freqs.weight", hp->n_rot / 2, false, &factors, err, err_len);
+    if (rc < 0)
+        return rc;
+    *has_factors = factors != NULL;
+    for (int i = 0; factors && i < hp->n_rot / 2 && !rc; i++)
+        if (!(factors[i] > 0.0f) || !isfinite(factors[i]))
+            rc = ERR("tensor rope_freqs.weight: element %d is %g, not a positive number", i, factors[i]);
+    if (!rc && !(m->rope_inv_freq = malloc((size_t)(hp->n_rot / 2) * sizeof(double))))
+        rc = -ENOMEM;
+    if (!rc)
+        kn_rope_inv_freq(m->rope_inv_freq, hp->n_rot, hp->rope_freq_base, hp->rope_scale, factors);
+    free(factors);
+    return rc;
+}
+
 static uint64_t weight_bytes(const rt_weight *w)
 {
     return w->nbytes;
@@ -327,21 +349,9 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
         goto fail;
     if ((rc = bind_layers(m, err, err_len)) < 0)
         goto fail;
-    /* Per-pair frequency factors (Llama 3.1 and later: rope_freqs.weight). */
-    if ((rc = load_vector(m->gguf, "rope_freqs.weight", hp->n_rot / 2, false, &m->rope_factors, err,
-                          err_len)) < 0)
+    bool rope_factors;
+    if ((rc = rope_frequencies(m, &rope_factors, err, err_len)) < 0)
         goto fail;
-    for (int i = 0; m->rope_factors && i < hp->n_rot / 2; i++)
-        if (!(m->rope_factors[i] > 0.0f) || !isfinite(m->rope_factors[i])) {
-            rc = ERR("tensor rope_freqs.weight: element %d is %g, not a positive number", i,
-                     m->rope_factors[i]);
-            goto fail;
-        }
-    if (!(m->rope_inv_freq = malloc((size_t)(hp->n_rot / 2) * sizeof(double)))) {
-        rc = -ENOMEM;
-        goto fail;
-    }
-    kn_rope_inv_freq(m->rope_inv_freq, hp->n_rot, hp->rope_freq_base, hp->rope_scale, m->rope_factors);
     if ((rc = rt_tokenizer_load(m->gguf, &m->tok, err, err_len)) < 0)
         goto fail;
     if (rt_tokenizer_n_vocab(m->tok) > hp->n_vocab) {
@@ -371,9 +381,9 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
     /* The CUDA forward pass turns positions by base alone (its angle table
      * is built on the device): until it takes the factors, such a model
      * runs on the CPU only. */
-    if (cuda && (m->rope_factors || hp->rope_scale != 1.0f)) {
+    if (cuda && (rope_factors || hp->rope_scale != 1.0f)) {
         rc = ERR("RoPE %s: not supported on cuda yet (run this model with device cpu)",
-                 m->rope_factors ? "frequency factors (rope_freqs.weight)" : "linear scaling");
+                 rope_factors ? "frequency factors (rope_freqs.weight)" : "linear scaling");
         goto fail;
     }
     /* On a GPU the CPU kernels only serve host-side odds and ends. */
@@ -420,7 +430,6 @@ void rt_model_free(rt_model *m)
         free(m->layers);
     }
     free(m->output_norm);
-    free(m->rope_factors);
     free(m->rope_inv_freq);
 #ifdef INFERGATE_HAVE_CUDA
     rt_cuda_model_free(m->cuda);

@@ -42,7 +42,6 @@ struct rt_model {
     rt_weight tok_embd, output;
     float *output_norm;
     rt_layer *layers;
-    float *rope_factors;   /* rope_freqs.weight, n_rot / 2, or NULL */
     double *rope_inv_freq; /* n_rot / 2: what kn_rope turns positions by */
     uint64_t weight_bytes, bytes_per_token;
     kn_ctx *kn;
