@@ -33,6 +33,16 @@ static bool equals(const char *s, size_t len, const char *name)
     return strlen(name) == len && memcmp(s, name, len) == 0;
 }
 
+/* llama.cpp's names for the same families, so a config written for one
+ * works for the other. */
+static const char *const k_names[RT_CHAT_N_KINDS] = {
+    [RT_CHAT_CHATML] = "chatml",         [RT_CHAT_LLAMA2] = "llama2",
+    [RT_CHAT_LLAMA3] = "llama3",         [RT_CHAT_MISTRAL] = "mistral",
+    [RT_CHAT_ZEPHYR] = "zephyr",         [RT_CHAT_MISTRAL_V1] = "mistral-v1",
+    [RT_CHAT_MISTRAL_V3] = "mistral-v3", [RT_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
+    [RT_CHAT_MISTRAL_V7] = "mistral-v7", [RT_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
+};
+
 rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
 {
     bool dummy;
@@ -45,20 +55,9 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
         return RT_CHAT_CHATML;
     /* A bare family name lets a config override the model's template, as
      * llama.cpp's --chat-template does. */
-    if (equals(tmpl, len, "chatml"))
-        return RT_CHAT_CHATML;
-    if (equals(tmpl, len, "llama2"))
-        return RT_CHAT_LLAMA2;
-    if (equals(tmpl, len, "llama3"))
-        return RT_CHAT_LLAMA3;
-    if (equals(tmpl, len, "mistral"))
-        return RT_CHAT_MISTRAL;
-    if (equals(tmpl, len, "zephyr"))
-        return RT_CHAT_ZEPHYR;
-    if (equals(tmpl, len, "mistral-v1"))
-        return RT_CHAT_MISTRAL_V1;
-    if (equals(tmpl, len, "mistral-v3"))
-        return RT_CHAT_MISTRAL_V3;
+    for (int k = 0; k < RT_CHAT_N_KINDS; k++)
+        if (equals(tmpl, len, k_names[k]))
+            return (rt_chat_kind)k;
     /* Order matters: a template may mention several markers (e.g. a Llama-3
      * template explaining ChatML in a comment), so the most specific first. */
     if (contains(tmpl, len, "<|start_header_id|>"))
@@ -71,10 +70,18 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
         !contains(tmpl, len, "<|end|>") && !contains(tmpl, len, "<|endoftext|>"))
         return RT_CHAT_ZEPHYR;
     /* Mistral's templates by their revision's marks, as llama.cpp tells
-     * them apart: v0.3 offers tools; v0.2's later one puts a space before
-     * [INST]. */
+     * them apart: v7 has a system prompt of its own, v0.3 offers tools,
+     * v0.2's later one puts a space before [INST]; the Tekken vocabularies'
+     * templates write the control tokens with no space after them. Small
+     * 3.1's template offers tools too, so v7 first. */
+    if (contains(tmpl, len, "[SYSTEM_PROMPT]"))
+        return contains(tmpl, len, "'[INST] '") || contains(tmpl, len, "\"[INST] \"")
+                   ? RT_CHAT_MISTRAL_V7
+                   : RT_CHAT_MISTRAL_V7_TEKKEN;
     if (contains(tmpl, len, "[AVAILABLE_TOOLS]"))
-        return RT_CHAT_MISTRAL_V3;
+        return contains(tmpl, len, "\"[INST]\"") || contains(tmpl, len, "'[INST]'")
+                   ? RT_CHAT_MISTRAL_V3_TEKKEN
+                   : RT_CHAT_MISTRAL_V3;
     if (contains(tmpl, len, "' [INST] '"))
         return RT_CHAT_MISTRAL_V1;
     if (contains(tmpl, len, "[INST]"))
@@ -85,23 +92,7 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
 
 const char *rt_chat_kind_name(rt_chat_kind k)
 {
-    switch (k) {
-    case RT_CHAT_CHATML:
-        return "chatml";
-    case RT_CHAT_LLAMA2:
-        return "llama2";
-    case RT_CHAT_LLAMA3:
-        return "llama3";
-    case RT_CHAT_MISTRAL:
-        return "mistral";
-    case RT_CHAT_ZEPHYR:
-        return "zephyr";
-    case RT_CHAT_MISTRAL_V1:
-        return "mistral-v1";
-    case RT_CHAT_MISTRAL_V3:
-        return "mistral-v3";
-    }
-    return "unknown";
+    return k >= 0 && k < RT_CHAT_N_KINDS ? k_names[k] : "unknown";
 }
 
 /* ---- output buffer ---- */
@@ -341,7 +332,9 @@ static int render_llama2(buf *b, const rt_chat_msg *msgs, int n, const char *bos
  *  v0.3 (v3): "[INST] " + content + "[/INST]" ([INST] and [/INST] are
  *   control tokens there), the system message in the last user turn (and
  *   nowhere when the conversation ends on an assistant turn),
- *   " " + trim(content) + "</s>". */
+ *   " " + trim(content) + "</s>";
+ *  Nemo (v3-tekken): as v0.3 with no space after [INST] nor before the
+ *   answer, and the answer as it is. */
 static int render_mistral(buf *b, rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char *err,
                           size_t err_len)
 {
@@ -349,11 +342,12 @@ static int render_mistral(buf *b, rt_chat_kind k, const rt_chat_msg *msgs, int n
     int rc = check_alternation(rt_chat_kind_name(k), msgs, n, start, err, err_len);
     if (rc < 0)
         return rc;
-    int sys_turn = start == 0 ? -1 : k == RT_CHAT_MISTRAL_V3 ? n - 1 : start;
+    bool v3 = k == RT_CHAT_MISTRAL_V3 || k == RT_CHAT_MISTRAL_V3_TEKKEN;
+    int sys_turn = start == 0 ? -1 : v3 ? n - 1 : start;
     buf_str(b, bos);
     for (int i = start; i < n; i++) {
         if (role_of(msgs[i].role) == ROLE_ASSISTANT) {
-            if (k != RT_CHAT_MISTRAL)
+            if (k != RT_CHAT_MISTRAL && k != RT_CHAT_MISTRAL_V3_TEKKEN)
                 buf_str(b, " ");
             if (k == RT_CHAT_MISTRAL_V3)
                 buf_add_stripped(b, content_of(&msgs[i]), strlen(content_of(&msgs[i])));
@@ -362,15 +356,51 @@ static int render_mistral(buf *b, rt_chat_kind k, const rt_chat_msg *msgs, int n
             buf_str(b, "</s>");
             continue;
         }
-        buf_str(b, k == RT_CHAT_MISTRAL_V1 ? " [INST] " : "[INST] ");
+        buf_str(b, k == RT_CHAT_MISTRAL_V1          ? " [INST] "
+                   : k == RT_CHAT_MISTRAL_V3_TEKKEN ? "[INST]"
+                                                    : "[INST] ");
         if (i == sys_turn) {
             buf_message(b, &msgs[0]);
             buf_str(b, "\n\n");
         }
         buf_message(b, &msgs[i]);
-        buf_str(b, k == RT_CHAT_MISTRAL_V3 ? "[/INST]" : " [/INST]");
+        buf_str(b, v3 ? "[/INST]" : " [/INST]");
     }
     return 0;
+}
+
+/* Mistral's v7 templates (Large-2411; Small 3 and 3.1 with the Tekken
+ * vocabulary, no spaces): bos, then every message in order, any order of
+ * roles: "[SYSTEM_PROMPT] " + content + "[/SYSTEM_PROMPT]",
+ * "[INST] " + content + "[/INST]", " " + content + "</s>". Small 3's
+ * template adds a default system prompt of its own (with today's date)
+ * when none is given; as in llama.cpp's built-in, that is the client's to
+ * send. */
+static void render_mistral_v7(buf *b, rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos)
+{
+    const char *sp = k == RT_CHAT_MISTRAL_V7 ? " " : "";
+    buf_str(b, bos);
+    for (int i = 0; i < n; i++) {
+        switch (role_of(msgs[i].role)) {
+        case ROLE_SYSTEM:
+            buf_str(b, "[SYSTEM_PROMPT]");
+            buf_str(b, sp);
+            buf_message(b, &msgs[i]);
+            buf_str(b, "[/SYSTEM_PROMPT]");
+            break;
+        case ROLE_USER:
+            buf_str(b, "[INST]");
+            buf_str(b, sp);
+            buf_message(b, &msgs[i]);
+            buf_str(b, "[/INST]");
+            break;
+        default: /* assistant: the caller has refused other roles */
+            buf_str(b, sp);
+            buf_message(b, &msgs[i]);
+            buf_str(b, "</s>");
+            break;
+        }
+    }
 }
 
 int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out,
@@ -406,7 +436,12 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
     case RT_CHAT_MISTRAL:
     case RT_CHAT_MISTRAL_V1:
     case RT_CHAT_MISTRAL_V3:
+    case RT_CHAT_MISTRAL_V3_TEKKEN:
         rc = render_mistral(&b, k, msgs, n, bos, err, err_len);
+        break;
+    case RT_CHAT_MISTRAL_V7:
+    case RT_CHAT_MISTRAL_V7_TEKKEN:
+        render_mistral_v7(&b, k, msgs, n, bos);
         break;
     case RT_CHAT_ZEPHYR:
         buf_str(&b, bos);

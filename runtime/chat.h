@@ -15,13 +15,17 @@
 #include <stddef.h>
 
 typedef enum rt_chat_kind {
-    RT_CHAT_CHATML = 0, /* also the fallback */
-    RT_CHAT_LLAMA2,     /* [INST] <<SYS>> ... <</SYS>> ... [/INST] */
-    RT_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-    RT_CHAT_MISTRAL,    /* [INST] ... [/INST], system folded into the first user turn (v0.1) */
-    RT_CHAT_ZEPHYR,     /* <|role|>\ncontent</s>\n (Zephyr, TinyLlama-Chat) */
-    RT_CHAT_MISTRAL_V1, /* " [INST] ... [/INST]" (Mistral-Instruct v0.2's later template) */
-    RT_CHAT_MISTRAL_V3, /* "[INST] ...[/INST]", system in the last user turn (v0.3) */
+    RT_CHAT_CHATML = 0,        /* also the fallback */
+    RT_CHAT_LLAMA2,            /* [INST] <<SYS>> ... <</SYS>> ... [/INST] */
+    RT_CHAT_LLAMA3,            /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    RT_CHAT_MISTRAL,           /* [INST] ... [/INST], system folded into the first user turn (v0.1) */
+    RT_CHAT_ZEPHYR,            /* <|role|>\ncontent</s>\n (Zephyr, TinyLlama-Chat) */
+    RT_CHAT_MISTRAL_V1,        /* " [INST] ... [/INST]" (Mistral-Instruct v0.2's later template) */
+    RT_CHAT_MISTRAL_V3,        /* "[INST] ...[/INST]", system in the last user turn (v0.3) */
+    RT_CHAT_MISTRAL_V3_TEKKEN, /* "[INST]...[/INST]...</s>" (Mistral-Nemo) */
+    RT_CHAT_MISTRAL_V7,        /* "[SYSTEM_PROMPT] ...[/SYSTEM_PROMPT][INST] ...[/INST]" (Large-2411) */
+    RT_CHAT_MISTRAL_V7_TEKKEN, /* the same without the spaces (Small 3, 3.1) */
+    RT_CHAT_N_KINDS
 } rt_chat_kind;
 
 typedef struct rt_chat_msg {
@@ -32,7 +36,8 @@ typedef struct rt_chat_msg {
 /* Recognises a template; tmpl may be NULL (-> fallback). `recognised` is set
  * false when the fallback was used for a template that was present. */
 rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised);
-/* "chatml", "llama2", "llama3", "mistral", "zephyr", "mistral-v1", "mistral-v3" */
+/* "chatml", "llama2", "llama3", "mistral", "zephyr", "mistral-v1", "mistral-v3",
+ * "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken" (llama.cpp's names) */
 const char *rt_chat_kind_name(rt_chat_kind k);
 
 /* Renders messages into a NUL-terminated prompt (malloc'd, *out), ending

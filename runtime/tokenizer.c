@@ -277,6 +277,13 @@ static bool merge_find(const rt_tokenizer *t, int32_t a, int32_t b, int32_t *ran
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"      \
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
+/* Mistral's Tekken (Nemo, Small 3): words split at a lower-to-upper case
+ * change, digits one by one, no contractions (its tokenizer.json's own). */
+#define RE_TEKKEN                                                                                            \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"             \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|"      \
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 typedef struct pre_family {
     const char *family;
     const char *re[MAX_PRE_STAGES]; /* applied in turn to every piece */
@@ -300,6 +307,7 @@ static const pre_family k_pre[] = {
      false,
      false,
      {"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", NULL}},
+    {"tekken", {RE_TEKKEN, NULL}, true, true, {"tekken", NULL}},
 };
 
 static const pre_family *pre_lookup(rt_gguf_str name)

@@ -94,7 +94,7 @@ static void fuzz_render(const rt_oai_request *r)
         msgs[i].role = r->messages[i].role;
         msgs[i].content = r->messages[i].content;
     }
-    for (int k = RT_CHAT_CHATML; k <= RT_CHAT_MISTRAL_V3; k++) {
+    for (int k = 0; k < RT_CHAT_N_KINDS; k++) {
         for (int with_bos = 0; with_bos < 2; with_bos++) {
             char *out = NULL, err[256];
             rt_text_span *sp = NULL;

@@ -636,6 +636,22 @@ static void test_bpe_pretokenizers(void **state)
     expect_ids(t, " 12", false, false, s2, 3);
     rt_tokenizer_free(t);
 
+    /* Tekken: digits one by one as Qwen2, words split where lower case
+     * turns upper, a whole word that is a token skips the merges. */
+    t = bpe_tok(v, "tekken");
+    assert_string_equal(rt_tokenizer_pre(t), "tekken");
+    assert_true(rt_tokenizer_add_bos_default(t));
+    expect_ids(t, text, false, false, q2, 9);
+    int32_t tk[] = {id(t, "zzz"), id(t, "Hello")};
+    expect_ids(t, "zzzHello", false, false, tk, 2);
+    expect_ids(t, "I'M", false, false, l3c, 2);
+    rt_tokenizer_free(t);
+    t = bpe_tok(v, "qwen2"); /* the same text is one word there */
+    int32_t whole[16];
+    int n = rt_tokenizer_encode(t, "zzzHello", 8, false, false, whole, 16);
+    assert_true(n > 2 && whole[0] != id(t, "zzz"));
+    rt_tokenizer_free(t);
+
     /* no pre at all is GPT-2's; an unknown one falls back to it and says so */
     t = bpe_tok(v, NULL);
     assert_string_equal(rt_tokenizer_pre(t), "gpt2");
@@ -799,7 +815,7 @@ static void test_bpe_reference_and_roundtrip(void **state)
     }
     rt_tokenizer_free(t);
 
-    static const char *pres[] = {"llama3", "qwen2", "gpt-2", "starcoder"};
+    static const char *pres[] = {"llama3", "qwen2", "gpt-2", "starcoder", "tekken"};
     static const uint32_t ranges[][2] = {{0x20, 0x7E},       {0x09, 0x0D},     {0xA0, 0x17F},
                                          {0x370, 0x3FF},     {0x4E00, 0x4FFF}, {0x3000, 0x3000},
                                          {0x1F600, 0x1F64F}, {0x660, 0x669}};
