@@ -691,20 +691,33 @@ static gw_tenant *authenticate(preq *p, bool *ok)
     return t;
 }
 
-static void handle_models(preq *p, gw_tenant *t)
+/* GET /v1/models (one == NULL) or /v1/models/{one}: the models of the
+ * local workers this tenant may use. */
+static void handle_models(preq *p, gw_tenant *t, const char *one, size_t one_len)
 {
     gw_serve *g = p->g;
-    json_t *data = json_array();
+    json_t *data = json_array(), *found = NULL;
     for (int i = 0; i < g->cfg->n_workers; i++) {
         const char *id = g->cfg->workers[i].name;
         bool dup = false;
         for (int j = 0; j < i; j++)
             dup |= !strcmp(g->cfg->workers[j].name, id);
-        if (!dup && (!t || gw_tenant_allows_model(t, id)))
-            json_array_append_new(data, json_pack("{s:s, s:s, s:i, s:s}", "id", id, "object", "model", "created", 0,
-                                                  "owned_by", "infergate"));
+        if (dup || (t && !gw_tenant_allows_model(t, id)))
+            continue;
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
+                              (json_int_t)g->started, "owned_by", "infergate");
+        if (one && strlen(id) == one_len && !memcmp(id, one, one_len))
+            found = json_incref(m);
+        json_array_append_new(data, m);
     }
-    json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", data);
+    if (one && !found) {
+        json_decref(data);
+        respond(p, 404, "invalid_request_error", "model_not_found", "model", 0,
+                "the model '%.*s' does not exist", (int)(one_len > 128 ? 128 : one_len), one);
+        return;
+    }
+    json_t *o = one ? found : json_pack("{s:s, s:O}", "object", "list", "data", data);
+    json_decref(data);
     char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (body)
@@ -920,8 +933,13 @@ static void handle_completion(preq *p, gw_tenant *t)
     }
     long long max_tokens = f.max_tokens;
     bool chat = strstr(r->path, "/chat/") != NULL;
-    if (!f.has_model || f.model_len == 0 || f.model_len >= sizeof(p->model)) {
+    if (!f.has_model || f.model_len == 0) {
         respond(p, 400, "invalid_request_error", NULL, "model", 0, "'model' must be a non-empty string");
+        return;
+    }
+    if (f.model_len >= sizeof(p->model)) { /* longer than any model name can be */
+        respond(p, 404, "invalid_request_error", "model_not_found", "model", 0,
+                "the model '%.64s...' does not exist", f.model);
         return;
     }
     memcpy(p->model, f.model, f.model_len + 1);
@@ -1058,7 +1076,12 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         return;
     }
     if (PATH_IS("/v1/models") && get) {
-        handle_models(p, t);
+        handle_models(p, t, NULL, 0);
+        return;
+    }
+    static const char models_dir[] = "/v1/models/";
+    if (get && plen > sizeof(models_dir) - 1 && !strncmp(r->path, models_dir, sizeof(models_dir) - 1)) {
+        handle_models(p, t, r->path + sizeof(models_dir) - 1, plen - (sizeof(models_dir) - 1));
         return;
     }
     if (completion) {

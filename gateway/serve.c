@@ -312,7 +312,7 @@ int gw_cmd_serve(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
-    gw_serve g = {0};
+    gw_serve g = {.started = (long)time(NULL)};
     char err[1024], exe[PATH_MAX];
     int status = 1;
     if (config) {

@@ -39,6 +39,7 @@ typedef struct gw_serve {
     const char *listen_override; /* --listen: replaces the first listener's address, reloads too */
     uint32_t up_window;          /* the upstream stream window, fixed at start */
     uint64_t next_request;
+    long started; /* epoch s: the "created" of the models it lists */
 } gw_serve;
 
 /* gw_http_handler callbacks of the front door (proxy.c). */

@@ -254,8 +254,25 @@ static bool write_chunk(wreq *r, bool first, const char *text, size_t len, const
                         const rt_oai_usage *usage)
 {
     size_t n = 0;
-    char *ev = rt_oai_chunk_sse(r->chat, r->cid, r->created, r->w->model_name, first, text, len, finish, usage, &n);
+    const rt_oai_stream st = {r->chat, r->include_usage, r->cid, r->w->model_name, r->created};
+    char *ev = rt_oai_chunk_sse(&st, first, text, len, finish, usage, &n);
     return write_sse(r, ev, n);
+}
+
+/* A stream already begun ends with an error event, which OpenAI's SDKs
+ * read and raise (the gateway writes one too when a worker fails
+ * mid-stream); where even that cannot be written, the stream is reset. */
+static void fail_stream(wreq *r, const rt_oai_error *e)
+{
+    char *j = rt_oai_error_json(e);
+    size_t n = j ? strlen(j) : 0;
+    char *ev = j ? malloc(n + sizeof("data: \n\n")) : NULL;
+    if (ev)
+        snprintf(ev, n + sizeof("data: \n\n"), "data: %s\n\n", j);
+    free(j);
+    if (!ev || gw_http_write(r->stream, ev, n + sizeof("data: \n\n") - 1) || gw_http_end(r->stream))
+        gw_http_reset(r->stream);
+    free(ev);
 }
 
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)
@@ -298,7 +315,7 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
         r->ended = true;
         rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "out of memory while generating");
         if (r->begun)
-            gw_http_reset(r->stream);
+            fail_stream(r, &e);
         else
             respond_error(r->stream, &e);
         return;
@@ -315,7 +332,7 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
                              strerror(-ev->error));
         }
         if (r->begun)
-            gw_http_reset(r->stream);
+            fail_stream(r, &e);
         else
             respond_error_after(r->stream, &e, retry);
         return;
@@ -689,6 +706,7 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
     size_t plen = strcspn(path, "?");
     bool get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
 #define PATH_IS(p) (plen == sizeof(p) - 1 && !strncmp(path, p, plen))
+#define MODELS_DIR "/v1/models/"
     if (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions")) {
         if (post) {
             handle_completion(w, s, req, PATH_IS("/v1/chat/completions"));
@@ -706,6 +724,19 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
             respond_json(s, 200, rt_oai_models_json(w->model_name, w->created));
             return;
         }
+    } else if (plen > sizeof(MODELS_DIR) - 1 && !strncmp(path, MODELS_DIR, sizeof(MODELS_DIR) - 1)) {
+        if (get) {
+            const char *id = path + sizeof(MODELS_DIR) - 1;
+            size_t id_len = plen - (sizeof(MODELS_DIR) - 1);
+            if (id_len == strlen(w->model_name) && !memcmp(id, w->model_name, id_len)) {
+                respond_json(s, 200, rt_oai_model_json(w->model_name, w->created));
+            } else {
+                rt_oai_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                                 "the model '%.*s' does not exist", (int)(id_len > 128 ? 128 : id_len), id);
+                respond_error(s, &e);
+            }
+            return;
+        }
     } else if (PATH_IS("/internal/stats")) {
         if (get) {
             handle_stats(w, s);
@@ -718,6 +749,7 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
         return;
     }
 #undef PATH_IS
+#undef MODELS_DIR
     rt_oai_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed on %.*s",
                      req->method, (int)plen, path);
     respond_error(s, &e);

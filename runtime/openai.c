@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -254,12 +255,14 @@ static int get_string(json_t *obj, const char *key, const char **out, rt_oai_err
 
 static int parse_prompt(json_t *root, int32_t n_vocab, rt_oai_request *req, rt_oai_error *e)
 {
-    static const char shape[] =
-        "'prompt' must be a string, an array of token ids or an array with one string";
+    static const char shape[] = "'prompt' must be a string, an array of token ids, or an array with one of "
+                                "either";
     json_t *p = field(root, "prompt");
     if (!p)
         return bad(e, "prompt", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+    /* A batch of one is the one prompt. */
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
         p = json_array_get(p, 0);
     if (json_is_string(p)) {
         if (json_string_length(p) == 0)
@@ -272,7 +275,7 @@ static int parse_prompt(json_t *root, int32_t n_vocab, rt_oai_request *req, rt_o
     size_t n = json_array_size(p);
     if (n == 0)
         return bad(e, "prompt", "prompt must not be empty");
-    if (json_is_string(json_array_get(p, 0)))
+    if (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))
         return bad(e, "prompt", "a batch of prompts is not supported: send one prompt per request");
     if (n > INT_MAX)
         return bad(e, "prompt", "'prompt' has too many tokens");
@@ -448,7 +451,8 @@ static int parse_sampling(json_t *root, rt_oai_request *req, rt_oai_error *e)
         return rc;
     if (rc)
         sp->temperature = (float)d;
-    if ((rc = get_number(root, "top_p", 0, 1, true, &d, e)) < 0)
+    /* 0 keeps only the likeliest token (greedy), as the reference's range allows */
+    if ((rc = get_number(root, "top_p", 0, 1, false, &d, e)) < 0)
         return rc;
     if (rc)
         sp->top_p = (float)d;
@@ -474,6 +478,100 @@ static int parse_sampling(json_t *root, rt_oai_request *req, rt_oai_error *e)
     if (rc) {
         sp->seed = (uint64_t)x;
         req->has_seed = true;
+    }
+    return 0;
+}
+
+/* {"token id": bias in [-100, 100], ...}, as OpenAI's logit_bias. */
+static int parse_logit_bias(json_t *root, int32_t n_vocab, rt_sampler_params *sp, rt_oai_error *e)
+{
+    json_t *lb = field(root, "logit_bias");
+    if (!lb)
+        return 0;
+    if (!json_is_object(lb))
+        return bad(e, "logit_bias", "'logit_bias' must be an object mapping token ids to numbers");
+    if (json_object_size(lb) > RT_SAMPLER_MAX_BIAS)
+        return bad(e, "logit_bias", "'logit_bias' may name at most %d tokens, got %zu", RT_SAMPLER_MAX_BIAS,
+                   json_object_size(lb));
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v)
+    {
+        char *end;
+        errno = 0;
+        long long id = strtoll(key, &end, 10);
+        if (end == key || *end || errno || id < 0 || id > INT32_MAX || (n_vocab > 0 && id >= n_vocab))
+            return bad(e, "logit_bias", "logit_bias: '%.40s' is not a token id of this model (0 to %ld)", key,
+                       n_vocab > 0 ? (long)n_vocab - 1 : (long)INT32_MAX);
+        double b = json_is_number(v) ? json_number_value(v) : NAN;
+        if (!(b >= -100.0 && b <= 100.0))
+            return bad(e, "logit_bias", "logit_bias['%.40s'] must be a number from -100 to 100", key);
+        sp->bias[sp->n_bias++] = (rt_sampler_bias){(int32_t)id, (float)b};
+    }
+    return 0;
+}
+
+static int unsupported(rt_oai_error *e, const char *param, const char *what)
+{
+    rt_oai_error_set(e, 400, invalid_request, param, "unsupported_parameter",
+                     "%s is not supported by this server", what);
+    return -EINVAL;
+}
+
+/* Fields OpenAI defines that this server cannot honour: each is refused
+ * when it asks for something, rather than ignored (a client would read a
+ * null where it asked for log probabilities, or free text where it asked
+ * for JSON). Their off values pass, as SDKs send them. */
+static int refuse_unsupported(json_t *root, bool chat, rt_oai_error *e)
+{
+    bool b = false;
+    long long x = 0;
+    int rc;
+    if (chat) {
+        if ((rc = get_bool(root, "logprobs", &b, e)) < 0)
+            return rc;
+        if (b)
+            return unsupported(e, "logprobs", "'logprobs'");
+    } else if (field(root, "logprobs")) {
+        return unsupported(e, "logprobs", "'logprobs'");
+    }
+    if ((rc = get_int(root, "top_logprobs", 0, 20, &x, e)) < 0)
+        return rc;
+    if (x > 0)
+        return unsupported(e, "top_logprobs", "'top_logprobs'");
+    if (!chat) {
+        if ((rc = get_bool(root, "echo", &b, e)) < 0)
+            return rc;
+        if (b)
+            return unsupported(e, "echo", "'echo'");
+        const char *sfx = NULL;
+        if ((rc = get_string(root, "suffix", &sfx, e)) < 0)
+            return rc;
+        if (sfx && *sfx)
+            return unsupported(e, "suffix", "'suffix' (insertion)");
+        if ((rc = get_int(root, "best_of", 1, 20, &x, e)) < 0)
+            return rc;
+        if (rc && x != 1)
+            return unsupported(e, "best_of", "'best_of' other than 1");
+        return 0;
+    }
+    json_t *rf = field(root, "response_format");
+    if (rf) {
+        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(t))
+            return bad(e, "response_format", "'response_format' must be an object with a string 'type'");
+        if (strcmp(json_string_value(t), "text") != 0)
+            return unsupported(e, "response_format", "a 'response_format' other than text");
+    }
+    /* tools may be offered: the model answers in text, which "auto" allows */
+    static const char *const choices[] = {"tool_choice", "function_call"};
+    for (int i = 0; i < 2; i++) {
+        json_t *c = field(root, choices[i]);
+        if (c && !(json_is_string(c) &&
+                   (strcmp(json_string_value(c), "none") == 0 || strcmp(json_string_value(c), "auto") == 0)))
+            return unsupported(e, choices[i],
+                               i == 0 ? "a 'tool_choice' other than none or auto"
+                                      : "a 'function_call' other than none or auto");
     }
     return 0;
 }
@@ -533,6 +631,10 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
         return bad(e, "n", "only n=1 is supported");
 
     if ((rc = parse_sampling(root, req, e)) < 0)
+        return rc;
+    if ((rc = parse_logit_bias(root, n_vocab, &req->sampling, e)) < 0)
+        return rc;
+    if ((rc = refuse_unsupported(root, chat, e)) < 0)
         return rc;
     if ((rc = parse_stop(root, req, e)) < 0)
         return rc;
@@ -710,6 +812,7 @@ char *rt_oai_response_json(bool chat, const char *id, long created, const char *
         payload = json_object();
         put(payload, "role", json_string("assistant"), &ok);
         put(payload, "content", json_text(text, text ? text_len : 0), &ok);
+        put(payload, "refusal", json_null(), &ok);
         payload = done(payload, ok);
     } else {
         payload = json_text(text, text ? text_len : 0);
@@ -721,18 +824,17 @@ char *rt_oai_response_json(bool chat, const char *id, long created, const char *
     return dump_and_free(done(o, ok));
 }
 
-char *rt_oai_chunk_sse(bool chat, const char *id, long created, const char *model, bool first,
-                       const char *text, size_t text_len, const char *finish_reason,
-                       const rt_oai_usage *usage, size_t *out_len)
+char *rt_oai_chunk_sse(const rt_oai_stream *st, bool first, const char *text, size_t text_len,
+                       const char *finish_reason, const rt_oai_usage *usage, size_t *out_len)
 {
     if (out_len)
         *out_len = 0;
-    bool ok = true;
+    bool ok = true, chat = st->chat;
     json_t *o;
     const char *object = chat ? "chat.completion.chunk" : "text_completion";
     if (!text && usage) {
         /* The usage chunk comes after the last token and has no choice. */
-        o = envelope(id, object, created, model, json_array());
+        o = envelope(st->id, object, st->created, st->model, json_array());
         put(o, "usage", usage_json(usage), &ok);
         o = done(o, ok);
     } else {
@@ -750,7 +852,11 @@ char *rt_oai_chunk_sse(bool chat, const char *id, long created, const char *mode
             payload = json_text(text, text ? text_len : 0);
         }
         json_t *choices = one(choice_json(chat ? "delta" : "text", payload, finish_reason));
-        o = envelope(id, object, created, model, choices);
+        o = envelope(st->id, object, st->created, st->model, choices);
+        /* With include_usage every other chunk says "usage": null. */
+        if (st->include_usage)
+            put(o, "usage", json_null(), &ok);
+        o = done(o, ok);
     }
     if (!o)
         return NULL;
@@ -776,7 +882,7 @@ char *rt_oai_chunk_sse(bool chat, const char *id, long created, const char *mode
     return sse;
 }
 
-char *rt_oai_models_json(const char *model, long created)
+static json_t *model_object(const char *model, long created)
 {
     bool ok = true;
     json_t *m = json_object();
@@ -784,10 +890,21 @@ char *rt_oai_models_json(const char *model, long created)
     put(m, "object", json_string("model"), &ok);
     put(m, "created", json_integer(created), &ok);
     put(m, "owned_by", json_string("infergate"), &ok);
+    return done(m, ok);
+}
+
+char *rt_oai_models_json(const char *model, long created)
+{
+    bool ok = true;
     json_t *o = json_object();
     put(o, "object", json_string("list"), &ok);
-    put(o, "data", one(done(m, ok)), &ok);
+    put(o, "data", one(model_object(model, created)), &ok);
     return dump_and_free(done(o, ok));
+}
+
+char *rt_oai_model_json(const char *model, long created)
+{
+    return dump_and_free(model_object(model, created));
 }
 
 char *rt_oai_error_json(const rt_oai_error *e)

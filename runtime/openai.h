@@ -74,17 +74,28 @@ typedef struct rt_oai_usage {
     int prompt_tokens, completion_tokens;
 } rt_oai_usage;
 
-/* Whole (non-streamed) response. finish_reason "stop" or "length". */
+/* Whole (non-streamed) response. finish_reason "stop" or "length"; a chat
+ * message carries "refusal": null, as OpenAI's SDK types have it. */
 char *rt_oai_response_json(bool chat, const char *id, long created, const char *model, const char *text,
                            size_t text_len, const char *finish_reason, const rt_oai_usage *usage);
+/* What every chunk of one streamed response repeats. */
+typedef struct rt_oai_stream {
+    bool chat;
+    bool include_usage; /* chunks carry "usage": null until the usage chunk */
+    const char *id, *model;
+    long created;
+} rt_oai_stream;
+
 /* One SSE event "data: {...}\n\n" of a streamed response, with the delta
  * text (chat: the first chunk also carries "role":"assistant"), the
  * finish_reason on the last one (NULL before), and a usage chunk (empty
  * choices) when usage != NULL and text == NULL. Returns a malloc'd string
  * and its length in *out_len. */
-char *rt_oai_chunk_sse(bool chat, const char *id, long created, const char *model, bool first, const char *text,
-                       size_t text_len, const char *finish_reason, const rt_oai_usage *usage, size_t *out_len);
+char *rt_oai_chunk_sse(const rt_oai_stream *st, bool first, const char *text, size_t text_len,
+                       const char *finish_reason, const rt_oai_usage *usage, size_t *out_len);
 /* {"object":"list","data":[{"id":model,"object":"model","created":..,"owned_by":"infergate"}]} */
 char *rt_oai_models_json(const char *model, long created);
+/* One model object, as GET /v1/models/{model} answers. */
+char *rt_oai_model_json(const char *model, long created);
 
 #endif

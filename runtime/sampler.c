@@ -100,6 +100,15 @@ rt_sampler *rt_sampler_new(const rt_sampler_params *p, int32_t n_vocab)
         s->p.presence_penalty = 0.0f;
     if (!isfinite(s->p.frequency_penalty))
         s->p.frequency_penalty = 0.0f;
+    if (s->p.n_bias < 0 || s->p.n_bias > RT_SAMPLER_MAX_BIAS) {
+        free(s);
+        return NULL;
+    }
+    for (int i = 0; i < s->p.n_bias; i++)
+        if (s->p.bias[i].token < 0 || s->p.bias[i].token >= n_vocab || !isfinite(s->p.bias[i].bias)) {
+            free(s);
+            return NULL;
+        }
     s->n_vocab = n_vocab;
     s->softmax = kn_ops_best()->softmax;
     /* A probability e^z / S (z <= 0 against the best, 1 <= S <= n_vocab)
@@ -452,6 +461,8 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits)
     const rt_sampler_params *p = &s->p;
     int32_t n = s->n_vocab;
 
+    for (int i = 0; i < p->n_bias; i++)
+        logits[p->bias[i].token] += p->bias[i].bias;
     if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
         for (int32_t i = 0; i < s->n_seen; i++) {
             int32_t t = s->seen[i];
@@ -459,7 +470,7 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits)
         }
     /* a temperature too small to divide by is the greedy limit */
     const float inv_t = 1.0f / p->temperature;
-    if (p->temperature == 0.0f || p->top_k == 1 || !isfinite(inv_t))
+    if (p->temperature == 0.0f || p->top_k == 1 || p->top_p <= 0.0f || !isfinite(inv_t))
         return argmax(logits, n);
 
     /* logits is ours to change: it holds the probabilities as they are

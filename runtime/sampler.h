@@ -1,7 +1,8 @@
 /* Sampling the next token from logits, and stop-string matching.
  *
- * Order of operations (as llama.cpp and vLLM): penalties (presence,
- * frequency over the tokens generated so far) -> temperature 0 means greedy
+ * Order of operations (as llama.cpp and vLLM): logit bias, penalties
+ * (presence, frequency over the tokens generated so far) -> temperature 0
+ * (or top_p 0) means greedy
  * -> top-k -> softmax with temperature -> top-p -> min-p -> draw with a
  * seeded PRNG. Same seed and same logits give the same tokens. */
 #ifndef RT_SAMPLER_H
@@ -11,6 +12,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define RT_SAMPLER_MAX_BIAS 300 /* tokens in one logit_bias */
+
+typedef struct rt_sampler_bias {
+    int32_t token;
+    float bias; /* added to the token's logit, -100..100 */
+} rt_sampler_bias;
+
 typedef struct rt_sampler_params {
     float temperature; /* 0 = greedy */
     int top_k;         /* 0 = off */
@@ -19,6 +27,8 @@ typedef struct rt_sampler_params {
     uint64_t seed;
     float presence_penalty;  /* OpenAI semantics: subtract once if seen */
     float frequency_penalty; /* subtract count * penalty */
+    int n_bias;              /* logit_bias: tokens must be < n_vocab */
+    rt_sampler_bias bias[RT_SAMPLER_MAX_BIAS];
 } rt_sampler_params;
 
 void rt_sampler_params_default(rt_sampler_params *p); /* greedy-safe defaults: temp 1, top_p 1 */

@@ -134,8 +134,8 @@ static void fuzz_encode(const rt_oai_request *r, const uint8_t *text, size_t len
     const char *finish[] = {NULL, NULL, "length", NULL};
     const char *texts[] = {t, t, NULL, NULL};
     for (int i = 0; i < 4; i++) {
-        s = rt_oai_chunk_sse(r->chat, "cmpl-fuzz", 1, r->model, i == 0, texts[i], texts[i] ? len : 0,
-                             finish[i], i == 3 ? &u : NULL, &n);
+        s = rt_oai_chunk_sse(&(rt_oai_stream){r->chat, r->include_usage, "cmpl-fuzz", r->model, 1}, i == 0,
+                             texts[i], texts[i] ? len : 0, finish[i], i == 3 ? &u : NULL, &n);
         FUZZ_CHECK(s != NULL && n >= 8 && strlen(s) <= n);
         FUZZ_CHECK(memcmp(s, "data: ", 6) == 0 && memcmp(s + n - 2, "\n\n", 2) == 0);
         fuzz_check_json(s + 6, n - 8);

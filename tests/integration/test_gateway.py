@@ -164,6 +164,11 @@ if shutil.which("node") and os.path.isdir(os.path.join(node_dir, "node_modules",
     t.ok(r.returncode == 0 and out.get("text") == out.get("streamed") and out.get("finish") in ("stop", "length")
          and out.get("usage", {}).get("completion_tokens", 0) > 0,
          "OpenAI Node SDK: chat completion, streamed and not, agree: %s" % out)
+    t.ok(out.get("refusal", "absent") is None and out.get("null_usage") == out.get("chunks", 0) - 1
+         and out.get("model_id") == "small",
+         "OpenAI Node SDK: refusal null, usage null on every chunk but the last, models.retrieve")
+    t.ok(out.get("refused") == {"status": 400, "code": "unsupported_parameter", "param": "logprobs"},
+         "OpenAI Node SDK: logprobs is refused by name, not ignored: %s" % out.get("refused"))
 else:
     t.ok(False, "OpenAI Node SDK installed (npm ci in tests/integration/node)")
 
@@ -177,6 +182,13 @@ s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model=
 t.ok(s == 403 and "error" in json.loads(b), "model outside the tenant's list -> 403")
 s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="nope"), headers=[AUTH])
 t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "unknown model -> 404")
+s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="m" * 300), headers=[AUTH])
+t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "a model name longer than any -> 404")
+s, _, b = curl(URL + "/v1/models/small", http="--http1.1", headers=[AUTH])
+t.ok(s == 200 and json.loads(b)["id"] == "small" and json.loads(b)["created"] > 1700000000,
+     "GET /v1/models/{id} answers the model object")
+s, _, b = curl(URL + "/v1/models/nope", http="--http1.1", headers=[AUTH])
+t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "GET /v1/models/{unknown} -> 404")
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=[AUTH])
 t.ok(s == 403, "/metrics with a non-admin key -> 403")
 

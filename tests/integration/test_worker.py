@@ -71,6 +71,19 @@ st = stats()
 t.ok(st is not None and st["requests_done"] >= 64 and st["tokens_generated"] >= 64
      and st["running"] == 0 and st["queued"] == 0, "stats count the requests and tokens: %s" % st)
 
+# --- logit_bias steers the greedy choice; the model object by its id ---
+def text_of(extra):
+    s, _, b = post("/v1/completions", dict(body(prompts[0], n=4), **extra))
+    return json.loads(b)["choices"][0]["text"] if s == 200 else (s, b)
+forced = [text_of({"logit_bias": {str(tok): 100}}) for tok in (300, 301)]
+t.ok(isinstance(forced[0], str) and forced[0] != alone[0][:len(forced[0])] and forced[0] != forced[1]
+     and text_of({"logit_bias": {"300": 100}}) == forced[0],
+     "logit_bias +100 makes the token the greedy choice: %r" % forced)
+s, _, b = curl(URL + "/v1/models/m", unix=sock, timeout=5)
+t.ok(s == 200 and json.loads(b)["id"] == "m" and json.loads(b)["object"] == "model", "GET /v1/models/m")
+s, _, b = curl(URL + "/v1/models/x", unix=sock, timeout=5)
+t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "GET /v1/models/x -> 404")
+
 # --- a Q8_0 KV cache: the same batch invariance, in half the memory ---
 sock_q8 = os.path.join(d, "wq8.sock")
 wq8 = start_worker(sock_q8, "--max-seqs", "32", "--kv-cache-mb", "64", "--kv-type", "q8_0")

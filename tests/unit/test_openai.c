@@ -209,6 +209,12 @@ static void test_prompt_shapes(void **state)
     assert_int_equal(r.prompt_tokens[3], 0);
     rt_oai_request_dispose(&r);
 
+    /* A batch of one token array is that array. */
+    parse_ok("{\"model\":\"m\",\"prompt\":[[7,8]]}", false, &r);
+    assert_int_equal(r.n_prompt_tokens, 2);
+    assert_int_equal(r.prompt_tokens[1], 8);
+    rt_oai_request_dispose(&r);
+
     parse_ok("{\"model\":\"m\",\"prompt\":[\"only one\"]}", false, &r);
     assert_string_equal(r.prompt, "only one");
     assert_null(r.prompt_tokens);
@@ -233,7 +239,9 @@ static void test_prompt_shapes(void **state)
     expect_bad("{\"model\":\"m\",\"prompt\":[]}", false, "prompt", "prompt must not be empty");
     expect_bad("{\"model\":\"m\",\"prompt\":[\"\"]}", false, "prompt", "prompt must not be empty");
     expect_bad("{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", false, "prompt", "batch");
-    expect_bad("{\"model\":\"m\",\"prompt\":[[1,2]]}", false, "prompt", NULL);
+    expect_bad("{\"model\":\"m\",\"prompt\":[[1],[2]]}", false, "prompt", "batch");
+    expect_bad("{\"model\":\"m\",\"prompt\":[[]]}", false, "prompt", "empty");
+    expect_bad("{\"model\":\"m\",\"prompt\":[[\"a\"]]}", false, "prompt", NULL);
     expect_bad("{\"model\":\"m\",\"prompt\":[1,\"a\"]}", false, "prompt", NULL);
     expect_bad("{\"model\":\"m\",\"prompt\":[1,2.5]}", false, "prompt", NULL);
     expect_bad("{\"model\":\"m\",\"prompt\":5}", false, "prompt", NULL);
@@ -325,7 +333,8 @@ static void test_null_is_absent_and_unknown_ignored(void **state)
     parse_ok("{\"model\":\"m\",\"prompt\":\"p\",\"stream\":null,\"stream_options\":null,\"max_tokens\":null,"
              "\"max_completion_tokens\":null,\"temperature\":null,\"top_p\":null,\"seed\":null,\"stop\":null,"
              "\"presence_penalty\":null,\"frequency_penalty\":null,\"n\":null,\"user\":null,\"top_k\":null,"
-             "\"min_p\":null}",
+             "\"min_p\":null,\"logit_bias\":null,\"logprobs\":null,\"echo\":null,\"suffix\":null,"
+             "\"best_of\":null,\"top_logprobs\":null}",
              false, &r);
     assert_false(r.stream);
     assert_int_equal(r.max_tokens, -1);
@@ -342,7 +351,7 @@ static void test_null_is_absent_and_unknown_ignored(void **state)
     assert_false(r.include_usage);
     rt_oai_request_dispose(&r);
 
-    parse_ok("{\"logit_bias\":{\"50256\":-100},\"model\":\"m\",\"suffix\":\"s\",\"echo\":false,"
+    parse_ok("{\"metadata\":{\"k\":\"v\"},\"model\":\"m\",\"store\":false,\"echo\":false,"
              "\"prompt\":\"p\",\"x-vendor\":[1,{\"deep\":[null,true]}],\"stream_options\":{\"other\":1},"
              "\"stream\":true}",
              false, &r);
@@ -391,7 +400,19 @@ static const struct bad_case {
     {C("\"temperature\":-0.1"), "temperature", "at least 0"},
     {C("\"temperature\":2.5"), "temperature", "at most 2"},
     {C("\"top_p\":\"x\""), "top_p", "number"},
-    {C("\"top_p\":0"), "top_p", "greater than 0"},
+    {C("\"top_p\":-0.1"), "top_p", "at least 0"},
+    {C("\"logit_bias\":[1]"), "logit_bias", "object"},
+    {C("\"logit_bias\":{\"x\":1}"), "logit_bias", "not a token id"},
+    {C("\"logit_bias\":{\"12x\":1}"), "logit_bias", "not a token id"},
+    {C("\"logit_bias\":{\"32000\":1}"), "logit_bias", "not a token id"},
+    {C("\"logit_bias\":{\"-1\":1}"), "logit_bias", "not a token id"},
+    {C("\"logit_bias\":{\"5\":100.5}"), "logit_bias", "-100 to 100"},
+    {C("\"logit_bias\":{\"5\":\"1\"}"), "logit_bias", "-100 to 100"},
+    {C("\"echo\":1"), "echo", "boolean"},
+    {C("\"best_of\":0"), "best_of", "at least 1"},
+    {C("\"top_logprobs\":21"), "top_logprobs", "at most 20"},
+    {H("\"logprobs\":1"), "logprobs", "boolean"},
+    {H("\"response_format\":\"json\""), "response_format", "'type'"},
     {C("\"top_p\":1.01"), "top_p", "at most 1"},
     {C("\"seed\":\"1\""), "seed", "integer"},
     {C("\"seed\":1.5"), "seed", "integer"},
@@ -525,6 +546,95 @@ static void test_chat_messages(void **state)
         true, "messages[2].content[1].type", NULL);
 }
 
+static void test_logit_bias_and_top_p(void **state)
+{
+    (void)state;
+    rt_oai_request r;
+    parse_ok("{\"model\":\"m\",\"prompt\":\"p\",\"top_p\":0,\"logit_bias\":{\"5\":-100,\"31999\":2.5}}",
+             false, &r);
+    assert_true(r.sampling.top_p == 0.0f);
+    assert_int_equal(r.sampling.n_bias, 2);
+    assert_int_equal(r.sampling.bias[0].token, 5);
+    assert_true(r.sampling.bias[0].bias == -100.0f);
+    assert_int_equal(r.sampling.bias[1].token, 31999);
+    assert_true(r.sampling.bias[1].bias == 2.5f);
+    rt_oai_request_dispose(&r);
+    parse_ok("{\"model\":\"m\",\"prompt\":\"p\",\"logit_bias\":{}}", false, &r);
+    assert_int_equal(r.sampling.n_bias, 0);
+    rt_oai_request_dispose(&r);
+
+    /* At most RT_SAMPLER_MAX_BIAS tokens. */
+    char body[16384];
+    int o = snprintf(body, sizeof(body), "{\"model\":\"m\",\"prompt\":\"p\",\"logit_bias\":{");
+    for (int i = 0; i <= RT_SAMPLER_MAX_BIAS; i++)
+        o += snprintf(body + o, sizeof(body) - (size_t)o, "%s\"%d\":1", i ? "," : "", i);
+    snprintf(body + o, sizeof(body) - (size_t)o, "}}");
+    expect_bad(body, false, "logit_bias", "at most 300");
+}
+
+/* Fields OpenAI defines that the server cannot honour are refused when
+ * they ask for something, and pass at their off values. */
+static void expect_unsupported(const char *fields, bool chat, const char *param)
+{
+    char body[512];
+    snprintf(body, sizeof(body),
+             chat ? "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}"
+                  : "{\"model\":\"m\",\"prompt\":\"p\",%s}",
+             fields);
+    rt_oai_request r;
+    rt_oai_error e;
+    assert_int_equal(parse(body, chat, &r, &e), -EINVAL);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.type, "invalid_request_error");
+    assert_non_null(e.code);
+    assert_string_equal(e.code, "unsupported_parameter");
+    assert_non_null(e.param);
+    assert_string_equal(e.param, param);
+    assert_non_null(strstr(e.message, "not supported"));
+    assert_null(r.model);
+}
+
+static void test_unsupported_fields(void **state)
+{
+    (void)state;
+    expect_unsupported("\"logprobs\":true", true, "logprobs");
+    expect_unsupported("\"top_logprobs\":2", true, "top_logprobs");
+    expect_unsupported("\"response_format\":{\"type\":\"json_object\"}", true, "response_format");
+    expect_unsupported("\"tool_choice\":\"required\"", true, "tool_choice");
+    expect_unsupported("\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", true,
+                       "tool_choice");
+    expect_unsupported("\"function_call\":{\"name\":\"f\"}", true, "function_call");
+    expect_unsupported("\"logprobs\":0", false, "logprobs");
+    expect_unsupported("\"echo\":true", false, "echo");
+    expect_unsupported("\"suffix\":\"}\"", false, "suffix");
+    expect_unsupported("\"best_of\":2", false, "best_of");
+
+    static const char *const off_chat[] = {
+        "\"logprobs\":false",
+        "\"top_logprobs\":0",
+        "\"response_format\":{\"type\":\"text\"}",
+        "\"tool_choice\":\"auto\"",
+        "\"tool_choice\":\"none\"",
+        "\"function_call\":\"auto\"",
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]",
+        "\"logprobs\":null"};
+    static const char *const off_completions[] = {"\"echo\":false", "\"suffix\":\"\"", "\"best_of\":1",
+                                                  "\"logprobs\":null", "\"suffix\":null"};
+    char body[512];
+    rt_oai_request r;
+    for (size_t i = 0; i < sizeof(off_chat) / sizeof(off_chat[0]); i++) {
+        snprintf(body, sizeof(body),
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}", off_chat[i]);
+        parse_ok(body, true, &r);
+        rt_oai_request_dispose(&r);
+    }
+    for (size_t i = 0; i < sizeof(off_completions) / sizeof(off_completions[0]); i++) {
+        snprintf(body, sizeof(body), "{\"model\":\"m\",\"prompt\":\"p\",%s}", off_completions[i]);
+        parse_ok(body, false, &r);
+        rt_oai_request_dispose(&r);
+    }
+}
+
 static void test_error_set_and_json(void **state)
 {
     (void)state;
@@ -610,6 +720,7 @@ static void test_response_json(void **state)
     expect_str(j, "object", "chat.completion");
     expect_str(j, "choices.0.message.role", "assistant");
     expect_str(j, "choices.0.message.content", "Hi");
+    expect_null(j, "choices.0.message.refusal");
     expect_str(j, "choices.0.finish_reason", "stop");
     assert_null(json_object_get(path(j, "choices.0"), "text"));
     expect_int(j, "usage.total_tokens", 12);
@@ -641,7 +752,7 @@ static void test_chunk_chat(void **state)
 {
     (void)state;
     size_t n = 0;
-    char *s = rt_oai_chunk_sse(true, "c1", 10, "m", true, "", 0, NULL, NULL, &n);
+    char *s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "c1", "m", 10}, true, "", 0, NULL, NULL, &n);
     json_t *j = load_sse(s, n);
     expect_str(j, "id", "c1");
     expect_str(j, "object", "chat.completion.chunk");
@@ -655,7 +766,7 @@ static void test_chunk_chat(void **state)
     json_decref(j);
     free(s);
 
-    s = rt_oai_chunk_sse(true, "c1", 10, "m", false, "lo wor", 2, NULL, NULL, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "c1", "m", 10}, false, "lo wor", 2, NULL, NULL, &n);
     j = load_sse(s, n);
     expect_str(j, "choices.0.delta.content", "lo");
     assert_null(json_object_get(path(j, "choices.0.delta"), "role"));
@@ -663,7 +774,7 @@ static void test_chunk_chat(void **state)
     json_decref(j);
     free(s);
 
-    s = rt_oai_chunk_sse(true, "c1", 10, "m", false, NULL, 0, "stop", NULL, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "c1", "m", 10}, false, NULL, 0, "stop", NULL, &n);
     j = load_sse(s, n);
     assert_int_equal(json_object_size(path(j, "choices.0.delta")), 0);
     expect_str(j, "choices.0.finish_reason", "stop");
@@ -671,7 +782,7 @@ static void test_chunk_chat(void **state)
     free(s);
 
     rt_oai_usage u = {.prompt_tokens = 3, .completion_tokens = 4};
-    s = rt_oai_chunk_sse(true, "c1", 10, "m", false, NULL, 0, NULL, &u, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "c1", "m", 10}, false, NULL, 0, NULL, &u, &n);
     j = load_sse(s, n);
     assert_true(json_is_array(path(j, "choices")));
     assert_int_equal(json_array_size(path(j, "choices")), 0);
@@ -682,15 +793,33 @@ static void test_chunk_chat(void **state)
     free(s);
 
     /* Exact bytes of a small chunk. */
-    s = rt_oai_chunk_sse(true, "a", 1, "b", false, "x", 1, NULL, NULL, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "a", "b", 1}, false, "x", 1, NULL, NULL, &n);
     assert_string_equal(
         s, "data: {\"id\":\"a\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"b\","
            "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"logprobs\":null,"
            "\"finish_reason\":null}]}\n\n");
     free(s);
     /* out_len may be NULL. */
-    s = rt_oai_chunk_sse(true, "a", 1, "b", false, "x", 1, NULL, NULL, NULL);
+    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "a", "b", 1}, false, "x", 1, NULL, NULL, NULL);
     assert_non_null(s);
+    free(s);
+
+    /* With include_usage, every chunk before the usage one says null. */
+    const rt_oai_stream iu = {true, true, "c2", "m", 10};
+    s = rt_oai_chunk_sse(&iu, true, "", 0, NULL, NULL, &n);
+    j = load_sse(s, n);
+    expect_null(j, "usage");
+    json_decref(j);
+    free(s);
+    s = rt_oai_chunk_sse(&iu, false, NULL, 0, "stop", NULL, &n);
+    j = load_sse(s, n);
+    expect_null(j, "usage");
+    json_decref(j);
+    free(s);
+    s = rt_oai_chunk_sse(&iu, false, NULL, 0, NULL, &u, &n);
+    j = load_sse(s, n);
+    expect_int(j, "usage.total_tokens", 7);
+    json_decref(j);
     free(s);
 }
 
@@ -698,7 +827,7 @@ static void test_chunk_completions(void **state)
 {
     (void)state;
     size_t n = 0;
-    char *s = rt_oai_chunk_sse(false, "k", 5, "m", true, "tok", 3, NULL, NULL, &n);
+    char *s = rt_oai_chunk_sse(&(rt_oai_stream){false, false, "k", "m", 5}, true, "tok", 3, NULL, NULL, &n);
     json_t *j = load_sse(s, n);
     expect_str(j, "object", "text_completion");
     expect_str(j, "choices.0.text", "tok");
@@ -707,7 +836,7 @@ static void test_chunk_completions(void **state)
     json_decref(j);
     free(s);
 
-    s = rt_oai_chunk_sse(false, "k", 5, "m", false, NULL, 0, "length", NULL, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_stream){false, false, "k", "m", 5}, false, NULL, 0, "length", NULL, &n);
     j = load_sse(s, n);
     expect_str(j, "choices.0.text", "");
     expect_str(j, "choices.0.finish_reason", "length");
@@ -715,7 +844,7 @@ static void test_chunk_completions(void **state)
     free(s);
 
     rt_oai_usage u = {.prompt_tokens = 1, .completion_tokens = 2};
-    s = rt_oai_chunk_sse(false, "k", 5, "m", false, NULL, 0, NULL, &u, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_stream){false, false, "k", "m", 5}, false, NULL, 0, NULL, &u, &n);
     j = load_sse(s, n);
     assert_int_equal(json_array_size(path(j, "choices")), 0);
     expect_int(j, "usage.total_tokens", 3);
@@ -742,7 +871,8 @@ static void test_invalid_utf8(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         for (int chat = 0; chat < 2; chat++) {
             size_t n;
-            char *s = rt_oai_chunk_sse(chat, "i", 1, "m", false, cases[i].in, cases[i].len, NULL, NULL, &n);
+            char *s = rt_oai_chunk_sse(&(rt_oai_stream){chat, false, "i", "m", 1}, false, cases[i].in,
+                                       cases[i].len, NULL, NULL, &n);
             json_t *j = load_sse(s, n);
             expect_str(j, chat ? "choices.0.delta.content" : "choices.0.text", cases[i].want);
             json_decref(j);
@@ -758,7 +888,7 @@ static void test_invalid_utf8(void **state)
 
     /* A NUL byte in model text is escaped, not a truncation. */
     size_t n;
-    char *s = rt_oai_chunk_sse(false, "i", 1, "m", false, "a\0b", 3, NULL, NULL, &n);
+    char *s = rt_oai_chunk_sse(&(rt_oai_stream){false, false, "i", "m", 1}, false, "a\0b", 3, NULL, NULL, &n);
     assert_non_null(strstr(s, "a\\u0000b"));
     json_t *j = load_sse(s, n);
     assert_int_equal(json_string_length(path(j, "choices.0.text")), 3);
@@ -787,6 +917,14 @@ static void test_models_json(void **state)
     expect_str(j, "data.0.owned_by", "infergate");
     json_decref(j);
     free(s);
+
+    s = rt_oai_model_json("tinyllama-1.1b", 1700000001);
+    j = load(s, strlen(s));
+    expect_str(j, "id", "tinyllama-1.1b");
+    expect_str(j, "object", "model");
+    expect_int(j, "created", 1700000001);
+    json_decref(j);
+    free(s);
 }
 
 int main(void)
@@ -801,6 +939,8 @@ int main(void)
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_malformed_json),
         cmocka_unit_test(test_chat_messages),
+        cmocka_unit_test(test_logit_bias_and_top_p),
+        cmocka_unit_test(test_unsupported_fields),
         cmocka_unit_test(test_error_set_and_json),
         cmocka_unit_test(test_response_json),
         cmocka_unit_test(test_chunk_chat),

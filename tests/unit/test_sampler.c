@@ -67,6 +67,10 @@ static void test_defaults_and_greedy(void **state)
     for (int i = 0; i < 100; i++)
         assert_int_equal(draw(s, logits, 5), 1);
     rt_sampler_free(s);
+    s = make(1.0f, 0, 0.0f, 0.0f, 1, 5); /* and an empty one too: greedy */
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(draw(s, logits, 5), 1);
+    rt_sampler_free(s);
     s = make(-1.0f, 0, 1.0f, 0.0f, 1, 5); /* negative temperature: greedy */
     assert_int_equal(draw(s, logits, 5), 1);
     rt_sampler_free(s);
@@ -175,6 +179,42 @@ static void test_nucleus_ties(void **state)
         if ((i < KEEP) != (hist[i] > 0))
             fail_msg("token %d drawn %d times; the nucleus is tokens 0..%d", i, hist[i], KEEP - 1);
     rt_sampler_free(s);
+}
+
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    float logits[] = {2.0f, 1.9f, 0.0f, -1.0f};
+    rt_sampler_params p;
+    rt_sampler_params_default(&p);
+    p.temperature = 0.0f;
+    p.n_bias = 2;
+    p.bias[0] = (rt_sampler_bias){0, -100.0f}; /* the best one banned */
+    p.bias[1] = (rt_sampler_bias){3, 2.5f};    /* 1.5: behind 1.9 */
+    rt_sampler *s = rt_sampler_new(&p, 4);
+    assert_non_null(s);
+    assert_int_equal(draw(s, logits, 4), 1);
+    rt_sampler_free(s);
+    p.bias[1].bias = 3.0f; /* 2.0: now ahead */
+    s = rt_sampler_new(&p, 4);
+    assert_int_equal(draw(s, logits, 4), 3);
+    rt_sampler_free(s);
+    /* sampled: +100 makes a token all but certain, -100 all but impossible */
+    p.temperature = 1.0f;
+    p.n_bias = 1;
+    p.bias[0] = (rt_sampler_bias){2, 100.0f};
+    s = rt_sampler_new(&p, 4);
+    for (int i = 0; i < 200; i++)
+        assert_int_equal(draw(s, logits, 4), 2);
+    rt_sampler_free(s);
+    /* a bias outside the vocabulary, or too many, is refused */
+    p.bias[0].token = 4;
+    assert_null(rt_sampler_new(&p, 4));
+    p.bias[0] = (rt_sampler_bias){1, NAN};
+    assert_null(rt_sampler_new(&p, 4));
+    p.bias[0].bias = 1.0f;
+    p.n_bias = RT_SAMPLER_MAX_BIAS + 1;
+    assert_null(rt_sampler_new(&p, 4));
 }
 
 static void test_penalties(void **state)
@@ -574,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_filters),
         cmocka_unit_test(test_nucleus_ties),
         cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_distribution_vector),
         cmocka_unit_test(test_large_vocab),

@@ -1,6 +1,8 @@
 // The official OpenAI Node SDK against infergate: chat completions, streamed
 // and not. Usage: node chat.js BASE_URL API_KEY MODEL
-// Prints one JSON line: {"text": ..., "streamed": ..., "finish": ...}.
+// Prints one JSON line: {"text": ..., "streamed": ..., "finish": ...}, with
+// what the SDK saw of the model object, the chunks' null usage, and a
+// field the server refuses.
 const OpenAI = require('openai');
 
 async function main() {
@@ -12,17 +14,27 @@ async function main() {
         model, messages, max_tokens: 12, temperature: 0, stream: true,
         stream_options: { include_usage: true },
     });
-    let streamed = '', finish = null, usage = null;
+    let streamed = '', finish = null, usage = null, null_usage = 0, chunks = 0;
     for await (const chunk of stream) {
+        chunks++;
         if (chunk.usage) usage = chunk.usage;
+        else if ('usage' in chunk && chunk.usage === null) null_usage++;
         for (const c of chunk.choices) {
             streamed += c.delta.content || '';
             if (c.finish_reason) finish = c.finish_reason;
         }
     }
+    const m = await client.models.retrieve(model);
+    let refused = null;
+    try {
+        await client.chat.completions.create({ model, messages, max_tokens: 2, logprobs: true });
+    } catch (e) {
+        refused = { status: e.status, code: e.code, param: e.param };
+    }
     console.log(JSON.stringify({
         text: r.choices[0].message.content, finish_plain: r.choices[0].finish_reason,
-        usage_plain: r.usage, streamed, finish, usage,
+        refusal: r.choices[0].message.refusal, usage_plain: r.usage, streamed, finish, usage,
+        chunks, null_usage, model_id: m.id, refused,
     }));
 }
 
