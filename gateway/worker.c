@@ -78,7 +78,7 @@ struct worker {
     wevent *head, *tail;
     double drain_deadline;
     int drain_grace_s;
-    uint64_t next_cid;
+    uint64_t next_cid; /* from a random start: ids unique across workers */
     uint64_t next_seed; /* for requests that name none; the sampler mixes it */
     int preparing[2];   /* requests with the offload thread, by rt_priority */
 };
@@ -940,6 +940,9 @@ int gw_cmd_worker(int argc, char **argv)
     w.created = (long)time(NULL);
     if (getrandom(&w.next_seed, sizeof(w.next_seed), GRND_NONBLOCK) != (ssize_t)sizeof(w.next_seed))
         w.next_seed = (uint64_t)w.created ^ ((uint64_t)getpid() << 32);
+    /* Completion ids count from a random start, so that two workers (or a
+     * restarted one) do not hand out the same id in the same second. */
+    w.next_cid = w.next_seed * 0x9E3779B97F4A7C15ull;
     w.tok = rt_model_tokenizer(w.model);
     rt_gguf_str tmpl = {NULL, 0};
     rt_gguf_get_str(rt_model_gguf(w.model), "tokenizer.chat_template", &tmpl);

@@ -74,7 +74,11 @@ static void fuzz_check_accepted(const rt_oai_request *r, bool chat)
     }
     FUZZ_CHECK(r->max_tokens == -1 || r->max_tokens >= 1);
     FUZZ_CHECK(r->sampling.temperature >= 0.0f && r->sampling.temperature <= 2.0f);
-    FUZZ_CHECK(r->sampling.top_p > 0.0f && r->sampling.top_p <= 1.0f);
+    FUZZ_CHECK(r->sampling.top_p >= 0.0f && r->sampling.top_p <= 1.0f);
+    FUZZ_CHECK(r->sampling.n_bias >= 0 && r->sampling.n_bias <= RT_SAMPLER_MAX_BIAS);
+    for (int i = 0; i < r->sampling.n_bias; i++)
+        FUZZ_CHECK(r->sampling.bias[i].token >= 0 && r->sampling.bias[i].token < FUZZ_N_VOCAB &&
+                   r->sampling.bias[i].bias >= -100.0f && r->sampling.bias[i].bias <= 100.0f);
     FUZZ_CHECK(r->sampling.top_k >= 0);
     FUZZ_CHECK(r->sampling.min_p >= 0.0f && r->sampling.min_p <= 1.0f);
     FUZZ_CHECK(r->sampling.presence_penalty >= -2.0f && r->sampling.presence_penalty <= 2.0f);
