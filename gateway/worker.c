@@ -71,7 +71,7 @@ struct worker {
     gw_offload *prep; /* parses and encodes requests off the loop */
     const rt_tokenizer *tok;
     rt_chat_kind chat_kind;
-    char bos_text[64];
+    const char *bos_text; /* the tokenizer's, "" when the model has no BOS */
     const char *model_name;
     long created;
     pthread_mutex_t mu;
@@ -419,10 +419,12 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
     char *text = NULL;
     const char *src = q->prompt;
     bool bos = rt_tokenizer_add_bos_default(w->tok);
-    /* A completion's prompt is text throughout; a chat's messages are too,
-     * within the template's special tokens. */
-    rt_text_span whole = {0, 0}, *plain = &whole;
-    int n_plain = 1;
+    /* A completion's prompt is the client's whole prompt, special tokens
+     * written in it included (as llama.cpp's server and vLLM read it); a
+     * chat's messages are text, within the template's special tokens, so a
+     * message cannot open a turn of another role. */
+    rt_text_span *plain = NULL;
+    int n_plain = 0;
     if (q->prompt_tokens) {
         int32_t *t = malloc((size_t)q->n_prompt_tokens * sizeof(int32_t));
         if (t)
@@ -453,15 +455,13 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
             return NULL;
         }
         src = text;
-        /* A template that writes BOS into the text gets no second one. */
-        if (w->bos_text[0] && !strncmp(text, w->bos_text, strlen(w->bos_text)))
-            bos = false;
     }
+    /* A prompt (or template) that writes BOS itself gets no second one. */
+    if (w->bos_text[0] && !strncmp(src, w->bos_text, strlen(w->bos_text)))
+        bos = false;
     size_t len = strlen(src);
-    whole.len = len;
     int32_t *t = encode(w->tok, src, len, bos, plain, n_plain, n);
-    if (plain != &whole)
-        free(plain);
+    free(plain);
     free(text);
     if (*n == 0)
         rt_oai_error_set(e, 400, "invalid_request_error", q->chat ? "messages" : "prompt", NULL,
@@ -949,8 +949,7 @@ int gw_cmd_worker(int argc, char **argv)
     bool recognised;
     w.chat_kind = rt_chat_detect(tmpl.p, tmpl.n, &recognised);
     int32_t bos = rt_tokenizer_bos(w.tok);
-    if (bos >= 0)
-        snprintf(w.bos_text, sizeof(w.bos_text), "%s", rt_tokenizer_token_text(w.tok, bos));
+    w.bos_text = bos >= 0 ? rt_tokenizer_token_text(w.tok, bos) : "";
     if (!(w.sched = rt_sched_new(w.model, &so, err, sizeof(err)))) {
         fprintf(stderr, "worker: %s\n", err);
         goto out;
@@ -988,6 +987,14 @@ int gw_cmd_worker(int argc, char **argv)
                  (double)dev.mem_free / 1048576.0);
     else
         snprintf(where, sizeof(where), "cpu");
+    rt_gguf_str pre = {"", 0};
+    if (rt_tokenizer_pre_fallback(w.tok) &&
+        rt_gguf_get_str(rt_model_gguf(w.model), "tokenizer.ggml.pre", &pre) == 0)
+        fprintf(stderr,
+                "worker: warning: tokenizer.ggml.pre '%.*s' is not one this build knows: words are split as "
+                "GPT-2 "
+                "splits them, which may not be how the model was trained\n",
+                (int)(pre.n > 64 ? 64 : pre.n), pre.p);
     fprintf(stderr,
             "worker: ready: model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of "
             "%d tokens of %s; chat template %s%s; listening on %s\n",

@@ -293,7 +293,13 @@ typedef struct pre_family {
 } pre_family;
 
 static const pre_family k_pre[] = {
-    {"llama3", {RE_LLAMA3, NULL}, true, true, {"llama3", "llama-bpe", "llama-v3", "smaug-bpe", NULL}},
+    {"llama3",
+     {RE_LLAMA3, NULL},
+     true,
+     true,
+     {"llama3", "llama-bpe", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", NULL}},
+    /* Smaug splits as Llama 3 but keeps GPT-2's merges and BOS defaults */
+    {"smaug", {RE_LLAMA3, NULL}, false, false, {"smaug-bpe", NULL}},
     {"qwen2", {RE_QWEN2, NULL}, false, false, {"qwen2", "deepseek-r1-qwen", "megrez", NULL}},
     {"gpt2",
      {RE_GPT2, NULL},
@@ -316,6 +322,14 @@ static const pre_family *pre_lookup(rt_gguf_str name)
         for (int i = 0; k_pre[f].names[i]; i++)
             if (rt_gguf_str_eq(name, k_pre[f].names[i]))
                 return &k_pre[f];
+    return NULL;
+}
+
+static const pre_family *pre_lookup_family(const char *family)
+{
+    for (size_t f = 0; f < sizeof(k_pre) / sizeof(k_pre[0]); f++)
+        if (!strcmp(k_pre[f].family, family))
+            return &k_pre[f];
     return NULL;
 }
 
@@ -825,7 +839,7 @@ int rt_tokenizer_load(const rt_gguf *g, rt_tokenizer **out, char *err, size_t er
             goto fail;
         }
         if (!f)
-            f = &k_pre[2]; /* gpt2 */
+            f = pre_lookup_family("gpt2");
         if ((rc = pre_compile(t, f, err, err_len)) != 0)
             goto fail;
         if (!add_bos_set)
@@ -835,8 +849,11 @@ int rt_tokenizer_load(const rt_gguf *g, rt_tokenizer **out, char *err, size_t er
     add_eog(t, t->eos);
     add_eog(t, t->eot);
     add_eog(t, t->eom);
-    static const char *const eog_texts[] = {"<|eot_id|>",    "<|eom_id|>",    "<|im_end|>", "<|end|>",
-                                            "<end_of_turn>", "<|endoftext|>", "<EOT>"};
+    /* llama.cpp's list: Llama 3 Instruct GGUFs name <|eot_id|> as EOS, and
+     * the model may still end a raw completion with <|end_of_text|> */
+    static const char *const eog_texts[] = {"<|eot_id|>", "<|eom_id|>",     "<|im_end|>",
+                                            "<|end|>",    "<end_of_turn>",  "<|endoftext|>",
+                                            "<EOT>",      "<|end_of_text|>"};
     for (size_t i = 0; i < sizeof(eog_texts) / sizeof(eog_texts[0]); i++) {
         int32_t id = lookup(t, eog_texts[i], strlen(eog_texts[i]));
         if (id >= 0 && (t->types[id] == TT_CONTROL || t->types[id] == TT_USER))
@@ -1242,8 +1259,10 @@ int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, boo
 int rt_tokenizer_encode_spans(const rt_tokenizer *t, const char *text, size_t len, bool add_bos,
                               const rt_text_span *plain, int n_plain, int32_t *out, int max_out)
 {
-    /* at most 3 ids per byte (a space escaped to U+2581, then byte fallback) */
-    if ((len && !text) || len > (size_t)(INT_MAX - 8) / 3 || n_plain < 0 || (n_plain && !plain))
+    /* ids per byte: 3 for a space escaped to U+2581 and then byte fallback,
+     * a little more where a one-byte special token brings its own U+2581;
+     * 4 bounds both, so the count fits the int returned */
+    if ((len && !text) || len > (size_t)(INT_MAX - 8) / 4 || n_plain < 0 || (n_plain && !plain))
         return -EINVAL;
     for (int k = 0; k < n_plain; k++)
         if (plain[k].off > len || plain[k].len > len - plain[k].off ||

@@ -79,6 +79,14 @@ forced = [text_of({"logit_bias": {str(tok): 100}}) for tok in (300, 301)]
 t.ok(isinstance(forced[0], str) and forced[0] != alone[0][:len(forced[0])] and forced[0] != forced[1]
      and text_of({"logit_bias": {"300": 100}}) == forced[0],
      "logit_bias +100 makes the token the greedy choice: %r" % forced)
+# --- a completion's prompt reads the special tokens written in it ---
+def prompt_tokens(prompt):
+    s, _, b = post("/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    return json.loads(b)["usage"]["prompt_tokens"] if s == 200 else (s, b)
+t.ok(prompt_tokens("</s>") == 2 and prompt_tokens("<x/s>") > 2,
+     "'</s>' in a completion prompt is the one token (BOS, then it)")
+t.ok(prompt_tokens("<s> hi") == prompt_tokens(" hi"), "a prompt that writes BOS gets no second one")
+
 s, _, b = curl(URL + "/v1/models/m", unix=sock, timeout=5)
 t.ok(s == 200 and json.loads(b)["id"] == "m" and json.loads(b)["object"] == "model", "GET /v1/models/m")
 s, _, b = curl(URL + "/v1/models/x", unix=sock, timeout=5)

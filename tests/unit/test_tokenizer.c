@@ -539,8 +539,8 @@ static vocab *bpe_vocab(void)
     return v;
 }
 
-static int bpe_load(const vocab *v, const char *pre, const char *extra_merge, bool no_merges,
-                    rt_tokenizer **t, char *err, size_t err_len)
+static int bpe_load_eos(const vocab *v, const char *pre, const char *extra_merge, bool no_merges,
+                        const char *eos, rt_tokenizer **t, char *err, size_t err_len)
 {
     rt_gguf_writer *w = rt_gguf_writer_new();
     assert_non_null(w);
@@ -565,10 +565,15 @@ static int bpe_load(const vocab *v, const char *pre, const char *extra_merge, bo
     assert_int_equal(rt_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id",
                                             (uint32_t)vocab_find(v, "<|begin_of_text|>")),
                      0);
-    assert_int_equal(
-        rt_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)vocab_find(v, "<|end_of_text|>")),
-        0);
+    assert_int_equal(rt_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)vocab_find(v, eos)),
+                     0);
     return load_writer(w, t, err, err_len);
+}
+
+static int bpe_load(const vocab *v, const char *pre, const char *extra_merge, bool no_merges,
+                    rt_tokenizer **t, char *err, size_t err_len)
+{
+    return bpe_load_eos(v, pre, extra_merge, no_merges, "<|end_of_text|>", t, err, err_len);
 }
 
 static rt_tokenizer *bpe_tok(const vocab *v, const char *pre)
@@ -652,6 +657,19 @@ static void test_bpe_pretokenizers(void **state)
     assert_true(n > 2 && whole[0] != id(t, "zzz"));
     rt_tokenizer_free(t);
 
+    /* llama.cpp's other names for Llama 3's split; Smaug's split without
+     * its merge and BOS defaults */
+    t = bpe_tok(v, "falcon3");
+    assert_string_equal(rt_tokenizer_pre(t), "llama3");
+    assert_true(rt_tokenizer_add_bos_default(t));
+    rt_tokenizer_free(t);
+    t = bpe_tok(v, "smaug-bpe");
+    assert_string_equal(rt_tokenizer_pre(t), "smaug");
+    assert_false(rt_tokenizer_add_bos_default(t));
+    expect_ids(t, "I'M", false, false, l3c, 2);
+    expect_ids(t, "zzz", false, false, g2c, 3);
+    rt_tokenizer_free(t);
+
     /* no pre at all is GPT-2's; an unknown one falls back to it and says so */
     t = bpe_tok(v, NULL);
     assert_string_equal(rt_tokenizer_pre(t), "gpt2");
@@ -694,6 +712,13 @@ static void test_bpe_special(void **state)
     assert_true(rt_tokenizer_is_eog(t, id(t, "<|eot_id|>")));
     assert_true(rt_tokenizer_is_eog(t, en));
     assert_false(rt_tokenizer_is_eog(t, st));
+    rt_tokenizer_free(t);
+    /* Llama 3 Instruct GGUFs name <|eot_id|> as EOS: <|end_of_text|> still
+     * ends generation (llama.cpp's list). */
+    char err[256];
+    assert_int_equal(bpe_load_eos(v, "llama3", NULL, false, "<|eot_id|>", &t, err, sizeof(err)), 0);
+    assert_int_equal(rt_tokenizer_eos(t), id(t, "<|eot_id|>"));
+    assert_true(rt_tokenizer_is_eog(t, id(t, "<|end_of_text|>")));
     assert_false(rt_tokenizer_is_eog(t, id(t, "Hello")));
     assert_int_equal(rt_tokenizer_bos(t), id(t, "<|begin_of_text|>"));
     rt_tokenizer_free(t);
