@@ -5,6 +5,7 @@
  * compute thread. */
 #include "gateway/cli.h"
 #include "gateway/http.h"
+#include "gateway/logprobs.h"
 #include "gateway/offload.h"
 
 #include "runtime/chat.h"
@@ -47,7 +48,8 @@ struct wreq {
     bool submitted, final_seen, begun, sent_first;
     bool ended;            /* answered or reset early: later events are dropped */
     atomic_bool text_lost; /* the compute thread could not queue a TEXT event */
-    bool chat, stream_mode, include_usage;
+    bool chat, stream_mode, include_usage, logprobs;
+    gw_lp_list lp; /* log-probabilities of tokens whose text has not gone out */
     char cid[40];
     long created;
     char *text; /* non-streamed: the whole completion */
@@ -59,6 +61,7 @@ typedef struct wevent {
     struct wevent *next;
     wreq *r;
     rt_sched_event ev;
+    rt_token_logprobs lp; /* ev.logprobs points here when it is set */
     char text[];
 } wevent;
 
@@ -167,6 +170,7 @@ static void wreq_maybe_free(wreq *r)
     if (r->stream || r->preparing || (r->submitted && !r->final_seen))
         return;
     free(r->text);
+    gw_lp_free(&r->lp);
     free(r);
 }
 
@@ -197,6 +201,10 @@ static void on_sched_event(void *user, const rt_sched_event *ev)
         memcpy(we->text, ev->text, ev->text_len);
     we->text[ev->text_len] = '\0';
     we->ev.text = we->text;
+    if (ev->logprobs) {
+        we->lp = *ev->logprobs;
+        we->ev.logprobs = &we->lp;
+    }
     pthread_mutex_lock(&w->mu);
     if (w->tail)
         w->tail->next = we;
@@ -250,12 +258,25 @@ static bool write_sse(wreq *r, char *ev, size_t len)
     return true;
 }
 
+static rt_oai_head head_of(const wreq *r)
+{
+    return (rt_oai_head){r->chat, r->include_usage, r->logprobs, r->cid, r->w->model_name, r->created};
+}
+
+/* A chunk with text, or the last one, takes the log-probabilities of the
+ * tokens not yet sent. */
 static bool write_chunk(wreq *r, bool first, const char *text, size_t len, const char *finish,
                         const rt_oai_usage *usage)
 {
     size_t n = 0;
-    const rt_oai_stream st = {r->chat, r->include_usage, r->cid, r->w->model_name, r->created};
-    char *ev = rt_oai_chunk_sse(&st, first, text, len, finish, usage, &n);
+    const rt_oai_head h = head_of(r);
+    bool oom = false;
+    rt_oai_logprob *lp =
+        r->logprobs && !usage && (len || finish) ? gw_lp_render(&r->lp, r->w->tok, &oom) : NULL;
+    char *ev = oom ? NULL : rt_oai_chunk_sse(&h, first, text, len, finish, usage, lp, lp ? r->lp.n : 0, &n);
+    if (lp)
+        r->lp.n = 0;
+    free(lp);
     return write_sse(r, ev, n);
 }
 
@@ -337,6 +358,13 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
             respond_error_after(r->stream, &e, retry);
         return;
     }
+    /* An end-of-generation token is no part of the answer. */
+    if (ev->logprobs && !rt_tokenizer_is_eog(w->tok, ev->token) &&
+        gw_lp_add(&r->lp, ev->token, ev->logprobs)) {
+        gw_http_reset(r->stream);
+        rt_sched_cancel(w->sched, r->id);
+        return;
+    }
     if (r->stream_mode) {
         handle_stream_event(r, ev);
         return;
@@ -348,9 +376,14 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
     }
     if (ev->kind == RT_EV_DONE) {
         rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
+        const rt_oai_head h = head_of(r);
+        bool oom = false;
+        rt_oai_logprob *lp = gw_lp_render(&r->lp, w->tok, &oom);
         respond_json(r->stream, 200,
-                     rt_oai_response_json(r->chat, r->cid, r->created, w->model_name, r->text ? r->text : "",
-                                          r->text_len, ev->finish_reason, &u));
+                     oom ? NULL
+                         : rt_oai_response_json(&h, r->text ? r->text : "", r->text_len, ev->finish_reason,
+                                                &u, lp, lp ? r->lp.n : 0));
+        free(lp);
     }
 }
 
@@ -539,6 +572,7 @@ static void submit_prepared(worker *w, wprep *p)
         goto fail;
     r->stream_mode = q->stream;
     r->include_usage = q->include_usage;
+    r->logprobs = q->logprobs;
     /* Without a seed every request draws anew, as OpenAI's do: a seed of 0
      * for all of them gave the same "random" completion every time. */
     if (!q->has_seed)
@@ -551,6 +585,8 @@ static void submit_prepared(worker *w, wprep *p)
         .stops = (const char *const *)q->stop,
         .n_stops = q->n_stop,
         .ignore_eos = q->ignore_eos,
+        .logprobs = q->logprobs,
+        .top_logprobs = q->top_logprobs,
         .priority = p->prio,
         .deadline_ms = p->deadline_ms,
         .cb = on_sched_event,

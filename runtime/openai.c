@@ -482,6 +482,21 @@ static int parse_sampling(json_t *root, rt_oai_request *req, rt_oai_error *e)
     return 0;
 }
 
+/* Chat's logprobs (a boolean) and top_logprobs (0..20, only with it). */
+static int parse_logprobs(json_t *root, rt_oai_request *req, rt_oai_error *e)
+{
+    long long x = 0;
+    int rc;
+    if ((rc = get_bool(root, "logprobs", &req->logprobs, e)) < 0)
+        return rc;
+    if ((rc = get_int(root, "top_logprobs", 0, RT_OAI_MAX_TOP_LOGPROBS, &x, e)) < 0)
+        return rc;
+    if (rc && !req->logprobs)
+        return bad(e, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+    req->top_logprobs = (int)x;
+    return 0;
+}
+
 /* {"token id": bias in [-100, 100], ...}, as OpenAI's logit_bias. */
 static int parse_logit_bias(json_t *root, int32_t n_vocab, rt_sampler_params *sp, rt_oai_error *e)
 {
@@ -527,19 +542,11 @@ static int refuse_unsupported(json_t *root, bool chat, rt_oai_error *e)
     bool b = false;
     long long x = 0;
     int rc;
-    if (chat) {
-        if ((rc = get_bool(root, "logprobs", &b, e)) < 0)
-            return rc;
-        if (b)
-            return unsupported(e, "logprobs", "'logprobs'");
-    } else if (field(root, "logprobs")) {
-        return unsupported(e, "logprobs", "'logprobs'");
-    }
-    if ((rc = get_int(root, "top_logprobs", 0, 20, &x, e)) < 0)
-        return rc;
-    if (x > 0)
-        return unsupported(e, "top_logprobs", "'top_logprobs'");
     if (!chat) {
+        /* the legacy endpoint's logprobs (an integer, with text offsets,
+         * mostly asked for with echo) is not served; chat's is */
+        if (field(root, "logprobs"))
+            return unsupported(e, "logprobs", "'logprobs' on /v1/completions");
         if ((rc = get_bool(root, "echo", &b, e)) < 0)
             return rc;
         if (b)
@@ -635,6 +642,8 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
     if ((rc = parse_logit_bias(root, n_vocab, &req->sampling, e)) < 0)
         return rc;
     if ((rc = refuse_unsupported(root, chat, e)) < 0)
+        return rc;
+    if (chat && (rc = parse_logprobs(root, req, e)) < 0)
         return rc;
     if ((rc = parse_stop(root, req, e)) < 0)
         return rc;
@@ -774,14 +783,45 @@ static json_t *envelope(const char *id, const char *object, long created, const 
     return done(o, ok);
 }
 
-/* A choice: index 0, the payload under `key`, logprobs, finish_reason. */
-static json_t *choice_json(const char *key, json_t *payload, const char *finish_reason)
+/* {"token", "logprob", "bytes"} of one token; -inf as OpenAI writes it. */
+static json_t *token_lp_json(const rt_oai_token_lp *t, bool *ok)
+{
+    json_t *o = json_object(), *bytes = json_array();
+    for (size_t i = 0; i < t->len; i++)
+        push(bytes, json_integer((unsigned char)t->text[i]), ok);
+    put(o, "token", json_text(t->text, t->len), ok);
+    put(o, "logprob", json_real(t->logprob > -9999.0f ? t->logprob : -9999.0), ok);
+    put(o, "bytes", bytes, ok);
+    return o;
+}
+
+/* {"content": [...], "refusal": null}: chat's logprobs for n tokens. */
+static json_t *logprobs_json(const rt_oai_logprob *lp, int n)
+{
+    bool ok = true;
+    json_t *content = json_array();
+    for (int i = 0; i < n; i++) {
+        json_t *e = token_lp_json(&lp[i].tok, &ok), *top = json_array();
+        for (int j = 0; j < lp[i].n_top; j++)
+            push(top, token_lp_json(&lp[i].top[j], &ok), &ok);
+        put(e, "top_logprobs", top, &ok);
+        push(content, e, &ok);
+    }
+    json_t *o = json_object();
+    put(o, "content", content, &ok);
+    put(o, "refusal", json_null(), &ok);
+    return done(o, ok);
+}
+
+/* A choice: index 0, the payload under `key`, logprobs (null when not
+ * asked for), finish_reason. */
+static json_t *choice_json(const char *key, json_t *payload, json_t *logprobs, const char *finish_reason)
 {
     bool ok = true;
     json_t *c = json_object();
     put(c, "index", json_integer(0), &ok);
     put(c, key, payload, &ok);
-    put(c, "logprobs", json_null(), &ok);
+    put(c, "logprobs", logprobs ? logprobs : json_null(), &ok);
     put(c, "finish_reason", nullable_str(finish_reason), &ok);
     return done(c, ok);
 }
@@ -803,10 +843,10 @@ static char *dump_and_free(json_t *o)
     return s;
 }
 
-char *rt_oai_response_json(bool chat, const char *id, long created, const char *model, const char *text,
-                           size_t text_len, const char *finish_reason, const rt_oai_usage *usage)
+char *rt_oai_response_json(const rt_oai_head *h, const char *text, size_t text_len, const char *finish_reason,
+                           const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp)
 {
-    bool ok = true;
+    bool ok = true, chat = h->chat;
     json_t *payload;
     if (chat) {
         payload = json_object();
@@ -817,15 +857,19 @@ char *rt_oai_response_json(bool chat, const char *id, long created, const char *
     } else {
         payload = json_text(text, text ? text_len : 0);
     }
-    json_t *choices = one(choice_json(chat ? "message" : "text", payload, finish_reason));
-    json_t *o = envelope(id, chat ? "chat.completion" : "text_completion", created, model, choices);
+    json_t *lps = h->logprobs ? logprobs_json(lp, n_lp) : NULL;
+    if (h->logprobs && !lps)
+        ok = false;
+    json_t *choices = one(choice_json(chat ? "message" : "text", payload, lps, finish_reason));
+    json_t *o = envelope(h->id, chat ? "chat.completion" : "text_completion", h->created, h->model, choices);
     if (usage)
         put(o, "usage", usage_json(usage), &ok);
     return dump_and_free(done(o, ok));
 }
 
-char *rt_oai_chunk_sse(const rt_oai_stream *st, bool first, const char *text, size_t text_len,
-                       const char *finish_reason, const rt_oai_usage *usage, size_t *out_len)
+char *rt_oai_chunk_sse(const rt_oai_head *st, bool first, const char *text, size_t text_len,
+                       const char *finish_reason, const rt_oai_usage *usage, const rt_oai_logprob *lp,
+                       int n_lp, size_t *out_len)
 {
     if (out_len)
         *out_len = 0;
@@ -851,7 +895,10 @@ char *rt_oai_chunk_sse(const rt_oai_stream *st, bool first, const char *text, si
         } else {
             payload = json_text(text, text ? text_len : 0);
         }
-        json_t *choices = one(choice_json(chat ? "delta" : "text", payload, finish_reason));
+        json_t *lps = st->logprobs && n_lp > 0 ? logprobs_json(lp, n_lp) : NULL;
+        if (st->logprobs && n_lp > 0 && !lps)
+            ok = false;
+        json_t *choices = one(choice_json(chat ? "delta" : "text", payload, lps, finish_reason));
         o = envelope(st->id, object, st->created, st->model, choices);
         /* With include_usage every other chunk says "usage": null. */
         if (st->include_usage)

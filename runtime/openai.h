@@ -19,6 +19,7 @@
  * back from the stream and searched again at every token: a long one would
  * cost each token time that grows with its square. */
 #define RT_OAI_MAX_STOP_BYTES 512
+#define RT_OAI_MAX_TOP_LOGPROBS 20 /* top_logprobs: 0..20 */
 
 typedef struct rt_oai_error {
     int status;          /* HTTP status: 400, 404, 413, 429, 500, 503, 504 */
@@ -55,6 +56,8 @@ typedef struct rt_oai_request {
     int n_stop;
     char *user;
     bool ignore_eos; /* non-standard (vLLM): keep generating past end-of-generation tokens */
+    bool logprobs;   /* chat: each token's log-probability... */
+    int top_logprobs; /* ...and this many of the likeliest */
 } rt_oai_request;
 
 /* Parses a request body. chat selects the endpoint's schema. n_vocab bounds
@@ -74,25 +77,44 @@ typedef struct rt_oai_usage {
     int prompt_tokens, completion_tokens;
 } rt_oai_usage;
 
-/* Whole (non-streamed) response. finish_reason "stop" or "length"; a chat
- * message carries "refusal": null, as OpenAI's SDK types have it. */
-char *rt_oai_response_json(bool chat, const char *id, long created, const char *model, const char *text,
-                           size_t text_len, const char *finish_reason, const rt_oai_usage *usage);
-/* What every chunk of one streamed response repeats. */
-typedef struct rt_oai_stream {
+/* What a response, or every chunk of one streamed response, repeats. */
+typedef struct rt_oai_head {
     bool chat;
     bool include_usage; /* chunks carry "usage": null until the usage chunk */
+    bool logprobs;      /* the choice carries a logprobs object (chat) */
     const char *id, *model;
     long created;
-} rt_oai_stream;
+} rt_oai_head;
 
+/* One generated token's log-probability and the likeliest alternatives
+ * (text: the token's bytes, which need not be whole UTF-8 characters). */
+typedef struct rt_oai_token_lp {
+    const char *text;
+    size_t len;
+    float logprob; /* -inf is written as -9999.0, as OpenAI does */
+} rt_oai_token_lp;
+
+typedef struct rt_oai_logprob {
+    rt_oai_token_lp tok;
+    int n_top;
+    rt_oai_token_lp top[RT_OAI_MAX_TOP_LOGPROBS];
+} rt_oai_logprob;
+
+/* Whole (non-streamed) response. finish_reason "stop" or "length"; a chat
+ * message carries "refusal": null, as OpenAI's SDK types have it; with
+ * h->logprobs, choices[0].logprobs is {"content":[n_lp entries],
+ * "refusal":null}. */
+char *rt_oai_response_json(const rt_oai_head *h, const char *text, size_t text_len, const char *finish_reason,
+                           const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp);
 /* One SSE event "data: {...}\n\n" of a streamed response, with the delta
  * text (chat: the first chunk also carries "role":"assistant"), the
- * finish_reason on the last one (NULL before), and a usage chunk (empty
- * choices) when usage != NULL and text == NULL. Returns a malloc'd string
- * and its length in *out_len. */
-char *rt_oai_chunk_sse(const rt_oai_stream *st, bool first, const char *text, size_t text_len,
-                       const char *finish_reason, const rt_oai_usage *usage, size_t *out_len);
+ * finish_reason on the last one (NULL before), the log-probabilities of
+ * the tokens it covers (n_lp > 0, with h->logprobs), and a usage chunk
+ * (empty choices) when usage != NULL and text == NULL. Returns a malloc'd
+ * string and its length in *out_len. */
+char *rt_oai_chunk_sse(const rt_oai_head *h, bool first, const char *text, size_t text_len,
+                       const char *finish_reason, const rt_oai_usage *usage, const rt_oai_logprob *lp,
+                       int n_lp, size_t *out_len);
 /* {"object":"list","data":[{"id":model,"object":"model","created":..,"owned_by":"infergate"}]} */
 char *rt_oai_models_json(const char *model, long created);
 /* One model object, as GET /v1/models/{model} answers. */

@@ -530,6 +530,58 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits)
     return c[draw_index(logits, (int32_t)m, rng_uniform(s->rng) * sum_probs(logits, (int32_t)m))].id;
 }
 
+/* ---- log-probabilities ---- */
+
+/* x's log-probability given the row's max and log sum exp(x - max). */
+static float logprob_of(float x, float max, double lse)
+{
+    if (x == max)
+        return (float)-lse;
+    if (isinf(max) || !(x > -INFINITY))
+        return -INFINITY;
+    return (float)((double)x - (double)max - lse);
+}
+
+void rt_logprobs(const float *logits, int32_t n, int32_t chosen, int k, rt_token_logprobs *out)
+{
+    k = k < 0 ? 0 : k > RT_MAX_TOP_LOGPROBS ? RT_MAX_TOP_LOGPROBS : k;
+    if (k > n)
+        k = n;
+    out->n_top = 0;
+    out->logprob = -INFINITY;
+    const float max = max_logit(logits, n);
+    if (max == -INFINITY || isnan(max))
+        return; /* no token has a chance: nothing is known */
+    /* log sum exp, relative to the max; an infinite max shares the mass
+     * among the tokens that reach it */
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        if (logits[i] == max)
+            sum += 1.0;
+        else if (!isinf(max) && logits[i] > -INFINITY) /* NaN fails this too */
+            sum += exp((double)logits[i] - (double)max);
+    const double lse = log(sum);
+    if (chosen >= 0 && chosen < n)
+        out->logprob = logprob_of(logits[chosen], max, lse);
+    /* the k best by insertion: after the first few tokens almost every one
+     * fails the first compare */
+    int m = 0;
+    for (int32_t i = 0; i < n && k > 0; i++) {
+        const float v = logits[i];
+        if (!(v > -INFINITY) || (m == k && !(v > logits[out->top[m - 1]])))
+            continue;
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && v > logits[out->top[j - 1]]) {
+            out->top[j] = out->top[j - 1];
+            j--;
+        }
+        out->top[j] = i;
+    }
+    for (int j = 0; j < m; j++)
+        out->top_logprob[j] = logprob_of(logits[out->top[j]], max, lse);
+    out->n_top = m;
+}
+
 /* ---- stop strings ---- */
 
 #define RT_STOP_MAX 16

@@ -42,6 +42,22 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits);
 /* Records a generated token (for the penalties). */
 void rt_sampler_accept(rt_sampler *s, int32_t tok);
 
+/* Log-probabilities of one step under the model's own distribution: the
+ * raw logits, before bias, penalties and temperature (as vLLM reports
+ * them by default). */
+#define RT_MAX_TOP_LOGPROBS 20 /* OpenAI's top_logprobs bound */
+
+typedef struct rt_token_logprobs {
+    float logprob; /* of the token chosen; -inf when it had no chance */
+    int n_top;
+    int32_t top[RT_MAX_TOP_LOGPROBS]; /* the likeliest tokens, best first (lower id on ties) */
+    float top_logprob[RT_MAX_TOP_LOGPROBS];
+} rt_token_logprobs;
+
+/* Fills *out from logits[0..n) (NaN counts as -inf) for the token chosen
+ * and the k likeliest (k clamped to 0..RT_MAX_TOP_LOGPROBS and to n). */
+void rt_logprobs(const float *logits, int32_t n, int32_t chosen, int k, rt_token_logprobs *out);
+
 /* Stop strings over streamed text. Feed decoded bytes; the matcher holds
  * back a tail that could still become a stop string and tells how much is
  * safe to emit. */

@@ -31,6 +31,9 @@ struct sreq {
     int n_done; /* positions already in the KV cache */
     rt_sampler *smp;
     rt_stop *stop;
+    int logprobs;         /* top log-probabilities asked for; -1: none */
+    float *lp_row;        /* the step's raw logits, kept from the sampler (with logprobs) */
+    rt_token_logprobs lp; /* the last token's */
     bool ignore_eos, started, cancelled;
     rt_priority prio;
     int64_t deadline_ms;
@@ -166,6 +169,7 @@ static void sreq_free(sreq *r)
     rt_seq_free(r->seq);
     rt_sampler_free(r->smp);
     rt_stop_free(r->stop);
+    free(r->lp_row);
     free(r->tokens);
     free(r);
 }
@@ -211,7 +215,13 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     q->tokens = malloc((size_t)(r->n_prompt + max_new) * sizeof(int32_t));
     q->smp = rt_sampler_new(&r->sampling, s->n_vocab);
     q->stop = rt_stop_new(r->stops, r->n_stops);
-    if (!q->tokens || !q->smp || !q->stop) {
+    q->logprobs = !r->logprobs                            ? -1
+                  : r->top_logprobs < 0                   ? 0
+                  : r->top_logprobs > RT_MAX_TOP_LOGPROBS ? RT_MAX_TOP_LOGPROBS
+                                                          : r->top_logprobs;
+    if (q->logprobs >= 0)
+        q->lp_row = malloc((size_t)s->n_vocab * sizeof(float));
+    if (!q->tokens || !q->smp || !q->stop || (q->logprobs >= 0 && !q->lp_row)) {
         sreq_free(q);
         return -ENOMEM;
     }
@@ -527,8 +537,17 @@ static void update_stats_token(rt_sched *s, sreq *r, double now)
 static void sample_item(void *arg, int i)
 {
     rt_sched *s = arg;
-    if (s->batch[i].logits)
-        s->sampled[i] = rt_sampler_sample(s->running[s->take[i]]->smp, s->batch[i].logits);
+    float *logits = s->batch[i].logits;
+    if (!logits)
+        return;
+    sreq *r = s->running[s->take[i]];
+    /* the sampler works on the row in place: log-probabilities are of the
+     * model's own logits, so they get a copy */
+    if (r->lp_row)
+        memcpy(r->lp_row, logits, (size_t)s->n_vocab * sizeof(float));
+    s->sampled[i] = rt_sampler_sample(r->smp, logits);
+    if (r->lp_row)
+        rt_logprobs(r->lp_row, s->n_vocab, s->sampled[i], r->logprobs, &r->lp);
 }
 
 /* Reports r's next token t. Returns true when r has finished (and has been
@@ -562,8 +581,12 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
         reason = "length";
     size_t len;
     const char *text = rt_stop_take(r->stop, reason && !matched, &len);
-    rt_sched_event ev = {.kind = reason ? RT_EV_DONE : RT_EV_TEXT, .text = text, .text_len = len, .token = t,
-                         .finish_reason = reason};
+    rt_sched_event ev = {.kind = reason ? RT_EV_DONE : RT_EV_TEXT,
+                         .text = text,
+                         .text_len = len,
+                         .token = t,
+                         .finish_reason = reason,
+                         .logprobs = r->lp_row ? &r->lp : NULL};
     emit(r, &ev);
     if (reason) {
         pthread_mutex_lock(&s->mu);

@@ -62,7 +62,9 @@ typedef struct rt_sched_event {
     const char *text; /* RT_EV_TEXT (may be empty while a stop string is pending) and DONE (the tail released
                          at the end) */
     size_t text_len;
-    int32_t token;             /* RT_EV_TEXT: the token generated */
+    int32_t token; /* RT_EV_TEXT, and DONE after a token: the token generated */
+    /* with the token, when the request asked for log-probabilities (else NULL) */
+    const rt_token_logprobs *logprobs;
     const char *finish_reason; /* RT_EV_DONE */
     int prompt_tokens, completion_tokens;
     int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the start, -ECANCELED, -ENOMEM, -EIO */
@@ -78,6 +80,8 @@ typedef struct rt_sched_req {
     const char *const *stops; /* copied; at most 16 */
     int n_stops;
     bool ignore_eos;
+    bool logprobs;    /* report each token's log-probability... */
+    int top_logprobs; /* ...and this many of the likeliest (0..20) */
     rt_priority priority;
     int64_t deadline_ms; /* absolute, epoch milliseconds; 0: none */
     rt_sched_cb cb;

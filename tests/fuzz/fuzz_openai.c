@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #define FUZZ_N_VOCAB 32000
@@ -87,6 +88,9 @@ static void fuzz_check_accepted(const rt_oai_request *r, bool chat)
     for (int i = 0; i < r->n_stop; i++)
         FUZZ_CHECK(r->stop[i] != NULL && r->stop[i][0] != '\0');
     FUZZ_CHECK(!r->include_usage || r->stream);
+    FUZZ_CHECK(r->top_logprobs >= 0 && r->top_logprobs <= RT_OAI_MAX_TOP_LOGPROBS);
+    FUZZ_CHECK(r->logprobs || r->top_logprobs == 0);
+    FUZZ_CHECK(chat || !r->logprobs);
 }
 
 static void fuzz_render(const rt_oai_request *r)
@@ -129,7 +133,18 @@ static void fuzz_encode(const rt_oai_request *r, const uint8_t *text, size_t len
 {
     rt_oai_usage u = {.prompt_tokens = r->n_prompt_tokens, .completion_tokens = (int)(len & 0xffff)};
     const char *t = (const char *)text;
-    char *s = rt_oai_response_json(r->chat, "cmpl-fuzz", 1700000000, r->model, t, len, "stop", &u);
+    /* log-probabilities over the input's bytes: odd text, odd numbers */
+    static const float lps[] = {0.0f, -0.5f, -INFINITY, NAN, -1e30f, INFINITY};
+    rt_oai_logprob lp[2];
+    for (int i = 0; i < 2; i++) {
+        size_t half = i ? len - len / 2 : len / 2;
+        lp[i].tok = (rt_oai_token_lp){t + (i ? len / 2 : 0), half, lps[(len + (size_t)i) % 6]};
+        lp[i].n_top = r->top_logprobs;
+        for (int j = 0; j < lp[i].n_top; j++)
+            lp[i].top[j] = (rt_oai_token_lp){t, len > (size_t)j ? (size_t)j : len, lps[(size_t)j % 6]};
+    }
+    const rt_oai_head h = {r->chat, false, r->logprobs, "cmpl-fuzz", r->model, 1700000000};
+    char *s = rt_oai_response_json(&h, t, len, "stop", &u, lp, 2);
     fuzz_check_json(s, strlen(s));
     free(s);
 
@@ -137,9 +152,10 @@ static void fuzz_encode(const rt_oai_request *r, const uint8_t *text, size_t len
     size_t n;
     const char *finish[] = {NULL, NULL, "length", NULL};
     const char *texts[] = {t, t, NULL, NULL};
+    const rt_oai_head hs = {r->chat, r->include_usage, r->logprobs, "cmpl-fuzz", r->model, 1};
     for (int i = 0; i < 4; i++) {
-        s = rt_oai_chunk_sse(&(rt_oai_stream){r->chat, r->include_usage, "cmpl-fuzz", r->model, 1}, i == 0,
-                             texts[i], texts[i] ? len : 0, finish[i], i == 3 ? &u : NULL, &n);
+        s = rt_oai_chunk_sse(&hs, i == 0, texts[i], texts[i] ? len : 0, finish[i], i == 3 ? &u : NULL, lp, i,
+                             &n);
         FUZZ_CHECK(s != NULL && n >= 8 && strlen(s) <= n);
         FUZZ_CHECK(memcmp(s, "data: ", 6) == 0 && memcmp(s + n - 2, "\n\n", 2) == 0);
         fuzz_check_json(s + 6, n - 8);

@@ -167,8 +167,11 @@ if shutil.which("node") and os.path.isdir(os.path.join(node_dir, "node_modules",
     t.ok(out.get("refusal", "absent") is None and out.get("null_usage") == out.get("chunks", 0) - 1
          and out.get("model_id") == "small",
          "OpenAI Node SDK: refusal null, usage null on every chunk but the last, models.retrieve")
-    t.ok(out.get("refused") == {"status": 400, "code": "unsupported_parameter", "param": "logprobs"},
-         "OpenAI Node SDK: logprobs is refused by name, not ignored: %s" % out.get("refused"))
+    t.ok(out.get("refused") == {"status": 400, "code": "unsupported_parameter", "param": "response_format"},
+         "OpenAI Node SDK: a JSON response_format is refused by name, not ignored: %s" % out.get("refused"))
+    lps = out.get("logprobs") or []
+    t.ok(len(lps) == 4 and all(lp <= 0 and n == 2 for _, lp, n in lps),
+         "OpenAI Node SDK: chat logprobs with top_logprobs: %s" % lps)
 else:
     t.ok(False, "OpenAI Node SDK installed (npm ci in tests/integration/node)")
 

@@ -79,6 +79,29 @@ forced = [text_of({"logit_bias": {str(tok): 100}}) for tok in (300, 301)]
 t.ok(isinstance(forced[0], str) and forced[0] != alone[0][:len(forced[0])] and forced[0] != forced[1]
      and text_of({"logit_bias": {"300": 100}}) == forced[0],
      "logit_bias +100 makes the token the greedy choice: %r" % forced)
+# --- chat logprobs: each token's, and the likeliest; streamed the same ---
+lp_req = {"model": "m", "messages": [{"role": "user", "content": "count"}], "max_tokens": 8,
+          "temperature": 0, "logprobs": True, "top_logprobs": 3}
+s, _, b = post("/v1/chat/completions", lp_req)
+whole = json.loads(b) if s == 200 else {}
+content = (((whole.get("choices") or [{}])[0].get("logprobs") or {}).get("content")) or []
+text = whole["choices"][0]["message"]["content"] if content else None
+t.ok(len(content) == whole.get("usage", {}).get("completion_tokens")
+     and bytes(x for e in content for x in e["bytes"]).decode("utf-8", "replace") == text
+     and all(len(e["top_logprobs"]) == 3 and e["logprob"] <= 0 and e["top_logprobs"][0]["logprob"] == e["logprob"]
+             and e["top_logprobs"][0]["bytes"] == e["bytes"]
+             and e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"] >= e["top_logprobs"][2]["logprob"]
+             for e in content),
+     "chat logprobs: one entry per token, bytes make the text, greedy picks the top one")
+s, _, b = post("/v1/chat/completions", dict(lp_req, stream=True))
+events, done = sse_events(b) if s == 200 else ([], False)
+streamed = [e for ev in events for c in ev["choices"] if c.get("logprobs") for e in c["logprobs"]["content"]]
+t.ok(done and [e["bytes"] for e in streamed] == [e["bytes"] for e in content]
+     and all(abs(a["logprob"] - b_["logprob"]) < 1e-6 for a, b_ in zip(streamed, content)),
+     "streamed chunks carry the same logprobs, each with its text")
+s, _, b = post("/v1/chat/completions", dict(lp_req, logprobs=False))
+t.ok(s == 400 and json.loads(b)["error"]["param"] == "top_logprobs", "top_logprobs without logprobs -> 400")
+
 # --- a completion's prompt reads the special tokens written in it ---
 def prompt_tokens(prompt):
     s, _, b = post("/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0})

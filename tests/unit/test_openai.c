@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -410,7 +411,7 @@ static const struct bad_case {
     {C("\"logit_bias\":{\"5\":\"1\"}"), "logit_bias", "-100 to 100"},
     {C("\"echo\":1"), "echo", "boolean"},
     {C("\"best_of\":0"), "best_of", "at least 1"},
-    {C("\"top_logprobs\":21"), "top_logprobs", "at most 20"},
+    {H("\"logprobs\":true,\"top_logprobs\":21"), "top_logprobs", "at most 20"},
     {H("\"logprobs\":1"), "logprobs", "boolean"},
     {H("\"response_format\":\"json\""), "response_format", "'type'"},
     {C("\"top_p\":1.01"), "top_p", "at most 1"},
@@ -597,8 +598,6 @@ static void expect_unsupported(const char *fields, bool chat, const char *param)
 static void test_unsupported_fields(void **state)
 {
     (void)state;
-    expect_unsupported("\"logprobs\":true", true, "logprobs");
-    expect_unsupported("\"top_logprobs\":2", true, "top_logprobs");
     expect_unsupported("\"response_format\":{\"type\":\"json_object\"}", true, "response_format");
     expect_unsupported("\"tool_choice\":\"required\"", true, "tool_choice");
     expect_unsupported("\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", true,
@@ -610,13 +609,9 @@ static void test_unsupported_fields(void **state)
     expect_unsupported("\"best_of\":2", false, "best_of");
 
     static const char *const off_chat[] = {
-        "\"logprobs\":false",
-        "\"top_logprobs\":0",
-        "\"response_format\":{\"type\":\"text\"}",
-        "\"tool_choice\":\"auto\"",
-        "\"tool_choice\":\"none\"",
-        "\"function_call\":\"auto\"",
-        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]",
+        "\"logprobs\":false",         "\"response_format\":{\"type\":\"text\"}",
+        "\"tool_choice\":\"auto\"",   "\"tool_choice\":\"none\"",
+        "\"function_call\":\"auto\"", "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]",
         "\"logprobs\":null"};
     static const char *const off_completions[] = {"\"echo\":false", "\"suffix\":\"\"", "\"best_of\":1",
                                                   "\"logprobs\":null", "\"suffix\":null"};
@@ -633,6 +628,26 @@ static void test_unsupported_fields(void **state)
         parse_ok(body, false, &r);
         rt_oai_request_dispose(&r);
     }
+}
+
+static void test_chat_logprobs_fields(void **state)
+{
+    (void)state;
+    rt_oai_request r;
+    parse_ok(H("\"logprobs\":true,\"top_logprobs\":5"), true, &r);
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 5);
+    rt_oai_request_dispose(&r);
+    parse_ok(H("\"logprobs\":true"), true, &r);
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 0);
+    rt_oai_request_dispose(&r);
+    parse_ok(H("\"logprobs\":false,\"top_logprobs\":null"), true, &r);
+    assert_false(r.logprobs);
+    rt_oai_request_dispose(&r);
+    expect_bad(H("\"top_logprobs\":2"), true, "top_logprobs", "requires 'logprobs'");
+    expect_bad(H("\"logprobs\":false,\"top_logprobs\":0"), true, "top_logprobs", "requires 'logprobs'");
+    expect_bad(H("\"logprobs\":true,\"top_logprobs\":-1"), true, "top_logprobs", "at least 0");
 }
 
 static void test_error_set_and_json(void **state)
@@ -695,8 +710,8 @@ static void test_response_json(void **state)
 {
     (void)state;
     rt_oai_usage u = {.prompt_tokens = 5, .completion_tokens = 7};
-    char *s =
-        rt_oai_response_json(false, "cmpl-1", 1700000000, "llama", "Hello \"world\"\n", 14, "length", &u);
+    char *s = rt_oai_response_json(&(rt_oai_head){false, false, false, "cmpl-1", "llama", 1700000000},
+                                   "Hello \"world\"\n", 14, "length", &u, NULL, 0);
     assert_non_null(s);
     assert_null(strchr(s, '\n')); /* compact */
     json_t *j = load(s, strlen(s));
@@ -715,7 +730,8 @@ static void test_response_json(void **state)
     json_decref(j);
     free(s);
 
-    s = rt_oai_response_json(true, "chatcmpl-2", 1, "m", "Hi", 2, "stop", &u);
+    s = rt_oai_response_json(&(rt_oai_head){true, false, false, "chatcmpl-2", "m", 1}, "Hi", 2, "stop", &u,
+                             NULL, 0);
     j = load(s, strlen(s));
     expect_str(j, "object", "chat.completion");
     expect_str(j, "choices.0.message.role", "assistant");
@@ -728,7 +744,8 @@ static void test_response_json(void **state)
     free(s);
 
     /* Only text_len bytes are taken. */
-    s = rt_oai_response_json(true, "x", 1, "m", "Hi there", 2, "stop", NULL);
+    s = rt_oai_response_json(&(rt_oai_head){true, false, false, "x", "m", 1}, "Hi there", 2, "stop", NULL,
+                             NULL, 0);
     j = load(s, strlen(s));
     expect_str(j, "choices.0.message.content", "Hi");
     assert_null(json_object_get(j, "usage"));
@@ -752,7 +769,8 @@ static void test_chunk_chat(void **state)
 {
     (void)state;
     size_t n = 0;
-    char *s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "c1", "m", 10}, true, "", 0, NULL, NULL, &n);
+    char *s = rt_oai_chunk_sse(&(rt_oai_head){true, false, false, "c1", "m", 10}, true, "", 0, NULL, NULL,
+                               NULL, 0, &n);
     json_t *j = load_sse(s, n);
     expect_str(j, "id", "c1");
     expect_str(j, "object", "chat.completion.chunk");
@@ -766,7 +784,8 @@ static void test_chunk_chat(void **state)
     json_decref(j);
     free(s);
 
-    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "c1", "m", 10}, false, "lo wor", 2, NULL, NULL, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_head){true, false, false, "c1", "m", 10}, false, "lo wor", 2, NULL, NULL,
+                         NULL, 0, &n);
     j = load_sse(s, n);
     expect_str(j, "choices.0.delta.content", "lo");
     assert_null(json_object_get(path(j, "choices.0.delta"), "role"));
@@ -774,7 +793,8 @@ static void test_chunk_chat(void **state)
     json_decref(j);
     free(s);
 
-    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "c1", "m", 10}, false, NULL, 0, "stop", NULL, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_head){true, false, false, "c1", "m", 10}, false, NULL, 0, "stop", NULL,
+                         NULL, 0, &n);
     j = load_sse(s, n);
     assert_int_equal(json_object_size(path(j, "choices.0.delta")), 0);
     expect_str(j, "choices.0.finish_reason", "stop");
@@ -782,7 +802,8 @@ static void test_chunk_chat(void **state)
     free(s);
 
     rt_oai_usage u = {.prompt_tokens = 3, .completion_tokens = 4};
-    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "c1", "m", 10}, false, NULL, 0, NULL, &u, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_head){true, false, false, "c1", "m", 10}, false, NULL, 0, NULL, &u, NULL, 0,
+                         &n);
     j = load_sse(s, n);
     assert_true(json_is_array(path(j, "choices")));
     assert_int_equal(json_array_size(path(j, "choices")), 0);
@@ -793,30 +814,32 @@ static void test_chunk_chat(void **state)
     free(s);
 
     /* Exact bytes of a small chunk. */
-    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "a", "b", 1}, false, "x", 1, NULL, NULL, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_head){true, false, false, "a", "b", 1}, false, "x", 1, NULL, NULL, NULL, 0,
+                         &n);
     assert_string_equal(
         s, "data: {\"id\":\"a\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"b\","
            "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"logprobs\":null,"
            "\"finish_reason\":null}]}\n\n");
     free(s);
     /* out_len may be NULL. */
-    s = rt_oai_chunk_sse(&(rt_oai_stream){true, false, "a", "b", 1}, false, "x", 1, NULL, NULL, NULL);
+    s = rt_oai_chunk_sse(&(rt_oai_head){true, false, false, "a", "b", 1}, false, "x", 1, NULL, NULL, NULL, 0,
+                         NULL);
     assert_non_null(s);
     free(s);
 
     /* With include_usage, every chunk before the usage one says null. */
-    const rt_oai_stream iu = {true, true, "c2", "m", 10};
-    s = rt_oai_chunk_sse(&iu, true, "", 0, NULL, NULL, &n);
+    const rt_oai_head iu = {true, true, false, "c2", "m", 10};
+    s = rt_oai_chunk_sse(&iu, true, "", 0, NULL, NULL, NULL, 0, &n);
     j = load_sse(s, n);
     expect_null(j, "usage");
     json_decref(j);
     free(s);
-    s = rt_oai_chunk_sse(&iu, false, NULL, 0, "stop", NULL, &n);
+    s = rt_oai_chunk_sse(&iu, false, NULL, 0, "stop", NULL, NULL, 0, &n);
     j = load_sse(s, n);
     expect_null(j, "usage");
     json_decref(j);
     free(s);
-    s = rt_oai_chunk_sse(&iu, false, NULL, 0, NULL, &u, &n);
+    s = rt_oai_chunk_sse(&iu, false, NULL, 0, NULL, &u, NULL, 0, &n);
     j = load_sse(s, n);
     expect_int(j, "usage.total_tokens", 7);
     json_decref(j);
@@ -827,7 +850,8 @@ static void test_chunk_completions(void **state)
 {
     (void)state;
     size_t n = 0;
-    char *s = rt_oai_chunk_sse(&(rt_oai_stream){false, false, "k", "m", 5}, true, "tok", 3, NULL, NULL, &n);
+    char *s = rt_oai_chunk_sse(&(rt_oai_head){false, false, false, "k", "m", 5}, true, "tok", 3, NULL, NULL,
+                               NULL, 0, &n);
     json_t *j = load_sse(s, n);
     expect_str(j, "object", "text_completion");
     expect_str(j, "choices.0.text", "tok");
@@ -836,7 +860,8 @@ static void test_chunk_completions(void **state)
     json_decref(j);
     free(s);
 
-    s = rt_oai_chunk_sse(&(rt_oai_stream){false, false, "k", "m", 5}, false, NULL, 0, "length", NULL, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_head){false, false, false, "k", "m", 5}, false, NULL, 0, "length", NULL,
+                         NULL, 0, &n);
     j = load_sse(s, n);
     expect_str(j, "choices.0.text", "");
     expect_str(j, "choices.0.finish_reason", "length");
@@ -844,10 +869,63 @@ static void test_chunk_completions(void **state)
     free(s);
 
     rt_oai_usage u = {.prompt_tokens = 1, .completion_tokens = 2};
-    s = rt_oai_chunk_sse(&(rt_oai_stream){false, false, "k", "m", 5}, false, NULL, 0, NULL, &u, &n);
+    s = rt_oai_chunk_sse(&(rt_oai_head){false, false, false, "k", "m", 5}, false, NULL, 0, NULL, &u, NULL, 0,
+                         &n);
     j = load_sse(s, n);
     assert_int_equal(json_array_size(path(j, "choices")), 0);
     expect_int(j, "usage.total_tokens", 3);
+    json_decref(j);
+    free(s);
+}
+
+static void test_logprobs_json(void **state)
+{
+    (void)state;
+    rt_oai_logprob lp[2] = {
+        {.tok = {"Hi", 2, -0.25f}, .n_top = 2, .top = {{"Hi", 2, -0.25f}, {"\xe2", 1, -1.5f}}},
+        {.tok = {"!", 1, -INFINITY}, .n_top = 0},
+    };
+    rt_oai_usage u = {.prompt_tokens = 1, .completion_tokens = 2};
+    const rt_oai_head h = {true, false, true, "c", "m", 1};
+    char *s = rt_oai_response_json(&h, "Hi!", 3, "stop", &u, lp, 2);
+    json_t *j = load(s, strlen(s));
+    expect_str(j, "choices.0.logprobs.content.0.token", "Hi");
+    assert_true(json_real_value(path(j, "choices.0.logprobs.content.0.logprob")) == -0.25);
+    assert_int_equal(json_array_size(path(j, "choices.0.logprobs.content.0.bytes")), 2);
+    expect_int(j, "choices.0.logprobs.content.0.bytes.1", 'i');
+    assert_int_equal(json_array_size(path(j, "choices.0.logprobs.content.0.top_logprobs")), 2);
+    /* a token that is part of a UTF-8 character: text repaired, bytes exact */
+    expect_str(j, "choices.0.logprobs.content.0.top_logprobs.1.token", "\xef\xbf\xbd");
+    expect_int(j, "choices.0.logprobs.content.0.top_logprobs.1.bytes.0", 0xe2);
+    assert_true(json_real_value(path(j, "choices.0.logprobs.content.1.logprob")) == -9999.0);
+    assert_int_equal(json_array_size(path(j, "choices.0.logprobs.content.1.top_logprobs")), 0);
+    expect_null(j, "choices.0.logprobs.refusal");
+    json_decref(j);
+    free(s);
+    /* asked for, none generated: an empty list; not asked for: null */
+    s = rt_oai_response_json(&h, "", 0, "length", &u, NULL, 0);
+    j = load(s, strlen(s));
+    assert_int_equal(json_array_size(path(j, "choices.0.logprobs.content")), 0);
+    json_decref(j);
+    free(s);
+    const rt_oai_head off = {true, false, false, "c", "m", 1};
+    s = rt_oai_response_json(&off, "Hi!", 3, "stop", &u, lp, 2);
+    j = load(s, strlen(s));
+    expect_null(j, "choices.0.logprobs");
+    json_decref(j);
+    free(s);
+
+    /* a chunk carries those of its tokens; one without, null */
+    size_t n;
+    s = rt_oai_chunk_sse(&h, false, "Hi", 2, NULL, NULL, lp, 1, &n);
+    j = load_sse(s, n);
+    assert_int_equal(json_array_size(path(j, "choices.0.logprobs.content")), 1);
+    expect_str(j, "choices.0.logprobs.content.0.token", "Hi");
+    json_decref(j);
+    free(s);
+    s = rt_oai_chunk_sse(&h, true, "", 0, NULL, NULL, NULL, 0, &n);
+    j = load_sse(s, n);
+    expect_null(j, "choices.0.logprobs");
     json_decref(j);
     free(s);
 }
@@ -871,14 +949,15 @@ static void test_invalid_utf8(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         for (int chat = 0; chat < 2; chat++) {
             size_t n;
-            char *s = rt_oai_chunk_sse(&(rt_oai_stream){chat, false, "i", "m", 1}, false, cases[i].in,
-                                       cases[i].len, NULL, NULL, &n);
+            char *s = rt_oai_chunk_sse(&(rt_oai_head){chat, false, false, "i", "m", 1}, false, cases[i].in,
+                                       cases[i].len, NULL, NULL, NULL, 0, &n);
             json_t *j = load_sse(s, n);
             expect_str(j, chat ? "choices.0.delta.content" : "choices.0.text", cases[i].want);
             json_decref(j);
             free(s);
 
-            s = rt_oai_response_json(chat, "i", 1, "m", cases[i].in, cases[i].len, "stop", NULL);
+            s = rt_oai_response_json(&(rt_oai_head){chat, false, false, "i", "m", 1}, cases[i].in,
+                                     cases[i].len, "stop", NULL, NULL, 0);
             j = load(s, strlen(s));
             expect_str(j, chat ? "choices.0.message.content" : "choices.0.text", cases[i].want);
             json_decref(j);
@@ -888,7 +967,8 @@ static void test_invalid_utf8(void **state)
 
     /* A NUL byte in model text is escaped, not a truncation. */
     size_t n;
-    char *s = rt_oai_chunk_sse(&(rt_oai_stream){false, false, "i", "m", 1}, false, "a\0b", 3, NULL, NULL, &n);
+    char *s = rt_oai_chunk_sse(&(rt_oai_head){false, false, false, "i", "m", 1}, false, "a\0b", 3, NULL, NULL,
+                               NULL, 0, &n);
     assert_non_null(strstr(s, "a\\u0000b"));
     json_t *j = load_sse(s, n);
     assert_int_equal(json_string_length(path(j, "choices.0.text")), 3);
@@ -941,6 +1021,8 @@ int main(void)
         cmocka_unit_test(test_chat_messages),
         cmocka_unit_test(test_logit_bias_and_top_p),
         cmocka_unit_test(test_unsupported_fields),
+        cmocka_unit_test(test_chat_logprobs_fields),
+        cmocka_unit_test(test_logprobs_json),
         cmocka_unit_test(test_error_set_and_json),
         cmocka_unit_test(test_response_json),
         cmocka_unit_test(test_chunk_chat),

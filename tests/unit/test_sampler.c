@@ -217,6 +217,88 @@ static void test_logit_bias(void **state)
     assert_null(rt_sampler_new(&p, 4));
 }
 
+/* rt_logprobs against the definition, in long double, on random rows of
+ * odd sizes with ties, NaN and infinities. */
+static void test_logprobs_reference(void **state)
+{
+    (void)state;
+    rng_state = 7;
+    float x[333];
+    for (int iter = 0; iter < 400; iter++) {
+        int32_t n = 1 + (int32_t)(rnd() % 333);
+        for (int32_t i = 0; i < n; i++) {
+            uint32_t r = rnd() % 100;
+            x[i] = r < 3    ? NAN
+                   : r < 6  ? -INFINITY
+                   : r < 20 ? (float)(rnd() % 4)
+                            : ((float)(rnd() % 20001) - 10000.0f) / 997.0f;
+        }
+        if (iter % 50 == 7)
+            x[rnd() % (uint32_t)n] = INFINITY;
+        int k = (int)(rnd() % 23);
+        int32_t chosen = (int32_t)(rnd() % (uint32_t)n);
+        rt_token_logprobs lp;
+        rt_logprobs(x, n, chosen, k, &lp);
+
+        float max = -INFINITY;
+        for (int32_t i = 0; i < n; i++)
+            if (x[i] > max)
+                max = x[i];
+        if (max == -INFINITY) {
+            assert_int_equal(lp.n_top, 0);
+            assert_true(lp.logprob == -INFINITY);
+            continue;
+        }
+        long double sum = 0.0L;
+        for (int32_t i = 0; i < n; i++)
+            sum += x[i] == max                         ? 1.0L
+                   : isinf(max) || !(x[i] > -INFINITY) ? 0.0L
+                                                       : expl((long double)x[i] - max);
+        int want_k = k > RT_MAX_TOP_LOGPROBS ? RT_MAX_TOP_LOGPROBS : k;
+        int finite = 0;
+        for (int32_t i = 0; i < n; i++)
+            finite += x[i] > -INFINITY;
+        if (want_k > finite)
+            want_k = finite;
+        assert_int_equal(lp.n_top, want_k);
+        for (int j = 0; j < lp.n_top; j++) {
+            int32_t t = lp.top[j];
+            assert_true(t >= 0 && t < n && x[t] > -INFINITY);
+            if (j > 0) { /* best first, the lower id first on ties */
+                int32_t p = lp.top[j - 1];
+                assert_true(x[p] > x[t] || (x[p] == x[t] && p < t));
+            }
+            /* nothing left out beats the last one taken */
+            if (j == lp.n_top - 1)
+                for (int32_t i = 0; i < n; i++) {
+                    bool taken = false;
+                    for (int q = 0; q < lp.n_top; q++)
+                        taken |= lp.top[q] == i;
+                    assert_true(taken || !(x[i] > x[t]));
+                }
+        }
+        for (int j = -1; j < lp.n_top; j++) {
+            int32_t t = j < 0 ? chosen : lp.top[j];
+            float got = j < 0 ? lp.logprob : lp.top_logprob[j];
+            if (!(x[t] > -INFINITY) || (isinf(max) && x[t] != max)) {
+                assert_true(got == -INFINITY);
+                continue;
+            }
+            long double want = x[t] == max ? -logl(sum) : (long double)x[t] - max - logl(sum);
+            assert_true(fabsl((long double)got - want) <= 1e-5L * (1.0L + fabsl(want)));
+        }
+    }
+    /* k 0: the chosen token's only; an id out of range: -inf */
+    float y[] = {1.0f, 2.0f};
+    rt_token_logprobs lp;
+    rt_logprobs(y, 2, 1, 0, &lp);
+    assert_int_equal(lp.n_top, 0);
+    assert_true(fabsf(lp.logprob - (float)-log1p(exp(-1.0))) < 1e-6f);
+    rt_logprobs(y, 2, 5, 1, &lp);
+    assert_true(lp.logprob == -INFINITY);
+    assert_int_equal(lp.top[0], 1);
+}
+
 static void test_penalties(void **state)
 {
     (void)state;
@@ -615,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_nucleus_ties),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_logprobs_reference),
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_distribution_vector),
         cmocka_unit_test(test_large_vocab),

@@ -25,9 +25,12 @@ async function main() {
         }
     }
     const m = await client.models.retrieve(model);
+    const lp = await client.chat.completions.create({
+        model, messages, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2,
+    });
     let refused = null;
     try {
-        await client.chat.completions.create({ model, messages, max_tokens: 2, logprobs: true });
+        await client.chat.completions.create({ model, messages, max_tokens: 2, response_format: { type: 'json_object' } });
     } catch (e) {
         refused = { status: e.status, code: e.code, param: e.param };
     }
@@ -35,6 +38,7 @@ async function main() {
         text: r.choices[0].message.content, finish_plain: r.choices[0].finish_reason,
         refusal: r.choices[0].message.refusal, usage_plain: r.usage, streamed, finish, usage,
         chunks, null_usage, model_id: m.id, refused,
+        logprobs: lp.choices[0].logprobs.content.map((e) => [e.token, e.logprob, e.top_logprobs.length]),
     }));
 }
 
