@@ -381,25 +381,11 @@ static void render_mistral_v7(buf *b, rt_chat_kind k, const rt_chat_msg *msgs, i
     const char *sp = k == RT_CHAT_MISTRAL_V7 ? " " : "";
     buf_str(b, bos);
     for (int i = 0; i < n; i++) {
-        switch (role_of(msgs[i].role)) {
-        case ROLE_SYSTEM:
-            buf_str(b, "[SYSTEM_PROMPT]");
-            buf_str(b, sp);
-            buf_message(b, &msgs[i]);
-            buf_str(b, "[/SYSTEM_PROMPT]");
-            break;
-        case ROLE_USER:
-            buf_str(b, "[INST]");
-            buf_str(b, sp);
-            buf_message(b, &msgs[i]);
-            buf_str(b, "[/INST]");
-            break;
-        default: /* assistant: the caller has refused other roles */
-            buf_str(b, sp);
-            buf_message(b, &msgs[i]);
-            buf_str(b, "</s>");
-            break;
-        }
+        enum role r = role_of(msgs[i].role); /* the caller has refused other roles */
+        buf_str(b, r == ROLE_SYSTEM ? "[SYSTEM_PROMPT]" : r == ROLE_USER ? "[INST]" : "");
+        buf_str(b, sp);
+        buf_message(b, &msgs[i]);
+        buf_str(b, r == ROLE_SYSTEM ? "[/SYSTEM_PROMPT]" : r == ROLE_USER ? "[/INST]" : "</s>");
     }
 }
 
