@@ -7,6 +7,7 @@
  * owns what and which calls may happen where. */
 #include "gateway/upstream_internal.h"
 #include "gateway/mem.h"
+#include "routing/region.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -258,53 +259,33 @@ void up_req_retire(gw_upstream_req *r)
 
 /* ---- targets ---- */
 
-/* "HOST:PORT" with HOST a numeric IPv4 address, [IPv6] or localhost.
- * Names are not resolved: that would block the loop, and targets come from
- * the configuration, where an address is as easy to write. */
+/* "HOST:PORT" with HOST a numeric IPv4 address, [IPv6] or localhost, as
+ * routing checks region endpoints. Names are not resolved: that would
+ * block the loop, and targets come from the configuration, where an
+ * address is as easy to write. */
 static int parse_host_port(up_target *t, const char *s)
 {
-    char host[INET6_ADDRSTRLEN + 1];
-    const char *port_s;
-    bool v6 = s[0] == '[';
-    if (v6) {
-        const char *end = strchr(s, ']');
-        if (!end || end[1] != ':' || (size_t)(end - s - 1) >= sizeof(host))
-            return -EINVAL;
-        memcpy(host, s + 1, (size_t)(end - s - 1));
-        host[end - s - 1] = '\0';
-        port_s = end + 2;
-    } else {
-        const char *colon = strrchr(s, ':');
-        if (!colon || colon == s || (size_t)(colon - s) >= sizeof(host))
-            return -EINVAL;
-        memcpy(host, s, (size_t)(colon - s));
-        host[colon - s] = '\0';
-        port_s = colon + 1;
-    }
-    char *endp;
-    long port = strtol(port_s, &endp, 10);
-    if (*port_s < '0' || *port_s > '9' || *endp || port < 1 || port > 65535)
+    char host[ROUTE_HOST_MAX];
+    int port;
+    if (route_host_port(s, host, &port))
         return -EINVAL;
     memset(&t->addr, 0, sizeof(t->addr));
-    if (v6) {
+    if (s[0] == '[') {
         struct sockaddr_in6 *a = (struct sockaddr_in6 *)&t->addr;
         a->sin6_family = AF_INET6;
         a->sin6_port = htons((uint16_t)port);
-        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
-            return -EINVAL;
+        inet_pton(AF_INET6, host, &a->sin6_addr);
         t->addr_len = sizeof(*a);
         t->host_is_ip = true;
     } else {
         struct sockaddr_in *a = (struct sockaddr_in *)&t->addr;
         a->sin_family = AF_INET;
         a->sin_port = htons((uint16_t)port);
-        if (!strcmp(host, "localhost")) {
+        t->host_is_ip = strcmp(host, "localhost") != 0;
+        if (t->host_is_ip)
+            inet_pton(AF_INET, host, &a->sin_addr);
+        else
             a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        } else if (inet_pton(AF_INET, host, &a->sin_addr) == 1) {
-            t->host_is_ip = true;
-        } else {
-            return -EINVAL;
-        }
         t->addr_len = sizeof(*a);
     }
     snprintf(t->host, sizeof(t->host), "%s", host);
