@@ -512,11 +512,16 @@ static int chunked_body(gw_http_conn *c, struct evbuffer *in, const char **why)
                 return 400;
             }
             evbuffer_drain(in, (size_t)ll + 2);
+            /* huge first: a size past 2^64 has wrapped, and 2^64 itself
+             * would read as the last chunk (the rest of the body taken for
+             * the next request) */
+            if (huge)
+                return 413;
             if (n == 0) {
                 h->chunk = GW_H1_CHUNK_TRAILER;
                 break;
             }
-            if (huge || s->body_len > lim->max_body || n > lim->max_body - s->body_len)
+            if (s->body_len > lim->max_body || n > lim->max_body - s->body_len)
                 return 413;
             h->body_left = n;
             h->chunk = GW_H1_CHUNK_DATA;

@@ -375,6 +375,12 @@ static void test_malformed(void **state)
          "HTTP/1.1 400 "},
         {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\n",
          "HTTP/1.1 413 "},
+        /* 2^64 wraps to 0: not the last chunk, with a request smuggled after it */
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000\r\n\r\n"
+         "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
+         "HTTP/1.1 413 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n000020000000000000000\r\n\r\n",
+         "HTTP/1.1 413 "},
         {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n",
          "HTTP/1.1 400 "},
         {"GET / HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\n\r\n", "HTTP/1.1 417 "},
