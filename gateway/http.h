@@ -92,6 +92,16 @@ typedef struct gw_http_handler {
     /* The stream is gone; `stream_ud` is what gw_http_set_user stored.
      * `finished` is true when the response was sent completely. */
     void (*on_close)(void *ud, gw_http_stream *s, void *stream_ud, bool finished);
+    /* May be NULL. A request whose body is still to come, by its head alone
+     * (req->body empty), so that one refused whatever its body (no valid
+     * key) costs no more than its head: the application may answer it now
+     * with gw_http_respond (or reset it), and the body is then not taken
+     * in: HTTP/1.x closes the connection after the answer (no 100
+     * Continue is sent), HTTP/2 drops the DATA as it comes. It does
+     * nothing else with the stream here; when it does not answer, the body
+     * comes and on_request follows. on_close follows an answer given here
+     * as it follows one given to on_request. */
+    void (*on_head)(void *ud, gw_http_stream *s, const gw_http_request *req);
     /* May be NULL. Flow control for producers that can pause (proxies):
      * called from the loop, once each time the stream's gw_http_pending()
      * falls to max_stream_buffer / 2 or below after a gw_http_write left

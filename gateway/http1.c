@@ -137,12 +137,8 @@ static bool h1_refuse(gw_http_conn *c, int rc, const char *why)
 
 /* ---- requests ---- */
 
-static void h1_dispatch(gw_http_conn *c)
+static void h1_fill_request(gw_http_conn *c, gw_http_stream *s)
 {
-    gw_h1 *h = &c->h1;
-    gw_http_stream *s = h->cur;
-    gw_http_server *srv = c->srv;
-    event_del(c->idle_ev); /* the application's turn: the peer may wait */
     s->req = (gw_http_request){
         .method = s->method,
         .path = s->path,
@@ -151,12 +147,48 @@ static void h1_dispatch(gw_http_conn *c)
         .n_headers = s->n_headers,
         .body = s->body ? s->body : empty_body,
         .body_len = s->body_len,
-        .protocol = h->http10 ? "HTTP/1.0" : "HTTP/1.1",
+        .protocol = c->h1.http10 ? "HTTP/1.0" : "HTTP/1.1",
         .peer_verified = c->tls && gw_tls_peer_verified(c->bev),
     };
+}
+
+static void h1_dispatch(gw_http_conn *c)
+{
+    gw_h1 *h = &c->h1;
+    gw_http_stream *s = h->cur;
+    gw_http_server *srv = c->srv;
+    event_del(c->idle_ev); /* the application's turn: the peer may wait */
+    h1_fill_request(c, s);
     s->state = GW_SS_APP;
     h->state = GW_H1_APP;
     srv->handler.on_request(srv->ud, s, &s->req);
+}
+
+/* A request with a body to come is shown to on_head first (see http.h).
+ * True when the application answered it: the body is left unread, so the
+ * answer says connection: close and the connection closes after it,
+ * before any 100 Continue. */
+static bool h1_head(gw_http_conn *c)
+{
+    gw_h1 *h = &c->h1;
+    gw_http_stream *s = h->cur;
+    gw_http_server *srv = c->srv;
+    if (!srv->handler.on_head || (!h->chunked_body && h->body_left == 0))
+        return false;
+    bool keep_alive = h->keep_alive;
+    h->keep_alive = false;
+    h1_fill_request(c, s);
+    gw_stream_state state = s->state;
+    s->state = GW_SS_APP;
+    srv->handler.on_head(srv->ud, s, &s->req);
+    if (s->resp_started || h->abort) {
+        event_del(c->idle_ev);
+        h->state = GW_H1_APP;
+        return true;
+    }
+    s->state = state;
+    h->keep_alive = keep_alive;
+    return false;
 }
 
 /* Reads as far as the input goes. True when the state moved on (to APP or
@@ -186,6 +218,8 @@ static bool h1_read(gw_http_conn *c)
             return false;
         if (rc != GW_H1_DONE)
             return h1_refuse(c, rc, why);
+        if (h1_head(c))
+            return true;
         h->state = GW_H1_BODY;
         if (h->expect_continue &&
             evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25)) {

@@ -260,7 +260,42 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     return 0;
 }
 
-static void request_headers_done(gw_http_stream *s)
+static void fill_request(gw_http_stream *s)
+{
+    s->req = (gw_http_request){
+        .method = s->method,
+        .path = s->path,
+        .authority = s->authority,
+        .headers = s->headers,
+        .n_headers = s->n_headers,
+        .body = s->body ? s->body : empty_body,
+        .body_len = s->body_len,
+        .protocol = "HTTP/2",
+        .peer_verified = s->conn->tls && gw_tls_peer_verified(s->conn->bev),
+    };
+}
+
+/* A request with a body to come is shown to on_head first (see http.h);
+ * an answer there leaves the body to be dropped as it comes. */
+static void request_head(gw_http_stream *s)
+{
+    gw_http_server *srv = s->conn->srv;
+    if (!srv->handler.on_head)
+        return;
+    fill_request(s);
+    s->state = GW_SS_APP;
+    srv->handler.on_head(srv->ud, s, &s->req);
+    if (!s->resp_started && !s->reset) {
+        s->state = GW_SS_BODY;
+        return;
+    }
+    s->body_dropped = true;
+    gw_mem_free(s->body);
+    s->body = NULL;
+    s->body_len = s->body_cap = 0;
+}
+
+static void request_headers_done(gw_http_stream *s, bool end_stream)
 {
     const gw_http_limits *lim = &s->conn->srv->limits;
     if (s->reject_status) {
@@ -286,14 +321,18 @@ static void request_headers_done(gw_http_stream *s)
         unsigned long long n = strtoull(cl, NULL, 10);
         if (n > lim->max_body) {
             stream_reject_body(s);
+            return;
         } else if (n > 0) {
             size_t cap = n < 65536 ? (size_t)n : 65536;
-            if (!(s->body = gw_mem_alloc(cap)))
+            if (!(s->body = gw_mem_alloc(cap))) {
                 stream_fail(s);
-            else
-                s->body_cap = cap;
+                return;
+            }
+            s->body_cap = cap;
         }
     }
+    if (!end_stream)
+        request_head(s);
 }
 
 static void request_complete(gw_http_stream *s)
@@ -301,22 +340,12 @@ static void request_complete(gw_http_stream *s)
     if (s->state != GW_SS_BODY)
         return;
     if (s->reject_status) { /* trailers too large */
-        request_headers_done(s);
+        request_headers_done(s, true);
         return;
     }
     gw_http_server *srv = s->conn->srv;
     stream_body_done(s);
-    s->req = (gw_http_request){
-        .method = s->method,
-        .path = s->path,
-        .authority = s->authority,
-        .headers = s->headers,
-        .n_headers = s->n_headers,
-        .body = s->body ? s->body : empty_body,
-        .body_len = s->body_len,
-        .protocol = "HTTP/2",
-        .peer_verified = s->conn->tls && gw_tls_peer_verified(s->conn->bev),
-    };
+    fill_request(s);
     s->state = GW_SS_APP;
     srv->handler.on_request(srv->ud, s, &s->req);
 }
@@ -387,11 +416,12 @@ static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
         return 0;
     if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
         s->state == GW_SS_HEADERS)
-        request_headers_done(s);
+        request_headers_done(s, frame->hd.flags & NGHTTP2_FLAG_END_STREAM);
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
         s->remote_ended = true;
         request_complete(s);
-    } else if (s->state == GW_SS_BODY || (s->state == GW_SS_REJECTED && frame->hd.type == NGHTTP2_DATA)) {
+    } else if (s->state == GW_SS_BODY || s->body_dropped ||
+               (s->state == GW_SS_REJECTED && frame->hd.type == NGHTTP2_DATA)) {
         stream_due_idle(s); /* the next piece of the body is due */
     }
     return 0;
@@ -605,7 +635,8 @@ static void conn_check_streams(gw_http_conn *c)
         if (s->state == GW_SS_BODY) {
             stream_reject(s, 408, "the request body stopped arriving", "request_timeout");
             s->rst_after_fin = true;
-        } else if (s->state == GW_SS_REJECTED) {
+        } else if (s->state == GW_SS_REJECTED || (s->body_dropped && s->fin_sent)) {
+            /* answered, and the rest of the body stopped coming */
             if (nghttp2_submit_rst_stream(c->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR))
                 c->broken = true;
         } else if (s->state == GW_SS_APP && !s->reset) {

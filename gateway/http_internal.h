@@ -53,7 +53,7 @@ typedef enum gw_stream_state {
     GW_SS_HEADERS,  /* request headers arriving */
     GW_SS_BODY,     /* request body arriving */
     GW_SS_REJECTED, /* the server answered (400, 413, 431): the rest of the request is ignored */
-    GW_SS_APP,      /* on_request was called: the application answers */
+    GW_SS_APP,      /* on_request (or on_head) was called: the application answers */
     GW_SS_CLOSED,   /* the protocol is done with it; on_close is due (application streams only) */
 } gw_stream_state;
 
@@ -77,6 +77,7 @@ struct gw_http_stream {
     bool bodiless;     /* HTTP/1.x: the response carries no body bytes (HEAD, 204, 304) */
     bool chunked;      /* HTTP/1.x: the response body is in chunked coding */
     bool rst_after_fin; /* HTTP/2: RST_STREAM(NO_ERROR) once the response ended (a body timed out) */
+    bool body_dropped;  /* HTTP/2: answered from its head (on_head): the body that comes is dropped */
     int reject_status; /* pending server answer (400, 413, 431), 0 if none */
     /* HTTP/2: monotonic ms by which the stream must move on, 0 for no
      * bound: its header block (header_timeout_ms), each piece of its body,

@@ -1097,6 +1097,29 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
 #undef PATH_IS
 }
 
+/* A request refused whatever its body says is answered from its head, so
+ * that a client without a valid key cannot make the gateway take in (and
+ * hold) a body: a forwarded request from a peer without a verified
+ * certificate, or one without a valid key where keys are required. The
+ * answer is on_request's own; a request that passes here is checked again
+ * there, whole. */
+void gw_proxy_on_head(void *ud, gw_http_stream *s, const gw_http_request *r)
+{
+    gw_serve *g = ud;
+    bool refused;
+    if (gw_http_header_get(r, "x-infergate-hop")) {
+        refused = !r->peer_verified;
+    } else if (gw_tenants_open(g->tenants)) {
+        refused = false;
+    } else {
+        const char *a = gw_http_header_get(r, "authorization");
+        refused = !a ? !strstr(r->path, "?key=") /* the dashboard's key, checked whole */
+                     : strncasecmp(a, "Bearer ", 7) != 0 || !gw_tenants_auth(g->tenants, a + 7);
+    }
+    if (refused)
+        gw_proxy_on_request(ud, s, r);
+}
+
 void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud)
 {
     preq *p = stream_ud;

@@ -121,6 +121,28 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
     }
 }
 
+/* Paths starting "/x" are answered from their head (a refused upload),
+ * "/X" reset there; the body that comes after is dropped. */
+static void on_head(void *ud, gw_http_stream *s, const gw_http_request *req)
+{
+    if (!req->method || !req->path || !req->body || req->body_len || !req->protocol)
+        abort();
+    char mode = req->path[0] == '/' ? req->path[1] : 0;
+    if (mode != 'x' && mode != 'X')
+        return;
+    fz_stream *f = calloc(1, sizeof(*f));
+    n_open++;
+    if (!f) {
+        gw_http_reset(s);
+        return;
+    }
+    f->s = s;
+    gw_http_set_user(s, f);
+    static const gw_http_header h[] = {{"content-type", "text/plain"}};
+    if (mode == 'X' || gw_http_respond(s, 401, h, 1, "no", 2))
+        gw_http_reset(s);
+}
+
 static void on_writable(void *ud, gw_http_stream *s, void *stream_ud)
 {
     fz_stream *f = stream_ud;
@@ -151,7 +173,8 @@ static void fz_server_init(void)
     l.max_header_list = 4096;
     l.max_stream_buffer = FZ_STREAM_BUFFER;
     l.max_concurrent_streams = 16;
-    gw_http_handler h = {.on_request = on_request, .on_close = on_close, .on_writable = on_writable};
+    gw_http_handler h = {
+        .on_request = on_request, .on_head = on_head, .on_close = on_close, .on_writable = on_writable};
     if (!base || !(srv = gw_http_server_new(base, &l, &h, NULL)))
         abort();
 }

@@ -204,6 +204,74 @@ for _ in range(6):
 t.ok(any(c == 429 and ra for c, ra in codes) and codes[0][0] == 200,
      "rate limit: a burst past 2 req/s gets 429 with Retry-After (%s)" % [c for c, _ in codes])
 
+# --- a request without a valid key is refused by its head, its body unread ---
+def head_only_h1(auth):
+    """An upload's head alone (Expect: 100-continue): what comes back in 5 s."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n%s"
+               "Expect: 100-continue\r\nContent-Length: 1000000\r\n\r\n" % auth).encode())
+    got = b""
+    try:
+        while b"\r\n\r\n" not in got:
+            data = s.recv(4096)
+            if not data:
+                break
+            got += data
+    except socket.timeout:
+        pass
+    s.close()
+    return got.decode("latin-1")
+r = head_only_h1("")
+t.ok(r.startswith("HTTP/1.1 401 ") and "connection: close" in r.lower() and "100 Continue" not in r,
+     "HTTP/1.1: no key -> 401 from the head, no 100 Continue, connection closed: %r" % r[:60])
+r = head_only_h1("Authorization: Bearer wrong\r\n")
+t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a wrong key -> 401 before the body")
+r = head_only_h1("Authorization: Bearer %s\r\n" % key_a)
+t.ok(r.startswith("HTTP/1.1 100 Continue"), "HTTP/1.1: a valid key gets 100 Continue and sends its body")
+
+def head_only_h2(extra, timeout=2):
+    """A request's head alone over h2c: its status; then, answered or not,
+    its 10-byte body and a GET /healthz on the same connection: the
+    healthz status and whether the first stream closed cleanly."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    c.initiate_connection()
+    c.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
+                       (":authority", "127.0.0.1"), ("content-type", "application/json"),
+                       ("content-length", "10")] + extra)
+    s.sendall(c.data_to_send())
+    status, after, ended, reset = {}, False, set(), set()
+    try:
+        while 3 not in status:
+            data = s.recv(65536)
+            if not data:
+                break
+            for ev in c.receive_data(data):
+                if isinstance(ev, h2.events.ResponseReceived):
+                    status[ev.stream_id] = dict(ev.headers).get(":status")
+                elif isinstance(ev, h2.events.StreamEnded):
+                    ended.add(ev.stream_id)
+                elif isinstance(ev, h2.events.StreamReset):
+                    reset.add(ev.stream_id)
+            if 1 in status and not after:
+                after = True
+                c.send_data(1, b"x" * 10, end_stream=True)
+                c.send_headers(3, [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"),
+                                   (":authority", "127.0.0.1")], end_stream=True)
+            s.sendall(c.data_to_send())
+    except socket.timeout:
+        pass
+    s.close()
+    return status.get(1), status.get(3), 1 in ended and 1 not in reset
+t.ok(head_only_h2([]) == ("401", "200", True),
+     "HTTP/2: no key -> 401 from the head; the body after it is dropped, the connection goes on")
+t.ok(head_only_h2([("x-infergate-hop", "1")])[0] == "403", "HTTP/2: a forwarded request from no verified peer -> 403")
+t.ok(head_only_h2([("authorization", "Bearer " + key_a)], timeout=1)[0] is None,
+     "HTTP/2: a valid key waits for its body")
+
 # --- a client that stops reading for a while ---
 # python3-h2 as the client: it acknowledges data only when told, so the
 # stream's window (64 KiB) fills and the rest waits at the gateway, whose

@@ -81,7 +81,7 @@ static int fake_worker(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     struct event_base *base = event_base_new();
-    gw_http_handler h = {fake_request, fake_close, NULL};
+    gw_http_handler h = {.on_request = fake_request, .on_close = fake_close};
     gw_http_server *srv = base ? gw_http_server_new(base, NULL, &h, &f) : NULL;
     char err[256];
     if (!srv || gw_http_server_listen(srv, listen, err, sizeof(err))) {
