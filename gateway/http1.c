@@ -296,7 +296,9 @@ static void h1_run(gw_http_conn *c)
             h->cur = NULL;
             gw_stream_closed(s, true);
             gw_conn_flush_closed(c);
-            if (h->keep_alive && !h->eof && !c->srv->draining) {
+            /* A peer that shut its side after pipelining still gets the
+             * answers to the requests it sent whole. */
+            if (h->keep_alive && (!h->eof || evbuffer_get_length(in) > 0) && !c->srv->draining) {
                 h->state = GW_H1_IDLE;
                 gw_conn_set_timer(c, c->srv->limits.idle_timeout_ms);
             } else {
@@ -357,8 +359,15 @@ void gw_h1_on_send(gw_http_conn *c)
 
 void gw_h1_on_timer(gw_http_conn *c)
 {
-    /* Idle between requests, a head not complete in time (slowloris), a
-     * body that stalled, or a peer that does not close after us. */
+    /* A body that stalled gets 408 (as over HTTP/2), then the close. Idle
+     * between requests, a head not complete in time (slowloris), or a peer
+     * that does not close after us: closed at once. */
+    if (c->h1.state == GW_H1_BODY && !c->h1.abort) {
+        h1_reject(c, 408, "the request body stopped arriving");
+        gw_conn_set_timer(c, GW_HTTP_LINGER_MS);
+        h1_run(c);
+        return;
+    }
     if (c->h1.state != GW_H1_APP)
         gw_conn_free(c);
 }

@@ -303,6 +303,8 @@ static int parse_head(gw_http_conn *c, const char *p, size_t len, head_info *hi)
         h->http10 = false;
     else if (vlen == 8 && !memcmp(q, "HTTP/1.0", 8))
         h->http10 = true;
+    else if (vlen == 8 && !memcmp(q, "HTTP/1.", 7) && q[7] >= '2' && q[7] <= '9')
+        h->http10 = false; /* a later 1.x is served as 1.1 (RFC 9112 2.3) */
     else if (vlen == 8 && !memcmp(q, "HTTP/", 5) && q[5] >= '0' && q[5] <= '9' && q[6] == '.' &&
              q[7] >= '0' && q[7] <= '9')
         HEAD_FAIL(505, "only HTTP/1.0 and HTTP/1.1 are served here");

@@ -69,6 +69,37 @@ static void test_get(void **state)
     assert_int_equal(gw_http_server_active_streams(t->srv), 0);
 }
 
+/* A client that shuts its side after pipelining gets every answer. */
+static void test_pipelined_half_close(void **state)
+{
+    tsrv *t = *state;
+    static const char req[] = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd = raw_connect(t, 0);
+    for (int i = 0; i < 5; i++)
+        raw_send(fd, req, sizeof(req) - 1);
+    shutdown(fd, SHUT_WR);
+    char *got = raw_read_all(t, fd, 1 << 16, NULL);
+    close(fd);
+    int n = 0;
+    for (const char *p = got; (p = strstr(p, "HTTP/1.1 200 OK\r\n")); p++)
+        n++;
+    assert_int_equal(n, 5);
+    free(got);
+    assert_true(run_until(t, no_streams, NULL));
+}
+
+/* A later minor version is served as HTTP/1.1 (RFC 9112 2.3). */
+static void test_later_minor(void **state)
+{
+    tsrv *t = *state;
+    static const char req[] = "GET /hello HTTP/1.2\r\nHost: x\r\nConnection: close\r\n\r\n";
+    char *got = raw_exchange(t, req, sizeof(req) - 1);
+    assert_true(!strncmp(got, "HTTP/1.1 200 ", 13));
+    assert_non_null(strstr(got, "hello world\n"));
+    free(got);
+    assert_string_equal(t->protocol, "HTTP/1.1");
+}
+
 /* HTTP/1.1 and HTTP/2 with prior knowledge on one port. */
 static void test_h2c_same_port(void **state)
 {
@@ -472,6 +503,15 @@ static void test_timeouts(void **state)
     assert_non_null(strstr(got, "hello world\n"));
     free(got);
     close(fd);
+    /* A body that stops arriving gets 408, then the close. */
+    fd = raw_connect(t, 0);
+    static const char stalled[] = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab";
+    raw_send(fd, stalled, sizeof(stalled) - 1);
+    got = raw_read_all(t, fd, 4096, NULL);
+    assert_true(!strncmp(got, "HTTP/1.1 408 ", 13));
+    assert_non_null(strstr(got, "connection: close\r\n"));
+    free(got);
+    close(fd);
     /* h2c is held to the header timeout until its preface is in. */
     fd = raw_connect(t, 0);
     raw_send(fd, "PRI * HTTP/2.0\r\n", 16);
@@ -586,6 +626,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_get, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_later_minor, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_half_close, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_h2c_same_port, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_post, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_keep_alive, setup, harness_teardown),
