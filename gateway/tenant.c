@@ -1,4 +1,4 @@
-/* Tenants (see tenant.h): API-key authentication in constant time and the
+/* Tenants (see tenant.h): API-key authentication by the key's hash and the
  * per-tenant request and token buckets. Time comes from the caller (now_s),
  * so the buckets are plain arithmetic and tests can drive the clock. */
 #include "gateway/tenant.h"
@@ -43,9 +43,36 @@ struct gw_tenants {
     gw_tenant **by_name; /* v sorted by name */
     key_entry *keys;
     int n_keys;
+    /* keys by their hash's first bytes (open addressing): index into keys,
+     * -1 for an empty slot; at least twice as many slots as keys */
+    int32_t *slots;
+    uint32_t slot_mask;
 };
 
 /* ---- table ---- */
+
+static uint32_t slot_of(const uint8_t hash[32])
+{
+    return (uint32_t)hash[0] | (uint32_t)hash[1] << 8 | (uint32_t)hash[2] << 16 | (uint32_t)hash[3] << 24;
+}
+
+static int index_keys(gw_tenants *t)
+{
+    size_t cap = 2;
+    while (cap < 2 * (size_t)t->n_keys)
+        cap *= 2;
+    if (cap > UINT32_MAX || !(t->slots = malloc(cap * sizeof(*t->slots))))
+        return -ENOMEM;
+    memset(t->slots, 0xff, cap * sizeof(*t->slots));
+    t->slot_mask = (uint32_t)(cap - 1);
+    for (int k = 0; k < t->n_keys; k++) {
+        uint32_t i = slot_of(t->keys[k].hash) & t->slot_mask;
+        while (t->slots[i] >= 0)
+            i = (i + 1) & t->slot_mask;
+        t->slots[i] = k;
+    }
+    return 0;
+}
 
 static int by_name_cmp(const void *a, const void *b)
 {
@@ -130,6 +157,8 @@ gw_tenants *gw_tenants_new(const gw_config *c, const gw_tenants *prev)
         t->by_name[i] = &t->v[i];
     }
     qsort(t->by_name, (size_t)n, sizeof(*t->by_name), by_name_cmp);
+    if (index_keys(t))
+        goto fail;
     return t;
 fail:
     gw_tenants_free(t);
@@ -152,6 +181,7 @@ void gw_tenants_free(gw_tenants *t)
     if (t->keys)
         OPENSSL_cleanse(t->keys, (size_t)t->n_keys * sizeof(*t->keys));
     free(t->keys);
+    free(t->slots);
     free(t);
 }
 
@@ -170,16 +200,19 @@ gw_tenant *gw_tenants_auth(gw_tenants *t, const char *bearer)
     unsigned int h_len = 0;
     if (!EVP_Digest(bearer, strlen(bearer), h, &h_len, EVP_sha256(), NULL) || h_len != 32)
         return NULL;
-    /* Every hash is compared and the match is selected with a mask, so the
-     * time depends on neither whether nor where the key matched. */
-    unsigned match = 0; /* tenant index + 1 */
-    for (int i = 0; i < t->n_keys; i++) {
-        unsigned eq = (unsigned)(CRYPTO_memcmp(h, t->keys[i].hash, 32) == 0);
-        unsigned mask = 0u - eq;
-        match = (match & ~mask) | (((unsigned)t->keys[i].tenant + 1u) & mask);
-    }
+    /* Found by the hash, not by a walk over every key, so a wrong key costs
+     * the same with four million keys as with one. What the time can tell
+     * is whether slots near SHA-256(key) are taken: bits of stored hashes,
+     * from which no key can be had. The key itself is compared in constant
+     * time. */
+    gw_tenant *found = NULL;
+    for (uint32_t i = slot_of(h) & t->slot_mask; t->slots[i] >= 0; i = (i + 1) & t->slot_mask)
+        if (CRYPTO_memcmp(h, t->keys[t->slots[i]].hash, 32) == 0) {
+            found = &t->v[t->keys[t->slots[i]].tenant];
+            break;
+        }
     OPENSSL_cleanse(h, sizeof(h));
-    return match ? &t->v[match - 1] : NULL;
+    return found;
 }
 
 const char *gw_tenant_name(const gw_tenant *t)

@@ -1,10 +1,10 @@
 /* Tenants: API-key authentication and per-tenant limits (local token
  * buckets; fleet-wide through Redis once routing lands).
  *
- * A presented key is hashed (SHA-256) and compared with every configured
- * hash in constant time, so neither the key nor its position leaks through
- * timing. Buckets refill continuously: rps allows bursts of max(1, rps)
- * requests, tpm bursts of tpm tokens. */
+ * A presented key is hashed (SHA-256) and looked up by that hash among
+ * the configured ones, then compared in constant time: the cost does not
+ * grow with the number of keys, and timing tells nothing of any key. Buckets refill continuously: rps allows
+ * bursts of max(1, rps) requests, tpm bursts of tpm tokens. */
 #ifndef GW_TENANT_H
 #define GW_TENANT_H
 

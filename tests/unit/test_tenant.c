@@ -13,6 +13,8 @@
 #include "gateway/config.h"
 #include "gateway/tenant.h"
 
+#include <openssl/evp.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -102,6 +104,45 @@ static void test_auth(void **state)
 }
 
 #define LIMITED(rps, tpm) "tenants:\n  - name: a\n    keys: [" H_K1 "]\n    rps: " rps "\n    tpm: " tpm "\n"
+
+/* Many tenants and keys (found by hash, not by a walk over them): each
+ * key finds its own tenant, near misses find none. */
+static void test_many_keys(void **state)
+{
+    (void)state;
+    enum { TENANTS = 400, KEYS = 5 };
+    size_t cap = (size_t)TENANTS * (40 + KEYS * 70) + 64, n = 0;
+    char *yaml = malloc(cap);
+    assert_non_null(yaml);
+    n += (size_t)snprintf(yaml + n, cap - n, "tenants:\n");
+    for (int i = 0; i < TENANTS; i++) {
+        n += (size_t)snprintf(yaml + n, cap - n, "  - name: t%d\n    keys: [", i);
+        for (int j = 0; j < KEYS; j++) {
+            char key[32];
+            uint8_t h[32];
+            unsigned hl;
+            snprintf(key, sizeof(key), "key-%d-%d", i, j);
+            assert_true(EVP_Digest(key, strlen(key), h, &hl, EVP_sha256(), NULL));
+            for (int b = 0; b < 32; b++)
+                n += (size_t)snprintf(yaml + n, cap - n, "%02x", h[b]);
+            n += (size_t)snprintf(yaml + n, cap - n, j + 1 < KEYS ? ", " : "]\n");
+        }
+    }
+    gw_tenants *t = tenants(yaml, NULL);
+    free(yaml);
+    for (int i = 0; i < TENANTS; i++)
+        for (int j = 0; j < KEYS; j++) {
+            char key[32], name[16];
+            snprintf(key, sizeof(key), "key-%d-%d", i, j);
+            snprintf(name, sizeof(name), "t%d", i);
+            gw_tenant *got = gw_tenants_auth(t, key);
+            assert_non_null(got);
+            assert_string_equal(gw_tenant_name(got), name);
+            snprintf(key, sizeof(key), "key-%d-%d", i, j + KEYS);
+            assert_null(gw_tenants_auth(t, key));
+        }
+    gw_tenants_free(t);
+}
 
 static void test_rps(void **state)
 {
@@ -314,8 +355,8 @@ static void test_key_command(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_auth),   cmocka_unit_test(test_rps),         cmocka_unit_test(test_tpm),
-        cmocka_unit_test(test_reload), cmocka_unit_test(test_key_command),
+        cmocka_unit_test(test_auth), cmocka_unit_test(test_many_keys), cmocka_unit_test(test_rps),
+        cmocka_unit_test(test_tpm),  cmocka_unit_test(test_reload),    cmocka_unit_test(test_key_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
