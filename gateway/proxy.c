@@ -304,9 +304,13 @@ static void finish_log(preq *p)
      * all), else the completion estimate past the tokens generated; what
      * it under-counted (no max_tokens: the estimate is a guess, the
      * worker's bound the context) is taken now, into debt. The prompt's
-     * estimate stays: the prompt was computed. */
+     * estimate stays: the prompt was computed. A client that hangs up on
+     * a request already sent on is charged as one that stayed, for the
+     * tokens it was seen to get (all it asked for when that is not known,
+     * as for a whole response): else hanging up would make tpm free. */
     if (p->charged > 0 && p->tenant[0]) {
-        double back = p->status != 200 ? p->charged : tokens >= 0 ? p->charged_completion - tokens : 0;
+        bool served = p->status == 200 || (p->status == 499 && p->tries > 0);
+        double back = !served ? p->charged : tokens >= 0 ? p->charged_completion - tokens : 0;
         if (back != 0)
             settle(p, now, back);
     }

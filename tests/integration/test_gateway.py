@@ -28,6 +28,7 @@ slow = gen_model(os.path.join(d, "slow.gguf"), dim=512, layers=8, heads=8, kv_he
 key_a, key_b, key_admin = "ig-test-key-alpha", "ig-test-key-beta", "ig-test-key-admin"
 key_m = "ig-test-key-metered"
 key_chatty = "ig-test-key-chatty"
+key_hangup = "ig-test-key-hangup"
 beta = "beta-" + "x" * 59  # the longest name a tenant may have: its limits must hold all the same
 
 
@@ -84,6 +85,9 @@ tenants:
   - name: chatty
     keys: ["%s"]
     tpm: 1000
+  - name: hangup
+    keys: ["%s"]
+    tpm: 1000
 limits:
   stream_buffer_bytes: %d
   response_timeout_ms: %d
@@ -92,7 +96,7 @@ logging:
 drain_grace_s: 20
 runtime_dir: "%s"
 """ % (port, tls_port, cert, keyf, small, small_seqs, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
-       key_hash(key_admin), key_hash(key_m), key_hash(key_chatty), stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
+       key_hash(key_admin), key_hash(key_m), key_hash(key_chatty), key_hash(key_hangup), stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
 
 
 cfg = os.path.join(d, "gateway.yaml")
@@ -348,6 +352,17 @@ got = [curl(URL + "/v1/chat/completions", http="--http1.1", data=open_ended, hea
 used = json.loads(got[0][2])["usage"]["completion_tokens"] if got[0][0] == 200 else 0
 t.ok([g_[0] for g_ in got] == [200, 429] and used > 900,
      "tpm: tokens generated past the estimate are charged (%d completion tokens, then %d)" % (used, got[1][0]))
+
+# A client that hangs up on a request sent on keeps its charge: 1000 of
+# 1000, so the next asking for 200 waits. Before, the whole charge came
+# back and tpm bounded nothing for a client that hung up.
+HANGUP = "authorization: Bearer " + key_hangup
+long_one = {"model": "slow", "prompt": "hi", "max_tokens": 1000, "ignore_eos": True}
+r = subprocess.run(["curl", "-sS", "--http1.1", "--max-time", "0.5", "-H", "content-type: application/json",
+                    "-H", HANGUP, "--data-binary", json.dumps(long_one), URL + "/v1/completions"],
+                   capture_output=True, timeout=30)
+s2, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(long_one, max_tokens=200), headers=[HANGUP])
+t.ok(r.returncode == 28 and s2 == 429, "tpm: a client that hangs up is charged (curl %d, then %d)" % (r.returncode, s2))
 
 # --- a worker killed mid-stream ---
 def stream_proc(model, n):
