@@ -120,9 +120,33 @@ void gw_proxy_metrics_workers(gw_serve *g)
 
 /* ---- the end of a request: access log and metrics ---- */
 
+/* A JSON string of client-given bytes: as they are when they are UTF-8,
+ * else with each byte past ASCII written \xHH (what was sent stays
+ * readable in the log, and a path or model name of any bytes can be
+ * answered). NULL only on out of memory. */
+static json_t *json_text(const char *v, size_t len)
+{
+    json_t *s = json_stringn(v, len);
+    if (s || len > SIZE_MAX / 4)
+        return s;
+    char *esc = malloc(4 * len + 1), *o = esc;
+    if (!esc)
+        return NULL;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if (c < 0x80)
+            *o++ = (char)c;
+        else
+            o += sprintf(o, "\\x%02X", c);
+    }
+    s = json_stringn(esc, (size_t)(o - esc));
+    free(esc);
+    return s;
+}
+
 static void json_field_strn(FILE *f, const char *k, const char *v, size_t len)
 {
-    json_t *s = json_stringn(v ? v : "", v ? len : 0);
+    json_t *s = json_text(v ? v : "", v ? len : 0);
     char *e = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
     fprintf(f, ",\"%s\":%s", k, e ? e : "\"\"");
     free(e);
@@ -334,8 +358,8 @@ static void respond(preq *p, int status, const char *type, const char *code, con
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    json_t *o = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type", type, "param", param, "code",
-                          code);
+    json_t *o = json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", json_text(msg, strlen(msg)), "type",
+                          type, "param", param, "code", code);
     char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     char ra[16];

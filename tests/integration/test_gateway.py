@@ -467,6 +467,39 @@ logged = open(access_log).read()
 t.ok(s == 200 and key_admin not in logged and "/dashboard?key=REDACTED" in logged,
      "the dashboard's ?key= is not written to the access log (%d)" % s)
 
+# A path that is not UTF-8 is answered (404) and logged, its bytes escaped
+def raw_h2_get(path):
+    import h2.config
+    import h2.connection
+    import h2.events
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    c.initiate_connection()
+    c.send_headers(1, [(b":method", b"GET"), (b":path", path), (b":scheme", b"http"), (b":authority", b"a"),
+                       (b"authorization", ("Bearer " + key_a).encode())], end_stream=True)
+    s.sendall(c.data_to_send())
+    status, body, done = None, b"", False
+    while not done:
+        data = s.recv(65536)
+        if not data:
+            break
+        for ev in c.receive_data(data):
+            if isinstance(ev, h2.events.ResponseReceived):
+                status = dict(ev.headers).get(b":status")
+            elif isinstance(ev, h2.events.DataReceived):
+                body += ev.data
+            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                done = True
+        s.sendall(c.data_to_send())
+    s.close()
+    return status, body
+st, body = raw_h2_get(b"/v1/models/\xff\xfeabc")
+time.sleep(0.2)
+logged = open(access_log).read()
+t.ok(st == b"404" and json.loads(body)["error"]["code"] == "model_not_found"
+     and '"path":"/v1/models/\\\\xFF\\\\xFEabc"' in logged,
+     "a path that is not UTF-8: 404, and logged with its bytes escaped (%r)" % (st,))
+
 # --- SIGHUP: a broken config keeps the old one; a good one adds a key ---
 open(cfg, "w").write("listen: [\n  bad yaml")
 g.send_signal(1)
