@@ -949,6 +949,8 @@ static void on_shared_limit(void *ud, int result, int retry_after_ms)
     limit_shared(p, p->limit_stage + 1);
 }
 
+#define MAX_CHARGED_TOKENS (1ll << 24)
+
 static void handle_completion(preq *p, gw_tenant *t)
 {
     gw_serve *g = p->g;
@@ -982,8 +984,14 @@ static void handle_completion(preq *p, gw_tenant *t)
         return;
     }
     /* Charge an estimate now (4 bytes a token for the prompt, the asked
-     * maximum for the answer) and refund the difference at the end. */
-    p->charged_completion = max_tokens > 0 ? (double)max_tokens : chat ? 256 : 16;
+     * maximum for the answer) and refund the difference at the end. No
+     * context is longer than MAX_CHARGED_TOKENS: a larger ask, which the
+     * worker refuses, must not put the tenant's bucket 2^63 into debt
+     * while it is on its way. */
+    p->charged_completion = max_tokens > 0
+                                ? (double)(max_tokens < MAX_CHARGED_TOKENS ? max_tokens : MAX_CHARGED_TOKENS)
+                            : chat ? 256
+                                   : 16;
     p->charged = (double)r->body_len / 4 + p->charged_completion;
     if (g->sync && route_sync_connected(g->sync))
         limit_shared(p, LIMIT_RPS);

@@ -119,9 +119,27 @@ static void http_limits(const gw_config *c, gw_http_limits *l)
 /* Tenants, keys, limits, the routing policy and the drain grace change;
  * the rest stays as started (say which when it differs). A config that
  * does not load changes nothing. */
+/* The access log file is opened again under its name, so that a rotated
+ * (renamed) log is left behind, as nginx does on its reopen signal. A
+ * file that cannot be opened keeps the old one in use. */
+static void reopen_access_log(gw_serve *g)
+{
+    if (!g->own_access_log)
+        return;
+    FILE *f = fopen(g->cfg->access_log, "ae");
+    if (!f) {
+        fprintf(stderr, "infergate: SIGHUP: access log %s: %s; still writing the old file\n",
+                g->cfg->access_log, strerror(errno));
+        return;
+    }
+    fclose(g->access_log);
+    g->access_log = f;
+}
+
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
     gw_serve *g = arg;
+    reopen_access_log(g);
     if (!g->cfg->path) {
         fprintf(stderr, "infergate: SIGHUP: running on the built-in default, nothing to reload\n");
         return;

@@ -501,12 +501,17 @@ t.ok(st == b"404" and json.loads(body)["error"]["code"] == "model_not_found"
      "a path that is not UTF-8: 404, and logged with its bytes escaped (%r)" % (st,))
 
 # --- SIGHUP: a broken config keeps the old one; a good one adds a key ---
+# (and the access log, renamed as logrotate does, is opened again)
+os.rename(access_log, access_log + ".1")
 open(cfg, "w").write("listen: [\n  bad yaml")
 g.send_signal(1)
 time.sleep(0.5)
 s, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=comp, headers=[AUTH])
 t.ok(s == 200 and g.poll() is None and "reload failed" in open(log_path).read(),
      "SIGHUP with a broken config: still serving on the old config")
+time.sleep(0.2)
+t.ok(os.path.exists(access_log) and '"status":200' in open(access_log).read(),
+     "SIGHUP opens the access log again: the request after it is in the new file")
 key_c = "ig-test-key-gamma"
 open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)]))
 g.send_signal(1)
