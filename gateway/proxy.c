@@ -194,17 +194,20 @@ static struct {
 static void request_labels(const preq *p, const char *target, const char *out[2])
 {
     const char *m = p->worker >= 0 || p->remote ? p->model : "";
+    /* A forwarded request's tenant is the peer's word: one this gateway
+     * does not know starts no series of its own. */
+    const char *tn = p->forwarded && !gw_tenants_find(p->g->tenants, p->tenant) ? "" : p->tenant;
     if (!last_labels.valid || last_labels.status != p->status || strcmp(last_labels.model, m) ||
-        strcmp(last_labels.tenant, p->tenant) || strcmp(last_labels.target, target)) {
+        strcmp(last_labels.tenant, tn) || strcmp(last_labels.target, target)) {
         char model[160], tenant[2 * GW_TENANT_NAME_MAX + 1];
         gw_metrics_escape(m[0] ? m : "-", model, sizeof(model));
-        gw_metrics_escape(p->tenant[0] ? p->tenant : "-", tenant, sizeof(tenant));
+        gw_metrics_escape(tn[0] ? tn : "-", tenant, sizeof(tenant));
         snprintf(last_labels.labels, sizeof(last_labels.labels),
                  "model=\"%s\",tenant=\"%s\",status=\"%d\",target=\"%s\"", model, tenant, p->status, target);
         snprintf(last_labels.model_labels, sizeof(last_labels.model_labels), "model=\"%s\"", model);
         last_labels.status = p->status;
         snprintf(last_labels.model, sizeof(last_labels.model), "%s", m);
-        snprintf(last_labels.tenant, sizeof(last_labels.tenant), "%s", p->tenant);
+        snprintf(last_labels.tenant, sizeof(last_labels.tenant), "%s", tn);
         snprintf(last_labels.target, sizeof(last_labels.target), "%s", target);
         last_labels.valid = true;
     }
