@@ -293,6 +293,7 @@ static void request_head(gw_http_stream *s)
     gw_mem_free(s->body);
     s->body = NULL;
     s->body_len = s->body_cap = 0;
+    s->req.body = empty_body; /* the application still holds req */
 }
 
 static void request_headers_done(gw_http_stream *s, bool end_stream)
@@ -443,6 +444,8 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     s->fin_sent = true;
     if (s->rst_after_fin && nghttp2_submit_rst_stream(ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR))
         s->conn->broken = true;
+    else if ((s->body_dropped || s->state == GW_SS_REJECTED) && !s->remote_ended)
+        stream_due_idle(s); /* answered: the rest of the body has idle_timeout_ms, or the stream goes */
     return 0;
 }
 

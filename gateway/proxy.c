@@ -15,6 +15,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ typedef struct preq {
     char tenant[GW_TENANT_NAME_MAX + 1];
     int worker, tries, status;
     bool responded, sse, logged;
+    bool sse_error;              /* the answer's stream held an error event */
     bool forwarded;              /* came from a peer region: served here, never forwarded again */
     bool limit_pending;          /* waiting for the shared rate limit's answer */
     int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (below) */
@@ -283,6 +285,21 @@ static void settle(preq *p, double now, double back)
         gw_tenant_charge(t, now, -back);
 }
 
+/* Tokens a request whose client hung up before any count came back could
+ * have been given in dur_s: at its worker's pace after its prefill (a
+ * whole answer is counted only at its end), at most what it asked for. A
+ * remote region's pace is not known here: none. */
+static int hangup_tokens(const preq *p, double dur_s)
+{
+    if (p->worker < 0)
+        return 0;
+    const gw_worker_info *w = gw_supervisor_worker(p->g->sup, p->worker);
+    if (!w || !(w->tpot_ewma_ms > 0))
+        return (int)p->charged_completion; /* no pace known yet: what it asked */
+    double gen_ms = dur_s * 1e3 - w->prefill_ewma_ms;
+    return gen_ms <= 0 ? 0 : (int)fmin(p->charged_completion, 1.0 + gen_ms / w->tpot_ewma_ms);
+}
+
 static void finish_log(preq *p)
 {
     if (p->logged)
@@ -332,12 +349,16 @@ static void finish_log(preq *p)
      * it under-counted (no max_tokens: the estimate is a guess, the
      * worker's bound the context) is taken now, into debt. The prompt's
      * estimate stays: the prompt was computed. A client that hangs up on
-     * a request already sent on is charged as one that stayed, for the
-     * tokens it was seen to get (all it asked for when that is not known,
-     * as for a whole response): else hanging up would make tpm free. */
+     * a request already sent on keeps the charge for its prompt and for
+     * the tokens it was seen to get, or could have got in the time
+     * (hangup_tokens): else hanging up would make tpm free. */
     if (p->charged > 0 && p->tenant[0]) {
-        bool served = p->status == 200 || (p->status == 499 && p->tries > 0);
-        double back = !served ? p->charged : tokens >= 0 ? p->charged_completion - tokens : 0;
+        bool hung_up = p->status == 499 && p->tries > 0;
+        if (hung_up && tokens < 0)
+            tokens = hangup_tokens(p, dur);
+        double back = p->status != 200 && !hung_up ? p->charged
+                      : tokens >= 0                ? p->charged_completion - tokens
+                                                   : 0;
         if (back != 0)
             settle(p, now, back);
     }
@@ -487,7 +508,12 @@ static void scan_sse(preq *p, const uint8_t *data, size_t len)
 {
     const char *s = (const char *)data, *end = s + len;
     for (const char *q = s; (q = memchr(q, 'd', (size_t)(end - q))); q++) {
-        if ((size_t)(end - q) >= 6 && !memcmp(q, "data: ", 6) && (q == s || q[-1] == '\n'))
+        if (!((size_t)(end - q) >= 6 && !memcmp(q, "data: ", 6) && (q == s || q[-1] == '\n')))
+            continue;
+        /* a worker whose model failed mid-stream ends with an error event */
+        if ((size_t)(end - q) >= 14 && !memcmp(q + 6, "{\"error\"", 8))
+            p->sse_error = true;
+        else
             p->events += !((size_t)(end - q) >= 12 && !memcmp(q + 6, "[DONE]", 6));
     }
 }
@@ -559,6 +585,11 @@ static void up_end(void *ud)
 {
     preq *p = ud;
     p->up = NULL;
+    if (p->sse_error) { /* ended cleanly, but on an error: a failure all the same */
+        p->error_kind = "stream_error";
+        gw_metrics_add(p->g->metrics, "infergate_upstream_errors_total", "kind=\"stream_error\"", 1);
+        region_failed(p);
+    }
     /* An upstream that ends without a blank line: its last bytes go as they are. */
     if (p->stream &&
         ((p->hold_len && gw_http_write(p->stream, p->hold, p->hold_len)) || gw_http_end(p->stream)))

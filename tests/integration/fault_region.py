@@ -10,6 +10,8 @@ accident, chosen by the request's prompt:
   "refuse" RST_STREAM(REFUSED_STREAM), as a region holding too many request
            bodies on the connection
   "tail"   200 text/event-stream whose last event lacks its blank line
+  "error"  200 text/event-stream: one event, then an error event, then a
+           clean end (a region whose worker's model failed mid-stream)
   other    a 200 completion
 
 It answers PINGs (h2 does) and counts the requests it got. Test use only."""
@@ -62,6 +64,10 @@ class FaultRegion:
         elif prompt == "tail":
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
             conn.send_data(sid, EVENT + b"data: [DONE]\n", end_stream=True)
+        elif prompt == "error":
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
+            conn.send_data(sid, EVENT + b'data: {"error":{"message":"the model failed","type":"server_error",'
+                           b'"param":null,"code":null}}\n\n', end_stream=True)
         elif prompt == "refuse":
             conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
         elif prompt == "split":

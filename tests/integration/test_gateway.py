@@ -91,6 +91,7 @@ tenants:
 limits:
   stream_buffer_bytes: %d
   response_timeout_ms: %d
+  idle_timeout_ms: 4000
 logging:
   access_log: "%s"
 drain_grace_s: 20
@@ -233,48 +234,85 @@ t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a wrong key -> 401 before the bod
 r = head_only_h1("Authorization: Bearer %s\r\n" % key_a)
 t.ok(r.startswith("HTTP/1.1 100 Continue"), "HTTP/1.1: a valid key gets 100 Continue and sends its body")
 
-def head_only_h2(extra, timeout=2):
-    """A request's head alone over h2c: its status; then, answered or not,
-    its 10-byte body and a GET /healthz on the same connection: the
-    healthz status and whether the first stream closed cleanly."""
+def head_only_h2(extra):
+    """A request's head alone over h2c, with content-length 10; its body
+    (10 bytes, not JSON) once it is answered or after 1 s; then a GET
+    /healthz on the same connection. Returns the first stream's status,
+    whether it came before the body was sent, the healthz status, and
+    whether the first stream closed cleanly."""
     import h2.config
     import h2.connection
     import h2.events
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s = socket.create_connection(("127.0.0.1", port), timeout=1)
     c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     c.initiate_connection()
     c.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
                        (":authority", "127.0.0.1"), ("content-type", "application/json"),
                        ("content-length", "10")] + extra)
     s.sendall(c.data_to_send())
-    status, after, ended, reset = {}, False, set(), set()
+    status, sent, early, ended, reset = {}, False, False, set(), set()
+    until = time.time() + 10
+    while 3 not in status and time.time() < until:
+        try:
+            data = s.recv(65536)
+        except socket.timeout:
+            data = None
+        if data == b"":
+            break
+        for ev in c.receive_data(data or b""):
+            if isinstance(ev, h2.events.ResponseReceived):
+                status[ev.stream_id] = dict(ev.headers).get(":status")
+                early = early or (ev.stream_id == 1 and not sent)
+            elif isinstance(ev, h2.events.StreamEnded):
+                ended.add(ev.stream_id)
+            elif isinstance(ev, h2.events.StreamReset):
+                reset.add(ev.stream_id)
+        if not sent and (1 in status or data is None):
+            sent = True
+            c.send_data(1, b"x" * 10, end_stream=True)
+            c.send_headers(3, [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"),
+                               (":authority", "127.0.0.1")], end_stream=True)
+        s.sendall(c.data_to_send())
+    s.close()
+    return status.get(1), early, status.get(3), 1 in ended and 1 not in reset
+t.ok(head_only_h2([]) == ("401", True, "200", True),
+     "HTTP/2: no key -> 401 from the head; the body after it is dropped, the connection goes on")
+t.ok(head_only_h2([("x-infergate-hop", "1")])[:2] == ("403", True),
+     "HTTP/2: a forwarded request from no verified peer -> 403 from the head")
+t.ok(head_only_h2([("authorization", "Bearer " + key_a)]) == ("400", False, "200", True),
+     "HTTP/2: a valid key waits for its body, then answers it (here: not JSON, 400)")
+
+def head_then_silence_h2():
+    """No key, the head alone, and then nothing: the stream answered from
+    its head is reset (NO_ERROR) within idle_timeout_ms, not held open."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    s = socket.create_connection(("127.0.0.1", port), timeout=15)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    c.initiate_connection()
+    c.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
+                       (":authority", "127.0.0.1"), ("content-length", "10")])
+    s.sendall(c.data_to_send())
+    t0, closed = time.time(), None
     try:
-        while 3 not in status:
+        while closed is None:
             data = s.recv(65536)
             if not data:
+                closed = "connection"
                 break
             for ev in c.receive_data(data):
-                if isinstance(ev, h2.events.ResponseReceived):
-                    status[ev.stream_id] = dict(ev.headers).get(":status")
-                elif isinstance(ev, h2.events.StreamEnded):
-                    ended.add(ev.stream_id)
-                elif isinstance(ev, h2.events.StreamReset):
-                    reset.add(ev.stream_id)
-            if 1 in status and not after:
-                after = True
-                c.send_data(1, b"x" * 10, end_stream=True)
-                c.send_headers(3, [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"),
-                                   (":authority", "127.0.0.1")], end_stream=True)
+                if isinstance(ev, h2.events.StreamReset):
+                    closed = "stream"
             s.sendall(c.data_to_send())
     except socket.timeout:
         pass
     s.close()
-    return status.get(1), status.get(3), 1 in ended and 1 not in reset
-t.ok(head_only_h2([]) == ("401", "200", True),
-     "HTTP/2: no key -> 401 from the head; the body after it is dropped, the connection goes on")
-t.ok(head_only_h2([("x-infergate-hop", "1")])[0] == "403", "HTTP/2: a forwarded request from no verified peer -> 403")
-t.ok(head_only_h2([("authorization", "Bearer " + key_a)], timeout=1)[0] is None,
-     "HTTP/2: a valid key waits for its body")
+    return closed, time.time() - t0
+closed, took = head_then_silence_h2()
+t.ok(closed in ("stream", "connection") and took < 10,
+     "HTTP/2: a stream answered from its head whose body never comes goes within idle_timeout_ms (%s, %.1f s)"
+     % (closed, took))
 
 # --- a client that stops reading for a while ---
 # python3-h2 as the client: it acknowledges data only when told, so the
@@ -353,15 +391,17 @@ used = json.loads(got[0][2])["usage"]["completion_tokens"] if got[0][0] == 200 e
 t.ok([g_[0] for g_ in got] == [200, 429] and used > 900,
      "tpm: tokens generated past the estimate are charged (%d completion tokens, then %d)" % (used, got[1][0]))
 
-# A client that hangs up on a request sent on keeps its charge: 1000 of
-# 1000, so the next asking for 200 waits. Before, the whole charge came
-# back and tpm bounded nothing for a client that hung up.
+# A client that hangs up on a request sent on keeps the charge for its
+# prompt and for what it could have got in the time: the bucket is no
+# longer full, so the next asking for (nearly) all of it waits. Before,
+# the whole charge came back and tpm bounded nothing for a client that
+# hung up.
 HANGUP = "authorization: Bearer " + key_hangup
 long_one = {"model": "slow", "prompt": "hi", "max_tokens": 1000, "ignore_eos": True}
 r = subprocess.run(["curl", "-sS", "--http1.1", "--max-time", "0.5", "-H", "content-type: application/json",
                     "-H", HANGUP, "--data-binary", json.dumps(long_one), URL + "/v1/completions"],
                    capture_output=True, timeout=30)
-s2, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(long_one, max_tokens=200), headers=[HANGUP])
+s2, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(long_one, max_tokens=990), headers=[HANGUP])
 t.ok(r.returncode == 28 and s2 == 429, "tpm: a client that hangs up is charged (curl %d, then %d)" % (r.returncode, s2))
 
 # --- a worker killed mid-stream ---

@@ -429,6 +429,16 @@ try:
 
     t.ok(s == 200 and len(events) == 2 and events[0] + b"\n\n" == EVENT and error_code(events[1]) == "upstream_failed",
          "a region failing mid-event: the whole event, then a clean error event (%r)" % b[:400])
+    # A stream that ends cleanly on an error event (a worker whose model
+    # failed mid-stream) is passed on whole, and counts as fk1's failure.
+    request("eu1", "open", headers=fk, body={"model": "m", "prompt": "hello", "max_tokens": 1})
+    fails0 = table("eu1")["fk1"]["consecutive_failures"]
+    s, h, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "error", "stream": True}, timeout=10)
+    events = [e for e in b.split(b"\n\n") if e]
+    fails1 = table("eu1")["fk1"]["consecutive_failures"]
+    t.ok(s == 200 and len(events) == 2 and b'"the model failed"' in events[1] and fails0 == 0 and fails1 == 1,
+         "an error event mid-stream is passed on and counts against the region (failures %d -> %d)"
+         % (fails0, fails1))
     # A stream whose last event lacks its blank line: what was held back
     # goes out as it is, and the response ends.
     s, h, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "tail", "stream": True}, timeout=10)
