@@ -31,8 +31,6 @@
  * pipelined, while the application answers. */
 #define GW_H1_IN_SLACK (16 * 1024)
 
-static const uint8_t empty_body[1];
-
 /* ---- server answers ---- */
 
 static const struct {
@@ -137,28 +135,13 @@ static bool h1_refuse(gw_http_conn *c, int rc, const char *why)
 
 /* ---- requests ---- */
 
-static void h1_fill_request(gw_http_conn *c, gw_http_stream *s)
-{
-    s->req = (gw_http_request){
-        .method = s->method,
-        .path = s->path,
-        .authority = s->authority,
-        .headers = s->headers,
-        .n_headers = s->n_headers,
-        .body = s->body ? s->body : empty_body,
-        .body_len = s->body_len,
-        .protocol = c->h1.http10 ? "HTTP/1.0" : "HTTP/1.1",
-        .peer_verified = c->tls && gw_tls_peer_verified(c->bev),
-    };
-}
-
 static void h1_dispatch(gw_http_conn *c)
 {
     gw_h1 *h = &c->h1;
     gw_http_stream *s = h->cur;
     gw_http_server *srv = c->srv;
     event_del(c->idle_ev); /* the application's turn: the peer may wait */
-    h1_fill_request(c, s);
+    gw_stream_fill_request(s, h->http10 ? "HTTP/1.0" : "HTTP/1.1");
     s->state = GW_SS_APP;
     h->state = GW_H1_APP;
     srv->handler.on_request(srv->ud, s, &s->req);
@@ -177,7 +160,7 @@ static bool h1_head(gw_http_conn *c)
         return false;
     bool keep_alive = h->keep_alive;
     h->keep_alive = false;
-    h1_fill_request(c, s);
+    gw_stream_fill_request(s, h->http10 ? "HTTP/1.0" : "HTTP/1.1");
     gw_stream_state state = s->state;
     s->state = GW_SS_APP;
     srv->handler.on_head(srv->ud, s, &s->req);

@@ -17,8 +17,6 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
-static const uint8_t empty_body[1];
-
 /* ---- stream bounds ---- */
 
 static int64_t mono_ms(void)
@@ -260,21 +258,6 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     return 0;
 }
 
-static void fill_request(gw_http_stream *s)
-{
-    s->req = (gw_http_request){
-        .method = s->method,
-        .path = s->path,
-        .authority = s->authority,
-        .headers = s->headers,
-        .n_headers = s->n_headers,
-        .body = s->body ? s->body : empty_body,
-        .body_len = s->body_len,
-        .protocol = "HTTP/2",
-        .peer_verified = s->conn->tls && gw_tls_peer_verified(s->conn->bev),
-    };
-}
-
 /* A request with a body to come is shown to on_head first (see http.h);
  * an answer there leaves the body to be dropped as it comes. */
 static void request_head(gw_http_stream *s)
@@ -282,7 +265,7 @@ static void request_head(gw_http_stream *s)
     gw_http_server *srv = s->conn->srv;
     if (!srv->handler.on_head)
         return;
-    fill_request(s);
+    gw_stream_fill_request(s, "HTTP/2");
     s->state = GW_SS_APP;
     srv->handler.on_head(srv->ud, s, &s->req);
     if (!s->resp_started && !s->reset) {
@@ -293,7 +276,7 @@ static void request_head(gw_http_stream *s)
     gw_mem_free(s->body);
     s->body = NULL;
     s->body_len = s->body_cap = 0;
-    s->req.body = empty_body; /* the application still holds req */
+    gw_stream_fill_request(s, "HTTP/2"); /* the application still holds req: no freed body in it */
 }
 
 static void request_headers_done(gw_http_stream *s, bool end_stream)
@@ -346,7 +329,7 @@ static void request_complete(gw_http_stream *s)
     }
     gw_http_server *srv = s->conn->srv;
     stream_body_done(s);
-    fill_request(s);
+    gw_stream_fill_request(s, "HTTP/2");
     s->state = GW_SS_APP;
     srv->handler.on_request(srv->ud, s, &s->req);
 }

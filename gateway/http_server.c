@@ -124,6 +124,22 @@ gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id)
     return s;
 }
 
+void gw_stream_fill_request(gw_http_stream *s, const char *protocol)
+{
+    static const uint8_t empty_body[1];
+    s->req = (gw_http_request){
+        .method = s->method,
+        .path = s->path,
+        .authority = s->authority,
+        .headers = s->headers,
+        .n_headers = s->n_headers,
+        .body = s->body ? s->body : empty_body,
+        .body_len = s->body_len,
+        .protocol = protocol,
+        .peer_verified = s->conn->tls && gw_tls_peer_verified(s->conn->bev),
+    };
+}
+
 static void stream_free(gw_http_stream *s)
 {
     arena_free(s->arena);

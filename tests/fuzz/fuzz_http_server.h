@@ -57,18 +57,28 @@ static void paced_write(fz_stream *f)
         gw_http_reset(f->s);
 }
 
-static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
+/* The stream's state, set as its user data; NULL (the stream reset) on no
+ * memory. */
+static fz_stream *fz_stream_new(gw_http_stream *s)
 {
-    static const gw_http_header h[] = {{"content-type", "text/plain"}, {"x-test", "1"}};
-    static uint8_t big[4096];
     fz_stream *f = calloc(1, sizeof(*f));
     n_open++;
     if (!f) {
         gw_http_reset(s);
-        return;
+        return NULL;
     }
     f->s = s;
     gw_http_set_user(s, f);
+    return f;
+}
+
+static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
+{
+    static const gw_http_header h[] = {{"content-type", "text/plain"}, {"x-test", "1"}};
+    static uint8_t big[4096];
+    fz_stream *f = fz_stream_new(s);
+    if (!f)
+        return;
     if (!req->method || !req->path || !req->body || !req->protocol)
         abort();
     (void)gw_http_header_get(req, "content-type");
@@ -130,14 +140,8 @@ static void on_head(void *ud, gw_http_stream *s, const gw_http_request *req)
     char mode = req->path[0] == '/' ? req->path[1] : 0;
     if (mode != 'x' && mode != 'X')
         return;
-    fz_stream *f = calloc(1, sizeof(*f));
-    n_open++;
-    if (!f) {
-        gw_http_reset(s);
+    if (!fz_stream_new(s))
         return;
-    }
-    f->s = s;
-    gw_http_set_user(s, f);
     static const gw_http_header h[] = {{"content-type", "text/plain"}};
     if (mode == 'X' || gw_http_respond(s, 401, h, 1, "no", 2))
         gw_http_reset(s);
