@@ -102,6 +102,10 @@ typedef struct gw_http_handler {
      * comes and on_request follows. on_close follows an answer given here
      * as it follows one given to on_request. */
     void (*on_head)(void *ud, gw_http_stream *s, const gw_http_request *req);
+    /* May be NULL. The server answered a request itself, which the
+     * application never sees (400, 408, 413, 417, 431, 501, 505): for its
+     * counters. Runs from the loop, never inside a gw_http_* call. */
+    void (*on_refused)(void *ud, int status);
     /* May be NULL. Flow control for producers that can pause (proxies):
      * called from the loop, once each time the stream's gw_http_pending()
      * falls to max_stream_buffer / 2 or below after a gw_http_write left

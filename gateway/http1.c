@@ -100,6 +100,7 @@ static void h1_reject(gw_http_conn *c, int status, const char *message)
         h->cur = NULL;
         gw_stream_closed(s, false);
     }
+    gw_server_refused(c->srv, status);
     char body[320];
     size_t n = gw_http_error_json(body, sizeof(body), message, error_code(status));
     if (evbuffer_add_printf(out,

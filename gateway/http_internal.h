@@ -197,6 +197,9 @@ struct gw_http_server {
 char *gw_arena_strndup(gw_arena_chunk **head, const void *p, size_t n);
 /* A new stream, linked into c->streams and counted. NULL on no memory. */
 gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id);
+/* The server answered a request itself: the application hears of it
+ * (on_refused). */
+void gw_server_refused(gw_http_server *srv, int status);
 /* s->req from what the stream has gathered (an empty body when none came),
  * as the application sees it. */
 void gw_stream_fill_request(gw_http_stream *s, const char *protocol);

@@ -124,6 +124,12 @@ gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id)
     return s;
 }
 
+void gw_server_refused(gw_http_server *srv, int status)
+{
+    if (srv->handler.on_refused)
+        srv->handler.on_refused(srv->ud, status);
+}
+
 void gw_stream_fill_request(gw_http_stream *s, const char *protocol)
 {
     static const uint8_t empty_body[1];

@@ -89,6 +89,9 @@ int gw_proxy_metrics_init(gw_metrics *m)
                               NB(token_buckets));
     rc |= gw_metrics_describe(m, "infergate_upstream_errors_total", GW_COUNTER, "Upstream failures by kind.", NULL,
                               0);
+    rc |= gw_metrics_describe(
+        m, "infergate_http_refused_total", GW_COUNTER,
+        "Requests the HTTP server answered itself (malformed, too large, too slow), by status.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
                               0);
@@ -1188,6 +1191,14 @@ void gw_proxy_on_head(void *ud, gw_http_stream *s, const gw_http_request *r)
     }
     if (refused)
         gw_proxy_on_request(ud, s, r);
+}
+
+void gw_proxy_on_refused(void *ud, int status)
+{
+    gw_serve *g = ud;
+    char labels[24];
+    snprintf(labels, sizeof(labels), "status=\"%d\"", status);
+    gw_metrics_add(g->metrics, "infergate_http_refused_total", labels, 1);
 }
 
 void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud)

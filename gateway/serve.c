@@ -423,6 +423,7 @@ int gw_cmd_serve(int argc, char **argv)
     http_limits(g.cfg, &lim);
     gw_http_handler h = {.on_request = gw_proxy_on_request,
                          .on_head = gw_proxy_on_head,
+                         .on_refused = gw_proxy_on_refused,
                          .on_close = gw_proxy_on_close,
                          .on_writable = gw_proxy_on_writable};
     if (!g.base || !(g.pool = gw_upstream_pool_new(g.base, &uo, err, sizeof(err))) ||

@@ -484,8 +484,12 @@ asks_interactive.communicate(timeout=60)
 # --- metrics, health, access log ---
 made_up = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="made-up-model-7"),
                headers=[AUTH])[0]
+# a request the HTTP server answers itself (an upload past max_body)
+big = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, prompt="x" * (1 << 21)), headers=[AUTH])[0]
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])
 m = b.decode()
+t.ok(big == 413 and 'infergate_http_refused_total{status="413"} ' in m,
+     "an answer of the HTTP server's own (413) is counted in /metrics")
 t.ok(made_up == 404 and "made-up-model-7" not in m and 'model="-",tenant="alpha",status="404"' in m,
      "a model name a client made up starts no metric series of its own (counted under model \"-\")")
 t.ok(s == 200 and 'infergate_requests_total{model="small",tenant="alpha",status="200"' in m
