@@ -790,9 +790,22 @@ static json_t *token_lp_json(const rt_oai_token_lp *t, bool *ok)
     for (size_t i = 0; i < t->len; i++)
         push(bytes, json_integer((unsigned char)t->text[i]), ok);
     put(o, "token", json_text(t->text, t->len), ok);
-    put(o, "logprob", json_real(t->logprob > -9999.0f ? t->logprob : -9999.0), ok);
+    /* a log-probability is at most 0; NaN and -inf as OpenAI writes -inf */
+    double v = t->logprob > -9999.0f ? (t->logprob < 0.0f ? t->logprob : 0.0) : -9999.0;
+    put(o, "logprob", json_real(v), ok);
     put(o, "bytes", bytes, ok);
     return o;
+}
+
+/* One token's entry: {"token","logprob","bytes","top_logprobs":[...]}. */
+static json_t *logprob_entry_json(const rt_oai_logprob *lp)
+{
+    bool ok = true;
+    json_t *e = token_lp_json(&lp->tok, &ok), *top = json_array();
+    for (int j = 0; j < lp->n_top; j++)
+        push(top, token_lp_json(&lp->top[j], &ok), &ok);
+    put(e, "top_logprobs", top, &ok);
+    return done(e, ok);
 }
 
 /* {"content": [...], "refusal": null}: chat's logprobs for n tokens. */
@@ -800,17 +813,48 @@ static json_t *logprobs_json(const rt_oai_logprob *lp, int n)
 {
     bool ok = true;
     json_t *content = json_array();
-    for (int i = 0; i < n; i++) {
-        json_t *e = token_lp_json(&lp[i].tok, &ok), *top = json_array();
-        for (int j = 0; j < lp[i].n_top; j++)
-            push(top, token_lp_json(&lp[i].top[j], &ok), &ok);
-        put(e, "top_logprobs", top, &ok);
-        push(content, e, &ok);
-    }
+    for (int i = 0; i < n; i++)
+        push(content, logprob_entry_json(&lp[i]), &ok);
     json_t *o = json_object();
     put(o, "content", content, &ok);
     put(o, "refusal", json_null(), &ok);
     return done(o, ok);
+}
+
+/* The same as text, one entry's tree at a time: a whole answer's tree took
+ * ~10 KB a token with 20 alternatives (a 32k-token answer, 300 MB), its
+ * text ~1.3 KB. *len gets the length; NULL on out of memory. */
+static char *logprobs_text(const rt_oai_logprob *lp, int n, size_t *len)
+{
+    static const char head[] = "{\"content\":[", tail[] = "],\"refusal\":null}";
+    size_t cap = 4096, o = sizeof(head) - 1;
+    char *buf = malloc(cap);
+    if (!buf)
+        return NULL;
+    memcpy(buf, head, o);
+    for (int i = 0; i < n; i++) {
+        json_t *e = logprob_entry_json(&lp[i]);
+        size_t need = e ? json_dumpb(e, NULL, 0, JSON_COMPACT) : 0;
+        if (need && o + need + sizeof(tail) + 1 > cap) {
+            while (o + need + sizeof(tail) + 1 > cap)
+                cap *= 2;
+            char *b = realloc(buf, cap);
+            need = b ? need : 0;
+            buf = b ? b : buf;
+        }
+        if (!need || json_dumpb(e, buf + o + (i > 0), need, JSON_COMPACT) != need) {
+            json_decref(e);
+            free(buf);
+            return NULL;
+        }
+        json_decref(e);
+        if (i > 0)
+            buf[o] = ',';
+        o += need + (i > 0);
+    }
+    memcpy(buf + o, tail, sizeof(tail));
+    *len = o + sizeof(tail) - 1;
+    return buf;
 }
 
 /* A choice: index 0, the payload under `key`, logprobs (null when not
@@ -857,14 +901,29 @@ char *rt_oai_response_json(const rt_oai_head *h, const char *text, size_t text_l
     } else {
         payload = json_text(text, text ? text_len : 0);
     }
-    json_t *lps = h->logprobs ? logprobs_json(lp, n_lp) : NULL;
-    if (h->logprobs && !lps)
-        ok = false;
-    json_t *choices = one(choice_json(chat ? "message" : "text", payload, lps, finish_reason));
+    json_t *choices = one(choice_json(chat ? "message" : "text", payload, NULL, finish_reason));
     json_t *o = envelope(h->id, chat ? "chat.completion" : "text_completion", h->created, h->model, choices);
     if (usage)
         put(o, "usage", usage_json(usage), &ok);
-    return dump_and_free(done(o, ok));
+    char *js = dump_and_free(done(o, ok));
+    if (!js || !h->logprobs)
+        return js;
+    /* The logprobs go in as text where the tree says null: the key, quotes
+     * unescaped, can be nowhere else (a quote inside a string is \"). */
+    static const char key[] = "\"logprobs\":null";
+    char *at = strstr(js, key);
+    size_t lps_len = 0;
+    char *lps = at ? logprobs_text(lp, n_lp, &lps_len) : NULL;
+    size_t pre = at ? (size_t)(at - js) + sizeof("\"logprobs\":") - 1 : 0, len = strlen(js);
+    char *out = lps ? malloc(len - 4 + lps_len + 1) : NULL;
+    if (out) {
+        memcpy(out, js, pre);
+        memcpy(out + pre, lps, lps_len);
+        memcpy(out + pre + lps_len, js + pre + 4, len - pre - 4 + 1);
+    }
+    free(lps);
+    free(js);
+    return out;
 }
 
 char *rt_oai_chunk_sse(const rt_oai_head *st, bool first, const char *text, size_t text_len,

@@ -915,6 +915,17 @@ static void test_logprobs_json(void **state)
     json_decref(j);
     free(s);
 
+    /* out of range: NaN as -inf, anything above 0 as 0 (never JSON's
+     * missing infinity) */
+    rt_oai_logprob odd[2] = {{.tok = {"a", 1, NAN}}, {.tok = {"b", 1, INFINITY}}};
+    s = rt_oai_response_json(&h, "ab", 2, "stop", &u, odd, 2);
+    assert_non_null(s);
+    j = load(s, strlen(s));
+    assert_true(json_real_value(path(j, "choices.0.logprobs.content.0.logprob")) == -9999.0);
+    assert_true(json_real_value(path(j, "choices.0.logprobs.content.1.logprob")) == 0.0);
+    json_decref(j);
+    free(s);
+
     /* a chunk carries those of its tokens; one without, null */
     size_t n;
     s = rt_oai_chunk_sse(&h, false, "Hi", 2, NULL, NULL, lp, 1, &n);
