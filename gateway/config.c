@@ -26,6 +26,7 @@
 /* A config file is written by hand; anything this big is a mistake. */
 #define CFG_MAX_FILE (16u << 20)
 #define CFG_MAX_LISTEN 64
+#define CFG_MAX_PEER_NAMES 64
 #define CFG_MAX_WORKERS 256
 #define CFG_MAX_DEVICES 64
 #define CFG_MAX_TENANTS 65536
@@ -315,8 +316,8 @@ static int parse_listen_one(cfg_parser *p, const yaml_node_t *n, const char *pat
                             bool open_auth)
 {
     static const char *const keys[] = {"address", "tls"};
-    static const char *const tls_keys[] = {"cert", "key", "client_ca"};
-    yaml_node_t *v[2], *t[3];
+    static const char *const tls_keys[] = {"cert", "key", "client_ca", "peer_names"};
+    yaml_node_t *v[2], *t[4];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, 2, v);
     if (rc)
@@ -337,7 +338,7 @@ static int parse_listen_one(cfg_parser *p, const yaml_node_t *n, const char *pat
     if (v[1]) {
         char tp[CFG_PATH_MAX];
         gw_cfg_path_key(tp, path, "tls");
-        if ((rc = gw_cfg_map_take(p, v[1], tp, tls_keys, 3, t)))
+        if ((rc = gw_cfg_map_take(p, v[1], tp, tls_keys, 4, t)))
             return rc;
         if (!t[0] != !t[1])
             return gw_cfg_perr(p, v[1], tp, "cert and key go together: give both, or neither for cleartext");
@@ -346,6 +347,18 @@ static int parse_listen_one(cfg_parser *p, const yaml_node_t *n, const char *pat
                                "client certificates need TLS: give cert and key too");
         if (t[2] && (rc = gw_cfg_str(p, t[2], (gw_cfg_path_key(kp, tp, "client_ca"), kp), &l->tls_client_ca)))
             return rc;
+        if (t[3]) {
+            gw_cfg_path_key(kp, tp, "peer_names");
+            if (!t[2])
+                return gw_cfg_perr(p, t[3], kp,
+                                   "peer names are checked on certificates from client_ca: give it too");
+            if ((rc = gw_cfg_str_list(p, t[3], kp, CFG_MAX_PEER_NAMES, &l->tls_peer_names,
+                                      &l->n_tls_peer_names)))
+                return rc;
+            for (int i = 0; i < l->n_tls_peer_names; i++)
+                if (!l->tls_peer_names[i][0] || strlen(l->tls_peer_names[i]) > 253)
+                    return gw_cfg_perr(p, t[3], kp, "peer_names[%d]: a name of 1 to 253 bytes", i);
+        }
         if (t[0] && ((rc = gw_cfg_str(p, t[0], (gw_cfg_path_key(kp, tp, "cert"), kp), &l->tls_cert)) ||
                      (rc = gw_cfg_str(p, t[1], (gw_cfg_path_key(kp, tp, "key"), kp), &l->tls_key))))
             return rc;
@@ -1144,6 +1157,7 @@ void gw_config_free(gw_config *c)
         free(c->listen[i].tls_cert);
         free(c->listen[i].tls_key);
         free(c->listen[i].tls_client_ca);
+        gw_cfg_free_str_list(c->listen[i].tls_peer_names, c->listen[i].n_tls_peer_names);
     }
     free(c->listen);
     for (int i = 0; i < c->n_workers; i++) {

@@ -91,6 +91,11 @@ typedef struct gw_listen_cfg {
     char *address;            /* "HOST:PORT" or "unix:/path" */
     char *tls_cert, *tls_key; /* both or neither */
     char *tls_client_ca;      /* NULL: no client certificates asked for (only with cert/key) */
+    /* With client_ca: the names (subject CN or DNS SAN) a client
+     * certificate must carry to be taken for a peer gateway; none: any
+     * certificate from client_ca */
+    char **tls_peer_names;
+    int n_tls_peer_names;
 } gw_listen_cfg;
 
 typedef struct gw_worker_cfg {

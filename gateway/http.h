@@ -141,9 +141,12 @@ int gw_http_server_listen_tls(gw_http_server *srv, const char *spec, const char 
                               const char *key_file, char *err, size_t err_len);
 /* The same, and client certificates are verified against client_ca: one
  * that is presented must verify (else the handshake fails); requests on a
- * connection that presented one have peer_verified set. */
+ * connection that presented one have peer_verified set, when it carries
+ * one of the n_peer_names as its subject CN or a DNS SAN (no wildcards),
+ * or whatever its names with n_peer_names 0. */
 int gw_http_server_listen_tls_peer(gw_http_server *srv, const char *spec, const char *cert_file,
-                                   const char *key_file, const char *client_ca, char *err, size_t err_len);
+                                   const char *key_file, const char *client_ca, const char *const *peer_names,
+                                   int n_peer_names, char *err, size_t err_len);
 /* Port of the last TCP listener started (useful after "tcp:HOST:0"), 0 if
  * none is listening. */
 int gw_http_server_port(const gw_http_server *srv);

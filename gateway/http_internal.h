@@ -279,7 +279,8 @@ bool gw_h1_hop_by_hop(const char *name, size_t len);
 /* A server context (TLS 1.2 minimum, ALPN h2 then http/1.1) with the
  * certificate chain and key loaded and checked. 0 or a negative errno
  * with err filled. */
-int gw_tls_ctx_new(const char *cert_file, const char *key_file, const char *client_ca, struct ssl_ctx_st **out, char *err,
+int gw_tls_ctx_new(const char *cert_file, const char *key_file, const char *client_ca,
+                   const char *const *peer_names, int n_peer_names, struct ssl_ctx_st **out, char *err,
                    size_t err_len);
 void gw_tls_ctx_free(struct ssl_ctx_st *ctx);
 /* A bufferevent running the server side of a handshake on `fd`, which it

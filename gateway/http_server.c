@@ -408,14 +408,15 @@ int gw_http_server_listen(gw_http_server *srv, const char *spec, char *err, size
 int gw_http_server_listen_tls(gw_http_server *srv, const char *spec, const char *cert_file,
                               const char *key_file, char *err, size_t err_len)
 {
-    return gw_http_server_listen_tls_peer(srv, spec, cert_file, key_file, NULL, err, err_len);
+    return gw_http_server_listen_tls_peer(srv, spec, cert_file, key_file, NULL, NULL, 0, err, err_len);
 }
 
 int gw_http_server_listen_tls_peer(gw_http_server *srv, const char *spec, const char *cert_file,
-                                   const char *key_file, const char *client_ca, char *err, size_t err_len)
+                                   const char *key_file, const char *client_ca, const char *const *peer_names,
+                                   int n_peer_names, char *err, size_t err_len)
 {
     struct ssl_ctx_st *ctx;
-    int rc = gw_tls_ctx_new(cert_file, key_file, client_ca, &ctx, err, err_len);
+    int rc = gw_tls_ctx_new(cert_file, key_file, client_ca, peer_names, n_peer_names, &ctx, err, err_len);
     if (rc)
         return rc;
     return gw_listener_add(srv, spec, ctx, err, err_len);

@@ -247,8 +247,9 @@ static int start_listeners(gw_serve *g, char *err, size_t err_len)
             snprintf(spec, sizeof(spec), "%s", l->address);
         else
             snprintf(spec, sizeof(spec), "tcp:%s", l->address);
-        int rc = l->tls_cert ? gw_http_server_listen_tls_peer(g->http, spec, l->tls_cert, l->tls_key,
-                                                              l->tls_client_ca, err, err_len)
+        int rc = l->tls_cert ? gw_http_server_listen_tls_peer(
+                                   g->http, spec, l->tls_cert, l->tls_key, l->tls_client_ca,
+                                   (const char *const *)l->tls_peer_names, l->n_tls_peer_names, err, err_len)
                              : gw_http_server_listen(g->http, spec, err, err_len);
         if (rc)
             return rc;

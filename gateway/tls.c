@@ -17,6 +17,7 @@
 #include <openssl/sha.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 /* TLS 1.2 suites that RFC 9113 9.2.2 allows for h2: ephemeral key exchange
  * and AEAD only (Mozilla's "intermediate" list). TLS 1.3 suites are all
@@ -78,8 +79,50 @@ static int check_readable(const char *path, const char *what, char *err, size_t 
     return 0;
 }
 
-int gw_tls_ctx_new(const char *cert_file, const char *key_file, const char *client_ca, struct ssl_ctx_st **out,
-                   char *err, size_t err_len)
+/* The names a peer's certificate must carry, kept with the context (and
+ * freed with it, after its last connection). */
+typedef struct peer_name_list {
+    int n;
+    char *v[];
+} peer_name_list;
+
+static void peer_names_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp)
+{
+    peer_name_list *pn = ptr;
+    for (int i = 0; pn && i < pn->n; i++)
+        free(pn->v[i]);
+    free(pn);
+}
+
+static int peer_names_index(void)
+{
+    static int idx = -1; /* set once, at start, on the loop's thread */
+    if (idx < 0)
+        idx = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, peer_names_free);
+    return idx;
+}
+
+static int set_peer_names(SSL_CTX *ctx, const char *const *names, int n)
+{
+    int idx = peer_names_index();
+    peer_name_list *pn = idx >= 0 ? calloc(1, sizeof(*pn) + (size_t)n * sizeof(char *)) : NULL;
+    if (!pn)
+        return -ENOMEM;
+    for (; pn->n < n; pn->n++)
+        if (!(pn->v[pn->n] = strdup(names[pn->n]))) {
+            peer_names_free(NULL, pn, NULL, 0, 0, NULL);
+            return -ENOMEM;
+        }
+    if (SSL_CTX_set_ex_data(ctx, idx, pn) != 1) {
+        peer_names_free(NULL, pn, NULL, 0, 0, NULL);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+int gw_tls_ctx_new(const char *cert_file, const char *key_file, const char *client_ca,
+                   const char *const *peer_names, int n_peer_names, struct ssl_ctx_st **out, char *err,
+                   size_t err_len)
 {
     char why[256];
     int rc;
@@ -150,6 +193,11 @@ int gw_tls_ctx_new(const char *cert_file, const char *key_file, const char *clie
             snprintf(err, err_len, "client CA %s: %s", client_ca, ssl_reason(why, sizeof(why)));
             goto fail;
         }
+        if (n_peer_names > 0 && set_peer_names(ctx, peer_names, n_peer_names)) {
+            snprintf(err, err_len, "out of memory");
+            rc = -ENOMEM;
+            goto fail;
+        }
     }
     SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
     *out = ctx;
@@ -196,13 +244,33 @@ bool gw_tls_alpn_h2(struct bufferevent *bev)
     return n == 2 && !memcmp(p, "h2", 2);
 }
 
+/* The certificate names one of pn's: its subject CN, or a DNS SAN (no
+ * wildcard stands for a name). */
+static bool peer_named(X509 *cert, const peer_name_list *pn)
+{
+    char cn[256];
+    int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn));
+    for (int i = 0; i < pn->n; i++) {
+        if (n > 0 && (size_t)n == strlen(pn->v[i]) && !memcmp(cn, pn->v[i], (size_t)n))
+            return true;
+        if (X509_check_host(cert, pn->v[i], 0,
+                            X509_CHECK_FLAG_NEVER_CHECK_SUBJECT | X509_CHECK_FLAG_NO_WILDCARDS, NULL) == 1)
+            return true;
+    }
+    ERR_clear_error();
+    return false;
+}
+
 bool gw_tls_peer_verified(struct bufferevent *bev)
 {
     SSL *ssl = bufferevent_openssl_get_ssl(bev);
     if (!ssl)
         return false;
     X509 *peer = SSL_get0_peer_certificate(ssl);
-    return peer && SSL_get_verify_result(ssl) == X509_V_OK;
+    if (!peer || SSL_get_verify_result(ssl) != X509_V_OK)
+        return false;
+    const peer_name_list *pn = SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), peer_names_index());
+    return !pn || peer_named(peer, pn);
 }
 
 void gw_tls_close_notify(struct bufferevent *bev)

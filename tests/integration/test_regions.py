@@ -104,7 +104,7 @@ def config(n, resp_to=600000):
 listen:
   - address: "127.0.0.1:%(port)d"
   - address: "127.0.0.1:%(peer)d"
-    tls: {cert: "%(crt)s", key: "%(key)s", client_ca: "%(ca)s"}
+    tls: {cert: "%(crt)s", key: "%(key)s", client_ca: "%(ca)s", peer_names: [%(others)s]}
 workers:
   - model: "%(model)s"
     name: m
@@ -142,6 +142,7 @@ limits: {response_timeout_ms: %(resp_to)d}
 drain_grace_s: 5
 runtime_dir: "%(run)s"
 """ % dict(port=port[n], peer=peer_port[n], crt=crt, key=key, ca=ca, model=model, name=n,
+           others=", ".join(m for m in names if m != n),
            tags=", ".join(tags[n]), pin=prices[n][0], pout=prices[n][1], redis=redis_port, peers=peers,
            h_open=hashes["open"], h_us=hashes["usonly"], h_eu=hashes["euonly"], h_cheap=hashes["cheap"],
            h_lim=hashes["limited"], h_ops=hashes["ops"], log=os.path.join(d, n + ".access.log"),
@@ -218,6 +219,27 @@ except AssertionError:
     pass
 print("# RTT ms as each gateway sees it:", rtts())
 t.ok(ordered, "RTTs follow the relay delays, as each gateway measures them")
+
+# --- who is a peer: a certificate from the CA that names another region ---
+# eu1's peer listener takes us1 and ap1 (peer_names); a certificate from
+# the same CA for "app" may connect (applications share the listener) but
+# its forwarded requests are refused; us1's are served.
+rogue = region_cert("app")
+
+
+def forwarded_with(cert):
+    crt, key = cert
+    r = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", ca, "--cert", crt, "--key",
+                        key, "-H", "x-infergate-hop: 1", "-H", "x-infergate-tenant: open", "-H",
+                        "content-type: application/json", "--data-binary",
+                        json.dumps({"model": "m", "prompt": [1, 5, 7], "max_tokens": 1}),
+                        "https://127.0.0.1:%d/v1/completions" % peer_port["eu1"]],
+                       capture_output=True, text=True, timeout=30)
+    return r.stdout.strip()
+
+
+t.ok(forwarded_with(rogue) == "403" and forwarded_with(certs["us1"]) == "200",
+     "peer_names: a CA certificate for another name is no peer (403), us1's is (200)")
 
 # --- latency policy: entering eu1, a us-only tenant goes to the nearer us region ---
 got = [served_by("eu1", "usonly") for _ in range(10)]

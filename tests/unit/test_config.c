@@ -325,51 +325,56 @@ static void test_defaults(void **state)
 
 /* ---- the multi-region sections ---- */
 
-static const char routing_yaml[] = "listen:\n"
-                                   "  - address: \"0.0.0.0:8443\"\n"
-                                   "    tls: {cert: /c.pem, key: /k.pem, client_ca: /peers-ca.pem}\n"
-                                   "  - address: \"127.0.0.1:8080\"\n"
-                                   "tenants:\n"
-                                   "  - name: acme\n"
-                                   "    keys: [" H_K1 "]\n"
-                                   "    residency: [eu, gdpr]\n"
-                                   "    policy: cost\n"
-                                   "    slo_ms: 120.5\n"
-                                   "    max_price: 2.5\n"
-                                   "    priority: batch\n"
-                                   "region:\n"
-                                   "  name: eu-west.1\n"
-                                   "  endpoint: \"tls:10.0.0.5:8443\"\n"
-                                   "  tags: [eu, gdpr]\n"
-                                   "  price: {input: 0.5, output: 1.25}\n"
-                                   "  gpu: H100 80GB\n"
-                                   "cluster: prod_2\n"
-                                   "redis:\n"
-                                   "  address: \"[::1]:6380\"\n"
-                                   "  password: s3cret\n"
-                                   "  db: 3\n"
-                                   "routing:\n"
-                                   "  policy: cost\n"
-                                   "  slo_ms: 80\n"
-                                   "  heartbeat_ms: 500\n"
-                                   "  stale_after_ms: 2000\n"
-                                   "  eject_after: 5\n"
-                                   "  eject_base_ms: 250\n"
-                                   "  eject_max_ms: 8000\n"
-                                   "  ping_interval_ms: 300\n"
-                                   "  retry_budget: 0.1\n"
-                                   "peers:\n"
-                                   "  - name: us-east\n"
-                                   "    endpoint: \"tcp:localhost:9443\"\n"
-                                   "  - name: ap-south\n"
-                                   "    endpoint: \"tls:[fd00::5]:8443\"\n"
-                                   "peer_tls: {ca: /ca.pem, cert: /peer.pem, key: /peer.key}\n";
+static const char routing_yaml[] =
+    "listen:\n"
+    "  - address: \"0.0.0.0:8443\"\n"
+    "    tls: {cert: /c.pem, key: /k.pem, client_ca: /peers-ca.pem, peer_names: [us-east, "
+    "gw.ap.example]}\n"
+    "  - address: \"127.0.0.1:8080\"\n"
+    "tenants:\n"
+    "  - name: acme\n"
+    "    keys: [" H_K1 "]\n"
+    "    residency: [eu, gdpr]\n"
+    "    policy: cost\n"
+    "    slo_ms: 120.5\n"
+    "    max_price: 2.5\n"
+    "    priority: batch\n"
+    "region:\n"
+    "  name: eu-west.1\n"
+    "  endpoint: \"tls:10.0.0.5:8443\"\n"
+    "  tags: [eu, gdpr]\n"
+    "  price: {input: 0.5, output: 1.25}\n"
+    "  gpu: H100 80GB\n"
+    "cluster: prod_2\n"
+    "redis:\n"
+    "  address: \"[::1]:6380\"\n"
+    "  password: s3cret\n"
+    "  db: 3\n"
+    "routing:\n"
+    "  policy: cost\n"
+    "  slo_ms: 80\n"
+    "  heartbeat_ms: 500\n"
+    "  stale_after_ms: 2000\n"
+    "  eject_after: 5\n"
+    "  eject_base_ms: 250\n"
+    "  eject_max_ms: 8000\n"
+    "  ping_interval_ms: 300\n"
+    "  retry_budget: 0.1\n"
+    "peers:\n"
+    "  - name: us-east\n"
+    "    endpoint: \"tcp:localhost:9443\"\n"
+    "  - name: ap-south\n"
+    "    endpoint: \"tls:[fd00::5]:8443\"\n"
+    "peer_tls: {ca: /ca.pem, cert: /peer.pem, key: /peer.key}\n";
 
 static void test_routing_full(void **state)
 {
     gw_config *c = load_ok(routing_yaml);
     assert_string_equal(c->listen[0].tls_client_ca, "/peers-ca.pem");
+    assert_int_equal(c->listen[0].n_tls_peer_names, 2);
+    assert_string_equal(c->listen[0].tls_peer_names[1], "gw.ap.example");
     assert_null(c->listen[1].tls_client_ca);
+    assert_int_equal(c->listen[1].n_tls_peer_names, 0);
     const gw_tenant_cfg *t = &c->tenants[0];
     assert_int_equal(t->n_residency, 2);
     assert_string_equal(t->residency[0], "eu");
@@ -554,6 +559,12 @@ static const struct {
      "bad.yaml:3: listen[0].tls.client_ca: client certificates need TLS"},
     {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: [a]}\n",
      "bad.yaml:3: listen[0].tls.client_ca: must be a string, not a list"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, peer_names: [a]}\n",
+     "bad.yaml:3: listen[0].tls.peer_names: peer names are checked on certificates from client_ca"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: [\"\"]}\n",
+     "bad.yaml:3: listen[0].tls.peer_names: peer_names[0]: a name of 1 to 253 bytes"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: a}\n",
+     "bad.yaml:3: listen[0].tls.peer_names: must be a list"},
     {"region:\n  endpoint: \"tls:10.0.0.1:1\"\n", "bad.yaml:2: region.name: required"},
     {"region: {name: \"eu west\"}\n", "bad.yaml:1: region.name: must be 1 to 63 characters"},
     {"region: {name: eu, zone: a}\n", "bad.yaml:1: region.zone: unknown key"},

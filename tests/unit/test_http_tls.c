@@ -228,7 +228,7 @@ static void test_resume_peer_listener(void **state)
     snprintf(cert, sizeof(cert), "%s", scratch(t, "cert.pem"));
     snprintf(key, sizeof(key), "%s", scratch(t, "key.pem"));
     snprintf(sess, sizeof(sess), "%s", scratch(t, "session.pem"));
-    if (gw_http_server_listen_tls_peer(t->srv, "tcp:127.0.0.1:0", cert, key, cert, err, sizeof(err)))
+    if (gw_http_server_listen_tls_peer(t->srv, "tcp:127.0.0.1:0", cert, key, cert, NULL, 0, err, sizeof(err)))
         fail_msg("listen_tls_peer: %s", err);
     snprintf(port, sizeof(port), "127.0.0.1:%d", gw_http_server_port(t->srv));
     for (int i = 0; i < 2; i++) {
