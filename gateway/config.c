@@ -355,9 +355,20 @@ static int parse_listen_one(cfg_parser *p, const yaml_node_t *n, const char *pat
             if ((rc = gw_cfg_str_list(p, t[3], kp, CFG_MAX_PEER_NAMES, &l->tls_peer_names,
                                       &l->n_tls_peer_names)))
                 return rc;
-            for (int i = 0; i < l->n_tls_peer_names; i++)
-                if (!l->tls_peer_names[i][0] || strlen(l->tls_peer_names[i]) > 253)
-                    return gw_cfg_perr(p, t[3], kp, "peer_names[%d]: a name of 1 to 253 bytes", i);
+            /* an empty list would pin nothing; a name that is a pattern
+             * (".example.com" to OpenSSL means every subdomain) would
+             * take more than it names */
+            if (l->n_tls_peer_names == 0)
+                return gw_cfg_perr(p, t[3], kp, "give at least one name, or leave peer_names out");
+            for (int i = 0; i < l->n_tls_peer_names; i++) {
+                const char *nm = l->tls_peer_names[i];
+                if (!nm[0] || strlen(nm) > 253 || nm[0] == '.' || strchr(nm, '*'))
+                    return gw_cfg_perr(
+                        p, t[3], kp,
+                        "peer_names[%d]: a name of 1 to 253 bytes, not a pattern (no leading '.', "
+                        "no '*')",
+                        i);
+            }
         }
         if (t[0] && ((rc = gw_cfg_str(p, t[0], (gw_cfg_path_key(kp, tp, "cert"), kp), &l->tls_cert)) ||
                      (rc = gw_cfg_str(p, t[1], (gw_cfg_path_key(kp, tp, "key"), kp), &l->tls_key))))

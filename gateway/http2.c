@@ -355,7 +355,7 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
     size_t conn_max = c->srv->limits.max_conn_body;
     if (!conn_max)
         conn_max = max > SIZE_MAX / 4 ? SIZE_MAX : 4 * max;
-    if (c->h2_body_bytes + len > conn_max && !(c->tls && gw_tls_peer_verified(c->bev))) {
+    if (c->h2_body_bytes + len > conn_max && !gw_conn_peer(c)) {
         for (gw_http_stream *o = c->streams; o; o = o->next)
             if (o->state == GW_SS_BODY && o->id < s->id) {
                 stream_refuse(s);

@@ -153,6 +153,7 @@ struct gw_http_conn {
     gw_http_stream *closed_tail;
     size_t n_streams;
     bool tls;
+    int8_t peer;       /* TLS: whether the client is a peer gateway (gw_conn_peer), -1 until asked */
     bool read_paused;  /* HTTP/2 output above the soft maximum: peer must read first */
     bool goaway;       /* idle GOAWAY submitted */
     bool lingering;    /* nghttp2 is done; waiting for the output to drain */
@@ -200,6 +201,9 @@ gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id);
 /* The server answered a request itself: the application hears of it
  * (on_refused). */
 void gw_server_refused(gw_http_server *srv, int status);
+/* Whether the connection's client presented a certificate that makes it
+ * a peer gateway (gw_tls_peer_verified, asked once per connection). */
+bool gw_conn_peer(gw_http_conn *c);
 /* s->req from what the stream has gathered (an empty body when none came),
  * as the application sees it. */
 void gw_stream_fill_request(gw_http_stream *s, const char *protocol);

@@ -130,6 +130,13 @@ void gw_server_refused(gw_http_server *srv, int status)
         srv->handler.on_refused(srv->ud, status);
 }
 
+bool gw_conn_peer(gw_http_conn *c)
+{
+    if (c->peer < 0)
+        c->peer = c->tls && gw_tls_peer_verified(c->bev);
+    return c->peer;
+}
+
 void gw_stream_fill_request(gw_http_stream *s, const char *protocol)
 {
     static const uint8_t empty_body[1];
@@ -142,7 +149,7 @@ void gw_stream_fill_request(gw_http_stream *s, const char *protocol)
         .body = s->body ? s->body : empty_body,
         .body_len = s->body_len,
         .protocol = protocol,
-        .peer_verified = s->conn->tls && gw_tls_peer_verified(s->conn->bev),
+        .peer_verified = gw_conn_peer(s->conn),
     };
 }
 
@@ -320,6 +327,7 @@ int gw_conn_adopt(gw_http_server *srv, int fd, struct ssl_ctx_st *tls)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     c->srv = srv;
     c->tls = tls != NULL;
+    c->peer = -1;
     c->proto = tls ? GW_PROTO_TLS : GW_PROTO_DETECT;
     if (tls)
         c->bev = gw_tls_bev_new(srv->base, fd, tls); /* owns fd, also on failure */

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -244,14 +245,15 @@ bool gw_tls_alpn_h2(struct bufferevent *bev)
     return n == 2 && !memcmp(p, "h2", 2);
 }
 
-/* The certificate names one of pn's: its subject CN, or a DNS SAN (no
- * wildcard stands for a name). */
+/* The certificate names one of pn's: its (first) subject CN, or a DNS SAN,
+ * both without regard to case (no wildcard stands for a name; the config
+ * refuses names that are patterns). */
 static bool peer_named(X509 *cert, const peer_name_list *pn)
 {
     char cn[256];
     int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn));
     for (int i = 0; i < pn->n; i++) {
-        if (n > 0 && (size_t)n == strlen(pn->v[i]) && !memcmp(cn, pn->v[i], (size_t)n))
+        if (n > 0 && (size_t)n == strlen(pn->v[i]) && !strncasecmp(cn, pn->v[i], (size_t)n))
             return true;
         if (X509_check_host(cert, pn->v[i], 0,
                             X509_CHECK_FLAG_NEVER_CHECK_SUBJECT | X509_CHECK_FLAG_NO_WILDCARDS, NULL) == 1)

@@ -563,6 +563,14 @@ static const struct {
      "bad.yaml:3: listen[0].tls.peer_names: peer names are checked on certificates from client_ca"},
     {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: [\"\"]}\n",
      "bad.yaml:3: listen[0].tls.peer_names: peer_names[0]: a name of 1 to 253 bytes"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: [a, "
+     ".b.example]}\n",
+     "bad.yaml:3: listen[0].tls.peer_names: peer_names[1]: a name of 1 to 253 bytes, not a pattern"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: "
+     "[\"*.b\"]}\n",
+     "bad.yaml:3: listen[0].tls.peer_names: peer_names[0]: a name of 1 to 253 bytes, not a pattern"},
+    {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: []}\n",
+     "bad.yaml:3: listen[0].tls.peer_names: give at least one name"},
     {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: a}\n",
      "bad.yaml:3: listen[0].tls.peer_names: must be a list"},
     {"region:\n  endpoint: \"tls:10.0.0.1:1\"\n", "bad.yaml:2: region.name: required"},
