@@ -155,22 +155,15 @@ static void h1_dispatch(gw_http_conn *c)
 static bool h1_head(gw_http_conn *c)
 {
     gw_h1 *h = &c->h1;
-    gw_http_stream *s = h->cur;
-    gw_http_server *srv = c->srv;
-    if (!srv->handler.on_head || (!h->chunked_body && h->body_left == 0))
+    if (!h->chunked_body && h->body_left == 0)
         return false;
     bool keep_alive = h->keep_alive;
-    h->keep_alive = false;
-    gw_stream_fill_request(s, h->http10 ? "HTTP/1.0" : "HTTP/1.1");
-    gw_stream_state state = s->state;
-    s->state = GW_SS_APP;
-    srv->handler.on_head(srv->ud, s, &s->req);
-    if (s->resp_started || h->abort) {
+    h->keep_alive = false; /* what an answer now says */
+    if (gw_stream_offer_head(h->cur, h->http10 ? "HTTP/1.0" : "HTTP/1.1")) {
         event_del(c->idle_ev);
         h->state = GW_H1_APP;
         return true;
     }
-    s->state = state;
     h->keep_alive = keep_alive;
     return false;
 }

@@ -259,27 +259,6 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     return 0;
 }
 
-/* A request with a body to come is shown to on_head first (see http.h);
- * an answer there leaves the body to be dropped as it comes. */
-static void request_head(gw_http_stream *s)
-{
-    gw_http_server *srv = s->conn->srv;
-    if (!srv->handler.on_head)
-        return;
-    gw_stream_fill_request(s, "HTTP/2");
-    s->state = GW_SS_APP;
-    srv->handler.on_head(srv->ud, s, &s->req);
-    if (!s->resp_started && !s->reset) {
-        s->state = GW_SS_BODY;
-        return;
-    }
-    s->body_dropped = true;
-    gw_mem_free(s->body);
-    s->body = NULL;
-    s->body_len = s->body_cap = 0;
-    gw_stream_fill_request(s, "HTTP/2"); /* the application still holds req: no freed body in it */
-}
-
 static void request_headers_done(gw_http_stream *s, bool end_stream)
 {
     const gw_http_limits *lim = &s->conn->srv->limits;
@@ -307,17 +286,23 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
         if (n > lim->max_body) {
             stream_reject_body(s);
             return;
-        } else if (n > 0) {
-            size_t cap = n < 65536 ? (size_t)n : 65536;
-            if (!(s->body = gw_mem_alloc(cap))) {
-                stream_fail(s);
-                return;
-            }
-            s->body_cap = cap;
         }
     }
-    if (!end_stream)
-        request_head(s);
+    /* A request with a body to come is shown to on_head first (see
+     * http.h); an answer there leaves the body to be dropped as it comes. */
+    if (!end_stream && gw_stream_offer_head(s, "HTTP/2")) {
+        s->body_dropped = true;
+        return;
+    }
+    if (cl) {
+        unsigned long long n = strtoull(cl, NULL, 10);
+        size_t cap = n < 65536 ? (size_t)n : 65536;
+        if (cap && !(s->body = gw_mem_alloc(cap))) {
+            stream_fail(s);
+            return;
+        }
+        s->body_cap = cap;
+    }
 }
 
 static void request_complete(gw_http_stream *s)

@@ -204,6 +204,10 @@ void gw_server_refused(gw_http_server *srv, int status);
 /* Whether the connection's client presented a certificate that makes it
  * a peer gateway (gw_tls_peer_verified, asked once per connection). */
 bool gw_conn_peer(gw_http_conn *c);
+/* Shows a request whose body is still to come to on_head (if any), as
+ * protocol; true when the application answered it (or reset it) there,
+ * and the stream is then the application's (GW_SS_APP). */
+bool gw_stream_offer_head(gw_http_stream *s, const char *protocol);
 /* s->req from what the stream has gathered (an empty body when none came),
  * as the application sees it. */
 void gw_stream_fill_request(gw_http_stream *s, const char *protocol);

@@ -137,6 +137,21 @@ bool gw_conn_peer(gw_http_conn *c)
     return c->peer;
 }
 
+bool gw_stream_offer_head(gw_http_stream *s, const char *protocol)
+{
+    gw_http_server *srv = s->conn->srv;
+    if (!srv->handler.on_head)
+        return false;
+    gw_stream_fill_request(s, protocol);
+    gw_stream_state state = s->state;
+    s->state = GW_SS_APP;
+    srv->handler.on_head(srv->ud, s, &s->req);
+    if (s->resp_started || s->reset)
+        return true;
+    s->state = state;
+    return false;
+}
+
 void gw_stream_fill_request(gw_http_stream *s, const char *protocol)
 {
     static const uint8_t empty_body[1];

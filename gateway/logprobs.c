@@ -39,7 +39,7 @@ rt_oai_logprob *gw_lp_render(const gw_lp_list *l, const rt_tokenizer *tok, bool 
     for (int i = 0; i < l->n; i++) {
         const gw_lp_item *it = &l->v[i];
         out[i].tok = token_lp(tok, it->token, it->lp.logprob);
-        out[i].n_top = it->lp.n_top < RT_OAI_MAX_TOP_LOGPROBS ? it->lp.n_top : RT_OAI_MAX_TOP_LOGPROBS;
+        out[i].n_top = it->lp.n_top; /* rt_logprobs keeps it within RT_OAI_MAX_TOP_LOGPROBS */
         for (int j = 0; j < out[i].n_top; j++)
             out[i].top[j] = token_lp(tok, it->lp.top[j], it->lp.top_logprob[j]);
     }

@@ -61,8 +61,7 @@ typedef struct wevent {
     struct wevent *next;
     wreq *r;
     rt_sched_event ev;
-    rt_token_logprobs lp; /* ev.logprobs points here when it is set */
-    char text[];
+    char text[]; /* then, when ev.logprobs is set, the rt_token_logprobs it points to */
 } wevent;
 
 struct worker {
@@ -180,7 +179,11 @@ static void on_sched_event(void *user, const rt_sched_event *ev)
 {
     wreq *r = user;
     worker *w = r->w;
-    wevent *we = malloc(sizeof(*we) + ev->text_len + 1);
+    const size_t lp_at =
+        (ev->text_len + 1 + _Alignof(rt_token_logprobs) - 1) & ~(_Alignof(rt_token_logprobs) - 1);
+    const size_t size =
+        sizeof(wevent) + (ev->logprobs ? lp_at + sizeof(rt_token_logprobs) : ev->text_len + 1);
+    wevent *we = malloc(size);
     if (!we) {
         /* A lost TEXT event would leave a hole in the text: the request is
          * stopped and its client told (handle_event) instead. Losing the
@@ -191,7 +194,7 @@ static void on_sched_event(void *user, const rt_sched_event *ev)
             rt_sched_cancel(w->sched, ev->id);
             return;
         }
-        while (!(we = malloc(sizeof(*we) + ev->text_len + 1)))
+        while (!(we = malloc(size)))
             nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
     we->next = NULL;
@@ -202,8 +205,9 @@ static void on_sched_event(void *user, const rt_sched_event *ev)
     we->text[ev->text_len] = '\0';
     we->ev.text = we->text;
     if (ev->logprobs) {
-        we->lp = *ev->logprobs;
-        we->ev.logprobs = &we->lp;
+        rt_token_logprobs *lp = (rt_token_logprobs *)(void *)(we->text + lp_at);
+        *lp = *ev->logprobs;
+        we->ev.logprobs = lp;
     }
     pthread_mutex_lock(&w->mu);
     if (w->tail)
@@ -286,14 +290,13 @@ static bool write_chunk(wreq *r, bool first, const char *text, size_t len, const
 static void fail_stream(wreq *r, const rt_oai_error *e)
 {
     char *j = rt_oai_error_json(e);
-    size_t n = j ? strlen(j) : 0;
-    char *ev = j ? malloc(n + sizeof("data: \n\n")) : NULL;
+    size_t n = j ? strlen(j) + sizeof("data: \n\n") - 1 : 0;
+    char *ev = j ? malloc(n + 1) : NULL;
     if (ev)
-        snprintf(ev, n + sizeof("data: \n\n"), "data: %s\n\n", j);
+        snprintf(ev, n + 1, "data: %s\n\n", j);
     free(j);
-    if (!ev || gw_http_write(r->stream, ev, n + sizeof("data: \n\n") - 1) || gw_http_end(r->stream))
+    if (write_sse(r, ev, n) && gw_http_end(r->stream))
         gw_http_reset(r->stream);
-    free(ev);
 }
 
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)

@@ -19,7 +19,7 @@
  * back from the stream and searched again at every token: a long one would
  * cost each token time that grows with its square. */
 #define RT_OAI_MAX_STOP_BYTES 512
-#define RT_OAI_MAX_TOP_LOGPROBS 20 /* top_logprobs: 0..20 */
+#define RT_OAI_MAX_TOP_LOGPROBS RT_MAX_TOP_LOGPROBS /* top_logprobs: 0..20 */
 
 typedef struct rt_oai_error {
     int status;          /* HTTP status: 400, 404, 413, 429, 500, 503, 504 */

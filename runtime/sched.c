@@ -31,8 +31,8 @@ struct sreq {
     int n_done; /* positions already in the KV cache */
     rt_sampler *smp;
     rt_stop *stop;
-    int logprobs;         /* top log-probabilities asked for; -1: none */
-    float *lp_row;        /* the step's raw logits, kept from the sampler (with logprobs) */
+    int top_logprobs;     /* with lp_row: how many of the likeliest to report */
+    float *lp_row;        /* log-probabilities asked for: the step's raw logits, kept from the sampler */
     rt_token_logprobs lp; /* the last token's */
     bool ignore_eos, started, cancelled;
     rt_priority prio;
@@ -215,13 +215,10 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     q->tokens = malloc((size_t)(r->n_prompt + max_new) * sizeof(int32_t));
     q->smp = rt_sampler_new(&r->sampling, s->n_vocab);
     q->stop = rt_stop_new(r->stops, r->n_stops);
-    q->logprobs = !r->logprobs                            ? -1
-                  : r->top_logprobs < 0                   ? 0
-                  : r->top_logprobs > RT_MAX_TOP_LOGPROBS ? RT_MAX_TOP_LOGPROBS
-                                                          : r->top_logprobs;
-    if (q->logprobs >= 0)
+    q->top_logprobs = r->top_logprobs; /* rt_logprobs clamps it */
+    if (r->logprobs)
         q->lp_row = malloc((size_t)s->n_vocab * sizeof(float));
-    if (!q->tokens || !q->smp || !q->stop || (q->logprobs >= 0 && !q->lp_row)) {
+    if (!q->tokens || !q->smp || !q->stop || (r->logprobs && !q->lp_row)) {
         sreq_free(q);
         return -ENOMEM;
     }
@@ -547,7 +544,7 @@ static void sample_item(void *arg, int i)
         memcpy(r->lp_row, logits, (size_t)s->n_vocab * sizeof(float));
     s->sampled[i] = rt_sampler_sample(r->smp, logits);
     if (r->lp_row)
-        rt_logprobs(r->lp_row, s->n_vocab, s->sampled[i], r->logprobs, &r->lp);
+        rt_logprobs(r->lp_row, s->n_vocab, s->sampled[i], r->top_logprobs, &r->lp);
 }
 
 /* Reports r's next token t. Returns true when r has finished (and has been
