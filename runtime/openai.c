@@ -570,15 +570,31 @@ static int refuse_unsupported(json_t *root, bool chat, rt_oai_error *e)
         if (strcmp(json_string_value(t), "text") != 0)
             return unsupported(e, "response_format", "a 'response_format' other than text");
     }
-    /* tools may be offered: the model answers in text, which "auto" allows */
+    /* Function calling needs the tools rendered into the prompt and the
+     * model's calls parsed out of its text; neither is done. Tools offered
+     * with "auto" (the default when tools are given) would be silently
+     * dropped and the model would never call one, so they are refused, as
+     * vLLM and llama.cpp refuse them where tool parsing is off. With
+     * "none" they are allowed: the model answers in text, as asked. */
+    static const char *const lists[] = {"tools", "functions"};
     static const char *const choices[] = {"tool_choice", "function_call"};
     for (int i = 0; i < 2; i++) {
+        json_t *l = field(root, lists[i]);
         json_t *c = field(root, choices[i]);
-        if (c && !(json_is_string(c) &&
-                   (strcmp(json_string_value(c), "none") == 0 || strcmp(json_string_value(c), "auto") == 0)))
+        if (l && !json_is_array(l))
+            return bad(e, lists[i], "'%s' must be an array", lists[i]);
+        if (c && !json_is_string(c) && !json_is_object(c))
+            return bad(e, choices[i], "'%s' must be a string or an object", choices[i]);
+        bool none = c && json_is_string(c) && strcmp(json_string_value(c), "none") == 0;
+        bool auto_ = !c || (json_is_string(c) && strcmp(json_string_value(c), "auto") == 0);
+        if (!none && !auto_)
             return unsupported(e, choices[i],
-                               i == 0 ? "a 'tool_choice' other than none or auto"
-                                      : "a 'function_call' other than none or auto");
+                               i == 0 ? "a 'tool_choice' other than none"
+                                      : "a 'function_call' other than none");
+        if (!none && l && json_array_size(l) > 0)
+            return unsupported(e, lists[i],
+                               i == 0 ? "function calling ('tools' with tool_choice auto)"
+                                      : "function calling ('functions' with function_call auto)");
     }
     return 0;
 }

@@ -174,6 +174,10 @@ if shutil.which("node") and os.path.isdir(os.path.join(node_dir, "node_modules",
          "OpenAI Node SDK: refusal null, usage null on every chunk but the last, models.retrieve")
     t.ok(out.get("refused") == {"status": 400, "code": "unsupported_parameter", "param": "response_format"},
          "OpenAI Node SDK: a JSON response_format is refused by name, not ignored: %s" % out.get("refused"))
+    t.ok(out.get("tools_refused") == {"status": 400, "code": "unsupported_parameter", "param": "tools"}
+         and out.get("tools_none") in ("stop", "length"),
+         "OpenAI Node SDK: tools to call are refused by name, tools with tool_choice none are served: %s %s"
+         % (out.get("tools_refused"), out.get("tools_none")))
     lps = out.get("logprobs") or []
     t.ok(len(lps) == 4 and all(lp <= 0 and n == 2 for _, lp, n in lps),
          "OpenAI Node SDK: chat logprobs with top_logprobs: %s" % lps)

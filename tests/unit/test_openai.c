@@ -603,15 +603,28 @@ static void test_unsupported_fields(void **state)
     expect_unsupported("\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", true,
                        "tool_choice");
     expect_unsupported("\"function_call\":{\"name\":\"f\"}", true, "function_call");
+    /* tools offered with auto, said or by default, would never be called */
+    expect_unsupported("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", true, "tools");
+    expect_unsupported("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                       "\"tool_choice\":\"auto\"",
+                       true, "tools");
+    expect_unsupported("\"functions\":[{\"name\":\"f\"}]", true, "functions");
+    expect_bad(H("\"tools\":{}"), true, "tools", "must be an array");
+    expect_bad(H("\"tool_choice\":5"), true, "tool_choice", "string or an object");
     expect_unsupported("\"logprobs\":0", false, "logprobs");
     expect_unsupported("\"echo\":true", false, "echo");
     expect_unsupported("\"suffix\":\"}\"", false, "suffix");
     expect_unsupported("\"best_of\":2", false, "best_of");
 
     static const char *const off_chat[] = {
-        "\"logprobs\":false",         "\"response_format\":{\"type\":\"text\"}",
-        "\"tool_choice\":\"auto\"",   "\"tool_choice\":\"none\"",
-        "\"function_call\":\"auto\"", "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]",
+        "\"logprobs\":false",
+        "\"response_format\":{\"type\":\"text\"}",
+        "\"tool_choice\":\"auto\"",
+        "\"tool_choice\":\"none\"",
+        "\"function_call\":\"auto\"",
+        "\"tools\":[]",
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"none\"",
+        "\"functions\":[{\"name\":\"f\"}],\"function_call\":\"none\"",
         "\"logprobs\":null"};
     static const char *const off_completions[] = {"\"echo\":false", "\"suffix\":\"\"", "\"best_of\":1",
                                                   "\"logprobs\":null", "\"suffix\":null"};

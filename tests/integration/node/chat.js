@@ -1,8 +1,8 @@
 // The official OpenAI Node SDK against infergate: chat completions, streamed
 // and not. Usage: node chat.js BASE_URL API_KEY MODEL
 // Prints one JSON line: {"text": ..., "streamed": ..., "finish": ...}, with
-// what the SDK saw of the model object, the chunks' null usage, and a
-// field the server refuses.
+// what the SDK saw of the model object, the chunks' null usage, a field
+// the server refuses, and tools offered with and without tool_choice none.
 const OpenAI = require('openai');
 
 async function main() {
@@ -34,11 +34,35 @@ async function main() {
     } catch (e) {
         refused = { status: e.status, code: e.code, param: e.param };
     }
+    // Tools offered for the model to call are refused (they would be
+    // dropped); offered with tool_choice 'none' they are accepted.
+    const tools = [ {
+        type : 'function',
+        function : {name : 'get_weather', parameters : {type : 'object', properties : {}}}
+    } ];
+    let tools_refused = null;
+    try {
+        await client.chat.completions.create({model, messages, max_tokens : 2, tools});
+    } catch (e) {
+        tools_refused = {status : e.status, code : e.code, param : e.param};
+    }
+    const none =
+        await client.chat.completions.create({model, messages, max_tokens : 2, tools, tool_choice : 'none'});
     console.log(JSON.stringify({
-        text: r.choices[0].message.content, finish_plain: r.choices[0].finish_reason,
-        refusal: r.choices[0].message.refusal, usage_plain: r.usage, streamed, finish, usage,
-        chunks, null_usage, model_id: m.id, refused,
-        logprobs: lp.choices[0].logprobs.content.map((e) => [e.token, e.logprob, e.top_logprobs.length]),
+        tools_refused,
+        tools_none : none.choices[0].finish_reason,
+        text : r.choices[0].message.content,
+        finish_plain : r.choices[0].finish_reason,
+        refusal : r.choices[0].message.refusal,
+        usage_plain : r.usage,
+        streamed,
+        finish,
+        usage,
+        chunks,
+        null_usage,
+        model_id : m.id,
+        refused,
+        logprobs : lp.choices[0].logprobs.content.map((e) => [e.token, e.logprob, e.top_logprobs.length]),
     }));
 }
 
