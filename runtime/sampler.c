@@ -542,43 +542,73 @@ static float logprob_of(float x, float max, double lse)
     return (float)((double)x - (double)max - lse);
 }
 
-void rt_logprobs(const float *logits, int32_t n, int32_t chosen, int k, rt_token_logprobs *out)
+/* Log-probabilities take one scalar pass over the row (the likeliest
+ * tokens, the max among them, and whether any entry is NaN), then the sum
+ * of exponentials: where the max is finite and no entry is NaN, the CPU
+ * table's softmax takes them on the vector unit, in place (the value at the
+ * max becomes e^0 / sum). In scalar double they took 0.17 ms for a
+ * vocabulary of 32000, per token of each request that asks, on the step
+ * every other request waits for. */
+void rt_logprobs(float *logits, int32_t n, int32_t chosen, int k, rt_token_logprobs *out)
 {
     k = k < 0 ? 0 : k > RT_MAX_TOP_LOGPROBS ? RT_MAX_TOP_LOGPROBS : k;
-    if (k > n)
-        k = n;
     out->n_top = 0;
     out->logprob = -INFINITY;
-    const float max = max_logit(logits, n);
-    if (max == -INFINITY || isnan(max))
-        return; /* no token has a chance: nothing is known */
-    /* log sum exp, relative to the max; an infinite max shares the mass
-     * among the tokens that reach it */
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++)
-        if (logits[i] == max)
-            sum += 1.0;
-        else if (!isinf(max) && logits[i] > -INFINITY) /* NaN fails this too */
-            sum += exp((double)logits[i] - (double)max);
-    const double lse = log(sum);
-    if (chosen >= 0 && chosen < n)
-        out->logprob = logprob_of(logits[chosen], max, lse);
-    /* the k best by insertion: after the first few tokens almost every one
-     * fails the first compare */
+    /* the kk best by insertion, at least one: the first holds the max. A
+     * value must beat thr, the last kept once there are kk; after the
+     * first few tokens almost every one fails that one compare (as NaN and
+     * -inf always do: NaN is then told apart). */
+    const int kk = k > 0 ? k : 1;
+    int32_t top[RT_MAX_TOP_LOGPROBS];
     int m = 0;
-    for (int32_t i = 0; i < n && k > 0; i++) {
+    bool nan = false;
+    float thr = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
         const float v = logits[i];
-        if (!(v > -INFINITY) || (m == k && !(v > logits[out->top[m - 1]])))
+        if (v <= thr)
             continue;
-        int j = m < k ? m++ : k - 1;
-        while (j > 0 && v > logits[out->top[j - 1]]) {
-            out->top[j] = out->top[j - 1];
+        if (!(v > thr)) {
+            nan = true;
+            continue;
+        }
+        int j = m < kk ? m++ : kk - 1;
+        while (j > 0 && v > logits[top[j - 1]]) {
+            top[j] = top[j - 1];
             j--;
         }
-        out->top[j] = i;
+        top[j] = i;
+        if (m == kk)
+            thr = logits[top[kk - 1]];
     }
+    if (m == 0)
+        return; /* no token has a chance: nothing is known */
+    const float max = logits[top[0]];
+    /* the logits reported, before the row is spent */
+    if (m > k)
+        m = k;
+    for (int j = 0; j < m; j++) {
+        out->top[j] = top[j];
+        out->top_logprob[j] = logits[top[j]];
+    }
+    const float x_chosen = chosen >= 0 && chosen < n ? logits[chosen] : -INFINITY;
+    double lse;
+    if (!isinf(max) && !nan) {
+        kn_ops_best()->softmax(logits, (int)n);
+        lse = -log((double)logits[top[0]]);
+    } else {
+        /* an infinite max shares the mass among the tokens that reach it;
+         * NaN has none */
+        double sum = 0.0;
+        for (int32_t i = 0; i < n; i++)
+            if (logits[i] == max)
+                sum += 1.0;
+            else if (!isinf(max) && logits[i] > -INFINITY) /* NaN fails this too */
+                sum += exp((double)logits[i] - (double)max);
+        lse = log(sum);
+    }
+    out->logprob = logprob_of(x_chosen, max, lse);
     for (int j = 0; j < m; j++)
-        out->top_logprob[j] = logprob_of(logits[out->top[j]], max, lse);
+        out->top_logprob[j] = logprob_of(out->top_logprob[j], max, lse);
     out->n_top = m;
 }
 

@@ -55,8 +55,9 @@ typedef struct rt_token_logprobs {
 } rt_token_logprobs;
 
 /* Fills *out from logits[0..n) (NaN counts as -inf) for the token chosen
- * and the k likeliest (k clamped to 0..RT_MAX_TOP_LOGPROBS and to n). */
-void rt_logprobs(const float *logits, int32_t n, int32_t chosen, int k, rt_token_logprobs *out);
+ * and the k likeliest (k clamped to 0..RT_MAX_TOP_LOGPROBS and to n). The
+ * row is spent: its values are overwritten. */
+void rt_logprobs(float *logits, int32_t n, int32_t chosen, int k, rt_token_logprobs *out);
 
 /* Stop strings over streamed text. Feed decoded bytes; the matcher holds
  * back a tail that could still become a stop string and tells how much is
