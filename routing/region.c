@@ -527,6 +527,16 @@ void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms)
 {
     if (t->shared_ok && !ok)
         t->shared_lost_ms = now_ms;
+    /* Back: a record current at the loss and not read since gets the age it
+     * had then, so its region keeps what was left of its window for its
+     * next write to reach us (judged at now, the outage would have made
+     * every peer stale at once). */
+    if (!t->shared_ok && ok && now_ms > t->shared_lost_ms)
+        for (int i = 0; i < t->n; i++) {
+            route_region *r = &t->slots[t->order[i]].r;
+            if (!r->local && r->seen_ms <= t->shared_lost_ms && route__fresh(t, r, t->shared_lost_ms))
+                r->seen_ms += now_ms - t->shared_lost_ms;
+        }
     t->shared_ok = ok;
 }
 

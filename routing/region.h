@@ -137,7 +137,10 @@ void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, doubl
  * news either way: those fresh when the store went away still show as
  * stale (route_region_fresh) but stay candidates, and failures (ejection)
  * keep dead regions out; those already stale then stay out, so a region
- * gone for days does not come back with every Redis restart. */
+ * gone for days does not come back with every Redis restart. When it is
+ * back, records current at the loss and not received since are as old as
+ * they were then: their regions have the rest of stale_after_ms to be
+ * heard from again. */
 void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms);
 bool route_table_shared_ok(const route_table *t);
 

@@ -163,6 +163,12 @@ struct route_sync {
     struct event *heartbeat_ev, *full_read_ev;
     bool scan_active;
     bool rescan; /* a full read was asked for during one: its SCAN may have passed news */
+    /* A Redis that answers with errors (a replica after a failover says
+     * READONLY, a full one OOM) freezes the table's clock as a lost one
+     * does; it is trusted again once a full read has gone through with no
+     * command failing since it began, and the last write went through. */
+    bool scan_failed;
+    bool write_ok;
 
     bool has_local;
     route_record local; /* as the caller set it */
@@ -199,6 +205,15 @@ static void set_err(route_sync *s, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(s->err, sizeof(s->err), fmt, ap);
     va_end(ap);
+}
+
+/* Redis answered, with an error: what it holds cannot be trusted to be
+ * current (see scan_failed). */
+static void store_failed(route_sync *s)
+{
+    s->scan_failed = true;
+    if (!s->freeing)
+        route_table_set_shared_ok(s->table, false, route_clock_ms());
 }
 
 /* Names become Redis keys and response headers: keep them to a safe set. */
@@ -554,13 +569,18 @@ static void on_write(route_sync *s, sync_req *q, redisReply *r)
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 3) {
         set_err(s, "writing the record of %s: %s", q->rec.name,
                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply to EXEC");
+        s->write_ok = false;
+        store_failed(s);
         return;
     }
     for (size_t i = 0; i < r->elements; i++)
         if (r->element[i]->type == REDIS_REPLY_ERROR) {
             set_err(s, "writing the record of %s: %s", q->rec.name, r->element[i]->str);
+            s->write_ok = false;
+            store_failed(s);
             return;
         }
+    s->write_ok = true;
     if (q->announced) {
         s->announced = q->rec;
         s->has_announced = true;
@@ -622,6 +642,10 @@ static void on_read(route_sync *s, sync_req *q, redisReply *r)
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_ARRAY) {
         set_err(s, "reading region %s: %s", q->name,
                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply (is the key a hash?)");
+        /* a key of another type under our prefix is a peer's doing, not the
+         * store's; an error from EXEC is the store's */
+        if (r->type == REDIS_REPLY_ERROR)
+            store_failed(s);
         return;
     }
     const redisReply *hash = r->element[0], *price = r->element[1];
@@ -694,6 +718,7 @@ static void full_read_start(route_sync *s)
     }
     s->scan_active = true;
     s->rescan = false;
+    s->scan_failed = false;
     send_scan(s, "0");
 }
 
@@ -703,6 +728,7 @@ static void on_scan(route_sync *s, redisReply *r)
         r->element[1]->type != REDIS_REPLY_ARRAY) {
         set_err(s, "SCAN: %s", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
         s->scan_active = false;
+        store_failed(s);
         return;
     }
     size_t plen = strlen(s->prefix_region);
@@ -714,13 +740,18 @@ static void on_scan(route_sync *s, redisReply *r)
         const char *name = k->str + plen;
         if (strlen(name) != k->len - plen || !name_ok(name))
             continue;
-        if (read_region(s, name) == -ENOTCONN)
+        int rc = read_region(s, name);
+        if (rc == -ENOTCONN)
             break;
+        if (rc)
+            s->scan_failed = true; /* a record left unread */
     }
     if (!strcmp(r->element[0]->str, "0") || !s->cmd.ready) {
         s->scan_active = false;
-        /* Read in full with both connections up: news reaches us again. */
-        if (route_sync_connected(s))
+        /* Read in full with both connections up: news reaches us again.
+         * The reads of the last page are still in flight; the table keeps
+         * each record's age at the loss until they land. */
+        if (!s->scan_failed && s->write_ok && route_sync_connected(s))
             route_table_set_shared_ok(s->table, true, route_clock_ms());
         if (s->rescan)
             full_read_start(s);
@@ -1179,6 +1210,7 @@ route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, ro
         goto fail;
     /* Until the first full read, the table has no news from the fleet. */
     route_table_set_shared_ok(table, false, route_clock_ms());
+    s->write_ok = true; /* until a write says otherwise */
     s->heartbeat_ev = event_new(base, -1, EV_PERSIST, on_heartbeat, s);
     s->full_read_ev = event_new(base, -1, EV_PERSIST, on_full_read, s);
     if (!s->heartbeat_ev || !s->full_read_ev)

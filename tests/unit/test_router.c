@@ -445,7 +445,15 @@ static void test_filters(void **state)
     assert_false(route_region_fresh(t, route_table_find(t, "aging"), q.now_ms));
     route_table_set_shared_ok(t, false, now + 30000); /* still away: the loss keeps its time */
     assert_int_equal(route_decide(t, &q, &d), 2);
+    /* back: each record current at the loss is as old as it was then, so
+     * its region has the rest of its window to be heard from again */
     route_table_set_shared_ok(t, true, q.now_ms);
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_int_equal(d.out_stale, 1);
+    q.now_ms = now + 60000 + 1001; /* "aging" was 2000 ms old of 3000 */
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "ok");
+    q.now_ms = now + 60000 + 3001;
     assert_int_equal(route_decide(t, &q, &d), 0);
     assert_int_equal(d.out_stale, 3);
     q.now_ms = now;

@@ -276,8 +276,10 @@ static int teardown(void **state)
 {
     gw_stop(&ga);
     gw_stop(&gb);
-    if (redis_pid)
+    if (redis_pid) {
         kill(redis_pid, SIGCONT);
+        freeReplyObject(rc_command("REPLICAOF NO ONE")); /* after test_redis_refuses_writes */
+    }
     run_for(1);
     return 0;
 }
@@ -601,6 +603,35 @@ static void test_redis_stopped(void **state)
     WAIT_UNTIL(n_answers == 1);
 }
 
+/* A Redis that answers but refuses writes (a replica after a failover:
+ * READONLY): the table's clock stops as for a lost one, so peers' records,
+ * which no one can refresh, stay candidates; trusted again once writes go
+ * through and a full read has. */
+static void test_redis_refuses_writes(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    o.full_read_ms = 300;
+    start_pair(&o);
+    WAIT_UNTIL(route_table_shared_ok(ga.table) && route_table_shared_ok(gb.table));
+
+    redisReply *r = rc_command("REPLICAOF 127.0.0.1 1"); /* a master that is not there */
+    assert_true(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    WAIT_UNTIL(!route_table_shared_ok(ga.table) && !route_table_shared_ok(gb.table));
+    assert_non_null(strstr(route_sync_last_error(ga.sync), "writing the record"));
+    assert_true(route_sync_connected(ga.sync));
+    run_for(600); /* full reads in the meantime do not make it trusted */
+    assert_false(route_table_shared_ok(ga.table));
+    assert_non_null(region(&ga, "us-east"));
+
+    r = rc_command("REPLICAOF NO ONE");
+    assert_true(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    WAIT_UNTIL(route_table_shared_ok(ga.table) && route_table_shared_ok(gb.table));
+    WAIT_UNTIL(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
+}
+
 /* `infergate region set-price`, explicit flags and from a gateway config. */
 static void test_cli(void **state)
 {
@@ -711,6 +742,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gcra, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gcra_debt_and_refund, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_stopped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_redis_refuses_writes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_settings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
     };
