@@ -61,9 +61,11 @@ static void local_record(gw_serve *g, route_record *r)
     double ttft = 0, tpot = 0;
     for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
         const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
-        r->capacity += w->max_seqs;
+        /* a worker not ready (starting, restarting after a crash) serves
+         * nothing: counted, it made the region look free to take traffic */
         if (!w->ready)
             continue;
+        r->capacity += w->max_seqs;
         ready++;
         r->running += w->running;
         r->queued += w->queued;

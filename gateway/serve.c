@@ -368,6 +368,7 @@ int gw_cmd_serve(int argc, char **argv)
         free(g.cfg->listen[0].address);
         g.cfg->listen[0].address = a;
     }
+    g.retry_tokens = g.cfg->routing.retry_budget > 0 ? GW_RETRY_TOKENS_START : 0;
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (n <= 0) {
         fprintf(stderr, "infergate: cannot find my own binary: %s\n", strerror(errno));

@@ -18,6 +18,12 @@ typedef struct route_table route_table;
 typedef struct route_sync route_sync;
 typedef struct route_region route_region;
 
+/* Retries a gateway may make before its budget has saved any: a budget
+ * that started at 0 failed over none of the first requests after a start
+ * (four of them at the default 0.2), as Envoy's min_retry_concurrency
+ * avoids. */
+#define GW_RETRY_TOKENS_START 3
+
 typedef struct gw_serve {
     struct event_base *base;
     gw_config *cfg;      /* as started: listeners and workers */
@@ -33,7 +39,8 @@ typedef struct gw_serve {
     route_table *table; /* NULL without a region section: local workers only */
     route_sync *sync;   /* NULL without Redis */
     struct event *heartbeat;
-    double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1 */
+    double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1;
+                          * starts at GW_RETRY_TOKENS_START where the budget is not 0 */
     bool draining;
     double drain_deadline;
     const char *listen_override; /* --listen: replaces the first listener's address, reloads too */

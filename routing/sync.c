@@ -389,9 +389,14 @@ static bool price_parse(const redisReply *r, double *in, double *out)
         char buf[65], *end;
         memcpy(buf, v->str, v->len);
         buf[v->len] = '\0';
+        /* as a record's prices (route_record_from_fields): decimal, within
+         * ROUTE_MAX_PRICE; past it the override would make every record it
+         * lands in fail route_record_check, and the region drop out */
+        if (strspn(buf, "0123456789.eE+-") != v->len)
+            return false;
         errno = 0;
         double d = strtod(buf, &end);
-        if (errno || *end || !isfinite(d) || d < 0)
+        if (errno || *end || !(d >= 0 && d <= ROUTE_MAX_PRICE))
             return false;
         if (k->len == 5 && !memcmp(k->str, "input", 5)) {
             *in = d;
@@ -1314,8 +1319,8 @@ int route_set_price(const route_sync_opts *o, const char *region, double input, 
         snprintf(err, err_len, "region name '%s' must be 1-63 of [A-Za-z0-9._-]", region ? region : "");
         return -EINVAL;
     }
-    if (!isfinite(input) || !isfinite(output) || input < 0 || output < 0) {
-        snprintf(err, err_len, "prices must be finite and not negative");
+    if (!(input >= 0 && input <= ROUTE_MAX_PRICE) || !(output >= 0 && output <= ROUTE_MAX_PRICE)) {
+        snprintf(err, err_len, "prices must be numbers from 0 to %g", ROUTE_MAX_PRICE);
         return -EINVAL;
     }
     if (!o->host || !*o->host || o->port < 1 || o->port > 65535) {

@@ -384,6 +384,16 @@ static void test_set_price(void **state)
     /* Errors. */
     assert_int_equal(route_set_price(&o, "bad name", 1, 1, err, sizeof(err)), -EINVAL);
     assert_int_equal(route_set_price(&o, "us-east", -1, 1, err, sizeof(err)), -EINVAL);
+    assert_int_equal(route_set_price(&o, "us-east", 1, 2e9, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "from 0 to"));
+
+    /* An override no record may carry, written by hand: ignored, the
+     * region keeps its own price and stays in the table. */
+    assert_int_equal(rc_integer("HSET %s input 2e9 output 0x10", "infergate:" CLUSTER ":price:us-east"), 0);
+    assert_true(rc_integer("PUBLISH %s us-east", "infergate:" CLUSTER ":events") >= 1);
+    WAIT_UNTIL(price_in_of(&ga, "us-east") == 1.0 && price_in_of(&gb, "us-east") == 1.0);
+    run_for(300);
+    assert_true(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
     route_sync_opts bad = o;
     bad.password = "wrong";
     assert_int_equal(route_set_price(&bad, "us-east", 1, 1, err, sizeof(err)), -EACCES);
