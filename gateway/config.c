@@ -529,6 +529,15 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
             return rc;
         *ints[k] = (int)x;
     }
+    /* The worker refuses to start otherwise (each step must fit a token of
+     * every running sequence), and the supervisor would restart it forever. */
+    if (w->max_batch_tokens < w->max_seqs)
+        return gw_cfg_perr(p,
+                           v[K_BATCH]  ? v[K_BATCH]
+                           : v[K_SEQS] ? v[K_SEQS]
+                                       : n,
+                           path, "max_batch_tokens (%d) must be at least max_seqs (%d)", w->max_batch_tokens,
+                           w->max_seqs);
     return 0;
 }
 

@@ -91,7 +91,8 @@ static int spawn(sworker *w)
 {
     gw_supervisor *s = w->sup;
     const gw_worker_cfg *c = w->cfg;
-    char threads[16], kv[16], seqs[16], batch[16], queue[16], batch_wait[16], grace[16], listen[600];
+    char threads[16], kv[16], seqs[16], batch[16], queue[16], batch_wait[16], grace[16], body[24],
+        listen[600];
     snprintf(threads, sizeof(threads), "%d", c->threads);
     snprintf(kv, sizeof(kv), "%d", c->kv_cache_mb);
     snprintf(seqs, sizeof(seqs), "%d", c->max_seqs);
@@ -99,8 +100,13 @@ static int spawn(sworker *w)
     snprintf(queue, sizeof(queue), "%d", c->max_queue);
     snprintf(batch_wait, sizeof(batch_wait), "%d", c->batch_max_wait_ms);
     snprintf(grace, sizeof(grace), "%d", s->cfg->drain_grace_s);
+    /* A body the gateway takes must not be refused by the worker it goes
+     * to (whose own default is 1 MiB and bound 1 GiB). A reload's new
+     * limit reaches workers started after it. */
+    size_t max_body = s->cfg->limits.max_body_bytes;
+    snprintf(body, sizeof(body), "%zu", max_body < ((size_t)1 << 30) ? max_body : ((size_t)1 << 30));
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
-    const char *argv[28];
+    const char *argv[30];
     int a = 0;
     argv[a++] = s->exe;
     argv[a++] = "worker";
@@ -126,6 +132,8 @@ static int spawn(sworker *w)
     argv[a++] = batch_wait;
     argv[a++] = "--drain-grace-s";
     argv[a++] = grace;
+    argv[a++] = "--max-body";
+    argv[a++] = body;
     if (c->kv_q8_0) {
         argv[a++] = "--kv-type";
         argv[a++] = "q8_0";

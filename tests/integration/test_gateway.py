@@ -89,6 +89,7 @@ tenants:
     keys: ["%s"]
     tpm: 1000
 limits:
+  max_body_bytes: 1572864
   stream_buffer_bytes: %d
   response_timeout_ms: %d
   idle_timeout_ms: 4000
@@ -488,6 +489,12 @@ asks_interactive.communicate(timeout=60)
 # --- metrics, health, access log ---
 made_up = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model="made-up-model-7"),
                headers=[AUTH])[0]
+# a body past the worker's own default (1 MiB) within the gateway's limit
+# (1.5 MiB) reaches the model: the prompt of 400k token ids is too long
+# for its context, which is the worker's answer, not a 413
+s, _, b = curl(URL + "/v1/completions", data=dict(comp, prompt=[5] * 400000), headers=[AUTH])
+t.ok(s == 400 and b"context_length_exceeded" in b,
+     "a 1.2 MB body the gateway takes is read by its worker too: %d %r" % (s, b[:160]))
 # a request the HTTP server answers itself (an upload past max_body)
 big = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, prompt="x" * (1 << 21)), headers=[AUTH])[0]
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])

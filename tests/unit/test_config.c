@@ -461,6 +461,8 @@ static const struct {
      "bad.yaml:3: workers[0].threads: must be a whole number from 0 to 1024"},
     {"workers:\n  - model: /m.gguf\n    max_seqs: 0\n",
      "bad.yaml:3: workers[0].max_seqs: must be a whole number from 1"},
+    {"workers:\n  - model: /m.gguf\n    max_seqs: 1024\n",
+     "bad.yaml:3: workers[0]: max_batch_tokens (512) must be at least max_seqs (1024)"},
     {"workers:\n  - model: /m.gguf\n    kv_type: q4_0\n", "bad.yaml:3: workers[0].kv_type: f16 or q8_0"},
     {"workers:\n  - model: /m.gguf\n    devices: [cpu, GPU-1]\n    kv_type: q8_0\n",
      "bad.yaml:4: workers[0].kv_type: q8_0 is for CPU workers, and device GPU-1 is not one"},
