@@ -958,6 +958,15 @@ static int parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
                 "longer than %d bytes: worker socket paths would not fit a Unix socket address",
                 CFG_RUNTIME_DIR_MAX);
     }
+    /* Without a region this gateway has no tags to hold a tenant's
+     * requests to: they would be served here whatever it asked. */
+    for (int i = 0; !v[K_REGION] && i < c->n_tenants; i++)
+        if (c->tenants[i].n_residency > 0) {
+            char tp[CFG_PATH_MAX];
+            gw_cfg_path_idx(tp, "tenants", i);
+            return gw_cfg_perr(p, v[K_TENANTS], tp,
+                               "residency needs a region section: its tags say where this gateway may serve");
+        }
     return gw_cfg_parse_routing(p, v[K_REGION], v[K_CLUSTER], v[K_REDIS], v[K_ROUTING], v[K_PEERS],
                                 v[K_PEER_TLS], c);
 }

@@ -858,6 +858,16 @@ static void dispatch(preq *p)
     if (g->retry_tokens > RETRY_TOKENS_MAX)
         g->retry_tokens = RETRY_TOKENS_MAX;
     if (!gw_regions_enabled(g) || p->forwarded) {
+        /* A gateway with no region has no tags: a request that names the
+         * ones it needs cannot be held to them here (a forwarded one was,
+         * by the region that chose us). */
+        const char *need[MAX_NEED_TAGS];
+        char buf[512];
+        if (!p->forwarded && !gw_regions_enabled(g) && need_tags(p, NULL, buf, sizeof(buf), need) != 0) {
+            respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
+                    "x-infergate-residency cannot be met: this gateway has no region section, so no tags");
+            return;
+        }
         if (!gw_supervisor_serves(g->sup, p->model)) {
             respond(p, 404, "invalid_request_error", "model_not_found", "model", 0, "the model '%s' does not exist",
                     p->model);

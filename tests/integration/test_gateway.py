@@ -495,6 +495,9 @@ made_up = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, model=
 s, _, b = curl(URL + "/v1/completions", data=dict(comp, prompt=[5] * 400000), headers=[AUTH])
 t.ok(s == 400 and b"context_length_exceeded" in b,
      "a 1.2 MB body the gateway takes is read by its worker too: %d %r" % (s, b[:160]))
+# residency asked of a gateway with no region (so no tags) cannot be met
+s, _, b = curl(URL + "/v1/completions", data=comp, headers=[AUTH, "x-infergate-residency: eu"])
+t.ok(s == 400 and b"bad_residency" in b, "residency asked of a gateway without a region: 400 (%d %r)" % (s, b[:120]))
 # a request the HTTP server answers itself (an upload past max_body)
 big = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, prompt="x" * (1 << 21)), headers=[AUTH])[0]
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])

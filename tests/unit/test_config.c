@@ -650,6 +650,8 @@ static const struct {
     {"peer_tls: {ca: /a, crt: /c}\n", "bad.yaml:1: peer_tls.crt: unknown key"},
     {TEN_A "    residency: eu\n", "bad.yaml:4: tenants[0].residency: must be a list, not a plain value"},
     {TEN_A "    residency: [\"e u\"]\n", "bad.yaml:4: tenants[0].residency[0]: a tag is 1 to 31"},
+    {TEN_A "    residency: [eu]\n",
+     "bad.yaml:2: tenants[0]: residency needs a region section: its tags say where this gateway may serve"},
     {TEN_A "    policy: cheapest\n", "bad.yaml:4: tenants[0].policy: must be latency or cost"},
     {TEN_A "    slo_ms: fast\n", "bad.yaml:4: tenants[0].slo_ms: must be a number from 0"},
     {TEN_A "    max_price: -1\n", "bad.yaml:4: tenants[0].max_price: must be a number from 0"},
