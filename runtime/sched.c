@@ -470,21 +470,35 @@ static int prefill_budget(const rt_sched *s, int n_dec)
     return b < all ? b : all;
 }
 
+/* Which pass of build_batch a running request's tokens go in: decodes
+ * first, then the prompts of interactive requests (and of batch ones aged
+ * as next_queue ages them), then the other batch prompts. In admission
+ * order alone, a batch request's long prompt admitted first took the whole
+ * budget every step, and an interactive request behind it had its first
+ * token only once that prompt was done (a review measured 6 ms -> 991 ms). */
+static int batch_pass(const rt_sched *s, const sreq *r, double now)
+{
+    if (r->n_done > 0 && r->n_tokens - r->n_done == 1)
+        return 0;
+    return r->prio == RT_PRIO_INTERACTIVE || now - r->t_submit >= s->o.batch_max_wait_ms / 1e3 ? 1 : 2;
+}
+
 /* Fills s->batch: every decoding sequence's one token, then prompt chunks
- * in admission order within the budget. Returns the entry count. */
+ * within the budget, interactive first (batch_pass). Returns the entry
+ * count. */
 static int build_batch(rt_sched *s)
 {
+    const double now = now_s();
     for (;;) {
         int n_dec = 0;
         for (int i = 0; i < s->n_running; i++)
             n_dec += s->running[i]->n_done > 0 && s->running[i]->n_tokens - s->running[i]->n_done == 1;
         int budget = prefill_budget(s, n_dec) + n_dec, n = 0, blocks = 0;
-        for (int pass = 0; pass < 2; pass++) {
+        for (int pass = 0; pass < 3; pass++) {
             for (int i = 0; i < s->n_running; i++) {
                 sreq *r = s->running[i];
                 int remaining = r->n_tokens - r->n_done;
-                bool decoding = r->n_done > 0 && remaining == 1;
-                if ((pass == 0) != decoding)
+                if (batch_pass(s, r, now) != pass)
                     continue;
                 int take = remaining < budget ? remaining : budget;
                 if (pass == 0)

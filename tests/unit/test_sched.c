@@ -92,8 +92,8 @@ static void open_gate(void)
 
 static int submit(rt_sched *s, int tag, int n_prompt, int max_tokens, rt_priority prio)
 {
-    int32_t prompt[256];
-    assert_true(n_prompt <= 256);
+    int32_t prompt[500];
+    assert_true(n_prompt <= 500);
     for (int i = 0; i < n_prompt; i++)
         prompt[i] = 1 + (7 * i + tag) % 500;
     rt_sched_req r = {
@@ -112,6 +112,7 @@ static int submit(rt_sched *s, int tag, int n_prompt, int max_tokens, rt_priorit
 }
 
 static int batch_max_wait_ms = -1; /* the next sched_new's, when >= 0 */
+static int max_batch_tokens = -1;  /* the same */
 
 static rt_sched *sched_new(int max_seqs, int max_queue, int kv_blocks)
 {
@@ -122,6 +123,9 @@ static rt_sched *sched_new(int max_seqs, int max_queue, int kv_blocks)
     if (batch_max_wait_ms >= 0)
         o.batch_max_wait_ms = batch_max_wait_ms;
     batch_max_wait_ms = -1;
+    if (max_batch_tokens >= 0)
+        o.max_batch_tokens = max_batch_tokens;
+    max_batch_tokens = -1;
     if (kv_blocks)
         o.kv_bytes = (size_t)kv_blocks * o.block_tokens * rt_model_kv_bytes_per_token(model, o.kv_type);
     char err[256];
@@ -278,6 +282,34 @@ static void test_admission_counts_promised_blocks(void **state)
     rt_sched_free(s);
 }
 
+/* A batch request's long prompt is being prefilled, a little each step
+ * beside a decoding stream, when an interactive request with a short
+ * prompt is admitted: its prompt goes first, so it ends long before the
+ * batch prompt does. In admission order alone the batch prompt took the
+ * whole budget of every step until it was done. */
+static void test_interactive_prefill_first(void **state)
+{
+    max_batch_tokens = 8; /* with one decode: 7 prompt tokens a step */
+    rt_sched *s = sched_new(4, 4, 0);
+    assert_int_equal(submit(s, GATE, 4, 400, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(true, 0));
+    assert_int_equal(submit(s, 1, 490, 1, RT_PRIO_BATCH), 0);
+    open_gate();
+    rt_sched_stats st;
+    for (int i = 0; i < 20000; i++) { /* until the batch request runs */
+        rt_sched_get_stats(s, &st);
+        if (st.running == 2)
+            break;
+        usleep(100);
+    }
+    assert_int_equal(st.running, 2);
+    assert_int_equal(submit(s, 2, 4, 1, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(false, 3));
+    assert_int_equal(seen.order[0], 2); /* ~70 steps before the batch prompt is done */
+    assert_int_equal(seen.order[1], 1);
+    rt_sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -285,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_free_slots_counted_once),
         cmocka_unit_test(test_batch_aging),
         cmocka_unit_test(test_admission_counts_promised_blocks),
+        cmocka_unit_test(test_interactive_prefill_first),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
