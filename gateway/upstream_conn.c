@@ -261,8 +261,10 @@ static void response_deliver(gw_upstream_req *r)
     r->hlen = r->hcap = r->n_h = 0;
 }
 
-/* Streams above last_stream_id were never processed: they fail with
- * responded=false, so that the caller may send them again elsewhere. */
+/* Streams above last_stream_id were never processed (RFC 9113 6.8): they
+ * fail as refused, so that the caller sends them again elsewhere and does
+ * not count a draining target's GOAWAY as its failure (each such stream
+ * was a step towards ejecting it). */
 static void conn_on_goaway(up_conn *c, int32_t last_stream_id)
 {
     c->draining = true;
@@ -272,7 +274,9 @@ static void conn_on_goaway(up_conn *c, int32_t last_stream_id)
             r = r->next;
         if (!r)
             break;
-        req_fail(r, GW_UP_RESET, -1); /* nghttp2 closes the stream itself */
+        /* nghttp2 closes the stream itself; an answer already begun on a
+         * stream the peer now says it never processed is a broken peer */
+        req_fail(r, r->responded ? GW_UP_RESET : GW_UP_REFUSED, -1);
     }
 }
 

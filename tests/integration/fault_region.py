@@ -9,6 +9,8 @@ accident, chosen by the request's prompt:
   "504"    a 504, as a region whose worker stood still
   "refuse" RST_STREAM(REFUSED_STREAM), as a region holding too many request
            bodies on the connection
+  "goaway" GOAWAY whose last stream is below this one's, as a region that
+           began draining before it read the request
   "tail"   200 text/event-stream whose last event lacks its blank line
   "error"  200 text/event-stream: one event, then an error event, then a
            clean end (a region whose worker's model failed mid-stream)
@@ -68,6 +70,8 @@ class FaultRegion:
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
             conn.send_data(sid, EVENT + b'data: {"error":{"message":"the model failed","type":"server_error",'
                            b'"param":null,"code":null}}\n\n', end_stream=True)
+        elif prompt == "goaway":
+            conn.close_connection(last_stream_id=max(sid - 2, 0))
         elif prompt == "refuse":
             conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
         elif prompt == "split":

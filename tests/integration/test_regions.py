@@ -492,6 +492,16 @@ try:
     t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["refuse"] and fails == 0,
          "a refused stream is sent to the next region and is no failure of fk1's (%d %s, fk1 failures %d)"
          % (s, h.get("x-infergate-region"), fails))
+    # So is a stream above a GOAWAY's last stream id (RFC 9113 6.8: never
+    # processed), as from a region that began draining.
+    t.ok(fk_ok() == 200, "fk1 answers after the refusal")
+    before = len(fault.requests)
+    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "goaway", "max_tokens": 1})
+    fails = table("eu1")["fk1"]["consecutive_failures"]
+    t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["goaway"] and fails == 0,
+         "a stream past a GOAWAY is sent to the next region and is no failure of fk1's (%d %s, fk1 failures %d)"
+         % (s, h.get("x-infergate-region"), fails))
+    t.ok(fk_ok() == 200, "fk1 answers on a new connection after its GOAWAY")
 finally:
     recs.stop()
     fault.stop()
