@@ -807,7 +807,11 @@ static bool try_next(preq *p)
 {
     gw_serve *g = p->g;
     while (p->cand < p->route.n) {
-        route_region *r = p->route.cand[p->cand++];
+        /* the first was claimed by route_decide; a later one may have
+         * been ejected since, or be out of its back-off (one probe) */
+        route_region *r = p->route.cand[p->cand];
+        if (p->cand++ > 0 && !r->local && !route_region_claim(r, route_clock_ms()))
+            continue;
         if (r->local) {
             int w = gw_supervisor_pick(g->sup, p->model, p->remote ? -1 : p->worker);
             if (w < 0)

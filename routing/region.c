@@ -567,6 +567,12 @@ bool route_region_take_probe(route_region *r, int64_t now_ms)
     return true;
 }
 
+bool route_region_claim(route_region *r, int64_t now_ms)
+{
+    int st = route__ejection_state(r, now_ms);
+    return st == ROUTE__USABLE || (st == ROUTE__PROBE && route_region_take_probe(r, now_ms));
+}
+
 static void eject(const route_table *t, route_region *r, int64_t now_ms)
 {
     /* Doubling by a loop with the cap inside: 2^(ejections-1) would

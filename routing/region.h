@@ -163,5 +163,9 @@ bool route_region_ejected(const route_region *r, int64_t now_ms);
 /* Claims the region's one probe: true when its back-off is over and no
  * other probe is out (route_decide claims it for a region it puts first). */
 bool route_region_take_probe(route_region *r, int64_t now_ms);
+/* Whether a request may be sent to a candidate past the first now: not
+ * ejected, and if out of its back-off, its probe claimed for this request.
+ * (Such a candidate was left unclaimed by route_decide.) */
+bool route_region_claim(route_region *r, int64_t now_ms);
 
 #endif

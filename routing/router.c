@@ -244,12 +244,14 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         top[at] = k;
     }
 
-    /* A region out of its back-off goes only as the first choice, which
-     * claims its one probe; elsewhere in the list nothing would claim it. */
+    /* A region out of its back-off claims its one probe as the first
+     * choice; further down it stays, unclaimed, for the request to claim
+     * if the ones before fail it (route_region_claim). Left out, it took
+     * no part in failover until it ranked first again. */
     for (int i = 0; i < n_top; i++) {
         route_region *r = &top[i].s->r;
-        if (route__ejection_state(r, q->now_ms) == ROUTE__PROBE) {
-            if (d->n > 0 || !route_region_take_probe(r, q->now_ms)) {
+        if (d->n == 0 && route__ejection_state(r, q->now_ms) == ROUTE__PROBE) {
+            if (!route_region_take_probe(r, q->now_ms)) {
                 d->out_ejected++;
                 continue;
             }

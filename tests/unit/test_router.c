@@ -784,14 +784,25 @@ static void test_ejection(void **state)
         route_region_report(t, ra, false, tt);
     assert_int_equal(ra->ejected_until_ms, tt + 1000);
 
-    /* A region out of its back-off but not first is left out, unclaimed. */
+    /* A region out of its back-off but not first stays a candidate,
+     * unclaimed, for failover to claim as its probe. */
     route_table_set_rtt(t, "a", 40, 50);
     tt += 1000;
     q.now_ms = tt;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "b");
+    assert_string_equal(cand(&d, 1), "a");
+    assert_false(d.probe);
+    assert_false(ra->probing);
+    assert_true(route_region_claim(ra, tt)); /* b failed the request: a is tried, as the probe */
+    assert_true(ra->probing);
+    assert_false(route_region_claim(ra, tt)); /* one probe at a time */
     assert_int_equal(route_decide(t, &q, &d), 1);
     assert_string_equal(cand(&d, 0), "b");
     assert_int_equal(d.out_ejected, 1);
-    assert_false(ra->probing);
+    tt += 5000; /* the probe never reported: free again (probe_timeout_ms) */
+    q.now_ms = tt;
+    assert_true(route_region_claim(route_table_find(t, "b"), tt)); /* usable: nothing to claim */
     /* When b goes, a gets its probe. */
     route_region *rb = route_table_find(t, "b");
     for (int i = 0; i < 3; i++)
