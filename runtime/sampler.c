@@ -76,6 +76,16 @@ void rt_sampler_params_default(rt_sampler_params *p)
     p->min_p = 0.0f;
 }
 
+bool rt_sampler_params_ok(const rt_sampler_params *p, int32_t n_vocab)
+{
+    if (p->n_bias < 0 || p->n_bias > RT_SAMPLER_MAX_BIAS)
+        return false;
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias[i].token < 0 || p->bias[i].token >= n_vocab || !isfinite(p->bias[i].bias))
+            return false;
+    return true;
+}
+
 rt_sampler *rt_sampler_new(const rt_sampler_params *p, int32_t n_vocab)
 {
     if (n_vocab <= 0)
@@ -100,15 +110,10 @@ rt_sampler *rt_sampler_new(const rt_sampler_params *p, int32_t n_vocab)
         s->p.presence_penalty = 0.0f;
     if (!isfinite(s->p.frequency_penalty))
         s->p.frequency_penalty = 0.0f;
-    if (s->p.n_bias < 0 || s->p.n_bias > RT_SAMPLER_MAX_BIAS) {
+    if (!rt_sampler_params_ok(&s->p, n_vocab)) {
         free(s);
         return NULL;
     }
-    for (int i = 0; i < s->p.n_bias; i++)
-        if (s->p.bias[i].token < 0 || s->p.bias[i].token >= n_vocab || !isfinite(s->p.bias[i].bias)) {
-            free(s);
-            return NULL;
-        }
     s->n_vocab = n_vocab;
     s->softmax = kn_ops_best()->softmax;
     /* A probability e^z / S (z <= 0 against the best, 1 <= S <= n_vocab)

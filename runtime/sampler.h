@@ -35,7 +35,11 @@ void rt_sampler_params_default(rt_sampler_params *p); /* greedy-safe defaults: t
 
 typedef struct rt_sampler rt_sampler;
 
+/* NULL when p fails rt_sampler_params_ok, or out of memory. */
 rt_sampler *rt_sampler_new(const rt_sampler_params *p, int32_t n_vocab);
+/* Whether rt_sampler_new takes p: logit_bias within its bound, on tokens
+ * below n_vocab, with finite biases (the other knobs are clamped). */
+bool rt_sampler_params_ok(const rt_sampler_params *p, int32_t n_vocab);
 void rt_sampler_free(rt_sampler *s);
 /* Picks a token; `logits` (n_vocab) may be modified. */
 int32_t rt_sampler_sample(rt_sampler *s, float *logits);

@@ -29,6 +29,11 @@ struct sreq {
     int32_t *tokens; /* prompt, then every generated token */
     int n_tokens, n_prompt, max_new, n_gen;
     int n_done; /* positions already in the KV cache */
+    /* The sampler (16 bytes a vocabulary entry) and the log-probability
+     * row are made at admission: a queue of waiting requests holding them
+     * took 2 MiB each with a 128k vocabulary. */
+    rt_sampler_params sampling;
+    bool logprobs;
     rt_sampler *smp;
     rt_stop *stop;
     int top_logprobs;     /* with lp_row: how many of the likeliest to report */
@@ -209,16 +214,17 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
         max_new = (int)(pool_tokens - r->n_prompt);
     }
 
+    if (!rt_sampler_params_ok(&r->sampling, s->n_vocab))
+        return -EINVAL;
     sreq *q = calloc(1, sizeof(*q));
     if (!q)
         return -ENOMEM;
     q->tokens = malloc((size_t)(r->n_prompt + max_new) * sizeof(int32_t));
-    q->smp = rt_sampler_new(&r->sampling, s->n_vocab);
     q->stop = rt_stop_new(r->stops, r->n_stops);
+    q->sampling = r->sampling;
+    q->logprobs = r->logprobs;
     q->top_logprobs = r->top_logprobs; /* rt_logprobs clamps it */
-    if (r->logprobs)
-        q->lp_row = malloc((size_t)s->n_vocab * sizeof(float));
-    if (!q->tokens || !q->smp || !q->stop || (r->logprobs && !q->lp_row)) {
+    if (!q->tokens || !q->stop) {
         sreq_free(q);
         return -ENOMEM;
     }
@@ -405,6 +411,19 @@ static void admit(rt_sched *s)
         int blocks = blocks_for(s, r->n_tokens);
         if (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)
             break;
+        /* kept across a preemption, with the counts penalties read */
+        if (!r->smp && !(r->smp = rt_sampler_new(&r->sampling, s->n_vocab))) {
+            q_pop(q);
+            admitted[r->prio]++; /* out of the queue all the same */
+            finish_error(s, r, -ENOMEM);
+            continue;
+        }
+        if (r->logprobs && !r->lp_row && !(r->lp_row = malloc((size_t)s->n_vocab * sizeof(float)))) {
+            q_pop(q);
+            admitted[r->prio]++;
+            finish_error(s, r, -ENOMEM);
+            continue;
+        }
         r->seq = rt_seq_new(s->kv, r->n_prompt + r->max_new);
         if (!r->seq)
             break;

@@ -95,8 +95,9 @@ void rt_sched_free(rt_sched *s);
 
 /* 0 and *id; -EAGAIN the queue of the request's priority is full; -E2BIG
  * prompt plus max_tokens beyond the context length; -ENOSPC the prompt
- * (plus max_tokens) could never fit the KV pool; -EINVAL empty prompt or
- * bad token; -ENOMEM; -ESHUTDOWN. On failure no event will come. */
+ * (plus max_tokens) could never fit the KV pool; -EINVAL empty prompt,
+ * bad token or sampling parameters (rt_sampler_params_ok); -ENOMEM; -ESHUTDOWN. On failure no event will
+ * come. */
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id);
 /* The clock of deadline_ms (epoch milliseconds): a request is dropped
  * once it reads past its deadline before the request started. */

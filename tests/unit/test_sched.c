@@ -310,6 +310,27 @@ static void test_interactive_prefill_first(void **state)
     rt_sched_free(s);
 }
 
+/* Sampling parameters are checked at submission (the sampler itself is
+ * made at admission): a bias on a token past the vocabulary is -EINVAL
+ * there, and no event comes. */
+static void test_bad_sampling_refused(void **state)
+{
+    rt_sched *s = sched_new(2, 2, 0);
+    int32_t prompt[] = {1, 2, 3};
+    rt_sched_req r = {.prompt = prompt, .n_prompt = 3, .max_tokens = 2, .cb = on_event};
+    rt_sampler_params_default(&r.sampling);
+    r.sampling.n_bias = 1;
+    r.sampling.bias[0].token = 512; /* the test model's vocabulary is 512 */
+    r.sampling.bias[0].bias = 1.0f;
+    uint64_t id;
+    assert_int_equal(rt_sched_submit(s, &r, &id), -EINVAL);
+    r.sampling.bias[0].token = 511;
+    assert_int_equal(rt_sched_submit(s, &r, &id), 0);
+    assert_true(wait_seen(false, 1));
+    assert_string_equal(seen.reason[0], "length");
+    rt_sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -318,6 +339,7 @@ int main(void)
         cmocka_unit_test(test_batch_aging),
         cmocka_unit_test(test_admission_counts_promised_blocks),
         cmocka_unit_test(test_interactive_prefill_first),
+        cmocka_unit_test(test_bad_sampling_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
