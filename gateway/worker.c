@@ -711,6 +711,10 @@ static void handle_stats(worker *w, gw_http_stream *s)
 {
     rt_sched_stats st;
     rt_sched_get_stats(w->sched, &st);
+    /* Requests still being parsed and encoded are queued as far as the
+     * gateway's choice of worker goes: a burst counted none of them. */
+    st.queued += w->preparing[RT_PRIO_INTERACTIVE] + w->preparing[RT_PRIO_BATCH];
+    st.queued_batch += w->preparing[RT_PRIO_BATCH];
     rt_device_info dev;
     rt_model_device_info(w->model, &dev);
     json_t *o = json_pack(
