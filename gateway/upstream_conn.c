@@ -561,7 +561,10 @@ static void conn_ping(up_conn *c)
 static void on_ping(evutil_socket_t fd, short what, void *arg)
 {
     up_conn *c = arg;
-    if (!c->ready || c->draining || c->lingering)
+    /* A draining connection (GOAWAY) still carries the streams it had:
+     * without PINGs a peer that then wedged held them until
+     * response_timeout_ms (10 minutes by default), not ~10 intervals. */
+    if (!c->ready || c->lingering || (c->draining && !c->n_reqs))
         return;
     conn_ping(c);
     conn_send(c);

@@ -7,6 +7,9 @@ accident, chosen by the request's prompt:
            frames were cut by flow control, not by events)
   "502"    a 502, as a region whose worker failed before answering
   "504"    a 504, as a region whose worker stood still
+  "hang"   GOAWAY that says this stream was taken, then nothing more on the
+           connection, not even PING answers, for 20 s (a region that began
+           draining and then wedged)
   "refuse" RST_STREAM(REFUSED_STREAM), as a region holding too many request
            bodies on the connection
   "goaway" GOAWAY whose last stream is below this one's, as a region that
@@ -20,6 +23,7 @@ It answers PINGs (h2 does) and counts the requests it got. Test use only."""
 import json
 import socket
 import threading
+import time
 
 import h2.config
 import h2.connection
@@ -70,6 +74,9 @@ class FaultRegion:
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
             conn.send_data(sid, EVENT + b'data: {"error":{"message":"the model failed","type":"server_error",'
                            b'"param":null,"code":null}}\n\n', end_stream=True)
+        elif prompt == "hang":
+            conn.close_connection(last_stream_id=sid)
+            return "hang"
         elif prompt == "goaway":
             conn.close_connection(last_stream_id=max(sid - 2, 0))
         elif prompt == "refuse":
@@ -96,6 +103,7 @@ class FaultRegion:
                 data = c.recv(65536)
                 if not data:
                     return
+                hang = False
                 for ev in conn.receive_data(data):
                     if isinstance(ev, h2.events.RequestReceived):
                         bodies[ev.stream_id] = b""
@@ -103,8 +111,14 @@ class FaultRegion:
                         bodies[ev.stream_id] = bodies.get(ev.stream_id, b"") + ev.data
                         conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     elif isinstance(ev, h2.events.StreamEnded):
-                        self._answer(conn, ev.stream_id, bodies.pop(ev.stream_id, b""))
+                        hang |= self._answer(conn, ev.stream_id, bodies.pop(ev.stream_id, b"")) == "hang"
                 c.sendall(conn.data_to_send())
+                for _ in range(200 if hang else 0):  # wedged: read nothing, answer nothing
+                    if self.stopped:
+                        break
+                    time.sleep(0.1)
+                if hang:
+                    return
         except (OSError, h2.exceptions.ProtocolError):
             return
         finally:

@@ -502,6 +502,18 @@ try:
          "a stream past a GOAWAY is sent to the next region and is no failure of fk1's (%d %s, fk1 failures %d)"
          % (s, h.get("x-infergate-region"), fails))
     t.ok(fk_ok() == 200, "fk1 answers on a new connection after its GOAWAY")
+    # A region that said GOAWAY, keeping this stream, and then wedged: the
+    # PINGs go on while the draining connection still carries streams, so
+    # the stream fails as a timeout after ten missed ones (ping_interval_ms
+    # 100) and goes to the next region; without them it was held until the
+    # wedged peer closed (here after 20 s: then a reset).
+    before = len(fault.requests)
+    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "hang", "max_tokens": 1}, timeout=60)
+    rid = h.get("x-request-id")
+    entry = [json.loads(l) for l in open(os.path.join(d, "eu1.access.log")) if rid and rid in l]
+    t.ok(s == 200 and fault.requests[before:] == ["hang"] and entry and entry[-1].get("upstream_error") == "timeout",
+         "a stream on a draining connection whose peer wedged fails on missed PINGs and moves on (%d %s %s)"
+         % (s, h.get("x-infergate-region"), entry[-1].get("upstream_error") if entry else None))
 finally:
     recs.stop()
     fault.stop()
