@@ -44,7 +44,7 @@ typedef struct preq {
     bool limit_pending;          /* waiting for the shared rate limit's answer */
     int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (below) */
     route_decision route;        /* candidate regions, in order */
-    int cand;                    /* the one being tried */
+    int cand;                    /* candidates taken: the one being tried is route.cand[cand - 1] */
     route_region *remote;        /* the remote region being tried; NULL when local */
     char region[ROUTE_NAME_MAX]; /* the region that answers */
     const char *error_kind; /* upstream failure, for the log */
@@ -165,6 +165,20 @@ static void json_field_str(FILE *f, const char *k, const char *v)
 
 /* The path, but for an API key given as ?key= (the dashboard takes the
  * admin key so): the log gets "?key=REDACTED". */
+/* x-infergate-route and the log's route: the decision's reason is about
+ * its first choice; a request that failed over says so, or the header
+ * described one region and x-infergate-region named another. */
+static const char *route_said(const preq *p, char *buf, size_t n)
+{
+    if (!p->route.n)
+        return "";
+    if (p->cand <= 1)
+        return p->route.reason;
+    snprintf(buf, n, "failover to candidate %d of %d; first choice %.63s: %.159s", p->cand, p->route.n,
+             p->route.cand[0]->rec.name, p->route.reason);
+    return buf;
+}
+
 static void json_field_path(FILE *f, const char *path)
 {
     const char *kq = strstr(path, "?key=");
@@ -327,7 +341,8 @@ static void finish_log(preq *p)
         json_field_str(f, "model", p->model);
         json_field_str(f, "target", target);
         json_field_str(f, "region", p->region);
-        json_field_str(f, "route", p->route.n ? p->route.reason : "");
+        char route[320];
+        json_field_str(f, "route", route_said(p, route, sizeof(route)));
         fprintf(f, ",\"status\":%d,\"bytes\":%zu,\"ttft_ms\":%.3f,\"duration_ms\":%.3f,\"tokens\":%d,\"tries\":%d",
                 p->status, p->bytes_out, ttft >= 0 ? ttft * 1e3 : -1.0, dur * 1e3, tokens, p->tries);
         if (p->error_kind)
@@ -495,8 +510,9 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         out[k++] = (gw_http_header){"x-infergate-worker", worker};
     if (p->region[0])
         out[k++] = (gw_http_header){"x-infergate-region", p->region};
+    char route[320];
     if (p->route.n)
-        out[k++] = (gw_http_header){"x-infergate-route", p->route.reason};
+        out[k++] = (gw_http_header){"x-infergate-route", route_said(p, route, sizeof(route))};
     if (!p->stream)
         return;
     if (gw_http_begin(p->stream, status, out, k)) {

@@ -481,8 +481,11 @@ try:
     t.ok(fk_ok() == 200, "fk1 answers again")
     before = len(fault.requests)
     s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "502", "max_tokens": 1})
-    t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["502"],
-         "a region's 502 is retried at the next region (%d %s)" % (s, h.get("x-infergate-region")))
+    t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["502"]
+         and h.get("x-infergate-route", "").startswith("failover to candidate 2 of ")
+         and "first choice fk1: " in h.get("x-infergate-route", ""),
+         "a region's 502 is retried at the next region, and the route header says so (%d %s %r)"
+         % (s, h.get("x-infergate-region"), h.get("x-infergate-route")))
     # A refused stream (RFC 9113 8.7: not processed) goes to the next region
     # and does not count against fk1.
     t.ok(fk_ok() == 200, "fk1 answers once more")
