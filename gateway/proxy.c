@@ -40,6 +40,8 @@ typedef struct preq {
     int worker, tries, status;
     bool responded, sse, logged;
     bool sse_error;              /* the answer's stream held an error event */
+    bool cut;                    /* the upstream failed after the status went out */
+    bool complete;               /* the whole answer went out (set when the stream closes) */
     bool forwarded;              /* came from a peer region: served here, never forwarded again */
     bool limit_pending;          /* waiting for the shared rate limit's answer */
     int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (below) */
@@ -89,6 +91,12 @@ int gw_proxy_metrics_init(gw_metrics *m)
                               NB(token_buckets));
     rc |= gw_metrics_describe(m, "infergate_upstream_errors_total", GW_COUNTER, "Upstream failures by kind.", NULL,
                               0);
+    rc |= gw_metrics_describe(
+        m, "infergate_requests_incomplete_total", GW_COUNTER,
+        "Answers whose status went out but not all of the answer (counted under that "
+        "status in infergate_requests_total), by why: the upstream failed (its error kind), "
+        "the stream carried an error event, or the client left.",
+        NULL, 0);
     rc |= gw_metrics_describe(
         m, "infergate_http_refused_total", GW_COUNTER,
         "Requests the HTTP server answered itself (malformed, too large, too slow), by status.", NULL, 0);
@@ -347,6 +355,8 @@ static void finish_log(preq *p)
                 p->status, p->bytes_out, ttft >= 0 ? ttft * 1e3 : -1.0, dur * 1e3, tokens, p->tries);
         if (p->error_kind)
             json_field_str(f, "upstream_error", p->error_kind);
+        if (p->responded)
+            fprintf(f, ",\"complete\":%s", p->complete ? "true" : "false");
         fputs("}\n", f);
         fflush(f);
     }
@@ -652,6 +662,7 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
     }
     /* Mid-response: a stream of events ends with an error event clients can
      * read; anything else can only be cut off. */
+    p->cut = true;
     region_failed(p);
     if (p->sse) {
         /* What was held of a half-received event is dropped. */
@@ -1260,6 +1271,17 @@ void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
     }
     if (!finished && !p->status)
         p->status = 499;
+    /* The status went out, so it is what is counted; whether the answer
+     * did too is said beside it (a cut stream logged as a plain 200). */
+    p->complete = finished && !p->cut && !p->sse_error;
+    if (p->responded && !p->complete) {
+        char labels[64];
+        snprintf(labels, sizeof(labels), "reason=\"%s\"",
+                 p->cut         ? p->error_kind
+                 : p->sse_error ? "stream_error"
+                                : "client_closed");
+        gw_metrics_add(p->g->metrics, "infergate_requests_incomplete_total", labels, 1);
+    }
     finish_log(p);
     preq_free(p);
 }

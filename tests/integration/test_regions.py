@@ -174,6 +174,13 @@ def request(n, tenant, path="/v1/completions", body=None, headers=None, timeout=
         c.close()
 
 
+def logged(n, headers):
+    """Region n's access-log entry for the response with these headers (None if none)."""
+    rid = headers.get("x-request-id")
+    lines = [l for l in open(os.path.join(d, n + ".access.log")) if rid and rid in l]
+    return json.loads(lines[-1]) if lines else None
+
+
 def served_by(n, tenant, **kw):
     s, h, _ = request(n, tenant, **kw)
     return h.get("x-infergate-region") if s == 200 else "status-%d" % s
@@ -451,6 +458,9 @@ try:
 
     t.ok(s == 200 and len(events) == 2 and events[0] + b"\n\n" == EVENT and error_code(events[1]) == "upstream_failed",
          "a region failing mid-event: the whole event, then a clean error event (%r)" % b[:400])
+    e = logged("eu1", h) or {}
+    t.ok(e.get("status") == 200 and e.get("complete") is False and e.get("upstream_error") == "reset",
+         "the cut stream is logged as its 200, not complete: %s" % e)
     # A stream that ends cleanly on an error event (a worker whose model
     # failed mid-stream) is passed on whole, and counts as fk1's failure.
     request("eu1", "open", headers=fk, body={"model": "m", "prompt": "hello", "max_tokens": 1})
@@ -466,6 +476,11 @@ try:
     s, h, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "tail", "stream": True}, timeout=10)
     t.ok(s == 200 and b == EVENT + b"data: [DONE]\n", "a stream ending without a blank line ends, whole (%d %r)"
          % (s, b[-80:]))
+    t.ok((logged("eu1", h) or {}).get("complete") is True, "and is logged complete")
+    m = request("eu1", "ops", path="/metrics")[2].decode()
+    t.ok('infergate_requests_incomplete_total{reason="reset"} ' in m
+         and 'infergate_requests_incomplete_total{reason="stream_error"} ' in m,
+         "/metrics counts the answers cut short, by why")
     # A region's 504 (its worker stood still) is passed on, not tried at the
     # next region; its 502 (its worker failed before answering) is. A good
     # answer before each clears fk1's failures, so it is not ejected
@@ -512,11 +527,10 @@ try:
     # wedged peer closed (here after 20 s: then a reset).
     before = len(fault.requests)
     s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "hang", "max_tokens": 1}, timeout=60)
-    rid = h.get("x-request-id")
-    entry = [json.loads(l) for l in open(os.path.join(d, "eu1.access.log")) if rid and rid in l]
-    t.ok(s == 200 and fault.requests[before:] == ["hang"] and entry and entry[-1].get("upstream_error") == "timeout",
+    e = logged("eu1", h) or {}
+    t.ok(s == 200 and fault.requests[before:] == ["hang"] and e.get("upstream_error") == "timeout",
          "a stream on a draining connection whose peer wedged fails on missed PINGs and moves on (%d %s %s)"
-         % (s, h.get("x-infergate-region"), entry[-1].get("upstream_error") if entry else None))
+         % (s, h.get("x-infergate-region"), e.get("upstream_error")))
 finally:
     recs.stop()
     fault.stop()
