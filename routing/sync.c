@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 /* Requests in flight on `cmd`; past it reads are skipped (the next full
@@ -176,6 +177,13 @@ struct route_sync {
     double override_in, override_out;
     bool has_announced;
     route_record announced; /* what peers were last told about */
+
+    /* A record is one per region name: gateways that share one (several
+     * behind a load balancer) overwrite each other's load and health.
+     * Each writes this process's random id beside its record, so that one
+     * reading another's id under its own name can say so. */
+    char instance[17];
+    char other_instance[17]; /* the last one reported */
 
     sync_req *pending; /* every request in flight */
     int n_pending;
@@ -513,9 +521,9 @@ static void limit_answer(sync_req *q, int result, int retry_after_ms)
 
 /* ---- heartbeat write ---- */
 
-/* MULTI; HSET record; PEXPIRE; HGETALL own price; [PUBLISH]; EXEC: the
- * record and its TTL land together, and the announcement follows the
- * write it announces. */
+/* MULTI; HGET the writer before us; HSET record; PEXPIRE; HGETALL own
+ * price; [PUBLISH]; EXEC: the record and its TTL land together, and the
+ * announcement follows the write it announces. */
 static void write_local(route_sync *s, bool announce)
 {
     if (!s->has_local || !s->cmd.ready || s->n_pending >= SYNC_MAX_PENDING)
@@ -540,18 +548,23 @@ static void write_local(route_sync *s, bool announce)
         return;
     }
     route_record_to_fields(&q->rec, f);
-    const char *hset[2 + 2 * ROUTE_N_FIELDS];
+    const char *hset[4 + 2 * ROUTE_N_FIELDS];
     hset[0] = "HSET";
     hset[1] = key;
     for (int i = 0; i < ROUTE_N_FIELDS; i++) {
         hset[2 + 2 * i] = f[i].name;
         hset[3 + 2 * i] = f[i].value;
     }
-    const char *multi[] = {"MULTI"}, *pexpire[] = {"PEXPIRE", key, ttl}, *hgetall[] = {"HGETALL", pkey},
-               *publish[] = {"PUBLISH", s->channel, q->rec.name}, *exec[] = {"EXEC"};
+    hset[2 + 2 * ROUTE_N_FIELDS] = "instance";
+    hset[3 + 2 * ROUTE_N_FIELDS] = s->instance;
+    const char *multi[] = {"MULTI"}, *hget[] = {"HGET", key, "instance"}, *pexpire[] = {"PEXPIRE", key, ttl},
+               *hgetall[] = {"HGETALL", pkey}, *publish[] = {"PUBLISH", s->channel, q->rec.name},
+               *exec[] = {"EXEC"};
     int rc = send_plain(s, 1, multi);
     if (!rc)
-        rc = send_plain(s, 2 + 2 * ROUTE_N_FIELDS, hset);
+        rc = send_plain(s, 3, hget);
+    if (!rc)
+        rc = send_plain(s, 4 + 2 * ROUTE_N_FIELDS, hset);
     if (!rc)
         rc = send_plain(s, 3, pexpire);
     if (!rc)
@@ -569,9 +582,25 @@ static void write_local(route_sync *s, bool announce)
     }
 }
 
+/* Who wrote our record before us: another gateway under our region name
+ * is said once per such gateway, in the log and the last error. */
+static void check_instance(route_sync *s, const char *name, const redisReply *prev)
+{
+    if (prev->type != REDIS_REPLY_STRING || !strcmp(prev->str, s->instance) ||
+        prev->len >= sizeof(s->other_instance) || !strcmp(prev->str, s->other_instance))
+        return;
+    snprintf(s->other_instance, sizeof(s->other_instance), "%s", prev->str);
+    set_err(
+        s,
+        "region %s is published by another gateway too (instance %s; this one is %s): records are one per "
+        "region name, so each overwrites the other's load and health; give each gateway its own region.name",
+        name, s->other_instance, s->instance);
+    fprintf(stderr, "infergate: %s\n", s->err);
+}
+
 static void on_write(route_sync *s, sync_req *q, redisReply *r)
 {
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 3) {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4) {
         set_err(s, "writing the record of %s: %s", q->rec.name,
                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply to EXEC");
         s->write_ok = false;
@@ -591,7 +620,8 @@ static void on_write(route_sync *s, sync_req *q, redisReply *r)
         s->has_announced = true;
     }
     if (s->has_local && !strcmp(s->local.name, q->rec.name))
-        apply_own_override(s, r->element[2]);
+        apply_own_override(s, r->element[3]);
+    check_instance(s, q->rec.name, r->element[0]);
 }
 
 static void heartbeat(route_sync *s)
@@ -1210,6 +1240,10 @@ route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, ro
     snprintf(s->channel, sizeof(s->channel), "infergate:%s:events", s->cluster);
     snprintf(s->scan_match, sizeof(s->scan_match), "infergate:%s:region:*", s->cluster);
     s->rng = (unsigned)getpid() ^ (unsigned)epoch_ms() ^ (unsigned)(uintptr_t)s;
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
+        id = ((uint64_t)rand_r(&s->rng) << 32) ^ (uint64_t)epoch_ms();
+    snprintf(s->instance, sizeof(s->instance), "%016llx", (unsigned long long)id);
 
     if (conn_init(s, &s->cmd, CONN_CMD) || conn_init(s, &s->sub, CONN_SUB))
         goto fail;

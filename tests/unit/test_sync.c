@@ -642,6 +642,24 @@ static void test_redis_refuses_writes(void **state)
     WAIT_UNTIL(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
 }
 
+/* Two gateways publishing under one region name overwrite each other's
+ * record: each says so once it reads the other's instance id under its own
+ * name. */
+static void test_shared_region_name(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    o.full_read_ms = 300;
+    start_pair(&o);
+    gateway gc;
+    memset(&gc, 0, sizeof(gc));
+    gw_start(&gc, &o, "eu-west", "eu", 3.0, 6.0);
+    WAIT_UNTIL(strstr(route_sync_last_error(ga.sync), "published by another gateway too") &&
+               strstr(route_sync_last_error(gc.sync), "published by another gateway too"));
+    assert_null(strstr(route_sync_last_error(gb.sync), "published by another gateway"));
+    gw_stop(&gc);
+}
+
 /* `infergate region set-price`, explicit flags and from a gateway config. */
 static void test_cli(void **state)
 {
@@ -753,6 +771,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gcra_debt_and_refund, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_refuses_writes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_region_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_settings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
     };
