@@ -175,10 +175,16 @@ def request(n, tenant, path="/v1/completions", body=None, headers=None, timeout=
 
 
 def logged(n, headers):
-    """Region n's access-log entry for the response with these headers (None if none)."""
+    """Region n's access-log entry for the response with these headers (None
+    if none within 5 s: the line is written as the stream closes, which may
+    come just after the client has read the whole answer)."""
     rid = headers.get("x-request-id")
-    lines = [l for l in open(os.path.join(d, n + ".access.log")) if rid and rid in l]
-    return json.loads(lines[-1]) if lines else None
+    for _ in range(50):
+        lines = [l for l in open(os.path.join(d, n + ".access.log")) if rid and rid in l]
+        if lines:
+            return json.loads(lines[-1])
+        time.sleep(0.1)
+    return None
 
 
 def served_by(n, tenant, **kw):
