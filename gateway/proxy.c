@@ -47,6 +47,7 @@ typedef struct preq {
     int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (below) */
     route_decision route;        /* candidate regions, in order */
     int cand;                    /* candidates taken: the one being tried is route.cand[cand - 1] */
+    bool probe;                  /* the request is the probe of the region it is sent to */
     route_region *remote;        /* the remote region being tried; NULL when local */
     char region[ROUTE_NAME_MAX]; /* the region that answers */
     const char *error_kind; /* upstream failure, for the log */
@@ -441,10 +442,16 @@ static bool try_next(preq *p);
 
 /* The remote region being tried failed the request: its failures are
  * what ejects it. */
-static void region_failed(preq *p)
+static void region_report(preq *p, bool ok)
 {
     if (p->remote)
-        route_region_report(p->g->table, p->remote, false, route_clock_ms());
+        (p->probe ? route_region_report_probe : route_region_report)(p->g->table, p->remote, ok,
+                                                                     route_clock_ms());
+}
+
+static void region_failed(preq *p)
+{
+    region_report(p, false);
 }
 
 /* A failure before the first response byte moves the request on: to
@@ -499,8 +506,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         respond(p, status, "server_error", "upstream_failed", NULL, 1, "region %s answered %d", p->region, status);
         return;
     }
-    if (p->remote)
-        route_region_report(p->g->table, p->remote, status < 500, route_clock_ms());
+    region_report(p, status < 500);
     p->responded = true;
     p->status = status;
     gw_http_header out[10];
@@ -837,8 +843,10 @@ static bool try_next(preq *p)
         /* the first was claimed by route_decide; a later one may have
          * been ejected since, or be out of its back-off (one probe) */
         route_region *r = p->route.cand[p->cand];
-        if (p->cand++ > 0 && !r->local && !route_region_claim(r, route_clock_ms()))
+        bool probe = p->cand == 0 && p->route.probe;
+        if (p->cand++ > 0 && !r->local && !route_region_claim(r, route_clock_ms(), &probe))
             continue;
+        p->probe = probe;
         if (r->local) {
             int w = gw_supervisor_pick(g->sup, p->model, p->remote ? -1 : p->worker);
             if (w < 0)

@@ -567,10 +567,11 @@ bool route_region_take_probe(route_region *r, int64_t now_ms)
     return true;
 }
 
-bool route_region_claim(route_region *r, int64_t now_ms)
+bool route_region_claim(route_region *r, int64_t now_ms, bool *probe)
 {
     int st = route__ejection_state(r, now_ms);
-    return st == ROUTE__USABLE || (st == ROUTE__PROBE && route_region_take_probe(r, now_ms));
+    *probe = st == ROUTE__PROBE && route_region_take_probe(r, now_ms);
+    return st == ROUTE__USABLE || *probe;
 }
 
 static void eject(const route_table *t, route_region *r, int64_t now_ms)
@@ -595,17 +596,30 @@ void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_m
         return; /* removed since the decision */
     if (ok) {
         r->consecutive_failures = 0;
-        if (r->probing) {
-            r->probing = false;
-            r->ejections = 0;
-            r->ejected_until_ms = 0;
-        }
         return;
     }
     if (r->consecutive_failures < INT_MAX)
         r->consecutive_failures++;
-    if (r->probing)
+    if (r->ejected_until_ms == 0 && t->o.eject_after > 0 && r->consecutive_failures >= t->o.eject_after)
         eject(t, r, now_ms);
-    else if (r->ejected_until_ms == 0 && t->o.eject_after > 0 && r->consecutive_failures >= t->o.eject_after)
-        eject(t, r, now_ms);
+}
+
+void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms)
+{
+    if (!route__slot(r)->in_use)
+        return;
+    if (!r->probing) { /* timed out and claimed again, or ended: an ordinary outcome now */
+        route_region_report(t, r, ok, now_ms);
+        return;
+    }
+    if (ok) {
+        r->consecutive_failures = 0;
+        r->probing = false;
+        r->ejections = 0;
+        r->ejected_until_ms = 0;
+        return;
+    }
+    if (r->consecutive_failures < INT_MAX)
+        r->consecutive_failures++;
+    eject(t, r, now_ms);
 }

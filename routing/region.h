@@ -145,15 +145,18 @@ void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms);
 bool route_table_shared_ok(const route_table *t);
 
 /* Outcome of a request sent to a region: failures count towards ejection,
- * a success clears them (and ends a probe).
+ * a success clears them.
  * eject_after consecutive failures (<= 0: never) eject the region for
  * eject_base_ms * 2^(ejections-1), capped at eject_max_ms. When that time
  * is up the region takes exactly one probe request at a time
- * (route_region_take_probe): its success makes the region healthy again
- * (failures and the back-off reset); its failure ejects it again for twice
- * as long. Failures reported while ejected (requests sent before) only
- * count. */
+ * (route_region_take_probe); that request's outcome goes to
+ * route_region_report_probe. Outcomes of other requests reported while
+ * ejected or probing (requests sent before) only count: an old request's
+ * failure no longer doubled the back-off, nor its success ended it. */
 void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_ms);
+/* The probe's outcome: success makes the region healthy again (failures and
+ * the back-off reset); failure ejects it again for twice as long. */
+void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms);
 /* Heartbeat fresh: the record was received within stale_after_ms (<= 0:
  * never stale). The local region is always fresh. */
 bool route_region_fresh(const route_table *t, const route_region *r, int64_t now_ms);
@@ -164,8 +167,9 @@ bool route_region_ejected(const route_region *r, int64_t now_ms);
  * other probe is out (route_decide claims it for a region it puts first). */
 bool route_region_take_probe(route_region *r, int64_t now_ms);
 /* Whether a request may be sent to a candidate past the first now: not
- * ejected, and if out of its back-off, its probe claimed for this request.
- * (Such a candidate was left unclaimed by route_decide.) */
-bool route_region_claim(route_region *r, int64_t now_ms);
+ * ejected, and if out of its back-off, its probe claimed for this request
+ * (*probe set: report its outcome with route_region_report_probe). Such a
+ * candidate was left unclaimed by route_decide. */
+bool route_region_claim(route_region *r, int64_t now_ms, bool *probe);
 
 #endif

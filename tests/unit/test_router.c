@@ -749,8 +749,15 @@ static void test_ejection(void **state)
     assert_false(d.probe);
     assert_false(route_region_take_probe(ra, t1));
 
-    /* The probe fails: ejected for twice as long, then 4x, then capped at 8x. */
+    /* An older request's outcome while the probe is out only counts: its
+     * failure does not eject again, its success does not end the back-off. */
     route_region_report(t, ra, false, t1);
+    route_region_report(t, ra, true, t1);
+    assert_int_equal(ra->ejections, 1);
+    assert_true(ra->probing);
+    assert_true(route_region_ejected(ra, t1));
+    /* The probe fails: ejected for twice as long, then 4x, then capped at 8x. */
+    route_region_report_probe(t, ra, false, t1);
     assert_int_equal(ra->ejections, 2);
     assert_int_equal(ra->ejected_until_ms, t1 + 2000);
     int64_t tt = t1 + 2000;
@@ -758,7 +765,7 @@ static void test_ejection(void **state)
     for (int i = 0; i < 3; i++) {
         assert_true(route_region_ejected(ra, tt - 1));
         assert_true(route_region_take_probe(ra, tt));
-        route_region_report(t, ra, false, tt);
+        route_region_report_probe(t, ra, false, tt);
         assert_int_equal(ra->ejected_until_ms - tt, want[i]);
         tt += want[i];
     }
@@ -772,7 +779,7 @@ static void test_ejection(void **state)
     assert_true(route_region_take_probe(ra, tt));
 
     /* The probe succeeds: healthy again, the back-off starts over. */
-    route_region_report(t, ra, true, tt);
+    route_region_report_probe(t, ra, true, tt);
     assert_false(route_region_ejected(ra, tt));
     assert_int_equal(ra->ejections, 0);
     assert_int_equal(ra->consecutive_failures, 0);
@@ -794,15 +801,18 @@ static void test_ejection(void **state)
     assert_string_equal(cand(&d, 1), "a");
     assert_false(d.probe);
     assert_false(ra->probing);
-    assert_true(route_region_claim(ra, tt)); /* b failed the request: a is tried, as the probe */
-    assert_true(ra->probing);
-    assert_false(route_region_claim(ra, tt)); /* one probe at a time */
+    bool probe = false;
+    assert_true(route_region_claim(ra, tt, &probe)); /* b failed the request: a is tried, as the probe */
+    assert_true(probe && ra->probing);
+    assert_false(route_region_claim(ra, tt, &probe)); /* one probe at a time */
+    assert_false(probe);
     assert_int_equal(route_decide(t, &q, &d), 1);
     assert_string_equal(cand(&d, 0), "b");
     assert_int_equal(d.out_ejected, 1);
     tt += 5000; /* the probe never reported: free again (probe_timeout_ms) */
     q.now_ms = tt;
-    assert_true(route_region_claim(route_table_find(t, "b"), tt)); /* usable: nothing to claim */
+    assert_true(route_region_claim(route_table_find(t, "b"), tt, &probe)); /* usable: nothing to claim */
+    assert_false(probe);
     /* When b goes, a gets its probe. */
     route_region *rb = route_table_find(t, "b");
     for (int i = 0; i < 3; i++)
