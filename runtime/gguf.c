@@ -11,6 +11,7 @@
  * The writer keeps every value already encoded, so writing is a straight
  * sequence of buffered stdio writes, each one checked. */
 #include "runtime/gguf.h"
+#include "runtime/hash.h"
 
 #include "kernels/kn.h"
 
@@ -77,24 +78,15 @@ static const char *vtype_name(uint32_t t)
     return t < GGUF_VTYPE_COUNT ? names[t] : "unknown";
 }
 
-/* ---- name index: open addressing over FNV-1a, shared by keys and tensors.
+/* ---- name index: open addressing over rt_hash_bytes, shared by keys and tensors.
  * Records of both kinds start with their rt_gguf_str name, so the index
  * reaches a name through the record array and its stride. */
 
 typedef struct name_index {
     int64_t *slots; /* record index, -1 when empty */
     uint64_t mask;
+    uint64_t key; /* rt_hash_key() */
 } name_index;
-
-static uint64_t hash_bytes(const char *p, uint64_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (uint64_t i = 0; i < n; i++) {
-        h ^= (uint8_t)p[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
 
 static int index_init(name_index *ix, uint64_t n)
 {
@@ -106,6 +98,7 @@ static int index_init(name_index *ix, uint64_t n)
         return -ENOMEM;
     memset(ix->slots, 0xff, cap * sizeof(*ix->slots));
     ix->mask = cap - 1;
+    ix->key = rt_hash_key();
     return 0;
 }
 
@@ -123,7 +116,7 @@ static bool str_eq_bytes(rt_gguf_str s, const char *p, uint64_t n)
 static uint64_t index_probe(const name_index *ix, const void *records, size_t stride, const char *p,
                             uint64_t n)
 {
-    uint64_t s = hash_bytes(p, n) & ix->mask;
+    uint64_t s = rt_hash_bytes(p, (size_t)n, ix->key) & ix->mask;
     while (ix->slots[s] >= 0 && !str_eq_bytes(*record_name(records, stride, ix->slots[s]), p, n))
         s = (s + 1) & ix->mask;
     return s;
@@ -189,9 +182,7 @@ static int fail(parser *ps, const char *where, uint64_t off, const char *fmt, ..
     return -EINVAL;
 }
 
-/* Copies a name from the file into dst for an error message: hostile names
- * may hold control bytes or be megabytes long. */
-static const char *printable(char *dst, size_t cap, rt_gguf_str s)
+const char *rt_gguf_printable(char *dst, size_t cap, rt_gguf_str s)
 {
     size_t limit = cap - 4, o = 0;
     for (uint64_t i = 0; i < s.n; i++) {
@@ -382,7 +373,8 @@ static int parse_kvs(parser *ps)
         snprintf(where, sizeof(where), "kv %" PRId64 " key", i);
         if ((rc = read_str(ps, where, &kv->key)) < 0)
             return rc;
-        snprintf(where, sizeof(where), "kv %" PRId64 " (\"%s\")", i, printable(name, sizeof(name), kv->key));
+        snprintf(where, sizeof(where), "kv %" PRId64 " (\"%s\")", i,
+                 rt_gguf_printable(name, sizeof(name), kv->key));
         uint64_t slot = index_probe(&g->kv_index, g->kv, sizeof(*g->kv), kv->key.p, kv->key.n);
         if (g->kv_index.slots[slot] >= 0)
             return fail(ps, where, ps->pos - kv->key.n - 8, "duplicate key (first defined by kv %" PRId64 ")",
@@ -450,7 +442,7 @@ static int parse_tensor_infos(parser *ps, uint64_t *offset_pos)
         if ((rc = read_str(ps, where, &t->name)) < 0)
             return rc;
         snprintf(where, sizeof(where), "tensor %" PRId64 " (\"%s\")", i,
-                 printable(name, sizeof(name), t->name));
+                 rt_gguf_printable(name, sizeof(name), t->name));
         uint64_t slot = index_probe(&g->tensor_index, g->tensors, sizeof(*g->tensors), t->name.p, t->name.n);
         if (g->tensor_index.slots[slot] >= 0)
             return fail(ps, where, ps->pos - t->name.n - 8,
@@ -519,7 +511,7 @@ static int place_tensor_data(parser *ps, const uint64_t *offset_pos)
         rt_gguf_tensor *t = &g->tensors[i];
         if (t->offset > data_size || t->nbytes > data_size - t->offset) {
             snprintf(where, sizeof(where), "tensor %" PRId64 " (\"%s\") offset", i,
-                     printable(name, sizeof(name), t->name));
+                     rt_gguf_printable(name, sizeof(name), t->name));
             return fail(ps, where, offset_pos[i],
                         "data [%" PRIu64 ", %" PRIu64 " + %" PRIu64 ") runs past the end of the file "
                         "(data section holds %" PRIu64 " bytes from offset %" PRIu64 ")",

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "runtime/gguf.h"
+#include "runtime/hash.h"
 #include "runtime/tokenizer.h"
 
 /* tokenizer.ggml.token_type values (llama.cpp's llama_token_type). */
@@ -57,6 +58,7 @@ struct rt_tokenizer {
 
     int32_t *ht; /* open addressing: text -> id */
     size_t ht_mask;
+    uint64_t ht_key; /* rt_hash_key(), for both tables: the slots cannot be aimed at by a file */
     /* SPM: the "<0xXX>" token of each byte; BPE: the token of each byte's
      * character in the GPT-2 byte alphabet. -1 when the vocab lacks it. */
     int32_t byte_tok[256];
@@ -185,16 +187,6 @@ static size_t bpe_byte_utf8(uint8_t b, char *out)
 
 /* ---- vocabulary lookup ---- */
 
-static uint64_t hash_bytes(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 1099511628211ull;
-    }
-    return h ^ (h >> 29);
-}
-
 static uint64_t hash_u64(uint64_t x)
 {
     x ^= x >> 30;
@@ -216,7 +208,7 @@ static inline size_t tok_len(const rt_tokenizer *t, int32_t id)
 
 static int32_t lookup(const rt_tokenizer *t, const char *s, size_t n)
 {
-    for (size_t i = hash_bytes(s, n) & t->ht_mask;; i = (i + 1) & t->ht_mask) {
+    for (size_t i = rt_hash_bytes(s, n, t->ht_key) & t->ht_mask;; i = (i + 1) & t->ht_mask) {
         int32_t id = t->ht[i];
         if (id < 0)
             return -1;
@@ -242,7 +234,7 @@ static void ht_insert(rt_tokenizer *t, int32_t id)
 {
     const char *s = tok_text(t, id);
     size_t n = tok_len(t, id);
-    for (size_t i = hash_bytes(s, n) & t->ht_mask;; i = (i + 1) & t->ht_mask) {
+    for (size_t i = rt_hash_bytes(s, n, t->ht_key) & t->ht_mask;; i = (i + 1) & t->ht_mask) {
         int32_t cur = t->ht[i];
         if (cur < 0 || (tok_len(t, cur) == n && memcmp(tok_text(t, cur), s, n) == 0)) {
             t->ht[i] = id;
@@ -256,7 +248,7 @@ static bool merge_find(const rt_tokenizer *t, int32_t a, int32_t b, int32_t *ran
     if (!t->mg_key)
         return false;
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    for (size_t i = hash_u64(key) & t->mg_mask;; i = (i + 1) & t->mg_mask) {
+    for (size_t i = hash_u64(key ^ t->ht_key) & t->mg_mask;; i = (i + 1) & t->mg_mask) {
         if (t->mg_key[i] == UINT64_MAX)
             return false;
         if (t->mg_key[i] == key) {
@@ -635,7 +627,7 @@ static int load_merges(rt_tokenizer *t, const rt_gguf *g, char *err, size_t err_
             continue;
         }
         uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-        size_t i = hash_u64(k) & t->mg_mask;
+        size_t i = hash_u64(k ^ t->ht_key) & t->mg_mask;
         while (t->mg_key[i] != UINT64_MAX && t->mg_key[i] != k)
             i = (i + 1) & t->mg_mask;
         if (t->mg_key[i] == k)
@@ -660,6 +652,7 @@ int rt_tokenizer_load(const rt_gguf *g, rt_tokenizer **out, char *err, size_t er
     t->bos = t->eos = t->unk = t->pad = t->eot = t->eom = -1;
     for (int i = 0; i < 256; i++)
         t->byte_tok[i] = -1;
+    t->ht_key = rt_hash_key();
 
     rc = rt_gguf_get_str(g, "tokenizer.ggml.model", &s);
     if (rc == -ENOENT) {
@@ -675,9 +668,10 @@ int rt_tokenizer_load(const rt_gguf *g, rt_tokenizer **out, char *err, size_t er
     } else if (rt_gguf_str_eq(s, "gpt2")) {
         t->kind = RT_TOK_BPE;
     } else {
+        char shown[72];
         rc = set_err(err, err_len, -EINVAL,
-                     "tokenizer.ggml.model: unsupported tokenizer '%.*s' (want llama or gpt2)",
-                     (int)(s.n > 64 ? 64 : s.n), s.p);
+                     "tokenizer.ggml.model: unsupported tokenizer '%s' (want llama or gpt2)",
+                     rt_gguf_printable(shown, sizeof(shown), s));
         goto fail;
     }
 
