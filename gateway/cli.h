@@ -3,6 +3,8 @@
 #ifndef GW_CLI_H
 #define GW_CLI_H
 
+#include <stdint.h>
+
 int gw_cmd_model(int argc, char **argv);
 int gw_cmd_generate(int argc, char **argv);
 int gw_cmd_worker(int argc, char **argv);
@@ -13,5 +15,7 @@ int gw_cmd_region(int argc, char **argv);
 /* Parses a whole decimal number in [min, max]; 0 or -1. */
 int gw_parse_int(const char *s, long min, long max, long *out);
 int gw_parse_float(const char *s, double *out);
+/* A whole decimal number from 0 to 2^64 - 1 (no sign, no spaces). */
+int gw_parse_u64(const char *s, uint64_t *out);
 
 #endif

@@ -99,13 +99,10 @@ static int parse_args(int argc, char **argv, gen_args *a)
                 bad = "--min-p must be in [0, 1]";
             a->sp.min_p = (float)d;
             break;
-        case O_SEED: {
-            char *end;
-            a->sp.seed = strtoull(optarg, &end, 10);
-            if (*end || end == optarg)
-                bad = "--seed must be a whole number";
+        case O_SEED:
+            if (gw_parse_u64(optarg, &a->sp.seed))
+                bad = "--seed must be a whole number from 0 to 2^64 - 1";
             break;
-        }
         case O_PP:
             if (gw_parse_float(optarg, &d) || d < -2 || d > 2)
                 bad = "--presence-penalty must be in [-2, 2]";

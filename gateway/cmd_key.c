@@ -75,8 +75,14 @@ static int key_new(void)
     memcpy(key, KEY_PREFIX, strlen(KEY_PREFIX));
     base64url(raw, sizeof(raw), key + strlen(KEY_PREFIX));
     gw_key_hash_hex(key, hex);
-    printf("key:  %s\nhash: %s\n", key, hex);
     memset(raw, 0, sizeof(raw));
+    if (!hex[0]) { /* a key without its hash cannot be configured */
+        memset(key, 0, sizeof(key));
+        fprintf(stderr, "infergate key new: SHA-256 unavailable\n");
+        return 1;
+    }
+    printf("key:  %s\nhash: %s\n", key, hex);
+    memset(key, 0, sizeof(key));
     return fflush(stdout) == 0 ? 0 : 1;
 }
 

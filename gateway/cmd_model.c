@@ -75,15 +75,13 @@ static int cmd_gen(int argc, char **argv)
             p.type = t;
             continue;
         }
-        case O_SEED: {
-            char *end;
-            p.seed = strtoull(optarg, &end, 10);
-            if (*end || end == optarg) {
-                fprintf(stderr, "model gen: --seed must be a whole number\n");
+        case O_SEED:
+            if (gw_parse_u64(optarg, &p.seed)) {
+                fprintf(stderr, "model gen: --seed must be a whole number from 0 to 2^64 - 1, not '%s'\n",
+                        optarg);
                 return 2;
             }
             continue;
-        }
         case 'h': gen_usage(stdout); return 0;
         default: gen_usage(stderr); return 2;
         }
@@ -156,7 +154,8 @@ static int cmd_inspect(int argc, char **argv)
     rt_gguf_str name = {"", 0};
     rt_gguf_get_str(g, "general.name", &name);
     printf("file:          %s (GGUF v%u, alignment %u)\n", path, rt_gguf_version(g), rt_gguf_alignment(g));
-    printf("name:          %.*s\n", (int)name.n, name.p);
+    char text[200];
+    printf("name:          %s\n", rt_gguf_printable(text, sizeof(text), name));
     printf("architecture:  %s\n", hp.arch);
     printf("context:       %d\n", hp.n_ctx_train);
     printf("embedding:     %d\n", hp.n_embd);
@@ -169,12 +168,14 @@ static int cmd_inspect(int argc, char **argv)
     printf("vocab:         %d%s\n", hp.n_vocab, hp.tied_output ? " (output tied to embeddings)" : "");
 
     rt_tokenizer *tok = NULL;
+    int status = 0;
     if (rt_tokenizer_load(g, &tok, err, sizeof(err)) == 0) {
         printf("tokenizer:     %s, %d tokens, bos %d, eos %d\n", rt_tokenizer_kind_name(tok),
                rt_tokenizer_n_vocab(tok), rt_tokenizer_bos(tok), rt_tokenizer_eos(tok));
         rt_tokenizer_free(tok);
     } else {
         printf("tokenizer:     unusable: %s\n", err);
+        status = 1; /* the runtime would refuse the file */
     }
     rt_gguf_str tmpl;
     if (rt_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0)
@@ -191,20 +192,24 @@ static int cmd_inspect(int argc, char **argv)
             o += snprintf(shape + o, sizeof(shape) - (size_t)o, d ? " x %lld" : "%lld", (long long)t->ne[d]);
         char b[32];
         human_bytes(t->nbytes, b, sizeof(b));
-        printf("  %-32.*s %-5s %-20s %s\n", (int)t->name.n, t->name.p, kn_type_name(t->type), shape, b);
+        printf("  %-32s %-5s %-20s %s\n", rt_gguf_printable(text, sizeof(text), t->name),
+               kn_type_name(t->type), shape, b);
         total += t->nbytes;
     }
     if (ctx <= 0)
         ctx = hp.n_ctx_train;
-    uint64_t kv = (uint64_t)2 * hp.n_layer * hp.n_head_kv * hp.head_dim * sizeof(float) * (uint64_t)ctx;
+    /* K and V of every layer in halves (the default kv_type f16), in
+     * double: the file's hyper-parameters could wrap a 64-bit product */
+    double kv_d = 2.0 * hp.n_layer * hp.n_head_kv * hp.head_dim * 2.0 * (double)ctx;
+    uint64_t kv = kv_d < 1.8e19 ? (uint64_t)kv_d : UINT64_MAX;
     char tb[32], kb[32], sb[32];
     human_bytes(total, tb, sizeof(tb));
     human_bytes(kv, kb, sizeof(kb));
-    human_bytes(total + kv, sb, sizeof(sb));
+    human_bytes(total > UINT64_MAX - kv ? UINT64_MAX : total + kv, sb, sizeof(sb));
     printf("\n%lld tensors, %s of weights (%llu bytes)\n", (long long)n, tb, (unsigned long long)total);
-    printf("memory for one sequence of %ld tokens: %s weights + %s KV cache (f32) = %s\n", ctx, tb, kb, sb);
+    printf("memory for one sequence of %ld tokens: %s weights + %s KV cache (f16) = %s\n", ctx, tb, kb, sb);
     rt_gguf_free(g);
-    return 0;
+    return status;
 }
 
 int gw_cmd_model(int argc, char **argv)

@@ -114,6 +114,12 @@ void rt_gguf_writer_free(rt_gguf_writer *w);
 /* Each add returns 0, -ENOMEM, or -EINVAL for a bad argument (NULL key, a
  * non-fixed-size type, nbytes that do not match the shape, a duplicate
  * tensor name). */
+/* Copies a string from the file into dst (cap >= 8) for a message or a
+ * terminal: hostile names may hold control bytes (escape sequences) or be
+ * megabytes long. Bytes outside printable ASCII and '"' become '?', and a
+ * long one ends "...". Returns dst. */
+const char *rt_gguf_printable(char *dst, size_t cap, rt_gguf_str s);
+
 int rt_gguf_writer_add_u32(rt_gguf_writer *w, const char *key, uint32_t v);
 int rt_gguf_writer_add_i32(rt_gguf_writer *w, const char *key, int32_t v);
 int rt_gguf_writer_add_u64(rt_gguf_writer *w, const char *key, uint64_t v);

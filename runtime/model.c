@@ -111,8 +111,8 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
     hp->rope_freq_base = 10000.0f;
     if ((rc = get_arch_f32(g, a, "rope.freq_base", &hp->rope_freq_base, err, err_len)) < 0)
         return rc;
-    if (!(hp->rope_freq_base > 0.0f))
-        return ERR("%s.rope.freq_base must be positive", a);
+    if (!(hp->rope_freq_base > 0.0f) || !isfinite(hp->rope_freq_base))
+        return ERR("%s.rope.freq_base must be a positive number", a);
     /* RoPE scaling as llama.cpp reads it: the type none or linear, or no
      * type (then a factor, if given, is linear); the factor from
      * rope.scaling.factor, else the older rope.scale_linear; 0 means none.
@@ -126,9 +126,11 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
         return ERR("key %s is not a string", key);
     bool typed = rc == 0, none = typed && st.n == 4 && !memcmp(st.p, "none", 4);
     bool linear = typed && st.n == 6 && !memcmp(st.p, "linear", 6);
-    if (typed && !none && !linear)
-        return ERR("%s = \"%.*s\": this RoPE scaling is not supported (none and linear are)", key,
-                   (int)(st.n > 32 ? 32 : st.n), st.p);
+    if (typed && !none && !linear) {
+        char shown[40];
+        return ERR("%s = \"%s\": this RoPE scaling is not supported (none and linear are)", key,
+                   rt_gguf_printable(shown, sizeof(shown), st));
+    }
     if (!none) {
         const char *fk = "rope.scaling.factor";
         if ((rc = get_arch_f32(g, a, fk, &hp->rope_scale, err, err_len)) == 1)
@@ -145,8 +147,8 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
     hp->norm_eps = 1e-5f;
     if ((rc = get_arch_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err, err_len)) < 0)
         return rc;
-    if (!(hp->norm_eps >= 0.0f))
-        return ERR("%s.attention.layer_norm_rms_epsilon must not be negative", a);
+    if (!(hp->norm_eps >= 0.0f) || !isfinite(hp->norm_eps))
+        return ERR("%s.attention.layer_norm_rms_epsilon must be a number, not negative", a);
 
     const rt_gguf_tensor *emb = rt_gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
@@ -207,6 +209,11 @@ static int bind_layers(rt_model *m, char *err, size_t err_len)
     int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     char name[96];
     int rc;
+    /* the last layer's first tensor, before a block_count from the file
+     * sizes an allocation (2^30 layers asked for 283 GB) */
+    snprintf(name, sizeof(name), "blk.%d.attn_q.weight", hp->n_layer - 1);
+    if (!rt_gguf_find_tensor(g, name))
+        return ERR("missing required tensor %s (block_count is %d)", name, hp->n_layer);
     m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return -ENOMEM;
@@ -330,9 +337,13 @@ static uint64_t weight_bytes(const rt_weight *w)
 int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, char *err, size_t err_len)
 {
     *out = NULL;
+    if (err_len)
+        err[0] = '\0';
     rt_model *m = calloc(1, sizeof(*m));
-    if (!m)
+    if (!m) {
+        snprintf(err, err_len, "out of memory");
         return -ENOMEM;
+    }
     int rc = rt_gguf_open(path, &m->gguf, err, err_len);
     if (rc < 0)
         goto fail;
@@ -410,6 +421,9 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
     *out = m;
     return 0;
 fail:
+    /* every failure is said: the out-of-memory paths write no message */
+    if (err_len && !err[0])
+        snprintf(err, err_len, "%s", strerror(-rc));
     rt_model_free(m);
     return rc;
 }

@@ -141,6 +141,12 @@ t.ok(wq8.wait(timeout=40) == 0, "SIGTERM: q8_0 worker exits 0")
 r = subprocess.run([INFERGATE, "worker", "--model", model, "--listen", "unix:" + sock_q8, "--kv-type", "q4_0"],
                    capture_output=True, text=True, timeout=30)
 t.ok(r.returncode == 2 and "--kv-type: f16 or q8_0" in r.stderr, "--kv-type q4_0 is refused: %r" % r.stderr)
+# --- the model commands: a seed that would wrap is refused; inspect's estimate ---
+r = subprocess.run([INFERGATE, "model", "gen", "--seed", "-1", "--out", os.path.join(d, "never.gguf")],
+                   capture_output=True, text=True)
+t.ok(r.returncode == 2 and "--seed must be a whole number" in r.stderr, "model gen --seed -1 is refused: %r" % r.stderr)
+r = subprocess.run([INFERGATE, "model", "inspect", model], capture_output=True, text=True)
+t.ok(r.returncode == 0 and "KV cache (f16)" in r.stdout, "model inspect estimates the f16 cache: %r" % r.stdout[-160:])
 
 # --- streaming and non-streaming give the same text; usage chunk; [DONE] ---
 for i in (0, 5, 17):

@@ -431,6 +431,7 @@ static void test_rope_scaling(void **state)
         {"linear", 0, NULL, "missing required key llama.rope.scaling.factor"},
         {NULL, 4, NULL, NULL},   /* a factor without a type is linear */
         {"none", 4, NULL, NULL}, /* none is none, whatever the factor */
+        {"inf", 0, NULL, "llama.rope.freq_base must be a positive number"}, /* rope_base inf, below */
     };
     enum { N_CASES = sizeof(cases) / sizeof(cases[0]) };
     float *logits[N_CASES] = {0};
@@ -439,7 +440,9 @@ static void test_rope_scaling(void **state)
         snprintf(path, sizeof(path), "%s/rope%d.gguf", dir, k);
         rt_gen_params p;
         small_params(&p, KN_TYPE_F32); /* head_dim 32: 16 factors */
-        p.rope_scaling = cases[k].scaling;
+        p.rope_scaling = cases[k].scaling && strcmp(cases[k].scaling, "inf") ? cases[k].scaling : NULL;
+        if (cases[k].scaling && !strcmp(cases[k].scaling, "inf"))
+            p.rope_base = INFINITY; /* it passed "positive" and every logit came out 0 */
         p.rope_scaling_factor = cases[k].factor;
         p.rope_freqs = cases[k].freqs;
         assert_int_equal(rt_model_gen(&p, path, err, sizeof(err)), 0);
