@@ -17,6 +17,11 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+/* Bytes of request headers (names and values) a connection's open streams
+ * may keep together: at least 4 x max_header_list. 256 streams of 4 KiB
+ * each fit. */
+#define H2_CONN_HEADER_BUDGET ((size_t)1 << 20)
+
 /* ---- stream bounds ---- */
 
 static int64_t mono_ms(void)
@@ -228,9 +233,17 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     if (s->state != GW_SS_HEADERS && s->state != GW_SS_BODY)
         return 0;
     /* Counted as SETTINGS_MAX_HEADER_LIST_SIZE counts (RFC 9113 6.5.2);
-     * HPACK bounds each field, so the sum cannot wrap. */
+     * HPACK bounds each field, so the sum cannot wrap. Past the limit the
+     * stream is answered 431; past twice the limit decoding stops (RST):
+     * one-byte references to a large field in the HPACK table made 128 KiB
+     * on the wire decode to 130,000 fields, each checked by nghttp2, and a
+     * few such blocks a second held the event loop. */
+    gw_http_conn *c = s->conn;
+    const size_t limit = c->srv->limits.max_header_list;
     s->header_bytes += namelen + valuelen + 32;
-    if (s->header_bytes > s->conn->srv->limits.max_header_list)
+    if (s->header_bytes > 2 * limit)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (s->header_bytes > limit)
         s->reject_status = 431;
     if (s->reject_status || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0; /* trailers are counted, not kept */
@@ -243,6 +256,14 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
         return 0;
     }
+    /* What a connection's open streams keep is bounded too: 256 streams of
+     * 64 KiB each, their bodies never sent, held a connection's worth of
+     * memory per 17 KB on the wire. Past the budget the stream is reset. */
+    const size_t budget = 4 * limit > H2_CONN_HEADER_BUDGET ? 4 * limit : H2_CONN_HEADER_BUDGET;
+    if (c->h2_header_bytes + namelen + valuelen > budget)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    c->h2_header_bytes += namelen + valuelen;
+    s->header_kept += namelen + valuelen;
     if (s->n_headers == s->cap_headers) {
         size_t cap = s->cap_headers ? s->cap_headers * 2 : 16;
         gw_http_header *h = gw_mem_realloc(s->headers, cap * sizeof(*h));

@@ -92,6 +92,7 @@ struct gw_http_stream {
     gw_http_header *headers;
     size_t n_headers, cap_headers;
     size_t header_bytes; /* HTTP/2: counted as SETTINGS_MAX_HEADER_LIST_SIZE counts them */
+    size_t header_kept;  /* HTTP/2: of them, the bytes kept (names and values), in conn->h2_header_bytes */
     uint8_t *body;
     size_t body_len, body_cap;
     gw_http_request req;
@@ -163,6 +164,7 @@ struct gw_http_conn {
     bool h2_framed;    /* HTTP/2: a frame came after the preface (header_timeout until then) */
     int64_t h2_check_ms;  /* HTTP/2 with streams: when the timer is set to check their due_ms, 0: not set */
     size_t h2_body_bytes; /* HTTP/2: request body bytes held by streams still receiving theirs */
+    size_t h2_header_bytes; /* HTTP/2: header bytes kept by its open streams (H2_CONN_HEADER_BUDGET) */
     gw_h1 h1;             /* HTTP/1.x only */
 };
 

@@ -189,6 +189,8 @@ void gw_stream_closed(gw_http_stream *s, bool finished)
         s->next->prev = s->prev;
     s->prev = s->next = NULL;
     c->srv->active_streams--;
+    c->h2_header_bytes -= s->header_kept;
+    s->header_kept = 0;
     /* An HTTP/2 connection with no streams is idle; HTTP/1.x keeps its
      * own timer. */
     if (--c->n_streams == 0 && c->proto == GW_PROTO_H2 && !c->lingering && !c->goaway && !c->dead) {

@@ -319,6 +319,65 @@ t.ok(closed in ("stream", "connection") and took < 10,
      "HTTP/2: a stream answered from its head whose body never comes goes within idle_timeout_ms (%s, %.1f s)"
      % (closed, took))
 
+def h2_header_abuse(reps, streams):
+    """`streams` POSTs with a valid key whose heads each repeat one 4000-byte
+    field `reps` times (HPACK sends the repeats as one-byte references to
+    it) and whose bodies never come; then a GET /healthz. Returns the first
+    stream's status (or "reset"), how many streams were reset, and the
+    healthz status."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    c.initiate_connection()
+    c.local_settings = h2.settings.Settings(client=True, initial_values={
+        h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1000})
+    big = "v" * 4000
+    ids = []
+    for i in range(streams):
+        sid = c.get_next_available_stream_id()
+        ids.append(sid)
+        c.send_headers(sid, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
+                             (":authority", "127.0.0.1"), ("authorization", "Bearer " + key_a),
+                             ("content-length", "10")] + [("x-big", big)] * reps)
+    s.sendall(c.data_to_send())
+    status, reset, hz, until = {}, set(), None, time.time() + 10
+    asked = False
+    while hz is None and time.time() < until:
+        try:
+            data = s.recv(65536)
+        except socket.timeout:
+            data = None
+        if data == b"":
+            break
+        for ev in c.receive_data(data or b""):
+            if isinstance(ev, h2.events.ResponseReceived):
+                status[ev.stream_id] = dict(ev.headers).get(":status")
+                if asked and ev.stream_id == hz_id:
+                    hz = status[ev.stream_id]
+            elif isinstance(ev, h2.events.StreamReset):
+                reset.add(ev.stream_id)
+        if not asked and (data is None or len(status) + len(reset) >= streams):
+            asked = True
+            hz_id = c.get_next_available_stream_id()
+            c.send_headers(hz_id, [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"),
+                                   (":authority", "127.0.0.1")], end_stream=True)
+        s.sendall(c.data_to_send())
+    s.close()
+    first = "reset" if ids[0] in reset else status.get(ids[0])
+    return first, len(reset & set(ids)), hz
+first, _, hz = h2_header_abuse(20, 1)  # 80 KB decoded: past max_header_list (64 KiB)
+t.ok(first == "431" and hz == "200", "HTTP/2: a head past max_header_list gets 431 (%s, healthz %s)" % (first, hz))
+first, _, hz = h2_header_abuse(40, 1)  # 160 KB decoded from ~4 KB sent
+t.ok(first == "reset" and hz == "200",
+     "HTTP/2: a head decoding to past twice max_header_list is reset, not decoded on (%s, healthz %s)" % (first, hz))
+first, n_reset, hz = h2_header_abuse(2, 200)  # 8 KB kept by each of 200 open streams
+t.ok(n_reset >= 50 and hz == "200",
+     "HTTP/2: the headers a connection's open streams keep are bounded (%d of 200 reset, healthz %s)"
+     % (n_reset, hz))
+
 # --- a client that stops reading for a while ---
 # python3-h2 as the client: it acknowledges data only when told, so the
 # stream's window (64 KiB) fills and the rest waits at the gateway, whose
