@@ -21,6 +21,10 @@
  * may keep together: at least 4 x max_header_list. 256 streams of 4 KiB
  * each fit. */
 #define H2_CONN_HEADER_BUDGET ((size_t)1 << 20)
+/* Receive windows for request bodies, at most (max_body, max_conn_body
+ * bound them further). */
+#define H2_STREAM_WINDOW ((size_t)1 << 20)
+#define H2_CONN_WINDOW ((size_t)16 << 20)
 
 /* ---- stream bounds ---- */
 
@@ -358,10 +362,7 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
      * is authenticated). The oldest always goes on, so a connection never
      * stalls; the others are refused, to be sent again. A peer gateway,
      * multiplexing its clients' requests, is not held to it. */
-    size_t conn_max = c->srv->limits.max_conn_body;
-    if (!conn_max)
-        conn_max = max > SIZE_MAX / 4 ? SIZE_MAX : 4 * max;
-    if (c->h2_body_bytes + len > conn_max && !gw_conn_peer(c)) {
+    if (c->h2_body_bytes + len > c->srv->limits.max_conn_body && !gw_conn_peer(c)) {
         for (gw_http_stream *o = c->streams; o; o = o->next)
             if (o->state == GW_SS_BODY && o->id < s->id) {
                 stream_refuse(s);
@@ -686,14 +687,35 @@ void gw_h2_start(gw_http_conn *c)
 {
     const gw_http_limits *lim = &c->srv->limits;
     c->proto = GW_PROTO_H2;
+    /* Receive windows for request bodies: RFC 9113's 64 KiB for the whole
+     * connection took a round trip per 64 KiB of every body on it, and a
+     * peer region forwards all its requests here over one connection (128
+     * KB prompts across an 80 ms link: ~6 a second). The body bounds
+     * (max_body, max_conn_body) are kept as the DATA comes, not by the
+     * windows; nghttp2 opens them again as it reads. */
+    size_t stream_win = lim->max_body < H2_STREAM_WINDOW ? lim->max_body : H2_STREAM_WINDOW;
+    size_t conn_win = lim->max_conn_body < H2_CONN_WINDOW ? lim->max_conn_body : H2_CONN_WINDOW;
+    stream_win = stream_win < 65535 ? 65535 : stream_win;
+    conn_win = conn_win < 65535 ? 65535 : conn_win;
     nghttp2_settings_entry iv[] = {
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, lim->max_concurrent_streams},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
          lim->max_header_list > UINT32_MAX ? UINT32_MAX : (uint32_t)lim->max_header_list},
         {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, (uint32_t)stream_win},
     };
     if (nghttp2_session_server_new3(&c->ngh, c->srv->cbs, c, c->srv->opt, gw_mem_nghttp2()) ||
-        nghttp2_submit_settings(c->ngh, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0]))) {
+        nghttp2_submit_settings(c->ngh, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0])) ||
+        nghttp2_session_set_local_window_size(c->ngh, NGHTTP2_FLAG_NONE, 0, (int32_t)conn_win)) {
+        gw_conn_free(c);
+        return;
+    }
+    /* Its protocol became known after the drain began (in detection or
+     * the TLS handshake then): no stream is taken here, as on every other
+     * connection, and it closes once the GOAWAY is out. A review's client
+     * opened six streams during a drain this way, each served. */
+    const bool drain = c->srv->draining;
+    if (drain && nghttp2_submit_goaway(c->ngh, NGHTTP2_FLAG_NONE, 0, NGHTTP2_NO_ERROR, NULL, 0)) {
         gw_conn_free(c);
         return;
     }
@@ -705,7 +727,7 @@ void gw_h2_start(gw_http_conn *c)
     }
     /* header_timeout_ms (from accept, or the end of the TLS handshake)
      * until the client's first frame, then idle_timeout_ms. */
-    gw_conn_set_timer(c, lim->header_timeout_ms);
+    gw_conn_set_timer(c, drain ? 0 : lim->header_timeout_ms);
     on_read(c->bev, c); /* the preface and whatever came with it; our SETTINGS */
 }
 

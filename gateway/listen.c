@@ -154,7 +154,11 @@ static int listen_tcp(gw_http_server *srv, const char *spec, const char *addr, s
     if (fd == -1)
         return fail_errno(err, err_len, errno, spec, "socket");
     int one = 1, e;
+    /* [::]:P takes IPv6 only, as nginx's does: dual-stack (the kernel's
+     * default here) made a config listening on both 0.0.0.0:P and [::]:P
+     * fail with EADDRINUSE on whichever came second. */
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == -1 ||
+        (ss.ss_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) == -1) ||
         bind(fd, (struct sockaddr *)&ss, sl) == -1 || listen(fd, SOMAXCONN) == -1) {
         e = errno;
         close(fd);

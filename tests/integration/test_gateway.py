@@ -378,6 +378,29 @@ t.ok(n_reset >= 50 and hz == "200",
      "HTTP/2: the headers a connection's open streams keep are bounded (%d of 200 reset, healthz %s)"
      % (n_reset, hz))
 
+def h2_windows():
+    """The stream and connection windows the gateway opens for request bodies."""
+    import h2.config
+    import h2.connection
+    s = socket.create_connection(("127.0.0.1", port), timeout=1)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+    s.sendall(c.data_to_send())
+    try:
+        for _ in range(4):
+            data = s.recv(65536)
+            if not data:
+                break
+            c.receive_data(data)
+            s.sendall(c.data_to_send())
+    except socket.timeout:
+        pass
+    s.close()
+    return c.remote_settings.initial_window_size, c.outbound_flow_control_window
+t.ok(h2_windows() == (1 << 20, 4 * 1572864),
+     "HTTP/2: request bodies get a 1 MiB stream window and a max_conn_body connection window, not 64 KiB: %s"
+     % (h2_windows(),))
+
 # --- a client that stops reading for a while ---
 # python3-h2 as the client: it acknowledges data only when told, so the
 # stream's window (64 KiB) fills and the rest waits at the gateway, whose
@@ -683,14 +706,41 @@ finally:
 t.ok(wait_until(ready, 20, "workers ready again"), "the workers, thawed, are ready again")
 
 # --- SIGTERM drains ---
-inflight = stream_proc("slow", 200)
-time.sleep(1.0)
+# a connection accepted before the drain whose protocol is only known after
+# it: it gets a GOAWAY taking no stream, as every other connection does
+import h2.config
+import h2.connection
+import h2.events
+late = socket.create_connection(("127.0.0.1", port), timeout=5)
+inflight = stream_proc("slow", 1500)
+# streaming: SIGTERM comes while it is in flight (read unbuffered: communicate() reads the fd)
+first_chunk = os.read(inflight.stdout.fileno(), 65536)
 g.send_signal(15)
-time.sleep(0.5)
+time.sleep(0.2)  # the in-flight stream holds the drain open meanwhile
+lc = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+lc.initiate_connection()
+lc.send_headers(1, [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"), (":authority", "x")],
+                end_stream=True)
+late.sendall(lc.data_to_send())
+late_events = []
+try:
+    while True:
+        data = late.recv(65536)
+        if not data:
+            break
+        late_events += lc.receive_data(data)
+except (socket.timeout, OSError):
+    pass
+late.close()
+goaway = [e for e in late_events if isinstance(e, h2.events.ConnectionTerminated)]
+answered = [e for e in late_events if isinstance(e, h2.events.ResponseReceived)]
+t.ok(goaway and goaway[0].last_stream_id == 0 and not answered,
+     "draining: a connection whose protocol came after the drain gets GOAWAY(0), no stream served (%s)"
+     % [type(e).__name__ for e in late_events])
 s, _, _ = curl(URL + "/healthz", http="--http1.1", timeout=3)
 t.ok(s == 0, "draining: new connections are refused")
 out, _ = inflight.communicate(timeout=120)
-events, done = sse_events(out)
+events, done = sse_events(first_chunk + out)
 t.ok(done and events and events[-1]["choices"][0]["finish_reason"] == "length",
      "draining: the in-flight stream finished")
 try:

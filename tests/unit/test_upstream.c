@@ -1049,7 +1049,7 @@ static void test_goaway(void **state)
     wait_done(t, &a);
     wait_done(t, &b);
     expect_ok(&a, 200, "");
-    expect_error(&b, GW_UP_RESET, false); /* above last_stream_id: may be retried */
+    expect_error(&b, GW_UP_REFUSED, false); /* above last_stream_id: never processed, sent elsewhere */
     /* the connection takes no new streams: the next request opens another */
     send_req(t, &c, f.target, "GET", "/c", NULL, 0, NULL, 0);
     wait_done(t, &c);
