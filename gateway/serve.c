@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -104,6 +105,27 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
         event_base_loopexit(g->base, NULL);
 }
 
+/* File descriptors kept back from client connections: workers' sockets,
+ * peer regions, Redis, the access log, listeners. */
+#define FD_RESERVE 256
+
+/* The soft limit on open files, raised to the hard one at start (systemd's
+ * default soft limit is 1024); 0 when it cannot be read. */
+static rlim_t g_fd_limit;
+
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl))
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit up = {rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+            rl.rlim_cur = rl.rlim_max;
+    }
+    g_fd_limit = rl.rlim_cur;
+}
+
 static void http_limits(const gw_config *c, gw_http_limits *l)
 {
     gw_http_limits_default(l);
@@ -114,6 +136,18 @@ static void http_limits(const gw_config *c, gw_http_limits *l)
     l->idle_timeout_ms = c->limits.idle_timeout_ms;
     l->header_timeout_ms = c->limits.header_timeout_ms;
     l->max_connections = c->limits.max_connections;
+    /* Past the file limit, client connections took the descriptors the
+     * gateway needs for its workers and peers: a restarted worker was
+     * "ready" and every request to it got 503 until clients left. */
+    if (g_fd_limit != 0 && g_fd_limit != RLIM_INFINITY &&
+        (rlim_t)l->max_connections + FD_RESERVE > g_fd_limit) {
+        size_t cap = g_fd_limit > 2 * FD_RESERVE ? (size_t)(g_fd_limit - FD_RESERVE) : (size_t)g_fd_limit / 2;
+        fprintf(stderr,
+                "infergate: limits.max_connections %zu does not fit the open-file limit %llu (%d kept for "
+                "workers, peers and Redis): taking %zu; raise the limit (ulimit -n, LimitNOFILE=) for more\n",
+                (size_t)l->max_connections, (unsigned long long)g_fd_limit, FD_RESERVE, cap);
+        l->max_connections = cap;
+    }
 }
 
 /* Tenants, keys, limits, the routing policy and the drain grace change;
@@ -421,6 +455,7 @@ int gw_cmd_serve(int argc, char **argv)
         uo.stream_window = (uint32_t)(g.cfg->limits.stream_buffer_bytes / 4);
     g.up_window = uo.stream_window;
     g.listen_override = listen;
+    raise_fd_limit();
     gw_http_limits lim;
     http_limits(g.cfg, &lim);
     gw_http_handler h = {.on_request = gw_proxy_on_request,

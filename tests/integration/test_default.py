@@ -31,11 +31,16 @@ s, _, b = curl(url + "/v1/models", http="--http1.1")
 t.ok(s == 200 and json.loads(b)["data"][0]["id"] == "demo", "/v1/models lists the demo model")
 g.terminate()
 t.ok(g.wait(timeout=60) == 0, "SIGTERM stops it cleanly")
-# A second start finds the model in the cache.
-g = spawn([INFERGATE, "serve", "--listen", "127.0.0.1:%d" % port], log + "2", env=env)
+# A second start finds the model in the cache. Under an open-file limit of
+# 400 (hard as soft: nothing to raise), max_connections (10000) is cut to
+# fit, leaving descriptors for the worker, and says so.
+g = spawn(["prlimit", "--nofile=400:400", INFERGATE, "serve", "--listen", "127.0.0.1:%d" % port], log + "2",
+          env=env)
 wait_until(lambda: curl(url + "/readyz", http="--http1.1", timeout=2)[0] == 200 or g.poll() is not None, 60,
            "second start ready")
 t.ok("first run" not in open(log + "2").read(), "the second start reuses the cached demo model")
+t.ok("max_connections 10000 does not fit the open-file limit 400" in open(log + "2").read()
+     and "taking 200" in open(log + "2").read(), "max_connections is cut to the open-file limit, with a warning")
 g.terminate()
 g.wait(timeout=60)
 t.finish()
