@@ -21,11 +21,11 @@ static bool strs_eq(char *const *a, int na, char *const *b, int nb)
     return true;
 }
 
+/* A listener's TLS files and peer names reload (gw_http_server_set_tls);
+ * its address, and whether it has TLS at all, wait for a restart. */
 static bool listen_eq(const gw_listen_cfg *a, const gw_listen_cfg *b)
 {
-    return str_eq(a->address, b->address) && str_eq(a->tls_cert, b->tls_cert) &&
-           str_eq(a->tls_key, b->tls_key) && str_eq(a->tls_client_ca, b->tls_client_ca) &&
-           strs_eq(a->tls_peer_names, a->n_tls_peer_names, b->tls_peer_names, b->n_tls_peer_names);
+    return str_eq(a->address, b->address) && (a->tls_cert != NULL) == (b->tls_cert != NULL);
 }
 
 static bool worker_eq(const gw_worker_cfg *a, const gw_worker_cfg *b)

@@ -147,6 +147,15 @@ int gw_http_server_listen_tls(gw_http_server *srv, const char *spec, const char 
 int gw_http_server_listen_tls_peer(gw_http_server *srv, const char *spec, const char *cert_file,
                                    const char *key_file, const char *client_ca, const char *const *peer_names,
                                    int n_peer_names, char *err, size_t err_len);
+/* Loads a TLS listener's certificate, key, client CA and peer names again
+ * (a certificate renewed in place, or new files): connections accepted from
+ * now on use them, those open keep theirs. `index` is the listener's place
+ * in the order listeners were added (0 for the first). On failure (err
+ * filled, as gw_http_server_listen_tls_peer) the listener keeps what it
+ * had. */
+int gw_http_server_set_tls(gw_http_server *srv, int index, const char *cert_file, const char *key_file,
+                           const char *client_ca, const char *const *peer_names, int n_peer_names, char *err,
+                           size_t err_len);
 /* Port of the last TCP listener started (useful after "tcp:HOST:0"), 0 if
  * none is listening. */
 int gw_http_server_port(const gw_http_server *srv);

@@ -176,7 +176,8 @@ struct gw_listener {
     struct ssl_ctx_st *tls; /* NULL for cleartext */
     char *unix_path;        /* unlinked when the listener goes, if still ours */
     unsigned long long unix_dev, unix_ino;
-    int port; /* TCP: the bound port; -1 for Unix sockets */
+    int port;  /* TCP: the bound port; -1 for Unix sockets */
+    int index; /* the order it was added in (gw_http_server_set_tls) */
 };
 
 struct gw_http_server {
@@ -190,6 +191,7 @@ struct gw_http_server {
     size_t active_streams;
     bool draining;                  /* gw_http_server_drain: no new requests */
     int port;                       /* of the last TCP listener, 0 if none */
+    int n_listeners_added;
     nghttp2_session_callbacks *cbs; /* shared by every HTTP/2 connection */
     nghttp2_option *opt;
 };

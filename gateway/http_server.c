@@ -439,6 +439,27 @@ int gw_http_server_listen_tls(gw_http_server *srv, const char *spec, const char 
     return gw_http_server_listen_tls_peer(srv, spec, cert_file, key_file, NULL, NULL, 0, err, err_len);
 }
 
+int gw_http_server_set_tls(gw_http_server *srv, int index, const char *cert_file, const char *key_file,
+                           const char *client_ca, const char *const *peer_names, int n_peer_names, char *err,
+                           size_t err_len)
+{
+    gw_listener *l = srv->listeners;
+    while (l && l->index != index)
+        l = l->next;
+    if (!l || !l->tls) {
+        snprintf(err, err_len, "listener %d is not a TLS listener", index);
+        return -EINVAL;
+    }
+    struct ssl_ctx_st *ctx;
+    int rc = gw_tls_ctx_new(cert_file, key_file, client_ca, peer_names, n_peer_names, &ctx, err, err_len);
+    if (rc)
+        return rc;
+    /* Connections made under the old context hold their own reference. */
+    gw_tls_ctx_free(l->tls);
+    l->tls = ctx;
+    return 0;
+}
+
 int gw_http_server_listen_tls_peer(gw_http_server *srv, const char *spec, const char *cert_file,
                                    const char *key_file, const char *client_ca, const char *const *peer_names,
                                    int n_peer_names, char *err, size_t err_len)

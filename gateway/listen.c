@@ -77,6 +77,7 @@ static int listener_start(gw_http_server *srv, int fd, struct ssl_ctx_st *tls, c
     l->srv = srv;
     l->tls = tls;
     l->port = port;
+    l->index = srv->n_listeners_added;
     struct stat st;
     if (unix_path && stat(unix_path, &st) == 0) {
         l->unix_dev = (unsigned long long)st.st_dev;
@@ -91,6 +92,7 @@ static int listener_start(gw_http_server *srv, int fd, struct ssl_ctx_st *tls, c
     evconnlistener_set_error_cb(l->evl, on_accept_error);
     l->next = srv->listeners;
     srv->listeners = l;
+    srv->n_listeners_added++;
     if (port >= 0)
         srv->port = port;
     return 0;

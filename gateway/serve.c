@@ -170,6 +170,29 @@ static void reopen_access_log(gw_serve *g)
     g->access_log = f;
 }
 
+/* Certificates are read again on every reload, so that one renewed in
+ * place (certbot, cert-manager) is served without the restart that
+ * drains; a listener whose files do not load keeps what it had. Listeners
+ * were started in the config's order (start_listeners). Returns how many
+ * took new ones. */
+static int reload_tls(gw_serve *g, const gw_config *c)
+{
+    int n = 0;
+    for (int i = 0; i < g->cfg->n_listen && i < c->n_listen; i++) {
+        const gw_listen_cfg *run = &g->cfg->listen[i], *l = &c->listen[i];
+        if (!run->tls_cert || !l->tls_cert || strcmp(run->address, l->address) != 0)
+            continue; /* a restart's business, said by gw_config_restart_diff */
+        char err[512];
+        if (gw_http_server_set_tls(g->http, i, l->tls_cert, l->tls_key, l->tls_client_ca,
+                                   (const char *const *)l->tls_peer_names, l->n_tls_peer_names, err,
+                                   sizeof(err)))
+            fprintf(stderr, "infergate: reload: listener %s keeps its certificate: %s\n", l->address, err);
+        else
+            n++;
+    }
+    return n;
+}
+
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
     gw_serve *g = arg;
@@ -228,6 +251,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     http_limits(c, &l);
     gw_http_server_set_limits(g->http, &l);
     gw_upstream_set_response_timeout(g->pool, c->limits.response_timeout_ms);
+    int n_tls = reload_tls(g, c);
     char kept[512];
     if (gw_config_restart_diff(g->cfg, c, kept, sizeof(kept)))
         fprintf(stderr, "infergate: reload: kept as started until a restart: %s\n", kept);
@@ -241,8 +265,10 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     g->cfg->worker_hang_timeout_s = c->worker_hang_timeout_s;
     gw_config_free(g->reloaded);
     g->reloaded = c;
-    fprintf(stderr, "infergate: reloaded %s: %d tenants, limits, routing policy and timeouts updated\n",
-            c->path, c->n_tenants);
+    fprintf(stderr,
+            "infergate: reloaded %s: %d tenants, limits, routing policy, timeouts and %d TLS listeners' "
+            "certificates updated\n",
+            c->path, c->n_tenants, n_tls);
 }
 
 /* ---- startup ---- */

@@ -654,10 +654,26 @@ t.ok(os.path.exists(access_log) and '"status":200' in open(access_log).read(),
      "SIGHUP opens the access log again: the request after it is in the new file")
 key_c = "ig-test-key-gamma"
 open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)]))
+
+
+def served_cn():
+    import ssl
+    pem = ssl.get_server_certificate(("127.0.0.1", tls_port))
+    r = subprocess.run(["openssl", "x509", "-noout", "-subject"], input=pem, capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+# the TLS listener's certificate renewed in place, as certbot does: the
+# reload serves the new one (it took a restart, which drains)
+cn_before = served_cn()
+subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days",
+                "1", "-subj", "/CN=renewed.localhost", "-keyout", keyf, "-out", cert], check=True, capture_output=True)
 g.send_signal(1)
 ok = wait_until(lambda: curl(URL + "/v1/models", http="--http1.1", headers=["authorization: Bearer " + key_c],
                              timeout=5)[0] == 200, 10, "new key accepted after reload")
 t.ok(ok, "SIGHUP with a good config: the new key works without a restart")
+t.ok("CN = localhost" in cn_before and "CN = renewed.localhost" in served_cn(),
+     "SIGHUP: a certificate renewed in place is served without a restart (%s -> %s)" % (cn_before, served_cn()))
 t.ok("kept as started" not in open(log_path).read(), "a reload of keys alone names nothing kept as started")
 # What a reload cannot apply is named, and a stream buffer too small for
 # the upstream window set at start is kept at 4 x that window (a smaller
