@@ -161,6 +161,8 @@ static int set_price(int argc, char **argv)
             o.password = cfg->redis.password;
         if (!has_db)
             o.db = cfg->redis.db;
+        if (cfg->redis.address)
+            o.command_timeout_ms = cfg->redis.timeout_ms;
         if (!has_cluster)
             o.cluster = cfg->cluster;
     }

@@ -64,6 +64,7 @@
  *     address: "127.0.0.1:6379" # required; HOST:PORT (numeric or localhost)
  *     password: SECRET
  *     db: 0
+ *     timeout_ms: 500           # each command's deadline (10-60000; more for a Redis across a WAN)
  *   routing:
  *     policy: latency           # latency | cost
  *     slo_ms: 500               # cost policy: expected latency bound
@@ -150,6 +151,7 @@ typedef struct gw_redis_cfg {
     int port;
     char *password; /* NULL: none */
     int db;
+    int timeout_ms; /* each command's deadline (500; a Redis across a WAN may need more) */
 } gw_redis_cfg;
 
 typedef struct gw_routing_cfg {

@@ -46,7 +46,8 @@ static bool region_eq(const gw_region_cfg *a, const gw_region_cfg *b)
 
 static bool redis_eq(const gw_redis_cfg *a, const gw_redis_cfg *b)
 {
-    return str_eq(a->address, b->address) && str_eq(a->password, b->password) && a->db == b->db;
+    return str_eq(a->address, b->address) && str_eq(a->password, b->password) && a->db == b->db &&
+           a->timeout_ms == b->timeout_ms;
 }
 
 /* The routing settings fixed at start; policy, slo_ms and retry_budget

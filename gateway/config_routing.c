@@ -150,8 +150,8 @@ static int parse_region(cfg_parser *p, const yaml_node_t *n, gw_region_cfg *r)
 
 static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
 {
-    enum { K_ADDRESS, K_PASSWORD, K_DB, K_N };
-    static const char *const keys[K_N] = {"address", "password", "db"};
+    enum { K_ADDRESS, K_PASSWORD, K_DB, K_TIMEOUT, K_N };
+    static const char *const keys[K_N] = {"address", "password", "db", "timeout_ms"};
     yaml_node_t *v[K_N];
     int rc = gw_cfg_map_take(p, n, "redis", keys, K_N, v);
     if (rc)
@@ -173,6 +173,12 @@ static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
         if ((rc = gw_cfg_int(p, v[K_DB], "redis.db", 0, 65535, &x)))
             return rc;
         r->db = (int)x;
+    }
+    r->timeout_ms = 500;
+    if (v[K_TIMEOUT]) {
+        if ((rc = gw_cfg_int(p, v[K_TIMEOUT], "redis.timeout_ms", 10, 60000, &x)))
+            return rc;
+        r->timeout_ms = (int)x;
     }
     return 0;
 }

@@ -141,6 +141,7 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
         so.port = c->redis.port;
         so.password = c->redis.password;
         so.db = c->redis.db;
+        so.command_timeout_ms = c->redis.timeout_ms;
         so.cluster = c->cluster;
         so.heartbeat_ms = rc->heartbeat_ms;
         /* A live peer's record must be re-read well within stale_after_ms:

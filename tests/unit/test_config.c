@@ -350,6 +350,7 @@ static const char routing_yaml[] =
     "  address: \"[::1]:6380\"\n"
     "  password: s3cret\n"
     "  db: 3\n"
+    "  timeout_ms: 2500\n"
     "routing:\n"
     "  policy: cost\n"
     "  slo_ms: 80\n"
@@ -397,6 +398,7 @@ static void test_routing_full(void **state)
     assert_int_equal(c->redis.port, 6380);
     assert_string_equal(c->redis.password, "s3cret");
     assert_int_equal(c->redis.db, 3);
+    assert_int_equal(c->redis.timeout_ms, 2500);
     assert_int_equal(c->routing.policy, GW_POLICY_COST);
     assert_true(c->routing.slo_ms == 80);
     assert_int_equal(c->routing.heartbeat_ms, 500);
@@ -421,6 +423,7 @@ static void test_routing_full(void **state)
     assert_string_equal(c->redis.host, "localhost");
     assert_int_equal(c->redis.port, 6379);
     assert_null(c->redis.password);
+    assert_int_equal(c->redis.timeout_ms, 500);
     assert_int_equal(c->redis.db, 0);
     assert_string_equal(c->peer_tls.ca, "/ca");
     assert_null(c->peer_tls.cert);
@@ -609,6 +612,8 @@ static const struct {
     {"cluster: [a]\n", "bad.yaml:1: cluster: must be a string, not a list"},
     {"redis: {address: \"127.0.0.1:6379\"}\n", "bad.yaml:1: redis: needs a region section"},
     {"region: {name: eu}\nredis: {password: x}\n", "bad.yaml:2: redis.address: required"},
+    {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\", timeout_ms: 5}\n",
+     "bad.yaml:2: redis.timeout_ms: must be a whole number from 10"},
     {"region: {name: eu}\nredis: {address: \"redis.local:6379\"}\n",
      "bad.yaml:2: redis.address: HOST must be a numeric IPv4 address, [IPv6] or localhost"},
     {"region: {name: eu}\nredis: {address: \"127.0.0.1\"}\n", "bad.yaml:2: redis.address: want HOST:PORT"},
