@@ -728,9 +728,12 @@ import h2.config
 import h2.connection
 import h2.events
 late = socket.create_connection(("127.0.0.1", port), timeout=5)
-inflight = stream_proc("slow", 1500)
-# streaming: SIGTERM comes while it is in flight (read unbuffered: communicate() reads the fd)
+inflight = stream_proc("slow", 200)
+# streaming: SIGTERM comes while it is in flight (read unbuffered: communicate() reads the fd),
+# and its worker is held still meanwhile (well within response_timeout_ms), whatever the build's speed
 first_chunk = os.read(inflight.stdout.fileno(), 65536)
+slow_pid = worker_pids()[2]
+os.kill(slow_pid, signal.SIGSTOP)
 g.send_signal(15)
 time.sleep(0.2)  # the in-flight stream holds the drain open meanwhile
 lc = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
@@ -755,6 +758,7 @@ t.ok(goaway and goaway[0].last_stream_id == 0 and not answered,
      % [type(e).__name__ for e in late_events])
 s, _, _ = curl(URL + "/healthz", http="--http1.1", timeout=3)
 t.ok(s == 0, "draining: new connections are refused")
+os.kill(slow_pid, signal.SIGCONT)
 out, _ = inflight.communicate(timeout=120)
 events, done = sse_events(first_chunk + out)
 t.ok(done and events and events[-1]["choices"][0]["finish_reason"] == "length",
