@@ -192,6 +192,7 @@ struct gw_http_server {
     bool draining;                  /* gw_http_server_drain: no new requests */
     int port;                       /* of the last TCP listener, 0 if none */
     int n_listeners_added;
+    long accept_err_logged;         /* monotonic s of the last "cannot accept" line */
     nghttp2_session_callbacks *cbs; /* shared by every HTTP/2 connection */
     nghttp2_option *opt;
 };

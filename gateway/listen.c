@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -49,6 +50,15 @@ static void on_accept_error(struct evconnlistener *evl, void *arg)
     int e = EVUTIL_SOCKET_ERROR();
     if (e != EMFILE && e != ENFILE && e != ENOBUFS && e != ENOMEM)
         return;
+    /* Said at most every 10 s: out of descriptors, clients wait in the
+     * backlog and nothing else would tell why. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+    if (!l->srv->accept_err_logged || now.tv_sec - l->srv->accept_err_logged >= 10) {
+        l->srv->accept_err_logged = now.tv_sec ? now.tv_sec : 1;
+        fprintf(stderr, "http: cannot accept: %s; accepting again in %d ms (max_connections, ulimit -n)\n",
+                strerror(e), GW_ACCEPT_RETRY_MS);
+    }
     struct timeval tv = {0, GW_ACCEPT_RETRY_MS * 1000};
     evconnlistener_disable(evl);
     if (event_add(l->retry_ev, &tv))
