@@ -727,6 +727,13 @@ void gw_h2_start(gw_http_conn *c)
     }
     /* header_timeout_ms (from accept, or the end of the TLS handshake)
      * until the client's first frame, then idle_timeout_ms. */
+    /* The GOAWAY goes out before the first bytes are read: nghttp2 ignores
+     * new streams only once it has sent it, and requests that came with
+     * the preface would otherwise be dispatched, then refused. */
+    if (drain && conn_send(c)) {
+        gw_conn_free(c);
+        return;
+    }
     gw_conn_set_timer(c, drain ? 0 : lim->header_timeout_ms);
     on_read(c->bev, c); /* the preface and whatever came with it; our SETTINGS */
 }

@@ -168,9 +168,11 @@ static int listen_tcp(gw_http_server *srv, const char *spec, const char *addr, s
     int one = 1, e;
     /* [::]:P takes IPv6 only, as nginx's does: dual-stack (the kernel's
      * default here) made a config listening on both 0.0.0.0:P and [::]:P
-     * fail with EADDRINUSE on whichever came second. */
+     * fail with EADDRINUSE on whichever came second. A v4-mapped address
+     * ([::ffff:a.b.c.d]) is IPv4 by definition and cannot be bound so. */
+    bool v6only = ss.ss_family == AF_INET6 && !IN6_IS_ADDR_V4MAPPED(&((struct sockaddr_in6 *)&ss)->sin6_addr);
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == -1 ||
-        (ss.ss_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) == -1) ||
+        (v6only && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) == -1) ||
         bind(fd, (struct sockaddr *)&ss, sl) == -1 || listen(fd, SOMAXCONN) == -1) {
         e = errno;
         close(fd);

@@ -465,6 +465,9 @@ static bool retry(preq *p, bool region_at_fault)
     gw_serve *g = p->g;
     if (region_at_fault)
         region_failed(p);
+    else if (p->remote && p->probe) /* refused unprocessed: the probe is the next request's */
+        route_region_release_probe(p->remote);
+    p->probe = false;
     if (!p->stream || g->retry_tokens < 1)
         return false;
     if (p->remote || p->route.n) {
@@ -854,8 +857,11 @@ static bool try_next(preq *p)
             p->remote = NULL;
             p->worker = w;
         } else {
-            if (!*gw_regions_target(g, r))
+            if (!*gw_regions_target(g, r)) {
+                if (probe)
+                    route_region_release_probe(r);
                 continue;
+            }
             p->remote = r;
             p->worker = -1;
         }

@@ -8,6 +8,7 @@
 #include "kernels/quant_blocks.h"
 
 #include <math.h>
+#include <pthread.h>
 
 static void ref_quantize_q8_0(const float *x, void *y, int n)
 {
@@ -187,7 +188,10 @@ const kn_ops *kn_ops_ref(void)
     return &ops_ref;
 }
 
-const kn_ops *kn_ops_best(void)
+static const kn_ops *best_ops;
+static pthread_once_t best_once = PTHREAD_ONCE_INIT;
+
+static void pick_best(void)
 {
     const kn_ops *ops = kn_ops_amx();
     if (ops == NULL)
@@ -196,5 +200,13 @@ const kn_ops *kn_ops_best(void)
         ops = kn_ops_avxvnni();
     if (ops == NULL)
         ops = kn_ops_avx2();
-    return ops != NULL ? ops : &ops_ref;
+    best_ops = ops != NULL ? ops : &ops_ref;
+}
+
+/* Chosen once: the tables' checks run CPUID (a VM exit under
+ * virtualisation), and the sampler asks per token. */
+const kn_ops *kn_ops_best(void)
+{
+    pthread_once(&best_once, pick_best);
+    return best_ops;
 }

@@ -574,6 +574,11 @@ bool route_region_claim(route_region *r, int64_t now_ms, bool *probe)
     return st == ROUTE__USABLE || *probe;
 }
 
+void route_region_release_probe(route_region *r)
+{
+    r->probing = false;
+}
+
 static void eject(const route_table *t, route_region *r, int64_t now_ms)
 {
     /* Doubling by a loop with the cap inside: 2^(ejections-1) would

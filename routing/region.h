@@ -171,5 +171,9 @@ bool route_region_take_probe(route_region *r, int64_t now_ms);
  * (*probe set: report its outcome with route_region_report_probe). Such a
  * candidate was left unclaimed by route_decide. */
 bool route_region_claim(route_region *r, int64_t now_ms, bool *probe);
+/* Gives a claimed probe back unused (the request never reached the region,
+ * or the region refused it unprocessed), so the next request may take it
+ * now rather than after probe_timeout_ms. */
+void route_region_release_probe(route_region *r);
 
 #endif

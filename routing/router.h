@@ -30,9 +30,10 @@
  * first, by price_out, then exact latency, then name; then the others by
  * latency as above.
  * Stale records are left out; while the shared store is away, only those
- * stale when it went (route_table_set_shared_ok). A region whose ejection back-off is over is
- * kept only when it comes first: route_decide then claims its probe
- * (d->probe); further down it is left out (out_ejected) without a claim.
+ * stale when it went (route_table_set_shared_ok). A region whose ejection back-off is over
+ * claims its probe when it comes first (d->probe); further down it stays
+ * in the list unclaimed, for the request to claim (route_region_claim) if
+ * it gets that far.
  * Models match by 64-bit hash and length (a false match is a random
  * 64-bit collision, answered "model not found" by the region); residency
  * tags are confirmed byte for byte.

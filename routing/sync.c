@@ -184,6 +184,8 @@ struct route_sync {
      * reading another's id under its own name can say so. */
     char instance[17];
     char other_instance[17]; /* the last one reported */
+    bool wrote;              /* a write of ours went through: before it, the record may be our
+                              * previous process's, whose key outlives it by its TTL */
 
     sync_req *pending; /* every request in flight */
     int n_pending;
@@ -586,7 +588,9 @@ static void write_local(route_sync *s, bool announce)
  * is said once per such gateway, in the log and the last error. */
 static void check_instance(route_sync *s, const char *name, const redisReply *prev)
 {
-    if (prev->type != REDIS_REPLY_STRING || !strcmp(prev->str, s->instance) ||
+    bool first = !s->wrote;
+    s->wrote = true;
+    if (first || prev->type != REDIS_REPLY_STRING || !strcmp(prev->str, s->instance) ||
         prev->len >= sizeof(s->other_instance) || !strcmp(prev->str, s->other_instance))
         return;
     snprintf(s->other_instance, sizeof(s->other_instance), "%s", prev->str);

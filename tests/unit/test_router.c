@@ -806,6 +806,8 @@ static void test_ejection(void **state)
     assert_true(probe && ra->probing);
     assert_false(route_region_claim(ra, tt, &probe)); /* one probe at a time */
     assert_false(probe);
+    route_region_release_probe(ra); /* given back unused (refused, or no way to the region) */
+    assert_true(route_region_claim(ra, tt, &probe) && probe);
     assert_int_equal(route_decide(t, &q, &d), 1);
     assert_string_equal(cand(&d, 0), "b");
     assert_int_equal(d.out_ejected, 1);

@@ -26,11 +26,14 @@
 static char dir[64], path[96];
 static rt_model *model;
 
-/* What the callbacks saw, under mu. */
+/* What the callbacks saw, under mu. The gate request's gate_at-th event
+ * holds the compute thread until open_gate; gate_again arms it for a later
+ * event of the same request. */
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool gate_reached, gate_open;
+    bool gate_reached;
+    int gate_at, gate_events, opens;
     int finals;
     int order[16]; /* request tags in the order their final event came */
     const char *reason[16];
@@ -42,10 +45,11 @@ static void on_event(void *user, const rt_sched_event *ev)
 {
     int tag = (int)(intptr_t)user;
     pthread_mutex_lock(&seen.mu);
-    if (tag == GATE && !seen.gate_reached) {
+    if (tag == GATE && ++seen.gate_events == seen.gate_at) {
+        int opens = seen.opens;
         seen.gate_reached = true;
         pthread_cond_broadcast(&seen.cv);
-        while (!seen.gate_open)
+        while (seen.opens == opens)
             pthread_cond_wait(&seen.cv, &seen.mu);
     }
     if (ev->kind != RT_EV_TEXT) {
@@ -62,7 +66,9 @@ static void on_event(void *user, const rt_sched_event *ev)
 static void seen_reset(void)
 {
     pthread_mutex_lock(&seen.mu);
-    seen.gate_reached = seen.gate_open = false;
+    seen.gate_reached = false;
+    seen.gate_at = 1;
+    seen.gate_events = 0;
     seen.finals = 0;
     pthread_mutex_unlock(&seen.mu);
 }
@@ -85,7 +91,19 @@ static bool wait_seen(bool for_gate, int n)
 static void open_gate(void)
 {
     pthread_mutex_lock(&seen.mu);
-    seen.gate_open = true;
+    seen.opens++;
+    pthread_cond_broadcast(&seen.cv);
+    pthread_mutex_unlock(&seen.mu);
+}
+
+/* Opens the gate and holds the thread again at the gate request's
+ * event number `at` (wait_seen(true, 0) waits for it). */
+static void gate_again(int at)
+{
+    pthread_mutex_lock(&seen.mu);
+    seen.gate_reached = false;
+    seen.gate_at = at;
+    seen.opens++;
     pthread_cond_broadcast(&seen.cv);
     pthread_mutex_unlock(&seen.mu);
 }
@@ -294,16 +312,15 @@ static void test_interactive_prefill_first(void **state)
     assert_int_equal(submit(s, GATE, 4, 400, RT_PRIO_INTERACTIVE), 0);
     assert_true(wait_seen(true, 0));
     assert_int_equal(submit(s, 1, 490, 1, RT_PRIO_BATCH), 0);
-    open_gate();
+    /* held again two steps on: the batch request is in and has 14 of its
+     * 490 prompt tokens, ~68 steps to go */
+    gate_again(3);
+    assert_true(wait_seen(true, 0));
     rt_sched_stats st;
-    for (int i = 0; i < 20000; i++) { /* until the batch request runs */
-        rt_sched_get_stats(s, &st);
-        if (st.running == 2)
-            break;
-        usleep(100);
-    }
+    rt_sched_get_stats(s, &st);
     assert_int_equal(st.running, 2);
     assert_int_equal(submit(s, 2, 4, 1, RT_PRIO_INTERACTIVE), 0);
+    open_gate();
     assert_true(wait_seen(false, 3));
     assert_int_equal(seen.order[0], 2); /* ~70 steps before the batch prompt is done */
     assert_int_equal(seen.order[1], 1);
