@@ -23,14 +23,6 @@
 
 #define MAX_REPS 31
 
-static int arg_int(int argc, char **argv, const char *name, int dflt)
-{
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return atoi(argv[i + 1]);
-    return dflt;
-}
-
 typedef struct cache {
     kn_type type;
     size_t row, block_units, pool_bytes; /* row and block in 16-bit units */
@@ -96,12 +88,12 @@ static int step(kn_ctx *ctx, const cache *c, kn_attn_seq *seqs, const float *q, 
 
 int main(int argc, char **argv)
 {
-    const int S = arg_int(argc, argv, "--seqs", 16), C = arg_int(argc, argv, "--ctx", 192);
-    const int L = arg_int(argc, argv, "--layers", 12), H = arg_int(argc, argv, "--heads", 12);
-    const int KH = arg_int(argc, argv, "--kv-heads", H), D = arg_int(argc, argv, "--head-dim", 64);
-    const int BT = arg_int(argc, argv, "--block-tokens", 16), T = arg_int(argc, argv, "--threads", 2);
-    const bool huge = arg_int(argc, argv, "--huge", 1) != 0;
-    int reps = arg_int(argc, argv, "--reps", 9);
+    const int S = bench_arg_int(argc, argv, "--seqs", 16), C = bench_arg_int(argc, argv, "--ctx", 192);
+    const int L = bench_arg_int(argc, argv, "--layers", 12), H = bench_arg_int(argc, argv, "--heads", 12);
+    const int KH = bench_arg_int(argc, argv, "--kv-heads", H), D = bench_arg_int(argc, argv, "--head-dim", 64);
+    const int BT = bench_arg_int(argc, argv, "--block-tokens", 16), T = bench_arg_int(argc, argv, "--threads", 2);
+    const bool huge = bench_arg_int(argc, argv, "--huge", 1) != 0;
+    int reps = bench_arg_int(argc, argv, "--reps", 9);
     if (S < 1 || C < 1 || L < 1 || H < 1 || KH < 1 || H % KH || D < 32 || D % 32 || BT < 1 || T < 1 ||
         reps < 1) {
         fprintf(stderr, "bench_attention: every size must be positive, heads a multiple of kv-heads and the "

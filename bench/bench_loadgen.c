@@ -19,6 +19,8 @@
  * C, not Python: on a 2-core machine the load generator shares the CPU the
  * server is measured with, and httpx took a tenth of a core at 16 clients
  * where this takes a few hundredths of that. */
+#include "bench/bench_util.h"
+
 #include <errno.h>
 #include <event2/bufferevent.h>
 #include <event2/buffer.h>
@@ -330,14 +332,6 @@ static const char *pct_ms(double *v, size_t n, double p, char *buf, size_t len)
     return buf;
 }
 
-static int arg_int(int argc, char **argv, const char *name, int dflt)
-{
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return atoi(argv[i + 1]);
-    return dflt;
-}
-
 static const char *arg_str(int argc, char **argv, const char *name, const char *dflt)
 {
     for (int i = 1; i + 1 < argc; i++)
@@ -349,13 +343,13 @@ static const char *arg_str(int argc, char **argv, const char *name, const char *
 int main(int argc, char **argv)
 {
     const char *path = arg_str(argc, argv, "--unix", NULL);
-    R.clients = arg_int(argc, argv, "--clients", 1);
-    R.rounds = arg_int(argc, argv, "--rounds", 3);
-    R.prompt = arg_int(argc, argv, "--prompt", 128);
-    R.gen = arg_int(argc, argv, "--gen", 128);
-    R.vocab = arg_int(argc, argv, "--vocab", 32000);
+    R.clients = bench_arg_int(argc, argv, "--clients", 1);
+    R.rounds = bench_arg_int(argc, argv, "--rounds", 3);
+    R.prompt = bench_arg_int(argc, argv, "--prompt", 128);
+    R.gen = bench_arg_int(argc, argv, "--gen", 128);
+    R.vocab = bench_arg_int(argc, argv, "--vocab", 32000);
     R.model = arg_str(argc, argv, "--model", "m");
-    int n_conns = arg_int(argc, argv, "--conns", MAX_CONNS), timeout_s = arg_int(argc, argv, "--timeout-s", 900);
+    int n_conns = bench_arg_int(argc, argv, "--conns", MAX_CONNS), timeout_s = bench_arg_int(argc, argv, "--timeout-s", 900);
     R.temperature = atof(arg_str(argc, argv, "--temperature", "0"));
     R.top_p = atof(arg_str(argc, argv, "--top-p", "1"));
     if (!path || !(R.temperature >= 0 && R.temperature <= 2) || !(R.top_p > 0 && R.top_p <= 1) ||

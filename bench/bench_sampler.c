@@ -19,14 +19,6 @@
 
 #define MAX_REPS 31
 
-static int arg_int(int argc, char **argv, const char *name, int dflt)
-{
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return atoi(argv[i + 1]);
-    return dflt;
-}
-
 static double scalar_lse(const float *x, int32_t n)
 {
     float max = -INFINITY;
@@ -44,9 +36,9 @@ static const char *const k_case[N_CASES] = {"sample greedy", "sample t=0.8 top_p
 
 int main(int argc, char **argv)
 {
-    const int n = arg_int(argc, argv, "--vocab", 32000);
-    int reps = arg_int(argc, argv, "--reps", 7);
-    const int iters = arg_int(argc, argv, "--iters", 200);
+    const int n = bench_arg_int(argc, argv, "--vocab", 32000);
+    int reps = bench_arg_int(argc, argv, "--reps", 7);
+    const int iters = bench_arg_int(argc, argv, "--iters", 200);
     if (n < 1 || reps < 1 || iters < 1) {
         fprintf(stderr, "bench_sampler: --vocab, --reps and --iters must be positive\n");
         return 2;
