@@ -250,6 +250,10 @@ int gw_cfg_str_list(cfg_parser *p, const yaml_node_t *n, const char *path, int m
         if ((rc = gw_cfg_seq_item(p, n, i, ipath, &it)) || (rc = gw_cfg_str(p, it, ipath, &v[i])))
             return rc;
         *count = i + 1;
+        /* no list here has a use for "": a tenant's model "" matched no
+         * request, a device "" no GPU */
+        if (!v[i][0])
+            return gw_cfg_perr(p, it, ipath, "must not be empty");
     }
     return 0;
 }

@@ -567,7 +567,7 @@ static const struct {
     {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, peer_names: [a]}\n",
      "bad.yaml:3: listen[0].tls.peer_names: peer names are checked on certificates from client_ca"},
     {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: [\"\"]}\n",
-     "bad.yaml:3: listen[0].tls.peer_names: peer_names[0]: a name of 1 to 253 bytes"},
+     "bad.yaml:3: listen[0].tls.peer_names[0]: must not be empty"},
     {"listen:\n  - address: 127.0.0.1:80\n    tls: {cert: /c, key: /k, client_ca: /ca, peer_names: [a, "
      ".b.example]}\n",
      "bad.yaml:3: listen[0].tls.peer_names: peer_names[1]: a name of 1 to 253 bytes, not a pattern"},
@@ -655,6 +655,7 @@ static const struct {
     {"peer_tls: {ca: /a, crt: /c}\n", "bad.yaml:1: peer_tls.crt: unknown key"},
     {TEN_A "    residency: eu\n", "bad.yaml:4: tenants[0].residency: must be a list, not a plain value"},
     {TEN_A "    residency: [\"e u\"]\n", "bad.yaml:4: tenants[0].residency[0]: a tag is 1 to 31"},
+    {TEN_A "    models: [llama, \"\"]\n", "bad.yaml:4: tenants[0].models[1]: must not be empty"},
     {TEN_A "    residency: [eu]\n",
      "bad.yaml:2: tenants[0]: residency needs a region section: its tags say where this gateway may serve"},
     {TEN_A "    policy: cheapest\n", "bad.yaml:4: tenants[0].policy: must be latency or cost"},
