@@ -172,8 +172,6 @@ static void json_field_str(FILE *f, const char *k, const char *v)
     json_field_strn(f, k, v, v ? strlen(v) : 0);
 }
 
-/* The path, but for an API key given as ?key= (the dashboard takes the
- * admin key so): the log gets "?key=REDACTED". */
 /* x-infergate-route and the log's route: the decision's reason is about
  * its first choice; a request that failed over says so, or the header
  * described one region and x-infergate-region named another. */
@@ -188,6 +186,8 @@ static const char *route_said(const preq *p, char *buf, size_t n)
     return buf;
 }
 
+/* The path, but for an API key given as ?key= (the dashboard takes the
+ * admin key so): the log gets "?key=REDACTED". */
 static void json_field_path(FILE *f, const char *path)
 {
     const char *kq = strstr(path, "?key=");
