@@ -21,6 +21,9 @@
  * may keep together: at least 4 x max_header_list. 256 streams of 4 KiB
  * each fit. */
 #define H2_CONN_HEADER_BUDGET ((size_t)1 << 20)
+/* reject_status for a stream refused (RST_STREAM REFUSED_STREAM) once its
+ * headers are in: the budget above was spent. Not an HTTP status. */
+#define H2_REJECT_REFUSE 1
 /* Receive windows for request bodies, at most (max_body, max_conn_body
  * bound them further). */
 #define H2_STREAM_WINDOW ((size_t)1 << 20)
@@ -262,10 +265,15 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     }
     /* What a connection's open streams keep is bounded too: 256 streams of
      * 64 KiB each, their bodies never sent, held a connection's worth of
-     * memory per 17 KB on the wire. Past the budget the stream is reset. */
+     * memory per 17 KB on the wire. Past the budget the stream is refused
+     * (not processed: the client may send it again, and a peer gateway
+     * would not count it as this region failing); a peer gateway,
+     * multiplexing its clients' requests, is not held to it. */
     const size_t budget = 4 * limit > H2_CONN_HEADER_BUDGET ? 4 * limit : H2_CONN_HEADER_BUDGET;
-    if (c->h2_header_bytes + namelen + valuelen > budget)
-        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (c->h2_header_bytes + namelen + valuelen > budget && !gw_conn_peer(c)) {
+        s->reject_status = H2_REJECT_REFUSE;
+        return 0;
+    }
     c->h2_header_bytes += namelen + valuelen;
     s->header_kept += namelen + valuelen;
     if (s->n_headers == s->cap_headers) {
@@ -287,6 +295,10 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
 static void request_headers_done(gw_http_stream *s, bool end_stream)
 {
     const gw_http_limits *lim = &s->conn->srv->limits;
+    if (s->reject_status == H2_REJECT_REFUSE) {
+        stream_refuse(s);
+        return;
+    }
     if (s->reject_status) {
         char msg[96];
         snprintf(msg, sizeof(msg), "request headers larger than %zu bytes", lim->max_header_list);

@@ -324,7 +324,7 @@ def h2_header_abuse(reps, streams):
     field `reps` times (HPACK sends the repeats as one-byte references to
     it) and whose bodies never come; then a GET /healthz. Returns the first
     stream's status (or "reset"), how many streams were reset, and the
-    healthz status."""
+    healthz status, and the reset codes seen."""
     import h2.config
     import h2.connection
     import h2.events
@@ -343,7 +343,7 @@ def h2_header_abuse(reps, streams):
                              (":authority", "127.0.0.1"), ("authorization", "Bearer " + key_a),
                              ("content-length", "10")] + [("x-big", big)] * reps)
     s.sendall(c.data_to_send())
-    status, reset, hz, until = {}, set(), None, time.time() + 10
+    status, reset, codes, hz, until = {}, set(), set(), None, time.time() + 10
     asked = False
     while hz is None and time.time() < until:
         try:
@@ -359,6 +359,7 @@ def h2_header_abuse(reps, streams):
                     hz = status[ev.stream_id]
             elif isinstance(ev, h2.events.StreamReset):
                 reset.add(ev.stream_id)
+                codes.add(int(ev.error_code))
         if not asked and (data is None or len(status) + len(reset) >= streams):
             asked = True
             hz_id = c.get_next_available_stream_id()
@@ -367,16 +368,16 @@ def h2_header_abuse(reps, streams):
         s.sendall(c.data_to_send())
     s.close()
     first = "reset" if ids[0] in reset else status.get(ids[0])
-    return first, len(reset & set(ids)), hz
-first, _, hz = h2_header_abuse(20, 1)  # 80 KB decoded: past max_header_list (64 KiB)
+    return first, len(reset & set(ids)), hz, codes
+first, _, hz, _ = h2_header_abuse(20, 1)  # 80 KB decoded: past max_header_list (64 KiB)
 t.ok(first == "431" and hz == "200", "HTTP/2: a head past max_header_list gets 431 (%s, healthz %s)" % (first, hz))
-first, _, hz = h2_header_abuse(40, 1)  # 160 KB decoded from ~4 KB sent
+first, _, hz, _ = h2_header_abuse(40, 1)  # 160 KB decoded from ~4 KB sent
 t.ok(first == "reset" and hz == "200",
      "HTTP/2: a head decoding to past twice max_header_list is reset, not decoded on (%s, healthz %s)" % (first, hz))
-first, n_reset, hz = h2_header_abuse(2, 200)  # 8 KB kept by each of 200 open streams
-t.ok(n_reset >= 50 and hz == "200",
-     "HTTP/2: the headers a connection's open streams keep are bounded (%d of 200 reset, healthz %s)"
-     % (n_reset, hz))
+first, n_reset, hz, codes = h2_header_abuse(2, 200)  # 8 KB kept by each of 200 open streams
+t.ok(n_reset >= 50 and hz == "200" and codes == {7},
+     "HTTP/2: the headers a connection's open streams keep are bounded: the rest are refused, to be sent "
+     "again (%d of 200 reset, codes %s, healthz %s)" % (n_reset, codes, hz))
 
 def h2_windows():
     """The stream and connection windows the gateway opens for request bodies."""
