@@ -331,8 +331,10 @@ up_target *up_target_get(gw_upstream_pool *p, const char *name)
     if (!name)
         return NULL;
     up_target *t = target_find(p, name);
-    if (t)
+    if (t) {
+        t->used_ns = up_now_ns();
         return t;
+    }
     if (!(t = calloc(1, sizeof(*t))))
         return NULL;
     t->pool = p;
@@ -343,7 +345,42 @@ up_target *up_target_get(gw_upstream_pool *p, const char *name)
     }
     t->next = p->targets;
     p->targets = t;
+    p->n_targets++;
+    t->used_ns = up_now_ns();
     return t;
+}
+
+/* Forgets targets with no connection and no request waiting that nobody
+ * asked for in idle_close_ms: one was kept for every endpoint string ever
+ * seen, and a region rotating its endpoint (or a record written to do so)
+ * grew the pool without end. At most once a second. */
+static void sweep_targets(gw_upstream_pool *p)
+{
+    uint64_t now = up_now_ns();
+    if (now - p->targets_swept_ns < 1000000000u)
+        return;
+    p->targets_swept_ns = now;
+    uint64_t idle = (uint64_t)(p->opts.idle_close_ms > 0 ? p->opts.idle_close_ms : 60000) * 1000000u;
+    for (up_target **tp = &p->targets; *tp;) {
+        up_target *t = *tp;
+        bool held = t->conns != NULL || now - t->used_ns < idle;
+        for (gw_upstream_req *r = p->pending; r && !held; r = r->next)
+            held = r->target == t;
+        if (held) {
+            tp = &t->next;
+            continue;
+        }
+        *tp = t->next;
+        p->n_targets--;
+        free(t->name);
+        free(t->authority);
+        free(t);
+    }
+}
+
+size_t gw_upstream_target_count(const gw_upstream_pool *p)
+{
+    return p->n_targets;
 }
 
 /* A connection of t with a free stream slot, else a new one, else (at the
@@ -484,6 +521,7 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 {
     gw_upstream_pool *p = arg;
     reap(p);
+    sweep_targets(p);
     gw_upstream_req *r;
     /* Callbacks below may queue more requests: they are taken in this loop. */
     while ((r = p->pending)) {

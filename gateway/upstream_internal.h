@@ -129,6 +129,7 @@ struct up_target {
     char *authority; /* default :authority */
     up_conn *conns;
     size_t n_conns;
+    uint64_t used_ns; /* last asked for by name (up_target_get) */
     /* RTT from PING, microseconds */
     double rtt_ewma_us;
     double rtt_us[GW_UP_RTT_SAMPLES];
@@ -144,6 +145,8 @@ struct gw_upstream_pool {
     nghttp2_session_callbacks *cbs; /* shared by every connection */
     nghttp2_option *ngopt;
     up_target *targets;
+    size_t n_targets;
+    uint64_t targets_swept_ns;
     gw_upstream_req *pending, *pending_tail;
     gw_upstream_req *graveyard;
     struct event *kick_ev; /* dispatches pending requests and frees the graveyard */
@@ -207,5 +210,7 @@ void up_conn_ping_rearm(up_conn *c);
 int gw_upstream_adopt(gw_upstream_pool *p, const char *target, int fd);
 /* For tests: number of connections the pool holds to target. */
 size_t gw_upstream_conn_count(gw_upstream_pool *p, const char *target);
+/* Targets the pool keeps (forgotten once idle: sweep_targets). */
+size_t gw_upstream_target_count(const gw_upstream_pool *p);
 
 #endif

@@ -764,6 +764,44 @@ static void test_idle_close(void **state)
     get_hello(t, t->tcp_target); /* a new one is made on demand */
 }
 
+static bool targets_at_most(tctx *t, void *arg)
+{
+    if (t->pool)
+        up_pool_kick(t->pool); /* the sweep runs from the kick, at most once a second */
+    return gw_upstream_target_count(t->pool) <= (size_t)(uintptr_t)arg;
+}
+
+/* A target nobody asks for, with no connection left, is forgotten after
+ * idle_close_ms: one was kept for every endpoint string ever seen. */
+static void test_targets_forgotten(void **state)
+{
+    tctx *t = *state;
+    t->opts.idle_close_ms = 100;
+    get_hello(t, t->tcp_target);
+    creq c[8];
+    int fds[8];
+    for (int i = 0; i < 8; i++) { /* eight ports bound, not listening: refused at once */
+        struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof(sin);
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(bind(fds[i], (struct sockaddr *)&sin, sizeof(sin)), 0);
+        assert_int_equal(getsockname(fds[i], (struct sockaddr *)&sin, &sl), 0);
+        char target[64];
+        snprintf(target, sizeof(target), "tcp:127.0.0.1:%d", ntohs(sin.sin_port));
+        memset(&c[i], 0, sizeof(c[i]));
+        send_req(t, &c[i], target, "GET", "/", NULL, 0, NULL, 0);
+    }
+    for (int i = 0; i < 8; i++) {
+        wait_done(t, &c[i]);
+        close(fds[i]);
+    }
+    assert_true(gw_upstream_target_count(t->pool) >= 9);
+    assert_true(run_until(t, no_conns, t->tcp_target));
+    assert_true(run_until(t, targets_at_most, (void *)(uintptr_t)0));
+    get_hello(t, t->tcp_target); /* made again on demand */
+    assert_int_equal(gw_upstream_target_count(t->pool), 1);
+}
+
 static void test_pool_free_with_streams(void **state)
 {
     tctx *t = *state;
@@ -1386,6 +1424,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_server_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_response_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_close, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_targets_forgotten, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pool_free_with_streams, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rtt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rtt_stats, setup, teardown),
