@@ -110,7 +110,7 @@ static bool has_ctl(const char *s, size_t len)
     return false;
 }
 
-static int parse_num(const char *field, const char *v, double max, double *out, char *err, size_t err_len)
+bool route_number_parse(const char *v, double max, double *out)
 {
     /* strtod also takes hex, "inf", "nan" and leading spaces: not ours. */
     size_t len = strlen(v);
@@ -118,8 +118,15 @@ static int parse_num(const char *field, const char *v, double max, double *out, 
     errno = 0;
     double x = len && strspn(v, "0123456789.eE+-") == len ? strtod(v, &end) : -1;
     if (x < 0 || errno || *end || !(x <= max))
-        return fail(err, err_len, "%s: must be a number from 0 to %g", field, max);
+        return false;
     *out = x;
+    return true;
+}
+
+static int parse_num(const char *field, const char *v, double max, double *out, char *err, size_t err_len)
+{
+    if (!route_number_parse(v, max, out))
+        return fail(err, err_len, "%s: must be a number from 0 to %g", field, max);
     return 0;
 }
 
@@ -611,20 +618,17 @@ void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_m
 
 void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms)
 {
-    if (!route__slot(r)->in_use)
+    /* counted as any outcome (while ejected, that only counts); then, if
+     * the probe is still out (not timed out and claimed again), it decides */
+    bool probing = route__slot(r)->in_use && r->probing;
+    route_region_report(t, r, ok, now_ms);
+    if (!probing)
         return;
-    if (!r->probing) { /* timed out and claimed again, or ended: an ordinary outcome now */
-        route_region_report(t, r, ok, now_ms);
-        return;
-    }
     if (ok) {
-        r->consecutive_failures = 0;
         r->probing = false;
         r->ejections = 0;
         r->ejected_until_ms = 0;
-        return;
+    } else {
+        eject(t, r, now_ms);
     }
-    if (r->consecutive_failures < INT_MAX)
-        r->consecutive_failures++;
-    eject(t, r, now_ms);
 }

@@ -66,6 +66,9 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
  * bounds above, the endpoint empty or valid. Else -EINVAL with err naming
  * the field. */
 int route_record_check(const route_record *r, char *err, size_t err_len);
+/* A record's number (a price, a latency): decimal digits only (no hex,
+ * inf, nan or spaces), from 0 to max. */
+bool route_number_parse(const char *s, double max, double *out);
 
 /* HOST:PORT where HOST is a numeric IPv4 address, [IPv6] or localhost
  * (what the gateway connects to without a blocking DNS lookup) and PORT 1

@@ -396,17 +396,14 @@ static bool price_parse(const redisReply *r, double *in, double *out)
         const redisReply *k = r->element[i], *v = r->element[i + 1];
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || v->len == 0 || v->len > 64)
             continue;
-        char buf[65], *end;
+        char buf[65];
         memcpy(buf, v->str, v->len);
         buf[v->len] = '\0';
-        /* as a record's prices (route_record_from_fields): decimal, within
-         * ROUTE_MAX_PRICE; past it the override would make every record it
-         * lands in fail route_record_check, and the region drop out */
-        if (strspn(buf, "0123456789.eE+-") != v->len)
-            return false;
-        errno = 0;
-        double d = strtod(buf, &end);
-        if (errno || *end || !(d >= 0 && d <= ROUTE_MAX_PRICE))
+        /* as a record's prices: past ROUTE_MAX_PRICE the override would make
+         * every record it lands in fail route_record_check, and the region
+         * drop out */
+        double d;
+        if (strlen(buf) != v->len || !route_number_parse(buf, ROUTE_MAX_PRICE, &d))
             return false;
         if (k->len == 5 && !memcmp(k->str, "input", 5)) {
             *in = d;
@@ -604,21 +601,18 @@ static void check_instance(route_sync *s, const char *name, const redisReply *pr
 
 static void on_write(route_sync *s, sync_req *q, redisReply *r)
 {
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4) {
-        set_err(s, "writing the record of %s: %s", q->rec.name,
-                r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply to EXEC");
-        s->write_ok = false;
+    const char *why = r->type == REDIS_REPLY_ERROR                      ? r->str
+                      : r->type != REDIS_REPLY_ARRAY || r->elements < 4 ? "unexpected reply to EXEC"
+                                                                        : NULL;
+    for (size_t i = 0; !why && i < r->elements; i++)
+        if (r->element[i]->type == REDIS_REPLY_ERROR)
+            why = r->element[i]->str;
+    s->write_ok = !why;
+    if (why) {
+        set_err(s, "writing the record of %s: %s", q->rec.name, why);
         store_failed(s);
         return;
     }
-    for (size_t i = 0; i < r->elements; i++)
-        if (r->element[i]->type == REDIS_REPLY_ERROR) {
-            set_err(s, "writing the record of %s: %s", q->rec.name, r->element[i]->str);
-            s->write_ok = false;
-            store_failed(s);
-            return;
-        }
-    s->write_ok = true;
     if (q->announced) {
         s->announced = q->rec;
         s->has_announced = true;

@@ -340,11 +340,10 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
     if (err_len)
         err[0] = '\0';
     rt_model *m = calloc(1, sizeof(*m));
-    if (!m) {
-        snprintf(err, err_len, "out of memory");
-        return -ENOMEM;
-    }
-    int rc = rt_gguf_open(path, &m->gguf, err, err_len);
+    int rc = -ENOMEM;
+    if (!m)
+        goto fail;
+    rc = rt_gguf_open(path, &m->gguf, err, err_len);
     if (rc < 0)
         goto fail;
     if ((rc = rt_hparams_from_gguf(m->gguf, &m->hp, err, err_len)) < 0)

@@ -376,6 +376,11 @@ static void intake(rt_sched *s)
 
 /* The queue to admit from: interactive, unless the oldest batch request
  * has waited batch_max_wait_ms and came before the oldest interactive one. */
+static bool aged(const rt_sched *s, const sreq *r, double now)
+{
+    return now - r->t_submit >= s->o.batch_max_wait_ms / 1e3;
+}
+
 static queue *next_queue(rt_sched *s, double now)
 {
     queue *in = &s->waiting[0], *ba = &s->waiting[1];
@@ -383,8 +388,7 @@ static queue *next_queue(rt_sched *s, double now)
         return in;
     if (!in->head)
         return ba;
-    bool aged = now - ba->head->t_submit >= s->o.batch_max_wait_ms / 1e3;
-    return aged && ba->head->t_submit < in->head->t_submit ? ba : in;
+    return aged(s, ba->head, now) && ba->head->t_submit < in->head->t_submit ? ba : in;
 }
 
 /* Admits waiting requests, interactive first (batch ones once aged: see
@@ -412,15 +416,10 @@ static void admit(rt_sched *s)
         if (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)
             break;
         /* kept across a preemption, with the counts penalties read */
-        if (!r->smp && !(r->smp = rt_sampler_new(&r->sampling, s->n_vocab))) {
+        if ((!r->smp && !(r->smp = rt_sampler_new(&r->sampling, s->n_vocab))) ||
+            (r->logprobs && !r->lp_row && !(r->lp_row = malloc((size_t)s->n_vocab * sizeof(float))))) {
             q_pop(q);
             admitted[r->prio]++; /* out of the queue all the same */
-            finish_error(s, r, -ENOMEM);
-            continue;
-        }
-        if (r->logprobs && !r->lp_row && !(r->lp_row = malloc((size_t)s->n_vocab * sizeof(float)))) {
-            q_pop(q);
-            admitted[r->prio]++;
             finish_error(s, r, -ENOMEM);
             continue;
         }
@@ -495,11 +494,16 @@ static int prefill_budget(const rt_sched *s, int n_dec)
  * order alone, a batch request's long prompt admitted first took the whole
  * budget every step, and an interactive request behind it had its first
  * token only once that prompt was done (a review measured 6 ms -> 991 ms). */
+static bool decoding(const sreq *r)
+{
+    return r->n_done > 0 && r->n_tokens - r->n_done == 1;
+}
+
 static int batch_pass(const rt_sched *s, const sreq *r, double now)
 {
-    if (r->n_done > 0 && r->n_tokens - r->n_done == 1)
+    if (decoding(r))
         return 0;
-    return r->prio == RT_PRIO_INTERACTIVE || now - r->t_submit >= s->o.batch_max_wait_ms / 1e3 ? 1 : 2;
+    return r->prio == RT_PRIO_INTERACTIVE || aged(s, r, now) ? 1 : 2;
 }
 
 /* Fills s->batch: every decoding sequence's one token, then prompt chunks
@@ -511,7 +515,7 @@ static int build_batch(rt_sched *s)
     for (;;) {
         int n_dec = 0;
         for (int i = 0; i < s->n_running; i++)
-            n_dec += s->running[i]->n_done > 0 && s->running[i]->n_tokens - s->running[i]->n_done == 1;
+            n_dec += decoding(s->running[i]);
         int budget = prefill_budget(s, n_dec) + n_dec, n = 0, blocks = 0;
         for (int pass = 0; pass < 3; pass++) {
             for (int i = 0; i < s->n_running; i++) {
