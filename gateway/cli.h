@@ -12,6 +12,10 @@ int gw_cmd_serve(int argc, char **argv);
 int gw_cmd_key(int argc, char **argv);
 int gw_cmd_region(int argc, char **argv);
 
+/* The largest request body `infergate worker --max-body` takes; the
+ * supervisor passes the gateway's limit, cut to it. */
+#define GW_WORKER_MAX_BODY (1L << 30)
+
 /* Parses a whole decimal number in [min, max]; 0 or -1. */
 int gw_parse_int(const char *s, long min, long max, long *out);
 int gw_parse_float(const char *s, double *out);

@@ -366,7 +366,7 @@ static int parse_listen_one(cfg_parser *p, const yaml_node_t *n, const char *pat
                 return gw_cfg_perr(p, t[3], kp, "give at least one name, or leave peer_names out");
             for (int i = 0; i < l->n_tls_peer_names; i++) {
                 const char *nm = l->tls_peer_names[i];
-                if (!nm[0] || strlen(nm) > 253 || nm[0] == '.' || strchr(nm, '*'))
+                if (strlen(nm) > 253 || nm[0] == '.' || strchr(nm, '*'))
                     return gw_cfg_perr(
                         p, t[3], kp,
                         "peer_names[%d]: a name of 1 to 253 bytes, not a pattern (no leading '.', "

@@ -318,12 +318,10 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
      * comes, so that a claim alone does not reserve max_body. */
     const char *cl = gw_http_header_get(&(gw_http_request){.headers = s->headers, .n_headers = s->n_headers},
                                         "content-length");
-    if (cl) {
-        unsigned long long n = strtoull(cl, NULL, 10);
-        if (n > lim->max_body) {
-            stream_reject_body(s);
-            return;
-        }
+    unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
+    if (n > lim->max_body) {
+        stream_reject_body(s);
+        return;
     }
     /* A request with a body to come is shown to on_head first (see
      * http.h); an answer there leaves the body to be dropped as it comes. */
@@ -331,15 +329,12 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
         s->body_dropped = true;
         return;
     }
-    if (cl) {
-        unsigned long long n = strtoull(cl, NULL, 10);
-        size_t cap = n < 65536 ? (size_t)n : 65536;
-        if (cap && !(s->body = gw_mem_alloc(cap))) {
-            stream_fail(s);
-            return;
-        }
-        s->body_cap = cap;
+    size_t cap = n < 65536 ? (size_t)n : 65536;
+    if (cap && !(s->body = gw_mem_alloc(cap))) {
+        stream_fail(s);
+        return;
     }
+    s->body_cap = cap;
 }
 
 static void request_complete(gw_http_stream *s)

@@ -385,16 +385,11 @@ int gw_http_server_adopt(gw_http_server *srv, int fd)
 
 void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits)
 {
+    static const gw_http_limits none; /* zero means "the default" */
+    const gw_http_limits *l = limits ? limits : &none;
     gw_http_limits_default(&srv->limits);
-    const gw_http_limits *l = limits ? limits : &srv->limits; /* zero means "the default" */
     if (l->max_body)
         srv->limits.max_body = l->max_body;
-    /* 0: 4 x max_body, worked out here once (the DATA path and the receive
-     * window read it) */
-    size_t mb = srv->limits.max_body;
-    srv->limits.max_conn_body = l->max_conn_body ? l->max_conn_body : mb > SIZE_MAX / 4 ? SIZE_MAX : 4 * mb;
-    if (!limits)
-        return;
     if (l->max_concurrent_streams)
         srv->limits.max_concurrent_streams = l->max_concurrent_streams;
     if (l->max_header_list)
@@ -407,6 +402,10 @@ void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits
         srv->limits.header_timeout_ms = l->header_timeout_ms;
     if (l->max_connections)
         srv->limits.max_connections = l->max_connections;
+    /* 0: 4 x max_body, worked out here once (the DATA path and the receive
+     * window read it) */
+    size_t mb = srv->limits.max_body;
+    srv->limits.max_conn_body = l->max_conn_body ? l->max_conn_body : mb > SIZE_MAX / 4 ? SIZE_MAX : 4 * mb;
 }
 
 gw_http_server *gw_http_server_new(struct event_base *base, const gw_http_limits *limits,

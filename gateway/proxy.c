@@ -41,7 +41,6 @@ typedef struct preq {
     bool responded, sse, logged;
     bool sse_error;              /* the answer's stream held an error event */
     bool cut;                    /* the upstream failed after the status went out */
-    bool complete;               /* the whole answer went out (set when the stream closes) */
     bool forwarded;              /* came from a peer region: served here, never forwarded again */
     bool limit_pending;          /* waiting for the shared rate limit's answer */
     int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (below) */
@@ -326,7 +325,7 @@ static int hangup_tokens(const preq *p, double dur_s)
     return gen_ms <= 0 ? 0 : (int)fmin(p->charged_completion, 1.0 + gen_ms / w->tpot_ewma_ms);
 }
 
-static void finish_log(preq *p)
+static void finish_log(preq *p, bool complete)
 {
     if (p->logged)
         return;
@@ -357,7 +356,7 @@ static void finish_log(preq *p)
         if (p->error_kind)
             json_field_str(f, "upstream_error", p->error_kind);
         if (p->responded)
-            fprintf(f, ",\"complete\":%s", p->complete ? "true" : "false");
+            fprintf(f, ",\"complete\":%s", complete ? "true" : "false");
         fputs("}\n", f);
         fflush(f);
     }
@@ -440,8 +439,8 @@ static void respond_plain(preq *p, int status, const char *ctype, const char *bo
 static void send_upstream(preq *p);
 static bool try_next(preq *p);
 
-/* The remote region being tried failed the request: its failures are
- * what ejects it. */
+/* The remote region being tried answered the request, or failed it: its
+ * failures are what ejects it; a probe's outcome decides its ejection. */
 static void region_report(preq *p, bool ok)
 {
     if (p->remote)
@@ -619,13 +618,21 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
         p->unconsumed += len;
 }
 
+/* The log's upstream_error and the metric, for one failure of the upstream. */
+static void note_upstream_error(preq *p, const char *kind)
+{
+    p->error_kind = kind;
+    char labels[64];
+    snprintf(labels, sizeof(labels), "kind=\"%s\"", kind);
+    gw_metrics_add(p->g->metrics, "infergate_upstream_errors_total", labels, 1);
+}
+
 static void up_end(void *ud)
 {
     preq *p = ud;
     p->up = NULL;
     if (p->sse_error) { /* ended cleanly, but on an error: a failure all the same */
-        p->error_kind = "stream_error";
-        gw_metrics_add(p->g->metrics, "infergate_upstream_errors_total", "kind=\"stream_error\"", 1);
+        note_upstream_error(p, "stream_error");
         region_failed(p);
     }
     /* An upstream that ends without a blank line: its last bytes go as they are. */
@@ -638,12 +645,8 @@ static void up_end(void *ud)
 static void up_error(void *ud, gw_upstream_error e, bool responded)
 {
     preq *p = ud;
-    gw_serve *g = p->g;
     p->up = NULL;
-    p->error_kind = gw_upstream_error_name(e);
-    char labels[64];
-    snprintf(labels, sizeof(labels), "kind=\"%s\"", p->error_kind);
-    gw_metrics_add(g->metrics, "infergate_upstream_errors_total", labels, 1);
+    note_upstream_error(p, gw_upstream_error_name(e));
     if (!p->stream)
         return;
     if (!responded) {
@@ -1287,8 +1290,8 @@ void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
         p->status = 499;
     /* The status went out, so it is what is counted; whether the answer
      * did too is said beside it (a cut stream logged as a plain 200). */
-    p->complete = finished && !p->cut && !p->sse_error;
-    if (p->responded && !p->complete) {
+    bool complete = finished && !p->cut && !p->sse_error;
+    if (p->responded && !complete) {
         char labels[64];
         snprintf(labels, sizeof(labels), "reason=\"%s\"",
                  p->cut         ? p->error_kind
@@ -1296,6 +1299,6 @@ void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
                                 : "client_closed");
         gw_metrics_add(p->g->metrics, "infergate_requests_incomplete_total", labels, 1);
     }
-    finish_log(p);
+    finish_log(p, complete);
     preq_free(p);
 }

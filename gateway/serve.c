@@ -109,24 +109,24 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
  * peer regions, Redis, the access log, listeners. */
 #define FD_RESERVE 256
 
-/* The soft limit on open files, raised to the hard one at start (systemd's
- * default soft limit is 1024); 0 when it cannot be read. */
-static rlim_t g_fd_limit;
-
-static void raise_fd_limit(void)
+/* Raises the soft limit on open files to the hard one (systemd's default
+ * soft limit is 1024); returns it, 0 when it cannot be read. */
+static rlim_t raise_fd_limit(void)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl))
-        return;
+        return 0;
     if (rl.rlim_cur < rl.rlim_max) {
         struct rlimit up = {rl.rlim_max, rl.rlim_max};
         if (setrlimit(RLIMIT_NOFILE, &up) == 0)
             rl.rlim_cur = rl.rlim_max;
     }
-    g_fd_limit = rl.rlim_cur;
+    return rl.rlim_cur;
 }
 
-static void http_limits(const gw_config *c, gw_http_limits *l)
+/* The HTTP server's limits from c. `said`: the cut to the file limit was
+ * already said at start (a reload says it again only if it moves). */
+static void http_limits(const gw_serve *g, const gw_config *c, bool said, gw_http_limits *l)
 {
     gw_http_limits_default(l);
     l->max_body = c->limits.max_body_bytes;
@@ -139,20 +139,20 @@ static void http_limits(const gw_config *c, gw_http_limits *l)
     /* Past the file limit, client connections took the descriptors the
      * gateway needs for its workers and peers: a restarted worker was
      * "ready" and every request to it got 503 until clients left. */
-    if (g_fd_limit != 0 && g_fd_limit != RLIM_INFINITY &&
-        (rlim_t)l->max_connections + FD_RESERVE > g_fd_limit) {
-        size_t cap = g_fd_limit > 2 * FD_RESERVE ? (size_t)(g_fd_limit - FD_RESERVE) : (size_t)g_fd_limit / 2;
-        fprintf(stderr,
+    rlim_t lim = g->fd_limit;
+    if (lim != 0 && lim != RLIM_INFINITY && (rlim_t)l->max_connections + FD_RESERVE > lim) {
+        size_t cap = lim > 2 * FD_RESERVE ? (size_t)(lim - FD_RESERVE) : (size_t)lim / 2;
+        if (!said || g->cfg->limits.max_connections != c->limits.max_connections)
+            fprintf(
+                stderr,
                 "infergate: limits.max_connections %zu does not fit the open-file limit %llu (%d kept for "
-                "workers, peers and Redis): taking %zu; raise the limit (ulimit -n, LimitNOFILE=) for more\n",
-                (size_t)l->max_connections, (unsigned long long)g_fd_limit, FD_RESERVE, cap);
+                "workers, peers and Redis): taking %zu; raise the limit (ulimit -n, LimitNOFILE=) for "
+                "more\n",
+                (size_t)l->max_connections, (unsigned long long)lim, FD_RESERVE, cap);
         l->max_connections = cap;
     }
 }
 
-/* Tenants, keys, limits, the routing policy and the drain grace change;
- * the rest stays as started (say which when it differs). A config that
- * does not load changes nothing. */
 /* The access log file is opened again under its name, so that a rotated
  * (renamed) log is left behind, as nginx does on its reopen signal. A
  * file that cannot be opened keeps the old one in use. */
@@ -193,6 +193,9 @@ static int reload_tls(gw_serve *g, const gw_config *c)
     return n;
 }
 
+/* Tenants, keys, limits, the routing policy, the drain grace and TLS
+ * certificates change; the rest stays as started (say which when it
+ * differs). A config that does not load changes nothing. */
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
     gw_serve *g = arg;
@@ -248,7 +251,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
         c->limits.stream_buffer_bytes = 4 * (size_t)g->up_window;
     }
     gw_http_limits l;
-    http_limits(c, &l);
+    http_limits(g, c, true, &l);
     gw_http_server_set_limits(g->http, &l);
     gw_upstream_set_response_timeout(g->pool, c->limits.response_timeout_ms);
     int n_tls = reload_tls(g, c);
@@ -481,9 +484,9 @@ int gw_cmd_serve(int argc, char **argv)
         uo.stream_window = (uint32_t)(g.cfg->limits.stream_buffer_bytes / 4);
     g.up_window = uo.stream_window;
     g.listen_override = listen;
-    raise_fd_limit();
+    g.fd_limit = raise_fd_limit();
     gw_http_limits lim;
-    http_limits(g.cfg, &lim);
+    http_limits(&g, g.cfg, false, &lim);
     gw_http_handler h = {.on_request = gw_proxy_on_request,
                          .on_head = gw_proxy_on_head,
                          .on_refused = gw_proxy_on_refused,

@@ -39,6 +39,7 @@ typedef struct gw_serve {
     route_table *table; /* NULL without a region section: local workers only */
     route_sync *sync;   /* NULL without Redis */
     struct event *heartbeat;
+    unsigned long long fd_limit; /* the open-file limit, raised at start (0: unknown) */
     double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1;
                           * starts at GW_RETRY_TOKENS_START where the budget is not 0 */
     bool draining;

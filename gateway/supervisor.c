@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* close_range */
 #include "gateway/supervisor.h"
 
+#include "gateway/cli.h"
 #include "gateway/config.h"
 #include "gateway/gpu_list.h"
 #include "gateway/upstream.h"
@@ -104,7 +105,8 @@ static int spawn(sworker *w)
      * to (whose own default is 1 MiB and bound 1 GiB). A reload's new
      * limit reaches workers started after it. */
     size_t max_body = s->cfg->limits.max_body_bytes;
-    snprintf(body, sizeof(body), "%zu", max_body < ((size_t)1 << 30) ? max_body : ((size_t)1 << 30));
+    snprintf(body, sizeof(body), "%zu",
+             max_body < (size_t)GW_WORKER_MAX_BODY ? max_body : (size_t)GW_WORKER_MAX_BODY);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
     const char *argv[30];
     int a = 0;

@@ -331,21 +331,18 @@ up_target *up_target_get(gw_upstream_pool *p, const char *name)
     if (!name)
         return NULL;
     up_target *t = target_find(p, name);
-    if (t) {
-        t->used_ns = up_now_ns();
-        return t;
+    if (!t) {
+        if (!(t = calloc(1, sizeof(*t))))
+            return NULL;
+        t->pool = p;
+        if (parse_target(t, name) || !(t->name = strdup(name))) {
+            free(t->authority);
+            free(t);
+            return NULL;
+        }
+        t->next = p->targets;
+        p->targets = t;
     }
-    if (!(t = calloc(1, sizeof(*t))))
-        return NULL;
-    t->pool = p;
-    if (parse_target(t, name) || !(t->name = strdup(name))) {
-        free(t->authority);
-        free(t);
-        return NULL;
-    }
-    t->next = p->targets;
-    p->targets = t;
-    p->n_targets++;
     t->used_ns = up_now_ns();
     return t;
 }
@@ -360,7 +357,7 @@ static void sweep_targets(gw_upstream_pool *p)
     if (now - p->targets_swept_ns < 1000000000u)
         return;
     p->targets_swept_ns = now;
-    uint64_t idle = (uint64_t)(p->opts.idle_close_ms > 0 ? p->opts.idle_close_ms : 60000) * 1000000u;
+    uint64_t idle = (uint64_t)p->opts.idle_close_ms * 1000000u;
     for (up_target **tp = &p->targets; *tp;) {
         up_target *t = *tp;
         bool held = t->conns != NULL || now - t->used_ns < idle;
@@ -371,7 +368,6 @@ static void sweep_targets(gw_upstream_pool *p)
             continue;
         }
         *tp = t->next;
-        p->n_targets--;
         free(t->name);
         free(t->authority);
         free(t);
@@ -380,7 +376,10 @@ static void sweep_targets(gw_upstream_pool *p)
 
 size_t gw_upstream_target_count(const gw_upstream_pool *p)
 {
-    return p->n_targets;
+    size_t n = 0;
+    for (const up_target *t = p->targets; t; t = t->next)
+        n++;
+    return n;
 }
 
 /* A connection of t with a free stream slot, else a new one, else (at the

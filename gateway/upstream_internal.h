@@ -145,7 +145,6 @@ struct gw_upstream_pool {
     nghttp2_session_callbacks *cbs; /* shared by every connection */
     nghttp2_option *ngopt;
     up_target *targets;
-    size_t n_targets;
     uint64_t targets_swept_ns;
     gw_upstream_req *pending, *pending_tail;
     gw_upstream_req *graveyard;

@@ -938,7 +938,7 @@ int gw_cmd_worker(int argc, char **argv)
             bad = gw_parse_int(optarg, 0, 86400, &grace) ? "--drain-grace-s: 0 to 86400" : NULL;
             break;
         case O_BODY:
-            bad = gw_parse_int(optarg, 1, 1L << 30, &v) ? "--max-body: 1 to 1073741824" : NULL;
+            bad = gw_parse_int(optarg, 1, GW_WORKER_MAX_BODY, &v) ? "--max-body: 1 to 1073741824" : NULL;
             lim.max_body = (size_t)v;
             break;
         case 'h': usage(stdout); return 0;
