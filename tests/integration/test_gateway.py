@@ -239,25 +239,25 @@ t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a wrong key -> 401 before the bod
 r = head_only_h1("Authorization: Bearer %s\r\n" % key_a)
 t.ok(r.startswith("HTTP/1.1 100 Continue"), "HTTP/1.1: a valid key gets 100 Continue and sends its body")
 
-def head_only_h2(extra):
-    """A request's head alone over h2c, with content-length 10; its body
-    (10 bytes, not JSON) once it is answered or after 1 s; then a GET
-    /healthz on the same connection. Returns the first stream's status,
-    whether it came before the body was sent, the healthz status, and
-    whether the first stream closed cleanly."""
+def h2_client(timeout):
+    """A python-h2 client connection to the gateway, its preface queued."""
     import h2.config
     import h2.connection
-    import h2.events
-    s = socket.create_connection(("127.0.0.1", port), timeout=1)
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     c.initiate_connection()
-    c.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
-                       (":authority", "127.0.0.1"), ("content-type", "application/json"),
-                       ("content-length", "10")] + extra)
-    s.sendall(c.data_to_send())
-    status, sent, early, ended, reset = {}, False, False, set(), set()
-    until = time.time() + 10
-    while 3 not in status and time.time() < until:
+    return s, c
+
+
+def h2_head(method, path, extra=()):
+    return [(":method", method), (":path", path), (":scheme", "http"), (":authority", "127.0.0.1")] + list(extra)
+
+
+def h2_run(s, c, seen, after, done, secs=10):
+    """Reads, hands each event to seen(ev), then after(data) (data None on a
+    read timeout), and writes what is due, until done() or secs pass."""
+    until = time.time() + secs
+    while not done() and time.time() < until:
         try:
             data = s.recv(65536)
         except socket.timeout:
@@ -265,21 +265,42 @@ def head_only_h2(extra):
         if data == b"":
             break
         for ev in c.receive_data(data or b""):
-            if isinstance(ev, h2.events.ResponseReceived):
-                status[ev.stream_id] = dict(ev.headers).get(":status")
-                early = early or (ev.stream_id == 1 and not sent)
-            elif isinstance(ev, h2.events.StreamEnded):
-                ended.add(ev.stream_id)
-            elif isinstance(ev, h2.events.StreamReset):
-                reset.add(ev.stream_id)
-        if not sent and (1 in status or data is None):
-            sent = True
-            c.send_data(1, b"x" * 10, end_stream=True)
-            c.send_headers(3, [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"),
-                               (":authority", "127.0.0.1")], end_stream=True)
+            seen(ev)
+        after(data)
         s.sendall(c.data_to_send())
     s.close()
-    return status.get(1), early, status.get(3), 1 in ended and 1 not in reset
+
+
+def head_only_h2(extra):
+    """A request's head alone over h2c, with content-length 10; its body
+    (10 bytes, not JSON) once it is answered or after 1 s; then a GET
+    /healthz on the same connection. Returns the first stream's status,
+    whether it came before the body was sent, the healthz status, and
+    whether the first stream closed cleanly."""
+    import h2.events
+    s, c = h2_client(1)
+    c.send_headers(1, h2_head("POST", "/v1/completions", [("content-type", "application/json"),
+                                                         ("content-length", "10")] + extra))
+    s.sendall(c.data_to_send())
+    status, ended, reset, st = {}, set(), set(), {"sent": False, "early": False}
+
+    def seen(ev):
+        if isinstance(ev, h2.events.ResponseReceived):
+            status[ev.stream_id] = dict(ev.headers).get(":status")
+            st["early"] = st["early"] or (ev.stream_id == 1 and not st["sent"])
+        elif isinstance(ev, h2.events.StreamEnded):
+            ended.add(ev.stream_id)
+        elif isinstance(ev, h2.events.StreamReset):
+            reset.add(ev.stream_id)
+
+    def after(data):
+        if not st["sent"] and (1 in status or data is None):
+            st["sent"] = True
+            c.send_data(1, b"x" * 10, end_stream=True)
+            c.send_headers(3, h2_head("GET", "/healthz"), end_stream=True)
+
+    h2_run(s, c, seen, after, lambda: 3 in status)
+    return status.get(1), st["early"], status.get(3), 1 in ended and 1 not in reset
 t.ok(head_only_h2([]) == ("401", True, "200", True),
      "HTTP/2: no key -> 401 from the head; the body after it is dropped, the connection goes on")
 t.ok(head_only_h2([("x-infergate-hop", "1")])[:2] == ("403", True),
@@ -290,14 +311,9 @@ t.ok(head_only_h2([("authorization", "Bearer " + key_a)]) == ("400", False, "200
 def head_then_silence_h2():
     """No key, the head alone, and then nothing: the stream answered from
     its head is reset (NO_ERROR) within idle_timeout_ms, not held open."""
-    import h2.config
-    import h2.connection
     import h2.events
-    s = socket.create_connection(("127.0.0.1", port), timeout=15)
-    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-    c.initiate_connection()
-    c.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
-                       (":authority", "127.0.0.1"), ("content-length", "10")])
+    s, c = h2_client(15)
+    c.send_headers(1, h2_head("POST", "/v1/completions", [("content-length", "10")]))
     s.sendall(c.data_to_send())
     t0, closed = time.time(), None
     try:
@@ -323,52 +339,38 @@ def h2_header_abuse(reps, streams):
     """`streams` POSTs with a valid key whose heads each repeat one 4000-byte
     field `reps` times (HPACK sends the repeats as one-byte references to
     it) and whose bodies never come; then a GET /healthz. Returns the first
-    stream's status (or "reset"), how many streams were reset, and the
-    healthz status, and the reset codes seen."""
-    import h2.config
-    import h2.connection
+    stream's status (or "reset"), how many streams were reset, the healthz
+    status, and the reset codes seen."""
     import h2.events
     import h2.settings
-    s = socket.create_connection(("127.0.0.1", port), timeout=2)
-    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-    c.initiate_connection()
+    s, c = h2_client(2)
     c.local_settings = h2.settings.Settings(client=True, initial_values={
         h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1000})
     big = "v" * 4000
     ids = []
     for i in range(streams):
-        sid = c.get_next_available_stream_id()
-        ids.append(sid)
-        c.send_headers(sid, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
-                             (":authority", "127.0.0.1"), ("authorization", "Bearer " + key_a),
-                             ("content-length", "10")] + [("x-big", big)] * reps)
+        ids.append(c.get_next_available_stream_id())
+        c.send_headers(ids[-1], h2_head("POST", "/v1/completions", [("authorization", "Bearer " + key_a),
+                                                                    ("content-length", "10")]
+                                        + [("x-big", big)] * reps))
     s.sendall(c.data_to_send())
-    status, reset, codes, hz, until = {}, set(), set(), None, time.time() + 10
-    asked = False
-    while hz is None and time.time() < until:
-        try:
-            data = s.recv(65536)
-        except socket.timeout:
-            data = None
-        if data == b"":
-            break
-        for ev in c.receive_data(data or b""):
-            if isinstance(ev, h2.events.ResponseReceived):
-                status[ev.stream_id] = dict(ev.headers).get(":status")
-                if asked and ev.stream_id == hz_id:
-                    hz = status[ev.stream_id]
-            elif isinstance(ev, h2.events.StreamReset):
-                reset.add(ev.stream_id)
-                codes.add(int(ev.error_code))
-        if not asked and (data is None or len(status) + len(reset) >= streams):
-            asked = True
-            hz_id = c.get_next_available_stream_id()
-            c.send_headers(hz_id, [(":method", "GET"), (":path", "/healthz"), (":scheme", "http"),
-                                   (":authority", "127.0.0.1")], end_stream=True)
-        s.sendall(c.data_to_send())
-    s.close()
+    status, reset, codes, hz = {}, set(), set(), {}
+
+    def seen(ev):
+        if isinstance(ev, h2.events.ResponseReceived):
+            status[ev.stream_id] = dict(ev.headers).get(":status")
+        elif isinstance(ev, h2.events.StreamReset):
+            reset.add(ev.stream_id)
+            codes.add(int(ev.error_code))
+
+    def after(data):
+        if "id" not in hz and (data is None or len(status) + len(reset) >= streams):
+            hz["id"] = c.get_next_available_stream_id()
+            c.send_headers(hz["id"], h2_head("GET", "/healthz"), end_stream=True)
+
+    h2_run(s, c, seen, after, lambda: hz.get("id") in status)
     first = "reset" if ids[0] in reset else status.get(ids[0])
-    return first, len(reset & set(ids)), hz, codes
+    return first, len(reset & set(ids)), status.get(hz.get("id")), codes
 first, _, hz, _ = h2_header_abuse(20, 1)  # 80 KB decoded: past max_header_list (64 KiB)
 t.ok(first == "431" and hz == "200", "HTTP/2: a head past max_header_list gets 431 (%s, healthz %s)" % (first, hz))
 first, _, hz, _ = h2_header_abuse(40, 1)  # 160 KB decoded from ~4 KB sent
@@ -381,11 +383,7 @@ t.ok(n_reset >= 50 and hz == "200" and codes == {7},
 
 def h2_windows():
     """The stream and connection windows the gateway opens for request bodies."""
-    import h2.config
-    import h2.connection
-    s = socket.create_connection(("127.0.0.1", port), timeout=1)
-    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    c.initiate_connection()
+    s, c = h2_client(1)
     s.sendall(c.data_to_send())
     try:
         for _ in range(4):
@@ -398,9 +396,10 @@ def h2_windows():
         pass
     s.close()
     return c.remote_settings.initial_window_size, c.outbound_flow_control_window
-t.ok(h2_windows() == (1 << 20, 4 * 1572864),
+windows = h2_windows()
+t.ok(windows == (1 << 20, 4 * 1572864),
      "HTTP/2: request bodies get a 1 MiB stream window and a max_conn_body connection window, not 64 KiB: %s"
-     % (h2_windows(),))
+     % (windows,))
 
 # --- a client that stops reading for a while ---
 # python3-h2 as the client: it acknowledges data only when told, so the
@@ -673,8 +672,9 @@ g.send_signal(1)
 ok = wait_until(lambda: curl(URL + "/v1/models", http="--http1.1", headers=["authorization: Bearer " + key_c],
                              timeout=5)[0] == 200, 10, "new key accepted after reload")
 t.ok(ok, "SIGHUP with a good config: the new key works without a restart")
-t.ok("CN = localhost" in cn_before and "CN = renewed.localhost" in served_cn(),
-     "SIGHUP: a certificate renewed in place is served without a restart (%s -> %s)" % (cn_before, served_cn()))
+cn_after = served_cn()
+t.ok("CN = localhost" in cn_before and "CN = renewed.localhost" in cn_after,
+     "SIGHUP: a certificate renewed in place is served without a restart (%s -> %s)" % (cn_before, cn_after))
 t.ok("kept as started" not in open(log_path).read(), "a reload of keys alone names nothing kept as started")
 # What a reload cannot apply is named, and a stream buffer too small for
 # the upstream window set at start is kept at 4 x that window (a smaller

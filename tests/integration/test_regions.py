@@ -494,15 +494,20 @@ try:
     def fk_ok():
         return request("eu1", "open", headers=fk, body={"model": "m", "prompt": "hello", "max_tokens": 1})[0]
 
+    def via_fk1(fault_kind, timeout=30):
+        """A cost-tenant request (fk1 first) that fk1 answers with fault_kind:
+        status, headers, body, whether fk1 got exactly it, fk1's failures."""
+        before = len(fault.requests)
+        s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": fault_kind, "max_tokens": 1},
+                          timeout=timeout)
+        return s, h, b, fault.requests[before:] == [fault_kind], table("eu1")["fk1"]["consecutive_failures"]
+
     t.ok(fk_ok() == 200, "fk1 answers")
-    before = len(fault.requests)
-    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "504", "max_tokens": 1})
-    t.ok(s == 504 and fault.requests[before:] == ["504"], "a region's 504 is not retried elsewhere (%d %s)"
-         % (s, b[:200]))
+    s, h, b, only, _ = via_fk1("504")
+    t.ok(s == 504 and only, "a region's 504 is not retried elsewhere (%d %s)" % (s, b[:200]))
     t.ok(fk_ok() == 200, "fk1 answers again")
-    before = len(fault.requests)
-    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "502", "max_tokens": 1})
-    t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["502"]
+    s, h, b, only, _ = via_fk1("502")
+    t.ok(s == 200 and h.get("x-infergate-region") in names and only
          and h.get("x-infergate-route", "").startswith("failover to candidate 2 of ")
          and "first choice fk1: " in h.get("x-infergate-route", ""),
          "a region's 502 is retried at the next region, and the route header says so (%d %s %r)"
@@ -510,19 +515,15 @@ try:
     # A refused stream (RFC 9113 8.7: not processed) goes to the next region
     # and does not count against fk1.
     t.ok(fk_ok() == 200, "fk1 answers once more")
-    before = len(fault.requests)
-    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "refuse", "max_tokens": 1})
-    fails = table("eu1")["fk1"]["consecutive_failures"]
-    t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["refuse"] and fails == 0,
+    s, h, b, only, fails = via_fk1("refuse")
+    t.ok(s == 200 and h.get("x-infergate-region") in names and only and fails == 0,
          "a refused stream is sent to the next region and is no failure of fk1's (%d %s, fk1 failures %d)"
          % (s, h.get("x-infergate-region"), fails))
     # So is a stream above a GOAWAY's last stream id (RFC 9113 6.8: never
     # processed), as from a region that began draining.
     t.ok(fk_ok() == 200, "fk1 answers after the refusal")
-    before = len(fault.requests)
-    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "goaway", "max_tokens": 1})
-    fails = table("eu1")["fk1"]["consecutive_failures"]
-    t.ok(s == 200 and h.get("x-infergate-region") in names and fault.requests[before:] == ["goaway"] and fails == 0,
+    s, h, b, only, fails = via_fk1("goaway")
+    t.ok(s == 200 and h.get("x-infergate-region") in names and only and fails == 0,
          "a stream past a GOAWAY is sent to the next region and is no failure of fk1's (%d %s, fk1 failures %d)"
          % (s, h.get("x-infergate-region"), fails))
     t.ok(fk_ok() == 200, "fk1 answers on a new connection after its GOAWAY")
@@ -531,10 +532,9 @@ try:
     # the stream fails as a timeout after ten missed ones (ping_interval_ms
     # 100) and goes to the next region; without them it was held until the
     # wedged peer closed (here after 20 s: then a reset).
-    before = len(fault.requests)
-    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": "hang", "max_tokens": 1}, timeout=60)
+    s, h, b, only, _ = via_fk1("hang", timeout=60)
     e = logged("eu1", h) or {}
-    t.ok(s == 200 and fault.requests[before:] == ["hang"] and e.get("upstream_error") == "timeout",
+    t.ok(s == 200 and only and e.get("upstream_error") == "timeout",
          "a stream on a draining connection whose peer wedged fails on missed PINGs and moves on (%d %s %s)"
          % (s, h.get("x-infergate-region"), e.get("upstream_error")))
 finally:

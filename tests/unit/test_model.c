@@ -421,17 +421,19 @@ static void test_rope_scaling(void **state)
         float factor;
         const float *freqs;
         const char *refused; /* in the load error, or NULL */
+        float base;          /* rope.freq_base; 0: the generator's */
     } cases[] = {
-        {NULL, 0, NULL, NULL},
-        {NULL, 0, ones, NULL},
-        {NULL, 0, fours, NULL},
-        {"linear", 4, NULL, NULL},
-        {"none", 0, NULL, NULL},
-        {"yarn", 4, NULL, "llama.rope.scaling.type = \"yarn\""},
-        {"linear", 0, NULL, "missing required key llama.rope.scaling.factor"},
-        {NULL, 4, NULL, NULL},   /* a factor without a type is linear */
-        {"none", 4, NULL, NULL}, /* none is none, whatever the factor */
-        {"inf", 0, NULL, "llama.rope.freq_base must be a positive number"}, /* rope_base inf, below */
+        {NULL, 0, NULL, NULL, 0},
+        {NULL, 0, ones, NULL, 0},
+        {NULL, 0, fours, NULL, 0},
+        {"linear", 4, NULL, NULL, 0},
+        {"none", 0, NULL, NULL, 0},
+        {"yarn", 4, NULL, "llama.rope.scaling.type = \"yarn\"", 0},
+        {"linear", 0, NULL, "missing required key llama.rope.scaling.factor", 0},
+        {NULL, 4, NULL, NULL, 0},   /* a factor without a type is linear */
+        {"none", 4, NULL, NULL, 0}, /* none is none, whatever the factor */
+        /* it passed "positive" and every logit came out 0 */
+        {NULL, 0, NULL, "llama.rope.freq_base must be a positive number", INFINITY},
     };
     enum { N_CASES = sizeof(cases) / sizeof(cases[0]) };
     float *logits[N_CASES] = {0};
@@ -440,9 +442,9 @@ static void test_rope_scaling(void **state)
         snprintf(path, sizeof(path), "%s/rope%d.gguf", dir, k);
         rt_gen_params p;
         small_params(&p, KN_TYPE_F32); /* head_dim 32: 16 factors */
-        p.rope_scaling = cases[k].scaling && strcmp(cases[k].scaling, "inf") ? cases[k].scaling : NULL;
-        if (cases[k].scaling && !strcmp(cases[k].scaling, "inf"))
-            p.rope_base = INFINITY; /* it passed "positive" and every logit came out 0 */
+        p.rope_scaling = cases[k].scaling;
+        if (cases[k].base != 0)
+            p.rope_base = cases[k].base;
         p.rope_scaling_factor = cases[k].factor;
         p.rope_freqs = cases[k].freqs;
         assert_int_equal(rt_model_gen(&p, path, err, sizeof(err)), 0);
