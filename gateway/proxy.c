@@ -770,29 +770,45 @@ static void request_id(preq *p, const gw_http_request *r)
     p->id[28] = '\0';
 }
 
-/* The tenant of the request; NULL after answering 401 when auth is on.
- * *ok is false when an answer was sent. */
-static gw_tenant *authenticate(preq *p, bool *ok)
+/* Who sends a request, from its head alone: on_head and on_request both
+ * ask, so a head refused early is refused for the same reason later. */
+typedef enum {
+    SENDER_ANYONE,   /* no keys configured */
+    SENDER_TENANT,   /* a valid key */
+    SENDER_PEER,     /* a forwarded request over a verified peer connection */
+    SENDER_NO_KEY,   /* keys required, none sent */
+    SENDER_BAD_KEY,  /* a key no tenant holds */
+    SENDER_BAD_PEER, /* forwarded, but the connection's certificate was not verified */
+} sender;
+
+static bool path_is(const gw_http_request *r, const char *path)
 {
-    gw_serve *g = p->g;
-    *ok = true;
+    size_t plen = strcspn(r->path, "?");
+    return plen == strlen(path) && !strncmp(r->path, path, plen);
+}
+
+static sender identify(gw_serve *g, const gw_http_request *r, gw_tenant **t)
+{
+    *t = NULL;
+    if (gw_http_header_get(r, "x-infergate-hop"))
+        return r->peer_verified ? SENDER_PEER : SENDER_BAD_PEER;
     if (gw_tenants_open(g->tenants))
-        return NULL;
-    const char *a = gw_http_header_get(p->req, "authorization");
-    if (!a || strncasecmp(a, "Bearer ", 7) != 0) {
-        respond(p, 401, "invalid_request_error", "missing_api_key", NULL, 0,
-                "missing API key: send it as 'Authorization: Bearer KEY'");
-        *ok = false;
-        return NULL;
-    }
-    gw_tenant *t = gw_tenants_auth(g->tenants, a + 7);
-    if (!t) {
-        respond(p, 401, "invalid_request_error", "invalid_api_key", NULL, 0, "invalid API key");
-        *ok = false;
-        return NULL;
-    }
-    snprintf(p->tenant, sizeof(p->tenant), "%s", gw_tenant_name(t));
-    return t;
+        return SENDER_ANYONE;
+    const char *a = gw_http_header_get(r, "authorization"), *key;
+    const char *q = strstr(r->path, "?key=");
+    if (a && strncasecmp(a, "Bearer ", 7) == 0)
+        key = a + 7;
+    else if (!a && q && path_is(r, "/dashboard"))
+        key = q + 5; /* a browser refreshing the page sends no header */
+    else
+        return SENDER_NO_KEY;
+    *t = gw_tenants_auth(g->tenants, key);
+    return *t ? SENDER_TENANT : SENDER_BAD_KEY;
+}
+
+static bool refused(sender who)
+{
+    return who == SENDER_NO_KEY || who == SENDER_BAD_KEY || who == SENDER_BAD_PEER;
 }
 
 /* GET /v1/models (one == NULL) or /v1/models/{one}: the models of the
@@ -1109,19 +1125,27 @@ static void handle_regions(preq *p, bool html)
 /* A request another region's gateway forwarded: accepted only over a
  * connection whose client certificate verified (mutual TLS), and then the
  * tenant it names is taken as given. */
-static bool accept_forwarded(preq *p)
+static void accept_forwarded(preq *p)
 {
     const char *tenant = gw_http_header_get(p->req, "x-infergate-tenant");
-    if (!p->req->peer_verified) {
-        respond(p, 403, "permission_error", "peer_not_authenticated", NULL, 0,
-                "forwarded requests (x-infergate-hop) are accepted only from peer gateways with a verified client "
-                "certificate");
-        return false;
-    }
     p->forwarded = true;
     if (tenant && strlen(tenant) < sizeof(p->tenant))
         snprintf(p->tenant, sizeof(p->tenant), "%s", tenant);
-    return true;
+}
+
+/* The answer to a sender identify() refused. */
+static void respond_refused(preq *p, sender who)
+{
+    if (who == SENDER_BAD_PEER)
+        respond(p, 403, "permission_error", "peer_not_authenticated", NULL, 0,
+                "forwarded requests (x-infergate-hop) are accepted only from peer gateways with a verified "
+                "client "
+                "certificate");
+    else if (who == SENDER_NO_KEY)
+        respond(p, 401, "invalid_request_error", "missing_api_key", NULL, 0,
+                "missing API key: send it as 'Authorization: Bearer KEY'");
+    else
+        respond(p, 401, "invalid_request_error", "invalid_api_key", NULL, 0, "invalid API key");
 }
 
 void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
@@ -1144,7 +1168,7 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
 
     size_t plen = strcspn(r->path, "?");
     bool get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST");
-#define PATH_IS(x) (plen == sizeof(x) - 1 && !strncmp(r->path, x, plen))
+#define PATH_IS(x) path_is(r, x)
     if (PATH_IS("/healthz") && get) {
         respond_plain(p, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return;
@@ -1158,31 +1182,22 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         return;
     }
     bool completion = (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions")) && post;
-    if (gw_http_header_get(r, "x-infergate-hop")) {
-        if (!accept_forwarded(p))
-            return;
+    gw_tenant *t;
+    sender who = identify(g, r, &t);
+    if (refused(who)) {
+        respond_refused(p, who);
+        return;
+    }
+    if (who == SENDER_PEER) {
+        accept_forwarded(p);
         if (completion)
             handle_completion(p, NULL);
         else
             respond(p, 404, "invalid_request_error", "not_found", NULL, 0, "only completions are forwarded");
         return;
     }
-    bool ok = true;
-    gw_tenant *t = NULL;
-    const char *q = strstr(r->path, "?key=");
-    if (PATH_IS("/dashboard") && q && !gw_http_header_get(r, "authorization") && !gw_tenants_open(g->tenants)) {
-        /* A browser refreshing the page sends no header: the admin key may
-         * come in the query string instead. */
-        if (!(t = gw_tenants_auth(g->tenants, q + 5))) {
-            respond(p, 401, "invalid_request_error", "invalid_api_key", NULL, 0, "invalid API key");
-            return;
-        }
+    if (t)
         snprintf(p->tenant, sizeof(p->tenant), "%s", gw_tenant_name(t));
-    } else {
-        t = authenticate(p, &ok);
-    }
-    if (!ok)
-        return;
     if ((PATH_IS("/v1/regions") || PATH_IS("/dashboard")) && get) {
         if (t && !gw_tenant_admin(t)) {
             respond(p, 403, "permission_error", "admin_only", NULL, 0, "%.*s needs an admin key", (int)plen, r->path);
@@ -1230,24 +1245,13 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
 
 /* A request refused whatever its body says is answered from its head, so
  * that a client without a valid key cannot make the gateway take in (and
- * hold) a body: a forwarded request from a peer without a verified
- * certificate, or one without a valid key where keys are required. The
- * answer is on_request's own; a request that passes here is checked again
- * there, whole. */
+ * hold) a body. The answer is on_request's own. A request that passes is
+ * identified again when whole (one more key hash): a SIGHUP between the two
+ * may have replaced the tenants, so the first answer is not kept. */
 void gw_proxy_on_head(void *ud, gw_http_stream *s, const gw_http_request *r)
 {
-    gw_serve *g = ud;
-    bool refused;
-    if (gw_http_header_get(r, "x-infergate-hop")) {
-        refused = !r->peer_verified;
-    } else if (gw_tenants_open(g->tenants)) {
-        refused = false;
-    } else {
-        const char *a = gw_http_header_get(r, "authorization");
-        refused = !a ? !strstr(r->path, "?key=") /* the dashboard's key, checked whole */
-                     : strncasecmp(a, "Bearer ", 7) != 0 || !gw_tenants_auth(g->tenants, a + 7);
-    }
-    if (refused)
+    gw_tenant *t;
+    if (refused(identify(ud, r, &t)))
         gw_proxy_on_request(ud, s, r);
 }
 

@@ -31,7 +31,10 @@ signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))
 
 def tmpdir():
     d = tempfile.mkdtemp(prefix="infergate-it-")
-    atexit.register(lambda: subprocess.run(["rm", "-rf", d]))
+    if os.environ.get("INFERGATE_TEST_KEEP"):  # keep logs and configs to read after a failure
+        print("# test files kept in", d)
+    else:
+        atexit.register(lambda: subprocess.run(["rm", "-rf", d]))
     return d
 
 

@@ -215,11 +215,11 @@ t.ok(any(c == 429 and ra for c, ra in codes) and codes[0][0] == 200,
      "rate limit: a burst past 2 req/s gets 429 with Retry-After (%s)" % [c for c, _ in codes])
 
 # --- a request without a valid key is refused by its head, its body unread ---
-def head_only_h1(auth):
+def head_only_h1(auth, path="/v1/completions"):
     """An upload's head alone (Expect: 100-continue): what comes back in 5 s."""
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n%s"
-               "Expect: 100-continue\r\nContent-Length: 1000000\r\n\r\n" % auth).encode())
+    s.sendall(("POST %s HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n%s"
+               "Expect: 100-continue\r\nContent-Length: 1000000\r\n\r\n" % (path, auth)).encode())
     got = b""
     try:
         while b"\r\n\r\n" not in got:
@@ -236,6 +236,9 @@ t.ok(r.startswith("HTTP/1.1 401 ") and "connection: close" in r.lower() and "100
      "HTTP/1.1: no key -> 401 from the head, no 100 Continue, connection closed: %r" % r[:60])
 r = head_only_h1("Authorization: Bearer wrong\r\n")
 t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a wrong key -> 401 before the body")
+r = head_only_h1("", "/v1/completions?key=" + key_a)
+t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a key in the query (the dashboard's way) is no key for an upload: "
+     "401 before the body: %r" % r[:40])
 r = head_only_h1("Authorization: Bearer %s\r\n" % key_a)
 t.ok(r.startswith("HTTP/1.1 100 Continue"), "HTTP/1.1: a valid key gets 100 Continue and sends its body")
 
