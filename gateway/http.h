@@ -179,6 +179,10 @@ void gw_http_server_free(gw_http_server *srv);
 void gw_http_set_user(gw_http_stream *s, void *stream_ud);
 /* Value of the first header with this lower-case name, or NULL. */
 const char *gw_http_header_get(const gw_http_request *req, const char *name);
+/* Whether a path segment, percent-decoded, is `name` (clients escape the
+ * '/' of a model id such as "org/model" as %2F). A malformed escape never
+ * matches. */
+bool gw_http_segment_is(const char *seg, size_t seg_len, const char *name);
 
 /* A whole response. 0, or -EINVAL when a response was already started. */
 int gw_http_respond(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,

@@ -522,6 +522,32 @@ const char *gw_http_header_get(const gw_http_request *req, const char *name)
 
 /* -EPIPE when the stream is gone (its on_close is due), -EINVAL when the
  * call does not fit the response's state. */
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+bool gw_http_segment_is(const char *seg, size_t seg_len, const char *name)
+{
+    size_t i = 0;
+    for (; i < seg_len && *name; name++) {
+        int c = (unsigned char)seg[i++];
+        if (c == '%') {
+            int hi = i + 1 < seg_len ? hex_digit(seg[i]) : -1, lo = hi >= 0 ? hex_digit(seg[i + 1]) : -1;
+            if (lo < 0)
+                return false;
+            c = hi << 4 | lo;
+            i += 2;
+        }
+        if (c != (unsigned char)*name)
+            return false;
+    }
+    return i == seg_len && !*name;
+}
+
 static int stream_check(const gw_http_stream *s)
 {
     if (s->state == GW_SS_CLOSED || s->reset || s->conn->dead)

@@ -333,8 +333,12 @@ static void finish_log(preq *p, bool complete)
     gw_serve *g = p->g;
     double now = mono_s(), dur = now - p->t_start;
     double ttft = p->t_first > 0 ? p->t_first - p->t_start : -1;
-    int tokens = p->usage.tokens >= 0 ? p->usage.tokens : (p->sse && p->events > 1 ? p->events - 1 : -1);
-    double tpot = p->sse && p->events > 2 ? (p->t_last - p->t_first) / (p->events - 2) : -1;
+    /* Without a usage object, tokens are counted in events: one each but
+     * the last (the finish_reason) and a chat stream's first (the role). */
+    int bare = 1 + (strstr(p->req->path, "/chat/") != NULL);
+    int tokens =
+        p->usage.tokens >= 0 ? p->usage.tokens : (p->sse && p->events > bare ? p->events - bare : -1);
+    double tpot = p->sse && p->events > bare + 1 ? (p->t_last - p->t_first) / (p->events - bare - 1) : -1;
     char target[96];
     target_name(p, target, sizeof(target));
 
@@ -826,7 +830,7 @@ static void handle_models(preq *p, gw_tenant *t, const char *one, size_t one_len
             continue;
         json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
                               (json_int_t)g->started, "owned_by", "infergate");
-        if (one && strlen(id) == one_len && !memcmp(id, one, one_len))
+        if (one && gw_http_segment_is(one, one_len, id))
             found = json_incref(m);
         json_array_append_new(data, m);
     }

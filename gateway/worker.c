@@ -306,12 +306,16 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
         rt_sched_cancel(r->w->sched, r->id);
         return;
     }
-    bool first = !r->sent_first;
-    if (ev->text_len || (first && r->chat)) {
-        if (!write_chunk(r, first, ev->text, ev->text_len, NULL, NULL))
+    /* A chat stream opens with the role alone, as OpenAI's does: the Node
+     * SDK's stream helper builds a choice from its first chunk and then
+     * appends that chunk's logprobs again. */
+    if (r->chat && !r->sent_first) {
+        if (!write_chunk(r, true, "", 0, NULL, NULL))
             return;
         r->sent_first = true;
     }
+    if (ev->text_len && !write_chunk(r, false, ev->text, ev->text_len, NULL, NULL))
+        return;
     if (ev->kind != RT_EV_DONE)
         return;
     rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
@@ -605,11 +609,11 @@ static void submit_prepared(worker *w, wprep *p)
         set_queue_full_error(&e);
         break;
     case -E2BIG: {
-        const char *param = n_prompt < ctx ? "max_tokens" : r->chat ? "messages" : "prompt";
+        const char *param = n_prompt < ctx ? q->max_tokens_name : r->chat ? "messages" : "prompt";
         rt_oai_error_set(&e, 400, "invalid_request_error", param, "context_length_exceeded",
                          "this model's maximum context length is %d tokens; the prompt has %d tokens and "
-                         "max_tokens asks for %d more",
-                         ctx, n_prompt, sr.max_tokens > 0 ? sr.max_tokens : 0);
+                         "%s asks for %d more",
+                         ctx, n_prompt, q->max_tokens_name, sr.max_tokens > 0 ? sr.max_tokens : 0);
         break;
     }
     case -ENOSPC: {
@@ -771,7 +775,7 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
         if (get) {
             const char *id = path + sizeof(MODELS_DIR) - 1;
             size_t id_len = plen - (sizeof(MODELS_DIR) - 1);
-            if (id_len == strlen(w->model_name) && !memcmp(id, w->model_name, id_len)) {
+            if (gw_http_segment_is(id, id_len, w->model_name)) {
                 respond_json(s, 200, rt_oai_model_json(w->model_name, w->created));
             } else {
                 rt_oai_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",

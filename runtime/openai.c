@@ -647,6 +647,7 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
     if ((rc = get_int(root, "max_completion_tokens", 1, INT_MAX, &mct, e)) < 0)
         return rc;
     req->max_tokens = (int)(mct > 0 ? mct : mt);
+    req->max_tokens_name = mct > 0 ? "max_completion_tokens" : "max_tokens";
 
     if ((rc = get_int(root, "n", LLONG_MIN, LLONG_MAX, &x, e)) < 0)
         return rc;

@@ -50,6 +50,7 @@ typedef struct rt_oai_request {
     rt_oai_message *messages;
     int n_messages;
     int max_tokens; /* max_tokens or max_completion_tokens; -1 when absent */
+    const char *max_tokens_name; /* which of the two it came by, for errors */
     rt_sampler_params sampling; /* temperature (default 1), top_p, seed, penalties */
     bool has_seed;
     char *stop[RT_OAI_MAX_STOPS];

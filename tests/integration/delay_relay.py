@@ -12,6 +12,7 @@ Runs an asyncio loop in a background thread of the test process:
     relay.close()
 """
 import asyncio
+import atexit
 import socket
 import threading
 import time
@@ -30,6 +31,7 @@ class DelayRelay:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("delay relay did not start")
+        atexit.register(self.close)
 
     def _run(self):
         asyncio.set_event_loop(self._loop)
@@ -40,6 +42,12 @@ class DelayRelay:
         self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, sock=sock))
         self._ready.set()
         self._loop.run_forever()
+        # Stopped: end the pipes still open, so none is destroyed pending.
+        tasks = asyncio.all_tasks(self._loop)
+        for t in tasks:
+            t.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.close()
 
     async def _pipe(self, reader, writer):
         """Copies reader to writer, each chunk delivered `delay` after it was
@@ -89,7 +97,10 @@ class DelayRelay:
             if s is not None:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._writers.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True)
+        except asyncio.CancelledError:
+            pass  # the relay closed; asyncio's stream callback asks a cancelled task for its exception
         self._writers.difference_update((writer, up_writer))
 
     def set_delay(self, delay_ms):
@@ -103,6 +114,9 @@ class DelayRelay:
         self._loop.call_soon_threadsafe(do)
 
     def close(self):
+        if self._loop.is_closed():
+            return
+
         def stop():
             self._server.close()
             for w in list(self._writers):

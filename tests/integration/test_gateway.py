@@ -182,6 +182,9 @@ if shutil.which("node") and os.path.isdir(os.path.join(node_dir, "node_modules",
     lps = out.get("logprobs") or []
     t.ok(len(lps) == 4 and all(lp <= 0 and n == 2 for _, lp, n in lps),
          "OpenAI Node SDK: chat logprobs with top_logprobs: %s" % lps)
+    t.ok(out.get("helper_tokens") == [tok for tok, _, _ in lps] and out.get("helper_text") == "".join(out["helper_tokens"]),
+         "OpenAI Node SDK: the stream helper's final completion has each token's logprob once: %s %r"
+         % (out.get("helper_tokens"), out.get("helper_text")))
 else:
     t.ok(False, "OpenAI Node SDK installed (npm ci in tests/integration/node)")
 
@@ -200,6 +203,8 @@ t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "a model 
 s, _, b = curl(URL + "/v1/models/small", http="--http1.1", headers=[AUTH])
 t.ok(s == 200 and json.loads(b)["id"] == "small" and json.loads(b)["created"] > 1700000000,
      "GET /v1/models/{id} answers the model object")
+s, _, b = curl(URL + "/v1/models/sm%61ll", http="--http1.1", headers=[AUTH])
+t.ok(s == 200 and json.loads(b)["id"] == "small", "GET /v1/models/{id} decodes the id's escapes (SDKs send / as %2F)")
 s, _, b = curl(URL + "/v1/models/nope", http="--http1.1", headers=[AUTH])
 t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "GET /v1/models/{unknown} -> 404")
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=[AUTH])

@@ -112,6 +112,8 @@ t.ok(prompt_tokens("<s> hi") == prompt_tokens(" hi"), "a prompt that writes BOS 
 
 s, _, b = curl(URL + "/v1/models/m", unix=sock, timeout=5)
 t.ok(s == 200 and json.loads(b)["id"] == "m" and json.loads(b)["object"] == "model", "GET /v1/models/m")
+s, _, b = curl(URL + "/v1/models/%6D", unix=sock, timeout=5)
+t.ok(s == 200 and json.loads(b)["id"] == "m", "GET /v1/models/%6D: the id's escapes decoded")
 s, _, b = curl(URL + "/v1/models/x", unix=sock, timeout=5)
 t.ok(s == 404 and json.loads(b)["error"]["code"] == "model_not_found", "GET /v1/models/x -> 404")
 
@@ -205,6 +207,8 @@ cases = [
     ("wrong type", {"model": "m", "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
     ("unknown model", {"model": "nope", "prompt": "hi"}, 404, "model"),
     ("context exceeded", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 600}, 400, "max_tokens"),
+    ("context exceeded, the newer name", {"model": "m", "prompt": [1, 2, 3], "max_completion_tokens": 600}, 400,
+     "max_completion_tokens"),
     ("prompt beyond the context", {"model": "m", "prompt": [1] * 600}, 400, "prompt"),
     ("empty prompt", {"model": "m", "prompt": ""}, 400, "prompt"),
     ("n=2", {"model": "m", "prompt": "hi", "n": 2}, 400, "n"),

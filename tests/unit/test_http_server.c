@@ -786,6 +786,30 @@ static int setup_conn_body(void **state)
     return setup_limits(state, &l);
 }
 
+static void test_segment_is(void **state)
+{
+    (void)state;
+    static const char name[] = "org/model-1";
+    const struct {
+        const char *seg;
+        bool is;
+    } cases[] = {
+        {"org/model-1", true},    {"org%2Fmodel-1", true},
+        {"org%2fmodel-1", true},  {"%6Frg%2Fmodel-1", true},
+        {"org%2Fmodel-", false},  {"org%2Fmodel-1x", false},
+        {"org%2", false},         {"org%2Gmodel-1", false},
+        {"org%", false},          {"", false},
+        {"org%00model-1", false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        if (gw_http_segment_is(cases[i].seg, strlen(cases[i].seg), name) != cases[i].is)
+            fail_msg("'%s' against '%s': expected %d", cases[i].seg, name, cases[i].is);
+    /* the segment is bounded by its length, not its NUL */
+    assert_true(gw_http_segment_is("org%2Fmodel-1/rest", 13, name));
+    assert_false(gw_http_segment_is("org%2F", 5, "org/"));
+    assert_true(gw_http_segment_is("", 0, ""));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -809,6 +833,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_window_held, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_header_block_timeout, setup_header_block, harness_teardown),
         cmocka_unit_test_setup_teardown(test_conn_body_bound, setup_conn_body, harness_teardown),
+        cmocka_unit_test(test_segment_is),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

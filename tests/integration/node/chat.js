@@ -28,6 +28,17 @@ async function main() {
     const lp = await client.chat.completions.create({
         model, messages, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2,
     });
+    // The SDK's stream helper folds chunks into one completion, logprobs too.
+    const helper = await client.beta.chat.completions
+                       .stream({
+                           model,
+                           messages,
+                           max_tokens : 4,
+                           temperature : 0,
+                           logprobs : true,
+                           top_logprobs : 2,
+                       })
+                       .finalChatCompletion();
     let refused = null;
     try {
         await client.chat.completions.create({ model, messages, max_tokens: 2, response_format: { type: 'json_object' } });
@@ -63,6 +74,8 @@ async function main() {
         model_id : m.id,
         refused,
         logprobs : lp.choices[0].logprobs.content.map((e) => [e.token, e.logprob, e.top_logprobs.length]),
+        helper_tokens : helper.choices[0].logprobs.content.map((e) => e.token),
+        helper_text : helper.choices[0].message.content,
     }));
 }
 
