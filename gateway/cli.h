@@ -12,8 +12,9 @@ int gw_cmd_serve(int argc, char **argv);
 int gw_cmd_key(int argc, char **argv);
 int gw_cmd_region(int argc, char **argv);
 
-/* The largest request body `infergate worker --max-body` takes; the
- * supervisor passes the gateway's limit, cut to it. */
+/* The largest request body `infergate worker --max-body` takes, and so
+ * the most limits.max_body_bytes may be: the supervisor starts workers
+ * with it, and the gateway keeps the configured limit. */
 #define GW_WORKER_MAX_BODY (1L << 30)
 
 /* Parses a whole decimal number in [min, max]; 0 or -1. */

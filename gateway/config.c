@@ -5,6 +5,7 @@
  * worse than a gateway that refuses to start. Nothing is returned unless the
  * whole file is valid. */
 #include "gateway/config.h"
+#include "gateway/cli.h"
 #include "gateway/config_internal.h"
 #include "routing/region.h"
 
@@ -833,8 +834,8 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
         "max_body_bytes",    "max_header_bytes", "max_concurrent_streams", "max_connections",
         "header_timeout_ms", "idle_timeout_ms",  "stream_buffer_bytes",    "response_timeout_ms"};
     static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096, 0};
-    static const long long hi[K_N] = {1LL << 34, 1 << 24,  INT_MAX,   INT_MAX,
-                                      86400000,  86400000, 1LL << 30, 86400000};
+    static const long long hi[K_N] = {GW_WORKER_MAX_BODY, 1 << 24,  INT_MAX,   INT_MAX,
+                                      86400000,           86400000, 1LL << 30, 86400000};
     yaml_node_t *v[K_N];
     int rc = gw_cfg_map_take(p, n, "limits", keys, K_N, v);
     if (rc)

@@ -263,6 +263,12 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     g->cfg->limits = c->limits;
     g->cfg->routing.policy = c->routing.policy;
     g->cfg->routing.slo_ms = c->routing.slo_ms;
+    /* Retries turned off end the saved ones; turned on, they start with
+     * the few a start has. */
+    if (c->routing.retry_budget <= 0)
+        g->retry_tokens = 0;
+    else if (g->cfg->routing.retry_budget <= 0)
+        g->retry_tokens = GW_RETRY_TOKENS_START;
     g->cfg->routing.retry_budget = c->routing.retry_budget;
     g->cfg->drain_grace_s = c->drain_grace_s;
     g->cfg->worker_hang_timeout_s = c->worker_hang_timeout_s;
@@ -394,6 +400,9 @@ int gw_cmd_serve(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* A reload asked for while starting (probing GPUs, writing the demo
+     * model) must not kill the gateway; it is ignored until the loop runs. */
+    signal(SIGHUP, SIG_IGN);
     gw_serve g = {.started = (long)time(NULL)};
     char err[1024], exe[PATH_MAX];
     int status = 1;

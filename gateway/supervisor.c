@@ -11,12 +11,15 @@
 
 #include <errno.h>
 #include <event2/event.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -38,6 +41,7 @@ typedef struct sworker {
     char *device, *sock_path, *target;
     gw_supervisor *sup;
     double started_at, last_stats, stats_sent;
+    double asked_at; /* the first stats request since the last answer; 0: none */
     int backoff_ms;
     struct event *respawn;
     gw_upstream_req *stats_req;
@@ -53,6 +57,8 @@ struct gw_supervisor {
     gw_upstream_pool *pool;
     const gw_config *cfg;
     char *exe, *runtime_dir;
+    int exe_fd;  /* this process's image: what workers run */
+    int lock_fd; /* holds runtime_dir (a configured one) for this gateway */
     bool own_runtime_dir, stopping;
     char ***devs; /* per worker config: its devices, "auto" expanded */
     int *n_devs;
@@ -102,11 +108,10 @@ static int spawn(sworker *w)
     snprintf(batch_wait, sizeof(batch_wait), "%d", c->batch_max_wait_ms);
     snprintf(grace, sizeof(grace), "%d", s->cfg->drain_grace_s);
     /* A body the gateway takes must not be refused by the worker it goes
-     * to (whose own default is 1 MiB and bound 1 GiB). A reload's new
-     * limit reaches workers started after it. */
-    size_t max_body = s->cfg->limits.max_body_bytes;
-    snprintf(body, sizeof(body), "%zu",
-             max_body < (size_t)GW_WORKER_MAX_BODY ? max_body : (size_t)GW_WORKER_MAX_BODY);
+     * to (whose own default is 1 MiB). The gateway keeps the configured
+     * limit; workers take the most any configuration may set, so that a
+     * reload raising it needs no restart of theirs. */
+    snprintf(body, sizeof(body), "%ld", (long)GW_WORKER_MAX_BODY);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
     const char *argv[30];
     int a = 0;
@@ -173,7 +178,9 @@ static int spawn(sworker *w)
         setpgid(0, 0);
         /* Nothing of the gateway's (sockets, the access log, Redis
          * connections) goes with it. */
-        close_range(3, ~0U, 0);
+        if (s->exe_fd > 3)
+            close_range(3, (unsigned)s->exe_fd - 1, 0);
+        close_range((unsigned)s->exe_fd + 1, ~0U, 0);
         if (strcmp(w->device, "cpu") != 0)
             setenv("CUDA_VISIBLE_DEVICES", w->device, 1);
         else
@@ -181,7 +188,7 @@ static int spawn(sworker *w)
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        execv(s->exe, (char *const *)argv);
+        fexecve(s->exe_fd, (char *const *)argv, environ); /* the fd is close-on-exec */
         fprintf(stderr, "supervisor: exec %s: %s\n", s->exe, strerror(errno));
         _exit(127);
     }
@@ -190,6 +197,7 @@ static int spawn(sworker *w)
     w->info.ready = false;
     w->started_at = mono_s();
     w->last_stats = 0;
+    w->asked_at = 0;
     w->hang_killed = false;
     log_line("worker %d (model %s, device %s) started: pid %d, socket %s", w->info.index, c->name, w->device,
              (int)pid, w->sock_path);
@@ -281,6 +289,7 @@ static void stats_done(sworker *w)
                  (int)i->pid);
     i->ready = i->pid != 0;
     w->last_stats = mono_s();
+    w->asked_at = 0;
     w->picked = 0;
 }
 
@@ -327,13 +336,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         /* Its loop answers stats whatever its compute threads do: one that
          * has answered and then stopped is wedged (a stuck GPU call, a
          * deadlock) and holds its requests and its device for nothing.
-         * Killed, it is restarted as after a crash. */
-        if (hang > 0 && w->info.pid && w->last_stats > 0 && !w->hang_killed && !s->stopping &&
-            now - w->last_stats > hang) {
-            log_line(
-                "worker %d (pid %d) has answered no stats for %.0f s (worker_hang_timeout_s): SIGKILL to "
-                "restart it",
-                i, (int)w->info.pid, now - w->last_stats);
+         * Killed, it is restarted as after a crash. The time counts from
+         * the first question it left unanswered, not from its last answer:
+         * with stats_interval_ms past the timeout, it had not been asked. */
+        if (hang > 0 && w->info.pid && w->last_stats > 0 && w->asked_at > 0 && !w->hang_killed &&
+            !s->stopping && now - w->asked_at > hang) {
+            log_line("worker %d (pid %d) has answered no stats request for %.0f s (worker_hang_timeout_s): "
+                     "SIGKILL "
+                     "to restart it",
+                     i, (int)w->info.pid, now - w->asked_at);
             kill(w->info.pid, SIGKILL);
             w->hang_killed = true;
         }
@@ -358,6 +369,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             continue;
         w->stats_status = 0;
         w->stats_sent = now;
+        if (!w->asked_at)
+            w->asked_at = now;
         w->stats_req = gw_upstream_send(s->pool, w->target, "GET", "/internal/stats", "localhost", NULL, 0, NULL, 0,
                                         &stats_cbs, w);
     }
@@ -372,15 +385,33 @@ static int make_runtime_dir(gw_supervisor *s, char *err, size_t err_len)
         if (!s->runtime_dir)
             return -ENOMEM;
         if (mkdir(s->runtime_dir, 0700) == -1 && errno != EEXIST) {
-            snprintf(err, err_len, "runtime_dir %s: %s", s->runtime_dir, strerror(errno));
-            return -errno;
+            int e = errno;
+            snprintf(err, err_len, "runtime_dir %s: %s", s->runtime_dir, strerror(e));
+            return -e;
+        }
+        /* Worker sockets are named by index: a second gateway on the same
+         * directory would take the first's, and remove them as it stops. */
+        char lock[PATH_MAX];
+        snprintf(lock, sizeof(lock), "%s/gateway.lock", s->runtime_dir);
+        if ((s->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) == -1 ||
+            flock(s->lock_fd, LOCK_EX | LOCK_NB) == -1) {
+            int e = errno;
+            if (e == EWOULDBLOCK)
+                snprintf(err, err_len,
+                         "runtime_dir %s is in use by another infergate serve: give each its own",
+                         s->runtime_dir);
+            else
+                snprintf(err, err_len, "runtime_dir %s: cannot lock %s: %s", s->runtime_dir, lock,
+                         strerror(e));
+            return -e;
         }
         return 0;
     }
     char tmpl[] = "/tmp/infergate-XXXXXX";
     if (!mkdtemp(tmpl)) {
-        snprintf(err, err_len, "cannot make a runtime directory under /tmp: %s", strerror(errno));
-        return -errno;
+        int e = errno;
+        snprintf(err, err_len, "cannot make a runtime directory under /tmp: %s", strerror(e));
+        return -e;
     }
     s->own_runtime_dir = true;
     s->runtime_dir = strdup(tmpl);
@@ -396,6 +427,12 @@ gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool
     s->base = base;
     s->pool = pool;
     s->cfg = c;
+    s->lock_fd = -1;
+    if ((s->exe_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC)) == -1) {
+        snprintf(err, err_len, "cannot open my own binary (/proc/self/exe): %s", strerror(errno));
+        free(s);
+        return NULL;
+    }
     if (!(s->exe = strdup(exe)))
         goto nomem;
     if (make_runtime_dir(s, err, err_len))
@@ -553,6 +590,9 @@ void gw_supervisor_free(gw_supervisor *s)
     free(s->n_devs);
     free(s->runtime_dir);
     free(s->exe);
+    close(s->exe_fd);
+    if (s->lock_fd >= 0)
+        close(s->lock_fd);
     free(s->w);
     free(s);
 }

@@ -28,8 +28,11 @@ typedef struct gw_worker_info {
     double prefill_ewma_ms; /* admission to first token: service time without queueing */
 } gw_worker_info;
 
-/* exe: the infergate binary to run as `exe worker ...`. NULL, err filled,
- * when the runtime directory cannot be made. */
+/* Workers run as `exe worker ...`, exe being this process's own binary.
+ * They run the image this process was started from, opened here: after
+ * the file is replaced on disk (a package upgrade), a restarted worker
+ * still matches its gateway. NULL, err filled, when the binary cannot be
+ * opened or the runtime directory made. */
 gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool, const gw_config *c,
                                  const char *exe, char *err, size_t err_len);
 /* Spawns every worker. 0 or -errno (err filled). */

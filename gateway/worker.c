@@ -1019,6 +1019,9 @@ int gw_cmd_worker(int argc, char **argv)
         goto out;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* The gateway reloads on SIGHUP; `pkill -HUP infergate` reaches its
+     * workers too, which have nothing to reload and must not die of it. */
+    signal(SIGHUP, SIG_IGN);
     if (gw_http_server_listen(w.http, listen, err, sizeof(err))) {
         fprintf(stderr, "worker: listen %s: %s\n", listen, err);
         goto out;

@@ -4,6 +4,8 @@ message that says the weights are random and prints a curl command."""
 import json
 import os
 import re
+import shutil
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -41,6 +43,30 @@ wait_until(lambda: curl(url + "/readyz", http="--http1.1", timeout=2)[0] == 200 
 t.ok("first run" not in open(log + "2").read(), "the second start reuses the cached demo model")
 t.ok("max_connections 10000 does not fit the open-file limit 400" in open(log + "2").read()
      and "taking 200" in open(log + "2").read(), "max_connections is cut to the open-file limit, with a warning")
+g.terminate()
+g.wait(timeout=60)
+# The binary replaced on disk while it runs (a package upgrade renames the
+# new file over the old): a worker that dies is started again from the
+# image the gateway runs, not from whatever the path holds now.
+bindir = os.path.join(d, "bin")
+os.makedirs(bindir)
+exe = os.path.join(bindir, "infergate")
+shutil.copy(INFERGATE, exe)
+g = spawn([exe, "serve", "--listen", "127.0.0.1:%d" % port], log + "3", env=env)
+wait_until(lambda: curl(url + "/readyz", http="--http1.1", timeout=2)[0] == 200 or g.poll() is not None, 60,
+           "third start ready")
+marker = os.path.join(d, "new-binary-ran")
+with open(exe + ".new", "w") as f:
+    f.write("#!/bin/sh\ntouch '%s'\nexit 3\n" % marker)
+os.chmod(exe + ".new", 0o755)
+os.rename(exe + ".new", exe)
+pid = int(re.findall(r"started: pid (\d+)", open(log + "3").read())[-1])
+os.kill(pid, signal.SIGKILL)
+wait_until(lambda: open(log + "3").read().count(" is ready") >= 2 or os.path.exists(marker), 60,
+           "the killed worker started again")
+s, _, b = curl(url + "/v1/models", http="--http1.1")
+t.ok(not os.path.exists(marker) and open(log + "3").read().count(" is ready") == 2 and s == 200,
+     "a worker restarted after its binary was replaced on disk runs the gateway's own image")
 g.terminate()
 g.wait(timeout=60)
 t.finish()

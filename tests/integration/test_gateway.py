@@ -49,7 +49,8 @@ port, tls_port = free_port(), free_port()
 access_log = os.path.join(d, "access.log")
 
 
-def config(tenant_a_keys, rps_a=1000, response_timeout_ms=600000, stream_buffer=65536, small_seqs=8):
+def config(tenant_a_keys, rps_a=1000, response_timeout_ms=600000, stream_buffer=65536, small_seqs=8,
+           max_body=1572864):
     return """
 listen:
   - address: "127.0.0.1:%d"
@@ -89,7 +90,7 @@ tenants:
     keys: ["%s"]
     tpm: 1000
 limits:
-  max_body_bytes: 1572864
+  max_body_bytes: %d
   stream_buffer_bytes: %d
   response_timeout_ms: %d
   idle_timeout_ms: 4000
@@ -98,7 +99,7 @@ logging:
 drain_grace_s: 20
 runtime_dir: "%s"
 """ % (port, tls_port, cert, keyf, small, small_seqs, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
-       key_hash(key_admin), key_hash(key_m), key_hash(key_chatty), key_hash(key_hangup), stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
+       key_hash(key_admin), key_hash(key_m), key_hash(key_chatty), key_hash(key_hangup), max_body, stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
 
 
 cfg = os.path.join(d, "gateway.yaml")
@@ -684,6 +685,21 @@ cn_after = served_cn()
 t.ok("CN = localhost" in cn_before and "CN = renewed.localhost" in cn_after,
      "SIGHUP: a certificate renewed in place is served without a restart (%s -> %s)" % (cn_before, cn_after))
 t.ok("kept as started" not in open(log_path).read(), "a reload of keys alone names nothing kept as started")
+# A larger body limit by reload holds for the workers started before it:
+# a 2.4 MB body reaches the model (whose context is too short for it).
+open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)], max_body=4 << 20))
+g.send_signal(1)
+wait_until(lambda: open(log_path).read().count("reloaded") >= 2, 10, "reload raising max_body_bytes")
+s, _, b = curl(URL + "/v1/completions", data=dict(comp, prompt=[5] * 800000), headers=[AUTH])
+t.ok(s == 400 and b"context_length_exceeded" in b,
+     "a body limit raised by SIGHUP holds for running workers: 2.4 MB -> %d %r" % (s, b[:120]))
+# `pkill -HUP infergate` reaches the workers too: they carry on
+before, deaths = worker_pids(), open(log_path).read().count("killed by signal")
+for pid in before.values():
+    os.kill(pid, signal.SIGHUP)
+time.sleep(0.5)
+t.ok(worker_pids() == before and all(os.path.exists("/proc/%d" % pid) for pid in before.values())
+     and open(log_path).read().count("killed by signal") == deaths, "workers ignore SIGHUP")
 # What a reload cannot apply is named, and a stream buffer too small for
 # the upstream window set at start is kept at 4 x that window (a smaller
 # one would reset the streams of clients that merely read slowly).
@@ -706,7 +722,7 @@ t.ok(held and outcome == "ended" and done, "after that reload a client that stop
 # worker 1.
 open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)], response_timeout_ms=1500))
 g.send_signal(1)
-wait_until(lambda: open(log_path).read().count("reloaded") >= 3, 10, "third reload")
+wait_until(lambda: open(log_path).read().count("reloaded") >= 4, 10, "fourth reload")
 body = {"model": "slow", "prompt": "hello", "max_tokens": 2000, "temperature": 0, "stream": True, "ignore_eos": True}
 stalled = subprocess.Popen(["curl", "-sS", "-N", "--http2-prior-knowledge", "--max-time", "30", "-H", AUTH, "-H",
                             "content-type: application/json", "--data-binary", json.dumps(body),

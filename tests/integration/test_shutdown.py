@@ -69,7 +69,7 @@ restarted = wait_until(lambda: len(re.findall(r"worker 1 .*started: pid (\d+)", 
                        "the hung worker restarted")
 took = time.monotonic() - t0
 text = open(log_path).read()
-t.ok(restarted and "answered no stats for 2 s (worker_hang_timeout_s): SIGKILL" in text,
+t.ok(restarted and "answered no stats request for 2 s (worker_hang_timeout_s): SIGKILL" in text,
      "a worker answering no stats for worker_hang_timeout_s (2 s) is killed and restarted (%.1f s)" % took)
 pids[1] = int(re.findall(r"worker 1 .*started: pid (\d+)", text)[-1])
 wait_until(lambda: "worker 1 (model m, device cpu, pid %d) is ready" % pids[1] in open(log_path).read(), 30,

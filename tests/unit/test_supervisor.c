@@ -32,7 +32,7 @@ typedef struct tsup {
 /* ---- the fault-injecting worker (this binary run as `... worker`) ---- */
 
 typedef struct fake {
-    const char *mode; /* FAKE_WORKER: "hang-second" or "exit-first" */
+    const char *mode; /* FAKE_WORKER: "hang-second", "hang-after-first" or "exit-first" */
     int requests;     /* stats requests seen */
     int reset;        /* streams closed before their answer */
 } fake;
@@ -46,6 +46,8 @@ static void fake_request(void *ud, gw_http_stream *s, const gw_http_request *req
     }
     if (++f->requests == 2 && !strcmp(f->mode, "hang-second"))
         return; /* read, never answered */
+    if (f->requests >= 2 && !strcmp(f->mode, "hang-after-first"))
+        return; /* a wedged worker whose loop still reads */
     /* running counts the requests seen and queued the ones given up, so
      * the test sees which request an answer came from. */
     char body[256];
@@ -96,7 +98,8 @@ static int fake_worker(int argc, char **argv)
 
 static char self_exe[4096];
 
-static void sup_open(tsup *t, const char *mode)
+/* `settings`: top-level YAML lines added to the configuration. */
+static void sup_open(tsup *t, const char *mode, const char *settings)
 {
     loop_open(t, "ig-sup");
     char marker[128], yaml[1024];
@@ -105,12 +108,12 @@ static void sup_open(tsup *t, const char *mode)
     setenv("FAKE_WORKER_MARKER", marker, 1);
     int n = snprintf(yaml, sizeof(yaml),
                      "runtime_dir: \"%s/run\"\n"
-                     "stats_interval_ms: 50\n"
+                     "%s"
                      "workers:\n"
                      "  - model: \"%s/none.gguf\"\n"
                      "    name: m\n"
                      "    devices: [cpu]\n",
-                     t->dir, t->dir);
+                     t->dir, settings ? settings : "stats_interval_ms: 50\n", t->dir);
     char err[512];
     assert_int_equal(gw_config_parse("test", yaml, (size_t)n, &t->cfg, err, sizeof(err)), 0);
     gw_upstream_opts o;
@@ -143,6 +146,11 @@ static bool reset_seen(tsup *t, void *arg)
     return gw_supervisor_worker(t->sup, 0)->queued >= 1;
 }
 
+static bool restarted(tsup *t, void *arg)
+{
+    return gw_supervisor_worker(t->sup, 0)->restarts >= 1;
+}
+
 static bool not_ready(tsup *t, void *arg)
 {
     return !gw_supervisor_worker(t->sup, 0)->ready;
@@ -154,7 +162,7 @@ static bool not_ready(tsup *t, void *arg)
 static void test_unanswered_stats_request_is_retried(void **state)
 {
     tsup t = {0};
-    sup_open(&t, "hang-second");
+    sup_open(&t, "hang-second", NULL);
     int first = 1, third = 3;
     assert_true(run_until(&t, ready_with, &first));
     assert_true(run_until(&t, not_ready, NULL));
@@ -173,12 +181,54 @@ static void test_unanswered_stats_request_is_retried(void **state)
 static void test_exited_worker_is_restarted(void **state)
 {
     tsup t = {0};
-    sup_open(&t, "exit-first");
+    sup_open(&t, "exit-first", NULL);
     int one = 1;
     assert_true(run_until(&t, ready_with, &one));
     const gw_worker_info *w = gw_supervisor_worker(t.sup, 0);
     assert_int_equal(w->restarts, 1);
     assert_true(w->pid > 0);
+    sup_close(&t);
+}
+
+/* A worker that stops answering stats is killed after
+ * worker_hang_timeout_s and started again. */
+static void test_wedged_worker_is_killed(void **state)
+{
+    tsup t = {0};
+    sup_open(&t, "hang-after-first", "stats_interval_ms: 50\nworker_hang_timeout_s: 1\n");
+    int one = 1;
+    assert_true(run_until(&t, ready_with, &one));
+    assert_true(run_until(&t, restarted, NULL));
+    sup_close(&t);
+}
+
+/* Asked less often than the hang timeout, a worker that answers every
+ * question is not taken for wedged: the timeout counts from a question,
+ * not from the last answer. */
+static void test_slow_stats_interval_is_not_a_hang(void **state)
+{
+    tsup t = {0};
+    sup_open(&t, "", "stats_interval_ms: 1500\nworker_hang_timeout_s: 1\n");
+    int one = 1, three = 3;
+    assert_true(run_until(&t, ready_with, &one));
+    assert_true(run_until(&t, ready_with, &three));
+    assert_int_equal(gw_supervisor_worker(t.sup, 0)->restarts, 0);
+    sup_close(&t);
+}
+
+/* Two gateways cannot share a runtime_dir: the second is refused at
+ * start, and the first's workers keep their sockets. */
+static void test_runtime_dir_is_held(void **state)
+{
+    tsup t = {0};
+    sup_open(&t, "", NULL);
+    int one = 1;
+    assert_true(run_until(&t, ready_with, &one));
+    char err[512] = "";
+    assert_null(gw_supervisor_new(t.base, t.pool, t.cfg, self_exe, err, sizeof(err)));
+    assert_non_null(strstr(err, "in use by another infergate serve"));
+    int two = 2;
+    assert_true(run_until(&t, ready_with, &two));
     sup_close(&t);
 }
 
@@ -193,6 +243,9 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unanswered_stats_request_is_retried),
         cmocka_unit_test(test_exited_worker_is_restarted),
+        cmocka_unit_test(test_wedged_worker_is_killed),
+        cmocka_unit_test(test_slow_stats_interval_is_not_a_hang),
+        cmocka_unit_test(test_runtime_dir_is_held),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
