@@ -7,6 +7,7 @@
 #include "gateway/config.h"
 #include "gateway/cli.h"
 #include "gateway/config_internal.h"
+#include "runtime/chat.h"
 #include "routing/region.h"
 
 #include <yaml.h>
@@ -445,7 +446,8 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
         K_NAME,
         K_DEVICES,
         K_KV_TYPE,
-        K_THREADS,
+        K_CHAT,
+        K_THREADS, /* the numbers from here on */
         K_KV,
         K_SEQS,
         K_BATCH,
@@ -454,11 +456,11 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
         K_N
     };
     static const char *const keys[K_N] = {
-        "model",       "name",     "devices",          "kv_type",   "threads",
+        "model",       "name",     "devices",          "kv_type",   "chat_template",    "threads",
         "kv_cache_mb", "max_seqs", "max_batch_tokens", "max_queue", "batch_max_wait_ms"};
     /* The same ranges as the worker command's options. */
-    static const long long lo[K_N] = {0, 0, 0, 0, 0, 1, 1, 1, 0, 0};
-    static const long long hi[K_N] = {0, 0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20, 86400000};
+    static const long long lo[K_N] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0};
+    static const long long hi[K_N] = {0, 0, 0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20, 86400000};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
@@ -522,6 +524,16 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
                 return gw_cfg_perr(p, v[K_KV_TYPE], kp, "q8_0 is for CPU workers, and device %s is not one",
                                    w->devices[i]);
         w->kv_q8_0 = q8;
+    }
+    if (v[K_CHAT]) {
+        gw_cfg_path_key(kp, path, "chat_template");
+        if ((rc = gw_cfg_str(p, v[K_CHAT], kp, &w->chat_template)))
+            return rc;
+        if (rt_chat_kind_from_name(w->chat_template) < 0)
+            return gw_cfg_perr(
+                p, v[K_CHAT], kp,
+                "chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, mistral-v3-tekken, "
+                "mistral-v7 or mistral-v7-tekken");
     }
     int *ints[K_N] = {
         [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,
@@ -1154,6 +1166,7 @@ int gw_config_default_worker(gw_config *c, const char *demo_model)
         free(w->devices);
         free(w->name);
         free(w->model);
+        free(w->chat_template);
         free(w);
         return -ENOMEM;
     }

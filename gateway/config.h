@@ -20,6 +20,8 @@
  *       max_queue: 64
  *       batch_max_wait_ms: 30000  # a batch request waiting this long starts in turn with
  *                                 # interactive ones (no starving under interactive load)
+ *       chat_template: llama3   # render chats as this family, whatever the model's template
+ *                               # says (see `infergate worker --help` for the names)
  *   tenants:                    # none: no auth, and the gateway only listens on loopback
  *     - name: acme              # required
  *       keys: [SHA256-HEX, ...] # required; `infergate key new` prints a key and its hash
@@ -105,7 +107,8 @@ typedef struct gw_worker_cfg {
     char **devices; /* "cpu", a GPU/MIG UUID, or "auto" */
     int n_devices;
     int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue, batch_max_wait_ms;
-    bool kv_q8_0; /* kv_type: q8_0 */
+    bool kv_q8_0;        /* kv_type: q8_0 */
+    char *chat_template; /* a family name (the worker's --chat-template), or NULL */
 } gw_worker_cfg;
 
 /* Routing policy; a tenant's DEFAULT takes routing.policy. */

@@ -113,7 +113,7 @@ static int spawn(sworker *w)
      * reload raising it needs no restart of theirs. */
     snprintf(body, sizeof(body), "%ld", (long)GW_WORKER_MAX_BODY);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
-    const char *argv[30];
+    const char *argv[40]; /* 31 at most, below */
     int a = 0;
     argv[a++] = s->exe;
     argv[a++] = "worker";
@@ -144,6 +144,10 @@ static int spawn(sworker *w)
     if (c->kv_q8_0) {
         argv[a++] = "--kv-type";
         argv[a++] = "q8_0";
+    }
+    if (c->chat_template) {
+        argv[a++] = "--chat-template";
+        argv[a++] = c->chat_template;
     }
     /* CUDA_VISIBLE_DEVICES (below) shows the worker just this GPU or MIG slice. */
     if (gw_device_is_gpu(w->device)) {

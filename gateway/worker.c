@@ -859,6 +859,9 @@ static void usage(FILE *f)
         "  --batch-max-wait-ms MS a batch request waiting this long starts in turn with interactive\n"
         "                         ones, oldest first (default %d)\n"
         "  --max-body BYTES       largest request body (default 1048576)\n"
+        "  --chat-template NAME   render chats as this family, not as the model's template says:\n"
+        "                         chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3,\n"
+        "                         mistral-v3-tekken, mistral-v7, mistral-v7-tekken\n"
         "  --drain-grace-s S      on SIGTERM, open streams finish within this (default %d)\n",
         d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue, d.batch_max_wait_ms, DRAIN_GRACE_S);
 }
@@ -876,7 +879,8 @@ int gw_cmd_worker(int argc, char **argv)
         O_BODY,
         O_DEVICE,
         O_BATCH_WAIT,
-        O_GRACE
+        O_GRACE,
+        O_CHAT
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -892,11 +896,13 @@ int gw_cmd_worker(int argc, char **argv)
         {"kv-type", required_argument, 0, O_KV_TYPE},
         {"batch-max-wait-ms", required_argument, 0, O_BATCH_WAIT},
         {"drain-grace-s", required_argument, 0, O_GRACE},
+        {"chat-template", required_argument, 0, O_CHAT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *listen = NULL, *name = NULL, *device = "cpu";
     long threads = 0, kv_mb = -1, grace = DRAIN_GRACE_S, v;
+    int chat_kind = -1; /* -1: the model's template decides */
     rt_sched_opts so;
     rt_sched_opts_default(&so);
     gw_http_limits lim;
@@ -918,6 +924,13 @@ int gw_cmd_worker(int argc, char **argv)
             break;
         case O_THREADS: bad = gw_parse_int(optarg, 1, 1024, &threads) ? "--threads: 1 to 1024" : NULL; break;
         case O_KV: bad = gw_parse_int(optarg, 1, 1 << 20, &kv_mb) ? "--kv-cache-mb: 1 to 1048576" : NULL; break;
+        case O_CHAT:
+            chat_kind = rt_chat_kind_from_name(optarg);
+            bad = chat_kind < 0
+                      ? "--chat-template: chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, "
+                        "mistral-v3-tekken, mistral-v7 or mistral-v7-tekken"
+                      : NULL;
+            break;
         case O_KV_TYPE:
             bad = strcmp(optarg, "f16") && strcmp(optarg, "q8_0") ? "--kv-type: f16 or q8_0" : NULL;
             so.kv_type = strcmp(optarg, "q8_0") ? KN_TYPE_F16 : KN_TYPE_Q8_0;
@@ -995,6 +1008,14 @@ int gw_cmd_worker(int argc, char **argv)
     rt_gguf_get_str(rt_model_gguf(w.model), "tokenizer.chat_template", &tmpl);
     bool recognised;
     w.chat_kind = rt_chat_detect(tmpl.p, tmpl.n, &recognised);
+    if (chat_kind >= 0)
+        w.chat_kind = (rt_chat_kind)chat_kind;
+    else if (tmpl.p && !recognised)
+        fprintf(stderr, "worker: warning: the model's chat template is none we render; chats are rendered as "
+                        "ChatML, which "
+                        "this model may not have been trained on. If its template is one of the families we "
+                        "know, name it "
+                        "with --chat-template (config: chat_template)\n");
     int32_t bos = rt_tokenizer_bos(w.tok);
     w.bos_text = bos >= 0 ? rt_tokenizer_token_text(w.tok, bos) : "";
     if (!(w.sched = rt_sched_new(w.model, &so, err, sizeof(err)))) {
@@ -1045,14 +1066,19 @@ int gw_cmd_worker(int argc, char **argv)
                 "GPT-2 "
                 "splits them, which may not be how the model was trained\n",
                 (int)(pre.n > 64 ? 64 : pre.n), pre.p);
-    fprintf(stderr,
-            "worker: ready: model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of "
-            "%d tokens of %s; chat template %s%s; listening on %s\n",
-            w.model_name, rt_model_hparams(w.model)->arch, rt_model_hparams(w.model)->n_layer,
-            rt_model_hparams(w.model)->n_ctx_train, where, rt_model_backend_name(w.model), rt_model_threads(w.model),
-            st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type), rt_chat_kind_name(w.chat_kind),
-            tmpl.p && !recognised ? " (unrecognised template: fallback)" : tmpl.p ? "" : " (none in file: fallback)",
-            listen);
+    fprintf(
+        stderr,
+        "worker: ready: model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of "
+        "%d tokens of %s; chat template %s%s; listening on %s\n",
+        w.model_name, rt_model_hparams(w.model)->arch, rt_model_hparams(w.model)->n_layer,
+        rt_model_hparams(w.model)->n_ctx_train, where, rt_model_backend_name(w.model),
+        rt_model_threads(w.model), st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type),
+        rt_chat_kind_name(w.chat_kind),
+        chat_kind >= 0          ? " (--chat-template)"
+        : tmpl.p && !recognised ? " (unrecognised template: fallback)"
+        : tmpl.p                ? ""
+                                : " (none in file: fallback)",
+        listen);
     event_base_dispatch(w.base);
     status = 0;
 out:

@@ -53,8 +53,7 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
     *recognised = true;
     if (!tmpl || len == 0)
         return RT_CHAT_CHATML;
-    /* A bare family name lets a config override the model's template, as
-     * llama.cpp's --chat-template does. */
+    /* A template that is a bare family name is that family. */
     for (int k = 0; k < RT_CHAT_N_KINDS; k++)
         if (equals(tmpl, len, k_names[k]))
             return (rt_chat_kind)k;
@@ -93,6 +92,14 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
 const char *rt_chat_kind_name(rt_chat_kind k)
 {
     return k >= 0 && k < RT_CHAT_N_KINDS ? k_names[k] : "unknown";
+}
+
+int rt_chat_kind_from_name(const char *name)
+{
+    for (int k = 0; k < RT_CHAT_N_KINDS; k++)
+        if (!strcmp(name, k_names[k]))
+            return k;
+    return -1;
 }
 
 /* ---- output buffer ---- */

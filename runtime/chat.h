@@ -39,6 +39,9 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised);
 /* "chatml", "llama2", "llama3", "mistral", "zephyr", "mistral-v1", "mistral-v3",
  * "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken" (llama.cpp's names) */
 const char *rt_chat_kind_name(rt_chat_kind k);
+/* The family of one of those names, or -1: how a config or the worker's
+ * --chat-template overrides the model's own template. */
+int rt_chat_kind_from_name(const char *name);
 
 /* Renders messages into a NUL-terminated prompt (malloc'd, *out), ending
  * with the assistant turn's opening so generation continues as the

@@ -327,6 +327,34 @@ t.ok(order == ["interactive", "batch"] and stats(sock3)["preemptions"] > pre,
 w3.send_signal(15)
 t.ok(w3.wait(timeout=40) == 0, "SIGTERM: small-pool worker exits 0")
 
+# --- a chat template we do not render: ChatML, with a warning; or the family named ---
+odd = gen_model(os.path.join(d, "odd.gguf"), dim=64, layers=1, heads=2, kv_heads=2, ffn=128, vocab=512, ctx=512,
+                type="f32", seed=7, chat_template="{{ bos_token }}{% for m in messages %}<start_of_turn>{% endfor %}")
+chat_msgs = {"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+             "max_tokens": 1, "temperature": 0}
+llama2_text = "[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nhi [/INST]"
+prompt_tokens = {}
+for name, extra in (("fallback", ()), ("llama2", ("--chat-template", "llama2"))):
+    sock4 = os.path.join(d, "w4%s.sock" % name)
+    w4 = start_worker(sock4, *extra, model_path=odd)
+    s, _, b = post("/v1/chat/completions", chat_msgs, sock=sock4)
+    s2, _, b2 = post("/v1/completions", {"model": "m", "prompt": llama2_text, "max_tokens": 1}, sock=sock4)
+    prompt_tokens[name] = (json.loads(b)["usage"]["prompt_tokens"] if s == 200 else s,
+                           json.loads(b2)["usage"]["prompt_tokens"] if s2 == 200 else s2)
+    w4.send_signal(15)
+    w4.wait(timeout=40)
+    prompt_tokens[name + " log"] = open(os.path.join(d, os.path.basename(sock4) + ".log")).read()
+t.ok("chat template chatml (unrecognised template: fallback)" in prompt_tokens["fallback log"]
+     and "warning: the model's chat template is none we render" in prompt_tokens["fallback log"]
+     and prompt_tokens["fallback"][0] != prompt_tokens["fallback"][1],
+     "an unrecognised chat template: ChatML, and a warning naming --chat-template: %s" % (prompt_tokens["fallback"],))
+t.ok("chat template llama2 (--chat-template)" in prompt_tokens["llama2 log"]
+     and prompt_tokens["llama2"][0] == prompt_tokens["llama2"][1],
+     "--chat-template llama2 renders the chat as Llama-2's template does: %s" % (prompt_tokens["llama2"],))
+r = subprocess.run([INFERGATE, "worker", "--model", odd, "--listen", "unix:" + sock + "x", "--chat-template", "jinja"],
+                   capture_output=True, text=True, timeout=30)
+t.ok(r.returncode == 2 and "--chat-template: chatml, llama2" in r.stderr, "--chat-template jinja: refused by name")
+
 # --- SIGTERM drains and exits ---
 w.send_signal(15)
 try:

@@ -196,6 +196,11 @@ static void test_detect_absent_names_and_bounds(void **state)
         assert_true(rec);
     }
     assert_string_equal(rt_chat_kind_name(RT_CHAT_N_KINDS), "unknown");
+    for (int k = 0; k < RT_CHAT_N_KINDS; k++)
+        assert_int_equal(rt_chat_kind_from_name(rt_chat_kind_name((rt_chat_kind)k)), k);
+    assert_int_equal(rt_chat_kind_from_name("unknown"), -1);
+    assert_int_equal(rt_chat_kind_from_name("LLAMA2"), -1);
+    assert_int_equal(rt_chat_kind_from_name(""), -1);
 }
 
 /* ---- rendering ---- */

@@ -101,6 +101,7 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "    batch_max_wait_ms: 5000\n"
                                 "  - model: /models/tiny.gguf\n"
                                 "    kv_type: q8_0\n"
+                                "    chat_template: llama3\n"
                                 "tenants:\n"
                                 "  - name: acme\n"
                                 "    keys: [" H_K1 ", " H_K2_UPPER "]\n"
@@ -167,6 +168,8 @@ static void test_full(void **state)
     assert_int_equal(w->threads, 0);
     assert_int_equal(w->kv_cache_mb, 256);
     assert_true(w->kv_q8_0);
+    assert_string_equal(w->chat_template, "llama3");
+    assert_null(c->workers[0].chat_template);
     assert_int_equal(w->max_seqs, 32);
     assert_int_equal(w->max_batch_tokens, 512);
     assert_int_equal(w->max_queue, 64);
@@ -467,6 +470,9 @@ static const struct {
     {"workers:\n  - model: /m.gguf\n    max_seqs: 1024\n",
      "bad.yaml:3: workers[0]: max_batch_tokens (512) must be at least max_seqs (1024)"},
     {"workers:\n  - model: /m.gguf\n    kv_type: q4_0\n", "bad.yaml:3: workers[0].kv_type: f16 or q8_0"},
+    {"workers:\n  - model: /m.gguf\n    chat_template: \"{{ messages }}\"\n",
+     "bad.yaml:3: workers[0].chat_template: chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, "
+     "mistral-v3-tekken, mistral-v7 or mistral-v7-tekken"},
     {"workers:\n  - model: /m.gguf\n    devices: [cpu, GPU-1]\n    kv_type: q8_0\n",
      "bad.yaml:4: workers[0].kv_type: q8_0 is for CPU workers, and device GPU-1 is not one"},
     {"workers:\n  - model: [a]\n", "bad.yaml:2: workers[0].model: must be a string, not a list"},
