@@ -815,42 +815,6 @@ static bool refused(sender who)
     return who == SENDER_NO_KEY || who == SENDER_BAD_KEY || who == SENDER_BAD_PEER;
 }
 
-/* GET /v1/models (one == NULL) or /v1/models/{one}: the models of the
- * local workers this tenant may use. */
-static void handle_models(preq *p, gw_tenant *t, const char *one, size_t one_len)
-{
-    gw_serve *g = p->g;
-    json_t *data = json_array(), *found = NULL;
-    for (int i = 0; i < g->cfg->n_workers; i++) {
-        const char *id = g->cfg->workers[i].name;
-        bool dup = false;
-        for (int j = 0; j < i; j++)
-            dup |= !strcmp(g->cfg->workers[j].name, id);
-        if (dup || (t && !gw_tenant_allows_model(t, id)))
-            continue;
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
-                              (json_int_t)g->started, "owned_by", "infergate");
-        if (one && gw_http_segment_is(one, one_len, id))
-            found = json_incref(m);
-        json_array_append_new(data, m);
-    }
-    if (one && !found) {
-        json_decref(data);
-        respond(p, 404, "invalid_request_error", "model_not_found", "model", 0,
-                "the model '%.*s' does not exist", (int)(one_len > 128 ? 128 : one_len), one);
-        return;
-    }
-    json_t *o = one ? found : json_pack("{s:s, s:O}", "object", "list", "data", data);
-    json_decref(data);
-    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (body)
-        respond_plain(p, 200, "application/json", body, strlen(body));
-    else
-        gw_http_reset(p->stream);
-    free(body);
-}
-
 static const gw_tenant_cfg *tenant_cfg(const gw_serve *g, const char *name)
 {
     const gw_config *c = g->reloaded ? g->reloaded : g->cfg;
@@ -915,6 +879,70 @@ static int need_tags(preq *p, const gw_tenant_cfg *tc, char *buf, size_t cap, co
         need[n++] = tok;
     }
     return n;
+}
+
+/* What /v1/models lists: each model id once, those the tenant may use. */
+typedef struct model_list {
+    json_t *data;
+    gw_tenant *t;
+    const char *one; /* /v1/models/{one}: the id asked for, as sent */
+    size_t one_len;
+    json_t *found;
+    long created;
+} model_list;
+
+static void list_model(void *ud, const char *id)
+{
+    model_list *l = ud;
+    if (l->t && !gw_tenant_allows_model(l->t, id))
+        return;
+    for (size_t i = 0; i < json_array_size(l->data); i++)
+        if (!strcmp(json_string_value(json_object_get(json_array_get(l->data, i), "id")), id))
+            return;
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created",
+                          (json_int_t)l->created, "owned_by", "infergate");
+    if (m && l->one && !l->found && gw_http_segment_is(l->one, l->one_len, id))
+        l->found = json_incref(m);
+    json_array_append_new(l->data, m);
+}
+
+/* GET /v1/models (one == NULL) or /v1/models/{one}: the models this
+ * tenant may use here, from the local workers and from the regions a
+ * completion could be routed to (current, healthy, with the residency
+ * the request needs). */
+static void handle_models(preq *p, gw_tenant *t, const char *one, size_t one_len)
+{
+    gw_serve *g = p->g;
+    model_list l = {.data = json_array(), .t = t, .one = one, .one_len = one_len, .created = g->started};
+    for (int i = 0; l.data && i < g->cfg->n_workers; i++)
+        list_model(&l, g->cfg->workers[i].name);
+    if (l.data && gw_regions_enabled(g)) {
+        const char *need[MAX_NEED_TAGS];
+        char buf[512];
+        int n_need = need_tags(p, p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL, buf, sizeof(buf), need);
+        if (n_need < 0) {
+            json_decref(l.data);
+            respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
+                    "x-infergate-residency must be at most %d comma-separated tags", MAX_NEED_TAGS);
+            return;
+        }
+        route_models(g->table, need, n_need, route_clock_ms(), list_model, &l);
+    }
+    if (one && !l.found) {
+        json_decref(l.data);
+        respond(p, 404, "invalid_request_error", "model_not_found", "model", 0,
+                "the model '%.*s' does not exist", (int)(one_len > 128 ? 128 : one_len), one);
+        return;
+    }
+    json_t *o = one ? l.found : json_pack("{s:s, s:O}", "object", "list", "data", l.data);
+    json_decref(l.data);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (body)
+        respond_plain(p, 200, "application/json", body, strlen(body));
+    else
+        gw_http_reset(p->stream);
+    free(body);
 }
 
 /* Local workers only (no region section, or a request forwarded to us);

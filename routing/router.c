@@ -264,3 +264,19 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
     format_reason(q, d);
     return d->n;
 }
+
+void route_models(const route_table *t, const char *const *need_tags, int n_need_tags, int64_t now_ms,
+                  void (*fn)(void *ud, const char *model), void *ud)
+{
+    for (int i = 0; i < t->n; i++) {
+        const route_slot *s = &t->slots[t->order[i]];
+        const route_region *r = &s->r;
+        if (!route__current(t, r, now_ms) || !r->rec.healthy)
+            continue;
+        bool allowed = true;
+        for (int j = 0; allowed && j < n_need_tags; j++)
+            allowed = has_tag(s, need_tags[j], route__hash(need_tags[j]));
+        for (int m = 0; allowed && m < r->rec.n_models; m++)
+            fn(ud, r->rec.models[m]);
+    }
+}

@@ -81,5 +81,11 @@ double route_rtt_ms(const route_region *r);
 double route_queue_ms(const route_region *r);
 /* Fills d; returns d->n (0: nowhere to send it; the counts say why). */
 int route_decide(route_table *t, const route_query *q, route_decision *d);
+/* Calls fn with each model of each region that is current, healthy and
+ * has every tag in need_tags: what /v1/models lists. Ejection and price
+ * are left aside (they pass); a model served by several regions comes
+ * once per region. Mutates nothing. */
+void route_models(const route_table *t, const char *const *need_tags, int n_need_tags, int64_t now_ms,
+                  void (*fn)(void *ud, const char *model), void *ud);
 
 #endif

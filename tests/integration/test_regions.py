@@ -215,6 +215,9 @@ except AssertionError:
         print(open(os.path.join(d, n + ".log")).read()[-3000:])
     raise
 t.ok(True, "three gateways share their records through Redis and measure RTTs to each other")
+s_, _, b_ = request("us1", "open", path="/v1/models")
+t.ok(s_ == 200 and [m_["id"] for m_ in json.loads(b_)["data"]] == ["m"],
+     "/v1/models lists the local and the regions' models, each once: %s" % b_[:200])
 def rtts():
     return {n: {m: r["rtt_ms"] for m, r in table(n).items() if not r["local"]} for n in names}
 

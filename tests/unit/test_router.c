@@ -884,6 +884,54 @@ typedef struct ref_entry {
     int64_t step;
 } ref_entry;
 
+/* route_models: what /v1/models lists beside the local workers. */
+typedef struct seen_models {
+    char list[512];
+} seen_models;
+
+static void note_model(void *ud, const char *model)
+{
+    seen_models *s = ud;
+    size_t n = strlen(s->list);
+    snprintf(s->list + n, sizeof(s->list) - n, "%s%s", n ? "," : "", model);
+}
+
+static void test_models(void **state)
+{
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 10000;
+    route_record eu = mk("eu", "a,b", "eu,gdpr", 2, 10), us = mk("us", "b,c", "us", 1, 10),
+                 sick = mk("sick", "d", "eu", 1, 10), old = mk("old", "e", "eu", 1, 10),
+                 out = mk("out", "f", "eu", 1, 10);
+    sick.healthy = false;
+    add(t, &eu, 5, now);
+    add(t, &us, 5, now);
+    add(t, &sick, 5, now);
+    add(t, &old, 5, now - 3001);
+    add(t, &out, 5, now);
+    for (int i = 0; i < 3; i++) /* ejected: its models are still there */
+        route_region_report(t, route_table_find(t, "out"), false, now);
+    route_decision d;
+    route_query q = query("f", now);
+    assert_int_equal(route_decide(t, &q, &d), 0);
+    assert_int_equal(d.out_ejected, 1);
+
+    seen_models s = {""};
+    route_models(t, NULL, 0, now, note_model, &s);
+    assert_string_equal(s.list, "a,b,b,c,f");
+    const char *eu_only[] = {"eu"}, *both[] = {"eu", "gdpr"}, *none[] = {"ap"};
+    s.list[0] = '\0';
+    route_models(t, eu_only, 1, now, note_model, &s);
+    assert_string_equal(s.list, "a,b,f");
+    s.list[0] = '\0';
+    route_models(t, both, 2, now, note_model, &s);
+    assert_string_equal(s.list, "a,b");
+    s.list[0] = '\0';
+    route_models(t, none, 1, now, note_model, &s);
+    assert_string_equal(s.list, "");
+    route_table_free(t);
+}
+
 static int ref_cmp(const void *pa, const void *pb)
 {
     const ref_entry *a = pa, *b = pb;
@@ -1018,6 +1066,7 @@ int main(void)
         cmocka_unit_test(test_cost_policy),
         cmocka_unit_test(test_ejection),
         cmocka_unit_test(test_local),
+        cmocka_unit_test(test_models),
         cmocka_unit_test(test_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
