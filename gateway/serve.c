@@ -85,11 +85,20 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+static volatile sig_atomic_t hurry;
+
+static void on_hurry(int sig)
+{
+    (void)sig;
+    hurry = 1;
+}
+
 static void on_term(evutil_socket_t sig, short what, void *arg)
 {
     gw_serve *g = arg;
     if (g->draining) {
         fprintf(stderr, "infergate: second signal: stopping now\n");
+        g->stop_now = true;
         event_base_loopexit(g->base, NULL);
         return;
     }
@@ -543,7 +552,17 @@ int gw_cmd_serve(int argc, char **argv)
     gw_supervisor_stop(g.sup);
     gw_upstream_pool_free(g.pool);
     g.pool = NULL;
-    gw_supervisor_wait(g.sup, g.cfg->drain_grace_s);
+    /* Workers have no client left and stop at once; one that does not is
+     * killed after the grace, or a second after a signal to stop now. The
+     * loop no longer runs: such a signal is caught plainly from here. */
+    event_del(g.sigterm);
+    event_del(g.sigint);
+    struct sigaction sa = {.sa_handler = on_hurry};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    hurry = g.stop_now;
+    gw_supervisor_wait(g.sup, g.cfg->drain_grace_s, &hurry);
     fprintf(stderr, "infergate: stopped\n");
     status = 0;
 out:

@@ -528,10 +528,18 @@ void gw_supervisor_stop(gw_supervisor *s)
     }
 }
 
-void gw_supervisor_wait(gw_supervisor *s, int grace_s)
+void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hurry)
 {
-    double deadline = mono_s() + grace_s;
+    double deadline = mono_s() + grace_s, allowed = grace_s;
+    bool hurried = false;
     for (;;) {
+        if (hurry && *hurry && !hurried) {
+            hurried = true;
+            if (mono_s() + 1 < deadline) {
+                deadline = mono_s() + 1;
+                allowed = 1;
+            }
+        }
         int alive = 0;
         for (int i = 0; i < s->n; i++) {
             sworker *w = &s->w[i];
@@ -553,8 +561,8 @@ void gw_supervisor_wait(gw_supervisor *s, int grace_s)
         if (mono_s() > deadline) {
             for (int i = 0; i < s->n; i++)
                 if (s->w[i].info.pid) {
-                    log_line("worker %d (pid %d) did not stop within %d s: SIGKILL", i, (int)s->w[i].info.pid,
-                             grace_s);
+                    log_line("worker %d (pid %d) did not stop within %.0f s: SIGKILL", i,
+                             (int)s->w[i].info.pid, allowed);
                     kill(s->w[i].info.pid, SIGKILL);
                 }
             deadline = mono_s() + 5;

@@ -6,6 +6,7 @@
 #ifndef GW_SUPERVISOR_H
 #define GW_SUPERVISOR_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -43,8 +44,10 @@ void gw_supervisor_drain(gw_supervisor *s);
  * the pool may go next), and SIGTERM to every worker. Does not wait. */
 void gw_supervisor_stop(gw_supervisor *s);
 /* After gw_supervisor_stop: waits for the workers to exit, SIGKILL to
- * those still alive after grace_s; blocks (the loop is shutting down). */
-void gw_supervisor_wait(gw_supervisor *s, int grace_s);
+ * those still alive after grace_s, or one second after *hurry becomes
+ * true (a signal handler's flag; hurry may be NULL); blocks (the loop is
+ * shutting down). */
+void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hurry);
 void gw_supervisor_free(gw_supervisor *s);
 
 int gw_supervisor_count(const gw_supervisor *s);

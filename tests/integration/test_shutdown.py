@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -112,4 +113,34 @@ t.ok(took < GRACE_S + 1.5, "stopped %.1f s after SIGTERM, with a grace of %d s" 
 t.ok(text.count("restarting") == 1, "the worker that died during the drain was not restarted (only the hung one was)")
 if t.failed:
     print("# gateway log:\n" + text[-3000:])
+
+# A second SIGTERM stops now: a worker that does not stop (frozen here) is
+# killed a second later, not after drain_grace_s (20 s).
+port2 = free_port()
+cfg2 = os.path.join(d, "now.yaml")
+open(cfg2, "w").write("""
+listen:
+  - address: "127.0.0.1:%d"
+workers:
+  - {model: "%s", name: m, threads: 1, max_seqs: 4}
+drain_grace_s: 20
+runtime_dir: "%s"
+""" % (port2, model, os.path.join(d, "run2")))
+log2 = os.path.join(d, "now.log")
+g2 = spawn([INFERGATE, "serve", "--config", cfg2], log2)
+wait_until(lambda: curl("http://127.0.0.1:%d/readyz" % port2, http="--http1.1", timeout=2)[0] == 200
+           or g2.poll() is not None, 60, "second gateway ready")
+frozen = int(re.findall(r"started: pid (\d+)", open(log2).read())[-1])
+os.kill(frozen, signal.SIGSTOP)
+t0 = time.monotonic()
+g2.send_signal(signal.SIGTERM)
+time.sleep(0.2)
+g2.send_signal(signal.SIGTERM)
+try:
+    rc = g2.wait(timeout=40)
+except subprocess.TimeoutExpired:
+    rc = None
+took = time.monotonic() - t0
+t.ok(rc == 0 and took < 5 and "did not stop within 1 s: SIGKILL" in open(log2).read(),
+     "a second SIGTERM: a worker that does not stop is killed after a second (%.1f s, grace 20 s)" % took)
 t.finish()

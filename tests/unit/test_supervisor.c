@@ -128,7 +128,7 @@ static void sup_open(tsup *t, const char *mode, const char *settings)
 static void sup_close(tsup *t)
 {
     gw_supervisor_stop(t->sup);
-    gw_supervisor_wait(t->sup, 5);
+    gw_supervisor_wait(t->sup, 5, NULL);
     gw_supervisor_free(t->sup);
     gw_upstream_pool_free(t->pool);
     gw_config_free(t->cfg);
