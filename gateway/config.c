@@ -530,10 +530,7 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
         if ((rc = gw_cfg_str(p, v[K_CHAT], kp, &w->chat_template)))
             return rc;
         if (rt_chat_kind_from_name(w->chat_template) < 0)
-            return gw_cfg_perr(
-                p, v[K_CHAT], kp,
-                "chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, mistral-v3-tekken, "
-                "mistral-v7 or mistral-v7-tekken");
+            return gw_cfg_perr(p, v[K_CHAT], kp, "one of " RT_CHAT_KIND_NAMES);
     }
     int *ints[K_N] = {
         [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,
@@ -1166,7 +1163,6 @@ int gw_config_default_worker(gw_config *c, const char *demo_model)
         free(w->devices);
         free(w->name);
         free(w->model);
-        free(w->chat_template);
         free(w);
         return -ENOMEM;
     }
@@ -1210,6 +1206,7 @@ void gw_config_free(gw_config *c)
     for (int i = 0; i < c->n_workers; i++) {
         free(c->workers[i].model);
         free(c->workers[i].name);
+        free(c->workers[i].chat_template);
         gw_cfg_free_str_list(c->workers[i].devices, c->workers[i].n_devices);
     }
     free(c->workers);

@@ -520,8 +520,6 @@ const char *gw_http_header_get(const gw_http_request *req, const char *name)
     return NULL;
 }
 
-/* -EPIPE when the stream is gone (its on_close is due), -EINVAL when the
- * call does not fit the response's state. */
 static int hex_digit(char c)
 {
     return c >= '0' && c <= '9'   ? c - '0'
@@ -548,6 +546,8 @@ bool gw_http_segment_is(const char *seg, size_t seg_len, const char *name)
     return i == seg_len && !*name;
 }
 
+/* -EPIPE when the stream is gone (its on_close is due), -EINVAL when the
+ * call does not fit the response's state. */
 static int stream_check(const gw_http_stream *s)
 {
     if (s->state == GW_SS_CLOSED || s->reset || s->conn->dead)

@@ -325,6 +325,13 @@ static int hangup_tokens(const preq *p, double dur_s)
     return gen_ms <= 0 ? 0 : (int)fmin(p->charged_completion, 1.0 + gen_ms / w->tpot_ewma_ms);
 }
 
+/* Whether the request's path, before any query, is path. */
+static bool path_is(const gw_http_request *r, const char *path)
+{
+    size_t plen = strcspn(r->path, "?");
+    return plen == strlen(path) && !strncmp(r->path, path, plen);
+}
+
 static void finish_log(preq *p, bool complete)
 {
     if (p->logged)
@@ -334,10 +341,11 @@ static void finish_log(preq *p, bool complete)
     double now = mono_s(), dur = now - p->t_start;
     double ttft = p->t_first > 0 ? p->t_first - p->t_start : -1;
     /* Without a usage object, tokens are counted in events: one each but
-     * the last (the finish_reason) and a chat stream's first (the role). */
-    int bare = 1 + (strstr(p->req->path, "/chat/") != NULL);
+     * the last of a whole stream (the finish_reason) and a chat stream's
+     * first (the role). */
+    int bare = complete + path_is(p->req, "/v1/chat/completions");
     int tokens =
-        p->usage.tokens >= 0 ? p->usage.tokens : (p->sse && p->events > bare ? p->events - bare : -1);
+        p->usage.tokens >= 0 ? p->usage.tokens : (p->sse && p->events >= bare ? p->events - bare : -1);
     double tpot = p->sse && p->events > bare + 1 ? (p->t_last - p->t_first) / (p->events - bare - 1) : -1;
     char target[96];
     target_name(p, target, sizeof(target));
@@ -785,12 +793,6 @@ typedef enum {
     SENDER_BAD_PEER, /* forwarded, but the connection's certificate was not verified */
 } sender;
 
-static bool path_is(const gw_http_request *r, const char *path)
-{
-    size_t plen = strcspn(r->path, "?");
-    return plen == strlen(path) && !strncmp(r->path, path, plen);
-}
-
 static sender identify(gw_serve *g, const gw_http_request *r, gw_tenant **t)
 {
     *t = NULL;
@@ -914,20 +916,28 @@ static void handle_models(preq *p, gw_tenant *t, const char *one, size_t one_len
 {
     gw_serve *g = p->g;
     model_list l = {.data = json_array(), .t = t, .one = one, .one_len = one_len, .created = g->started};
-    for (int i = 0; l.data && i < g->cfg->n_workers; i++)
-        list_model(&l, g->cfg->workers[i].name);
-    if (l.data && gw_regions_enabled(g)) {
-        const char *need[MAX_NEED_TAGS];
-        char buf[512];
-        int n_need = need_tags(p, p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL, buf, sizeof(buf), need);
-        if (n_need < 0) {
-            json_decref(l.data);
-            respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
-                    "x-infergate-residency must be at most %d comma-separated tags", MAX_NEED_TAGS);
-            return;
-        }
-        route_models(g->table, need, n_need, route_clock_ms(), list_model, &l);
+    const char *need[MAX_NEED_TAGS];
+    char buf[512];
+    int n_need = 0;
+    if (gw_regions_enabled(g) &&
+        (n_need = need_tags(p, p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL, buf, sizeof(buf), need)) < 0) {
+        json_decref(l.data);
+        respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
+                "x-infergate-residency must be at most %d comma-separated tags", MAX_NEED_TAGS);
+        return;
     }
+    /* The local workers' models whether or not a worker is ready now, where
+     * this region has the residency asked for. */
+    bool here = true;
+    for (int j = 0; j < n_need && here; j++) {
+        here = false;
+        for (int k = 0; k < g->cfg->region.n_tags && !here; k++)
+            here = !strcmp(g->cfg->region.tags[k], need[j]);
+    }
+    for (int i = 0; l.data && here && i < g->cfg->n_workers; i++)
+        list_model(&l, g->cfg->workers[i].name);
+    if (l.data && gw_regions_enabled(g))
+        route_models(g->table, need, n_need, route_clock_ms(), list_model, &l);
     if (one && !l.found) {
         json_decref(l.data);
         respond(p, 404, "invalid_request_error", "model_not_found", "model", 0,

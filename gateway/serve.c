@@ -555,13 +555,11 @@ int gw_cmd_serve(int argc, char **argv)
     /* Workers have no client left and stop at once; one that does not is
      * killed after the grace, or a second after a signal to stop now. The
      * loop no longer runs: such a signal is caught plainly from here. */
-    event_del(g.sigterm);
-    event_del(g.sigint);
+    hurry = g.stop_now;
     struct sigaction sa = {.sa_handler = on_hurry};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    hurry = g.stop_now;
     gw_supervisor_wait(g.sup, g.cfg->drain_grace_s, &hurry);
     fprintf(stderr, "infergate: stopped\n");
     status = 0;

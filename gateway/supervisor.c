@@ -170,9 +170,13 @@ static int spawn(sworker *w)
         return -e;
     }
     if (pid == 0) {
-        static const int caught[] = {SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGPIPE};
+        static const int caught[] = {SIGTERM, SIGINT, SIGCHLD, SIGPIPE};
         for (size_t i = 0; i < sizeof(caught) / sizeof(caught[0]); i++)
             signal(caught[i], SIG_DFL);
+        /* The gateway's reload signal is nothing to a worker (`pkill -HUP
+         * infergate` reaches both), loading its model included: ignored
+         * across exec. */
+        signal(SIGHUP, SIG_IGN);
         /* A worker must not outlive its gateway, even one that died
          * before this line. Its own process group: a terminal's Ctrl-C is
          * the gateway's to pass on, after its drain. */
@@ -432,7 +436,13 @@ gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool
     s->pool = pool;
     s->cfg = c;
     s->lock_fd = -1;
-    if ((s->exe_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC)) == -1) {
+    /* At 3 or above: the child keeps it open past its close_range of
+     * everything from 3 on, and never in place of stdin, stdout or stderr. */
+    int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    s->exe_fd = fd >= 3 || fd == -1 ? fd : fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (fd >= 0 && fd < 3)
+        close(fd);
+    if (s->exe_fd == -1) {
         snprintf(err, err_len, "cannot open my own binary (/proc/self/exe): %s", strerror(errno));
         free(s);
         return NULL;

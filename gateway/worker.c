@@ -859,9 +859,8 @@ static void usage(FILE *f)
         "  --batch-max-wait-ms MS a batch request waiting this long starts in turn with interactive\n"
         "                         ones, oldest first (default %d)\n"
         "  --max-body BYTES       largest request body (default 1048576)\n"
-        "  --chat-template NAME   render chats as this family, not as the model's template says:\n"
-        "                         chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3,\n"
-        "                         mistral-v3-tekken, mistral-v7, mistral-v7-tekken\n"
+        "  --chat-template NAME   render chats as this family, not as the model's template says,\n"
+        "                         one of: " RT_CHAT_KIND_NAMES "\n"
         "  --drain-grace-s S      on SIGTERM, open streams finish within this (default %d)\n",
         d.kv_bytes >> 20, d.max_seqs, d.max_batch_tokens, d.max_queue, d.batch_max_wait_ms, DRAIN_GRACE_S);
 }
@@ -926,10 +925,7 @@ int gw_cmd_worker(int argc, char **argv)
         case O_KV: bad = gw_parse_int(optarg, 1, 1 << 20, &kv_mb) ? "--kv-cache-mb: 1 to 1048576" : NULL; break;
         case O_CHAT:
             chat_kind = rt_chat_kind_from_name(optarg);
-            bad = chat_kind < 0
-                      ? "--chat-template: chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, "
-                        "mistral-v3-tekken, mistral-v7 or mistral-v7-tekken"
-                      : NULL;
+            bad = chat_kind < 0 ? "--chat-template: one of " RT_CHAT_KIND_NAMES : NULL;
             break;
         case O_KV_TYPE:
             bad = strcmp(optarg, "f16") && strcmp(optarg, "q8_0") ? "--kv-type: f16 or q8_0" : NULL;

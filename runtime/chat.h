@@ -36,8 +36,10 @@ typedef struct rt_chat_msg {
 /* Recognises a template; tmpl may be NULL (-> fallback). `recognised` is set
  * false when the fallback was used for a template that was present. */
 rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised);
-/* "chatml", "llama2", "llama3", "mistral", "zephyr", "mistral-v1", "mistral-v3",
- * "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken" (llama.cpp's names) */
+/* The families' names (llama.cpp's), in rt_chat_kind order, for messages. */
+#define RT_CHAT_KIND_NAMES                                                                                   \
+    "chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, "       \
+    "mistral-v7-tekken"
 const char *rt_chat_kind_name(rt_chat_kind k);
 /* The family of one of those names, or -1: how a config or the worker's
  * --chat-template overrides the model's own template. */

@@ -14,6 +14,7 @@
 #include "runtime/chat.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -199,6 +200,12 @@ static void test_detect_absent_names_and_bounds(void **state)
     for (int k = 0; k < RT_CHAT_N_KINDS; k++)
         assert_int_equal(rt_chat_kind_from_name(rt_chat_kind_name((rt_chat_kind)k)), k);
     assert_int_equal(rt_chat_kind_from_name("unknown"), -1);
+    /* the list messages give is the table's */
+    char names[256] = "";
+    for (int k = 0; k < RT_CHAT_N_KINDS; k++)
+        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", k ? ", " : "",
+                 rt_chat_kind_name((rt_chat_kind)k));
+    assert_string_equal(names, RT_CHAT_KIND_NAMES);
     assert_int_equal(rt_chat_kind_from_name("LLAMA2"), -1);
     assert_int_equal(rt_chat_kind_from_name(""), -1);
 }

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "gateway/config.h"
+#include "runtime/chat.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -471,8 +472,7 @@ static const struct {
      "bad.yaml:3: workers[0]: max_batch_tokens (512) must be at least max_seqs (1024)"},
     {"workers:\n  - model: /m.gguf\n    kv_type: q4_0\n", "bad.yaml:3: workers[0].kv_type: f16 or q8_0"},
     {"workers:\n  - model: /m.gguf\n    chat_template: \"{{ messages }}\"\n",
-     "bad.yaml:3: workers[0].chat_template: chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, "
-     "mistral-v3-tekken, mistral-v7 or mistral-v7-tekken"},
+     "bad.yaml:3: workers[0].chat_template: one of " RT_CHAT_KIND_NAMES},
     {"workers:\n  - model: /m.gguf\n    devices: [cpu, GPU-1]\n    kv_type: q8_0\n",
      "bad.yaml:4: workers[0].kv_type: q8_0 is for CPU workers, and device GPU-1 is not one"},
     {"workers:\n  - model: [a]\n", "bad.yaml:2: workers[0].model: must be a string, not a list"},
