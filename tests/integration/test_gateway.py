@@ -653,6 +653,8 @@ t.ok(st == b"404" and json.loads(body)["error"]["code"] == "model_not_found"
 # (and the access log, renamed as logrotate does, is opened again)
 os.rename(access_log, access_log + ".1")
 open(cfg, "w").write("listen: [\n  bad yaml")
+r = subprocess.run([INFERGATE, "serve", "--check", "--config", cfg], capture_output=True, text=True, timeout=30)
+t.ok(r.returncode == 1 and cfg in r.stderr, "serve --check: a broken config is said, exit 1: %s" % r.stderr.strip())
 g.send_signal(1)
 time.sleep(0.5)
 s, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=comp, headers=[AUTH])
@@ -662,7 +664,15 @@ time.sleep(0.2)
 t.ok(os.path.exists(access_log) and '"status":200' in open(access_log).read(),
      "SIGHUP opens the access log again: the request after it is in the new file")
 key_c = "ig-test-key-gamma"
+open(cfg + ".nomodel", "w").write(config([key_hash(key_a)]).replace(small, small + ".gone"))
+r = subprocess.run([INFERGATE, "serve", "--check", "--config", cfg + ".nomodel"], capture_output=True, text=True,
+                   timeout=30)
+t.ok(r.returncode == 1 and "workers[].model %s.gone: No such file" % small in r.stderr,
+     "serve --check: a model file that is not there: %s" % r.stderr.strip())
 open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)]))
+r = subprocess.run([INFERGATE, "serve", "--check", "--config", cfg], capture_output=True, text=True, timeout=30)
+t.ok(r.returncode == 0 and "is valid: 2 listeners, 2 workers, 6 tenants" in r.stdout,
+     "serve --check: a good config, exit 0: %s" % (r.stdout + r.stderr).strip())
 
 
 def served_cn():
