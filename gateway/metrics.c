@@ -242,6 +242,14 @@ void gw_metrics_add(gw_metrics *m, const char *name, const char *labels, double 
         s->value += v;
 }
 
+void gw_metrics_count_to(gw_metrics *m, const char *name, const char *labels, double total)
+{
+    family *f;
+    series *s = get_series(m, name, GW_COUNTER, labels, &f);
+    if (s && total > s->value)
+        s->value = total;
+}
+
 void gw_metrics_set(gw_metrics *m, const char *name, const char *labels, double v)
 {
     family *f;

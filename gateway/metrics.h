@@ -31,6 +31,9 @@ int gw_metrics_describe(gw_metrics *m, const char *name, gw_metric_type type, co
 void gw_metrics_add(gw_metrics *m, const char *name, const char *labels, double v);     /* counter */
 void gw_metrics_set(gw_metrics *m, const char *name, const char *labels, double v);     /* gauge */
 void gw_metrics_observe(gw_metrics *m, const char *name, const char *labels, double v); /* histogram */
+/* A counter kept elsewhere (a worker's restarts), brought up to its total;
+ * never down. */
+void gw_metrics_count_to(gw_metrics *m, const char *name, const char *labels, double total);
 /* Removes every series of a gauge family (e.g. per-worker gauges before
  * they are set again). */
 void gw_metrics_clear(gw_metrics *m, const char *name);

@@ -106,7 +106,8 @@ int gw_proxy_metrics_init(gw_metrics *m)
     rc |= gw_metrics_describe(m, "infergate_worker_running", GW_GAUGE, "Sequences running in each worker.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_kv_blocks_free", GW_GAUGE, "Free KV cache blocks per worker.",
                               NULL, 0);
-    rc |= gw_metrics_describe(m, "infergate_worker_restarts_total", GW_GAUGE, "Restarts of each worker.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_restarts_total", GW_COUNTER, "Restarts of each worker.",
+                              NULL, 0);
     return rc ? -ENOMEM : 0;
 }
 
@@ -117,7 +118,6 @@ void gw_proxy_metrics_workers(gw_serve *g)
     gw_metrics_clear(m, "infergate_worker_queue_depth");
     gw_metrics_clear(m, "infergate_worker_running");
     gw_metrics_clear(m, "infergate_worker_kv_blocks_free");
-    gw_metrics_clear(m, "infergate_worker_restarts_total");
     for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
         const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
         char model[128], device[128], labels[320];
@@ -127,7 +127,7 @@ void gw_proxy_metrics_workers(gw_serve *g)
         gw_metrics_set(m, "infergate_worker_queue_depth", labels, w->ready ? w->queued : 0);
         gw_metrics_set(m, "infergate_worker_running", labels, w->ready ? w->running : 0);
         gw_metrics_set(m, "infergate_worker_kv_blocks_free", labels, w->ready ? w->kv_blocks_free : 0);
-        gw_metrics_set(m, "infergate_worker_restarts_total", labels, w->restarts);
+        gw_metrics_count_to(m, "infergate_worker_restarts_total", labels, w->restarts);
     }
 }
 
@@ -350,8 +350,13 @@ static void finish_log(preq *p, bool complete)
     char target[96];
     target_name(p, target, sizeof(target));
 
-    if (g->access_log) {
-        FILE *f = g->access_log;
+    /* A line is built whole and written at once: on stderr (unbuffered,
+     * and shared with the workers) a line written field by field could
+     * take another process's message in its middle. */
+    char *line = NULL;
+    size_t line_len = 0;
+    FILE *f = g->access_log ? open_memstream(&line, &line_len) : NULL;
+    if (f) {
         fprintf(f, "{\"ts\":%ld", (long)time(NULL));
         json_field_str(f, "request_id", p->id);
         json_field_str(f, "method", p->req->method);
@@ -370,7 +375,11 @@ static void finish_log(preq *p, bool complete)
         if (p->responded)
             fprintf(f, ",\"complete\":%s", complete ? "true" : "false");
         fputs("}\n", f);
-        fflush(f);
+        if (fclose(f) == 0) {
+            fwrite(line, 1, line_len, g->access_log);
+            fflush(g->access_log);
+        }
+        free(line);
     }
 
     const char *labels[2];

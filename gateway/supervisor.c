@@ -84,12 +84,16 @@ static double mono_s(void)
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void log_line(const char *fmt, ...)
 {
+    /* One write: stderr is unbuffered and shared with the workers. */
+    char line[1024];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "supervisor: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = vsnprintf(line + 12, sizeof(line) - 13, fmt, ap);
     va_end(ap);
+    memcpy(line, "supervisor: ", 12);
+    n = n < 0 ? 0 : n > (int)sizeof(line) - 14 ? (int)sizeof(line) - 14 : n;
+    line[12 + n] = '\n';
+    fwrite(line, 1, (size_t)(12 + n + 1), stderr);
 }
 
 /* ---- spawning ---- */

@@ -37,17 +37,16 @@ double route_expected_ms(const route_region *r)
     return route_rtt_ms(r) + route_queue_ms(r);
 }
 
-/* A model matches on its 64-bit hash and length, without reading the
- * string (which would cost a cache line per region): a false match is a
- * random 64-bit collision, and would get a clean "model not found" from the
- * region. Residency tags, where a mistake would break a tenant's rule, are
- * confirmed byte for byte. */
-static bool serves_model(const route_slot *s, size_t len, uint64_t h)
+/* A model is looked for by its 64-bit hash and length, and a match is
+ * confirmed byte for byte (the string is read only then): FNV-1a
+ * collisions can be made on purpose, and a client's made-up model name
+ * routed as a real one would reach the per-model metrics' labels. */
+static bool serves_model(const route_slot *s, const char *model, size_t len, uint64_t h)
 {
     if (!(s->model_bloom & route__bloom_bit(h)))
         return false;
     for (int i = 0; i < s->r.rec.n_models; i++)
-        if (s->model_hash[i] == h && s->model_len[i] == len)
+        if (s->model_hash[i] == h && s->model_len[i] == len && !memcmp(s->r.rec.models[i], model, len))
             return true;
     return false;
 }
@@ -185,7 +184,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         route_slot *s = &t->slots[t->order[i]];
         route_region *r = &s->r;
         s->scratch_ok = false;
-        if (!serves_model(s, model_len, mh)) {
+        if (!serves_model(s, model, model_len, mh)) {
             d->out_model++;
             continue;
         }

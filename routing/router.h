@@ -34,9 +34,8 @@
  * claims its probe when it comes first (d->probe); further down it stays
  * in the list unclaimed, for the request to claim (route_region_claim) if
  * it gets that far.
- * Models match by 64-bit hash and length (a false match is a random
- * 64-bit collision, answered "model not found" by the region); residency
- * tags are confirmed byte for byte.
+ * Models and residency tags are looked for by hash and confirmed byte for
+ * byte.
  * route_decide allocates nothing and mutates the table only to claim a
  * probe: one table per thread (the gateway's loop). */
 #ifndef ROUTE_ROUTER_H

@@ -103,6 +103,31 @@ static void test_render(void **state)
     gw_metrics_free(m);
 }
 
+/* A total kept elsewhere comes in as it is, and never goes down. */
+static void test_count_to(void **state)
+{
+    gw_metrics *m = gw_metrics_new(100);
+    assert_non_null(m);
+    assert_int_equal(gw_metrics_describe(m, "restarts_total", GW_COUNTER, "Restarts.", NULL, 0), 0);
+    assert_int_equal(gw_metrics_describe(m, "g", GW_GAUGE, "A gauge.", NULL, 0), 0);
+    gw_metrics_count_to(m, "restarts_total", "w=\"0\"", 2);
+    gw_metrics_count_to(m, "restarts_total", "w=\"0\"", 1);
+    gw_metrics_count_to(m, "restarts_total", "w=\"1\"", 0);
+    gw_metrics_count_to(m, "g", "", 3); /* not a counter: ignored */
+    size_t len;
+    char *text = gw_metrics_render(m, &len);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "restarts_total{w=\"0\"} 2\n"));
+    assert_non_null(strstr(text, "restarts_total{w=\"1\"} 0\n"));
+    assert_null(strstr(text, "\ng 3"));
+    free(text);
+    gw_metrics_count_to(m, "restarts_total", "w=\"0\"", 5);
+    text = gw_metrics_render(m, &len);
+    assert_non_null(strstr(text, "restarts_total{w=\"0\"} 5\n"));
+    free(text);
+    gw_metrics_free(m);
+}
+
 static void test_numbers(void **state)
 {
     gw_metrics *m = gw_metrics_new(100);
@@ -272,9 +297,10 @@ static void test_many_series(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_render),          cmocka_unit_test(test_numbers),
-        cmocka_unit_test(test_escape),          cmocka_unit_test(test_cap),
-        cmocka_unit_test(test_describe_errors), cmocka_unit_test(test_many_series),
+        cmocka_unit_test(test_render),      cmocka_unit_test(test_count_to),
+        cmocka_unit_test(test_numbers),     cmocka_unit_test(test_escape),
+        cmocka_unit_test(test_cap),         cmocka_unit_test(test_describe_errors),
+        cmocka_unit_test(test_many_series),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
