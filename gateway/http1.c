@@ -95,12 +95,12 @@ static void h1_reject(gw_http_conn *c, int status, const char *message)
 {
     gw_h1 *h = &c->h1;
     struct evbuffer *out = bufferevent_get_output(c->bev);
+    gw_server_refused(c->srv, status, h->cur, h->http10 ? "HTTP/1.0" : "HTTP/1.1");
     if (h->cur) { /* never reached the application: freed, no on_close */
         gw_http_stream *s = h->cur;
         h->cur = NULL;
         gw_stream_closed(s, false);
     }
-    gw_server_refused(c->srv, status);
     char body[320];
     size_t n = gw_http_error_json(body, sizeof(body), message, error_code(status));
     if (evbuffer_add_printf(out,

@@ -167,7 +167,7 @@ static void stream_reject(gw_http_stream *s, int status, const char *message, co
 {
     static const gw_http_header hdr[] = {{"content-type", "application/json"}};
     char body[320];
-    gw_server_refused(s->conn->srv, status);
+    gw_server_refused(s->conn->srv, status, s, "HTTP/2");
     stream_drop_request(s);
     size_t n = gw_http_error_json(body, sizeof(body), message, code);
     if (stream_submit(s, status, hdr, 1, body, n, true) &&

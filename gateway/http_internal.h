@@ -204,8 +204,8 @@ char *gw_arena_strndup(gw_arena_chunk **head, const void *p, size_t n);
 /* A new stream, linked into c->streams and counted. NULL on no memory. */
 gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id);
 /* The server answered a request itself: the application hears of it
- * (on_refused). */
-void gw_server_refused(gw_http_server *srv, int status);
+ * (on_refused), with what is known of the request (s may be NULL). */
+void gw_server_refused(gw_http_server *srv, int status, const gw_http_stream *s, const char *protocol);
 /* Whether the connection's client presented a certificate that makes it
  * a peer gateway (gw_tls_peer_verified, asked once per connection). */
 bool gw_conn_peer(gw_http_conn *c);

@@ -124,10 +124,10 @@ gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id)
     return s;
 }
 
-void gw_server_refused(gw_http_server *srv, int status)
+void gw_server_refused(gw_http_server *srv, int status, const gw_http_stream *s, const char *protocol)
 {
     if (srv->handler.on_refused)
-        srv->handler.on_refused(srv->ud, status);
+        srv->handler.on_refused(srv->ud, status, s ? s->method : NULL, s ? s->path : NULL, protocol);
 }
 
 bool gw_conn_peer(gw_http_conn *c)

@@ -332,6 +332,16 @@ static bool path_is(const gw_http_request *r, const char *path)
     return plen == strlen(path) && !strncmp(r->path, path, plen);
 }
 
+/* Ends a line built in f (open_memstream over *line) and writes it whole. */
+static void log_put(gw_serve *g, FILE *f, char **line, size_t *line_len)
+{
+    if (fclose(f) == 0) {
+        fwrite(*line, 1, *line_len, g->access_log);
+        fflush(g->access_log);
+    }
+    free(*line);
+}
+
 static void finish_log(preq *p, bool complete)
 {
     if (p->logged)
@@ -375,11 +385,7 @@ static void finish_log(preq *p, bool complete)
         if (p->responded)
             fprintf(f, ",\"complete\":%s", complete ? "true" : "false");
         fputs("}\n", f);
-        if (fclose(f) == 0) {
-            fwrite(line, 1, line_len, g->access_log);
-            fflush(g->access_log);
-        }
-        free(line);
+        log_put(g, f, &line, &line_len);
     }
 
     const char *labels[2];
@@ -1306,12 +1312,23 @@ void gw_proxy_on_head(void *ud, gw_http_stream *s, const gw_http_request *r)
         gw_proxy_on_request(ud, s, r);
 }
 
-void gw_proxy_on_refused(void *ud, int status)
+void gw_proxy_on_refused(void *ud, int status, const char *method, const char *path, const char *protocol)
 {
     gw_serve *g = ud;
     char labels[24];
     snprintf(labels, sizeof(labels), "status=\"%d\"", status);
     gw_metrics_add(g->metrics, "infergate_http_refused_total", labels, 1);
+    char *line = NULL;
+    size_t line_len = 0;
+    FILE *f = g->access_log ? open_memstream(&line, &line_len) : NULL;
+    if (!f)
+        return;
+    fprintf(f, "{\"ts\":%ld", (long)time(NULL));
+    json_field_str(f, "method", method ? method : "");
+    json_field_path(f, path ? path : "");
+    json_field_str(f, "protocol", protocol);
+    fprintf(f, ",\"status\":%d,\"refused_by\":\"http\"}\n", status);
+    log_put(g, f, &line, &line_len);
 }
 
 void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud)

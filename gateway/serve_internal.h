@@ -54,7 +54,7 @@ typedef struct gw_serve {
 /* gw_http_handler callbacks of the front door (proxy.c). */
 void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *req);
 void gw_proxy_on_head(void *ud, gw_http_stream *s, const gw_http_request *req);
-void gw_proxy_on_refused(void *ud, int status);
+void gw_proxy_on_refused(void *ud, int status, const char *method, const char *path, const char *protocol);
 void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished);
 void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud);
 /* regions.c: cross-region routing state. */
