@@ -126,7 +126,10 @@ void gw_proxy_metrics_workers(gw_serve *g)
         snprintf(labels, sizeof(labels), "worker=\"%d\",model=\"%s\",device=\"%s\"", i, model, device);
         gw_metrics_set(m, "infergate_worker_queue_depth", labels, w->ready ? w->queued : 0);
         gw_metrics_set(m, "infergate_worker_running", labels, w->ready ? w->running : 0);
-        gw_metrics_set(m, "infergate_worker_kv_blocks_free", labels, w->ready ? w->kv_blocks_free : 0);
+        /* Not ready, its cache is not known: no series, rather than a 0
+         * that reads as a full cache. */
+        if (w->ready)
+            gw_metrics_set(m, "infergate_worker_kv_blocks_free", labels, w->kv_blocks_free);
         gw_metrics_count_to(m, "infergate_worker_restarts_total", labels, w->restarts);
     }
 }
