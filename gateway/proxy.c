@@ -335,16 +335,6 @@ static bool path_is(const gw_http_request *r, const char *path)
     return plen == strlen(path) && !strncmp(r->path, path, plen);
 }
 
-/* Ends a line built in f (open_memstream over *line) and writes it whole. */
-static void log_put(gw_serve *g, FILE *f, char **line, size_t *line_len)
-{
-    if (fclose(f) == 0) {
-        fwrite(*line, 1, *line_len, g->access_log);
-        fflush(g->access_log);
-    }
-    free(*line);
-}
-
 static void finish_log(preq *p, bool complete)
 {
     if (p->logged)
@@ -363,12 +353,9 @@ static void finish_log(preq *p, bool complete)
     char target[96];
     target_name(p, target, sizeof(target));
 
-    /* A line is built whole and written at once: on stderr (unbuffered,
-     * and shared with the workers) a line written field by field could
-     * take another process's message in its middle. */
-    char *line = NULL;
-    size_t line_len = 0;
-    FILE *f = g->access_log ? open_memstream(&line, &line_len) : NULL;
+    /* The log's stream is fully buffered: a line goes out whole at the
+     * fflush (see open_access_log). */
+    FILE *f = g->access_log;
     if (f) {
         fprintf(f, "{\"ts\":%ld", (long)time(NULL));
         json_field_str(f, "request_id", p->id);
@@ -388,7 +375,7 @@ static void finish_log(preq *p, bool complete)
         if (p->responded)
             fprintf(f, ",\"complete\":%s", complete ? "true" : "false");
         fputs("}\n", f);
-        log_put(g, f, &line, &line_len);
+        fflush(f);
     }
 
     const char *labels[2];
@@ -1199,8 +1186,7 @@ static void respond_refused(preq *p, sender who)
     if (who == SENDER_BAD_PEER)
         respond(p, 403, "permission_error", "peer_not_authenticated", NULL, 0,
                 "forwarded requests (x-infergate-hop) are accepted only from peer gateways with a verified "
-                "client "
-                "certificate");
+                "client certificate");
     else if (who == SENDER_NO_KEY)
         respond(p, 401, "invalid_request_error", "missing_api_key", NULL, 0,
                 "missing API key: send it as 'Authorization: Bearer KEY'");
@@ -1321,9 +1307,7 @@ void gw_proxy_on_refused(void *ud, int status, const char *method, const char *p
     char labels[24];
     snprintf(labels, sizeof(labels), "status=\"%d\"", status);
     gw_metrics_add(g->metrics, "infergate_http_refused_total", labels, 1);
-    char *line = NULL;
-    size_t line_len = 0;
-    FILE *f = g->access_log ? open_memstream(&line, &line_len) : NULL;
+    FILE *f = g->access_log;
     if (!f)
         return;
     fprintf(f, "{\"ts\":%ld", (long)time(NULL));
@@ -1331,7 +1315,7 @@ void gw_proxy_on_refused(void *ud, int status, const char *method, const char *p
     json_field_path(f, path ? path : "");
     json_field_str(f, "protocol", protocol);
     fprintf(f, ",\"status\":%d,\"refused_by\":\"http\"}\n", status);
-    log_put(g, f, &line, &line_len);
+    fflush(f);
 }
 
 void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud)

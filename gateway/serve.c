@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <event2/event.h>
 #include <getopt.h>
 #include <limits.h>
@@ -162,6 +163,26 @@ static void http_limits(const gw_serve *g, const gw_config *c, bool said, gw_htt
     }
 }
 
+/* The access log is a stream of its own, fully buffered and flushed after
+ * each line: a line goes out in one write, never mixed with what the
+ * gateway and its workers write to stderr. stdout and stderr are
+ * duplicated for it. */
+static FILE *open_access_log(const char *path)
+{
+    int std = !strcmp(path, "stdout") ? 1 : !strcmp(path, "stderr") ? 2 : -1;
+    FILE *f;
+    if (std >= 0) {
+        int fd = fcntl(std, F_DUPFD_CLOEXEC, 3);
+        if (!(f = fd >= 0 ? fdopen(fd, "w") : NULL) && fd >= 0)
+            close(fd);
+    } else {
+        f = fopen(path, "ae");
+    }
+    if (f)
+        setvbuf(f, NULL, _IOFBF, 1 << 16);
+    return f;
+}
+
 /* The access log file is opened again under its name, so that a rotated
  * (renamed) log is left behind, as nginx does on its reopen signal. A
  * file that cannot be opened keeps the old one in use. */
@@ -169,7 +190,7 @@ static void reopen_access_log(gw_serve *g)
 {
     if (!g->own_access_log)
         return;
-    FILE *f = fopen(g->cfg->access_log, "ae");
+    FILE *f = open_access_log(g->cfg->access_log);
     if (!f) {
         fprintf(stderr, "infergate: SIGHUP: access log %s: %s; still writing the old file\n",
                 g->cfg->access_log, strerror(errno));
@@ -414,7 +435,7 @@ static void serve_dispose(gw_serve *g)
         gw_upstream_pool_free(g->pool);
     gw_tenants_free(g->tenants);
     gw_metrics_free(g->metrics);
-    if (g->own_access_log && g->access_log)
+    if (g->access_log)
         fclose(g->access_log);
     struct event *evs[] = {g->sigterm, g->sigint, g->sighup, g->drain_timer};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
@@ -520,16 +541,12 @@ int gw_cmd_serve(int argc, char **argv)
             }
     }
     const char *log = g.cfg->access_log ? g.cfg->access_log : "stdout";
-    if (!strcmp(log, "stdout")) {
-        g.access_log = stdout;
-    } else if (!strcmp(log, "stderr")) {
-        g.access_log = stderr;
-    } else if (strcmp(log, "off") != 0) {
-        if (!(g.access_log = fopen(log, "ae"))) {
+    if (strcmp(log, "off") != 0) {
+        if (!(g.access_log = open_access_log(log))) {
             fprintf(stderr, "infergate: access log %s: %s\n", log, strerror(errno));
             goto out;
         }
-        g.own_access_log = true;
+        g.own_access_log = strcmp(log, "stdout") && strcmp(log, "stderr");
     }
 
     g.base = event_base_new();

@@ -34,7 +34,7 @@ typedef struct gw_serve {
     gw_tenants *tenants;
     gw_metrics *metrics;
     FILE *access_log;
-    bool own_access_log;
+    bool own_access_log; /* a file, opened again on SIGHUP */
     struct event *sigterm, *sigint, *sighup, *drain_timer, *metrics_timer;
     route_table *table; /* NULL without a region section: local workers only */
     route_sync *sync;   /* NULL without Redis */
