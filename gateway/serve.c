@@ -86,6 +86,8 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* Set by a second SIGTERM or SIGINT: stop now, workers get a second, not
+ * the grace. */
 static volatile sig_atomic_t hurry;
 
 static void on_hurry(int sig)
@@ -99,7 +101,7 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
     gw_serve *g = arg;
     if (g->draining) {
         fprintf(stderr, "infergate: second signal: stopping now\n");
-        g->stop_now = true;
+        hurry = 1; /* for the wait for the workers, after the loop */
         event_base_loopexit(g->base, NULL);
         return;
     }
@@ -619,7 +621,6 @@ int gw_cmd_serve(int argc, char **argv)
     /* Workers have no client left and stop at once; one that does not is
      * killed after the grace, or a second after a signal to stop now. The
      * loop no longer runs: such a signal is caught plainly from here. */
-    hurry = g.stop_now;
     struct sigaction sa = {.sa_handler = on_hurry};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);

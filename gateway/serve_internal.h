@@ -43,7 +43,6 @@ typedef struct gw_serve {
     double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1;
                           * starts at GW_RETRY_TOKENS_START where the budget is not 0 */
     bool draining;
-    bool stop_now; /* a second SIGTERM/SIGINT: workers get a second, not the grace */
     double drain_deadline;
     const char *listen_override; /* --listen: replaces the first listener's address, reloads too */
     uint32_t up_window;          /* the upstream stream window, fixed at start */
