@@ -35,6 +35,8 @@
  * order), and activation rows per pass over the weights. */
 #define QZ_MSEG 128
 #define QZ_KMAX 16
+/* Blocks ahead that the packed gemm prefetches its weights. */
+#define QZ_P16_AHEAD 8
 
 enum { QZ_Q8, QZ_Q4, QZ_P16 }; /* weight layouts */
 
@@ -213,9 +215,16 @@ QZ_INLINE void qz_p16_tile(const char *sc, const char *q, size_t group_bytes, in
     for (int b = 0; b < ns; b++) {
         const int ib = b0 + b;
         const char *qb = q + (size_t)ib * KN_P16_QUANT_BYTES;
-        const char *ahead = x86_p16_ahead(q, ib, 4, nb, KN_P16_QUANT_BYTES, group_bytes);
-        _mm_prefetch(ahead, _MM_HINT_T0);
-        _mm_prefetch(ahead + 64 * 4, _MM_HINT_T0);
+        /* Every line of the block QZ_P16_AHEAD ahead, and its scales: a
+         * block's 128 multiply-adds at 16 rows outlast a line's fetch, but
+         * the hardware prefetcher alone left them waiting (two lines of the
+         * eight asked for, 4 blocks ahead, read 9 GB/s from memory at 16
+         * rows where this reads 24; bench/RESULTS.md). */
+        const char *ahead = x86_p16_ahead(q, ib, QZ_P16_AHEAD, nb, KN_P16_QUANT_BYTES, group_bytes);
+        for (int l = 0; l < KN_P16_QUANT_BYTES; l += 64)
+            _mm_prefetch(ahead + l, _MM_HINT_T0);
+        _mm_prefetch(x86_p16_ahead(sc, ib, 2 * QZ_P16_AHEAD, nb, KN_P16_SCALE_BYTES, group_bytes),
+                     _MM_HINT_T0);
         const __m512 dwv =
             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)ib * KN_P16_SCALE_BYTES)));
         __m512i wv[8];
