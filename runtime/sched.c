@@ -391,6 +391,47 @@ static queue *next_queue(rt_sched *s, double now)
     return aged(s, ba->head, now) && ba->head->t_submit < in->head->t_submit ? ba : in;
 }
 
+/* Running request v gives its blocks back and waits at the head of its
+ * queue to be recomputed from its tokens. */
+static void preempt_at(rt_sched *s, int v)
+{
+    sreq *r = s->running[v];
+    /* the rest keep their admission order, which prefill follows */
+    memmove(&s->running[v], &s->running[v + 1], (size_t)(s->n_running - v - 1) * sizeof(s->running[0]));
+    s->n_running--;
+    rt_seq_free(r->seq);
+    r->seq = NULL;
+    r->n_done = 0;
+    q_push_front(&s->waiting[r->prio], r);
+    pthread_mutex_lock(&s->mu);
+    s->n_waiting[r->prio]++;
+    count_queued(s);
+    s->stats.preemptions++;
+    s->stats.running = s->n_running;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The youngest running batch request that has not aged (an aged one was
+ * admitted for having waited batch_max_wait_ms: made to wait again, it
+ * could wait for ever), or -1. */
+static int youngest_batch(const rt_sched *s, double now)
+{
+    for (int i = s->n_running - 1; i >= 0; i--)
+        if (s->running[i]->prio == RT_PRIO_BATCH && !aged(s, s->running[i], now))
+            return i;
+    return -1;
+}
+
+static int promised_blocks(const rt_sched *s)
+{
+    int promised = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        const sreq *r = s->running[i];
+        promised += rt_seq_blocks_needed(r->seq, r->n_tokens - r->n_done);
+    }
+    return promised;
+}
+
 /* Admits waiting requests, interactive first (batch ones once aged: see
  * next_queue), while there is a sequence slot and KV room for the whole of
  * the request's known tokens plus one block of headroom per running
@@ -398,23 +439,29 @@ static queue *next_queue(rt_sched *s, double now)
  * Sequences take their blocks as their prompts are prefilled, chunk by chunk,
  * so the room counted is what is free less what the running sequences'
  * known tokens will still take: without it, long prompts admitted together
- * each saw the whole free pool and preempted one another. */
+ * each saw the whole free pool and preempted one another.
+ * An interactive request that finds no slot or room does not wait for
+ * running batch work to end: the youngest batch sequence gives way, and is
+ * recomputed when it is admitted again. */
 static void admit(rt_sched *s)
 {
-    int admitted[2] = {0, 0}, promised = 0;
-    for (int i = 0; i < s->n_running; i++) {
-        const sreq *r = s->running[i];
-        promised += rt_seq_blocks_needed(r->seq, r->n_tokens - r->n_done);
-    }
+    int admitted[2] = {0, 0}, promised = promised_blocks(s);
     double now = now_s();
-    while (s->n_running < s->o.max_seqs) {
+    for (;;) {
         queue *q = next_queue(s, now);
         sreq *r = q->head;
         if (!r)
             break;
         int blocks = blocks_for(s, r->n_tokens);
-        if (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)
-            break;
+        if (s->n_running >= s->o.max_seqs ||
+            (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)) {
+            int v = r->prio == RT_PRIO_INTERACTIVE ? youngest_batch(s, now) : -1;
+            if (v < 0)
+                break;
+            preempt_at(s, v);
+            promised = promised_blocks(s);
+            continue;
+        }
         /* kept across a preemption, with the counts penalties read */
         if ((!r->smp && !(r->smp = rt_sampler_new(&r->sampling, s->n_vocab))) ||
             (r->logprobs && !r->lp_row && !(r->lp_row = malloc((size_t)s->n_vocab * sizeof(float))))) {
@@ -456,19 +503,7 @@ static void preempt_youngest(rt_sched *s)
             v = i;
             break;
         }
-    sreq *r = s->running[v];
-    /* the rest keep their admission order, which prefill follows */
-    memmove(&s->running[v], &s->running[v + 1], (size_t)(s->n_running - v - 1) * sizeof(s->running[0]));
-    s->n_running--;
-    rt_seq_free(r->seq);
-    r->seq = NULL;
-    r->n_done = 0;
-    q_push_front(&s->waiting[r->prio], r);
-    pthread_mutex_lock(&s->mu);
-    s->n_waiting[r->prio]++;
-    count_queued(s);
-    s->stats.preemptions++;
-    pthread_mutex_unlock(&s->mu);
+    preempt_at(s, v);
 }
 
 /* Prompt tokens a step may carry besides its decodes. While sequences are

@@ -11,7 +11,10 @@
  * (prompt plus the tokens it already produced), so nothing it streamed
  * changes. New requests wait while the pool is short: a request is admitted
  * when the pool has room for its known tokens on top of what the running
- * sequences' known tokens will still take.
+ * sequences' known tokens will still take. An interactive request that
+ * finds no slot or room takes them from the youngest running batch
+ * request (one not yet waiting batch_max_wait_ms since it came), which is
+ * recomputed in its turn.
  *
  * Threads: submit, cancel and stats may be called from any thread. Event
  * callbacks run on the compute thread; they must not block and must copy

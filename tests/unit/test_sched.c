@@ -327,6 +327,28 @@ static void test_interactive_prefill_first(void **state)
     rt_sched_free(s);
 }
 
+/* One sequence slot held by a long batch request: an interactive request
+ * that comes does not wait for it to end. The batch request gives way
+ * (one preemption), the interactive one ends first, then the batch one
+ * is recomputed and ends too. Before, the interactive request waited out
+ * all 400 of the batch request's tokens. */
+static void test_interactive_preempts_batch(void **state)
+{
+    rt_sched *s = sched_new(1, 4, 0);
+    assert_int_equal(submit(s, GATE, 4, 400, RT_PRIO_BATCH), 0);
+    assert_true(wait_seen(true, 0));
+    assert_int_equal(submit(s, 1, 4, 2, RT_PRIO_INTERACTIVE), 0);
+    open_gate();
+    assert_true(wait_seen(false, 2));
+    assert_int_equal(seen.order[0], 1);
+    assert_int_equal(seen.order[1], GATE);
+    assert_string_equal(seen.reason[1], "length");
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.preemptions, 1);
+    rt_sched_free(s);
+}
+
 /* Sampling parameters are checked at submission (the sampler itself is
  * made at admission): a bias on a token past the vocabulary is -EINVAL
  * there, and no event comes. */
@@ -352,6 +374,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queue_per_priority),
+        cmocka_unit_test(test_interactive_preempts_batch),
         cmocka_unit_test(test_free_slots_counted_once),
         cmocka_unit_test(test_batch_aging),
         cmocka_unit_test(test_admission_counts_promised_blocks),
