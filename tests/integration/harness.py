@@ -2,8 +2,10 @@
 infergate processes, and curl as the HTTP client. Standard library only.
 Every wait is bounded; every process started is killed at exit."""
 import atexit
+import fcntl
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,10 +40,42 @@ def tmpdir():
     return d
 
 
+_PORT_DIR = os.path.join(tempfile.gettempdir(), "infergate-test-ports")
+_held_ports = []  # lock files, held until this test process exits
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server the test starts later. Binding port 0
+    and closing is not enough: the kernel may hand the same port to the next
+    call, to a test running beside this one, or to an outgoing connection
+    before the server binds it. So pick below the ephemeral range (no
+    outgoing connection takes those) and hold a lock file per port, which
+    tests running side by side respect."""
+    os.makedirs(_PORT_DIR, exist_ok=True)
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randrange(low, high)
+        f = open(os.path.join(_PORT_DIR, str(port)), "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            f.close()
+            continue
+        _held_ports.append(f)
+        return port
+    raise RuntimeError("no free loopback port found in %d..%d" % (low, high))
 
 
 def gen_model(path, **kw):
