@@ -59,6 +59,7 @@ static const struct {
     {413, "Content Too Large"},
     {415, "Unsupported Media Type"},
     {417, "Expectation Failed"},
+    {421, "Misdirected Request"},
     {422, "Unprocessable Content"},
     {429, "Too Many Requests"},
     {431, "Request Header Fields Too Large"},
@@ -80,7 +81,8 @@ static const char *reason_phrase(int status)
 
 static const char *error_code(int status)
 {
-    return status == 413   ? "request_too_large"
+    return status == 408   ? "request_timeout" /* as HTTP/2 says it */
+           : status == 413 ? "request_too_large"
            : status == 417 ? "expectation_failed"
            : status == 431 ? "request_header_fields_too_large"
            : status == 501 ? "not_implemented"
@@ -96,6 +98,7 @@ static void h1_reject(gw_http_conn *c, int status, const char *message)
     gw_h1 *h = &c->h1;
     struct evbuffer *out = bufferevent_get_output(c->bev);
     gw_server_refused(c->srv, status, h->cur, h->http10 ? "HTTP/1.0" : "HTTP/1.1");
+    const bool head = h->cur && h->cur->head; /* the length said, no body */
     if (h->cur) { /* never reached the application: freed, no on_close */
         gw_http_stream *s = h->cur;
         h->cur = NULL;
@@ -107,7 +110,7 @@ static void h1_reject(gw_http_conn *c, int status, const char *message)
                             "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %zu\r\n"
                             "connection: close\r\n\r\n",
                             status, reason_phrase(status), n) < 0 ||
-        evbuffer_add(out, body, n))
+        (!head && evbuffer_add(out, body, n)))
         c->broken = true;
     h->state = GW_H1_CLOSE;
     event_del(c->idle_ev);
@@ -233,6 +236,17 @@ static void h1_shut(gw_http_conn *c)
         c->broken = true;
 }
 
+/* A response cut short ends in a reset, not a FIN: an HTTP/1.0 body is
+ * delimited by the close, so a FIN would make the cut body look whole (and
+ * a proxy in front, nginx's HTTP/1.0 upstreams, pass it on as such). */
+static void close_with_reset(gw_http_conn *c)
+{
+    evutil_socket_t fd = bufferevent_getfd(c->bev);
+    const struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+}
+
 /* The end of every loop callback of a connection: drives it as far as it
  * goes. May free it: the caller must not touch it after. */
 static void h1_run(gw_http_conn *c)
@@ -242,6 +256,8 @@ static void h1_run(gw_http_conn *c)
     size_t half = c->srv->limits.max_stream_buffer / 2;
     for (;;) {
         if (c->broken || h->abort) {
+            if (h->cur && h->cur->resp_started && !h->cur->resp_ended)
+                close_with_reset(c);
             gw_conn_free(c);
             return;
         }
@@ -316,10 +332,15 @@ static void on_write(struct bufferevent *bev, void *arg)
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
     gw_http_conn *c = arg;
-    /* An EOF leaves a response in flight to be sent (the peer may only
-     * have shut its write side); OpenSSL stops both directions at the
-     * peer's close, so over TLS it ends the connection. Errors and a
-     * peer that stopped reading (write timeout) end it at once. */
+    /* An EOF leaves a response that is whole (ended, still draining) to be
+     * sent: the peer may only have shut its write side. One the application
+     * is still producing is dropped (h1_run): a socket closed or half-closed
+     * cannot be told apart here, and a completion must not run on for a
+     * client that went away (nginx aborts the same way by default), so a
+     * client that half-closes after its request gets no streamed answer.
+     * OpenSSL stops both directions at the peer's close, so over TLS an EOF
+     * ends the connection. Errors and a peer that stopped reading (write
+     * timeout) end it at once. */
     if ((what & BEV_EVENT_EOF) && !(what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) && !c->tls) {
         c->h1.eof = true;
         h1_run(c);

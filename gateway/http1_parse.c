@@ -371,6 +371,15 @@ int gw_h1_parse_head(gw_http_conn *c, const char **why)
     else
         pos.pos = -1;
     if (pos.pos < 0) {
+        /* A head whose lines end in bare LF never holds CRLF CRLF: it
+         * would wait for the header timeout and be closed unanswered. Two
+         * LFs in a row cannot occur before a valid head's end. */
+        struct evbuffer_ptr lf;
+        if (evbuffer_ptr_set(in, &lf, from, EVBUFFER_PTR_SET) == 0 &&
+            evbuffer_search(in, "\n\n", 2, &lf).pos >= 0) {
+            *why = "request head lines must end in CRLF";
+            return 400;
+        }
         h->scanned = len;
         if (len <= lim->max_header_list)
             return GW_H1_MORE;

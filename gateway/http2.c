@@ -127,6 +127,11 @@ static int stream_submit(gw_http_stream *s, int status, const gw_http_header *he
         nv[i + 1] = (nghttp2_nv){(uint8_t *)headers[i].name, (uint8_t *)headers[i].value, nlen,
                                  strlen(headers[i].value), hpack_flags(headers[i].name, nlen)};
     }
+    /* A HEAD response, 204 or 304 has no body (RFC 9110 9.3.2, 15.3.5,
+     * 15.4.5): DATA after it is a protocol error to the client. */
+    s->bodiless = s->head || status == 204 || status == 304;
+    if (s->bodiless)
+        body_len = 0;
     int rc = -ENOMEM;
     if (body_len && evbuffer_add(s->out, body, body_len))
         goto out;
@@ -269,13 +274,17 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
      * (not processed: the client may send it again, and a peer gateway
      * would not count it as this region failing); a peer gateway,
      * multiplexing its clients' requests, is not held to it. */
+    /* A field costs its slot and terminators besides its bytes: counted
+     * as 32 (as above), 2-byte empty fields on the wire no longer keep
+     * five times the budget. */
     const size_t budget = 4 * limit > H2_CONN_HEADER_BUDGET ? 4 * limit : H2_CONN_HEADER_BUDGET;
-    if (c->h2_header_bytes + namelen + valuelen > budget && !gw_conn_peer(c)) {
+    const size_t cost = namelen + valuelen + 32;
+    if (c->h2_header_bytes + cost > budget && !gw_conn_peer(c)) {
         s->reject_status = H2_REJECT_REFUSE;
         return 0;
     }
-    c->h2_header_bytes += namelen + valuelen;
-    s->header_kept += namelen + valuelen;
+    c->h2_header_bytes += cost;
+    s->header_kept += cost;
     if (s->n_headers == s->cap_headers) {
         size_t cap = s->cap_headers ? s->cap_headers * 2 : 16;
         gw_http_header *h = gw_mem_realloc(s->headers, cap * sizeof(*h));
@@ -312,6 +321,7 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
     if (!s->authority)
         s->authority =
             gw_http_header_get(&(gw_http_request){.headers = s->headers, .n_headers = s->n_headers}, "host");
+    s->head = !strcmp(s->method, "HEAD");
     s->state = GW_SS_BODY;
     /* nghttp2 checked that content-length is a number and will check it
      * against the DATA that follows. A large one is grown into as the data
@@ -767,6 +777,8 @@ int gw_h2_submit(gw_http_stream *s, int status, const gw_http_header *headers, s
 
 int gw_h2_write(gw_http_stream *s, const void *data, size_t len)
 {
+    if (s->bodiless)
+        return 0;
     if (evbuffer_add(s->out, data, len))
         return -ENOMEM;
     if (!s->due_ms)

@@ -73,8 +73,8 @@ struct gw_http_stream {
     bool finished;     /* what on_close reports */
     bool above_half;   /* a write left pending above max_stream_buffer / 2: on_writable when it falls */
     bool writable_due; /* HTTP/2: it fell inside nghttp2; on_writable runs after */
-    bool head;         /* HTTP/1.x: a HEAD request, whose response has no body */
-    bool bodiless;     /* HTTP/1.x: the response carries no body bytes (HEAD, 204, 304) */
+    bool head;         /* a HEAD request, whose response has no body */
+    bool bodiless;     /* the response carries no body bytes (HEAD, 204, 304) */
     bool chunked;      /* HTTP/1.x: the response body is in chunked coding */
     bool rst_after_fin; /* HTTP/2: RST_STREAM(NO_ERROR) once the response ended (a body timed out) */
     bool body_dropped;  /* HTTP/2: answered from its head (on_head): the body that comes is dropped */
@@ -92,7 +92,7 @@ struct gw_http_stream {
     gw_http_header *headers;
     size_t n_headers, cap_headers;
     size_t header_bytes; /* HTTP/2: counted as SETTINGS_MAX_HEADER_LIST_SIZE counts them */
-    size_t header_kept;  /* HTTP/2: of them, the bytes kept (names and values), in conn->h2_header_bytes */
+    size_t header_kept;  /* HTTP/2: what its kept fields cost (bytes + 32 each), in conn->h2_header_bytes */
     uint8_t *body;
     size_t body_len, body_cap;
     gw_http_request req;

@@ -28,6 +28,7 @@
 #define MAX_TRIES 2          /* local only: a failure before the first response byte is retried once */
 #define RETRY_TOKENS_MAX 100 /* the retry budget saves up at most this many retries */
 #define MAX_NEED_TAGS 16
+#define NEED_TAG_MAX 32 /* a residency tag's bytes, its NUL included */
 
 typedef struct preq {
     gw_serve *g;
@@ -48,6 +49,15 @@ typedef struct preq {
     int cand;                    /* candidates taken: the one being tried is route.cand[cand - 1] */
     bool probe;                  /* the request is the probe of the region it is sent to */
     route_region *remote;        /* the remote region being tried; NULL when local */
+    /* What every candidate must have, kept for failover: a record may
+     * change between the decision and a later candidate, and a reload may
+     * drop the tenant whose residency it was. need[] points into need_buf;
+     * need_list is the same tags comma-joined, sent to the peer. */
+    const char *need[MAX_NEED_TAGS];
+    int n_need;
+    char need_buf[MAX_NEED_TAGS * NEED_TAG_MAX];
+    char need_list[MAX_NEED_TAGS * NEED_TAG_MAX];
+    double max_price;
     char region[ROUTE_NAME_MAX]; /* the region that answers */
     const char *error_kind; /* upstream failure, for the log */
     size_t bytes_out, unconsumed;
@@ -417,6 +427,25 @@ static void preq_free(preq *p)
 
 /* ---- answers made here ---- */
 
+/* An OpenAI error object, with one more header when `extra` is given. */
+static void respond_with(preq *p, int status, const gw_http_header *extra, const char *type, const char *code,
+                         const char *param, const char *msg)
+{
+    json_t *o = json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", json_text(msg, strlen(msg)),
+                          "type", type, "param", param, "code", code);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    gw_http_header h[3] = {{"content-type", "application/json"}, {"x-request-id", p->id}};
+    if (extra)
+        h[2] = *extra;
+    p->status = status;
+    if (!body || gw_http_respond(p->stream, status, h, extra ? 3 : 2, body, strlen(body)))
+        gw_http_reset(p->stream);
+    else
+        p->bytes_out += strlen(body);
+    free(body);
+}
+
 static void respond(preq *p, int status, const char *type, const char *code, const char *param, int retry_after,
                     const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 static void respond(preq *p, int status, const char *type, const char *code, const char *param, int retry_after,
@@ -427,19 +456,19 @@ static void respond(preq *p, int status, const char *type, const char *code, con
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    json_t *o = json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", json_text(msg, strlen(msg)), "type",
-                          type, "param", param, "code", code);
-    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
     char ra[16];
     snprintf(ra, sizeof(ra), "%d", retry_after);
-    gw_http_header h[3] = {{"content-type", "application/json"}, {"x-request-id", p->id}, {"retry-after", ra}};
-    p->status = status;
-    if (!body || gw_http_respond(p->stream, status, h, retry_after > 0 ? 3 : 2, body, strlen(body)))
-        gw_http_reset(p->stream);
-    else
-        p->bytes_out += strlen(body);
-    free(body);
+    const gw_http_header h = {"retry-after", ra};
+    respond_with(p, status, retry_after > 0 ? &h : NULL, type, code, param, msg);
+}
+
+/* 405 names the methods the path takes (RFC 9110 15.5.6). */
+static void respond_not_allowed(preq *p, const char *allow)
+{
+    char msg[96];
+    snprintf(msg, sizeof(msg), "%.16s is not allowed here (allowed: %s)", p->req->method, allow);
+    const gw_http_header h = {"allow", allow};
+    respond_with(p, 405, &h, "invalid_request_error", "method_not_allowed", NULL, msg);
 }
 
 static void respond_plain(preq *p, int status, const char *ctype, const char *body, size_t len)
@@ -509,10 +538,14 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     preq *p = ud;
     /* A region's 503 (no worker ready, draining) or 502 (its worker failed
      * before answering, already retried there) is worth the next region;
-     * its 504 is not (the request held a worker there for
+     * so is its 401/403 (it does not take our certificate or the tenant),
+     * 404 (its record lists a model it does not serve) or 421 (nor the
+     * residency): the region is wrong for the request, and counts it as a
+     * failure. Its 504 is not (the request held a worker there for
      * response_timeout_ms, and could hold the next one as long), nor a 500:
      * those are passed on, and count against the region all the same. */
-    if ((status == 502 || status == 503) && p->remote) {
+    bool wrong_region = status == 401 || status == 403 || status == 404 || status == 421;
+    if ((status == 502 || status == 503 || wrong_region) && p->remote) {
         gw_upstream_cancel(p->up);
         p->up = NULL;
         p->error_kind = "status_5xx";
@@ -541,6 +574,8 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         }
     }
     out[k++] = (gw_http_header){"x-request-id", p->id};
+    if (p->sse) /* nginx in front would otherwise hold the tokens back in its buffers */
+        out[k++] = (gw_http_header){"x-accel-buffering", "no"};
     if (!p->remote)
         out[k++] = (gw_http_header){"x-infergate-worker", worker};
     if (p->region[0])
@@ -736,6 +771,8 @@ static void send_upstream(preq *p)
         h[n++] = (gw_http_header){"x-infergate-hop", "1"};
         if (g->cfg->region.name)
             h[n++] = (gw_http_header){"x-infergate-origin", g->cfg->region.name};
+        if (p->n_need) /* checked there against its own tags (421) */
+            h[n++] = (gw_http_header){"x-infergate-residency", p->need_list};
         target = gw_regions_target(g, p->remote);
     } else {
         target = gw_supervisor_worker(g->sup, p->worker)->target;
@@ -836,12 +873,17 @@ static const gw_tenant_cfg *tenant_cfg(const gw_serve *g, const char *name)
 static bool try_next(preq *p)
 {
     gw_serve *g = p->g;
+    const route_query q = {
+        .model = p->model, .need_tags = p->need, .n_need_tags = p->n_need, .max_price = p->max_price};
     while (p->cand < p->route.n) {
         /* the first was claimed by route_decide; a later one may have
-         * been ejected since, or be out of its back-off (one probe) */
+         * been ejected since, or be out of its back-off (one probe), or its
+         * record replaced by one that no longer qualifies (tags, model,
+         * price) */
         route_region *r = p->route.cand[p->cand];
         bool probe = p->cand == 0 && p->route.probe;
-        if (p->cand++ > 0 && !r->local && !route_region_claim(r, route_clock_ms(), &probe))
+        if (p->cand++ > 0 &&
+            (!route_region_allows(r, &q) || (!r->local && !route_region_claim(r, route_clock_ms(), &probe))))
             continue;
         p->probe = probe;
         if (r->local) {
@@ -881,11 +923,48 @@ static int need_tags(preq *p, const gw_tenant_cfg *tc, char *buf, size_t cap, co
         return -1;
     strcpy(buf, h);
     for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-        if (n == MAX_NEED_TAGS || strlen(tok) >= 32)
+        if (n == MAX_NEED_TAGS || strlen(tok) >= NEED_TAG_MAX)
             return -1;
         need[n++] = tok;
     }
     return n;
+}
+
+/* Copies the tags into p (need_tags' pointers are into a stack buffer and
+ * the tenant's config). */
+static void keep_need(preq *p, const char *const *need, int n)
+{
+    char *b = p->need_buf, *l = p->need_list;
+    p->n_need = 0;
+    p->need_list[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        size_t len = strnlen(need[i], NEED_TAG_MAX - 1);
+        memcpy(b, need[i], len);
+        b[len] = '\0';
+        p->need[p->n_need++] = b;
+        b += len + 1;
+        l += sprintf(l, "%s%s", i ? "," : "", p->need[i]);
+    }
+}
+
+/* A forwarded request's residency, as its origin sent it: every tag must
+ * be this region's (the origin's view of our record may be out of date).
+ * NULL when it is, else the first tag missing (in buf). */
+static const char *residency_missing(preq *p, char *buf, size_t cap)
+{
+    const char *need[MAX_NEED_TAGS];
+    int n = need_tags(p, NULL, buf, cap, need);
+    if (n < 0)
+        return "(malformed x-infergate-residency)";
+    const gw_config *c = p->g->cfg;
+    for (int j = 0; j < n; j++) {
+        bool have = false;
+        for (int k = 0; k < c->region.n_tags && !have; k++)
+            have = !strcmp(c->region.tags[k], need[j]);
+        if (!have)
+            return need[j];
+    }
+    return NULL;
 }
 
 /* What /v1/models lists: each model id once, those the tenant may use. */
@@ -979,6 +1058,13 @@ static void dispatch(preq *p)
                     "x-infergate-residency cannot be met: this gateway has no region section, so no tags");
             return;
         }
+        const char *missing = p->forwarded ? residency_missing(p, buf, sizeof(buf)) : NULL;
+        if (missing) { /* the origin fails over on 421 */
+            respond(p, 421, "invalid_request_error", "misdirected_request", NULL, 0,
+                    "region %s does not have the residency tag '%s' this request needs",
+                    g->cfg->region.name ? g->cfg->region.name : "-", missing);
+            return;
+        }
         if (!gw_supervisor_serves(g->sup, p->model)) {
             respond(p, 404, "invalid_request_error", "model_not_found", "model", 0, "the model '%s' does not exist",
                     p->model);
@@ -996,6 +1082,13 @@ static void dispatch(preq *p)
         return;
     }
     const gw_tenant_cfg *tc = p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL;
+    if (p->tenant[0] && !tc) {
+        /* A reload dropped the tenant while its limit was checked: without
+         * its residency the request could go anywhere. */
+        respond(p, 401, "invalid_request_error", "invalid_api_key", NULL, 0,
+                "tenant '%s' was removed by a configuration reload", p->tenant);
+        return;
+    }
     const char *need[MAX_NEED_TAGS];
     char buf[512];
     int n_need = need_tags(p, tc, buf, sizeof(buf), need);
@@ -1018,11 +1111,13 @@ static void dispatch(preq *p)
         if (max_price <= 0 || v < max_price)
             max_price = v;
     }
+    keep_need(p, need, n_need);
+    p->max_price = max_price;
     gw_route_policy pol = tc && tc->policy != GW_POLICY_DEFAULT ? tc->policy : g->cfg->routing.policy;
     route_query q = {
         .model = p->model,
-        .need_tags = need,
-        .n_need_tags = n_need,
+        .need_tags = p->need,
+        .n_need_tags = p->n_need,
         .max_price = max_price,
         .policy = pol == GW_POLICY_COST ? ROUTE_COST : ROUTE_LATENCY,
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
@@ -1213,8 +1308,13 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
     gw_http_set_user(s, p);
 
     size_t plen = strcspn(r->path, "?");
-    bool get = !strcmp(r->method, "GET"), post = !strcmp(r->method, "POST");
+    /* HEAD is GET without the body, which the HTTP layer leaves out. */
+    bool get = !strcmp(r->method, "GET") || !strcmp(r->method, "HEAD"), post = !strcmp(r->method, "POST");
 #define PATH_IS(x) path_is(r, x)
+    if ((PATH_IS("/healthz") || PATH_IS("/readyz")) && !get) {
+        respond_not_allowed(p, "GET, HEAD");
+        return;
+    }
     if (PATH_IS("/healthz") && get) {
         respond_plain(p, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return;
@@ -1272,7 +1372,8 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         return;
     }
     static const char models_dir[] = "/v1/models/";
-    if (get && plen > sizeof(models_dir) - 1 && !strncmp(r->path, models_dir, sizeof(models_dir) - 1)) {
+    bool model_path = plen > sizeof(models_dir) - 1 && !strncmp(r->path, models_dir, sizeof(models_dir) - 1);
+    if (get && model_path) {
         handle_models(p, t, r->path + sizeof(models_dir) - 1, plen - (sizeof(models_dir) - 1));
         return;
     }
@@ -1280,9 +1381,11 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         handle_completion(p, t);
         return;
     }
-    if (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions") || PATH_IS("/v1/models") ||
-        PATH_IS("/metrics"))
-        respond(p, 405, "invalid_request_error", "method_not_allowed", NULL, 0, "%s is not allowed here", r->method);
+    if (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions"))
+        respond_not_allowed(p, "POST");
+    else if (PATH_IS("/v1/models") || model_path || PATH_IS("/metrics") || PATH_IS("/v1/regions") ||
+             PATH_IS("/dashboard"))
+        respond_not_allowed(p, "GET, HEAD");
     else
         respond(p, 404, "invalid_request_error", "not_found", NULL, 0, "no route for %s %.*s", r->method, (int)plen,
                 r->path);

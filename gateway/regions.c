@@ -14,6 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A peer not heard from for 20 x stale_after_ms, and at least this long,
+ * leaves the table (route_table_prune). */
+#define FORGET_MIN_MS (10 * 60 * 1000)
 #include <time.h>
 
 #define MAX_REGIONS 256
@@ -103,6 +107,11 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
         route_sync_set_local(g->sync, &me);
     else
         route_table_set_shared_ok(g->table, true, now);
+    /* A region silent this long is gone (or never was: a stray key): no
+     * longer dialled, listed or counted against the table's size. Long
+     * past any candidate's life, so no request still holds it. */
+    int64_t stale = g->cfg->routing.stale_after_ms;
+    route_table_prune(g->table, stale * 20 > FORGET_MIN_MS ? stale * 20 : FORGET_MIN_MS, now);
     for (int i = 0; i < route_table_count(g->table); i++) {
         route_region *r = route_table_at(g->table, i);
         if (r->local)

@@ -125,25 +125,34 @@ static void respond_json(gw_http_stream *s, int status, char *body)
     free(body);
 }
 
-/* An error response; retry_after_s > 0 adds Retry-After. */
-static void respond_error_after(gw_http_stream *s, const rt_oai_error *e, int retry_after_s)
+/* An error response, with one more header when `extra` is given. */
+static void respond_error_with(gw_http_stream *s, const rt_oai_error *e, const gw_http_header *extra)
 {
     char *body = rt_oai_error_json(e);
     if (!body) {
         gw_http_reset(s);
         return;
     }
-    char ra[16];
-    snprintf(ra, sizeof(ra), "%d", retry_after_s);
-    gw_http_header h[] = {{"content-type", "application/json"}, {"retry-after", ra}};
-    if (gw_http_respond(s, e->status, h, retry_after_s > 0 ? 2 : 1, body, strlen(body)))
+    gw_http_header h[2] = {{"content-type", "application/json"}};
+    if (extra)
+        h[1] = *extra;
+    if (gw_http_respond(s, e->status, h, extra ? 2 : 1, body, strlen(body)))
         gw_http_reset(s);
     free(body);
 }
 
+/* retry_after_s > 0 adds Retry-After. */
+static void respond_error_after(gw_http_stream *s, const rt_oai_error *e, int retry_after_s)
+{
+    char ra[16];
+    snprintf(ra, sizeof(ra), "%d", retry_after_s);
+    const gw_http_header h = {"retry-after", ra};
+    respond_error_with(s, e, retry_after_s > 0 ? &h : NULL);
+}
+
 static void respond_error(gw_http_stream *s, const rt_oai_error *e)
 {
-    respond_error_after(s, e, 0);
+    respond_error_with(s, e, NULL);
 }
 
 /* Seconds until a turned-away request would likely find room: the queue
@@ -609,11 +618,15 @@ static void submit_prepared(worker *w, wprep *p)
         set_queue_full_error(&e);
         break;
     case -E2BIG: {
-        const char *param = n_prompt < ctx ? q->max_tokens_name : r->chat ? "messages" : "prompt";
+        /* A field the client did not send is not the one to blame: with
+         * /v1/completions' default of 16 new tokens, the prompt is. */
+        bool sent = q->max_tokens > 0;
+        const char *param = n_prompt < ctx && sent ? q->max_tokens_name : r->chat ? "messages" : "prompt";
         rt_oai_error_set(&e, 400, "invalid_request_error", param, "context_length_exceeded",
                          "this model's maximum context length is %d tokens; the prompt has %d tokens and "
                          "%s asks for %d more",
-                         ctx, n_prompt, q->max_tokens_name, sr.max_tokens > 0 ? sr.max_tokens : 0);
+                         ctx, n_prompt, sent ? q->max_tokens_name : "the default max_tokens (not sent)",
+                         sr.max_tokens > 0 ? sr.max_tokens : 0);
         break;
     }
     case -ENOSPC: {
@@ -751,10 +764,14 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
     rt_oai_error e;
     const char *path = req->path;
     size_t plen = strcspn(path, "?");
-    bool get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+    /* HEAD is GET without the body, which the HTTP layer leaves out. */
+    bool get = !strcmp(req->method, "GET") || !strcmp(req->method, "HEAD"),
+         post = !strcmp(req->method, "POST");
+    const char *allow = "GET, HEAD";
 #define PATH_IS(p) (plen == sizeof(p) - 1 && !strncmp(path, p, plen))
 #define MODELS_DIR "/v1/models/"
     if (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions")) {
+        allow = "POST";
         if (post) {
             handle_completion(w, s, req, PATH_IS("/v1/chat/completions"));
             return;
@@ -799,7 +816,7 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
 #undef MODELS_DIR
     rt_oai_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed on %.*s",
                      req->method, (int)plen, path);
-    respond_error(s, &e);
+    respond_error_with(s, &e, &(const gw_http_header){"allow", allow}); /* RFC 9110 15.5.6 */
 }
 
 static void on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished)

@@ -520,6 +520,23 @@ void route_table_remove(route_table *t, const char *name)
     t->free_n++;
 }
 
+int route_table_prune(route_table *t, int64_t forget_ms, int64_t now_ms)
+{
+    if (!t->shared_ok || forget_ms <= 0)
+        return 0;
+    int n = 0;
+    for (int i = 0; i < t->n;) {
+        const route_region *r = &t->slots[t->order[i]].r;
+        if (!r->local && now_ms - r->seen_ms > forget_ms) {
+            route_table_remove(t, r->rec.name);
+            n++;
+        } else {
+            i++;
+        }
+    }
+    return n;
+}
+
 void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, double p95_ms)
 {
     route_region *r = route_table_find(t, name);
@@ -538,13 +555,24 @@ void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms)
      * had then, so its region keeps what was left of its window for its
      * next write to reach us (judged at now, the outage would have made
      * every peer stale at once). */
-    if (!t->shared_ok && ok && now_ms > t->shared_lost_ms)
+    if (!t->shared_ok && ok && now_ms > t->shared_lost_ms) {
+        /* ... and at least the grace: as if seen then */
+        const int64_t floor = now_ms + t->recovery_grace_ms - t->o.stale_after_ms;
         for (int i = 0; i < t->n; i++) {
             route_region *r = &t->slots[t->order[i]].r;
-            if (!r->local && r->seen_ms <= t->shared_lost_ms && route__fresh(t, r, t->shared_lost_ms))
+            if (!r->local && r->seen_ms <= t->shared_lost_ms && route__fresh(t, r, t->shared_lost_ms)) {
                 r->seen_ms += now_ms - t->shared_lost_ms;
+                if (r->seen_ms < floor)
+                    r->seen_ms = floor;
+            }
         }
+    }
     t->shared_ok = ok;
+}
+
+void route_table_set_recovery_grace(route_table *t, int64_t grace_ms)
+{
+    t->recovery_grace_ms = grace_ms > 0 ? grace_ms : 0;
 }
 
 bool route_table_shared_ok(const route_table *t)

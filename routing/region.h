@@ -133,6 +133,11 @@ route_region *route_table_find(route_table *t, const char *name);
  * than keep a pointer across a remove. */
 int route_table_upsert(route_table *t, const route_record *r, bool local, int64_t now_ms);
 void route_table_remove(route_table *t, const char *name);
+/* Removes the peers not heard from for longer than forget_ms (a region
+ * taken down, a stray key under the prefix), so that they are neither
+ * dialled nor listed for ever, nor fill the table. Nothing is removed while
+ * the shared store is away: silence then is no news. Returns the count. */
+int route_table_prune(route_table *t, int64_t forget_ms, int64_t now_ms);
 /* Unknown names and values that are negative or not finite are ignored. */
 void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, double p95_ms);
 /* Whether the shared store (Redis) is reachable and read in full (default
@@ -145,6 +150,11 @@ void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, doubl
  * they were then: their regions have the rest of stale_after_ms to be
  * heard from again. */
 void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms);
+/* When the store is back, each peer still has to reconnect on its own
+ * back-off before its next write reaches us: records current at the loss
+ * stay candidates at least grace_ms after it is back (0, the default: only
+ * what was left of their stale_after_ms). */
+void route_table_set_recovery_grace(route_table *t, int64_t grace_ms);
 bool route_table_shared_ok(const route_table *t);
 
 /* Outcome of a request sent to a region: failures count towards ejection,

@@ -32,6 +32,7 @@ struct route_table {
     int free_head, free_n;
     bool shared_ok;         /* the shared store (Redis) is reachable: stale records leave the candidates */
     int64_t shared_lost_ms; /* when it went away: records stale then stay out */
+    int64_t recovery_grace_ms; /* route_table_set_recovery_grace */
 };
 
 static inline route_slot *route__slot(route_region *r)

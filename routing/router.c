@@ -59,6 +59,18 @@ static bool has_tag(const route_slot *s, const char *tag, uint64_t h)
     return false;
 }
 
+bool route_region_allows(const route_region *r, const route_query *q)
+{
+    const route_slot *s = (const route_slot *)r;
+    const char *model = q->model ? q->model : "";
+    if (!serves_model(s, model, strlen(model), route__hash(model)))
+        return false;
+    for (int j = 0; j < q->n_need_tags; j++)
+        if (!has_tag(s, q->need_tags[j], route__hash(q->need_tags[j])))
+            return false;
+    return !(q->max_price > 0 && r->rec.price_out > q->max_price);
+}
+
 typedef struct rank {
     route_slot *s;
     int64_t k1; /* latency step (or SLO group, then step): the main key */

@@ -75,38 +75,48 @@
 #define SYNC_ADDR_MAX 220
 
 /* GCRA on the server's clock (TIME), so gateways with skewed clocks share
- * one schedule. TAT (theoretical arrival time) in ms is the key's value.
+ * one schedule. The key's value is the TAT (theoretical arrival time) in
+ * ms and the server time it was written at: when that clock has stepped
+ * back since, the TAT moves back with it (else every check would be
+ * refused for as long as the step, a tenant locked out by a clock fix).
  * KEYS[1]; ARGV: rate per second, burst, cost. Returns {1, 0} allowed or
  * {0, retry_after_ms}. A cost above the whole burst is admitted once the
  * bucket is full (TAT not ahead of now), leaving it in debt, as the local
  * bucket does; refused, it waits until the bucket is full. A negative
  * cost is a refund: TAT moves back by it, never before now. replicate_commands
  * lets Redis < 5 write after TIME. */
-static const char gcra_lua[] =
-    "if redis.replicate_commands then pcall(redis.replicate_commands) end\n"
-    "local rate = tonumber(ARGV[1])\n"
-    "local burst = tonumber(ARGV[2])\n"
-    "local cost = tonumber(ARGV[3])\n"
-    "local force = ARGV[4] == '1'\n"
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000\n"
-    "local interval = 1000 / rate\n"
-    "local increment = interval * cost\n"
-    "local tolerance = interval * burst\n"
-    "local tat = tonumber(redis.call('GET', KEYS[1]))\n"
-    "if not tat or tat < now then tat = now end\n"
-    "local new_tat = tat + increment\n"
-    "if cost < 0 then\n"
-    "  if new_tat <= now then redis.call('DEL', KEYS[1]) return {1, 0} end\n"
-    "elseif force then\n"
-    "elseif cost > burst then\n"
-    "  if tat > now then return {0, math.ceil(tat - now)} end\n"
-    "else\n"
-    "  local diff = now - (new_tat - tolerance)\n"
-    "  if diff < 0 then return {0, math.ceil(-diff)} end\n"
-    "end\n"
-    "redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1)\n"
-    "return {1, 0}\n";
+static const char gcra_lua[] = "if redis.replicate_commands then pcall(redis.replicate_commands) end\n"
+                               "local rate = tonumber(ARGV[1])\n"
+                               "local burst = tonumber(ARGV[2])\n"
+                               "local cost = tonumber(ARGV[3])\n"
+                               "local force = ARGV[4] == '1'\n"
+                               "local t = redis.call('TIME')\n"
+                               "local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000\n"
+                               "local interval = 1000 / rate\n"
+                               "local increment = interval * cost\n"
+                               "local tolerance = interval * burst\n"
+                               "local v = redis.call('GET', KEYS[1])\n"
+                               "local tat, last\n"
+                               "if v then\n"
+                               "  local a, b = string.match(v, '^(%S+) (%S+)$')\n"
+                               "  tat = tonumber(a or v)\n"
+                               "  last = tonumber(b)\n"
+                               "end\n"
+                               "if tat and last and now < last then tat = tat - (last - now) end\n"
+                               "if not tat or tat < now then tat = now end\n"
+                               "local new_tat = tat + increment\n"
+                               "if cost < 0 then\n"
+                               "  if new_tat <= now then redis.call('DEL', KEYS[1]) return {1, 0} end\n"
+                               "elseif force then\n"
+                               "elseif cost > burst then\n"
+                               "  if tat > now then return {0, math.ceil(tat - now)} end\n"
+                               "else\n"
+                               "  local diff = now - (new_tat - tolerance)\n"
+                               "  if diff < 0 then return {0, math.ceil(-diff)} end\n"
+                               "end\n"
+                               "redis.call('SET', KEYS[1], string.format('%.3f %.3f', new_tat, now), 'PX', "
+                               "math.ceil(new_tat - now) + 1)\n"
+                               "return {1, 0}\n";
 
 enum conn_kind { CONN_CMD, CONN_SUB };
 
@@ -117,6 +127,7 @@ typedef struct sync_conn {
     bool ready;
     int setup_left; /* setup replies still awaited */
     int backoff_ms;
+    int64_t ready_ms;       /* route_clock_ms() when it became ready */
     struct event *setup_ev; /* setup deadline */
     struct event *retry_ev; /* reconnect after back-off */
 } sync_conn;
@@ -402,16 +413,16 @@ static bool price_parse(const redisReply *r, double *in, double *out)
         /* as a record's prices: past ROUTE_MAX_PRICE the override would make
          * every record it lands in fail route_record_check, and the region
          * drop out */
+        bool is_in = k->len == 5 && !memcmp(k->str, "input", 5),
+             is_out = k->len == 6 && !memcmp(k->str, "output", 6);
+        if (!is_in && !is_out)
+            continue; /* a field of someone else's: not ours to judge */
         double d;
         if (strlen(buf) != v->len || !route_number_parse(buf, ROUTE_MAX_PRICE, &d))
             return false;
-        if (k->len == 5 && !memcmp(k->str, "input", 5)) {
-            *in = d;
-            has_in = true;
-        } else if (k->len == 6 && !memcmp(k->str, "output", 6)) {
-            *out = d;
-            has_out = true;
-        }
+        *(is_in ? in : out) = d;
+        has_in |= is_in;
+        has_out |= is_out;
     }
     return has_in && has_out;
 }
@@ -604,8 +615,12 @@ static void on_write(route_sync *s, sync_req *q, redisReply *r)
     const char *why = r->type == REDIS_REPLY_ERROR                      ? r->str
                       : r->type != REDIS_REPLY_ARRAY || r->elements < 4 ? "unexpected reply to EXEC"
                                                                         : NULL;
+    /* The store failed when the writes did (HSET, PEXPIRE, PUBLISH); an
+     * error reading the instance (0) or the price override (3) is a key of
+     * the wrong type that someone wrote (SET where HSET was meant): said,
+     * and read as no override, but the store is fine. */
     for (size_t i = 0; !why && i < r->elements; i++)
-        if (r->element[i]->type == REDIS_REPLY_ERROR)
+        if (i != 0 && i != 3 && r->element[i]->type == REDIS_REPLY_ERROR)
             why = r->element[i]->str;
     s->write_ok = !why;
     if (why) {
@@ -617,6 +632,8 @@ static void on_write(route_sync *s, sync_req *q, redisReply *r)
         s->announced = q->rec;
         s->has_announced = true;
     }
+    if (r->element[3]->type == REDIS_REPLY_ERROR)
+        set_err(s, "reading the price override of %s: %s", q->rec.name, r->element[3]->str);
     if (s->has_local && !strcmp(s->local.name, q->rec.name))
         apply_own_override(s, r->element[3]);
     check_instance(s, q->rec.name, r->element[0]);
@@ -975,6 +992,11 @@ static void conn_lost(sync_conn *c)
     route_sync *s = c->s;
     if (!c->ac)
         return;
+    /* The back-off starts over only for a connection that stayed up:
+     * one that a Redis at its client limit, or a proxy, closes right after
+     * setup would otherwise be reopened every reconnect_min_ms. */
+    if (c->ready && route_clock_ms() - c->ready_ms >= s->o.reconnect_max_ms)
+        c->backoff_ms = s->o.reconnect_min_ms;
     c->ac = NULL;
     c->ready = false;
     c->setup_left = 0;
@@ -1004,7 +1026,7 @@ static void conn_became_ready(sync_conn *c)
 {
     route_sync *s = c->s;
     c->ready = true;
-    c->backoff_ms = s->o.reconnect_min_ms;
+    c->ready_ms = route_clock_ms();
     evtimer_del(c->setup_ev);
     s->last_ok_ms = epoch_ms();
     if (c->kind == CONN_CMD) {
@@ -1041,13 +1063,17 @@ static void on_setup_reply(redisAsyncContext *ac, void *r, void *privdata)
         conn_became_ready(c);
 }
 
-/* SCRIPT LOAD refused (an ACL user without scripting): rate limits fall
- * back to the local buckets (no script hash); records need no script. */
+/* SCRIPT LOAD refused for good (an ACL user without scripting, the
+ * command renamed away): rate limits fall back to the local buckets (no
+ * script hash); records need no script. Any other error (LOADING, BUSY,
+ * NOAUTH, the client limit) is the connection's: it is dropped and set up
+ * again, or fleet-wide limits would stay off until some later reconnect. */
 static void on_script_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     sync_conn *c = privdata;
     redisReply *reply = r;
-    if (ac == c->ac && reply && reply->type == REDIS_REPLY_ERROR) {
+    if (ac == c->ac && reply && reply->type == REDIS_REPLY_ERROR &&
+        (!strncmp(reply->str, "NOPERM", 6) || !strncmp(reply->str, "ERR unknown command", 19))) {
         set_err(c->s, "Redis at %s refused SCRIPT LOAD (%s): rate limits are per gateway", c->s->addr,
                 reply->str);
         if (--c->setup_left == 0)
@@ -1229,6 +1255,9 @@ route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, ro
             s->has_password = true;
         }
     }
+    /* A peer back after an outage may take its longest back-off (plus its
+     * jitter) and a heartbeat to write again: its record stays until then. */
+    route_table_set_recovery_grace(table, (int64_t)o->reconnect_max_ms * 6 / 5 + o->heartbeat_ms);
     s->o.host = NULL; /* the caller's strings are not kept */
     s->o.password = NULL;
     s->o.cluster = NULL;

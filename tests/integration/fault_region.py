@@ -6,6 +6,8 @@ accident, chosen by the request's prompt:
            then RST_STREAM (a region whose worker died while its DATA
            frames were cut by flow control, not by events)
   "502"    a 502, as a region whose worker failed before answering
+  "421"    a 421, as a region whose tags no longer have the residency the
+           request needs (its origin read an older record)
   "504"    a 504, as a region whose worker stood still
   "hang"   GOAWAY that says this stream was taken, then nothing more on the
            connection, not even PING answers, for 20 s (a region that began
@@ -19,7 +21,8 @@ accident, chosen by the request's prompt:
            clean end (a region whose worker's model failed mid-stream)
   other    a 200 completion
 
-It answers PINGs (h2 does) and counts the requests it got. Test use only."""
+It answers PINGs (h2 does), counts the requests it got and keeps the
+x-infergate-residency each carried (residency). Test use only."""
 import json
 import socket
 import threading
@@ -42,6 +45,7 @@ class FaultRegion:
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self.requests = []
+        self.residency = []
         self.lock = threading.Lock()
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -54,14 +58,15 @@ class FaultRegion:
                 return
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
-    def _answer(self, conn, sid, body):
+    def _answer(self, conn, sid, body, residency):
         try:
             prompt = json.loads(body).get("prompt", "")
         except ValueError:
             prompt = ""
         with self.lock:
             self.requests.append(prompt)
-        if prompt in ("502", "504"):
+            self.residency.append(residency)
+        if prompt in ("502", "504", "421"):
             msg = json.dumps({"error": {"message": "fault " + prompt, "type": "server_error", "param": None,
                                         "code": "fault"}}).encode()
             conn.send_headers(sid, [(":status", prompt), ("content-type", "application/json"),
@@ -96,7 +101,7 @@ class FaultRegion:
     def _serve(self, c):
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         conn.initiate_connection()
-        bodies = {}
+        bodies, residency = {}, {}
         try:
             c.sendall(conn.data_to_send())
             while not self.stopped:
@@ -107,11 +112,13 @@ class FaultRegion:
                 for ev in conn.receive_data(data):
                     if isinstance(ev, h2.events.RequestReceived):
                         bodies[ev.stream_id] = b""
+                        residency[ev.stream_id] = dict(ev.headers).get("x-infergate-residency")
                     elif isinstance(ev, h2.events.DataReceived):
                         bodies[ev.stream_id] = bodies.get(ev.stream_id, b"") + ev.data
                         conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     elif isinstance(ev, h2.events.StreamEnded):
-                        hang |= self._answer(conn, ev.stream_id, bodies.pop(ev.stream_id, b"")) == "hang"
+                        hang |= self._answer(conn, ev.stream_id, bodies.pop(ev.stream_id, b""),
+                                             residency.pop(ev.stream_id, None)) == "hang"
                 c.sendall(conn.data_to_send())
                 for _ in range(200 if hang else 0):  # wedged: read nothing, answer nothing
                     if self.stopped:

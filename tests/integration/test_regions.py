@@ -243,10 +243,11 @@ t.ok(ordered, "RTTs follow the relay delays, as each gateway measures them")
 rogue = region_cert("app")
 
 
-def forwarded_with(cert):
+def forwarded_with(cert, residency=None):
     crt, key = cert
+    extra = ["-H", "x-infergate-residency: " + residency] if residency else []
     r = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", ca, "--cert", crt, "--key",
-                        key, "-H", "x-infergate-hop: 1", "-H", "x-infergate-tenant: open", "-H",
+                        key] + extra + ["-H", "x-infergate-hop: 1", "-H", "x-infergate-tenant: open", "-H",
                         "content-type: application/json", "--data-binary",
                         json.dumps({"model": "m", "prompt": [1, 5, 7], "max_tokens": 1}),
                         "https://127.0.0.1:%d/v1/completions" % peer_port["eu1"]],
@@ -256,6 +257,9 @@ def forwarded_with(cert):
 
 t.ok(forwarded_with(rogue) == "403" and forwarded_with(certs["us1"]) == "200",
      "peer_names: a CA certificate for another name is no peer (403), us1's is (200)")
+got = (forwarded_with(certs["us1"], "eu"), forwarded_with(certs["us1"], "us"))
+t.ok(got == ("200", "421"), "a forwarded request needing a tag eu1 lacks is refused there (421), not served: %s"
+     % (got,))
 
 # --- latency policy: entering eu1, a us-only tenant goes to the nearer us region ---
 got = [served_by("eu1", "usonly") for _ in range(10)]
@@ -515,6 +519,16 @@ try:
          and "first choice fk1: " in h.get("x-infergate-route", ""),
          "a region's 502 is retried at the next region, and the route header says so (%d %s %r)"
          % (s, h.get("x-infergate-region"), h.get("x-infergate-route")))
+    # A region that says it lacks the residency (421: its record, as we
+    # read it, was out of date) is wrong for the request: the next one.
+    t.ok(fk_ok() == 200, "fk1 answers before the 421")
+    s, h, b, only, fails = via_fk1("421")
+    t.ok(s == 200 and h.get("x-infergate-region") in names and only and fails == 1,
+         "a region's 421 is retried at the next region and counts against it (%d %s, fk1 failures %d)"
+         % (s, h.get("x-infergate-region"), fails))
+    t.ok(fault.residency[-2:] == ["fk", None],
+         "the residency a request needs goes with it to the region, for that region to check: %s"
+         % fault.residency[-2:])
     # A refused stream (RFC 9113 8.7: not processed) goes to the next region
     # and does not count against fk1.
     t.ok(fk_ok() == 200, "fk1 answers once more")

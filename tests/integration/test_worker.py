@@ -51,6 +51,14 @@ def popen_post(path, body, sock=sock, extra=()):
 
 w = start_worker(sock, "--max-seqs", "32", "--max-queue", "64", "--kv-cache-mb", "64")
 
+# --- HEAD is GET without the body (over HTTP/2: no DATA); 405 says Allow ---
+r = subprocess.run(["curl", "-sS", "-I", "--http2-prior-knowledge", "--unix-socket", sock, "--max-time", "10",
+                    URL + "/v1/models"], capture_output=True, timeout=20)
+s405, h405, _ = curl(URL + "/v1/completions", unix=sock)
+t.ok(r.returncode == 0 and r.stdout.startswith(b"HTTP/2 200") and s405 == 405 and h405.get("allow") == "POST",
+     "HEAD /v1/models 200 with no body (curl %d); GET /v1/completions 405 allow %s"
+     % (r.returncode, h405.get("allow")))
+
 # --- 32 concurrent greedy requests return what each returns alone ---
 prompts = [[1] + [(7 * i + 13 * j) % 500 + 5 for j in range(3 + i % 11)] for i in range(32)]
 def body(p, stream=False, n=12):
@@ -210,6 +218,8 @@ cases = [
     ("context exceeded, the newer name", {"model": "m", "prompt": [1, 2, 3], "max_completion_tokens": 600}, 400,
      "max_completion_tokens"),
     ("prompt beyond the context", {"model": "m", "prompt": [1] * 600}, 400, "prompt"),
+    # max_tokens not sent: the prompt is at fault, not a field it lacks
+    ("context exceeded by the default max_tokens", {"model": "m", "prompt": [1] * 505}, 400, "prompt"),
     ("empty prompt", {"model": "m", "prompt": ""}, 400, "prompt"),
     ("n=2", {"model": "m", "prompt": "hi", "n": 2}, 400, "n"),
 ]

@@ -370,6 +370,9 @@ static void test_malformed(void **state)
         {"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
         {"GET / HTTP/1.1\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
         {"GET / HTTP/1.1\r\nHost: x\nX: y\r\n\r\n", "HTTP/1.1 400 "},
+        /* bare LF throughout: no CRLF CRLF ever comes, answered at once */
+        {"GET / HTTP/1.1\nHost: x\n\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: x\r\n\n", "HTTP/1.1 400 "},
         {"GET / HTTX/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
         {"GET / HTTP/2.0\r\nHost: x\r\n\r\n", "HTTP/1.1 505 "},
         {"G(T / HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
@@ -509,6 +512,7 @@ static void test_timeouts(void **state)
     raw_send(fd, stalled, sizeof(stalled) - 1);
     got = raw_read_all(t, fd, 4096, NULL);
     assert_true(!strncmp(got, "HTTP/1.1 408 ", 13));
+    assert_non_null(strstr(got, "\"code\":\"request_timeout\"")); /* as HTTP/2 says it */
     assert_non_null(strstr(got, "connection: close\r\n"));
     free(got);
     close(fd);
@@ -537,6 +541,28 @@ static void test_slow_reader(void **state)
     assert_true(t->flood_pending_max + 16384 + 16 > t->lim.max_stream_buffer);
     assert_int_equal(t->n_unfinished, 1);
     assert_null(t->srv->conns);
+    close(fd);
+}
+
+/* HTTP/1.0: a response cut short (the same reset) was delimited by the
+ * close, so a FIN read as the whole body; the close is now a reset. */
+static void test_http10_cut_is_reset(void **state)
+{
+    tsrv *t = *state;
+    int fd = raw_connect(t, 4096);
+    static const char req[] = "GET /flood HTTP/1.0\r\n\r\n";
+    raw_send(fd, req, sizeof(req) - 1);
+    assert_true(run_until(t, flood_done, NULL));
+    assert_null(t->srv->conns);
+    struct timeval tv = {5, 0};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    char buf[16384];
+    ssize_t r;
+    int reads = 0;
+    while ((r = recv(fd, buf, sizeof(buf), 0)) > 0 && reads++ < 100000)
+        ;
+    assert_int_equal(r, -1);
+    assert_int_equal(errno, ECONNRESET);
     close(fd);
 }
 
@@ -636,6 +662,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_head, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_body_too_large, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_reset, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_http10_cut_is_reset, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_paced, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_pipelined, setup, harness_teardown),

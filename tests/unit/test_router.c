@@ -932,6 +932,93 @@ static void test_models(void **state)
     route_table_free(t);
 }
 
+/* The store back after an outage: a record current at the loss keeps what
+ * was left of its window, and at least the recovery grace, for its region
+ * (reconnecting on its own back-off) to write again. Without the grace,
+ * peers that reconnected a few seconds apart dropped out of each other's
+ * candidates in between. */
+static void test_recovery_grace(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16); /* stale after 3000 ms */
+    route_record a = mk("a", "m", "eu", 1, 10), b = mk("b", "m", "eu", 1, 10);
+    add(t, &a, 5, 10000);
+    add(t, &b, 5, 10000);
+    route_table_set_shared_ok(t, false, 12000); /* each had 1000 ms left */
+    route_table_set_shared_ok(t, true, 20000);
+    assert_true(route_region_fresh(t, route_table_find(t, "a"), 21000));
+    assert_false(route_region_fresh(t, route_table_find(t, "a"), 21001));
+    route_table_set_recovery_grace(t, 7000);
+    route_table_set_shared_ok(t, false, 21000);
+    route_table_set_shared_ok(t, true, 30000);
+    /* a was fresh at the loss (seen 18000, stale after 21000): grace */
+    assert_true(route_region_fresh(t, route_table_find(t, "a"), 37000));
+    assert_false(route_region_fresh(t, route_table_find(t, "a"), 37001));
+    route_table_free(t);
+}
+
+/* Peers silent past forget_ms leave the table, the local region never, and
+ * nothing leaves while the store is away. */
+static void test_prune(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16);
+    route_record here = mk("here", "m", "eu", 1, 10), gone = mk("gone", "m", "eu", 1, 10),
+                 live = mk("live", "m", "eu", 1, 10);
+    assert_int_equal(route_table_upsert(t, &here, true, 1000), 0);
+    add(t, &gone, 5, 1000);
+    add(t, &live, 5, 1000);
+    live.updated_ms++;
+    assert_int_equal(route_table_upsert(t, &live, false, 50000), 0);
+    route_table_set_shared_ok(t, false, 60000);
+    assert_int_equal(route_table_prune(t, 30000, 90000), 0);
+    route_table_set_shared_ok(t, true, 60000);
+    assert_int_equal(route_table_prune(t, 60000, 61000), 0);
+    assert_int_equal(route_table_prune(t, 30000, 61000), 1);
+    assert_null(route_table_find(t, "gone"));
+    assert_non_null(route_table_find(t, "live"));
+    assert_non_null(route_table_find(t, "here"));
+    assert_int_equal(route_table_count(t), 2);
+    /* its slot serves a new region */
+    add(t, &gone, 5, 62000);
+    assert_non_null(route_table_find(t, "gone"));
+    route_table_free(t);
+}
+
+/* A failover re-checks a later candidate against the query: the record
+ * it holds may have been replaced since the decision. */
+static void test_allows(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 10000;
+    route_record eu = mk("eu", "a,b", "eu,gdpr", 2, 10);
+    add(t, &eu, 5, now);
+    route_region *r = route_table_find(t, "eu");
+    const char *need_eu[] = {"eu"}, *need_both[] = {"eu", "gdpr"}, *need_us[] = {"us"};
+    route_query q = {.model = "a", .need_tags = need_both, .n_need_tags = 2};
+    assert_true(route_region_allows(r, &q));
+    q.model = "c";
+    assert_false(route_region_allows(r, &q)); /* not its model */
+    q.model = "a";
+    q.need_tags = need_us;
+    q.n_need_tags = 1;
+    assert_false(route_region_allows(r, &q)); /* not its tag */
+    q.need_tags = need_eu;
+    q.max_price = 1.5;
+    assert_false(route_region_allows(r, &q)); /* above the cap */
+    q.max_price = 2;
+    assert_true(route_region_allows(r, &q));
+    /* the region's record replaced: eu dropped */
+    route_record moved = mk("eu", "a,b", "us", 2, 10);
+    moved.updated_ms++;
+    assert_int_equal(route_table_upsert(t, &moved, false, now + 1), 0);
+    assert_false(route_region_allows(r, &q));
+    q.need_tags = need_us;
+    assert_true(route_region_allows(r, &q));
+    route_table_free(t);
+}
+
 static int ref_cmp(const void *pa, const void *pb)
 {
     const ref_entry *a = pa, *b = pb;
@@ -1067,6 +1154,9 @@ int main(void)
         cmocka_unit_test(test_ejection),
         cmocka_unit_test(test_local),
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_allows),
+        cmocka_unit_test(test_prune),
+        cmocka_unit_test(test_recovery_grace),
         cmocka_unit_test(test_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

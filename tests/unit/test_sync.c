@@ -32,8 +32,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,20 +74,39 @@ static void redis_kill(void)
     }
 }
 
+/* A port for a redis-server started later: below the kernel's ephemeral
+ * range, so no outgoing connection takes it first, and held by a lock file
+ * (as tests/integration/harness.py does) so tests running side by side never
+ * pick the same one. The lock's descriptor stays open until the test exits. */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    if (fd == -1)
-        return -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == -1 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) == -1) {
-        close(fd);
-        return -1;
+    char path[128];
+    unsigned start = (unsigned)getpid() * 7919u;
+
+    mkdir("/tmp/infergate-test-ports", 0777);
+    for (unsigned i = 0; i < 500; i++) {
+        int port = 20768 + (int)((start + i * 131u) % 12000u); /* 20768..32767 */
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        snprintf(path, sizeof(path), "/tmp/infergate-test-ports/%d", port);
+        int lock = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+        if (lock == -1)
+            continue;
+        if (flock(lock, LOCK_EX | LOCK_NB) == -1) {
+            close(lock);
+            continue;
+        }
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd != -1 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+            close(fd);
+            return port; /* `lock` stays open: the port is ours */
+        }
+        if (fd != -1)
+            close(fd);
+        close(lock);
     }
-    close(fd);
-    return ntohs(a.sin_port);
+    return -1;
 }
 
 /* A blocking client for the test's own look at the server. */
@@ -394,6 +415,20 @@ static void test_set_price(void **state)
     WAIT_UNTIL(price_in_of(&ga, "us-east") == 1.0 && price_in_of(&gb, "us-east") == 1.0);
     run_for(300);
     assert_true(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
+    /* A field of someone else's beside a good override: the override holds. */
+    assert_true(rc_integer("HSET %s input 3 output 4 note by-ops", "infergate:" CLUSTER ":price:us-east") >=
+                0);
+    assert_true(rc_integer("PUBLISH %s us-east", "infergate:" CLUSTER ":events") >= 1);
+    WAIT_UNTIL(price_in_of(&ga, "us-east") == 3 && price_in_of(&gb, "us-east") == 3);
+    /* The override key written with SET where HSET was meant: no override,
+     * said, and the store still trusted (its writes succeed). */
+    freeReplyObject(rc_command("DEL %s", "infergate:" CLUSTER ":price:us-east"));
+    freeReplyObject(rc_command("SET %s 0.4", "infergate:" CLUSTER ":price:us-east"));
+    assert_true(rc_integer("PUBLISH %s us-east", "infergate:" CLUSTER ":events") >= 1);
+    WAIT_UNTIL(price_in_of(&gb, "us-east") == 1.0);
+    run_for(600);
+    assert_true(route_table_shared_ok(gb.table));
+    assert_non_null(strstr(route_sync_last_error(gb.sync), "price override"));
     route_sync_opts bad = o;
     bad.password = "wrong";
     assert_int_equal(route_set_price(&bad, "us-east", 1, 1, err, sizeof(err)), -EACCES);
@@ -563,6 +598,19 @@ static void test_gcra_debt_and_refund(void **state)
     assert_int_equal(route_sync_charge(ga.sync, "charged", SLOW_RATE, 100, 500), 0);
     assert_int_equal(limit_one("charged", 1), -EAGAIN);
     assert_in_range(last_retry_ms, 5000000, 5020000); /* 500 units of debt at 0.1/s */
+
+    /* The Redis host's clock stepped back 60 s since the last check, which
+     * left the bucket 5 units (50 s) past empty: the next unit waits 60 s
+     * for that, not 60 s more for the step. */
+    redisReply *tm = rc_command("TIME");
+    assert_true(tm && tm->type == REDIS_REPLY_ARRAY && tm->elements == 2);
+    double now = atof(tm->element[0]->str) * 1000 + atof(tm->element[1]->str) / 1000;
+    freeReplyObject(tm);
+    char val[64];
+    snprintf(val, sizeof(val), "%.3f %.3f", now + 60000 + 1000000 + 50000, now + 60000);
+    freeReplyObject(rc_command("SET %s %s PX 600000", "infergate:" CLUSTER ":limit:stepped", val));
+    assert_int_equal(limit_one("stepped", 1), -EAGAIN);
+    assert_in_range(last_retry_ms, 59000, 61000); /* was 120 s */
 }
 
 static void test_redis_stopped(void **state)
@@ -640,6 +688,44 @@ static void test_redis_refuses_writes(void **state)
     freeReplyObject(r);
     WAIT_UNTIL(route_table_shared_ok(ga.table) && route_table_shared_ok(gb.table));
     WAIT_UNTIL(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
+}
+
+static long long connections_received(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "INFO stats");
+    const char *at =
+        r && r->type == REDIS_REPLY_STRING ? strstr(r->str, "total_connections_received:") : NULL;
+    long long n = at ? atoll(at + strlen("total_connections_received:")) : -1;
+    freeReplyObject(r);
+    return n;
+}
+
+/* A connection that Redis (or a proxy) closes right after its setup is
+ * reopened on a growing back-off, not every reconnect_min_ms: the back-off
+ * starts over only for a connection that stayed up. */
+static void test_reconnect_backoff(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o); /* back-off 50 .. 400 ms */
+    gw_start(&ga, &o, "us-east", "us", 1, 2);
+    WAIT_UNTIL(route_table_shared_ok(ga.table));
+    redisContext *killer = rc_connect();
+    assert_non_null(killer);
+    long long before = connections_received(killer);
+    /* 2 s of every client but ours killed every 20 ms: on a back-off reset
+     * at each setup, each of the two connections came back ~30 times. */
+    for (int i = 0; i < 100; i++) {
+        run_for(20);
+        freeReplyObject(redisCommand(killer, "CLIENT KILL TYPE normal SKIPME yes"));
+        freeReplyObject(redisCommand(killer, "CLIENT KILL TYPE pubsub"));
+    }
+    long long reconnects = connections_received(killer) - before;
+    redisFree(killer);
+    assert_true(before >= 0);
+    if (reconnects > 24)
+        fail_msg("%lld reconnections in 2 s on a 50..400 ms back-off", reconnects);
+    WAIT_UNTIL(route_table_shared_ok(ga.table)); /* and back once left alone */
+    gw_stop(&ga);
 }
 
 /* Two gateways publishing under one region name overwrite each other's
@@ -779,6 +865,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gcra_debt_and_refund, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_refuses_writes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reconnect_backoff, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shared_region_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_settings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
