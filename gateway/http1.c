@@ -57,6 +57,7 @@ static const struct {
     {408, "Request Timeout"},
     {409, "Conflict"},
     {413, "Content Too Large"},
+    {414, "URI Too Long"},
     {415, "Unsupported Media Type"},
     {417, "Expectation Failed"},
     {421, "Misdirected Request"},
@@ -83,6 +84,7 @@ static const char *error_code(int status)
 {
     return status == 408   ? "request_timeout" /* as HTTP/2 says it */
            : status == 413 ? "request_too_large"
+           : status == 414 ? "uri_too_long"
            : status == 417 ? "expectation_failed"
            : status == 431 ? "request_header_fields_too_large"
            : status == 501 ? "not_implemented"
@@ -107,9 +109,9 @@ static void h1_reject(gw_http_conn *c, int status, const char *message)
     char body[320];
     size_t n = gw_http_error_json(body, sizeof(body), message, error_code(status));
     if (evbuffer_add_printf(out,
-                            "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %zu\r\n"
-                            "connection: close\r\n\r\n",
-                            status, reason_phrase(status), n) < 0 ||
+                            "HTTP/1.1 %d %s\r\ndate: %s\r\ncontent-type: application/json\r\n"
+                            "content-length: %zu\r\nconnection: close\r\n\r\n",
+                            status, reason_phrase(status), gw_http_date(c->srv), n) < 0 ||
         (!head && evbuffer_add(out, body, n)))
         c->broken = true;
     h->state = GW_H1_CLOSE;
@@ -427,9 +429,11 @@ int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, s
     struct evbuffer *buf = evbuffer_new();
     if (!buf)
         return -ENOMEM;
-    int rc = evbuffer_add_printf(buf, "HTTP/1.1 %d %s\r\n", status, reason_phrase(status)) < 0;
+    int rc = evbuffer_add_printf(buf, "HTTP/1.1 %d %s\r\ndate: %s\r\n", status, reason_phrase(status),
+                                 gw_http_date(c->srv)) < 0;
     for (size_t i = 0; i < n_headers && !rc; i++)
-        if (!gw_h1_hop_by_hop(headers[i].name, strlen(headers[i].name)))
+        if (!gw_h1_hop_by_hop(headers[i].name, strlen(headers[i].name)) &&
+            strcasecmp(headers[i].name, "date"))
             rc = evbuffer_add_printf(buf, "%s: %s\r\n", headers[i].name, headers[i].value) < 0;
     if (!rc && whole && !no_content)
         rc = evbuffer_add_printf(buf, "content-length: %zu\r\n", body_len) < 0;

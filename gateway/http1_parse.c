@@ -385,8 +385,17 @@ int gw_h1_parse_head(gw_http_conn *c, const char **why)
             return GW_H1_MORE;
     }
     size_t head_len = pos.pos < 0 ? len : (size_t)pos.pos + 4;
-    if (head_len > lim->max_header_list)
+    if (head_len > lim->max_header_list) {
+        /* A request line that alone is over the limit: the target is too
+         * long (RFC 9112 3), 414 as nginx answers it. */
+        struct evbuffer_ptr end;
+        if (evbuffer_ptr_set(in, &end, lim->max_header_list, EVBUFFER_PTR_SET) == 0 &&
+            evbuffer_search_range(in, "\r\n", 2, NULL, &end).pos < 0) {
+            *why = "request target too long";
+            return 414;
+        }
         return 431;
+    }
     h->scanned = 0;
     const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)head_len);
     gw_http_stream *s = p ? gw_stream_new(c, ++h->n_requests) : NULL;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <event2/buffer.h>
@@ -115,17 +116,22 @@ static int stream_submit(gw_http_stream *s, int status, const gw_http_header *he
     if (!s->out && !(s->out = evbuffer_new()))
         return -ENOMEM;
     nghttp2_nv stack_nv[16], *nv = stack_nv;
-    if (n_headers + 1 > sizeof(stack_nv) / sizeof(stack_nv[0])) {
-        if (n_headers > SIZE_MAX / sizeof(*nv) - 1 || !(nv = malloc((n_headers + 1) * sizeof(*nv))))
+    if (n_headers + 2 > sizeof(stack_nv) / sizeof(stack_nv[0])) {
+        if (n_headers > SIZE_MAX / sizeof(*nv) - 2 || !(nv = malloc((n_headers + 2) * sizeof(*nv))))
             return -ENOMEM;
     }
     char st[4] = {(char)('0' + status / 100), (char)('0' + status / 10 % 10), (char)('0' + status % 10),
                   '\0'};
-    nv[0] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, 3, NGHTTP2_NV_FLAG_NONE};
+    const char *date = gw_http_date(s->conn->srv);
+    size_t n_nv = 0;
+    nv[n_nv++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, 3, NGHTTP2_NV_FLAG_NONE};
+    nv[n_nv++] = (nghttp2_nv){(uint8_t *)"date", (uint8_t *)date, 4, strlen(date), NGHTTP2_NV_FLAG_NO_INDEX};
     for (size_t i = 0; i < n_headers; i++) {
         size_t nlen = strlen(headers[i].name);
-        nv[i + 1] = (nghttp2_nv){(uint8_t *)headers[i].name, (uint8_t *)headers[i].value, nlen,
-                                 strlen(headers[i].value), hpack_flags(headers[i].name, nlen)};
+        if (nlen == 4 && !strcasecmp(headers[i].name, "date"))
+            continue; /* ours is the one sent */
+        nv[n_nv++] = (nghttp2_nv){(uint8_t *)headers[i].name, (uint8_t *)headers[i].value, nlen,
+                                  strlen(headers[i].value), hpack_flags(headers[i].name, nlen)};
     }
     /* A HEAD response, 204 or 304 has no body (RFC 9110 9.3.2, 15.3.5,
      * 15.4.5): DATA after it is a protocol error to the client. */
@@ -137,7 +143,7 @@ static int stream_submit(gw_http_stream *s, int status, const gw_http_header *he
         goto out;
     nghttp2_data_provider dp = {.source.ptr = s, .read_callback = data_read_cb};
     s->resp_ended = whole;
-    int rv = nghttp2_submit_response(s->conn->ngh, s->id, nv, n_headers + 1, whole && !body_len ? NULL : &dp);
+    int rv = nghttp2_submit_response(s->conn->ngh, s->id, nv, n_nv, whole && !body_len ? NULL : &dp);
     if (rv) {
         evbuffer_drain(s->out, body_len);
         s->resp_ended = false;
@@ -255,8 +261,10 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     s->header_bytes += namelen + valuelen + 32;
     if (s->header_bytes > 2 * limit)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-    if (s->header_bytes > limit)
-        s->reject_status = 431;
+    if (s->header_bytes > limit && (!s->reject_status || s->reject_status == H2_REJECT_REFUSE))
+        /* Over its own limit, sending it again would not help: not refused
+         * but answered, 414 when :path alone is over the limit. */
+        s->reject_status = name_is(name, namelen, ":path") && namelen + valuelen + 32 > limit ? 414 : 431;
     if (s->reject_status || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0; /* trailers are counted, not kept */
     if (namelen && name[0] == ':') {
@@ -306,6 +314,10 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
     const gw_http_limits *lim = &s->conn->srv->limits;
     if (s->reject_status == H2_REJECT_REFUSE) {
         stream_refuse(s);
+        return;
+    }
+    if (s->reject_status == 414) {
+        stream_reject(s, 414, "request target too long", "uri_too_long");
         return;
     }
     if (s->reject_status) {

@@ -78,7 +78,7 @@ struct gw_http_stream {
     bool chunked;      /* HTTP/1.x: the response body is in chunked coding */
     bool rst_after_fin; /* HTTP/2: RST_STREAM(NO_ERROR) once the response ended (a body timed out) */
     bool body_dropped;  /* HTTP/2: answered from its head (on_head): the body that comes is dropped */
-    int reject_status; /* pending server answer (400, 413, 431), 0 if none */
+    int reject_status;  /* pending server answer (400, 413, 414, 431), 0 if none */
     /* HTTP/2: monotonic ms by which the stream must move on, 0 for no
      * bound: its header block (header_timeout_ms), each piece of its body,
      * and, once answered, its pending output while the peer's window holds
@@ -193,6 +193,8 @@ struct gw_http_server {
     int port;                       /* of the last TCP listener, 0 if none */
     int n_listeners_added;
     long accept_err_logged;         /* monotonic s of the last "cannot accept" line */
+    time_t date_sec;                /* the second `date` was formatted for */
+    char date[32];                  /* IMF-fixdate, for the Date header */
     nghttp2_session_callbacks *cbs; /* shared by every HTTP/2 connection */
     nghttp2_option *opt;
 };
@@ -209,6 +211,9 @@ void gw_server_refused(gw_http_server *srv, int status, const gw_http_stream *s,
 /* Whether the connection's client presented a certificate that makes it
  * a peer gateway (gw_tls_peer_verified, asked once per connection). */
 bool gw_conn_peer(gw_http_conn *c);
+/* The Date header's value for a response sent now (RFC 9110 6.6.1: an
+ * origin server with a clock sends one), formatted at most once a second. */
+const char *gw_http_date(gw_http_server *srv);
 /* Shows a request whose body is still to come to on_head (if any), as
  * protocol; true when the application answered it (or reset it) there,
  * and the stream is then the application's (GW_SS_APP). */

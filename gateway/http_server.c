@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -128,6 +130,25 @@ void gw_server_refused(gw_http_server *srv, int status, const gw_http_stream *s,
 {
     if (srv->handler.on_refused)
         srv->handler.on_refused(srv->ud, status, s ? s->method : NULL, s ? s->path : NULL, protocol);
+}
+
+const char *gw_http_date(gw_http_server *srv)
+{
+    /* By hand, not strftime: %a and %b follow the locale. */
+    static const char days[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                       "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    struct timeval tv;
+    struct tm tm;
+    if (event_base_gettimeofday_cached(srv->base, &tv))
+        gettimeofday(&tv, NULL);
+    if (srv->date[0] && tv.tv_sec == srv->date_sec)
+        return srv->date;
+    srv->date_sec = tv.tv_sec;
+    gmtime_r(&srv->date_sec, &tm);
+    snprintf(srv->date, sizeof(srv->date), "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday % 7],
+             tm.tm_mday, months[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    return srv->date;
 }
 
 bool gw_conn_peer(gw_http_conn *c)

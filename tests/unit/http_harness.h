@@ -17,6 +17,9 @@
 #ifndef HTTP_HARNESS_H
 #define HTTP_HARNESS_H
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* strcasestr, strptime, timegm */
+#endif
 #include "gateway/http_internal.h"
 
 #include <arpa/inet.h>
@@ -401,6 +404,22 @@ HARNESS void expect_output(tsrv *t, const char *name, const char *want)
     char *got = child_out(t, name);
     assert_string_equal(got, want);
     free(got);
+}
+
+/* `head` (a response's header section, as curl -D or the wire has it)
+ * carries one Date header in IMF-fixdate form, within a minute of now. */
+HARNESS void expect_date_header(const char *head)
+{
+    const char *d = strcasestr(head, "\ndate: ");
+    if (!d)
+        fail_msg("no Date header in\n%s", head);
+    assert_null(strcasestr(d + 1, "\ndate: "));
+    struct tm tm = {0};
+    const char *end = strptime(d + 7, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    if (!end || (*end != '\r' && *end != '\n'))
+        fail_msg("Date header not IMF-fixdate: %.40s", d + 7);
+    long long skew = (long long)timegm(&tm) - (long long)time(NULL);
+    assert_true(skew > -60 && skew < 60);
 }
 
 /* What /stream sends. */

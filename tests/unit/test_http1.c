@@ -54,6 +54,8 @@ static void test_get(void **state)
                     "--http1.1",
                     "-o",
                     (char *)scratch(t, "body"),
+                    "-D",
+                    (char *)scratch(t, "head"),
                     "-w",
                     "%{http_code} %{http_version}",
                     (char *)url(t, "/hello"),
@@ -61,6 +63,9 @@ static void test_get(void **state)
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "meta", "200 1.1");
     expect_output(t, "body", "hello world\n");
+    char *head = child_out(t, "head");
+    expect_date_header(head);
+    free(head);
     assert_string_equal(t->protocol, "HTTP/1.1");
     char want[64];
     snprintf(want, sizeof(want), "127.0.0.1:%d", t->port);
@@ -356,6 +361,7 @@ static void expect_refused(tsrv *t, const char *req, const char *status_line)
         fail_msg("for %s\nwanted %s\ngot %s", req, status_line, got);
     assert_non_null(strstr(got, "connection: close\r\n"));
     assert_non_null(strstr(got, "\"type\":\"invalid_request_error\""));
+    expect_date_header(got);
     free(got);
 }
 
@@ -424,12 +430,12 @@ static void test_malformed(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         expect_refused(t, cases[i].req, cases[i].status);
     /* Headers over max_header_list (4 KiB here), and a request line that
-     * alone is over it. */
+     * alone is over it: the target is too long. */
     char big[6000];
     snprintf(big, sizeof(big), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: %05000d\r\n\r\n", 0);
     expect_refused(t, big, "HTTP/1.1 431 ");
     snprintf(big, sizeof(big), "GET /%05000d HTTP/1.1\r\nHost: x\r\n\r\n", 0);
-    expect_refused(t, big, "HTTP/1.1 431 ");
+    expect_refused(t, big, "HTTP/1.1 414 ");
     assert_int_equal(t->n_request, 0);
     assert_int_equal(t->n_close, 0);
     assert_true(run_until(t, no_streams, NULL));

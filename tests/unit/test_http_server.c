@@ -56,6 +56,8 @@ static void test_get_whole(void **state)
     char *argv[] = {CURL_H2,
                     "-o",
                     (char *)scratch(t, "body"),
+                    "-D",
+                    (char *)scratch(t, "head"),
                     "-w",
                     "%{http_code} %{http_version}",
                     (char *)url(t, "/hello"),
@@ -63,6 +65,9 @@ static void test_get_whole(void **state)
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "meta", "200 2");
     expect_output(t, "body", "hello world\n");
+    char *head = child_out(t, "head");
+    expect_date_header(head);
+    free(head);
     int one = 1;
     assert_true(run_until(t, closes_reach, &one));
     assert_int_equal(t->n_request, 1);
@@ -545,6 +550,19 @@ static void test_rejects(void **state)
     assert_true(run_until(t, cli_closed, c));
     assert_int_equal(c->status, 431);
     assert_non_null(strstr(c->body, "request_header_fields_too_large"));
+
+    /* A :path that alone is over it: the target is too long. */
+    c->closed = false;
+    c->status = 0;
+    c->body_len = 0;
+    big[0] = '/';
+    nghttp2_nv long_nv[] = {NV(":method", "GET"), NV(":scheme", "http"), NV(":authority", "x"),
+                            NV(":path", big)};
+    assert_true(nghttp2_submit_request(c->ngh, NULL, long_nv, 4, NULL, NULL) > 0);
+    cli_send(c);
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->status, 414);
+    assert_non_null(strstr(c->body, "uri_too_long"));
 
     /* Reset during the upload: the application never hears of it. */
     nghttp2_nv post_nv[] = {NV(":method", "POST"), NV(":scheme", "http"), NV(":authority", "x"),
