@@ -38,8 +38,11 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_t
     size_t block_elems = rt_model_kv_bytes_per_token(m, kv_type) / sizeof(uint16_t) * block_tokens;
     size_t block_bytes = block_elems * sizeof(uint16_t);
     size_t n = bytes / block_bytes;
-    if (n < 1)
-        n = 1;
+    if (n < 1) { /* not rounded up: the pool would be larger than asked */
+        snprintf(err, err_len, "KV cache of %zu bytes holds no block: one block of %d tokens takes %zu bytes",
+                 bytes, block_tokens, block_bytes);
+        return NULL;
+    }
     if (n > INT32_MAX / 2) {
         snprintf(err, err_len, "KV cache of %zu bytes is too large", bytes);
         return NULL;

@@ -280,6 +280,14 @@ static void test_kv_q8_0(void **state)
     char err[128] = "";
     assert_null(rt_kv_new(m, 1 << 20, 16, KN_TYPE_Q4_0, err, sizeof(err)));
     assert_non_null(strstr(err, "f16 or q8_0"));
+    /* A pool smaller than one block is refused, not rounded up to one. */
+    size_t block = 16 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16);
+    assert_null(rt_kv_new(m, block - 1, 16, KN_TYPE_F16, err, sizeof(err)));
+    assert_non_null(strstr(err, "holds no block"));
+    rt_kv *one = rt_kv_new(m, block, 16, KN_TYPE_F16, err, sizeof(err));
+    assert_non_null(one);
+    assert_int_equal(rt_kv_blocks_total(one), 1);
+    rt_kv_free(one);
     assert_int_equal(rt_model_kv_bytes_per_token(m, KN_TYPE_Q8_0) * 32,
                      rt_model_kv_bytes_per_token(m, KN_TYPE_F16) * 17);
     rt_model_free(m);
