@@ -103,10 +103,11 @@ typedef struct gw_http_handler {
      * as it follows one given to on_request. */
     void (*on_head)(void *ud, gw_http_stream *s, const gw_http_request *req);
     /* May be NULL. The server answered a request itself, which the
-     * application never sees (400, 408, 413, 414, 417, 431, 501, 505): for its
-     * counters and logs. method and path are NULL where they were not read
-     * (or not valid); protocol is "HTTP/1.0", "HTTP/1.1" or "HTTP/2". Runs
-     * from the loop, never inside a gw_http_* call. */
+     * application never sees (400, 408, 413, 414, 417, 431, 501, 505), or
+     * refused with no answer (status 0: HTTP/2 REFUSED_STREAM, for memory
+     * the connection's open streams hold): for its counters and logs. method and path are NULL where they
+     * were not read (or not valid); protocol is "HTTP/1.0", "HTTP/1.1" or "HTTP/2". Runs from the loop, never
+     * inside a gw_http_* call. */
     void (*on_refused)(void *ud, int status, const char *method, const char *path, const char *protocol);
     /* May be NULL. Flow control for producers that can pause (proxies):
      * called from the loop, once each time the stream's gw_http_pending()

@@ -200,6 +200,7 @@ static void stream_fail(gw_http_stream *s)
  * (RFC 9113 8.7), as nghttp2's and curl's do by themselves. */
 static void stream_refuse(gw_http_stream *s)
 {
+    gw_server_refused(s->conn->srv, 0, s, "HTTP/2");
     stream_drop_request(s);
     if (nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_REFUSED_STREAM))
         s->conn->broken = true;

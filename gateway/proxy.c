@@ -109,7 +109,9 @@ int gw_proxy_metrics_init(gw_metrics *m)
         NULL, 0);
     rc |= gw_metrics_describe(
         m, "infergate_http_refused_total", GW_COUNTER,
-        "Requests the HTTP server answered itself (malformed, too large, too slow), by status.", NULL, 0);
+        "Requests the HTTP server answered itself (malformed, too large, too slow), by status; "
+        "status=\"refused_stream\": HTTP/2 streams refused unanswered, to be sent again.",
+        NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
                               0);
@@ -1407,8 +1409,11 @@ void gw_proxy_on_head(void *ud, gw_http_stream *s, const gw_http_request *r)
 void gw_proxy_on_refused(void *ud, int status, const char *method, const char *path, const char *protocol)
 {
     gw_serve *g = ud;
-    char labels[24];
-    snprintf(labels, sizeof(labels), "status=\"%d\"", status);
+    char labels[32];
+    if (status)
+        snprintf(labels, sizeof(labels), "status=\"%d\"", status);
+    else
+        snprintf(labels, sizeof(labels), "status=\"refused_stream\"");
     gw_metrics_add(g->metrics, "infergate_http_refused_total", labels, 1);
     FILE *f = g->access_log;
     if (!f)
@@ -1417,7 +1422,8 @@ void gw_proxy_on_refused(void *ud, int status, const char *method, const char *p
     json_field_str(f, "method", method ? method : "");
     json_field_path(f, path ? path : "");
     json_field_str(f, "protocol", protocol);
-    fprintf(f, ",\"status\":%d,\"refused_by\":\"http\"}\n", status);
+    fprintf(f, ",\"status\":%d,\"refused_by\":\"http\"%s}\n", status,
+            status ? "" : ",\"h2_error\":\"REFUSED_STREAM\"");
     fflush(f);
 }
 

@@ -616,10 +616,16 @@ s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bear
 m = b.decode()
 t.ok(big == 413 and 'infergate_http_refused_total{status="413"} ' in m,
      "an answer of the HTTP server's own (413) is counted in /metrics")
+n_refused = [int(l.split()[-1]) for l in m.splitlines()
+             if l.startswith('infergate_http_refused_total{status="refused_stream"} ')]
+t.ok(n_refused and n_refused[0] >= 50,
+     "HTTP/2 streams refused for the headers they held are counted in /metrics: %s" % n_refused)
 refused_lines = [json.loads(l) for l in open(access_log) if '"refused_by"' in l]
 t.ok(any(l["status"] == 413 and l["method"] == "POST" and l["path"] == "/v1/completions"
          and l["protocol"] == "HTTP/1.1" for l in refused_lines),
      "... and logged, with what was read of it: %s" % refused_lines[-1:])
+t.ok(any(l["status"] == 0 and l.get("h2_error") == "REFUSED_STREAM" and l["protocol"] == "HTTP/2"
+         for l in refused_lines), "... refused HTTP/2 streams too")
 t.ok(made_up == 404 and "made-up-model-7" not in m and 'model="-",tenant="alpha",status="404"' in m,
      "a model name a client made up starts no metric series of its own (counted under model \"-\")")
 t.ok(s == 200 and 'infergate_requests_total{model="small",tenant="alpha",status="200"' in m
