@@ -61,8 +61,9 @@ static void local_record(gw_serve *g, route_record *r)
     r->price_in = c->region.price_in;
     r->price_out = c->region.price_out;
     snprintf(r->gpu, sizeof(r->gpu), "%s", c->region.gpu ? c->region.gpu : "cpu");
-    int ready = 0;
+    int ready = 0, model_ready[ROUTE_MAX_MODELS] = {0};
     double ttft = 0, tpot = 0;
+    r->n_load = r->n_models;
     for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
         const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
         /* a worker not ready (starting, restarting after a crash) serves
@@ -77,10 +78,26 @@ static void local_record(gw_serve *g, route_record *r)
          * must not count it again, nor keep the wait of a queue long gone. */
         ttft += w->prefill_ewma_ms;
         tpot += w->tpot_ewma_ms;
+        for (int m = 0; m < r->n_load; m++) {
+            if (strcmp(r->models[m], w->model))
+                continue;
+            route_model_load *l = &r->load[m];
+            l->capacity += w->max_seqs;
+            l->running += w->running;
+            l->queued += w->queued;
+            l->ttft_ms += w->prefill_ewma_ms;
+            l->tpot_ms += w->tpot_ewma_ms;
+            model_ready[m]++;
+        }
     }
     /* Within a record's bounds whatever a worker's stats say. */
     r->ttft_ms = fmin(ready ? ttft / ready : 0, ROUTE_MAX_MS);
     r->tpot_ms = fmin(ready ? tpot / ready : 0, ROUTE_MAX_MS);
+    for (int m = 0; m < r->n_load; m++) {
+        int n = model_ready[m];
+        r->load[m].ttft_ms = fmin(n ? r->load[m].ttft_ms / n : 0, ROUTE_MAX_MS);
+        r->load[m].tpot_ms = fmin(n ? r->load[m].tpot_ms / n : 0, ROUTE_MAX_MS);
+    }
     r->healthy = ready > 0 && !g->draining;
     r->updated_ms = gw_epoch_ms();
 }
@@ -199,7 +216,17 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
     for (int i = 0; i < r->rec.n_tags; i++)
         json_array_append_new(tags, json_string(r->rec.tags[i]));
     bool ejected = route_region_ejected(r, now);
-    return json_pack(
+    json_t *load = r->rec.n_load ? json_object() : json_null();
+    for (int i = 0; i < r->rec.n_load; i++) {
+        const route_model_load *l = &r->rec.load[i];
+        double q = route_model_queue_ms(r, i);
+        json_object_set_new(load, r->rec.models[i],
+                            json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:f}", "capacity", l->capacity,
+                                      "running", l->running, "queued", l->queued, "ttft_ms", l->ttft_ms,
+                                      "tpot_ms", l->tpot_ms, "queue_ms", q, "expected_ms",
+                                      route_rtt_ms(r) + q));
+    }
+    json_t *o = json_pack(
         "{s:s, s:s, s:b, s:o, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:b, s:o, s:o, "
         "s:f, s:f, s:I, s:i, s:I}",
         "name", r->rec.name, "endpoint", r->local ? r->rec.endpoint : gw_regions_target(g, r), "local",
@@ -211,6 +238,11 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         r->rtt_known ? json_real(r->rtt_p95_ms) : json_null(), "queue_ms", route_queue_ms(r), "expected_ms",
         route_expected_ms(r), "age_ms", (json_int_t)(wall - r->rec.updated_ms), "consecutive_failures",
         r->consecutive_failures, "ejected_for_ms", (json_int_t)(ejected ? r->ejected_until_ms - now : 0));
+    if (o)
+        json_object_set_new(o, "model_load", load); /* per model: what routing ranks by */
+    else
+        json_decref(load);
+    return o;
 }
 
 char *gw_regions_json(gw_serve *g, size_t *len)

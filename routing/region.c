@@ -31,14 +31,15 @@ enum {
     F_QUEUED,
     F_TTFT,
     F_TPOT,
+    F_MODEL_LOAD,
     F_HEALTHY,
     F_UPDATED,
     F_N
 };
 
-static const char *const field_names[F_N] = {"endpoint", "models",   "tags",      "price_in", "price_out",
-                                             "gpu",      "capacity", "running",   "queued",   "ttft_ms",
-                                             "tpot_ms",  "healthy",  "updated_ms"};
+static const char *const field_names[F_N] = {"endpoint", "models",     "tags",    "price_in",  "price_out",
+                                             "gpu",      "capacity",   "running", "queued",    "ttft_ms",
+                                             "tpot_ms",  "model_load", "healthy", "updated_ms"};
 
 _Static_assert(F_N == ROUTE_N_FIELDS, "route_field list and ROUTE_N_FIELDS disagree");
 
@@ -79,6 +80,22 @@ static void join(char *out, size_t n, const char *items, size_t stride, int coun
     }
 }
 
+static void join_load(char *out, size_t n, const route_model_load *load, int count)
+{
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        char ttft[32], tpot[32];
+        fmt_num(ttft, sizeof(ttft), load[i].ttft_ms);
+        fmt_num(tpot, sizeof(tpot), load[i].tpot_ms);
+        int w = snprintf(out + at, n - at, "%s%d:%d:%d:%s:%s", i ? "," : "", load[i].capacity,
+                         load[i].running, load[i].queued, ttft, tpot);
+        if (w < 0 || (size_t)w >= n - at)
+            return; /* cannot happen for a checked record: see route_field */
+        at += (size_t)w;
+    }
+}
+
 void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELDS])
 {
     for (int f = 0; f < F_N; f++) {
@@ -96,6 +113,7 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
     snprintf(out[F_QUEUED].value, FIELD_VALUE_MAX, "%d", r->queued);
     fmt_num(out[F_TTFT].value, FIELD_VALUE_MAX, r->ttft_ms);
     fmt_num(out[F_TPOT].value, FIELD_VALUE_MAX, r->tpot_ms);
+    join_load(out[F_MODEL_LOAD].value, FIELD_VALUE_MAX, r->load, r->n_load);
     snprintf(out[F_HEALTHY].value, FIELD_VALUE_MAX, "%d", r->healthy ? 1 : 0);
     snprintf(out[F_UPDATED].value, FIELD_VALUE_MAX, "%lld", (long long)r->updated_ms);
 }
@@ -187,6 +205,44 @@ static int parse_list(const char *field, const char *v, char *dst, size_t size, 
     return 0;
 }
 
+/* model_load: "capacity:running:queued:ttft_ms:tpot_ms" per model, comma-
+ * separated; whether there is one per model is checked once every field
+ * is read (models may come after it). */
+static int parse_load(const char *field, const char *v, route_model_load *load, int *count, char *err,
+                      size_t err_len)
+{
+    int n = 0;
+    for (const char *p = v; *p; n++) {
+        if (n == ROUTE_MAX_MODELS)
+            return fail(err, err_len, "%s: more than %d entries", field, ROUTE_MAX_MODELS);
+        char part[5][32];
+        for (int k = 0; k < 5; k++) {
+            size_t len = strcspn(p, k < 4 ? ":," : ",");
+            if (len >= sizeof(part[k]) || (k < 4 && p[len] != ':'))
+                return fail(err, err_len, "%s: entry %d must be capacity:running:queued:ttft_ms:tpot_ms",
+                            field, n + 1);
+            memcpy(part[k], p, len);
+            part[k][len] = '\0';
+            p += len + (p[len] == ':');
+        }
+        long long x[3];
+        for (int k = 0; k < 3; k++)
+            if (parse_int(field, part[k], INT_MAX, &x[k], err, err_len))
+                return -EINVAL;
+        route_model_load *l = &load[n];
+        if (parse_num(field, part[3], ROUTE_MAX_MS, &l->ttft_ms, err, err_len) ||
+            parse_num(field, part[4], ROUTE_MAX_MS, &l->tpot_ms, err, err_len))
+            return -EINVAL;
+        l->capacity = (int)x[0];
+        l->running = (int)x[1];
+        l->queued = (int)x[2];
+        if (*p == ',' && !*++p)
+            return fail(err, err_len, "%s: entry %d is empty", field, n + 2);
+    }
+    *count = n;
+    return 0;
+}
+
 static int parse_field(route_record *r, int f, const char *v, char *err, size_t err_len)
 {
     const char *name = field_names[f];
@@ -214,6 +270,8 @@ static int parse_field(route_record *r, int f, const char *v, char *err, size_t 
         return parse_num(name, v, ROUTE_MAX_MS, &r->ttft_ms, err, err_len);
     case F_TPOT:
         return parse_num(name, v, ROUTE_MAX_MS, &r->tpot_ms, err, err_len);
+    case F_MODEL_LOAD:
+        return parse_load(name, v, r->load, &r->n_load, err, err_len);
     case F_CAPACITY:
     case F_RUNNING:
     case F_QUEUED:
@@ -258,6 +316,8 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
         if (rc)
             return rc;
     }
+    if (tmp.n_load && tmp.n_load != tmp.n_models)
+        return fail(err, err_len, "model_load: %d entries for %d models", tmp.n_load, tmp.n_models);
     *r = tmp;
     return 0;
 }
@@ -375,6 +435,16 @@ int route_record_check(const route_record *r, char *err, size_t err_len)
                     r->capacity < 0  ? "capacity"
                     : r->running < 0 ? "running"
                                      : "queued");
+    if (r->n_load != 0 && r->n_load != r->n_models)
+        return fail(err, err_len, "model_load: %d entries for %d models", r->n_load, r->n_models);
+    for (int i = 0; i < r->n_load; i++) {
+        const route_model_load *l = &r->load[i];
+        if (l->capacity < 0 || l->running < 0 || l->queued < 0 ||
+            !(l->ttft_ms >= 0 && l->ttft_ms <= ROUTE_MAX_MS) ||
+            !(l->tpot_ms >= 0 && l->tpot_ms <= ROUTE_MAX_MS))
+            return fail(err, err_len, "model_load[%d]: counts must not be negative, times within 0..%g", i,
+                        ROUTE_MAX_MS);
+    }
     if (r->updated_ms < 0)
         return fail(err, err_len, "updated_ms: must not be negative");
     return 0;

@@ -22,6 +22,14 @@
 #define ROUTE_MAX_MS 1e7
 #define ROUTE_HOST_MAX 46 /* INET6_ADDRSTRLEN */
 
+/* One model's share of a region's load. A region may serve several models
+ * on different workers: its totals would show one model's idle workers as
+ * room for another, and average a large model's latency with a small one's. */
+typedef struct route_model_load {
+    int capacity, running, queued; /* sequences, on the workers of this model */
+    double ttft_ms, tpot_ms;
+} route_model_load;
+
 typedef struct route_record {
     char name[ROUTE_NAME_MAX];
     char endpoint[128]; /* upstream target of the region's gateway: "tls:10.0.0.5:8443" */
@@ -33,18 +41,27 @@ typedef struct route_record {
     char gpu[64];
     int capacity, running, queued; /* sequences */
     double ttft_ms, tpot_ms;       /* the region's own estimates */
+    /* Per model, in models' order: n_load is n_models, or 0 for a record
+     * without them (from an older gateway), whose totals above then stand
+     * for every model. */
+    route_model_load load[ROUTE_MAX_MODELS];
+    int n_load;
     bool healthy;
     int64_t updated_ms; /* epoch ms, set by the publisher */
 } route_record;
 
 /* Serialises a record as the field/value pairs of a Redis hash (and back).
  * Fields: endpoint models tags price_in price_out gpu capacity running
- * queued ttft_ms tpot_ms healthy updated_ms; lists are comma-separated. */
+ * queued ttft_ms tpot_ms model_load healthy updated_ms; lists are
+ * comma-separated. model_load has an entry per model, in models' order:
+ * "capacity:running:queued:ttft_ms:tpot_ms", or is empty. */
 typedef struct route_field {
     const char *name;
-    char value[1100];
+    /* The longest value: 16 model_load entries of up to 81 bytes (three
+     * ints of 10 digits, two numbers of up to 23 characters, separators). */
+    char value[1400];
 } route_field;
-#define ROUTE_N_FIELDS 13
+#define ROUTE_N_FIELDS 14
 /* Numbers are written so that they read back exactly (shortest %g that
  * round-trips); healthy is "1" or "0"; updated_ms an integer. r must pass
  * route_record_check (a comma inside a model or tag would split it). */
@@ -54,7 +71,8 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
  * does not parse ("price_in: must be a number >= 0"): numbers decimal,
  * from 0 to ROUTE_MAX_PRICE (prices) or ROUTE_MAX_MS (ttft_ms, tpot_ms),
  * integers within int (updated_ms: int64), healthy 0|1, the endpoint
- * empty or valid for route_endpoint_check,
+ * empty or valid for route_endpoint_check, model_load empty or an entry
+ * for each model,
  * strings and list items within their buffers, without control characters
  * or NUL bytes, list items non-empty and at most ROUTE_MAX_MODELS /
  * ROUTE_MAX_TAGS of them. On error r is unchanged. */
@@ -63,8 +81,8 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
 /* 0 when r can be put in a table and published: name set, every string
  * NUL-terminated within its buffer, counts in range, models and tags
  * non-empty without commas or control characters, numbers within the
- * bounds above, the endpoint empty or valid. Else -EINVAL with err naming
- * the field. */
+ * bounds above, n_load 0 or n_models, the endpoint empty or valid. Else
+ * -EINVAL with err naming the field. */
 int route_record_check(const route_record *r, char *err, size_t err_len);
 /* A record's number (a price, a latency): decimal digits only (no hex,
  * inf, nan or spaces), from 0 to max. */

@@ -21,15 +21,29 @@ double route_rtt_ms(const route_region *r)
     return r->rtt_known ? r->rtt_ewma_ms : ROUTE_UNKNOWN_RTT_MS;
 }
 
+static double queue_ms(int capacity, int running, int queued, double ttft_ms, double tpot_ms)
+{
+    int64_t cap = capacity > 0 ? capacity : 1;
+    int64_t waiting = (int64_t)running + queued + 1 - capacity;
+    if (waiting <= 0)
+        return ttft_ms;
+    double service = ttft_ms + tpot_ms * ROUTE_SERVICE_TOKENS;
+    return ttft_ms + (double)waiting * service / (double)cap;
+}
+
 double route_queue_ms(const route_region *r)
 {
     const route_record *rec = &r->rec;
-    int64_t cap = rec->capacity > 0 ? rec->capacity : 1;
-    int64_t waiting = (int64_t)rec->running + rec->queued + 1 - rec->capacity;
-    if (waiting <= 0)
-        return rec->ttft_ms;
-    double service = rec->ttft_ms + rec->tpot_ms * ROUTE_SERVICE_TOKENS;
-    return rec->ttft_ms + (double)waiting * service / (double)cap;
+    return queue_ms(rec->capacity, rec->running, rec->queued, rec->ttft_ms, rec->tpot_ms);
+}
+
+double route_model_queue_ms(const route_region *r, int model)
+{
+    const route_record *rec = &r->rec;
+    if (model < 0 || model >= rec->n_load)
+        return route_queue_ms(r);
+    const route_model_load *l = &rec->load[model];
+    return queue_ms(l->capacity, l->running, l->queued, l->ttft_ms, l->tpot_ms);
 }
 
 double route_expected_ms(const route_region *r)
@@ -41,14 +55,14 @@ double route_expected_ms(const route_region *r)
  * confirmed byte for byte (the string is read only then): FNV-1a
  * collisions can be made on purpose, and a client's made-up model name
  * routed as a real one would reach the per-model metrics' labels. */
-static bool serves_model(const route_slot *s, const char *model, size_t len, uint64_t h)
+static int model_index(const route_slot *s, const char *model, size_t len, uint64_t h)
 {
     if (!(s->model_bloom & route__bloom_bit(h)))
-        return false;
+        return -1;
     for (int i = 0; i < s->r.rec.n_models; i++)
         if (s->model_hash[i] == h && s->model_len[i] == len && !memcmp(s->r.rec.models[i], model, len))
-            return true;
-    return false;
+            return i;
+    return -1;
 }
 
 static bool has_tag(const route_slot *s, const char *tag, uint64_t h)
@@ -63,7 +77,7 @@ bool route_region_allows(const route_region *r, const route_query *q)
 {
     const route_slot *s = (const route_slot *)r;
     const char *model = q->model ? q->model : "";
-    if (!serves_model(s, model, strlen(model), route__hash(model)))
+    if (model_index(s, model, strlen(model), route__hash(model)) < 0)
         return false;
     for (int j = 0; j < q->n_need_tags; j++)
         if (!has_tag(s, q->need_tags[j], route__hash(q->need_tags[j])))
@@ -196,7 +210,8 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         route_slot *s = &t->slots[t->order[i]];
         route_region *r = &s->r;
         s->scratch_ok = false;
-        if (!serves_model(s, model, model_len, mh)) {
+        int mi = model_index(s, model, model_len, mh);
+        if (mi < 0) {
             d->out_model++;
             continue;
         }
@@ -223,7 +238,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
             d->out_price++;
             continue;
         }
-        s->scratch_ms = route_expected_ms(r);
+        s->scratch_ms = route_rtt_ms(r) + route_model_queue_ms(r, mi);
         s->scratch_ok = true;
         if (s->scratch_ms < best)
             best = s->scratch_ms;

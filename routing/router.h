@@ -74,10 +74,14 @@ typedef struct route_decision {
     int out_model, out_stale, out_unhealthy, out_ejected, out_residency, out_price;
 } route_decision;
 
-/* Expected latency of a region from here, in ms: route_rtt_ms + route_queue_ms. */
+/* Expected latency of a region from here, in ms, over all its models: route_rtt_ms + route_queue_ms. */
 double route_expected_ms(const route_region *r);
 double route_rtt_ms(const route_region *r);
 double route_queue_ms(const route_region *r);
+/* The queueing estimate for one model (its index in r->rec.models): from
+ * that model's load where the record has it, else route_queue_ms. What
+ * route_decide ranks by, with the RTT. */
+double route_model_queue_ms(const route_region *r, int model);
 /* Fills d; returns d->n (0: nowhere to send it; the counts say why). */
 int route_decide(route_table *t, const route_query *q, route_decision *d);
 /* Calls fn with each model of each region that is current, healthy and

@@ -215,6 +215,10 @@ except AssertionError:
         print(open(os.path.join(d, n + ".log")).read()[-3000:])
     raise
 t.ok(True, "three gateways share their records through Redis and measure RTTs to each other")
+eu_view = table("eu1")
+t.ok(all((r.get("model_load") or {}).get("m", {}).get("capacity", 0) > 0 for r in eu_view.values()),
+     "each region publishes its load per model, which routing ranks by: %s"
+     % {n: r.get("model_load") for n, r in eu_view.items()})
 s_, _, b_ = request("us1", "open", path="/v1/models")
 t.ok(s_ == 200 and [m_["id"] for m_ in json.loads(b_)["data"]] == ["m"],
      "/v1/models lists the local and the regions' models, each once: %s" % b_[:200])

@@ -93,6 +93,13 @@ static void assert_record_equal(const route_record *a, const route_record *b)
     assert_int_equal(a->running, b->running);
     assert_int_equal(a->queued, b->queued);
     assert_true(a->ttft_ms == b->ttft_ms && a->tpot_ms == b->tpot_ms);
+    assert_int_equal(a->n_load, b->n_load);
+    for (int i = 0; i < a->n_load; i++) {
+        assert_int_equal(a->load[i].capacity, b->load[i].capacity);
+        assert_int_equal(a->load[i].running, b->load[i].running);
+        assert_int_equal(a->load[i].queued, b->load[i].queued);
+        assert_true(a->load[i].ttft_ms == b->load[i].ttft_ms && a->load[i].tpot_ms == b->load[i].tpot_ms);
+    }
     assert_int_equal(a->healthy, b->healthy);
     assert_int_equal(a->updated_ms, b->updated_ms);
 }
@@ -126,6 +133,10 @@ static void test_fields_round_trip(void **state)
     r.queued = 123456;
     r.updated_ms = 1732280000123;
     round_trip(&r);
+    r.n_load = 2;
+    r.load[0] = (route_model_load){8, 3, 1, 40.25, 6.5};
+    r.load[1] = (route_model_load){2147483647, 0, 0, 1.0 / 3, 1e-300};
+    round_trip(&r);
 
     /* Shortest form that reads back: what an operator sees in redis-cli. */
     route_field f[ROUTE_N_FIELDS];
@@ -136,8 +147,10 @@ static void test_fields_round_trip(void **state)
     assert_string_equal(f[2].value, "eu,gdpr");
     assert_string_equal(f[4].name, "price_out");
     assert_string_equal(f[4].value, "0.4");
-    assert_string_equal(f[11].value, "1");
-    assert_string_equal(f[12].value, "1732280000123");
+    assert_string_equal(f[12].value, "1");
+    assert_string_equal(f[11].name, "model_load");
+    assert_string_equal(f[11].value, "8:3:1:40.25:6.5,2147483647:0:0:0.3333333333333333:1e-300");
+    assert_string_equal(f[13].value, "1732280000123");
 
     /* Every list and string at its largest. */
     memset(&r, 0, sizeof(r));
@@ -157,8 +170,15 @@ static void test_fields_round_trip(void **state)
     r.n_tags = ROUTE_MAX_TAGS;
     r.price_out = ROUTE_MAX_PRICE;
     r.ttft_ms = r.tpot_ms = ROUTE_MAX_MS;
+    /* each model_load entry at its longest (route_field's bound) */
+    r.n_load = ROUTE_MAX_MODELS;
+    for (int i = 0; i < ROUTE_MAX_MODELS; i++)
+        r.load[i] = (route_model_load){2147483647, 2147483647, 2147483647, 1.2345678901234567e-300,
+                                       1.2345678901234567e-300};
     r.healthy = false;
     round_trip(&r);
+    route_record_to_fields(&r, f);
+    assert_int_equal(strlen(f[11].value), 16 * 81 - 1);
 
     /* Empty lists, zeros. */
     memset(&r, 0, sizeof(r));
@@ -211,6 +231,16 @@ static const struct {
     {"tpot_ms", "10000000.5", "tpot_ms: must be a number from 0 to 1e+07"},
     {"endpoint", "unix:/tmp/w.sock", "endpoint: must be tls:HOST:PORT or tcp:HOST:PORT"},
     {"endpoint", "tls:peer.example:443", "endpoint: HOST must be a numeric IPv4 address"},
+    {"model_load", "1:2:3:4", "model_load: entry 1 must be capacity:running:queued:ttft_ms:tpot_ms"},
+    {"model_load", "1:2:3:4:5:6", "model_load: must be a number from 0 to 1e+07"},
+    {"model_load", "1,2:3:4:5", "model_load: entry 1 must be"},
+    {"model_load", "1:2:3:4:5,", "model_load: entry 2 is empty"},
+    {"model_load", "1:2:3:4:5,1:2:3:4:5", "model_load: 2 entries for 1 models"},
+    {"model_load", "-1:2:3:4:5", "model_load: must be a whole number"},
+    {"model_load", "1:2:2147483648:4:5", "model_load: must be a whole number"},
+    {"model_load", "1:2:3:inf:5", "model_load: must be a number"},
+    {"model_load", "1:2:3:4:1e8", "model_load: must be a number from 0 to 1e+07"},
+    {"model_load", "1:2:3:4:000000000000000000000000000000001", "model_load: entry 1 must be"},
 };
 
 static void test_fields_bad(void **state)
@@ -244,7 +274,7 @@ static void test_fields_bad(void **state)
     values[0] = big;
     names[0] = "capacity";
     assert_int_equal(route_record_from_fields(&r, names, values, NULL, 1, err, sizeof(err)), -EINVAL);
-    assert_string_equal(err, "capacity: longer than 1099 bytes");
+    assert_string_equal(err, "capacity: longer than 1399 bytes");
     /* Only len bytes are read. */
     values[0] = "12345";
     lens[0] = 2;
@@ -1019,6 +1049,46 @@ static void test_allows(void **state)
     route_table_free(t);
 }
 
+/* A region serving two models is ranked for each by that model's load:
+ * its idle workers of one model are no room for the other. */
+static void test_model_load(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 10000;
+    route_record near = mk("near", "a,b", "", 1, 10), far = mk("far", "a", "", 1, 10);
+    near.capacity = 9; /* a region-wide look: 1 running of 9, no wait */
+    near.running = 1;
+    near.n_load = 2;
+    near.load[0] = (route_model_load){1, 1, 4, 10, 5}; /* a: one slot, busy, 4 waiting */
+    near.load[1] = (route_model_load){8, 0, 0, 10, 5}; /* b: idle */
+    far.capacity = 2;
+    add(t, &near, 5, now);
+    add(t, &far, 50, now);
+    route_decision d;
+    route_query q = query("a", now);
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "far");
+    assert_string_equal(cand(&d, 1), "near");
+    /* ttft, then 1 running + 4 queued + this one - 1 slot = 5 services of 10 + 5 x 128 ms */
+    route_region *r = route_table_find(t, "near");
+    assert_true(fabs(route_model_queue_ms(r, 0) - (10 + 5.0 * (10 + 5 * ROUTE_SERVICE_TOKENS))) < 1e-9);
+    assert_true(fabs(d.expected_ms[1] - (5 + route_model_queue_ms(r, 0))) < 1e-9);
+    q.model = "b";
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "near");
+    assert_true(fabs(d.expected_ms[0] - 15) < 1e-9);
+    /* A record without model_load (an older gateway): the totals stand. */
+    near.n_load = 0;
+    near.updated_ms++;
+    assert_int_equal(route_table_upsert(t, &near, false, now), 0);
+    q.model = "a";
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "near");
+    assert_true(route_model_queue_ms(r, 0) == route_queue_ms(r));
+    route_table_free(t);
+}
+
 static int ref_cmp(const void *pa, const void *pb)
 {
     const ref_entry *a = pa, *b = pb;
@@ -1155,6 +1225,7 @@ int main(void)
         cmocka_unit_test(test_local),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_allows),
+        cmocka_unit_test(test_model_load),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_recovery_grace),
         cmocka_unit_test(test_many),
