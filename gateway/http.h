@@ -16,9 +16,10 @@
  *
  * HTTP/1.x specifics: requests on a connection are served one at a time,
  * in order (a pipelined request reaches on_request after the previous
- * stream's on_close). gw_http_respond sends Content-Length; a streamed
- * response is sent chunked (one chunk per gw_http_write, at once) or, to
- * an HTTP/1.0 client, delimited by closing the connection. gw_http_reset
+ * stream's on_close). gw_http_respond and gw_http_begin_length send
+ * Content-Length; another streamed response is sent chunked (one chunk per
+ * gw_http_write, at once) or, to an HTTP/1.0 client, delimited by closing
+ * the connection. gw_http_reset
  * closes the connection. The connection-specific headers (connection,
  * keep-alive, proxy-connection, transfer-encoding, upgrade, te, expect,
  * those named by Connection, and host, which is the authority) are not in
@@ -197,6 +198,13 @@ int gw_http_respond(gw_http_stream *s, int status, const gw_http_header *headers
  * below 200 is -EINVAL, and response header names and values must not
  * hold CR, LF or NUL (-EINVAL). */
 int gw_http_begin(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers);
+/* A streamed response whose body is `length` bytes, said in advance
+ * (content-length; to an HTTP/1.x client neither chunked nor closed to
+ * delimit it, so an HTTP/1.0 client keeps the connection and can tell a cut
+ * body from a whole one). Writes past it are -EINVAL; gw_http_end before
+ * all of it is -EPIPE, and the caller then resets the stream. */
+int gw_http_begin_length(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
+                         uint64_t length);
 int gw_http_write(gw_http_stream *s, const void *data, size_t len);
 int gw_http_end(gw_http_stream *s);
 /* Bytes written but not yet sent to the peer: on HTTP/2 what waits in the

@@ -7,8 +7,9 @@
  * (slowloris) and a stalled body.
  *
  * Responses go straight into the connection's output: Content-Length for a
- * whole one, chunked coding (one chunk per gw_http_write, sent at once) for
- * a stream, or the close for a stream to an HTTP/1.0 client. A request the
+ * whole one or a stream of a length said in advance, chunked coding (one
+ * chunk per gw_http_write, sent at once) for another stream, or the close
+ * for such a stream to an HTTP/1.0 client. A request the
  * parser refuses is answered with a JSON error and the connection closes,
  * our side first: the write side is shut and input is dropped until the
  * peer closes too (bounded), so that unread input does not turn our close
@@ -411,7 +412,7 @@ static bool valid_header(const gw_http_header *h)
 }
 
 int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                 const void *body, size_t body_len, bool whole)
+                 const void *body, size_t body_len, bool whole, int64_t length)
 {
     gw_http_conn *c = s->conn;
     gw_h1 *h = &c->h1;
@@ -421,10 +422,11 @@ int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, s
         if (!valid_header(&headers[i]))
             return -EINVAL;
     bool no_content = status == 204 || status == 304; /* never a body, nor its length */
+    bool sized = !whole && length >= 0 && !no_content;
     /* Draining: the connection closes after this response; say so, or a
      * client that reuses it races the close with its next request. */
     bool keep_alive = h->keep_alive && !c->srv->draining;
-    if (!whole && !no_content && !s->head && h->http10)
+    if (!whole && !sized && !no_content && !s->head && h->http10)
         keep_alive = false; /* the close delimits the stream */
     struct evbuffer *buf = evbuffer_new();
     if (!buf)
@@ -437,7 +439,9 @@ int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, s
             rc = evbuffer_add_printf(buf, "%s: %s\r\n", headers[i].name, headers[i].value) < 0;
     if (!rc && whole && !no_content)
         rc = evbuffer_add_printf(buf, "content-length: %zu\r\n", body_len) < 0;
-    bool chunked = !whole && !no_content && !s->head && !h->http10;
+    else if (!rc && sized)
+        rc = evbuffer_add_printf(buf, "content-length: %lld\r\n", (long long)length) < 0;
+    bool chunked = !whole && !sized && !no_content && !s->head && !h->http10;
     if (!rc && chunked)
         rc = evbuffer_add(buf, "transfer-encoding: chunked\r\n", 28);
     if (!rc && !keep_alive)
@@ -456,6 +460,8 @@ int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, s
     h->keep_alive = keep_alive;
     s->bodiless = s->head || no_content;
     s->chunked = chunked;
+    s->sized = sized;
+    s->resp_left = sized ? (uint64_t)length : 0;
     s->resp_started = true;
     s->resp_ended = whole;
     gw_conn_schedule_send(c);

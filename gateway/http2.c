@@ -108,16 +108,23 @@ static uint8_t hpack_flags(const char *name, size_t len)
 
 /* Submits response headers, with `body` queued when given. With `whole`,
  * the response ends after the body. 0, -EINVAL or -ENOMEM. */
+/* Framing and the date are the server's: the application's are not sent. */
+static bool server_header(const char *name, size_t len)
+{
+    return (len == 4 && !strcasecmp(name, "date")) || (len == 14 && !strcasecmp(name, "content-length")) ||
+           (len == 17 && !strcasecmp(name, "transfer-encoding"));
+}
+
 static int stream_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                         const void *body, size_t body_len, bool whole)
+                         const void *body, size_t body_len, bool whole, int64_t length)
 {
     if (status < 100 || status > 999 || (n_headers && !headers) || (body_len && !body))
         return -EINVAL;
     if (!s->out && !(s->out = evbuffer_new()))
         return -ENOMEM;
     nghttp2_nv stack_nv[16], *nv = stack_nv;
-    if (n_headers + 2 > sizeof(stack_nv) / sizeof(stack_nv[0])) {
-        if (n_headers > SIZE_MAX / sizeof(*nv) - 2 || !(nv = malloc((n_headers + 2) * sizeof(*nv))))
+    if (n_headers + 3 > sizeof(stack_nv) / sizeof(stack_nv[0])) {
+        if (n_headers > SIZE_MAX / sizeof(*nv) - 3 || !(nv = malloc((n_headers + 3) * sizeof(*nv))))
             return -ENOMEM;
     }
     char st[4] = {(char)('0' + status / 100), (char)('0' + status / 10 % 10), (char)('0' + status % 10),
@@ -126,10 +133,20 @@ static int stream_submit(gw_http_stream *s, int status, const gw_http_header *he
     size_t n_nv = 0;
     nv[n_nv++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, 3, NGHTTP2_NV_FLAG_NONE};
     nv[n_nv++] = (nghttp2_nv){(uint8_t *)"date", (uint8_t *)date, 4, strlen(date), NGHTTP2_NV_FLAG_NO_INDEX};
+    /* The length where it is known (a HEAD response says the GET's), so
+     * that a client can tell a cut body from a whole one. */
+    bool no_content = status < 200 || status == 204 || status == 304;
+    bool sized = !whole && length >= 0 && !no_content;
+    char len_buf[24];
+    if (!no_content && (whole || sized)) {
+        int n = snprintf(len_buf, sizeof(len_buf), "%lld", whole ? (long long)body_len : (long long)length);
+        nv[n_nv++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)len_buf, 14, (size_t)n,
+                                  NGHTTP2_NV_FLAG_NONE};
+    }
     for (size_t i = 0; i < n_headers; i++) {
         size_t nlen = strlen(headers[i].name);
-        if (nlen == 4 && !strcasecmp(headers[i].name, "date"))
-            continue; /* ours is the one sent */
+        if (server_header(headers[i].name, nlen))
+            continue;
         nv[n_nv++] = (nghttp2_nv){(uint8_t *)headers[i].name, (uint8_t *)headers[i].value, nlen,
                                   strlen(headers[i].value), hpack_flags(headers[i].name, nlen)};
     }
@@ -151,6 +168,8 @@ static int stream_submit(gw_http_stream *s, int status, const gw_http_header *he
         goto out;
     }
     s->resp_started = true;
+    s->sized = sized;
+    s->resp_left = sized ? (uint64_t)length : 0;
     /* A body queued with the headers is output like any other: bounded
      * while the peer's window holds it. */
     if (body_len && !s->due_ms)
@@ -181,7 +200,7 @@ static void stream_reject(gw_http_stream *s, int status, const char *message, co
     gw_server_refused(s->conn->srv, status, s, "HTTP/2");
     stream_drop_request(s);
     size_t n = gw_http_error_json(body, sizeof(body), message, code);
-    if (stream_submit(s, status, hdr, 1, body, n, true) &&
+    if (stream_submit(s, status, hdr, 1, body, n, true, -1) &&
         nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
         s->conn->broken = true;
     else if (!s->remote_ended)
@@ -780,9 +799,9 @@ static void stream_kick(gw_http_stream *s)
 }
 
 int gw_h2_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                 const void *body, size_t body_len, bool whole)
+                 const void *body, size_t body_len, bool whole, int64_t length)
 {
-    int rc = stream_submit(s, status, headers, n_headers, body, body_len, whole);
+    int rc = stream_submit(s, status, headers, n_headers, body, body_len, whole, length);
     if (!rc)
         gw_conn_schedule_send(s->conn);
     return rc;

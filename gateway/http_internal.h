@@ -76,6 +76,8 @@ struct gw_http_stream {
     bool head;         /* a HEAD request, whose response has no body */
     bool bodiless;     /* the response carries no body bytes (HEAD, 204, 304) */
     bool chunked;      /* HTTP/1.x: the response body is in chunked coding */
+    bool sized;        /* a streamed response of a length said in advance (gw_http_begin_length) */
+    uint64_t resp_left; /* sized: body bytes still to be written */
     bool rst_after_fin; /* HTTP/2: RST_STREAM(NO_ERROR) once the response ended (a body timed out) */
     bool body_dropped;  /* HTTP/2: answered from its head (on_head): the body that comes is dropped */
     int reject_status;  /* pending server answer (400, 413, 414, 431), 0 if none */
@@ -246,6 +248,11 @@ size_t gw_http_error_json(char *buf, size_t len, const char *message, const char
 
 /* ---- http2.c ---- */
 
+/* gw_h1_submit and gw_h2_submit: `length` is a streamed response's length
+ * said in advance (gw_http_begin_length), or -1; the content-length and
+ * transfer-encoding the application gives are dropped, as framing is the
+ * server's. */
+
 int gw_h2_server_init(gw_http_server *srv);
 void gw_h2_server_dispose(gw_http_server *srv);
 /* Turns a connection into HTTP/2 and feeds it what was read; frees it on
@@ -255,7 +262,7 @@ void gw_h2_on_send(gw_http_conn *c);  /* the send event fired */
 void gw_h2_on_timer(gw_http_conn *c); /* the timer fired */
 void gw_h2_drain(gw_http_conn *c);    /* the server is draining */
 int gw_h2_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                 const void *body, size_t body_len, bool whole);
+                 const void *body, size_t body_len, bool whole, int64_t length);
 int gw_h2_write(gw_http_stream *s, const void *data, size_t len);
 int gw_h2_end(gw_http_stream *s);
 void gw_h2_reset(gw_http_stream *s);
@@ -267,7 +274,7 @@ void gw_h1_drain(gw_http_conn *c); /* as gw_h2_drain */
 void gw_h1_on_send(gw_http_conn *c);
 void gw_h1_on_timer(gw_http_conn *c);
 int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                 const void *body, size_t body_len, bool whole);
+                 const void *body, size_t body_len, bool whole, int64_t length);
 int gw_h1_write(gw_http_stream *s, const void *data, size_t len);
 int gw_h1_end(gw_http_stream *s);
 void gw_h1_reset(gw_http_stream *s);

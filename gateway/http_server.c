@@ -577,7 +577,7 @@ static int stream_check(const gw_http_stream *s)
 }
 
 static int stream_start(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                        const void *body, size_t body_len, bool whole)
+                        const void *body, size_t body_len, bool whole, int64_t length)
 {
     int rc = stream_check(s);
     if (rc)
@@ -585,19 +585,27 @@ static int stream_start(gw_http_stream *s, int status, const gw_http_header *hea
     if (s->resp_started)
         return -EINVAL;
     if (s->conn->proto == GW_PROTO_H1)
-        return gw_h1_submit(s, status, headers, n_headers, body, body_len, whole);
-    return gw_h2_submit(s, status, headers, n_headers, body, body_len, whole);
+        return gw_h1_submit(s, status, headers, n_headers, body, body_len, whole, length);
+    return gw_h2_submit(s, status, headers, n_headers, body, body_len, whole, length);
 }
 
 int gw_http_respond(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
                     const void *body, size_t body_len)
 {
-    return stream_start(s, status, headers, n_headers, body, body_len, true);
+    return stream_start(s, status, headers, n_headers, body, body_len, true, -1);
 }
 
 int gw_http_begin(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers)
 {
-    return stream_start(s, status, headers, n_headers, NULL, 0, false);
+    return stream_start(s, status, headers, n_headers, NULL, 0, false, -1);
+}
+
+int gw_http_begin_length(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
+                         uint64_t length)
+{
+    if (length > INT64_MAX)
+        return -EINVAL;
+    return stream_start(s, status, headers, n_headers, NULL, 0, false, (int64_t)length);
 }
 
 int gw_http_write(gw_http_stream *s, const void *data, size_t len)
@@ -607,12 +615,16 @@ int gw_http_write(gw_http_stream *s, const void *data, size_t len)
         return rc;
     if (!s->resp_started || s->resp_ended || (len && !data))
         return -EINVAL;
+    if (s->sized && len > s->resp_left)
+        return -EINVAL; /* past the length said */
     size_t max = s->conn->srv->limits.max_stream_buffer, pending = gw_http_pending(s);
     if (pending > max || len > max - pending)
         return -ENOBUFS;
     if (len == 0)
         return 0;
     rc = s->conn->proto == GW_PROTO_H1 ? gw_h1_write(s, data, len) : gw_h2_write(s, data, len);
+    if (!rc && s->sized)
+        s->resp_left -= len;
     if (!rc && gw_http_pending(s) > max / 2)
         s->above_half = true;
     return rc;
@@ -625,6 +637,8 @@ int gw_http_end(gw_http_stream *s)
         return rc;
     if (!s->resp_started || s->resp_ended)
         return -EINVAL;
+    if (s->sized && s->resp_left)
+        return -EPIPE; /* short of the length said: only a reset tells the client */
     return s->conn->proto == GW_PROTO_H1 ? gw_h1_end(s) : gw_h2_end(s);
 }
 

@@ -567,12 +567,16 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     size_t k = 0;
     char worker[16];
     *put_int(worker, p->worker) = '\0';
-    for (size_t i = 0; i < n && k < 5; i++) {
-        if (!strcmp(hs[i].name, "content-type") || !strcmp(hs[i].name, "cache-control") ||
-            !strcmp(hs[i].name, "retry-after")) {
+    int64_t length = -1; /* the upstream's content-length, which nghttp2 has checked is a number */
+    for (size_t i = 0; i < n; i++) {
+        if (k < 5 && (!strcmp(hs[i].name, "content-type") || !strcmp(hs[i].name, "cache-control") ||
+                      !strcmp(hs[i].name, "retry-after"))) {
             out[k++] = hs[i];
             if (!strcmp(hs[i].name, "content-type") && !strncmp(hs[i].value, "text/event-stream", 17))
                 p->sse = true;
+        } else if (!strcmp(hs[i].name, "content-length") && strlen(hs[i].value) <= 18 &&
+                   strspn(hs[i].value, "0123456789") == strlen(hs[i].value) && hs[i].value[0]) {
+            length = strtoll(hs[i].value, NULL, 10);
         }
     }
     out[k++] = (gw_http_header){"x-request-id", p->id};
@@ -587,7 +591,12 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         out[k++] = (gw_http_header){"x-infergate-route", route_said(p, route, sizeof(route))};
     if (!p->stream)
         return;
-    if (gw_http_begin(p->stream, status, out, k)) {
+    /* The length passes on, so that the client can tell a whole body from
+     * a cut one (an HTTP/1.0 client could not, nor keep the connection);
+     * events are held and ended with an error event of ours instead. */
+    int rc = length >= 0 && !p->sse ? gw_http_begin_length(p->stream, status, out, k, (uint64_t)length)
+                                    : gw_http_begin(p->stream, status, out, k);
+    if (rc) {
         gw_upstream_cancel(p->up);
         p->up = NULL;
         gw_http_reset(p->stream);

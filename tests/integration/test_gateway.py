@@ -158,6 +158,17 @@ s2, h2, _ = curl(URL + "/v1/completions", headers=[AUTH])
 t.ok(s == 405 and h.get("allow") == "GET, HEAD" and s2 == 405 and h2.get("allow") == "POST",
      "405 names the methods the path takes: %d %s, %d %s" % (s, h.get("allow"), s2, h2.get("allow")))
 
+# A whole answer relayed from the worker keeps its length: an HTTP/1.0
+# client gets Content-Length (it can tell a cut body) and keeps its
+# connection; HTTP/1.1 and HTTP/2 clients get it too, not chunked.
+for http in ("--http1.0", "--http1.1", "--http2-prior-knowledge"):
+    s, h, b = curl(URL + "/v1/completions", http=http, data=comp,
+                   headers=[AUTH, "connection: keep-alive"] if http == "--http1.0" else [AUTH])
+    t.ok(s == 200 and h.get("content-length") == str(len(b)) and "transfer-encoding" not in h
+         and h.get("connection") != "close" and json.loads(b)["choices"][0]["text"],
+         "%s: a non-streamed completion comes with its content-length (%s for %d bytes, connection %s)"
+         % (http, h.get("content-length"), len(b), h.get("connection")))
+
 # HTTP/1.1 streaming: SSE over chunked transfer, keep-alive
 s, h, b = curl(URL + "/v1/chat/completions", http="--http1.1", data=dict(chat, stream=True), headers=[AUTH])
 events, done = sse_events(b)

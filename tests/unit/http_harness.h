@@ -9,7 +9,9 @@
  * Paths the handler knows: /hello (a whole response), /tiny ("ok"), /big
  * (BIG_RESPONSE bytes of pattern_byte in one response), /echo (the body
  * back), /headers (the request's headers as "name: value" lines), /stream
- * (ten pieces from later loop turns, then the end), /slow (pieces that
+ * (ten pieces from later loop turns, then the end), /sized (the same with
+ * their length said in advance), /sized-short (a byte more said than
+ * sent, so the end fails and the stream is reset), /slow (pieces that
  * never end), /paced (PACED bytes written as on_writable allows), /flood
  * (writes until -ENOBUFS, then resets), /reset (reset at once), /hang
  * (never answered). A test may set check_request to look at every request
@@ -69,7 +71,7 @@ typedef struct tstream {
     gw_http_stream *s;
     struct event *ev;
     int n;
-    bool flood, paced, paused;
+    bool flood, paced, paused, sized, sized_short;
     size_t sent;
 } tstream;
 
@@ -147,6 +149,17 @@ HARNESS void on_stream_tick(evutil_socket_t fd, short what, void *arg)
     } else if (ts->n < 10) { /* /stream: ten pieces, then the end; /slow: practically never */
         int len = snprintf(piece, sizeof(piece), "piece %d\n", ts->n++);
         assert_int_equal(gw_http_write(ts->s, piece, (size_t)len), 0);
+        /* /sized ends with its last piece: its client, told the length,
+         * may close as soon as that arrives. */
+        if (ts->n == 10 && ts->sized && !ts->sized_short) {
+            assert_int_equal(gw_http_write(ts->s, "x", 1), -EINVAL); /* past the length said */
+            assert_int_equal(gw_http_end(ts->s), 0);
+            event_del(ts->ev);
+        }
+    } else if (ts->sized_short) {
+        assert_int_equal(gw_http_end(ts->s), -EPIPE);
+        gw_http_reset(ts->s);
+        event_del(ts->ev);
     } else {
         assert_int_equal(gw_http_end(ts->s), 0);
         assert_int_equal(gw_http_write(ts->s, "late", 4), -EINVAL);
@@ -188,10 +201,18 @@ HARNESS void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
             snprintf(out + strlen(out), sizeof(out) - strlen(out), "%s: %s\n", req->headers[i].name,
                      req->headers[i].value);
         assert_int_equal(api_respond(t, s, 200, "text/plain", out, strlen(out)), 0);
-    } else if (!strcmp(p, "/stream") || !strcmp(p, "/slow") || !strcmp(p, "/flood") || !strcmp(p, "/paced")) {
-        gw_http_header h[] = {{"content-type", "text/plain"}, {"cache-control", "no-cache"}};
+    } else if (!strcmp(p, "/stream") || !strcmp(p, "/slow") || !strcmp(p, "/flood") || !strcmp(p, "/paced") ||
+               !strcmp(p, "/sized") || !strcmp(p, "/sized-short")) {
+        /* content-length given by the application is the server's to set: dropped */
+        gw_http_header h[] = {
+            {"content-type", "text/plain"}, {"cache-control", "no-cache"}, {"content-length", "3"}};
+        ts->sized = !strncmp(p, "/sized", 6);
+        ts->sized_short = !strcmp(p, "/sized-short");
         t->in_api = true;
-        assert_int_equal(gw_http_begin(s, 200, h, 2), 0);
+        if (ts->sized) /* ten pieces of 8 bytes ("piece 0\n") */
+            assert_int_equal(gw_http_begin_length(s, 200, h, 3, ts->sized_short ? 81 : 80), 0);
+        else
+            assert_int_equal(gw_http_begin(s, 200, h, 3), 0);
         assert_int_equal(gw_http_begin(s, 200, h, 2), -EINVAL);
         t->in_api = false;
         ts->flood = !strcmp(p, "/flood");

@@ -220,6 +220,42 @@ static void test_streaming(void **state)
     expect_finished(t, 1);
 }
 
+/* A stream of a length said in advance: Content-Length, not chunked; to an
+ * HTTP/1.0 client the connection stays. One that ends short is cut. */
+static void test_sized_stream(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    const char *versions[] = {"--http1.1", "--http1.0"};
+    for (int v = 0; v < 2; v++) {
+        char *argv[] = {CURL,
+                        (char *)versions[v],
+                        "-H",
+                        "Connection: keep-alive",
+                        "-D",
+                        (char *)scratch(t, "head"),
+                        "-o",
+                        (char *)scratch(t, "out"),
+                        (char *)url(t, "/sized"),
+                        NULL};
+        assert_int_equal(run_child(t, argv, "meta"), 0);
+        expect_output(t, "out", ten_pieces);
+        char *head = child_out(t, "head");
+        assert_non_null(strstr(head, "content-length: 80\r\n"));
+        assert_null(strstr(head, "content-length: 3"));
+        assert_null(strstr(head, "transfer-encoding"));
+        assert_null(strstr(head, "connection: close"));
+        free(head);
+    }
+    char *argv[] = {CURL, "--http1.1", "-o", (char *)scratch(t, "out"), (char *)url(t, "/sized-short"), NULL};
+    assert_int_not_equal(run_child(t, argv, "meta"), 0); /* the body is cut: curl says so */
+    expect_output(t, "out", ten_pieces);
+    int three = 3;
+    assert_true(run_until(t, closes_reach, &three));
+    assert_int_equal(t->n_finished, 2);
+    assert_int_equal(t->n_unfinished, 1);
+}
+
 /* HTTP/1.0: no chunked coding; a stream ends with the connection. */
 static void test_http10(void **state)
 {
@@ -664,6 +700,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_post, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_keep_alive, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_streaming, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_sized_stream, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_http10, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_head, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_body_too_large, setup_small, harness_teardown),

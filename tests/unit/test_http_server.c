@@ -156,6 +156,36 @@ static void test_streaming(void **state)
     expect_finished(t, 1);
 }
 
+/* content-length on a whole response and on a stream of a length said in
+ * advance (not the application's own); a stream that ends short is reset. */
+static void test_sized_stream(void **state)
+{
+    tsrv *t = *state;
+    REQUIRE_TOOL("curl");
+    char *argv[] = {
+        CURL_H2, "-D", (char *)scratch(t, "head"), "-o", (char *)scratch(t, "out"), (char *)url(t, "/sized"),
+        NULL};
+    assert_int_equal(run_child(t, argv, "meta"), 0);
+    expect_output(t, "out", ten_pieces);
+    char *head = child_out(t, "head");
+    assert_non_null(strstr(head, "content-length: 80\r\n"));
+    assert_null(strstr(head, "content-length: 3"));
+    free(head);
+    expect_finished(t, 1);
+    char *whole[] = {CURL_H2, "-D", (char *)scratch(t, "head"), "-o", "/dev/null", (char *)url(t, "/hello"),
+                     NULL};
+    assert_int_equal(run_child(t, whole, "meta"), 0);
+    head = child_out(t, "head");
+    assert_non_null(strstr(head, "content-length: 12\r\n"));
+    free(head);
+    expect_finished(t, 2);
+    char *cut[] = {CURL_H2, "-o", (char *)scratch(t, "out"), (char *)url(t, "/sized-short"), NULL};
+    assert_int_not_equal(run_child(t, cut, "meta"), 0);
+    int three = 3;
+    assert_true(run_until(t, closes_reach, &three));
+    assert_int_equal(t->n_unfinished, 1);
+}
+
 static void test_big_response(void **state)
 {
     tsrv *t = *state;
@@ -835,6 +865,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_post_echo, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_body_too_large, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_streaming, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_sized_stream, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_big_response, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_many_streams, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_stalled_reader, setup, harness_teardown),
