@@ -55,6 +55,14 @@ double route_expected_ms(const route_region *r)
  * confirmed byte for byte (the string is read only then): FNV-1a
  * collisions can be made on purpose, and a client's made-up model name
  * routed as a real one would reach the per-model metrics' labels. */
+/* A region whose record says the model has no ready worker (capacity 0
+ * in its model_load) cannot serve it now, though healthy for its others:
+ * ranked, its empty queue would put it first. */
+static bool model_up(const route_record *rec, int model)
+{
+    return model >= rec->n_load || rec->load[model].capacity > 0;
+}
+
 static int model_index(const route_slot *s, const char *model, size_t len, uint64_t h)
 {
     if (!(s->model_bloom & route__bloom_bit(h)))
@@ -77,7 +85,8 @@ bool route_region_allows(const route_region *r, const route_query *q)
 {
     const route_slot *s = (const route_slot *)r;
     const char *model = q->model ? q->model : "";
-    if (model_index(s, model, strlen(model), route__hash(model)) < 0)
+    int mi = model_index(s, model, strlen(model), route__hash(model));
+    if (mi < 0 || !model_up(&r->rec, mi))
         return false;
     for (int j = 0; j < q->n_need_tags; j++)
         if (!has_tag(s, q->need_tags[j], route__hash(q->need_tags[j])))
@@ -219,7 +228,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
             d->out_stale++;
             continue;
         }
-        if (!r->rec.healthy) {
+        if (!r->rec.healthy || !model_up(&r->rec, mi)) {
             d->out_unhealthy++;
             continue;
         }

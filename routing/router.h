@@ -91,8 +91,9 @@ int route_decide(route_table *t, const route_query *q, route_decision *d);
 void route_models(const route_table *t, const char *const *need_tags, int n_need_tags, int64_t now_ms,
                   void (*fn)(void *ud, const char *model), void *ud);
 
-/* Whether r passes q's filters on what its record says: serves q->model,
- * has every tag q needs, price_out within q->max_price. For a failover to
+/* Whether r passes q's filters on what its record says: serves q->model
+ * (with a ready worker, where its model_load says), has every tag q needs,
+ * price_out within q->max_price. For a failover to
  * a later candidate of an earlier decision: the record may have been
  * replaced since (route_table_upsert). */
 bool route_region_allows(const route_region *r, const route_query *q);

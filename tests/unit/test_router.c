@@ -1078,6 +1078,20 @@ static void test_model_load(void **state)
     route_decide(t, &q, &d);
     assert_string_equal(cand(&d, 0), "near");
     assert_true(fabs(d.expected_ms[0] - 15) < 1e-9);
+    /* A model with no ready worker (capacity 0) is not served there now,
+     * though the region is healthy for its other model: its empty queue
+     * must not put it first. */
+    near.load[0] = (route_model_load){0, 0, 0, 0, 0};
+    near.updated_ms++;
+    assert_int_equal(route_table_upsert(t, &near, false, now), 0);
+    q.model = "a";
+    route_decide(t, &q, &d);
+    assert_int_equal(d.n, 1);
+    assert_string_equal(cand(&d, 0), "far");
+    assert_int_equal(d.out_unhealthy, 1);
+    assert_false(route_region_allows(r, &q));
+    q.model = "b";
+    assert_true(route_region_allows(r, &q));
     /* A record without model_load (an older gateway): the totals stand. */
     near.n_load = 0;
     near.updated_ms++;
