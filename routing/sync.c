@@ -365,15 +365,34 @@ static bool moved_by(double now, double then, double frac)
     return fabs(now - then) / base >= frac;
 }
 
-/* A load change that moves a latency estimate enough to reorder regions. */
+/* A load change that moves a latency estimate enough to reorder regions:
+ * the region's, or one model's (routing ranks by the model's). */
+static bool one_load_changed(int capacity, int running, int queued, double ttft_ms, double tpot_ms,
+                             int running_then, int queued_then, double ttft_then, double tpot_then)
+{
+    if ((queued > 0) != (queued_then > 0))
+        return true;
+    int step = capacity / 8 > 1 ? capacity / 8 : 1;
+    if (abs((running + queued) - (running_then + queued_then)) >= step)
+        return true;
+    return moved_by(ttft_ms, ttft_then, 0.25) || moved_by(tpot_ms, tpot_then, 0.25);
+}
+
 static bool load_changed(const route_record *now, const route_record *then)
 {
-    if ((now->queued > 0) != (then->queued > 0))
+    if (one_load_changed(now->capacity, now->running, now->queued, now->ttft_ms, now->tpot_ms, then->running,
+                         then->queued, then->ttft_ms, then->tpot_ms))
         return true;
-    int step = now->capacity / 8 > 1 ? now->capacity / 8 : 1;
-    if (abs((now->running + now->queued) - (then->running + then->queued)) >= step)
+    if (now->n_load != then->n_load)
         return true;
-    return moved_by(now->ttft_ms, then->ttft_ms, 0.25) || moved_by(now->tpot_ms, then->tpot_ms, 0.25);
+    for (int i = 0; i < now->n_load; i++) {
+        const route_model_load *a = &now->load[i], *b = &then->load[i];
+        if (a->capacity != b->capacity || /* a worker of the model gone or back, as the region's capacity */
+            one_load_changed(a->capacity, a->running, a->queued, a->ttft_ms, a->tpot_ms, b->running,
+                             b->queued, b->ttft_ms, b->tpot_ms))
+            return true;
+    }
+    return false;
 }
 
 /* The local record as published: the caller's, with a run-time price. */

@@ -368,6 +368,21 @@ static void test_two_gateways(void **state)
     route_sync_set_local(gb.sync, &gb.rec);
     WAIT_UNTIL(region(&ga, "us-east")->rec.queued == 5);
 
+    /* So does one model's, while the region's totals hold still: routing
+     * ranks by the model's. */
+    gb.rec.capacity = 65;
+    gb.rec.running = 0;
+    gb.rec.queued = 1;
+    gb.rec.n_load = 2;
+    gb.rec.load[0] = (route_model_load){64, 0, 1, 10, 1};
+    gb.rec.load[1] = (route_model_load){1, 0, 0, 10, 1};
+    route_sync_set_local(gb.sync, &gb.rec);
+    WAIT_UNTIL(region(&ga, "us-east")->rec.n_load == 2 && region(&ga, "us-east")->rec.capacity == 65);
+    gb.rec.load[0].queued = 0;
+    gb.rec.load[1].queued = 1;
+    route_sync_set_local(gb.sync, &gb.rec);
+    WAIT_UNTIL(region(&ga, "us-east")->rec.load[1].queued == 1);
+
     /* A live peer stays fresh across heartbeats. */
     run_for(400);
     assert_true(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
