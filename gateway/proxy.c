@@ -540,7 +540,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     preq *p = ud;
     /* A region's 503 (no worker ready, draining) or 502 (its worker failed
      * before answering, already retried there) is worth the next region;
-     * so is its 401/403 (it does not take our certificate or the tenant),
+     * so is its 401/403 (it does not take our certificate),
      * 404 (its record lists a model it does not serve) or 421 (nor the
      * residency): the region is wrong for the request, and counts it as a
      * failure. Its 504 is not (the request held a worker there for
@@ -550,14 +550,17 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     if ((status == 502 || status == 503 || wrong_region) && p->remote) {
         gw_upstream_cancel(p->up);
         p->up = NULL;
-        p->error_kind = "status_5xx";
+        p->error_kind = wrong_region ? "status_4xx" : "status_5xx";
         if (retry(p, true))
             return;
         if (!p->stream)
             return;
-        /* Nowhere else to go: pass the region's answer on (a new request
-         * for its body is not possible; say what happened). */
-        respond(p, status, "server_error", "upstream_failed", NULL, 1, "region %s answered %d", p->region, status);
+        /* Nowhere else to go: say what happened (a new request for its
+         * body is not possible). Its 502 or 503 passes on; its 4xx is about
+         * our request to it, not the client's to us, whom a 401 would tell
+         * its key is wrong and a 421 that it misdirected the request. */
+        respond(p, wrong_region ? 502 : status, "server_error", "upstream_failed", NULL, 1,
+                "region %s answered %d", p->region, status);
         return;
     }
     region_report(p, status < 500);

@@ -533,6 +533,12 @@ try:
     t.ok(fault.residency[-2:] == ["fk", None],
          "the residency a request needs goes with it to the region, for that region to check: %s"
          % fault.residency[-2:])
+    # With no region left to try, a region's 421 (or 401, 403, 404) is not
+    # passed on: to the client it would say the client misdirected it.
+    t.ok(fk_ok() == 200, "fk1 answers before a last-candidate 421")
+    s, _, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "421", "max_tokens": 1})
+    t.ok(s == 502 and b"upstream_failed" in b and b"answered 421" in b,
+         "a region's 421 with no region left to try is a 502 to the client (%d %r)" % (s, b[:200]))
     # A refused stream (RFC 9113 8.7: not processed) goes to the next region
     # and does not count against fk1.
     t.ok(fk_ok() == 200, "fk1 answers once more")
