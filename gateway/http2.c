@@ -332,6 +332,8 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
 static void request_headers_done(gw_http_stream *s, bool end_stream)
 {
     const gw_http_limits *lim = &s->conn->srv->limits;
+    /* Before any answer: the server's own refusals of a HEAD have no body. */
+    s->head = s->method && !strcmp(s->method, "HEAD");
     if (s->reject_status == H2_REJECT_REFUSE) {
         stream_refuse(s);
         return;
@@ -353,7 +355,6 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
     if (!s->authority)
         s->authority =
             gw_http_header_get(&(gw_http_request){.headers = s->headers, .n_headers = s->n_headers}, "host");
-    s->head = !strcmp(s->method, "HEAD");
     s->state = GW_SS_BODY;
     /* nghttp2 checked that content-length is a number and will check it
      * against the DATA that follows. A large one is grown into as the data

@@ -593,6 +593,18 @@ static void test_rejects(void **state)
     assert_true(run_until(t, cli_closed, c));
     assert_int_equal(c->status, 414);
     assert_non_null(strstr(c->body, "uri_too_long"));
+    /* The same as HEAD: the answer has no body (DATA would be a protocol
+     * error to the client). */
+    c->closed = false;
+    c->status = 0;
+    c->body_len = 0;
+    long_nv[0] = (nghttp2_nv)NV(":method", "HEAD");
+    assert_true(nghttp2_submit_request(c->ngh, NULL, long_nv, 4, NULL, NULL) > 0);
+    cli_send(c);
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->status, 414);
+    assert_int_equal(c->body_len, 0);
+    assert_int_equal(c->close_err, NGHTTP2_NO_ERROR);
 
     /* Reset during the upload: the application never hears of it. */
     nghttp2_nv post_nv[] = {NV(":method", "POST"), NV(":scheme", "http"), NV(":authority", "x"),
