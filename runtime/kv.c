@@ -183,6 +183,11 @@ int rt_seq_blocks_needed(const rt_seq *s, int n)
     return need > s->n_blocks ? need - s->n_blocks : 0;
 }
 
+int rt_seq_blocks(const rt_seq *s)
+{
+    return s->n_blocks;
+}
+
 int rt_seq_grow(rt_seq *s, int n)
 {
     if (n < 0 || s->len + n > s->max_tokens)

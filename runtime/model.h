@@ -108,6 +108,8 @@ void rt_seq_free(rt_seq *s);
 int rt_seq_len(const rt_seq *s);
 /* Blocks needed to grow by n more positions. */
 int rt_seq_blocks_needed(const rt_seq *s, int n);
+/* Blocks the sequence holds. */
+int rt_seq_blocks(const rt_seq *s);
 
 /* One entry of a batch: n_tokens new tokens of seq, at positions
  * rt_seq_len(seq) onwards. When logits is not NULL it receives n_vocab

@@ -422,6 +422,23 @@ static int youngest_batch(const rt_sched *s, double now)
     return -1;
 }
 
+/* Whether preempting every running batch request that youngest_batch may
+ * pick would make room for a request of `blocks`: if not, none is
+ * preempted, as their work would be lost and the request wait all the same. */
+static bool preemption_makes_room(const rt_sched *s, double now, int blocks, int promised)
+{
+    int n = s->n_running, free_blocks = rt_kv_blocks_free(s->kv);
+    for (int i = 0; i < s->n_running; i++) {
+        const sreq *r = s->running[i];
+        if (r->prio != RT_PRIO_BATCH || aged(s, r, now))
+            continue;
+        n--;
+        free_blocks += rt_seq_blocks(r->seq);
+        promised -= rt_seq_blocks_needed(r->seq, r->n_tokens - r->n_done);
+    }
+    return n < s->o.max_seqs && (n == 0 || blocks + promised + n <= free_blocks);
+}
+
 static int promised_blocks(const rt_sched *s)
 {
     int promised = 0;
@@ -456,7 +473,7 @@ static void admit(rt_sched *s)
         if (s->n_running >= s->o.max_seqs ||
             (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)) {
             int v = r->prio == RT_PRIO_INTERACTIVE ? youngest_batch(s, now) : -1;
-            if (v < 0)
+            if (v < 0 || !preemption_makes_room(s, now, blocks, promised))
                 break;
             preempt_at(s, v);
             promised = promised_blocks(s);

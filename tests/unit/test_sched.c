@@ -349,6 +349,27 @@ static void test_interactive_preempts_batch(void **state)
     rt_sched_free(s);
 }
 
+/* An interactive request that would not fit even with every batch request
+ * preempted preempts none: their work would be lost for nothing. It waits
+ * for the interactive one ahead of it, and the batch one runs on. */
+static void test_no_preemption_for_nothing(void **state)
+{
+    rt_sched *s = sched_new(4, 4, 8);
+    assert_int_equal(submit(s, 1, 90, 2, RT_PRIO_INTERACTIVE), 0); /* 6 of the 8 blocks */
+    assert_int_equal(submit(s, GATE, 4, 20, RT_PRIO_BATCH), 0);
+    assert_true(wait_seen(true, 0));
+    assert_int_equal(submit(s, 2, 60, 2, RT_PRIO_INTERACTIVE), 0); /* 4 blocks: only once 1 is done */
+    open_gate();
+    assert_true(wait_seen(false, 3));
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(seen.reason[i], "length");
+    assert_int_equal(seen.order[0], 1);
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.preemptions, 0);
+    rt_sched_free(s);
+}
+
 /* Sampling parameters are checked at submission (the sampler itself is
  * made at admission): a bias on a token past the vocabulary is -EINVAL
  * there, and no event comes. */
@@ -375,6 +396,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queue_per_priority),
         cmocka_unit_test(test_interactive_preempts_batch),
+        cmocka_unit_test(test_no_preemption_for_nothing),
         cmocka_unit_test(test_free_slots_counted_once),
         cmocka_unit_test(test_batch_aging),
         cmocka_unit_test(test_admission_counts_promised_blocks),
