@@ -1082,17 +1082,30 @@ static void on_setup_reply(redisAsyncContext *ac, void *r, void *privdata)
         conn_became_ready(c);
 }
 
-/* SCRIPT LOAD refused for good (an ACL user without scripting, the
- * command renamed away): rate limits fall back to the local buckets (no
- * script hash); records need no script. Any other error (LOADING, BUSY,
- * NOAUTH, the client limit) is the connection's: it is dropped and set up
- * again, or fleet-wide limits would stay off until some later reconnect. */
+/* Errors that pass: the server is loading, busy, failing over, or out of
+ * memory or connections for now. */
+static bool transient_error(const char *e)
+{
+    static const char *const kinds[] = {"LOADING",  "BUSY",        "NOAUTH", "MASTERDOWN",
+                                        "TRYAGAIN", "CLUSTERDOWN", "OOM",    "ERR max number of clients"};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+        if (!strncmp(e, kinds[i], strlen(kinds[i])))
+            return true;
+    return false;
+}
+
+/* A transient error to SCRIPT LOAD is the connection's: it is dropped and
+ * set up again, or fleet-wide limits would stay off until some later
+ * reconnect. Any other (NOPERM for an ACL user without scripting, the
+ * command renamed away, a Redis-speaking server without scripts) refuses
+ * it for good: rate limits fall back to the local buckets (no script
+ * hash), and records, which need no script, go on. Retried, such a server
+ * would have had us reconnect for ever and share no records either. */
 static void on_script_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
     sync_conn *c = privdata;
     redisReply *reply = r;
-    if (ac == c->ac && reply && reply->type == REDIS_REPLY_ERROR &&
-        (!strncmp(reply->str, "NOPERM", 6) || !strncmp(reply->str, "ERR unknown command", 19))) {
+    if (ac == c->ac && reply && reply->type == REDIS_REPLY_ERROR && !transient_error(reply->str)) {
         set_err(c->s, "Redis at %s refused SCRIPT LOAD (%s): rate limits are per gateway", c->s->addr,
                 reply->str);
         if (--c->setup_left == 0)

@@ -299,7 +299,8 @@ static int teardown(void **state)
     gw_stop(&gb);
     if (redis_pid) {
         kill(redis_pid, SIGCONT);
-        freeReplyObject(rc_command("REPLICAOF NO ONE")); /* after test_redis_refuses_writes */
+        freeReplyObject(rc_command("REPLICAOF NO ONE"));          /* after test_redis_refuses_writes */
+        freeReplyObject(rc_command("ACL SETUSER default +@all")); /* after test_script_refused */
     }
     run_for(1);
     return 0;
@@ -680,6 +681,25 @@ static void test_redis_stopped(void **state)
  * READONLY): the table's clock stops as for a lost one, so peers' records,
  * which no one can refresh, stay candidates; trusted again once writes go
  * through and a full read has. */
+/* A Redis that refuses scripting (here an ACL user without it) shares
+ * records all the same; rate limits are left to each gateway's local
+ * bucket, and the last error says why. */
+static void test_script_refused(void **state)
+{
+    redisReply *r = rc_command("ACL SETUSER default -@scripting");
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    assert_true(ok);
+    route_sync_opts o;
+    test_opts(&o);
+    start_pair(&o); /* records both ways */
+    assert_non_null(strstr(route_sync_last_error(ga.sync), "refused SCRIPT LOAD (NOPERM"));
+    assert_int_equal(route_sync_limit(ga.sync, "tenant-s", 100, 10, 1, on_limit, NULL), -ENOTCONN);
+    run_for(300); /* not dropped and set up again: still connected, the error unchanged */
+    assert_true(route_sync_connected(ga.sync));
+    assert_non_null(strstr(route_sync_last_error(ga.sync), "refused SCRIPT LOAD (NOPERM"));
+}
+
 static void test_redis_refuses_writes(void **state)
 {
     route_sync_opts o;
@@ -879,6 +899,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gcra, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gcra_debt_and_refund, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_stopped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_script_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_redis_refuses_writes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconnect_backoff, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shared_region_name, setup, teardown),
