@@ -239,11 +239,11 @@ static void h1_shut(gw_http_conn *c)
         c->broken = true;
 }
 
-/* A response cut short ends in a reset, not a FIN: an HTTP/1.0 body is
- * delimited by the close, so a FIN would make the cut body look whole (and
- * a proxy in front, nginx's HTTP/1.0 upstreams, pass it on as such). */
-static void close_with_reset(gw_http_conn *c)
+void gw_h1_closing(gw_http_conn *c)
 {
+    gw_http_stream *s = c->h1.cur;
+    if (!s || !s->resp_started || (s->resp_ended && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0))
+        return;
     evutil_socket_t fd = bufferevent_getfd(c->bev);
     const struct linger lg = {.l_onoff = 1, .l_linger = 0};
     if (fd >= 0)
@@ -259,8 +259,6 @@ static void h1_run(gw_http_conn *c)
     size_t half = c->srv->limits.max_stream_buffer / 2;
     for (;;) {
         if (c->broken || h->abort) {
-            if (h->cur && h->cur->resp_started && !h->cur->resp_ended)
-                close_with_reset(c);
             gw_conn_free(c);
             return;
         }

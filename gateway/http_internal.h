@@ -279,6 +279,12 @@ int gw_h1_write(gw_http_stream *s, const void *data, size_t len);
 int gw_h1_end(gw_http_stream *s);
 void gw_h1_reset(gw_http_stream *s);
 size_t gw_h1_pending(const gw_http_stream *s);
+/* The connection is about to be freed, whatever the cause (reset, error,
+ * write timeout, server shutdown): a response started and not all sent
+ * ends in a TCP reset, not a FIN. An HTTP/1.0 body is delimited by the
+ * close, so a FIN would make a cut body look whole (and a proxy in front,
+ * nginx's HTTP/1.0 upstreams, pass it on as such). */
+void gw_h1_closing(gw_http_conn *c);
 
 /* ---- http1_parse.c: the HTTP/1.x request parser ---- */
 

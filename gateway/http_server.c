@@ -262,6 +262,8 @@ void gw_conn_free(gw_http_conn *c)
 {
     gw_http_server *srv = c->srv;
     c->dead = true;
+    if (c->proto == GW_PROTO_H1)
+        gw_h1_closing(c);
     /* nghttp2_session_del runs no callbacks: close our streams ourselves. */
     if (c->ngh)
         nghttp2_session_del(c->ngh);

@@ -608,6 +608,30 @@ static void test_http10_cut_is_reset(void **state)
     close(fd);
 }
 
+/* The same when the cut comes from the write timeout: a client that
+ * stopped reading a close-delimited body gets a reset, not a FIN. */
+static void test_http10_stalled_is_reset(void **state)
+{
+    tsrv *t = *state;
+    int fd = raw_connect(t, 4096);
+    static const char req[] = "GET /paced HTTP/1.0\r\n\r\n";
+    raw_send(fd, req, sizeof(req) - 1);
+    int one = 1;
+    assert_true(run_until(t, closes_reach, &one)); /* idle_timeout_ms 300 on the stalled writes */
+    assert_int_equal(t->n_unfinished, 1);
+    assert_null(t->srv->conns);
+    struct timeval tv = {5, 0};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    char buf[16384];
+    ssize_t r;
+    int reads = 0;
+    while ((r = recv(fd, buf, sizeof(buf), 0)) > 0 && reads++ < 100000)
+        ;
+    assert_int_equal(r, -1);
+    assert_int_equal(errno, ECONNRESET);
+    close(fd);
+}
+
 static bool conns_reach(tsrv *t, void *arg)
 {
     return t->srv->n_conns >= *(size_t *)arg;
@@ -710,6 +734,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_pipelined, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_timeouts, setup_timeouts, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_http10_stalled_is_reset, setup_timeouts, harness_teardown),
         cmocka_unit_test_setup_teardown(test_slow_reader, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_max_connections, setup_two_conns, harness_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone, setup, harness_teardown),
