@@ -49,6 +49,7 @@ typedef struct preq {
     int cand;                    /* candidates taken: the one being tried is route.cand[cand - 1] */
     bool probe;                  /* the request is the probe of the region it is sent to */
     route_region *remote;        /* the remote region being tried; NULL when local */
+    uint64_t remote_id;          /* its id then: the table may have dropped it since (route_region_is) */
     /* What every candidate must have, kept for failover: a record may
      * change between the decision and a later candidate, and a reload may
      * drop the tenant whose residency it was. need[] points into need_buf;
@@ -489,9 +490,16 @@ static bool try_next(preq *p);
 
 /* The remote region being tried answered the request, or failed it: its
  * failures are what ejects it; a probe's outcome decides its ejection. */
+/* The region tried, if the table still holds it (a stream may outlive a
+ * region pruned for silence, and its slot go to another). */
+static route_region *remote_region(const preq *p)
+{
+    return p->remote && route_region_is(p->remote, p->remote_id) ? p->remote : NULL;
+}
+
 static void region_report(preq *p, bool ok)
 {
-    if (p->remote)
+    if (remote_region(p))
         (p->probe ? route_region_report_probe : route_region_report)(p->g->table, p->remote, ok,
                                                                      route_clock_ms());
 }
@@ -512,7 +520,7 @@ static bool retry(preq *p, bool region_at_fault)
     gw_serve *g = p->g;
     if (region_at_fault)
         region_failed(p);
-    else if (p->remote && p->probe) /* refused unprocessed: the probe is the next request's */
+    else if (remote_region(p) && p->probe) /* refused unprocessed: the probe is the next request's */
         route_region_release_probe(p->remote);
     p->probe = false;
     if (!p->stream || g->retry_tokens < 1)
@@ -895,9 +903,10 @@ static bool try_next(preq *p)
          * record replaced by one that no longer qualifies (tags, model,
          * price) */
         route_region *r = p->route.cand[p->cand];
+        uint64_t id = p->route.cand_id[p->cand];
         bool probe = p->cand == 0 && p->route.probe;
-        if (p->cand++ > 0 &&
-            (!route_region_allows(r, &q) || (!r->local && !route_region_claim(r, route_clock_ms(), &probe))))
+        if (p->cand++ > 0 && (!route_region_is(r, id) || !route_region_allows(r, &q) ||
+                              (!r->local && !route_region_claim(r, route_clock_ms(), &probe))))
             continue;
         p->probe = probe;
         if (r->local) {
@@ -913,6 +922,7 @@ static bool try_next(preq *p)
                 continue;
             }
             p->remote = r;
+            p->remote_id = id;
             p->worker = -1;
         }
         snprintf(p->region, sizeof(p->region), "%s", r->rec.name);

@@ -125,8 +125,9 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     else
         route_table_set_shared_ok(g->table, true, now);
     /* A region silent this long is gone (or never was: a stray key): no
-     * longer dialled, listed or counted against the table's size. Long
-     * past any candidate's life, so no request still holds it. */
+     * longer dialled, listed or counted against the table's size. A
+     * request that still holds it (a long stream) checks route_region_is
+     * before it reports on it. */
     int64_t stale = g->cfg->routing.stale_after_ms;
     route_table_prune(g->table, stale * 20 > FORGET_MIN_MS ? stale * 20 : FORGET_MIN_MS, now);
     for (int i = 0; i < route_table_count(g->table); i++) {

@@ -568,6 +568,7 @@ int route_table_upsert(route_table *t, const route_record *r, bool local, int64_
     memset(s, 0, sizeof(*s));
     s->in_use = true;
     s->table = t;
+    s->r.id = ++t->last_id;
     s->r.rec = *r;
     s->r.local = local;
     s->r.seen_ms = now_ms;
@@ -575,6 +576,11 @@ int route_table_upsert(route_table *t, const route_record *r, bool local, int64_
     slot_index_record(s);
     t->order[t->n++] = si;
     return 0;
+}
+
+bool route_region_is(const route_region *r, uint64_t id)
+{
+    return ((const route_slot *)r)->in_use && r->id == id;
 }
 
 void route_table_remove(route_table *t, const char *name)

@@ -101,6 +101,7 @@ const char *route_endpoint_check(const char *endpoint);
 
 typedef struct route_region {
     route_record rec;
+    uint64_t id;     /* new for each region the table takes in: see route_region_is */
     bool local;      /* this gateway's own region */
     int64_t seen_ms; /* when this gateway last received the record (route_clock_ms) */
     /* RTT from here, from HTTP/2 PINGs (local region: 0). */
@@ -151,6 +152,10 @@ route_region *route_table_find(route_table *t, const char *name);
  * than keep a pointer across a remove. */
 int route_table_upsert(route_table *t, const route_record *r, bool local, int64_t now_ms);
 void route_table_remove(route_table *t, const char *name);
+/* Whether r is still the region whose id a caller kept (a decision's
+ * cand_id): a request outlives a decision, and its region may have been
+ * removed since and its slot given to another. */
+bool route_region_is(const route_region *r, uint64_t id);
 /* Removes the peers not heard from for longer than forget_ms (a region
  * taken down, a stray key under the prefix), so that they are neither
  * dialled nor listed for ever, nor fill the table. Nothing is removed while

@@ -33,6 +33,7 @@ struct route_table {
     bool shared_ok;         /* the shared store (Redis) is reachable: stale records leave the candidates */
     int64_t shared_lost_ms; /* when it went away: records stale then stay out */
     int64_t recovery_grace_ms; /* route_table_set_recovery_grace */
+    uint64_t last_id;          /* the last route_region.id given */
 };
 
 static inline route_slot *route__slot(route_region *r)

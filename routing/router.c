@@ -293,6 +293,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
             d->probe = true;
         }
         d->cand[d->n] = r;
+        d->cand_id[d->n] = r->id;
         d->expected_ms[d->n] = top[i].ms;
         d->n++;
     }

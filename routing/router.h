@@ -64,6 +64,7 @@ typedef struct route_query {
 typedef struct route_decision {
     int n; /* candidates in order */
     route_region *cand[ROUTE_MAX_CANDIDATES];
+    uint64_t cand_id[ROUTE_MAX_CANDIDATES]; /* for route_region_is, once the decision is old */
     double expected_ms[ROUTE_MAX_CANDIDATES];
     /* For x-infergate-route and the log, about cand[0]: "latency 12.3 ms (rtt 5.1 + queue 7.2)",
      * "cost 0.40/M, 38.0 ms within slo 50", "cost: none within slo 50, latency ...", " probe"

@@ -998,6 +998,10 @@ static void test_prune(void **state)
     assert_int_equal(route_table_upsert(t, &here, true, 1000), 0);
     add(t, &gone, 5, 1000);
     add(t, &live, 5, 1000);
+    /* a decision a long request keeps */
+    route_decision d;
+    route_query q = query("m", 1000);
+    assert_int_equal(route_decide(t, &q, &d), 3);
     live.updated_ms++;
     assert_int_equal(route_table_upsert(t, &live, false, 50000), 0);
     route_table_set_shared_ok(t, false, 60000);
@@ -1009,9 +1013,33 @@ static void test_prune(void **state)
     assert_non_null(route_table_find(t, "live"));
     assert_non_null(route_table_find(t, "here"));
     assert_int_equal(route_table_count(t), 2);
-    /* its slot serves a new region */
+    /* Its slot serves a new region, after every other free slot: filled
+     * up, the table gives it out. The old decision's candidate there is no
+     * longer the region it was, nor is one back under the same name. */
+    for (int i = 0; i < 13; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "filler-%d", i);
+        route_record f = mk(name, "m", "eu", 1, 10);
+        add(t, &f, 5, 62000);
+    }
+    route_record other = mk("other", "m", "eu", 1, 10);
+    add(t, &other, 5, 62000);
+    assert_int_equal(route_table_count(t), 16);
+    int gone_at = -1;
+    for (int i = 0; i < d.n; i++) {
+        bool is = route_region_is(d.cand[i], d.cand_id[i]);
+        if (!strcmp(d.cand[i]->rec.name, "other")) {
+            gone_at = i;
+            assert_false(is);
+        } else {
+            assert_true(is);
+        }
+    }
+    assert_true(gone_at >= 0);
+    route_table_remove(t, "other");
     add(t, &gone, 5, 62000);
     assert_non_null(route_table_find(t, "gone"));
+    assert_false(route_region_is(route_table_find(t, "gone"), d.cand_id[gone_at]));
     route_table_free(t);
 }
 
