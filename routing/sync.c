@@ -75,48 +75,49 @@
 #define SYNC_ADDR_MAX 220
 
 /* GCRA on the server's clock (TIME), so gateways with skewed clocks share
- * one schedule. The key's value is the TAT (theoretical arrival time) in
- * ms and the server time it was written at: when that clock has stepped
- * back since, the TAT moves back with it (else every check would be
- * refused for as long as the step, a tenant locked out by a clock fix).
- * KEYS[1]; ARGV: rate per second, burst, cost. Returns {1, 0} allowed or
+ * one schedule. KEYS[1] holds the TAT (theoretical arrival time) in ms,
+ * a plain number as gateways before this one read and write it (a rolling
+ * upgrade shares buckets with them); KEYS[2] the server time it was
+ * written at: when that clock has stepped back since, the TAT moves back
+ * with it (else every check would be refused for as long as the step, a
+ * tenant locked out by a clock fix). An older gateway's write leaves
+ * KEYS[2] behind it, so the step goes unseen then, as it did before.
+ * Both keys are passed in KEYS, as a script must name what it touches.
+ * ARGV: rate per second, burst, cost, force. Returns {1, 0} allowed or
  * {0, retry_after_ms}. A cost above the whole burst is admitted once the
  * bucket is full (TAT not ahead of now), leaving it in debt, as the local
  * bucket does; refused, it waits until the bucket is full. A negative
  * cost is a refund: TAT moves back by it, never before now. replicate_commands
  * lets Redis < 5 write after TIME. */
-static const char gcra_lua[] = "if redis.replicate_commands then pcall(redis.replicate_commands) end\n"
-                               "local rate = tonumber(ARGV[1])\n"
-                               "local burst = tonumber(ARGV[2])\n"
-                               "local cost = tonumber(ARGV[3])\n"
-                               "local force = ARGV[4] == '1'\n"
-                               "local t = redis.call('TIME')\n"
-                               "local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000\n"
-                               "local interval = 1000 / rate\n"
-                               "local increment = interval * cost\n"
-                               "local tolerance = interval * burst\n"
-                               "local v = redis.call('GET', KEYS[1])\n"
-                               "local tat, last\n"
-                               "if v then\n"
-                               "  local a, b = string.match(v, '^(%S+) (%S+)$')\n"
-                               "  tat = tonumber(a or v)\n"
-                               "  last = tonumber(b)\n"
-                               "end\n"
-                               "if tat and last and now < last then tat = tat - (last - now) end\n"
-                               "if not tat or tat < now then tat = now end\n"
-                               "local new_tat = tat + increment\n"
-                               "if cost < 0 then\n"
-                               "  if new_tat <= now then redis.call('DEL', KEYS[1]) return {1, 0} end\n"
-                               "elseif force then\n"
-                               "elseif cost > burst then\n"
-                               "  if tat > now then return {0, math.ceil(tat - now)} end\n"
-                               "else\n"
-                               "  local diff = now - (new_tat - tolerance)\n"
-                               "  if diff < 0 then return {0, math.ceil(-diff)} end\n"
-                               "end\n"
-                               "redis.call('SET', KEYS[1], string.format('%.3f %.3f', new_tat, now), 'PX', "
-                               "math.ceil(new_tat - now) + 1)\n"
-                               "return {1, 0}\n";
+static const char gcra_lua[] =
+    "if redis.replicate_commands then pcall(redis.replicate_commands) end\n"
+    "local rate = tonumber(ARGV[1])\n"
+    "local burst = tonumber(ARGV[2])\n"
+    "local cost = tonumber(ARGV[3])\n"
+    "local force = ARGV[4] == '1'\n"
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000\n"
+    "local interval = 1000 / rate\n"
+    "local increment = interval * cost\n"
+    "local tolerance = interval * burst\n"
+    "local tat = tonumber(redis.call('GET', KEYS[1]))\n"
+    "local last = tonumber(redis.call('GET', KEYS[2]))\n"
+    "if tat and last and now < last then tat = tat - (last - now) end\n"
+    "if not tat or tat < now then tat = now end\n"
+    "local new_tat = tat + increment\n"
+    "if cost < 0 then\n"
+    "  if new_tat <= now then redis.call('DEL', KEYS[1], KEYS[2]) return {1, 0} end\n"
+    "elseif force then\n"
+    "elseif cost > burst then\n"
+    "  if tat > now then return {0, math.ceil(tat - now)} end\n"
+    "else\n"
+    "  local diff = now - (new_tat - tolerance)\n"
+    "  if diff < 0 then return {0, math.ceil(-diff)} end\n"
+    "end\n"
+    "local ttl = math.ceil(new_tat - now) + 1\n"
+    "redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', ttl)\n"
+    "redis.call('SET', KEYS[2], string.format('%.3f', now), 'PX', ttl)\n"
+    "return {1, 0}\n";
 
 enum conn_kind { CONN_CMD, CONN_SUB };
 
@@ -150,6 +151,7 @@ typedef struct sync_req {
     void *ud;
     bool retried;
     char key[SYNC_PREFIX_MAX + SYNC_LIMIT_KEY_MAX + 1];
+    char key_last[SYNC_PREFIX_MAX + SYNC_LIMIT_KEY_MAX + 1]; /* the server time key[] was written */
     char args[4][32]; /* rate, burst, cost, force */
 } sync_req;
 
@@ -166,6 +168,7 @@ struct route_sync {
     char prefix_region[SYNC_PREFIX_MAX]; /* "infergate:<cluster>:region:" */
     char prefix_price[SYNC_PREFIX_MAX];
     char prefix_limit[SYNC_PREFIX_MAX];
+    char prefix_limit_at[SYNC_PREFIX_MAX]; /* when a limit key was written (gcra_lua) */
     char channel[SYNC_PREFIX_MAX];
     char scan_match[SYNC_PREFIX_MAX];
 
@@ -839,11 +842,13 @@ static int send_limit(sync_req *q)
 {
     route_sync *s = q->s;
     if (q->retried) {
-        const char *argv[] = {"EVAL", gcra_lua, "1", q->key, q->args[0], q->args[1], q->args[2], q->args[3]};
-        return req_send(q, 8, argv, NULL);
+        const char *argv[] = {"EVAL",     gcra_lua,   "2",        q->key,    q->key_last,
+                              q->args[0], q->args[1], q->args[2], q->args[3]};
+        return req_send(q, 9, argv, NULL);
     }
-    const char *argv[] = {"EVALSHA", s->sha, "1", q->key, q->args[0], q->args[1], q->args[2], q->args[3]};
-    return req_send(q, 8, argv, NULL);
+    const char *argv[] = {"EVALSHA",  s->sha,     "2",        q->key,    q->key_last,
+                          q->args[0], q->args[1], q->args[2], q->args[3]};
+    return req_send(q, 9, argv, NULL);
 }
 
 /* A check (cost > 0, cb), a charge taken without asking (cost > 0, no cb)
@@ -862,6 +867,7 @@ static int limit_req(route_sync *s, const char *key, double rate, double burst, 
     q->cb = cb;
     q->ud = ud;
     snprintf(q->key, sizeof(q->key), "%s%s", s->prefix_limit, key);
+    snprintf(q->key_last, sizeof(q->key_last), "%s%s", s->prefix_limit_at, key);
     snprintf(q->args[0], sizeof(q->args[0]), "%.17g", rate);
     snprintf(q->args[1], sizeof(q->args[1]), "%.17g", burst);
     snprintf(q->args[2], sizeof(q->args[2]), "%.17g", cost);
@@ -1296,6 +1302,7 @@ route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, ro
     snprintf(s->prefix_region, sizeof(s->prefix_region), "infergate:%s:region:", s->cluster);
     snprintf(s->prefix_price, sizeof(s->prefix_price), "infergate:%s:price:", s->cluster);
     snprintf(s->prefix_limit, sizeof(s->prefix_limit), "infergate:%s:limit:", s->cluster);
+    snprintf(s->prefix_limit_at, sizeof(s->prefix_limit_at), "infergate:%s:limit-at:", s->cluster);
     snprintf(s->channel, sizeof(s->channel), "infergate:%s:events", s->cluster);
     snprintf(s->scan_match, sizeof(s->scan_match), "infergate:%s:region:*", s->cluster);
     s->rng = (unsigned)getpid() ^ (unsigned)epoch_ms() ^ (unsigned)(uintptr_t)s;

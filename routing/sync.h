@@ -68,7 +68,8 @@ const char *route_sync_last_error(const route_sync *s);
 
 /* Fleet-wide rate limit, one atomic GCRA script per check (EVALSHA, loaded
  * on connect): `cost` units against a limit of `rate` per second with a
- * burst of `burst`, under key infergate:<cluster>:limit:<key>. The callback
+ * burst of `burst`, under key infergate:<cluster>:limit:<key> (and
+ * infergate:<cluster>:limit-at:<key>, when it was written). The callback
  * gets 0 (allowed), -EAGAIN with retry_after_ms (limited), or -ENOTCONN
  * when Redis is away or missed its deadline — then the caller uses its
  * local bucket. Returns 0, or -ENOTCONN at once (no callback) when not

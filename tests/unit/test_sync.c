@@ -622,11 +622,23 @@ static void test_gcra_debt_and_refund(void **state)
     assert_true(tm && tm->type == REDIS_REPLY_ARRAY && tm->elements == 2);
     double now = atof(tm->element[0]->str) * 1000 + atof(tm->element[1]->str) / 1000;
     freeReplyObject(tm);
-    char val[64];
-    snprintf(val, sizeof(val), "%.3f %.3f", now + 60000 + 1000000 + 50000, now + 60000);
+    char val[64], at[64];
+    snprintf(val, sizeof(val), "%.3f", now + 60000 + 1000000 + 50000);
+    snprintf(at, sizeof(at), "%.3f", now + 60000);
     freeReplyObject(rc_command("SET %s %s PX 600000", "infergate:" CLUSTER ":limit:stepped", val));
+    freeReplyObject(rc_command("SET %s %s PX 600000", "infergate:" CLUSTER ":limit-at:stepped", at));
     assert_int_equal(limit_one("stepped", 1), -EAGAIN);
     assert_in_range(last_retry_ms, 59000, 61000); /* was 120 s */
+
+    /* The TAT stays a plain number, as gateways before the step handling
+     * read it: a rolling upgrade shares the buckets. */
+    assert_int_equal(limit_one("plain", 1), 0);
+    redisReply *v = rc_command("GET %s", "infergate:" CLUSTER ":limit:plain");
+    assert_true(v && v->type == REDIS_REPLY_STRING);
+    char *end;
+    strtod(v->str, &end);
+    assert_true(end != v->str && *end == '\0');
+    freeReplyObject(v);
 }
 
 static void test_redis_stopped(void **state)
