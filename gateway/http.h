@@ -202,7 +202,9 @@ int gw_http_begin(gw_http_stream *s, int status, const gw_http_header *headers, 
  * (content-length; to an HTTP/1.x client neither chunked nor closed to
  * delimit it, so an HTTP/1.0 client keeps the connection and can tell a cut
  * body from a whole one). Writes past it are -EINVAL; gw_http_end before
- * all of it is -EPIPE, and the caller then resets the stream. */
+ * all of it is -EPIPE, and the caller then resets the stream. A response
+ * without a body (to HEAD; 204, 304) says the length and drops what is
+ * written, as gw_http_begin's does; its end is never short. */
 int gw_http_begin_length(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
                          uint64_t length);
 int gw_http_write(gw_http_stream *s, const void *data, size_t len);

@@ -106,8 +106,6 @@ static uint8_t hpack_flags(const char *name, size_t len)
     return len == 12 && !memcmp(name, "x-request-id", 12) ? NGHTTP2_NV_FLAG_NO_INDEX : NGHTTP2_NV_FLAG_NONE;
 }
 
-/* Submits response headers, with `body` queued when given. With `whole`,
- * the response ends after the body. 0, -EINVAL or -ENOMEM. */
 /* Framing and the date are the server's: the application's are not sent. */
 static bool server_header(const char *name, size_t len)
 {
@@ -115,6 +113,9 @@ static bool server_header(const char *name, size_t len)
            (len == 17 && !strcasecmp(name, "transfer-encoding"));
 }
 
+/* Submits response headers, with `body` queued when given. With `whole`,
+ * the response ends after the body; else `length`, when >= 0, is the
+ * body's length said in advance. 0, -EINVAL or -ENOMEM. */
 static int stream_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
                          const void *body, size_t body_len, bool whole, int64_t length)
 {
@@ -285,8 +286,16 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
         /* Over its own limit, sending it again would not help: not refused
          * but answered, 414 when :path alone is over the limit. */
         s->reject_status = name_is(name, namelen, ":path") && namelen + valuelen + 32 > limit ? 414 : 431;
-    if (s->reject_status || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+    if (frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0; /* trailers are counted, not kept */
+    if (s->reject_status) {
+        /* Refused, only :method is still kept (pseudo-headers come in any
+         * order): the refusal of a HEAD has no body. */
+        if (!s->method && name_is(name, namelen, ":method") &&
+            !(s->method = gw_arena_strndup(&s->arena, value, valuelen)))
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        return 0;
+    }
     if (namelen && name[0] == ':') {
         const char **slot = name_is(name, namelen, ":method")      ? &s->method
                             : name_is(name, namelen, ":path")      ? &s->path

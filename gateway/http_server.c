@@ -617,7 +617,7 @@ int gw_http_write(gw_http_stream *s, const void *data, size_t len)
         return rc;
     if (!s->resp_started || s->resp_ended || (len && !data))
         return -EINVAL;
-    if (s->sized && len > s->resp_left)
+    if (s->sized && !s->bodiless && len > s->resp_left)
         return -EINVAL; /* past the length said */
     size_t max = s->conn->srv->limits.max_stream_buffer, pending = gw_http_pending(s);
     if (pending > max || len > max - pending)
@@ -625,7 +625,7 @@ int gw_http_write(gw_http_stream *s, const void *data, size_t len)
     if (len == 0)
         return 0;
     rc = s->conn->proto == GW_PROTO_H1 ? gw_h1_write(s, data, len) : gw_h2_write(s, data, len);
-    if (!rc && s->sized)
+    if (!rc && s->sized && !s->bodiless)
         s->resp_left -= len;
     if (!rc && gw_http_pending(s) > max / 2)
         s->above_half = true;
@@ -639,7 +639,7 @@ int gw_http_end(gw_http_stream *s)
         return rc;
     if (!s->resp_started || s->resp_ended)
         return -EINVAL;
-    if (s->sized && s->resp_left)
+    if (s->sized && !s->bodiless && s->resp_left)
         return -EPIPE; /* short of the length said: only a reset tells the client */
     return s->conn->proto == GW_PROTO_H1 ? gw_h1_end(s) : gw_h2_end(s);
 }

@@ -488,8 +488,6 @@ static void respond_plain(preq *p, int status, const char *ctype, const char *bo
 static void send_upstream(preq *p);
 static bool try_next(preq *p);
 
-/* The remote region being tried answered the request, or failed it: its
- * failures are what ejects it; a probe's outcome decides its ejection. */
 /* The region tried, if the table still holds it (a stream may outlive a
  * region pruned for silence, and its slot go to another). */
 static route_region *remote_region(const preq *p)
@@ -497,6 +495,8 @@ static route_region *remote_region(const preq *p)
     return p->remote && route_region_is(p->remote, p->remote_id) ? p->remote : NULL;
 }
 
+/* The remote region being tried answered the request, or failed it: its
+ * failures are what ejects it; a probe's outcome decides its ejection. */
 static void region_report(preq *p, bool ok)
 {
     if (remote_region(p))

@@ -254,6 +254,15 @@ static void test_sized_stream(void **state)
     assert_true(run_until(t, closes_reach, &three));
     assert_int_equal(t->n_finished, 2);
     assert_int_equal(t->n_unfinished, 1);
+    /* HEAD, on a connection the client keeps: the length said, the pieces
+     * dropped, the end whole (the harness checks gw_http_end gives 0). */
+    int fd = raw_connect(t, 0);
+    static const char head_req[] = "HEAD /sized HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(fd, head_req, sizeof(head_req) - 1);
+    int four = 4;
+    assert_true(run_until(t, closes_reach, &four));
+    assert_int_equal(t->n_finished, 3);
+    close(fd);
 }
 
 /* HTTP/1.0: no chunked coding; a stream ends with the connection. */

@@ -689,10 +689,6 @@ static void test_redis_stopped(void **state)
     WAIT_UNTIL(n_answers == 1);
 }
 
-/* A Redis that answers but refuses writes (a replica after a failover:
- * READONLY): the table's clock stops as for a lost one, so peers' records,
- * which no one can refresh, stay candidates; trusted again once writes go
- * through and a full read has. */
 /* A Redis that refuses scripting (here an ACL user without it) shares
  * records all the same; rate limits are left to each gateway's local
  * bucket, and the last error says why. */
@@ -712,6 +708,10 @@ static void test_script_refused(void **state)
     assert_non_null(strstr(route_sync_last_error(ga.sync), "refused SCRIPT LOAD (NOPERM"));
 }
 
+/* A Redis that answers but refuses writes (a replica after a failover:
+ * READONLY): the table's clock stops as for a lost one, so peers' records,
+ * which no one can refresh, stay candidates; trusted again once writes go
+ * through and a full read has. */
 static void test_redis_refuses_writes(void **state)
 {
     route_sync_opts o;
