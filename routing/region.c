@@ -80,10 +80,13 @@ static void join(char *out, size_t n, const char *items, size_t stride, int coun
     }
 }
 
-static void join_load(char *out, size_t n, const route_model_load *load, int count)
+static void join_load(char *out, size_t n, const route_model_load *load, int count, int64_t stamp)
 {
-    size_t at = 0;
     out[0] = '\0';
+    if (!count)
+        return;
+    int w0 = snprintf(out, n, "%lld;", (long long)stamp);
+    size_t at = w0 > 0 ? (size_t)w0 : 0;
     for (int i = 0; i < count; i++) {
         char ttft[32], tpot[32];
         fmt_num(ttft, sizeof(ttft), load[i].ttft_ms);
@@ -113,7 +116,7 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
     snprintf(out[F_QUEUED].value, FIELD_VALUE_MAX, "%d", r->queued);
     fmt_num(out[F_TTFT].value, FIELD_VALUE_MAX, r->ttft_ms);
     fmt_num(out[F_TPOT].value, FIELD_VALUE_MAX, r->tpot_ms);
-    join_load(out[F_MODEL_LOAD].value, FIELD_VALUE_MAX, r->load, r->n_load);
+    join_load(out[F_MODEL_LOAD].value, FIELD_VALUE_MAX, r->load, r->n_load, r->updated_ms);
     snprintf(out[F_HEALTHY].value, FIELD_VALUE_MAX, "%d", r->healthy ? 1 : 0);
     snprintf(out[F_UPDATED].value, FIELD_VALUE_MAX, "%lld", (long long)r->updated_ms);
 }
@@ -205,14 +208,29 @@ static int parse_list(const char *field, const char *v, char *dst, size_t size, 
     return 0;
 }
 
-/* model_load: "capacity:running:queued:ttft_ms:tpot_ms" per model, comma-
- * separated; whether there is one per model is checked once every field
- * is read (models may come after it). */
-static int parse_load(const char *field, const char *v, route_model_load *load, int *count, char *err,
-                      size_t err_len)
+/* model_load: "UPDATED_MS;" then "capacity:running:queued:ttft_ms:tpot_ms"
+ * per model, comma-separated. Read after every other field: it counts
+ * only when written with this record's updated_ms and with an entry per
+ * model. A gateway of a version before it rewrites the other fields and
+ * leaves this one as it was (HSET), so a stale one is ignored, not an
+ * error: the region-wide figures then stand. */
+static int parse_load(const char *field, const char *v, route_record *r, char *err, size_t err_len)
 {
+    route_model_load *load = r->load;
+    r->n_load = 0;
+    if (!*v)
+        return 0;
+    const char *semi = strchr(v, ';');
+    char stamp_s[24];
+    long long stamp;
+    if (!semi || (size_t)(semi - v) >= sizeof(stamp_s))
+        return fail(err, err_len, "%s: must be updated_ms;entries", field);
+    memcpy(stamp_s, v, (size_t)(semi - v));
+    stamp_s[semi - v] = '\0';
+    if (parse_int(field, stamp_s, INT64_MAX, &stamp, err, err_len))
+        return -EINVAL;
     int n = 0;
-    for (const char *p = v; *p; n++) {
+    for (const char *p = semi + 1; *p || n == 0; n++) {
         if (n == ROUTE_MAX_MODELS)
             return fail(err, err_len, "%s: more than %d entries", field, ROUTE_MAX_MODELS);
         char part[5][32];
@@ -239,7 +257,8 @@ static int parse_load(const char *field, const char *v, route_model_load *load, 
         if (*p == ',' && !*++p)
             return fail(err, err_len, "%s: entry %d is empty", field, n + 2);
     }
-    *count = n;
+    if (stamp == r->updated_ms && n == r->n_models)
+        r->n_load = n;
     return 0;
 }
 
@@ -271,7 +290,7 @@ static int parse_field(route_record *r, int f, const char *v, char *err, size_t 
     case F_TPOT:
         return parse_num(name, v, ROUTE_MAX_MS, &r->tpot_ms, err, err_len);
     case F_MODEL_LOAD:
-        return parse_load(name, v, r->load, &r->n_load, err, err_len);
+        return parse_load(name, v, r, err, err_len);
     case F_CAPACITY:
     case F_RUNNING:
     case F_QUEUED:
@@ -298,7 +317,7 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
 {
     /* Parsed into a copy: a bad field leaves the caller's record whole. */
     route_record tmp = *r;
-    char buf[FIELD_VALUE_MAX];
+    char buf[FIELD_VALUE_MAX], load[FIELD_VALUE_MAX] = "";
     for (int i = 0; i < n; i++) {
         int f = 0;
         while (f < F_N && strcmp(names[i], field_names[f]))
@@ -310,14 +329,17 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
             return fail(err, err_len, "%s: longer than %d bytes", field_names[f], FIELD_VALUE_MAX - 1);
         if (memchr(values[i], '\0', len))
             return fail(err, err_len, "%s: contains a NUL byte", field_names[f]);
-        memcpy(buf, values[i], len);
-        buf[len] = '\0';
-        int rc = parse_field(&tmp, f, buf, err, err_len);
+        memcpy(f == F_MODEL_LOAD ? load : buf, values[i], len);
+        (f == F_MODEL_LOAD ? load : buf)[len] = '\0';
+        int rc = f == F_MODEL_LOAD ? 0 : parse_field(&tmp, f, buf, err, err_len);
         if (rc)
             return rc;
     }
-    if (tmp.n_load && tmp.n_load != tmp.n_models)
-        return fail(err, err_len, "model_load: %d entries for %d models", tmp.n_load, tmp.n_models);
+    /* Last, against this record's updated_ms and models; a record read
+     * without it has none. */
+    int rc = parse_field(&tmp, F_MODEL_LOAD, load, err, err_len);
+    if (rc)
+        return rc;
     *r = tmp;
     return 0;
 }

@@ -53,12 +53,14 @@ typedef struct route_record {
 /* Serialises a record as the field/value pairs of a Redis hash (and back).
  * Fields: endpoint models tags price_in price_out gpu capacity running
  * queued ttft_ms tpot_ms model_load healthy updated_ms; lists are
- * comma-separated. model_load has an entry per model, in models' order:
- * "capacity:running:queued:ttft_ms:tpot_ms", or is empty. */
+ * comma-separated. model_load is empty, or the updated_ms it was written
+ * with, ";", and an entry per model, in models' order:
+ * "capacity:running:queued:ttft_ms:tpot_ms". */
 typedef struct route_field {
     const char *name;
-    /* The longest value: 16 model_load entries of up to 81 bytes (three
-     * ints of 10 digits, two numbers of up to 23 characters, separators). */
+    /* The longest value: model_load's stamp (up to 20 bytes) and 16
+     * entries of up to 81 (three ints of 10 digits, two numbers of up to 23
+     * characters, separators). */
     char value[1400];
 } route_field;
 #define ROUTE_N_FIELDS 14
@@ -71,8 +73,9 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
  * does not parse ("price_in: must be a number >= 0"): numbers decimal,
  * from 0 to ROUTE_MAX_PRICE (prices) or ROUTE_MAX_MS (ttft_ms, tpot_ms),
  * integers within int (updated_ms: int64), healthy 0|1, the endpoint
- * empty or valid for route_endpoint_check, model_load empty or an entry
- * for each model,
+ * empty or valid for route_endpoint_check, model_load empty or well
+ * formed (taken only when its stamp is the record's updated_ms and it has
+ * an entry per model; otherwise, or when missing, n_load is 0),
  * strings and list items within their buffers, without control characters
  * or NUL bytes, list items non-empty and at most ROUTE_MAX_MODELS /
  * ROUTE_MAX_TAGS of them. On error r is unchanged. */

@@ -55,12 +55,14 @@ double route_expected_ms(const route_region *r)
  * confirmed byte for byte (the string is read only then): FNV-1a
  * collisions can be made on purpose, and a client's made-up model name
  * routed as a real one would reach the per-model metrics' labels. */
-/* A region whose record says the model has no ready worker (capacity 0
- * in its model_load) cannot serve it now, though healthy for its others:
- * ranked, its empty queue would put it first. */
-static bool model_up(const route_record *rec, int model)
+/* A peer whose record says the model has no ready worker (capacity 0 in
+ * its model_load) cannot serve it now, though healthy for its others:
+ * ranked, its empty queue would put it first. This region's own workers
+ * are looked at when the request is sent (its record is a heartbeat old),
+ * and passed over there when none is ready. */
+static bool model_up(const route_region *r, int model)
 {
-    return model >= rec->n_load || rec->load[model].capacity > 0;
+    return r->local || model >= r->rec.n_load || r->rec.load[model].capacity > 0;
 }
 
 static int model_index(const route_slot *s, const char *model, size_t len, uint64_t h)
@@ -86,7 +88,7 @@ bool route_region_allows(const route_region *r, const route_query *q)
     const route_slot *s = (const route_slot *)r;
     const char *model = q->model ? q->model : "";
     int mi = model_index(s, model, strlen(model), route__hash(model));
-    if (mi < 0 || !model_up(&r->rec, mi))
+    if (mi < 0 || !model_up(r, mi))
         return false;
     for (int j = 0; j < q->n_need_tags; j++)
         if (!has_tag(s, q->need_tags[j], route__hash(q->need_tags[j])))
@@ -228,7 +230,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
             d->out_stale++;
             continue;
         }
-        if (!r->rec.healthy || !model_up(&r->rec, mi)) {
+        if (!r->rec.healthy || !model_up(r, mi)) {
             d->out_unhealthy++;
             continue;
         }

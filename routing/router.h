@@ -93,7 +93,7 @@ void route_models(const route_table *t, const char *const *need_tags, int n_need
                   void (*fn)(void *ud, const char *model), void *ud);
 
 /* Whether r passes q's filters on what its record says: serves q->model
- * (with a ready worker, where its model_load says), has every tag q needs,
+ * (a peer with a ready worker, where its model_load says), has every tag q needs,
  * price_out within q->max_price. For a failover to
  * a later candidate of an earlier decision: the record may have been
  * replaced since (route_table_upsert). */

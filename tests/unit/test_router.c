@@ -149,7 +149,8 @@ static void test_fields_round_trip(void **state)
     assert_string_equal(f[4].value, "0.4");
     assert_string_equal(f[12].value, "1");
     assert_string_equal(f[11].name, "model_load");
-    assert_string_equal(f[11].value, "8:3:1:40.25:6.5,2147483647:0:0:0.3333333333333333:1e-300");
+    assert_string_equal(f[11].value,
+                        "1732280000123;8:3:1:40.25:6.5,2147483647:0:0:0.3333333333333333:1e-300");
     assert_string_equal(f[13].value, "1732280000123");
 
     /* Every list and string at its largest. */
@@ -177,8 +178,10 @@ static void test_fields_round_trip(void **state)
                                        1.2345678901234567e-300};
     r.healthy = false;
     round_trip(&r);
+    r.updated_ms = INT64_MAX;
+    round_trip(&r);
     route_record_to_fields(&r, f);
-    assert_int_equal(strlen(f[11].value), 16 * 81 - 1);
+    assert_int_equal(strlen(f[11].value), 20 + 16 * 81 - 1);
 
     /* Empty lists, zeros. */
     memset(&r, 0, sizeof(r));
@@ -231,16 +234,20 @@ static const struct {
     {"tpot_ms", "10000000.5", "tpot_ms: must be a number from 0 to 1e+07"},
     {"endpoint", "unix:/tmp/w.sock", "endpoint: must be tls:HOST:PORT or tcp:HOST:PORT"},
     {"endpoint", "tls:peer.example:443", "endpoint: HOST must be a numeric IPv4 address"},
-    {"model_load", "1:2:3:4", "model_load: entry 1 must be capacity:running:queued:ttft_ms:tpot_ms"},
-    {"model_load", "1:2:3:4:5:6", "model_load: must be a number from 0 to 1e+07"},
-    {"model_load", "1,2:3:4:5", "model_load: entry 1 must be"},
-    {"model_load", "1:2:3:4:5,", "model_load: entry 2 is empty"},
-    {"model_load", "1:2:3:4:5,1:2:3:4:5", "model_load: 2 entries for 1 models"},
-    {"model_load", "-1:2:3:4:5", "model_load: must be a whole number"},
-    {"model_load", "1:2:2147483648:4:5", "model_load: must be a whole number"},
-    {"model_load", "1:2:3:inf:5", "model_load: must be a number"},
-    {"model_load", "1:2:3:4:1e8", "model_load: must be a number from 0 to 1e+07"},
-    {"model_load", "1:2:3:4:000000000000000000000000000000001", "model_load: entry 1 must be"},
+    {"model_load", "1;1:2:3:4", "model_load: entry 1 must be capacity:running:queued:ttft_ms:tpot_ms"},
+    {"model_load", "1;1:2:3:4:5:6", "model_load: must be a number from 0 to 1e+07"},
+    {"model_load", "1;1,2:3:4:5", "model_load: entry 1 must be"},
+    {"model_load", "1;1:2:3:4:5,", "model_load: entry 2 is empty"},
+    {"model_load", "1;", "model_load: entry 1 must be"},
+    {"model_load", "1;-1:2:3:4:5", "model_load: must be a whole number"},
+    {"model_load", "1;1:2:2147483648:4:5", "model_load: must be a whole number"},
+    {"model_load", "1;1:2:3:inf:5", "model_load: must be a number"},
+    {"model_load", "1;1:2:3:4:1e8", "model_load: must be a number from 0 to 1e+07"},
+    {"model_load", "1;1:2:3:4:000000000000000000000000000000001", "model_load: entry 1 must be"},
+    {"model_load", "1:2:3:4:5", "model_load: must be updated_ms;entries"},
+    {"model_load", "x;1:2:3:4:5", "model_load: must be a whole number"},
+    {"model_load", "00000000000000000000001;1:2:3:4:5", "model_load: must be a whole number"},
+    {"model_load", "000000000000000000000000001;1:2:3:4:5", "model_load: must be updated_ms;entries"},
 };
 
 static void test_fields_bad(void **state)
@@ -280,6 +287,24 @@ static void test_fields_bad(void **state)
     lens[0] = 2;
     assert_int_equal(route_record_from_fields(&r, names, values, lens, 1, err, sizeof(err)), 0);
     assert_int_equal(r.capacity, 12);
+    /* model_load counts only when written with the record's updated_ms
+     * and with an entry per model: a gateway of an older version rewrites
+     * the other fields and leaves it behind, which is no error. */
+    const char *nl[] = {"models", "updated_ms", "model_load"};
+    const char *vl[] = {"m1,m2", "77", "77;4:1:0:10:2,8:0:0:20:3"};
+    assert_int_equal(route_record_from_fields(&r, nl, vl, NULL, 3, err, sizeof(err)), 0);
+    assert_int_equal(r.n_load, 2);
+    assert_int_equal(r.load[1].capacity, 8);
+    vl[1] = "78"; /* rewritten by an older gateway */
+    assert_int_equal(route_record_from_fields(&r, nl, vl, NULL, 3, err, sizeof(err)), 0);
+    assert_int_equal(r.n_load, 0);
+    vl[1] = "77";
+    vl[0] = "m1"; /* its models changed since */
+    assert_int_equal(route_record_from_fields(&r, nl, vl, NULL, 3, err, sizeof(err)), 0);
+    assert_int_equal(r.n_load, 0);
+    vl[0] = "m1,m2";
+    assert_int_equal(route_record_from_fields(&r, nl, vl, NULL, 2, err, sizeof(err)), 0); /* none given */
+    assert_int_equal(r.n_load, 0);
     /* Unknown fields are ignored, missing ones kept; no err buffer is fine. */
     const char *n2[] = {"future_field", "queued"};
     const char *v2[] = {"whatever, really", "7"};
@@ -1120,6 +1145,14 @@ static void test_model_load(void **state)
     assert_false(route_region_allows(r, &q));
     q.model = "b";
     assert_true(route_region_allows(r, &q));
+    /* This region's own record is a heartbeat old: its workers are looked
+     * at when the request is sent, so it stays a candidate. */
+    route_record here = near;
+    strcpy(here.name, "here");
+    assert_int_equal(route_table_upsert(t, &here, true, now), 0);
+    q.model = "a";
+    assert_true(route_region_allows(route_table_find(t, "here"), &q));
+    route_table_remove(t, "here");
     /* A record without model_load (an older gateway): the totals stand. */
     near.n_load = 0;
     near.updated_ms++;
