@@ -41,13 +41,14 @@ typedef struct route_record {
     char gpu[64];
     int capacity, running, queued; /* sequences */
     double ttft_ms, tpot_ms;       /* the region's own estimates */
-    /* Per model, in models' order: n_load is n_models, or 0 for a record
-     * without them (from an older gateway), whose totals above then stand
-     * for every model. */
-    route_model_load load[ROUTE_MAX_MODELS];
-    int n_load;
+    int n_load;                    /* load[] entries: n_models, or 0 (see load) */
     bool healthy;
     int64_t updated_ms; /* epoch ms, set by the publisher */
+    /* Per model, in models' order, when n_load is n_models; with none (a
+     * record from an older gateway) the totals above stand for every
+     * model. Last: route_decide reads the fields above for every region,
+     * and these only for the one model asked for. */
+    route_model_load load[ROUTE_MAX_MODELS];
 } route_record;
 
 /* Serialises a record as the field/value pairs of a Redis hash (and back).

@@ -60,12 +60,12 @@ double route_expected_ms(const route_region *r)
  * ranked, its empty queue would put it first. This region's own workers
  * are looked at when the request is sent (its record is a heartbeat old),
  * and passed over there when none is ready. */
-static bool model_up(const route_region *r, int model)
+static inline bool model_up(const route_region *r, int model)
 {
     return r->local || model >= r->rec.n_load || r->rec.load[model].capacity > 0;
 }
 
-static int model_index(const route_slot *s, const char *model, size_t len, uint64_t h)
+static inline int model_index(const route_slot *s, const char *model, size_t len, uint64_t h)
 {
     if (!(s->model_bloom & route__bloom_bit(h)))
         return -1;
