@@ -141,9 +141,10 @@ static void test_body_too_large(void **state)
     expect_output(t, "out",
                   "{\"error\":{\"message\":\"request body larger than 1048576 bytes\",\"type\":"
                   "\"invalid_request_error\",\"param\":null,\"code\":\"request_too_large\"}}");
+    /* curl may exit before the loop has seen its connection go */
+    assert_true(run_until(t, no_streams, NULL));
     assert_int_equal(t->n_request, 0);
     assert_int_equal(t->n_close, 0);
-    assert_int_equal(gw_http_server_active_streams(t->srv), 0);
 }
 
 static void test_streaming(void **state)
