@@ -338,6 +338,28 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     return 0;
 }
 
+/* A field nghttp2 finds invalid (bytes HTTP forbids in a name or value):
+ * answered 400, as HTTP/1 answers it, where nghttp2 alone would reset the
+ * stream, uncounted and unexplained. Counted against the header limits
+ * like any other field, kept no more. */
+static int on_invalid_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const uint8_t *name,
+                                size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
+                                void *ud)
+{
+    gw_http_stream *s;
+    if (frame->hd.type != NGHTTP2_HEADERS || !(s = stream_of(ngh, frame->hd.stream_id)) ||
+        frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* trailers: the reset nghttp2 would give */
+    if (s->state != GW_SS_HEADERS)
+        return 0;
+    s->header_bytes += namelen + valuelen + 32;
+    if (s->header_bytes > 2 * s->conn->srv->limits.max_header_list)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (!s->reject_status || s->reject_status == H2_REJECT_REFUSE)
+        s->reject_status = 400;
+    return 0;
+}
+
 static void request_headers_done(gw_http_stream *s, bool end_stream)
 {
     const gw_http_limits *lim = &s->conn->srv->limits;
@@ -349,6 +371,10 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
     }
     if (s->reject_status == 414) {
         stream_reject(s, 414, "request target too long", "uri_too_long");
+        return;
+    }
+    if (s->reject_status == 400) {
+        stream_reject(s, 400, "malformed request header field", "invalid_request");
         return;
     }
     if (s->reject_status) {
@@ -855,6 +881,7 @@ int gw_h2_server_init(gw_http_server *srv)
     nghttp2_session_callbacks *cb = srv->cbs;
     nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers_cb);
     nghttp2_session_callbacks_set_on_header_callback(cb, on_header_cb);
+    nghttp2_session_callbacks_set_on_invalid_header_callback(cb, on_invalid_header_cb);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data_chunk_recv_cb);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv_cb);
     nghttp2_session_callbacks_set_on_frame_send_callback(cb, on_frame_send_cb);

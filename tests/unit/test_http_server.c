@@ -624,6 +624,19 @@ static void test_rejects(void **state)
     assert_int_equal(c->body_len, 0);
     assert_int_equal(c->close_err, NGHTTP2_NO_ERROR);
 
+    /* A field with bytes HTTP forbids: 400, as over HTTP/1, not a bare
+     * reset; the application never hears of it. */
+    c->closed = false;
+    c->status = 0;
+    c->body_len = 0;
+    nghttp2_nv bad_nv[] = {NV(":method", "GET"), NV(":scheme", "http"), NV(":authority", "x"),
+                           NV(":path", "/hello"), NV("x-bad", "a\001b")};
+    assert_true(nghttp2_submit_request(c->ngh, NULL, bad_nv, 5, NULL, NULL) > 0);
+    cli_send(c);
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->status, 400);
+    assert_non_null(strstr(c->body, "malformed request header field"));
+
     /* Reset during the upload: the application never hears of it. */
     nghttp2_nv post_nv[] = {NV(":method", "POST"), NV(":scheme", "http"), NV(":authority", "x"),
                             NV(":path", "/echo")};
