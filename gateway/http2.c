@@ -153,7 +153,7 @@ static int stream_submit(gw_http_stream *s, int status, const gw_http_header *he
     }
     /* A HEAD response, 204 or 304 has no body (RFC 9110 9.3.2, 15.3.5,
      * 15.4.5): DATA after it is a protocol error to the client. */
-    s->bodiless = s->head || status == 204 || status == 304;
+    s->bodiless = s->head || no_content;
     if (s->bodiless)
         body_len = 0;
     int rc = -ENOMEM;
@@ -263,6 +263,25 @@ static bool name_is(const uint8_t *name, size_t len, const char *lit)
     return strlen(lit) == len && !memcmp(name, lit, len);
 }
 
+/* Counts a field, valid or not, as SETTINGS_MAX_HEADER_LIST_SIZE counts
+ * (RFC 9113 6.5.2); HPACK bounds each field, so the sum cannot wrap. Past
+ * the limit the stream is answered 431; past twice the limit decoding
+ * stops (false: RST): one-byte references to a large field in the HPACK
+ * table made 128 KiB on the wire decode to 130,000 fields, each checked by
+ * nghttp2, and a few such blocks a second held the event loop. */
+static bool count_field(gw_http_stream *s, const uint8_t *name, size_t namelen, size_t valuelen)
+{
+    const size_t limit = s->conn->srv->limits.max_header_list;
+    s->header_bytes += namelen + valuelen + 32;
+    if (s->header_bytes > 2 * limit)
+        return false;
+    if (s->header_bytes > limit && (!s->reject_status || s->reject_status == H2_REJECT_REFUSE))
+        /* Over its own limit, sending it again would not help: not refused
+         * but answered, 414 when :path alone is over the limit. */
+        s->reject_status = name_is(name, namelen, ":path") && namelen + valuelen + 32 > limit ? 414 : 431;
+    return true;
+}
+
 static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
                         const uint8_t *value, size_t valuelen, uint8_t flags, void *ud)
 {
@@ -271,21 +290,10 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
         return 0;
     if (s->state != GW_SS_HEADERS && s->state != GW_SS_BODY)
         return 0;
-    /* Counted as SETTINGS_MAX_HEADER_LIST_SIZE counts (RFC 9113 6.5.2);
-     * HPACK bounds each field, so the sum cannot wrap. Past the limit the
-     * stream is answered 431; past twice the limit decoding stops (RST):
-     * one-byte references to a large field in the HPACK table made 128 KiB
-     * on the wire decode to 130,000 fields, each checked by nghttp2, and a
-     * few such blocks a second held the event loop. */
     gw_http_conn *c = s->conn;
     const size_t limit = c->srv->limits.max_header_list;
-    s->header_bytes += namelen + valuelen + 32;
-    if (s->header_bytes > 2 * limit)
+    if (!count_field(s, name, namelen, valuelen))
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-    if (s->header_bytes > limit && (!s->reject_status || s->reject_status == H2_REJECT_REFUSE))
-        /* Over its own limit, sending it again would not help: not refused
-         * but answered, 414 when :path alone is over the limit. */
-        s->reject_status = name_is(name, namelen, ":path") && namelen + valuelen + 32 > limit ? 414 : 431;
     if (frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0; /* trailers are counted, not kept */
     if (s->reject_status) {
@@ -352,8 +360,7 @@ static int on_invalid_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* trailers: the reset nghttp2 would give */
     if (s->state != GW_SS_HEADERS)
         return 0;
-    s->header_bytes += namelen + valuelen + 32;
-    if (s->header_bytes > 2 * s->conn->srv->limits.max_header_list)
+    if (!count_field(s, name, namelen, valuelen))
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     if (!s->reject_status || s->reject_status == H2_REJECT_REFUSE)
         s->reject_status = 400;

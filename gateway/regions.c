@@ -14,11 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* A peer not heard from for 20 x stale_after_ms, and at least this long,
  * leaves the table (route_table_prune). */
 #define FORGET_MIN_MS (10 * 60 * 1000)
-#include <time.h>
 
 #define MAX_REGIONS 256
 

@@ -369,32 +369,27 @@ static bool moved_by(double now, double then, double frac)
 }
 
 /* A load change that moves a latency estimate enough to reorder regions:
- * the region's, or one model's (routing ranks by the model's). */
-static bool one_load_changed(int capacity, int running, int queued, double ttft_ms, double tpot_ms,
-                             int running_then, int queued_then, double ttft_then, double tpot_then)
+ * the region's, or one model's (routing ranks by the model's). A capacity
+ * change is one too (a worker gone or back). */
+static bool load_moved(const route_model_load *now, const route_model_load *then)
 {
-    if ((queued > 0) != (queued_then > 0))
+    if (now->capacity != then->capacity || (now->queued > 0) != (then->queued > 0))
         return true;
-    int step = capacity / 8 > 1 ? capacity / 8 : 1;
-    if (abs((running + queued) - (running_then + queued_then)) >= step)
+    int step = now->capacity / 8 > 1 ? now->capacity / 8 : 1;
+    if (abs((now->running + now->queued) - (then->running + then->queued)) >= step)
         return true;
-    return moved_by(ttft_ms, ttft_then, 0.25) || moved_by(tpot_ms, tpot_then, 0.25);
+    return moved_by(now->ttft_ms, then->ttft_ms, 0.25) || moved_by(now->tpot_ms, then->tpot_ms, 0.25);
 }
 
 static bool load_changed(const route_record *now, const route_record *then)
 {
-    if (one_load_changed(now->capacity, now->running, now->queued, now->ttft_ms, now->tpot_ms, then->running,
-                         then->queued, then->ttft_ms, then->tpot_ms))
+    const route_model_load a = {now->capacity, now->running, now->queued, now->ttft_ms, now->tpot_ms},
+                           b = {then->capacity, then->running, then->queued, then->ttft_ms, then->tpot_ms};
+    if (load_moved(&a, &b) || now->n_load != then->n_load)
         return true;
-    if (now->n_load != then->n_load)
-        return true;
-    for (int i = 0; i < now->n_load; i++) {
-        const route_model_load *a = &now->load[i], *b = &then->load[i];
-        if (a->capacity != b->capacity || /* a worker of the model gone or back, as the region's capacity */
-            one_load_changed(a->capacity, a->running, a->queued, a->ttft_ms, a->tpot_ms, b->running,
-                             b->queued, b->ttft_ms, b->tpot_ms))
+    for (int i = 0; i < now->n_load; i++)
+        if (load_moved(&now->load[i], &then->load[i]))
             return true;
-    }
     return false;
 }
 
