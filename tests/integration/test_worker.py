@@ -279,9 +279,12 @@ long_body = lambda i: dict(body(prompts[i], stream=True, n=1900), ignore_eos=Tru
 # Cancellation: clients that vanish, running or queued, free every KV block.
 total = stats(sock2)["kv_blocks_total"]
 long_reqs = [popen_post("/v1/completions", long_body(i), sock=sock2) for i in range(6)]
-st = wait_until(lambda: (lambda x: x if x and x["running"] == 4 and x["queued"] == 2 else None)(stats(sock2)), 30,
-                "four streams running and two queued")
-t.ok(st["kv_blocks_free"] < total, "running streams hold KV blocks")
+# A sequence takes its blocks as its prompt is prefilled, a step after it is
+# counted as running, so the stats are read until both show.
+st = wait_until(lambda: (lambda x: x if x and x["running"] == 4 and x["queued"] == 2
+                         and x["kv_blocks_free"] < total else None)(stats(sock2)), 30,
+                "four streams running, holding KV blocks, and two queued")
+t.ok(st["kv_blocks_free"] < total, "running streams hold KV blocks: %d of %d free" % (st["kv_blocks_free"], total))
 
 # Queue limit: a seventh request finds the queue full.
 s, h, b = post("/v1/completions", body(prompts[2], n=4), sock=sock2)
