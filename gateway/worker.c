@@ -381,6 +381,10 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
         rt_sched_cancel(w->sched, r->id);
         return;
     }
+    /* Tokens wholly within a matched stop string: not yet sent, as the
+     * text they make was held back (a streamed one may have gone out with
+     * text before the match, from a held tail that then proved no stop). */
+    r->lp.n -= ev->stop_tokens < r->lp.n ? ev->stop_tokens : r->lp.n;
     if (r->stream_mode) {
         handle_stream_event(r, ev);
         return;

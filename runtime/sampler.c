@@ -668,6 +668,11 @@ int rt_stop_error(const rt_stop *s)
     return s->err;
 }
 
+size_t rt_stop_tail_len(const rt_stop *s)
+{
+    return s->matched && !s->err ? s->len - s->end : 0;
+}
+
 /* First occurrence of needle in hay[from..n), or SIZE_MAX. */
 static size_t find_from(const char *hay, size_t n, size_t from, const char *needle, size_t nl)
 {

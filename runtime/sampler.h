@@ -84,5 +84,8 @@ const char *rt_stop_take(rt_stop *s, bool final, size_t *len);
 /* 0, or -ENOMEM when a feed could not grow the buffer: that feed returned
  * true (generation ends with the text held so far), not a real match. */
 int rt_stop_error(const rt_stop *s);
+/* After a stop string matched: the bytes fed from its start on (the stop
+ * string and whatever the same feed brought after it); else 0. */
+size_t rt_stop_tail_len(const rt_stop *s);
 
 #endif

@@ -638,6 +638,25 @@ static void sample_item(void *arg, int i)
 
 /* Reports r's next token t. Returns true when r has finished (and has been
  * reported and freed). */
+/* The last tokens of r whose text lies wholly in the stop string that
+ * matched: walking back, while the text of the tokens walked over fits in
+ * the bytes fed from the match on. A token the match begins inside of keeps
+ * its place in the answer. */
+static int stop_tokens(const rt_sched *s, const sreq *r)
+{
+    size_t tail = rt_stop_tail_len(r->stop), seen = 0;
+    int k = 0;
+    while (k < r->n_gen) {
+        size_t n = 0;
+        const char *piece = rt_tokenizer_piece(s->tok, r->tokens[r->n_tokens - 1 - k], &n);
+        seen += piece ? n : 0;
+        if (seen > tail)
+            break;
+        k++;
+    }
+    return k;
+}
+
 static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
 {
     rt_sampler_accept(r->smp, t);
@@ -672,6 +691,7 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
                          .text_len = len,
                          .token = t,
                          .finish_reason = reason,
+                         .stop_tokens = matched ? stop_tokens(s, r) : 0,
                          .logprobs = r->lp_row ? &r->lp : NULL};
     emit(r, &ev);
     if (reason) {

@@ -70,6 +70,10 @@ typedef struct rt_sched_event {
     const rt_token_logprobs *logprobs;
     const char *finish_reason; /* RT_EV_DONE */
     int prompt_tokens, completion_tokens;
+    /* DONE on a stop string: how many of the last tokens lie wholly within
+     * it. They count as generated, but their text is not in the answer, so
+     * neither are their log-probabilities. */
+    int stop_tokens;
     int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the start, -ECANCELED, -ENOMEM, -EIO */
 } rt_sched_event;
 

@@ -109,6 +109,32 @@ t.ok(done and [e["bytes"] for e in streamed] == [e["bytes"] for e in content]
      "streamed chunks carry the same logprobs, each with its text")
 s, _, b = post("/v1/chat/completions", dict(lp_req, logprobs=False))
 t.ok(s == 400 and json.loads(b)["error"]["param"] == "top_logprobs", "top_logprobs without logprobs -> 400")
+# A stop string's tokens count as generated, but their text is no part of
+# the answer and neither are their log-probabilities. The stop is two of the
+# greedy answer's tokens, first found where they begin.
+s, _, b = post("/v1/chat/completions", dict(lp_req, max_tokens=24))
+long_ch = json.loads(b)["choices"][0] if s == 200 else {}
+pieces = [bytes(e["bytes"]) for e in long_ch["logprobs"]["content"]] if long_ch else []
+cut = next((i for i in range(1, len(pieces) - 2)
+            if (pieces[i] + pieces[i + 1]).strip() and (pieces[i] + pieces[i + 1]).isascii()
+            and b"".join(pieces).find(pieces[i] + pieces[i + 1]) == len(b"".join(pieces[:i]))), None)
+if cut is None:
+    t.ok(False, "a stop string made of two answer tokens: none found in %r" % pieces)
+else:
+    stop = (pieces[cut] + pieces[cut + 1]).decode()
+    stop_req = dict(lp_req, max_tokens=24, stop=[stop])
+    s, _, b = post("/v1/chat/completions", stop_req)
+    ch = json.loads(b) if s == 200 else {}
+    got = [bytes(e["bytes"]) for e in ch["choices"][0]["logprobs"]["content"]] if ch else None
+    t.ok(ch and ch["choices"][0]["finish_reason"] == "stop" and got == pieces[:cut]
+         and ch["choices"][0]["message"]["content"] == long_ch["message"]["content"].split(stop)[0]
+         and ch["usage"]["completion_tokens"] == cut + 2,
+         "a matched stop string's tokens have no logprobs: %d of %d tokens" % (len(got or []), cut + 2))
+    s, _, b = post("/v1/chat/completions", dict(stop_req, stream=True))
+    events, done = sse_events(b) if s == 200 else ([], False)
+    got = [bytes(e["bytes"]) for ev in events for c in ev["choices"] if c.get("logprobs")
+           for e in c["logprobs"]["content"]]
+    t.ok(done and got == pieces[:cut], "streamed, the same: %d entries" % len(got))
 
 # --- a completion's prompt reads the special tokens written in it ---
 def prompt_tokens(prompt):

@@ -481,9 +481,12 @@ static void test_stop_basic(void **state)
     expect_take(s, false, "hello ");
     assert_false(rt_stop_feed(s, "N", 1));
     expect_take(s, false, "");
+    assert_int_equal(rt_stop_tail_len(s), 0);
     assert_true(rt_stop_feed(s, "D more", 6));
     expect_take(s, true, "");
+    assert_int_equal(rt_stop_tail_len(s), 8); /* "END more": fed from the match on */
     assert_true(rt_stop_feed(s, "x", 1)); /* stays stopped */
+    assert_int_equal(rt_stop_tail_len(s), 8);
     rt_stop_free(s);
 
     /* a false alarm is released once it cannot match any more */
@@ -507,6 +510,7 @@ static void test_stop_basic(void **state)
     expect_take(s, false, "");
     assert_true(rt_stop_feed(s, ":", 1));
     expect_take(s, true, "");
+    assert_int_equal(rt_stop_tail_len(s), 7);
     rt_stop_free(s);
 
     /* the earliest match wins, whichever string it is */
@@ -514,6 +518,7 @@ static void test_stop_basic(void **state)
     s = rt_stop_new(overlap, 2);
     assert_true(rt_stop_feed(s, "xabcd", 5));
     expect_take(s, false, "x");
+    assert_int_equal(rt_stop_tail_len(s), 4);
     rt_stop_free(s);
     s = rt_stop_new(overlap, 2);
     assert_true(rt_stop_feed(s, "xabc", 4)); /* "bc" is complete, "abcd" is not yet */
