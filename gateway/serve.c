@@ -75,6 +75,20 @@ static int demo_model_path(char *out, size_t n, char *err, size_t err_len)
 
 /* ---- signals ---- */
 
+/* Ends the loop with SIGTERM and SIGINT held back: once the loop has
+ * stopped, libevent's handler would take a signal into a pipe nobody reads
+ * and a "stop now" would be lost. serve() catches them plainly, then lets
+ * them through (the gateway has no other thread they could go to). */
+static void loop_exit(gw_serve *g)
+{
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    sigprocmask(SIG_BLOCK, &stop, NULL);
+    event_base_loopexit(g->base, NULL);
+}
+
 static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
     gw_serve *g = arg;
@@ -82,7 +96,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
     if (open == 0 || mono_s() > g->drain_deadline) {
         if (open)
             fprintf(stderr, "infergate: grace period over: closing %zu open streams\n", open);
-        event_base_loopexit(g->base, NULL);
+        loop_exit(g);
     }
 }
 
@@ -102,7 +116,7 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
     if (g->draining) {
         fprintf(stderr, "infergate: second signal: stopping now\n");
         hurry = 1; /* for the wait for the workers, after the loop */
-        event_base_loopexit(g->base, NULL);
+        loop_exit(g);
         return;
     }
     g->draining = true;
@@ -114,7 +128,7 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
     g->drain_timer = event_new(g->base, -1, EV_PERSIST, on_drain_tick, g);
     struct timeval tv = {0, 50000};
     if (!g->drain_timer || event_add(g->drain_timer, &tv))
-        event_base_loopexit(g->base, NULL);
+        loop_exit(g);
 }
 
 /* File descriptors kept back from client connections: workers' sockets,
@@ -620,11 +634,17 @@ int gw_cmd_serve(int argc, char **argv)
     g.pool = NULL;
     /* Workers have no client left and stop at once; one that does not is
      * killed after the grace, or a second after a signal to stop now. The
-     * loop no longer runs: such a signal is caught plainly from here. */
+     * loop no longer runs: such a signal is caught plainly from here, one
+     * held back since the loop ended included. */
     struct sigaction sa = {.sa_handler = on_hurry};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    sigprocmask(SIG_UNBLOCK, &stop, NULL);
     gw_supervisor_wait(g.sup, g.cfg->drain_grace_s, &hurry);
     fprintf(stderr, "infergate: stopped\n");
     status = 0;
