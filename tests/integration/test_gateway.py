@@ -111,6 +111,18 @@ TLS_URL = "https://localhost:%d" % tls_port
 AUTH = "authorization: Bearer " + key_a
 
 
+def access_logged(pred, what):
+    """The access log once pred(its text) holds, within 5 s: a line is
+    written as its stream closes, which may come just after the client has
+    read the whole answer."""
+    def text():
+        try:
+            return open(access_log).read()
+        except FileNotFoundError:
+            return ""
+    return wait_until(lambda: (lambda x: x if pred(x) else None)(text()), 5, what)
+
+
 def ready():
     s, _, b = curl(URL + "/readyz", http="--http1.1", timeout=2)
     return s == 200 and json.loads(b)["workers_ready"] == 3
@@ -649,12 +661,11 @@ t.ok(len(lines) >= 10 and all(k in lines[-1] for k in ("request_id", "tenant", "
                                                          "ttft_ms", "duration_ms", "tokens")),
      "one JSON access-log line per request with the fields")
 s, _, _ = curl(URL + "/healthz", http="--http1.1", headers=["x-request-id: trace-me-123"])
-time.sleep(0.2)
-t.ok(any(l.get("request_id") == "trace-me-123" for l in (json.loads(x) for x in open(access_log) if x.strip())),
+logged = access_logged(lambda x: '"trace-me-123"' in x, "the request id logged")
+t.ok(any(l.get("request_id") == "trace-me-123" for l in (json.loads(x) for x in logged.splitlines() if x.strip())),
      "x-request-id from the client is logged")
 s, _, _ = curl(URL + "/dashboard?key=" + key_admin, http="--http1.1")
-time.sleep(0.2)
-logged = open(access_log).read()
+logged = access_logged(lambda x: "/dashboard?key=" in x, "the dashboard request logged")
 t.ok(s == 200 and key_admin not in logged and "/dashboard?key=REDACTED" in logged,
      "the dashboard's ?key= is not written to the access log (%d)" % s)
 
@@ -685,8 +696,7 @@ def raw_h2_get(path):
     s.close()
     return status, body
 st, body = raw_h2_get(b"/v1/models/\xff\xfeabc")
-time.sleep(0.2)
-logged = open(access_log).read()
+logged = access_logged(lambda x: "abc" in x, "the path that is not UTF-8 logged")
 t.ok(st == b"404" and json.loads(body)["error"]["code"] == "model_not_found"
      and '"path":"/v1/models/\\\\xFF\\\\xFEabc"' in logged,
      "a path that is not UTF-8: 404, and logged with its bytes escaped (%r)" % (st,))
@@ -702,8 +712,7 @@ time.sleep(0.5)
 s, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=comp, headers=[AUTH])
 t.ok(s == 200 and g.poll() is None and "reload failed" in open(log_path).read(),
      "SIGHUP with a broken config: still serving on the old config")
-time.sleep(0.2)
-t.ok(os.path.exists(access_log) and '"status":200' in open(access_log).read(),
+t.ok(os.path.exists(access_log) and access_logged(lambda x: '"status":200' in x, "a line in the new access log"),
      "SIGHUP opens the access log again: the request after it is in the new file")
 key_c = "ig-test-key-gamma"
 open(cfg + ".nomodel", "w").write(config([key_hash(key_a)]).replace(small, small + ".gone"))
@@ -779,8 +788,8 @@ body = {"model": "slow", "prompt": "hello", "max_tokens": 2000, "temperature": 0
 stalled = subprocess.Popen(["curl", "-sS", "-N", "--http2-prior-knowledge", "--max-time", "30", "-H", AUTH, "-H",
                             "content-type: application/json", "--data-binary", json.dumps(body),
                             URL + "/v1/completions"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-wait_until(lambda: slow_stats().get("running") == 1, 30, "the stream running on the slow worker")
-time.sleep(0.3)
+# its first token read, so the stream is surely under way when frozen
+first_chunk = os.read(stalled.stdout.fileno(), 65536)
 slow_pid, small_pid = worker_pids()[2], worker_pids()[0]
 os.kill(slow_pid, signal.SIGSTOP)
 os.kill(small_pid, signal.SIGSTOP)
@@ -789,7 +798,7 @@ try:
     t.ok(s == 504 and json.loads(b)["error"]["code"] == "upstream_timeout",
          "a frozen worker: a request waiting on it gets 504 upstream_timeout, not a retry: %s %s" % (s, b[:200]))
     out, _ = stalled.communicate(timeout=40)
-    events, _ = sse_events(out)
+    events, _ = sse_events(first_chunk + out)
     t.ok(stalled.returncode == 0 and len(events) > 1 and events[-1].get("error", {}).get("code") == "upstream_timeout",
          "a frozen worker: its stream ends with an upstream_timeout error event (rc %s, %d events, last %s)"
          % (stalled.returncode, len(events), events[-1] if events else None))
@@ -828,6 +837,7 @@ try:
 except (socket.timeout, OSError):
     pass
 late.close()
+os.kill(slow_pid, signal.SIGCONT)  # before response_timeout_ms (1.5 s) could end the in-flight stream
 goaway = [e for e in late_events if isinstance(e, h2.events.ConnectionTerminated)]
 answered = [e for e in late_events if isinstance(e, h2.events.ResponseReceived)]
 time.sleep(0.2)  # its access-log line, had it been taken, is written as the stream closes
@@ -836,7 +846,6 @@ t.ok(goaway and goaway[0].last_stream_id == 0 and not answered and "late=1" not 
      % [type(e).__name__ for e in late_events])
 s, _, _ = curl(URL + "/healthz", http="--http1.1", timeout=3)
 t.ok(s == 0, "draining: new connections are refused")
-os.kill(slow_pid, signal.SIGCONT)
 out, _ = inflight.communicate(timeout=120)
 events, done = sse_events(first_chunk + out)
 t.ok(done and events and events[-1]["choices"][0]["finish_reason"] == "length",

@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from harness import INFERGATE, Checks, curl, free_port, gen_model, spawn, tmpdir, wait_until
 
-GRACE_S = 2
+GRACE_S = 4
 t = Checks()
 d = tmpdir()
 model = gen_model(os.path.join(d, "m.gguf"), dim=128, layers=2, heads=4, kv_heads=2, ffn=256, vocab=512, ctx=2048,
@@ -109,7 +109,7 @@ text = open(log_path).read()
 t.ok(rc == 0, "the gateway exits 0 (%s)" % rc)
 t.ok("did not stop within" not in text and re.search(r"worker 0 \(pid %d\) exited with status 0" % pids[0], text),
      "the worker of the cut stream exits 0 without a SIGKILL")
-t.ok(took < GRACE_S + 1.5, "stopped %.1f s after SIGTERM, with a grace of %d s" % (took, GRACE_S))
+t.ok(took < GRACE_S + 3, "stopped %.1f s after SIGTERM, with a grace of %d s (workers waited out too: twice it)" % (took, GRACE_S))
 t.ok(text.count("restarting") == 1, "the worker that died during the drain was not restarted (only the hung one was)")
 if t.failed:
     print("# gateway log:\n" + text[-3000:])
