@@ -411,18 +411,30 @@ static void preempt_at(rt_sched *s, int v)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The youngest running batch request that has not aged (an aged one was
- * admitted for having waited batch_max_wait_ms: made to wait again, it
- * could wait for ever), or -1. */
-static int youngest_batch(const rt_sched *s, double now)
+/* The running request to give way: the youngest batch request that has
+ * not aged (an aged one was admitted for having waited batch_max_wait_ms:
+ * made to wait again, it could wait for ever); where there is none and
+ * `batch_only` is false, the youngest of all; else -1. Youngest by
+ * submission, not admission: a request readmitted after a preemption
+ * keeps its seniority, or it would be the next to give way, again and
+ * again, and never finish. */
+static int youngest(const rt_sched *s, double now, bool batch_only)
 {
-    for (int i = s->n_running - 1; i >= 0; i--)
-        if (s->running[i]->prio == RT_PRIO_BATCH && !aged(s, s->running[i], now))
-            return i;
-    return -1;
+    int v = -1;
+    for (int i = 0; i < s->n_running; i++) {
+        const sreq *r = s->running[i];
+        if (r->prio == RT_PRIO_BATCH && !aged(s, r, now) && (v < 0 || r->t_submit >= s->running[v]->t_submit))
+            v = i;
+    }
+    if (v >= 0 || batch_only)
+        return v;
+    for (int i = 0; i < s->n_running; i++)
+        if (v < 0 || s->running[i]->t_submit >= s->running[v]->t_submit)
+            v = i;
+    return v;
 }
 
-/* Whether preempting every running batch request that youngest_batch may
+/* Whether preempting every running batch request that youngest may
  * pick would make room for a request of `blocks`: if not, none is
  * preempted, as their work would be lost and the request wait all the same. */
 static bool preemption_makes_room(const rt_sched *s, double now, int blocks, int promised)
@@ -472,7 +484,7 @@ static void admit(rt_sched *s)
         int blocks = blocks_for(s, r->n_tokens);
         if (s->n_running >= s->o.max_seqs ||
             (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)) {
-            int v = r->prio == RT_PRIO_INTERACTIVE ? youngest_batch(s, now) : -1;
+            int v = r->prio == RT_PRIO_INTERACTIVE ? youngest(s, now, true) : -1;
             if (v < 0 || !preemption_makes_room(s, now, blocks, promised))
                 break;
             preempt_at(s, v);
@@ -508,19 +520,14 @@ static void admit(rt_sched *s)
     }
 }
 
-/* The youngest running batch request, or the youngest of all where none
- * is batch, gives its blocks back and waits at the head of its queue to be
- * recomputed from its tokens. Batch first: an interactive request admitted
- * after long batch jobs should not be the one that waits again. */
-static void preempt_youngest(rt_sched *s)
+/* The youngest running batch request not yet aged, or the youngest of all
+ * where there is none, gives its blocks back and waits at the head of its
+ * queue to be recomputed from its tokens. Batch first: an interactive
+ * request admitted after long batch jobs should not be the one that waits
+ * again. */
+static void preempt_youngest(rt_sched *s, double now)
 {
-    int v = s->n_running - 1;
-    for (int i = v; i >= 0; i--)
-        if (s->running[i]->prio == RT_PRIO_BATCH) {
-            v = i;
-            break;
-        }
-    preempt_at(s, v);
+    preempt_at(s, youngest(s, now, false));
 }
 
 /* Prompt tokens a step may carry besides its decodes. While sequences are
@@ -594,7 +601,7 @@ static int build_batch(rt_sched *s)
         }
         if (blocks <= rt_kv_blocks_free(s->kv) || s->n_running <= 1)
             return n;
-        preempt_youngest(s);
+        preempt_youngest(s, now);
     }
 }
 

@@ -6,7 +6,9 @@
  * and leave between steps.
  *
  * KV memory is paged (rt_kv): a sequence grows block by block. When the
- * pool runs dry, the most recently admitted sequence is preempted: its
+ * pool runs dry, the most recently submitted batch sequence (one not yet
+ * waiting batch_max_wait_ms since it came), or else the most recently
+ * submitted of all, is preempted: its
  * blocks go back and it waits at the head of the queue to be recomputed
  * (prompt plus the tokens it already produced), so nothing it streamed
  * changes. New requests wait while the pool is short: a request is admitted
@@ -17,8 +19,9 @@
  * recomputed in its turn.
  *
  * Threads: submit, cancel and stats may be called from any thread. Event
- * callbacks run on the compute thread; they must not block and must copy
- * what they keep. Every accepted request gets exactly one final event
+ * callbacks run on the compute thread (save the final errors rt_sched_free
+ * gives requests it finds not yet taken in, on its caller's); they must not
+ * block and must copy what they keep. Every accepted request gets exactly one final event
  * (DONE or ERROR), after which its id is dead. */
 #ifndef RT_SCHED_H
 #define RT_SCHED_H

@@ -370,6 +370,34 @@ static void test_no_preemption_for_nothing(void **state)
     rt_sched_free(s);
 }
 
+/* A batch request admitted for having waited batch_max_wait_ms is not the
+ * one to give way when the pool runs dry as the sequences grow: the
+ * youngest interactive one is. Before, the decodes' shortage preempted the
+ * youngest batch request whatever its wait, and an aged one under steady
+ * interactive load was preempted again each time it came back. A pool of
+ * 8 blocks; three sequences of 4 + 60 tokens (4 blocks each) run short. */
+static void test_aged_batch_not_preempted(void **state)
+{
+    batch_max_wait_ms = 50;
+    rt_sched *s = sched_new(4, 4, 8);
+    assert_int_equal(submit(s, GATE, 4, 60, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(true, 0));
+    assert_int_equal(submit(s, 1, 4, 60, RT_PRIO_BATCH), 0);
+    usleep(150 * 1000); /* aged by the time it is admitted */
+    assert_int_equal(submit(s, 2, 4, 60, RT_PRIO_INTERACTIVE), 0);
+    open_gate();
+    assert_true(wait_seen(false, 3));
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(seen.reason[i], "length");
+    assert_int_equal(seen.order[0], GATE);
+    assert_int_equal(seen.order[1], 1); /* the aged batch request ran on */
+    assert_int_equal(seen.order[2], 2);
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_true(st.preemptions >= 1);
+    rt_sched_free(s);
+}
+
 /* Sampling parameters are checked at submission (the sampler itself is
  * made at admission): a bias on a token past the vocabulary is -EINVAL
  * there, and no event comes. */
@@ -397,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_queue_per_priority),
         cmocka_unit_test(test_interactive_preempts_batch),
         cmocka_unit_test(test_no_preemption_for_nothing),
+        cmocka_unit_test(test_aged_batch_not_preempted),
         cmocka_unit_test(test_free_slots_counted_once),
         cmocka_unit_test(test_batch_aging),
         cmocka_unit_test(test_admission_counts_promised_blocks),
