@@ -102,14 +102,11 @@ static void local_record(gw_serve *g, route_record *r)
     r->updated_ms = gw_epoch_ms();
 }
 
-/* Every heartbeat: publish ourselves, keep a pooled connection to each peer
- * (its PINGs measure RTT) and read the RTT back into the table. */
-static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
+/* This region's record, into the table and to Redis. */
+static void publish_local(gw_serve *g, int64_t now)
 {
-    gw_serve *g = arg;
     route_record me;
     local_record(g, &me);
-    int64_t now = route_clock_ms();
     int rc = route_table_upsert(g->table, &me, true, now);
     static bool told;
     if (rc && !told) {
@@ -124,6 +121,24 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
         route_sync_set_local(g->sync, &me);
     else
         route_table_set_shared_ok(g->table, true, now);
+}
+
+/* A worker came up or went: routing hears of it now, not at the next
+ * heartbeat. Until then a gateway whose /readyz had said ready left its
+ * own region out as unhealthy (503), and one whose last worker had died
+ * went on sending it requests. */
+static void on_workers_changed(void *ud)
+{
+    publish_local(ud, route_clock_ms());
+}
+
+/* Every heartbeat: publish ourselves, keep a pooled connection to each peer
+ * (its PINGs measure RTT) and read the RTT back into the table. */
+static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+    gw_serve *g = arg;
+    int64_t now = route_clock_ms();
+    publish_local(g, now);
     /* A region silent this long is gone (or never was: a stray key): no
      * longer dialled, listed or counted against the table's size. A
      * request that still holds it (a long stream) checks route_region_is
@@ -189,6 +204,7 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
         snprintf(err, err_len, "out of memory");
         return -ENOMEM;
     }
+    gw_supervisor_on_ready_change(g->sup, on_workers_changed, g);
     on_heartbeat(-1, 0, g);
     fprintf(stderr, "infergate: region %s (%s), policy %s, %s\n", c->region.name,
             c->region.endpoint ? c->region.endpoint : "no endpoint for peers",
@@ -199,6 +215,8 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
 
 void gw_regions_stop(gw_serve *g)
 {
+    if (g->table)
+        gw_supervisor_on_ready_change(g->sup, NULL, NULL);
     if (g->heartbeat)
         event_free(g->heartbeat);
     g->heartbeat = NULL;

@@ -65,7 +65,23 @@ struct gw_supervisor {
     sworker *w;
     int n;
     struct event *sigchld, *tick;
+    void (*on_ready_change)(void *ud);
+    void *on_ready_ud;
 };
+
+void gw_supervisor_on_ready_change(gw_supervisor *s, void (*fn)(void *ud), void *ud)
+{
+    s->on_ready_change = fn;
+    s->on_ready_ud = ud;
+}
+
+static void set_ready(sworker *w, bool ready)
+{
+    bool was = w->info.ready;
+    w->info.ready = ready;
+    if (was != ready && w->sup->on_ready_change)
+        w->sup->on_ready_change(w->sup->on_ready_ud);
+}
 
 /* The stats interval, and how long a worker may go without answering. */
 static double stale_s(const gw_supervisor *s)
@@ -253,7 +269,7 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
             char why[128];
             describe_status(status, why, sizeof(why));
             w->info.pid = 0;
-            w->info.ready = false;
+            set_ready(w, false);
             if (s->stopping) {
                 log_line("worker %d (pid %d) %s", i, (int)pid, why);
                 break;
@@ -299,10 +315,10 @@ static void stats_done(sworker *w)
     if (!i->ready)
         log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,
                  (int)i->pid);
-    i->ready = i->pid != 0;
     w->last_stats = mono_s();
     w->asked_at = 0;
     w->picked = 0;
+    set_ready(w, i->pid != 0); /* last: the record it may refresh reads the figures above */
 }
 
 static void st_response(void *ud, int status, const gw_http_header *h, size_t n)
@@ -363,7 +379,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         if (w->info.ready && now - w->last_stats > stale_s(s)) {
             log_line("worker %d (pid %d) has not answered stats for %.1f s: not ready", i, (int)w->info.pid,
                      now - w->last_stats);
-            w->info.ready = false;
+            set_ready(w, false);
         }
         /* A worker that reads the request but never answers it (a wedged
          * loop that came back, a lost stream) must not leave it unready for

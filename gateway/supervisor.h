@@ -50,6 +50,10 @@ void gw_supervisor_stop(gw_supervisor *s);
 void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hurry);
 void gw_supervisor_free(gw_supervisor *s);
 
+/* fn(ud) is called on the loop each time a worker becomes ready or stops
+ * being so (its first stats, its exit, its stats gone quiet). */
+void gw_supervisor_on_ready_change(gw_supervisor *s, void (*fn)(void *ud), void *ud);
+
 int gw_supervisor_count(const gw_supervisor *s);
 const gw_worker_info *gw_supervisor_worker(const gw_supervisor *s, int i);
 int gw_supervisor_ready_count(const gw_supervisor *s);
