@@ -29,6 +29,7 @@
 #define RETRY_TOKENS_MAX 100 /* the retry budget saves up at most this many retries */
 #define MAX_NEED_TAGS 16
 #define NEED_TAG_MAX 32 /* a residency tag's bytes, its NUL included */
+#define SSE_LINE_HEAD 14 /* bytes of an SSE line that tell its kind: "data: {\"error\"" */
 
 typedef struct preq {
     gw_serve *g;
@@ -64,6 +65,8 @@ typedef struct preq {
     size_t bytes_out, unconsumed;
     double t_start, t_first, t_last;
     int events;
+    char sse_head[SSE_LINE_HEAD]; /* the first bytes of the SSE line being read */
+    int sse_head_len;             /* of them; -1: past them, until the line ends */
     gw_usage_scan usage; /* completion_tokens of the answer, read as it passes */
     double charged;      /* tokens taken from the tenant's budget: prompt and completion estimates */
     double charged_completion; /* of which the completion's */
@@ -487,6 +490,7 @@ static void respond_plain(preq *p, int status, const char *ctype, const char *bo
 
 static void send_upstream(preq *p);
 static bool try_next(preq *p);
+static void note_upstream_error(preq *p, const char *kind);
 
 /* The region tried, if the table still holds it (a stream may outlive a
  * region pruned for silence, and its slot go to another). */
@@ -496,12 +500,15 @@ static route_region *remote_region(const preq *p)
 }
 
 /* The remote region being tried answered the request, or failed it: its
- * failures are what ejects it; a probe's outcome decides its ejection. */
+ * failures are what ejects it; a probe's outcome decides its ejection,
+ * once (a stream that fails long after its answer must not decide a later
+ * probe, held by another request). */
 static void region_report(preq *p, bool ok)
 {
     if (remote_region(p))
         (p->probe ? route_region_report_probe : route_region_report)(p->g->table, p->remote, ok,
                                                                      route_clock_ms());
+    p->probe = false;
 }
 
 static void region_failed(preq *p)
@@ -509,9 +516,12 @@ static void region_failed(preq *p)
     region_report(p, false);
 }
 
-/* A failure before the first response byte moves the request on: to
- * another local worker (once), or to the next candidate region — while the
- * retry budget lasts, so a fleet-wide outage does not multiply the load.
+/* A failure before the first response byte moves the request on: from a
+ * local worker to another one here (once), else to the next candidate
+ * region — while the retry budget lasts, so a fleet-wide outage does not
+ * multiply the load. This region is one candidate however many workers it
+ * has: without the first step a worker's crash sent the request to a
+ * farther region, or failed it where there was none, with a sibling ready.
  * The region that failed is told so first, budget or not: its failures
  * are what ejects it (not a refused stream, which says nothing of its
  * health: it holds too many request bodies on the connection). */
@@ -525,22 +535,22 @@ static bool retry(preq *p, bool region_at_fault)
     p->probe = false;
     if (!p->stream || g->retry_tokens < 1)
         return false;
-    if (p->remote || p->route.n) {
+    int other = !p->remote && p->worker >= 0 && p->tries < MAX_TRIES
+                    ? gw_supervisor_pick(g->sup, p->model, p->worker)
+                    : -1;
+    if (other >= 0) {
+        g->retry_tokens -= 1;
+        p->worker = other;
+        send_upstream(p);
+        return true;
+    }
+    if (p->route.n) {
         g->retry_tokens -= 1;
         if (try_next(p))
             return true;
         g->retry_tokens += 1; /* nowhere left to go: no retry was spent */
-        return false;
     }
-    if (p->tries >= MAX_TRIES)
-        return false;
-    int other = gw_supervisor_pick(g->sup, p->model, p->worker);
-    if (other < 0)
-        return false;
-    g->retry_tokens -= 1;
-    p->worker = other;
-    send_upstream(p);
-    return true;
+    return false;
 }
 
 static void up_response(void *ud, int status, const gw_http_header *hs, size_t n)
@@ -558,7 +568,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     if ((status == 502 || status == 503 || wrong_region) && p->remote) {
         gw_upstream_cancel(p->up);
         p->up = NULL;
-        p->error_kind = wrong_region ? "status_4xx" : "status_5xx";
+        note_upstream_error(p, wrong_region ? "status_4xx" : "status_5xx");
         if (retry(p, true))
             return;
         if (!p->stream)
@@ -614,18 +624,45 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     }
 }
 
-/* Counts SSE events (one per token in a completion stream). */
+static void sse_line(preq *p)
+{
+    const char *h = p->sse_head;
+    int n = p->sse_head_len;
+    if (n < 6 || memcmp(h, "data: ", 6))
+        return;
+    /* a worker whose model failed mid-stream ends with an error event */
+    if (n >= 14 && !memcmp(h + 6, "{\"error\"", 8))
+        p->sse_error = true;
+    else
+        p->events += !(n >= 12 && !memcmp(h + 6, "[DONE]", 6));
+}
+
+/* Counts SSE events (one per token in a completion stream) by the start
+ * of each line, kept across calls: an upstream's DATA frames split lines
+ * anywhere, and a chunk's first byte is no line's start. */
 static void scan_sse(preq *p, const uint8_t *data, size_t len)
 {
-    const char *s = (const char *)data, *end = s + len;
-    for (const char *q = s; (q = memchr(q, 'd', (size_t)(end - q))); q++) {
-        if (!((size_t)(end - q) >= 6 && !memcmp(q, "data: ", 6) && (q == s || q[-1] == '\n')))
+    const uint8_t *q = data, *end = data + len;
+    while (q < end) {
+        if (p->sse_head_len < 0) {
+            const uint8_t *nl = memchr(q, '\n', (size_t)(end - q));
+            if (!nl)
+                return;
+            q = nl + 1;
+            p->sse_head_len = 0;
             continue;
-        /* a worker whose model failed mid-stream ends with an error event */
-        if ((size_t)(end - q) >= 14 && !memcmp(q + 6, "{\"error\"", 8))
-            p->sse_error = true;
-        else
-            p->events += !((size_t)(end - q) >= 12 && !memcmp(q + 6, "[DONE]", 6));
+        }
+        uint8_t c = *q++;
+        if (c == '\n') {
+            sse_line(p);
+            p->sse_head_len = 0;
+            continue;
+        }
+        p->sse_head[p->sse_head_len++] = (char)c;
+        if (p->sse_head_len == SSE_LINE_HEAD) {
+            sse_line(p);
+            p->sse_head_len = -1;
+        }
     }
 }
 
@@ -1476,6 +1513,11 @@ void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
         if (!p->status || p->responded)
             p->error_kind = "client_closed";
     }
+    /* A probe the client left before its answer says nothing of the
+     * region: the next request probes, now rather than after
+     * probe_timeout_ms. */
+    if (p->probe && remote_region(p))
+        route_region_release_probe(p->remote);
     if (!finished && !p->status)
         p->status = 499;
     /* The status went out, so it is what is counted; whether the answer

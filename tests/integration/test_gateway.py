@@ -456,7 +456,7 @@ t.ok(windows == (1 << 20, 4 * 1572864),
 # stream's window (64 KiB) fills and the rest waits at the gateway, whose
 # stream_buffer_bytes is 64 KiB. The worker may not send more than fits:
 # before, its 256 KiB window overran the buffer and the stream was reset.
-def held_stream(body, hold_s):
+def held_stream(body, hold_s, request_id="held"):
     import h2.config
     import h2.connection
     import h2.events
@@ -464,8 +464,8 @@ def held_stream(body, hold_s):
     c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     c.initiate_connection()
     c.send_headers(1, [(":method", "POST"), (":path", "/v1/completions"), (":scheme", "http"),
-                       (":authority", "127.0.0.1"), ("content-type", "application/json"), ("authorization",
-                                                                                            "Bearer " + key_a)])
+                       (":authority", "127.0.0.1"), ("content-type", "application/json"),
+                       ("authorization", "Bearer " + key_a), ("x-request-id", request_id)])
     c.send_data(1, json.dumps(body).encode(), end_stream=True)
     s.sendall(c.data_to_send())
     got, unacked, held, outcome, until = b"", 0, False, None, time.time() + 60
@@ -495,7 +495,7 @@ def held_stream(body, hold_s):
 
 long_stream = {"model": "small", "prompt": "hello", "max_tokens": 900, "temperature": 0, "stream": True,
                "ignore_eos": True}
-outcome, got, held = held_stream(long_stream, 2.0)
+outcome, got, held = held_stream(long_stream, 2.0, "held-2s")
 events, done = sse_events(got) if outcome == "ended" else ([], False)
 _, _, b = curl(URL + "/v1/completions", data=long_stream, headers=[AUTH])
 read_at_once, _ = sse_events(b)
@@ -503,6 +503,13 @@ text = lambda evs: "".join(e["choices"][0]["text"] for e in evs if e.get("choice
 t.ok(held and outcome == "ended" and done and text(events) == text(read_at_once) and len(got) > 100000,
      "a client that stops reading for 2 s gets its whole stream after (%s, %d events, %d bytes)"
      % (outcome, len(events), len(got)))
+# The events piled up meanwhile came on in frames that cut them anywhere:
+# the log still counts its events (a token each, but for those whose bytes
+# wait for the rest of their character), all but the last.
+line = [json.loads(x) for x in access_logged(lambda x: '"held-2s"' in x, "the held stream logged").splitlines()
+        if '"held-2s"' in x]
+t.ok(line and line[-1]["tokens"] == len(events) - 1, "the held stream's tokens, counted in its events: %s of %d"
+     % (line[-1]["tokens"] if line else None, len(events) - 1))
 
 # --- tokens per minute: tenant metered has 1000 ---
 # A request is charged its prompt (4 bytes a token) and max_tokens up
