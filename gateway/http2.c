@@ -288,10 +288,15 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     gw_http_stream *s;
     if (frame->hd.type != NGHTTP2_HEADERS || !(s = stream_of(ngh, frame->hd.stream_id)))
         return 0;
-    if (s->state != GW_SS_HEADERS && s->state != GW_SS_BODY)
-        return 0;
     gw_http_conn *c = s->conn;
     const size_t limit = c->srv->limits.max_header_list;
+    if (s->state != GW_SS_HEADERS && s->state != GW_SS_BODY) {
+        /* Trailers of a request already answered (401, 413...): nothing
+         * is kept, but nghttp2 checks each field all the same, so the
+         * block is bounded as any other is (count_field). */
+        s->header_bytes += namelen + valuelen + 32;
+        return s->header_bytes > 2 * limit ? NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE : 0;
+    }
     if (!count_field(s, name, namelen, valuelen))
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     if (frame->headers.cat != NGHTTP2_HCAT_REQUEST)
@@ -504,9 +509,14 @@ static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
         s->remote_ended = true;
         request_complete(s);
-    } else if (s->state == GW_SS_BODY || s->body_dropped ||
-               (s->state == GW_SS_REJECTED && frame->hd.type == NGHTTP2_DATA)) {
-        stream_due_idle(s); /* the next piece of the body is due */
+    } else if (frame->hd.type == NGHTTP2_HEADERS
+                   ? s->state == GW_SS_BODY || s->body_dropped
+                   : (s->state == GW_SS_BODY || s->body_dropped || s->state == GW_SS_REJECTED) &&
+                         frame->hd.length > frame->data.padlen) {
+        /* The next piece of the body is due. Only a DATA frame that brought
+         * some of it counts: empty ones every so often held a stream (and
+         * its kept headers) open for ever. */
+        stream_due_idle(s);
     }
     return 0;
 }
@@ -590,10 +600,16 @@ static int conn_flush(gw_http_conn *c)
 
 /* Moves frames from nghttp2 to the output until it is above the soft
  * maximum; the write callback comes back for the rest. While the output is
- * that full the peer is not reading, so we stop reading too (h2o). */
+ * that full the peer is not reading, so we stop reading too (h2o), and
+ * read again once it is not. Both are decided here, whoever called: a
+ * cleartext flush from an application's write (gw_h2_on_send) can empty
+ * the output itself, and then no write callback comes to do it. */
 static int conn_send(gw_http_conn *c)
 {
     struct evbuffer *out = bufferevent_get_output(c->bev);
+    /* what the socket takes now makes room for more frames */
+    if (evbuffer_get_length(out) >= GW_HTTP_OUT_SOFT_MAX && conn_flush(c))
+        return -1;
     while (evbuffer_get_length(out) < GW_HTTP_OUT_SOFT_MAX) {
         const uint8_t *data;
         ssize_t n = nghttp2_session_mem_send(c->ngh, &data);
@@ -608,9 +624,14 @@ static int conn_send(gw_http_conn *c)
     }
     if (conn_flush(c))
         return -1;
-    if (evbuffer_get_length(out) >= GW_HTTP_OUT_SOFT_MAX && !c->read_paused) {
+    bool full = evbuffer_get_length(out) >= GW_HTTP_OUT_SOFT_MAX;
+    if (full && !c->read_paused) {
         c->read_paused = true;
         bufferevent_disable(c->bev, EV_READ);
+    } else if (!full && c->read_paused && !c->lingering) {
+        c->read_paused = false;
+        if (bufferevent_enable(c->bev, EV_READ))
+            return -1;
     }
     return 0;
 }
@@ -673,15 +694,8 @@ static void on_read(struct bufferevent *bev, void *arg)
 
 static void on_write(struct bufferevent *bev, void *arg)
 {
-    gw_http_conn *c = arg;
-    int rc = conn_send(c); /* also stops the write event once the output drained */
-    if (!rc && c->read_paused && !c->lingering &&
-        evbuffer_get_length(bufferevent_get_output(bev)) < GW_HTTP_OUT_SOFT_MAX) {
-        c->read_paused = false;
-        if (bufferevent_enable(bev, EV_READ))
-            rc = -1;
-    }
-    conn_settle(c, rc);
+    /* also stops the write event once the output drained, and reads again */
+    conn_settle(arg, conn_send(arg));
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg)

@@ -254,7 +254,7 @@ typedef struct tcli {
     size_t body_len, data_total;
     bool closed, goaway, eof, rst_on_data, rst_sent;
     uint32_t close_err;
-    int n_closed, n_refused;
+    int n_closed, n_refused, n_rst;
     /* request bodies sent piece by piece (cli_upload) */
     struct tupload {
         char data[4096];
@@ -338,6 +338,7 @@ static int cli_on_frame(nghttp2_session *s, const nghttp2_frame *f, void *ud)
     tcli *c = ud;
     if (f->hd.type == NGHTTP2_GOAWAY)
         c->goaway = true;
+    c->n_rst += f->hd.type == NGHTTP2_RST_STREAM;
     return 0;
 }
 
@@ -355,7 +356,12 @@ static tcli *cli_new_rcvbuf(tsrv *t, uint32_t window, bool reading, int rcvbuf)
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, cli_on_data);
     nghttp2_session_callbacks_set_on_stream_close_callback(cb, cli_on_close);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cb, cli_on_frame);
-    assert_int_equal(nghttp2_session_client_new(&c->ngh, cb, c), 0);
+    /* header blocks past nghttp2's own 64 KiB are sent: they are the test */
+    nghttp2_option *opt;
+    assert_int_equal(nghttp2_option_new(&opt), 0);
+    nghttp2_option_set_max_send_header_block_length(opt, 1 << 20);
+    assert_int_equal(nghttp2_session_client_new2(&c->ngh, cb, c, opt), 0);
+    nghttp2_option_del(opt);
     nghttp2_session_callbacks_del(cb);
     nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, window}};
     assert_int_equal(nghttp2_submit_settings(c->ngh, NGHTTP2_FLAG_NONE, iv, 1), 0);
@@ -435,6 +441,16 @@ static void cli_upload_add(tcli *c, int slot, int32_t id, size_t n, bool end)
 static bool cli_closed(tsrv *t, void *arg)
 {
     return ((tcli *)arg)->closed;
+}
+
+static bool cli_rst_seen(tsrv *t, void *arg)
+{
+    return ((tcli *)arg)->n_rst > 0;
+}
+
+static bool cli_status_seen(tsrv *t, void *arg)
+{
+    return ((tcli *)arg)->status != 0;
 }
 
 static bool cli_eof(tsrv *t, void *arg)
@@ -523,6 +539,39 @@ static void test_stalled_reader(void **state)
     assert_true(run_until(t, closes_reach, &one));
     assert_int_equal(t->n_unfinished, 1);
     assert_null(t->srv->conns);
+}
+
+/* A paused connection reads again once its output drains, however it
+ * drained. Here the peer catches up and the next flush is an
+ * application's write (gw_h2_on_send, as on_send_ev runs it), which the
+ * socket takes whole: no write callback came after it, and the connection
+ * stayed paused with the rest of /big never sent. */
+static void test_paused_read_resumes(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new_rcvbuf(t, (1u << 31) - 1, false, 4096);
+    assert_int_equal(nghttp2_session_set_local_window_size(c->ngh, NGHTTP2_FLAG_NONE, 0, (1 << 30)), 0);
+    cli_get(c, "/big");
+    assert_true(run_until(t, read_paused, NULL));
+    gw_http_conn *sc = t->srv->conns;
+    /* room in the kernel for the whole output once the peer has read */
+    int big = 4 << 20;
+    assert_int_equal(setsockopt(bufferevent_getfd(sc->bev), SOL_SOCKET, SO_SNDBUF, &big, sizeof(big)), 0);
+    c->rev = event_new(t->base, c->fd, EV_READ | EV_PERSIST, cli_on_read, c);
+    assert_non_null(c->rev);
+    for (int i = 0; i < 20; i++) { /* the peer reads what the kernel holds */
+        cli_on_read(c->fd, EV_READ, c);
+        usleep(5000);
+    }
+    gw_h2_on_send(sc);
+    assert_int_equal(evbuffer_get_length(bufferevent_get_output(sc->bev)) >= GW_HTTP_OUT_SOFT_MAX,
+                     sc->read_paused);
+    assert_int_equal(event_add(c->rev, NULL), 0);
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->close_err, NGHTTP2_NO_ERROR);
+    assert_int_equal(c->data_total, BIG_RESPONSE);
+    assert_false(t->srv->conns->read_paused);
+    cli_free(c);
 }
 
 /* content-length on a whole response and on a stream of a length said in
@@ -776,6 +825,56 @@ static void test_body_timeout(void **state)
     cli_free(c);
 }
 
+/* Empty DATA frames are no part of a body: sent every 200 ms, they no
+ * longer keep a stream waiting for its body past idle_timeout_ms (1 s). */
+static void test_empty_data_not_progress(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 65535, true);
+    int32_t id = cli_upload(c, 0);
+    const uint8_t empty[9] = {
+        0, 0, 0, 0 /* DATA */, 0, (uint8_t)(id >> 24), (uint8_t)(id >> 16), (uint8_t)(id >> 8), (uint8_t)id};
+    long t0 = now_ms();
+    for (int i = 0; i < 20 && !c->closed; i++) {
+        assert_int_equal(send(c->fd, empty, sizeof(empty), MSG_NOSIGNAL), (ssize_t)sizeof(empty));
+        run_for_exactly(t, 200);
+    }
+    assert_true(c->closed);
+    assert_int_equal(c->status, 408);
+    assert_true(now_ms() - t0 < 3000);
+    assert_int_equal(t->n_request, 0);
+    cli_free(c);
+}
+
+/* Trailers of a request already answered (400 here, for a field with a
+ * control byte) are bounded as any header block is: 40 one-byte
+ * references to a 4000-byte field decode to past twice max_header_list,
+ * and the stream is reset instead of decoded on. Before, such a block was
+ * not counted at all. */
+static void test_answered_trailers_bounded(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 65535, true);
+    nghttp2_nv nv[] = {NV(":method", "POST"), NV(":scheme", "http"), NV(":authority", "127.0.0.1"),
+                       NV(":path", "/echo"), NV("x-bad", "a\001b")};
+    int32_t id = nghttp2_submit_headers(c->ngh, NGHTTP2_FLAG_NONE, -1, NULL, nv, 5, NULL);
+    assert_true(id > 0);
+    assert_int_equal(cli_send(c), 0);
+    assert_true(run_until(t, cli_status_seen, c));
+    assert_int_equal(c->status, 400);
+    static char big[4000];
+    memset(big, 'v', sizeof(big));
+    nghttp2_nv tr[40];
+    for (int i = 0; i < 40; i++)
+        tr[i] = (nghttp2_nv){(uint8_t *)"x-big", (uint8_t *)big, 5, sizeof(big), NGHTTP2_NV_FLAG_NONE};
+    assert_int_equal(nghttp2_submit_headers(c->ngh, NGHTTP2_FLAG_END_STREAM, id, NULL, tr, 40, NULL), 0);
+    assert_int_equal(cli_send(c), 0);
+    /* our end is closed once the trailers are sent: the reset is seen as a frame */
+    assert_true(run_until(t, cli_rst_seen, c));
+    assert_int_equal(t->n_request, 0);
+    cli_free(c);
+}
+
 /* A response the client's flow-control window holds (a window of 0 here)
  * is reset after idle_timeout_ms, and the application hears of it: the
  * work behind it stops. Before, the stream and its buffered output stayed
@@ -912,6 +1011,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_big_response, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_many_streams, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_stalled_reader, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_paused_read_resumes, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_unix_socket, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_listen_errors, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_client_reset, setup, harness_teardown),
@@ -922,6 +1022,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idle_timeout, setup_idle, harness_teardown),
         cmocka_unit_test_setup_teardown(test_drain, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_body_timeout, setup_stream_bounds, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_empty_data_not_progress, setup_stream_bounds, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_answered_trailers_bounded, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_window_held, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_header_block_timeout, setup_header_block, harness_teardown),
         cmocka_unit_test_setup_teardown(test_conn_body_bound, setup_conn_body, harness_teardown),
