@@ -581,6 +581,27 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
                 "region %s answered %d", p->region, status);
         return;
     }
+    /* A region whose queues are full (429) is alive, only busy: the next
+     * candidate may have room, and nothing counts against the region.
+     * Passed on, its 429 told the client to back off while the fleet had
+     * room elsewhere. */
+    if (status == 429 && p->remote) {
+        int retry_after = 1;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(hs[i].name, "retry-after")) {
+                long v = strtol(hs[i].value, NULL, 10);
+                retry_after = v >= 1 && v <= 60 ? (int)v : retry_after;
+            }
+        gw_upstream_cancel(p->up);
+        p->up = NULL;
+        region_report(p, true);
+        if (retry(p, false) || !p->stream)
+            return;
+        respond(p, 429, "rate_limit_error", "queue_full", NULL, retry_after,
+                "region %s is at capacity and no other region could take the request; retry shortly",
+                p->region);
+        return;
+    }
     region_report(p, status < 500);
     p->responded = true;
     p->status = status;

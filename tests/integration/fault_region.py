@@ -9,6 +9,8 @@ accident, chosen by the request's prompt:
   "421"    a 421, as a region whose tags no longer have the residency the
            request needs (its origin read an older record)
   "504"    a 504, as a region whose worker stood still
+  "429"    a 429 with Retry-After: 7, as a region whose workers' queues
+           are full
   "hang"   GOAWAY that says this stream was taken, then nothing more on the
            connection, not even PING answers, for 20 s (a region that began
            draining and then wedged)
@@ -66,11 +68,12 @@ class FaultRegion:
         with self.lock:
             self.requests.append(prompt)
             self.residency.append(residency)
-        if prompt in ("502", "504", "421"):
+        if prompt in ("502", "504", "421", "429"):
             msg = json.dumps({"error": {"message": "fault " + prompt, "type": "server_error", "param": None,
                                         "code": "fault"}}).encode()
             conn.send_headers(sid, [(":status", prompt), ("content-type", "application/json"),
-                                    ("content-length", str(len(msg)))])
+                                    ("content-length", str(len(msg)))]
+                              + ([("retry-after", "7")] if prompt == "429" else []))
             conn.send_data(sid, msg, end_stream=True)
         elif prompt == "tail":
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])

@@ -548,6 +548,18 @@ try:
     s, _, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "421", "max_tokens": 1})
     t.ok(s == 502 and b"upstream_failed" in b and b"answered 421" in b,
          "a region's 421 with no region left to try is a 502 to the client (%d %r)" % (s, b[:200]))
+    # A region at capacity (429) is alive, only busy: the next region takes
+    # the request and nothing counts against fk1; with none left, the
+    # client is told to retry when fk1 said.
+    t.ok(fk_ok() == 200, "fk1 answers before the 429")
+    s, h, b, only, fails = via_fk1("429")
+    t.ok(s == 200 and h.get("x-infergate-region") in names and only and fails == 0,
+         "a region's 429 is retried at the next region and is no failure of fk1's (%d %s, fk1 failures %d)"
+         % (s, h.get("x-infergate-region"), fails))
+    s, h, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "429", "max_tokens": 1})
+    t.ok(s == 429 and b"queue_full" in b and h.get("retry-after") == "7",
+         "a region's 429 with no region left to try: 429 queue_full, its Retry-After kept (%d %s %r)"
+         % (s, h.get("retry-after"), b[:200]))
     # A refused stream (RFC 9113 8.7: not processed) goes to the next region
     # and does not count against fk1.
     t.ok(fk_ok() == 200, "fk1 answers once more")
