@@ -176,6 +176,9 @@ int gw_http_server_adopt(gw_http_server *srv, int fd);
 void gw_http_server_drain(gw_http_server *srv);
 /* Number of open streams over all connections. */
 size_t gw_http_server_active_streams(const gw_http_server *srv);
+/* Whether any client connection is still open, closing ones included (an
+ * HTTP/2 one lingers until its peer has read the end and closed). */
+bool gw_http_server_has_conns(const gw_http_server *srv);
 /* Closes every connection (their streams get on_close) and frees. Not
  * from inside a handler callback. */
 void gw_http_server_free(gw_http_server *srv);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <event2/buffer.h>
@@ -625,7 +626,7 @@ static int conn_send(gw_http_conn *c)
     if (conn_flush(c))
         return -1;
     bool full = evbuffer_get_length(out) >= GW_HTTP_OUT_SOFT_MAX;
-    if (full && !c->read_paused) {
+    if (full && !c->read_paused && !c->lingering) {
         c->read_paused = true;
         bufferevent_disable(c->bev, EV_READ);
     } else if (!full && c->read_paused && !c->lingering) {
@@ -669,23 +670,38 @@ static void conn_settle(gw_http_conn *c, int rc)
     }
     if (nghttp2_session_want_read(c->ngh) || nghttp2_session_want_write(c->ngh))
         return;
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
-        gw_conn_free(c);
-        return;
-    }
+    /* nghttp2 is done. The output goes out, then our side is shut, and what
+     * the peer still sends (WINDOW_UPDATEs for the data it reads, its own
+     * GOAWAY) is read and dropped until it closes, for a bounded time, as
+     * HTTP/1 does (h1_shut). Closed with that input unread, the kernel
+     * resets the connection and drops what it had not sent yet: the end of
+     * the last response, our GOAWAY. */
     if (!c->lingering) {
         c->lingering = true;
-        bufferevent_disable(c->bev, EV_READ);
+        c->read_paused = false;
         bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
         gw_conn_set_timer(c, GW_HTTP_LINGER_MS);
-        if (c->broken)
+        if (c->broken || bufferevent_enable(c->bev, EV_READ)) {
             gw_conn_free(c);
+            return;
+        }
+    }
+    if (!c->h2_shut && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+        c->h2_shut = true;
+        if (c->tls)
+            gw_tls_close_notify(c->bev);
+        shutdown(bufferevent_getfd(c->bev), SHUT_WR);
     }
 }
 
 static void on_read(struct bufferevent *bev, void *arg)
 {
     gw_http_conn *c = arg;
+    if (c->lingering) { /* the peer's last frames: nothing more is read from them */
+        struct evbuffer *in = bufferevent_get_input(bev);
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
     int rc = conn_recv(c);
     if (!rc)
         rc = conn_send(c);

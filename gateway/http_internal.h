@@ -159,7 +159,8 @@ struct gw_http_conn {
     int8_t peer;       /* TLS: whether the client is a peer gateway (gw_conn_peer), -1 until asked */
     bool read_paused;  /* HTTP/2 output above the soft maximum: peer must read first */
     bool goaway;       /* idle GOAWAY submitted */
-    bool lingering;    /* nghttp2 is done; waiting for the output to drain */
+    bool lingering;    /* nghttp2 is done; waiting for the output to drain, then for the peer to close */
+    bool h2_shut;      /* HTTP/2, lingering: the output drained and our side is shut */
     bool writable_due; /* some stream's writable_due is set */
     bool broken;       /* an allocation failed where no error could be returned: close */
     bool dead;         /* being freed: gw_http_* calls on its streams fail */

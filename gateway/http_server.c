@@ -516,6 +516,11 @@ size_t gw_http_server_active_streams(const gw_http_server *srv)
     return srv->active_streams;
 }
 
+bool gw_http_server_has_conns(const gw_http_server *srv)
+{
+    return srv->conns != NULL;
+}
+
 void gw_http_server_free(gw_http_server *srv)
 {
     if (!srv)

@@ -93,7 +93,9 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
     gw_serve *g = arg;
     size_t open = gw_http_server_active_streams(g->http);
-    if (open == 0 || mono_s() > g->drain_deadline) {
+    /* The connections too, as they close: freed at once, one whose peer
+     * had not read the end of its last response lost it to a reset. */
+    if ((open == 0 && !gw_http_server_has_conns(g->http)) || mono_s() > g->drain_deadline) {
         if (open)
             fprintf(stderr, "infergate: grace period over: closing %zu open streams\n", open);
         loop_exit(g);

@@ -763,6 +763,42 @@ static void test_drain(void **state)
     cli_free(c);
 }
 
+static void run_for_exactly(tsrv *t, int ms);
+
+static bool no_conns(tsrv *t, void *arg)
+{
+    return t->srv->conns == NULL;
+}
+
+/* A drain whose last stream is a large one, to a client reading at its
+ * own pace. Once all is handed to the kernel, the server shuts its side
+ * and reads what the client still sends, dropping it, until the client
+ * closes. Freed at once instead, with frames of the client's unread (its
+ * WINDOW_UPDATEs, a PING), the kernel reset the connection and dropped the
+ * end of the response it still held. */
+static void test_drain_linger(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new_rcvbuf(t, 65535, true, 4096);
+    cli_get(c, "/big");
+    int one = 1;
+    assert_true(run_until(t, requests_reach, &one));
+    gw_http_server_drain(t->srv);
+    assert_true(run_until(t, cli_closed, c));
+    assert_int_equal(c->close_err, NGHTTP2_NO_ERROR);
+    assert_int_equal(c->data_total, BIG_RESPONSE);
+    assert_true(run_until(t, cli_eof, c)); /* the server's side is shut */
+    assert_true(c->goaway);
+    assert_non_null(t->srv->conns); /* ... and it reads on */
+    static const uint8_t ping[17] = {0, 0, 8, 6 /* PING */, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+    assert_int_equal(send(c->fd, ping, sizeof(ping), MSG_NOSIGNAL), (ssize_t)sizeof(ping));
+    run_for_exactly(t, 100);
+    char b;
+    assert_int_equal(recv(c->fd, &b, 1, MSG_DONTWAIT), 0); /* still a clean end, not a reset */
+    cli_free(c);
+    assert_true(run_until(t, no_conns, NULL));
+}
+
 static int setup_small(void **state)
 {
     gw_http_limits l;
@@ -1021,6 +1057,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_eof_closes_streams, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_idle_timeout, setup_idle, harness_teardown),
         cmocka_unit_test_setup_teardown(test_drain, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_drain_linger, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_body_timeout, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_empty_data_not_progress, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_answered_trailers_bounded, setup, harness_teardown),
