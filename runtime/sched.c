@@ -40,6 +40,11 @@ struct sreq {
     float *lp_row;        /* log-probabilities asked for: the step's raw logits, kept from the sampler */
     rt_token_logprobs lp; /* the last token's */
     bool ignore_eos, started, cancelled;
+    /* a batch request that had waited batch_max_wait_ms when admitted: not
+     * made to give way again (it could wait for ever); kept across a
+     * preemption. Its age alone says nothing: one admitted at once and
+     * running that long has not waited. */
+    bool waited_in;
     rt_priority prio;
     int64_t deadline_ms;
     rt_seq *seq;
@@ -411,19 +416,18 @@ static void preempt_at(rt_sched *s, int v)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The running request to give way: the youngest batch request that has
- * not aged (an aged one was admitted for having waited batch_max_wait_ms:
- * made to wait again, it could wait for ever); where there is none and
+/* The running request to give way: the youngest batch request not
+ * admitted after waiting batch_max_wait_ms (r->waited_in); where there is none and
  * `batch_only` is false, the youngest of all; else -1. Youngest by
  * submission, not admission: a request readmitted after a preemption
  * keeps its seniority, or it would be the next to give way, again and
  * again, and never finish. */
-static int youngest(const rt_sched *s, double now, bool batch_only)
+static int youngest(const rt_sched *s, bool batch_only)
 {
     int v = -1;
     for (int i = 0; i < s->n_running; i++) {
         const sreq *r = s->running[i];
-        if (r->prio == RT_PRIO_BATCH && !aged(s, r, now) && (v < 0 || r->t_submit >= s->running[v]->t_submit))
+        if (r->prio == RT_PRIO_BATCH && !r->waited_in && (v < 0 || r->t_submit >= s->running[v]->t_submit))
             v = i;
     }
     if (v >= 0 || batch_only)
@@ -437,12 +441,12 @@ static int youngest(const rt_sched *s, double now, bool batch_only)
 /* Whether preempting every running batch request that youngest may
  * pick would make room for a request of `blocks`: if not, none is
  * preempted, as their work would be lost and the request wait all the same. */
-static bool preemption_makes_room(const rt_sched *s, double now, int blocks, int promised)
+static bool preemption_makes_room(const rt_sched *s, int blocks, int promised)
 {
     int n = s->n_running, free_blocks = rt_kv_blocks_free(s->kv);
     for (int i = 0; i < s->n_running; i++) {
         const sreq *r = s->running[i];
-        if (r->prio != RT_PRIO_BATCH || aged(s, r, now))
+        if (r->prio != RT_PRIO_BATCH || r->waited_in)
             continue;
         n--;
         free_blocks += rt_seq_blocks(r->seq);
@@ -484,8 +488,8 @@ static void admit(rt_sched *s)
         int blocks = blocks_for(s, r->n_tokens);
         if (s->n_running >= s->o.max_seqs ||
             (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)) {
-            int v = r->prio == RT_PRIO_INTERACTIVE ? youngest(s, now, true) : -1;
-            if (v < 0 || !preemption_makes_room(s, now, blocks, promised))
+            int v = r->prio == RT_PRIO_INTERACTIVE ? youngest(s, true) : -1;
+            if (v < 0 || !preemption_makes_room(s, blocks, promised))
                 break;
             preempt_at(s, v);
             promised = promised_blocks(s);
@@ -503,6 +507,7 @@ static void admit(rt_sched *s)
         if (!r->seq)
             break;
         q_pop(q);
+        r->waited_in |= r->prio == RT_PRIO_BATCH && aged(s, r, now);
         r->started = true;
         r->n_done = 0;
         r->t_admit = now_s();
@@ -520,14 +525,14 @@ static void admit(rt_sched *s)
     }
 }
 
-/* The youngest running batch request not yet aged, or the youngest of all
- * where there is none, gives its blocks back and waits at the head of its
+/* The youngest running batch request not admitted after a long wait, or
+ * the youngest of all where there is none, gives its blocks back and waits at the head of its
  * queue to be recomputed from its tokens. Batch first: an interactive
  * request admitted after long batch jobs should not be the one that waits
  * again. */
-static void preempt_youngest(rt_sched *s, double now)
+static void preempt_youngest(rt_sched *s)
 {
-    preempt_at(s, youngest(s, now, false));
+    preempt_at(s, youngest(s, false));
 }
 
 /* Prompt tokens a step may carry besides its decodes. While sequences are
@@ -601,7 +606,7 @@ static int build_batch(rt_sched *s)
         }
         if (blocks <= rt_kv_blocks_free(s->kv) || s->n_running <= 1)
             return n;
-        preempt_youngest(s, now);
+        preempt_youngest(s);
     }
 }
 

@@ -6,17 +6,16 @@
  * and leave between steps.
  *
  * KV memory is paged (rt_kv): a sequence grows block by block. When the
- * pool runs dry, the most recently submitted batch sequence (one not yet
- * waiting batch_max_wait_ms since it came), or else the most recently
- * submitted of all, is preempted: its
- * blocks go back and it waits at the head of the queue to be recomputed
+ * pool runs dry, the most recently submitted batch sequence (one that had
+ * not waited batch_max_wait_ms when admitted), or else the most recently
+ * submitted of all, is preempted: its blocks go back and it waits at the
+ * head of the queue to be recomputed
  * (prompt plus the tokens it already produced), so nothing it streamed
  * changes. New requests wait while the pool is short: a request is admitted
  * when the pool has room for its known tokens on top of what the running
  * sequences' known tokens will still take. An interactive request that
  * finds no slot or room takes them from the youngest running batch
- * request (one not yet waiting batch_max_wait_ms since it came), which is
- * recomputed in its turn.
+ * request (the same kind), which is recomputed in its turn.
  *
  * Threads: submit, cancel and stats may be called from any thread. Event
  * callbacks run on the compute thread (save the final errors rt_sched_free

@@ -398,6 +398,35 @@ static void test_aged_batch_not_preempted(void **state)
     rt_sched_free(s);
 }
 
+/* A batch request admitted at once is no less the one to give way for
+ * having run past batch_max_wait_ms (50 ms here): its age since it came
+ * is not a wait. Read as one, the pool's shortage preempted the
+ * interactive request instead, which then waited behind the batch job.
+ * The gate holds the thread 150 ms before the pool runs dry. */
+static void test_running_batch_still_gives_way(void **state)
+{
+    batch_max_wait_ms = 50;
+    rt_sched *s = sched_new(4, 4, 8);
+    assert_int_equal(submit(s, GATE, 4, 60, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(true, 0));
+    assert_int_equal(submit(s, 1, 4, 60, RT_PRIO_BATCH), 0);
+    assert_int_equal(submit(s, 2, 4, 60, RT_PRIO_INTERACTIVE), 0);
+    gate_again(10); /* both admitted at once; held again ten tokens on */
+    assert_true(wait_seen(true, 0));
+    usleep(150 * 1000);
+    open_gate();
+    assert_true(wait_seen(false, 3));
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(seen.reason[i], "length");
+    assert_int_equal(seen.order[0], GATE);
+    assert_int_equal(seen.order[1], 2); /* the interactive request ran on */
+    assert_int_equal(seen.order[2], 1);
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_true(st.preemptions >= 1);
+    rt_sched_free(s);
+}
+
 /* Sampling parameters are checked at submission (the sampler itself is
  * made at admission): a bias on a token past the vocabulary is -EINVAL
  * there, and no event comes. */
@@ -426,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_interactive_preempts_batch),
         cmocka_unit_test(test_no_preemption_for_nothing),
         cmocka_unit_test(test_aged_batch_not_preempted),
+        cmocka_unit_test(test_running_batch_still_gives_way),
         cmocka_unit_test(test_free_slots_counted_once),
         cmocka_unit_test(test_batch_aging),
         cmocka_unit_test(test_admission_counts_promised_blocks),
