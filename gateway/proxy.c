@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_TRIES 2          /* local only: a failure before the first response byte is retried once */
+#define MAX_TRIES 2          /* local workers: a failure before the first response byte is retried once */
 #define RETRY_TOKENS_MAX 100 /* the retry budget saves up at most this many retries */
 #define MAX_NEED_TAGS 16
 #define NEED_TAG_MAX 32 /* a residency tag's bytes, its NUL included */
@@ -40,6 +40,7 @@ typedef struct preq {
     char model[GW_BODY_MODEL_MAX];
     char tenant[GW_TENANT_NAME_MAX + 1];
     int worker, tries, status;
+    int local_tries; /* of the tries, those sent to a local worker (MAX_TRIES) */
     bool responded, sse, logged;
     bool sse_error;              /* the answer's stream held an error event */
     bool cut;                    /* the upstream failed after the status went out */
@@ -535,7 +536,7 @@ static bool retry(preq *p, bool region_at_fault)
     p->probe = false;
     if (!p->stream || g->retry_tokens < 1)
         return false;
-    int other = !p->remote && p->worker >= 0 && p->tries < MAX_TRIES
+    int other = !p->remote && p->worker >= 0 && p->local_tries < MAX_TRIES
                     ? gw_supervisor_pick(g->sup, p->model, p->worker)
                     : -1;
     if (other >= 0) {
@@ -590,7 +591,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         for (size_t i = 0; i < n; i++)
             if (!strcmp(hs[i].name, "retry-after")) {
                 long v = strtol(hs[i].value, NULL, 10);
-                retry_after = v >= 1 && v <= 60 ? (int)v : retry_after;
+                retry_after = v < 1 ? retry_after : v > 60 ? 60 : (int)v;
             }
         gw_upstream_cancel(p->up);
         p->up = NULL;
@@ -858,6 +859,7 @@ static void send_upstream(preq *p)
         target = gw_supervisor_worker(g->sup, p->worker)->target;
     }
     p->tries++;
+    p->local_tries += !p->remote;
     p->up = gw_upstream_send(g->pool, target, r->method, r->path, p->remote ? p->remote->rec.name : "localhost", h, n,
                              r->body, r->body_len, &up_cbs, p);
     /* A target the pool cannot use (a peer's record with an endpoint it

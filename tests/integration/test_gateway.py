@@ -813,6 +813,12 @@ finally:
     os.kill(slow_pid, signal.SIGCONT)
     os.kill(small_pid, signal.SIGCONT)
 t.ok(wait_until(ready, 20, "workers ready again"), "the workers, thawed, are ready again")
+# The drain below holds a worker still for as long as its checks take:
+# response_timeout_ms back to its default, so a slow run cannot end that
+# stream with upstream_timeout.
+open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)]))
+g.send_signal(1)
+wait_until(lambda: open(log_path).read().count("reloaded") >= 5, 10, "fifth reload")
 
 # --- SIGTERM drains ---
 # a connection accepted before the drain whose protocol is only known after
