@@ -50,6 +50,7 @@ typedef struct preq {
     route_decision route;        /* candidate regions, in order */
     int cand;                    /* candidates taken: the one being tried is route.cand[cand - 1] */
     bool probe;                  /* the request is the probe of the region it is sent to */
+    uint64_t probe_claim;        /* which claim of that probe it holds (route_region_probe_claim) */
     route_region *remote;        /* the remote region being tried; NULL when local */
     uint64_t remote_id;          /* its id then: the table may have dropped it since (route_region_is) */
     /* What every candidate must have, kept for failover: a record may
@@ -503,12 +504,13 @@ static route_region *remote_region(const preq *p)
 /* The remote region being tried answered the request, or failed it: its
  * failures are what ejects it; a probe's outcome decides its ejection,
  * once (a stream that fails long after its answer must not decide a later
- * probe, held by another request). */
+ * probe, held by another request), and only while its claim is the one out. */
 static void region_report(preq *p, bool ok)
 {
-    if (remote_region(p))
-        (p->probe ? route_region_report_probe : route_region_report)(p->g->table, p->remote, ok,
-                                                                     route_clock_ms());
+    if (remote_region(p) && p->probe)
+        route_region_report_probe(p->g->table, p->remote, ok, route_clock_ms(), p->probe_claim);
+    else if (remote_region(p))
+        route_region_report(p->g->table, p->remote, ok, route_clock_ms());
     p->probe = false;
 }
 
@@ -532,7 +534,7 @@ static bool retry(preq *p, bool region_at_fault)
     if (region_at_fault)
         region_failed(p);
     else if (remote_region(p) && p->probe) /* refused unprocessed: the probe is the next request's */
-        route_region_release_probe(p->remote);
+        route_region_release_probe(p->remote, p->probe_claim);
     p->probe = false;
     if (!p->stream || g->retry_tokens < 1)
         return false;
@@ -969,6 +971,7 @@ static bool try_next(preq *p)
                               (!r->local && !route_region_claim(r, route_clock_ms(), &probe))))
             continue;
         p->probe = probe;
+        p->probe_claim = probe ? route_region_probe_claim(r) : 0;
         if (r->local) {
             int w = gw_supervisor_pick(g->sup, p->model, p->remote ? -1 : p->worker);
             if (w < 0)
@@ -978,7 +981,7 @@ static bool try_next(preq *p)
         } else {
             if (!*gw_regions_target(g, r)) {
                 if (probe)
-                    route_region_release_probe(r);
+                    route_region_release_probe(r, p->probe_claim);
                 continue;
             }
             p->remote = r;
@@ -1540,7 +1543,7 @@ void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
      * region: the next request probes, now rather than after
      * probe_timeout_ms. */
     if (p->probe && remote_region(p))
-        route_region_release_probe(p->remote);
+        route_region_release_probe(p->remote, p->probe_claim);
     if (!finished && !p->status)
         p->status = 499;
     /* The status went out, so it is what is counted; whether the answer

@@ -697,7 +697,19 @@ bool route_region_take_probe(route_region *r, int64_t now_ms)
         return false;
     r->probing = true;
     s->probe_deadline_ms = now_ms + s->table->o.probe_timeout_ms;
+    s->probe_claims++;
     return true;
+}
+
+uint64_t route_region_probe_claim(const route_region *r)
+{
+    return route__slot((route_region *)r)->probe_claims;
+}
+
+static bool probe_is(route_region *r, uint64_t claim)
+{
+    route_slot *s = route__slot(r);
+    return s->in_use && r->probing && s->probe_claims == claim;
 }
 
 bool route_region_claim(route_region *r, int64_t now_ms, bool *probe)
@@ -707,9 +719,10 @@ bool route_region_claim(route_region *r, int64_t now_ms, bool *probe)
     return st == ROUTE__USABLE || *probe;
 }
 
-void route_region_release_probe(route_region *r)
+void route_region_release_probe(route_region *r, uint64_t claim)
 {
-    r->probing = false;
+    if (probe_is(r, claim))
+        r->probing = false;
 }
 
 static void eject(const route_table *t, route_region *r, int64_t now_ms)
@@ -742,11 +755,12 @@ void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_m
         eject(t, r, now_ms);
 }
 
-void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms)
+void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms, uint64_t claim)
 {
     /* counted as any outcome (while ejected, that only counts); then, if
-     * the probe is still out (not timed out and claimed again), it decides */
-    bool probing = route__slot(r)->in_use && r->probing;
+     * the probe is still this claim's (not timed out and claimed again), it
+     * decides */
+    bool probing = probe_is(r, claim);
     route_region_report(t, r, ok, now_ms);
     if (!probing)
         return;

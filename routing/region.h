@@ -195,8 +195,11 @@ bool route_table_shared_ok(const route_table *t);
  * failure no longer doubled the back-off, nor its success ended it. */
 void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_ms);
 /* The probe's outcome: success makes the region healthy again (failures and
- * the back-off reset); failure ejects it again for twice as long. */
-void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms);
+ * the back-off reset); failure ejects it again for twice as long. `claim`
+ * is the request's (route_region_probe_claim): a probe that timed out and
+ * was claimed again is the new claim's to decide, and this outcome only
+ * counts, as any other request's. */
+void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms, uint64_t claim);
 /* Heartbeat fresh: the record was received within stale_after_ms (<= 0:
  * never stale). The local region is always fresh. */
 bool route_region_fresh(const route_table *t, const route_region *r, int64_t now_ms);
@@ -211,9 +214,14 @@ bool route_region_take_probe(route_region *r, int64_t now_ms);
  * (*probe set: report its outcome with route_region_report_probe). Such a
  * candidate was left unclaimed by route_decide. */
 bool route_region_claim(route_region *r, int64_t now_ms, bool *probe);
+/* Which claim of r's probe is out, read by the request that just claimed
+ * it (route_region_take_probe, route_region_claim, route_decide's
+ * d.probe), for its release and report. */
+uint64_t route_region_probe_claim(const route_region *r);
 /* Gives a claimed probe back unused (the request never reached the region,
- * or the region refused it unprocessed), so the next request may take it
- * now rather than after probe_timeout_ms. */
-void route_region_release_probe(route_region *r);
+ * or the region refused it unprocessed, or its client left before the
+ * answer), so the next request may take it now rather than after
+ * probe_timeout_ms; nothing if that claim is no longer the one out. */
+void route_region_release_probe(route_region *r, uint64_t claim);
 
 #endif

@@ -18,6 +18,7 @@ typedef struct route_slot {
      * turned away without reading the hash arrays. */
     uint64_t model_bloom, tag_bloom;
     int64_t probe_deadline_ms; /* a claimed probe not reported by then may be claimed again */
+    uint64_t probe_claims;     /* probes claimed so far: the current one's claim (route_region_probe_claim) */
     /* route_decide's scratch between its two passes. */
     double scratch_ms;
     bool scratch_ok;

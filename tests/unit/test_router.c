@@ -812,7 +812,7 @@ static void test_ejection(void **state)
     assert_true(ra->probing);
     assert_true(route_region_ejected(ra, t1));
     /* The probe fails: ejected for twice as long, then 4x, then capped at 8x. */
-    route_region_report_probe(t, ra, false, t1);
+    route_region_report_probe(t, ra, false, t1, route_region_probe_claim(ra));
     assert_int_equal(ra->ejections, 2);
     assert_int_equal(ra->ejected_until_ms, t1 + 2000);
     int64_t tt = t1 + 2000;
@@ -820,7 +820,7 @@ static void test_ejection(void **state)
     for (int i = 0; i < 3; i++) {
         assert_true(route_region_ejected(ra, tt - 1));
         assert_true(route_region_take_probe(ra, tt));
-        route_region_report_probe(t, ra, false, tt);
+        route_region_report_probe(t, ra, false, tt, route_region_probe_claim(ra));
         assert_int_equal(ra->ejected_until_ms - tt, want[i]);
         tt += want[i];
     }
@@ -829,12 +829,22 @@ static void test_ejection(void **state)
     assert_true(route_region_take_probe(ra, tt));
     assert_true(route_region_ejected(ra, tt + 4999));
     assert_false(route_region_take_probe(ra, tt + 4999));
+    uint64_t stale_claim = route_region_probe_claim(ra);
     tt += 5000;
     assert_false(route_region_ejected(ra, tt));
     assert_true(route_region_take_probe(ra, tt));
+    /* The request whose probe timed out neither gives back nor decides the
+     * new one: its failure only counts, its client's leaving releases
+     * nothing. */
+    route_region_release_probe(ra, stale_claim);
+    assert_true(ra->probing);
+    int before = ra->ejections;
+    route_region_report_probe(t, ra, false, tt, stale_claim);
+    assert_int_equal(ra->ejections, before);
+    assert_true(ra->probing);
 
     /* The probe succeeds: healthy again, the back-off starts over. */
-    route_region_report_probe(t, ra, true, tt);
+    route_region_report_probe(t, ra, true, tt, route_region_probe_claim(ra));
     assert_false(route_region_ejected(ra, tt));
     assert_int_equal(ra->ejections, 0);
     assert_int_equal(ra->consecutive_failures, 0);
@@ -861,7 +871,8 @@ static void test_ejection(void **state)
     assert_true(probe && ra->probing);
     assert_false(route_region_claim(ra, tt, &probe)); /* one probe at a time */
     assert_false(probe);
-    route_region_release_probe(ra); /* given back unused (refused, or no way to the region) */
+    route_region_release_probe(
+        ra, route_region_probe_claim(ra)); /* given back unused (refused, or no way there) */
     assert_true(route_region_claim(ra, tt, &probe) && probe);
     assert_int_equal(route_decide(t, &q, &d), 1);
     assert_string_equal(cand(&d, 0), "b");
