@@ -519,16 +519,24 @@ static bool read_paused(tsrv *t, void *arg)
     return t->srv->conns && t->srv->conns->read_paused;
 }
 
+/* A client that opens its windows wide, asks for /big and reads nothing:
+ * returned once the server has stopped reading it. */
+static tcli *cli_stalled_on_big(tsrv *t)
+{
+    tcli *c = cli_new_rcvbuf(t, (1u << 31) - 1, false, 4096);
+    assert_int_equal(nghttp2_session_set_local_window_size(c->ngh, NGHTTP2_FLAG_NONE, 0, (1 << 30)), 0);
+    cli_get(c, "/big");
+    assert_true(run_until(t, read_paused, NULL));
+    return c;
+}
+
 /* A peer that opens its windows wide and then stops reading: the server
  * keeps at most the soft maximum (plus a frame) in the connection's output
  * and stops reading the peer; the peer's going ends the stream. */
 static void test_stalled_reader(void **state)
 {
     tsrv *t = *state;
-    tcli *c = cli_new_rcvbuf(t, (1u << 31) - 1, false, 4096);
-    assert_int_equal(nghttp2_session_set_local_window_size(c->ngh, NGHTTP2_FLAG_NONE, 0, (1 << 30)), 0);
-    cli_get(c, "/big");
-    assert_true(run_until(t, read_paused, NULL));
+    tcli *c = cli_stalled_on_big(t);
     gw_http_conn *sc = t->srv->conns;
     size_t out = evbuffer_get_length(bufferevent_get_output(sc->bev));
     assert_true(out >= GW_HTTP_OUT_SOFT_MAX);
@@ -549,10 +557,7 @@ static void test_stalled_reader(void **state)
 static void test_paused_read_resumes(void **state)
 {
     tsrv *t = *state;
-    tcli *c = cli_new_rcvbuf(t, (1u << 31) - 1, false, 4096);
-    assert_int_equal(nghttp2_session_set_local_window_size(c->ngh, NGHTTP2_FLAG_NONE, 0, (1 << 30)), 0);
-    cli_get(c, "/big");
-    assert_true(run_until(t, read_paused, NULL));
+    tcli *c = cli_stalled_on_big(t);
     gw_http_conn *sc = t->srv->conns;
     /* room in the kernel for the whole output once the peer has read */
     int big = 4 << 20;
