@@ -66,6 +66,13 @@ typedef struct gw_http_limits {
                                         client is its gateway). Connections with a verified
                                         client certificate (peers) are not bound */
     uint32_t max_concurrent_streams; /* SETTINGS_MAX_CONCURRENT_STREAMS (default 256) */
+    uint32_t max_cut_streams;        /* HTTP/2: streams a connection may see reset (by its client,
+                                        or by nghttp2 for what the client sent) while the
+                                        application held them, per 10 s; past it the connection
+                                        gets GOAWAY ENHANCE_YOUR_CALM. 0: twice
+                                        max_concurrent_streams, at least 64; UINT32_MAX: no bound
+                                        (a worker, whose one client is its gateway). Peers are
+                                        not bound */
     size_t max_header_list;          /* bytes of headers per request, larger -> 431 (default
                                         64 KiB): HTTP/2 counts as SETTINGS_MAX_HEADER_LIST_SIZE
                                         does, HTTP/1.x the raw request line and header lines */

@@ -30,6 +30,8 @@
  * bound them further). */
 #define H2_STREAM_WINDOW ((size_t)1 << 20)
 #define H2_CONN_WINDOW ((size_t)16 << 20)
+/* The window of limits.max_cut_streams (conn_count_cut). */
+#define H2_CUT_WINDOW_MS 10000
 
 /* ---- stream bounds ---- */
 
@@ -543,12 +545,44 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     return 0;
 }
 
+/* A stream the application had taken ended reset by the client's doing.
+ * Past limits.max_cut_streams in H2_CUT_WINDOW_MS, the connection is told
+ * to calm down and closed. nghttp2 1.52 bounds only
+ * the RST_STREAMs a client sends (rapid reset, CVE-2023-44487); a client
+ * can as well make the server reset its streams, with a frame the
+ * protocol forbids there ("MadeYouReset", CVE-2025-8671), and each such
+ * stream cost the application its work all the same. A peer gateway, all
+ * of whose clients' cancellations share one connection, is not held to
+ * it. */
+static void conn_count_cut(gw_http_conn *c)
+{
+    int64_t now = mono_ms();
+    if (now - c->h2_cut_since_ms > H2_CUT_WINDOW_MS) {
+        c->h2_cut_since_ms = now;
+        c->h2_cut = 0;
+    }
+    if (++c->h2_cut <= c->srv->limits.max_cut_streams || c->goaway || gw_conn_peer(c))
+        return;
+    fprintf(stderr, "http2: a connection had %u streams reset in %d s: closed (ENHANCE_YOUR_CALM)\n",
+            (unsigned)c->h2_cut, H2_CUT_WINDOW_MS / 1000);
+    c->goaway = true;
+    if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_ENHANCE_YOUR_CALM))
+        c->broken = true;
+}
+
 static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_code, void *ud)
 {
     gw_http_stream *s = stream_of(ngh, id);
     if (s) {
+        /* reset by the client, or by nghttp2 for what the client sent; not
+         * by the application (gw_http_reset: its upstream failed, or the
+         * client read too slowly), which says nothing of the client */
+        bool cut = s->state == GW_SS_APP && !s->fin_sent && !s->reset && error_code != NGHTTP2_NO_ERROR;
+        gw_http_conn *c = s->conn;
         stream_body_done(s);
         gw_stream_closed(s, s->fin_sent);
+        if (cut)
+            conn_count_cut(c);
     }
     return 0;
 }

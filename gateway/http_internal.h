@@ -168,6 +168,8 @@ struct gw_http_conn {
     int64_t h2_check_ms;  /* HTTP/2 with streams: when the timer is set to check their due_ms, 0: not set */
     size_t h2_body_bytes; /* HTTP/2: request body bytes held by streams still receiving theirs */
     size_t h2_header_bytes; /* HTTP/2: header bytes kept by its open streams (H2_CONN_HEADER_BUDGET) */
+    uint32_t h2_cut;        /* HTTP/2: streams the application had, ended reset, since h2_cut_since_ms */
+    int64_t h2_cut_since_ms;
     gw_h1 h1;             /* HTTP/1.x only */
 };
 

@@ -30,6 +30,7 @@ void gw_http_limits_default(gw_http_limits *l)
     l->max_body = 1 << 20;
     l->max_conn_body = 0; /* 4 x max_body */
     l->max_concurrent_streams = 256;
+    l->max_cut_streams = 0; /* 2 x max_concurrent_streams, at least 64 */
     l->max_header_list = 64 << 10;
     l->max_stream_buffer = 1 << 20;
     l->idle_timeout_ms = 120000;
@@ -429,6 +430,8 @@ void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits
      * window read it) */
     size_t mb = srv->limits.max_body;
     srv->limits.max_conn_body = l->max_conn_body ? l->max_conn_body : mb > SIZE_MAX / 4 ? SIZE_MAX : 4 * mb;
+    uint32_t mcs = srv->limits.max_concurrent_streams;
+    srv->limits.max_cut_streams = l->max_cut_streams ? l->max_cut_streams : mcs > 32 ? 2 * mcs : 64;
 }
 
 gw_http_server *gw_http_server_new(struct event_base *base, const gw_http_limits *limits,

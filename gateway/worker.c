@@ -930,6 +930,7 @@ int gw_cmd_worker(int argc, char **argv)
     /* Its one client is its gateway, which multiplexes many requests on a
      * connection and has bounded their bodies already. */
     lim.max_conn_body = SIZE_MAX;
+    lim.max_cut_streams = UINT32_MAX; /* its clients' cancellations all come over it */
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:l:h", opts, NULL)) != -1) {

@@ -255,6 +255,7 @@ typedef struct tcli {
     bool closed, goaway, eof, rst_on_data, rst_sent;
     uint32_t close_err;
     int n_closed, n_refused, n_rst;
+    uint32_t goaway_err;
     /* request bodies sent piece by piece (cli_upload) */
     struct tupload {
         char data[4096];
@@ -336,8 +337,10 @@ static int cli_on_close(nghttp2_session *s, int32_t id, uint32_t err, void *ud)
 static int cli_on_frame(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 {
     tcli *c = ud;
-    if (f->hd.type == NGHTTP2_GOAWAY)
+    if (f->hd.type == NGHTTP2_GOAWAY) {
         c->goaway = true;
+        c->goaway_err = f->goaway.error_code;
+    }
     c->n_rst += f->hd.type == NGHTTP2_RST_STREAM;
     return 0;
 }
@@ -804,6 +807,59 @@ static void test_drain_linger(void **state)
     assert_true(run_until(t, no_conns, NULL));
 }
 
+static bool cli_closed_or_goaway(tsrv *t, void *arg)
+{
+    tcli *c = arg;
+    return c->closed || c->goaway;
+}
+
+/* "MadeYouReset": a client makes the server reset the streams it sends,
+ * each already taken by the application, with a frame the protocol
+ * forbids there (a WINDOW_UPDATE past the stream's largest window: a
+ * stream error; nghttp2 1.52 takes a 0 increment, or DATA after the
+ * stream's end, for connection errors). nghttp2 1.52 counts only
+ * the resets a client sends; past 64 such streams (max_concurrent_streams
+ * 16 here) the connection is told ENHANCE_YOUR_CALM and closed. */
+static void test_made_you_reset(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 65535, true);
+    int i;
+    for (i = 0; i < 200 && !c->goaway; i++) {
+        c->closed = false;
+        int32_t id = cli_get(c, "/hang");
+        int n = i + 1;
+        assert_true(run_until(t, requests_reach, &n) || c->goaway);
+        const uint8_t wu[13] = {0,
+                                0,
+                                4,
+                                8 /* WINDOW_UPDATE */,
+                                0,
+                                (uint8_t)(id >> 24),
+                                (uint8_t)(id >> 16),
+                                (uint8_t)(id >> 8),
+                                (uint8_t)id,
+                                0x7f,
+                                0xff,
+                                0xff,
+                                0xff};
+        assert_int_equal(send(c->fd, wu, sizeof(wu), MSG_NOSIGNAL), (ssize_t)sizeof(wu));
+        assert_true(run_until(t, cli_closed_or_goaway, c));
+    }
+    assert_true(c->goaway);
+    assert_int_equal(c->goaway_err, NGHTTP2_ENHANCE_YOUR_CALM);
+    assert_true(i >= 64 && i <= 66);
+    cli_free(c);
+}
+
+static int setup_few_streams(void **state)
+{
+    gw_http_limits l;
+    gw_http_limits_default(&l);
+    l.max_concurrent_streams = 16;
+    return setup_limits(state, &l);
+}
+
 static int setup_small(void **state)
 {
     gw_http_limits l;
@@ -1063,6 +1119,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idle_timeout, setup_idle, harness_teardown),
         cmocka_unit_test_setup_teardown(test_drain, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_drain_linger, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_made_you_reset, setup_few_streams, harness_teardown),
         cmocka_unit_test_setup_teardown(test_body_timeout, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_empty_data_not_progress, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_answered_trailers_bounded, setup, harness_teardown),
