@@ -547,13 +547,12 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
 
 /* A stream the application had taken ended reset by the client's doing.
  * Past limits.max_cut_streams in H2_CUT_WINDOW_MS, the connection is told
- * to calm down and closed. nghttp2 1.52 bounds only
- * the RST_STREAMs a client sends (rapid reset, CVE-2023-44487); a client
- * can as well make the server reset its streams, with a frame the
- * protocol forbids there ("MadeYouReset", CVE-2025-8671), and each such
- * stream cost the application its work all the same. A peer gateway, all
- * of whose clients' cancellations share one connection, is not held to
- * it. */
+ * to calm down and closed. nghttp2 1.52 bounds only the RST_STREAMs a
+ * client sends (rapid reset, CVE-2023-44487); a client can as well make
+ * the server reset its streams, with a frame the protocol forbids there
+ * ("MadeYouReset", CVE-2025-8671), and each such stream cost the
+ * application its work all the same. A peer gateway, all of whose
+ * clients' cancellations share one connection, is not held to it. */
 static void conn_count_cut(gw_http_conn *c)
 {
     int64_t now = mono_ms();
