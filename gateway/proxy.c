@@ -695,8 +695,19 @@ static void scan_sse(preq *p, const uint8_t *data, size_t len)
  * upstream's DATA frames follow its flow-control window, not events). So
  * the error event written after an upstream failure never lands inside a
  * half-sent event, which a client would read as one event of broken JSON.
- * An "event" longer than SSE_HOLD_MAX is let through as it comes. */
+ * An "event" longer than the hold's bound is let through as it comes: at
+ * most SSE_HOLD_MAX, and a quarter of stream_buffer_bytes, so that what a
+ * slow reader's stream holds (half the buffer before the upstream is read
+ * no more, its window of a quarter, and the hold) never exceeds it: with a
+ * small buffer, an event of a few KiB (top_logprobs) was held whole and
+ * written at once past it, and the stream reset. */
 #define SSE_HOLD_MAX 16384
+
+static size_t sse_hold_max(const preq *p)
+{
+    size_t q = p->g->cfg->limits.stream_buffer_bytes / 4;
+    return q < SSE_HOLD_MAX ? q : SSE_HOLD_MAX;
+}
 
 static int sse_hold(preq *p, const uint8_t *data, size_t len)
 {
@@ -713,9 +724,10 @@ static int sse_write(preq *p, const uint8_t *data, size_t len)
     while (cut > 0 && !(data[cut - 1] == '\n' &&
                         (cut >= 2 ? data[cut - 2] == '\n' : p->hold_len && p->hold[p->hold_len - 1] == '\n')))
         cut--;
-    if (cut == 0 && p->hold_len + len <= SSE_HOLD_MAX)
+    size_t hold_max = sse_hold_max(p);
+    if (cut == 0 && p->hold_len + len <= hold_max)
         return sse_hold(p, data, len);
-    if (cut == 0 || len - cut > SSE_HOLD_MAX)
+    if (cut == 0 || len - cut > hold_max)
         cut = len; /* no event boundary within reach: pass it all */
     if (p->hold_len) {
         int rc = gw_http_write(p->stream, p->hold, p->hold_len);

@@ -2,7 +2,11 @@
 local worker that fails before answering is retried on another local
 worker, as it is without one. The region is one routing candidate however
 many workers it has: the request used to move on to the next region, and
-with none left was answered 503 while a sibling worker stood ready."""
+with none left was answered 503 while a sibling worker stood ready.
+
+The gateway runs with the smallest stream buffer (4 KiB): a client that
+reads slowly a stream whose events are larger than a quarter of it
+(top_logprobs) still gets the whole stream."""
 import json
 import os
 import re
@@ -28,6 +32,7 @@ workers:
   - {model: "%s", name: m, threads: 1, max_seqs: 4}
   - {model: "%s", name: m, threads: 1, max_seqs: 4}
 region: {name: solo}
+limits: {stream_buffer_bytes: 4096}
 logging: {access_log: "%s"}
 stats_interval_ms: 100
 runtime_dir: "%s"
@@ -62,6 +67,59 @@ try:
          "a local worker killed before answering: retried on the other local worker, not failed for want of a "
          "region (%d, worker %s, tries %s)" % (s, h.get("x-infergate-worker"), line.get("tries")))
     t.ok(h.get("x-infergate-region") == "solo", "answered in this region: %s" % h.get("x-infergate-route"))
+    wait_until(ready, 60, "the killed worker back")
+
+    # Events of ~2.8 KiB (20 top_logprobs each) against a 4 KiB buffer, to
+    # a client that reads slowly: a window of 4 KiB, 1 KiB more every
+    # 20 ms. An event held whole (up to 16 KiB) and written at once on top
+    # of what the stream already held went past the buffer, and the stream
+    # was reset.
+    import socket
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    c.local_settings = h2.settings.Settings(client=True, initial_values={
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 4096})
+    c.initiate_connection()
+    lp_body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+                          "temperature": 0, "stream": True, "logprobs": True, "top_logprobs": 20}).encode()
+    c.send_headers(1, [(":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
+                       (":authority", "127.0.0.1"), ("content-type", "application/json")])
+    c.send_data(1, lp_body, end_stream=True)
+    s.sendall(c.data_to_send())
+    s.settimeout(0.02)
+    got, outcome, unacked, until = b"", None, 0, time.time() + 60
+    while outcome is None and time.time() < until:
+        try:
+            data = s.recv(65536)
+        except socket.timeout:
+            data = None
+        if data == b"":
+            outcome = "closed"
+            break
+        for ev in c.receive_data(data) if data else []:
+            if isinstance(ev, h2.events.DataReceived):
+                got += ev.data
+                unacked += ev.flow_controlled_length
+            elif isinstance(ev, h2.events.StreamEnded):
+                outcome = "ended"
+            elif isinstance(ev, h2.events.StreamReset):
+                outcome = "reset"
+        if unacked and outcome is None:
+            n = min(unacked, 1024)
+            c.acknowledge_received_data(n, 1)
+            unacked -= n
+            time.sleep(0.02)
+        s.sendall(c.data_to_send())
+    s.close()
+    events = [e for e in got.split(b"\n\n") if e.startswith(b"data: {")]
+    t.ok(outcome == "ended" and got.rstrip().endswith(b"data: [DONE]") and len(events) >= 40
+         and max(len(e) for e in events) > 1024,
+         "a 4 KiB stream buffer: a client that reads events of %d bytes slowly still gets them all (%s, %d events)"
+         % (max(len(e) for e in events) if events else 0, outcome, len(events)))
 finally:
     g.send_signal(signal.SIGTERM)
     try:
