@@ -58,7 +58,12 @@ static void stream_due(gw_http_stream *s, int64_t due)
 
 static void stream_due_idle(gw_http_stream *s)
 {
-    stream_due(s, mono_ms() + s->conn->srv->limits.idle_timeout_ms);
+    int64_t due = mono_ms() + s->conn->srv->limits.idle_timeout_ms;
+    /* An answered request's body is read and dropped for a bounded time
+     * in all, as HTTP/1 lingers, not for as long as it keeps coming. */
+    if (s->drop_until_ms && due > s->drop_until_ms)
+        due = s->drop_until_ms;
+    stream_due(s, due);
 }
 
 /* The stream stops receiving its request body: the body leaves the
@@ -540,8 +545,12 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     s->fin_sent = true;
     if (s->rst_after_fin && nghttp2_submit_rst_stream(ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR))
         s->conn->broken = true;
-    else if ((s->body_dropped || s->state == GW_SS_REJECTED) && !s->remote_ended)
-        stream_due_idle(s); /* answered: the rest of the body has idle_timeout_ms, or the stream goes */
+    else if ((s->body_dropped || s->state == GW_SS_REJECTED) && !s->remote_ended) {
+        /* answered: each piece of the rest of the body has idle_timeout_ms,
+         * and all of it GW_HTTP_LINGER_MS, or the stream goes */
+        s->drop_until_ms = mono_ms() + GW_HTTP_LINGER_MS;
+        stream_due_idle(s);
+    }
     return 0;
 }
 

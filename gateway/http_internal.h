@@ -86,6 +86,7 @@ struct gw_http_stream {
      * and, once answered, its pending output while the peer's window holds
      * it (idle_timeout_ms). The connection's timer checks them. */
     int64_t due_ms;
+    int64_t drop_until_ms; /* HTTP/2, answered with its body still coming: dropped until then at most */
     void *user;
 
     /* request: strings live in the arena */

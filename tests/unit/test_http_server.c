@@ -943,6 +943,37 @@ static void test_empty_data_not_progress(void **state)
     cli_free(c);
 }
 
+/* The body of a request already answered (413 for its content-length) is
+ * read and dropped for GW_HTTP_LINGER_MS (5 s) in all, as HTTP/1 lingers:
+ * a byte every 100 ms kept the stream open for ever, each within
+ * idle_timeout_ms (two minutes here). */
+static void test_answered_body_bounded(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 65535, true);
+    char big_len[32];
+    snprintf(big_len, sizeof(big_len), "%zu", t->lim.max_body + 1);
+    nghttp2_nv nv[] = {NV(":method", "POST"), NV(":scheme", "http"), NV(":authority", "127.0.0.1"),
+                       NV(":path", "/echo"), NV("content-length", big_len)};
+    int32_t id = nghttp2_submit_headers(c->ngh, NGHTTP2_FLAG_NONE, -1, NULL, nv, 5, NULL);
+    assert_true(id > 0);
+    assert_int_equal(cli_send(c), 0);
+    assert_true(run_until(t, cli_status_seen, c));
+    assert_int_equal(c->status, 413);
+    long t0 = now_ms();
+    const uint8_t piece[10] = {
+        0,           0,  1, 0 /* DATA */, 0, (uint8_t)(id >> 24), (uint8_t)(id >> 16), (uint8_t)(id >> 8),
+        (uint8_t)id, 'x'};
+    while (!c->n_rst && now_ms() - t0 < 9000) {
+        assert_int_equal(send(c->fd, piece, sizeof(piece), MSG_NOSIGNAL), (ssize_t)sizeof(piece));
+        run_for_exactly(t, 100);
+    }
+    assert_true(c->n_rst > 0);
+    assert_true(now_ms() - t0 >= 4500);
+    assert_int_equal(t->n_request, 0);
+    cli_free(c);
+}
+
 /* Trailers of a request already answered (400 here, for a field with a
  * control byte) are bounded as any header block is: 40 one-byte
  * references to a 4000-byte field decode to past twice max_header_list,
@@ -1123,6 +1154,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_body_timeout, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_empty_data_not_progress, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_answered_trailers_bounded, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_answered_body_bounded, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_window_held, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_header_block_timeout, setup_header_block, harness_teardown),
         cmocka_unit_test_setup_teardown(test_conn_body_bound, setup_conn_body, harness_teardown),
