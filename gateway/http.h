@@ -183,8 +183,10 @@ int gw_http_server_adopt(gw_http_server *srv, int fd);
 void gw_http_server_drain(gw_http_server *srv);
 /* Number of open streams over all connections. */
 size_t gw_http_server_active_streams(const gw_http_server *srv);
-/* Whether any client connection is still open, closing ones included (an
- * HTTP/2 one lingers until its peer has read the end and closed). */
+/* Whether any client connection that has carried requests is still open,
+ * closing ones included (an HTTP/2 one lingers until its peer has read the
+ * end and closed, at most GW_HTTP_LINGER_MS); not one whose protocol or
+ * TLS handshake is still to come, which has nothing to lose. */
 bool gw_http_server_has_conns(const gw_http_server *srv);
 /* Closes every connection (their streams get on_close) and frees. Not
  * from inside a handler callback. */

@@ -531,6 +531,15 @@ static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
 
 static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, void *ud)
 {
+    if (frame->hd.type == NGHTTP2_RST_STREAM) {
+        /* Ours go through gw_h2_reset (s->reset) or end in NO_ERROR; any
+         * other is nghttp2's, for what the client sent (conn_count_cut). */
+        gw_http_stream *s = stream_of(ngh, frame->hd.stream_id);
+        if (s && s->state == GW_SS_APP && !s->reset && !s->fin_sent &&
+            frame->rst_stream.error_code != NGHTTP2_NO_ERROR)
+            s->reset_for_client = true;
+        return 0;
+    }
     if ((frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) ||
         !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
         return 0;
@@ -554,14 +563,15 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     return 0;
 }
 
-/* A stream the application had taken ended reset by the client's doing.
- * Past limits.max_cut_streams in H2_CUT_WINDOW_MS, the connection is told
- * to calm down and closed. nghttp2 1.52 bounds only the RST_STREAMs a
- * client sends (rapid reset, CVE-2023-44487); a client can as well make
- * the server reset its streams, with a frame the protocol forbids there
- * ("MadeYouReset", CVE-2025-8671), and each such stream cost the
- * application its work all the same. A peer gateway, all of whose
- * clients' cancellations share one connection, is not held to it. */
+/* nghttp2 reset a stream the application had taken, for a frame the
+ * client sent that the protocol forbids there. Past limits.max_cut_streams
+ * such streams in H2_CUT_WINDOW_MS, the connection is told to calm down
+ * and closed. nghttp2 1.52 bounds only the RST_STREAMs a client sends
+ * (rapid reset, CVE-2023-44487, by its own token bucket, which closes
+ * gracefully: a client's own cancellations are left to it); a client can
+ * as well make the server reset its streams ("MadeYouReset",
+ * CVE-2025-8671), and each such stream cost the application its work all
+ * the same. Peer gateways are not held to it. */
 static void conn_count_cut(gw_http_conn *c)
 {
     int64_t now = mono_ms();
@@ -571,21 +581,20 @@ static void conn_count_cut(gw_http_conn *c)
     }
     if (++c->h2_cut <= c->srv->limits.max_cut_streams || c->goaway || gw_conn_peer(c))
         return;
-    fprintf(stderr, "http2: a connection had %u streams reset in %d s: closed (ENHANCE_YOUR_CALM)\n",
+    fprintf(stderr,
+            "http2: a client made the server reset %u of its streams in %d s: closed (ENHANCE_YOUR_CALM)\n",
             (unsigned)c->h2_cut, H2_CUT_WINDOW_MS / 1000);
     c->goaway = true;
     if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_ENHANCE_YOUR_CALM))
         c->broken = true;
+    gw_conn_set_timer(c, GW_HTTP_LINGER_MS); /* for the GOAWAY to go out */
 }
 
 static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_code, void *ud)
 {
     gw_http_stream *s = stream_of(ngh, id);
     if (s) {
-        /* reset by the client, or by nghttp2 for what the client sent; not
-         * by the application (gw_http_reset: its upstream failed, or the
-         * client read too slowly), which says nothing of the client */
-        bool cut = s->state == GW_SS_APP && !s->fin_sent && !s->reset && error_code != NGHTTP2_NO_ERROR;
+        bool cut = s->reset_for_client;
         gw_http_conn *c = s->conn;
         stream_body_done(s);
         gw_stream_closed(s, s->fin_sent);
@@ -729,6 +738,10 @@ static void conn_settle(gw_http_conn *c, int rc)
         }
     }
     if (!c->h2_shut && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+        if (c->h2_peer_eof) { /* it has closed its side: nothing more to wait for */
+            gw_conn_free(c);
+            return;
+        }
         c->h2_shut = true;
         if (c->tls)
             gw_tls_close_notify(c->bev);
@@ -758,10 +771,19 @@ static void on_write(struct bufferevent *bev, void *arg)
 
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
+    gw_http_conn *c = arg;
+    /* Lingering, the peer's end of its sending is no reason to drop what
+     * is still going out to it: that goes, then the connection. */
+    if (what == (BEV_EVENT_READING | BEV_EVENT_EOF) && c->lingering && !c->h2_shut &&
+        evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+        c->h2_peer_eof = true;
+        bufferevent_disable(bev, EV_READ);
+        return;
+    }
     /* EOF, error, or no write progress for idle_timeout_ms: the peer is
      * gone or not reading, and its streams end unfinished. */
     if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
-        gw_conn_free(arg);
+        gw_conn_free(c);
 }
 
 void gw_h2_on_send(gw_http_conn *c)

@@ -79,6 +79,8 @@ struct gw_http_stream {
     bool sized;        /* a streamed response of a length said in advance (gw_http_begin_length) */
     uint64_t resp_left; /* sized: body bytes still to be written */
     bool rst_after_fin; /* HTTP/2: RST_STREAM(NO_ERROR) once the response ended (a body timed out) */
+    bool reset_for_client; /* HTTP/2: nghttp2 reset it, the application holding it, for a frame the
+                              client sent that the protocol forbids there (conn_count_cut) */
     bool body_dropped;  /* HTTP/2: answered from its head (on_head): the body that comes is dropped */
     int reject_status;  /* pending server answer (400, 413, 414, 431), 0 if none */
     /* HTTP/2: monotonic ms by which the stream must move on, 0 for no
@@ -162,6 +164,7 @@ struct gw_http_conn {
     bool goaway;       /* idle GOAWAY submitted */
     bool lingering;    /* nghttp2 is done; waiting for the output to drain, then for the peer to close */
     bool h2_shut;      /* HTTP/2, lingering: the output drained and our side is shut */
+    bool h2_peer_eof;  /* HTTP/2, lingering: the peer shut its side before our output drained */
     bool writable_due; /* some stream's writable_due is set */
     bool broken;       /* an allocation failed where no error could be returned: close */
     bool dead;         /* being freed: gw_http_* calls on its streams fail */

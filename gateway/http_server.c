@@ -521,7 +521,10 @@ size_t gw_http_server_active_streams(const gw_http_server *srv)
 
 bool gw_http_server_has_conns(const gw_http_server *srv)
 {
-    return srv->conns != NULL;
+    for (const gw_http_conn *c = srv->conns; c; c = c->next)
+        if (c->proto == GW_PROTO_H1 || c->proto == GW_PROTO_H2)
+            return true;
+    return false;
 }
 
 void gw_http_server_free(gw_http_server *srv)
