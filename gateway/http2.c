@@ -517,14 +517,16 @@ static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
         s->remote_ended = true;
         request_complete(s);
-    } else if (frame->hd.type == NGHTTP2_HEADERS
-                   ? s->state == GW_SS_BODY || s->body_dropped
-                   : (s->state == GW_SS_BODY || s->body_dropped || s->state == GW_SS_REJECTED) &&
-                         frame->hd.length > frame->data.padlen) {
+    } else {
         /* The next piece of the body is due. Only a DATA frame that brought
          * some of it counts: empty ones every so often held a stream (and
          * its kept headers) open for ever. */
-        stream_due_idle(s);
+        bool body_due = s->state == GW_SS_BODY || s->body_dropped;
+        bool moved = frame->hd.type == NGHTTP2_HEADERS
+                         ? body_due
+                         : (body_due || s->state == GW_SS_REJECTED) && frame->hd.length > frame->data.padlen;
+        if (moved)
+            stream_due_idle(s);
     }
     return 0;
 }

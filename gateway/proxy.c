@@ -514,6 +514,14 @@ static void region_report(preq *p, bool ok)
     p->probe = false;
 }
 
+/* A probe this request holds and will not report: the next request's. */
+static void probe_give_back(preq *p)
+{
+    if (p->probe && remote_region(p))
+        route_region_release_probe(p->remote, p->probe_claim);
+    p->probe = false;
+}
+
 static void region_failed(preq *p)
 {
     region_report(p, false);
@@ -533,9 +541,8 @@ static bool retry(preq *p, bool region_at_fault)
     gw_serve *g = p->g;
     if (region_at_fault)
         region_failed(p);
-    else if (remote_region(p) && p->probe) /* refused unprocessed: the probe is the next request's */
-        route_region_release_probe(p->remote, p->probe_claim);
-    p->probe = false;
+    else
+        probe_give_back(p); /* refused unprocessed */
     if (!p->stream || g->retry_tokens < 1)
         return false;
     int other = !p->remote && p->worker >= 0 && p->local_tries < MAX_TRIES
@@ -1554,8 +1561,7 @@ void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
     /* A probe the client left before its answer says nothing of the
      * region: the next request probes, now rather than after
      * probe_timeout_ms. */
-    if (p->probe && remote_region(p))
-        route_region_release_probe(p->remote, p->probe_claim);
+    probe_give_back(p);
     if (!finished && !p->status)
         p->status = 499;
     /* The status went out, so it is what is counted; whether the answer

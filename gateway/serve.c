@@ -79,13 +79,18 @@ static int demo_model_path(char *out, size_t n, char *err, size_t err_len)
  * stopped, libevent's handler would take a signal into a pipe nobody reads
  * and a "stop now" would be lost. serve() catches them plainly, then lets
  * them through (the gateway has no other thread they could go to). */
-static void loop_exit(gw_serve *g)
+static void stop_signals(int how)
 {
     sigset_t stop;
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGINT);
-    sigprocmask(SIG_BLOCK, &stop, NULL);
+    sigprocmask(how, &stop, NULL);
+}
+
+static void loop_exit(gw_serve *g)
+{
+    stop_signals(SIG_BLOCK);
     event_base_loopexit(g->base, NULL);
 }
 
@@ -642,11 +647,7 @@ int gw_cmd_serve(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGINT);
-    sigprocmask(SIG_UNBLOCK, &stop, NULL);
+    stop_signals(SIG_UNBLOCK);
     gw_supervisor_wait(g.sup, g.cfg->drain_grace_s, &hurry);
     fprintf(stderr, "infergate: stopped\n");
     status = 0;

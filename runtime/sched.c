@@ -422,14 +422,17 @@ static void preempt_at(rt_sched *s, int v)
  * submission, not admission: a request readmitted after a preemption
  * keeps its seniority, or it would be the next to give way, again and
  * again, and never finish. */
+static bool gives_way_first(const sreq *r)
+{
+    return r->prio == RT_PRIO_BATCH && !r->waited_in;
+}
+
 static int youngest(const rt_sched *s, bool batch_only)
 {
     int v = -1;
-    for (int i = 0; i < s->n_running; i++) {
-        const sreq *r = s->running[i];
-        if (r->prio == RT_PRIO_BATCH && !r->waited_in && (v < 0 || r->t_submit >= s->running[v]->t_submit))
+    for (int i = 0; i < s->n_running; i++)
+        if (gives_way_first(s->running[i]) && (v < 0 || s->running[i]->t_submit >= s->running[v]->t_submit))
             v = i;
-    }
     if (v >= 0 || batch_only)
         return v;
     for (int i = 0; i < s->n_running; i++)
@@ -446,7 +449,7 @@ static bool preemption_makes_room(const rt_sched *s, int blocks, int promised)
     int n = s->n_running, free_blocks = rt_kv_blocks_free(s->kv);
     for (int i = 0; i < s->n_running; i++) {
         const sreq *r = s->running[i];
-        if (r->prio != RT_PRIO_BATCH || r->waited_in)
+        if (!gives_way_first(r))
             continue;
         n--;
         free_blocks += rt_seq_blocks(r->seq);
