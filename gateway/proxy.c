@@ -563,6 +563,31 @@ static bool retry(preq *p, bool region_at_fault)
     return false;
 }
 
+/* Could retry() send the request on? It spends nothing, so that a request
+ * with nowhere to go can have its worker's own answer passed on. A later
+ * candidate region may yet turn out ejected: retry() then says no. */
+static bool may_move_on(const preq *p)
+{
+    const gw_serve *g = p->g;
+    if (!p->stream || g->retry_tokens < 1)
+        return false;
+    return (!p->remote && p->worker >= 0 && p->local_tries < MAX_TRIES &&
+            gw_supervisor_has_other(g->sup, p->model, p->worker)) ||
+           p->cand < p->route.n;
+}
+
+/* An upstream's Retry-After (seconds), within 1..60; 1 without one. */
+static int retry_after_of(const gw_http_header *hs, size_t n)
+{
+    int retry_after = 1;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(hs[i].name, "retry-after")) {
+            long v = strtol(hs[i].value, NULL, 10);
+            retry_after = v < 1 ? retry_after : v > 60 ? 60 : (int)v;
+        }
+    return retry_after;
+}
+
 static void up_response(void *ud, int status, const gw_http_header *hs, size_t n)
 {
     preq *p = ud;
@@ -596,12 +621,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
      * Passed on, its 429 told the client to back off while the fleet had
      * room elsewhere. */
     if (status == 429 && p->remote) {
-        int retry_after = 1;
-        for (size_t i = 0; i < n; i++)
-            if (!strcmp(hs[i].name, "retry-after")) {
-                long v = strtol(hs[i].value, NULL, 10);
-                retry_after = v < 1 ? retry_after : v > 60 ? 60 : (int)v;
-            }
+        int retry_after = retry_after_of(hs, n);
         gw_upstream_cancel(p->up);
         p->up = NULL;
         region_report(p, true);
@@ -610,6 +630,24 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         respond(p, 429, "rate_limit_error", "queue_full", NULL, retry_after,
                 "region %s is at capacity and no other region could take the request; retry shortly",
                 p->region);
+        return;
+    }
+    /* A local worker that turned the request away unstarted — its queue
+     * full (429), its KV cache too small for it or its memory short (503) —
+     * leaves it to a sibling, whose queue and cache are its own, else to
+     * the next region. With neither, its own answer passes on. */
+    if ((status == 429 || status == 503) && !p->remote && p->worker >= 0 && may_move_on(p)) {
+        int retry_after = retry_after_of(hs, n);
+        gw_upstream_cancel(p->up);
+        p->up = NULL;
+        if (retry(p, false) || !p->stream)
+            return;
+        if (status == 429)
+            respond(p, 429, "rate_limit_error", "queue_full", NULL, retry_after,
+                    "worker %d is at capacity and no other could take the request; retry shortly", p->worker);
+        else
+            respond(p, 503, "server_error", "no_worker_ready", NULL, 1,
+                    "worker %d could not take the request and no other could", p->worker);
         return;
     }
     region_report(p, status < 500);

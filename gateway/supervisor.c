@@ -665,12 +665,12 @@ bool gw_supervisor_serves(const gw_supervisor *s, const char *model)
     return false;
 }
 
-int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude)
+static int least_loaded(const gw_supervisor *s, const char *model, int exclude)
 {
     int best = -1;
     double best_load = 0;
     for (int i = 0; i < s->n; i++) {
-        sworker *w = &s->w[i];
+        const sworker *w = &s->w[i];
         if (i == exclude || !w->info.ready || strcmp(w->cfg->name, model))
             continue;
         int slots = w->info.max_seqs > 0 ? w->info.max_seqs : 1;
@@ -682,7 +682,18 @@ int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude)
             best_load = load;
         }
     }
+    return best;
+}
+
+int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude)
+{
+    int best = least_loaded(s, model, exclude);
     if (best >= 0)
         s->w[best].picked++;
     return best;
+}
+
+bool gw_supervisor_has_other(const gw_supervisor *s, const char *model, int exclude)
+{
+    return least_loaded(s, model, exclude) >= 0;
 }

@@ -63,5 +63,7 @@ bool gw_supervisor_serves(const gw_supervisor *s, const char *model);
  * none): fewest queued, then fewest running relative to max_seqs. -1 when
  * none is ready. Counts the request as queued on it until the next stats. */
 int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude);
+/* Would gw_supervisor_pick find one? (It counts nothing.) */
+bool gw_supervisor_has_other(const gw_supervisor *s, const char *model, int exclude);
 
 #endif

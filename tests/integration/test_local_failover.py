@@ -2,7 +2,9 @@
 local worker that fails before answering is retried on another local
 worker, as it is without one. The region is one routing candidate however
 many workers it has: the request used to move on to the next region, and
-with none left was answered 503 while a sibling worker stood ready.
+with none left was answered 503 while a sibling worker stood ready. So is
+a request a local worker turns away unstarted (its KV cache too small,
+503; its queue full, 429, by the same path): the sibling has its own.
 
 The gateway runs with the smallest stream buffer (4 KiB): a client that
 reads slowly a stream whose events are larger than a quarter of it
@@ -20,7 +22,9 @@ from harness import INFERGATE, Checks, curl, free_port, gen_model, parse_curl, s
 
 t = Checks()
 d = tmpdir()
-model = gen_model(os.path.join(d, "m.gguf"), dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=512, ctx=512,
+# 2 KiB of KV cache a token: worker 0's 1 MiB holds 512 of them, fewer
+# than the context; worker 1's 4 MiB holds all 1024.
+model = gen_model(os.path.join(d, "m.gguf"), dim=128, layers=4, heads=4, kv_heads=4, ffn=256, vocab=512, ctx=1024,
                   type="q8_0", seed=9)
 port = free_port()
 access_log = os.path.join(d, "access.log")
@@ -29,8 +33,8 @@ open(cfg, "w").write("""
 listen:
   - address: "127.0.0.1:%d"
 workers:
-  - {model: "%s", name: m, threads: 1, max_seqs: 4}
-  - {model: "%s", name: m, threads: 1, max_seqs: 4}
+  - {model: "%s", name: m, threads: 1, max_seqs: 4, kv_cache_mb: 1}
+  - {model: "%s", name: m, threads: 1, max_seqs: 4, kv_cache_mb: 4}
 region: {name: solo}
 limits: {stream_buffer_bytes: 4096}
 logging: {access_log: "%s"}
@@ -68,6 +72,17 @@ try:
          "region (%d, worker %s, tries %s)" % (s, h.get("x-infergate-worker"), line.get("tries")))
     t.ok(h.get("x-infergate-region") == "solo", "answered in this region: %s" % h.get("x-infergate-route"))
     wait_until(ready, 60, "the killed worker back")
+
+    # Both idle: worker 0 is picked first, and its cache cannot hold a
+    # 600-token prompt. Worker 1's can.
+    long_body = {"model": "m", "prompt": [(7 * i) % 500 + 3 for i in range(600)], "max_tokens": 4,
+                 "temperature": 0}
+    s, h, b = curl(url + "/v1/completions", data=long_body, headers=["x-request-id: too-long-for-0"])
+    line = wait_until(lambda: [json.loads(x) for x in open(access_log) if '"too-long-for-0"' in x], 5,
+                      "its log line")[-1]
+    t.ok(s == 200 and h.get("x-infergate-worker") == "1" and line.get("tries") == 2,
+         "a local worker whose KV cache cannot hold the prompt (503): the request goes to the other one (%d, "
+         "worker %s, tries %s: %s)" % (s, h.get("x-infergate-worker"), line.get("tries"), b[:200]))
 
     # Events of ~2.8 KiB (20 top_logprobs each) against a 4 KiB buffer, to
     # a client that reads slowly: a window of 4 KiB, 1 KiB more every
@@ -116,7 +131,8 @@ try:
         s.sendall(c.data_to_send())
     s.close()
     events = [e for e in got.split(b"\n\n") if e.startswith(b"data: {")]
-    t.ok(outcome == "ended" and got.rstrip().endswith(b"data: [DONE]") and len(events) >= 40
+    finished = [e for e in events if b'"finish_reason":"' in e]
+    t.ok(outcome == "ended" and got.rstrip().endswith(b"data: [DONE]") and len(events) >= 20 and finished
          and max(len(e) for e in events) > 1024,
          "a 4 KiB stream buffer: a client that reads events of %d bytes slowly still gets them all (%s, %d events)"
          % (max(len(e) for e in events) if events else 0, outcome, len(events)))
