@@ -39,12 +39,18 @@ struct sreq {
     int top_logprobs;     /* with lp_row: how many of the likeliest to report */
     float *lp_row;        /* log-probabilities asked for: the step's raw logits, kept from the sampler */
     rt_token_logprobs lp; /* the last token's */
-    bool ignore_eos, started, cancelled;
+    bool ignore_eos, cancelled;
     /* a batch request that had waited batch_max_wait_ms when admitted: not
      * made to give way again (it could wait for ever); kept across a
      * preemption. Its age alone says nothing: one admitted at once and
      * running that long has not waited. */
     bool waited_in;
+    /* Time spent waiting is what ages a batch request (aged): t_queued is
+     * when it last joined a waiting queue, waited_s its time in them
+     * before that. Running time does not count: a batch job preempted
+     * after running for batch_max_wait_ms came straight back ahead of the
+     * interactive request it gave way to, and then could not be preempted. */
+    double t_queued, waited_s;
     rt_priority prio;
     int64_t deadline_ms;
     rt_seq *seq;
@@ -241,7 +247,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     q->deadline_ms = r->deadline_ms;
     q->cb = r->cb;
     q->user = r->user;
-    q->t_submit = now_s();
+    q->t_submit = q->t_queued = now_s();
 
     pthread_mutex_lock(&s->mu);
     int rc = 0;
@@ -360,7 +366,8 @@ static void intake(rt_sched *s)
             if (n_cancels && take_cancel(ids, n_cancels, r->id)) {
                 finish_error(s, r, -ECANCELED);
                 dropped[p]++;
-            } else if (!r->started && r->deadline_ms && now > r->deadline_ms) {
+            } else if (r->n_gen == 0 && r->deadline_ms && now > r->deadline_ms) {
+                /* nothing sent yet, a request preempted in its prefill included */
                 finish_error(s, r, -ETIMEDOUT);
                 dropped[p]++;
             } else {
@@ -380,10 +387,11 @@ static void intake(rt_sched *s)
 }
 
 /* The queue to admit from: interactive, unless the oldest batch request
- * has waited batch_max_wait_ms and came before the oldest interactive one. */
+ * has waited batch_max_wait_ms in all and came before the oldest
+ * interactive one. r is waiting. */
 static bool aged(const rt_sched *s, const sreq *r, double now)
 {
-    return now - r->t_submit >= s->o.batch_max_wait_ms / 1e3;
+    return r->waited_s + (now - r->t_queued) >= s->o.batch_max_wait_ms / 1e3;
 }
 
 static queue *next_queue(rt_sched *s, double now)
@@ -407,6 +415,7 @@ static void preempt_at(rt_sched *s, int v)
     rt_seq_free(r->seq);
     r->seq = NULL;
     r->n_done = 0;
+    r->t_queued = now_s();
     q_push_front(&s->waiting[r->prio], r);
     pthread_mutex_lock(&s->mu);
     s->n_waiting[r->prio]++;
@@ -511,7 +520,7 @@ static void admit(rt_sched *s)
             break;
         q_pop(q);
         r->waited_in |= r->prio == RT_PRIO_BATCH && aged(s, r, now);
-        r->started = true;
+        r->waited_s += now - r->t_queued;
         r->n_done = 0;
         r->t_admit = now_s();
         s->running[s->n_running++] = r;
@@ -556,8 +565,9 @@ static int prefill_budget(const rt_sched *s, int n_dec)
 }
 
 /* Which pass of build_batch a running request's tokens go in: decodes
- * first, then the prompts of interactive requests (and of batch ones aged
- * as next_queue ages them), then the other batch prompts. In admission
+ * first, then the prompts of interactive requests (and of batch ones that
+ * were aged, as next_queue ages them, when admitted), then the other batch
+ * prompts. In admission
  * order alone, a batch request's long prompt admitted first took the whole
  * budget every step, and an interactive request behind it had its first
  * token only once that prompt was done (a review measured 6 ms -> 991 ms). */
@@ -566,11 +576,11 @@ static bool decoding(const sreq *r)
     return r->n_done > 0 && r->n_tokens - r->n_done == 1;
 }
 
-static int batch_pass(const rt_sched *s, const sreq *r, double now)
+static int batch_pass(const sreq *r)
 {
     if (decoding(r))
         return 0;
-    return r->prio == RT_PRIO_INTERACTIVE || aged(s, r, now) ? 1 : 2;
+    return r->prio == RT_PRIO_INTERACTIVE || r->waited_in ? 1 : 2;
 }
 
 /* Fills s->batch: every decoding sequence's one token, then prompt chunks
@@ -578,7 +588,6 @@ static int batch_pass(const rt_sched *s, const sreq *r, double now)
  * count. */
 static int build_batch(rt_sched *s)
 {
-    const double now = now_s();
     for (;;) {
         int n_dec = 0;
         for (int i = 0; i < s->n_running; i++)
@@ -588,7 +597,7 @@ static int build_batch(rt_sched *s)
             for (int i = 0; i < s->n_running; i++) {
                 sreq *r = s->running[i];
                 int remaining = r->n_tokens - r->n_done;
-                if (batch_pass(s, r, now) != pass)
+                if (batch_pass(r) != pass)
                     continue;
                 int take = remaining < budget ? remaining : budget;
                 if (pass == 0)
@@ -622,7 +631,9 @@ static void update_stats_token(rt_sched *s, sreq *r, double now)
         st->ttft_ewma_ms = st->ttft_ewma_ms ? st->ttft_ewma_ms + EWMA_ALPHA * (ttft - st->ttft_ewma_ms) : ttft;
         st->prefill_ewma_ms =
             st->prefill_ewma_ms ? st->prefill_ewma_ms + EWMA_ALPHA * (prefill - st->prefill_ewma_ms) : prefill;
-    } else {
+    } else if (r->t_last >= r->t_admit) {
+        /* not the first token after a preemption: its wait and recompute
+         * are no token's time */
         double tpot = (now - r->t_last) * 1e3;
         st->tpot_ewma_ms = st->tpot_ewma_ms ? st->tpot_ewma_ms + EWMA_ALPHA * (tpot - st->tpot_ewma_ms) : tpot;
     }

@@ -76,7 +76,7 @@ typedef struct rt_sched_event {
      * it. They count as generated, but their text is not in the answer, so
      * neither are their log-probabilities. */
     int stop_tokens;
-    int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the start, -ECANCELED, -ENOMEM, -EIO */
+    int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the first token, -ECANCELED, -ENOMEM, -EIO */
 } rt_sched_event;
 
 typedef void (*rt_sched_cb)(void *user, const rt_sched_event *ev);
@@ -109,7 +109,8 @@ void rt_sched_free(rt_sched *s);
  * come. */
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id);
 /* The clock of deadline_ms (epoch milliseconds): a request is dropped
- * once it reads past its deadline before the request started. */
+ * once it reads past its deadline before its first token (a request
+ * preempted while its prompt was prefilled included). */
 int64_t rt_sched_epoch_ms(void);
 /* How many more requests of priority p rt_sched_submit would take now
  * (slots free plus room in p's queue); 0 when it would answer -EAGAIN. */

@@ -427,6 +427,71 @@ static void test_running_batch_still_gives_way(void **state)
     rt_sched_free(s);
 }
 
+/* A batch request that gives way to an interactive one waits behind it,
+ * however long it had run: running is not waiting. Aged by the time since
+ * it came (150 ms here, against a batch_max_wait_ms of 50), it was
+ * readmitted at once ahead of the interactive request, and as "aged" could
+ * not be preempted again: the interactive request waited for it to end. */
+static void test_preempted_batch_stays_behind(void **state)
+{
+    batch_max_wait_ms = 50;
+    rt_sched *s = sched_new(1, 4, 0);
+    assert_int_equal(submit(s, GATE, 4, 400, RT_PRIO_BATCH), 0);
+    assert_true(wait_seen(true, 0));
+    usleep(150 * 1000);
+    assert_int_equal(submit(s, 1, 4, 2, RT_PRIO_INTERACTIVE), 0);
+    open_gate();
+    assert_true(wait_seen(false, 2));
+    assert_int_equal(seen.order[0], 1);
+    assert_int_equal(seen.order[1], GATE);
+    assert_string_equal(seen.reason[1], "length");
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.preemptions, 1);
+    rt_sched_free(s);
+}
+
+/* A request preempted while its prompt was prefilled has sent nothing:
+ * its deadline still drops it (504 in the worker), instead of an answer
+ * computed long after the client gave up on it. Two slots, 8 tokens a
+ * step: request 1's 490-token prompt is part done when interactive request
+ * 2 takes its slot, and waits past its deadline while the gate holds. */
+static void test_deadline_after_preemption(void **state)
+{
+    max_batch_tokens = 8;
+    rt_sched *s = sched_new(2, 4, 0);
+    assert_int_equal(submit(s, GATE, 4, 300, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(true, 0));
+    int32_t prompt[490];
+    for (int i = 0; i < 490; i++)
+        prompt[i] = 1 + (7 * i) % 500;
+    rt_sched_req r = {.prompt = prompt,
+                      .n_prompt = 490,
+                      .max_tokens = 2,
+                      .ignore_eos = true,
+                      .priority = RT_PRIO_BATCH,
+                      .cb = on_event,
+                      .user = (void *)(intptr_t)1,
+                      .deadline_ms = rt_sched_epoch_ms() + 400};
+    rt_sampler_params_default(&r.sampling);
+    uint64_t id;
+    assert_int_equal(rt_sched_submit(s, &r, &id), 0);
+    gate_again(3); /* request 1 admitted, two chunks of its prompt done */
+    assert_true(wait_seen(true, 0));
+    assert_int_equal(submit(s, 2, 4, 300, RT_PRIO_INTERACTIVE), 0);
+    gate_again(6); /* request 2 admitted in its place */
+    assert_true(wait_seen(true, 0));
+    usleep(800 * 1000);
+    open_gate();
+    assert_true(wait_seen(false, 3));
+    assert_int_equal(seen.order[0], 1);
+    assert_string_equal(seen.reason[0], "error");
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.preemptions, 1);
+    rt_sched_free(s);
+}
+
 /* Sampling parameters are checked at submission (the sampler itself is
  * made at admission): a bias on a token past the vocabulary is -EINVAL
  * there, and no event comes. */
@@ -461,6 +526,8 @@ int main(void)
         cmocka_unit_test(test_admission_counts_promised_blocks),
         cmocka_unit_test(test_interactive_prefill_first),
         cmocka_unit_test(test_bad_sampling_refused),
+        cmocka_unit_test(test_preempted_batch_stays_behind),
+        cmocka_unit_test(test_deadline_after_preemption),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
