@@ -512,10 +512,14 @@ static int parse_logit_bias(json_t *root, int32_t n_vocab, rt_sampler_params *sp
     json_t *v;
     json_object_foreach(lb, key, v)
     {
+        /* Decimal digits only, no sign, space or leading zero: strtoll
+         * alone read "05" and " +5" as 5, and two keys for one token
+         * summed past the bound of 100. */
         char *end;
         errno = 0;
         long long id = strtoll(key, &end, 10);
-        if (end == key || *end || errno || id < 0 || id > INT32_MAX || (n_vocab > 0 && id >= n_vocab))
+        bool canonical = key[0] >= '0' && key[0] <= '9' && (key[0] != '0' || !key[1]);
+        if (!canonical || *end || errno || id > INT32_MAX || (n_vocab > 0 && id >= n_vocab))
             return bad(e, "logit_bias", "logit_bias: '%.40s' is not a token id of this model (0 to %ld)", key,
                        n_vocab > 0 ? (long)n_vocab - 1 : (long)INT32_MAX);
         double b = json_is_number(v) ? json_number_value(v) : NAN;
@@ -649,10 +653,10 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
     req->max_tokens = (int)(mct > 0 ? mct : mt);
     req->max_tokens_name = mct > 0 ? "max_completion_tokens" : "max_tokens";
 
-    if ((rc = get_int(root, "n", LLONG_MIN, LLONG_MAX, &x, e)) < 0)
+    if ((rc = get_int(root, "n", 1, LLONG_MAX, &x, e)) < 0)
         return rc;
     if (rc && x != 1)
-        return bad(e, "n", "only n=1 is supported");
+        return unsupported(e, "n", "'n' other than 1 (one choice a request)");
 
     if ((rc = parse_sampling(root, req, e)) < 0)
         return rc;

@@ -407,6 +407,10 @@ static const struct bad_case {
     {C("\"logit_bias\":{\"12x\":1}"), "logit_bias", "not a token id"},
     {C("\"logit_bias\":{\"32000\":1}"), "logit_bias", "not a token id"},
     {C("\"logit_bias\":{\"-1\":1}"), "logit_bias", "not a token id"},
+    {C("\"logit_bias\":{\"05\":1}"), "logit_bias", "not a token id"},
+    {C("\"logit_bias\":{\" 5\":1}"), "logit_bias", "not a token id"},
+    {C("\"logit_bias\":{\"+5\":1}"), "logit_bias", "not a token id"},
+    {C("\"logit_bias\":{\"\":1}"), "logit_bias", "not a token id"},
     {C("\"logit_bias\":{\"5\":100.5}"), "logit_bias", "-100 to 100"},
     {C("\"logit_bias\":{\"5\":\"1\"}"), "logit_bias", "-100 to 100"},
     {C("\"echo\":1"), "echo", "boolean"},
@@ -421,8 +425,7 @@ static const struct bad_case {
     {C("\"presence_penalty\":\"x\""), "presence_penalty", "number"},
     {C("\"frequency_penalty\":-2.01"), "frequency_penalty", "at least -2"},
     {C("\"frequency_penalty\":{}"), "frequency_penalty", "number"},
-    {C("\"n\":2"), "n", "n=1"},
-    {C("\"n\":0"), "n", "n=1"},
+    {C("\"n\":0"), "n", "at least 1"},
     {C("\"n\":\"1\""), "n", "integer"},
     {C("\"user\":1"), "user", "'user' must be a string"},
     {C("\"user\":false"), "user", "string"},
@@ -461,7 +464,7 @@ static const struct bad_case {
      "messages[0].content[0].text", "string"},
     {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
      "messages[0].content[0].text", "string"},
-    {H("\"n\":2"), "n", NULL},
+    {H("\"n\":-3"), "n", NULL},
     {H("\"temperature\":\"0\""), "temperature", NULL},
     {H("\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]"), "stop", NULL},
 };
@@ -615,6 +618,8 @@ static void test_unsupported_fields(void **state)
     expect_unsupported("\"echo\":true", false, "echo");
     expect_unsupported("\"suffix\":\"}\"", false, "suffix");
     expect_unsupported("\"best_of\":2", false, "best_of");
+    expect_unsupported("\"n\":2", false, "n");
+    expect_unsupported("\"n\":2", true, "n");
 
     static const char *const off_chat[] = {
         "\"logprobs\":false",
