@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- detection ---- */
 
@@ -41,6 +42,7 @@ static const char *const k_names[RT_CHAT_N_KINDS] = {
     [RT_CHAT_ZEPHYR] = "zephyr",         [RT_CHAT_MISTRAL_V1] = "mistral-v1",
     [RT_CHAT_MISTRAL_V3] = "mistral-v3", [RT_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
     [RT_CHAT_MISTRAL_V7] = "mistral-v7", [RT_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
+    [RT_CHAT_LLAMA31] = "llama3.1",      [RT_CHAT_LLAMA32] = "llama3.2",
 };
 
 rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
@@ -59,8 +61,13 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
             return (rt_chat_kind)k;
     /* Order matters: a template may mention several markers (e.g. a Llama-3
      * template explaining ChatML in a comment), so the most specific first. */
+    /* Llama 3.1 and later always open with a system turn that dates the
+     * conversation: 3.2's by the day it is rendered (strftime_now, which
+     * Hugging Face and llama.cpp define), 3.1's and 3.3's by a fixed day. */
     if (contains(tmpl, len, "<|start_header_id|>"))
-        return RT_CHAT_LLAMA3;
+        return !contains(tmpl, len, "Cutting Knowledge Date") ? RT_CHAT_LLAMA3
+               : contains(tmpl, len, "strftime_now")          ? RT_CHAT_LLAMA32
+                                                              : RT_CHAT_LLAMA31;
     if (contains(tmpl, len, "<|im_start|>"))
         return RT_CHAT_CHATML;
     /* Phi-3 (<|end|>) and StableLM's Zephyr (<|endoftext|>) share the role
@@ -253,11 +260,28 @@ static void render_turns(buf *b, const rt_chat_msg *msgs, int n, const char *ope
 }
 
 /* Meta-Llama-3-Instruct: bos, then per message
- * <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>. */
-static void render_llama3(buf *b, const rt_chat_msg *msgs, int n, const char *bos)
+ * <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>.
+ * Llama 3.1's (with a date): a system turn first, always, that says
+ * "Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n" and then
+ * the first message's content if it is a system message (trimmed); the
+ * rest as Llama-3 (tool roles aside, which the parser refuses). */
+static void render_llama3(buf *b, const rt_chat_msg *msgs, int n, const char *bos, const char *date)
 {
     buf_str(b, bos);
-    for (int i = 0; i < n; i++) {
+    int start = 0;
+    if (date) {
+        buf_str(b, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                   "Today Date: ");
+        buf_str(b, date);
+        buf_str(b, "\n\n");
+        if (role_of(msgs[0].role) == ROLE_SYSTEM) {
+            const char *c = content_of(&msgs[0]);
+            buf_add_stripped(b, c, strlen(c));
+            start = 1;
+        }
+        buf_str(b, "<|eot_id|>");
+    }
+    for (int i = start; i < n; i++) {
         const char *c = content_of(&msgs[i]);
         buf_str(b, "<|start_header_id|>");
         buf_str(b, msgs[i].role);
@@ -421,8 +445,22 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
         render_turns(&b, msgs, n, "<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n");
         break;
     case RT_CHAT_LLAMA3:
-        render_llama3(&b, msgs, n, bos);
+        render_llama3(&b, msgs, n, bos, NULL);
         break;
+    case RT_CHAT_LLAMA31:
+        render_llama3(&b, msgs, n, bos, "26 Jul 2024");
+        break;
+    case RT_CHAT_LLAMA32: {
+        /* strftime_now("%d %b %Y"): the local day, in English (this
+         * process keeps the C locale) */
+        char today[32] = "26 Jul 2024";
+        struct tm tm;
+        time_t t = time(NULL);
+        if (localtime_r(&t, &tm))
+            strftime(today, sizeof(today), "%d %b %Y", &tm);
+        render_llama3(&b, msgs, n, bos, today);
+        break;
+    }
     case RT_CHAT_LLAMA2:
         rc = render_llama2(&b, msgs, n, bos, err, err_len);
         break;

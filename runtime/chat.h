@@ -25,6 +25,8 @@ typedef enum rt_chat_kind {
     RT_CHAT_MISTRAL_V3_TEKKEN, /* "[INST]...[/INST]...</s>" (Mistral-Nemo) */
     RT_CHAT_MISTRAL_V7,        /* "[SYSTEM_PROMPT] ...[/SYSTEM_PROMPT][INST] ...[/INST]" (Large-2411) */
     RT_CHAT_MISTRAL_V7_TEKKEN, /* the same without the spaces (Small 3, 3.1) */
+    RT_CHAT_LLAMA31,           /* Llama-3 after a system turn "Cutting Knowledge Date: ..." (3.1, 3.3) */
+    RT_CHAT_LLAMA32,           /* the same, dated today (3.2) */
     RT_CHAT_N_KINDS
 } rt_chat_kind;
 
@@ -39,7 +41,7 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised);
 /* The families' names (llama.cpp's), in rt_chat_kind order, for messages. */
 #define RT_CHAT_KIND_NAMES                                                                                   \
     "chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, "       \
-    "mistral-v7-tekken"
+    "mistral-v7-tekken, llama3.1, llama3.2"
 const char *rt_chat_kind_name(rt_chat_kind k);
 /* The family of one of those names, or -1: how a config or the worker's
  * --chat-template overrides the model's own template. */

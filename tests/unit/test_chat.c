@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- template excerpts, as stored in tokenizer.chat_template ---- */
 
@@ -40,6 +41,24 @@ static const char tmpl_llama3[] =
     "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
     "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+/* meta-llama/Llama-3.1-8B-Instruct, the lines that tell it apart (the
+ * whole has tool handling besides); 3.2's sets the date otherwise. */
+#define LLAMA31_HEAD "{{- bos_token }}\n{%- if not date_string is defined %}\n"
+#define LLAMA31_TAIL                                                                                         \
+    "{%- endif %}\n{%- if messages[0]['role'] == 'system' %}\n"                                              \
+    "    {%- set system_message = messages[0]['content']|trim %}\n{%- set messages = messages[1:] %}\n"      \
+    "{%- else %}\n    {%- set system_message = \"\" %}\n{%- endif %}\n"                                      \
+    "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n"                                          \
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + \"\\n\\n\" "  \
+    "}}\n"                                                                                                   \
+    "{{- system_message }}\n{{- \"<|eot_id|>\" }}\n"
+static const char tmpl_llama31[] = LLAMA31_HEAD "    {%- set date_string = \"26 Jul 2024\" %}\n" LLAMA31_TAIL;
+static const char tmpl_llama32[] =
+    LLAMA31_HEAD "    {%- if strftime_now is defined %}\n"
+                 "        {%- set date_string = strftime_now(\"%d %b %Y\") %}\n"
+                 "    {%- else %}\n        {%- set date_string = \"26 Jul 2024\" %}\n"
+                 "    {%- endif %}\n" LLAMA31_TAIL;
 
 /* Qwen/Qwen2-7B-Instruct */
 static const char tmpl_qwen2[] =
@@ -127,6 +146,10 @@ static void test_detect_real_templates(void **state)
     assert_int_equal(detect(tmpl_llama2, &rec), RT_CHAT_LLAMA2);
     assert_true(rec);
     assert_int_equal(detect(tmpl_llama3, &rec), RT_CHAT_LLAMA3);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_llama31, &rec), RT_CHAT_LLAMA31);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_llama32, &rec), RT_CHAT_LLAMA32);
     assert_true(rec);
     assert_int_equal(detect(tmpl_qwen2, &rec), RT_CHAT_CHATML);
     assert_true(rec);
@@ -332,6 +355,51 @@ static void test_render_llama3(void **state)
                   "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* What llama3.2 renders for one user message "hi" today. */
+static void llama32_want(char *want, size_t n)
+{
+    char day[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    strftime(day, sizeof(day), "%d %b %Y", localtime_r(&t, &tm));
+    snprintf(want, n,
+             "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+             "Today Date: %s\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+             "<|start_header_id|>assistant<|end_header_id|>\n\n",
+             day);
+}
+
+/* Llama 3.1's system turn comes first whether or not the client sent one,
+ * with the first message's system content (trimmed) after the date; 3.2's
+ * is dated the day it is rendered. */
+static void test_render_llama31(void **state)
+{
+    (void)state;
+    expect_render(RT_CHAT_LLAMA31, conv, NCONV, "<|begin_of_text|>",
+                  "<|begin_of_text|>"
+                  "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                  "Today Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nHow are you?<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    const rt_chat_msg m[] = {{"user", " hi "}, {"system", " later "}};
+    expect_render(RT_CHAT_LLAMA31, m, 2, NULL,
+                  "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                  "Today Date: 26 Jul 2024\n\n<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                  "<|start_header_id|>system<|end_header_id|>\n\nlater<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* the day, read on both sides of the render in case midnight falls between */
+    char before[512], after[512], *out = NULL;
+    llama32_want(before, sizeof(before));
+    assert_int_equal(rt_chat_render(RT_CHAT_LLAMA32, m, 1, NULL, &out, NULL, NULL, NULL, 0), 0);
+    llama32_want(after, sizeof(after));
+    if (strcmp(out, before) && strcmp(out, after))
+        fail_msg("llama3.2 rendered %s, want %s", out, after);
+    free(out);
+}
+
 static void test_render_llama2(void **state)
 {
     (void)state;
@@ -478,10 +546,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_detect_real_templates), cmocka_unit_test(test_detect_absent_names_and_bounds),
         cmocka_unit_test(test_render_chatml),         cmocka_unit_test(test_render_llama3),
-        cmocka_unit_test(test_render_llama2),         cmocka_unit_test(test_render_mistral),
-        cmocka_unit_test(test_render_spans),          cmocka_unit_test(test_render_errors),
-        cmocka_unit_test(test_render_null_content),   cmocka_unit_test(test_render_zephyr),
-        cmocka_unit_test(test_render_mistral_v7),
+        cmocka_unit_test(test_render_llama31),        cmocka_unit_test(test_render_llama2),
+        cmocka_unit_test(test_render_mistral),        cmocka_unit_test(test_render_spans),
+        cmocka_unit_test(test_render_errors),         cmocka_unit_test(test_render_null_content),
+        cmocka_unit_test(test_render_zephyr),         cmocka_unit_test(test_render_mistral_v7),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
