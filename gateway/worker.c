@@ -840,7 +840,11 @@ static void on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished
 static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
     worker *w = arg;
-    if (gw_http_server_active_streams(w->http) == 0 || mono_s() > w->drain_deadline)
+    /* the connections too, as the gateway's: over TCP, one freed with its
+     * peer's last frames unread is reset, and the end of its last
+     * response lost (each lingers at most 5 s after its GOAWAY) */
+    if ((gw_http_server_active_streams(w->http) == 0 && !gw_http_server_has_conns(w->http)) ||
+        mono_s() > w->drain_deadline)
         event_base_loopexit(w->base, NULL);
 }
 
