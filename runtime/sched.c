@@ -342,15 +342,14 @@ static void intake(rt_sched *s)
     sreq *r;
     while ((r = q_pop(&s->inbox)))
         q_push(&s->waiting[r->prio], r);
+    /* The list is taken whole (rt_sched_cancel starts another): a copy
+     * that could not be made left the cancellations pending, and the
+     * loop spinning on them until memory came back. */
     int n_cancels = s->n_cancels;
-    uint64_t *ids = NULL;
-    if (n_cancels && (ids = malloc((size_t)n_cancels * sizeof(uint64_t))))
-        memcpy(ids, s->cancels, (size_t)n_cancels * sizeof(uint64_t));
-    if (ids || !n_cancels)
-        s->n_cancels = 0;
+    uint64_t *ids = s->cancels;
+    s->cancels = NULL;
+    s->n_cancels = s->cap_cancels = 0;
     pthread_mutex_unlock(&s->mu);
-    if (!ids)
-        n_cancels = 0;
 
     for (int i = 0; i < s->n_running; i++)
         if (n_cancels && take_cancel(ids, n_cancels, s->running[i]->id)) {
