@@ -435,6 +435,13 @@ static void preq_free(preq *p)
 
 /* ---- answers made here ---- */
 
+/* The body bytes a response of `len` sends: none to a HEAD request, whose
+ * response says the length and stops there (the access log's "bytes"). */
+static size_t body_bytes(const preq *p, size_t len)
+{
+    return strcmp(p->req->method, "HEAD") ? len : 0;
+}
+
 /* An OpenAI error object, with one more header when `extra` is given. */
 static void respond_with(preq *p, int status, const gw_http_header *extra, const char *type, const char *code,
                          const char *param, const char *msg)
@@ -450,7 +457,7 @@ static void respond_with(preq *p, int status, const gw_http_header *extra, const
     if (!body || gw_http_respond(p->stream, status, h, extra ? 3 : 2, body, strlen(body)))
         gw_http_reset(p->stream);
     else
-        p->bytes_out += strlen(body);
+        p->bytes_out += body_bytes(p, strlen(body));
     free(body);
 }
 
@@ -483,7 +490,7 @@ static void respond_plain(preq *p, int status, const char *ctype, const char *bo
 {
     gw_http_header h[2] = {{"content-type", ctype}, {"x-request-id", p->id}};
     p->status = status;
-    p->bytes_out += len;
+    p->bytes_out += body_bytes(p, len);
     if (gw_http_respond(p->stream, status, h, 2, body, len))
         gw_http_reset(p->stream);
 }

@@ -165,6 +165,11 @@ for name, http, url in [("HTTP/1.1", "--http1.1", URL), ("h2c", "--http2-prior-k
         got.append((r.returncode, r.stdout.split(b"\r\n")[0].decode(errors="replace"), r.stderr[-60:]))
     t.ok(all(rc == 0 and " 200" in line for rc, line, _ in got),
          "%s: HEAD /healthz and /v1/models: 200 without a body %s" % (name, got))
+heads = [json.loads(x) for x in access_logged(lambda x: x.count('"method":"HEAD","path":"/v1/models"') >= 3,
+                                              "the HEAD /v1/models log lines").splitlines()
+         if '"method":"HEAD","path":"/v1/models"' in x]
+t.ok(len(heads) == 3 and all(x["bytes"] == 0 for x in heads),
+     "HEAD: the access log counts no body bytes %s" % [x["bytes"] for x in heads])
 s, h, _ = curl(URL + "/healthz", "-X", "POST", http="--http1.1")  # no key: /healthz is public
 s2, h2, _ = curl(URL + "/v1/completions", headers=[AUTH])
 t.ok(s == 405 and h.get("allow") == "GET, HEAD" and s2 == 405 and h2.get("allow") == "POST",
