@@ -142,6 +142,65 @@ static bool h1_refuse(gw_http_conn *c, int rc, const char *why)
 
 /* ---- requests ---- */
 
+static void h1_run(gw_http_conn *c);
+
+/* The peer's close while its response is produced: with the input at its
+ * bound (requests pipelined behind this one) reading stops, and a close
+ * read only after them went unseen, so a completion ran to its end for a
+ * client long gone. EV_CLOSED (EPOLLRDHUP) tells without reading. Once the
+ * response is whole the reads see the close in turn: the watch stops, as
+ * it would fire again and again (level-triggered). */
+static void on_peer_closed(evutil_socket_t fd, short what, void *arg)
+{
+    gw_http_conn *c = arg;
+    gw_h1 *h = &c->h1;
+    if (h->state == GW_H1_APP && h->cur && !h->cur->resp_ended) {
+        h->eof = true;
+        h1_run(c);
+        return;
+    }
+    event_del(c->closed_ev);
+}
+
+static void h1_watch_close(gw_http_conn *c)
+{
+    struct event_base *base = c->srv->base;
+    if (!c->closed_ev && (event_base_get_features(base) & EV_FEATURE_EARLY_CLOSE))
+        c->closed_ev = event_new(base, bufferevent_getfd(c->bev), EV_CLOSED | EV_PERSIST, on_peer_closed, c);
+    if (c->closed_ev)
+        event_add(c->closed_ev, NULL);
+}
+
+/* Input is read up to a head's bound and a little more (pipelined
+ * requests wait there). The write callback comes when the output fell to
+ * half the stream bound (on_writable) and when it drained (the response
+ * is done). Set again when a reload changes the bounds: a head larger than
+ * the old read bound, within the new one, waited for ever. */
+static size_t h1_in_max(const gw_http_conn *c)
+{
+    const gw_http_limits *lim = &c->srv->limits;
+    return lim->max_header_list > SIZE_MAX - GW_H1_IN_SLACK ? 0 : lim->max_header_list + GW_H1_IN_SLACK;
+}
+
+void gw_h1_set_bounds(gw_http_conn *c)
+{
+    bufferevent_setwatermark(c->bev, EV_READ, 0, h1_in_max(c));
+    bufferevent_setwatermark(c->bev, EV_WRITE, c->srv->limits.max_stream_buffer / 2, 0);
+}
+
+/* In the states that leave input for later (a response under way, or
+ * flushed before the close), reading stops once the input is at its
+ * bound: libevent runs the read callback again and again while it sits
+ * there with reading enabled, and the loop spun at full speed for as long
+ * as the response took. It resumes where input is wanted again (the next
+ * request, or the linger). */
+static void h1_hold_full_input(gw_http_conn *c)
+{
+    size_t max = h1_in_max(c);
+    if (max && evbuffer_get_length(bufferevent_get_input(c->bev)) >= max)
+        bufferevent_disable(c->bev, EV_READ);
+}
+
 static void h1_dispatch(gw_http_conn *c)
 {
     gw_h1 *h = &c->h1;
@@ -151,6 +210,7 @@ static void h1_dispatch(gw_http_conn *c)
     gw_stream_fill_request(s, h->http10 ? "HTTP/1.0" : "HTTP/1.1");
     s->state = GW_SS_APP;
     h->state = GW_H1_APP;
+    h1_watch_close(c);
     srv->handler.on_request(srv->ud, s, &s->req);
 }
 
@@ -285,15 +345,21 @@ static void h1_run(gw_http_conn *c)
                 gw_stream_writable(s);
                 break;
             }
-            if (!s->resp_ended || left > 0)
+            if (!s->resp_ended || left > 0) {
+                h1_hold_full_input(c);
                 return;
+            }
             h->cur = NULL;
+            if (c->closed_ev)
+                event_del(c->closed_ev);
             gw_stream_closed(s, true);
             gw_conn_flush_closed(c);
             /* A peer that shut its side after pipelining still gets the
              * answers to the requests it sent whole. */
             if (h->keep_alive && (!h->eof || evbuffer_get_length(in) > 0) && !c->srv->draining) {
                 h->state = GW_H1_IDLE;
+                if (bufferevent_enable(c->bev, EV_READ))
+                    c->broken = true;
                 gw_conn_set_timer(c, c->srv->limits.idle_timeout_ms);
             } else {
                 h->state = GW_H1_CLOSE;
@@ -301,8 +367,10 @@ static void h1_run(gw_http_conn *c)
             break;
         }
         case GW_H1_CLOSE:
-            if (evbuffer_get_length(out) > 0)
+            if (evbuffer_get_length(out) > 0) {
+                h1_hold_full_input(c);
                 return;
+            }
             if (h->eof) {
                 gw_conn_free(c);
                 return;
@@ -381,16 +449,10 @@ void gw_h1_drain(gw_http_conn *c)
 
 void gw_h1_start(gw_http_conn *c)
 {
-    const gw_http_limits *lim = &c->srv->limits;
     c->proto = GW_PROTO_H1;
     c->h1.state = GW_H1_IDLE;
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
-    /* The write callback comes when the output fell to half the stream
-     * bound (on_writable) and when it drained (the response is done). */
-    bufferevent_setwatermark(c->bev, EV_WRITE, lim->max_stream_buffer / 2, 0);
-    size_t in_max =
-        lim->max_header_list > SIZE_MAX - GW_H1_IN_SLACK ? 0 : lim->max_header_list + GW_H1_IN_SLACK;
-    bufferevent_setwatermark(c->bev, EV_READ, 0, in_max);
+    gw_h1_set_bounds(c);
     h1_run(c);
 }
 

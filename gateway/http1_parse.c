@@ -292,6 +292,8 @@ static int parse_head(gw_http_conn *c, const char *p, size_t len, head_info *hi)
         HEAD_FAIL(400, "malformed request line");
     if (!(s->method = gw_arena_strndup(&s->arena, line, (size_t)(q - line))))
         return -ENOMEM;
+    /* from here on, refusals too are answered without a body */
+    s->head = !strcmp(s->method, "HEAD");
     const char *t = ++q;
     while (q < le && (unsigned char)*q > 0x20 && (unsigned char)*q < 0x7f)
         q++;
@@ -341,7 +343,6 @@ static int parse_head(gw_http_conn *c, const char *p, size_t len, head_info *hi)
     if (hi->n_host == 0 && !h->http10)
         HEAD_FAIL(400, "HTTP/1.1 request without Host");
     s->authority = authority ? authority : hi->host;
-    s->head = !strcmp(s->method, "HEAD");
     if (hi->n_te) {
         /* Smuggling defences (RFC 9112 6.1, 6.3): both framings, or
          * chunked from an HTTP/1.0 client, cannot be trusted. */
@@ -373,12 +374,17 @@ int gw_h1_parse_head(gw_http_conn *c, const char **why)
     if (pos.pos < 0) {
         /* A head whose lines end in bare LF never holds CRLF CRLF: it
          * would wait for the header timeout and be closed unanswered. Two
-         * LFs in a row cannot occur before a valid head's end. */
-        struct evbuffer_ptr lf;
-        if (evbuffer_ptr_set(in, &lf, from, EVBUFFER_PTR_SET) == 0 &&
-            evbuffer_search(in, "\n\n", 2, &lf).pos >= 0) {
-            *why = "request head lines must end in CRLF";
-            return 400;
+         * LFs in a row cannot occur before a valid head's end, nor LF CRLF
+         * (a last line ended in bare LF, then the empty line) outside CRLF
+         * CRLF, which is not there. */
+        static const char *const bare[] = {"\n\n", "\n\r\n"};
+        for (int i = 0; i < 2; i++) {
+            struct evbuffer_ptr lf;
+            if (evbuffer_ptr_set(in, &lf, from, EVBUFFER_PTR_SET) == 0 &&
+                evbuffer_search(in, bare[i], strlen(bare[i]), &lf).pos >= 0) {
+                *why = "request head lines must end in CRLF";
+                return 400;
+            }
         }
         h->scanned = len;
         if (len <= lim->max_header_list)

@@ -154,6 +154,7 @@ struct gw_http_conn {
     nghttp2_session *ngh;    /* HTTP/2 only */
     struct event *send_ev;   /* made active to run the send path from the loop */
     struct event *idle_ev;   /* the connection's one timer: idle, header, linger bounds */
+    struct event *closed_ev; /* HTTP/1 while a response is produced: the peer's close, unread (EV_CLOSED) */
     gw_http_stream *streams; /* open */
     gw_http_stream *closed;  /* closed, on_close due; in closing order */
     gw_http_stream *closed_tail;
@@ -278,6 +279,7 @@ void gw_h2_reset(gw_http_stream *s);
 
 void gw_h1_start(gw_http_conn *c); /* as gw_h2_start */
 void gw_h1_drain(gw_http_conn *c); /* as gw_h2_drain */
+void gw_h1_set_bounds(gw_http_conn *c); /* the server's limits changed */
 void gw_h1_on_send(gw_http_conn *c);
 void gw_h1_on_timer(gw_http_conn *c);
 int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,

@@ -277,6 +277,8 @@ void gw_conn_free(gw_http_conn *c)
         event_free(c->send_ev);
     if (c->idle_ev)
         event_free(c->idle_ev);
+    if (c->closed_ev)
+        event_free(c->closed_ev);
     bufferevent_free(c->bev);
     if (c->prev)
         c->prev->next = c->next;
@@ -432,6 +434,9 @@ void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits
     srv->limits.max_conn_body = l->max_conn_body ? l->max_conn_body : mb > SIZE_MAX / 4 ? SIZE_MAX : 4 * mb;
     uint32_t mcs = srv->limits.max_concurrent_streams;
     srv->limits.max_cut_streams = l->max_cut_streams ? l->max_cut_streams : mcs > 32 ? 2 * mcs : 64;
+    for (gw_http_conn *c = srv->conns; c; c = c->next)
+        if (c->proto == GW_PROTO_H1)
+            gw_h1_set_bounds(c);
 }
 
 gw_http_server *gw_http_server_new(struct event_base *base, const gw_http_limits *limits,

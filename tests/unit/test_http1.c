@@ -328,6 +328,13 @@ static void test_head(void **state)
     assert_non_null(strstr(got, "\r\n\r\nHTTP/1.1 200 OK\r\n"));
     assert_non_null(strstr(got, "hello world\n"));
     free(got);
+    /* Nor has a refusal of a HEAD request (here for want of a Host). */
+    static const char bad[] = "HEAD /hello HTTP/1.1\r\n\r\n";
+    got = raw_exchange(t, bad, sizeof(bad) - 1);
+    if (strncmp(got, "HTTP/1.1 400 ", 13) || !strstr(got, "content-length: ") ||
+        strcmp(strstr(got, "\r\n\r\n"), "\r\n\r\n"))
+        fail_msg("HEAD refused: %s", got);
+    free(got);
 }
 
 static void test_body_too_large(void **state)
@@ -424,6 +431,9 @@ static void test_malformed(void **state)
         /* bare LF throughout: no CRLF CRLF ever comes, answered at once */
         {"GET / HTTP/1.1\nHost: x\n\n", "HTTP/1.1 400 "},
         {"GET / HTTP/1.1\r\nHost: x\r\n\n", "HTTP/1.1 400 "},
+        /* the last line's bare LF, then CRLF: no CRLF CRLF either */
+        {"GET / HTTP/1.1\r\nHost: x\n\r\n", "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\n\r\n", "HTTP/1.1 400 "},
         {"GET / HTTX/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
         {"GET / HTTP/2.0\r\nHost: x\r\n\r\n", "HTTP/1.1 505 "},
         {"G(T / HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400 "},
@@ -701,6 +711,67 @@ static void test_client_gone(void **state)
     close(b);
 }
 
+/* A client that leaves while its response is produced is seen to leave
+ * though the input is at its bound with requests pipelined behind (here
+ * 64 KiB against 4 KiB of head and 16 KiB of slack): the read that would
+ * show its close waited for room, and the work ran on for nobody. Until
+ * then the loop waits rather than spins. */
+static void test_client_gone_behind_pipeline(void **state)
+{
+    tsrv *t = *state;
+    static const char req[] = "GET /hang HTTP/1.1\r\nHost: x\r\n\r\n";
+    static const char next[] = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd = raw_connect(t, 0);
+    raw_send(fd, req, sizeof(req) - 1);
+    for (size_t sent = 0; sent < (64 << 10); sent += sizeof(next) - 1)
+        raw_send(fd, next, sizeof(next) - 1);
+    int one = 1;
+    assert_true(run_until(t, requests_reach, &one));
+    /* The input at its bound, the loop waits: it turns for the 5 ms tick,
+     * not once per read callback libevent runs again and again (a spin
+     * made hundreds of thousands of turns here). */
+    int turns = 0;
+    for (long end = now_ms() + 300; now_ms() < end; turns++)
+        event_base_loop(t->base, EVLOOP_ONCE);
+    if (turns > 2000)
+        fail_msg("the loop turned %d times in 300 ms with nothing to do", turns);
+    close(fd);
+    assert_true(run_until(t, closes_reach, &one));
+    assert_int_equal(t->n_unfinished, 1);
+}
+
+/* A reload that raises the head bound reaches connections already open:
+ * a head over the old read bound (4 KiB and 16 KiB of slack) but within
+ * the new one waited on a kept-alive connection until the header timeout. */
+static void test_reload_raises_head_bound(void **state)
+{
+    tsrv *t = *state;
+    static const char first[] = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd = raw_connect(t, 0);
+    raw_send(fd, first, sizeof(first) - 1);
+    int one = 1;
+    assert_true(run_until(t, requests_reach, &one));
+    gw_http_limits l = {0};
+    l.max_body = 100000;
+    l.max_header_list = 128 << 10;
+    l.max_stream_buffer = 256 << 10;
+    gw_http_server_set_limits(t->srv, &l);
+    size_t pad = 40 << 10;
+    char *big = malloc(pad + 128);
+    assert_non_null(big);
+    int n = snprintf(big, 128, "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: ");
+    memset(big + n, 'a', pad);
+    memcpy(big + n + pad, "\r\n\r\n", 4);
+    raw_send(fd, big, (size_t)n + pad + 4);
+    free(big);
+    char *got = raw_read_all(t, fd, 1 << 16, NULL);
+    close(fd);
+    const char *second = strstr(got, "hello world\n");
+    if (!second || !strstr(second + 1, "HTTP/1.1 200 OK\r\n"))
+        fail_msg("got: %s", got);
+    free(got);
+}
+
 /* A request whose body is still arriving when the server starts draining
  * is answered, with connection: close, and the connection then closes. */
 static void test_drain_mid_request(void **state)
@@ -748,6 +819,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_max_connections, setup_two_conns, harness_teardown),
         cmocka_unit_test_setup_teardown(test_client_gone, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_drain_mid_request, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_client_gone_behind_pipeline, setup_small, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_reload_raises_head_bound, setup_small, harness_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
