@@ -217,12 +217,13 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
     }
     if (!v[K_STALE])
         r->stale_after_ms = 3 * r->heartbeat_ms;
-    else if (r->stale_after_ms < 2 * r->heartbeat_ms)
+    else if (r->stale_after_ms <= 2 * r->heartbeat_ms)
         /* A quiet peer is refreshed by the full read, every stale_after_ms
-         * / 2 but no more often than a heartbeat: below two heartbeats
-         * live records would go stale between reads. */
+         * / 2 but no more often than a heartbeat: its record can be a
+         * heartbeat, a read's interval and the read's round trip old. At
+         * two heartbeats or less live records would go stale between reads. */
         return gw_cfg_perr(p, v[K_STALE], "routing.stale_after_ms",
-                           "less than twice heartbeat_ms (%d): live records would go stale between reads",
+                           "not more than twice heartbeat_ms (%d): live records would go stale between reads",
                            r->heartbeat_ms);
     if (r->eject_max_ms < r->eject_base_ms)
         return gw_cfg_perr(p, v[K_EJ_MAX] ? v[K_EJ_MAX] : v[K_EJ_BASE],

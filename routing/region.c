@@ -570,8 +570,10 @@ int route_table_upsert(route_table *t, const route_record *r, bool local, int64_
         route_slot *s = &t->slots[t->order[i]];
         if (s->r.local && !local)
             return 0;
-        if (local || r->updated_ms != s->r.rec.updated_ms)
+        if (local || r->updated_ms != s->r.rec.updated_ms) {
             s->r.seen_ms = now_ms;
+            s->r.graced = false;
+        }
         s->r.rec = *r;
         s->r.local = local;
         if (local) {
@@ -660,8 +662,10 @@ void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms)
             route_region *r = &t->slots[t->order[i]].r;
             if (!r->local && r->seen_ms <= t->shared_lost_ms && route__fresh(t, r, t->shared_lost_ms)) {
                 r->seen_ms += now_ms - t->shared_lost_ms;
-                if (r->seen_ms < floor)
+                if (r->seen_ms < floor && !r->graced) {
                     r->seen_ms = floor;
+                    r->graced = true;
+                }
             }
         }
     }

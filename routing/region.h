@@ -108,6 +108,7 @@ typedef struct route_region {
     uint64_t id;     /* new for each region the table takes in: see route_region_is */
     bool local;      /* this gateway's own region */
     int64_t seen_ms; /* when this gateway last received the record (route_clock_ms) */
+    bool graced;     /* a recovery grace raised seen_ms since the record last changed: once only */
     /* RTT from here, from HTTP/2 PINGs (local region: 0). */
     double rtt_ewma_ms, rtt_p95_ms;
     bool rtt_known;
@@ -172,15 +173,18 @@ void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, doubl
  * news either way: those fresh when the store went away still show as
  * stale (route_region_fresh) but stay candidates, and failures (ejection)
  * keep dead regions out; those already stale then stay out, so a region
- * gone for days does not come back with every Redis restart. When it is
- * back, records current at the loss and not received since are as old as
- * they were then: their regions have the rest of stale_after_ms to be
- * heard from again. */
+ * gone for days does not come back with every Redis restart. A record
+ * received after the loss (the store partly away: reads still come) ages
+ * as usual. When it is back, records current at the loss and not received
+ * since are as old as they were then: their regions have the rest of
+ * stale_after_ms to be heard from again. */
 void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms);
 /* When the store is back, each peer still has to reconnect on its own
  * back-off before its next write reaches us: records current at the loss
  * stay candidates at least grace_ms after it is back (0, the default: only
- * what was left of their stale_after_ms). */
+ * what was left of their stale_after_ms). A record has the grace once
+ * until it changes: a store that flapped gave a dead region a new one at
+ * each return, and kept it a candidate for as long as the flapping. */
 void route_table_set_recovery_grace(route_table *t, int64_t grace_ms);
 bool route_table_shared_ok(const route_table *t);
 

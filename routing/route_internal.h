@@ -78,10 +78,13 @@ static inline bool route__fresh(const route_table *t, const route_region *r, int
 }
 
 /* A candidate as far as news goes: fresh now, or, while the shared store
- * is away, fresh when it went. */
+ * is away, fresh when it went — unless received since (reads still come
+ * while the subscription or our own writes fail), which ages as usual:
+ * judged at the loss, a region read then and dead after stayed a
+ * candidate for as long as the store was partly away. */
 static inline bool route__current(const route_table *t, const route_region *r, int64_t now_ms)
 {
-    return route__fresh(t, r, t->shared_ok ? now_ms : t->shared_lost_ms);
+    return route__fresh(t, r, t->shared_ok || r->seen_ms > t->shared_lost_ms ? now_ms : t->shared_lost_ms);
 }
 
 #endif

@@ -1023,6 +1023,61 @@ static void test_recovery_grace(void **state)
     route_table_free(t);
 }
 
+/* The grace is given once until the record changes. A store that went
+ * away 5 s after each return (within the 7 s grace, so the record was
+ * fresh at each loss) gave a dead region a new grace every time: a
+ * candidate for as long as the flapping. A record read again earns it
+ * again. */
+static void test_recovery_grace_once(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16); /* stale after 3000 ms */
+    route_table_set_recovery_grace(t, 7000);
+    route_record dead = mk("dead", "m", "eu", 1, 10), live = mk("live", "m", "eu", 1, 10);
+    add(t, &dead, 5, 19000);
+    add(t, &live, 5, 19000);
+    int64_t back = 0;
+    for (int i = 0; i < 10; i++) {
+        int64_t lost = 20000 + 6000 * i;
+        route_table_set_shared_ok(t, false, lost);
+        back = lost + 1000;
+        route_table_set_shared_ok(t, true, back);
+        live.updated_ms++; /* written and read at each return */
+        assert_int_equal(route_table_upsert(t, &live, false, back), 0);
+    }
+    assert_false(route_region_fresh(t, route_table_find(t, "dead"), back));
+    route_decision d;
+    route_query q = query("m", back);
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "live");
+    /* live, read just before a loss, has the grace on its return */
+    route_table_set_shared_ok(t, false, back + 2000);
+    route_table_set_shared_ok(t, true, back + 3000);
+    assert_true(route_region_fresh(t, route_table_find(t, "live"), back + 3000 + 4000));
+    route_table_free(t);
+}
+
+/* While the store is partly away (subscription or our own writes down,
+ * reads still coming), a record received after the loss ages as usual:
+ * judged at the loss, one read then and silent after stayed a candidate
+ * for as long as the store was away. */
+static void test_read_after_loss_ages(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16); /* stale after 3000 ms */
+    route_record before = mk("before", "m", "eu", 1, 10), after = mk("after", "m", "eu", 1, 10);
+    add(t, &before, 5, 9000);
+    route_table_set_shared_ok(t, false, 10000);
+    add(t, &after, 5, 11000);
+    route_decision d;
+    route_query q = query("m", 13000);
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    q.now_ms = 14001; /* "after" silent 3001 ms; "before" was fresh at the loss */
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "before");
+    route_table_free(t);
+}
+
 /* Peers silent past forget_ms leave the table, the local region never, and
  * nothing leaves while the store is away. */
 static void test_prune(void **state)
@@ -1314,6 +1369,8 @@ int main(void)
         cmocka_unit_test(test_model_load),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_recovery_grace),
+        cmocka_unit_test(test_recovery_grace_once),
+        cmocka_unit_test(test_read_after_loss_ages),
         cmocka_unit_test(test_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
