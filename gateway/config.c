@@ -620,10 +620,11 @@ static int parse_key_hash(cfg_parser *p, const yaml_node_t *n, const char *path,
     return 0;
 }
 
+/* "-" alone is the metrics' and the log's name for no tenant. */
 static bool valid_tenant_name(const char *s)
 {
     size_t n = strlen(s);
-    return n >= 1 && n <= GW_TENANT_NAME_MAX &&
+    return n >= 1 && n <= GW_TENANT_NAME_MAX && strcmp(s, "-") != 0 &&
            strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == n;
 }
 
@@ -657,7 +658,8 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
     if ((rc = gw_cfg_str(p, v[K_NAME], kp, &t->name)))
         return rc;
     if (!valid_tenant_name(t->name))
-        return gw_cfg_perr(p, v[K_NAME], kp, "must be 1 to %d characters from A-Z a-z 0-9 . _ -",
+        return gw_cfg_perr(p, v[K_NAME], kp,
+                           "must be 1 to %d characters from A-Z a-z 0-9 . _ - (not '-' alone: no tenant)",
                            GW_TENANT_NAME_MAX);
 
     int len;

@@ -44,6 +44,7 @@ typedef struct preq {
     bool responded, sse, logged;
     bool sse_error;              /* the answer's stream held an error event */
     bool cut;                    /* the upstream failed after the status went out */
+    bool stalled;                /* answered 504: the upstream held it response_timeout_ms, unanswered */
     bool forwarded;              /* came from a peer region: served here, never forwarded again */
     bool limit_pending;          /* waiting for the shared rate limit's answer */
     int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (below) */
@@ -331,19 +332,30 @@ static void settle(preq *p, double now, double back)
         gw_tenant_charge(t, now, -back);
 }
 
-/* Tokens a request whose client hung up before any count came back could
- * have been given in dur_s: at its worker's pace after its prefill (a
- * whole answer is counted only at its end), at most what it asked for. A
- * remote region's pace is not known here: none. */
+static route_region *remote_region(const preq *p);
+
+/* Tokens a request whose answer never came back (its client hung up, or
+ * the upstream stalled) could have been given in dur_s: at its worker's
+ * pace after its prefill, or at the pace a remote region's record gives
+ * (the network's time counts as work: a little more), at most what it
+ * asked for. Counted as none, a request sent to another region and hung
+ * up on was free however long it ran. */
 static int hangup_tokens(const preq *p, double dur_s)
 {
-    if (p->worker < 0)
-        return 0;
-    const gw_worker_info *w = gw_supervisor_worker(p->g->sup, p->worker);
-    if (!w || !(w->tpot_ewma_ms > 0))
-        return (int)p->charged_completion; /* no pace known yet: what it asked */
-    double gen_ms = dur_s * 1e3 - w->prefill_ewma_ms;
-    return gen_ms <= 0 ? 0 : (int)fmin(p->charged_completion, 1.0 + gen_ms / w->tpot_ewma_ms);
+    double first_ms = 0, per_ms = 0;
+    const route_region *r = remote_region(p);
+    if (p->worker >= 0) {
+        const gw_worker_info *w = gw_supervisor_worker(p->g->sup, p->worker);
+        first_ms = w ? w->prefill_ewma_ms : 0;
+        per_ms = w ? w->tpot_ewma_ms : 0;
+    } else if (r) {
+        first_ms = r->rec.ttft_ms;
+        per_ms = r->rec.tpot_ms;
+    }
+    if (!(per_ms > 0))
+        return (int)p->charged_completion; /* no pace known: what it asked */
+    double gen_ms = dur_s * 1e3 - first_ms;
+    return gen_ms <= 0 ? 0 : (int)fmin(p->charged_completion, 1.0 + gen_ms / per_ms);
 }
 
 /* Whether the request's path, before any query, is path. */
@@ -414,14 +426,16 @@ static void finish_log(preq *p, bool complete)
      * estimate stays: the prompt was computed. A client that hangs up on
      * a request already sent on keeps the charge for its prompt and for
      * the tokens it was seen to get, or could have got in the time
-     * (hangup_tokens): else hanging up would make tpm free. */
+     * (hangup_tokens): else hanging up would make tpm free. So does a
+     * request answered 504 for a stalled upstream, which held a worker
+     * all that time (a long answer not streamed is one, on demand). */
     if (p->charged > 0 && p->tenant[0]) {
-        bool hung_up = p->status == 499 && p->tries > 0;
-        if (hung_up && tokens < 0)
+        bool worked = (p->status == 499 && p->tries > 0) || p->stalled;
+        if (worked && tokens < 0)
             tokens = hangup_tokens(p, dur);
-        double back = p->status != 200 && !hung_up ? p->charged
-                      : tokens >= 0                ? p->charged_completion - tokens
-                                                   : 0;
+        double back = p->status != 200 && !worked ? p->charged
+                      : tokens >= 0               ? p->charged_completion - tokens
+                                                  : 0;
         if (back != 0)
             settle(p, now, back);
     }
@@ -853,6 +867,7 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
          * double the wait, and a request that wedges a worker could wedge
          * the next. */
         if (e == GW_UP_STALLED) {
+            p->stalled = true;
             region_failed(p);
             respond(p, 504, "timeout_error", "upstream_timeout", NULL, 1,
                     "%s %s did not answer within limits.response_timeout_ms", p->remote ? "region" : "worker",
@@ -1154,8 +1169,7 @@ static void handle_models(preq *p, gw_tenant *t, const char *one, size_t one_len
     const char *need[MAX_NEED_TAGS];
     char buf[512];
     int n_need = 0;
-    if (gw_regions_enabled(g) &&
-        (n_need = need_tags(p, p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL, buf, sizeof(buf), need)) < 0) {
+    if ((n_need = need_tags(p, p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL, buf, sizeof(buf), need)) < 0) {
         json_decref(l.data);
         respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
                 "x-infergate-residency must be at most %d comma-separated tags", MAX_NEED_TAGS);
@@ -1199,14 +1213,17 @@ static void dispatch(preq *p)
     if (g->retry_tokens > RETRY_TOKENS_MAX)
         g->retry_tokens = RETRY_TOKENS_MAX;
     if (!gw_regions_enabled(g) || p->forwarded) {
-        /* A gateway with no region has no tags: a request that names the
-         * ones it needs cannot be held to them here (a forwarded one was,
-         * by the region that chose us). */
+        /* A gateway with no region has no tags: a request that needs
+         * some, by its header or its tenant's residency, cannot be held to
+         * them here (a forwarded one was, by the region that chose us). The
+         * config refuses such a tenant without a region section, at start
+         * and at a reload; this holds whatever the config said. */
         const char *need[MAX_NEED_TAGS];
         char buf[512];
-        if (!p->forwarded && !gw_regions_enabled(g) && need_tags(p, NULL, buf, sizeof(buf), need) != 0) {
+        if (!p->forwarded && !gw_regions_enabled(g) &&
+            need_tags(p, p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL, buf, sizeof(buf), need) != 0) {
             respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
-                    "x-infergate-residency cannot be met: this gateway has no region section, so no tags");
+                    "residency cannot be met: this gateway has no region section, so no tags");
             return;
         }
         const char *missing = p->forwarded ? residency_missing(p, buf, sizeof(buf)) : NULL;

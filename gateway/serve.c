@@ -290,6 +290,18 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
         gw_config_free(c);
         return;
     }
+    /* The region section is kept as started: a tenant's residency needs
+     * one, which the file may have added since (and its check passed). */
+    for (int i = 0; i < c->n_tenants && !gw_regions_enabled(g); i++)
+        if (c->tenants[i].n_residency > 0) {
+            fprintf(stderr,
+                    "infergate: reload refused: tenant '%s' has a residency, and this gateway started "
+                    "without a region section (adding one needs a restart)\n",
+                    c->tenants[i].name);
+            gw_tenants_free(t);
+            gw_config_free(c);
+            return;
+        }
     gw_tenants_free(g->tenants);
     g->tenants = t;
     /* The proxy stops taking a stream's upstream data at half the buffer,

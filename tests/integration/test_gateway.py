@@ -29,6 +29,7 @@ key_a, key_b, key_admin = "ig-test-key-alpha", "ig-test-key-beta", "ig-test-key-
 key_m = "ig-test-key-metered"
 key_chatty = "ig-test-key-chatty"
 key_hangup = "ig-test-key-hangup"
+key_stall = "ig-test-key-stall"
 beta = "beta-" + "x" * 59  # the longest name a tenant may have: its limits must hold all the same
 
 
@@ -89,6 +90,9 @@ tenants:
   - name: hangup
     keys: ["%s"]
     tpm: 1000
+  - name: stall
+    keys: ["%s"]
+    tpm: 1000
 limits:
   max_body_bytes: %d
   stream_buffer_bytes: %d
@@ -99,7 +103,7 @@ logging:
 drain_grace_s: 20
 runtime_dir: "%s"
 """ % (port, tls_port, cert, keyf, small, small_seqs, slow, ", ".join('"%s"' % h for h in tenant_a_keys), rps_a, beta, key_hash(key_b),
-       key_hash(key_admin), key_hash(key_m), key_hash(key_chatty), key_hash(key_hangup), max_body, stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
+       key_hash(key_admin), key_hash(key_m), key_hash(key_chatty), key_hash(key_hangup), key_hash(key_stall), max_body, stream_buffer, response_timeout_ms, access_log, os.path.join(d, "run"))
 
 
 cfg = os.path.join(d, "gateway.yaml")
@@ -734,7 +738,7 @@ t.ok(r.returncode == 1 and "workers[].model %s.gone: No such file" % small in r.
      "serve --check: a model file that is not there: %s" % r.stderr.strip())
 open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)]))
 r = subprocess.run([INFERGATE, "serve", "--check", "--config", cfg], capture_output=True, text=True, timeout=30)
-t.ok(r.returncode == 0 and "is valid: 2 listeners, 2 workers, 6 tenants" in r.stdout,
+t.ok(r.returncode == 0 and "is valid: 2 listeners, 2 workers, 7 tenants" in r.stdout,
      "serve --check: a good config, exit 0: %s" % (r.stdout + r.stderr).strip())
 
 
@@ -758,6 +762,22 @@ cn_after = served_cn()
 t.ok("CN = localhost" in cn_before and "CN = renewed.localhost" in cn_after,
      "SIGHUP: a certificate renewed in place is served without a restart (%s -> %s)" % (cn_before, cn_after))
 t.ok("kept as started" not in open(log_path).read(), "a reload of keys alone names nothing kept as started")
+# A region section is kept as started: a tenant given a residency with
+# one added in the same edit would be served here, with no tags to hold
+# it to. The reload is refused.
+good = config([key_hash(key_a), key_hash(key_c)])
+open(cfg, "w").write(good.replace("    tpm: 1000\n  - name: stall", "    tpm: 1000\n    residency: [eu]\n"
+                                  "  - name: stall", 1) + "region: {name: solo, tags: [eu]}\n")
+r = subprocess.run([INFERGATE, "serve", "--check", "--config", cfg], capture_output=True, text=True, timeout=30)
+g.send_signal(1)
+try:
+    refused = wait_until(lambda: "reload refused: tenant 'hangup' has a residency" in open(log_path).read(), 10,
+                         "the reload refused")
+except AssertionError:
+    refused = False
+t.ok(r.returncode == 0 and refused, "SIGHUP adding a region and a tenant's residency: refused, the file valid "
+     "(check rc %d)" % r.returncode)
+open(cfg, "w").write(good)
 # A larger body limit by reload holds for the workers started before it:
 # a 2.4 MB body reaches the model (whose context is too short for it).
 open(cfg, "w").write(config([key_hash(key_a), key_hash(key_c)], max_body=4 << 20))
@@ -809,6 +829,16 @@ try:
     s, _, b = curl(URL + "/v1/completions", http="--http1.1", data=comp, headers=[AUTH], timeout=30)
     t.ok(s == 504 and json.loads(b)["error"]["code"] == "upstream_timeout",
          "a frozen worker: a request waiting on it gets 504 upstream_timeout, not a retry: %s %s" % (s, b[:200]))
+    # The 504 keeps what the request could have had in the time it held
+    # the worker (as a hang-up does): a long answer not streamed is a 504
+    # on demand, and each gave its whole charge back, so tpm bounded nothing.
+    STALL = "authorization: Bearer " + key_stall
+    os.kill(worker_pids()[1], signal.SIGSTOP)  # both small workers frozen
+    s, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, max_tokens=900), headers=[STALL],
+                   timeout=30)
+    s2, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, max_tokens=900), headers=[STALL],
+                    timeout=30)
+    t.ok(s == 504 and s2 == 429, "tpm: a 504 for a stalled worker keeps its charge (%d, then %d)" % (s, s2))
     out, _ = stalled.communicate(timeout=40)
     events, _ = sse_events(first_chunk + out)
     t.ok(stalled.returncode == 0 and len(events) > 1 and events[-1].get("error", {}).get("code") == "upstream_timeout",
@@ -817,6 +847,7 @@ try:
 finally:
     os.kill(slow_pid, signal.SIGCONT)
     os.kill(small_pid, signal.SIGCONT)
+    os.kill(worker_pids()[1], signal.SIGCONT)
 t.ok(wait_until(ready, 20, "workers ready again"), "the workers, thawed, are ready again")
 # The drain below holds a worker still for as long as its checks take:
 # response_timeout_ms back to its default, so a slow run cannot end that

@@ -539,6 +539,8 @@ static const struct {
     {"tenants:\n  - keys: [" H_K1 "]\n", "bad.yaml:2: tenants[0].name: required"},
     {"tenants:\n  - name: a b\n    keys: [" H_K1 "]\n",
      "bad.yaml:2: tenants[0].name: must be 1 to 64 characters"},
+    {"tenants:\n  - name: \"-\"\n    keys: [" H_K1 "]\n",
+     "bad.yaml:2: tenants[0].name: must be 1 to 64 characters"},
     {TEN_A "  - name: a\n    keys: [" H_K3 "]\n",
      "bad.yaml:4: tenants[1].name: tenant a is already tenants[0]"},
     {TEN_A "  - name: b\n    keys: [" H_K3 ", " H_K1 "]\n",
