@@ -327,16 +327,16 @@ static void test_interactive_prefill_first(void **state)
     rt_sched_free(s);
 }
 
-/* One sequence slot held by a long batch request: an interactive request
- * that comes does not wait for it to end. The batch request gives way
- * (one preemption), the interactive one ends first, then the batch one
- * is recomputed and ends too. Before, the interactive request waited out
- * all 400 of the batch request's tokens. */
-static void test_interactive_preempts_batch(void **state)
+/* One sequence slot held by a long batch request, for run_ms: an
+ * interactive request that comes then does not wait for it to end. The
+ * batch request gives way (one preemption), the interactive one ends
+ * first, then the batch one is recomputed and ends too. */
+static void interactive_preempts_batch(int run_ms)
 {
     rt_sched *s = sched_new(1, 4, 0);
     assert_int_equal(submit(s, GATE, 4, 400, RT_PRIO_BATCH), 0);
     assert_true(wait_seen(true, 0));
+    usleep((useconds_t)run_ms * 1000);
     assert_int_equal(submit(s, 1, 4, 2, RT_PRIO_INTERACTIVE), 0);
     open_gate();
     assert_true(wait_seen(false, 2));
@@ -347,6 +347,13 @@ static void test_interactive_preempts_batch(void **state)
     rt_sched_get_stats(s, &st);
     assert_int_equal(st.preemptions, 1);
     rt_sched_free(s);
+}
+
+/* Before, the interactive request waited out all 400 of the batch
+ * request's tokens. */
+static void test_interactive_preempts_batch(void **state)
+{
+    interactive_preempts_batch(0);
 }
 
 /* An interactive request that would not fit even with every batch request
@@ -435,20 +442,7 @@ static void test_running_batch_still_gives_way(void **state)
 static void test_preempted_batch_stays_behind(void **state)
 {
     batch_max_wait_ms = 50;
-    rt_sched *s = sched_new(1, 4, 0);
-    assert_int_equal(submit(s, GATE, 4, 400, RT_PRIO_BATCH), 0);
-    assert_true(wait_seen(true, 0));
-    usleep(150 * 1000);
-    assert_int_equal(submit(s, 1, 4, 2, RT_PRIO_INTERACTIVE), 0);
-    open_gate();
-    assert_true(wait_seen(false, 2));
-    assert_int_equal(seen.order[0], 1);
-    assert_int_equal(seen.order[1], GATE);
-    assert_string_equal(seen.reason[1], "length");
-    rt_sched_stats st;
-    rt_sched_get_stats(s, &st);
-    assert_int_equal(st.preemptions, 1);
-    rt_sched_free(s);
+    interactive_preempts_batch(150);
 }
 
 /* A request preempted while its prompt was prefilled has sent nothing:
