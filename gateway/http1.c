@@ -186,6 +186,10 @@ void gw_h1_set_bounds(gw_http_conn *c)
 {
     bufferevent_setwatermark(c->bev, EV_READ, 0, h1_in_max(c));
     bufferevent_setwatermark(c->bev, EV_WRITE, c->srv->limits.max_stream_buffer / 2, 0);
+    /* A head half read, past a bound now lowered: reading stops there, so
+     * the parser must look again now (431) rather than at the next read. */
+    if (c->h1.state == GW_H1_HEAD || c->h1.state == GW_H1_IDLE)
+        gw_conn_schedule_send(c);
 }
 
 /* In the states that leave input for later (a response under way, or

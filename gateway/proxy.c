@@ -67,6 +67,7 @@ typedef struct preq {
     const char *error_kind; /* upstream failure, for the log */
     size_t bytes_out, unconsumed;
     double t_start, t_first, t_last;
+    double t_sent; /* when the last try went out: what hangup_tokens counts from */
     int events;
     char sse_head[SSE_LINE_HEAD]; /* the first bytes of the SSE line being read */
     int sse_head_len;             /* of them; -1: past them, until the line ends */
@@ -335,7 +336,9 @@ static void settle(preq *p, double now, double back)
 static route_region *remote_region(const preq *p);
 
 /* Tokens a request whose answer never came back (its client hung up, or
- * the upstream stalled) could have been given in dur_s: at its worker's
+ * the upstream stalled) could have been given in dur_s since its last try
+ * went out (earlier tries, the body's upload, a wait for the shared limit
+ * gave none): at its worker's
  * pace after its prefill, or at the pace a remote region's record gives
  * (the network's time counts as work: a little more), at most what it
  * asked for. Counted as none, a request sent to another region and hung
@@ -432,7 +435,7 @@ static void finish_log(preq *p, bool complete)
     if (p->charged > 0 && p->tenant[0]) {
         bool worked = (p->status == 499 && p->tries > 0) || p->stalled;
         if (worked && tokens < 0)
-            tokens = hangup_tokens(p, dur);
+            tokens = hangup_tokens(p, now - p->t_sent);
         double back = p->status != 200 && !worked ? p->charged
                       : tokens >= 0               ? p->charged_completion - tokens
                                                   : 0;
@@ -584,27 +587,31 @@ static bool retry(preq *p, bool region_at_fault)
     return false;
 }
 
-/* Could retry() send the request on? It spends nothing, so that a request
- * with nowhere to go can have its worker's own answer passed on. A later
- * candidate region may yet turn out ejected: retry() then says no. */
-static bool may_move_on(const preq *p)
+/* A local worker too small for the request (its 503 kv_cache_too_small)
+ * hands it to a sibling with a larger cache, once: one the same size
+ * would say the same, and other regions' workers, as a rule, too. */
+static bool retry_on_larger(preq *p)
 {
-    const gw_serve *g = p->g;
-    if (!p->stream || g->retry_tokens < 1)
+    gw_serve *g = p->g;
+    if (!p->stream || g->retry_tokens < 1 || p->local_tries >= MAX_TRIES)
         return false;
-    return (!p->remote && p->worker >= 0 && p->local_tries < MAX_TRIES &&
-            gw_supervisor_has_other(g->sup, p->model, p->worker)) ||
-           p->cand < p->route.n;
+    int w = gw_supervisor_pick_larger(g->sup, p->model, p->worker);
+    if (w < 0)
+        return false;
+    g->retry_tokens -= 1;
+    p->worker = w;
+    send_upstream(p);
+    return true;
 }
 
-/* An upstream's Retry-After (seconds), within 1..60; 1 without one. */
+/* An upstream's Retry-After (seconds), within 1..60; 0 without one. */
 static int retry_after_of(const gw_http_header *hs, size_t n)
 {
-    int retry_after = 1;
+    int retry_after = 0;
     for (size_t i = 0; i < n; i++)
         if (!strcmp(hs[i].name, "retry-after")) {
             long v = strtol(hs[i].value, NULL, 10);
-            retry_after = v < 1 ? retry_after : v > 60 ? 60 : (int)v;
+            retry_after = v < 1 ? 1 : v > 60 ? 60 : (int)v;
         }
     return retry_after;
 }
@@ -621,7 +628,11 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
      * response_timeout_ms, and could hold the next one as long), nor a 500:
      * those are passed on, and count against the region all the same. */
     bool wrong_region = status == 401 || status == 403 || status == 404 || status == 421;
-    if ((status == 502 || status == 503 || wrong_region) && p->remote) {
+    /* A 503 with no Retry-After is a worker's "never here": the request
+     * does not fit its KV cache, which says nothing of its region's health. */
+    int retry_after = retry_after_of(hs, n);
+    bool too_big = status == 503 && !retry_after;
+    if ((status == 502 || (status == 503 && !too_big) || wrong_region) && p->remote) {
         gw_upstream_cancel(p->up);
         p->up = NULL;
         note_upstream_error(p, wrong_region ? "status_4xx" : "status_5xx");
@@ -642,36 +653,33 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
      * Passed on, its 429 told the client to back off while the fleet had
      * room elsewhere. */
     if (status == 429 && p->remote) {
-        int retry_after = retry_after_of(hs, n);
         gw_upstream_cancel(p->up);
         p->up = NULL;
         region_report(p, true);
         if (retry(p, false) || !p->stream)
             return;
-        respond(p, 429, "rate_limit_error", "queue_full", NULL, retry_after,
+        respond(p, 429, "rate_limit_error", "queue_full", NULL, retry_after ? retry_after : 1,
                 "region %s is at capacity and no other region could take the request; retry shortly",
                 p->region);
         return;
     }
     /* A local worker that turned the request away unstarted — its queue
-     * full (429), its KV cache too small for it or its memory short (503) —
-     * leaves it to a sibling, whose queue and cache are its own, else to
-     * the next region. With neither, its own answer passes on. */
-    if ((status == 429 || status == 503) && !p->remote && p->worker >= 0 && may_move_on(p)) {
-        int retry_after = retry_after_of(hs, n);
-        gw_upstream_cancel(p->up);
+     * full (429), its memory short (503) — leaves it to a sibling, whose
+     * queue is its own, else to the next region; one whose KV cache is too
+     * small for it, to a sibling with a larger one. The old answer is let
+     * go only once the request is on its way: with nowhere to go, it
+     * passes on as it is (a region's too-big 503 too, counted as no
+     * failure of the region). */
+    if ((status == 429 || status == 503) && !p->remote && p->worker >= 0) {
+        gw_upstream_req *old = p->up;
         p->up = NULL;
-        if (retry(p, false) || !p->stream)
+        if (too_big ? retry_on_larger(p) : retry(p, false)) {
+            gw_upstream_cancel(old);
             return;
-        if (status == 429)
-            respond(p, 429, "rate_limit_error", "queue_full", NULL, retry_after,
-                    "worker %d is at capacity and no other could take the request; retry shortly", p->worker);
-        else
-            respond(p, 503, "server_error", "no_worker_ready", NULL, 1,
-                    "worker %d could not take the request and no other could", p->worker);
-        return;
+        }
+        p->up = old;
     }
-    region_report(p, status < 500);
+    region_report(p, status < 500 || too_big);
     p->responded = true;
     p->status = status;
     gw_http_header out[10];
@@ -941,6 +949,7 @@ static void send_upstream(preq *p)
     }
     p->tries++;
     p->local_tries += !p->remote;
+    p->t_sent = mono_s();
     p->up = gw_upstream_send(g->pool, target, r->method, r->path, p->remote ? p->remote->rec.name : "localhost", h, n,
                              r->body, r->body_len, &up_cbs, p);
     /* A target the pool cannot use (a peer's record with an endpoint it

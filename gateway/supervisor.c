@@ -665,13 +665,14 @@ bool gw_supervisor_serves(const gw_supervisor *s, const char *model)
     return false;
 }
 
-static int least_loaded(const gw_supervisor *s, const char *model, int exclude)
+static int least_loaded(const gw_supervisor *s, const char *model, int exclude, int min_kv_blocks)
 {
     int best = -1;
     double best_load = 0;
     for (int i = 0; i < s->n; i++) {
         const sworker *w = &s->w[i];
-        if (i == exclude || !w->info.ready || strcmp(w->cfg->name, model))
+        if (i == exclude || !w->info.ready || strcmp(w->cfg->name, model) ||
+            w->info.kv_blocks_total < min_kv_blocks)
             continue;
         int slots = w->info.max_seqs > 0 ? w->info.max_seqs : 1;
         /* A waiting request weighs a whole batch: it waits for a slot.
@@ -685,15 +686,22 @@ static int least_loaded(const gw_supervisor *s, const char *model, int exclude)
     return best;
 }
 
-int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude)
+static int pick(gw_supervisor *s, const char *model, int exclude, int min_kv_blocks)
 {
-    int best = least_loaded(s, model, exclude);
+    int best = least_loaded(s, model, exclude, min_kv_blocks);
     if (best >= 0)
         s->w[best].picked++;
     return best;
 }
 
-bool gw_supervisor_has_other(const gw_supervisor *s, const char *model, int exclude)
+int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude)
 {
-    return least_loaded(s, model, exclude) >= 0;
+    return pick(s, model, exclude, 0);
+}
+
+int gw_supervisor_pick_larger(gw_supervisor *s, const char *model, int than)
+{
+    if (than < 0 || than >= s->n)
+        return -1;
+    return pick(s, model, than, s->w[than].info.kv_blocks_total + 1);
 }

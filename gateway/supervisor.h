@@ -63,7 +63,8 @@ bool gw_supervisor_serves(const gw_supervisor *s, const char *model);
  * none): fewest queued, then fewest running relative to max_seqs. -1 when
  * none is ready. Counts the request as queued on it until the next stats. */
 int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude);
-/* Would gw_supervisor_pick find one? (It counts nothing.) */
-bool gw_supervisor_has_other(const gw_supervisor *s, const char *model, int exclude);
+/* As gw_supervisor_pick, among the workers whose KV cache is larger than
+ * worker `than`'s (by its last stats): for a request too long for it. */
+int gw_supervisor_pick_larger(gw_supervisor *s, const char *model, int than);
 
 #endif

@@ -655,13 +655,14 @@ void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms)
      * had then, so its region keeps what was left of its window for its
      * next write to reach us (judged at now, the outage would have made
      * every peer stale at once). */
-    if (!t->shared_ok && ok && now_ms > t->shared_lost_ms) {
+    const int64_t news = route__news_ms(t);
+    if (!t->shared_ok && ok && now_ms > news) {
         /* ... and at least the grace: as if seen then */
         const int64_t floor = now_ms + t->recovery_grace_ms - t->o.stale_after_ms;
         for (int i = 0; i < t->n; i++) {
             route_region *r = &t->slots[t->order[i]].r;
-            if (!r->local && r->seen_ms <= t->shared_lost_ms && route__fresh(t, r, t->shared_lost_ms)) {
-                r->seen_ms += now_ms - t->shared_lost_ms;
+            if (!r->local && r->seen_ms <= news && route__fresh(t, r, news)) {
+                r->seen_ms += now_ms - news;
                 if (r->seen_ms < floor && !r->graced) {
                     r->seen_ms = floor;
                     r->graced = true;
@@ -670,6 +671,12 @@ void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms)
         }
     }
     t->shared_ok = ok;
+}
+
+void route_table_note_full_read(route_table *t, int64_t started_ms)
+{
+    if (started_ms > t->read_ms)
+        t->read_ms = started_ms;
 }
 
 void route_table_set_recovery_grace(route_table *t, int64_t grace_ms)

@@ -173,11 +173,12 @@ void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, doubl
  * news either way: those fresh when the store went away still show as
  * stale (route_region_fresh) but stay candidates, and failures (ejection)
  * keep dead regions out; those already stale then stay out, so a region
- * gone for days does not come back with every Redis restart. A record
- * received after the loss (the store partly away: reads still come) ages
- * as usual. When it is back, records current at the loss and not received
- * since are as old as they were then: their regions have the rest of
- * stale_after_ms to be heard from again. */
+ * gone for days does not come back with every Redis restart. Where full
+ * reads still come (the subscription or our writes down), news is as of
+ * the last one (route_table_note_full_read): a region silent through them
+ * goes stale. When it is back, records current at the last news and not
+ * received since are as old as they were then: their regions have the
+ * rest of stale_after_ms to be heard from again. */
 void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms);
 /* When the store is back, each peer still has to reconnect on its own
  * back-off before its next write reaches us: records current at the loss
@@ -187,6 +188,10 @@ void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms);
  * each return, and kept it a candidate for as long as the flapping. */
 void route_table_set_recovery_grace(route_table *t, int64_t grace_ms);
 bool route_table_shared_ok(const route_table *t);
+/* A full read of the store that started at started_ms read every record
+ * there (its replies may still be landing): whatever it did not refresh
+ * was silent as of then. */
+void route_table_note_full_read(route_table *t, int64_t started_ms);
 
 /* Outcome of a request sent to a region: failures count towards ejection,
  * a success clears them.

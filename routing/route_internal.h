@@ -33,6 +33,7 @@ struct route_table {
     int free_head, free_n;
     bool shared_ok;         /* the shared store (Redis) is reachable: stale records leave the candidates */
     int64_t shared_lost_ms; /* when it went away: records stale then stay out */
+    int64_t read_ms;        /* the last full read's start: what it read was news as of then */
     int64_t recovery_grace_ms; /* route_table_set_recovery_grace */
     uint64_t last_id;          /* the last route_region.id given */
 };
@@ -77,14 +78,21 @@ static inline bool route__fresh(const route_table *t, const route_region *r, int
     return r->local || t->o.stale_after_ms <= 0 || now_ms - r->seen_ms <= t->o.stale_after_ms;
 }
 
+/* While the shared store is away, the last time news came: the loss, or
+ * a full read since (reads still come while the subscription or our own
+ * writes fail). Judged at the loss alone, a region read after it and dead
+ * after that stayed a candidate for as long as the store was partly away;
+ * judged at now, every live peer dropped out once reads stopped too. */
+static inline int64_t route__news_ms(const route_table *t)
+{
+    return t->read_ms > t->shared_lost_ms ? t->read_ms : t->shared_lost_ms;
+}
+
 /* A candidate as far as news goes: fresh now, or, while the shared store
- * is away, fresh when it went — unless received since (reads still come
- * while the subscription or our own writes fail), which ages as usual:
- * judged at the loss, a region read then and dead after stayed a
- * candidate for as long as the store was partly away. */
+ * is away, fresh when the last news came. */
 static inline bool route__current(const route_table *t, const route_region *r, int64_t now_ms)
 {
-    return route__fresh(t, r, t->shared_ok || r->seen_ms > t->shared_lost_ms ? now_ms : t->shared_lost_ms);
+    return route__fresh(t, r, t->shared_ok ? now_ms : route__news_ms(t));
 }
 
 #endif

@@ -177,6 +177,7 @@ struct route_sync {
 
     struct event *heartbeat_ev, *full_read_ev;
     bool scan_active;
+    int64_t scan_started_ms; /* route_clock_ms */
     bool rescan; /* a full read was asked for during one: its SCAN may have passed news */
     /* A Redis that answers with errors (a replica after a failover says
      * READONLY, a full one OOM) freezes the table's clock as a lost one
@@ -786,6 +787,7 @@ static void full_read_start(route_sync *s)
     s->scan_active = true;
     s->rescan = false;
     s->scan_failed = false;
+    s->scan_started_ms = route_clock_ms();
     send_scan(s, "0");
 }
 
@@ -818,6 +820,8 @@ static void on_scan(route_sync *s, redisReply *r)
         /* Read in full with both connections up: news reaches us again.
          * The reads of the last page are still in flight; the table keeps
          * each record's age at the loss until they land. */
+        if (!s->scan_failed)
+            route_table_note_full_read(s->table, s->scan_started_ms);
         if (!s->scan_failed && s->write_ok && route_sync_connected(s))
             route_table_set_shared_ok(s->table, true, route_clock_ms());
         if (s->rescan)

@@ -565,8 +565,9 @@ static int prefill_budget(const rt_sched *s, int n_dec)
 
 /* Which pass of build_batch a running request's tokens go in: decodes
  * first, then the prompts of interactive requests (and of batch ones that
- * were aged, as next_queue ages them, when admitted), then the other batch
- * prompts. In admission
+ * have waited batch_max_wait_ms: in the queue, as next_queue ages them,
+ * and since admission for their prompt's turn, or steady interactive
+ * prompts would hold theirs back for ever), then the other batch prompts. In admission
  * order alone, a batch request's long prompt admitted first took the whole
  * budget every step, and an interactive request behind it had its first
  * token only once that prompt was done (a review measured 6 ms -> 991 ms). */
@@ -575,11 +576,12 @@ static bool decoding(const sreq *r)
     return r->n_done > 0 && r->n_tokens - r->n_done == 1;
 }
 
-static int batch_pass(const sreq *r)
+static int batch_pass(const rt_sched *s, const sreq *r, double now)
 {
     if (decoding(r))
         return 0;
-    return r->prio == RT_PRIO_INTERACTIVE || r->waited_in ? 1 : 2;
+    bool aged_here = r->waited_in || r->waited_s + (now - r->t_admit) >= s->o.batch_max_wait_ms / 1e3;
+    return r->prio == RT_PRIO_INTERACTIVE || aged_here ? 1 : 2;
 }
 
 /* Fills s->batch: every decoding sequence's one token, then prompt chunks
@@ -587,6 +589,7 @@ static int batch_pass(const sreq *r)
  * count. */
 static int build_batch(rt_sched *s)
 {
+    const double now = now_s();
     for (;;) {
         int n_dec = 0;
         for (int i = 0; i < s->n_running; i++)
@@ -596,7 +599,7 @@ static int build_batch(rt_sched *s)
             for (int i = 0; i < s->n_running; i++) {
                 sreq *r = s->running[i];
                 int remaining = r->n_tokens - r->n_done;
-                if (batch_pass(r) != pass)
+                if (batch_pass(s, r, now) != pass)
                     continue;
                 int take = remaining < budget ? remaining : budget;
                 if (pass == 0)

@@ -836,7 +836,8 @@ try:
     os.kill(worker_pids()[1], signal.SIGSTOP)  # both small workers frozen
     s, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, max_tokens=900), headers=[STALL],
                    timeout=30)
-    s2, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, max_tokens=900), headers=[STALL],
+    # the whole minute's worth (with its prompt, more): admitted only into a full bucket
+    s2, _, _ = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, max_tokens=990), headers=[STALL],
                     timeout=30)
     t.ok(s == 504 and s2 == 429, "tpm: a 504 for a stalled worker keeps its charge (%d, then %d)" % (s, s2))
     out, _ = stalled.communicate(timeout=40)

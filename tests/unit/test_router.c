@@ -1058,23 +1058,40 @@ static void test_recovery_grace_once(void **state)
 }
 
 /* While the store is partly away (subscription or our own writes down,
- * reads still coming), a record received after the loss ages as usual:
- * judged at the loss, one read then and silent after stayed a candidate
- * for as long as the store was away. */
-static void test_read_after_loss_ages(void **state)
+ * full reads still coming), news is as of the last full read: a region
+ * silent through the reads goes stale, one they refresh stays, and once
+ * the reads stop too the last one's news holds. Judged at the loss, a
+ * region read after it and dead after that stayed a candidate for as long
+ * as the store was away; judged at now, every live peer dropped out once
+ * the reads stopped. */
+static void test_news_as_of_last_read(void **state)
 {
     (void)state;
     route_table *t = route_table_new(&opts, 16); /* stale after 3000 ms */
-    route_record before = mk("before", "m", "eu", 1, 10), after = mk("after", "m", "eu", 1, 10);
-    add(t, &before, 5, 9000);
+    route_record dies = mk("dies", "m", "eu", 1, 10), live = mk("live", "m", "eu", 1, 10);
+    add(t, &live, 5, 9000);
     route_table_set_shared_ok(t, false, 10000);
-    add(t, &after, 5, 11000);
+    add(t, &dies, 5, 11000); /* first read after the loss */
+    route_table_note_full_read(t, 11000);
     route_decision d;
     route_query q = query("m", 13000);
     assert_int_equal(route_decide(t, &q, &d), 2);
-    q.now_ms = 14001; /* "after" silent 3001 ms; "before" was fresh at the loss */
+    for (int64_t at = 12000; at <= 16000; at += 1000) { /* reads go on; only "live" writes */
+        live.updated_ms++;
+        assert_int_equal(route_table_upsert(t, &live, false, at), 0);
+        route_table_note_full_read(t, at);
+    }
+    q.now_ms = 16000;
     assert_int_equal(route_decide(t, &q, &d), 1);
-    assert_string_equal(cand(&d, 0), "before");
+    assert_string_equal(cand(&d, 0), "live");
+    q.now_ms = 60000; /* the reads stopped too: news as of the last */
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "live");
+    /* back: "live" has the rest of its window as of that read */
+    route_table_set_shared_ok(t, true, 60000);
+    assert_true(route_region_fresh(t, route_table_find(t, "live"), 63000));
+    assert_false(route_region_fresh(t, route_table_find(t, "live"), 63001));
+    assert_false(route_region_fresh(t, route_table_find(t, "dies"), 60000));
     route_table_free(t);
 }
 
@@ -1370,7 +1387,7 @@ int main(void)
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_recovery_grace),
         cmocka_unit_test(test_recovery_grace_once),
-        cmocka_unit_test(test_read_after_loss_ages),
+        cmocka_unit_test(test_news_as_of_last_read),
         cmocka_unit_test(test_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

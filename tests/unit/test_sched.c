@@ -436,13 +436,13 @@ static void test_running_batch_still_gives_way(void **state)
 
 /* A batch request that gives way to an interactive one waits behind it,
  * however long it had run: running is not waiting. Aged by the time since
- * it came (150 ms here, against a batch_max_wait_ms of 50), it was
+ * it came (900 ms here, against a batch_max_wait_ms of 300), it was
  * readmitted at once ahead of the interactive request, and as "aged" could
  * not be preempted again: the interactive request waited for it to end. */
 static void test_preempted_batch_stays_behind(void **state)
 {
-    batch_max_wait_ms = 50;
-    interactive_preempts_batch(150);
+    batch_max_wait_ms = 300;
+    interactive_preempts_batch(900);
 }
 
 /* A request preempted while its prompt was prefilled has sent nothing:
