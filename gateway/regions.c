@@ -34,11 +34,18 @@ bool gw_regions_enabled(const gw_serve *g)
     return g->table != NULL;
 }
 
+/* Where a region is reached: the config's peers entry, else its record's
+ * endpoint. With peer_tls (mutual TLS between regions) a record may not
+ * name a cleartext endpoint: anyone who can write to the store would have
+ * tenants' prompts sent in clear to a peer never verified. "" then. */
 const char *gw_regions_target(const gw_serve *g, const route_region *r)
 {
-    for (int i = 0; i < g->cfg->n_peers; i++)
-        if (!strcmp(g->cfg->peers[i].name, r->rec.name))
-            return g->cfg->peers[i].endpoint;
+    const gw_config *c = g->cfg;
+    for (int i = 0; i < c->n_peers; i++)
+        if (!strcmp(c->peers[i].name, r->rec.name))
+            return c->peers[i].endpoint;
+    if ((c->peer_tls.ca || c->peer_tls.cert) && strncmp(r->rec.endpoint, "tls:", 4) != 0)
+        return "";
     return r->rec.endpoint;
 }
 

@@ -1,5 +1,5 @@
-"""A fault-injecting stand-in for a region's gateway: an HTTP/2 cleartext
-server (python3-h2) that answers what a real region produces only by
+"""A fault-injecting stand-in for a region's gateway: an HTTP/2 server
+(python3-h2, cleartext or TLS) that answers what a real region produces only by
 accident, chosen by the request's prompt:
 
   "split"  200 text/event-stream, one whole event and half of the next,
@@ -40,7 +40,14 @@ EVENT = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text
 
 
 class FaultRegion:
-    def __init__(self):
+    def __init__(self, tls=None):
+        """tls: (certificate, key) to serve h2 over TLS, as a region does."""
+        self.tls = None
+        if tls:
+            import ssl
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.tls.load_cert_chain(*tls)
+            self.tls.set_alpn_protocols(["h2"])
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -106,6 +113,10 @@ class FaultRegion:
         conn.initiate_connection()
         bodies, residency = {}, {}
         try:
+            if self.tls:
+                c.settimeout(10)
+                c = self.tls.wrap_socket(c, server_side=True)
+                c.settimeout(None)
             c.sendall(conn.data_to_send())
             while not self.stopped:
                 data = c.recv(65536)
@@ -129,7 +140,7 @@ class FaultRegion:
                     time.sleep(0.1)
                 if hang:
                     return
-        except (OSError, h2.exceptions.ProtocolError):
+        except (OSError, h2.exceptions.ProtocolError):  # ssl.SSLError is an OSError
             return
         finally:
             c.close()

@@ -440,8 +440,13 @@ def fresh_everywhere(name):
 # told, next candidate tried. zz2's endpoint is a Unix socket, which a
 # record may not name (anyone who can write to Redis would have gateways
 # forward tenants' requests to a local socket): it never enters a table.
-recs = Records({"zz1": {"endpoint": "tcp:127.0.0.1:%d" % free_port(), "tags": "zz"},
-                "zz2": {"endpoint": "unix:" + os.path.join(d, "run-eu1", "worker-0.sock"), "tags": "zz"}})
+# zz3's is cleartext, which a record may not name where peers use mutual
+# TLS (prompts would go in clear to a peer never verified): it is never
+# dialled, though a real h2c server listens there.
+clear = FaultRegion()
+recs = Records({"zz1": {"endpoint": "tls:127.0.0.1:%d" % free_port(), "tags": "zz"},
+                "zz2": {"endpoint": "unix:" + os.path.join(d, "run-eu1", "worker-0.sock"), "tags": "zz"},
+                "zz3": {"endpoint": "tcp:127.0.0.1:%d" % clear.port, "tags": "zz3"}})
 try:
     wait_until(lambda: fresh_everywhere("zz1"), 20, "zz1 seen")
     t.ok(all("zz2" not in table(n) for n in names), "a record naming a Unix socket is refused by every gateway")
@@ -458,14 +463,22 @@ try:
     t.ok(s == 503 and table("eu1")["zz1"]["ejected"], "after eject_after failures it is ejected (%d %s)"
          % (s, b[:200]))
     t.ok(gws["eu1"].poll() is None, "eu1 still runs")
+    wait_until(lambda: fresh_everywhere("zz3"), 20, "zz3 seen")
+    s, h, b = request("eu1", "open", headers={"x-infergate-residency": "zz3"})
+    t.ok(s == 503 and not clear.requests, "a record naming a cleartext endpoint is not dialled where peers use "
+         "mutual TLS (%d, %d requests there)" % (s, len(clear.requests)))
 finally:
     recs.stop()
+    clear.stop()
+# gone from Redis, the zz records leave the candidates as they go stale
+wait_until(lambda: all(table(n).get(z, {"stale": True})["stale"] for n in names for z in ("zz1", "zz3")), 20,
+           "the zz records stale")
 
 # --- what a region answers that a real one produces only by accident ---
 # fk1 is a fault-injecting stand-in (fault_region.py), the cheapest of all
 # and the only region tagged fk.
-fault = FaultRegion()
-recs = Records({"fk1": {"endpoint": "tcp:127.0.0.1:%d" % fault.port, "tags": "fk", "price_in": "0.01",
+fault = FaultRegion(tls=region_cert("fk1"))
+recs = Records({"fk1": {"endpoint": "tls:127.0.0.1:%d" % fault.port, "tags": "fk", "price_in": "0.01",
                         "price_out": "0.01"}})
 try:
     wait_until(lambda: fresh_everywhere("fk1"), 20, "fk1 seen")
