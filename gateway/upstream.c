@@ -477,6 +477,7 @@ static void stall_check(gw_upstream_req *r, uint64_t now, gw_upstream_req **stal
 {
     if (r->unconsumed || now - r->moved_ns <= r->pool->response_timeout_ns)
         return;
+    r->never_sent = r->state == UP_RS_PENDING || (r->state == UP_RS_OPEN && !r->conn->ready);
     up_req_unlink(r, NGHTTP2_CANCEL);
     up_req_retire(r);
     r->stalled_next = *stalled;
@@ -499,9 +500,12 @@ static void on_stall_sweep(evutil_socket_t fd, short what, void *arg)
                 next = r->next;
                 stall_check(r, now, &stalled);
             }
+    /* A request that never left (no connection came up in the time) did
+     * not stall at its target, which never had it: a connect timeout,
+     * worth another target. */
     for (r = stalled; r; r = r->stalled_next) /* retired: freed only from the kick */
         if (r->cbs.on_error)
-            r->cbs.on_error(r->ud, GW_UP_STALLED, r->responded);
+            r->cbs.on_error(r->ud, r->never_sent ? GW_UP_TIMEOUT : GW_UP_STALLED, r->responded);
 }
 
 void gw_upstream_set_response_timeout(gw_upstream_pool *p, int ms)
@@ -642,8 +646,14 @@ void gw_upstream_consume(gw_upstream_req *r, size_t n)
 
 void gw_upstream_cancel(gw_upstream_req *r)
 {
-    if (!r || r->state == UP_RS_DONE)
+    if (!r)
         return;
+    if (r->state == UP_RS_DONE) {
+        /* Retired by a stall sweep that has not told it yet (the caller
+         * cancels from another request's callback): it is not told. */
+        r->cbs.on_error = NULL;
+        return;
+    }
     up_req_unlink(r, NGHTTP2_CANCEL);
     up_req_retire(r);
 }

@@ -90,6 +90,7 @@ struct gw_upstream_req {
     size_t hlen, hcap, n_h;
     uint64_t moved_ns; /* the last sign of progress, for response_timeout_ms */
     gw_upstream_req *stalled_next; /* the sweep's list of requests to fail */
+    bool never_sent;               /* ... its connection's transport not up when taken off */
 };
 
 struct up_conn {

@@ -228,6 +228,7 @@ typedef struct creq {
     size_t len, cap, unconsumed;
     /* on_error sends this instead (a caller's retry) */
     const char *retry_target;
+    struct creq *cancel_on_error; /* on_error cancels this other request, if still out */
 } creq;
 
 static bool creq_done(const creq *c)
@@ -305,6 +306,10 @@ static void c_on_error(void *ud, gw_upstream_error e, bool responded)
     c->n_error++;
     c->err = e;
     c->responded = responded;
+    if (c->cancel_on_error && c->cancel_on_error->r) {
+        gw_upstream_cancel(c->cancel_on_error->r);
+        c->cancel_on_error->r = NULL;
+    }
 }
 
 static const gw_upstream_cbs cbs = {c_on_response, c_on_data, c_on_end, c_on_error};
@@ -755,6 +760,29 @@ static void test_response_timeout(void **state)
     free(f.body);
 }
 
+static bool either_done(tctx *t, void *arg)
+{
+    creq **c = arg;
+    return creq_done(c[0]) || creq_done(c[1]);
+}
+
+/* Two requests stalled in one sweep, the first told cancels the second:
+ * no callback comes for it after. The sweep took both off first and told
+ * the second all the same. */
+static void test_cancel_in_stall_sweep(void **state)
+{
+    tctx *t = *state;
+    t->opts.response_timeout_ms = 200;
+    creq a = {0}, b = {0};
+    a.cancel_on_error = &b;
+    b.cancel_on_error = &a;
+    send_req(t, &a, t->unix_target, "GET", "/hang", NULL, 0, NULL, 0);
+    send_req(t, &b, t->unix_target, "GET", "/hang", NULL, 0, NULL, 0);
+    assert_true(run_until(t, either_done, (creq *[]){&a, &b}));
+    run_for(t, 300);
+    assert_int_equal(a.n_error + b.n_error, 1);
+}
+
 static bool no_conns(tctx *t, void *arg)
 {
     return gw_upstream_conn_count(t->pool, arg) == 0 && t->srv->n_conns == 0;
@@ -1184,6 +1212,31 @@ static void test_tls_config_errors(void **state)
     gw_upstream_pool_free(p);
 }
 
+/* The response timeout shorter than the connect timeout, and a TLS peer
+ * that never answers the ClientHello: the request never left, so its
+ * target did not stall it (the proxy would not retry a stalled request
+ * elsewhere): a timeout. */
+static void test_never_sent_not_stalled(void **state)
+{
+    tctx *t = *state;
+    if (!have_openssl())
+        skip();
+    make_certs(t);
+    char ca[128], target[170];
+    path_in(t, ca, sizeof(ca), "ca.crt");
+    t->opts.tls_ca_file = ca;
+    t->opts.connect_timeout_ms = 3000;
+    t->opts.response_timeout_ms = 150;
+    fpeer f;
+    fpeer_start(t, &f, F_SILENT, true);
+    creq c = {0};
+    snprintf(target, sizeof(target), "tls:%s", f.target + 4);
+    send_req(t, &c, target, "GET", "/hello", NULL, 0, NULL, 0);
+    wait_done(t, &c);
+    expect_error(&c, GW_UP_TIMEOUT, false);
+    fpeer_stop(&f);
+}
+
 static void test_tls_failures(void **state)
 {
     tctx *t = *state;
@@ -1429,6 +1482,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_targets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_response_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_in_stall_sweep, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_never_sent_not_stalled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_targets_forgotten, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pool_free_with_streams, setup, teardown),
