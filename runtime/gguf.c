@@ -518,6 +518,18 @@ static int place_tensor_data(parser *ps, const uint64_t *offset_pos)
                         t->offset, t->offset, t->nbytes, data_size, g->data_off);
         }
         uint64_t at = g->data_off + t->offset;
+        /* The kernels read an F32 as float and a block's scale as a
+         * half: at an address of their alignment, which a file with
+         * general.alignment 1 or 2 need not give (ggml writes 32). */
+        uint64_t need = t->type == KN_TYPE_F32 ? 4 : 2;
+        if (at % need) {
+            snprintf(where, sizeof(where), "tensor %" PRId64 " (\"%s\") offset", i,
+                     rt_gguf_printable(name, sizeof(name), t->name));
+            return fail(ps, where, offset_pos[i],
+                        "data at file offset %" PRIu64 " is not a multiple of %" PRIu64
+                        ", which its type %s needs",
+                        at, need, kn_type_name(t->type));
+        }
         t->data = ps->p + (at < ps->size ? at : ps->size);
     }
     return 0;

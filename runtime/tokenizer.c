@@ -522,14 +522,25 @@ static int trie_child(const rt_tokenizer *t, int32_t node, uint8_t byte)
     return -1;
 }
 
-/* Control and user-defined tokens, matched in text only with parse_special. */
+/* Control and user-defined tokens, matched in text only with parse_special.
+ * Those longer than SPECIAL_MAX bytes are not: the match walks the trie at
+ * every position of the text as far as it matches, and one hostile token
+ * of 200 KB made a prompt of its first byte quadratic (20 CPU-minutes for
+ * 1 MB). Real ones are tens of bytes; a longer one still decodes. */
+#define SPECIAL_MAX 256
+
+static bool special(const rt_tokenizer *t, int32_t id)
+{
+    return (t->types[id] == TT_CONTROL || t->types[id] == TT_USER) && tok_len(t, id) <= SPECIAL_MAX;
+}
+
 static int build_specials(rt_tokenizer *t)
 {
     size_t nodes = 0;
     for (int i = 0; i < 256; i++)
         t->trie_root[i] = -1;
     for (int32_t id = 0; id < t->n_vocab; id++)
-        if (t->types[id] == TT_CONTROL || t->types[id] == TT_USER)
+        if (special(t, id))
             nodes += tok_len(t, id);
     if (nodes == 0)
         return 0;
@@ -539,7 +550,7 @@ static int build_specials(rt_tokenizer *t)
     if (!t->trie)
         return -ENOMEM;
     for (int32_t id = 0; id < t->n_vocab; id++) {
-        if (t->types[id] != TT_CONTROL && t->types[id] != TT_USER)
+        if (!special(t, id))
             continue;
         const uint8_t *s = (const uint8_t *)tok_text(t, id);
         size_t n = tok_len(t, id);

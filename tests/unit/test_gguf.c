@@ -885,6 +885,17 @@ CASE(alignment_64_offset_32)
     tinfo(b, "t", 2, ne_8x2, KN_TYPE_F32, 32);
     data(b, 64, 96);
 }
+/* general.alignment 1 lets a tensor sit at any byte: an f32 one at an
+ * address no float may be read from. */
+CASE(alignment_1_f32_misaligned)
+{
+    header(b, 3, 1, 1);
+    kv_u32(b, "general.alignment", 1);
+    tinfo(b, "t", 2, ne_8x2, KN_TYPE_F32, 0);
+    uint64_t off = b->n % 4 ? 0 : 1; /* the data section starts right here */
+    memcpy(b->p + b->n - 8, &off, 8);
+    data(b, 1, off + 64);
+}
 CASE(name_past_eof)
 {
     header(b, 3, 1, 0);
@@ -960,6 +971,9 @@ static const bad_case cases[] = {
     {"alignment_wrong_type", alignment_wrong_type, {"general.alignment", "must be of type u32, found u64"}},
     {"alignment_64_offset_32", alignment_64_offset_32, {"offset at offset", "alignment 64"}},
     {"name_past_eof", name_past_eof, {"tensor 0 name at offset 24", "string length"}},
+    {"alignment_1_f32_misaligned",
+     alignment_1_f32_misaligned,
+     {"tensor 0 (\"t\") offset at offset", "is not a multiple of 4, which its type f32 needs"}},
 };
 
 static void test_bad_files(void **state)

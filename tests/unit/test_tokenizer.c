@@ -725,6 +725,37 @@ static void test_bpe_special(void **state)
     vocab_free(v);
 }
 
+/* A special token past 256 bytes is not matched in text (a hostile one of
+ * 200 KB made a prompt of its first byte quadratic to encode); one of 256
+ * is. Both still decode. */
+static void test_long_special_not_matched(void **state)
+{
+    (void)state;
+    vocab *v = bpe_vocab();
+    char at_max[257], past[258];
+    memset(at_max, 'b', 256);
+    memset(past, 'c', 257);
+    at_max[0] = past[0] = '<';
+    at_max[255] = past[256] = '>';
+    at_max[256] = past[257] = '\0';
+    vocab_add(v, at_max, 0, 3);
+    vocab_add(v, past, 0, 4);
+    rt_tokenizer *t = bpe_tok(v, "llama3");
+    int32_t got[1024];
+    int n = rt_tokenizer_encode(t, at_max, strlen(at_max), false, true, got, 1024);
+    assert_int_equal(n, 1);
+    assert_int_equal(got[0], id(t, at_max));
+    n = rt_tokenizer_encode(t, past, strlen(past), false, true, got, 1024);
+    assert_true(n > 1);
+    for (int i = 0; i < n; i++)
+        assert_true(got[i] != id(t, past));
+    int32_t one = id(t, past);
+    char buf[300];
+    assert_int_equal(rt_tokenizer_decode(t, &one, 1, false, buf, sizeof(buf)), 257);
+    rt_tokenizer_free(t);
+    vocab_free(v);
+}
+
 /* Special tokens are matched outside the plain spans only: not inside
  * one, not reaching into one (the longest match gives way to a shorter). */
 static void test_plain_spans(void **state)
@@ -971,10 +1002,15 @@ static void test_large_vocab(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spm_known),         cmocka_unit_test(test_spm_reference_and_roundtrip),
-        cmocka_unit_test(test_bpe_pretokenizers), cmocka_unit_test(test_bpe_special),
-        cmocka_unit_test(test_plain_spans),       cmocka_unit_test(test_bpe_reference_and_roundtrip),
-        cmocka_unit_test(test_bad_metadata),      cmocka_unit_test(test_large_vocab),
+        cmocka_unit_test(test_spm_known),
+        cmocka_unit_test(test_spm_reference_and_roundtrip),
+        cmocka_unit_test(test_bpe_pretokenizers),
+        cmocka_unit_test(test_bpe_special),
+        cmocka_unit_test(test_long_special_not_matched),
+        cmocka_unit_test(test_plain_spans),
+        cmocka_unit_test(test_bpe_reference_and_roundtrip),
+        cmocka_unit_test(test_bad_metadata),
+        cmocka_unit_test(test_large_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
