@@ -960,6 +960,12 @@ const char *rt_tokenizer_token_text(const rt_tokenizer *t, int32_t tok)
     return tok_text(t, tok);
 }
 
+bool rt_tokenizer_text_is_token(const rt_tokenizer *t, int32_t tok)
+{
+    return tok >= 0 && tok < t->n_vocab && special(t, tok) && tok_len(t, tok) > 0 &&
+           strlen(tok_text(t, tok)) == tok_len(t, tok);
+}
+
 int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *text)
 {
     return lookup(t, text, strlen(text));

@@ -78,6 +78,10 @@ int rt_tokenizer_decode(const rt_tokenizer *t, const int32_t *toks, int n, bool 
 
 /* Vocabulary entry as stored (for inspect and chat templates); id in range. */
 const char *rt_tokenizer_token_text(const rt_tokenizer *t, int32_t tok);
+/* Whether encoding with parse_special reads the token's text back as the
+ * token: a control or user-defined token, its text without a NUL and at
+ * most 256 bytes. A chat template may write only such a BOS as text. */
+bool rt_tokenizer_text_is_token(const rt_tokenizer *t, int32_t tok);
 /* Id of a token with this exact text, or -1. */
 int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *text);
 

@@ -752,6 +752,12 @@ static void test_long_special_not_matched(void **state)
     int32_t one = id(t, past);
     char buf[300];
     assert_int_equal(rt_tokenizer_decode(t, &one, 1, false, buf, sizeof(buf)), 257);
+    /* what a chat template may write as text and have read back as the token */
+    assert_true(rt_tokenizer_text_is_token(t, id(t, at_max)));
+    assert_true(rt_tokenizer_text_is_token(t, id(t, "<|begin_of_text|>")));
+    assert_false(rt_tokenizer_text_is_token(t, one));
+    assert_false(rt_tokenizer_text_is_token(t, id(t, "Hello")));
+    assert_false(rt_tokenizer_text_is_token(t, -1));
     rt_tokenizer_free(t);
     vocab_free(v);
 }
