@@ -35,17 +35,13 @@ bool gw_regions_enabled(const gw_serve *g)
 }
 
 /* Where a region is reached: the config's peers entry, else its record's
- * endpoint. With peer_tls (mutual TLS between regions) a record may not
- * name a cleartext endpoint: anyone who can write to the store would have
- * tenants' prompts sent in clear to a peer never verified. "" then. */
+ * endpoint (with peer_tls, only a tls: one enters the table: tls_only). */
 const char *gw_regions_target(const gw_serve *g, const route_region *r)
 {
     const gw_config *c = g->cfg;
     for (int i = 0; i < c->n_peers; i++)
         if (!strcmp(c->peers[i].name, r->rec.name))
             return c->peers[i].endpoint;
-    if ((c->peer_tls.ca || c->peer_tls.cert) && strncmp(r->rec.endpoint, "tls:", 4) != 0)
-        return "";
     return r->rec.endpoint;
 }
 
@@ -177,6 +173,9 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
         .eject_after = rc->eject_after,
         .eject_base_ms = rc->eject_base_ms,
         .eject_max_ms = rc->eject_max_ms,
+        /* anyone who can write to the store would otherwise have tenants'
+         * prompts sent in clear to a peer never verified */
+        .tls_only = c->peer_tls.ca || c->peer_tls.cert,
     };
     if (!(g->table = route_table_new(&to, MAX_REGIONS))) {
         snprintf(err, err_len, "out of memory");

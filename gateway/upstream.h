@@ -31,8 +31,9 @@ typedef enum gw_upstream_error {
     GW_UP_CONNECT = 1, /* could not connect (refused, no such socket, TLS handshake failed) */
     GW_UP_RESET,       /* the stream was reset or the connection closed under it */
     GW_UP_PROTOCOL,    /* the peer broke HTTP/2 */
-    GW_UP_TIMEOUT,     /* connect timeout, or the connection's PING went unanswered for ten
-                          ping intervals */
+    GW_UP_TIMEOUT,     /* connect timeout, the connection's PING unanswered for ten ping
+                          intervals, or response_timeout_ms passed before the connection's
+                          transport was up (the target never had the request) */
     GW_UP_NOMEM,
     GW_UP_STALLED, /* the response stood still for response_timeout_ms (the target
                       had the request all that time: not one to retry blindly) */

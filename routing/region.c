@@ -565,6 +565,8 @@ int route_table_upsert(route_table *t, const route_record *r, bool local, int64_
     int rc = route_record_check(r, NULL, 0);
     if (rc)
         return rc;
+    if (!local && t->o.tls_only && r->endpoint[0] && strncmp(r->endpoint, "tls:", 4) != 0)
+        return -EPERM;
     int i = find_index(t, r->name, route__hash(r->name));
     if (i >= 0) {
         route_slot *s = &t->slots[t->order[i]];

@@ -137,6 +137,9 @@ typedef struct route_table_opts {
     /* A probe whose outcome is not reported within this time (the request
      * was never sent, or is still waiting) may be claimed again; 0: 10000. */
     int64_t probe_timeout_ms;
+    /* Peers are reached over mutual TLS: a peer's record naming another
+     * kind of endpoint is refused (-EPERM), as a Unix socket always is. */
+    bool tls_only;
 } route_table_opts;
 
 route_table *route_table_new(const route_table_opts *o, int max_regions);

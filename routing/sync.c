@@ -757,7 +757,10 @@ static void on_read(route_sync *s, sync_req *q, redisReply *r)
     if (cur && (cur->local || record_equal(&cur->rec, &rec)))
         return;
     int rc = route_table_upsert(s->table, &rec, false, route_clock_ms());
-    if (rc)
+    if (rc == -EPERM)
+        set_err(s, "region %s: endpoint %s is not tls: (peers use mutual TLS): refused", q->name,
+                rec.endpoint);
+    else if (rc)
         set_err(s, "routing table: cannot add region %s: %s", q->name, strerror(-rc));
 }
 

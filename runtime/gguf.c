@@ -522,7 +522,7 @@ static int place_tensor_data(parser *ps, const uint64_t *offset_pos)
          * half: at an address of their alignment, which a file with
          * general.alignment 1 or 2 need not give (ggml writes 32). */
         uint64_t need = t->type == KN_TYPE_F32 ? 4 : 2;
-        if (at % need) {
+        if (at % need || (uintptr_t)(ps->p + (at < ps->size ? at : ps->size)) % need) {
             snprintf(where, sizeof(where), "tensor %" PRId64 " (\"%s\") offset", i,
                      rt_gguf_printable(name, sizeof(name), t->name));
             return fail(ps, where, offset_pos[i],

@@ -962,8 +962,13 @@ const char *rt_tokenizer_token_text(const rt_tokenizer *t, int32_t tok)
 
 bool rt_tokenizer_text_is_token(const rt_tokenizer *t, int32_t tok)
 {
-    return tok >= 0 && tok < t->n_vocab && special(t, tok) && tok_len(t, tok) > 0 &&
-           strlen(tok_text(t, tok)) == tok_len(t, tok);
+    if (tok < 0 || tok >= t->n_vocab || !special(t, tok) || tok_len(t, tok) == 0 ||
+        strlen(tok_text(t, tok)) != tok_len(t, tok))
+        return false;
+    /* and no other token of the same text is the one the match gives */
+    int32_t got[2];
+    return rt_tokenizer_encode(t, tok_text(t, tok), tok_len(t, tok), false, true, got, 2) == 1 &&
+           got[0] == tok;
 }
 
 int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *text)

@@ -1095,6 +1095,27 @@ static void test_news_as_of_last_read(void **state)
     route_table_free(t);
 }
 
+/* Peers reached over mutual TLS: a peer's record naming another kind of
+ * endpoint never enters the table (nor would its requests go in clear to
+ * a peer never verified). No endpoint at all is no dial either, and fine. */
+static void test_tls_only(void **state)
+{
+    (void)state;
+    route_table_opts o = opts;
+    o.tls_only = true;
+    route_table *t = route_table_new(&o, 16);
+    route_record clear = mk("clear", "m", "eu", 1, 10), none = mk("none", "m", "eu", 1, 10);
+    snprintf(clear.endpoint, sizeof(clear.endpoint), "tcp:10.0.0.2:8080");
+    none.endpoint[0] = '\0';
+    assert_int_equal(route_table_upsert(t, &clear, false, 1000), -EPERM);
+    assert_int_equal(route_table_upsert(t, &none, false, 1000), 0);
+    assert_int_equal(route_table_upsert(t, &clear, true, 1000), 0); /* our own: never dialled */
+    route_table_free(t);
+    t = route_table_new(&opts, 16);
+    assert_int_equal(route_table_upsert(t, &clear, false, 1000), 0);
+    route_table_free(t);
+}
+
 /* Peers silent past forget_ms leave the table, the local region never, and
  * nothing leaves while the store is away. */
 static void test_prune(void **state)
@@ -1388,6 +1409,7 @@ int main(void)
         cmocka_unit_test(test_recovery_grace),
         cmocka_unit_test(test_recovery_grace_once),
         cmocka_unit_test(test_news_as_of_last_read),
+        cmocka_unit_test(test_tls_only),
         cmocka_unit_test(test_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
