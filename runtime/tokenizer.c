@@ -37,13 +37,18 @@ enum {
 #define MAX_PRE_STAGES 2
 #define SPM_SPACE "\xe2\x96\x81" /* U+2581, SentencePiece's visible space */
 
-/* Trie of special-token texts: longest match at a position in one walk. */
+/* Trie of special-token texts: longest match at a position in one walk.
+ * A node's children are found through one hash of (parent, byte) edges:
+ * searched one by one, up to 256 siblings a step let a hostile vocabulary
+ * make each position of a text cost 255 x 255 steps. */
 typedef struct trie_node {
-    int32_t child;
-    int32_t sibling;
     int32_t tok;
-    uint8_t byte;
 } trie_node;
+
+typedef struct trie_edge {
+    int32_t parent, child; /* child -1: a free slot */
+    uint8_t byte;
+} trie_edge;
 
 struct rt_tokenizer {
     rt_tok_kind kind;
@@ -83,6 +88,8 @@ struct rt_tokenizer {
     trie_node *trie;
     int32_t n_trie;
     int32_t trie_root[256];
+    trie_edge *edges; /* open addressing, at most half full */
+    size_t edge_mask;
 };
 
 static int set_err(char *err, size_t err_len, int rc, const char *fmt, ...)
@@ -514,12 +521,18 @@ static int build_pieces(rt_tokenizer *t)
     return 0;
 }
 
+/* The slot of edge (parent, byte): its own, or the free one it would take. */
+static size_t edge_slot(const rt_tokenizer *t, int32_t parent, uint8_t byte)
+{
+    size_t h = ((size_t)((uint32_t)parent * 0x9E3779B1u) ^ (size_t)byte * 0x85EBCA77u) & t->edge_mask;
+    while (t->edges[h].child >= 0 && (t->edges[h].parent != parent || t->edges[h].byte != byte))
+        h = (h + 1) & t->edge_mask;
+    return h;
+}
+
 static int trie_child(const rt_tokenizer *t, int32_t node, uint8_t byte)
 {
-    for (int32_t c = t->trie[node].child; c >= 0; c = t->trie[c].sibling)
-        if (t->trie[c].byte == byte)
-            return c;
-    return -1;
+    return t->edges[edge_slot(t, node, byte)].child;
 }
 
 /* Control and user-defined tokens, matched in text only with parse_special.
@@ -544,11 +557,18 @@ static int build_specials(rt_tokenizer *t)
             nodes += tok_len(t, id);
     if (nodes == 0)
         return 0;
-    if (nodes > INT32_MAX)
+    if (nodes > INT32_MAX / 2)
         return -ENOMEM;
+    size_t cap = 16;
+    while (cap < 2 * nodes)
+        cap *= 2;
     t->trie = malloc(nodes * sizeof(trie_node));
-    if (!t->trie)
+    t->edges = malloc(cap * sizeof(trie_edge));
+    if (!t->trie || !t->edges)
         return -ENOMEM;
+    for (size_t i = 0; i < cap; i++)
+        t->edges[i].child = -1;
+    t->edge_mask = cap - 1;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         if (!special(t, id))
             continue;
@@ -559,17 +579,17 @@ static int build_specials(rt_tokenizer *t)
         int32_t node = t->trie_root[s[0]];
         if (node < 0) {
             node = t->n_trie++;
-            t->trie[node] = (trie_node){-1, -1, -1, s[0]};
+            t->trie[node] = (trie_node){-1};
             t->trie_root[s[0]] = node;
         }
         for (size_t k = 1; k < n; k++) {
-            int32_t c = trie_child(t, node, s[k]);
-            if (c < 0) {
-                c = t->n_trie++;
-                t->trie[c] = (trie_node){-1, t->trie[node].child, -1, s[k]};
-                t->trie[node].child = c;
+            size_t h = edge_slot(t, node, s[k]);
+            if (t->edges[h].child < 0) {
+                int32_t c = t->n_trie++;
+                t->trie[c] = (trie_node){-1};
+                t->edges[h] = (trie_edge){node, c, s[k]};
             }
-            node = c;
+            node = t->edges[h].child;
         }
         if (t->trie[node].tok < 0)
             t->trie[node].tok = id;
@@ -885,6 +905,7 @@ void rt_tokenizer_free(rt_tokenizer *t)
     for (int i = 0; i < t->n_re; i++)
         pcre2_code_free(t->re[i]);
     free(t->trie);
+    free(t->edges);
     free(t->mg_tok);
     free(t->mg_rank);
     free(t->mg_key);
