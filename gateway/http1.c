@@ -172,16 +172,17 @@ static void h1_watch_close(gw_http_conn *c)
 }
 
 /* Input is read up to a head's bound and a little more (pipelined
- * requests wait there). The write callback comes when the output fell to
- * half the stream bound (on_writable) and when it drained (the response
- * is done). Set again when a reload changes the bounds: a head larger than
- * the old read bound, within the new one, waited for ever. */
+ * requests wait there). */
 static size_t h1_in_max(const gw_http_conn *c)
 {
     const gw_http_limits *lim = &c->srv->limits;
     return lim->max_header_list > SIZE_MAX - GW_H1_IN_SLACK ? 0 : lim->max_header_list + GW_H1_IN_SLACK;
 }
 
+/* The write callback comes when the output fell to half the stream bound
+ * (on_writable) and when it drained (the response is done). Set again
+ * when a reload changes the bounds: a head larger than the old read bound,
+ * within the new one, waited for ever. */
 void gw_h1_set_bounds(gw_http_conn *c)
 {
     bufferevent_setwatermark(c->bev, EV_READ, 0, h1_in_max(c));

@@ -338,11 +338,10 @@ static route_region *remote_region(const preq *p);
 /* Tokens a request whose answer never came back (its client hung up, or
  * the upstream stalled) could have been given in dur_s since its last try
  * went out (earlier tries, the body's upload, a wait for the shared limit
- * gave none): at its worker's
- * pace after its prefill, or at the pace a remote region's record gives
- * (the network's time counts as work: a little more), at most what it
- * asked for. Counted as none, a request sent to another region and hung
- * up on was free however long it ran. */
+ * gave none): at its worker's pace after its prefill, or at the pace a
+ * remote region's record gives (the network's time counts as work: a
+ * little more), at most what it asked for. Counted as none, a request sent
+ * to another region and hung up on was free however long it ran. */
 static int hangup_tokens(const preq *p, double dur_s)
 {
     double first_ms = 0, per_ms = 0;
@@ -551,6 +550,15 @@ static void region_failed(preq *p)
     region_report(p, false);
 }
 
+/* Sends the request again, to local worker w: a retry spent. */
+static bool resend_local(preq *p, int w)
+{
+    p->g->retry_tokens -= 1;
+    p->worker = w;
+    send_upstream(p);
+    return true;
+}
+
 /* A failure before the first response byte moves the request on: from a
  * local worker to another one here (once), else to the next candidate
  * region — while the retry budget lasts, so a fleet-wide outage does not
@@ -572,12 +580,8 @@ static bool retry(preq *p, bool region_at_fault)
     int other = !p->remote && p->worker >= 0 && p->local_tries < MAX_TRIES
                     ? gw_supervisor_pick(g->sup, p->model, p->worker)
                     : -1;
-    if (other >= 0) {
-        g->retry_tokens -= 1;
-        p->worker = other;
-        send_upstream(p);
-        return true;
-    }
+    if (other >= 0)
+        return resend_local(p, other);
     if (p->route.n) {
         g->retry_tokens -= 1;
         if (try_next(p))
@@ -596,12 +600,7 @@ static bool retry_on_larger(preq *p)
     if (!p->stream || g->retry_tokens < 1 || p->local_tries >= MAX_TRIES)
         return false;
     int w = gw_supervisor_pick_larger(g->sup, p->model, p->worker);
-    if (w < 0)
-        return false;
-    g->retry_tokens -= 1;
-    p->worker = w;
-    send_upstream(p);
-    return true;
+    return w >= 0 && resend_local(p, w);
 }
 
 /* An upstream's Retry-After (seconds), within 1..60; 0 without one. */
@@ -1178,7 +1177,7 @@ static void handle_models(preq *p, gw_tenant *t, const char *one, size_t one_len
     const char *need[MAX_NEED_TAGS];
     char buf[512];
     int n_need = 0;
-    if ((n_need = need_tags(p, p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL, buf, sizeof(buf), need)) < 0) {
+    if ((n_need = need_tags(p, tenant_cfg(g, p->tenant), buf, sizeof(buf), need)) < 0) {
         json_decref(l.data);
         respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
                 "x-infergate-residency must be at most %d comma-separated tags", MAX_NEED_TAGS);
@@ -1230,7 +1229,7 @@ static void dispatch(preq *p)
         const char *need[MAX_NEED_TAGS];
         char buf[512];
         if (!p->forwarded && !gw_regions_enabled(g) &&
-            need_tags(p, p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL, buf, sizeof(buf), need) != 0) {
+            need_tags(p, tenant_cfg(g, p->tenant), buf, sizeof(buf), need) != 0) {
             respond(p, 400, "invalid_request_error", "bad_residency", NULL, 0,
                     "residency cannot be met: this gateway has no region section, so no tags");
             return;
@@ -1258,7 +1257,7 @@ static void dispatch(preq *p)
         send_upstream(p);
         return;
     }
-    const gw_tenant_cfg *tc = p->tenant[0] ? tenant_cfg(g, p->tenant) : NULL;
+    const gw_tenant_cfg *tc = tenant_cfg(g, p->tenant);
     if (p->tenant[0] && !tc) {
         /* A reload dropped the tenant while its limit was checked: without
          * its residency the request could go anywhere. */

@@ -38,10 +38,9 @@ bool gw_regions_enabled(const gw_serve *g)
  * endpoint (with peer_tls, only a tls: one enters the table: tls_only). */
 const char *gw_regions_target(const gw_serve *g, const route_region *r)
 {
-    const gw_config *c = g->cfg;
-    for (int i = 0; i < c->n_peers; i++)
-        if (!strcmp(c->peers[i].name, r->rec.name))
-            return c->peers[i].endpoint;
+    for (int i = 0; i < g->cfg->n_peers; i++)
+        if (!strcmp(g->cfg->peers[i].name, r->rec.name))
+            return g->cfg->peers[i].endpoint;
     return r->rec.endpoint;
 }
 

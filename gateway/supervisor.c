@@ -665,7 +665,7 @@ bool gw_supervisor_serves(const gw_supervisor *s, const char *model)
     return false;
 }
 
-static int least_loaded(const gw_supervisor *s, const char *model, int exclude, int min_kv_blocks)
+static int pick(gw_supervisor *s, const char *model, int exclude, int min_kv_blocks)
 {
     int best = -1;
     double best_load = 0;
@@ -683,12 +683,6 @@ static int least_loaded(const gw_supervisor *s, const char *model, int exclude, 
             best_load = load;
         }
     }
-    return best;
-}
-
-static int pick(gw_supervisor *s, const char *model, int exclude, int min_kv_blocks)
-{
-    int best = least_loaded(s, model, exclude, min_kv_blocks);
     if (best >= 0)
         s->w[best].picked++;
     return best;

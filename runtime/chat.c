@@ -265,6 +265,8 @@ static void render_turns(buf *b, const rt_chat_msg *msgs, int n, const char *ope
  * "Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n" and then
  * the first message's content if it is a system message (trimmed); the
  * rest as Llama-3 (tool roles aside, which the parser refuses). */
+#define LLAMA31_DATE "26 Jul 2024" /* the templates' own, where none is given */
+
 static void render_llama3(buf *b, const rt_chat_msg *msgs, int n, const char *bos, const char *date)
 {
     buf_str(b, bos);
@@ -448,12 +450,12 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
         render_llama3(&b, msgs, n, bos, NULL);
         break;
     case RT_CHAT_LLAMA31:
-        render_llama3(&b, msgs, n, bos, "26 Jul 2024");
+        render_llama3(&b, msgs, n, bos, LLAMA31_DATE);
         break;
     case RT_CHAT_LLAMA32: {
         /* strftime_now("%d %b %Y"): the local day, in English (this
          * process keeps the C locale) */
-        char today[32] = "26 Jul 2024";
+        char today[32] = LLAMA31_DATE;
         struct tm tm;
         time_t t = time(NULL);
         if (localtime_r(&t, &tm))

@@ -509,28 +509,24 @@ static int place_tensor_data(parser *ps, const uint64_t *offset_pos)
     char where[192], name[64];
     for (int64_t i = 0; i < g->n_tensors; i++) {
         rt_gguf_tensor *t = &g->tensors[i];
-        if (t->offset > data_size || t->nbytes > data_size - t->offset) {
-            snprintf(where, sizeof(where), "tensor %" PRId64 " (\"%s\") offset", i,
-                     rt_gguf_printable(name, sizeof(name), t->name));
+        snprintf(where, sizeof(where), "tensor %" PRId64 " (\"%s\") offset", i,
+                 rt_gguf_printable(name, sizeof(name), t->name));
+        if (t->offset > data_size || t->nbytes > data_size - t->offset)
             return fail(ps, where, offset_pos[i],
                         "data [%" PRIu64 ", %" PRIu64 " + %" PRIu64 ") runs past the end of the file "
                         "(data section holds %" PRIu64 " bytes from offset %" PRIu64 ")",
                         t->offset, t->offset, t->nbytes, data_size, g->data_off);
-        }
         uint64_t at = g->data_off + t->offset;
+        t->data = ps->p + (at < ps->size ? at : ps->size);
         /* The kernels read an F32 as float and a block's scale as a
          * half: at an address of their alignment, which a file with
          * general.alignment 1 or 2 need not give (ggml writes 32). */
         uint64_t need = t->type == KN_TYPE_F32 ? 4 : 2;
-        if (at % need || (uintptr_t)(ps->p + (at < ps->size ? at : ps->size)) % need) {
-            snprintf(where, sizeof(where), "tensor %" PRId64 " (\"%s\") offset", i,
-                     rt_gguf_printable(name, sizeof(name), t->name));
+        if (at % need || (uintptr_t)t->data % need)
             return fail(ps, where, offset_pos[i],
                         "data at file offset %" PRIu64 " is not a multiple of %" PRIu64
                         ", which its type %s needs",
                         at, need, kn_type_name(t->type));
-        }
-        t->data = ps->p + (at < ps->size ? at : ps->size);
     }
     return 0;
 }

@@ -40,16 +40,13 @@ struct sreq {
     float *lp_row;        /* log-probabilities asked for: the step's raw logits, kept from the sampler */
     rt_token_logprobs lp; /* the last token's */
     bool ignore_eos, cancelled;
-    /* a batch request that had waited batch_max_wait_ms when admitted: not
-     * made to give way again (it could wait for ever); kept across a
-     * preemption. Its age alone says nothing: one admitted at once and
-     * running that long has not waited. */
-    bool waited_in;
     /* Time spent waiting is what ages a batch request (aged): t_queued is
      * when it last joined a waiting queue, waited_s its time in them
      * before that. Running time does not count: a batch job preempted
      * after running for batch_max_wait_ms came straight back ahead of the
-     * interactive request it gave way to, and then could not be preempted. */
+     * interactive request it gave way to, and then could not be preempted.
+     * Admitted having waited that long, it is not made to give way again
+     * (it could wait for ever), preemptions or not (gives_way_first). */
     double t_queued, waited_s;
     rt_priority prio;
     int64_t deadline_ms;
@@ -385,12 +382,17 @@ static void intake(rt_sched *s)
     }
 }
 
+static bool waited_long(const rt_sched *s, double waited_s)
+{
+    return waited_s >= s->o.batch_max_wait_ms / 1e3;
+}
+
 /* The queue to admit from: interactive, unless the oldest batch request
  * has waited batch_max_wait_ms in all and came before the oldest
  * interactive one. r is waiting. */
 static bool aged(const rt_sched *s, const sreq *r, double now)
 {
-    return r->waited_s + (now - r->t_queued) >= s->o.batch_max_wait_ms / 1e3;
+    return waited_long(s, r->waited_s + (now - r->t_queued));
 }
 
 static queue *next_queue(rt_sched *s, double now)
@@ -425,21 +427,22 @@ static void preempt_at(rt_sched *s, int v)
 }
 
 /* The running request to give way: the youngest batch request not
- * admitted after waiting batch_max_wait_ms (r->waited_in); where there is none and
+ * admitted after waiting batch_max_wait_ms; where there is none and
  * `batch_only` is false, the youngest of all; else -1. Youngest by
  * submission, not admission: a request readmitted after a preemption
  * keeps its seniority, or it would be the next to give way, again and
  * again, and never finish. */
-static bool gives_way_first(const sreq *r)
+static bool gives_way_first(const rt_sched *s, const sreq *r)
 {
-    return r->prio == RT_PRIO_BATCH && !r->waited_in;
+    return r->prio == RT_PRIO_BATCH && !waited_long(s, r->waited_s);
 }
 
 static int youngest(const rt_sched *s, bool batch_only)
 {
     int v = -1;
     for (int i = 0; i < s->n_running; i++)
-        if (gives_way_first(s->running[i]) && (v < 0 || s->running[i]->t_submit >= s->running[v]->t_submit))
+        if (gives_way_first(s, s->running[i]) &&
+            (v < 0 || s->running[i]->t_submit >= s->running[v]->t_submit))
             v = i;
     if (v >= 0 || batch_only)
         return v;
@@ -457,7 +460,7 @@ static bool preemption_makes_room(const rt_sched *s, int blocks, int promised)
     int n = s->n_running, free_blocks = rt_kv_blocks_free(s->kv);
     for (int i = 0; i < s->n_running; i++) {
         const sreq *r = s->running[i];
-        if (!gives_way_first(r))
+        if (!gives_way_first(s, r))
             continue;
         n--;
         free_blocks += rt_seq_blocks(r->seq);
@@ -518,7 +521,6 @@ static void admit(rt_sched *s)
         if (!r->seq)
             break;
         q_pop(q);
-        r->waited_in |= r->prio == RT_PRIO_BATCH && aged(s, r, now);
         r->waited_s += now - r->t_queued;
         r->n_done = 0;
         r->t_admit = now_s();
@@ -580,8 +582,7 @@ static int batch_pass(const rt_sched *s, const sreq *r, double now)
 {
     if (decoding(r))
         return 0;
-    bool aged_here = r->waited_in || r->waited_s + (now - r->t_admit) >= s->o.batch_max_wait_ms / 1e3;
-    return r->prio == RT_PRIO_INTERACTIVE || aged_here ? 1 : 2;
+    return r->prio == RT_PRIO_INTERACTIVE || waited_long(s, r->waited_s + (now - r->t_admit)) ? 1 : 2;
 }
 
 /* Fills s->batch: every decoding sequence's one token, then prompt chunks
