@@ -234,15 +234,14 @@ QZ_INLINE void qz_p16_tile(const char *sc, const char *q, size_t group_bytes, in
                                      _mm512_set1_epi8((char)0x80));
 #pragma GCC unroll 16
         for (int r = 0; r < K; r++) {
-            int32_t xd[8];
-            memcpy(xd, (QZ_X(r) + ib)->qs, sizeof(xd));
+            const int8_t *xd = (QZ_X(r) + ib)->qs;
             /* two chains, so a lone activation row is not one long wait */
-            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], _mm512_set1_epi32(xd[0]));
-            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], _mm512_set1_epi32(xd[1]));
+            __m512i s0 = x86_dpbusd_bcast(_mm512_setzero_si512(), wv[0], xd);
+            __m512i s1 = x86_dpbusd_bcast(_mm512_setzero_si512(), wv[1], xd + 4);
 #pragma GCC unroll 3
             for (int k = 2; k < 8; k += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, wv[k], _mm512_set1_epi32(xd[k]));
-                s1 = _mm512_dpbusd_epi32(s1, wv[k + 1], _mm512_set1_epi32(xd[k + 1]));
+                s0 = x86_dpbusd_bcast(s0, wv[k], xd + 4 * k);
+                s1 = x86_dpbusd_bcast(s1, wv[k + 1], xd + 4 * k + 4);
             }
             const __m512i v = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(a->corr[r][b]));
             f[r] = x86_block_accum(f[r], v, _mm512_mul_ps(dwv, _mm512_set1_ps(a->dx[r][b])));

@@ -27,6 +27,19 @@ static inline const char *x86_p16_ahead(const char *base, int ib, int ahead, int
     return t < nb ? base + (size_t)t * unit : base + group_bytes + (size_t)(t - nb) * unit;
 }
 
+/* acc + u (unsigned bytes) . the four signed bytes at p, broadcast: the
+ * dword read by the multiply-add itself ({1to16}). Written out because GCC
+ * neither folds a set1 into the embedded broadcast nor keeps it a load: it
+ * moved the activations' dwords through general registers, one broadcast
+ * uop per multiply-add, and the p16 gemm ran at two thirds of this speed on
+ * Zen 4 (bench/RESULTS.md). */
+static inline __attribute__((always_inline, target("avx512f,avx512vnni"))) __m512i
+x86_dpbusd_bcast(__m512i acc, __m512i u, const void *p)
+{
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+}
+
 /* acc + (float)isum * scale for 16 lanes, rounded twice as the reference
  * rounds a Q8_0 block's sum: the barrier keeps the compiler from contracting
  * the two into an FMA. Shared by the AVX-512 and AMX gemms, whose results
