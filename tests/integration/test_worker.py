@@ -401,6 +401,16 @@ r = subprocess.run([INFERGATE, "worker", "--model", odd, "--listen", "unix:" + s
                    capture_output=True, text=True, timeout=30)
 t.ok(r.returncode == 2 and "--chat-template: one of chatml, llama2" in r.stderr, "--chat-template jinja: refused by name")
 
+# --- threads unset: one per CPU the worker may run on, not per CPU of the host ---
+sock5 = os.path.join(d, "w5.sock")
+w5 = spawn(["taskset", "-c", "0", INFERGATE, "worker", "--model", model, "--model-name", "m", "--listen",
+            "unix:" + sock5], os.path.join(d, "w5.sock.log"))
+st5 = wait_until(lambda: stats(sock5) if w5.poll() is None else {"threads": "exited"}, 60, "pinned worker stats")
+t.ok(st5["threads"] == 1, "a worker pinned to one CPU with threads unset runs 1 thread: %s (host: %d CPUs)"
+     % (st5["threads"], os.cpu_count()))
+w5.send_signal(15)
+w5.wait(timeout=40)
+
 # --- SIGTERM drains and exits ---
 w.send_signal(15)
 try:
