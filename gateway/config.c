@@ -79,6 +79,10 @@ static int node_take(cfg_parser *p, int index, const yaml_node_t *parent, const 
     size_t i = (size_t)(n - p->doc->nodes.start);
     if (p->used[i])
         return gw_cfg_perr(p, parent, path, "YAML aliases (*name) are not supported");
+    /* libyaml gives untagged nodes the core tags; any other (!env NAME,
+     * say) would be taken for its plain text */
+    if (n->tag && strncmp((const char *)n->tag, "tag:yaml.org,2002:", 18))
+        return gw_cfg_perr(p, n, path, "YAML tags (%s) are not supported", (const char *)n->tag);
     p->used[i] = 1;
     *out = n;
     return 0;
@@ -160,6 +164,9 @@ int gw_cfg_str(cfg_parser *p, const yaml_node_t *n, const char *path, char **out
         return gw_cfg_perr(p, n, path, "must be a string, not %s", node_kind(n));
     const unsigned char *v = n->data.scalar.value;
     size_t len = n->data.scalar.length;
+    /* a quoted '' names no file, no device and no password */
+    if (len == 0)
+        return gw_cfg_perr(p, n, path, "must not be empty");
     for (size_t i = 0; i < len; i++)
         if (v[i] < 0x20 || v[i] == 0x7f)
             return gw_cfg_perr(p, n, path, "control characters are not allowed");
@@ -193,6 +200,9 @@ int gw_cfg_int(cfg_parser *p, const yaml_node_t *n, const char *path, long long 
     bool digits = *d != '\0';
     for (const char *c = d; *c; c++)
         digits = digits && *c >= '0' && *c <= '9';
+    /* YAML 1.1 reads 010 as octal 8, YAML 1.2 as 10: neither is assumed */
+    if (digits && d[0] == '0' && d[1] != '\0')
+        return gw_cfg_perr(p, n, path, "must be a whole number without leading zeros");
     char *end;
     errno = 0;
     long long x = digits ? strtoll(v, &end, 10) : 0;
@@ -252,10 +262,6 @@ int gw_cfg_str_list(cfg_parser *p, const yaml_node_t *n, const char *path, int m
         if ((rc = gw_cfg_seq_item(p, n, i, ipath, &it)) || (rc = gw_cfg_str(p, it, ipath, &v[i])))
             return rc;
         *count = i + 1;
-        /* no list here has a use for "": a tenant's model "" matched no
-         * request, a device "" no GPU */
-        if (!v[i][0])
-            return gw_cfg_perr(p, it, ipath, "must not be empty");
     }
     return 0;
 }
@@ -439,6 +445,14 @@ static const char *model_name_why(const char *s)
     return NULL;
 }
 
+/* What CUDA_VISIBLE_DEVICES takes (an index, a GPU or MIG UUID), or ours. */
+static bool device_name_ok(const char *d)
+{
+    if (!strcmp(d, "cpu") || !strcmp(d, "auto") || !strncmp(d, "GPU-", 4) || !strncmp(d, "MIG-", 4))
+        return true;
+    return strlen(d) <= 4 && strspn(d, "0123456789") == strlen(d);
+}
+
 static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, gw_worker_cfg *w)
 {
     enum {
@@ -496,6 +510,11 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
             /* Goes into CUDA_VISIBLE_DEVICES, where a comma would name two. */
             if (strpbrk(d, ", \t"))
                 return gw_cfg_perr(p, v[K_DEVICES], dp, "one device per entry, without commas or spaces");
+            /* anything but "cpu" becomes a GPU worker's CUDA_VISIBLE_DEVICES:
+             * a typo ("CPU", "gpu") would be restarted for ever */
+            if (!device_name_ok(d))
+                return gw_cfg_perr(p, v[K_DEVICES], dp,
+                                   "'%s' is not a device: cpu, auto, a GPU index, or a GPU-/MIG- UUID", d);
             if (!strcmp(d, "auto") && w->n_devices > 1)
                 return gw_cfg_perr(p, v[K_DEVICES], dp, "auto stands alone: it means every GPU found");
             /* A GPU serves one worker; the CPU may run several (each with
@@ -978,9 +997,12 @@ static int parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
      * requests to: they would be served here whatever it asked. */
     for (int i = 0; !v[K_REGION] && i < c->n_tenants; i++)
         if (c->tenants[i].n_residency > 0) {
-            char tp[CFG_PATH_MAX];
+            char tp[CFG_PATH_MAX], rp[CFG_PATH_MAX];
             gw_cfg_path_idx(tp, "tenants", i);
-            return gw_cfg_perr(p, v[K_TENANTS], tp,
+            gw_cfg_path_key(rp, tp, "residency");
+            const yaml_node_t *item =
+                yaml_document_get_node(p->doc, v[K_TENANTS]->data.sequence.items.start[i]);
+            return gw_cfg_perr(p, map_value(p, item, "residency"), rp,
                                "residency needs a region section: its tags say where this gateway may serve");
         }
     return gw_cfg_parse_routing(p, v[K_REGION], v[K_CLUSTER], v[K_REDIS], v[K_ROUTING], v[K_PEERS],
@@ -1005,11 +1027,22 @@ static gw_config *config_new(void)
     return c;
 }
 
-static int syntax_error(cfg_parser *p, const yaml_parser_t *yp)
+static int syntax_error(cfg_parser *p, const yaml_parser_t *yp, const char *text, size_t len)
 {
     if (yp->error == YAML_MEMORY_ERROR)
         return -ENOMEM;
     const yaml_mark_t *m = yp->problem ? &yp->problem_mark : &yp->context_mark;
+    /* the reader (bad UTF-8, control characters) leaves the marks at zero
+     * and says where by byte offset */
+    if (yp->error == YAML_READER_ERROR) {
+        size_t off = yp->problem_offset < len ? yp->problem_offset : len;
+        unsigned long line = 1;
+        for (size_t i = 0; i < off; i++)
+            line += text[i] == '\n';
+        snprintf(p->err, p->err_len, "%s:%lu: YAML syntax error: %s (byte %zu)", p->file, line,
+                 yp->problem ? yp->problem : "unreadable text", yp->problem_offset);
+        return -EINVAL;
+    }
     if (yp->context)
         snprintf(p->err, p->err_len, "%s:%lu: YAML syntax error: %s (%s at line %lu)", p->file,
                  (unsigned long)m->line + 1, yp->problem ? yp->problem : "invalid YAML", yp->context,
@@ -1039,7 +1072,7 @@ int gw_config_parse(const char *name, const char *text, size_t len, gw_config **
         return -ENOMEM;
     yaml_parser_set_input_string(&yp, (const unsigned char *)text, len);
     if (!yaml_parser_load(&yp, &doc)) {
-        rc = syntax_error(&p, &yp);
+        rc = syntax_error(&p, &yp, text, len);
         goto out_parser;
     }
     p.doc = &doc;
@@ -1047,7 +1080,7 @@ int gw_config_parse(const char *name, const char *text, size_t len, gw_config **
     if (root) {
         /* A second document would be ignored silently otherwise. */
         if (!yaml_parser_load(&yp, &extra)) {
-            rc = syntax_error(&p, &yp);
+            rc = syntax_error(&p, &yp, text, len);
             goto out_doc;
         }
         yaml_node_t *r2 = yaml_document_get_root_node(&extra);

@@ -11,8 +11,8 @@
  *   workers:                    # default: one CPU worker on the demo model
  *     - model: FILE             # required
  *       name: ID                # model id clients ask for; default: file name without .gguf
- *       devices: [cpu]          # cpu, or GPU / MIG UUIDs (one worker each), or "auto"
- *       threads: 2
+ *       devices: [cpu]          # cpu, or GPU indices / GPU- / MIG- UUIDs (one worker each), or "auto"
+ *       threads: 0              # 0: one per CPU this process may run on
  *       kv_cache_mb: 256
  *       kv_type: f16            # f16 | q8_0 (cpu devices only: half the KV memory and reads)
  *       max_seqs: 32
@@ -71,7 +71,7 @@
  *     policy: latency           # latency | cost
  *     slo_ms: 500               # cost policy: expected latency bound
  *     heartbeat_ms: 1000        # record publication period
- *     stale_after_ms: 3000      # default 3 heartbeats; at least two
+ *     stale_after_ms: 3000      # default 3 heartbeats; more than two
  *     eject_after: 3            # consecutive failures (0: never eject)
  *     eject_base_ms: 1000       # first ejection; doubles up to eject_max_ms
  *     eject_max_ms: 30000

@@ -168,6 +168,8 @@ static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
         return -ENOMEM;
     if (v[K_PASSWORD] && (rc = gw_cfg_str(p, v[K_PASSWORD], "redis.password", &r->password)))
         return rc;
+    if (r->password && strlen(r->password) > 255) /* AUTH's limit in routing/sync.c */
+        return gw_cfg_perr(p, v[K_PASSWORD], "redis.password", "at most 255 bytes");
     long long x;
     if (v[K_DB]) {
         if ((rc = gw_cfg_int(p, v[K_DB], "redis.db", 0, 65535, &x)))

@@ -436,6 +436,10 @@ static void test_routing_full(void **state)
 
 /* ---- broken files ---- */
 
+#define PW10 "xxxxxxxxxx"
+#define PW300                                                                                                \
+    PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 \
+        PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10 PW10
 #define TEN_A "tenants:\n  - name: a\n    keys: [" H_K1 "]\n"
 
 static const struct {
@@ -451,7 +455,21 @@ static const struct {
     {"workers: []\n", "bad.yaml:1: workers: needs at least one worker"},
     {"workers:\n  - model: /m.gguf\n    name: \"a,b\"\n",
      "bad.yaml:3: workers[0].name: must be printable ASCII without spaces, commas, quotes or backslashes"},
-    {"workers:\n  - model: /m.gguf\n    name: \"\"\n", "bad.yaml:3: workers[0].name: must be 1 to 63 bytes"},
+    {"workers:\n  - model: /m.gguf\n    name: \"\"\n", "bad.yaml:3: workers[0].name: must not be empty"},
+    {"logging: {access_log: ''}\n", "bad.yaml:1: logging.access_log: must not be empty"},
+    {"listen: [{address: \"127.0.0.1:1\", tls: {cert: '', key: ''}}]\n",
+     "bad.yaml:1: listen[0].tls.cert: must not be empty"},
+    {"workers:\n  - model: /m.gguf\n    devices: [CPU]\n",
+     "bad.yaml:3: workers[0].devices[0]: 'CPU' is not a device: cpu, auto, a GPU index, or a GPU-/MIG- UUID"},
+    {"workers:\n  - model: /m.gguf\n    devices: [cuda]\n", "workers[0].devices[0]: 'cuda' is not a device"},
+    {"workers:\n  - model: /m.gguf\n    threads: 010\n",
+     "bad.yaml:3: workers[0].threads: must be a whole number without leading zeros"},
+    {"region: {name: a}\nredis: {address: \"127.0.0.1:6379\", password: !env REDIS_PW}\n",
+     "bad.yaml:2: redis.password: YAML tags (!env) are not supported"},
+    {"region: {name: a}\nredis: {address: \"127.0.0.1:6379\", password: " PW300 "}\n",
+     "bad.yaml:2: redis.password: at most 255 bytes"},
+    {"drain_grace_s: 5\nlogging:\n  access_log: \"a\xff\"\n",
+     "bad.yaml:3: YAML syntax error: invalid leading UTF-8 octet (byte"},
     {"workers:\n  - model: "
      "/models/a-file-name-that-is-much-too-long-to-be-a-model-id-in-a-region-record.gguf\n",
      "bad.yaml:2: workers[0].model: the model name taken from the file name, "
@@ -664,8 +682,8 @@ static const struct {
     {TEN_A "    residency: eu\n", "bad.yaml:4: tenants[0].residency: must be a list, not a plain value"},
     {TEN_A "    residency: [\"e u\"]\n", "bad.yaml:4: tenants[0].residency[0]: a tag is 1 to 31"},
     {TEN_A "    models: [llama, \"\"]\n", "bad.yaml:4: tenants[0].models[1]: must not be empty"},
-    {TEN_A "    residency: [eu]\n",
-     "bad.yaml:2: tenants[0]: residency needs a region section: its tags say where this gateway may serve"},
+    {TEN_A "    residency: [eu]\n", "bad.yaml:4: tenants[0].residency: residency needs a region section: its "
+                                    "tags say where this gateway may serve"},
     {TEN_A "    policy: cheapest\n", "bad.yaml:4: tenants[0].policy: must be latency or cost"},
     {TEN_A "    slo_ms: fast\n", "bad.yaml:4: tenants[0].slo_ms: must be a number from 0"},
     {TEN_A "    max_price: -1\n", "bad.yaml:4: tenants[0].max_price: must be a number from 0"},
