@@ -131,6 +131,44 @@ static bool has_ctl(const char *s, size_t len)
     return false;
 }
 
+/* Whether s is well-formed UTF-8 (no overlong forms, surrogates or code
+ * points past U+10FFFF). A record's text reaches JSON (/v1/regions,
+ * /v1/models), where anything else cannot be written, and a model name
+ * that is not text matches no request. */
+static bool utf8_ok(const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t i = 0; i < len;) {
+        unsigned c = s[i];
+        size_t n = c < 0x80             ? 1
+                   : (c & 0xE0) == 0xC0 ? 2
+                   : (c & 0xF0) == 0xE0 ? 3
+                   : (c & 0xF8) == 0xF0 ? 4
+                                        : 0;
+        if (n == 0 || n > len - i)
+            return false;
+        uint32_t cp = n == 1 ? c : c & (0x3Fu >> (n - 1));
+        for (size_t k = 1; k < n; k++) {
+            if ((s[i + k] & 0xC0) != 0x80)
+                return false;
+            cp = cp << 6 | (s[i + k] & 0x3Fu);
+        }
+        static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        i += n;
+    }
+    return true;
+}
+
+/* Text a record may carry: UTF-8 without control characters. */
+static const char *text_problem(const char *s, size_t len)
+{
+    if (has_ctl(s, len))
+        return "control characters are not allowed";
+    return utf8_ok(s, len) ? NULL : "not valid UTF-8";
+}
+
 bool route_number_parse(const char *v, double max, double *out)
 {
     /* strtod also takes hex, "inf", "nan" and leading spaces: not ours. */
@@ -169,8 +207,9 @@ static int parse_str(const char *field, const char *v, char *dst, size_t size, c
     size_t len = strlen(v);
     if (len >= size)
         return fail(err, err_len, "%s: longer than %zu bytes", field, size - 1);
-    if (has_ctl(v, len))
-        return fail(err, err_len, "%s: control characters are not allowed", field);
+    const char *why = text_problem(v, len);
+    if (why)
+        return fail(err, err_len, "%s: %s", field, why);
     memcpy(dst, v, len + 1);
     return 0;
 }
@@ -193,8 +232,9 @@ static int parse_list(const char *field, const char *v, char *dst, size_t size, 
             return fail(err, err_len, "%s: entry %d is empty", field, n + 1);
         if (len >= size)
             return fail(err, err_len, "%s: entry %d is longer than %zu bytes", field, n + 1, size - 1);
-        if (has_ctl(p, len))
-            return fail(err, err_len, "%s: control characters are not allowed", field);
+        const char *why = text_problem(p, len);
+        if (why)
+            return fail(err, err_len, "%s: entry %d: %s", field, n + 1, why);
         /* "eu, gdpr" would make a tag " gdpr" that no query names. */
         if (p[0] == ' ' || p[len - 1] == ' ')
             return fail(err, err_len, "%s: entry %d has leading or trailing spaces", field, n + 1);
@@ -407,9 +447,8 @@ static int check_str(const char *field, const char *s, size_t size, bool need, c
         return fail(err, err_len, "%s: not terminated within %zu bytes", field, size);
     if (need && nul == s)
         return fail(err, err_len, "%s: empty", field);
-    if (has_ctl(s, (size_t)(nul - s)))
-        return fail(err, err_len, "%s: control characters are not allowed", field);
-    return 0;
+    const char *why = text_problem(s, (size_t)(nul - s));
+    return why ? fail(err, err_len, "%s: %s", field, why) : 0;
 }
 
 static int check_list(const char *field, const char *items, size_t size, int n, int max, char *err,

@@ -221,7 +221,11 @@ static const struct {
     {"tags", "a,b,c,d,e,f,g,h,i", "tags: more than 8 entries"},
     {"tags", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "tags: entry 1 is longer than 31 bytes"},
     {"tags", "eu, gdpr", "tags: entry 2 has leading or trailing spaces"},
-    {"tags", "eu\tus", "tags: control characters are not allowed"},
+    {"tags", "eu\tus", "tags: entry 1: control characters are not allowed"},
+    {"tags", "eu,\xff", "tags: entry 2: not valid UTF-8"},
+    {"models", "m\xc0\xaf", "models: entry 1: not valid UTF-8"},     /* overlong '/' */
+    {"models", "m\xed\xa0\x80", "models: entry 1: not valid UTF-8"}, /* a surrogate */
+    {"gpu", "H100 \xe2\x82", "gpu: not valid UTF-8"},                /* cut short */
     {"endpoint",
      "tls:"
      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
