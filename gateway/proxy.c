@@ -381,7 +381,8 @@ static void finish_log(preq *p, bool complete)
     int bare = complete + path_is(p->req, "/v1/chat/completions");
     int tokens =
         p->usage.tokens >= 0 ? p->usage.tokens : (p->sse && p->events >= bare ? p->events - bare : -1);
-    double tpot = p->sse && p->events > bare + 1 ? (p->t_last - p->t_first) / (p->events - bare - 1) : -1;
+    /* tokens, not events: a usage chunk (include_usage) is one event more */
+    double tpot = p->sse && tokens > 1 ? (p->t_last - p->t_first) / (tokens - 1) : -1;
     char target[96];
     target_name(p, target, sizeof(target));
 

@@ -63,7 +63,12 @@ static void local_record(gw_serve *g, route_record *r)
     r->price_in = c->region.price_in;
     r->price_out = c->region.price_out;
     snprintf(r->gpu, sizeof(r->gpu), "%s", c->region.gpu ? c->region.gpu : "cpu");
-    int ready = 0, model_ready[ROUTE_MAX_MODELS] = {0};
+    /* A worker that has served nothing yet (just started, or restarted
+     * after a crash) has no estimates (0): averaged in, it halved the
+     * region's, and a region of fresh workers said 0, so its queue cost
+     * nothing to peers' routing however long. Only measured workers count;
+     * with none, the last record's estimates stand. */
+    int ready = 0, n_ttft = 0, n_tpot = 0, m_ttft[ROUTE_MAX_MODELS] = {0}, m_tpot[ROUTE_MAX_MODELS] = {0};
     double ttft = 0, tpot = 0;
     r->n_load = r->n_models;
     for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
@@ -80,6 +85,8 @@ static void local_record(gw_serve *g, route_record *r)
          * must not count it again, nor keep the wait of a queue long gone. */
         ttft += w->prefill_ewma_ms;
         tpot += w->tpot_ewma_ms;
+        n_ttft += w->prefill_ewma_ms > 0;
+        n_tpot += w->tpot_ewma_ms > 0;
         for (int m = 0; m < r->n_load; m++) {
             if (strcmp(r->models[m], w->model))
                 continue;
@@ -89,16 +96,21 @@ static void local_record(gw_serve *g, route_record *r)
             l->queued += w->queued;
             l->ttft_ms += w->prefill_ewma_ms;
             l->tpot_ms += w->tpot_ewma_ms;
-            model_ready[m]++;
+            m_ttft[m] += w->prefill_ewma_ms > 0;
+            m_tpot[m] += w->tpot_ewma_ms > 0;
         }
     }
+    const route_region *last = g->table ? route_table_find(g->table, r->name) : NULL;
+    const route_record *was = last ? &last->rec : NULL;
     /* Within a record's bounds whatever a worker's stats say. */
-    r->ttft_ms = fmin(ready ? ttft / ready : 0, ROUTE_MAX_MS);
-    r->tpot_ms = fmin(ready ? tpot / ready : 0, ROUTE_MAX_MS);
+    r->ttft_ms = fmin(n_ttft ? ttft / n_ttft : was ? was->ttft_ms : 0, ROUTE_MAX_MS);
+    r->tpot_ms = fmin(n_tpot ? tpot / n_tpot : was ? was->tpot_ms : 0, ROUTE_MAX_MS);
     for (int m = 0; m < r->n_load; m++) {
-        int n = model_ready[m];
-        r->load[m].ttft_ms = fmin(n ? r->load[m].ttft_ms / n : 0, ROUTE_MAX_MS);
-        r->load[m].tpot_ms = fmin(n ? r->load[m].tpot_ms / n : 0, ROUTE_MAX_MS);
+        route_model_load *l = &r->load[m];
+        /* the models are the config's, in its order: the last record's m is this m */
+        const route_model_load *lw = was && m < was->n_load ? &was->load[m] : NULL;
+        l->ttft_ms = fmin(m_ttft[m] ? l->ttft_ms / m_ttft[m] : lw ? lw->ttft_ms : 0, ROUTE_MAX_MS);
+        l->tpot_ms = fmin(m_tpot[m] ? l->tpot_ms / m_tpot[m] : lw ? lw->tpot_ms : 0, ROUTE_MAX_MS);
     }
     r->healthy = ready > 0 && !g->draining;
     r->updated_ms = gw_epoch_ms();
@@ -216,6 +228,12 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
             rc->policy == GW_POLICY_COST ? "cost" : "latency",
             c->redis.address ? "sharing state through Redis" : "no Redis: this region only");
     return 0;
+}
+
+void gw_regions_publish(gw_serve *g)
+{
+    if (g->table)
+        publish_local(g, route_clock_ms());
 }
 
 void gw_regions_stop(gw_serve *g)

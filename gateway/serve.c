@@ -127,6 +127,7 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
         return;
     }
     g->draining = true;
+    gw_regions_publish(g); /* healthy=0 goes out before the loop ends */
     gw_supervisor_drain(g->sup);
     fprintf(stderr, "infergate: signal %d: draining — no new connections, %zu open streams finish within %d s\n",
             (int)sig, gw_http_server_active_streams(g->http), g->cfg->drain_grace_s);
@@ -253,6 +254,12 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
     gw_serve *g = arg;
     reopen_access_log(g);
+    /* the listeners are gone and nothing new is taken: a reload would
+     * only report their certificates as not loaded */
+    if (g->draining) {
+        fprintf(stderr, "infergate: SIGHUP while draining: log reopened, config not reloaded\n");
+        return;
+    }
     if (!g->cfg->path) {
         fprintf(stderr, "infergate: SIGHUP: running on the built-in default, nothing to reload\n");
         return;

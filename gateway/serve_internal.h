@@ -59,6 +59,9 @@ void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud);
 /* regions.c: cross-region routing state. */
 int gw_regions_start(gw_serve *g, char *err, size_t err_len);
 void gw_regions_stop(gw_serve *g);
+/* Publishes this region's record now (a drain begun: peers must stop
+ * sending before the listeners close, not a TTL later). */
+void gw_regions_publish(gw_serve *g);
 bool gw_regions_enabled(const gw_serve *g);
 /* Where this gateway reaches region r (a peers entry overrides the record). */
 const char *gw_regions_target(const gw_serve *g, const route_region *r);

@@ -242,6 +242,9 @@ static void on_respawn(evutil_socket_t fd, short what, void *arg)
         log_line("worker %d: cannot start: %s; retrying in %d ms", w->info.index, strerror(-rc), w->backoff_ms);
         struct timeval tv = {w->backoff_ms / 1000, (w->backoff_ms % 1000) * 1000};
         event_add(w->respawn, &tv);
+        w->backoff_ms = w->backoff_ms < BACKOFF_MIN_MS       ? BACKOFF_MIN_MS
+                        : w->backoff_ms * 2 < BACKOFF_MAX_MS ? w->backoff_ms * 2
+                                                             : BACKOFF_MAX_MS;
     }
 }
 
@@ -562,6 +565,7 @@ void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hu
 {
     double deadline = mono_s() + grace_s, allowed = grace_s;
     bool hurried = false;
+    int kills = 0;
     for (;;) {
         if (hurry && *hurry && !hurried) {
             hurried = true;
@@ -575,12 +579,13 @@ void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hu
             sworker *w = &s->w[i];
             if (!w->info.pid)
                 continue;
-            int status;
+            int status = 0;
             pid_t r = waitpid(w->info.pid, &status, WNOHANG);
             if (r == w->info.pid || (r == -1 && errno == ECHILD)) {
-                char why[128];
-                describe_status(status, why, sizeof(why));
-                log_line("worker %d (pid %d) %s", i, (int)w->info.pid, r == -1 ? "was already reaped" : why);
+                char why[128] = "was already reaped";
+                if (r == w->info.pid)
+                    describe_status(status, why, sizeof(why));
+                log_line("worker %d (pid %d) %s", i, (int)w->info.pid, why);
                 w->info.pid = 0;
             } else {
                 alive++;
@@ -589,12 +594,24 @@ void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hu
         if (!alive)
             break;
         if (mono_s() > deadline) {
+            /* Still there 5 s after a SIGKILL: asleep in a driver call that
+             * cannot be interrupted. Waiting on would hang the stop for
+             * good (systemd would record a failure); init reaps it later. */
+            if (kills == 2) {
+                for (int i = 0; i < s->n; i++)
+                    if (s->w[i].info.pid)
+                        log_line("worker %d (pid %d) cannot be reaped (stuck in the kernel?): leaving it", i,
+                                 (int)s->w[i].info.pid);
+                break;
+            }
             for (int i = 0; i < s->n; i++)
                 if (s->w[i].info.pid) {
-                    log_line("worker %d (pid %d) did not stop within %.0f s: SIGKILL", i,
-                             (int)s->w[i].info.pid, allowed);
+                    if (kills == 0)
+                        log_line("worker %d (pid %d) did not stop within %.0f s: SIGKILL", i,
+                                 (int)s->w[i].info.pid, allowed);
                     kill(s->w[i].info.pid, SIGKILL);
                 }
+            kills++;
             deadline = mono_s() + 5;
         }
         nanosleep(&(struct timespec){0, 20000000}, NULL);

@@ -672,6 +672,20 @@ wait_until(lambda: served_by("us1", "euonly") not in ("eu1",), 10, "eu1 gone")
 got = [served_by("us1", "euonly") for _ in range(10)]
 t.ok(all(g_ == "status-503" for g_ in got), "eu1 down: the eu tenant gets 503, not another region (%s)" % got)
 
+# --- a clean stop says so at once: peers do not wait out the record's TTL ---
+def record_field(name, field):
+    r = subprocess.run(["redis-cli", "-p", str(redis_port), "hget", "infergate:t%d:region:%s" % (redis_port, name),
+                        field], capture_output=True, text=True, timeout=5)
+    return r.stdout.strip()
+
+
+was_healthy = record_field("us1", "healthy")
+gws["us1"].terminate()
+stopped_rc = gws["us1"].wait(20)
+t.ok(was_healthy == "1" and stopped_rc == 0 and record_field("us1", "healthy") == "0",
+     "SIGTERM of us1's gateway: its record says healthy 0 when it has stopped (was %s, now %s)"
+     % (was_healthy, record_field("us1", "healthy")))
+
 for n in names:
     if gws[n].poll() is None:
         gws[n].terminate()

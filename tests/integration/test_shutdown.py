@@ -99,6 +99,7 @@ try:
     os.kill(pids[1], signal.SIGKILL)  # dies during the drain
 except ProcessLookupError:
     pass
+g.send_signal(signal.SIGHUP)  # a log rotation during the drain
 try:
     rc = g.wait(timeout=60)
 except Exception:
@@ -111,6 +112,8 @@ t.ok("did not stop within" not in text and re.search(r"worker 0 \(pid %d\) exite
      "the worker of the cut stream exits 0 without a SIGKILL")
 t.ok(took < GRACE_S + 3, "stopped %.1f s after SIGTERM, with a grace of %d s (workers waited out too: twice it)" % (took, GRACE_S))
 t.ok(text.count("restarting") == 1, "the worker that died during the drain was not restarted (only the hung one was)")
+t.ok("SIGHUP while draining: log reopened, config not reloaded" in text and "infergate: reloaded" not in text,
+     "a SIGHUP during the drain reopens the log and reloads nothing (the listeners are gone)")
 if t.failed:
     print("# gateway log:\n" + text[-3000:])
 
