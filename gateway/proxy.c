@@ -6,6 +6,7 @@
  * stream instead of filling a buffer here. */
 #include "gateway/serve_internal.h"
 
+#include "gateway/access_log.h"
 #include "gateway/body_fields.h"
 #include "gateway/mem.h"
 
@@ -128,6 +129,9 @@ int gw_proxy_metrics_init(gw_metrics *m)
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_restarts_total", GW_COUNTER, "Restarts of each worker.",
                               NULL, 0);
+    rc |= gw_metrics_describe(
+        m, "infergate_access_log_dropped_total", GW_COUNTER,
+        "Access log lines dropped: its reader fell a megabyte behind, or a write failed.", NULL, 0);
     return rc ? -ENOMEM : 0;
 }
 
@@ -152,6 +156,8 @@ void gw_proxy_metrics_workers(gw_serve *g)
             gw_metrics_set(m, "infergate_worker_kv_blocks_free", labels, w->kv_blocks_free);
         gw_metrics_count_to(m, "infergate_worker_restarts_total", labels, w->restarts);
     }
+    if (g->alog)
+        gw_metrics_count_to(m, "infergate_access_log_dropped_total", "", (double)gw_alog_dropped(g->alog));
 }
 
 /* ---- the end of a request: access log and metrics ---- */
@@ -386,8 +392,8 @@ static void finish_log(preq *p, bool complete)
     char target[96];
     target_name(p, target, sizeof(target));
 
-    /* The log's stream is fully buffered: a line goes out whole at the
-     * fflush (see open_access_log). */
+    /* A line is queued whole at the fflush, and written by the log's
+     * thread (gateway/access_log.h). */
     FILE *f = g->access_log;
     if (f) {
         fprintf(f, "{\"ts\":%ld", (long)time(NULL));

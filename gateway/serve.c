@@ -3,6 +3,7 @@
  * listens, and runs the loop: SIGHUP reloads tenants, keys and limits;
  * SIGTERM drains (stop accepting, finish in-flight streams up to a grace
  * period, stop the workers). */
+#include "gateway/access_log.h"
 #include "gateway/cli.h"
 #include "gateway/serve_internal.h"
 
@@ -187,41 +188,16 @@ static void http_limits(const gw_serve *g, const gw_config *c, bool said, gw_htt
     }
 }
 
-/* The access log is a stream of its own, fully buffered and flushed after
- * each line: a line goes out in one write, never mixed with what the
- * gateway and its workers write to stderr. stdout and stderr are
- * duplicated for it. */
-static FILE *open_access_log(const char *path)
-{
-    int std = !strcmp(path, "stdout") ? 1 : !strcmp(path, "stderr") ? 2 : -1;
-    FILE *f;
-    if (std >= 0) {
-        int fd = fcntl(std, F_DUPFD_CLOEXEC, 3);
-        if (!(f = fd >= 0 ? fdopen(fd, "w") : NULL) && fd >= 0)
-            close(fd);
-    } else {
-        f = fopen(path, "ae");
-    }
-    if (f)
-        setvbuf(f, NULL, _IOFBF, 1 << 16);
-    return f;
-}
-
-/* The access log file is opened again under its name, so that a rotated
- * (renamed) log is left behind, as nginx does on its reopen signal. A
- * file that cannot be opened keeps the old one in use. */
+/* A rotated (renamed) access log file is left behind; one that cannot be
+ * opened again keeps the old one in use. */
 static void reopen_access_log(gw_serve *g)
 {
     if (!g->own_access_log)
         return;
-    FILE *f = open_access_log(g->cfg->access_log);
-    if (!f) {
+    int rc = gw_alog_reopen(g->alog, g->cfg->access_log);
+    if (rc)
         fprintf(stderr, "infergate: SIGHUP: access log %s: %s; still writing the old file\n",
-                g->cfg->access_log, strerror(errno));
-        return;
-    }
-    fclose(g->access_log);
-    g->access_log = f;
+                g->cfg->access_log, strerror(-rc));
 }
 
 /* Certificates are read again on every reload, so that one renewed in
@@ -477,8 +453,7 @@ static void serve_dispose(gw_serve *g)
         gw_upstream_pool_free(g->pool);
     gw_tenants_free(g->tenants);
     gw_metrics_free(g->metrics);
-    if (g->access_log)
-        fclose(g->access_log);
+    gw_alog_close(g->alog, 2000);
     struct event *evs[] = {g->sigterm, g->sigint, g->sighup, g->drain_timer};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
@@ -584,10 +559,11 @@ int gw_cmd_serve(int argc, char **argv)
     }
     const char *log = g.cfg->access_log ? g.cfg->access_log : "stdout";
     if (strcmp(log, "off") != 0) {
-        if (!(g.access_log = open_access_log(log))) {
+        if (!(g.alog = gw_alog_open(log))) {
             fprintf(stderr, "infergate: access log %s: %s\n", log, strerror(errno));
             goto out;
         }
+        g.access_log = gw_alog_file(g.alog);
         g.own_access_log = strcmp(log, "stdout") && strcmp(log, "stderr");
     }
 

@@ -69,4 +69,32 @@ t.ok(not os.path.exists(marker) and open(log + "3").read().count(" is ready") ==
      "a worker restarted after its binary was replaced on disk runs the gateway's own image")
 g.terminate()
 g.wait(timeout=60)
+
+# The access log on a stdout that nobody reads (a stalled log shipper): the
+# pipe fills, then the log's queue; lines are dropped and counted, and
+# the gateway goes on answering. A write on the loop stopped it all.
+import http.client
+import subprocess
+g = subprocess.Popen([INFERGATE, "serve", "--listen", "127.0.0.1:%d" % port], stdout=subprocess.PIPE,
+                     stderr=open(log + "4", "wb"), env=env, start_new_session=True)
+wait_until(lambda: curl(url + "/readyz", http="--http1.1", timeout=2)[0] == 200 or g.poll() is not None, 60,
+           "fourth start ready")
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+statuses = []
+for i in range(600):  # ~2.5 MB of log lines: a 64 KiB pipe, then a 1 MiB queue
+    conn.request("GET", "/healthz?" + "q%d-" % i + "x" * 4000)
+    r = conn.getresponse()
+    r.read()
+    statuses.append(r.status)
+s, _, metrics = curl(url + "/metrics", http="--http1.1", timeout=10)
+dropped = re.search(rb"^infergate_access_log_dropped_total (\d+)", metrics or b"", re.M)
+t.ok(statuses == [200] * 600 and s == 200 and dropped and int(dropped.group(1)) > 0,
+     "with stdout unread, 600 requests logged with 4 KB paths are all answered, and the lines past the queue are "
+     "dropped and counted (%s dropped)" % (dropped.group(1).decode() if dropped else None))
+g.terminate()
+out = g.stdout.read()  # unblocks the log's writer; what it had queued follows
+lines = [l for l in out.split(b"\n") if l.startswith(b"{")]  # the startup message goes to stdout too
+t.ok(g.wait(timeout=60) == 0 and lines and all(json.loads(l)["method"] == "GET" for l in lines)
+     and len(lines) + int(dropped.group(1) if dropped else 0) >= 600,
+     "the lines that were written are whole JSON lines: %d written (exit %s)" % (len(lines), g.returncode))
 t.finish()
