@@ -165,12 +165,12 @@ static ssize_t cookie_write(void *c, const char *buf, size_t size)
         /* a whole line needs no gathering (the usual case) */
         if (nl && !l->line_len && !l->line_over) {
             queue_line(l, buf + at, n);
-        } else if (!line_add(l, buf + at, n)) {
-            l->line_over = true; /* out of memory: this line is lost */
-        } else if (nl) {
-            if (l->line_over)
+        } else {
+            if (!line_add(l, buf + at, n))
+                l->line_over = true; /* out of memory: this line is lost */
+            if (nl && l->line_over)
                 atomic_fetch_add(&l->dropped, 1);
-            else
+            else if (nl)
                 queue_line(l, l->line, l->line_len);
         }
         if (nl) {
