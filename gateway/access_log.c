@@ -11,7 +11,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -57,9 +59,9 @@ static uint64_t count_lines(const char *p, size_t n)
     return c;
 }
 
-/* Writes all of p, or counts its lines as dropped on an error (the reader
- * closed the pipe, the disk is full). */
-static void write_all(gw_alog *l, int fd, const char *p, size_t n)
+/* Writes one run of whole lines, or counts them as dropped on an error
+ * (the reader closed the pipe, the disk is full). */
+static void write_run(gw_alog *l, int fd, const char *p, size_t n)
 {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
@@ -71,6 +73,29 @@ static void write_all(gw_alog *l, int fd, const char *p, size_t n)
         }
         p += w;
         n -= (size_t)w;
+    }
+}
+
+/* Whole lines, at most PIPE_BUF bytes a write (a longer line alone): on a
+ * pipe or socket shared with stderr (2>&1, the journal's stream), a write
+ * that size is atomic, so the gateway's and the workers' messages land
+ * between lines, never inside one. */
+static void write_lines(gw_alog *l, int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        size_t run = 0;
+        for (;;) {
+            const char *nl = memchr(p + run, '\n', n - run);
+            size_t end = nl ? (size_t)(nl - p) + 1 : n;
+            if (run > 0 && end > PIPE_BUF)
+                break;
+            run = end;
+            if (run >= PIPE_BUF || run == n)
+                break;
+        }
+        write_run(l, fd, p, run);
+        p += run;
+        n -= run;
     }
 }
 
@@ -107,10 +132,10 @@ static void *writer(void *arg)
         pthread_mutex_unlock(&l->mu);
         /* what was queued before a reopen goes to the file it was
          * written for */
-        write_all(l, old, buf, at);
+        write_lines(l, old, buf, at);
         if (fd != old)
             close(old);
-        write_all(l, fd, buf + at, n - at);
+        write_lines(l, fd, buf + at, n - at);
         pthread_mutex_lock(&l->mu);
     }
     l->exited = true;
@@ -201,7 +226,14 @@ gw_alog *gw_alog_open(const char *path)
     setvbuf(l->f, NULL, _IOFBF, 1 << 16);
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
-    if ((e = pthread_create(&l->thread, NULL, writer, l))) {
+    /* Signals go to the loop's thread (serve.c blocks them there while it
+     * stops, counting on them to wait), never to this one. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    e = pthread_create(&l->thread, NULL, writer, l);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e) {
         pthread_cond_destroy(&l->cv);
         pthread_mutex_destroy(&l->mu);
         fclose(l->f);
@@ -263,17 +295,20 @@ void gw_alog_close(gw_alog *l, int timeout_ms)
         until.tv_nsec -= 1000000000;
     }
     if (pthread_timedjoin_np(l->thread, NULL, &until) != 0) {
+        /* blocked in a write to a reader that stopped: left to finish (or
+         * to end with the process), and to free l; once the lock is let
+         * go, l may be gone */
         pthread_mutex_lock(&l->mu);
         bool exited = l->exited;
-        l->abandoned = !exited;
+        if (!exited) {
+            pthread_detach(l->thread);
+            l->abandoned = true;
+        }
         pthread_mutex_unlock(&l->mu);
         if (!exited) {
-            /* blocked in a write to a reader that stopped: left to finish
-             * (or to end with the process), and to free l */
             fprintf(stderr,
                     "infergate: access log: its reader has stopped reading; about %zu bytes not written\n",
                     left);
-            pthread_detach(l->thread);
             return;
         }
         pthread_join(l->thread, NULL); /* ended just past the deadline */

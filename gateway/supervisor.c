@@ -594,7 +594,7 @@ void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hu
         if (!alive)
             break;
         if (mono_s() > deadline) {
-            /* Still there 5 s after a SIGKILL: asleep in a driver call that
+            /* Still there 10 s after a SIGKILL (sent twice): asleep in a driver call that
              * cannot be interrupted. Waiting on would hang the stop for
              * good (systemd would record a failure); init reaps it later. */
             if (kills == 2) {
