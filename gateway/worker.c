@@ -83,6 +83,7 @@ struct worker {
     uint64_t next_cid; /* from a random start: ids unique across workers */
     uint64_t next_seed; /* for requests that name none; the sampler mixes it */
     int preparing[2];   /* requests with the offload thread, by rt_priority */
+    bool device_lost;   /* a sticky device error: the process ends shortly */
 };
 
 /* The scheduler's rule, applied before it sees the request. */
@@ -338,6 +339,29 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
         gw_http_reset(r->stream);
 }
 
+/* The answers already failed have had their moment to go out; what is
+ * queued or running goes with the connections, and the gateway sends it to
+ * another worker as it does when a worker crashes. Freeing the model could
+ * hang on a lost device, so nothing is freed. */
+static void on_device_lost(evutil_socket_t fd, short what, void *arg)
+{
+    fprintf(stderr, "worker: exiting (status 70) for a new process with a working device\n");
+    _exit(70);
+}
+
+/* A lost device fails every step from now on, and only a new process gets
+ * a working context: the supervisor starts one when this one exits. */
+static void device_lost(worker *w)
+{
+    if (w->device_lost)
+        return;
+    w->device_lost = true;
+    fprintf(stderr, "worker: the device failed beyond recovery (%s)\n", rt_model_backend_name(w->model));
+    struct timeval tv = {0, 200000};
+    if (event_base_once(w->base, -1, EV_TIMEOUT, on_device_lost, w, &tv))
+        on_device_lost(-1, 0, w);
+}
+
 static void handle_event(wreq *r, const rt_sched_event *ev)
 {
     worker *w = r->w;
@@ -364,6 +388,10 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
         } else if (ev->error == -ENOMEM) {
             rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "out of memory while running the model");
             retry = 1;
+        } else if (ev->error == -ENOTRECOVERABLE) {
+            rt_oai_error_set(&e, 503, "server_error", NULL, NULL, "the device failed; this worker restarts");
+            retry = 1;
+            device_lost(w);
         } else {
             rt_oai_error_set(&e, 500, "server_error", NULL, NULL, "the model failed to run this request (%s)",
                              strerror(-ev->error));

@@ -680,7 +680,9 @@ int rt_cuda_forward(rt_model *m, rt_batch_entry *e, int n_entries, int n_tokens,
 fail:
     fprintf(stderr, "cuda: forward pass of %d tokens failed: %s\n", n_tokens,
             kn_cuda_error(c->kc)[0] ? kn_cuda_error(c->kc) : strerror(-rc));
-    /* Leave the stream idle so the next step may reuse the buffers. */
-    kn_cuda_sync(c->kc);
+    /* Leave the stream idle so the next step may reuse the buffers, and
+     * say when no step can run any more. */
+    if (kn_cuda_recover(c->kc))
+        return -ENOTRECOVERABLE;
     return rc < 0 ? rc : -EIO;
 }

@@ -747,10 +747,11 @@ static void step(rt_sched *s)
         if (rc) {
             /* Blocks cannot run out with the KV accounting above; memory
              * for activations can. Fail the batch's requests rather than
-             * spin on it: -ENOMEM (worth a retry) or -EIO. */
+             * spin on it: -ENOMEM (worth a retry), -ENOTRECOVERABLE (the
+             * device is lost: the process must go) or -EIO. */
             fprintf(stderr, "scheduler: forward pass failed (%d); failing request %llu\n", rc,
                     (unsigned long long)r->id);
-            finish_error(s, r, rc == -ENOMEM ? -ENOMEM : -EIO);
+            finish_error(s, r, rc == -ENOMEM || rc == -ENOTRECOVERABLE ? rc : -EIO);
             s->running[s->take[i]] = NULL;
             continue;
         }

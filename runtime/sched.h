@@ -76,7 +76,8 @@ typedef struct rt_sched_event {
      * it. They count as generated, but their text is not in the answer, so
      * neither are their log-probabilities. */
     int stop_tokens;
-    int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the first token, -ECANCELED, -ENOMEM, -EIO */
+    int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the first token, -ECANCELED, -ENOMEM,
+                * -ENOTRECOVERABLE (the device is lost), -EIO */
 } rt_sched_event;
 
 typedef void (*rt_sched_cb)(void *user, const rt_sched_event *ev);

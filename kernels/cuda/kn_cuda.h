@@ -103,6 +103,13 @@ int kn_cuda_copy_d2d(kn_cuda *c, void *d_dst, const void *d_src, size_t bytes);
 int kn_cuda_memset(kn_cuda *c, void *d_dst, int value, size_t bytes);
 /* Waits for everything enqueued; reports asynchronous kernel failures. */
 int kn_cuda_sync(kn_cuda *c);
+/* After a failed step: clears what a recoverable failure (an allocation, a
+ * launch refused) leaves in CUDA's last error, which the next launch would
+ * otherwise read as its own, and waits for the stream. -ENOTRECOVERABLE
+ * when the context is lost to a sticky error (a fault in a kernel, an ECC
+ * error, a GPU reset): every call fails from then on, and only a new
+ * process gets a working context. */
+int kn_cuda_recover(kn_cuda *c);
 
 /* ---- CUDA graphs: record a sequence of operations once, replay it ---- */
 

@@ -31,6 +31,10 @@ static int map_cuda_error(cudaError_t e)
 
 int kn_cuda__fail(kn_cuda *c, cudaError_t e, const char *stmt, const char *file, int line)
 {
+    /* A failed allocation also sets CUDA's last error, which the next
+     * launch's check (KN_CUDA_LAUNCHED) would take for its own: read it
+     * off here (a sticky error stays, as it must). */
+    (void)cudaGetLastError();
     /* Only the first failure of a chain is worth reading. */
     if (c && c->err[0] == '\0')
         snprintf(c->err, sizeof(c->err), "%s:%d: %s: %s (%s)", file, line, stmt, cudaGetErrorString(e),
@@ -332,6 +336,19 @@ extern "C" int kn_cuda_sync(kn_cuda *c)
 {
     KN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
     return 0;
+}
+
+extern "C" int kn_cuda_recover(kn_cuda *c)
+{
+    /* a sticky error is not cleared by the read: it comes back below */
+    (void)cudaGetLastError();
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    if (e == cudaSuccess)
+        return 0;
+    kn_cuda__fail(c, e, "cudaStreamSynchronize (after a failed step)", __FILE__, __LINE__);
+    return -ENOTRECOVERABLE;
 }
 
 /* ---- graphs ---- */
