@@ -651,6 +651,26 @@ s, _, b = curl(URL + "/v1/completions", data=comp, headers=[AUTH, "x-infergate-r
 t.ok(s == 400 and b"bad_residency" in b, "residency asked of a gateway without a region: 400 (%d %r)" % (s, b[:120]))
 # a request the HTTP server answers itself (an upload past max_body)
 big = curl(URL + "/v1/completions", http="--http1.1", data=dict(comp, prompt="x" * (1 << 21)), headers=[AUTH])[0]
+
+
+def tpot_count():
+    s_, _, b_ = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])
+    c = re.search(r'^infergate_tpot_seconds_count\{model="small"\} (\d+)', b_.decode(), re.M)
+    return int(c.group(1)) if c else 0
+
+
+# TPOT is time between tokens: a one-token stream has none, usage chunk or not
+# (its event once counted as a token).
+tp0 = tpot_count()
+one = curl(URL + "/v1/completions", data=dict(comp, max_tokens=1, stream=True,
+                                               stream_options={"include_usage": True}), headers=[AUTH])[0]
+tp1 = tpot_count()
+three = curl(URL + "/v1/completions", data=dict(comp, max_tokens=3, ignore_eos=True, stream=True,
+                                                 stream_options={"include_usage": True}), headers=[AUTH])[0]
+tp2 = tpot_count()
+t.ok(one == 200 and three == 200 and tp1 == tp0 and tp2 == tp0 + 1,
+     "a one-token stream with include_usage records no TPOT, a three-token one records one (%d -> %d -> %d)"
+     % (tp0, tp1, tp2))
 s, _, b = curl(URL + "/metrics", http="--http1.1", headers=["authorization: Bearer " + key_admin])
 m = b.decode()
 t.ok(big == 413 and 'infergate_http_refused_total{status="413"} ' in m,
@@ -659,7 +679,8 @@ n_refused = [int(l.split()[-1]) for l in m.splitlines()
              if l.startswith('infergate_http_refused_total{status="refused_stream"} ')]
 t.ok(n_refused and n_refused[0] >= 50,
      "HTTP/2 streams refused for the headers they held are counted in /metrics: %s" % n_refused)
-refused_lines = [json.loads(l) for l in open(access_log) if '"refused_by"' in l]
+refused_lines = [json.loads(l) for l in access_logged(lambda x: '"status":413,"refused_by"' in x,
+                                                       "the 413 logged").splitlines() if '"refused_by"' in l]
 t.ok(any(l["status"] == 413 and l["method"] == "POST" and l["path"] == "/v1/completions"
          and l["protocol"] == "HTTP/1.1" for l in refused_lines),
      "... and logged, with what was read of it: %s" % refused_lines[-1:])
