@@ -639,6 +639,22 @@ finally:
 reload_eu1(600000)
 wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "ap1", 30, "ap1 serves again once thawed")
 
+# --- a restarted worker has no estimates yet: its region keeps its last ones ---
+# (averaged in as 0, they made a region of fresh workers look free)
+before = wait_until(lambda: (lambda r: r if r and r["ttft_ms"] > 0 and r["tpot_ms"] > 0 else None)(
+    table("ap1").get("ap1")), 10, "ap1's estimates")
+killed = worker_pid("ap1")
+os.kill(killed, signal.SIGKILL)
+wait_until(lambda: worker_pid("ap1") != killed and "pid %d) is ready" % worker_pid("ap1")
+           in open(os.path.join(d, "ap1.log")).read(), 60, "ap1's worker restarted and ready")
+time.sleep(0.5)  # a heartbeat (200 ms) with the fresh worker counted
+after = table("ap1").get("ap1") or {}
+m_after = (after.get("model_load") or {}).get("m", {})
+t.ok(after.get("healthy") and after.get("ttft_ms", 0) > 0 and after.get("tpot_ms", 0) > 0
+     and m_after.get("ttft_ms", 0) > 0,
+     "a region whose only worker restarted keeps its last estimates, not 0: ttft %.1f -> %.1f ms, tpot %.1f -> "
+     "%.1f ms" % (before["ttft_ms"], after.get("ttft_ms", 0), before["tpot_ms"], after.get("tpot_ms", 0)))
+
 # --- a region's gateway dies: within a second nothing goes there, nothing fails ---
 results = []
 kill_at = [None]
