@@ -277,22 +277,26 @@ static int scan_number(scan *s, bool *is_int, long long *v)
 }
 
 /* A number with a fraction or an exponent whose value is integral (100.0,
- * 1e2): the worker takes it for that integer, so the charge estimate
- * does too. Longer texts than any sane count are left out (false). */
-static bool integral_real(const uint8_t *text, size_t len, long long *v)
+ * 1e2): the worker takes it for that integer, so the charge estimate does
+ * too, whatever the text's length (100000.000... with 600 zeros is still
+ * 100000 to the worker: left out, the gateway charged max_tokens instead).
+ * 1 integral, 0 not, -ENOMEM. */
+static int integral_real(const uint8_t *text, size_t len, long long *v)
 {
-    char buf[512];
-    if (len >= sizeof(buf))
-        return false;
+    char stack[512], *buf = len < sizeof(stack) ? stack : malloc(len + 1);
+    if (!buf)
+        return -ENOMEM;
     memcpy(buf, text, len);
     buf[len] = '\0';
     double d = strtod(buf, NULL);
+    if (buf != stack)
+        free(buf);
     /* The range test comes first: converting an out-of-range double is
      * undefined. The worker applies the same one. */
     if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0) || d != (double)(long long)d)
-        return false;
+        return 0;
     *v = (long long)d;
-    return true;
+    return 1;
 }
 
 enum { F_NONE, F_MODEL, F_MAX_TOKENS, F_MAX_COMPLETION_TOKENS };
@@ -385,8 +389,12 @@ value:
         const uint8_t *num = s.p;
         if (scan_number(&s, &is_int, &v))
             return -EINVAL;
-        if (!is_int && (field == F_MAX_TOKENS || field == F_MAX_COMPLETION_TOKENS))
-            is_int = integral_real(num, (size_t)(s.p - num), &v);
+        if (!is_int && (field == F_MAX_TOKENS || field == F_MAX_COMPLETION_TOKENS)) {
+            int rc = integral_real(num, (size_t)(s.p - num), &v);
+            if (rc < 0)
+                return rc;
+            is_int = rc == 1;
+        }
         if (is_int && (field == F_MAX_TOKENS || field == F_MAX_COMPLETION_TOKENS)) {
             int_val[field] = true;
             val[field] = v;

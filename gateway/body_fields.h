@@ -33,8 +33,8 @@ typedef struct gw_body_fields {
 } gw_body_fields;
 
 /* Scans a request body that must be one JSON object. 0 with *out filled,
- * or -EINVAL with a reason in err ("unexpected end of input at byte 12",
- * "duplicate key 'model'", ...). */
+ * -EINVAL with a reason in err ("unexpected end of input at byte 12",
+ * "duplicate key 'model'", ...), or -ENOMEM. */
 int gw_body_fields_scan(const void *body, size_t len, gw_body_fields *out, char *err, size_t err_len);
 
 /* Reads usage.completion_tokens from a response body (JSON or an SSE

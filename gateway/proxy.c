@@ -1393,7 +1393,12 @@ static void handle_completion(preq *p, gw_tenant *t)
     const gw_http_request *r = p->req;
     gw_body_fields f;
     char why[128];
-    if (gw_body_fields_scan(r->body, r->body_len, &f, why, sizeof(why))) {
+    int rc = gw_body_fields_scan(r->body, r->body_len, &f, why, sizeof(why));
+    if (rc == -ENOMEM) {
+        respond(p, 503, "server_error", NULL, NULL, 1, "out of memory reading the request");
+        return;
+    }
+    if (rc) {
         respond(p, 400, "invalid_request_error", NULL, NULL, 0, "invalid JSON body: %s", why);
         return;
     }

@@ -135,13 +135,16 @@ static void test_token_fields(void **state)
             fail_msg("%s: max_tokens %lld, want %lld", cases[i].body, f.max_tokens, cases[i].want);
         assert_like_jansson(cases[i].body, strlen(cases[i].body));
     }
-    /* A number text longer than the scan reads as a real is left out. */
-    char body[700];
-    int n = snprintf(body, sizeof(body), "{\"max_tokens\":5.%0600d}", 0);
+    /* A number text of any length is read as the worker reads it: left
+     * out, a tenant was charged for max_tokens 1 while the worker ran
+     * 100000. */
+    char body[4200];
+    int n = snprintf(body, sizeof(body), "{\"max_tokens\":1,\"max_completion_tokens\":100000.%04000d}", 0);
     gw_body_fields f;
     char err[128];
     assert_int_equal(gw_body_fields_scan(body, (size_t)n, &f, err, sizeof(err)), 0);
-    assert_int_equal(f.max_tokens, -1);
+    assert_int_equal(f.max_tokens, 100000);
+    assert_like_jansson(body, (size_t)n);
 }
 
 static void test_model_values(void **state)
