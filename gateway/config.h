@@ -217,6 +217,8 @@ void gw_config_free(gw_config *c);
  * policy, slo_ms, retry_budget, drain_grace_s and worker_hang_timeout_s
  * reload. */
 int gw_config_restart_diff(const gw_config *run, const gw_config *c, char *out, size_t len);
+/* Whether a and b name the same peer_tls files. */
+bool gw_config_peer_tls_eq(const gw_config *a, const gw_config *b);
 
 /* SHA-256 of a key, for config files: "infergate key new". Writes 64 hex
  * characters and a NUL. */

@@ -68,6 +68,11 @@ static bool peers_eq(const gw_config *a, const gw_config *b)
         if (!str_eq(a->peers[i].name, b->peers[i].name) ||
             !str_eq(a->peers[i].endpoint, b->peers[i].endpoint))
             return false;
+    return gw_config_peer_tls_eq(a, b);
+}
+
+bool gw_config_peer_tls_eq(const gw_config *a, const gw_config *b)
+{
     return str_eq(a->peer_tls.ca, b->peer_tls.ca) && str_eq(a->peer_tls.cert, b->peer_tls.cert) &&
            str_eq(a->peer_tls.key, b->peer_tls.key);
 }

@@ -203,11 +203,21 @@ static void reopen_access_log(gw_serve *g)
 /* Certificates are read again on every reload, so that one renewed in
  * place (certbot, cert-manager) is served without the restart that
  * drains; a listener whose files do not load keeps what it had. Listeners
- * were started in the config's order (start_listeners). Returns how many
- * took new ones. */
-static int reload_tls(gw_serve *g, const gw_config *c)
+ * were started in the config's order (start_listeners). So are peer_tls's
+ * files, for the connections to other regions made from then on. Returns
+ * how many listeners took new ones; *peer whether peer_tls did. */
+static int reload_tls(gw_serve *g, const gw_config *c, bool *peer)
 {
     int n = 0;
+    const gw_peer_tls_cfg *pt = &g->cfg->peer_tls;
+    *peer = false;
+    if ((pt->ca || pt->cert) && gw_config_peer_tls_eq(g->cfg, c)) {
+        char err[512];
+        if (gw_upstream_set_tls(g->pool, pt->ca, pt->cert, pt->key, err, sizeof(err)))
+            fprintf(stderr, "infergate: reload: peer_tls keeps its certificates: %s\n", err);
+        else
+            *peer = true;
+    }
     for (int i = 0; i < g->cfg->n_listen && i < c->n_listen; i++) {
         const gw_listen_cfg *run = &g->cfg->listen[i], *l = &c->listen[i];
         if (!run->tls_cert || !l->tls_cert || strcmp(run->address, l->address) != 0)
@@ -302,7 +312,8 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     http_limits(g, c, true, &l);
     gw_http_server_set_limits(g->http, &l);
     gw_upstream_set_response_timeout(g->pool, c->limits.response_timeout_ms);
-    int n_tls = reload_tls(g, c);
+    bool peer_tls;
+    int n_tls = reload_tls(g, c, &peer_tls);
     char kept[512];
     if (gw_config_restart_diff(g->cfg, c, kept, sizeof(kept)))
         fprintf(stderr, "infergate: reload: kept as started until a restart: %s\n", kept);
@@ -324,8 +335,8 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     g->reloaded = c;
     fprintf(stderr,
             "infergate: reloaded %s: %d tenants, limits, routing policy, timeouts and %d TLS listeners' "
-            "certificates updated\n",
-            c->path, c->n_tenants, n_tls);
+            "certificates updated%s\n",
+            c->path, c->n_tenants, n_tls, peer_tls ? ", peer_tls's too" : "");
 }
 
 /* ---- startup ---- */

@@ -128,6 +128,21 @@ fail:
 
 /* ---- pool ---- */
 
+int gw_upstream_set_tls(gw_upstream_pool *p, const char *ca_file, const char *cert_file, const char *key_file,
+                        char *err, size_t err_len)
+{
+    gw_upstream_opts o = p->opts;
+    o.tls_ca_file = ca_file;
+    o.tls_cert_file = cert_file;
+    o.tls_key_file = key_file;
+    SSL_CTX *ctx = ssl_ctx_new(&o, err, err_len);
+    if (!ctx)
+        return -EINVAL;
+    SSL_CTX_free(p->ssl_ctx); /* each connection's SSL holds a reference of its own */
+    p->ssl_ctx = ctx;
+    return 0;
+}
+
 static void on_kick(evutil_socket_t fd, short what, void *arg);
 static void on_stall_sweep(evutil_socket_t fd, short what, void *arg);
 

@@ -106,6 +106,11 @@ int gw_upstream_rtt(gw_upstream_pool *p, const char *target, double *ewma_us, do
 void gw_upstream_set_ping_interval(gw_upstream_pool *p, int ping_interval_ms);
 /* Changes response_timeout_ms (0: none), for the requests in flight too. */
 void gw_upstream_set_response_timeout(gw_upstream_pool *p, int response_timeout_ms);
+/* Reads the TLS files again (a certificate renewed in place): connections
+ * made from now on use them, open ones keep theirs. -EINVAL with err filled
+ * when they do not load, and the pool keeps what it had. */
+int gw_upstream_set_tls(gw_upstream_pool *p, const char *ca_file, const char *cert_file, const char *key_file,
+                        char *err, size_t err_len);
 /* Opens a connection to target now (so RTT is measured before any request). */
 int gw_upstream_connect(gw_upstream_pool *p, const char *target);
 

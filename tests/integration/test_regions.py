@@ -638,6 +638,8 @@ finally:
     os.kill(ap1_worker, signal.SIGCONT)
 reload_eu1(600000)
 wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "ap1", 30, "ap1 serves again once thawed")
+t.ok("certificates updated, peer_tls's too" in open(os.path.join(d, "eu1.log")).read(),
+     "a reload reads peer_tls's certificate and key again, as the listeners' (renewed in place)")
 
 # --- a restarted worker has no estimates yet: its region keeps its last ones ---
 # (averaged in as 0, they made a region of fresh workers look free)

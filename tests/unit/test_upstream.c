@@ -1276,6 +1276,35 @@ static void test_tls_failures(void **state)
     fpeer_stop(&f1);
 }
 
+/* Files read again (a renewed certificate, a reload): the next connection
+ * uses them; ones that do not load leave the pool as it was. */
+static void test_tls_reload(void **state)
+{
+    tctx *t = *state;
+    if (!have_openssl())
+        skip();
+    make_certs(t);
+    char ca[128], other_ca[128], missing[128], err[256], target[64];
+    path_in(t, ca, sizeof(ca), "ca.crt");
+    path_in(t, other_ca, sizeof(other_ca), "other.crt");
+    path_in(t, missing, sizeof(missing), "missing.pem");
+    t->opts.tls_ca_file = other_ca;
+    t->opts.connect_timeout_ms = 2000;
+    snprintf(target, sizeof(target), "tls:127.0.0.1:%d", listen_tls(t, "srv.crt", "srv.key"));
+    creq a = {0};
+    send_req(t, &a, target, "GET", "/hello", NULL, 0, NULL, 0);
+    wait_done(t, &a);
+    expect_error(&a, GW_UP_CONNECT, false); /* the CA did not sign it */
+    assert_int_equal(gw_upstream_set_tls(t->pool, missing, NULL, NULL, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "tls_ca_file"));
+    creq b = {0};
+    send_req(t, &b, target, "GET", "/hello", NULL, 0, NULL, 0);
+    wait_done(t, &b);
+    expect_error(&b, GW_UP_CONNECT, false); /* still the old CA */
+    assert_int_equal(gw_upstream_set_tls(t->pool, ca, NULL, NULL, err, sizeof(err)), 0);
+    get_hello(t, target);
+}
+
 static void test_tls(void **state)
 {
     tctx *t = *state;
@@ -1496,6 +1525,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tls_config_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tls_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tls, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tls_reload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mtls, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
