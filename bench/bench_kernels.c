@@ -22,13 +22,15 @@
 
 #define MAX_REPS 15
 #define N_SHAPES 4
-#define N_TYPES 4
+#define N_TYPES 5
 #define MM_ROWS 64
 
 static const int shapes[N_SHAPES][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}}; /* n_out, n_in */
-/* The last is Q8_0 packed for the gemm_q8_0_p16 of the AVX-512 and AMX
- * tables, as a model holds its Q8_0 matrices on those CPUs. */
-static const kn_type types[N_TYPES] = {KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_Q8_0_P16};
+/* The last two are Q8_0 and Q4_0 packed for the p16 gemms of the AVX-512
+ * and AMX tables, as a model holds its Q8_0 and Q4_0 matrices on those
+ * CPUs. */
+static const kn_type types[N_TYPES] = {KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_Q8_0_P16,
+                                       KN_TYPE_Q4_0_P16};
 
 static double best(const double *v, int n)
 {
@@ -62,22 +64,28 @@ static void fill_pool(uint8_t *pool, size_t bytes, kn_type type)
 
 static size_t mat_bytes_of(kn_type type, int n_out, int n_in)
 {
-    return type == KN_TYPE_Q8_0_P16 ? kn_pack_q8_0_bytes(n_out, n_in) : kn_row_bytes(type, n_in) * (size_t)n_out;
+    return type == KN_TYPE_Q8_0_P16   ? kn_pack_q8_0_bytes(n_out, n_in)
+           : type == KN_TYPE_Q4_0_P16 ? kn_pack_q4_0_bytes(n_out, n_in)
+                                      : kn_row_bytes(type, n_in) * (size_t)n_out;
 }
 
 /* The pool as copies of one packed n_out x n_in matrix (packing moves rows
  * between blocks, so a window of a tiled pool would not be a matrix). */
-static void fill_pool_packed(uint8_t *pool, size_t bytes, int n_out, int n_in)
+static void fill_pool_packed(uint8_t *pool, size_t bytes, kn_type type, int n_out, int n_in)
 {
-    const size_t rb = kn_row_bytes(KN_TYPE_Q8_0, n_in), mb = kn_pack_q8_0_bytes(n_out, n_in);
+    const kn_type base = type == KN_TYPE_Q8_0_P16 ? KN_TYPE_Q8_0 : KN_TYPE_Q4_0;
+    const size_t rb = kn_row_bytes(base, n_in), mb = mat_bytes_of(type, n_out, n_in);
     uint8_t *q = malloc(rb * (size_t)n_out);
     float *x = malloc((size_t)n_in * sizeof(float));
     for (int o = 0; o < n_out; o++) {
         for (int i = 0; i < n_in; i++)
             x[i] = bench_frand(&rng_state);
-        kn_quantize_row(KN_TYPE_Q8_0, x, q + (size_t)o * rb, n_in);
+        kn_quantize_row(base, x, q + (size_t)o * rb, n_in);
     }
-    kn_pack_q8_0(q, n_out, n_in, pool);
+    if (base == KN_TYPE_Q8_0)
+        kn_pack_q8_0(q, n_out, n_in, pool);
+    else
+        kn_pack_q4_0(q, n_out, n_in, pool);
     for (size_t off = mb; off + mb <= bytes; off += mb)
         memcpy(pool + off, pool, mb);
     free(x);
@@ -157,15 +165,17 @@ int main(int argc, char **argv)
     double cold[N_TYPES][N_SHAPES][2][MAX_REPS], cold16[N_TYPES][N_SHAPES][2][MAX_REPS],
         hot[N_TYPES][N_SHAPES][2][MAX_REPS], mm[N_TYPES][N_SHAPES][2][MAX_REPS];
     double ref_mv[MAX_REPS], ref_mm[MAX_REPS];
-    const bool packed = kn_ctx_ops(ctx[0])->gemm_q8_0_p16 != NULL;
-    const int n_types = packed ? N_TYPES : N_TYPES - 1;
+    /* the packed types where the table has both gemms (AVX-512, AMX) */
+    const bool packed =
+        kn_ctx_ops(ctx[0])->gemm_q8_0_p16 != NULL && kn_ctx_ops(ctx[0])->gemm_q4_0_p16 != NULL;
+    const int n_types = packed ? N_TYPES : N_TYPES - 2;
     const size_t region = pool_bytes / N_SHAPES / 64 * 64; /* packed: one region of copies per shape */
     for (int ti = 0; ti < n_types; ti++) {
         const kn_type type = types[ti];
-        const bool p16 = type == KN_TYPE_Q8_0_P16;
+        const bool p16 = type == KN_TYPE_Q8_0_P16 || type == KN_TYPE_Q4_0_P16;
         if (p16)
             for (int si = 0; si < N_SHAPES; si++)
-                fill_pool_packed(pool + si * region, region, shapes[si][0], shapes[si][1]);
+                fill_pool_packed(pool + si * region, region, type, shapes[si][0], shapes[si][1]);
         else
             fill_pool(pool, pool_bytes, type);
         for (int r = 0; r < reps; r++) {

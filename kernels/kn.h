@@ -20,10 +20,12 @@ typedef enum kn_type {
     KN_TYPE_Q8_0 = 8,
 } kn_type;
 
-/* Q8_0 repacked in memory for a gemm_q8_0_p16 (kn_pack_q8_0); never in a
- * file, so neither kn_type_supported nor kn_row_bytes knows it, and outside
- * the enum so that switches over file types need not name it. */
+/* Q8_0 and Q4_0 repacked in memory for a gemm_q8_0_p16 / gemm_q4_0_p16
+ * (kn_pack_q8_0, kn_pack_q4_0); never in a file, so neither
+ * kn_type_supported nor kn_row_bytes knows them, and outside the enum so
+ * that switches over file types need not name them. */
 #define KN_TYPE_Q8_0_P16 ((kn_type)0x108)
+#define KN_TYPE_Q4_0_P16 ((kn_type)0x102)
 
 /* True for the tensor types this build computes with. */
 bool kn_type_supported(uint32_t type);
@@ -53,6 +55,11 @@ uint16_t kn_fp32_to_fp16(float f); /* round to nearest even */
  * AMX gemm 12%). Same bytes as the rows it packs when n_in / 32 is even. */
 #define KN_P16_SCALE_BYTES 32  /* a block's 16 scales */
 #define KN_P16_QUANT_BYTES 512 /* a block's 16 x 32 quants */
+/* Q4_0 the same way, a block's quants being 4 quads of 16 rows' 4 bytes:
+ * byte i of a Q4_0 block holds quants i (low nibble) and i + 16, so a quad's
+ * low nibbles go with the activations' dword k and its high ones with dword
+ * k + 4. */
+#define KN_P16_Q4_QUANT_BYTES 256
 /* Where a group of nb blocks has its quants, and its size. */
 static inline size_t kn_p16_quants_at(int nb)
 {
@@ -62,8 +69,14 @@ static inline size_t kn_p16_group_bytes(int nb)
 {
     return kn_p16_quants_at(nb) + (size_t)nb * KN_P16_QUANT_BYTES;
 }
+static inline size_t kn_p16_q4_group_bytes(int nb)
+{
+    return kn_p16_quants_at(nb) + (size_t)nb * KN_P16_Q4_QUANT_BYTES;
+}
 size_t kn_pack_q8_0_bytes(int n_out, int n_in);
 void kn_pack_q8_0(const void *w, int n_out, int n_in, void *dst);
+size_t kn_pack_q4_0_bytes(int n_out, int n_in);
+void kn_pack_q4_0(const void *w, int n_out, int n_in, void *dst);
 
 /* Reference quantization of n elements (n a multiple of the block size). */
 void kn_quantize_row(kn_type type, const float *x, void *y, int64_t n);
@@ -119,6 +132,9 @@ typedef struct kn_ops {
      * of the n_w rows' groups), bit for bit the same results. A model whose
      * table has it packs its Q8_0 matrices once at load. */
     void (*gemm_q8_0_p16)(const void *w, int n_w, const void *xq, size_t xq_stride, int nr, int n, float *y,
+                          size_t y_stride);
+    /* Optional: gemm_q4_0 over rows packed by kn_pack_q4_0, the same way. */
+    void (*gemm_q4_0_p16)(const void *w, int n_w, const void *xq, size_t xq_stride, int nr, int n, float *y,
                           size_t y_stride);
 } kn_ops;
 

@@ -522,6 +522,9 @@ static int matmul_gemm(kn_ctx *ctx, kn_type wtype, size_t w_row_bytes, int n_in,
     if (wtype == KN_TYPE_Q8_0_P16) {
         j.gemm_p16 = ctx->ops->gemm_q8_0_p16;
         j.w_row_bytes = kn_pack_q8_0_bytes(16, n_in);
+    } else if (wtype == KN_TYPE_Q4_0_P16) {
+        j.gemm_p16 = ctx->ops->gemm_q4_0_p16;
+        j.w_row_bytes = kn_pack_q4_0_bytes(16, n_in);
     } else {
         j.gemm = wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : ctx->ops->gemm_q4_0;
     }
@@ -558,15 +561,20 @@ static int matmul_gemm(kn_ctx *ctx, kn_type wtype, size_t w_row_bytes, int n_in,
 int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows, const kn_mm_out *outs,
                 int n_outs)
 {
-    const bool p16 = wtype == KN_TYPE_Q8_0_P16;
-    if (p16 ? ctx->ops->gemm_q8_0_p16 == NULL : !kn_type_supported(wtype))
+    const bool p16 = wtype == KN_TYPE_Q8_0_P16 || wtype == KN_TYPE_Q4_0_P16;
+    if (wtype == KN_TYPE_Q8_0_P16   ? ctx->ops->gemm_q8_0_p16 == NULL
+        : wtype == KN_TYPE_Q4_0_P16 ? ctx->ops->gemm_q4_0_p16 == NULL
+                                    : !kn_type_supported(wtype))
         return -EINVAL;
     if (n_in <= 0 || n_rows < 0 || n_outs < 1 || n_outs > KN_MM_MAX_OUTS)
         return -EINVAL;
     for (int k = 0; k < n_outs; k++)
         if (outs[k].n_out < 0)
             return -EINVAL;
-    const size_t w_row_bytes = kn_row_bytes(p16 ? KN_TYPE_Q8_0 : wtype, n_in);
+    const size_t w_row_bytes = kn_row_bytes(wtype == KN_TYPE_Q8_0_P16   ? KN_TYPE_Q8_0
+                                            : wtype == KN_TYPE_Q4_0_P16 ? KN_TYPE_Q4_0
+                                                                        : wtype,
+                                            n_in);
     if (w_row_bytes == 0)
         return -EINVAL;
     if (n_rows == 0)

@@ -19,6 +19,8 @@ const char *kn_type_name(uint32_t type)
     switch (type) {
     case KN_TYPE_Q8_0_P16:
         return "q8_0 (packed)";
+    case KN_TYPE_Q4_0_P16:
+        return "q4_0 (packed)";
     case KN_TYPE_F32:
         return "f32";
     case KN_TYPE_F16:
@@ -297,24 +299,42 @@ size_t kn_pack_q8_0_bytes(int n_out, int n_in)
     return (size_t)((n_out + 15) / 16) * kn_p16_group_bytes(n_in / KN_QK8_0);
 }
 
-void kn_pack_q8_0(const void *w, int n_out, int n_in, void *dst)
+size_t kn_pack_q4_0_bytes(int n_out, int n_in)
 {
-    const int nb = n_in / KN_QK8_0;
-    const size_t row_bytes = (size_t)nb * sizeof(kn_block_q8_0), group_bytes = kn_p16_group_bytes(nb);
+    if (n_out <= 0 || n_in <= 0 || n_in % KN_QK4_0)
+        return 0;
+    return (size_t)((n_out + 15) / 16) * kn_p16_q4_group_bytes(n_in / KN_QK4_0);
+}
+
+/* Both layouts (kn.h): blocks of a 16-bit scale and then quads quad
+ * dwords of quants, as Q8_0 and Q4_0 blocks are. */
+static void pack_p16(const void *w, int n_out, int n_in, size_t block_bytes, int quads, void *dst)
+{
+    const int nb = n_in / 32;
+    const size_t row_bytes = (size_t)nb * block_bytes, quant_bytes = (size_t)quads * 64;
+    const size_t group_bytes = kn_p16_quants_at(nb) + (size_t)nb * quant_bytes;
     uint8_t *group = dst;
     for (int g = 0; g < (n_out + 15) / 16; g++, group += group_bytes) {
         memset(group, 0, group_bytes); /* padding rows: zero scales, zero quants */
         for (int b = 0; b < nb; b++) {
             uint8_t *sc = group + (size_t)b * KN_P16_SCALE_BYTES;
-            uint8_t *q = group + kn_p16_quants_at(nb) + (size_t)b * KN_P16_QUANT_BYTES;
+            uint8_t *q = group + kn_p16_quants_at(nb) + (size_t)b * quant_bytes;
             for (int j = 0; j < 16 && g * 16 + j < n_out; j++) {
-                const kn_block_q8_0 *blk =
-                    (const kn_block_q8_0 *)((const char *)w + (size_t)(g * 16 + j) * row_bytes) + b;
-                memcpy(sc + 2 * j, &blk->d, sizeof(blk->d));
-                for (int k = 0; k < 8; k++)
-                    for (int i = 0; i < 4; i++)
-                        q[64 * k + 4 * j + i] = (uint8_t)blk->qs[4 * k + i];
+                const uint8_t *blk = (const uint8_t *)w + (size_t)(g * 16 + j) * row_bytes + b * block_bytes;
+                memcpy(sc + 2 * j, blk, 2); /* the scale, then the quants */
+                for (int k = 0; k < quads; k++)
+                    memcpy(q + 64 * k + 4 * j, blk + 2 + 4 * k, 4);
             }
         }
     }
+}
+
+void kn_pack_q8_0(const void *w, int n_out, int n_in, void *dst)
+{
+    pack_p16(w, n_out, n_in, sizeof(kn_block_q8_0), 8, dst);
+}
+
+void kn_pack_q4_0(const void *w, int n_out, int n_in, void *dst)
+{
+    pack_p16(w, n_out, n_in, sizeof(kn_block_q4_0), 4, dst);
 }

@@ -249,13 +249,32 @@ static int bind_layers(rt_model *m, char *err, size_t err_len)
     return 0;
 }
 
-/* Repacks the Q8_0 matrices for the CPU table's packed gemm, where it has
- * one, into one anonymous mapping, and lets the file's copy of them go:
- * the pages of the mapping are read again only if something asks. A tied
- * output matrix is left alone, its rows being the token embeddings too. */
+/* The packed layout a matrix of this type takes (KN_TYPE_F32: none). */
+static kn_type packed_type(const rt_model *m, kn_type t)
+{
+    const kn_ops *ops = kn_ctx_ops(m->kn);
+    if (t == KN_TYPE_Q8_0 && ops->gemm_q8_0_p16)
+        return KN_TYPE_Q8_0_P16;
+    if (t == KN_TYPE_Q4_0 && ops->gemm_q4_0_p16)
+        return KN_TYPE_Q4_0_P16;
+    return KN_TYPE_F32;
+}
+
+static size_t packed_bytes(kn_type p, const rt_weight *w)
+{
+    size_t b =
+        p == KN_TYPE_Q8_0_P16 ? kn_pack_q8_0_bytes(w->n_out, w->n_in) : kn_pack_q4_0_bytes(w->n_out, w->n_in);
+    return (b + 63) & ~(size_t)63;
+}
+
+/* Repacks the Q8_0 and Q4_0 matrices for the CPU table's packed gemms,
+ * where it has them, into one anonymous mapping, and lets the file's copy
+ * of them go: the pages of the mapping are read again only if something
+ * asks. A tied output matrix is left alone, its rows being the token
+ * embeddings too. */
 static int pack_weights(rt_model *m, char *err, size_t err_len)
 {
-    if (kn_ctx_ops(m->kn)->gemm_q8_0_p16 == NULL)
+    if (kn_ctx_ops(m->kn)->gemm_q8_0_p16 == NULL && kn_ctx_ops(m->kn)->gemm_q4_0_p16 == NULL)
         return 0;
     rt_weight **all = malloc(((size_t)m->hp.n_layer * 7 + 1) * sizeof(*all));
     if (!all) {
@@ -272,9 +291,11 @@ static int pack_weights(rt_model *m, char *err, size_t err_len)
     if (!m->hp.tied_output)
         all[n++] = &m->output;
     size_t total = 0;
-    for (int i = 0; i < n; i++)
-        if (all[i]->type == KN_TYPE_Q8_0)
-            total += (kn_pack_q8_0_bytes(all[i]->n_out, all[i]->n_in) + 63) & ~(size_t)63;
+    for (int i = 0; i < n; i++) {
+        kn_type p = packed_type(m, all[i]->type);
+        if (p != KN_TYPE_F32)
+            total += packed_bytes(p, all[i]);
+    }
     void *p = total ? mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
     if (p == MAP_FAILED) {
         free(all);
@@ -290,16 +311,20 @@ static int pack_weights(rt_model *m, char *err, size_t err_len)
     char *at = p;
     for (int i = 0; i < n; i++) {
         rt_weight *w = all[i];
-        if (w->type != KN_TYPE_Q8_0)
+        const kn_type pt = packed_type(m, w->type);
+        if (pt == KN_TYPE_F32)
             continue;
-        kn_pack_q8_0(w->data, w->n_out, w->n_in, at);
+        if (pt == KN_TYPE_Q8_0_P16)
+            kn_pack_q8_0(w->data, w->n_out, w->n_in, at);
+        else
+            kn_pack_q4_0(w->data, w->n_out, w->n_in, at);
         uintptr_t lo = ((uintptr_t)w->data + page - 1) & ~(page - 1);
         uintptr_t hi = ((uintptr_t)w->data + w->nbytes) & ~(page - 1);
         if (hi > lo)
             madvise((void *)lo, hi - lo, MADV_DONTNEED);
         w->data = at;
-        w->type = KN_TYPE_Q8_0_P16;
-        at += (kn_pack_q8_0_bytes(w->n_out, w->n_in) + 63) & ~(size_t)63;
+        w->type = pt;
+        at += packed_bytes(pt, w);
     }
     free(all);
     m->packed = p;

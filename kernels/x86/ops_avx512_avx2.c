@@ -38,7 +38,7 @@
 /* Blocks ahead that the packed gemm prefetches its weights. */
 #define QZ_P16_AHEAD 8
 
-enum { QZ_Q8, QZ_Q4, QZ_P16 }; /* weight layouts */
+enum { QZ_Q8, QZ_Q4, QZ_P16, QZ_P16_Q4 }; /* weight layouts */
 
 #define QZ_X(r) ((const kn_block_q8_0 *)((const char *)xq + (size_t)(r)*xs))
 
@@ -203,10 +203,14 @@ QZ_INLINE void qz_mv_run(const char *w, size_t ws, int n_w, bool q4, const void 
  * are flipped as they are loaded (q + 128), and `corr` takes the 128 * sum(x)
  * that this adds back out. */
 
-/* One group (sc: its scales, q: its quants) of nb blocks, blocks b0 .. b0 + ns. */
-QZ_INLINE void qz_p16_tile(const char *sc, const char *q, size_t group_bytes, int nb, int n_t, const void *xq,
-                           size_t xs, int K, int b0, int ns, const qz_act *a, float *y, size_t ys)
+/* One group (sc: its scales, q: its quants) of nb blocks, blocks b0 .. b0 + ns.
+ * Q4_0 (q4): a block's 4 quads unpack to the 8 of Q8_0's layout, low
+ * nibbles then high, unsigned as they are (corr takes out the 8). */
+QZ_INLINE void qz_p16_tile(const char *sc, const char *q, size_t group_bytes, int nb, int n_t, bool q4,
+                           const void *xq, size_t xs, int K, int b0, int ns, const qz_act *a, float *y,
+                           size_t ys)
 {
+    const size_t qbytes = q4 ? KN_P16_Q4_QUANT_BYTES : KN_P16_QUANT_BYTES;
     const __mmask16 keep = (__mmask16)((1u << n_t) - 1);
     __m512 f[QZ_KMAX];
 #pragma GCC unroll 16
@@ -214,24 +218,33 @@ QZ_INLINE void qz_p16_tile(const char *sc, const char *q, size_t group_bytes, in
         f[r] = b0 > 0 ? _mm512_maskz_loadu_ps(keep, y + (size_t)r * ys) : _mm512_setzero_ps();
     for (int b = 0; b < ns; b++) {
         const int ib = b0 + b;
-        const char *qb = q + (size_t)ib * KN_P16_QUANT_BYTES;
+        const char *qb = q + (size_t)ib * qbytes;
         /* Every line of the block QZ_P16_AHEAD ahead, and its scales: a
          * block's 128 multiply-adds at 16 rows outlast a line's fetch, but
          * the hardware prefetcher alone left them waiting (two lines of the
          * eight asked for, 4 blocks ahead, read 9 GB/s from memory at 16
          * rows where this reads 24; bench/RESULTS.md). */
-        const char *ahead = x86_p16_ahead(q, ib, QZ_P16_AHEAD, nb, KN_P16_QUANT_BYTES, group_bytes);
-        for (int l = 0; l < KN_P16_QUANT_BYTES; l += 64)
+        const char *ahead = x86_p16_ahead(q, ib, QZ_P16_AHEAD, nb, qbytes, group_bytes);
+        for (size_t l = 0; l < qbytes; l += 64)
             _mm_prefetch(ahead + l, _MM_HINT_T0);
         _mm_prefetch(x86_p16_ahead(sc, ib, 2 * QZ_P16_AHEAD, nb, KN_P16_SCALE_BYTES, group_bytes),
                      _MM_HINT_T0);
         const __m512 dwv =
             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)ib * KN_P16_SCALE_BYTES)));
         __m512i wv[8];
+        if (q4) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * k));
+                wv[k] = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+                wv[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
+            }
+        } else {
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++)
-            wv[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * k)),
-                                     _mm512_set1_epi8((char)0x80));
+            for (int k = 0; k < 8; k++)
+                wv[k] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * k)),
+                                         _mm512_set1_epi8((char)0x80));
+        }
 #pragma GCC unroll 16
         for (int r = 0; r < K; r++) {
             const int8_t *xd = (QZ_X(r) + ib)->qs;
@@ -252,17 +265,18 @@ QZ_INLINE void qz_p16_tile(const char *sc, const char *q, size_t group_bytes, in
         _mm512_mask_storeu_ps(y + (size_t)r * ys, keep, f[r]);
 }
 
-QZ_INLINE void qz_p16_run(const char *w, int n_w, const void *xq, size_t xs, int K, int nb, float *y, size_t ys)
+QZ_INLINE void qz_p16_run(const char *w, int n_w, bool q4, const void *xq, size_t xs, int K, int nb, float *y,
+                          size_t ys)
 {
     qz_act a;
-    const size_t group_bytes = kn_p16_group_bytes(nb);
+    const size_t group_bytes = q4 ? kn_p16_q4_group_bytes(nb) : kn_p16_group_bytes(nb);
     for (int b0 = 0; b0 < nb; b0 += QZ_MSEG) {
         const int ns = nb - b0 < QZ_MSEG ? nb - b0 : QZ_MSEG;
-        qz_act_fill(&a, xq, xs, K, b0, ns, 128);
+        qz_act_fill(&a, xq, xs, K, b0, ns, q4 ? 8 : 128);
         for (int o0 = 0; o0 < n_w; o0 += 16) {
             const char *g = w + (size_t)(o0 / 16) * group_bytes;
-            qz_p16_tile(g, g + kn_p16_quants_at(nb), group_bytes, nb, n_w - o0 < 16 ? n_w - o0 : 16, xq, xs,
-                        K, b0, ns, &a, y + o0, ys);
+            qz_p16_tile(g, g + kn_p16_quants_at(nb), group_bytes, nb, n_w - o0 < 16 ? n_w - o0 : 16, q4, xq,
+                        xs, K, b0, ns, &a, y + o0, ys);
         }
     }
 }
@@ -284,8 +298,8 @@ QZ_INLINE void qz_gemm(const void *w, size_t ws, int n_w, int kind, const void *
         switch (K) {
 #define QZ_CASE(k)                                                                                           \
     case k:                                                                                                  \
-        if (kind == QZ_P16)                                                                                  \
-            qz_p16_run(w, n_w, xr, xs, k, nb, yr, ys);                                                       \
+        if (kind == QZ_P16 || kind == QZ_P16_Q4)                                                             \
+            qz_p16_run(w, n_w, kind == QZ_P16_Q4, xr, xs, k, nb, yr, ys);                                    \
         else                                                                                                 \
             qz_mv_run(w, ws, n_w, kind == QZ_Q4, xr, xs, k, nb, yr, ys);                                     \
         break;
@@ -323,6 +337,12 @@ static QZ_ATTR void avx512_gemm_q8_0_p16(const void *w, int n_w, const void *xq,
     qz_gemm(w, 0, n_w, QZ_P16, xq, xs, nr, n, y, y_stride);
 }
 
+static QZ_ATTR void avx512_gemm_q4_0_p16(const void *w, int n_w, const void *xq, size_t xs, int nr, int n,
+                                         float *y, size_t y_stride)
+{
+    qz_gemm(w, 0, n_w, QZ_P16_Q4, xq, xs, nr, n, y, y_stride);
+}
+
 static QZ_ATTR void avx512_gemm_q4_0(const void *w, size_t w_stride, int n_w, const void *xq, size_t xs,
                                      int nr, int n, float *y, size_t y_stride)
 {
@@ -340,6 +360,7 @@ static void ops_avx512_init(void)
     ops_avx512.gemm_q8_0 = avx512_gemm_q8_0;
     ops_avx512.gemm_q4_0 = avx512_gemm_q4_0;
     ops_avx512.gemm_q8_0_p16 = avx512_gemm_q8_0_p16;
+    ops_avx512.gemm_q4_0_p16 = avx512_gemm_q4_0_p16;
 }
 
 const kn_ops *kn_ops_avx512vnni(void)

@@ -644,12 +644,17 @@ static void gemm_case(kn_type wtype)
             }
         }
         rg(w, ws, MAXW, xq, xs, MAXR, n, want, ys);
-        if (wtype == KN_TYPE_Q8_0) {
+        {
             const size_t rb = kn_row_bytes(wtype, n);
             for (int o = 0; o < MAXW; o++)
                 memcpy(dense + o * rb, w + o * ws, rb);
-            assert_int_equal(kn_pack_q8_0_bytes(MAXW, n), (size_t)3 * kn_p16_group_bytes(n / 32));
-            kn_pack_q8_0(dense, MAXW, n, packed);
+            if (wtype == KN_TYPE_Q8_0) {
+                assert_int_equal(kn_pack_q8_0_bytes(MAXW, n), (size_t)3 * kn_p16_group_bytes(n / 32));
+                kn_pack_q8_0(dense, MAXW, n, packed);
+            } else {
+                assert_int_equal(kn_pack_q4_0_bytes(MAXW, n), (size_t)3 * kn_p16_q4_group_bytes(n / 32));
+                kn_pack_q4_0(dense, MAXW, n, packed);
+            }
         }
         /* the reference gemm is the reference dot */
         for (int r = 0; r < MAXR; r += 13) {
@@ -696,16 +701,19 @@ static void gemm_case(kn_type wtype)
                             }
                         }
                     }
-                    if (wtype != KN_TYPE_Q8_0 || fast[t]->gemm_q8_0_p16 == NULL)
+                    void (*gp)(const void *, int, const void *, size_t, int, int, float *, size_t) =
+                        wtype == KN_TYPE_Q8_0 ? fast[t]->gemm_q8_0_p16 : fast[t]->gemm_q4_0_p16;
+                    if (gp == NULL)
                         continue;
                     /* the packed rows: the same bits, the same cells untouched */
                     for (size_t i = 0; i < MAXR * ys; i++)
                         packed_got[i] = -7.0f;
-                    fast[t]->gemm_q8_0_p16(packed, n_w, xq, xs, nr, n, packed_got, ys);
+                    gp(packed, n_w, xq, xs, nr, n, packed_got, ys);
                     for (size_t i = 0; i < MAXR * ys; i++)
                         if (bits_of(packed_got[i]) != bits_of(got[i])) {
-                            print_error("gemm_q8_0_p16 [%s] n=%d rows %d n_w %d: cell %zu %.9g, unpacked %.9g\n",
-                                        fast[t]->name, n, nr, n_w, i, (double)packed_got[i], (double)got[i]);
+                            print_error("%s_p16 [%s] n=%d rows %d n_w %d: cell %zu %.9g, unpacked %.9g\n",
+                                        what, fast[t]->name, n, nr, n_w, i, (double)packed_got[i],
+                                        (double)got[i]);
                             fail();
                         }
                 }
@@ -1039,16 +1047,24 @@ static void test_matmul(void **state)
                     }
                     free(ys);
                     free(ym);
-                    if (t == KN_TYPE_Q8_0 && kn_ctx_ops(ctx)->gemm_q8_0_p16 != NULL) {
+                    const bool q8 = t == KN_TYPE_Q8_0;
+                    if ((q8 && kn_ctx_ops(ctx)->gemm_q8_0_p16 != NULL) ||
+                        (t == KN_TYPE_Q4_0 && kn_ctx_ops(ctx)->gemm_q4_0_p16 != NULL)) {
                         /* packed, through the context's chunking and threads:
                          * the bits of the unpacked matmul */
-                        void *wp = malloc(kn_pack_q8_0_bytes(n_out, n_in));
+                        void *wp =
+                            malloc(q8 ? kn_pack_q8_0_bytes(n_out, n_in) : kn_pack_q4_0_bytes(n_out, n_in));
                         float *yp = malloc((size_t)nr * n_out * sizeof(float));
                         assert_non_null(wp);
                         assert_non_null(yp);
-                        kn_pack_q8_0(wq, n_out, n_in, wp);
+                        if (q8)
+                            kn_pack_q8_0(wq, n_out, n_in, wp);
+                        else
+                            kn_pack_q4_0(wq, n_out, n_in, wp);
                         const kn_mm_out po = {wp, n_out, yp};
-                        assert_int_equal(kn_matmul_n(ctx, KN_TYPE_Q8_0_P16, n_in, x, nr, &po, 1), 0);
+                        assert_int_equal(
+                            kn_matmul_n(ctx, q8 ? KN_TYPE_Q8_0_P16 : KN_TYPE_Q4_0_P16, n_in, x, nr, &po, 1),
+                            0);
                         assert_memory_equal(yp, yf, (size_t)nr * n_out * sizeof(float));
                         free(yp);
                         free(wp);
