@@ -830,83 +830,113 @@ static inline void prefetch_span(const uint16_t *p, size_t n)
         __builtin_prefetch(p + i);
 }
 
-/* One work item is one (sequence, query row, run of KV heads). A block's K
- * (then V) rows of those heads are one contiguous span of the cache, swept
- * in order a block at a time: the prefetchers see one stream, where a head
- * at a time would be many short strided ones. Two passes, scores then
- * weighted sums, with every query head of a KV head's group reading its rows
- * while they are in cache. */
+/* Query rows an attention item takes together (a prompt's): each block of
+ * K and V rows, read once from the cache, serves them all from L1, where
+ * one row an item read the whole context again for every row. */
+#define KN_ATTN_TILE 4
+
+static inline int attn_tiles(int n_q)
+{
+    return (n_q + KN_ATTN_TILE - 1) / KN_ATTN_TILE;
+}
+
+/* One work item is one (sequence, tile of query rows, run of KV heads). A
+ * block's K (then V) rows of those heads are one contiguous span of the
+ * cache, swept in order a block at a time: the prefetchers see one stream,
+ * where a head at a time would be many short strided ones. Two passes,
+ * scores then weighted sums, with every query head of a KV head's group,
+ * and every row of the tile, reading its rows while they are in cache. A
+ * row's arithmetic is what it is alone: the same bits whatever the tile. */
 static void attn_item(void *arg, int item, int tid)
 {
     const attn_job *j = arg;
     const kn_ops *ops = j->ctx->ops;
     int s = 0;
-    while (item >= j->seqs[s].n_q * j->n_chunks) {
-        item -= j->seqs[s].n_q * j->n_chunks;
+    while (item >= attn_tiles(j->seqs[s].n_q) * j->n_chunks) {
+        item -= attn_tiles(j->seqs[s].n_q) * j->n_chunks;
         s++;
     }
     const kn_attn_seq *sq = &j->seqs[s];
     const bool q8 = sq->kv_type == KN_TYPE_Q8_0;
-    const int row = item / j->n_chunks, kv0 = item % j->n_chunks * j->chunk_heads;
+    const int row0 = item / j->n_chunks * KN_ATTN_TILE, kv0 = item % j->n_chunks * j->chunk_heads;
+    const int n_rows = sq->n_q - row0 < KN_ATTN_TILE ? sq->n_q - row0 : KN_ATTN_TILE;
     const int kv1 = kv0 + j->chunk_heads < j->n_kv_head ? kv0 + j->chunk_heads : j->n_kv_head;
     const int group = j->n_head / j->n_kv_head, hd = j->head_dim, bt = sq->block_tokens;
-    const int n_ctx = sq->pos0 + row + 1;
-    const float *q = sq->q + (size_t)row * j->n_head * hd;
-    float *out = sq->out + (size_t)row * j->n_head * hd;
+    const int heads = (kv1 - kv0) * group;          /* query heads of the item, from kv0 * group */
+    const int n_ctx_max = sq->pos0 + row0 + n_rows; /* the tile's last row's */
     float *sc = j->ctx->score[tid];
     const size_t rw = j->row, rw_bytes = rw * sizeof(uint16_t); /* a quantized query row too */
     char *qq = (char *)(sc + j->qq_off);
+/* row r's query, output, scores and quantized query of head h */
+#define ATTN_Q(r, h) (sq->q + ((size_t)(row0 + (r)) * j->n_head + (size_t)(h)) * hd)
+#define ATTN_OUT(r, h) (sq->out + ((size_t)(row0 + (r)) * j->n_head + (size_t)(h)) * hd)
+#define ATTN_SC(r, h) (sc + ((size_t)(r)*heads + (size_t)((h)-kv0 * group)) * j->score_stride)
+#define ATTN_QQ(r, h) (qq + ((size_t)(r)*heads + (size_t)((h)-kv0 * group)) * rw_bytes)
     if (q8)
-        for (int h = kv0 * group; h < kv1 * group; h++)
-            ops->quantize_q8_0(q + (size_t)h * hd, qq + (size_t)(h - kv0 * group) * rw_bytes, hd);
+        for (int r = 0; r < n_rows; r++)
+            for (int h = kv0 * group; h < kv1 * group; h++)
+                ops->quantize_q8_0(ATTN_Q(r, h), ATTN_QQ(r, h), hd);
 
     const size_t span = (size_t)(kv1 - kv0) * bt * rw; /* 16-bit units of the heads' rows in a block */
-    for (int p = 0; p < n_ctx; p += bt) {
-        const int run = n_ctx - p < bt ? n_ctx - p : bt;
+    for (int p = 0; p < n_ctx_max; p += bt) {
         const uint16_t *k = sq->blocks[p / bt] + sq->k_off;
         /* the next block lies elsewhere in the pool: no prefetcher guesses it */
-        prefetch_span(p + bt < n_ctx ? sq->blocks[p / bt + 1] + sq->k_off + (size_t)kv0 * bt * rw
-                                     : sq->blocks[0] + sq->v_off + (size_t)kv0 * bt * rw,
+        prefetch_span(p + bt < n_ctx_max ? sq->blocks[p / bt + 1] + sq->k_off + (size_t)kv0 * bt * rw
+                                         : sq->blocks[0] + sq->v_off + (size_t)kv0 * bt * rw,
                       span);
         for (int kvh = kv0; kvh < kv1; kvh++)
-            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-                float *o = sc + (size_t)(h - kv0 * group) * j->score_stride + p;
-                const uint16_t *kr = k + (size_t)kvh * bt * rw;
-                if (!q8) {
-                    ops->kv_scores(q + (size_t)h * hd, kr, rw, run, hd, j->scale, o);
-                    continue;
+            for (int h = kvh * group; h < (kvh + 1) * group; h++)
+                for (int r = 0; r < n_rows; r++) {
+                    const int n_ctx = sq->pos0 + row0 + r + 1;
+                    if (p >= n_ctx)
+                        continue;
+                    const int run = n_ctx - p < bt ? n_ctx - p : bt;
+                    float *o = ATTN_SC(r, h) + p;
+                    const uint16_t *kr = k + (size_t)kvh * bt * rw;
+                    if (!q8) {
+                        ops->kv_scores(ATTN_Q(r, h), kr, rw, run, hd, j->scale, o);
+                        continue;
+                    }
+                    /* K rows as a gemm's weight rows: the decode matvec's
+                     * layout, eight rows' sums in one vector, where the dot
+                     * reduces each */
+                    if (ops->gemm_q8_0)
+                        ops->gemm_q8_0(kr, rw_bytes, run, ATTN_QQ(r, h), rw_bytes, 1, hd, o, (size_t)run);
+                    else
+                        ops->dot_q8_0(ATTN_QQ(r, h), kr, rw_bytes, run, hd, o);
+                    for (int i = 0; i < run; i++)
+                        o[i] *= j->scale;
                 }
-                const char *qh = qq + (size_t)(h - kv0 * group) * rw_bytes;
-                /* K rows as a gemm's weight rows: the decode matvec's layout,
-                 * eight rows' sums in one vector, where the dot reduces each */
-                if (ops->gemm_q8_0)
-                    ops->gemm_q8_0(kr, rw_bytes, run, qh, rw_bytes, 1, hd, o, (size_t)run);
-                else
-                    ops->dot_q8_0(qh, kr, rw_bytes, run, hd, o);
-                for (int r = 0; r < run; r++)
-                    o[r] *= j->scale;
-            }
     }
     /* Cleared only now, after q was read, so out may alias q. */
-    for (int h = kv0 * group; h < kv1 * group; h++) {
-        ops->softmax(sc + (size_t)(h - kv0 * group) * j->score_stride, n_ctx);
-        memset(out + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
-    }
-    for (int p = 0; p < n_ctx; p += bt) {
-        const int run = n_ctx - p < bt ? n_ctx - p : bt;
+    for (int r = 0; r < n_rows; r++)
+        for (int h = kv0 * group; h < kv1 * group; h++) {
+            ops->softmax(ATTN_SC(r, h), sq->pos0 + row0 + r + 1);
+            memset(ATTN_OUT(r, h), 0, (size_t)hd * sizeof(float));
+        }
+    for (int p = 0; p < n_ctx_max; p += bt) {
         const uint16_t *v = sq->blocks[p / bt] + sq->v_off;
-        if (p + bt < n_ctx)
+        if (p + bt < n_ctx_max)
             prefetch_span(sq->blocks[p / bt + 1] + sq->v_off + (size_t)kv0 * bt * rw, span);
         for (int kvh = kv0; kvh < kv1; kvh++)
-            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-                const float *w = sc + (size_t)(h - kv0 * group) * j->score_stride + p;
-                const uint16_t *vr = v + (size_t)kvh * bt * rw;
-                if (q8)
-                    ops->kv_accum_q8_0(out + (size_t)h * hd, w, vr, rw_bytes, run, hd);
-                else
-                    ops->kv_accum(out + (size_t)h * hd, w, vr, rw, run, hd);
-            }
+            for (int h = kvh * group; h < (kvh + 1) * group; h++)
+                for (int r = 0; r < n_rows; r++) {
+                    const int n_ctx = sq->pos0 + row0 + r + 1;
+                    if (p >= n_ctx)
+                        continue;
+                    const int run = n_ctx - p < bt ? n_ctx - p : bt;
+                    const float *w = ATTN_SC(r, h) + p;
+                    const uint16_t *vr = v + (size_t)kvh * bt * rw;
+                    if (q8)
+                        ops->kv_accum_q8_0(ATTN_OUT(r, h), w, vr, rw_bytes, run, hd);
+                    else
+                        ops->kv_accum(ATTN_OUT(r, h), w, vr, rw, run, hd);
+                }
     }
+#undef ATTN_Q
+#undef ATTN_OUT
+#undef ATTN_SC
+#undef ATTN_QQ
 }
 
 int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, int n_kv_head, int head_dim,
@@ -933,11 +963,15 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
     }
     if (rows == 0)
         return 0;
-    /* All heads in one item when there are rows enough to keep every thread
-     * busy; split the heads when there are few (decode of one sequence). */
+    int64_t tiles = 0;
+    for (int s = 0; s < n_seqs; s++)
+        tiles += attn_tiles(seqs[s].n_q);
+    /* All heads in one item when there are tiles enough to keep every
+     * thread busy; split the heads when there are few (decode of one
+     * sequence). */
     int n_chunks = 1;
-    if (rows < 4 * (int64_t)ctx->n_threads)
-        n_chunks = (int)((4 * ctx->n_threads + rows - 1) / rows);
+    if (tiles < 4 * (int64_t)ctx->n_threads)
+        n_chunks = (int)((4 * ctx->n_threads + tiles - 1) / tiles);
     if (n_chunks > n_kv_head)
         n_chunks = n_kv_head;
     int chunk_heads = (n_kv_head + n_chunks - 1) / n_chunks;
@@ -946,16 +980,18 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
      * split costs no extra reads, each item sweeping only its own heads). */
     const size_t score_stride = ((size_t)max_ctx + 15) & ~(size_t)15;
     const size_t group = (size_t)(n_head / n_kv_head);
-    while (chunk_heads > 1 && score_stride * group * (size_t)chunk_heads > KN_ATTN_SCRATCH_FLOATS)
+    while (chunk_heads > 1 &&
+           score_stride * group * (size_t)chunk_heads * KN_ATTN_TILE > KN_ATTN_SCRATCH_FLOATS)
         chunk_heads = (chunk_heads + 1) / 2;
     n_chunks = (n_kv_head + chunk_heads - 1) / chunk_heads;
-    if (rows * n_chunks > INT32_MAX)
+    if (tiles * n_chunks > INT32_MAX)
         return -EINVAL;
     /* Grown here, on the calling thread, so workers never allocate. The
      * quantized queries of a Q8_0 cache follow the scores (a multiple of 16
      * floats, so they start on a cache line). */
-    const size_t qq_off = score_stride * chunk_heads * group;
-    const size_t qq_floats = seqs[0].kv_type == KN_TYPE_Q8_0 ? (group * chunk_heads * row * 2 + 3) / 4 : 0;
+    const size_t qq_off = score_stride * chunk_heads * group * KN_ATTN_TILE;
+    const size_t qq_floats =
+        seqs[0].kv_type == KN_TYPE_Q8_0 ? (group * chunk_heads * KN_ATTN_TILE * row * 2 + 3) / 4 : 0;
     for (int t = 0; t < ctx->n_threads; t++)
         if (scratch_reserve((void **)&ctx->score[t], &ctx->score_cap[t],
                             (qq_off + qq_floats) * sizeof(float)) != 0)
@@ -972,6 +1008,6 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
                   .row = row,
                   .qq_off = qq_off,
                   .scale = scale};
-    pool_run(ctx, (int)(rows * n_chunks), attn_item, &j);
+    pool_run(ctx, (int)(tiles * n_chunks), attn_item, &j);
     return 0;
 }
