@@ -837,7 +837,7 @@ static inline void prefetch_span(const uint16_t *p, size_t n)
 
 static inline int attn_tiles(int n_q)
 {
-    return (n_q + KN_ATTN_TILE - 1) / KN_ATTN_TILE;
+    return n_q / KN_ATTN_TILE + (n_q % KN_ATTN_TILE != 0);
 }
 
 /* One work item is one (sequence, tile of query rows, run of KV heads). A
@@ -964,8 +964,11 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
     if (rows == 0)
         return 0;
     int64_t tiles = 0;
-    for (int s = 0; s < n_seqs; s++)
+    int tile = 1; /* rows an item holds scores for: decode needs one */
+    for (int s = 0; s < n_seqs; s++) {
         tiles += attn_tiles(seqs[s].n_q);
+        tile = seqs[s].n_q > tile ? (seqs[s].n_q < KN_ATTN_TILE ? seqs[s].n_q : KN_ATTN_TILE) : tile;
+    }
     /* All heads in one item when there are tiles enough to keep every
      * thread busy; split the heads when there are few (decode of one
      * sequence). */
@@ -980,8 +983,7 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
      * split costs no extra reads, each item sweeping only its own heads). */
     const size_t score_stride = ((size_t)max_ctx + 15) & ~(size_t)15;
     const size_t group = (size_t)(n_head / n_kv_head);
-    while (chunk_heads > 1 &&
-           score_stride * group * (size_t)chunk_heads * KN_ATTN_TILE > KN_ATTN_SCRATCH_FLOATS)
+    while (chunk_heads > 1 && score_stride * group * (size_t)chunk_heads * tile > KN_ATTN_SCRATCH_FLOATS)
         chunk_heads = (chunk_heads + 1) / 2;
     n_chunks = (n_kv_head + chunk_heads - 1) / chunk_heads;
     if (tiles * n_chunks > INT32_MAX)
@@ -989,9 +991,9 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
     /* Grown here, on the calling thread, so workers never allocate. The
      * quantized queries of a Q8_0 cache follow the scores (a multiple of 16
      * floats, so they start on a cache line). */
-    const size_t qq_off = score_stride * chunk_heads * group * KN_ATTN_TILE;
+    const size_t qq_off = score_stride * chunk_heads * group * tile;
     const size_t qq_floats =
-        seqs[0].kv_type == KN_TYPE_Q8_0 ? (group * chunk_heads * KN_ATTN_TILE * row * 2 + 3) / 4 : 0;
+        seqs[0].kv_type == KN_TYPE_Q8_0 ? (group * chunk_heads * tile * row * 2 + 3) / 4 : 0;
     for (int t = 0; t < ctx->n_threads; t++)
         if (scratch_reserve((void **)&ctx->score[t], &ctx->score_cap[t],
                             (qq_off + qq_floats) * sizeof(float)) != 0)
