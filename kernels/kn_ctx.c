@@ -835,6 +835,13 @@ static inline void prefetch_span(const uint16_t *p, size_t n)
  * one row an item read the whole context again for every row. */
 #define KN_ATTN_TILE 4
 
+/* Positions of the block at p that row's query sees (causal): 0 past it. */
+static inline int attn_run(const kn_attn_seq *sq, int row, int p)
+{
+    const int n_ctx = sq->pos0 + row + 1, bt = sq->block_tokens;
+    return p >= n_ctx ? 0 : n_ctx - p < bt ? n_ctx - p : bt;
+}
+
 static inline int attn_tiles(int n_q)
 {
     return n_q / KN_ATTN_TILE + (n_q % KN_ATTN_TILE != 0);
@@ -887,10 +894,9 @@ static void attn_item(void *arg, int item, int tid)
         for (int kvh = kv0; kvh < kv1; kvh++)
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
                 for (int r = 0; r < n_rows; r++) {
-                    const int n_ctx = sq->pos0 + row0 + r + 1;
-                    if (p >= n_ctx)
+                    const int run = attn_run(sq, row0 + r, p);
+                    if (!run)
                         continue;
-                    const int run = n_ctx - p < bt ? n_ctx - p : bt;
                     float *o = ATTN_SC(r, h) + p;
                     const uint16_t *kr = k + (size_t)kvh * bt * rw;
                     if (!q8) {
@@ -921,10 +927,9 @@ static void attn_item(void *arg, int item, int tid)
         for (int kvh = kv0; kvh < kv1; kvh++)
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
                 for (int r = 0; r < n_rows; r++) {
-                    const int n_ctx = sq->pos0 + row0 + r + 1;
-                    if (p >= n_ctx)
+                    const int run = attn_run(sq, row0 + r, p);
+                    if (!run)
                         continue;
-                    const int run = n_ctx - p < bt ? n_ctx - p : bt;
                     const float *w = ATTN_SC(r, h) + p;
                     const uint16_t *vr = v + (size_t)kvh * bt * rw;
                     if (q8)
