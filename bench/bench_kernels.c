@@ -73,7 +73,7 @@ static size_t mat_bytes_of(kn_type type, int n_out, int n_in)
  * between blocks, so a window of a tiled pool would not be a matrix). */
 static void fill_pool_packed(uint8_t *pool, size_t bytes, kn_type type, int n_out, int n_in)
 {
-    const kn_type base = type == KN_TYPE_Q8_0_P16 ? KN_TYPE_Q8_0 : KN_TYPE_Q4_0;
+    const kn_type base = kn_unpacked_type(type);
     const size_t rb = kn_row_bytes(base, n_in), mb = mat_bytes_of(type, n_out, n_in);
     uint8_t *q = malloc(rb * (size_t)n_out);
     float *x = malloc((size_t)n_in * sizeof(float));
@@ -172,7 +172,7 @@ int main(int argc, char **argv)
     const size_t region = pool_bytes / N_SHAPES / 64 * 64; /* packed: one region of copies per shape */
     for (int ti = 0; ti < n_types; ti++) {
         const kn_type type = types[ti];
-        const bool p16 = type == KN_TYPE_Q8_0_P16 || type == KN_TYPE_Q4_0_P16;
+        const bool p16 = kn_type_packed(type);
         if (p16)
             for (int si = 0; si < N_SHAPES; si++)
                 fill_pool_packed(pool + si * region, region, type, shapes[si][0], shapes[si][1]);

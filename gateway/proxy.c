@@ -394,7 +394,7 @@ static void finish_log(preq *p, bool complete)
 
     /* A line is queued whole at the fflush, and written by the log's
      * thread (gateway/access_log.h). */
-    FILE *f = g->access_log;
+    FILE *f = g->alog ? gw_alog_file(g->alog) : NULL;
     if (f) {
         fprintf(f, "{\"ts\":%ld", (long)time(NULL));
         json_field_str(f, "request_id", p->id);
@@ -1601,7 +1601,7 @@ void gw_proxy_on_refused(void *ud, int status, const char *method, const char *p
     else
         snprintf(labels, sizeof(labels), "status=\"refused_stream\"");
     gw_metrics_add(g->metrics, "infergate_http_refused_total", labels, 1);
-    FILE *f = g->access_log;
+    FILE *f = g->alog ? gw_alog_file(g->alog) : NULL;
     if (!f)
         return;
     fprintf(f, "{\"ts\":%ld", (long)time(NULL));

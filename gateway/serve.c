@@ -574,7 +574,6 @@ int gw_cmd_serve(int argc, char **argv)
             fprintf(stderr, "infergate: access log %s: %s\n", log, strerror(errno));
             goto out;
         }
-        g.access_log = gw_alog_file(g.alog);
         g.own_access_log = strcmp(log, "stdout") && strcmp(log, "stderr");
     }
 

@@ -33,9 +33,8 @@ typedef struct gw_serve {
     gw_supervisor *sup;
     gw_tenants *tenants;
     gw_metrics *metrics;
-    struct gw_alog *alog;
-    FILE *access_log;    /* alog's stream: a line, then fflush (NULL: logging off) */
-    bool own_access_log; /* a file, opened again on SIGHUP */
+    struct gw_alog *alog; /* NULL: logging off */
+    bool own_access_log;  /* a file, opened again on SIGHUP */
     struct event *sigterm, *sigint, *sighup, *drain_timer, *metrics_timer;
     route_table *table; /* NULL without a region section: local workers only */
     route_sync *sync;   /* NULL without Redis */

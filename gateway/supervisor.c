@@ -232,6 +232,13 @@ static int spawn(sworker *w)
     return 0;
 }
 
+/* The wait before the next start after a failed one: doubling, within
+ * BACKOFF_MIN_MS..BACKOFF_MAX_MS. */
+static int next_backoff(int ms)
+{
+    return ms < BACKOFF_MIN_MS ? BACKOFF_MIN_MS : ms * 2 < BACKOFF_MAX_MS ? ms * 2 : BACKOFF_MAX_MS;
+}
+
 static void on_respawn(evutil_socket_t fd, short what, void *arg)
 {
     sworker *w = arg;
@@ -242,9 +249,7 @@ static void on_respawn(evutil_socket_t fd, short what, void *arg)
         log_line("worker %d: cannot start: %s; retrying in %d ms", w->info.index, strerror(-rc), w->backoff_ms);
         struct timeval tv = {w->backoff_ms / 1000, (w->backoff_ms % 1000) * 1000};
         event_add(w->respawn, &tv);
-        w->backoff_ms = w->backoff_ms < BACKOFF_MIN_MS       ? BACKOFF_MIN_MS
-                        : w->backoff_ms * 2 < BACKOFF_MAX_MS ? w->backoff_ms * 2
-                                                             : BACKOFF_MAX_MS;
+        w->backoff_ms = next_backoff(w->backoff_ms);
     }
 }
 
@@ -278,10 +283,7 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
                 break;
             }
             double up = mono_s() - w->started_at;
-            w->backoff_ms = up > STABLE_S ? BACKOFF_MIN_MS
-                                          : (w->backoff_ms ? w->backoff_ms * 2 : BACKOFF_MIN_MS);
-            if (w->backoff_ms > BACKOFF_MAX_MS)
-                w->backoff_ms = BACKOFF_MAX_MS;
+            w->backoff_ms = up > STABLE_S ? BACKOFF_MIN_MS : next_backoff(w->backoff_ms);
             w->info.restarts++;
             log_line("worker %d (model %s, device %s, pid %d) %s after %.1f s; restarting in %d ms", i,
                      w->cfg->name, w->device, (int)pid, why, up, w->backoff_ms);

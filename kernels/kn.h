@@ -26,6 +26,15 @@ typedef enum kn_type {
  * that switches over file types need not name them. */
 #define KN_TYPE_Q8_0_P16 ((kn_type)0x108)
 #define KN_TYPE_Q4_0_P16 ((kn_type)0x102)
+static inline bool kn_type_packed(kn_type t)
+{
+    return t == KN_TYPE_Q8_0_P16 || t == KN_TYPE_Q4_0_P16;
+}
+/* The file type a packed one was made from; any other as it is. */
+static inline kn_type kn_unpacked_type(kn_type t)
+{
+    return kn_type_packed(t) ? (kn_type)(t & 0xff) : t;
+}
 
 /* True for the tensor types this build computes with. */
 bool kn_type_supported(uint32_t type);

@@ -561,7 +561,7 @@ static int matmul_gemm(kn_ctx *ctx, kn_type wtype, size_t w_row_bytes, int n_in,
 int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows, const kn_mm_out *outs,
                 int n_outs)
 {
-    const bool p16 = wtype == KN_TYPE_Q8_0_P16 || wtype == KN_TYPE_Q4_0_P16;
+    const bool p16 = kn_type_packed(wtype);
     if (wtype == KN_TYPE_Q8_0_P16   ? ctx->ops->gemm_q8_0_p16 == NULL
         : wtype == KN_TYPE_Q4_0_P16 ? ctx->ops->gemm_q4_0_p16 == NULL
                                     : !kn_type_supported(wtype))
@@ -571,10 +571,7 @@ int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows
     for (int k = 0; k < n_outs; k++)
         if (outs[k].n_out < 0)
             return -EINVAL;
-    const size_t w_row_bytes = kn_row_bytes(wtype == KN_TYPE_Q8_0_P16   ? KN_TYPE_Q8_0
-                                            : wtype == KN_TYPE_Q4_0_P16 ? KN_TYPE_Q4_0
-                                                                        : wtype,
-                                            n_in);
+    const size_t w_row_bytes = kn_row_bytes(kn_unpacked_type(wtype), n_in);
     if (w_row_bytes == 0)
         return -EINVAL;
     if (n_rows == 0)
