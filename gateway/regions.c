@@ -114,6 +114,7 @@ static void local_record(gw_serve *g, route_record *r)
     }
     r->healthy = ready > 0 && !g->draining;
     r->updated_ms = gw_epoch_ms();
+    r->instances = 1; /* this gateway: others of the region are not counted in its own view */
 }
 
 /* This region's record, into the table and to Redis. */
@@ -270,7 +271,7 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
     }
     json_t *o = json_pack(
         "{s:s, s:s, s:b, s:o, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:b, s:o, s:o, "
-        "s:f, s:f, s:I, s:i, s:I}",
+        "s:f, s:f, s:I, s:i, s:I, s:i}",
         "name", r->rec.name, "endpoint", r->local ? r->rec.endpoint : gw_regions_target(g, r), "local",
         r->local, "models", models, "tags", tags, "price_input", r->rec.price_in, "price_output",
         r->rec.price_out, "gpu", r->rec.gpu, "capacity", r->rec.capacity, "running", r->rec.running, "queued",
@@ -279,7 +280,8 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         r->rtt_known ? json_real(r->rtt_ewma_ms) : json_null(), "rtt_p95_ms",
         r->rtt_known ? json_real(r->rtt_p95_ms) : json_null(), "queue_ms", route_queue_ms(r), "expected_ms",
         route_expected_ms(r), "age_ms", (json_int_t)(wall - r->rec.updated_ms), "consecutive_failures",
-        r->consecutive_failures, "ejected_for_ms", (json_int_t)(ejected ? r->ejected_until_ms - now : 0));
+        r->consecutive_failures, "ejected_for_ms", (json_int_t)(ejected ? r->ejected_until_ms - now : 0),
+        "instances", r->rec.instances);
     if (o)
         json_object_set_new(o, "model_load", load); /* per model: what routing ranks by */
     else

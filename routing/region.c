@@ -508,6 +508,8 @@ int route_record_check(const route_record *r, char *err, size_t err_len)
     }
     if (r->updated_ms < 0)
         return fail(err, err_len, "updated_ms: must not be negative");
+    if (r->instances < 0 || r->instances > ROUTE_MAX_INSTANCES)
+        return fail(err, err_len, "instances: %d is not within 0..%d", r->instances, ROUTE_MAX_INSTANCES);
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #define ROUTE_MAX_MODELS 16
 #define ROUTE_MAX_TAGS 8
 #define ROUTE_NAME_MAX 64
+#define ROUTE_MAX_INSTANCES 16 /* gateways merged under one region name */
 /* Bounds on a record's numbers: prices as the config allows them, latency
  * estimates well past any real one, so that the router's arithmetic on
  * them stays finite and in range whatever a record says. */
@@ -44,6 +45,10 @@ typedef struct route_record {
     int n_load;                    /* load[] entries: n_models, or 0 (see load) */
     bool healthy;
     int64_t updated_ms; /* epoch ms, set by the publisher */
+    /* Gateways merged into this record (routing/instance.h): one or more
+     * for a peer's, 0 where nobody counted (this gateway's own, a record
+     * of the single-writer form). Not a field of the hash. */
+    int instances;
     /* Per model, in models' order, when n_load is n_models; with none (a
      * record from an older gateway) the totals above stand for every
      * model. Last: route_decide reads the fields above for every region,

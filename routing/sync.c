@@ -1,6 +1,7 @@
 /* Region state shared through Redis: this gateway's record written every
- * heartbeat, every peer's record read on announcement and in full, run-time
- * price overrides, and the fleet-wide GCRA rate limit (routing/sync.h).
+ * heartbeat, every peer's record read on announcement and in full (the
+ * entries of its gateways merged: routing/instance.h), run-time price
+ * overrides, and the fleet-wide GCRA rate limit (routing/sync.h).
  *
  * Two hiredis async connections on the gateway's libevent loop: `cmd` for
  * every command, `sub` for SUBSCRIBE (a subscribed connection takes no
@@ -38,6 +39,7 @@
  * issued from a callback during the free fail with -ENOTCONN). */
 #define _GNU_SOURCE
 #include "routing/sync.h"
+#include "routing/instance.h"
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
@@ -121,6 +123,17 @@ static const char gcra_lua[] =
 
 enum conn_kind { CONN_CMD, CONN_SUB };
 
+/* Entries of other gateways under our region name seen in the hash. Past
+ * this many, the rest are left alone (and readers merge only
+ * ROUTE_MAX_INSTANCES). */
+#define SYNC_MAX_SIBLINGS 32
+
+typedef struct sibling {
+    char id[ROUTE_INSTANCE_ID_LEN + 1];
+    int64_t updated_ms; /* as its entry said (-1: unreadable) */
+    int64_t changed_ms; /* route_clock_ms() when we saw that */
+} sibling;
+
 typedef struct sync_conn {
     route_sync *s;
     enum conn_kind kind;
@@ -141,9 +154,11 @@ typedef struct sync_req {
     enum req_kind kind;
     struct event *deadline;
     struct sync_req *prev, *next;
-    /* REQ_WRITE: the record written, and whether this write announced */
+    /* REQ_WRITE: the record written, whether this write announced, and
+     * where in EXEC's answer the price override is */
     route_record rec;
     bool announced;
+    int price_at;
     /* REQ_READ */
     char name[ROUTE_NAME_MAX];
     /* REQ_LIMIT */
@@ -193,14 +208,15 @@ struct route_sync {
     bool has_announced;
     route_record announced; /* what peers were last told about */
 
-    /* A record is one per region name: gateways that share one (several
-     * behind a load balancer) overwrite each other's load and health.
-     * Each writes this process's random id beside its record, so that one
-     * reading another's id under its own name can say so. */
-    char instance[17];
-    char other_instance[17]; /* the last one reported */
-    bool wrote;              /* a write of ours went through: before it, the record may be our
-                              * previous process's, whose key outlives it by its TTL */
+    /* Gateways that share a region name (several behind a load balancer)
+     * each write their record as the entry of this process's random id
+     * (routing/instance.h). The key's TTL is renewed by whichever writes,
+     * so each also removes the entries of the others that stopped: an
+     * entry whose updated_ms has not moved for a TTL (by our clock, so
+     * theirs may be skewed) goes with our next write. */
+    char instance[ROUTE_INSTANCE_ID_LEN + 1];
+    sibling sib[SYNC_MAX_SIBLINGS];
+    int n_sib;
 
     sync_req *pending; /* every request in flight */
     int n_pending;
@@ -334,13 +350,18 @@ static bool record_equal(const route_record *a, const route_record *b)
         a->n_models != b->n_models || a->n_tags != b->n_tags || a->price_in != b->price_in ||
         a->price_out != b->price_out || a->capacity != b->capacity || a->running != b->running ||
         a->queued != b->queued || a->ttft_ms != b->ttft_ms || a->tpot_ms != b->tpot_ms ||
-        a->healthy != b->healthy || a->updated_ms != b->updated_ms)
+        a->healthy != b->healthy || a->updated_ms != b->updated_ms || a->instances != b->instances)
         return false;
     for (int i = 0; i < a->n_models && i < ROUTE_MAX_MODELS; i++)
         if (strcmp(a->models[i], b->models[i]))
             return false;
     for (int i = 0; i < a->n_tags && i < ROUTE_MAX_TAGS; i++)
         if (strcmp(a->tags[i], b->tags[i]))
+            return false;
+    if (a->n_load != b->n_load)
+        return false;
+    for (int i = 0; i < a->n_load && i < ROUTE_MAX_MODELS; i++)
+        if (memcmp(&a->load[i], &b->load[i], sizeof(a->load[i])))
             return false;
     return true;
 }
@@ -532,9 +553,9 @@ static int req_send(sync_req *q, int argc, const char **argv, const size_t *lens
 }
 
 /* A command whose answer is folded into the EXEC that follows it. */
-static int send_plain(route_sync *s, int argc, const char **argv)
+static int send_plain(route_sync *s, int argc, const char **argv, const size_t *lens)
 {
-    if (!s->cmd.ac || redisAsyncCommandArgv(s->cmd.ac, NULL, NULL, argc, argv, NULL) != REDIS_OK)
+    if (!s->cmd.ac || redisAsyncCommandArgv(s->cmd.ac, NULL, NULL, argc, argv, lens) != REDIS_OK)
         return -ENOTCONN;
     return 0;
 }
@@ -549,32 +570,35 @@ static void limit_answer(sync_req *q, int result, int retry_after_ms)
 
 /* ---- heartbeat write ---- */
 
-/* MULTI; HGET the writer before us; HSET record; PEXPIRE; HGETALL own
- * price; [PUBLISH]; EXEC: the record and its TTL land together, and the
- * announcement follows the write it announces. */
+/* MULTI; HGETALL the region's hash (the other gateways' entries); HSET
+ * our record, as our entry and as the plain fields (which gateways before
+ * entries read: last writer wins there, as it did for them); HDEL the
+ * entries of gateways that stopped; PEXPIRE; HGETALL own price; [PUBLISH];
+ * EXEC: the record and its TTL land together, and the announcement follows
+ * the write it announces. */
 static void write_local(route_sync *s, bool announce)
 {
     if (!s->has_local || !s->cmd.ready || s->n_pending >= SYNC_MAX_PENDING)
         return;
     sync_req *q = req_new(s, REQ_WRITE);
-    if (!q) {
+    route_field *f = malloc(sizeof(route_field) * ROUTE_N_FIELDS);
+    char *entry = malloc(ROUTE_INSTANCE_VALUE_MAX);
+    if (!q || !f || !entry) {
         set_err(s, "out of memory");
+        if (q)
+            req_free(q);
+        free(f);
+        free(entry);
         return;
     }
     local_effective(s, &q->rec);
     q->rec.updated_ms = epoch_ms();
-    q->announced = announce;
 
-    char key[SYNC_KEY_MAX], pkey[SYNC_KEY_MAX], ttl[32];
+    char key[SYNC_KEY_MAX], pkey[SYNC_KEY_MAX], ttl[32], field[sizeof(ROUTE_INSTANCE_PREFIX) + 16];
     snprintf(key, sizeof(key), "%s%s", s->prefix_region, q->rec.name);
     snprintf(pkey, sizeof(pkey), "%s%s", s->prefix_price, q->rec.name);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)s->o.heartbeat_ms * s->o.ttl_heartbeats);
-    route_field *f = malloc(sizeof(route_field) * ROUTE_N_FIELDS);
-    if (!f) {
-        set_err(s, "out of memory");
-        req_free(q);
-        return;
-    }
+    snprintf(field, sizeof(field), ROUTE_INSTANCE_PREFIX "%s", s->instance);
     route_record_to_fields(&q->rec, f);
     const char *hset[4 + 2 * ROUTE_N_FIELDS];
     hset[0] = "HSET";
@@ -583,25 +607,45 @@ static void write_local(route_sync *s, bool announce)
         hset[2 + 2 * i] = f[i].name;
         hset[3 + 2 * i] = f[i].value;
     }
-    hset[2 + 2 * ROUTE_N_FIELDS] = "instance";
-    hset[3 + 2 * ROUTE_N_FIELDS] = s->instance;
-    const char *multi[] = {"MULTI"}, *hget[] = {"HGET", key, "instance"}, *pexpire[] = {"PEXPIRE", key, ttl},
-               *hgetall[] = {"HGETALL", pkey}, *publish[] = {"PUBLISH", s->channel, q->rec.name},
+    hset[2 + 2 * ROUTE_N_FIELDS] = field;
+    hset[3 + 2 * ROUTE_N_FIELDS] = entry;
+    route_instance_encode(&q->rec, entry);
+
+    /* The stopped: unchanged for a TTL (see struct route_sync). */
+    char gone[SYNC_MAX_SIBLINGS][sizeof(field)];
+    const char *hdel[2 + SYNC_MAX_SIBLINGS] = {"HDEL", key};
+    int n_gone = 0;
+    int64_t now = route_clock_ms(), ttl_ms = (int64_t)s->o.heartbeat_ms * s->o.ttl_heartbeats;
+    for (int i = 0; i < s->n_sib; i++)
+        if (now - s->sib[i].changed_ms > ttl_ms) {
+            snprintf(gone[n_gone], sizeof(gone[0]), ROUTE_INSTANCE_PREFIX "%s", s->sib[i].id);
+            hdel[2 + n_gone] = gone[n_gone];
+            n_gone++;
+        }
+    q->price_at = n_gone ? 4 : 3;
+    announce |= n_gone > 0; /* the region's merged record changes with it */
+    q->announced = announce;
+
+    const char *multi[] = {"MULTI"}, *hgetall[] = {"HGETALL", key}, *pexpire[] = {"PEXPIRE", key, ttl},
+               *price[] = {"HGETALL", pkey}, *publish[] = {"PUBLISH", s->channel, q->rec.name},
                *exec[] = {"EXEC"};
-    int rc = send_plain(s, 1, multi);
+    int rc = send_plain(s, 1, multi, NULL);
     if (!rc)
-        rc = send_plain(s, 3, hget);
+        rc = send_plain(s, 2, hgetall, NULL);
     if (!rc)
-        rc = send_plain(s, 4 + 2 * ROUTE_N_FIELDS, hset);
+        rc = send_plain(s, 4 + 2 * ROUTE_N_FIELDS, hset, NULL);
+    if (!rc && n_gone)
+        rc = send_plain(s, 2 + n_gone, hdel, NULL);
     if (!rc)
-        rc = send_plain(s, 3, pexpire);
+        rc = send_plain(s, 3, pexpire, NULL);
     if (!rc)
-        rc = send_plain(s, 2, hgetall);
+        rc = send_plain(s, 2, price, NULL);
     if (!rc && announce)
-        rc = send_plain(s, 3, publish);
+        rc = send_plain(s, 3, publish, NULL);
     if (!rc)
         rc = req_send(q, 1, exec, NULL);
     free(f);
+    free(entry);
     if (rc) {
         /* A MULTI left open would swallow the next block: start over. */
         req_free(q);
@@ -610,35 +654,48 @@ static void write_local(route_sync *s, bool announce)
     }
 }
 
-/* Who wrote our record before us: another gateway under our region name
- * is said once per such gateway, in the log and the last error. */
-static void check_instance(route_sync *s, const char *name, const redisReply *prev)
+/* The other gateways' entries under our name, as our write found them. */
+static void track_siblings(route_sync *s, const char *name, const redisReply *h)
 {
-    bool first = !s->wrote;
-    s->wrote = true;
-    if (first || prev->type != REDIS_REPLY_STRING || !strcmp(prev->str, s->instance) ||
-        prev->len >= sizeof(s->other_instance) || !strcmp(prev->str, s->other_instance))
-        return;
-    snprintf(s->other_instance, sizeof(s->other_instance), "%s", prev->str);
-    set_err(
-        s,
-        "region %s is published by another gateway too (instance %s; this one is %s): records are one per "
-        "region name, so each overwrites the other's load and health; give each gateway its own region.name",
-        name, s->other_instance, s->instance);
-    fprintf(stderr, "infergate: %s\n", s->err);
+    if (h->type != REDIS_REPLY_ARRAY)
+        return; /* said by on_write */
+    sibling next[SYNC_MAX_SIBLINGS];
+    int n = 0;
+    int64_t now = route_clock_ms();
+    for (size_t i = 0; i + 1 < h->elements && n < SYNC_MAX_SIBLINGS; i += 2) {
+        const redisReply *k = h->element[i], *v = h->element[i + 1];
+        sibling *e = &next[n];
+        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
+            !route_instance_field(k->str, k->len, e->id) || !strcmp(e->id, s->instance))
+            continue;
+        route_record r;
+        memset(&r, 0, sizeof(r));
+        snprintf(r.name, sizeof(r.name), "%s", name);
+        char err[200];
+        /* an entry nobody can read changes nothing: it goes after a TTL */
+        e->updated_ms = route_instance_decode(&r, v->str, v->len, err, sizeof(err)) ? -1 : r.updated_ms;
+        e->changed_ms = now;
+        for (int j = 0; j < s->n_sib; j++)
+            if (!strcmp(s->sib[j].id, e->id) && s->sib[j].updated_ms == e->updated_ms)
+                e->changed_ms = s->sib[j].changed_ms;
+        n++;
+    }
+    memcpy(s->sib, next, sizeof(next[0]) * (size_t)n);
+    s->n_sib = n;
 }
 
 static void on_write(route_sync *s, sync_req *q, redisReply *r)
 {
-    const char *why = r->type == REDIS_REPLY_ERROR                      ? r->str
-                      : r->type != REDIS_REPLY_ARRAY || r->elements < 4 ? "unexpected reply to EXEC"
-                                                                        : NULL;
-    /* The store failed when the writes did (HSET, PEXPIRE, PUBLISH); an
-     * error reading the instance (0) or the price override (3) is a key of
-     * the wrong type that someone wrote (SET where HSET was meant): said,
-     * and read as no override, but the store is fine. */
+    const char *why = r->type == REDIS_REPLY_ERROR ? r->str
+                      : r->type != REDIS_REPLY_ARRAY || r->elements < (size_t)q->price_at + 1
+                          ? "unexpected reply to EXEC"
+                          : NULL;
+    /* The store failed when the writes did (HSET, HDEL, PEXPIRE, PUBLISH);
+     * an error reading the hash (0) or the price override is a key of the
+     * wrong type that someone wrote (SET where HSET was meant): said, and
+     * read as no override, but the store is fine. */
     for (size_t i = 0; !why && i < r->elements; i++)
-        if (i != 0 && i != 3 && r->element[i]->type == REDIS_REPLY_ERROR)
+        if (i != 0 && i != (size_t)q->price_at && r->element[i]->type == REDIS_REPLY_ERROR)
             why = r->element[i]->str;
     s->write_ok = !why;
     if (why) {
@@ -650,11 +707,13 @@ static void on_write(route_sync *s, sync_req *q, redisReply *r)
         s->announced = q->rec;
         s->has_announced = true;
     }
-    if (r->element[3]->type == REDIS_REPLY_ERROR)
-        set_err(s, "reading the price override of %s: %s", q->rec.name, r->element[3]->str);
-    if (s->has_local && !strcmp(s->local.name, q->rec.name))
-        apply_own_override(s, r->element[3]);
-    check_instance(s, q->rec.name, r->element[0]);
+    const redisReply *price = r->element[q->price_at];
+    if (price->type == REDIS_REPLY_ERROR)
+        set_err(s, "reading the price override of %s: %s", q->rec.name, price->str);
+    if (s->has_local && !strcmp(s->local.name, q->rec.name)) {
+        apply_own_override(s, price);
+        track_siblings(s, q->rec.name, r->element[0]);
+    }
 }
 
 static void heartbeat(route_sync *s)
@@ -690,11 +749,11 @@ static int read_region(route_sync *s, const char *name)
     snprintf(key, sizeof(key), "%s%s", s->prefix_region, name);
     snprintf(pkey, sizeof(pkey), "%s%s", s->prefix_price, name);
     const char *multi[] = {"MULTI"}, *h1[] = {"HGETALL", key}, *h2[] = {"HGETALL", pkey}, *exec[] = {"EXEC"};
-    int rc = send_plain(s, 1, multi);
+    int rc = send_plain(s, 1, multi, NULL);
     if (!rc)
-        rc = send_plain(s, 2, h1);
+        rc = send_plain(s, 2, h1, NULL);
     if (!rc)
-        rc = send_plain(s, 2, h2);
+        rc = send_plain(s, 2, h2, NULL);
     if (!rc)
         rc = req_send(q, 1, exec, NULL);
     if (rc) {
@@ -703,6 +762,87 @@ static int read_region(route_sync *s, const char *name)
         conn_drop(&s->sub);
     }
     return rc;
+}
+
+typedef struct hash_pair {
+    const redisReply *k, *v;
+} hash_pair;
+
+static int by_field_name(const void *a, const void *b)
+{
+    return strcmp(((const hash_pair *)a)->k->str, ((const hash_pair *)b)->k->str);
+}
+
+/* The gateways' entries, merged: the first ROUTE_MAX_INSTANCES that read,
+ * by id, so that every reader merges the same ones. -ENOENT when there
+ * are none (a hash of plain fields only, from gateways before entries). */
+static int record_from_entries(route_sync *s, const char *name, const redisReply *hash, route_record *out)
+{
+    size_t n_pairs = 0;
+    hash_pair *pairs = malloc(sizeof(*pairs) * (hash->elements / 2 + 1));
+    route_record *inst = malloc(sizeof(*inst) * ROUTE_MAX_INSTANCES);
+    int n = 0, rc = -ENOMEM;
+    char id[ROUTE_INSTANCE_ID_LEN + 1], err[200];
+    if (!pairs || !inst) {
+        set_err(s, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i + 1 < hash->elements; i += 2) {
+        const redisReply *k = hash->element[i], *v = hash->element[i + 1];
+        if (k->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING &&
+            route_instance_field(k->str, k->len, id))
+            pairs[n_pairs++] = (hash_pair){k, v};
+    }
+    qsort(pairs, n_pairs, sizeof(*pairs), by_field_name);
+    for (size_t i = 0; i < n_pairs && n < ROUTE_MAX_INSTANCES; i++) {
+        route_record *e = &inst[n];
+        memset(e, 0, sizeof(*e));
+        snprintf(e->name, sizeof(e->name), "%s", name);
+        if (route_instance_decode(e, pairs[i].v->str, pairs[i].v->len, err, sizeof(err)))
+            set_err(s, "region %s, %.*s: %s", name, (int)pairs[i].k->len, pairs[i].k->str, err);
+        else
+            n++;
+    }
+    rc = n ? route_instances_merge(inst, n, out) : n_pairs ? -EINVAL : -ENOENT;
+out:
+    free(pairs);
+    free(inst);
+    return rc;
+}
+
+/* A region's record from its hash: its gateways' entries merged, or, where
+ * it has none, its plain fields. 0, or an error already said. */
+static int record_from_hash(route_sync *s, const char *name, const redisReply *hash, route_record *rec)
+{
+    int rc = record_from_entries(s, name, hash, rec);
+    if (rc != -ENOENT)
+        return rc;
+    int n = (int)(hash->elements / 2);
+    if (n > 64)
+        n = 64;
+    const char *names[64], *values[64];
+    size_t lens[64];
+    /* route_record_from_fields wants NUL-terminated names; hiredis
+     * terminates every string it returns. */
+    for (int i = 0; i < n; i++) {
+        const redisReply *k = hash->element[2 * i], *v = hash->element[2 * i + 1];
+        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) {
+            set_err(s, "reading region %s: a field is not a string", name);
+            return -EINVAL;
+        }
+        names[i] = k->str;
+        values[i] = v->str;
+        lens[i] = v->len;
+    }
+    memset(rec, 0, sizeof(*rec));
+    snprintf(rec->name, sizeof(rec->name), "%s", name);
+    char perr[200];
+    if (route_record_from_fields(rec, names, values, lens, n, perr, sizeof(perr))) {
+        set_err(s, "region %s: %s", name, perr);
+        return -EINVAL;
+    }
+    rec->instances = 1;
+    return 0;
 }
 
 static void on_read(route_sync *s, sync_req *q, redisReply *r)
@@ -723,31 +863,9 @@ static void on_read(route_sync *s, sync_req *q, redisReply *r)
     }
     if (hash->elements == 0 || hash->elements % 2)
         return; /* expired: the table's clock retires it */
-    int n = (int)(hash->elements / 2);
-    if (n > 64)
-        n = 64;
-    const char *names[64], *values[64];
-    size_t lens[64];
-    /* route_record_from_fields wants NUL-terminated names; hiredis
-     * terminates every string it returns. */
-    for (int i = 0; i < n; i++) {
-        const redisReply *k = hash->element[2 * i], *v = hash->element[2 * i + 1];
-        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) {
-            set_err(s, "reading region %s: a field is not a string", q->name);
-            return;
-        }
-        names[i] = k->str;
-        values[i] = v->str;
-        lens[i] = v->len;
-    }
     route_record rec;
-    memset(&rec, 0, sizeof(rec));
-    snprintf(rec.name, sizeof(rec.name), "%s", q->name);
-    char perr[200];
-    if (route_record_from_fields(&rec, names, values, lens, n, perr, sizeof(perr))) {
-        set_err(s, "region %s: %s", q->name, perr);
+    if (record_from_hash(s, q->name, hash, &rec))
         return;
-    }
     double in, out;
     if (price_parse(price, &in, &out)) {
         rec.price_in = in;
@@ -1364,6 +1482,7 @@ void route_sync_set_local(route_sync *s, const route_record *rec)
     if (had && strcmp(rec->name, s->local.name)) {
         s->has_override = false; /* another region's price */
         s->has_announced = false;
+        s->n_sib = 0; /* another region's gateways */
     }
     s->local = *rec;
     s->has_local = true;

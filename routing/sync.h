@@ -2,7 +2,11 @@
  * libevent loop; any server speaking the protocol: Redis, Valkey).
  *
  * Keys (cluster = key prefix):
- *   infergate:<cluster>:region:<name>   hash of the record (route_record_to_fields),
+ *   infergate:<cluster>:region:<name>   hash of the record: the fields of
+ *                                       route_record_to_fields (the last
+ *                                       writer's, for gateways before
+ *                                       entries) and one entry per gateway
+ *                                       of the region (routing/instance.h),
  *                                       TTL = heartbeat * ttl_heartbeats
  *   infergate:<cluster>:price:<name>    hash {input, output}: a price set at run time
  *                                       (`infergate region set-price`); it overrides
@@ -11,7 +15,9 @@
  *   infergate:<cluster>:events          pub/sub: the name of a region that changed
  *
  * Every heartbeat this gateway writes its record (HSET + PEXPIRE in one
- * MULTI) and reads its price override; on a change it also PUBLISHes. It
+ * MULTI), removes the entries of its region's other gateways that stopped
+ * writing, and reads its price override; on a change it also PUBLISHes. A
+ * peer's record is its gateways' entries merged. It
  * SUBSCRIBEs to the events channel (a second connection) and re-reads a
  * region when told, and reads every region in full (SCAN + HGETALL) every
  * full_read_ms. hiredis 0.14 has no command timeouts: each command carries

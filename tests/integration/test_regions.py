@@ -657,6 +657,44 @@ t.ok(after.get("healthy") and after.get("ttft_ms", 0) > 0 and after.get("tpot_ms
      "a region whose only worker restarted keeps its last estimates, not 0: ttft %.1f -> %.1f ms, tpot %.1f -> "
      "%.1f ms" % (before["ttft_ms"], after.get("ttft_ms", 0), before["tpot_ms"], after.get("tpot_ms", 0)))
 
+# --- a second gateway in ap1, behind the same endpoint (a load balancer's) ---
+# Both write their entry in ap1's record; peers add their capacity up. When
+# one stops (SIGTERM: a drain), ap1 stays healthy in every peer's view on
+# the other's entry: one record per region name had turned it unhealthy
+# for its peers at each rolling restart.
+ap1b_port, ap1b_peer = free_port(), free_port()
+ap1b_cfg = (config("ap1").replace('address: "127.0.0.1:%d"' % port["ap1"], 'address: "127.0.0.1:%d"' % ap1b_port)
+            .replace('address: "127.0.0.1:%d"' % peer_port["ap1"], 'address: "127.0.0.1:%d"' % ap1b_peer)
+            .replace(os.path.join(d, "ap1.access.log"), os.path.join(d, "ap1b.access.log"))
+            .replace(os.path.join(d, "run-ap1"), os.path.join(d, "run-ap1b")))
+open(os.path.join(d, "ap1b.yaml"), "w").write(ap1b_cfg)
+ap1b = spawn([INFERGATE, "serve", "--config", os.path.join(d, "ap1b.yaml")], os.path.join(d, "ap1b.log"))
+
+
+def ap1_seen(n_inst, capacity):
+    return all((lambda r: r.get("instances") == n_inst and r.get("capacity") == capacity and r.get("healthy"))(
+        table(n).get("ap1", {})) for n in ("eu1", "us1"))
+
+
+try:
+    wait_until(lambda: ap1_seen(2, 4), 30, "ap1's two gateways merged")
+except AssertionError:
+    print(json.dumps(table("eu1").get("ap1"), indent=1))
+    print(open(os.path.join(d, "ap1b.log")).read()[-3000:])
+    raise
+t.ok(True, "two gateways under the name ap1: peers see one region of both gateways' capacity (2 + 2)")
+unhealthy_seen = []
+ap1b.terminate()
+t_end = time.monotonic() + 20
+while ap1b.poll() is None and time.monotonic() < t_end:
+    unhealthy_seen += [n for n in ("eu1", "us1") if not table(n).get("ap1", {}).get("healthy")]
+t_end = time.monotonic() + 2
+while time.monotonic() < t_end:  # its entry, drained, is still there for a TTL
+    unhealthy_seen += [n for n in ("eu1", "us1") if not table(n).get("ap1", {}).get("healthy")]
+t.ok(ap1b.poll() == 0 and not unhealthy_seen and wait_until(lambda: ap1_seen(1, 2), 10, "ap1b's entry gone"),
+     "SIGTERM of one of ap1's gateways: ap1 stayed healthy for its peers throughout (%d unhealthy views), and "
+     "counts the other's capacity alone" % len(unhealthy_seen))
+
 # --- a region's gateway dies: within a second nothing goes there, nothing fails ---
 results = []
 kill_at = [None]

@@ -777,30 +777,76 @@ static void test_reconnect_backoff(void **state)
     gw_stop(&ga);
 }
 
-/* Two gateways publishing under one region name overwrite each other's
- * record: each says so once it reads the other's instance id under its own
- * name. */
+static const route_region *merged_eu(void)
+{
+    const route_region *r = region(&gb, "eu-west");
+    return r && r->rec.instances >= 1 ? r : NULL;
+}
+
+static long long eu_hash_len(void)
+{
+    return rc_integer("HLEN %s", "infergate:" CLUSTER ":region:eu-west");
+}
+
+/* Gateways behind one load balancer share a region name: each writes its
+ * entry in the region's hash, a peer merges the entries, and the entry of
+ * a gateway that stops is removed by the others. */
 static void test_shared_region_name(void **state)
 {
     route_sync_opts o;
     test_opts(&o);
-    o.full_read_ms = 300;
     start_pair(&o);
-    /* a gateway started again within its record's TTL finds its previous
-     * process's id there: no other gateway, nothing to say */
-    run_for(500);
+    WAIT_UNTIL(merged_eu() && merged_eu()->rec.instances == 1);
+    assert_int_equal(eu_hash_len(), ROUTE_N_FIELDS + 1); /* the plain fields, and one entry */
+
+    gateway gc;
+    memset(&gc, 0, sizeof(gc));
+    gw_start(&gc, &o, "eu-west", "eu", 3.0, 7.0);
+    gc.rec.capacity = 24;
+    gc.rec.running = 5;
+    gc.rec.ttft_ms = 60;
+    snprintf(gc.rec.tags[1], sizeof(gc.rec.tags[1]), "gdpr");
+    gc.rec.n_tags = 2;
+    gc.rec.n_models = 1;
+    route_sync_set_local(gc.sync, &gc.rec);
+    WAIT_UNTIL(merged_eu()->rec.instances == 2 && merged_eu()->rec.capacity == 32);
+    const route_record *m = &merged_eu()->rec;
+    assert_true(m->healthy);
+    assert_int_equal(m->running, 5);
+    assert_true(m->ttft_ms == (8 * 20 + 24 * 60) / 32.0);
+    assert_true(m->price_out == 7.0);
+    assert_int_equal(m->n_models, 1); /* what both serve */
+    assert_string_equal(m->models[0], "tiny");
+    assert_int_equal(m->n_tags, 1);
+    /* each gateway's own view of its region is its own */
+    assert_true(region(&ga, "eu-west")->local);
+    assert_int_equal(region(&ga, "eu-west")->rec.capacity, 8);
+
+    /* One draining: the region stays healthy on the other's load alone
+     * (a record per region had turned it unhealthy for its peers). */
+    gc.rec.healthy = false;
+    route_sync_set_local(gc.sync, &gc.rec);
+    WAIT_UNTIL(merged_eu()->rec.instances == 1);
+    assert_true(merged_eu()->rec.healthy);
+    assert_int_equal(merged_eu()->rec.capacity, 8);
+    assert_int_equal(merged_eu()->rec.n_models, 2);
+
+    /* One that stops: the other removes its entry after a TTL, and the
+     * region stays fresh. */
+    assert_int_equal(eu_hash_len(), ROUTE_N_FIELDS + 2);
+    gw_stop(&gc);
+    WAIT_UNTIL(eu_hash_len() == ROUTE_N_FIELDS + 1);
+    assert_true(route_region_fresh(gb.table, region(&gb, "eu-west"), route_clock_ms()));
+
+    /* A gateway started again is a new id: its previous entry goes the
+     * same way. */
     gw_stop(&ga);
     gw_start(&ga, &o, "eu-west", "eu", 3.0, 6.0);
     WAIT_UNTIL(route_sync_connected(ga.sync));
-    run_for(800);
-    assert_null(strstr(route_sync_last_error(ga.sync), "published by another gateway"));
-    gateway gc;
-    memset(&gc, 0, sizeof(gc));
-    gw_start(&gc, &o, "eu-west", "eu", 3.0, 6.0);
-    WAIT_UNTIL(strstr(route_sync_last_error(ga.sync), "published by another gateway too") &&
-               strstr(route_sync_last_error(gc.sync), "published by another gateway too"));
-    assert_null(strstr(route_sync_last_error(gb.sync), "published by another gateway"));
-    gw_stop(&gc);
+    WAIT_UNTIL(eu_hash_len() == ROUTE_N_FIELDS + 2);
+    WAIT_UNTIL(eu_hash_len() == ROUTE_N_FIELDS + 1);
+    WAIT_UNTIL(merged_eu()->rec.instances == 1);
+    assert_true(merged_eu()->rec.healthy);
 }
 
 /* `infergate region set-price`, explicit flags and from a gateway config. */

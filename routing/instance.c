@@ -1,0 +1,201 @@
+/* Several gateways under one region name (see instance.h): their entries
+ * in the region's hash, and the merge readers make of them. */
+#include "routing/instance.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define PREFIX_LEN (sizeof(ROUTE_INSTANCE_PREFIX) - 1)
+/* Lines an entry may hold: today's fields, with room for fields a newer
+ * gateway adds (ignored, as a hash's unknown fields are). */
+#define ENTRY_MAX_LINES 64
+#define ENTRY_NAME_MAX 32
+
+bool route_instance_field(const char *name, size_t len, char id[ROUTE_INSTANCE_ID_LEN + 1])
+{
+    if (len != PREFIX_LEN + ROUTE_INSTANCE_ID_LEN || memcmp(name, ROUTE_INSTANCE_PREFIX, PREFIX_LEN))
+        return false;
+    for (size_t i = 0; i < ROUTE_INSTANCE_ID_LEN; i++) {
+        char c = name[PREFIX_LEN + i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return false;
+        id[i] = c;
+    }
+    id[ROUTE_INSTANCE_ID_LEN] = '\0';
+    return true;
+}
+
+size_t route_instance_encode(const route_record *r, char *out)
+{
+    route_field f[ROUTE_N_FIELDS];
+    route_record_to_fields(r, f);
+    size_t at = 0;
+    for (int i = 0; i < ROUTE_N_FIELDS; i++)
+        at += (size_t)snprintf(out + at, ROUTE_INSTANCE_VALUE_MAX - at, "%s=%s\n", f[i].name, f[i].value);
+    return at;
+}
+
+int route_instance_decode(route_record *r, const char *value, size_t len, char *err, size_t err_len)
+{
+    char names[ENTRY_MAX_LINES][ENTRY_NAME_MAX];
+    const char *np[ENTRY_MAX_LINES], *vp[ENTRY_MAX_LINES];
+    size_t lens[ENTRY_MAX_LINES];
+    int n = 0, line = 0;
+    const char *p = value, *end = value + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p)), *le = nl ? nl : end;
+        const char *eq = memchr(p, '=', (size_t)(le - p));
+        line++;
+        if (!eq) {
+            snprintf(err, err_len, "line %d: no '='", line);
+            return -EINVAL;
+        }
+        if (n == ENTRY_MAX_LINES) {
+            snprintf(err, err_len, "more than %d lines", ENTRY_MAX_LINES);
+            return -EINVAL;
+        }
+        size_t nlen = (size_t)(eq - p);
+        if (memchr(p, '\0', nlen)) {
+            snprintf(err, err_len, "line %d: a NUL byte in the name", line);
+            return -EINVAL;
+        }
+        if (nlen < ENTRY_NAME_MAX) { /* a longer name is none of ours */
+            memcpy(names[n], p, nlen);
+            names[n][nlen] = '\0';
+            np[n] = names[n];
+            vp[n] = eq + 1;
+            lens[n] = (size_t)(le - eq - 1);
+            n++;
+        }
+        p = nl ? nl + 1 : end;
+    }
+    return route_record_from_fields(r, np, vp, lens, n, err, err_len);
+}
+
+static int find(const char *items, size_t stride, int n, const char *s)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(items + (size_t)i * stride, s))
+            return i;
+    return -1;
+}
+
+/* Sums and capacity-weighted estimates of one load (a region's, a
+ * model's) over the entries merged. */
+typedef struct load_sum {
+    long long capacity, running, queued;
+    double ttft, ttft_w, tpot, tpot_w;
+} load_sum;
+
+static void load_add(load_sum *s, int capacity, int running, int queued, double ttft, double tpot)
+{
+    /* an entry with no estimate yet (a gateway of fresh workers) would
+     * pull the average towards a free region's */
+    double w = capacity > 0 ? capacity : 1;
+    s->capacity += capacity;
+    s->running += running;
+    s->queued += queued;
+    if (ttft > 0) {
+        s->ttft += w * ttft;
+        s->ttft_w += w;
+    }
+    if (tpot > 0) {
+        s->tpot += w * tpot;
+        s->tpot_w += w;
+    }
+}
+
+static int clamp_int(long long x)
+{
+    return x > INT_MAX ? INT_MAX : (int)x;
+}
+
+static void load_take(const load_sum *s, route_model_load *l)
+{
+    l->capacity = clamp_int(s->capacity);
+    l->running = clamp_int(s->running);
+    l->queued = clamp_int(s->queued);
+    l->ttft_ms = s->ttft_w > 0 ? fmin(s->ttft / s->ttft_w, ROUTE_MAX_MS) : 0;
+    l->tpot_ms = s->tpot_w > 0 ? fmin(s->tpot / s->tpot_w, ROUTE_MAX_MS) : 0;
+}
+
+int route_instances_merge(const route_record *inst, int n, route_record *out)
+{
+    if (n <= 0)
+        return -ENOENT;
+    if (n > ROUTE_MAX_INSTANCES)
+        n = ROUTE_MAX_INSTANCES;
+    int lead = 0;
+    while (lead < n && !inst[lead].healthy)
+        lead++;
+    int64_t newest = 0;
+    for (int i = 0; i < n; i++)
+        newest = inst[i].updated_ms > newest ? inst[i].updated_ms : newest;
+    if (lead == n) {
+        *out = inst[0];
+        out->instances = n;
+        out->updated_ms = newest;
+        return 0;
+    }
+    const route_record *L = &inst[lead];
+    bool member[ROUTE_MAX_INSTANCES] = {false};
+    bool per_model = L->n_load > 0;
+    route_record m = *L;
+    m.n_models = m.n_tags = m.n_load = m.instances = 0;
+    load_sum total = {0};
+    for (int i = lead; i < n; i++) {
+        const route_record *e = &inst[i];
+        if (!e->healthy || strcmp(e->endpoint, L->endpoint))
+            continue;
+        member[i] = true;
+        m.instances++;
+        load_add(&total, e->capacity, e->running, e->queued, e->ttft_ms, e->tpot_ms);
+        m.price_in = fmax(m.price_in, e->price_in);
+        m.price_out = fmax(m.price_out, e->price_out);
+        per_model &= e->n_load > 0;
+    }
+    route_model_load l;
+    load_take(&total, &l);
+    m.capacity = l.capacity;
+    m.running = l.running;
+    m.queued = l.queued;
+    m.ttft_ms = l.ttft_ms;
+    m.tpot_ms = l.tpot_ms;
+    m.updated_ms = newest;
+
+    /* What every member has, in the lead's order. */
+    for (int t = 0; t < L->n_tags; t++) {
+        bool all = true;
+        for (int i = lead; i < n && all; i++)
+            all =
+                !member[i] || find(inst[i].tags[0], sizeof(inst[i].tags[0]), inst[i].n_tags, L->tags[t]) >= 0;
+        if (all)
+            memcpy(m.tags[m.n_tags++], L->tags[t], sizeof(m.tags[0]));
+    }
+    for (int k = 0; k < L->n_models; k++) {
+        load_sum ms = {0};
+        bool all = true;
+        for (int i = lead; i < n && all; i++) {
+            if (!member[i])
+                continue;
+            const route_record *e = &inst[i];
+            int j = find(e->models[0], sizeof(e->models[0]), e->n_models, L->models[k]);
+            all = j >= 0;
+            if (all && per_model)
+                load_add(&ms, e->load[j].capacity, e->load[j].running, e->load[j].queued, e->load[j].ttft_ms,
+                         e->load[j].tpot_ms);
+        }
+        if (!all)
+            continue;
+        memcpy(m.models[m.n_models], L->models[k], sizeof(m.models[0]));
+        if (per_model)
+            load_take(&ms, &m.load[m.n_models]);
+        m.n_models++;
+    }
+    m.n_load = per_model ? m.n_models : 0;
+    *out = m;
+    return 0;
+}
