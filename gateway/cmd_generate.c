@@ -36,7 +36,7 @@ static void usage(FILE *f)
                "  --seed N                 sampling seed (default 0)\n"
                "  --presence-penalty X, --frequency-penalty X\n"
                "  --stop STR               stop string (repeatable, up to 16)\n"
-               "  --threads N              compute threads (default: one per CPU)\n"
+               "  --threads N              compute threads (default: one per usable CPU)\n"
                "  --reference              scalar reference kernels (slow; for checks)\n"
                "  --device cpu|cuda        where the model runs (default cpu)\n"
                "  --prompt-tokens LIST     prompt as token ids, no tokenizer, BOS only if listed\n"

@@ -902,7 +902,7 @@ static void usage(FILE *f)
         "  --model-name NAME      the id clients use in \"model\" (default: the file name without .gguf)\n"
         "  --device cpu|cuda      where the model runs (default cpu; cuda: the GPU or MIG slice\n"
         "                         CUDA_VISIBLE_DEVICES shows)\n"
-        "  --threads N            compute threads (default: one per CPU)\n"
+        "  --threads N            compute threads (default: one per usable CPU)\n"
         "  --kv-cache-mb M        KV cache pool (default %zu)\n"
         "  --kv-type f16|q8_0     KV cache elements (default f16; q8_0: CPU only, half the memory\n"
         "                         and half the bytes decode attention reads, slightly less precise)\n"

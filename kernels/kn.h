@@ -176,9 +176,17 @@ typedef enum kn_backend {
     KN_BACKEND_AMX,
 } kn_backend;
 
-/* n_threads <= 0 means one per online CPU. Returns NULL on failure (out of
+/* n_threads <= 0 means kn_usable_cpus(). Returns NULL on failure (out of
  * memory, threads, or the backend not runnable here). */
 kn_ctx *kn_ctx_new(int n_threads, kn_backend backend);
+/* The CPUs this process may run on (its affinity: taskset, a cpuset), and
+ * no more than its CPU quota's whole CPUs (a container's CPU limit). */
+int kn_usable_cpus(void);
+/* The CPU quota of the cgroups listed in self_cgroup (/proc/self/cgroup's
+ * format), looked up under cgroup_root (/sys/fs/cgroup): v2's cpu.max or
+ * v1's cpu.cfs_quota_us / cpu.cfs_period_us, the smallest on the way up
+ * to the root, in whole CPUs (at least 1); 0 when there is none. */
+int kn_cpu_quota(const char *cgroup_root, const char *self_cgroup);
 void kn_ctx_free(kn_ctx *ctx);
 int kn_ctx_threads(const kn_ctx *ctx);
 const kn_ops *kn_ctx_ops(const kn_ctx *ctx);

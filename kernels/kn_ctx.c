@@ -11,7 +11,6 @@
  *
  * A context serves one caller at a time. Scratch grows only when a request
  * needs more than any before, so the steady state never allocates. */
-#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "kernels/kn.h"
 #include "kernels/quant_blocks.h"
 
@@ -233,18 +232,6 @@ static void pool_stop(kn_ctx *ctx)
     ctx->n_started = 0;
 }
 
-/* The CPUs this process may run on: under taskset or a container's cpuset
- * a worker on a large host gets a few of them, and a thread per CPU of the
- * host would crowd those few with spinning threads. */
-static int usable_cpus(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) >= 1)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n >= 1 ? (int)n : 1;
-}
-
 kn_ctx *kn_ctx_new(int n_threads, kn_backend backend)
 {
     const kn_ops *ops;
@@ -273,7 +260,7 @@ kn_ctx *kn_ctx_new(int n_threads, kn_backend backend)
     if (ops == NULL)
         return NULL;
     if (n_threads <= 0)
-        n_threads = usable_cpus();
+        n_threads = kn_usable_cpus();
     if (n_threads > KN_MAX_THREADS)
         n_threads = KN_MAX_THREADS;
 

@@ -37,7 +37,7 @@ typedef struct rt_hparams {
 } rt_hparams;
 
 typedef struct rt_model_opts {
-    int n_threads;   /* <= 0: one per CPU */
+    int n_threads;   /* <= 0: kn_usable_cpus() */
     bool reference;  /* scalar reference kernels (numerical checks) */
     const char *device; /* "cpu" (default) or "cuda" */
 } rt_model_opts;

@@ -411,6 +411,45 @@ t.ok(st5["threads"] == 1, "a worker pinned to one CPU with threads unset runs 1 
 w5.send_signal(15)
 w5.wait(timeout=40)
 
+# --- threads unset under a CPU quota (a container's CPU limit): no more than it allows ---
+# A cgroup of our own with a quota of one CPU, where this machine lets us
+# make one (root, cgroup v1's cpu hierarchy or v2 with the cpu controller).
+def make_cpu_cgroup():
+    name = "infergate-test-%d" % os.getpid()
+    for base, files in (("/sys/fs/cgroup/cpu", {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"}),
+                        ("/sys/fs/cgroup", {"cpu.max": "100000 100000"})):
+        path = os.path.join(base, name)
+        try:
+            os.mkdir(path)
+        except OSError:
+            continue
+        try:
+            for f, v in files.items():
+                with open(os.path.join(path, f), "w") as fh:
+                    fh.write(v)
+            return path
+        except OSError:
+            os.rmdir(path)
+    return None
+
+
+cg = make_cpu_cgroup() if os.cpu_count() >= 2 else None
+if cg:
+    sock6 = os.path.join(d, "w6.sock")
+    w6 = spawn(["/bin/sh", "-c", 'echo $$ > "%s/cgroup.procs" && exec "$@"' % cg, "sh", INFERGATE, "worker",
+                "--model", model, "--model-name", "m", "--listen", "unix:" + sock6], os.path.join(d, "w6.sock.log"))
+    try:
+        st6 = wait_until(lambda: stats(sock6) if w6.poll() is None else {"threads": "exited"}, 60,
+                         "worker stats under a quota")
+        t.ok(st6["threads"] == 1, "a worker in a cgroup with a quota of one CPU, threads unset, runs 1 thread: %s "
+             "(host: %d CPUs)" % (st6["threads"], os.cpu_count()))
+    finally:
+        w6.send_signal(15)
+        w6.wait(timeout=40)
+        os.rmdir(cg)
+else:
+    print("# no cgroup with a CPU quota can be made here (not root, or no cpu controller): quota check skipped")
+
 # --- SIGTERM drains and exits ---
 w.send_signal(15)
 try:
