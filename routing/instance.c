@@ -122,22 +122,42 @@ static void load_take(const load_sum *s, route_model_load *l)
     l->tpot_ms = s->tpot_w > 0 ? fmin(s->tpot / s->tpot_w, ROUTE_MAX_MS) : 0;
 }
 
+/* The first healthy entry that peers can reach (region.endpoint is
+ * optional: one without would take the others' endpoint away), else the
+ * first healthy one; n when none is healthy. */
+static int lead_of(const route_record *inst, int n)
+{
+    int first = n;
+    for (int i = 0; i < n; i++) {
+        if (!inst[i].healthy)
+            continue;
+        if (inst[i].endpoint[0])
+            return i;
+        if (first == n)
+            first = i;
+    }
+    return first;
+}
+
 int route_instances_merge(const route_record *inst, int n, route_record *out)
 {
     if (n <= 0)
         return -ENOENT;
     if (n > ROUTE_MAX_INSTANCES)
         n = ROUTE_MAX_INSTANCES;
-    int lead = 0;
-    while (lead < n && !inst[lead].healthy)
-        lead++;
+    int lead = lead_of(inst, n);
     int64_t newest = 0;
-    for (int i = 0; i < n; i++)
+    uint64_t version = 14695981039346656037ull; /* FNV-1a over every entry's stamp */
+    for (int i = 0; i < n; i++) {
         newest = inst[i].updated_ms > newest ? inst[i].updated_ms : newest;
+        for (int b = 0; b < 64; b += 8)
+            version = (version ^ (uint64_t)((inst[i].updated_ms >> b) & 0xff)) * 1099511628211ull;
+    }
     if (lead == n) {
         *out = inst[0];
         out->instances = n;
         out->updated_ms = newest;
+        out->version = version;
         return 0;
     }
     const route_record *L = &inst[lead];
@@ -146,7 +166,7 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
     route_record m = *L;
     m.n_models = m.n_tags = m.n_load = m.instances = 0;
     load_sum total = {0};
-    for (int i = lead; i < n; i++) {
+    for (int i = 0; i < n; i++) {
         const route_record *e = &inst[i];
         if (!e->healthy || strcmp(e->endpoint, L->endpoint))
             continue;
@@ -165,11 +185,13 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
     m.ttft_ms = l.ttft_ms;
     m.tpot_ms = l.tpot_ms;
     m.updated_ms = newest;
+    m.version = version;
 
     /* What every member has, in the lead's order. */
+    load_sum total_models = {0};
     for (int t = 0; t < L->n_tags; t++) {
         bool all = true;
-        for (int i = lead; i < n && all; i++)
+        for (int i = 0; i < n && all; i++)
             all =
                 !member[i] || find(inst[i].tags[0], sizeof(inst[i].tags[0]), inst[i].n_tags, L->tags[t]) >= 0;
         if (all)
@@ -178,7 +200,7 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
     for (int k = 0; k < L->n_models; k++) {
         load_sum ms = {0};
         bool all = true;
-        for (int i = lead; i < n && all; i++) {
+        for (int i = 0; i < n && all; i++) {
             if (!member[i])
                 continue;
             const route_record *e = &inst[i];
@@ -191,11 +213,22 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
         if (!all)
             continue;
         memcpy(m.models[m.n_models], L->models[k], sizeof(m.models[0]));
-        if (per_model)
+        if (per_model) {
             load_take(&ms, &m.load[m.n_models]);
+            /* the workers of a model outside the merge serve none of the
+             * region's requests: not room in its totals */
+            total_models.capacity += ms.capacity;
+            total_models.running += ms.running;
+            total_models.queued += ms.queued;
+        }
         m.n_models++;
     }
     m.n_load = per_model ? m.n_models : 0;
+    if (per_model) {
+        m.capacity = clamp_int(total_models.capacity);
+        m.running = clamp_int(total_models.running);
+        m.queued = clamp_int(total_models.queued);
+    }
     *out = m;
     return 0;
 }

@@ -30,16 +30,19 @@ size_t route_instance_encode(const route_record *r, char *out);
 int route_instance_decode(route_record *r, const char *value, size_t len, char *err, size_t err_len);
 
 /* The region's record from its n gateways' entries, in the order every
- * reader agrees on (by id). The healthy entries merge; the first healthy
- * one's endpoint is the region's, and only the entries that publish that
- * endpoint (their load balancer's) count, as only they share its traffic.
+ * reader agrees on (by id). The healthy entries merge; the endpoint of the
+ * first healthy one with an endpoint is the region's, and only the entries
+ * that publish that endpoint (their load balancer's) count, as only they
+ * share its traffic.
  * Among them: capacity, running and queued add up; the TTFT and per-token
  * estimates are averaged over the entries that have one, weighted by
  * capacity; models and residency tags are those every entry has (a request
- * may reach any of them), with per-model load where every entry gives it;
- * prices are the highest. updated_ms is the newest, so the region is fresh
- * while any of its gateways writes. With no healthy entry the first one
- * stands, unhealthy. out->instances is the number merged. -ENOENT for n 0. */
+ * may reach any of them), with per-model load where every entry gives it
+ * (the totals then count those models' workers only); prices are the
+ * highest. updated_ms is the newest, and version a digest of every
+ * entry's, so the region is news while any of its gateways writes. With no
+ * healthy entry the first one stands, unhealthy. out->instances is the
+ * number merged (with none healthy, of entries). -ENOENT for n 0. */
 int route_instances_merge(const route_record *inst, int n, route_record *out);
 
 #endif

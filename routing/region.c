@@ -613,7 +613,7 @@ int route_table_upsert(route_table *t, const route_record *r, bool local, int64_
         route_slot *s = &t->slots[t->order[i]];
         if (s->r.local && !local)
             return 0;
-        if (local || r->updated_ms != s->r.rec.updated_ms) {
+        if (local || r->updated_ms != s->r.rec.updated_ms || r->version != s->r.rec.version) {
             s->r.seen_ms = now_ms;
             s->r.graced = false;
         }

@@ -45,10 +45,15 @@ typedef struct route_record {
     int n_load;                    /* load[] entries: n_models, or 0 (see load) */
     bool healthy;
     int64_t updated_ms; /* epoch ms, set by the publisher */
-    /* Gateways merged into this record (routing/instance.h): one or more
-     * for a peer's, 0 where nobody counted (this gateway's own, a record
-     * of the single-writer form). Not a field of the hash. */
+    /* Gateways merged into this record (routing/instance.h): 1 for this
+     * gateway's own and for a record of the single-writer form. With
+     * `version`, not a field of the hash. */
     int instances;
+    /* Changes whenever one of the merged gateways writes (a digest of their
+     * updated_ms; 0 for a single writer): updated_ms, the newest, stands
+     * still while a gateway whose clock is ahead has stopped and the
+     * others write on. route_table_upsert takes either moving as news. */
+    uint64_t version;
     /* Per model, in models' order, when n_load is n_models; with none (a
      * record from an older gateway) the totals above stand for every
      * model. Last: route_decide reads the fields above for every region,
@@ -154,7 +159,7 @@ route_region *route_table_at(route_table *t, int i);
 route_region *route_table_find(route_table *t, const char *name);
 /* Inserts or replaces a record (keeping RTT and ejection state). -ENOSPC
  * past max_regions, -EINVAL when route_record_check fails.
- * seen_ms becomes now_ms for a new record and whenever updated_ms changes:
+ * seen_ms becomes now_ms for a new record and whenever updated_ms (or version) changes:
  * re-reading a record its publisher has stopped refreshing is no news, so
  * it still goes stale. The local region's record is set by this process
  * only: an upsert of the same name with local == false (our own record read

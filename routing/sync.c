@@ -130,8 +130,8 @@ enum conn_kind { CONN_CMD, CONN_SUB };
 
 typedef struct sibling {
     char id[ROUTE_INSTANCE_ID_LEN + 1];
-    int64_t updated_ms; /* as its entry said (-1: unreadable) */
-    int64_t changed_ms; /* route_clock_ms() when we saw that */
+    uint64_t digest;    /* of its entry's bytes */
+    int64_t changed_ms; /* route_clock_ms() when we saw them */
 } sibling;
 
 typedef struct sync_conn {
@@ -159,6 +159,8 @@ typedef struct sync_req {
     route_record rec;
     bool announced;
     int price_at;
+    char gone[SYNC_MAX_SIBLINGS][ROUTE_INSTANCE_ID_LEN + 1]; /* the entries it removed */
+    int n_gone;
     /* REQ_READ */
     char name[ROUTE_NAME_MAX];
     /* REQ_LIMIT */
@@ -212,11 +214,12 @@ struct route_sync {
      * each write their record as the entry of this process's random id
      * (routing/instance.h). The key's TTL is renewed by whichever writes,
      * so each also removes the entries of the others that stopped: an
-     * entry whose updated_ms has not moved for a TTL (by our clock, so
+     * entry whose bytes have not changed for a TTL (by our clock, so
      * theirs may be skewed) goes with our next write. */
     char instance[ROUTE_INSTANCE_ID_LEN + 1];
     sibling sib[SYNC_MAX_SIBLINGS];
     int n_sib;
+    int64_t sib_seen_ms; /* when sib[] was last read (route_clock_ms) */
 
     sync_req *pending; /* every request in flight */
     int n_pending;
@@ -350,7 +353,8 @@ static bool record_equal(const route_record *a, const route_record *b)
         a->n_models != b->n_models || a->n_tags != b->n_tags || a->price_in != b->price_in ||
         a->price_out != b->price_out || a->capacity != b->capacity || a->running != b->running ||
         a->queued != b->queued || a->ttft_ms != b->ttft_ms || a->tpot_ms != b->tpot_ms ||
-        a->healthy != b->healthy || a->updated_ms != b->updated_ms || a->instances != b->instances)
+        a->healthy != b->healthy || a->updated_ms != b->updated_ms || a->instances != b->instances ||
+        a->version != b->version)
         return false;
     for (int i = 0; i < a->n_models && i < ROUTE_MAX_MODELS; i++)
         if (strcmp(a->models[i], b->models[i]))
@@ -360,9 +364,12 @@ static bool record_equal(const route_record *a, const route_record *b)
             return false;
     if (a->n_load != b->n_load)
         return false;
-    for (int i = 0; i < a->n_load && i < ROUTE_MAX_MODELS; i++)
-        if (memcmp(&a->load[i], &b->load[i], sizeof(a->load[i])))
+    for (int i = 0; i < a->n_load && i < ROUTE_MAX_MODELS; i++) {
+        const route_model_load *x = &a->load[i], *y = &b->load[i];
+        if (x->capacity != y->capacity || x->running != y->running || x->queued != y->queued ||
+            x->ttft_ms != y->ttft_ms || x->tpot_ms != y->tpot_ms)
             return false;
+    }
     return true;
 }
 
@@ -611,17 +618,20 @@ static void write_local(route_sync *s, bool announce)
     hset[3 + 2 * ROUTE_N_FIELDS] = entry;
     route_instance_encode(&q->rec, entry);
 
-    /* The stopped: unchanged for a TTL (see struct route_sync). */
+    /* The stopped: unchanged for a TTL (see struct route_sync), as of a
+     * view that is current (see track_siblings). */
     char gone[SYNC_MAX_SIBLINGS][sizeof(field)];
     const char *hdel[2 + SYNC_MAX_SIBLINGS] = {"HDEL", key};
     int n_gone = 0;
     int64_t now = route_clock_ms(), ttl_ms = (int64_t)s->o.heartbeat_ms * s->o.ttl_heartbeats;
-    for (int i = 0; i < s->n_sib; i++)
+    for (int i = 0; i < s->n_sib && now - s->sib_seen_ms <= 2 * (int64_t)s->o.heartbeat_ms; i++)
         if (now - s->sib[i].changed_ms > ttl_ms) {
             snprintf(gone[n_gone], sizeof(gone[0]), ROUTE_INSTANCE_PREFIX "%s", s->sib[i].id);
+            snprintf(q->gone[n_gone], sizeof(q->gone[0]), "%s", s->sib[i].id);
             hdel[2 + n_gone] = gone[n_gone];
             n_gone++;
         }
+    q->n_gone = n_gone;
     q->price_at = n_gone ? 4 : 3;
     announce |= n_gone > 0; /* the region's merged record changes with it */
     q->announced = announce;
@@ -654,29 +664,44 @@ static void write_local(route_sync *s, bool announce)
     }
 }
 
-/* The other gateways' entries under our name, as our write found them. */
-static void track_siblings(route_sync *s, const char *name, const redisReply *h)
+static uint64_t fnv1a(const char *p, size_t n)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The other gateways' entries under our name, as our write found them
+ * (before its HDEL: what it removed is forgotten). An entry counts as
+ * written whenever its bytes change, read or not (one a newer gateway
+ * writes in a form we cannot read is alive all the same). After a gap in
+ * our view (Redis away, writes refused, our loop held up), nobody's
+ * silence is known: every entry starts over. */
+static void track_siblings(route_sync *s, const sync_req *q, const redisReply *h)
 {
     if (h->type != REDIS_REPLY_ARRAY)
         return; /* said by on_write */
     sibling next[SYNC_MAX_SIBLINGS];
     int n = 0;
     int64_t now = route_clock_ms();
+    bool gap = now - s->sib_seen_ms > 2 * (int64_t)s->o.heartbeat_ms;
+    s->sib_seen_ms = now;
     for (size_t i = 0; i + 1 < h->elements && n < SYNC_MAX_SIBLINGS; i += 2) {
         const redisReply *k = h->element[i], *v = h->element[i + 1];
         sibling *e = &next[n];
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
             !route_instance_field(k->str, k->len, e->id) || !strcmp(e->id, s->instance))
             continue;
-        route_record r;
-        memset(&r, 0, sizeof(r));
-        snprintf(r.name, sizeof(r.name), "%s", name);
-        char err[200];
-        /* an entry nobody can read changes nothing: it goes after a TTL */
-        e->updated_ms = route_instance_decode(&r, v->str, v->len, err, sizeof(err)) ? -1 : r.updated_ms;
+        bool removed = false;
+        for (int j = 0; j < q->n_gone; j++)
+            removed |= !strcmp(q->gone[j], e->id);
+        if (removed)
+            continue;
+        e->digest = fnv1a(v->str, v->len);
         e->changed_ms = now;
-        for (int j = 0; j < s->n_sib; j++)
-            if (!strcmp(s->sib[j].id, e->id) && s->sib[j].updated_ms == e->updated_ms)
+        for (int j = 0; j < s->n_sib && !gap; j++)
+            if (!strcmp(s->sib[j].id, e->id) && s->sib[j].digest == e->digest)
                 e->changed_ms = s->sib[j].changed_ms;
         n++;
     }
@@ -712,7 +737,7 @@ static void on_write(route_sync *s, sync_req *q, redisReply *r)
         set_err(s, "reading the price override of %s: %s", q->rec.name, price->str);
     if (s->has_local && !strcmp(s->local.name, q->rec.name)) {
         apply_own_override(s, price);
-        track_siblings(s, q->rec.name, r->element[0]);
+        track_siblings(s, q, r->element[0]);
     }
 }
 
@@ -774,15 +799,18 @@ static int by_field_name(const void *a, const void *b)
 }
 
 /* The gateways' entries, merged: the first ROUTE_MAX_INSTANCES that read,
- * by id, so that every reader merges the same ones. -ENOENT when there
- * are none (a hash of plain fields only, from gateways before entries). */
-static int record_from_entries(route_sync *s, const char *name, const redisReply *hash, route_record *out)
+ * by id, so that every reader merges the same ones. *last_writer tells
+ * whether one of them has the plain fields' updated_ms (plain_ms). -ENOENT
+ * when none reads. */
+static int record_from_entries(route_sync *s, const char *name, const redisReply *hash, int64_t plain_ms,
+                               bool *last_writer, route_record *out)
 {
     size_t n_pairs = 0;
     hash_pair *pairs = malloc(sizeof(*pairs) * (hash->elements / 2 + 1));
     route_record *inst = malloc(sizeof(*inst) * ROUTE_MAX_INSTANCES);
     int n = 0, rc = -ENOMEM;
     char id[ROUTE_INSTANCE_ID_LEN + 1], err[200];
+    *last_writer = false;
     if (!pairs || !inst) {
         set_err(s, "out of memory");
         goto out;
@@ -798,25 +826,27 @@ static int record_from_entries(route_sync *s, const char *name, const redisReply
         route_record *e = &inst[n];
         memset(e, 0, sizeof(*e));
         snprintf(e->name, sizeof(e->name), "%s", name);
-        if (route_instance_decode(e, pairs[i].v->str, pairs[i].v->len, err, sizeof(err)))
+        if (route_instance_decode(e, pairs[i].v->str, pairs[i].v->len, err, sizeof(err))) {
             set_err(s, "region %s, %.*s: %s", name, (int)pairs[i].k->len, pairs[i].k->str, err);
-        else
-            n++;
+            continue;
+        }
+        *last_writer |= e->updated_ms == plain_ms;
+        n++;
     }
-    rc = n ? route_instances_merge(inst, n, out) : n_pairs ? -EINVAL : -ENOENT;
+    rc = n ? route_instances_merge(inst, n, out) : -ENOENT;
 out:
     free(pairs);
     free(inst);
     return rc;
 }
 
-/* A region's record from its hash: its gateways' entries merged, or, where
- * it has none, its plain fields. 0, or an error already said. */
+/* A region's record from its hash: its gateways' entries merged, or its
+ * plain fields where those are the newer word: no entry reads, or the last
+ * writer wrote none (a gateway from before entries, which also keeps the
+ * key alive, so the entries of gateways gone since are never removed; or
+ * an operator's HSET). 0, or an error already said. */
 static int record_from_hash(route_sync *s, const char *name, const redisReply *hash, route_record *rec)
 {
-    int rc = record_from_entries(s, name, hash, rec);
-    if (rc != -ENOENT)
-        return rc;
     int n = (int)(hash->elements / 2);
     if (n > 64)
         n = 64;
@@ -834,13 +864,22 @@ static int record_from_hash(route_sync *s, const char *name, const redisReply *h
         values[i] = v->str;
         lens[i] = v->len;
     }
-    memset(rec, 0, sizeof(*rec));
-    snprintf(rec->name, sizeof(rec->name), "%s", name);
+    route_record plain;
+    memset(&plain, 0, sizeof(plain));
+    snprintf(plain.name, sizeof(plain.name), "%s", name);
     char perr[200];
-    if (route_record_from_fields(rec, names, values, lens, n, perr, sizeof(perr))) {
+    int prc = route_record_from_fields(&plain, names, values, lens, n, perr, sizeof(perr));
+    bool last_writer;
+    int rc = record_from_entries(s, name, hash, prc ? -1 : plain.updated_ms, &last_writer, rec);
+    if (rc == 0 && (last_writer || prc))
+        return 0;
+    if (rc != 0 && rc != -ENOENT)
+        return rc;
+    if (prc) {
         set_err(s, "region %s: %s", name, perr);
         return -EINVAL;
     }
+    *rec = plain;
     rec->instances = 1;
     return 0;
 }

@@ -8,9 +8,9 @@
  * unchanged; when taken, it passes route_record_check, and encoded and
  * decoded gives the same entry again. The taken ones merge into a record that passes
  * route_record_check and goes into a routing table, whose counts are
- * within the entries', and whose models and tags are among the first
- * healthy entry's. Violations are __builtin_trap so the fuzzer keeps
- * them. */
+ * within the entries', and whose models, tags and endpoint are the lead's
+ * (the first healthy entry with an endpoint, else the first healthy one). Violations are __builtin_trap so
+ * the fuzzer keeps them. */
 #define _GNU_SOURCE
 #include "routing/instance.h"
 
@@ -40,6 +40,17 @@ static bool has(const char *items, size_t stride, int n, const char *s)
         if (!strcmp(items + (size_t)i * stride, s))
             return true;
     return false;
+}
+
+static int used_lead(const route_record *inst, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (inst[i].healthy && inst[i].endpoint[0])
+            return i;
+    for (int i = 0; i < n; i++)
+        if (inst[i].healthy)
+            return i;
+    return n;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -78,15 +89,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(route_instances_merge(inst, n, &m) == 0);
     char err[256];
     FUZZ_CHECK(route_record_check(&m, err, sizeof(err)) == 0);
-    int lead = 0, used = n < ROUTE_MAX_INSTANCES ? n : ROUTE_MAX_INSTANCES;
-    while (lead < used && !inst[lead].healthy)
-        lead++;
+    /* the first healthy entry with an endpoint, else the first healthy one */
+    int lead = used_lead(inst, n < ROUTE_MAX_INSTANCES ? n : ROUTE_MAX_INSTANCES),
+        used = n < ROUTE_MAX_INSTANCES ? n : ROUTE_MAX_INSTANCES;
     FUZZ_CHECK(m.instances >= 1 && m.instances <= used);
     FUZZ_CHECK(m.healthy == (lead < used));
     if (lead < used) {
+        /* the entries' totals, or with per-model load their models' */
         long long cap = 0;
-        for (int i = 0; i < used; i++)
-            cap += inst[i].capacity;
+        for (int i = 0; i < used; i++) {
+            long long per_model = 0;
+            for (int j = 0; j < inst[i].n_load; j++)
+                per_model += inst[i].load[j].capacity;
+            cap += inst[i].capacity > per_model ? inst[i].capacity : per_model;
+        }
         FUZZ_CHECK(m.capacity <= cap);
         for (int i = 0; i < m.n_models; i++)
             FUZZ_CHECK(has(inst[lead].models[0], sizeof(m.models[0]), inst[lead].n_models, m.models[i]));

@@ -178,6 +178,42 @@ static void test_merge_health_and_endpoint(void **state)
     assert_int_equal(m.updated_ms, 5000);
 
     assert_int_equal(route_instances_merge(in, 0, &m), -ENOENT);
+
+    /* A healthy entry with no endpoint for peers (region.endpoint is
+     * optional) does not take the region's away from the others. */
+    for (int i = 0; i < 4; i++)
+        in[i].healthy = true;
+    in[0].endpoint[0] = '\0';
+    assert_int_equal(route_instances_merge(in, 4, &m), 0);
+    assert_string_equal(m.endpoint, "tls:10.0.0.5:8443");
+    assert_int_equal(m.instances, 2);
+    assert_int_equal(m.capacity, 10);
+}
+
+/* The newest stamp stands still while an entry whose clock is ahead is
+ * there; the version moves with any entry's, so the region stays news. */
+static void test_merge_version(void **state)
+{
+    route_record in[2] = {entry("tiny", "eu", 8, 20), entry("tiny", "eu", 8, 20)};
+    in[0].updated_ms = 9000; /* stopped, its clock ahead */
+    in[1].updated_ms = 1000;
+    route_record a, b;
+    assert_int_equal(route_instances_merge(in, 2, &a), 0);
+    in[1].updated_ms = 1200;
+    assert_int_equal(route_instances_merge(in, 2, &b), 0);
+    assert_int_equal(a.updated_ms, 9000);
+    assert_int_equal(b.updated_ms, 9000);
+    assert_true(a.version != b.version);
+    route_table_opts o = {
+        .stale_after_ms = 3000, .eject_after = 3, .eject_base_ms = 1000, .eject_max_ms = 8000};
+    route_table *t = route_table_new(&o, 4);
+    assert_non_null(t);
+    assert_int_equal(route_table_upsert(t, &a, false, 0), 0);
+    assert_int_equal(route_table_upsert(t, &b, false, 2500), 0);
+    assert_true(route_region_fresh(t, route_table_find(t, "eu-west"), 4000));
+    assert_int_equal(route_table_upsert(t, &b, false, 4000), 0); /* the same again: no news */
+    assert_false(route_region_fresh(t, route_table_find(t, "eu-west"), 6000));
+    route_table_free(t);
 }
 
 static void test_merge_models_and_load(void **state)
@@ -205,6 +241,10 @@ static void test_merge_models_and_load(void **state)
     assert_int_equal(m.load[1].capacity, 4);
     assert_int_equal(m.load[1].queued, 3);
     assert_true(m.load[1].ttft_ms == 30 && m.load[1].tpot_ms == 3);
+    /* the totals count the merged models' workers: b's are no room for them */
+    assert_int_equal(m.capacity, 10);
+    assert_int_equal(m.running, 4);
+    assert_int_equal(m.queued, 3);
     char err[200];
     assert_int_equal(route_record_check(&m, err, sizeof(err)), 0);
 
@@ -240,6 +280,7 @@ int main(void)
         cmocka_unit_test(test_merge_health_and_endpoint),
         cmocka_unit_test(test_merge_models_and_load),
         cmocka_unit_test(test_merge_bounds),
+        cmocka_unit_test(test_merge_version),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -281,6 +281,57 @@ static void gw_stop(gateway *g)
     g->table = NULL;
 }
 
+/* Writes to Redis on a timer of the test's loop, as a gateway of another
+ * kind would: fields (printf-style, %lld the wall clock in ms; NULL: an
+ * entry of a form this version cannot read) to a key, then PEXPIRE and
+ * PUBLISH. */
+typedef struct writer {
+    struct event *ev;
+    const char *key, *fields, *region;
+} writer;
+
+static void on_writer(evutil_socket_t fd, short what, void *arg)
+{
+    writer *w = arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    char cmd[2048];
+    if (w->fields) { /* the fields are arguments of their own: the whole line is the format */
+        char fields[1536];
+        snprintf(fields, sizeof(fields), w->fields, now);
+        snprintf(cmd, sizeof(cmd), "HSET %s %s", w->key, fields);
+        freeReplyObject(rc_command(cmd));
+    } else { /* an entry of 70 lines */
+        size_t at = 0;
+        for (int i = 0; i < 70; i++)
+            at += (size_t)snprintf(cmd + at, sizeof(cmd) - at, "x%d=%lld\n", i, now);
+        freeReplyObject(rc_command("HSET %s instance:00000000000000ff %b", w->key, cmd, at));
+    }
+    freeReplyObject(rc_command("PEXPIRE %s 600", w->key));
+    freeReplyObject(rc_command("PUBLISH infergate:" CLUSTER ":events %s", w->region));
+}
+
+static void writer_start(writer *w, const char *key, const char *fields, const char *region)
+{
+    w->key = key;
+    w->fields = fields;
+    w->region = region;
+    w->ev = event_new(base, -1, EV_PERSIST, on_writer, w);
+    struct timeval tv = {0, 200000};
+    event_add(w->ev, &tv);
+}
+
+static void writer_stop(writer *w)
+{
+    if (w->ev)
+        event_free(w->ev);
+    w->ev = NULL;
+}
+
+/* Static, so that teardown stops them when a test fails. */
+static writer w_old, w_entry;
+
 static int setup(void **state)
 {
     if (!redis_pid && redis_start())
@@ -295,6 +346,8 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    writer_stop(&w_old);
+    writer_stop(&w_entry);
     gw_stop(&ga);
     gw_stop(&gb);
     if (redis_pid) {
@@ -849,6 +902,82 @@ static void test_shared_region_name(void **state)
     assert_true(merged_eu()->rec.healthy);
 }
 
+static bool eu_has_two_entries(void)
+{
+    return eu_hash_len() == ROUTE_N_FIELDS + 2;
+}
+
+/* A Redis that stood still for longer than a TTL: when it is back, nobody's
+ * silence is known, and no gateway removes a live one's entry. Nor one
+ * whose entry it cannot read but sees being written. */
+static void test_shared_name_faults(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    start_pair(&o);
+    gateway gc;
+    memset(&gc, 0, sizeof(gc));
+    gw_start(&gc, &o, "eu-west", "eu", 3.0, 6.0);
+    WAIT_UNTIL(eu_has_two_entries() && merged_eu() && merged_eu()->rec.instances == 2);
+
+    assert_int_equal(kill(redis_pid, SIGSTOP), 0);
+    run_for(1000); /* the TTL is 600 ms */
+    assert_int_equal(kill(redis_pid, SIGCONT), 0);
+    WAIT_UNTIL(route_sync_connected(ga.sync) && route_sync_connected(gc.sync));
+    for (int i = 0; i < 30; i++) { /* five TTLs */
+        run_for(100);
+        if (!eu_has_two_entries())
+            fail_msg("a live gateway's entry was removed after Redis came back (%lld fields)", eu_hash_len());
+    }
+    gw_stop(&gc);
+
+    /* An entry of a newer kind (more lines than this version reads), written on. */
+    writer_start(&w_entry, "infergate:" CLUSTER ":region:eu-west", NULL, "eu-west");
+    WAIT_UNTIL(rc_integer("HEXISTS %s instance:00000000000000ff", "infergate:" CLUSTER ":region:eu-west") ==
+               1);
+    for (int i = 0; i < 30; i++) {
+        run_for(100);
+        if (rc_integer("HEXISTS %s instance:00000000000000ff", "infergate:" CLUSTER ":region:eu-west") != 1)
+            fail_msg("an entry being written, though unreadable here, was removed");
+    }
+    writer_stop(&w_entry);
+    assert_true(merged_eu()->rec.healthy);
+}
+
+/* A region whose only writer left is a gateway from before entries: its
+ * plain fields are read, not the entry a newer gateway of the region left
+ * (nobody removes it: the old writer keeps the key alive). */
+static void test_shared_name_old_writer(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    start_pair(&o);
+    gateway gc;
+    memset(&gc, 0, sizeof(gc));
+    gw_start(&gc, &o, "ap-south", "ap", 1.0, 1.0);
+    WAIT_UNTIL(region(&gb, "ap-south") && region(&gb, "ap-south")->rec.instances == 1);
+    gc.rec.healthy = false; /* drained */
+    route_sync_set_local(gc.sync, &gc.rec);
+    WAIT_UNTIL(!region(&gb, "ap-south")->rec.healthy);
+    gw_stop(&gc);
+
+    writer_start(&w_old, "infergate:" CLUSTER ":region:ap-south",
+                 "endpoint tls:127.0.0.1:9200 models tiny tags ap price_in 1 price_out 1 gpu cpu capacity 5 "
+                 "running 0 queued 0 ttft_ms 1 tpot_ms 1 healthy 1 updated_ms %lld",
+                 "ap-south");
+    WAIT_UNTIL(region(&gb, "ap-south")->rec.healthy && region(&gb, "ap-south")->rec.capacity == 5);
+    for (int i = 0; i < 20; i++) {
+        run_for(100);
+        const route_region *r = region(&gb, "ap-south");
+        if (!r->rec.healthy || r->rec.capacity != 5 || !route_region_fresh(gb.table, r, route_clock_ms()))
+            fail_msg("ap-south, written by a gateway from before entries, read as %s, capacity %d%s",
+                     r->rec.healthy ? "healthy" : "unhealthy", r->rec.capacity,
+                     route_region_fresh(gb.table, r, route_clock_ms()) ? "" : ", stale");
+    }
+    assert_int_equal(rc_integer("HLEN %s", "infergate:" CLUSTER ":region:ap-south"), ROUTE_N_FIELDS + 1);
+    writer_stop(&w_old);
+}
+
 /* `infergate region set-price`, explicit flags and from a gateway config. */
 static void test_cli(void **state)
 {
@@ -963,6 +1092,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_redis_refuses_writes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconnect_backoff, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shared_region_name, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_name_faults, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_name_old_writer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_settings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
     };
