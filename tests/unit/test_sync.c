@@ -223,7 +223,7 @@ typedef struct gateway {
     route_record rec;
 } gateway;
 
-static gateway ga, gb;
+static gateway ga, gb, gc; /* gc: a third, for the tests of a shared region name */
 
 static void make_rec(route_record *r, const char *name, const char *tag, double pin, double pout)
 {
@@ -341,6 +341,7 @@ static int setup(void **state)
     freeReplyObject(r);
     memset(&ga, 0, sizeof(ga));
     memset(&gb, 0, sizeof(gb));
+    memset(&gc, 0, sizeof(gc));
     return ok ? 0 : -1;
 }
 
@@ -350,6 +351,7 @@ static int teardown(void **state)
     writer_stop(&w_entry);
     gw_stop(&ga);
     gw_stop(&gb);
+    gw_stop(&gc);
     if (redis_pid) {
         kill(redis_pid, SIGCONT);
         freeReplyObject(rc_command("REPLICAOF NO ONE"));          /* after test_redis_refuses_writes */
@@ -852,8 +854,6 @@ static void test_shared_region_name(void **state)
     WAIT_UNTIL(merged_eu() && merged_eu()->rec.instances == 1);
     assert_int_equal(eu_hash_len(), ROUTE_N_FIELDS + 1); /* the plain fields, and one entry */
 
-    gateway gc;
-    memset(&gc, 0, sizeof(gc));
     gw_start(&gc, &o, "eu-west", "eu", 3.0, 7.0);
     gc.rec.capacity = 24;
     gc.rec.running = 5;
@@ -902,6 +902,14 @@ static void test_shared_region_name(void **state)
     assert_true(merged_eu()->rec.healthy);
 }
 
+/* The pair, and gc under the name given. */
+static void start_three(route_sync_opts *o, const char *name, const char *tag)
+{
+    test_opts(o);
+    start_pair(o);
+    gw_start(&gc, o, name, tag, 3.0, 6.0);
+}
+
 static bool eu_has_two_entries(void)
 {
     return eu_hash_len() == ROUTE_N_FIELDS + 2;
@@ -913,11 +921,7 @@ static bool eu_has_two_entries(void)
 static void test_shared_name_faults(void **state)
 {
     route_sync_opts o;
-    test_opts(&o);
-    start_pair(&o);
-    gateway gc;
-    memset(&gc, 0, sizeof(gc));
-    gw_start(&gc, &o, "eu-west", "eu", 3.0, 6.0);
+    start_three(&o, "eu-west", "eu");
     WAIT_UNTIL(eu_has_two_entries() && merged_eu() && merged_eu()->rec.instances == 2);
 
     assert_int_equal(kill(redis_pid, SIGSTOP), 0);
@@ -950,11 +954,7 @@ static void test_shared_name_faults(void **state)
 static void test_shared_name_old_writer(void **state)
 {
     route_sync_opts o;
-    test_opts(&o);
-    start_pair(&o);
-    gateway gc;
-    memset(&gc, 0, sizeof(gc));
-    gw_start(&gc, &o, "ap-south", "ap", 1.0, 1.0);
+    start_three(&o, "ap-south", "ap");
     WAIT_UNTIL(region(&gb, "ap-south") && region(&gb, "ap-south")->rec.instances == 1);
     gc.rec.healthy = false; /* drained */
     route_sync_set_local(gc.sync, &gc.rec);
