@@ -560,9 +560,9 @@ static int req_send(sync_req *q, int argc, const char **argv, const size_t *lens
 }
 
 /* A command whose answer is folded into the EXEC that follows it. */
-static int send_plain(route_sync *s, int argc, const char **argv, const size_t *lens)
+static int send_plain(route_sync *s, int argc, const char **argv)
 {
-    if (!s->cmd.ac || redisAsyncCommandArgv(s->cmd.ac, NULL, NULL, argc, argv, lens) != REDIS_OK)
+    if (!s->cmd.ac || redisAsyncCommandArgv(s->cmd.ac, NULL, NULL, argc, argv, NULL) != REDIS_OK)
         return -ENOTCONN;
     return 0;
 }
@@ -639,19 +639,19 @@ static void write_local(route_sync *s, bool announce)
     const char *multi[] = {"MULTI"}, *hgetall[] = {"HGETALL", key}, *pexpire[] = {"PEXPIRE", key, ttl},
                *price[] = {"HGETALL", pkey}, *publish[] = {"PUBLISH", s->channel, q->rec.name},
                *exec[] = {"EXEC"};
-    int rc = send_plain(s, 1, multi, NULL);
+    int rc = send_plain(s, 1, multi);
     if (!rc)
-        rc = send_plain(s, 2, hgetall, NULL);
+        rc = send_plain(s, 2, hgetall);
     if (!rc)
-        rc = send_plain(s, 4 + 2 * ROUTE_N_FIELDS, hset, NULL);
+        rc = send_plain(s, 4 + 2 * ROUTE_N_FIELDS, hset);
     if (!rc && n_gone)
-        rc = send_plain(s, 2 + n_gone, hdel, NULL);
+        rc = send_plain(s, 2 + n_gone, hdel);
     if (!rc)
-        rc = send_plain(s, 3, pexpire, NULL);
+        rc = send_plain(s, 3, pexpire);
     if (!rc)
-        rc = send_plain(s, 2, price, NULL);
+        rc = send_plain(s, 2, price);
     if (!rc && announce)
-        rc = send_plain(s, 3, publish, NULL);
+        rc = send_plain(s, 3, publish);
     if (!rc)
         rc = req_send(q, 1, exec, NULL);
     free(f);
@@ -774,11 +774,11 @@ static int read_region(route_sync *s, const char *name)
     snprintf(key, sizeof(key), "%s%s", s->prefix_region, name);
     snprintf(pkey, sizeof(pkey), "%s%s", s->prefix_price, name);
     const char *multi[] = {"MULTI"}, *h1[] = {"HGETALL", key}, *h2[] = {"HGETALL", pkey}, *exec[] = {"EXEC"};
-    int rc = send_plain(s, 1, multi, NULL);
+    int rc = send_plain(s, 1, multi);
     if (!rc)
-        rc = send_plain(s, 2, h1, NULL);
+        rc = send_plain(s, 2, h1);
     if (!rc)
-        rc = send_plain(s, 2, h2, NULL);
+        rc = send_plain(s, 2, h2);
     if (!rc)
         rc = req_send(q, 1, exec, NULL);
     if (rc) {
@@ -847,22 +847,25 @@ out:
  * an operator's HSET). 0, or an error already said. */
 static int record_from_hash(route_sync *s, const char *name, const redisReply *hash, route_record *rec)
 {
-    int n = (int)(hash->elements / 2);
-    if (n > 64)
-        n = 64;
+    int n = 0;
     const char *names[64], *values[64];
     size_t lens[64];
+    char id[ROUTE_INSTANCE_ID_LEN + 1];
     /* route_record_from_fields wants NUL-terminated names; hiredis
-     * terminates every string it returns. */
-    for (int i = 0; i < n; i++) {
-        const redisReply *k = hash->element[2 * i], *v = hash->element[2 * i + 1];
+     * terminates every string it returns. The entries are not plain
+     * fields, and a hash past its small size keeps no order: they are
+     * passed over, not counted. */
+    for (size_t i = 0; i + 1 < hash->elements && n < 64; i += 2) {
+        const redisReply *k = hash->element[i], *v = hash->element[i + 1];
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) {
             set_err(s, "reading region %s: a field is not a string", name);
             return -EINVAL;
         }
-        names[i] = k->str;
-        values[i] = v->str;
-        lens[i] = v->len;
+        if (route_instance_field(k->str, k->len, id))
+            continue;
+        names[n] = k->str;
+        values[n] = v->str;
+        lens[n++] = v->len;
     }
     route_record plain;
     memset(&plain, 0, sizeof(plain));
