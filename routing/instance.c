@@ -1,6 +1,7 @@
 /* Several gateways under one region name (see instance.h): their entries
  * in the region's hash, and the merge readers make of them. */
 #include "routing/instance.h"
+#include "routing/route_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -147,11 +148,10 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
         n = ROUTE_MAX_INSTANCES;
     int lead = lead_of(inst, n);
     int64_t newest = 0;
-    uint64_t version = 14695981039346656037ull; /* FNV-1a over every entry's stamp */
+    uint64_t version = ROUTE__FNV_SEED; /* over every entry's stamp */
     for (int i = 0; i < n; i++) {
         newest = inst[i].updated_ms > newest ? inst[i].updated_ms : newest;
-        for (int b = 0; b < 64; b += 8)
-            version = (version ^ (uint64_t)((inst[i].updated_ms >> b) & 0xff)) * 1099511628211ull;
+        version = route__hash_bytes(version, &inst[i].updated_ms, sizeof(inst[i].updated_ms));
     }
     if (lead == n) {
         *out = inst[0];

@@ -1,10 +1,14 @@
 /* Routing internals shared by region.c (the table) and router.c (the
  * decision): the table's slot layout with what is precomputed at upsert so
- * that route_decide compares 64-bit hashes, not strings. */
+ * that route_decide compares 64-bit hashes, not strings; and the hash,
+ * which sync.c and instance.c use for their digests too. */
 #ifndef ROUTE_INTERNAL_H
 #define ROUTE_INTERNAL_H
 
 #include "routing/region.h"
+
+#include <stddef.h>
+#include <string.h>
 
 typedef struct route_slot {
     route_region r; /* first: a route_region * is a route_slot * */
@@ -44,13 +48,22 @@ static inline route_slot *route__slot(route_region *r)
 }
 
 /* FNV-1a: short names, no allocation, good enough spread for <= a few
- * thousand names; every hash match is confirmed with strcmp. */
+ * thousand names; every hash match is confirmed with strcmp. Also the
+ * digests of a region's entries (sync.c, instance.c), which are only ever
+ * compared with themselves: bytes continue a hash begun at ROUTE__FNV_SEED. */
+#define ROUTE__FNV_SEED 14695981039346656037ull
+
+static inline uint64_t route__hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
 static inline uint64_t route__hash(const char *s)
 {
-    uint64_t h = 14695981039346656037ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
+    return route__hash_bytes(ROUTE__FNV_SEED, s, strlen(s));
 }
 
 static inline uint64_t route__bloom_bit(uint64_t h)

@@ -40,6 +40,7 @@
 #define _GNU_SOURCE
 #include "routing/sync.h"
 #include "routing/instance.h"
+#include "routing/route_internal.h"
 
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
@@ -664,14 +665,6 @@ static void write_local(route_sync *s, bool announce)
     }
 }
 
-static uint64_t fnv1a(const char *p, size_t n)
-{
-    uint64_t h = 14695981039346656037ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
-    return h;
-}
-
 /* The other gateways' entries under our name, as our write found them
  * (before its HDEL: what it removed is forgotten). An entry counts as
  * written whenever its bytes change, read or not (one a newer gateway
@@ -698,7 +691,7 @@ static void track_siblings(route_sync *s, const sync_req *q, const redisReply *h
             removed |= !strcmp(q->gone[j], e->id);
         if (removed)
             continue;
-        e->digest = fnv1a(v->str, v->len);
+        e->digest = route__hash_bytes(ROUTE__FNV_SEED, v->str, v->len);
         e->changed_ms = now;
         for (int j = 0; j < s->n_sib && !gap; j++)
             if (!strcmp(s->sib[j].id, e->id) && s->sib[j].digest == e->digest)
