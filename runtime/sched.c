@@ -331,8 +331,16 @@ static bool take_cancel(uint64_t *ids, int n, uint64_t id)
     return false;
 }
 
-/* Moves new requests in, applies cancellations, drops the waiting
- * requests whose deadline has passed. */
+/* Nothing sent yet (a request preempted in its prefill, or still
+ * prefilling, included) and its deadline passed. */
+static bool past_deadline(const sreq *r, int64_t now)
+{
+    return r->n_gen == 0 && r->deadline_ms && now > r->deadline_ms;
+}
+
+/* Moves new requests in, applies cancellations, drops the requests whose
+ * deadline passed before their first token, waiting or prefilling: a long
+ * prompt's prefill runs for many steps. */
 static void intake(rt_sched *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -348,13 +356,18 @@ static void intake(rt_sched *s)
     s->n_cancels = s->cap_cancels = 0;
     pthread_mutex_unlock(&s->mu);
 
-    for (int i = 0; i < s->n_running; i++)
-        if (n_cancels && take_cancel(ids, n_cancels, s->running[i]->id)) {
-            finish_error(s, s->running[i], -ECANCELED);
+    int64_t now = rt_sched_epoch_ms();
+    for (int i = 0; i < s->n_running; i++) {
+        sreq *q = s->running[i];
+        const int err = n_cancels && take_cancel(ids, n_cancels, q->id) ? -ECANCELED
+                        : past_deadline(q, now)                         ? -ETIMEDOUT
+                                                                        : 0;
+        if (err) {
+            finish_error(s, q, err);
             s->running[i] = NULL;
         }
+    }
     compact_running(s);
-    int64_t now = rt_sched_epoch_ms();
     int dropped[2] = {0, 0};
     for (int p = 0; p < 2; p++) {
         queue keep = {0};
@@ -362,8 +375,7 @@ static void intake(rt_sched *s)
             if (n_cancels && take_cancel(ids, n_cancels, r->id)) {
                 finish_error(s, r, -ECANCELED);
                 dropped[p]++;
-            } else if (r->n_gen == 0 && r->deadline_ms && now > r->deadline_ms) {
-                /* nothing sent yet, a request preempted in its prefill included */
+            } else if (past_deadline(r, now)) {
                 finish_error(s, r, -ETIMEDOUT);
                 dropped[p]++;
             } else {

@@ -110,8 +110,8 @@ void rt_sched_free(rt_sched *s);
  * come. */
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id);
 /* The clock of deadline_ms (epoch milliseconds): a request is dropped
- * once it reads past its deadline before its first token (a request
- * preempted while its prompt was prefilled included). */
+ * once it reads past its deadline before its first token, whether it is
+ * waiting, prefilling its prompt, or preempted while it was. */
 int64_t rt_sched_epoch_ms(void);
 /* How many more requests of priority p rt_sched_submit would take now
  * (slots free plus room in p's queue); 0 when it would answer -EAGAIN. */

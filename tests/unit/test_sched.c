@@ -486,6 +486,53 @@ static void test_deadline_after_preemption(void **state)
     rt_sched_free(s);
 }
 
+/* A request still prefilling its prompt when its deadline passes has sent
+ * nothing either: it is dropped at the next step, not computed on for the
+ * many steps a long prompt takes. Two slots, 8 tokens a step: request 1's
+ * 490-token prompt is two chunks in when the gate holds past its deadline. */
+static void test_deadline_during_prefill(void **state)
+{
+    max_batch_tokens = 8;
+    rt_sched *s = sched_new(2, 4, 0);
+    assert_int_equal(submit(s, GATE, 4, 300, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(true, 0));
+    int32_t prompt[490];
+    for (int i = 0; i < 490; i++)
+        prompt[i] = 1 + (7 * i) % 500;
+    rt_sched_req r = {.prompt = prompt,
+                      .n_prompt = 490,
+                      .max_tokens = 2,
+                      .ignore_eos = true,
+                      .priority = RT_PRIO_INTERACTIVE,
+                      .cb = on_event,
+                      .user = (void *)(intptr_t)1,
+                      .deadline_ms = rt_sched_epoch_ms() + 400};
+    rt_sampler_params_default(&r.sampling);
+    uint64_t id;
+    assert_int_equal(rt_sched_submit(s, &r, &id), 0);
+    gate_again(3); /* request 1 admitted, two chunks of its prompt done */
+    assert_true(wait_seen(true, 0));
+    usleep(800 * 1000);
+    open_gate();
+    assert_true(wait_seen(false, 1));
+    assert_int_equal(seen.order[0], 1);
+    assert_string_equal(seen.reason[0], "error");
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.preemptions, 0);
+    /* every block went back: the stats are published after the step */
+    assert_true(wait_seen(false, 2));
+    for (int i = 0; i < 200; i++) {
+        rt_sched_get_stats(s, &st);
+        if (st.running == 0 && st.kv_blocks_free == st.kv_blocks_total)
+            break;
+        usleep(10 * 1000);
+    }
+    assert_int_equal(st.running, 0);
+    assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+    rt_sched_free(s);
+}
+
 /* Sampling parameters are checked at submission (the sampler itself is
  * made at admission): a bias on a token past the vocabulary is -EINVAL
  * there, and no event comes. */
@@ -522,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_bad_sampling_refused),
         cmocka_unit_test(test_preempted_batch_stays_behind),
         cmocka_unit_test(test_deadline_after_preemption),
+        cmocka_unit_test(test_deadline_during_prefill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
