@@ -4,8 +4,9 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
-int gw_lp_add(gw_lp_list *l, int32_t token, const rt_token_logprobs *lp)
+int gw_lp_add(gw_lp_list *l, int index, int32_t token, const rt_token_logprobs *lp)
 {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 16;
@@ -15,8 +16,22 @@ int gw_lp_add(gw_lp_list *l, int32_t token, const rt_token_logprobs *lp)
         l->v = v;
         l->cap = cap;
     }
-    l->v[l->n++] = (gw_lp_item){token, *lp};
+    l->v[l->n++] = (gw_lp_item){index, token, *lp};
     return 0;
+}
+
+int gw_lp_ready(const gw_lp_list *l, int upto)
+{
+    int n = 0;
+    while (n < l->n && l->v[n].index <= upto)
+        n++;
+    return n;
+}
+
+void gw_lp_drop(gw_lp_list *l, int n)
+{
+    memmove(l->v, l->v + n, (size_t)(l->n - n) * sizeof(*l->v));
+    l->n -= n;
 }
 
 static rt_oai_token_lp token_lp(const rt_tokenizer *tok, int32_t id, float logprob)
@@ -26,17 +41,17 @@ static rt_oai_token_lp token_lp(const rt_tokenizer *tok, int32_t id, float logpr
     return (rt_oai_token_lp){text ? text : "", text ? len : 0, logprob};
 }
 
-rt_oai_logprob *gw_lp_render(const gw_lp_list *l, const rt_tokenizer *tok, bool *oom)
+rt_oai_logprob *gw_lp_render(const gw_lp_list *l, int n, const rt_tokenizer *tok, bool *oom)
 {
     *oom = false;
-    if (l->n == 0)
+    if (n == 0)
         return NULL;
-    rt_oai_logprob *out = malloc((size_t)l->n * sizeof(*out));
+    rt_oai_logprob *out = malloc((size_t)n * sizeof(*out));
     if (!out) {
         *oom = true;
         return NULL;
     }
-    for (int i = 0; i < l->n; i++) {
+    for (int i = 0; i < n; i++) {
         const gw_lp_item *it = &l->v[i];
         out[i].tok = token_lp(tok, it->token, it->lp.logprob);
         out[i].n_top = it->lp.n_top; /* rt_logprobs keeps it within RT_OAI_MAX_TOP_LOGPROBS */

@@ -49,7 +49,8 @@ struct wreq {
     bool ended;            /* answered or reset early: later events are dropped */
     atomic_bool text_lost; /* the compute thread could not queue a TEXT event */
     bool chat, stream_mode, include_usage, logprobs;
-    gw_lp_list lp; /* log-probabilities of tokens whose text has not gone out */
+    gw_lp_list lp; /* log-probabilities not yet sent */
+    int lp_ready;  /* the last event's: lp's entries of tokens 1..lp_ready may go */
     char cid[40];
     long created;
     char *text; /* non-streamed: the whole completion */
@@ -278,18 +279,18 @@ static rt_oai_head head_of(const wreq *r)
 }
 
 /* A chunk with text, or the last one, takes the log-probabilities of the
- * tokens not yet sent. */
+ * tokens whose text has begun to go out and not yet sent. */
 static bool write_chunk(wreq *r, bool first, const char *text, size_t len, const char *finish,
                         const rt_oai_usage *usage)
 {
     size_t n = 0;
     const rt_oai_head h = head_of(r);
     bool oom = false;
-    rt_oai_logprob *lp =
-        r->logprobs && !usage && (len || finish) ? gw_lp_render(&r->lp, r->w->tok, &oom) : NULL;
-    char *ev = oom ? NULL : rt_oai_chunk_sse(&h, first, text, len, finish, usage, lp, lp ? r->lp.n : 0, &n);
+    const int n_lp = r->logprobs && !usage && (len || finish) ? gw_lp_ready(&r->lp, r->lp_ready) : 0;
+    rt_oai_logprob *lp = gw_lp_render(&r->lp, n_lp, r->w->tok, &oom);
+    char *ev = oom ? NULL : rt_oai_chunk_sse(&h, first, text, len, finish, usage, lp, lp ? n_lp : 0, &n);
     if (lp)
-        r->lp.n = 0;
+        gw_lp_drop(&r->lp, n_lp);
     free(lp);
     return write_sse(r, ev, n);
 }
@@ -404,15 +405,15 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
     }
     /* An end-of-generation token is no part of the answer. */
     if (ev->logprobs && !rt_tokenizer_is_eog(w->tok, ev->token) &&
-        gw_lp_add(&r->lp, ev->token, ev->logprobs)) {
+        gw_lp_add(&r->lp, ev->completion_tokens, ev->token, ev->logprobs)) {
         gw_http_reset(r->stream);
         rt_sched_cancel(w->sched, r->id);
         return;
     }
-    /* Tokens wholly within a matched stop string: not yet sent, as the
-     * text they make was held back (a streamed one may have gone out with
-     * text before the match, from a held tail that then proved no stop). */
-    r->lp.n -= ev->stop_tokens < r->lp.n ? ev->stop_tokens : r->lp.n;
+    /* Entries past it are of text held back: a streamed chunk takes them
+     * only once their text begins to go out, and at the end those of a
+     * matched stop string's tokens are never sent. */
+    r->lp_ready = ev->lp_ready;
     if (r->stream_mode) {
         handle_stream_event(r, ev);
         return;
@@ -426,11 +427,12 @@ static void handle_event(wreq *r, const rt_sched_event *ev)
         rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
         const rt_oai_head h = head_of(r);
         bool oom = false;
-        rt_oai_logprob *lp = gw_lp_render(&r->lp, w->tok, &oom);
+        const int n_lp = gw_lp_ready(&r->lp, r->lp_ready);
+        rt_oai_logprob *lp = gw_lp_render(&r->lp, n_lp, w->tok, &oom);
         respond_json(r->stream, 200,
                      oom ? NULL
                          : rt_oai_response_json(&h, r->text ? r->text : "", r->text_len, ev->finish_reason,
-                                                &u, lp, lp ? r->lp.n : 0));
+                                                &u, lp, lp ? n_lp : 0));
         free(lp);
     }
 }

@@ -39,6 +39,10 @@ struct sreq {
     int top_logprobs;     /* with lp_row: how many of the likeliest to report */
     float *lp_row;        /* log-probabilities asked for: the step's raw logits, kept from the sampler */
     rt_token_logprobs lp; /* the last token's */
+    /* with lp_row: generated tokens whose text has begun to go out, the
+     * byte where the next one's begins, and the bytes gone out */
+    int lp_ready;
+    size_t lp_ready_at, text_out;
     bool ignore_eos, cancelled;
     /* Time spent waiting is what ages a batch request (aged): t_queued is
      * when it last joined a waiting queue, waited_s its time in them
@@ -677,8 +681,6 @@ static void sample_item(void *arg, int i)
         rt_logprobs(r->lp_row, s->n_vocab, s->sampled[i], r->top_logprobs, &r->lp);
 }
 
-/* Reports r's next token t. Returns true when r has finished (and has been
- * reported and freed). */
 /* The last tokens of r whose text lies wholly in the stop string that
  * matched: walking back, while the text of the tokens walked over fits in
  * the bytes fed from the match on. A token the match begins inside of keeps
@@ -698,6 +700,24 @@ static int stop_tokens(const rt_sched *s, const sreq *r)
     return k;
 }
 
+/* The event's lp_ready (see rt_sched_event), now that `out` more bytes of
+ * r's text go out. */
+static int lp_ready(const rt_sched *s, sreq *r, size_t out, bool done, bool matched)
+{
+    if (done)
+        return r->n_gen - (matched ? stop_tokens(s, r) : 0);
+    r->text_out += out;
+    const int32_t *gen = r->tokens + r->n_tokens - r->n_gen;
+    while (r->lp_ready < r->n_gen && r->lp_ready_at < r->text_out) {
+        size_t n = 0;
+        const char *piece = rt_tokenizer_piece(s->tok, gen[r->lp_ready++], &n);
+        r->lp_ready_at += piece ? n : 0;
+    }
+    return r->lp_ready;
+}
+
+/* Reports r's next token t. Returns true when r has finished (and has been
+ * reported and freed). */
 static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
 {
     rt_sampler_accept(r->smp, t);
@@ -732,7 +752,7 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
                          .text_len = len,
                          .token = t,
                          .finish_reason = reason,
-                         .stop_tokens = matched ? stop_tokens(s, r) : 0,
+                         .lp_ready = r->lp_row ? lp_ready(s, r, len, reason != NULL, matched) : 0,
                          .logprobs = r->lp_row ? &r->lp : NULL};
     emit(r, &ev);
     if (reason) {

@@ -72,10 +72,13 @@ typedef struct rt_sched_event {
     const rt_token_logprobs *logprobs;
     const char *finish_reason; /* RT_EV_DONE */
     int prompt_tokens, completion_tokens;
-    /* DONE on a stop string: how many of the last tokens lie wholly within
-     * it. They count as generated, but their text is not in the answer, so
-     * neither are their log-probabilities. */
-    int stop_tokens;
+    /* With log-probabilities: how many of the generated tokens, from the
+     * first, may have theirs sent now. On TEXT, those whose text has begun
+     * to go out: a token wholly in the held-back tail may yet prove part of
+     * a stop string. On DONE, all but the last tokens lying wholly within
+     * the stop string that matched: they count as generated, but their
+     * text is not in the answer, so neither are their log-probabilities. */
+    int lp_ready;
     int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the first token, -ECANCELED, -ENOMEM,
                 * -ENOTRECOVERABLE (the device is lost), -EIO */
 } rt_sched_event;

@@ -143,6 +143,45 @@ else:
            for e in c["logprobs"]["content"]]
     t.ok(done and got == pieces[:cut], "streamed, the same: %d entries" % len(got))
 
+# A stop string whose start the text before it also ends in: that start is
+# held back, and goes out when the stop's first token proves it no stop,
+# while that token's own text is held in its turn. Its log-probability
+# waits with its text, and is dropped with it at the match: streamed or
+# not, the entries are the tokens' before the stop. Looked for among
+# seeded answers (temperature 1).
+def releases_held_text(pieces, i):
+    """Whether, stopping on pieces[i] + pieces[i + 1] (where it first
+    occurs), pieces[i] releases text before it that was held back."""
+    stop, before = pieces[i] + pieces[i + 1], b"".join(pieces[:i])
+    def hold(buf):  # the longest end of buf that begins the stop
+        return next((h for h in range(len(stop) - 1, 0, -1) if buf.endswith(stop[:h])), 0)
+    return (stop.isascii() and stop.strip() and b"".join(pieces).find(stop) == len(before)
+            and 0 < hold(before) and hold(before + pieces[i]) < hold(before) + len(pieces[i]))
+seeded = {"model": "m", "messages": [{"role": "user", "content": "z"}], "max_tokens": 40, "temperature": 1,
+          "logprobs": True}
+case = None
+for seed in range(1, 81):
+    s, _, b = post("/v1/chat/completions", dict(seeded, seed=seed))
+    ps = [bytes(e["bytes"]) for e in json.loads(b)["choices"][0]["logprobs"]["content"]] if s == 200 else []
+    cut = next((i for i in range(1, len(ps) - 1) if releases_held_text(ps, i)), None)
+    if cut is not None:
+        case = (seed, ps, cut)
+        break
+if case is None:
+    t.ok(False, "a stop string whose start ends the text before it: none in 80 seeded answers")
+else:
+    seed, ps, cut = case
+    stop_req = dict(seeded, seed=seed, stop=[(ps[cut] + ps[cut + 1]).decode()])
+    s, _, b = post("/v1/chat/completions", stop_req)
+    whole = [bytes(e["bytes"]) for e in json.loads(b)["choices"][0]["logprobs"]["content"]] if s == 200 else None
+    s, _, b = post("/v1/chat/completions", dict(stop_req, stream=True))
+    events, done = sse_events(b) if s == 200 else ([], False)
+    got = [bytes(e["bytes"]) for ev in events for c in ev["choices"] if c.get("logprobs")
+           for e in c["logprobs"]["content"]]
+    t.ok(done and whole == ps[:cut] and got == ps[:cut],
+         "a held-back start of the stop, released: the same logprobs streamed (%d) and not (%s), %d expected "
+         "(seed %d, stop %r)" % (len(got), None if whole is None else len(whole), cut, seed, stop_req["stop"][0]))
+
 # --- a completion's prompt reads the special tokens written in it ---
 def prompt_tokens(prompt):
     s, _, b = post("/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0})
