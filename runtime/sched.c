@@ -801,7 +801,6 @@ static void publish_stats(rt_sched *s)
     rt_sched_stats *st = &s->stats;
     st->running = s->n_running;
     st->kv_blocks_free = rt_kv_blocks_free(s->kv);
-    st->steps++;
     if (now - s->rate_t0 >= 1.0) {
         st->tokens_per_s = (double)(st->tokens_generated - s->rate_tokens0) / (now - s->rate_t0);
         s->rate_t0 = now;
