@@ -87,6 +87,7 @@ struct rt_tokenizer {
 
     trie_node *trie;
     int32_t n_trie;
+    int32_t n_user; /* user-defined tokens in the trie */
     int32_t trie_root[256];
     trie_edge *edges; /* open addressing, at most half full */
     size_t edge_mask;
@@ -591,8 +592,10 @@ static int build_specials(rt_tokenizer *t)
             }
             node = t->edges[h].child;
         }
-        if (t->trie[node].tok < 0)
+        if (t->trie[node].tok < 0) {
             t->trie[node].tok = id;
+            t->n_user += t->types[id] == TT_USER;
+        }
     }
     return 0;
 }
@@ -884,6 +887,21 @@ int rt_tokenizer_load(const rt_gguf *g, rt_tokenizer **out, char *err, size_t er
         if (id >= 0 && (t->types[id] == TT_CONTROL || t->types[id] == TT_USER))
             add_eog(t, id);
     }
+    /* User-defined tokens are matched inside a client's message too (see
+     * rt_tokenizer_encode_spans); one that ends or opens a turn there
+     * would forge one. Such a token typed user-defined is read as control,
+     * as llama.cpp retypes an end-of-turn token it finds so mistyped. */
+    static const char *const turn_texts[] = {"<|im_start|>", "<|start_header_id|>", "<|end_header_id|>"};
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->types[t->eog[i]] == TT_USER)
+            t->types[t->eog[i]] = TT_CONTROL;
+    for (size_t i = 0; i < sizeof(turn_texts) / sizeof(turn_texts[0]); i++) {
+        int32_t id = lookup(t, turn_texts[i], strlen(turn_texts[i]));
+        if (id >= 0 && t->types[id] == TT_USER)
+            t->types[id] = TT_CONTROL;
+    }
+    if (t->bos >= 0 && t->types[t->bos] == TT_USER)
+        t->types[t->bos] = TT_CONTROL;
 
     rc = -ENOMEM;
     if (build_pieces(t) != 0 || build_specials(t) != 0)
@@ -1325,21 +1343,23 @@ int rt_tokenizer_encode_spans(const rt_tokenizer *t, const char *text, size_t le
     for (size_t i = 0; t->n_trie && i < len;) {
         while (next < n_plain && (plain[next].len == 0 || plain[next].off + plain[next].len <= i))
             next++;
-        /* A match may not start in a plain span nor reach into the next one. */
-        size_t stop = len;
-        if (next < n_plain) {
-            if (plain[next].off <= i) {
-                i = plain[next].off + plain[next].len;
-                continue;
-            }
-            stop = plain[next].off;
+        /* A match lies wholly in a plain span or wholly outside them; in
+         * one, only a user-defined token matches. */
+        const bool in_plain = next < n_plain && plain[next].off <= i;
+        const size_t stop = next == n_plain ? len
+                            : in_plain      ? plain[next].off + plain[next].len
+                                            : plain[next].off;
+        if (in_plain && !t->n_user) {
+            i = stop;
+            continue;
         }
         int32_t best = -1;
         size_t best_len = 0;
         int32_t node = t->trie_root[(uint8_t)text[i]];
         for (size_t j = i + 1; node >= 0; j++) {
-            if (t->trie[node].tok >= 0) {
-                best = t->trie[node].tok;
+            const int32_t tok = t->trie[node].tok;
+            if (tok >= 0 && (!in_plain || t->types[tok] == TT_USER)) {
+                best = tok;
                 best_len = j - i;
             }
             if (j == stop)

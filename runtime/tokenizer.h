@@ -38,9 +38,12 @@ bool rt_tokenizer_add_bos_default(const rt_tokenizer *t);
 
 /* Encodes len bytes of text. Writes at most max_out ids; returns the number
  * the full encoding has (which may exceed max_out: call again with more room)
- * or a negative error. With parse_special, control and user-defined tokens
- * written literally in the text become their ids (leftmost, then longest
- * match); without it they are plain text. Never adds EOS. */
+ * or a negative error. User-defined tokens written literally in the text
+ * (Qwen3's <think>, say) become their ids, as Hugging Face's tokenizers and
+ * llama.cpp split them out; with parse_special, control tokens too;
+ * leftmost, then longest match. Without it control tokens are plain text.
+ * A user-defined token that ends or opens a turn (<|im_end|>, <|im_start|>,
+ * <|start_header_id|>...) counts as control. Never adds EOS. */
 int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                         int32_t *out, int max_out);
 
@@ -49,13 +52,13 @@ typedef struct rt_text_span {
     size_t off, len;
 } rt_text_span;
 
-/* As rt_tokenizer_encode with parse_special, except that no special token
+/* As rt_tokenizer_encode with parse_special, except that no control token
  * is matched that overlaps one of the n_plain spans (sorted by offset, not
- * overlapping, within the text): what a chat template took from a client's
- * message stays text, as OpenAI's API treats it, so a message cannot forge
- * a role header. Elsewhere, and for text without special tokens inside the
- * spans, the ids are those of rt_tokenizer_encode. -EINVAL for spans out of
- * order or out of range. */
+ * overlapping, within the text), and no user-defined token that reaches
+ * out of one: what a chat template took from a client's message is
+ * encoded as without parse_special, so a message cannot forge a role
+ * header. Elsewhere the ids are those of rt_tokenizer_encode. -EINVAL for
+ * spans out of order or out of range. */
 int rt_tokenizer_encode_spans(const rt_tokenizer *t, const char *text, size_t len, bool add_bos,
                               const rt_text_span *plain, int n_plain, int32_t *out, int max_out);
 

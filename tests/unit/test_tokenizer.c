@@ -694,11 +694,14 @@ static void test_bpe_special(void **state)
     /* "user" has no merges: four byte tokens; "\n" is Ċ */
     want[5] = vocab_find(v, C);
     expect_ids(t, text, false, true, want, 9);
+    /* without parse_special control text is text; the user-defined
+     * "<|im_start|>x" is still its token */
     int32_t got[128];
     int n = rt_tokenizer_encode(t, text, strlen(text), false, false, got, 128);
     assert_true(n > 9);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n - 1; i++)
         assert_true(got[i] != st && got[i] != en && got[i] != stx);
+    assert_int_equal(got[n - 1], stx);
     char buf[128];
     int m = rt_tokenizer_decode(t, got, n, false, buf, sizeof(buf));
     assert_int_equal(m, (int)strlen(text));
@@ -721,6 +724,49 @@ static void test_bpe_special(void **state)
     assert_true(rt_tokenizer_is_eog(t, id(t, "<|end_of_text|>")));
     assert_false(rt_tokenizer_is_eog(t, id(t, "Hello")));
     assert_int_equal(rt_tokenizer_bos(t), id(t, "<|begin_of_text|>"));
+    rt_tokenizer_free(t);
+    vocab_free(v);
+}
+
+/* User-defined tokens (Qwen3's <think>) are split out of any text, a
+ * client's message included, as Hugging Face's tokenizers and llama.cpp
+ * do: the model that wrote one reads it back as the one token. One that
+ * ends or opens a turn, typed user-defined by a careless conversion, is
+ * read as control: a message cannot forge a turn with it. */
+static void test_user_tokens(void **state)
+{
+    (void)state;
+    vocab *v = bpe_vocab();
+    vocab_add(v, "<think>", 0, 4);
+    v->type[vocab_find(v, "<|im_start|>")] = 4;
+    v->type[vocab_find(v, "<|im_end|>")] = 4;
+    rt_tokenizer *t = bpe_tok(v, "llama3");
+    const int32_t think = id(t, "<think>"), st = id(t, "<|im_start|>"), en = id(t, "<|im_end|>");
+    const char *text = "a<think>b<|im_start|>c<|im_end|>";
+    const size_t len = strlen(text);
+    int32_t got[128], spans[128];
+    int n = rt_tokenizer_encode(t, text, len, false, false, got, 128);
+    rt_text_span whole = {0, len}, part = {0, 5}; /* "a<thi": <think> reaches out of it */
+    assert_int_equal(rt_tokenizer_encode_spans(t, text, len, false, &whole, 1, spans, 128), n);
+    assert_memory_equal(spans, got, (size_t)n * sizeof(int32_t));
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        found += got[i] == think;
+        assert_true(got[i] != st && got[i] != en);
+    }
+    assert_int_equal(found, 1);
+    assert_int_equal(got[1], think);
+    int m = rt_tokenizer_encode_spans(t, text, len, false, &part, 1, spans, 128);
+    for (int i = 0; i < m; i++)
+        assert_true(spans[i] != think);
+    /* with parse_special, both turn tokens; the end one still ends
+     * generation, and as control decodes to nothing */
+    n = rt_tokenizer_encode(t, text, len, false, true, got, 128);
+    assert_int_equal(got[n - 1], en);
+    assert_true(rt_tokenizer_is_eog(t, en));
+    char buf[64];
+    assert_int_equal(rt_tokenizer_decode(t, &en, 1, false, buf, sizeof(buf)), 0);
+    assert_int_equal(rt_tokenizer_decode(t, &think, 1, false, buf, sizeof(buf)), 7);
     rt_tokenizer_free(t);
     vocab_free(v);
 }
@@ -1008,15 +1054,11 @@ static void test_large_vocab(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spm_known),
-        cmocka_unit_test(test_spm_reference_and_roundtrip),
-        cmocka_unit_test(test_bpe_pretokenizers),
-        cmocka_unit_test(test_bpe_special),
-        cmocka_unit_test(test_long_special_not_matched),
-        cmocka_unit_test(test_plain_spans),
-        cmocka_unit_test(test_bpe_reference_and_roundtrip),
-        cmocka_unit_test(test_bad_metadata),
-        cmocka_unit_test(test_large_vocab),
+        cmocka_unit_test(test_spm_known),         cmocka_unit_test(test_spm_reference_and_roundtrip),
+        cmocka_unit_test(test_bpe_pretokenizers), cmocka_unit_test(test_bpe_special),
+        cmocka_unit_test(test_user_tokens),       cmocka_unit_test(test_long_special_not_matched),
+        cmocka_unit_test(test_plain_spans),       cmocka_unit_test(test_bpe_reference_and_roundtrip),
+        cmocka_unit_test(test_bad_metadata),      cmocka_unit_test(test_large_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
