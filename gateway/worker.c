@@ -75,6 +75,9 @@ struct worker {
     const rt_tokenizer *tok;
     rt_chat_kind chat_kind;
     const char *bos_text; /* the tokenizer's, "" when the model has no BOS */
+    /* rt_chat_turn_end's text where no token of it ends generation: a
+     * chat's implicit stop string; NULL where the model ends turns itself */
+    const char *turn_stop;
     const char *model_name;
     long created;
     pthread_mutex_t mu;
@@ -627,13 +630,19 @@ static void submit_prepared(worker *w, wprep *p)
      * for all of them gave the same "random" completion every time. */
     if (!q->has_seed)
         q->sampling.seed = w->next_seed++;
+    const char *stops[RT_OAI_MAX_STOPS + 1];
+    int n_stops = 0;
+    for (int i = 0; i < q->n_stop; i++)
+        stops[n_stops++] = q->stop[i];
+    if (r->chat && w->turn_stop)
+        stops[n_stops++] = w->turn_stop;
     rt_sched_req sr = {
         .prompt = p->toks,
         .n_prompt = n_prompt,
         .max_tokens = q->max_tokens > 0 ? q->max_tokens : (r->chat ? 0 : 16),
         .sampling = q->sampling,
-        .stops = (const char *const *)q->stop,
-        .n_stops = q->n_stop,
+        .stops = stops,
+        .n_stops = n_stops,
         .ignore_eos = q->ignore_eos,
         .logprobs = q->logprobs,
         .top_logprobs = q->top_logprobs,
@@ -1071,6 +1080,9 @@ int gw_cmd_worker(int argc, char **argv)
     /* A BOS whose text would not read back as it (not a control token, a
      * NUL in it) is added by id instead of written by the template: as
      * text it reached the model as plain characters, and no BOS. */
+    const char *end = rt_chat_turn_end(w.chat_kind);
+    const int32_t end_tok = rt_tokenizer_find(w.tok, end);
+    w.turn_stop = end_tok >= 0 && rt_tokenizer_is_eog(w.tok, end_tok) ? NULL : end;
     int32_t bos = rt_tokenizer_bos(w.tok);
     w.bos_text = rt_tokenizer_text_is_token(w.tok, bos) ? rt_tokenizer_token_text(w.tok, bos) : "";
     if (!(w.sched = rt_sched_new(w.model, &so, err, sizeof(err)))) {
@@ -1124,7 +1136,7 @@ int gw_cmd_worker(int argc, char **argv)
     fprintf(
         stderr,
         "worker: ready: model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of "
-        "%d tokens of %s; chat template %s%s; listening on %s\n",
+        "%d tokens of %s; chat template %s%s%s%s; listening on %s\n",
         w.model_name, rt_model_hparams(w.model)->arch, rt_model_hparams(w.model)->n_layer,
         rt_model_hparams(w.model)->n_ctx_train, where, rt_model_backend_name(w.model),
         rt_model_threads(w.model), st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type),
@@ -1133,7 +1145,7 @@ int gw_cmd_worker(int argc, char **argv)
         : tmpl.p && !recognised ? " (unrecognised template: fallback)"
         : tmpl.p                ? ""
                                 : " (none in file: fallback)",
-        listen);
+        w.turn_stop ? ", turns end at the text " : "", w.turn_stop ? w.turn_stop : "", listen);
     event_base_dispatch(w.base);
     status = 0;
 out:

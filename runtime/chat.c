@@ -113,6 +113,21 @@ int rt_chat_kind_from_name(const char *name)
     return -1;
 }
 
+const char *rt_chat_turn_end(rt_chat_kind k)
+{
+    switch (k) {
+    case RT_CHAT_CHATML:
+    case RT_CHAT_QWEN3:
+        return "<|im_end|>";
+    case RT_CHAT_LLAMA3:
+    case RT_CHAT_LLAMA31:
+    case RT_CHAT_LLAMA32:
+        return "<|eot_id|>";
+    default:
+        return "</s>";
+    }
+}
+
 /* ---- output buffer ---- */
 
 typedef struct buf {

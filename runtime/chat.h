@@ -48,6 +48,12 @@ const char *rt_chat_kind_name(rt_chat_kind k);
  * --chat-template overrides the model's own template. */
 int rt_chat_kind_from_name(const char *name);
 
+/* The text that ends an assistant turn in family k's prompts (ChatML's
+ * <|im_end|>, Llama-3's <|eot_id|>; "</s>" for the families that end it
+ * with EOS). A model whose vocabulary has no token of that text that ends
+ * generation (a base model rendered as ChatML) gets it as a stop string. */
+const char *rt_chat_turn_end(rt_chat_kind k);
+
 /* Renders messages into a NUL-terminated prompt (malloc'd, *out), ending
  * with the assistant turn's opening so generation continues as the
  * assistant. bos is the BOS token text (e.g. "<s>") where the family writes it

@@ -433,6 +433,11 @@ t.ok("chat template chatml (unrecognised template: fallback)" in prompt_tokens["
      and "warning: the model's chat template is none we render" in prompt_tokens["fallback log"]
      and prompt_tokens["fallback"][0] != prompt_tokens["fallback"][1],
      "an unrecognised chat template: ChatML, and a warning naming --chat-template: %s" % (prompt_tokens["fallback"],))
+# ChatML's turns end at <|im_end|>, which this vocabulary has no token of:
+# chats stop at its text; Llama-2's end at </s>, its EOS, which stops them.
+t.ok("chat template chatml (unrecognised template: fallback), turns end at the text <|im_end|>;"
+     in prompt_tokens["fallback log"] and "turns end at" not in prompt_tokens["llama2 log"],
+     "a turn's end that no token ends generation at is an implicit stop string of chats")
 t.ok("chat template llama2 (--chat-template)" in prompt_tokens["llama2 log"]
      and prompt_tokens["llama2"][0] == prompt_tokens["llama2"][1],
      "--chat-template llama2 renders the chat as Llama-2's template does: %s" % (prompt_tokens["llama2"],))

@@ -385,6 +385,20 @@ static void test_render_qwen3(void **state)
                   "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
 }
 
+/* Where a family's assistant turn ends: a chat's implicit stop string on a
+ * model without a token of it that ends generation. */
+static void test_turn_end(void **state)
+{
+    (void)state;
+    assert_string_equal(rt_chat_turn_end(RT_CHAT_CHATML), "<|im_end|>");
+    assert_string_equal(rt_chat_turn_end(RT_CHAT_QWEN3), "<|im_end|>");
+    assert_string_equal(rt_chat_turn_end(RT_CHAT_LLAMA3), "<|eot_id|>");
+    assert_string_equal(rt_chat_turn_end(RT_CHAT_LLAMA32), "<|eot_id|>");
+    assert_string_equal(rt_chat_turn_end(RT_CHAT_LLAMA2), "</s>");
+    assert_string_equal(rt_chat_turn_end(RT_CHAT_MISTRAL_V7_TEKKEN), "</s>");
+    assert_string_equal(rt_chat_turn_end(RT_CHAT_ZEPHYR), "</s>");
+}
+
 static void test_render_llama3(void **state)
 {
     (void)state;
@@ -593,11 +607,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_detect_real_templates), cmocka_unit_test(test_detect_absent_names_and_bounds),
         cmocka_unit_test(test_render_chatml),         cmocka_unit_test(test_render_llama3),
-        cmocka_unit_test(test_render_qwen3),          cmocka_unit_test(test_render_llama31),
-        cmocka_unit_test(test_render_llama2),         cmocka_unit_test(test_render_mistral),
-        cmocka_unit_test(test_render_spans),          cmocka_unit_test(test_render_errors),
-        cmocka_unit_test(test_render_null_content),   cmocka_unit_test(test_render_zephyr),
-        cmocka_unit_test(test_render_mistral_v7),
+        cmocka_unit_test(test_render_qwen3),          cmocka_unit_test(test_turn_end),
+        cmocka_unit_test(test_render_llama31),        cmocka_unit_test(test_render_llama2),
+        cmocka_unit_test(test_render_mistral),        cmocka_unit_test(test_render_spans),
+        cmocka_unit_test(test_render_errors),         cmocka_unit_test(test_render_null_content),
+        cmocka_unit_test(test_render_zephyr),         cmocka_unit_test(test_render_mistral_v7),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
