@@ -59,9 +59,10 @@ typedef struct gw_http_request {
 
 typedef struct gw_http_limits {
     size_t max_body;                 /* bytes; larger -> 413 (default 1 MiB) */
-    size_t max_conn_body;            /* HTTP/2: request body bytes still arriving on one
-                                        connection; past it a newer stream is refused
-                                        (REFUSED_STREAM, safe to send again), the oldest goes on.
+    size_t max_conn_body;            /* HTTP/2: request body bytes one connection holds, still
+                                        arriving or whole in its open streams; past it a newer
+                                        stream is refused (REFUSED_STREAM, safe to send again),
+                                        the oldest arriving goes on unless whole ones fill it.
                                         0: 4 x max_body; SIZE_MAX: no bound (a worker, whose one
                                         client is its gateway). Connections with a verified
                                         client certificate (peers) are not bound */

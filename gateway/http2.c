@@ -190,6 +190,18 @@ out:
     return rc;
 }
 
+/* Answered with its body still coming: the rest is read and dropped, each
+ * piece due within idle_timeout_ms and all of it within
+ * GW_HTTP_LINGER_MS from now. From now, not from when the answer's end
+ * goes out: a peer that keeps its window shut holds that back, and a
+ * byte of body now and then kept such a stream open for ever. */
+static void stream_drop_rest(gw_http_stream *s)
+{
+    if (!s->drop_until_ms)
+        s->drop_until_ms = mono_ms() + GW_HTTP_LINGER_MS;
+    stream_due_idle(s);
+}
+
 /* The request will never reach the application: what came of its body goes. */
 static void stream_drop_request(gw_http_stream *s)
 {
@@ -213,7 +225,7 @@ static void stream_reject(gw_http_stream *s, int status, const char *message, co
         nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
         s->conn->broken = true;
     else if (!s->remote_ended)
-        stream_due_idle(s); /* the rest of the body, read and dropped */
+        stream_drop_rest(s);
 }
 
 static void stream_fail(gw_http_stream *s)
@@ -425,6 +437,7 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
      * http.h); an answer there leaves the body to be dropped as it comes. */
     if (!end_stream && gw_stream_offer_head(s, "HTTP/2")) {
         s->body_dropped = true;
+        stream_drop_rest(s);
         return;
     }
     size_t cap = n < 65536 ? (size_t)n : 65536;
@@ -445,6 +458,8 @@ static void request_complete(gw_http_stream *s)
     }
     gw_http_server *srv = s->conn->srv;
     stream_body_done(s);
+    s->body_held = s->body_len;
+    s->conn->h2_body_held += s->body_held;
     gw_stream_fill_request(s, "HTTP/2");
     s->state = GW_SS_APP;
     srv->handler.on_request(srv->ud, s, &s->req);
@@ -462,17 +477,24 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
         stream_reject_body(s);
         return 0;
     }
-    /* Bodies still arriving on one connection are held to max_conn_body
-     * (256 streams each near max_body would pin 256 MiB before any of them
-     * is authenticated). The oldest always goes on, so a connection never
-     * stalls; the others are refused, to be sent again. A peer gateway,
-     * multiplexing its clients' requests, is not held to it. */
-    if (c->h2_body_bytes + len > c->srv->limits.max_conn_body && !gw_conn_peer(c)) {
-        for (gw_http_stream *o = c->streams; o; o = o->next)
-            if (o->state == GW_SS_BODY && o->id < s->id) {
-                stream_refuse(s);
-                return 0;
-            }
+    /* The request bodies one connection holds, arriving or whole in its
+     * open streams, are held to max_conn_body: 256 streams each near
+     * max_body would pin 256 MiB before any of them is authenticated, and
+     * answered ones stay while a peer that keeps its window shut holds
+     * their answers. Past it a newer body is refused, to be sent again.
+     * The oldest arriving goes on, so a connection never stalls, unless
+     * whole bodies already fill the room it needs (they go as their
+     * streams close). A peer gateway, multiplexing its clients' requests,
+     * is not held to it. */
+    const size_t room = c->srv->limits.max_conn_body;
+    if (c->h2_body_bytes + c->h2_body_held + len > room && !gw_conn_peer(c)) {
+        bool refuse = c->h2_body_held && c->h2_body_held + s->body_len + len > room;
+        for (gw_http_stream *o = c->streams; o && !refuse; o = o->next)
+            refuse = o->state == GW_SS_BODY && o->id < s->id;
+        if (refuse) {
+            stream_refuse(s);
+            return 0;
+        }
     }
     if (s->body_len + len > s->body_cap) {
         size_t cap = s->body_cap < 16384 ? 16384 : s->body_cap;
@@ -556,12 +578,8 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     s->fin_sent = true;
     if (s->rst_after_fin && nghttp2_submit_rst_stream(ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR))
         s->conn->broken = true;
-    else if ((s->body_dropped || s->state == GW_SS_REJECTED) && !s->remote_ended) {
-        /* answered: each piece of the rest of the body has idle_timeout_ms,
-         * and all of it GW_HTTP_LINGER_MS, or the stream goes */
-        s->drop_until_ms = mono_ms() + GW_HTTP_LINGER_MS;
-        stream_due_idle(s);
-    }
+    else if ((s->body_dropped || s->state == GW_SS_REJECTED) && !s->remote_ended)
+        stream_drop_rest(s);
     return 0;
 }
 

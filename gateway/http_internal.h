@@ -98,6 +98,7 @@ struct gw_http_stream {
     size_t n_headers, cap_headers;
     size_t header_bytes; /* HTTP/2: counted as SETTINGS_MAX_HEADER_LIST_SIZE counts them */
     size_t header_kept;  /* HTTP/2: what its kept fields cost (bytes + 32 each), in conn->h2_header_bytes */
+    size_t body_held;    /* HTTP/2: its whole request body, in conn->h2_body_held */
     uint8_t *body;
     size_t body_len, body_cap;
     gw_http_request req;
@@ -172,6 +173,8 @@ struct gw_http_conn {
     bool h2_framed;    /* HTTP/2: a frame came after the preface (header_timeout until then) */
     int64_t h2_check_ms;  /* HTTP/2 with streams: when the timer is set to check their due_ms, 0: not set */
     size_t h2_body_bytes; /* HTTP/2: request body bytes held by streams still receiving theirs */
+    size_t h2_body_held;  /* HTTP/2: whole request bodies of its open streams (answered ones may wait
+                             on the peer's window for idle_timeout_ms, and longer while it opens a byte) */
     size_t h2_header_bytes; /* HTTP/2: header bytes kept by its open streams (H2_CONN_HEADER_BUDGET) */
     uint32_t h2_cut;        /* HTTP/2: streams the application had, ended reset, since h2_cut_since_ms */
     int64_t h2_cut_since_ms;

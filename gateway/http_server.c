@@ -213,6 +213,8 @@ void gw_stream_closed(gw_http_stream *s, bool finished)
     c->srv->active_streams--;
     c->h2_header_bytes -= s->header_kept;
     s->header_kept = 0;
+    c->h2_body_held -= s->body_held;
+    s->body_held = 0;
     /* An HTTP/2 connection with no streams is idle; HTTP/1.x keeps its
      * own timer. */
     if (--c->n_streams == 0 && c->proto == GW_PROTO_H2 && !c->lingering && !c->goaway && !c->dead) {

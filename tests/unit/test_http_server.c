@@ -994,6 +994,36 @@ static void test_answered_body_bounded(void **state)
     cli_free(c);
 }
 
+/* The same with the client's window shut: the answer's end never goes
+ * out, and the 5 s run from the answer, not from its end going. Before,
+ * a byte every 100 ms kept such a stream (and, on a server with tenants,
+ * one a client without a key had opened) for ever. */
+static void test_answered_body_window_shut(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 0, true);
+    char big_len[32];
+    snprintf(big_len, sizeof(big_len), "%zu", t->lim.max_body + 1);
+    nghttp2_nv nv[] = {NV(":method", "POST"), NV(":scheme", "http"), NV(":authority", "127.0.0.1"),
+                       NV(":path", "/echo"), NV("content-length", big_len)};
+    int32_t id = nghttp2_submit_headers(c->ngh, NGHTTP2_FLAG_NONE, -1, NULL, nv, 5, NULL);
+    assert_true(id > 0);
+    long t0 = now_ms();
+    assert_int_equal(cli_send(c), 0);
+    assert_true(run_until(t, cli_status_seen, c));
+    assert_int_equal(c->status, 413);
+    const uint8_t piece[10] = {
+        0,           0,  1, 0 /* DATA */, 0, (uint8_t)(id >> 24), (uint8_t)(id >> 16), (uint8_t)(id >> 8),
+        (uint8_t)id, 'x'};
+    while (!c->n_rst && now_ms() - t0 < 12000) {
+        assert_int_equal(send(c->fd, piece, sizeof(piece), MSG_NOSIGNAL), (ssize_t)sizeof(piece));
+        run_for_exactly(t, 100);
+    }
+    assert_true(c->n_rst > 0);
+    assert_int_equal(t->n_request, 0);
+    cli_free(c);
+}
+
 /* Trailers of a request already answered (400 here, for a field with a
  * control byte) are bounded as any header block is: 40 one-byte
  * references to a 4000-byte field decode to past twice max_header_list,
@@ -1099,6 +1129,32 @@ static void test_conn_body_bound(void **state)
     cli_free(c);
 }
 
+static bool handled_reach(tsrv *t, void *arg)
+{
+    struct cli_wait *w = arg;
+    return t->n_request + w->c->n_refused >= w->n;
+}
+
+/* Whole bodies count too while their streams stay open: with its window
+ * shut, a client holds every answer, and each answered request's body
+ * with it. Six bodies sent one after another, each alone on the wire: the
+ * four that fit are taken, the next are refused. Before, each went on as
+ * the oldest arriving, and 256 streams of a connection pinned 256 bodies
+ * until idle_timeout_ms, longer with a byte of window now and then. */
+static void test_conn_body_held(void **state)
+{
+    tsrv *t = *state;
+    tcli *c = cli_new(t, 0, true);
+    for (int i = 0; i < 6; i++) {
+        int32_t id = cli_upload(c, i);
+        cli_upload_add(c, i, id, 900, true);
+        assert_true(run_until(t, handled_reach, &(struct cli_wait){c, i + 1}));
+    }
+    assert_int_equal(t->n_request, 4);
+    assert_int_equal(c->n_refused, 2);
+    cli_free(c);
+}
+
 static int setup_stream_bounds(void **state)
 {
     gw_http_limits l;
@@ -1175,9 +1231,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_empty_data_not_progress, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_answered_trailers_bounded, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_answered_body_bounded, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_answered_body_window_shut, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_window_held, setup_stream_bounds, harness_teardown),
         cmocka_unit_test_setup_teardown(test_header_block_timeout, setup_header_block, harness_teardown),
         cmocka_unit_test_setup_teardown(test_conn_body_bound, setup_conn_body, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_conn_body_held, setup_conn_body, harness_teardown),
         cmocka_unit_test(test_segment_is),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
