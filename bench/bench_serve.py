@@ -7,9 +7,10 @@ next one when the last ends. The first round of every client is left out
 (warm-up); the next R rounds are measured, more where few clients would
 measure fewer than --min-tokens tokens (the single client's figure is the
 denominator of the scaling ratio, and a short run of it is noisy). Reported
-per C: aggregate
-generated tokens/s, p50/p99 time-to-first-token (send -> first token event)
-and time-per-output-token (gaps between token events of one stream).
+per C: aggregate generated tokens/s (and, as "all / prefill", the prompt
+and generated tokens the worker computed per second against the prefill
+rate), p50/p99 time-to-first-token (send -> first token event) and
+time-per-output-token (gaps between token events of one stream).
 
 The prefill rate of the same build is measured in the same run with
 `infergate generate` on a P-token prompt, for the "aggregate / prefill"
@@ -164,9 +165,9 @@ def main():
               (a.client, model, a.threads, a.max_seqs, a.kv_type, a.prompt, a.gen, a.rounds, a.min_tokens))
         print("prefill rate of this build (infergate generate, %d-token prompt, %d threads): %.1f tok/s "
               "(min %.1f, max %.1f)\n" % (a.prompt, a.threads, pre[0], pre[1], pre[2]))
-        print("| clients | aggregate tok/s | x single | / prefill | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms "
-              "| TPOT p99 ms | p99/p50 TPOT | errors |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| clients | aggregate tok/s | x single | / prefill | all / prefill | TTFT p50 ms | TTFT p99 ms "
+              "| TPOT p50 ms | TPOT p99 ms | p99/p50 TPOT | errors |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         single = None
         for c in [int(x) for x in a.clients.split(",")]:
             rounds = max(a.rounds, -(-a.min_tokens // (c * a.gen)))
@@ -183,9 +184,12 @@ def main():
                 t50, t99 = pct(rec["ttft"], 50) * 1e3, pct(rec["ttft"], 99) * 1e3
                 p50, p99 = pct(rec["tpot"], 50) * 1e3, pct(rec["tpot"], 99) * 1e3
             single = single or agg
-            print("| %d | %.1f | %.2f | %.0f%% | %.0f | %.0f | %.1f | %.1f | %.2f | %d |" %
-                  (c, agg, agg / single, 100 * agg / pre[0], t50, t99, p50, p99, p99 / p50, rec["errors"]),
-                  flush=True)
+            # "all": prompt and generated tokens, both of which each step
+            # computes (every request has the same lengths, ignore_eos)
+            allr = agg * (a.prompt + a.gen) / a.gen
+            print("| %d | %.1f | %.2f | %.0f%% | %.0f%% | %.0f | %.0f | %.1f | %.1f | %.2f | %d |" %
+                  (c, agg, agg / single, 100 * agg / pre[0], 100 * allr / pre[0], t50, t99, p50, p99, p99 / p50,
+                   rec["errors"]), flush=True)
     finally:
         w.terminate()
         try:
