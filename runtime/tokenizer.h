@@ -38,10 +38,13 @@ bool rt_tokenizer_add_bos_default(const rt_tokenizer *t);
 
 /* Encodes len bytes of text. Writes at most max_out ids; returns the number
  * the full encoding has (which may exceed max_out: call again with more room)
- * or a negative error. User-defined tokens written literally in the text
- * (Qwen3's <think>, say) become their ids, as Hugging Face's tokenizers and
- * llama.cpp split them out; with parse_special, control tokens too;
- * leftmost, then longest match. Without it control tokens are plain text.
+ * or a negative error. With parse_special, control and user-defined tokens
+ * written literally in the text become their ids (leftmost, then longest
+ * match). Without it control tokens are plain text, and so are a
+ * SentencePiece vocabulary's user-defined ones (the space it puts after a
+ * special token would change the text); a BPE vocabulary's user-defined
+ * tokens (Qwen3's <think>) are still split out, as Hugging Face's
+ * tokenizers and llama.cpp split them.
  * A user-defined token that ends or opens a turn (<|im_end|>, <|im_start|>,
  * <|start_header_id|>...) counts as control. Never adds EOS. */
 int rt_tokenizer_encode(const rt_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,

@@ -279,6 +279,11 @@ static void test_spm_known(void **state)
     assert_true(n > 2);
     for (int i = 0; i < n; i++)
         assert_true(got[i] != 1);
+    /* a SentencePiece vocabulary's user-defined token too: the space put
+     * after a special token would change the text */
+    n = rt_tokenizer_encode(t, "the<|user|>the", 14, false, false, got, 64);
+    for (int i = 0; i < n; i++)
+        assert_true(got[i] != id(t, "<|user|>"));
 
     /* a short output buffer still reports the full count */
     assert_int_equal(rt_tokenizer_encode(t, "the world", 9, true, false, got, 1), 3);
