@@ -445,12 +445,11 @@ static void test_preempted_batch_stays_behind(void **state)
     interactive_preempts_batch(900);
 }
 
-/* A request preempted while its prompt was prefilled has sent nothing:
- * its deadline still drops it (504 in the worker), instead of an answer
- * computed long after the client gave up on it. Two slots, 8 tokens a
- * step: request 1's 490-token prompt is part done when interactive request
- * 2 takes its slot, and waits past its deadline while the gate holds. */
-static void test_deadline_after_preemption(void **state)
+/* Two slots, 8 tokens a step: while the gate request runs, request 1
+ * (of priority prio) with a 490-token prompt and a deadline 400 ms away
+ * is admitted, and the gate holds the compute thread two chunks of its
+ * prompt in. */
+static rt_sched *deadline_case(rt_priority prio)
 {
     max_batch_tokens = 8;
     rt_sched *s = sched_new(2, 4, 0);
@@ -463,15 +462,26 @@ static void test_deadline_after_preemption(void **state)
                       .n_prompt = 490,
                       .max_tokens = 2,
                       .ignore_eos = true,
-                      .priority = RT_PRIO_BATCH,
+                      .priority = prio,
                       .cb = on_event,
                       .user = (void *)(intptr_t)1,
                       .deadline_ms = rt_sched_epoch_ms() + 400};
     rt_sampler_params_default(&r.sampling);
     uint64_t id;
     assert_int_equal(rt_sched_submit(s, &r, &id), 0);
-    gate_again(3); /* request 1 admitted, two chunks of its prompt done */
+    gate_again(3);
     assert_true(wait_seen(true, 0));
+    return s;
+}
+
+/* A request preempted while its prompt was prefilled has sent nothing:
+ * its deadline still drops it (504 in the worker), instead of an answer
+ * computed long after the client gave up on it. Request 1 (batch) is
+ * part done when interactive request 2 takes its slot, and waits past its
+ * deadline while the gate holds. */
+static void test_deadline_after_preemption(void **state)
+{
+    rt_sched *s = deadline_case(RT_PRIO_BATCH);
     assert_int_equal(submit(s, 2, 4, 300, RT_PRIO_INTERACTIVE), 0);
     gate_again(6); /* request 2 admitted in its place */
     assert_true(wait_seen(true, 0));
@@ -488,30 +498,10 @@ static void test_deadline_after_preemption(void **state)
 
 /* A request still prefilling its prompt when its deadline passes has sent
  * nothing either: it is dropped at the next step, not computed on for the
- * many steps a long prompt takes. Two slots, 8 tokens a step: request 1's
- * 490-token prompt is two chunks in when the gate holds past its deadline. */
+ * many steps a long prompt takes: here the gate holds past its deadline. */
 static void test_deadline_during_prefill(void **state)
 {
-    max_batch_tokens = 8;
-    rt_sched *s = sched_new(2, 4, 0);
-    assert_int_equal(submit(s, GATE, 4, 300, RT_PRIO_INTERACTIVE), 0);
-    assert_true(wait_seen(true, 0));
-    int32_t prompt[490];
-    for (int i = 0; i < 490; i++)
-        prompt[i] = 1 + (7 * i) % 500;
-    rt_sched_req r = {.prompt = prompt,
-                      .n_prompt = 490,
-                      .max_tokens = 2,
-                      .ignore_eos = true,
-                      .priority = RT_PRIO_INTERACTIVE,
-                      .cb = on_event,
-                      .user = (void *)(intptr_t)1,
-                      .deadline_ms = rt_sched_epoch_ms() + 400};
-    rt_sampler_params_default(&r.sampling);
-    uint64_t id;
-    assert_int_equal(rt_sched_submit(s, &r, &id), 0);
-    gate_again(3); /* request 1 admitted, two chunks of its prompt done */
-    assert_true(wait_seen(true, 0));
+    rt_sched *s = deadline_case(RT_PRIO_INTERACTIVE);
     usleep(800 * 1000);
     open_gate();
     assert_true(wait_seen(false, 1));
