@@ -1077,12 +1077,12 @@ int gw_cmd_worker(int argc, char **argv)
                         "this model may not have been trained on. If its template is one of the families we "
                         "know, name it "
                         "with --chat-template (config: chat_template)\n");
-    /* A BOS whose text would not read back as it (not a control token, a
-     * NUL in it) is added by id instead of written by the template: as
-     * text it reached the model as plain characters, and no BOS. */
     const char *end = rt_chat_turn_end(w.chat_kind);
     const int32_t end_tok = rt_tokenizer_find(w.tok, end);
     w.turn_stop = end_tok >= 0 && rt_tokenizer_is_eog(w.tok, end_tok) ? NULL : end;
+    /* A BOS whose text would not read back as it (not a control token, a
+     * NUL in it) is added by id instead of written by the template: as
+     * text it reached the model as plain characters, and no BOS. */
     int32_t bos = rt_tokenizer_bos(w.tok);
     w.bos_text = rt_tokenizer_text_is_token(w.tok, bos) ? rt_tokenizer_token_text(w.tok, bos) : "";
     if (!(w.sched = rt_sched_new(w.model, &so, err, sizeof(err)))) {
