@@ -529,8 +529,9 @@ static int32_t *prompt_tokens(worker *w, const rt_oai_request *q, int *n, rt_oai
         }
         for (int i = 0; i < q->n_messages; i++)
             msgs[i] = (rt_chat_msg){q->messages[i].role, q->messages[i].content};
-        int rc = rt_chat_render(w->chat_kind, msgs, q->n_messages, w->bos_text[0] ? w->bos_text : NULL, &text,
-                                &plain, &n_plain, err, sizeof(err));
+        const rt_chat_opts co = {.no_thinking = q->no_thinking};
+        int rc = rt_chat_render(w->chat_kind, msgs, q->n_messages, w->bos_text[0] ? w->bos_text : NULL, &co,
+                                &text, &plain, &n_plain, err, sizeof(err));
         free(msgs);
         if (rc == -ENOMEM) {
             rt_oai_error_set(e, 503, "server_error", NULL, NULL, "out of memory");

@@ -305,8 +305,9 @@ static void trim_newlines(const char **s, size_t *n, bool front, bool back)
  * trimmed off both ends. Turns before the last user message keep only
  * their answer, as the model was trained on; a turn after it (the
  * conversation's last, continued) keeps its reasoning in a think block, as
- * does any with reasoning. */
-static void render_qwen3(buf *b, const rt_chat_msg *msgs, int n)
+ * does any with reasoning. With thinking off (enable_thinking false), the
+ * answer opens with an empty think block. */
+static void render_qwen3(buf *b, const rt_chat_msg *msgs, int n, bool no_thinking)
 {
     int last_query = n - 1; /* the last user message that is no tool's answer */
     for (int i = n - 1; i >= 0; i--) {
@@ -351,7 +352,7 @@ static void render_qwen3(buf *b, const rt_chat_msg *msgs, int n)
         buf_content(b, c, len);
         buf_str(b, "<|im_end|>\n");
     }
-    buf_str(b, "<|im_start|>assistant\n");
+    buf_str(b, no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n");
 }
 
 /* Meta-Llama-3-Instruct: bos, then per message
@@ -517,8 +518,8 @@ static void render_mistral_v7(buf *b, rt_chat_kind k, const rt_chat_msg *msgs, i
     }
 }
 
-int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out,
-                   rt_text_span **content, int *n_content, char *err, size_t err_len)
+int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, const rt_chat_opts *opts,
+                   char **out, rt_text_span **content, int *n_content, char *err, size_t err_len)
 {
     *out = NULL;
     if (content) {
@@ -572,7 +573,7 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
         render_mistral_v7(&b, k, msgs, n, bos);
         break;
     case RT_CHAT_QWEN3:
-        render_qwen3(&b, msgs, n);
+        render_qwen3(&b, msgs, n, opts && opts->no_thinking);
         break;
     case RT_CHAT_ZEPHYR:
         buf_str(&b, bos);

@@ -54,17 +54,24 @@ int rt_chat_kind_from_name(const char *name);
  * generation (a base model rendered as ChatML) gets it as a stop string. */
 const char *rt_chat_turn_end(rt_chat_kind k);
 
+/* What a request may ask of the template (vLLM's chat_template_kwargs). */
+typedef struct rt_chat_opts {
+    /* enable_thinking false: Qwen3's answer opens with an empty think
+     * block, so the model answers without reasoning first (other
+     * families have no such switch and ignore it) */
+    bool no_thinking;
+} rt_chat_opts;
+
 /* Renders messages into a NUL-terminated prompt (malloc'd, *out), ending
  * with the assistant turn's opening so generation continues as the
- * assistant. bos is the BOS token text (e.g. "<s>") where the family writes it
- * into the text. When content is not NULL, *content gets the spans of the
- * prompt the messages' content went to (malloc'd, *n_content of them, in
- * order; NULL when none): the caller encodes with
+ * assistant; opts may be NULL (the defaults). bos is the BOS token text (e.g. "<s>") where the family writes
+ * it into the text. When content is not NULL, *content gets the spans of the prompt the messages' content
+ * went to (malloc'd, *n_content of them, in order; NULL when none): the caller encodes with
  * rt_tokenizer_encode_spans, so special tokens written by the template
  * count and those written in a message do not, and without adding another
  * BOS. Returns 0, -EINVAL (no messages, or a role the family cannot place,
  * with err filled), -ENOMEM. */
-int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, char **out,
-                   rt_text_span **content, int *n_content, char *err, size_t err_len);
+int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *bos, const rt_chat_opts *opts,
+                   char **out, rt_text_span **content, int *n_content, char *err, size_t err_len);
 
 #endif

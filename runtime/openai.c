@@ -630,6 +630,19 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
      * (benchmarks need fixed-length outputs). */
     if ((rc = get_bool(root, "ignore_eos", &req->ignore_eos, e)) < 0)
         return rc;
+    /* vLLM's chat_template_kwargs, where Qwen3's enable_thinking is the
+     * one we read: the template is rendered by C code, not Jinja, and
+     * other variables have nothing to go to. */
+    json_t *kw = chat ? field(root, "chat_template_kwargs") : NULL;
+    if (kw) {
+        if (!json_is_object(kw))
+            return bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        json_t *et = field(kw, "enable_thinking");
+        if (et && !json_is_boolean(et))
+            return bad(e, "chat_template_kwargs.enable_thinking",
+                       "'chat_template_kwargs.enable_thinking' must be a boolean");
+        req->no_thinking = et && json_is_false(et);
+    }
     json_t *so = field(root, "stream_options");
     if (so) {
         if (!json_is_object(so))

@@ -57,6 +57,7 @@ typedef struct rt_oai_request {
     int n_stop;
     char *user;
     bool ignore_eos; /* non-standard (vLLM): keep generating past end-of-generation tokens */
+    bool no_thinking; /* chat, non-standard (vLLM): chat_template_kwargs.enable_thinking false */
     bool logprobs;   /* chat: each token's log-probability... */
     int top_logprobs; /* ...and this many of the likeliest */
 } rt_oai_request;

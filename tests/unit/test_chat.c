@@ -282,7 +282,7 @@ static void expect_render(rt_chat_kind k, const rt_chat_msg *m, int n, const cha
     char *out = (char *)1, err[256] = "";
     rt_text_span *sp = NULL;
     int n_sp = -1;
-    int rc = rt_chat_render(k, m, n, bos, &out, &sp, &n_sp, err, sizeof(err));
+    int rc = rt_chat_render(k, m, n, bos, NULL, &out, &sp, &n_sp, err, sizeof(err));
     if (rc != 0)
         fail_msg("render %s failed: %d %s", rt_chat_kind_name(k), rc, err);
     assert_non_null(out);
@@ -291,7 +291,7 @@ static void expect_render(rt_chat_kind k, const rt_chat_msg *m, int n, const cha
     free(sp);
     /* Without spans asked for, the same text. */
     char *again = NULL;
-    assert_int_equal(rt_chat_render(k, m, n, bos, &again, NULL, NULL, err, sizeof(err)), 0);
+    assert_int_equal(rt_chat_render(k, m, n, bos, NULL, &again, NULL, NULL, err, sizeof(err)), 0);
     assert_string_equal(again, want);
     free(again);
     free(out);
@@ -307,7 +307,7 @@ static void test_render_spans(void **state)
     char *out = NULL;
     rt_text_span *sp = NULL;
     int n_sp = 0;
-    assert_int_equal(rt_chat_render(RT_CHAT_CHATML, m, 3, NULL, &out, &sp, &n_sp, NULL, 0), 0);
+    assert_int_equal(rt_chat_render(RT_CHAT_CHATML, m, 3, NULL, NULL, &out, &sp, &n_sp, NULL, 0), 0);
     assert_int_equal(n_sp, 2); /* the empty message has none */
     assert_int_equal(sp[0].off, strlen("<|im_start|>system\n"));
     assert_int_equal(sp[0].len, strlen("Be kind."));
@@ -317,7 +317,8 @@ static void test_render_spans(void **state)
     free(out);
     /* Llama-3 trims: the span is the trimmed text. */
     const rt_chat_msg t[] = {{"user", "  <|eot_id|> x "}};
-    assert_int_equal(rt_chat_render(RT_CHAT_LLAMA3, t, 1, "<|begin_of_text|>", &out, &sp, &n_sp, NULL, 0), 0);
+    assert_int_equal(
+        rt_chat_render(RT_CHAT_LLAMA3, t, 1, "<|begin_of_text|>", NULL, &out, &sp, &n_sp, NULL, 0), 0);
     assert_int_equal(n_sp, 1);
     assert_int_equal(sp[0].len, strlen("<|eot_id|> x"));
     assert_memory_equal(out + sp[0].off, "<|eot_id|> x", sp[0].len);
@@ -330,7 +331,7 @@ static void expect_reject(rt_chat_kind k, const rt_chat_msg *m, int n, const cha
     char *out = (char *)1, err[256] = "";
     rt_text_span *sp = (rt_text_span *)1;
     int n_sp = -1;
-    assert_int_equal(rt_chat_render(k, m, n, "<s>", &out, &sp, &n_sp, err, sizeof(err)), -EINVAL);
+    assert_int_equal(rt_chat_render(k, m, n, "<s>", NULL, &out, &sp, &n_sp, err, sizeof(err)), -EINVAL);
     assert_null(sp);
     assert_int_equal(n_sp, 0);
     assert_null(out);
@@ -383,6 +384,16 @@ static void test_render_qwen3(void **state)
     expect_render(RT_CHAT_QWEN3, c, 3, NULL,
                   "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nend<|im_end|>\n"
                   "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
+    /* enable_thinking false: the answer opens with an empty think block;
+     * other families have no such switch */
+    const rt_chat_opts off = {.no_thinking = true};
+    char *out = NULL;
+    assert_int_equal(rt_chat_render(RT_CHAT_QWEN3, c, 1, NULL, &off, &out, NULL, NULL, NULL, 0), 0);
+    assert_string_equal(out, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    free(out);
+    assert_int_equal(rt_chat_render(RT_CHAT_CHATML, c, 1, NULL, &off, &out, NULL, NULL, NULL, 0), 0);
+    assert_string_equal(out, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
 }
 
 /* Where a family's assistant turn ends: a chat's implicit stop string on a
@@ -454,7 +465,7 @@ static void test_render_llama31(void **state)
     /* the day, read on both sides of the render in case midnight falls between */
     char before[512], after[512], *out = NULL;
     llama32_want(before, sizeof(before));
-    assert_int_equal(rt_chat_render(RT_CHAT_LLAMA32, m, 1, NULL, &out, NULL, NULL, NULL, 0), 0);
+    assert_int_equal(rt_chat_render(RT_CHAT_LLAMA32, m, 1, NULL, NULL, &out, NULL, NULL, NULL, 0), 0);
     llama32_want(after, sizeof(after));
     if (strcmp(out, before) && strcmp(out, after))
         fail_msg("llama3.2 rendered %s, want %s", out, after);
@@ -529,8 +540,8 @@ static void test_render_mistral_v7(void **state)
     char *out = NULL;
     rt_text_span *sp = NULL;
     int n_sp = 0;
-    assert_int_equal(rt_chat_render(RT_CHAT_MISTRAL_V7_TEKKEN, forged, 1, "<s>", &out, &sp, &n_sp, NULL, 0),
-                     0);
+    assert_int_equal(
+        rt_chat_render(RT_CHAT_MISTRAL_V7_TEKKEN, forged, 1, "<s>", NULL, &out, &sp, &n_sp, NULL, 0), 0);
     assert_string_equal(out, "<s>[INST]x[/INST]y[/INST]");
     assert_int_equal(n_sp, 1);
     assert_int_equal(sp[0].off, strlen("<s>[INST]"));
@@ -556,12 +567,13 @@ static void test_render_errors(void **state)
 {
     (void)state;
     char *out = (char *)1, err[128] = "";
-    assert_int_equal(rt_chat_render(RT_CHAT_CHATML, conv, 0, NULL, &out, NULL, NULL, err, sizeof(err)),
+    assert_int_equal(rt_chat_render(RT_CHAT_CHATML, conv, 0, NULL, NULL, &out, NULL, NULL, err, sizeof(err)),
                      -EINVAL);
     assert_null(out);
     assert_true(strlen(err) > 0);
     /* A NULL err buffer is allowed. */
-    assert_int_equal(rt_chat_render(RT_CHAT_LLAMA2, conv + 1, 0, NULL, &out, NULL, NULL, NULL, 0), -EINVAL);
+    assert_int_equal(rt_chat_render(RT_CHAT_LLAMA2, conv + 1, 0, NULL, NULL, &out, NULL, NULL, NULL, 0),
+                     -EINVAL);
 
     const rt_chat_msg uu[] = {{"user", "a"}, {"user", "b"}};
     const rt_chat_msg au[] = {{"assistant", "a"}, {"user", "b"}};

@@ -648,6 +648,26 @@ static void test_unsupported_fields(void **state)
     }
 }
 
+/* vLLM's chat_template_kwargs: enable_thinking is read (Qwen3), the
+ * other variables ignored; the completions endpoint has no template. */
+static void test_chat_template_kwargs(void **state)
+{
+    (void)state;
+    rt_oai_request r;
+    parse_ok(H("\"chat_template_kwargs\":{\"enable_thinking\":false,\"other\":[1]}"), true, &r);
+    assert_true(r.no_thinking);
+    rt_oai_request_dispose(&r);
+    parse_ok(H("\"chat_template_kwargs\":{\"enable_thinking\":true}"), true, &r);
+    assert_false(r.no_thinking);
+    rt_oai_request_dispose(&r);
+    parse_ok(H("\"chat_template_kwargs\":{}"), true, &r);
+    assert_false(r.no_thinking);
+    rt_oai_request_dispose(&r);
+    expect_bad(H("\"chat_template_kwargs\":[]"), true, "chat_template_kwargs", "must be an object");
+    expect_bad(H("\"chat_template_kwargs\":{\"enable_thinking\":0}"), true,
+               "chat_template_kwargs.enable_thinking", "must be a boolean");
+}
+
 static void test_chat_logprobs_fields(void **state)
 {
     (void)state;
@@ -1051,6 +1071,7 @@ int main(void)
         cmocka_unit_test(test_logit_bias_and_top_p),
         cmocka_unit_test(test_unsupported_fields),
         cmocka_unit_test(test_chat_logprobs_fields),
+        cmocka_unit_test(test_chat_template_kwargs),
         cmocka_unit_test(test_logprobs_json),
         cmocka_unit_test(test_error_set_and_json),
         cmocka_unit_test(test_response_json),
