@@ -533,11 +533,14 @@ static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     gw_http_stream *s = stream_of(ngh, frame->hd.stream_id);
     if (!s)
         return 0;
+    /* ended before its head is looked at: a request refused there has no
+     * body to drop, and its answer the whole idle_timeout_ms to go */
+    if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+        s->remote_ended = true;
     if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
         s->state == GW_SS_HEADERS)
         request_headers_done(s, frame->hd.flags & NGHTTP2_FLAG_END_STREAM);
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
-        s->remote_ended = true;
         request_complete(s);
     } else {
         /* The next piece of the body is due. Only a DATA frame that brought

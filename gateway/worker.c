@@ -635,7 +635,7 @@ static void submit_prepared(worker *w, wprep *p)
     int n_stops = 0;
     for (int i = 0; i < q->n_stop; i++)
         stops[n_stops++] = q->stop[i];
-    if (r->chat && w->turn_stop)
+    if (r->chat && w->turn_stop && !q->ignore_eos) /* ignore_eos: the length asked for */
         stops[n_stops++] = w->turn_stop;
     rt_sched_req sr = {
         .prompt = p->toks,

@@ -43,7 +43,7 @@ static const char *const k_names[RT_CHAT_N_KINDS] = {
     [RT_CHAT_MISTRAL_V3] = "mistral-v3", [RT_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
     [RT_CHAT_MISTRAL_V7] = "mistral-v7", [RT_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
     [RT_CHAT_LLAMA31] = "llama3.1",      [RT_CHAT_LLAMA32] = "llama3.2",
-    [RT_CHAT_QWEN3] = "qwen3",
+    [RT_CHAT_QWEN3] = "qwen3",           [RT_CHAT_QWEN3_THINKING] = "qwen3-thinking",
 };
 
 rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
@@ -70,10 +70,13 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised)
                : contains(tmpl, len, "strftime_now")          ? RT_CHAT_LLAMA32
                                                               : RT_CHAT_LLAMA31;
     /* Qwen3's ChatML reads the reasoning out of assistant turns (QwQ's
-     * template strips it too, but names no reasoning_content) */
-    if (contains(tmpl, len, "<|im_start|>"))
-        return contains(tmpl, len, "reasoning_content") && contains(tmpl, len, "</think>") ? RT_CHAT_QWEN3
-                                                                                           : RT_CHAT_CHATML;
+     * template strips it too, but names no reasoning_content); its
+     * thinking-only models open the answer with <think> themselves */
+    if (contains(tmpl, len, "<|im_start|>")) {
+        if (!contains(tmpl, len, "reasoning_content") || !contains(tmpl, len, "</think>"))
+            return RT_CHAT_CHATML;
+        return contains(tmpl, len, "assistant\\n<think>\\n'") ? RT_CHAT_QWEN3_THINKING : RT_CHAT_QWEN3;
+    }
     /* Phi-3 (<|end|>) and StableLM's Zephyr (<|endoftext|>) share the role
      * tags but end turns otherwise: not ours to render with </s>. */
     if (contains(tmpl, len, "<|user|>") && contains(tmpl, len, "<|assistant|>") &&
@@ -118,6 +121,7 @@ const char *rt_chat_turn_end(rt_chat_kind k)
     switch (k) {
     case RT_CHAT_CHATML:
     case RT_CHAT_QWEN3:
+    case RT_CHAT_QWEN3_THINKING:
         return "<|im_end|>";
     case RT_CHAT_LLAMA3:
     case RT_CHAT_LLAMA31:
@@ -305,9 +309,10 @@ static void trim_newlines(const char **s, size_t *n, bool front, bool back)
  * trimmed off both ends. Turns before the last user message keep only
  * their answer, as the model was trained on; a turn after it (the
  * conversation's last, continued) keeps its reasoning in a think block, as
- * does any with reasoning. With thinking off (enable_thinking false), the
- * answer opens with an empty think block. */
-static void render_qwen3(buf *b, const rt_chat_msg *msgs, int n, bool no_thinking)
+ * does any with reasoning. The answer opens with `answer`: the
+ * assistant's turn, with an empty think block when thinking is off
+ * (enable_thinking false), or an open one for the thinking-only models. */
+static void render_qwen3(buf *b, const rt_chat_msg *msgs, int n, const char *answer)
 {
     int last_query = n - 1; /* the last user message that is no tool's answer */
     for (int i = n - 1; i >= 0; i--) {
@@ -352,7 +357,7 @@ static void render_qwen3(buf *b, const rt_chat_msg *msgs, int n, bool no_thinkin
         buf_content(b, c, len);
         buf_str(b, "<|im_end|>\n");
     }
-    buf_str(b, no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n");
+    buf_str(b, answer);
 }
 
 /* Meta-Llama-3-Instruct: bos, then per message
@@ -573,7 +578,11 @@ int rt_chat_render(rt_chat_kind k, const rt_chat_msg *msgs, int n, const char *b
         render_mistral_v7(&b, k, msgs, n, bos);
         break;
     case RT_CHAT_QWEN3:
-        render_qwen3(&b, msgs, n, opts && opts->no_thinking);
+    case RT_CHAT_QWEN3_THINKING:
+        render_qwen3(&b, msgs, n,
+                     k == RT_CHAT_QWEN3_THINKING ? "<|im_start|>assistant\n<think>\n"
+                     : opts && opts->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                                                 : "<|im_start|>assistant\n");
         break;
     case RT_CHAT_ZEPHYR:
         buf_str(&b, bos);

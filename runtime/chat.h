@@ -28,6 +28,7 @@ typedef enum rt_chat_kind {
     RT_CHAT_LLAMA31,           /* Llama-3 after a system turn "Cutting Knowledge Date: ..." (3.1, 3.3) */
     RT_CHAT_LLAMA32,           /* the same, dated today (3.2) */
     RT_CHAT_QWEN3,             /* ChatML, assistant turns before the last user turn without their reasoning */
+    RT_CHAT_QWEN3_THINKING,    /* the same, the answer opened with <think> (Qwen3 Thinking-2507) */
     RT_CHAT_N_KINDS
 } rt_chat_kind;
 
@@ -42,7 +43,7 @@ rt_chat_kind rt_chat_detect(const char *tmpl, size_t len, bool *recognised);
 /* The families' names (llama.cpp's), in rt_chat_kind order, for messages. */
 #define RT_CHAT_KIND_NAMES                                                                                   \
     "chatml, llama2, llama3, mistral, zephyr, mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, "       \
-    "mistral-v7-tekken, llama3.1, llama3.2, qwen3"
+    "mistral-v7-tekken, llama3.1, llama3.2, qwen3, qwen3-thinking"
 const char *rt_chat_kind_name(rt_chat_kind k);
 /* The family of one of those names, or -1: how a config or the worker's
  * --chat-template overrides the model's own template. */
@@ -58,7 +59,8 @@ const char *rt_chat_turn_end(rt_chat_kind k);
 typedef struct rt_chat_opts {
     /* enable_thinking false: Qwen3's answer opens with an empty think
      * block, so the model answers without reasoning first (other
-     * families have no such switch and ignore it) */
+     * families, Qwen3's thinking-only models included, have no such
+     * switch and ignore it) */
     bool no_thinking;
 } rt_chat_opts;
 

@@ -81,6 +81,11 @@ static const char tmpl_qwen3[] =
     "            {%- if '</think>' in message.content %}\n"
     "                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n";
 
+/* Qwen/Qwen3-4B-Thinking-2507: the same, and the answer opened with <think> */
+static const char tmpl_qwen3_thinking[] =
+    "{%- if message.reasoning_content is string %}{%- if '</think>' in content %}{%- endif %}{%- endif %}"
+    "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- endif %}";
+
 /* mistralai/Mistral-7B-Instruct-v0.1 (first release) */
 static const char tmpl_mistral_v01[] =
     "{{ bos_token }}{% for message in messages %}"
@@ -168,6 +173,8 @@ static void test_detect_real_templates(void **state)
     assert_int_equal(detect(tmpl_qwen2, &rec), RT_CHAT_CHATML);
     assert_true(rec);
     assert_int_equal(detect(tmpl_qwen3, &rec), RT_CHAT_QWEN3);
+    assert_true(rec);
+    assert_int_equal(detect(tmpl_qwen3_thinking, &rec), RT_CHAT_QWEN3_THINKING);
     assert_true(rec);
     assert_int_equal(detect(tmpl_mistral_v01, &rec), RT_CHAT_MISTRAL);
     assert_true(rec);
@@ -394,6 +401,14 @@ static void test_render_qwen3(void **state)
     assert_int_equal(rt_chat_render(RT_CHAT_CHATML, c, 1, NULL, &off, &out, NULL, NULL, NULL, 0), 0);
     assert_string_equal(out, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
     free(out);
+    /* the thinking-only models open the answer with <think>, switch or not */
+    assert_int_equal(rt_chat_render(RT_CHAT_QWEN3_THINKING, c, 1, NULL, &off, &out, NULL, NULL, NULL, 0), 0);
+    assert_string_equal(out, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n");
+    free(out);
+    expect_render(RT_CHAT_QWEN3_THINKING, a, 4, NULL,
+                  "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                  "<|im_start|>assistant\nok<|im_end|>\n<|im_start|>user\nu2<|im_end|>\n"
+                  "<|im_start|>assistant\n<think>\n");
 }
 
 /* Where a family's assistant turn ends: a chat's implicit stop string on a
