@@ -108,7 +108,8 @@ static void fuzz_render(const rt_oai_request *r)
             rt_text_span *sp = NULL;
             int n_sp = -1;
             err[0] = '\0';
-            int rc = rt_chat_render((rt_chat_kind)k, msgs, r->n_messages, with_bos ? "<s>" : NULL, NULL, &out,
+            const rt_chat_opts co = {.no_thinking = r->no_thinking};
+            int rc = rt_chat_render((rt_chat_kind)k, msgs, r->n_messages, with_bos ? "<s>" : NULL, &co, &out,
                                     &sp, &n_sp, err, sizeof(err));
             if (rc == 0) {
                 FUZZ_CHECK(out != NULL && n_sp >= 0 && (n_sp == 0) == (sp == NULL));
