@@ -1,4 +1,4 @@
-/* libFuzzer target for gateway/body_fields.c, differential against jansson.
+/* libFuzzer target for gateway/front/body_fields.c, differential against jansson.
  *
  * Each input is a request body: when jansson (JSON_REJECT_DUPLICATES, as
  * the gateway used it) loads it as an object, the scan must accept it and
@@ -9,7 +9,7 @@
  * the usage scan: fed whole, in two pieces cut where the first byte says,
  * and byte by byte, it must read the same completion_tokens each time.
  * Violations are __builtin_trap so the fuzzer keeps them. */
-#include "gateway/body_fields.h"
+#include "gateway/front/body_fields.h"
 
 #include <errno.h>
 #include <jansson.h>

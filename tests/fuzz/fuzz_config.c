@@ -8,8 +8,8 @@
  * tenants with keys, non-negative rates); its tenant table must build, and
  * the input itself, tried as a bearer key, must authenticate at most one
  * tenant. Violations are __builtin_trap so the fuzzer keeps them. */
-#include "gateway/config.h"
-#include "gateway/tenant.h"
+#include "gateway/config/config.h"
+#include "gateway/front/tenant.h"
 
 #include <errno.h>
 #include <stdbool.h>

@@ -10,7 +10,7 @@
 #ifndef FUZZ_HTTP_SERVER_H
 #define FUZZ_HTTP_SERVER_H
 
-#include "gateway/http_internal.h"
+#include "gateway/http/http_internal.h"
 #include "fuzz_loop.h"
 
 #include <signal.h>

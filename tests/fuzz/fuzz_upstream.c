@@ -13,7 +13,7 @@
  * Build: cmake -B build-fuzz -DCMAKE_C_COMPILER=clang -DINFERGATE_FUZZ=ON
  *        && cmake --build build-fuzz --target fuzz_upstream
  * Run:   ./build-fuzz/fuzz_upstream -max_total_time=180 CORPUS_DIR tests/fuzz/corpus_upstream */
-#include "gateway/upstream_internal.h"
+#include "gateway/upstream/upstream_internal.h"
 #include "fuzz_loop.h"
 
 #include <signal.h>

@@ -22,7 +22,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strcasestr, strptime, timegm */
 #endif
-#include "gateway/http_internal.h"
+#include "gateway/http/http_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "gateway/access_log.h"
+#include "gateway/front/access_log.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-/* Tests of the gateway's JSON field scans (gateway/body_fields.c): the
+/* Tests of the gateway's JSON field scans (gateway/front/body_fields.c): the
  * request body fields (model, max_completion_tokens over max_tokens) with
  * escapes in keys and values, nesting, numbers, whitespace, duplicates of
  * the fields read, a table of malformed bodies, every truncation of valid
@@ -11,7 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "gateway/body_fields.h"
+#include "gateway/front/body_fields.h"
 
 #include <errno.h>
 #include <jansson.h>

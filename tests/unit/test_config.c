@@ -15,7 +15,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "gateway/config.h"
+#include "gateway/config/config.h"
 #include "runtime/chat.h"
 
 #include <errno.h>

@@ -11,7 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "gateway/gpu_list.h"
+#include "gateway/supervisor/gpu_list.h"
 
 #include <errno.h>
 #include <stdio.h>

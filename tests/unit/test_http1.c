@@ -1,5 +1,5 @@
-/* Tests of the HTTP server's HTTP/1.x sessions (gateway/http1.c) and of
- * the protocol choice on a cleartext port (gateway/http_server.c): curl
+/* Tests of the HTTP server's HTTP/1.x sessions (gateway/http/http1.c) and of
+ * the protocol choice on a cleartext port (gateway/http/server.c): curl
  * --http1.1 and --http1.0 as child processes for what clients do (GET,
  * POST with Content-Length and chunked bodies, keep-alive, streamed
  * responses, HEAD, 413), raw sockets for what they do not (malformed

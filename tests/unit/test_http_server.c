@@ -1,4 +1,4 @@
-/* Tests of the HTTP/2 server (gateway/http_server.c, gateway/listen.c)
+/* Tests of the HTTP/2 server (gateway/http/server.c, gateway/http/listen.c)
  * with real clients: curl --http2-prior-knowledge and h2load run as child
  * processes while this process runs the server's loop, and a small
  * nghttp2 client session on a socket, driven by the same loop, for what the

@@ -1,5 +1,5 @@
-/* Tests of the HTTP server over TLS (gateway/tls.c and the ALPN choice in
- * gateway/http_server.c): a self-signed P-256 certificate made by
+/* Tests of the HTTP server over TLS (gateway/http/tls.c and the ALPN choice in
+ * gateway/http/server.c): a self-signed P-256 certificate made by
  * `openssl req` in a scratch directory, curl -k as the client. ALPN gives
  * h2 or http/1.1 on one port, both carry whole, uploaded and streamed
  * bodies, HTTP/1.0 streams end with close_notify, TLS 1.1 is refused by

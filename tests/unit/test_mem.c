@@ -1,4 +1,4 @@
-/* Tests of the small-object allocator (gateway/mem.c): every size up to
+/* Tests of the small-object allocator (gateway/base/mem.c): every size up to
  * past the largest class keeps its bytes, realloc keeps contents when it
  * grows and shrinks, calloc zeroes (and refuses an overflowing count),
  * blocks freed are reused without overlap whatever the size, more frees
@@ -11,7 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "gateway/mem.h"
+#include "gateway/base/mem.h"
 
 #include <nghttp2/nghttp2.h>
 #include <pthread.h>

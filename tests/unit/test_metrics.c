@@ -10,7 +10,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "gateway/metrics.h"
+#include "gateway/front/metrics.h"
 
 #include <errno.h>
 #include <math.h>

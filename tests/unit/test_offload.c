@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "gateway/offload.h"
+#include "gateway/base/offload.h"
 
 #include <event2/event.h>
 #include <event2/thread.h>

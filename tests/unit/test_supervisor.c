@@ -5,10 +5,10 @@
  * /internal/stats, but leaves one stats request unanswered, or exits at
  * once the first time it starts — faults a real worker cannot be made to
  * show on demand. */
-#include "gateway/config.h"
-#include "gateway/http.h"
-#include "gateway/supervisor.h"
-#include "gateway/upstream.h"
+#include "gateway/config/config.h"
+#include "gateway/http/http.h"
+#include "gateway/supervisor/supervisor.h"
+#include "gateway/upstream/upstream.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -18,7 +18,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "gateway/cli.h"
+#include "gateway/cmd/cli.h"
 #include "routing/region.h"
 #include "routing/sync.h"
 

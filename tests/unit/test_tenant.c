@@ -9,9 +9,9 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "gateway/cli.h"
-#include "gateway/config.h"
-#include "gateway/tenant.h"
+#include "gateway/cmd/cli.h"
+#include "gateway/config/config.h"
+#include "gateway/front/tenant.h"
 
 
 #include <errno.h>

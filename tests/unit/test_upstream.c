@@ -1,6 +1,6 @@
-/* Tests of the upstream HTTP/2 client pool (gateway/upstream.c,
- * gateway/upstream_conn.c) against the project's own HTTP/2 server
- * (gateway/http.h), an independently written peer, run on the same loop in
+/* Tests of the upstream HTTP/2 client pool (gateway/upstream/upstream.c,
+ * gateway/upstream/conn.c) against the project's own HTTP/2 server
+ * (gateway/http/http.h), an independently written peer, run on the same loop in
  * this process: over a Unix socket, TCP and TLS. Where a fault is needed
  * that the server cannot make on cue, a small fault-injecting peer in this
  * file plays the server: one that accepts and closes, one that accepts and
@@ -16,8 +16,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "gateway/http_internal.h"     /* to count the server's connections */
-#include "gateway/upstream_internal.h" /* to count the pool's connections */
+#include "gateway/http/http_internal.h"     /* to count the server's connections */
+#include "gateway/upstream/upstream_internal.h" /* to count the pool's connections */
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,0 +1,195 @@
+/* `infergate region`: operator commands on the fleet's shared state in
+ * Redis. `region set-price` writes a region's run-time price, which every
+ * gateway applies within a second (routing/sync.h: the price override key
+ * and its announcement). */
+#include "gateway/cmd/cli.h"
+#include "gateway/base/num.h"
+#include "gateway/config/config.h"
+#include "routing/sync.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void region_usage(FILE *f)
+{
+    fprintf(f, "usage: infergate region set-price REGION --input X --output Y [options]\n"
+               "\n"
+               "Sets REGION's price per million input and output tokens for every gateway of the\n"
+               "cluster (it overrides the price in that region's config until set again).\n"
+               "\n"
+               "options:\n"
+               "  --redis HOST:PORT   Redis server (default 127.0.0.1:6379; [v6addr]:PORT for IPv6)\n"
+               "  --password P        Redis password (default: $INFERGATE_REDIS_PASSWORD, which keeps it\n"
+               "                      out of the process list)\n"
+               "  --db N              Redis database (default 0)\n"
+               "  --cluster NAME      key prefix shared by the fleet (default \"default\")\n"
+               "  --config FILE       take Redis and cluster from a gateway config (the options above\n"
+               "                      override it)\n");
+}
+
+/* "HOST:PORT", "[v6]:PORT" or "HOST" (port 6379). host points into buf. */
+static int parse_redis_addr(const char *s, char *buf, size_t buf_len, const char **host, int *port)
+{
+    long p = 6379;
+    size_t len = strlen(s);
+    if (len == 0 || len >= buf_len)
+        return -1;
+    memcpy(buf, s, len + 1);
+    char *colon;
+    if (buf[0] == '[') {
+        char *close = strchr(buf, ']');
+        if (!close || close == buf + 1 || (close[1] && close[1] != ':'))
+            return -1;
+        *close = '\0';
+        *host = buf + 1;
+        colon = close[1] ? close + 1 : NULL;
+    } else {
+        colon = strrchr(buf, ':');
+        if (colon && strchr(buf, ':') != colon)
+            return -1; /* a bare IPv6 address needs brackets */
+        if (colon)
+            *colon = '\0';
+        *host = buf;
+        if (!**host)
+            return -1;
+    }
+    if (colon && gw_parse_int(colon + 1, 1, 65535, &p))
+        return -1;
+    *port = (int)p;
+    return 0;
+}
+
+static int set_price(int argc, char **argv)
+{
+    route_sync_opts o;
+    route_sync_opts_default(&o);
+    o.password = getenv("INFERGATE_REDIS_PASSWORD");
+    const char *region = NULL;
+    double input = -1, output = -1;
+    bool has_in = false, has_out = false;
+    char addr[300];
+    const char *config = NULL;
+    bool has_redis = false, has_password = false, has_db = false, has_cluster = false;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            region_usage(stdout);
+            return 0;
+        }
+        if (a[0] != '-') {
+            if (region) {
+                fprintf(stderr, "infergate region set-price: one region at a time ('%s' and '%s')\n", region,
+                        a);
+                return 2;
+            }
+            region = a;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "infergate region set-price: %s needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long n;
+        if (!strcmp(a, "--input") || !strcmp(a, "--output")) {
+            double d;
+            if (gw_parse_float(v, &d) || d < 0) {
+                fprintf(stderr, "infergate region set-price: %s: '%s' is not a price (a number >= 0)\n", a,
+                        v);
+                return 2;
+            }
+            if (a[2] == 'i') {
+                input = d;
+                has_in = true;
+            } else {
+                output = d;
+                has_out = true;
+            }
+        } else if (!strcmp(a, "--redis")) {
+            if (parse_redis_addr(v, addr, sizeof(addr), &o.host, &o.port)) {
+                fprintf(stderr, "infergate region set-price: --redis: '%s' is not HOST:PORT\n", v);
+                return 2;
+            }
+            has_redis = true;
+        } else if (!strcmp(a, "--password")) {
+            o.password = v;
+            has_password = true;
+        } else if (!strcmp(a, "--db")) {
+            if (gw_parse_int(v, 0, 1000000, &n)) {
+                fprintf(stderr, "infergate region set-price: --db: '%s' is not a database number\n", v);
+                return 2;
+            }
+            o.db = (int)n;
+            has_db = true;
+        } else if (!strcmp(a, "--cluster")) {
+            o.cluster = v;
+            has_cluster = true;
+        } else if (!strcmp(a, "--config")) {
+            config = v;
+        } else {
+            fprintf(stderr, "infergate region set-price: unknown option '%s'\n\n", a);
+            region_usage(stderr);
+            return 2;
+        }
+    }
+    if (!region || !has_in || !has_out) {
+        fprintf(stderr, "infergate region set-price: REGION, --input and --output are needed\n\n");
+        region_usage(stderr);
+        return 2;
+    }
+    char err[512];
+    gw_config *cfg = NULL;
+    if (config) {
+        int rc = gw_config_load(config, &cfg, err, sizeof(err));
+        if (rc) {
+            fprintf(stderr, "infergate region set-price: %s\n", err);
+            return 1;
+        }
+        if (!has_redis && !cfg->redis.address) {
+            fprintf(stderr, "infergate region set-price: %s has no redis address (give --redis)\n", config);
+            gw_config_free(cfg);
+            return 1;
+        }
+        if (!has_redis) {
+            o.host = cfg->redis.host;
+            o.port = cfg->redis.port;
+        }
+        if (!has_password && cfg->redis.password)
+            o.password = cfg->redis.password;
+        if (!has_db)
+            o.db = cfg->redis.db;
+        if (cfg->redis.address)
+            o.command_timeout_ms = cfg->redis.timeout_ms;
+        if (!has_cluster)
+            o.cluster = cfg->cluster;
+    }
+    int rc = route_set_price(&o, region, input, output, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "infergate region set-price: %s\n", err);
+        gw_config_free(cfg);
+        return 1;
+    }
+    if (err[0])
+        fprintf(stderr, "infergate region set-price: warning: %s\n", err);
+    printf("region %s (cluster %s): input %g, output %g per million tokens\n", region, o.cluster, input,
+           output);
+    gw_config_free(cfg);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+int gw_cmd_region(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        region_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "set-price"))
+        return set_price(argc - 1, argv + 1);
+    fprintf(stderr, "infergate region: unknown command '%s'\n\n", argv[1]);
+    region_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,65 @@
+/* The config loader's YAML walker, shared by config.c (listeners, workers,
+ * tenants, limits) and config_routing.c (region, Redis, routing, peers):
+ * strict typed getters that report "FILE:LINE: KEY: why" and return
+ * -EINVAL (or -ENOMEM). Not for use outside the config module. */
+#ifndef GW_CONFIG_INTERNAL_H
+#define GW_CONFIG_INTERNAL_H
+
+#include "gateway/config/config.h"
+
+#include <yaml.h>
+
+#define CFG_PATH_MAX 256
+
+typedef struct cfg_parser {
+    const char *file;
+    yaml_document_t *doc;
+    unsigned char *used; /* per node: visited once already (an alias) */
+    char *err;
+    size_t err_len;
+} cfg_parser;
+
+/* Fills p->err for node n (its line) and key path; returns -EINVAL. */
+int gw_cfg_perr(cfg_parser *p, const yaml_node_t *n, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Key paths for messages, CFG_PATH_MAX bytes, cut short when deep. */
+void gw_cfg_path_key(char *out, const char *parent, const char *key);
+void gw_cfg_path_idx(char *out, const char *parent, int i);
+
+/* A map with exactly the given keys allowed: vals[k] is keys[k]'s value
+ * node or NULL. Unknown and repeated keys are errors. */
+int gw_cfg_map_take(cfg_parser *p, const yaml_node_t *map, const char *path, const char *const *keys,
+                    int n_keys, yaml_node_t **vals);
+int gw_cfg_seq_take(cfg_parser *p, const yaml_node_t *n, const char *path, int max, int *count);
+int gw_cfg_seq_item(cfg_parser *p, const yaml_node_t *seq, int i, const char *path, yaml_node_t **out);
+
+/* Scalars. Strings: non-empty, no control characters, replacing *out.
+ * Numbers: plain (unquoted) decimal, 0 to max. */
+int gw_cfg_str(cfg_parser *p, const yaml_node_t *n, const char *path, char **out);
+int gw_cfg_int(cfg_parser *p, const yaml_node_t *n, const char *path, long long min, long long max,
+               long long *out);
+int gw_cfg_num(cfg_parser *p, const yaml_node_t *n, const char *path, double max, double *out);
+int gw_cfg_bool(cfg_parser *p, const yaml_node_t *n, const char *path, bool *out);
+int gw_cfg_str_list(cfg_parser *p, const yaml_node_t *n, const char *path, int max, char ***out, int *count);
+void gw_cfg_free_str_list(char **v, int n);
+
+/* HOST:PORT (numeric IPv4), [IPv6]:PORT or unix:/abs/path; NULL when
+ * valid (loopback set), else why not. */
+const char *gw_cfg_check_address(const char *s, bool *loopback);
+
+/* ---- config_routing.c ---- */
+
+/* Sets the routing defaults of a new config. 0 or -ENOMEM. */
+int gw_cfg_routing_init(gw_config *c);
+/* The top-level routing sections (each NULL when absent), after tenants
+ * and listeners are parsed. */
+int gw_cfg_parse_routing(cfg_parser *p, const yaml_node_t *region, const yaml_node_t *cluster,
+                         const yaml_node_t *redis, const yaml_node_t *routing, const yaml_node_t *peers,
+                         const yaml_node_t *peer_tls, gw_config *c);
+/* tenants[i].residency / policy: the same rules as region tags and
+ * routing.policy. */
+int gw_cfg_tags(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count);
+int gw_cfg_policy(cfg_parser *p, const yaml_node_t *n, const char *path, gw_route_policy *out);
+void gw_cfg_routing_free(gw_config *c);
+
+#endif

@@ -1,0 +1,77 @@
+/* State of `infergate serve` shared by serve.c (lifecycle: config, signals,
+ * workers, drain) and proxy.c (one client request: auth, limits, the
+ * worker choice, the upstream stream, access log and metrics). */
+#ifndef GW_SERVE_INTERNAL_H
+#define GW_SERVE_INTERNAL_H
+
+#include "gateway/config/config.h"
+#include "gateway/http/http.h"
+#include "gateway/front/metrics.h"
+#include "gateway/supervisor/supervisor.h"
+#include "gateway/front/tenant.h"
+#include "gateway/upstream/upstream.h"
+
+#include <stdio.h>
+
+struct event;
+typedef struct route_table route_table;
+typedef struct route_sync route_sync;
+typedef struct route_region route_region;
+
+/* Retries a gateway may make before its budget has saved any: a budget
+ * that started at 0 failed over none of the first requests after a start
+ * (four of them at the default 0.2), as Envoy's min_retry_concurrency
+ * avoids. */
+#define GW_RETRY_TOKENS_START 3
+
+typedef struct gw_serve {
+    struct event_base *base;
+    gw_config *cfg;      /* as started: listeners and workers */
+    gw_config *reloaded; /* the last SIGHUP's config: tenants refer to it */
+    gw_http_server *http;
+    gw_upstream_pool *pool;
+    gw_supervisor *sup;
+    gw_tenants *tenants;
+    gw_metrics *metrics;
+    struct gw_alog *alog; /* NULL: logging off */
+    bool own_access_log;  /* a file, opened again on SIGHUP */
+    struct event *sigterm, *sigint, *sighup, *drain_timer, *metrics_timer;
+    route_table *table; /* NULL without a region section: local workers only */
+    route_sync *sync;   /* NULL without Redis */
+    struct event *heartbeat;
+    unsigned long long fd_limit; /* the open-file limit, raised at start (0: unknown) */
+    double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1;
+                          * starts at GW_RETRY_TOKENS_START where the budget is not 0 */
+    bool draining;
+    double drain_deadline;
+    const char *listen_override; /* --listen: replaces the first listener's address, reloads too */
+    uint32_t up_window;          /* the upstream stream window, fixed at start */
+    uint64_t next_request;
+    long started; /* epoch s: the "created" of the models it lists */
+} gw_serve;
+
+/* gw_http_handler callbacks of the front door (proxy.c). */
+void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *req);
+void gw_proxy_on_head(void *ud, gw_http_stream *s, const gw_http_request *req);
+void gw_proxy_on_refused(void *ud, int status, const char *method, const char *path, const char *protocol);
+void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished);
+void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud);
+/* regions.c: cross-region routing state. */
+int gw_regions_start(gw_serve *g, char *err, size_t err_len);
+void gw_regions_stop(gw_serve *g);
+/* Publishes this region's record now (a drain begun: peers must stop
+ * sending before the listeners close, not a TTL later). */
+void gw_regions_publish(gw_serve *g);
+bool gw_regions_enabled(const gw_serve *g);
+/* Where this gateway reaches region r (a peers entry overrides the record). */
+const char *gw_regions_target(const gw_serve *g, const route_region *r);
+char *gw_regions_json(gw_serve *g, size_t *len);
+char *gw_regions_dashboard(gw_serve *g, size_t *len);
+int64_t gw_epoch_ms(void);
+
+/* Declares the metric families (once at start). */
+int gw_proxy_metrics_init(gw_metrics *m);
+/* Refreshes the per-worker gauges from the supervisor. */
+void gw_proxy_metrics_workers(gw_serve *g);
+
+#endif
