@@ -3,6 +3,7 @@
  * an operator with redis-cli) writes these fields; the table of regions with
  * what this gateway adds to each (RTT, freshness, ejection). */
 #include "routing/region.h"
+#include "gateway/base/clock.h"
 #include "routing/route_internal.h"
 
 #include <arpa/inet.h>
@@ -382,13 +383,6 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
         return rc;
     *r = tmp;
     return 0;
-}
-
-int64_t route_clock_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ---- checks ---- */

@@ -117,7 +117,7 @@ typedef struct route_region {
     route_record rec;
     uint64_t id;     /* new for each region the table takes in: see route_region_is */
     bool local;      /* this gateway's own region */
-    int64_t seen_ms; /* when this gateway last received the record (route_clock_ms) */
+    int64_t seen_ms; /* when this gateway last received the record (gw_mono_ms) */
     bool graced;     /* a recovery grace raised seen_ms since the record last changed: once only */
     /* RTT from here, from HTTP/2 PINGs (local region: 0). */
     double rtt_ewma_ms, rtt_p95_ms;
@@ -133,11 +133,11 @@ typedef struct route_region {
 typedef struct route_table route_table;
 
 /* The clock of a table's own times (seen_ms, ejection, probes, the store
- * going away): CLOCK_MONOTONIC in ms, so that a step of the wall clock
- * neither keeps a region ejected nor a dead one fresh. Every now_ms given
- * to the table and the router is this clock's; a record's updated_ms stays
- * its publisher's wall clock, only ever compared with itself. */
-int64_t route_clock_ms(void);
+ * going away) is gw_mono_ms (gateway/base/clock.h), so that a step of the
+ * wall clock neither keeps a region ejected nor a dead one fresh. Every
+ * now_ms given to the table and the router is this clock's; a record's
+ * updated_ms stays its publisher's wall clock, only ever compared with
+ * itself. */
 
 typedef struct route_table_opts {
     int64_t stale_after_ms; /* a record older than this leaves the candidates (e.g. 3 heartbeats) */

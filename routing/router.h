@@ -56,7 +56,7 @@ typedef struct route_query {
     double max_price; /* <= 0: no cap */
     route_policy policy;
     double slo_ms; /* cost policy: latency bound */
-    int64_t now_ms; /* route_clock_ms() */
+    int64_t now_ms; /* gw_mono_ms() */
 } route_query;
 
 #define ROUTE_MAX_CANDIDATES 16

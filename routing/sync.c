@@ -39,6 +39,7 @@
  * issued from a callback during the free fail with -ENOTCONN). */
 #define _GNU_SOURCE
 #include "routing/sync.h"
+#include "gateway/base/clock.h"
 #include "routing/instance.h"
 #include "routing/route_internal.h"
 
@@ -132,7 +133,7 @@ enum conn_kind { CONN_CMD, CONN_SUB };
 typedef struct sibling {
     char id[ROUTE_INSTANCE_ID_LEN + 1];
     uint64_t digest;    /* of its entry's bytes */
-    int64_t changed_ms; /* route_clock_ms() when we saw them */
+    int64_t changed_ms; /* gw_mono_ms() when we saw them */
 } sibling;
 
 typedef struct sync_conn {
@@ -142,7 +143,7 @@ typedef struct sync_conn {
     bool ready;
     int setup_left; /* setup replies still awaited */
     int backoff_ms;
-    int64_t ready_ms;       /* route_clock_ms() when it became ready */
+    int64_t ready_ms;       /* gw_mono_ms() when it became ready */
     struct event *setup_ev; /* setup deadline */
     struct event *retry_ev; /* reconnect after back-off */
 } sync_conn;
@@ -195,7 +196,7 @@ struct route_sync {
 
     struct event *heartbeat_ev, *full_read_ev;
     bool scan_active;
-    int64_t scan_started_ms; /* route_clock_ms */
+    int64_t scan_started_ms; /* gw_mono_ms */
     bool rescan; /* a full read was asked for during one: its SCAN may have passed news */
     /* A Redis that answers with errors (a replica after a failover says
      * READONLY, a full one OOM) freezes the table's clock as a lost one
@@ -220,7 +221,7 @@ struct route_sync {
     char instance[ROUTE_INSTANCE_ID_LEN + 1];
     sibling sib[SYNC_MAX_SIBLINGS];
     int n_sib;
-    int64_t sib_seen_ms; /* when sib[] was last read (route_clock_ms) */
+    int64_t sib_seen_ms; /* when sib[] was last read (gw_mono_ms) */
 
     sync_req *pending; /* every request in flight */
     int n_pending;
@@ -229,13 +230,6 @@ struct route_sync {
     bool freeing;
     char err[256];
 };
-
-static int64_t epoch_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static struct timeval ms_tv(int ms)
 {
@@ -258,7 +252,7 @@ static void store_failed(route_sync *s)
 {
     s->scan_failed = true;
     if (!s->freeing)
-        route_table_set_shared_ok(s->table, false, route_clock_ms());
+        route_table_set_shared_ok(s->table, false, gw_mono_ms());
 }
 
 /* Names become Redis keys and response headers: keep them to a safe set. */
@@ -439,7 +433,7 @@ static void local_to_table(route_sync *s)
         return;
     route_record e;
     local_effective(s, &e);
-    int rc = route_table_upsert(s->table, &e, true, route_clock_ms());
+    int rc = route_table_upsert(s->table, &e, true, gw_mono_ms());
     if (rc)
         set_err(s, "routing table: cannot add the local region %s: %s", e.name, strerror(-rc));
 }
@@ -600,7 +594,7 @@ static void write_local(route_sync *s, bool announce)
         return;
     }
     local_effective(s, &q->rec);
-    q->rec.updated_ms = epoch_ms();
+    q->rec.updated_ms = gw_epoch_ms();
 
     char key[SYNC_KEY_MAX], pkey[SYNC_KEY_MAX], ttl[32], field[sizeof(ROUTE_INSTANCE_PREFIX) + 16];
     snprintf(key, sizeof(key), "%s%s", s->prefix_region, q->rec.name);
@@ -624,7 +618,7 @@ static void write_local(route_sync *s, bool announce)
     char gone[SYNC_MAX_SIBLINGS][sizeof(field)];
     const char *hdel[2 + SYNC_MAX_SIBLINGS] = {"HDEL", key};
     int n_gone = 0;
-    int64_t now = route_clock_ms(), ttl_ms = (int64_t)s->o.heartbeat_ms * s->o.ttl_heartbeats;
+    int64_t now = gw_mono_ms(), ttl_ms = (int64_t)s->o.heartbeat_ms * s->o.ttl_heartbeats;
     for (int i = 0; i < s->n_sib && now - s->sib_seen_ms <= 2 * (int64_t)s->o.heartbeat_ms; i++)
         if (now - s->sib[i].changed_ms > ttl_ms) {
             snprintf(gone[n_gone], sizeof(gone[0]), ROUTE_INSTANCE_PREFIX "%s", s->sib[i].id);
@@ -677,7 +671,7 @@ static void track_siblings(route_sync *s, const sync_req *q, const redisReply *h
         return; /* said by on_write */
     sibling next[SYNC_MAX_SIBLINGS];
     int n = 0;
-    int64_t now = route_clock_ms();
+    int64_t now = gw_mono_ms();
     bool gap = now - s->sib_seen_ms > 2 * (int64_t)s->o.heartbeat_ms;
     s->sib_seen_ms = now;
     for (size_t i = 0; i + 1 < h->elements && n < SYNC_MAX_SIBLINGS; i += 2) {
@@ -909,7 +903,7 @@ static void on_read(route_sync *s, sync_req *q, redisReply *r)
     route_region *cur = route_table_find(s->table, q->name);
     if (cur && (cur->local || record_equal(&cur->rec, &rec)))
         return;
-    int rc = route_table_upsert(s->table, &rec, false, route_clock_ms());
+    int rc = route_table_upsert(s->table, &rec, false, gw_mono_ms());
     if (rc == -EPERM)
         set_err(s, "region %s: endpoint %s is not tls: (peers use mutual TLS): refused", q->name,
                 rec.endpoint);
@@ -943,7 +937,7 @@ static void full_read_start(route_sync *s)
     s->scan_active = true;
     s->rescan = false;
     s->scan_failed = false;
-    s->scan_started_ms = route_clock_ms();
+    s->scan_started_ms = gw_mono_ms();
     send_scan(s, "0");
 }
 
@@ -979,7 +973,7 @@ static void on_scan(route_sync *s, redisReply *r)
         if (!s->scan_failed)
             route_table_note_full_read(s->table, s->scan_started_ms);
         if (!s->scan_failed && s->write_ok && route_sync_connected(s))
-            route_table_set_shared_ok(s->table, true, route_clock_ms());
+            route_table_set_shared_ok(s->table, true, gw_mono_ms());
         if (s->rescan)
             full_read_start(s);
     } else
@@ -1114,7 +1108,7 @@ static void on_req_reply(redisAsyncContext *ac, void *r, void *privdata)
         req_free(q);
         return;
     }
-    s->last_ok_ms = epoch_ms();
+    s->last_ok_ms = gw_epoch_ms();
     switch (q->kind) {
     case REQ_WRITE:
         on_write(s, q, reply);
@@ -1175,7 +1169,7 @@ static void conn_lost(sync_conn *c)
     /* The back-off starts over only for a connection that stayed up:
      * one that a Redis at its client limit, or a proxy, closes right after
      * setup would otherwise be reopened every reconnect_min_ms. */
-    if (c->ready && route_clock_ms() - c->ready_ms >= s->o.reconnect_max_ms)
+    if (c->ready && gw_mono_ms() - c->ready_ms >= s->o.reconnect_max_ms)
         c->backoff_ms = s->o.reconnect_min_ms;
     c->ac = NULL;
     c->ready = false;
@@ -1187,7 +1181,7 @@ static void conn_lost(sync_conn *c)
         s->rescan = false;
     }
     if (!s->freeing)
-        route_table_set_shared_ok(s->table, false, route_clock_ms());
+        route_table_set_shared_ok(s->table, false, gw_mono_ms());
     conn_schedule_retry(c);
 }
 
@@ -1206,9 +1200,9 @@ static void conn_became_ready(sync_conn *c)
 {
     route_sync *s = c->s;
     c->ready = true;
-    c->ready_ms = route_clock_ms();
+    c->ready_ms = gw_mono_ms();
     evtimer_del(c->setup_ev);
-    s->last_ok_ms = epoch_ms();
+    s->last_ok_ms = gw_epoch_ms();
     if (c->kind == CONN_CMD) {
         /* Whatever peers saw of us may have expired: announce at once. */
         s->has_announced = false;
@@ -1293,7 +1287,7 @@ static void on_sub_message(redisAsyncContext *ac, void *r, void *privdata)
         reply->element[0]->type != REDIS_REPLY_STRING)
         return;
     const redisReply *kind = reply->element[0], *payload = reply->element[2];
-    s->last_ok_ms = epoch_ms();
+    s->last_ok_ms = gw_epoch_ms();
     if (!strcmp(kind->str, "subscribe")) {
         if (!c->ready && --c->setup_left == 0)
             conn_became_ready(c);
@@ -1460,16 +1454,16 @@ route_sync *route_sync_new(struct event_base *base, const route_sync_opts *o, ro
     snprintf(s->prefix_limit_at, sizeof(s->prefix_limit_at), "infergate:%s:limit-at:", s->cluster);
     snprintf(s->channel, sizeof(s->channel), "infergate:%s:events", s->cluster);
     snprintf(s->scan_match, sizeof(s->scan_match), "infergate:%s:region:*", s->cluster);
-    s->rng = (unsigned)getpid() ^ (unsigned)epoch_ms() ^ (unsigned)(uintptr_t)s;
+    s->rng = (unsigned)getpid() ^ (unsigned)gw_epoch_ms() ^ (unsigned)(uintptr_t)s;
     uint64_t id = 0;
     if (getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
-        id = ((uint64_t)rand_r(&s->rng) << 32) ^ (uint64_t)epoch_ms();
+        id = ((uint64_t)rand_r(&s->rng) << 32) ^ (uint64_t)gw_epoch_ms();
     snprintf(s->instance, sizeof(s->instance), "%016llx", (unsigned long long)id);
 
     if (conn_init(s, &s->cmd, CONN_CMD) || conn_init(s, &s->sub, CONN_SUB))
         goto fail;
     /* Until the first full read, the table has no news from the fleet. */
-    route_table_set_shared_ok(table, false, route_clock_ms());
+    route_table_set_shared_ok(table, false, gw_mono_ms());
     s->write_ok = true; /* until a write says otherwise */
     s->heartbeat_ev = event_new(base, -1, EV_PERSIST, on_heartbeat, s);
     s->full_read_ev = event_new(base, -1, EV_PERSIST, on_full_read, s);

@@ -3,6 +3,7 @@
  * chunks within the token budget), runs the model, samples, and reports
  * text through callbacks. */
 #include "runtime/sched.h"
+#include "gateway/base/clock.h"
 
 #include "runtime/model.h"
 #include "runtime/sampler.h"
@@ -135,20 +136,6 @@ void rt_sched_opts_default(rt_sched_opts *o)
     };
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-int64_t rt_sched_epoch_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void q_push(queue *q, sreq *r)
 {
     r->next = NULL;
@@ -248,7 +235,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     q->deadline_ms = r->deadline_ms;
     q->cb = r->cb;
     q->user = r->user;
-    q->t_submit = q->t_queued = now_s();
+    q->t_submit = q->t_queued = gw_mono_s();
 
     pthread_mutex_lock(&s->mu);
     int rc = 0;
@@ -360,7 +347,7 @@ static void intake(rt_sched *s)
     s->n_cancels = s->cap_cancels = 0;
     pthread_mutex_unlock(&s->mu);
 
-    int64_t now = rt_sched_epoch_ms();
+    int64_t now = gw_epoch_ms();
     for (int i = 0; i < s->n_running; i++) {
         sreq *q = s->running[i];
         const int err = n_cancels && take_cancel(ids, n_cancels, q->id) ? -ECANCELED
@@ -432,7 +419,7 @@ static void preempt_at(rt_sched *s, int v)
     rt_seq_free(r->seq);
     r->seq = NULL;
     r->n_done = 0;
-    r->t_queued = now_s();
+    r->t_queued = gw_mono_s();
     q_push_front(&s->waiting[r->prio], r);
     pthread_mutex_lock(&s->mu);
     s->n_waiting[r->prio]++;
@@ -509,7 +496,7 @@ static int promised_blocks(const rt_sched *s)
 static void admit(rt_sched *s)
 {
     int admitted[2] = {0, 0}, promised = promised_blocks(s);
-    double now = now_s();
+    double now = gw_mono_s();
     for (;;) {
         queue *q = next_queue(s, now);
         sreq *r = q->head;
@@ -539,7 +526,7 @@ static void admit(rt_sched *s)
         q_pop(q);
         r->waited_s += now - r->t_queued;
         r->n_done = 0;
-        r->t_admit = now_s();
+        r->t_admit = gw_mono_s();
         s->running[s->n_running++] = r;
         admitted[r->prio]++;
         promised += blocks;
@@ -606,7 +593,7 @@ static int batch_pass(const rt_sched *s, const sreq *r, double now)
  * count. */
 static int build_batch(rt_sched *s)
 {
-    const double now = now_s();
+    const double now = gw_mono_s();
     for (;;) {
         int n_dec = 0;
         for (int i = 0; i < s->n_running; i++)
@@ -773,7 +760,7 @@ static void step(rt_sched *s)
     int rc = rt_model_forward(s->model, s->batch, n);
     if (rc == 0)
         rt_model_parallel_for(s->model, n, sample_item, s);
-    double now = now_s();
+    double now = gw_mono_s();
     for (int i = 0; i < n; i++) {
         sreq *r = s->running[s->take[i]];
         if (rc) {
@@ -796,7 +783,7 @@ static void step(rt_sched *s)
 
 static void publish_stats(rt_sched *s)
 {
-    double now = now_s();
+    double now = gw_mono_s();
     pthread_mutex_lock(&s->mu);
     rt_sched_stats *st = &s->stats;
     st->running = s->n_running;
@@ -896,7 +883,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->stats.max_seqs = o->max_seqs;
     s->stats.max_queue = o->max_queue;
     s->stats.max_batch_tokens = o->max_batch_tokens;
-    s->rate_t0 = now_s();
+    s->rate_t0 = gw_mono_s();
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

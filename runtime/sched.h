@@ -112,10 +112,10 @@ void rt_sched_free(rt_sched *s);
  * bad token or sampling parameters (rt_sampler_params_ok); -ENOMEM; -ESHUTDOWN. On failure no event will
  * come. */
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id);
-/* The clock of deadline_ms (epoch milliseconds): a request is dropped
- * once it reads past its deadline before its first token, whether it is
- * waiting, prefilling its prompt, or preempted while it was. */
-int64_t rt_sched_epoch_ms(void);
+/* deadline_ms is epoch milliseconds (gw_epoch_ms, gateway/base/clock.h): a
+ * request is dropped once it reads past its deadline before its first
+ * token, whether it is waiting, prefilling its prompt, or preempted while
+ * it was. */
 /* How many more requests of priority p rt_sched_submit would take now
  * (slots free plus room in p's queue); 0 when it would answer -EAGAIN. */
 int rt_sched_room(rt_sched *s, rt_priority p);

@@ -3,6 +3,7 @@
  * numerics with other engines (--prompt-tokens, --show-tokens,
  * --dump-logits). */
 #include "gateway/cmd/cli.h"
+#include "gateway/base/clock.h"
 #include "gateway/base/num.h"
 
 #include "runtime/model.h"
@@ -149,13 +150,6 @@ static int parse_args(int argc, char **argv, gen_args *a)
     return 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* "1,15,27" -> ids; returns the count or -1. */
 static int parse_token_list(const char *s, int32_t n_vocab, int32_t **out)
 {
@@ -267,7 +261,7 @@ int gw_cmd_generate(int argc, char **argv)
         goto out;
     }
 
-    double t0 = now_s();
+    double t0 = gw_mono_s();
     for (int i = 0; i < n_prompt; i += PREFILL_CHUNK) {
         int n = n_prompt - i < PREFILL_CHUNK ? n_prompt - i : PREFILL_CHUNK;
         rt_batch_entry e = {.seq = seq, .tokens = prompt + i, .n_tokens = n,
@@ -277,7 +271,7 @@ int gw_cmd_generate(int argc, char **argv)
             goto out;
         }
     }
-    double t_prefill = now_s() - t0;
+    double t_prefill = gw_mono_s() - t0;
     if (a.dump_logits && (rc = dump_logits(a.dump_logits, logits, hp->n_vocab))) {
         fprintf(stderr, "generate: %s: %s\n", a.dump_logits, strerror(-rc));
         goto out;
@@ -285,7 +279,7 @@ int gw_cmd_generate(int argc, char **argv)
 
     int n_gen = 0;
     bool stopped = false;
-    t0 = now_s();
+    t0 = gw_mono_s();
     while (n_gen < a.n_predict) {
         int32_t t = rt_sampler_sample(smp, logits);
         rt_sampler_accept(smp, t);
@@ -307,7 +301,7 @@ int gw_cmd_generate(int argc, char **argv)
             goto out;
         }
     }
-    double t_decode = now_s() - t0;
+    double t_decode = gw_mono_s() - t0;
     emit(stop, !stopped);
     printf("\n");
     if (a.show_tokens) {

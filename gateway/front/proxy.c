@@ -5,6 +5,7 @@
  * client side has room for it, so a slow client holds back its upstream
  * stream instead of filling a buffer here. */
 #include "gateway/front/serve_internal.h"
+#include "gateway/base/clock.h"
 
 #include "gateway/front/access_log.h"
 #include "gateway/front/body_fields.h"
@@ -80,13 +81,6 @@ typedef struct preq {
     uint8_t *hold;
     size_t hold_len;
 } preq;
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- metrics ---- */
 
@@ -379,7 +373,7 @@ static void finish_log(preq *p, bool complete)
         return;
     p->logged = true;
     gw_serve *g = p->g;
-    double now = mono_s(), dur = now - p->t_start;
+    double now = gw_mono_s(), dur = now - p->t_start;
     double ttft = p->t_first > 0 ? p->t_first - p->t_start : -1;
     /* Without a usage object, tokens are counted in events: one each but
      * the last of a whole stream (the finish_reason) and a chat stream's
@@ -538,9 +532,9 @@ static route_region *remote_region(const preq *p)
 static void region_report(preq *p, bool ok)
 {
     if (remote_region(p) && p->probe)
-        route_region_report_probe(p->g->table, p->remote, ok, route_clock_ms(), p->probe_claim);
+        route_region_report_probe(p->g->table, p->remote, ok, gw_mono_ms(), p->probe_claim);
     else if (remote_region(p))
-        route_region_report(p->g->table, p->remote, ok, route_clock_ms());
+        route_region_report(p->g->table, p->remote, ok, gw_mono_ms());
     p->probe = false;
 }
 
@@ -822,7 +816,7 @@ static int sse_write(preq *p, const uint8_t *data, size_t len)
 static void up_data(void *ud, const uint8_t *data, size_t len)
 {
     preq *p = ud;
-    double now = mono_s();
+    double now = gw_mono_s();
     if (!p->t_first)
         p->t_first = now;
     p->t_last = now;
@@ -955,7 +949,7 @@ static void send_upstream(preq *p)
     }
     p->tries++;
     p->local_tries += !p->remote;
-    p->t_sent = mono_s();
+    p->t_sent = gw_mono_s();
     p->up = gw_upstream_send(g->pool, target, r->method, r->path, p->remote ? p->remote->rec.name : "localhost", h, n,
                              r->body, r->body_len, &up_cbs, p);
     /* A target the pool cannot use (a peer's record with an endpoint it
@@ -1062,7 +1056,7 @@ static bool try_next(preq *p)
         uint64_t id = p->route.cand_id[p->cand];
         bool probe = p->cand == 0 && p->route.probe;
         if (p->cand++ > 0 && (!route_region_is(r, id) || !route_region_allows(r, &q) ||
-                              (!r->local && !route_region_claim(r, route_clock_ms(), &probe))))
+                              (!r->local && !route_region_claim(r, gw_mono_ms(), &probe))))
             continue;
         p->probe = probe;
         p->probe_claim = probe ? route_region_probe_claim(r) : 0;
@@ -1201,7 +1195,7 @@ static void handle_models(preq *p, gw_tenant *t, const char *one, size_t one_len
     for (int i = 0; l.data && here && i < g->cfg->n_workers; i++)
         list_model(&l, g->cfg->workers[i].name);
     if (l.data && gw_regions_enabled(g))
-        route_models(g->table, need, n_need, route_clock_ms(), list_model, &l);
+        route_models(g->table, need, n_need, gw_mono_ms(), list_model, &l);
     if (one && !l.found) {
         json_decref(l.data);
         respond(p, 404, "invalid_request_error", "model_not_found", "model", 0,
@@ -1304,7 +1298,7 @@ static void dispatch(preq *p)
         .max_price = max_price,
         .policy = pol == GW_POLICY_COST ? ROUTE_COST : ROUTE_LATENCY,
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
-        .now_ms = route_clock_ms(),
+        .now_ms = gw_mono_ms(),
     };
     if (route_decide(g->table, &q, &p->route) == 0) {
         const route_decision *d = &p->route;
@@ -1330,7 +1324,7 @@ static void limit_local(preq *p)
 {
     gw_tenant *t = gw_tenants_find(p->g->tenants, p->tenant);
     int retry;
-    if (t && gw_tenant_admit(t, mono_s(), p->charged, &retry)) {
+    if (t && gw_tenant_admit(t, gw_mono_s(), p->charged, &retry)) {
         p->charged = 0;
         respond(p, 429, "rate_limit_error", "rate_limit_exceeded", NULL, retry,
                 "tenant '%s' is over its request or token rate; retry in %d s", p->tenant, retry);
@@ -1491,7 +1485,7 @@ void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
     p->req = r;
     p->worker = -1;
     gw_usage_scan_init(&p->usage);
-    p->t_start = mono_s();
+    p->t_start = gw_mono_s();
     request_id(p, r);
     gw_http_set_user(s, p);
 

@@ -3,6 +3,7 @@
  * RTT to every peer from PINGs on the pooled connections, and the routing
  * table as JSON (/v1/regions) and as a page for operators (/dashboard). */
 #include "gateway/front/serve_internal.h"
+#include "gateway/base/clock.h"
 
 #include "routing/router.h"
 #include "routing/sync.h"
@@ -21,13 +22,6 @@
 #define FORGET_MIN_MS (10 * 60 * 1000)
 
 #define MAX_REGIONS 256
-
-int64_t gw_epoch_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 bool gw_regions_enabled(const gw_serve *g)
 {
@@ -144,7 +138,7 @@ static void publish_local(gw_serve *g, int64_t now)
  * went on sending it requests. */
 static void on_workers_changed(void *ud)
 {
-    publish_local(ud, route_clock_ms());
+    publish_local(ud, gw_mono_ms());
 }
 
 /* Every heartbeat: publish ourselves, keep a pooled connection to each peer
@@ -152,7 +146,7 @@ static void on_workers_changed(void *ud)
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
 {
     gw_serve *g = arg;
-    int64_t now = route_clock_ms();
+    int64_t now = gw_mono_ms();
     publish_local(g, now);
     /* A region silent this long is gone (or never was: a stray key): no
      * longer dialled, listed or counted against the table's size. A
@@ -234,7 +228,7 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
 void gw_regions_publish(gw_serve *g)
 {
     if (g->table)
-        publish_local(g, route_clock_ms());
+        publish_local(g, gw_mono_ms());
 }
 
 void gw_regions_stop(gw_serve *g)
@@ -291,7 +285,7 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
 
 char *gw_regions_json(gw_serve *g, size_t *len)
 {
-    int64_t now = route_clock_ms(), wall = gw_epoch_ms();
+    int64_t now = gw_mono_ms(), wall = gw_epoch_ms();
     json_t *list = json_array();
     for (int i = 0; g->table && i < route_table_count(g->table); i++)
         json_array_append_new(list, region_json(g, route_table_at(g->table, i), now, wall));
@@ -328,7 +322,7 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
     FILE *f = open_memstream(&buf, &n);
     if (!f)
         return NULL;
-    int64_t now = route_clock_ms(), wall = gw_epoch_ms();
+    int64_t now = gw_mono_ms(), wall = gw_epoch_ms();
     bool redis = g->sync && route_sync_connected(g->sync);
     fprintf(f, "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=2>"
                "<title>infergate regions</title><style>"

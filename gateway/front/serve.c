@@ -4,6 +4,7 @@
  * SIGTERM drains (stop accepting, finish in-flight streams up to a grace
  * period, stop the workers). */
 #include "gateway/front/access_log.h"
+#include "gateway/base/clock.h"
 #include "gateway/cmd/cli.h"
 #include "gateway/front/serve_internal.h"
 
@@ -24,13 +25,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- the no-config default: a synthetic demo model in the cache ---- */
 
@@ -101,7 +95,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
     size_t open = gw_http_server_active_streams(g->http);
     /* The connections too, as they close: freed at once, one whose peer
      * had not read the end of its last response lost it to a reset. */
-    if ((open == 0 && !gw_http_server_has_conns(g->http)) || mono_s() > g->drain_deadline) {
+    if ((open == 0 && !gw_http_server_has_conns(g->http)) || gw_mono_s() > g->drain_deadline) {
         if (open)
             fprintf(stderr, "infergate: grace period over: closing %zu open streams\n", open);
         loop_exit(g);
@@ -133,7 +127,7 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
     fprintf(stderr, "infergate: signal %d: draining — no new connections, %zu open streams finish within %d s\n",
             (int)sig, gw_http_server_active_streams(g->http), g->cfg->drain_grace_s);
     gw_http_server_drain(g->http);
-    g->drain_deadline = mono_s() + g->cfg->drain_grace_s;
+    g->drain_deadline = gw_mono_s() + g->cfg->drain_grace_s;
     g->drain_timer = event_new(g->base, -1, EV_PERSIST, on_drain_tick, g);
     struct timeval tv = {0, 50000};
     if (!g->drain_timer || event_add(g->drain_timer, &tv))

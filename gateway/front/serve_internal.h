@@ -5,6 +5,7 @@
 #define GW_SERVE_INTERNAL_H
 
 #include "gateway/config/config.h"
+#include "gateway/base/clock.h"
 #include "gateway/http/http.h"
 #include "gateway/front/metrics.h"
 #include "gateway/supervisor/supervisor.h"
@@ -67,7 +68,6 @@ bool gw_regions_enabled(const gw_serve *g);
 const char *gw_regions_target(const gw_serve *g, const route_region *r);
 char *gw_regions_json(gw_serve *g, size_t *len);
 char *gw_regions_dashboard(gw_serve *g, size_t *len);
-int64_t gw_epoch_ms(void);
 
 /* Declares the metric families (once at start). */
 int gw_proxy_metrics_init(gw_metrics *m);

@@ -5,6 +5,7 @@
  * streams whose on_close runs outside nghttp2. See gateway/http/http_internal.h
  * for ownership and the rules on which calls may happen where. */
 #include "gateway/http/http_internal.h"
+#include "gateway/base/clock.h"
 #include "gateway/base/mem.h"
 
 #include <errno.h>
@@ -35,13 +36,6 @@
 
 /* ---- stream bounds ---- */
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Sets the stream's bound and makes sure the connection's timer comes by
  * then. The timer only ever moves earlier here; when it fires it finds
  * the next bound (a stream that moved on has a later one by then). */
@@ -52,13 +46,13 @@ static void stream_due(gw_http_stream *s, int64_t due)
     if (!due || c->lingering || c->goaway || c->dead || (c->h2_check_ms && c->h2_check_ms <= due))
         return;
     c->h2_check_ms = due;
-    int64_t ms = due - mono_ms();
+    int64_t ms = due - gw_mono_coarse_ms();
     gw_conn_set_timer(c, ms > 0 ? (int)ms : 0);
 }
 
 static void stream_due_idle(gw_http_stream *s)
 {
-    int64_t due = mono_ms() + s->conn->srv->limits.idle_timeout_ms;
+    int64_t due = gw_mono_coarse_ms() + s->conn->srv->limits.idle_timeout_ms;
     /* An answered request's body is read and dropped for a bounded time
      * in all, as HTTP/1 lingers, not for as long as it keeps coming. */
     if (s->drop_until_ms && due > s->drop_until_ms)
@@ -198,7 +192,7 @@ out:
 static void stream_drop_rest(gw_http_stream *s)
 {
     if (!s->drop_until_ms)
-        s->drop_until_ms = mono_ms() + GW_HTTP_LINGER_MS;
+        s->drop_until_ms = gw_mono_coarse_ms() + GW_HTTP_LINGER_MS;
     stream_due_idle(s);
 }
 
@@ -274,7 +268,7 @@ static int on_begin_headers_cb(nghttp2_session *ngh, const nghttp2_frame *frame,
     }
     if (c->n_streams == 1)
         c->h2_check_ms = 0; /* the idle timer gives way to the streams' bounds */
-    stream_due(s, mono_ms() + c->srv->limits.header_timeout_ms);
+    stream_due(s, gw_mono_coarse_ms() + c->srv->limits.header_timeout_ms);
     return 0;
 }
 
@@ -597,7 +591,7 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
  * the same. Peer gateways are not held to it. */
 static void conn_count_cut(gw_http_conn *c)
 {
-    int64_t now = mono_ms();
+    int64_t now = gw_mono_coarse_ms();
     if (now - c->h2_cut_since_ms > H2_CUT_WINDOW_MS) {
         c->h2_cut_since_ms = now;
         c->h2_cut = 0;
@@ -821,7 +815,7 @@ void gw_h2_on_send(gw_http_conn *c)
  * hears of it (on_close unfinished), so no upstream work waits on it. */
 static void conn_check_streams(gw_http_conn *c)
 {
-    int64_t now = mono_ms(), next = 0;
+    int64_t now = gw_mono_coarse_ms(), next = 0;
     c->h2_check_ms = 0;
     for (gw_http_stream *s = c->streams; s; s = s->next) {
         if (!s->due_ms)

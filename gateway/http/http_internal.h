@@ -205,7 +205,7 @@ struct gw_http_server {
     bool draining;                  /* gw_http_server_drain: no new requests */
     int port;                       /* of the last TCP listener, 0 if none */
     int n_listeners_added;
-    long accept_err_logged;         /* monotonic s of the last "cannot accept" line */
+    int64_t accept_err_logged;      /* gw_mono_coarse_ms of the last "cannot accept" line */
     time_t date_sec;                /* the second `date` was formatted for */
     char date[32];                  /* IMF-fixdate, for the Date header */
     nghttp2_session_callbacks *cbs; /* shared by every HTTP/2 connection */

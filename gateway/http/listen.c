@@ -4,6 +4,7 @@
  * max_connections already. Sockets are made here (not by
  * evconnlistener_new_bind) so that a failure names the exact errno. */
 #include "gateway/http/http_internal.h"
+#include "gateway/base/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -52,10 +53,9 @@ static void on_accept_error(struct evconnlistener *evl, void *arg)
         return;
     /* Said at most every 10 s: out of descriptors, clients wait in the
      * backlog and nothing else would tell why. */
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
-    if (!l->srv->accept_err_logged || now.tv_sec - l->srv->accept_err_logged >= 10) {
-        l->srv->accept_err_logged = now.tv_sec ? now.tv_sec : 1;
+    int64_t now_ms = gw_mono_coarse_ms();
+    if (!l->srv->accept_err_logged || now_ms - l->srv->accept_err_logged >= 10000) {
+        l->srv->accept_err_logged = now_ms ? now_ms : 1;
         fprintf(stderr, "http: cannot accept: %s; accepting again in %d ms (max_connections, ulimit -n)\n",
                 strerror(e), GW_ACCEPT_RETRY_MS);
     }

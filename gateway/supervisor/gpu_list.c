@@ -8,6 +8,7 @@
  * instance made lists none, and CUDA cannot use it either way. */
 #define _GNU_SOURCE /* memmem, pipe2 */
 #include "gateway/supervisor/gpu_list.h"
+#include "gateway/base/clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -221,13 +222,6 @@ nomem:
     return -ENOMEM;
 }
 
-static double mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 int gw_gpu_list_probe(const char *nvidia_smi, int timeout_ms, gw_gpu_list *out, char *err, size_t err_len)
 {
     memset(out, 0, sizeof(*out));
@@ -256,13 +250,13 @@ int gw_gpu_list_probe(const char *nvidia_smi, int timeout_ms, gw_gpu_list *out, 
     char *buf = malloc(PROBE_MAX_OUTPUT);
     size_t len = 0;
     bool timed_out = false;
-    double deadline = mono_ms() + (timeout_ms > 0 ? timeout_ms : 1);
+    double deadline = 1e3 * gw_mono_s() + (timeout_ms > 0 ? timeout_ms : 1);
     if (!buf) {
         rc = -ENOMEM;
         snprintf(err, err_len, "out of memory");
     }
     while (buf) {
-        double left = deadline - mono_ms();
+        double left = deadline - 1e3 * gw_mono_s();
         if (left <= 0) {
             timed_out = true;
             break;
@@ -293,7 +287,7 @@ int gw_gpu_list_probe(const char *nvidia_smi, int timeout_ms, gw_gpu_list *out, 
         pid_t w = waitpid(pid, &status, WNOHANG);
         if (w == pid || (w == -1 && errno != EINTR))
             break;
-        if (timed_out || mono_ms() > deadline) {
+        if (timed_out || 1e3 * gw_mono_s() > deadline) {
             timed_out = true;
             kill(pid, SIGKILL);
             while (waitpid(pid, &status, 0) == -1 && errno == EINTR)

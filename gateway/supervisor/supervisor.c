@@ -3,6 +3,7 @@
  * upstream pool every stats_interval_ms. */
 #define _GNU_SOURCE /* close_range */
 #include "gateway/supervisor/supervisor.h"
+#include "gateway/base/clock.h"
 
 #include "gateway/cmd/cli.h"
 #include "gateway/config/config.h"
@@ -88,13 +89,6 @@ static double stale_s(const gw_supervisor *s)
 {
     double every = s->cfg->stats_interval_ms > 0 ? s->cfg->stats_interval_ms / 1000.0 : 0.25;
     return 3 * every > STALE_S ? 3 * every : STALE_S;
-}
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -223,7 +217,7 @@ static int spawn(sworker *w)
     sigprocmask(SIG_SETMASK, &old, NULL);
     w->info.pid = pid;
     w->info.ready = false;
-    w->started_at = mono_s();
+    w->started_at = gw_mono_s();
     w->last_stats = 0;
     w->asked_at = 0;
     w->hang_killed = false;
@@ -282,7 +276,7 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
                 log_line("worker %d (pid %d) %s", i, (int)pid, why);
                 break;
             }
-            double up = mono_s() - w->started_at;
+            double up = gw_mono_s() - w->started_at;
             w->backoff_ms = up > STABLE_S ? BACKOFF_MIN_MS : next_backoff(w->backoff_ms);
             w->info.restarts++;
             log_line("worker %d (model %s, device %s, pid %d) %s after %.1f s; restarting in %d ms", i,
@@ -320,7 +314,7 @@ static void stats_done(sworker *w)
     if (!i->ready)
         log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,
                  (int)i->pid);
-    w->last_stats = mono_s();
+    w->last_stats = gw_mono_s();
     w->asked_at = 0;
     w->picked = 0;
     set_ready(w, i->pid != 0); /* last: the record it may refresh reads the figures above */
@@ -362,7 +356,7 @@ static const gw_upstream_cbs stats_cbs = {st_response, st_data, st_end, st_error
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     gw_supervisor *s = arg;
-    double now = mono_s();
+    double now = gw_mono_s();
     int hang = s->cfg->worker_hang_timeout_s;
     for (int i = 0; i < s->n; i++) {
         sworker *w = &s->w[i];
@@ -565,14 +559,14 @@ void gw_supervisor_stop(gw_supervisor *s)
 
 void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hurry)
 {
-    double deadline = mono_s() + grace_s, allowed = grace_s;
+    double deadline = gw_mono_s() + grace_s, allowed = grace_s;
     bool hurried = false;
     int kills = 0;
     for (;;) {
         if (hurry && *hurry && !hurried) {
             hurried = true;
-            if (mono_s() + 1 < deadline) {
-                deadline = mono_s() + 1;
+            if (gw_mono_s() + 1 < deadline) {
+                deadline = gw_mono_s() + 1;
                 allowed = 1;
             }
         }
@@ -595,7 +589,7 @@ void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hu
         }
         if (!alive)
             break;
-        if (mono_s() > deadline) {
+        if (gw_mono_s() > deadline) {
             /* Still there 10 s after a SIGKILL (sent twice): asleep in a driver call that
              * cannot be interrupted. Waiting on would hang the stop for
              * good (systemd would record a failure); init reaps it later. */
@@ -614,7 +608,7 @@ void gw_supervisor_wait(gw_supervisor *s, int grace_s, volatile sig_atomic_t *hu
                     kill(s->w[i].info.pid, SIGKILL);
                 }
             kills++;
-            deadline = mono_s() + 5;
+            deadline = gw_mono_s() + 5;
         }
         nanosleep(&(struct timespec){0, 20000000}, NULL);
     }

@@ -10,6 +10,7 @@
  * failure before that (refused, no socket file, TLS or ALPN failure, a
  * peer that closes at once) is GW_UP_CONNECT, after it GW_UP_RESET. */
 #include "gateway/upstream/upstream_internal.h"
+#include "gateway/base/clock.h"
 #include "gateway/base/mem.h"
 
 #include <errno.h>
@@ -287,7 +288,7 @@ static void conn_on_ping_ack(up_conn *c, const uint8_t *opaque)
     if (!sent || sent != c->ping_sent_ns)
         return; /* not ours, or one we gave up on */
     c->ping_sent_ns = 0;
-    uint64_t now = up_now_ns();
+    uint64_t now = gw_mono_ns();
     if (now >= sent)
         up_target_rtt_sample(c->target, (double)(now - sent) / 1000.0);
 }
@@ -541,7 +542,7 @@ static void on_send_ev(evutil_socket_t fd, short what, void *arg)
 
 static void conn_ping(up_conn *c)
 {
-    uint64_t now = up_now_ns();
+    uint64_t now = gw_mono_ns();
     int ms = pool_of(c)->ping_interval_ms;
     /* One PING in flight. One unanswered for ten intervals means a peer
      * that is up but no longer answers (a wedged process, packets dropped

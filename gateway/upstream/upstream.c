@@ -6,6 +6,7 @@
  * live in gateway/upstream/conn.c; see gateway/upstream/upstream_internal.h for who
  * owns what and which calls may happen where. */
 #include "gateway/upstream/upstream_internal.h"
+#include "gateway/base/clock.h"
 #include "gateway/base/mem.h"
 #include "routing/region.h"
 
@@ -54,13 +55,6 @@ void gw_upstream_opts_default(gw_upstream_opts *o)
         .max_streams_per_conn = 128,
         .idle_close_ms = 60000,
     };
-}
-
-uint64_t up_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- TLS context ---- */
@@ -358,7 +352,7 @@ up_target *up_target_get(gw_upstream_pool *p, const char *name)
         t->next = p->targets;
         p->targets = t;
     }
-    t->used_ns = up_now_ns();
+    t->used_ns = gw_mono_ns();
     return t;
 }
 
@@ -368,7 +362,7 @@ up_target *up_target_get(gw_upstream_pool *p, const char *name)
  * grew the pool without end. At most once a second. */
 static void sweep_targets(gw_upstream_pool *p)
 {
-    uint64_t now = up_now_ns();
+    uint64_t now = gw_mono_ns();
     if (now - p->targets_swept_ns < 1000000000u)
         return;
     p->targets_swept_ns = now;
@@ -502,7 +496,7 @@ static void stall_check(gw_upstream_req *r, uint64_t now, gw_upstream_req **stal
 static void on_stall_sweep(evutil_socket_t fd, short what, void *arg)
 {
     gw_upstream_pool *p = arg;
-    uint64_t now = up_now_ns();
+    uint64_t now = gw_mono_ns();
     gw_upstream_req *stalled = NULL, *r, *next;
     /* Taken off first, told after: a callback may send or cancel others. */
     for (r = p->pending; r; r = next) {

@@ -22,6 +22,7 @@
 #define GW_UPSTREAM_INTERNAL_H
 
 #include "gateway/upstream/upstream.h"
+#include "gateway/base/clock.h"
 
 #include <nghttp2/nghttp2.h>
 #include <sys/socket.h>
@@ -169,12 +170,11 @@ void up_target_rtt_sample(up_target *t, double us);
  * or out of memory. */
 up_target *up_target_get(gw_upstream_pool *p, const char *name);
 /* Monotonic clock in nanoseconds. */
-uint64_t up_now_ns(void);
 /* r's response moved (headers, a piece of body, or its reader took some):
  * its response timeout starts again. */
 static inline void up_req_progress(gw_upstream_req *r)
 {
-    r->moved_ns = up_now_ns();
+    r->moved_ns = gw_mono_ns();
 }
 
 /* ---- upstream_conn.c ---- */

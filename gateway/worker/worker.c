@@ -4,6 +4,7 @@
  * a mutex-protected queue and one libevent event made active from the
  * compute thread. */
 #include "gateway/cmd/cli.h"
+#include "gateway/base/clock.h"
 #include "gateway/base/num.h"
 #include "gateway/http/http.h"
 #include "gateway/worker/logprobs.h"
@@ -94,7 +95,7 @@ struct worker {
 /* The scheduler's rule, applied before it sees the request. */
 static bool deadline_passed(int64_t deadline_ms)
 {
-    return deadline_ms && rt_sched_epoch_ms() > deadline_ms;
+    return deadline_ms && gw_epoch_ms() > deadline_ms;
 }
 
 static void set_deadline_error(rt_oai_error *e)
@@ -107,13 +108,6 @@ static void set_queue_full_error(rt_oai_error *e)
 {
     rt_oai_error_set(e, 429, "rate_limit_error", NULL, "queue_full",
                      "the worker's queue is full; retry shortly");
-}
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static const gw_http_header json_headers[] = {{"content-type", "application/json"}};
@@ -885,7 +879,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
      * peer's last frames unread is reset, and the end of its last
      * response lost (each lingers at most 5 s after its GOAWAY) */
     if ((gw_http_server_active_streams(w->http) == 0 && !gw_http_server_has_conns(w->http)) ||
-        mono_s() > w->drain_deadline)
+        gw_mono_s() > w->drain_deadline)
         event_base_loopexit(w->base, NULL);
 }
 
@@ -897,7 +891,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     fprintf(stderr, "worker: signal %d: draining %zu open streams (at most %d s)\n", (int)sig,
             gw_http_server_active_streams(w->http), w->drain_grace_s);
     gw_http_server_drain(w->http);
-    w->drain_deadline = mono_s() + w->drain_grace_s;
+    w->drain_deadline = gw_mono_s() + w->drain_grace_s;
     w->drain_timer = event_new(w->base, -1, EV_PERSIST, on_drain_tick, w);
     struct timeval tv = {0, 50000};
     if (!w->drain_timer || event_add(w->drain_timer, &tv))

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "gateway/base/clock.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
 #include "runtime/sched.h"
@@ -465,7 +466,7 @@ static rt_sched *deadline_case(rt_priority prio)
                       .priority = prio,
                       .cb = on_event,
                       .user = (void *)(intptr_t)1,
-                      .deadline_ms = rt_sched_epoch_ms() + 400};
+                      .deadline_ms = gw_epoch_ms() + 400};
     rt_sampler_params_default(&r.sampling);
     uint64_t id;
     assert_int_equal(rt_sched_submit(s, &r, &id), 0);

@@ -18,6 +18,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "gateway/base/clock.h"
 #include "gateway/cmd/cli.h"
 #include "routing/region.h"
 #include "routing/sync.h"
@@ -441,7 +442,7 @@ static void test_two_gateways(void **state)
 
     /* A live peer stays fresh across heartbeats. */
     run_for(400);
-    assert_true(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
+    assert_true(route_region_fresh(ga.table, region(&ga, "us-east"), gw_mono_ms()));
 }
 
 static void test_set_price(void **state)
@@ -485,7 +486,7 @@ static void test_set_price(void **state)
     assert_true(rc_integer("PUBLISH %s us-east", "infergate:" CLUSTER ":events") >= 1);
     WAIT_UNTIL(price_in_of(&ga, "us-east") == 1.0 && price_in_of(&gb, "us-east") == 1.0);
     run_for(300);
-    assert_true(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
+    assert_true(route_region_fresh(ga.table, region(&ga, "us-east"), gw_mono_ms()));
     /* A field of someone else's beside a good override: the override holds. */
     assert_true(rc_integer("HSET %s input 3 output 4 note by-ops", "infergate:" CLUSTER ":price:us-east") >=
                 0);
@@ -544,9 +545,9 @@ static void test_full_read_and_ttl(void **state)
     const route_region *us = region(&ga, "us-east");
     assert_non_null(us);
     assert_string_equal(us->rec.tags[0], "us");
-    WAIT_UNTIL(!route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
+    WAIT_UNTIL(!route_region_fresh(ga.table, region(&ga, "us-east"), gw_mono_ms()));
     assert_non_null(region(&ga, "us-east"));
-    assert_true(route_region_fresh(ga.table, region(&ga, "eu-west"), route_clock_ms())); /* local */
+    assert_true(route_region_fresh(ga.table, region(&ga, "eu-west"), gw_mono_ms())); /* local */
 }
 
 static int n_allowed, n_limited, n_notconn, n_answers;
@@ -789,7 +790,7 @@ static void test_redis_refuses_writes(void **state)
     assert_true(r && r->type == REDIS_REPLY_STATUS);
     freeReplyObject(r);
     WAIT_UNTIL(route_table_shared_ok(ga.table) && route_table_shared_ok(gb.table));
-    WAIT_UNTIL(route_region_fresh(ga.table, region(&ga, "us-east"), route_clock_ms()));
+    WAIT_UNTIL(route_region_fresh(ga.table, region(&ga, "us-east"), gw_mono_ms()));
 }
 
 static long long connections_received(redisContext *c)
@@ -889,7 +890,7 @@ static void test_shared_region_name(void **state)
     assert_int_equal(eu_hash_len(), ROUTE_N_FIELDS + 2);
     gw_stop(&gc);
     WAIT_UNTIL(eu_hash_len() == ROUTE_N_FIELDS + 1);
-    assert_true(route_region_fresh(gb.table, region(&gb, "eu-west"), route_clock_ms()));
+    assert_true(route_region_fresh(gb.table, region(&gb, "eu-west"), gw_mono_ms()));
 
     /* A gateway started again is a new id: its previous entry goes the
      * same way. */
@@ -969,10 +970,10 @@ static void test_shared_name_old_writer(void **state)
     for (int i = 0; i < 20; i++) {
         run_for(100);
         const route_region *r = region(&gb, "ap-south");
-        if (!r->rec.healthy || r->rec.capacity != 5 || !route_region_fresh(gb.table, r, route_clock_ms()))
+        if (!r->rec.healthy || r->rec.capacity != 5 || !route_region_fresh(gb.table, r, gw_mono_ms()))
             fail_msg("ap-south, written by a gateway from before entries, read as %s, capacity %d%s",
                      r->rec.healthy ? "healthy" : "unhealthy", r->rec.capacity,
-                     route_region_fresh(gb.table, r, route_clock_ms()) ? "" : ", stale");
+                     route_region_fresh(gb.table, r, gw_mono_ms()) ? "" : ", stale");
     }
     assert_int_equal(rc_integer("HLEN %s", "infergate:" CLUSTER ":region:ap-south"), ROUTE_N_FIELDS + 1);
     writer_stop(&w_old);
