@@ -8,6 +8,8 @@
  *     - address: "0.0.0.0:8443" # HOST:PORT, [IPv6]:PORT, or unix:/path
  *       tls: {cert: FILE, key: FILE}   # TLS with ALPN h2 / http/1.1, TLS 1.2 minimum
  *         client_ca: FILE       # require client certificates signed by this CA (the peer listener)
+ *         peer_names: [NAME]    # with client_ca: the names (CN or DNS SAN) a peer's certificate
+ *                               # must carry; none: any certificate from client_ca
  *   workers:                    # default: one CPU worker on the demo model
  *     - model: FILE             # required
  *       name: ID                # model id clients ask for; default: file name without .gguf
