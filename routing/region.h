@@ -4,7 +4,8 @@
  * locally for this gateway's own region): endpoint, models, residency tags,
  * prices, capacity and load. To it each gateway adds what only it can know:
  * its RTT to that region (latency is a property of the pair), the region's
- * failure history (ejection), and how fresh the record is. */
+ * failure history (ejection), and how fresh the record is. Records are
+ * region.c's, the table table.c's. */
 #ifndef ROUTE_REGION_H
 #define ROUTE_REGION_H
 

@@ -1,7 +1,7 @@
-/* Routing internals shared by region.c (the table) and router.c (the
+/* Routing internals shared by table.c (the table) and router.c (the
  * decision): the table's slot layout with what is precomputed at upsert so
  * that route_decide compares 64-bit hashes, not strings; and the hash,
- * which sync.c and instance.c use for their digests too. */
+ * which sync_write.c and instance.c use for their digests too. */
 #ifndef ROUTE_INTERNAL_H
 #define ROUTE_INTERNAL_H
 
@@ -49,7 +49,7 @@ static inline route_slot *route__slot(route_region *r)
 
 /* FNV-1a: short names, no allocation, good enough spread for <= a few
  * thousand names; every hash match is confirmed with strcmp. Also the
- * digests of a region's entries (sync.c, instance.c), which are only ever
+ * digests of a region's entries (sync_write.c, instance.c), which are only ever
  * compared with themselves: bytes continue a hash begun at ROUTE__FNV_SEED. */
 #define ROUTE__FNV_SEED 14695981039346656037ull
 

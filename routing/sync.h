@@ -24,7 +24,15 @@
  * a deadline timer of ours, and a connection whose command misses it is
  * dropped and re-made with back-off. While Redis is away the table keeps
  * the last records (they go stale on their own clock), and on reconnect the
- * record is published and everything read again. */
+ * record is published and everything read again.
+ *
+ * Where it is done: sync.c (options, lifecycle, status), sync_conn.c (the
+ * two connections: setup, reconnect, deadlines, reply dispatch),
+ * sync_write.c (the local record, the heartbeat write, announcements),
+ * sync_read.c (peers' records: announced and full reads, merged through
+ * routing/instance.h), sync_limit.c (the fleet-wide rate limit),
+ * set_price.c (route_set_price, blocking); their shared state is
+ * sync_internal.h. */
 #ifndef ROUTE_SYNC_H
 #define ROUTE_SYNC_H
 

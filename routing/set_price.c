@@ -1,0 +1,120 @@
+/* `infergate region set-price` (routing/sync.h): the price override
+ * written and announced over a blocking connection of its own, for the
+ * command line (the gateway's sync is asynchronous and reads it back). */
+#define _GNU_SOURCE
+#include "routing/sync_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static int blocking_command(redisContext *c, const char *addr, int argc, const char **argv,
+                            long long *integer, char *err, size_t err_len)
+{
+    redisReply *r = redisCommandArgv(c, argc, argv, NULL);
+    if (!r) {
+        snprintf(err, err_len, "Redis at %s: %s: %s", addr, argv[0], c->errstr[0] ? c->errstr : "no reply");
+        return c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIMEDOUT : -EIO;
+    }
+    int rc = 0;
+    if (r->type == REDIS_REPLY_ERROR) {
+        snprintf(err, err_len, "Redis at %s: %s: %s", addr, argv[0], r->str);
+        rc = !strncmp(r->str, "NOAUTH", 6) || !strncmp(r->str, "WRONGPASS", 9) || !strcmp(argv[0], "AUTH")
+                 ? -EACCES
+                 : -EIO;
+    } else if (integer) {
+        *integer = r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+int route_set_price(const route_sync_opts *o, const char *region, double input, double output, char *err,
+                    size_t err_len)
+{
+    if (err_len)
+        err[0] = '\0';
+    if (!region || !route_sync__name_ok(region)) {
+        snprintf(err, err_len, "region name '%s' must be 1-63 of [A-Za-z0-9._-]", region ? region : "");
+        return -EINVAL;
+    }
+    if (!(input >= 0 && input <= ROUTE_MAX_PRICE) || !(output >= 0 && output <= ROUTE_MAX_PRICE)) {
+        snprintf(err, err_len, "prices must be numbers from 0 to %g", ROUTE_MAX_PRICE);
+        return -EINVAL;
+    }
+    if (!o->host || !*o->host || o->port < 1 || o->port > 65535) {
+        snprintf(err, err_len, "a Redis address HOST:PORT is needed");
+        return -EINVAL;
+    }
+    if (!o->cluster || !route_sync__name_ok(o->cluster)) {
+        snprintf(err, err_len, "cluster name '%s' must be 1-63 of [A-Za-z0-9._-]",
+                 o->cluster ? o->cluster : "");
+        return -EINVAL;
+    }
+    if (o->db < 0) {
+        snprintf(err, err_len, "redis db %d is negative", o->db);
+        return -EINVAL;
+    }
+    char addr[SYNC_ADDR_MAX];
+    route_sync__format_addr(addr, sizeof(addr), o->host, o->port);
+    int ms = o->command_timeout_ms > 2000 ? o->command_timeout_ms : 2000;
+    struct timeval tv = route_sync__ms_tv(ms);
+    redisContext *c = redisConnectWithTimeout(o->host, o->port, tv);
+    if (!c) {
+        snprintf(err, err_len, "cannot reach Redis at %s: out of memory", addr);
+        return -ENOMEM;
+    }
+    int rc = 0;
+    if (c->err) {
+        snprintf(err, err_len, "cannot reach Redis at %s: %s", addr, c->errstr);
+        rc = -ECONNREFUSED;
+        goto out;
+    }
+    if (redisSetTimeout(c, tv) != REDIS_OK) {
+        snprintf(err, err_len, "cannot reach Redis at %s: %s", addr, c->errstr);
+        rc = -EIO;
+        goto out;
+    }
+    char db[16], in[32], out_s[32], pkey[SYNC_KEY_MAX], rkey[SYNC_KEY_MAX], channel[SYNC_KEY_MAX];
+    snprintf(db, sizeof(db), "%d", o->db);
+    snprintf(in, sizeof(in), "%.17g", input);
+    snprintf(out_s, sizeof(out_s), "%.17g", output);
+    snprintf(pkey, sizeof(pkey), "infergate:%s:price:%s", o->cluster, region);
+    snprintf(rkey, sizeof(rkey), "infergate:%s:region:%s", o->cluster, region);
+    snprintf(channel, sizeof(channel), "infergate:%s:events", o->cluster);
+    if (o->password && *o->password) {
+        const char *argv[] = {"AUTH", o->password};
+        if ((rc = blocking_command(c, addr, 2, argv, NULL, err, err_len)))
+            goto out;
+    }
+    if (o->db != 0) {
+        const char *argv[] = {"SELECT", db};
+        if ((rc = blocking_command(c, addr, 2, argv, NULL, err, err_len)))
+            goto out;
+    }
+    long long exists = 0;
+    {
+        const char *argv[] = {"EXISTS", rkey};
+        if ((rc = blocking_command(c, addr, 2, argv, &exists, err, err_len)))
+            goto out;
+    }
+    {
+        const char *argv[] = {"HSET", pkey, "input", in, "output", out_s};
+        if ((rc = blocking_command(c, addr, 6, argv, NULL, err, err_len)))
+            goto out;
+    }
+    {
+        /* After the write, so a reader told of it reads the new price. */
+        const char *argv[] = {"PUBLISH", channel, region};
+        if ((rc = blocking_command(c, addr, 3, argv, NULL, err, err_len)))
+            goto out;
+    }
+    if (!exists)
+        snprintf(err, err_len,
+                 "no gateway of region %s is publishing in cluster %s now; the price is stored and "
+                 "applies when it does",
+                 region, o->cluster);
+out:
+    redisFree(c);
+    return rc;
+}
