@@ -70,7 +70,8 @@ static void test_escapes(void **state)
     size_t n = 0;
     for (int c = 1; c < 0x20; c++)
         msg[n++] = (char)c;
-    static const char rest[] = "\x7f say \"hi\" \\ C:\\path\\ a/b caf\xc3\xa9 \xe6\xbc\xa2\xe5\xad\x97 \xf0\x9f\x98\x80";
+    static const char rest[] =
+        "\x7f say \"hi\" \\ C:\\path\\ a/b caf\xc3\xa9 \xe6\xbc\xa2\xe5\xad\x97 \xf0\x9f\x98\x80";
     memcpy(msg + n, rest, sizeof(rest));
     char *s = gw_oai_error_json(msg, "invalid_request_error", "messages[0].content", "bad\"code\\", NULL);
     json_t *j = parse(s, strlen(s));
