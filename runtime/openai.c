@@ -15,6 +15,8 @@
  * valid UTF-8 has each ill-formed subsequence replaced by U+FFFD, so a
  * response is always valid JSON whatever bytes the model produced. */
 #include "runtime/openai.h"
+#include "gateway/base/oai_error.h"
+#include "gateway/base/utf8.h"
 
 #include <jansson.h>
 
@@ -84,46 +86,7 @@ static const char *param_at(rt_oai_error *e, const char *fmt, ...)
     return e->param_buf;
 }
 
-/* ---- UTF-8 repair ---- */
-
-/* Length of the well-formed UTF-8 sequence at p (Unicode table 3-7: no
- * overlongs, no surrogates, nothing above U+10FFFF), or 0 when it is
- * ill-formed; then *skip is the length of its maximal subpart (at least 1),
- * which is what one U+FFFD replaces. */
-static size_t utf8_seq(const unsigned char *p, size_t n, size_t *skip)
-{
-    unsigned char c = p[0];
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xBF;
-    *skip = 1;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        need = 1;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else
-        return 0;
-    for (size_t i = 1; i <= need; i++) {
-        if (i >= n || p[i] < lo || p[i] > hi) {
-            *skip = i;
-            return 0;
-        }
-        lo = 0x80;
-        hi = 0xBF;
-    }
-    return need + 1;
-}
+/* ---- UTF-8 repair (gateway/base/utf8.h) ---- */
 
 /* A JSON string of n bytes of s (NUL bytes allowed: jansson escapes them),
  * repaired when it is not valid UTF-8. NULL only on ENOMEM. */
@@ -136,7 +99,7 @@ static json_t *json_text(const char *s, size_t n)
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0, skip;
     while (i < n) {
-        size_t k = utf8_seq(p + i, n - i, &skip);
+        size_t k = gw_utf8_seq(p + i, n - i, &skip);
         if (k == 0)
             break;
         i += k;
@@ -153,13 +116,13 @@ static json_t *json_text(const char *s, size_t n)
     memcpy(fixed, s, i);
     size_t o = i;
     while (i < n) {
-        size_t k = utf8_seq(p + i, n - i, &skip);
+        size_t k = gw_utf8_seq(p + i, n - i, &skip);
         if (k > 0) {
             memcpy(fixed + o, s + i, k);
             o += k;
             i += k;
         } else {
-            memcpy(fixed + o, "\xEF\xBF\xBD", 3);
+            memcpy(fixed + o, GW_UTF8_REPLACEMENT, 3);
             o += 3;
             i += skip;
         }
@@ -1052,13 +1015,5 @@ char *rt_oai_error_json(const rt_oai_error *e)
     const char *type = e->type;
     if (!type)
         type = e->status == 429 ? "rate_limit_error" : e->status >= 500 ? "server_error" : invalid_request;
-    bool ok = true;
-    json_t *err = json_object();
-    put(err, "message", json_text(e->message, strnlen(e->message, sizeof(e->message))), &ok);
-    put(err, "type", json_cstr(type), &ok);
-    put(err, "param", nullable_str(e->param), &ok);
-    put(err, "code", nullable_str(e->code), &ok);
-    json_t *o = json_object();
-    put(o, "error", done(err, ok), &ok);
-    return dump_and_free(done(o, ok));
+    return gw_oai_error_json(e->message, type, e->param, e->code, NULL);
 }

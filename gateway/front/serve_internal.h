@@ -1,6 +1,8 @@
 /* State of `infergate serve` shared by serve.c (lifecycle: config, signals,
- * workers, drain) and proxy.c (one client request: auth, limits, the
- * worker choice, the upstream stream, access log and metrics). */
+ * workers, drain), reload.c (SIGHUP), regions.c (cross-region routing),
+ * serve_metrics.c and the request path (request_internal.h: auth, limits,
+ * the worker or region choice, the upstream stream, access log and
+ * metrics). */
 #ifndef GW_SERVE_INTERNAL_H
 #define GW_SERVE_INTERNAL_H
 
@@ -51,12 +53,23 @@ typedef struct gw_serve {
     long started; /* epoch s: the "created" of the models it lists */
 } gw_serve;
 
-/* gw_http_handler callbacks of the front door (proxy.c). */
-void gw_proxy_on_request(void *ud, gw_http_stream *s, const gw_http_request *req);
-void gw_proxy_on_head(void *ud, gw_http_stream *s, const gw_http_request *req);
-void gw_proxy_on_refused(void *ud, int status, const char *method, const char *path, const char *protocol);
-void gw_proxy_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished);
-void gw_proxy_on_writable(void *ud, gw_http_stream *s, void *stream_ud);
+/* gw_http_handler callbacks of the front door: endpoints.c (on_request,
+ * on_head), request_end.c (on_refused, on_close), relay.c (on_writable). */
+void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *req);
+void gw_front_on_head(void *ud, gw_http_stream *s, const gw_http_request *req);
+void gw_front_on_refused(void *ud, int status, const char *method, const char *path, const char *protocol);
+void gw_front_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finished);
+void gw_front_on_writable(void *ud, gw_http_stream *s, void *stream_ud);
+/* reload.c: SIGHUP. Tenants, keys, limits, the routing policy, timeouts,
+ * the drain grace and TLS certificates change; the rest stays as started
+ * (said when it differs). A config that does not load changes nothing. */
+void gw_serve_reload(gw_serve *g);
+/* A tenant's config as last loaded (a reload's, else the start's); NULL
+ * when no tenant has that name. */
+const gw_tenant_cfg *gw_serve_tenant_cfg(const gw_serve *g, const char *name);
+/* serve.c: the HTTP server's limits from config c (the file limit may cut
+ * max_connections; said is whether that was said already, at start). */
+void gw_serve_http_limits(const gw_serve *g, const gw_config *c, bool said, gw_http_limits *l);
 /* regions.c: cross-region routing state. */
 int gw_regions_start(gw_serve *g, char *err, size_t err_len);
 void gw_regions_stop(gw_serve *g);
@@ -69,9 +82,10 @@ const char *gw_regions_target(const gw_serve *g, const route_region *r);
 char *gw_regions_json(gw_serve *g, size_t *len);
 char *gw_regions_dashboard(gw_serve *g, size_t *len);
 
-/* Declares the metric families (once at start). */
-int gw_proxy_metrics_init(gw_metrics *m);
+/* serve_metrics.c: declares the metric families (once at start); 0 or
+ * -ENOMEM. */
+int gw_serve_metrics_init(gw_metrics *m);
 /* Refreshes the per-worker gauges from the supervisor. */
-void gw_proxy_metrics_workers(gw_serve *g);
+void gw_serve_metrics_workers(gw_serve *g);
 
 #endif

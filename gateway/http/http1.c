@@ -16,6 +16,7 @@
  * into a reset that destroys the answer in flight. See
  * gateway/http/http_internal.h for the rules on which calls may happen where. */
 #include "gateway/http/http_internal.h"
+#include "gateway/base/oai_error.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -108,7 +109,8 @@ static void h1_reject(gw_http_conn *c, int status, const char *message)
         gw_stream_closed(s, false);
     }
     char body[320];
-    size_t n = gw_http_error_json(body, sizeof(body), message, error_code(status));
+    size_t n =
+        gw_oai_error_write(body, sizeof(body), message, "invalid_request_error", NULL, error_code(status));
     if (evbuffer_add_printf(out,
                             "HTTP/1.1 %d %s\r\ndate: %s\r\ncontent-type: application/json\r\n"
                             "content-length: %zu\r\nconnection: close\r\n\r\n",

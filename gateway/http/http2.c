@@ -7,6 +7,7 @@
 #include "gateway/http/http_internal.h"
 #include "gateway/base/clock.h"
 #include "gateway/base/mem.h"
+#include "gateway/base/oai_error.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -214,7 +215,7 @@ static void stream_reject(gw_http_stream *s, int status, const char *message, co
     char body[320];
     gw_server_refused(s->conn->srv, status, s, "HTTP/2");
     stream_drop_request(s);
-    size_t n = gw_http_error_json(body, sizeof(body), message, code);
+    size_t n = gw_oai_error_write(body, sizeof(body), message, "invalid_request_error", NULL, code);
     if (stream_submit(s, status, hdr, 1, body, n, true, -1) &&
         nghttp2_submit_rst_stream(s->conn->ngh, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR))
         s->conn->broken = true;

@@ -252,10 +252,6 @@ int gw_conn_idle_ms(const gw_http_conn *c);
 void gw_conn_set_timer(gw_http_conn *c, int ms);
 /* Serves a connected socket, over TLS when `tls` is given. Takes `fd`. */
 int gw_conn_adopt(gw_http_server *srv, int fd, struct ssl_ctx_st *tls);
-/* The JSON body (OpenAI's error shape) of an answer the server gives
- * instead of the application. `message` and `code` need no escaping.
- * Returns the length written (truncated to fit `len`). */
-size_t gw_http_error_json(char *buf, size_t len, const char *message, const char *code);
 
 /* ---- http2.c ---- */
 

@@ -38,17 +38,6 @@ void gw_http_limits_default(gw_http_limits *l)
     l->max_connections = 10000;
 }
 
-size_t gw_http_error_json(char *buf, size_t len, const char *message, const char *code)
-{
-    int n = snprintf(buf, len,
-                     "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":null,"
-                     "\"code\":\"%s\"}}",
-                     message, code);
-    if (n < 0)
-        return 0;
-    return (size_t)n < len ? (size_t)n : len - 1;
-}
-
 /* ---- per-stream arena for request strings ---- */
 
 struct gw_arena_chunk {

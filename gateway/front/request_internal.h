@@ -1,0 +1,166 @@
+/* The front door's request path, shared by the files that make it (the
+ * process around it is serve_internal.h's). One request, one gw_front_req,
+ * from gw_front_on_request to gw_front_on_close, through:
+ *   endpoints.c    its id, who sends it (auth), the endpoint table, /v1/models
+ *   limits.c       its tenant's rates: fleet-wide through Redis, else local
+ *   dispatch.c     where it goes (a local worker or the routing decision's
+ *                  regions), and failover
+ *   relay.c        the upstream stream: the request out, the answer back
+ *   respond.c      answers made here (OpenAI error objects, small bodies)
+ *   request_end.c  its end: the access log line, metrics, settling its charge
+ * (serve_metrics.c declares the metric families they count into.) */
+#ifndef GW_REQUEST_INTERNAL_H
+#define GW_REQUEST_INTERNAL_H
+
+#include "gateway/front/serve_internal.h"
+#include "gateway/front/body_fields.h"
+
+#include "routing/router.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_NEED_TAGS 16
+#define NEED_TAG_MAX 32 /* a residency tag's bytes, its NUL included */
+#define SSE_LINE_HEAD 14 /* bytes of an SSE line that tell its kind: "data: {\"error\"" */
+
+typedef struct gw_front_req gw_front_req;
+
+struct gw_front_req {
+    gw_serve *g;
+    gw_http_stream *stream; /* NULL once closed */
+    const gw_http_request *req;
+    gw_upstream_req *up;
+    char id[48];
+    char model[GW_BODY_MODEL_MAX];
+    char tenant[GW_TENANT_NAME_MAX + 1];
+    int worker, tries, status;
+    int local_tries; /* of the tries, those sent to a local worker (MAX_TRIES) */
+    bool responded, sse, logged;
+    bool sse_error;              /* the answer's stream held an error event */
+    bool cut;                    /* the upstream failed after the status went out */
+    bool stalled;                /* answered 504: the upstream held it response_timeout_ms, unanswered */
+    bool forwarded;              /* came from a peer region: served here, never forwarded again */
+    bool limit_pending;          /* waiting for the shared rate limit's answer */
+    int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (limits.c) */
+    route_decision route;        /* candidate regions, in order */
+    int cand;                    /* candidates taken: the one being tried is route.cand[cand - 1] */
+    bool probe;                  /* the request is the probe of the region it is sent to */
+    uint64_t probe_claim;        /* which claim of that probe it holds (route_region_probe_claim) */
+    route_region *remote;        /* the remote region being tried; NULL when local */
+    uint64_t remote_id;          /* its id then: the table may have dropped it since (route_region_is) */
+    /* What every candidate must have, kept for failover: a record may
+     * change between the decision and a later candidate, and a reload may
+     * drop the tenant whose residency it was. need[] points into need_buf;
+     * need_list is the same tags comma-joined, sent to the peer. */
+    const char *need[MAX_NEED_TAGS];
+    int n_need;
+    char need_buf[MAX_NEED_TAGS * NEED_TAG_MAX];
+    char need_list[MAX_NEED_TAGS * NEED_TAG_MAX];
+    double max_price;
+    char region[ROUTE_NAME_MAX]; /* the region that answers */
+    const char *error_kind; /* upstream failure, for the log */
+    size_t bytes_out, unconsumed;
+    double t_start, t_first, t_last;
+    double t_sent; /* when the last try went out: what hangup_tokens counts from */
+    int events;
+    char sse_head[SSE_LINE_HEAD]; /* the first bytes of the SSE line being read */
+    int sse_head_len;             /* of them; -1: past them, until the line ends */
+    gw_usage_scan usage; /* completion_tokens of the answer, read as it passes */
+    double charged;      /* tokens taken from the tenant's budget: prompt and completion estimates */
+    double charged_completion; /* of which the completion's */
+    bool charged_shared;       /* taken from the fleet-wide (Redis) bucket, not the local one */
+    /* SSE: the bytes after the last whole event, held back (relay.c) */
+    uint8_t *hold;
+    size_t hold_len;
+};
+
+/* Whether the request's path, before any query, is path. */
+static inline bool gw_front_path_is(const gw_http_request *r, const char *path)
+{
+    size_t plen = strcspn(r->path, "?");
+    return plen == strlen(path) && !strncmp(r->path, path, plen);
+}
+
+/* Writes v in decimal (at most 11 bytes, no NUL) and returns the end:
+ * printf's machinery costs more than the rest of a header. */
+static inline char *gw_front_put_int(char *o, int v)
+{
+    char digits[12];
+    int n = 0;
+    unsigned u = v < 0 ? 0u - (unsigned)v : (unsigned)v;
+    do
+        digits[n++] = (char)('0' + u % 10);
+    while (u /= 10);
+    if (v < 0)
+        *o++ = '-';
+    while (n > 0)
+        *o++ = digits[--n];
+    return o;
+}
+
+/* ---- respond.c: answers made here, with the request's id ---- */
+
+/* An OpenAI error object (message printf-style, cut at 511 bytes; code
+ * and param NULL: null), with retry-after when retry_after > 0. A response
+ * that cannot be queued resets the stream. */
+void gw_front_respond(gw_front_req *p, int status, const char *type, const char *code, const char *param,
+                      int retry_after, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+/* 405, naming the methods the path takes (RFC 9110 15.5.6) in allow. */
+void gw_front_respond_not_allowed(gw_front_req *p, const char *allow);
+/* A body of this content type, copied. */
+void gw_front_respond_plain(gw_front_req *p, int status, const char *ctype, const char *body, size_t len);
+
+/* ---- limits.c: the tenant's rates ---- */
+
+/* Charges the tenant an estimate of the request's tokens (its body's
+ * bytes / 4 for the prompt; for the answer max_tokens, or when it is not
+ * given (<= 0) 256 for a chat, 16 else) and checks its limits, fleet-wide while Redis is connected:
+ * then dispatches the request, or answers 429. The answer may come later,
+ * from Redis (p->limit_pending meanwhile). */
+void gw_front_limit(gw_front_req *p, long long max_tokens);
+/* The client left: a check of the shared limit still out is let go. */
+void gw_front_limit_cancel(gw_front_req *p);
+/* Settles the charge once the answer is known; tokens: the completion's,
+ * -1 when they were not counted. */
+void gw_front_limit_settle(gw_front_req *p, double now, int tokens);
+
+/* ---- dispatch.c: where it goes, and failover ---- */
+
+/* Sends the request to a local worker or to its first candidate region,
+ * or answers why it cannot be (400 residency or max price, 404 model, 421
+ * residency of a forwarded request, 503 nothing ready). */
+void gw_front_dispatch(gw_front_req *p);
+/* The residency tags the request needs: the tenant's (tc may be NULL),
+ * narrowed by x-infergate-residency, into need[MAX_NEED_TAGS] (pointing
+ * into buf and tc). Returns the count, -1 for a malformed header. */
+int gw_front_need_tags(gw_front_req *p, const gw_tenant_cfg *tc, char *buf, size_t cap, const char **need);
+/* A try failed before its first response byte: sends the request on (a
+ * sibling worker, the next candidate) while the retry budget lasts; false
+ * when it was not (then the caller answers). region_at_fault: the remote
+ * region tried is told it failed. */
+bool gw_front_retry(gw_front_req *p, bool region_at_fault);
+/* A local worker's KV cache is too small: a sibling's larger one, once. */
+bool gw_front_retry_on_larger(gw_front_req *p);
+/* The remote region tried, NULL when local or when the table dropped it. */
+route_region *gw_front_remote_region(const gw_front_req *p);
+/* Tells the remote region tried (if any) how the request went. */
+void gw_front_region_report(gw_front_req *p, bool ok);
+void gw_front_region_failed(gw_front_req *p);
+/* A probe the request holds and will not report goes to the next one. */
+void gw_front_probe_give_back(gw_front_req *p);
+
+/* ---- relay.c: the upstream stream ---- */
+
+/* Sends the request to p->worker, or to p->remote when set; a target that
+ * cannot be used fails as a connect would (failover included). */
+void gw_front_send_upstream(gw_front_req *p);
+
+/* ---- request_end.c ---- */
+
+/* x-infergate-route and the log's route: the decision's reason, or the
+ * failover's, composed in buf (n bytes). */
+const char *gw_front_route_said(const gw_front_req *p, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,79 @@
+/* What `infergate serve` measures: the metric families the request path
+ * counts into (declared once at start) and the per-worker gauges, read
+ * from the supervisor each time /metrics is scraped. */
+#include "gateway/front/serve_internal.h"
+
+#include "gateway/front/access_log.h"
+
+#include <errno.h>
+#include <stdio.h>
+
+static const double latency_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+static const double token_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+#define NB(a) ((int)(sizeof(a) / sizeof(a[0])))
+
+int gw_serve_metrics_init(gw_metrics *m)
+{
+    int rc = 0;
+    rc |= gw_metrics_describe(m, "infergate_requests_total", GW_COUNTER,
+                              "Requests by model, tenant, status and target.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_request_duration_seconds", GW_HISTOGRAM,
+                              "Time from request to the end of the response, at the gateway.", latency_buckets,
+                              NB(latency_buckets));
+    rc |= gw_metrics_describe(m, "infergate_ttft_seconds", GW_HISTOGRAM,
+                              "Time to the first response byte of streamed completions, at the gateway.",
+                              latency_buckets, NB(latency_buckets));
+    rc |= gw_metrics_describe(m, "infergate_tpot_seconds", GW_HISTOGRAM,
+                              "Mean time per output token of streamed completions, at the gateway.", token_buckets,
+                              NB(token_buckets));
+    rc |= gw_metrics_describe(m, "infergate_upstream_errors_total", GW_COUNTER, "Upstream failures by kind.", NULL,
+                              0);
+    rc |= gw_metrics_describe(
+        m, "infergate_requests_incomplete_total", GW_COUNTER,
+        "Answers whose status went out but not all of the answer (counted under that "
+        "status in infergate_requests_total), by why: the upstream failed (its error kind), "
+        "the stream carried an error event, or the client left.",
+        NULL, 0);
+    rc |= gw_metrics_describe(
+        m, "infergate_http_refused_total", GW_COUNTER,
+        "Requests the HTTP server answered itself (malformed, too large, too slow), by status; "
+        "status=\"refused_stream\": HTTP/2 streams refused unanswered, to be sent again.",
+        NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
+                              0);
+    rc |= gw_metrics_describe(m, "infergate_worker_running", GW_GAUGE, "Sequences running in each worker.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_kv_blocks_free", GW_GAUGE, "Free KV cache blocks per worker.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_restarts_total", GW_COUNTER, "Restarts of each worker.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(
+        m, "infergate_access_log_dropped_total", GW_COUNTER,
+        "Access log lines dropped: its reader fell a megabyte behind, or a write failed.", NULL, 0);
+    return rc ? -ENOMEM : 0;
+}
+
+void gw_serve_metrics_workers(gw_serve *g)
+{
+    gw_metrics *m = g->metrics;
+    gw_metrics_set(m, "infergate_workers_up", "", gw_supervisor_ready_count(g->sup));
+    gw_metrics_clear(m, "infergate_worker_queue_depth");
+    gw_metrics_clear(m, "infergate_worker_running");
+    gw_metrics_clear(m, "infergate_worker_kv_blocks_free");
+    for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
+        const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
+        char model[128], device[128], labels[320];
+        gw_metrics_escape(w->model, model, sizeof(model));
+        gw_metrics_escape(w->device, device, sizeof(device));
+        snprintf(labels, sizeof(labels), "worker=\"%d\",model=\"%s\",device=\"%s\"", i, model, device);
+        gw_metrics_set(m, "infergate_worker_queue_depth", labels, w->ready ? w->queued : 0);
+        gw_metrics_set(m, "infergate_worker_running", labels, w->ready ? w->running : 0);
+        /* Not ready, its cache is not known: no series, rather than a 0
+         * that reads as a full cache. */
+        if (w->ready)
+            gw_metrics_set(m, "infergate_worker_kv_blocks_free", labels, w->kv_blocks_free);
+        gw_metrics_count_to(m, "infergate_worker_restarts_total", labels, w->restarts);
+    }
+    if (g->alog)
+        gw_metrics_count_to(m, "infergate_access_log_dropped_total", "", (double)gw_alog_dropped(g->alog));
+}
