@@ -1,7 +1,7 @@
-/* The config loader's YAML walker, shared by config.c (listeners, workers,
- * tenants, limits) and config_routing.c (region, Redis, routing, peers):
- * strict typed getters that report "FILE:LINE: KEY: why" and return
- * -EINVAL (or -ENOMEM). Not for use outside the config module. */
+/* What the config loader's files share (see config.c for which does what):
+ * the YAML walker (walk.c), strict typed getters that report
+ * "FILE:LINE: KEY: why" and return -EINVAL (or -ENOMEM), and each section's
+ * parse, defaults and free. Not for use outside the config module. */
 #ifndef GW_CONFIG_INTERNAL_H
 #define GW_CONFIG_INTERNAL_H
 
@@ -43,11 +43,40 @@ int gw_cfg_bool(cfg_parser *p, const yaml_node_t *n, const char *path, bool *out
 int gw_cfg_str_list(cfg_parser *p, const yaml_node_t *n, const char *path, int max, char ***out, int *count);
 void gw_cfg_free_str_list(char **v, int n);
 
-/* HOST:PORT (numeric IPv4), [IPv6]:PORT or unix:/abs/path; NULL when
- * valid (loopback set), else why not. */
-const char *gw_cfg_check_address(const char *s, bool *loopback);
+/* A plain empty scalar (null, ~ or nothing), and a node's kind in words
+ * ("a map", "a quoted string"), for messages. */
+bool gw_cfg_is_null(const yaml_node_t *n);
+const char *gw_cfg_node_kind(const yaml_node_t *n);
+/* The value node of key in a map already taken (for an error's line), or
+ * the map itself when key is absent. */
+const yaml_node_t *gw_cfg_map_value(cfg_parser *p, const yaml_node_t *map, const char *key);
 
-/* ---- config_routing.c ---- */
+/* ---- the sections: each parse fills c (the caller frees it on error) ---- */
+
+/* root.c: the top-level map (root NULL: an empty file), after
+ * gw_cfg_root_init set the defaults of limits, logging and the scalars
+ * (0 or -ENOMEM). */
+int gw_cfg_root_init(gw_config *c);
+int gw_cfg_parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c);
+
+/* listeners.c. HOST:PORT (numeric IPv4), [IPv6]:PORT or unix:/abs/path;
+ * NULL when valid (loopback set), else why not. */
+const char *gw_cfg_check_address(const char *s, bool *loopback);
+/* Without tenants, every address must be loopback: parse tenants first. */
+int gw_cfg_parse_listen(cfg_parser *p, const yaml_node_t *n, gw_config *c);
+/* The one listener of a config without `listen`. 0 or -ENOMEM. */
+int gw_cfg_listen_default(gw_config *c);
+void gw_cfg_listen_free(gw_config *c);
+
+/* workers.c (gw_config_default_worker, of config.h, too) */
+int gw_cfg_parse_workers(cfg_parser *p, const yaml_node_t *n, gw_config *c);
+void gw_cfg_workers_free(gw_config *c);
+
+/* tenants.c (gw_key_hash_hex, of config.h, too) */
+int gw_cfg_parse_tenants(cfg_parser *p, const yaml_node_t *n, gw_config *c);
+void gw_cfg_tenants_free(gw_config *c);
+
+/* ---- routing.c ---- */
 
 /* Sets the routing defaults of a new config. 0 or -ENOMEM. */
 int gw_cfg_routing_init(gw_config *c);

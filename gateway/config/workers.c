@@ -1,0 +1,273 @@
+/* The config's `workers` section (see config.h): which model each worker
+ * serves under which name, on which devices, and the options the supervisor
+ * passes to its `infergate worker` command. A value the worker would refuse
+ * is refused here: the supervisor would otherwise restart it for ever. */
+#include "gateway/config/config_internal.h"
+#include "routing/region.h"
+#include "runtime/chat.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CFG_MAX_WORKERS 256
+#define CFG_MAX_DEVICES 64
+
+/* A worker's keys: model, name and devices place it; the rest are its
+ * command's options (parse_worker_options). */
+enum {
+    K_MODEL,
+    K_NAME,
+    K_DEVICES,
+    K_KV_TYPE,
+    K_CHAT,
+    K_THREADS, /* the numbers from here on */
+    K_KV,
+    K_SEQS,
+    K_BATCH,
+    K_QUEUE,
+    K_BATCH_WAIT,
+    K_N
+};
+static const char *const keys[K_N] = {
+    "model",       "name",     "devices",          "kv_type",   "chat_template",    "threads",
+    "kv_cache_mb", "max_seqs", "max_batch_tokens", "max_queue", "batch_max_wait_ms"};
+
+/* ---- the worker command's options ---- */
+
+/* Their defaults here and their ranges in parse_worker_options: the same as
+ * `infergate worker` takes, which the supervisor runs with these values. */
+static void worker_options_default(gw_worker_cfg *w)
+{
+    w->threads = 0;
+    w->kv_cache_mb = 256;
+    w->max_seqs = 32;
+    w->max_batch_tokens = 512;
+    w->max_queue = 64;
+    w->batch_max_wait_ms = 30000;
+}
+
+/* kv_type, chat_template and the numbers, after the devices (q8_0 is for
+ * CPU workers only). */
+static int parse_worker_options(cfg_parser *p, const yaml_node_t *n, const char *path, yaml_node_t *const *v,
+                                gw_worker_cfg *w)
+{
+    /* The same ranges as the worker command's options. */
+    static const long long lo[K_N] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0};
+    static const long long hi[K_N] = {0, 0, 0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20, 86400000};
+    char kp[CFG_PATH_MAX];
+    int rc;
+    if (v[K_KV_TYPE]) {
+        char *t = NULL;
+        gw_cfg_path_key(kp, path, "kv_type");
+        if ((rc = gw_cfg_str(p, v[K_KV_TYPE], kp, &t)))
+            return rc;
+        bool f16 = !strcmp(t, "f16"), q8 = !strcmp(t, "q8_0");
+        free(t);
+        if (!f16 && !q8)
+            return gw_cfg_perr(p, v[K_KV_TYPE], kp, "f16 or q8_0");
+        /* the CUDA cache is halves only: a GPU worker would refuse to start */
+        for (int i = 0; q8 && i < w->n_devices; i++)
+            if (strcmp(w->devices[i], "cpu") != 0)
+                return gw_cfg_perr(p, v[K_KV_TYPE], kp, "q8_0 is for CPU workers, and device %s is not one",
+                                   w->devices[i]);
+        w->kv_q8_0 = q8;
+    }
+    if (v[K_CHAT]) {
+        gw_cfg_path_key(kp, path, "chat_template");
+        if ((rc = gw_cfg_str(p, v[K_CHAT], kp, &w->chat_template)))
+            return rc;
+        if (rt_chat_kind_from_name(w->chat_template) < 0)
+            return gw_cfg_perr(p, v[K_CHAT], kp, "one of " RT_CHAT_KIND_NAMES);
+    }
+    int *ints[K_N] = {
+        [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,
+        [K_BATCH] = &w->max_batch_tokens, [K_QUEUE] = &w->max_queue, [K_BATCH_WAIT] = &w->batch_max_wait_ms};
+    for (int k = K_THREADS; k < K_N; k++) {
+        long long x;
+        if (!v[k])
+            continue;
+        if ((rc = gw_cfg_int(p, v[k], (gw_cfg_path_key(kp, path, keys[k]), kp), lo[k], hi[k], &x)))
+            return rc;
+        *ints[k] = (int)x;
+    }
+    /* The worker refuses to start otherwise (each step must fit a token of
+     * every running sequence), and the supervisor would restart it forever. */
+    if (w->max_batch_tokens < w->max_seqs)
+        return gw_cfg_perr(p,
+                           v[K_BATCH]  ? v[K_BATCH]
+                           : v[K_SEQS] ? v[K_SEQS]
+                                       : n,
+                           path, "max_batch_tokens (%d) must be at least max_seqs (%d)", w->max_batch_tokens,
+                           w->max_seqs);
+    return 0;
+}
+
+/* ---- placement: model, name, devices ---- */
+
+static char *default_model_name(const char *model)
+{
+    const char *base = strrchr(model, '/');
+    base = base ? base + 1 : model;
+    size_t n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".gguf"))
+        n -= 5;
+    if (n == 0) /* "dir/" */
+        return strdup(model);
+    return strndup(base, n);
+}
+
+/* A model name travels in region records (a comma-separated list of at
+ * most ROUTE_NAME_MAX - 1 bytes each), response bodies and metric labels:
+ * NULL when it fits all of them, else why not. */
+static const char *model_name_why(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= ROUTE_NAME_MAX)
+        return "must be 1 to 63 bytes";
+    for (size_t i = 0; i < n; i++)
+        if (s[i] <= ' ' || s[i] >= 0x7f || strchr(",\"\\", s[i]))
+            return "must be printable ASCII without spaces, commas, quotes or backslashes";
+    return NULL;
+}
+
+/* What CUDA_VISIBLE_DEVICES takes (an index, a GPU or MIG UUID), or ours. */
+static bool device_name_ok(const char *d)
+{
+    if (!strcmp(d, "cpu") || !strcmp(d, "auto") || !strncmp(d, "GPU-", 4) || !strncmp(d, "MIG-", 4))
+        return true;
+    return strlen(d) <= 4 && strspn(d, "0123456789") == strlen(d);
+}
+
+static int parse_model(cfg_parser *p, const yaml_node_t *n, const char *path, yaml_node_t *const *v,
+                       gw_worker_cfg *w)
+{
+    char kp[CFG_PATH_MAX];
+    int rc;
+    if (!v[K_MODEL])
+        return gw_cfg_perr(p, n, (gw_cfg_path_key(kp, path, "model"), kp), "required");
+    if ((rc = gw_cfg_str(p, v[K_MODEL], (gw_cfg_path_key(kp, path, "model"), kp), &w->model)))
+        return rc;
+    if (v[K_NAME]) {
+        if ((rc = gw_cfg_str(p, v[K_NAME], (gw_cfg_path_key(kp, path, "name"), kp), &w->name)))
+            return rc;
+    } else if (!(w->name = default_model_name(w->model))) {
+        return -ENOMEM;
+    }
+    const char *why = model_name_why(w->name);
+    if (why && v[K_NAME])
+        return gw_cfg_perr(p, v[K_NAME], (gw_cfg_path_key(kp, path, "name"), kp), "%s", why);
+    if (why)
+        return gw_cfg_perr(p, v[K_MODEL], (gw_cfg_path_key(kp, path, "model"), kp),
+                           "the model name taken from the file name, '%s', %s: set name", w->name, why);
+    return 0;
+}
+
+static int default_devices(gw_worker_cfg *w)
+{
+    if (!(w->devices = calloc(1, sizeof(*w->devices))) || !(w->devices[0] = strdup("cpu")))
+        return -ENOMEM;
+    w->n_devices = 1;
+    return 0;
+}
+
+static int parse_devices(cfg_parser *p, const yaml_node_t *n, const char *path, gw_worker_cfg *w)
+{
+    char kp[CFG_PATH_MAX];
+    gw_cfg_path_key(kp, path, "devices");
+    int rc = gw_cfg_str_list(p, n, kp, CFG_MAX_DEVICES, &w->devices, &w->n_devices);
+    if (rc)
+        return rc;
+    if (w->n_devices == 0)
+        return gw_cfg_perr(p, n, kp, "needs at least one device (cpu, auto, or a GPU/MIG UUID)");
+    for (int i = 0; i < w->n_devices; i++) {
+        char dp[CFG_PATH_MAX];
+        gw_cfg_path_idx(dp, kp, i);
+        const char *d = w->devices[i];
+        /* Goes into CUDA_VISIBLE_DEVICES, where a comma would name two. */
+        if (strpbrk(d, ", \t"))
+            return gw_cfg_perr(p, n, dp, "one device per entry, without commas or spaces");
+        /* anything but "cpu" becomes a GPU worker's CUDA_VISIBLE_DEVICES:
+         * a typo ("CPU", "gpu") would be restarted for ever */
+        if (!device_name_ok(d))
+            return gw_cfg_perr(p, n, dp, "'%s' is not a device: cpu, auto, a GPU index, or a GPU-/MIG- UUID",
+                               d);
+        if (!strcmp(d, "auto") && w->n_devices > 1)
+            return gw_cfg_perr(p, n, dp, "auto stands alone: it means every GPU found");
+        /* A GPU serves one worker; the CPU may run several (each with
+         * its own threads), e.g. to survive one crashing. */
+        for (int j = 0; j < i && strcmp(d, "cpu"); j++)
+            if (!strcmp(w->devices[j], d))
+                return gw_cfg_perr(p, n, dp, "device %s is listed twice", d);
+    }
+    return 0;
+}
+
+/* ---- the section ---- */
+
+static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, gw_worker_cfg *w)
+{
+    yaml_node_t *v[K_N];
+    int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
+    if (rc || (rc = parse_model(p, n, path, v, w)))
+        return rc;
+    if ((rc = v[K_DEVICES] ? parse_devices(p, v[K_DEVICES], path, w) : default_devices(w)))
+        return rc;
+    return parse_worker_options(p, n, path, v, w);
+}
+
+int gw_cfg_parse_workers(cfg_parser *p, const yaml_node_t *n, gw_config *c)
+{
+    int len, rc = gw_cfg_seq_take(p, n, "workers", CFG_MAX_WORKERS, &len);
+    if (rc)
+        return rc;
+    if (len == 0)
+        return gw_cfg_perr(p, n, "workers", "needs at least one worker (leave the key out for the default)");
+    if (!(c->workers = calloc((size_t)len, sizeof(*c->workers))))
+        return -ENOMEM;
+    for (int i = 0; i < len; i++) {
+        char ip[CFG_PATH_MAX];
+        yaml_node_t *it;
+        gw_cfg_path_idx(ip, "workers", i);
+        worker_options_default(&c->workers[i]);
+        c->n_workers = i + 1;
+        if ((rc = gw_cfg_seq_item(p, n, i, ip, &it)) || (rc = parse_worker(p, it, ip, &c->workers[i])))
+            return rc;
+    }
+    return 0;
+}
+
+static void worker_dispose(gw_worker_cfg *w)
+{
+    free(w->model);
+    free(w->name);
+    free(w->chat_template);
+    gw_cfg_free_str_list(w->devices, w->n_devices);
+}
+
+void gw_cfg_workers_free(gw_config *c)
+{
+    for (int i = 0; i < c->n_workers; i++)
+        worker_dispose(&c->workers[i]);
+    free(c->workers);
+}
+
+int gw_config_default_worker(gw_config *c, const char *demo_model)
+{
+    if (c->n_workers)
+        return 0;
+    gw_worker_cfg *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    worker_options_default(w);
+    if (!(w->model = strdup(demo_model)) || !(w->name = default_model_name(demo_model)) ||
+        default_devices(w)) {
+        worker_dispose(w);
+        free(w);
+        return -ENOMEM;
+    }
+    free(c->workers);
+    c->workers = w;
+    c->n_workers = 1;
+    return 0;
+}
