@@ -17,10 +17,11 @@ static void ref_quantize_q8_0(const float *x, void *y, int n)
 
 /* The float dots accumulate in double: the oracle should be more accurate
  * than what it checks, so test tolerances measure the fast path alone. */
-static void ref_dot_f32(const float *w, const float *x, size_t x_stride, int nr, int n, float *out)
+static void ref_dot_f32(const void *vw, const void *x, size_t x_stride, int nr, int n, float *out)
 {
+    const float *w = vw;
     for (int r = 0; r < nr; r++) {
-        const float *xr = x + (size_t)r * x_stride;
+        const float *xr = (const float *)((const char *)x + (size_t)r * x_stride);
         double s = 0.0;
         for (int i = 0; i < n; i++)
             s += (double)w[i] * (double)xr[i];
@@ -28,10 +29,11 @@ static void ref_dot_f32(const float *w, const float *x, size_t x_stride, int nr,
     }
 }
 
-static void ref_dot_f16(const uint16_t *w, const float *x, size_t x_stride, int nr, int n, float *out)
+static void ref_dot_f16(const void *vw, const void *x, size_t x_stride, int nr, int n, float *out)
 {
+    const uint16_t *w = vw;
     for (int r = 0; r < nr; r++) {
-        const float *xr = x + (size_t)r * x_stride;
+        const float *xr = (const float *)((const char *)x + (size_t)r * x_stride);
         double s = 0.0;
         for (int i = 0; i < n; i++)
             s += (double)kn_fp16_to_fp32(w[i]) * (double)xr[i];
@@ -168,10 +170,12 @@ static void ref_to_f16(const float *x, uint16_t *y, int n)
 static const kn_ops ops_ref = {
     .name = "ref",
     .quantize_q8_0 = ref_quantize_q8_0,
-    .dot_f32 = ref_dot_f32,
-    .dot_f16 = ref_dot_f16,
-    .dot_q8_0 = ref_dot_q8_0,
-    .dot_q4_0 = ref_dot_q4_0,
+    .quantize = {[KN_TYPE_Q8_0] = ref_quantize_q8_0},
+    .dot = {[KN_TYPE_F32] = ref_dot_f32,
+            [KN_TYPE_F16] = ref_dot_f16,
+            [KN_TYPE_Q8_0] = ref_dot_q8_0,
+            [KN_TYPE_Q4_0] = ref_dot_q4_0},
+    .gemm = {[KN_TYPE_Q8_0] = ref_gemm_q8_0, [KN_TYPE_Q4_0] = ref_gemm_q4_0},
     .rmsnorm = ref_rmsnorm,
     .softmax = ref_softmax,
     .silu_mul = ref_silu_mul,
@@ -179,8 +183,6 @@ static const kn_ops ops_ref = {
     .kv_accum = ref_kv_accum,
     .kv_accum_q8_0 = ref_kv_accum_q8_0,
     .to_f16 = ref_to_f16,
-    .gemm_q8_0 = ref_gemm_q8_0,
-    .gemm_q4_0 = ref_gemm_q4_0,
 };
 
 const kn_ops *kn_ops_ref(void)

@@ -142,14 +142,15 @@ static inline __attribute__((always_inline)) void dotf(const void *w, bool half,
         dotf_rows(w, half, x, xs, 1, n, out);
 }
 
-static void avx2_dot_f32(const float *w, const float *x, size_t xs, int nr, int n, float *out)
+/* xs in bytes, as every dot of the table takes it; rows of floats. */
+static void avx2_dot_f32(const void *w, const void *x, size_t xs, int nr, int n, float *out)
 {
-    dotf(w, false, x, xs, nr, n, out);
+    dotf(w, false, x, xs / sizeof(float), nr, n, out);
 }
 
-static void avx2_dot_f16(const uint16_t *w, const float *x, size_t xs, int nr, int n, float *out)
+static void avx2_dot_f16(const void *w, const void *x, size_t xs, int nr, int n, float *out)
 {
-    dotf(w, true, x, xs, nr, n, out);
+    dotf(w, true, x, xs / sizeof(float), nr, n, out);
 }
 
 /* ---- quantized weight dots (qdot_x86.h, here without VNNI) ---------------- */
@@ -428,10 +429,12 @@ static void avx2_to_f16(const float *x, uint16_t *y, int n)
 static const kn_ops ops_avx2 = {
     .name = "avx2",
     .quantize_q8_0 = avx2_quantize_q8_0,
-    .dot_f32 = avx2_dot_f32,
-    .dot_f16 = avx2_dot_f16,
-    .dot_q8_0 = avx2_dot_q8_0,
-    .dot_q4_0 = avx2_dot_q4_0,
+    .quantize = {[KN_TYPE_Q8_0] = avx2_quantize_q8_0},
+    .dot = {[KN_TYPE_F32] = avx2_dot_f32,
+            [KN_TYPE_F16] = avx2_dot_f16,
+            [KN_TYPE_Q8_0] = avx2_dot_q8_0,
+            [KN_TYPE_Q4_0] = avx2_dot_q4_0},
+    .gemm = {[KN_TYPE_Q8_0] = avx2_gemm_q8_0, [KN_TYPE_Q4_0] = avx2_gemm_q4_0},
     .rmsnorm = avx2_rmsnorm,
     .softmax = avx2_softmax,
     .silu_mul = avx2_silu_mul,
@@ -439,8 +442,6 @@ static const kn_ops ops_avx2 = {
     .kv_accum = avx2_kv_accum,
     .kv_accum_q8_0 = avx2_kv_accum_q8_0,
     .to_f16 = avx2_to_f16,
-    .gemm_q8_0 = avx2_gemm_q8_0,
-    .gemm_q4_0 = avx2_gemm_q4_0,
 };
 
 const kn_ops *kn_ops_avx2(void)

@@ -452,17 +452,17 @@ static void test_dot_float(void **state)
         int n = f_sizes[k];
         for (int nr = 1; nr <= MAXR; nr++) {
             float want32[MAXR], want16[MAXR], got[MAXR];
-            ref->dot_f32(w, x, xs, nr, n, want32);
-            ref->dot_f16(wh, x, xs, nr, n, want16);
+            ref->dot[KN_TYPE_F32](w, x, xs * sizeof(float), nr, n, want32);
+            ref->dot[KN_TYPE_F16](wh, x, xs * sizeof(float), nr, n, want16);
             for (int t = 0; t < nf; t++) {
-                fast[t]->dot_f32(w, x, xs, nr, n, got);
+                fast[t]->dot[KN_TYPE_F32](w, x, xs * sizeof(float), nr, n, got);
                 for (int r = 0; r < nr; r++) {
                     double mag = 0;
                     for (int i = 0; i < n; i++)
                         mag += fabs((double)w[i] * x[r * xs + i]);
                     check_close(got[r], want32[r], 1e-5 * mag + 1e-30, "dot_f32", fast[t]->name, n, r);
                 }
-                fast[t]->dot_f16(wh, x, xs, nr, n, got);
+                fast[t]->dot[KN_TYPE_F16](wh, x, xs * sizeof(float), nr, n, got);
                 for (int r = 0; r < nr; r++) {
                     double mag = 0;
                     for (int i = 0; i < n; i++)
@@ -517,9 +517,9 @@ static void dot_quant_case(kn_type wtype)
             for (int nr = 1; nr <= MAXR; nr++) {
                 float want[MAXR], got[MAXR];
                 if (wtype == KN_TYPE_Q8_0)
-                    ref->dot_q8_0(wq, xq, xs, nr, n, want);
+                    ref->dot[KN_TYPE_Q8_0](wq, xq, xs, nr, n, want);
                 else
-                    ref->dot_q4_0(wq, xq, xs, nr, n, want);
+                    ref->dot[KN_TYPE_Q4_0](wq, xq, xs, nr, n, want);
                 for (int r = 0; r < nr; r++) {
                     /* the reference is the product of the dequantized rows */
                     double exact = 0, mag = 0;
@@ -532,9 +532,9 @@ static void dot_quant_case(kn_type wtype)
                 for (int t = 0; t < nf; t++) {
                     memset(got, 0xff, sizeof(got));
                     if (wtype == KN_TYPE_Q8_0)
-                        fast[t]->dot_q8_0(wq, xq, xs, nr, n, got);
+                        fast[t]->dot[KN_TYPE_Q8_0](wq, xq, xs, nr, n, got);
                     else
-                        fast[t]->dot_q4_0(wq, xq, xs, nr, n, got);
+                        fast[t]->dot[KN_TYPE_Q4_0](wq, xq, xs, nr, n, got);
                     for (int r = 0; r < nr; r++) {
                         double mag = 0;
                         for (int i = 0; i < n; i++)
@@ -608,7 +608,7 @@ static void gemm_case(kn_type wtype)
     assert_non_null(xd);
     assert_non_null(mag);
     void (*rg)(const void *, size_t, int, const void *, size_t, int, int, float *, size_t) =
-        wtype == KN_TYPE_Q8_0 ? ref->gemm_q8_0 : ref->gemm_q4_0;
+        ref->gemm[wtype];
     seed(20 + wtype);
     int ran = 0;
     for (int ni = 0; ni < 4; ni++) {
@@ -661,15 +661,15 @@ static void gemm_case(kn_type wtype)
             for (int o = 0; o < MAXW; o += 5) {
                 float d;
                 if (wtype == KN_TYPE_Q8_0)
-                    ref->dot_q8_0(w + o * ws, xq + r * xs, 0, 1, n, &d);
+                    ref->dot[KN_TYPE_Q8_0](w + o * ws, xq + r * xs, 0, 1, n, &d);
                 else
-                    ref->dot_q4_0(w + o * ws, xq + r * xs, 0, 1, n, &d);
+                    ref->dot[KN_TYPE_Q4_0](w + o * ws, xq + r * xs, 0, 1, n, &d);
                 assert_true(want[r * ys + o] == d);
             }
         }
         for (int t = 0; t < nf; t++) {
             void (*g)(const void *, size_t, int, const void *, size_t, int, int, float *, size_t) =
-                wtype == KN_TYPE_Q8_0 ? fast[t]->gemm_q8_0 : fast[t]->gemm_q4_0;
+                fast[t]->gemm[wtype];
             const char *what = wtype == KN_TYPE_Q8_0 ? "gemm_q8_0" : "gemm_q4_0";
             if (g == NULL)
                 continue;
