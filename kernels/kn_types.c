@@ -1,8 +1,11 @@
-/* kernels: tensor type table, IEEE half conversion and the reference
- * quantizers. The quantizers reproduce ggml's quantize_row_q8_0_ref and
- * quantize_row_q4_0_ref operation for operation, so a file we quantize is
- * byte-identical to one made by llama.cpp's tools and theirs load unchanged. */
+/* kernels: tensor type table (the traits of every type; the conversions of
+ * the types beyond F32, F16, Q8_0 and Q4_0 are in kn_quants.c), IEEE half
+ * and bfloat16 conversion and the reference Q8_0 and Q4_0 quantizers. These
+ * two reproduce ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref
+ * operation for operation, so a file we quantize is byte-identical to one
+ * made by llama.cpp's tools and theirs load unchanged. */
 #include "kernels/kn.h"
+#include "kernels/kn_quants.h"
 #include "kernels/quant_blocks.h"
 
 #include <math.h>
@@ -45,6 +48,20 @@ static const kn_type_traits type_traits[KN_TYPE_COUNT] = {
     [KN_TYPE_F16] = {"f16", 1, sizeof(uint16_t), KN_TYPE_F32, f16_to_f32, f16_from_f32},
     [KN_TYPE_Q4_0] = {"q4_0", KN_QK4_0, sizeof(kn_block_q4_0), KN_TYPE_Q8_0, dequantize_q4_0, quantize_q4_0},
     [KN_TYPE_Q8_0] = {"q8_0", KN_QK8_0, sizeof(kn_block_q8_0), KN_TYPE_Q8_0, dequantize_q8_0, quantize_q8_0},
+#define KN_TRAITS(T, t, elems, act) [KN_TYPE_##T] = {#t, elems, sizeof(kn_block_##t), KN_TYPE_##act, kn_dequantize_##t, kn_quantize_##t}
+    KN_TRAITS(Q4_1, q4_1, KN_QK4_1, Q8_0),
+    KN_TRAITS(Q5_0, q5_0, KN_QK5_0, Q8_0),
+    KN_TRAITS(Q5_1, q5_1, KN_QK5_1, Q8_0),
+    KN_TRAITS(Q2_K, q2_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q3_K, q3_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q4_K, q4_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q5_K, q5_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q6_K, q6_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q8_K, q8_K, KN_QK_K, Q8_K),
+    KN_TRAITS(IQ4_NL, iq4_nl, KN_QK4_NL, Q8_0),
+    KN_TRAITS(IQ4_XS, iq4_xs, KN_QK_K, Q8_K),
+#undef KN_TRAITS
+    [KN_TYPE_BF16] = {"bf16", 1, sizeof(uint16_t), KN_TYPE_BF16, kn_dequantize_bf16, kn_quantize_bf16},
 };
 
 const kn_type_traits *kn_type_traits_of(uint32_t type)

@@ -158,6 +158,21 @@ static void avx2_dot_f16(const void *w, const void *x, size_t xs, int nr, int n,
 float kn_x86_f16_table[1 << 16];
 static pthread_once_t f16_table_once = PTHREAD_ONCE_INIT;
 
+/* Types without a kernel in this file run the reference's (a type's dot
+ * and gemm come together: a reference gemm only where there is no dot). */
+static void fill_from_ref(kn_ops *ops)
+{
+    const kn_ops *ref = kn_ops_ref();
+    for (int t = 0; t < KN_TYPE_COUNT; t++) {
+        if (ops->quantize[t] == NULL)
+            ops->quantize[t] = ref->quantize[t];
+        if (ops->dot[t] == NULL) {
+            ops->dot[t] = ref->dot[t];
+            ops->gemm[t] = ref->gemm[t];
+        }
+    }
+}
+
 static void f16_table_init(void)
 {
     for (int i = 0; i < (1 << 16); i += 8) {
@@ -426,7 +441,7 @@ static void avx2_to_f16(const float *x, uint16_t *y, int n)
         y[i] = kn_fp32_to_fp16(x[i]);
 }
 
-static const kn_ops ops_avx2 = {
+static kn_ops ops_avx2 = {
     .name = "avx2",
     .quantize_q8_0 = avx2_quantize_q8_0,
     .quantize = {[KN_TYPE_Q8_0] = avx2_quantize_q8_0},
@@ -444,6 +459,12 @@ static const kn_ops ops_avx2 = {
     .to_f16 = avx2_to_f16,
 };
 
+static void avx2_init(void)
+{
+    f16_table_init();
+    fill_from_ref(&ops_avx2);
+}
+
 const kn_ops *kn_ops_avx2(void)
 {
     /* avx2 and fma through the builtin, which also checks that the OS saves
@@ -455,7 +476,7 @@ const kn_ops *kn_ops_avx2(void)
         return NULL;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C))
         return NULL;
-    pthread_once(&f16_table_once, f16_table_init);
+    pthread_once(&f16_table_once, avx2_init);
     return &ops_avx2;
 }
 
