@@ -462,6 +462,7 @@ static kn_ops ops_avx2 = {
 static void avx2_init(void)
 {
     f16_table_init();
+    kn_x86_kquant_fill(&ops_avx2);
     fill_from_ref(&ops_avx2);
 }
 

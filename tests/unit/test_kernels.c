@@ -1231,6 +1231,215 @@ static void test_gemm_q4_0(void **state)
     gemm_case(KN_TYPE_Q4_0);
 }
 
+/* Every table's activation quantizers for the new formats, bit for bit the
+ * reference's: Q8_K (its scale, quants and group sums) and BF16, on odd
+ * data (ties, all zero, a single spike, huge and tiny values). */
+static void test_quantize_new_acts_exact(void **state)
+{
+    (void)state;
+    const kn_ops *fast[5];
+    int nf = fast_tables_or_skip(fast);
+    const kn_ops *ref = kn_ops_ref();
+    enum { N = 1024 };
+    float x[N];
+    uint8_t a[N * 2], b[N * 2];
+    for (int trial = 0; trial < 6; trial++) {
+        seed(70 + trial);
+        fill(x, N, trial == 3 ? 1e30f : trial == 4 ? 1e-30f : 3.0f);
+        if (trial == 1)
+            memset(x, 0, sizeof(x));
+        if (trial == 2)
+            for (int i = 0; i < N; i++)
+                x[i] = (float)((int)(x[i] * 4)) * 0.5f; /* ties at half steps */
+        if (trial == 5)
+            x[300] = -7.0f;
+        const kn_type acts[] = {KN_TYPE_Q8_K, KN_TYPE_BF16};
+        for (int k = 0; k < 2; k++) {
+            const size_t rb = kn_row_bytes(acts[k], N);
+            ref->quantize[acts[k]](x, a, N);
+            for (int t = 0; t < nf; t++) {
+                memset(b, 0x5a, sizeof(b));
+                fast[t]->quantize[acts[k]](x, b, N);
+                if (memcmp(a, b, rb) != 0) {
+                    print_error("quantize %s [%s] trial %d differs\n", kn_type_name(acts[k]), fast[t]->name,
+                                trial);
+                    fail();
+                }
+            }
+        }
+    }
+}
+
+/* Each table's gemm and dot of the types beyond F32, Q8_0 and Q4_0 against
+ * the reference, on random data with odd sizes: weight row counts that end
+ * inside every tile, batches from 1 to 70 rows, row lengths of one block to
+ * many, strides off the row size. Also what continuous batching relies on:
+ * a row's result has the same bits whatever batch it came in (those of the
+ * table's gemm of that row alone). */
+static void gemm_types_case(kn_type t)
+{
+    const kn_ops *fast[5];
+    int nf = fast_tables_or_skip(fast);
+    const kn_ops *ref = kn_ops_ref();
+    enum { MAXW = 19, MAXR = 70 };
+    const kn_type act = kn_type_traits_of(t)->vec_dot_type;
+    const int64_t be = kn_type_block_elems(t);
+    const int ns_q[] = {1, 3, 17}; /* blocks of 32 or 256 */
+    const int ns_f[] = {7, 33, 1001};
+    const int maxn = be == 1 ? 1001 : (int)be * 17;
+    const size_t ws = kn_row_bytes(t, maxn) + 4, xs = kn_row_bytes(act, maxn) + 4;
+    uint8_t *w = malloc(MAXW * ws), *xa = malloc(MAXR * xs);
+    float *f = malloc(maxn * sizeof(float)), *xr = malloc((size_t)MAXR * maxn * sizeof(float));
+    float *wd = malloc((size_t)MAXW * maxn * sizeof(float)), *wm = malloc((size_t)MAXW * maxn * sizeof(float));
+    float *xd = malloc((size_t)MAXR * maxn * sizeof(float));
+    float *want = malloc(MAXR * MAXW * sizeof(float)), *got = malloc(MAXR * MAXW * sizeof(float));
+    float *alone = malloc(MAXR * MAXW * sizeof(float));
+    double *mag = malloc(MAXR * MAXW * sizeof(double));
+    assert_true(w && xa && f && xr && wd && wm && xd && want && got && alone && mag);
+    seed(80 + t);
+    for (int ni = 0; ni < 3; ni++) {
+        const int n = be == 1 ? ns_f[ni] : (int)be * ns_q[ni];
+        for (int o = 0; o < MAXW; o++) {
+            fill(f, n, o % 3 ? 1.0f : 0.01f);
+            kn_quantize_row(t, f, w + o * ws, n);
+            weight_mag(t, w + o * ws, n, wd + (size_t)o * maxn, wm + (size_t)o * maxn);
+        }
+        for (int r = 0; r < MAXR; r++) {
+            float *xrow = xr + (size_t)r * maxn;
+            if (r % 11 == 10)
+                memset(xrow, 0, n * sizeof(float));
+            else
+                fill(xrow, n, r % 2 ? 3.0f : 1.0f);
+            if (act == KN_TYPE_F32)
+                memcpy(xa + r * xs, xrow, n * sizeof(float));
+            else
+                kn_quantize_row(act, xrow, xa + r * xs, n);
+            kn_dequantize_row(act == KN_TYPE_F32 ? KN_TYPE_F32 : act, xa + r * xs, xd + (size_t)r * maxn, n);
+        }
+        for (int r = 0; r < MAXR; r++)
+            for (int o = 0; o < MAXW; o++) {
+                double m = 0;
+                for (int i = 0; i < n; i++)
+                    m += (double)wm[(size_t)o * maxn + i] * fabs(xd[(size_t)r * maxn + i]);
+                mag[r * MAXW + o] = m;
+                ref->dot[t](w + o * ws, xa + r * xs, xs, 1, n, &want[r * MAXW + o]);
+            }
+        for (int k = 0; k < nf; k++) {
+            kn_gemm_fn g = fast[k]->gemm[t];
+            if (g == NULL || g == ref->gemm[t])
+                continue;
+            for (int r = 0; r < MAXR; r++)
+                g(w, ws, MAXW, xa + r * xs, xs, 1, n, alone + r * MAXW, MAXW);
+            for (int nr = 1; nr <= MAXR; nr += nr < 10 ? 1 : 7) {
+                const int n_w = nr % 2 ? MAXW : 1 + nr % MAXW;
+                for (int i = 0; i < MAXR * MAXW; i++)
+                    got[i] = -7.0f;
+                g(w, ws, n_w, xa, xs, nr, n, got, MAXW);
+                for (int r = 0; r < MAXR; r++)
+                    for (int o = 0; o < MAXW; o++) {
+                        const float v = got[r * MAXW + o];
+                        if (r >= nr || o >= n_w) {
+                            assert_true(v == -7.0f);
+                            continue;
+                        }
+                        check_close(v, want[r * MAXW + o], 2e-6 * mag[r * MAXW + o] + 1e-30, "gemm",
+                                    fast[k]->name, n, r * 100 + o);
+                        if (bits_of(v) != bits_of(alone[r * MAXW + o])) {
+                            print_error("%s [%s] n=%d: row %d of %d, column %d: %.9g, alone %.9g\n",
+                                        kn_type_name(t), fast[k]->name, n, r, nr, o, (double)v,
+                                        (double)alone[r * MAXW + o]);
+                            fail();
+                        }
+                    }
+            }
+            /* the dot entry: one weight row against a few activation rows */
+            float d[5];
+            fast[k]->dot[t](w, xa, xs, 5, n, d);
+            for (int r = 0; r < 5; r++)
+                check_close(d[r], want[r * MAXW], 2e-6 * mag[r * MAXW] + 1e-30, "dot", fast[k]->name, n, r);
+        }
+    }
+    free(mag);
+    free(alone);
+    free(got);
+    free(want);
+    free(xd);
+    free(wm);
+    free(wd);
+    free(xr);
+    free(f);
+    free(xa);
+    free(w);
+}
+
+static void test_gemm_types(void **state)
+{
+    (void)state;
+    for (int k = 0; k < N_NEW_TYPES; k++)
+        gemm_types_case(new_types[k].t);
+    gemm_types_case(KN_TYPE_F16);
+}
+
+/* kn_matmul on every type, through a context of each backend and two
+ * threads, against the reference dots. */
+static void test_matmul_types(void **state)
+{
+    (void)state;
+    enum { N_OUT = 37, N_IN = 512, ROWS = 21 };
+    const kn_backend backends[] = {KN_BACKEND_REF, KN_BACKEND_AUTO};
+    float *x = malloc(ROWS * N_IN * sizeof(float)), *f = malloc(N_IN * sizeof(float));
+    float *y = malloc(ROWS * N_OUT * sizeof(float)), *y1 = malloc(N_OUT * sizeof(float));
+    uint8_t *w = malloc(N_OUT * kn_row_bytes(KN_TYPE_F32, N_IN));
+    uint8_t *xa = malloc(kn_row_bytes(KN_TYPE_F32, N_IN));
+    float *wd = malloc(N_IN * sizeof(float)), *wm = malloc(N_IN * sizeof(float)), *xd = malloc(N_IN * sizeof(float));
+    assert_true(x && f && y && y1 && w && xa && wd && wm && xd);
+    seed(90);
+    fill(x, ROWS * N_IN, 1.0f);
+    for (int b = 0; b < 2; b++) {
+        kn_ctx *ctx = kn_ctx_new(2, backends[b]);
+        assert_non_null(ctx);
+        for (int k = 0; k <= N_NEW_TYPES; k++) {
+            const kn_type t = k < N_NEW_TYPES ? new_types[k].t : KN_TYPE_F16;
+            const size_t rb = kn_row_bytes(t, N_IN);
+            const kn_type act = kn_type_traits_of(t)->vec_dot_type;
+            for (int o = 0; o < N_OUT; o++) {
+                fill(f, N_IN, 1.0f);
+                kn_quantize_row(t, f, w + o * rb, N_IN);
+            }
+            assert_int_equal(kn_matmul(ctx, w, t, N_OUT, N_IN, x, ROWS, y), 0);
+            for (int r = 0; r < ROWS; r++) {
+                if (act == KN_TYPE_F32)
+                    memcpy(xa, x + r * N_IN, N_IN * sizeof(float));
+                else
+                    kn_quantize_row(act, x + r * N_IN, xa, N_IN);
+                kn_dequantize_row(act, xa, xd, N_IN);
+                for (int o = 0; o < N_OUT; o++) {
+                    float want;
+                    kn_ops_ref()->dot[t](w + o * rb, xa, 0, 1, N_IN, &want);
+                    weight_mag(t, w + o * rb, N_IN, wd, wm);
+                    double mag = 0;
+                    for (int i = 0; i < N_IN; i++)
+                        mag += (double)wm[i] * fabs(xd[i]);
+                    check_close(y[r * N_OUT + o], want, 2e-6 * mag + 1e-30, "matmul", kn_type_name(t), N_IN, r);
+                }
+                /* the row alone: the same bits */
+                assert_int_equal(kn_matmul(ctx, w, t, N_OUT, N_IN, x + r * N_IN, 1, y1), 0);
+                assert_memory_equal(y1, y + r * N_OUT, N_OUT * sizeof(float));
+            }
+        }
+        kn_ctx_free(ctx);
+    }
+    free(xd);
+    free(wm);
+    free(wd);
+    free(xa);
+    free(w);
+    free(y1);
+    free(y);
+    free(f);
+    free(x);
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
@@ -1958,6 +2167,9 @@ int main(void)
         cmocka_unit_test(test_dot_q4_0),
         cmocka_unit_test(test_gemm_q8_0),
         cmocka_unit_test(test_gemm_q4_0),
+        cmocka_unit_test(test_quantize_new_acts_exact),
+        cmocka_unit_test(test_gemm_types),
+        cmocka_unit_test(test_matmul_types),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_kv_ops),
         cmocka_unit_test(test_matmul),
