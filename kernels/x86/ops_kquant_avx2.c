@@ -1,6 +1,7 @@
 /* kernels/x86: the K-quants (Q2_K..Q6_K) and IQ4_XS against Q8_K
- * activations, the Q8_K and BF16 activation quantizers, and the F16 and
- * BF16 weight gemms, on AVX2/FMA/F16C. Built with the AVX2 flags and
+ * activations, Q4_1, Q5_0, Q5_1 and IQ4_NL against Q8_0, the Q8_K and BF16
+ * activation quantizers, and the F16 and BF16 weight gemms, on
+ * AVX2/FMA/F16C. Built with the AVX2 flags and
  * -ffp-contract=off; reached only through the AVX2 table (and the tables
  * built on it), whose constructor checks the CPU.
  *
@@ -119,22 +120,29 @@ static void avx2_quantize_bf16(const float *x, void *vy, int n)
 
 /* ---- K-quant gemm -------------------------------------------------------------- */
 
-/* Q4_K and Q5_K: the 8 groups' 6-bit scales and mins, each twice (groups
- * of 16) as 16-bit lanes. */
-KQ_INLINE void kq_scales_k4(const uint8_t *s12, int16_t *sc, int16_t *mn)
+/* Q4_K and Q5_K: the 12 bytes as the 8 groups' 6-bit scales (bytes 0-7
+ * of the result) and mins (bytes 8-15), by 32-bit word: groups 0-3 are the
+ * low 6 bits of words 0 (scales) and 1 (mins); groups 4-7 the nibbles of
+ * word 2 with the top 2 bits of words 0 (scales) and 1 (mins) above them. */
+KQ_INLINE __m128i kq_k4_scales_mins(const uint8_t *s12)
 {
-    for (int j = 0; j < 8; j++) {
-        uint8_t a, b;
-        kn_k4_scale_min(j, s12, &a, &b);
-        sc[2 * j] = sc[2 * j + 1] = a;
-        mn[2 * j] = mn[2 * j + 1] = b;
-    }
+    uint32_t u[4];
+    memcpy(u, s12, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const uint32_t sc_lo = u[0] & m6, mn_lo = u[1] & m6;
+    const uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+    const uint32_t mn_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
 }
 
 /* Super-block ib of a row of type t unpacked into u. */
 KQ_INLINE void kq_unpack(kn_type t, const void *w, int ib, kq_super *u)
 {
-    _Alignas(32) int16_t sc[16], mn[16];
+    /* the 16 groups' scales and mins (or 0) as signed bytes, and the
+     * offset's shift (Q3_K's 4 and Q6_K's 32 times the scale take the
+     * place of the mins) */
+    __m128i S, M = _mm_setzero_si128();
+    int off_shift = -1;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
     switch (t) {
     case KN_TYPE_Q4_K: {
@@ -144,7 +152,9 @@ KQ_INLINE void kq_unpack(kn_type t, const void *w, int ib, kq_super *u)
             u->q[2 * r] = _mm256_and_si256(v, m4);
             u->q[2 * r + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         }
-        kq_scales_k4(b->scales, sc, mn);
+        const __m128i sm = kq_k4_scales_mins(b->scales);
+        S = _mm_unpacklo_epi8(sm, sm); /* each group of 32's twice */
+        M = _mm_unpackhi_epi8(sm, sm);
         u->d = kn_x86_f16_table[b->d];
         u->dmin = kn_x86_f16_table[b->dmin];
         break;
@@ -162,7 +172,9 @@ KQ_INLINE void kq_unpack(kn_type t, const void *w, int ib, kq_super *u)
                 u->q[2 * r + k] = _mm256_or_si256(lo, hi);
             }
         }
-        kq_scales_k4(b->scales, sc, mn);
+        const __m128i sm = kq_k4_scales_mins(b->scales);
+        S = _mm_unpacklo_epi8(sm, sm);
+        M = _mm_unpackhi_epi8(sm, sm);
         u->d = kn_x86_f16_table[b->d];
         u->dmin = kn_x86_f16_table[b->dmin];
         break;
@@ -181,10 +193,8 @@ KQ_INLINE void kq_unpack(kn_type t, const void *w, int ib, kq_super *u)
             u->q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
         }
-        for (int g = 0; g < 16; g++) {
-            sc[g] = b->scales[g];
-            mn[g] = (int16_t)(32 * b->scales[g]); /* the offset's share */
-        }
+        S = _mm_loadu_si128((const __m128i *)b->scales);
+        off_shift = 5;
         u->d = kn_x86_f16_table[b->d];
         u->dmin = 0.0f;
         break;
@@ -201,10 +211,17 @@ KQ_INLINE void kq_unpack(kn_type t, const void *w, int ib, kq_super *u)
                 u->q[4 * h + k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3), hi);
             }
         }
-        for (int g = 0; g < 16; g++) {
-            sc[g] = (int16_t)(kn_q3k_scale(g, b->scales) - 32);
-            mn[g] = (int16_t)(4 * sc[g]);
-        }
+        /* the 6-bit scales by 32-bit word: low nibbles from words 0-1,
+         * top 2 bits from word 2, as kn_q3k_scale reads them */
+        uint32_t a[3];
+        memcpy(a, b->scales, 12);
+        const uint32_t m4w = 0x0f0f0f0f, m2w = 0x03030303;
+        S = _mm_sub_epi8(_mm_setr_epi32((int)((a[0] & m4w) | (((a[2] >> 0) & m2w) << 4)),
+                                        (int)((a[1] & m4w) | (((a[2] >> 2) & m2w) << 4)),
+                                        (int)(((a[0] >> 4) & m4w) | (((a[2] >> 4) & m2w) << 4)),
+                                        (int)(((a[1] >> 4) & m4w) | (((a[2] >> 6) & m2w) << 4))),
+                         _mm_set1_epi8(32));
+        off_shift = 2;
         u->d = kn_x86_f16_table[b->d];
         u->dmin = 0.0f;
         break;
@@ -216,10 +233,9 @@ KQ_INLINE void kq_unpack(kn_type t, const void *w, int ib, kq_super *u)
             for (int k = 0; k < 4; k++)
                 u->q[4 * h + k] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3);
         }
-        for (int g = 0; g < 16; g++) {
-            sc[g] = b->scales[g] & 0xf;
-            mn[g] = b->scales[g] >> 4;
-        }
+        const __m128i v = _mm_loadu_si128((const __m128i *)b->scales);
+        S = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+        M = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
         u->d = kn_x86_f16_table[b->d];
         u->dmin = kn_x86_f16_table[b->dmin];
         break;
@@ -227,22 +243,31 @@ KQ_INLINE void kq_unpack(kn_type t, const void *w, int ib, kq_super *u)
     default: { /* IQ4_XS: signed levels by table lookup */
         const kn_block_iq4_xs *b = (const kn_block_iq4_xs *)w + ib;
         const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kn_iq4nl_values));
+        int8_t sc[16];
         for (int j = 0; j < 8; j++) {
             const __m128i v = _mm_loadu_si128((const __m128i *)(b->qs + 16 * j));
             const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
             u->q[j] = _mm256_shuffle_epi8(lut, nib);
-            sc[2 * j] = sc[2 * j + 1] = (int16_t)(kn_iq4xs_scale(j, b) - 32);
+            sc[2 * j] = sc[2 * j + 1] = (int8_t)(kn_iq4xs_scale(j, b) - 32);
         }
-        memset(mn, 0, sizeof(mn));
+        S = _mm_loadu_si128((const __m128i *)sc);
         u->d = kn_x86_f16_table[b->d];
         u->dmin = 0.0f;
         break;
     }
     }
-    /* chunk c's scales: groups 2c (low 128 bits) and 2c + 1 (high) */
-    for (int c = 0; c < 8; c++)
-        u->sc[c] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c]));
-    u->mn = _mm256_load_si256((const __m256i *)mn);
+    /* chunk c's scales: groups 2c (the low 128 bits' eight 16-bit lanes)
+     * and 2c + 1 (the high ones') */
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        const __m128i idx = _mm_setr_epi8((char)(2 * c), (char)(2 * c), (char)(2 * c), (char)(2 * c), (char)(2 * c),
+                                          (char)(2 * c), (char)(2 * c), (char)(2 * c), (char)(2 * c + 1),
+                                          (char)(2 * c + 1), (char)(2 * c + 1), (char)(2 * c + 1), (char)(2 * c + 1),
+                                          (char)(2 * c + 1), (char)(2 * c + 1), (char)(2 * c + 1));
+        u->sc[c] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(S, idx));
+    }
+    u->mn = off_shift >= 0 ? _mm256_sll_epi16(_mm256_cvtepi8_epi16(S), _mm_cvtsi32_si128(off_shift))
+                           : _mm256_cvtepi8_epi16(M);
 }
 
 /* One activation row's super-block against an unpacked weight super-block:
@@ -317,6 +342,126 @@ KQ_TYPE(Q5_K, q5_K)
 KQ_TYPE(Q6_K, q6_K)
 KQ_TYPE(IQ4_XS, iq4_xs)
 #undef KQ_TYPE
+
+/* ---- the 32-element types: Q4_1, Q5_0, Q5_1, IQ4_NL against Q8_0 -----------
+ * The same scheme a block at a time: the block's 32 quants as bytes
+ * (unsigned for Q4_1 and Q5_1, signed for Q5_0's q - 16 and IQ4_NL's
+ * levels), the exact integer dot in int32 lanes, scaled by d * dx in float
+ * lanes; Q4_1's and Q5_1's min times the activation block's exact quant
+ * sum goes to a second, scalar sum in block order. */
+
+/* The 32 fifth bits of qh as bytes 0x10 or 0. */
+KQ_INLINE __m256i kl_bits5(const uint8_t *qh)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)h),
+        _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+KQ_INLINE __m256i kl_nibbles(const uint8_t *qs)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+KQ_INLINE __m256i kl_unpack(kn_type t, const void *w, int ib, float *d, float *m)
+{
+    switch (t) {
+    case KN_TYPE_Q4_1: {
+        const kn_block_q4_1 *b = (const kn_block_q4_1 *)w + ib;
+        *d = kn_x86_f16_table[b->d];
+        *m = kn_x86_f16_table[b->m];
+        return kl_nibbles(b->qs);
+    }
+    case KN_TYPE_Q5_0: {
+        const kn_block_q5_0 *b = (const kn_block_q5_0 *)w + ib;
+        *d = kn_x86_f16_table[b->d];
+        return _mm256_sub_epi8(_mm256_or_si256(kl_nibbles(b->qs), kl_bits5(b->qh)), _mm256_set1_epi8(16));
+    }
+    case KN_TYPE_Q5_1: {
+        const kn_block_q5_1 *b = (const kn_block_q5_1 *)w + ib;
+        *d = kn_x86_f16_table[b->d];
+        *m = kn_x86_f16_table[b->m];
+        return _mm256_or_si256(kl_nibbles(b->qs), kl_bits5(b->qh));
+    }
+    default: { /* IQ4_NL */
+        const kn_block_iq4_nl *b = (const kn_block_iq4_nl *)w + ib;
+        *d = kn_x86_f16_table[b->d];
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kn_iq4nl_values)), kl_nibbles(b->qs));
+    }
+    }
+}
+
+/* The activation block's quant sum. */
+KQ_INLINE int32_t kl_xsum(__m256i xv)
+{
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+
+KQ_INLINE void kl_gemm(kn_type t, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
+                       float *y, size_t ys)
+{
+    const bool signed_q = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL;
+    const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
+    const size_t bb = kn_type_block_bytes(t);
+    const int nb = n / 32;
+    __m256 f[KQ_ROWS];
+    float g[KQ_ROWS];
+    for (int r0 = 0; r0 < nr; r0 += KQ_ROWS) {
+        const int rn = nr - r0 < KQ_ROWS ? nr - r0 : KQ_ROWS;
+        for (int o = 0; o < n_w; o++) {
+            const char *wr = (const char *)w + (size_t)o * ws;
+            for (int r = 0; r < rn; r++) {
+                f[r] = _mm256_setzero_ps();
+                g[r] = 0.0f;
+            }
+            for (int ib = 0; ib < nb; ib++) {
+                float d, m = 0.0f;
+                if (o + 1 < n_w && ib % 4 == 0)
+                    _mm_prefetch(wr + ws + (size_t)ib * bb, _MM_HINT_T0);
+                const __m256i q = kl_unpack(t, wr, ib, &d, &m);
+                const __m256i aq = signed_q ? _mm256_sign_epi8(q, q) : q;
+                for (int r = 0; r < rn; r++) {
+                    const kn_block_q8_0 *xb = (const kn_block_q8_0 *)((const char *)xq + (size_t)(r0 + r) * xs) + ib;
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
+                    const __m256i p = _mm256_maddubs_epi16(aq, signed_q ? _mm256_sign_epi8(xv, q) : xv);
+                    const __m256i acc = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+                    const float dx = kn_x86_f16_table[xb->d];
+                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * dx), f[r]);
+                    if (has_min)
+                        g[r] += (float)kl_xsum(xv) * (m * dx);
+                }
+            }
+            for (int r = 0; r < rn; r++)
+                y[(size_t)(r0 + r) * ys + o] = hsum256(f[r]) + g[r];
+        }
+    }
+}
+
+#define KL_TYPE(T, tn)                                                                                       \
+    static void avx2_gemm_##tn(const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,  \
+                               float *y, size_t ys)                                                          \
+    {                                                                                                        \
+        kl_gemm(KN_TYPE_##T, w, ws, n_w, xq, xs, nr, n, y, ys);                                              \
+    }                                                                                                        \
+    static void avx2_dot_##tn(const void *w, const void *xq, size_t xs, int nr, int n, float *out)            \
+    {                                                                                                        \
+        kl_gemm(KN_TYPE_##T, w, 0, 1, xq, xs, nr, n, out, 1);                                                \
+    }
+KL_TYPE(Q4_1, q4_1)
+KL_TYPE(Q5_0, q5_0)
+KL_TYPE(Q5_1, q5_1)
+KL_TYPE(IQ4_NL, iq4_nl)
+#undef KL_TYPE
 
 /* ---- F16 and BF16 gemm ------------------------------------------------------------ */
 
@@ -446,6 +591,10 @@ void kn_x86_kquant_fill(kn_ops *ops)
     KQ_SET(Q5_K, q5_K)
     KQ_SET(Q6_K, q6_K)
     KQ_SET(IQ4_XS, iq4_xs)
+    KQ_SET(Q4_1, q4_1)
+    KQ_SET(Q5_0, q5_0)
+    KQ_SET(Q5_1, q5_1)
+    KQ_SET(IQ4_NL, iq4_nl)
     KQ_SET(BF16, bf16)
 #undef KQ_SET
     ops->gemm[KN_TYPE_F16] = avx2_gemm_f16;
