@@ -190,12 +190,7 @@ void kn_dequantize_q5_1(const void *vx, float *y, int64_t n)
  * the best. Returns the scale (0 for an all-zero group). */
 static float fit_symmetric(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) {
-            amax = fabsf(x[i]);
-            max = x[i];
-        }
+    const float max = signed_absmax(x, n), amax = fabsf(max);
     if (amax < GROUP_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
@@ -234,12 +229,7 @@ static float fit_symmetric(int n, int nmax, const float *x, int8_t *L)
  * that move single levels while the weighted fit improves. */
 static float fit_q3(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; i++)
-        if (fabsf(x[i]) > amax) {
-            amax = fabsf(x[i]);
-            max = x[i];
-        }
+    const float max = signed_absmax(x, n), amax = fabsf(max);
     if (amax < GROUP_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
