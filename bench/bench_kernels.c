@@ -3,7 +3,10 @@
  * at prefill width (64 rows: bound by arithmetic), at 1 and 2 threads, with
  * the scalar reference at one point for scale. Prints a Markdown table.
  *
- *   bench_kernels [--reps N] [--pool-mib M]
+ *   bench_kernels [--reps N] [--pool-mib M] [--types]
+ *
+ * --types instead compares every weight type with Q8_0 and Q4_0 (see
+ * bench_types).
  *
  * "cold" matvec cycles through copies of the matrix filling a pool far larger
  * than the last-level cache, as decode does through a model's layers, for one
@@ -16,6 +19,8 @@
 #include "kernels/kn.h"
 #include "kernels/quant_blocks.h"
 
+#include <immintrin.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,17 +122,128 @@ static double time_repeat(kn_ctx *ctx, const uint8_t *w, kn_type type, int n_out
     return t / calls;
 }
 
+/* ---- --types: every weight type against Q8_0 and Q4_0 -----------------------
+ * Decode: the matvec of one activation row over a pool of copies of a
+ * 2048 x 768 matrix (TY_POOL_MIB in all, as a small model's layers follow
+ * one another; on a machine whose L3 holds the pool it is an L3 figure, not
+ * DRAM bandwidth). Prefill: 128 activation rows against one matrix. Both as
+ * effective weight GB/s (bytes of the type's weights read per second), at
+ * 2 threads, and as a share of Q4_0's (packed, as a model holds it, where
+ * the table has the packed gemm). The float types at 64 rows also as
+ * GFLOP/s a thread against the core's F32 FMA peak, measured here. */
+#define TY_POOL_MIB 64
+#define TY_N_OUT 2048
+#define TY_N_IN 768
+
+/* F32 FMA peak of one thread: 12 independent chains of 8 lanes. */
+__attribute__((target("avx2,fma"))) static double fma_peak_gflops(void)
+{
+    __m256 a[12];
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm256_set1_ps((float)i);
+    const long iters = 20000000;
+    double t0 = bench_now();
+    for (long k = 0; k < iters; k++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm256_fmadd_ps(a[i], m, c);
+        __asm__("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]), "+x"(a[5]), "+x"(a[6]),
+                "+x"(a[7]), "+x"(a[8]), "+x"(a[9]), "+x"(a[10]), "+x"(a[11]));
+    }
+    double s = bench_now() - t0;
+    float sink = 0;
+    for (int i = 0; i < 12; i++)
+        sink += _mm256_cvtss_f32(a[i]);
+    if (sink == 12345.0f)
+        printf(" ");
+    return (double)iters * 12 * 8 * 2 / s / 1e9;
+}
+
+static int bench_types(int reps)
+{
+    static const kn_type tys[] = {KN_TYPE_Q8_0,   KN_TYPE_Q4_0,   KN_TYPE_Q4_0_P16, KN_TYPE_Q4_1,
+                                  KN_TYPE_Q5_0,   KN_TYPE_Q5_1,   KN_TYPE_IQ4_NL,   KN_TYPE_Q2_K,
+                                  KN_TYPE_Q3_K,   KN_TYPE_Q4_K,   KN_TYPE_Q5_K,     KN_TYPE_Q6_K,
+                                  KN_TYPE_IQ4_XS, KN_TYPE_F16,    KN_TYPE_BF16,     KN_TYPE_F32};
+    enum { NT = sizeof(tys) / sizeof(tys[0]), ROWS = 128, FROWS = 64 };
+    const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
+    uint8_t *pool = aligned_alloc(64, pool_bytes + (64 << 20));
+    kn_ctx *ctx = kn_ctx_new(2, KN_BACKEND_AUTO), *ctx1 = kn_ctx_new(1, KN_BACKEND_AUTO);
+    float *x = malloc((size_t)ROWS * TY_N_IN * sizeof(float));
+    float *y = aligned_alloc(64, (size_t)ROWS * TY_N_OUT * sizeof(float));
+    if (!pool || !ctx || !ctx1 || !x || !y)
+        return 1;
+    for (int i = 0; i < ROWS * TY_N_IN; i++)
+        x[i] = bench_frand(&rng_state);
+    double mv[NT][MAX_REPS], mm[NT][MAX_REPS], fl[NT][MAX_REPS], peak[MAX_REPS];
+    bool have[NT];
+    for (int ti = 0; ti < NT; ti++) {
+        const kn_type t = tys[ti];
+        have[ti] = !kn_type_packed(t) || kn_ctx_ops(ctx)->gemm_q4_0_p16 != NULL;
+        if (!have[ti])
+            continue;
+        const size_t mat = mat_bytes_of(t, TY_N_OUT, TY_N_IN);
+        const int n_mats = (int)(pool_bytes / mat);
+        if (kn_type_packed(t))
+            fill_pool_packed(pool, (size_t)n_mats * mat, t, TY_N_OUT, TY_N_IN);
+        else
+            fill_pool(pool, (size_t)n_mats * mat, t);
+        for (int r = 0; r < reps; r++) {
+            double s = time_cold(ctx, pool, mat, n_mats, t, TY_N_OUT, TY_N_IN, x, 1, y);
+            mv[ti][r] = (double)mat * n_mats / s;
+            s = time_repeat(ctx, pool, t, TY_N_OUT, TY_N_IN, x, ROWS, y, 0.05);
+            mm[ti][r] = (double)mat / s;
+            s = time_repeat(ctx1, pool, t, TY_N_OUT, TY_N_IN, x, FROWS, y, 0.05);
+            fl[ti][r] = 2.0 * FROWS * TY_N_OUT * TY_N_IN / s;
+        }
+    }
+    for (int r = 0; r < reps; r++)
+        peak[r] = fma_peak_gflops();
+    const double pk = bench_median(peak, reps);
+    double q4mv = 0, q4mm = 0;
+    for (int ti = 0; ti < NT; ti++)
+        if (have[ti] && (tys[ti] == KN_TYPE_Q4_0_P16 || (tys[ti] == KN_TYPE_Q4_0 && q4mv == 0))) {
+            q4mv = bench_median(mv[ti], reps);
+            q4mm = bench_median(mm[ti], reps);
+        }
+    printf("## weight types (%s backend, %dx%d, 2 threads, median of %d runs)\n\n", kn_ctx_ops(ctx)->name,
+           TY_N_OUT, TY_N_IN, reps);
+    printf("F32 FMA peak, 1 thread: %.1f GFLOP/s\n\n", pk);
+    printf("| type | bits/weight | matvec GB/s | vs q4_0 | %d rows GB/s | vs q4_0 | %d rows GFLOP/s, 1 thread | vs "
+           "FMA peak |\n|---|---|---|---|---|---|---|---|\n",
+           ROWS, FROWS);
+    for (int ti = 0; ti < NT; ti++) {
+        if (!have[ti])
+            continue;
+        const kn_type t = tys[ti], base = kn_unpacked_type(t);
+        const double v = bench_median(mv[ti], reps), m = bench_median(mm[ti], reps), f = bench_median(fl[ti], reps);
+        printf("| %s | %.2f | %.2f | %.0f%% | %.2f | %.0f%% | %.1f | %.0f%% |\n", kn_type_name(t),
+               8.0 * kn_type_block_bytes(base) / kn_type_block_elems(base), v / 1e9, 100 * v / q4mv, m / 1e9,
+               100 * m / q4mm, f / 1e9, 100 * f / 1e9 / pk);
+    }
+    kn_ctx_free(ctx1);
+    kn_ctx_free(ctx);
+    free(y);
+    free(x);
+    free(pool);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int reps = 5;
     size_t pool_mib = 1024;
+    bool by_type = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--types") == 0)
+            by_type = true;
         else if (strcmp(argv[i], "--pool-mib") == 0 && i + 1 < argc)
             pool_mib = (size_t)atol(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M] [--types]\n", argv[0]);
             return 2;
         }
     }
@@ -139,6 +255,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_kernels: needs AVX2\n");
         return 1;
     }
+    if (by_type)
+        return bench_types(reps);
     const size_t pool_bytes = pool_mib << 20;
     uint8_t *pool = aligned_alloc(64, pool_bytes);
     kn_ctx *ctx[2] = {kn_ctx_new(1, KN_BACKEND_AUTO), kn_ctx_new(2, KN_BACKEND_AUTO)};

@@ -17,8 +17,22 @@ typedef enum kn_type {
     KN_TYPE_F32 = 0,
     KN_TYPE_F16 = 1,
     KN_TYPE_Q4_0 = 2,
+    KN_TYPE_Q4_1 = 3,
+    KN_TYPE_Q5_0 = 6,
+    KN_TYPE_Q5_1 = 7,
     KN_TYPE_Q8_0 = 8,
+    KN_TYPE_Q2_K = 10,
+    KN_TYPE_Q3_K = 11,
+    KN_TYPE_Q4_K = 12,
+    KN_TYPE_Q5_K = 13,
+    KN_TYPE_Q6_K = 14,
+    KN_TYPE_Q8_K = 15, /* the K-quants' activations; never a weight */
+    KN_TYPE_IQ4_NL = 20,
+    KN_TYPE_IQ4_XS = 23,
+    KN_TYPE_BF16 = 30,
 } kn_type;
+/* One past the largest number above: the size of per-type tables. */
+#define KN_TYPE_COUNT 31
 
 /* Q8_0 and Q4_0 repacked in memory for a gemm_q8_0_p16 / gemm_q4_0_p16
  * (kn_pack_q8_0, kn_pack_q4_0); never in a file, so neither
@@ -36,22 +50,60 @@ static inline kn_type kn_unpacked_type(kn_type t)
     return kn_type_packed(t) ? (kn_type)(t & 0xff) : t;
 }
 
-/* True for the tensor types this build computes with. */
+/* What a tensor type is, as ggml's type traits are: its block, the format
+ * its dot and gemm take the activations in, and its reference conversions.
+ * Callers look a type up here instead of naming types one by one. */
+typedef struct kn_type_traits {
+    const char *name;    /* ggml's: "f32", "q4_0", "q4_K", "iq4_xs", "bf16" ... */
+    int64_t block_elems; /* 1 for the float types */
+    size_t block_bytes;
+    /* The activations' format for a weight of this type: Q8_0 for the
+     * 32-element types (Q4_1 and Q5_1 too: where ggml takes Q8_1, whose
+     * block carries d * sum(q) rounded to a half, the dots here take the
+     * exact integer sum of the Q8_0 block's quants instead), Q8_K for the
+     * K-quants and IQ4_XS, F32 for F32 and F16 weights, BF16 for BF16. */
+    kn_type vec_dot_type;
+    /* Reference conversions of n elements (n a multiple of block_elems).
+     * quantize_row is ggml's reference quantizer without an importance
+     * matrix (llama.cpp's quantize tool's choice then). */
+    void (*dequantize_row)(const void *x, float *y, int64_t n);
+    void (*quantize_row)(const float *x, void *y, int64_t n);
+} kn_type_traits;
+
+/* The traits of a ggml type number this build knows, or NULL. */
+const kn_type_traits *kn_type_traits_of(uint32_t type);
+
+/* True for the tensor types the runtime loads from a model file today (F32,
+ * F16, Q8_0, Q4_0): the kernels compute with every type kn_type_traits_of
+ * knows, and the runtime takes the others on as its loaders and its CUDA
+ * plugin learn them. */
 bool kn_type_supported(uint32_t type);
-/* "f32", "f16", "q4_0", "q8_0", or NULL for an unsupported type. */
+/* ggml's name of a type kn_type_traits_of knows ("q8_0", "q4_K"), or NULL. */
 const char *kn_type_name(uint32_t type);
-/* Parses a name as above; returns 0 or -1. */
+/* Parses a name as above, case aside ("Q4_K" too); returns 0 or -1. */
 int kn_type_from_name(const char *name, kn_type *out);
-/* Elements per block (1 for F32/F16, 32 for Q8_0/Q4_0); 0 if unsupported. */
+/* Elements per block (1 for F32/F16/BF16, 32 for Q8_0, 256 for Q4_K); 0 if
+ * unknown. */
 int64_t kn_type_block_elems(uint32_t type);
-/* Bytes per block; 0 if unsupported. */
+/* Bytes per block; 0 if unknown. */
 size_t kn_type_block_bytes(uint32_t type);
-/* Bytes of a row of n elements; 0 if unsupported or n is not a multiple of
+/* Bytes of a row of n elements; 0 if unknown or n is not a multiple of
  * the block size. */
 size_t kn_row_bytes(uint32_t type, int64_t n);
 
 float kn_fp16_to_fp32(uint16_t h);
 uint16_t kn_fp32_to_fp16(float f); /* round to nearest even */
+/* bfloat16: the top half of a float. The conversion rounds to nearest even
+ * and keeps a NaN a (quiet) NaN, as ggml's does. */
+static inline float kn_bf16_to_fp32(uint16_t h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+uint16_t kn_fp32_to_bf16(float f);
 
 /* Q8_0 repacked for a backend's gemm_q8_0_p16. Rows go in groups of 16 (the
  * last padded with zero rows). A group holds first its n_in / 32 blocks'
@@ -87,27 +139,51 @@ void kn_pack_q8_0(const void *w, int n_out, int n_in, void *dst);
 size_t kn_pack_q4_0_bytes(int n_out, int n_in);
 void kn_pack_q4_0(const void *w, int n_out, int n_in, void *dst);
 
-/* Reference quantization of n elements (n a multiple of the block size). */
+/* Reference quantization of n elements (n a multiple of the block size),
+ * through the type's traits; nothing for an unknown type. */
 void kn_quantize_row(kn_type type, const float *x, void *y, int64_t n);
 void kn_dequantize_row(kn_type type, const void *x, float *y, int64_t n);
 
 /* ---- backend function table ---------------------------------------------
- * Row dot products of one weight row with activations. For quantized weights
- * the activations are first quantized to Q8_0 (`quantize_q8_0`), then dotted
- * in integers per block, as ggml does: the scalar reference does exactly the
- * same arithmetic, so fast and reference agree up to float summation order.
- * n is always a multiple of 32 for quantized types, any size for F32/F16;
- * quantized rows start 2-byte aligned (a block begins with its 16-bit scale). */
+ * Row dot products of one weight row with activations, per weight type. The
+ * activations come in the type's vec_dot_type (kn_type_traits): quantized
+ * ones are first quantized (`quantize`), then dotted in integers per block
+ * as ggml does, and the scalar reference does exactly the same arithmetic,
+ * so fast and reference agree up to float summation order (or bit for bit,
+ * where a fast path says so). n is always a multiple of the weight type's
+ * block, any size for the float types; quantized rows start 2-byte aligned
+ * (Q8_K activation rows 4-byte aligned: a block begins with its float). */
+typedef void (*kn_quantize_fn)(const float *x, void *y, int n);
+/* out[r] = dot(w, x_r) for r in [0, nr): one weight row against nr
+ * activation rows, so a wide path can reuse the loaded weights. x_r is at
+ * x + r * x_stride bytes. */
+typedef void (*kn_dot_fn)(const void *w, const void *x, size_t x_stride, int nr, int n, float *out);
+/* y[r * y_stride + o] = dot(w_o, x_r) for n_w weight rows (w_o at w + o *
+ * w_stride bytes) and nr activation rows (x_r at x + r * x_stride bytes). */
+typedef void (*kn_gemm_fn)(const void *w, size_t w_stride, int n_w, const void *x, size_t x_stride, int nr,
+                           int n, float *y, size_t y_stride);
+typedef void (*kn_gemm_p16_fn)(const void *w, int n_w, const void *xq, size_t xq_stride, int nr, int n,
+                               float *y, size_t y_stride);
+
 typedef struct kn_ops {
     const char *name;
-    void (*quantize_q8_0)(const float *x, void *y, int n);
-    /* out[r] = dot(w, x_r) for r in [0, nr): one weight row against nr
-     * activation rows, so a wide path can reuse the loaded weights. x_r is at
-     * x + r * x_stride (bytes for q8_0 activations, floats for f32). */
-    void (*dot_f32)(const float *w, const float *x, size_t x_stride, int nr, int n, float *out);
-    void (*dot_f16)(const uint16_t *w, const float *x, size_t x_stride, int nr, int n, float *out);
-    void (*dot_q8_0)(const void *w, const void *xq, size_t xq_stride, int nr, int n, float *out);
-    void (*dot_q4_0)(const void *w, const void *xq, size_t xq_stride, int nr, int n, float *out);
+    /* quantize[KN_TYPE_Q8_0], which the KV cache and attention use too. */
+    kn_quantize_fn quantize_q8_0;
+    /* Indexed by an activation type (a vec_dot_type): float rows into it.
+     * Every table has Q8_0, Q8_K and BF16 (F32 activations need none). */
+    kn_quantize_fn quantize[KN_TYPE_COUNT];
+    /* Indexed by weight type: every table has a dot for every type
+     * kn_type_traits_of knows (Q8_K aside, never a weight). */
+    kn_dot_fn dot[KN_TYPE_COUNT];
+    /* Optional, indexed by weight type (NULL: kn_matmul uses the dots):
+     * when present, kn_matmul sends every matmul of the type here, from
+     * decode's one row to prefill's many: a SIMD backend works on several
+     * weight rows and activation rows at once, which the one-weight-row dots
+     * cannot. Same arithmetic as the reference dots, and in the x86 backends
+     * the same float rounding too for the types whose gemm says so (Q8_0,
+     * Q4_0 and the others noted there), so a row's result has the same bits
+     * whatever batch it is computed in. */
+    kn_gemm_fn gemm[KN_TYPE_COUNT];
     /* y = x / rms(x) * g; y may alias x. */
     void (*rmsnorm)(float *y, const float *x, const float *g, int n, float eps);
     /* x = softmax(x) in place, numerically stable. */
@@ -121,30 +197,18 @@ typedef struct kn_ops {
     void (*kv_accum)(float *acc, const float *w, const uint16_t *v, size_t stride, int n, int hd);
     /* kv_accum over a Q8_0 cache: rows of hd / 32 blocks, stride in bytes.
      * (A Q8_0 cache's scores are the quantized query against the K rows,
-     * through gemm_q8_0, or dot_q8_0 in a table without it.) */
+     * through gemm[KN_TYPE_Q8_0], or dot[KN_TYPE_Q8_0] in a table without
+     * it.) */
     void (*kv_accum_q8_0)(float *acc, const float *w, const void *v, size_t stride, int n, int hd);
     /* y = x as IEEE halves, rounded to nearest even (kn_fp32_to_fp16). */
     void (*to_f16)(const float *x, uint16_t *y, int n);
-    /* Optional (NULL: kn_matmul uses the dots): y[r * y_stride + o] =
-     * dot(w_o, x_r) for n_w weight rows (w_o at w + o * w_stride bytes) and
-     * nr Q8_0 activation rows. When present, kn_matmul sends every quantized
-     * matmul here, from decode's one row to prefill's many: a SIMD backend
-     * works on several weight rows and activation rows at once, which the
-     * one-weight-row dots cannot. Same arithmetic as the reference dots, and
-     * in the x86 backends the same float rounding too, so a row's result has
-     * the same bits whatever batch it is computed in. */
-    void (*gemm_q8_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
-                      int n, float *y, size_t y_stride);
-    void (*gemm_q4_0)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
-                      int n, float *y, size_t y_stride);
-    /* Optional: gemm_q8_0 over rows packed by kn_pack_q8_0 (w at the first
-     * of the n_w rows' groups), bit for bit the same results. A model whose
-     * table has it packs its Q8_0 matrices once at load. */
-    void (*gemm_q8_0_p16)(const void *w, int n_w, const void *xq, size_t xq_stride, int nr, int n, float *y,
-                          size_t y_stride);
-    /* Optional: gemm_q4_0 over rows packed by kn_pack_q4_0, the same way. */
-    void (*gemm_q4_0_p16)(const void *w, int n_w, const void *xq, size_t xq_stride, int nr, int n, float *y,
-                          size_t y_stride);
+    /* Optional: gemm[KN_TYPE_Q8_0] over rows packed by kn_pack_q8_0 (w at
+     * the first of the n_w rows' groups), bit for bit the same results. A
+     * model whose table has it packs its Q8_0 matrices once at load. */
+    kn_gemm_p16_fn gemm_q8_0_p16;
+    /* Optional: gemm[KN_TYPE_Q4_0] over rows packed by kn_pack_q4_0, the
+     * same way. */
+    kn_gemm_p16_fn gemm_q4_0_p16;
 } kn_ops;
 
 const kn_ops *kn_ops_ref(void);

@@ -75,7 +75,7 @@ struct kn_ctx {
     pthread_cond_t cv;
 
     /* scratch */
-    void *q8; /* activations quantized to Q8_0 */
+    void *q8; /* activations in a weight type's vec_dot_type */
     size_t q8_cap;
     float *rope_cs; /* cos/sin per (row, pair), valid for the key below */
     size_t rope_cs_cap;
@@ -383,21 +383,13 @@ void kn_parallel_for(kn_ctx *ctx, int n, void (*fn)(void *arg, int i), void *arg
  * weight rows pass over them. */
 #define KN_GEMM_ROW_BLOCK 64
 
-typedef void (*kn_gemm_fn)(const void *w, size_t w_stride, int n_w, const void *xq, size_t xq_stride, int nr,
-                           int n, float *y, size_t y_stride);
-
-typedef void (*kn_gemm_p16_fn)(const void *w, int n_w, const void *xq, size_t xq_stride, int nr, int n,
-                               float *y, size_t y_stride);
-
 typedef struct mm_job {
-    const kn_ops *ops;
+    kn_dot_fn dot;
     const char *w;
-    kn_type wtype;
     size_t w_row_bytes;
     int n_out, n_in, n_rows, chunk;
-    const float *x;
-    const char *xq;
-    size_t xq_row_bytes;
+    const char *xa; /* the activations in the weight type's vec_dot_type */
+    size_t xa_row_bytes;
     float *y;
 } mm_job;
 
@@ -414,23 +406,8 @@ static void mm_item(void *arg, int item, int tid)
         const int nr = j->n_rows - r0 < KN_MM_NR ? j->n_rows - r0 : KN_MM_NR;
         float *y = j->y + (size_t)r0 * j->n_out;
         for (int o = o0; o < o1; o++) {
-            const char *wr = j->w + (size_t)o * j->w_row_bytes;
-            switch (j->wtype) {
-            case KN_TYPE_F32:
-                j->ops->dot_f32((const float *)wr, j->x + (size_t)r0 * j->n_in, (size_t)j->n_in, nr, j->n_in,
-                                tmp);
-                break;
-            case KN_TYPE_F16:
-                j->ops->dot_f16((const uint16_t *)wr, j->x + (size_t)r0 * j->n_in, (size_t)j->n_in, nr,
-                                j->n_in, tmp);
-                break;
-            case KN_TYPE_Q8_0:
-                j->ops->dot_q8_0(wr, j->xq + (size_t)r0 * j->xq_row_bytes, j->xq_row_bytes, nr, j->n_in, tmp);
-                break;
-            case KN_TYPE_Q4_0:
-                j->ops->dot_q4_0(wr, j->xq + (size_t)r0 * j->xq_row_bytes, j->xq_row_bytes, nr, j->n_in, tmp);
-                break;
-            }
+            j->dot(j->w + (size_t)o * j->w_row_bytes, j->xa + (size_t)r0 * j->xa_row_bytes, j->xa_row_bytes, nr,
+                   j->n_in, tmp);
             for (int k = 0; k < nr; k++)
                 y[(size_t)k * j->n_out + o] = tmp[k];
         }
@@ -479,7 +456,7 @@ static void gemm_item(void *arg, int item, int tid)
 }
 
 typedef struct quant_job {
-    const kn_ops *ops;
+    kn_quantize_fn quantize;
     const float *x;
     char *xq;
     int n_in;
@@ -490,7 +467,7 @@ static void quant_item(void *arg, int r, int tid)
 {
     (void)tid;
     const quant_job *j = arg;
-    j->ops->quantize_q8_0(j->x + (size_t)r * j->n_in, j->xq + (size_t)r * j->xq_row_bytes, j->n_in);
+    j->quantize(j->x + (size_t)r * j->n_in, j->xq + (size_t)r * j->xq_row_bytes, j->n_in);
 }
 
 int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, const float *x, int n_rows,
@@ -513,7 +490,7 @@ static int matmul_gemm(kn_ctx *ctx, kn_type wtype, size_t w_row_bytes, int n_in,
         j.gemm_p16 = ctx->ops->gemm_q4_0_p16;
         j.w_row_bytes = kn_pack_q4_0_bytes(16, n_in);
     } else {
-        j.gemm = wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : ctx->ops->gemm_q4_0;
+        j.gemm = ctx->ops->gemm[wtype];
     }
     /* Chunks of whole 16-row tiles, about eight per thread and row block
      * over all outputs, so that dynamic hand-out evens out threads that run
@@ -549,9 +526,9 @@ int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows
                 int n_outs)
 {
     const bool p16 = kn_type_packed(wtype);
-    if (wtype == KN_TYPE_Q8_0_P16   ? ctx->ops->gemm_q8_0_p16 == NULL
-        : wtype == KN_TYPE_Q4_0_P16 ? ctx->ops->gemm_q4_0_p16 == NULL
-                                    : !kn_type_supported(wtype))
+    const kn_type_traits *tt = kn_type_traits_of(kn_unpacked_type(wtype));
+    if (p16 ? (wtype == KN_TYPE_Q8_0_P16 ? ctx->ops->gemm_q8_0_p16 : ctx->ops->gemm_q4_0_p16) == NULL
+            : tt == NULL || ctx->ops->dot[wtype] == NULL)
         return -EINVAL;
     if (n_in <= 0 || n_rows < 0 || n_outs < 1 || n_outs > KN_MM_MAX_OUTS)
         return -EINVAL;
@@ -564,31 +541,35 @@ int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows
     if (n_rows == 0)
         return 0;
 
-    mm_job j = {.ops = ctx->ops, .wtype = wtype, .w_row_bytes = w_row_bytes, .n_in = n_in, .n_rows = n_rows,
-                .x = x};
-    if (p16 || wtype == KN_TYPE_Q8_0 || wtype == KN_TYPE_Q4_0) {
-        /* Quantize each activation row once; every weight row of every
-         * output reuses it. */
-        j.xq_row_bytes = kn_row_bytes(KN_TYPE_Q8_0, n_in);
-        if ((size_t)n_rows > SIZE_MAX / j.xq_row_bytes)
+    /* The activations in the format the weight type's dot takes: quantized
+     * once per row, every weight row of every output reusing it. */
+    const kn_type act = tt->vec_dot_type;
+    mm_job j = {.w_row_bytes = w_row_bytes, .n_in = n_in, .n_rows = n_rows, .xa = (const char *)x,
+                .xa_row_bytes = (size_t)n_in * sizeof(float)};
+    if (act != KN_TYPE_F32) {
+        j.xa_row_bytes = kn_row_bytes(act, n_in);
+        if (j.xa_row_bytes == 0 || ctx->ops->quantize[act] == NULL)
+            return -EINVAL;
+        if ((size_t)n_rows > SIZE_MAX / j.xa_row_bytes)
             return -ENOMEM;
-        if (scratch_reserve(&ctx->q8, &ctx->q8_cap, (size_t)n_rows * j.xq_row_bytes) != 0)
+        if (scratch_reserve(&ctx->q8, &ctx->q8_cap, (size_t)n_rows * j.xa_row_bytes) != 0)
             return -ENOMEM;
-        j.xq = ctx->q8;
-        quant_job qj = {ctx->ops, x, ctx->q8, n_in, j.xq_row_bytes};
+        j.xa = ctx->q8;
+        quant_job qj = {ctx->ops->quantize[act], x, ctx->q8, n_in, j.xa_row_bytes};
         if ((int64_t)n_rows * n_in >= KN_PAR_MIN_ELEMS)
             pool_run(ctx, n_rows, quant_item, &qj);
         else
             for (int r = 0; r < n_rows; r++)
                 quant_item(&qj, r, 0);
-        if (p16 || (wtype == KN_TYPE_Q8_0 ? ctx->ops->gemm_q8_0 : ctx->ops->gemm_q4_0) != NULL)
-            return matmul_gemm(ctx, wtype, w_row_bytes, n_in, j.xq, j.xq_row_bytes, n_rows, outs, n_outs);
     }
+    if (p16 || ctx->ops->gemm[wtype] != NULL)
+        return matmul_gemm(ctx, wtype, w_row_bytes, n_in, j.xa, j.xa_row_bytes, n_rows, outs, n_outs);
 
     /* The dots, an output at a time. Several chunks per thread so dynamic
      * hand-out evens out threads that run slower (shared cores), yet each
      * chunk's weights are small enough to stay in L2 while every activation
      * group passes over them. */
+    j.dot = ctx->ops->dot[wtype];
     for (int k = 0; k < n_outs; k++) {
         j.w = outs[k].w;
         j.n_out = outs[k].n_out;
@@ -890,10 +871,10 @@ static void attn_item(void *arg, int item, int tid)
                     /* K rows as a gemm's weight rows: the decode matvec's
                      * layout, eight rows' sums in one vector, where the dot
                      * reduces each */
-                    if (ops->gemm_q8_0)
-                        ops->gemm_q8_0(kr, rw_bytes, run, ATTN_QQ(r, h), rw_bytes, 1, hd, o, (size_t)run);
+                    if (ops->gemm[KN_TYPE_Q8_0])
+                        ops->gemm[KN_TYPE_Q8_0](kr, rw_bytes, run, ATTN_QQ(r, h), rw_bytes, 1, hd, o, (size_t)run);
                     else
-                        ops->dot_q8_0(ATTN_QQ(r, h), kr, rw_bytes, run, hd, o);
+                        ops->dot[KN_TYPE_Q8_0](ATTN_QQ(r, h), kr, rw_bytes, run, hd, o);
                     for (int i = 0; i < run; i++)
                         o[i] *= j->scale;
                 }

@@ -1,13 +1,73 @@
-/* kernels: tensor type table, IEEE half conversion and the reference
- * quantizers. The quantizers reproduce ggml's quantize_row_q8_0_ref and
- * quantize_row_q4_0_ref operation for operation, so a file we quantize is
- * byte-identical to one made by llama.cpp's tools and theirs load unchanged. */
+/* kernels: tensor type table (the traits of every type; the conversions of
+ * the types beyond F32, F16, Q8_0 and Q4_0 are in kn_quants.c), IEEE half
+ * and bfloat16 conversion and the reference Q8_0 and Q4_0 quantizers. These
+ * two reproduce ggml's quantize_row_q8_0_ref and quantize_row_q4_0_ref
+ * operation for operation, so a file we quantize is byte-identical to one
+ * made by llama.cpp's tools and theirs load unchanged. */
 #include "kernels/kn.h"
+#include "kernels/kn_quants.h"
 #include "kernels/quant_blocks.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
+
+static void f32_to_f32(const float *x, void *y, int64_t n)
+{
+    memcpy(y, x, (size_t)n * sizeof(float));
+}
+
+static void f32_from_f32(const void *x, float *y, int64_t n)
+{
+    memcpy(y, x, (size_t)n * sizeof(float));
+}
+
+static void f16_from_f32(const float *x, void *y, int64_t n)
+{
+    uint16_t *h = y;
+    for (int64_t i = 0; i < n; i++)
+        h[i] = kn_fp32_to_fp16(x[i]);
+}
+
+static void f16_to_f32(const void *x, float *y, int64_t n)
+{
+    const uint16_t *h = x;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = kn_fp16_to_fp32(h[i]);
+}
+
+static void quantize_q8_0(const float *x, void *y, int64_t n);
+static void quantize_q4_0(const float *x, void *y, int64_t n);
+static void dequantize_q8_0(const void *x, float *y, int64_t n);
+static void dequantize_q4_0(const void *x, float *y, int64_t n);
+
+/* Indexed by ggml's type number; name NULL where this build knows none. */
+static const kn_type_traits type_traits[KN_TYPE_COUNT] = {
+    [KN_TYPE_F32] = {"f32", 1, sizeof(float), KN_TYPE_F32, f32_from_f32, f32_to_f32},
+    [KN_TYPE_F16] = {"f16", 1, sizeof(uint16_t), KN_TYPE_F32, f16_to_f32, f16_from_f32},
+    [KN_TYPE_Q4_0] = {"q4_0", KN_QK4_0, sizeof(kn_block_q4_0), KN_TYPE_Q8_0, dequantize_q4_0, quantize_q4_0},
+    [KN_TYPE_Q8_0] = {"q8_0", KN_QK8_0, sizeof(kn_block_q8_0), KN_TYPE_Q8_0, dequantize_q8_0, quantize_q8_0},
+#define KN_TRAITS(T, t, elems, act) [KN_TYPE_##T] = {#t, elems, sizeof(kn_block_##t), KN_TYPE_##act, kn_dequantize_##t, kn_quantize_##t}
+    KN_TRAITS(Q4_1, q4_1, KN_QK4_1, Q8_0),
+    KN_TRAITS(Q5_0, q5_0, KN_QK5_0, Q8_0),
+    KN_TRAITS(Q5_1, q5_1, KN_QK5_1, Q8_0),
+    KN_TRAITS(Q2_K, q2_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q3_K, q3_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q4_K, q4_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q5_K, q5_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q6_K, q6_K, KN_QK_K, Q8_K),
+    KN_TRAITS(Q8_K, q8_K, KN_QK_K, Q8_K),
+    KN_TRAITS(IQ4_NL, iq4_nl, KN_QK4_NL, Q8_0),
+    KN_TRAITS(IQ4_XS, iq4_xs, KN_QK_K, Q8_K),
+#undef KN_TRAITS
+    [KN_TYPE_BF16] = {"bf16", 1, sizeof(uint16_t), KN_TYPE_BF16, kn_dequantize_bf16, kn_quantize_bf16},
+};
+
+const kn_type_traits *kn_type_traits_of(uint32_t type)
+{
+    return type < KN_TYPE_COUNT && type_traits[type].name != NULL ? &type_traits[type] : NULL;
+}
 
 bool kn_type_supported(uint32_t type)
 {
@@ -16,33 +76,22 @@ bool kn_type_supported(uint32_t type)
 
 const char *kn_type_name(uint32_t type)
 {
-    switch (type) {
-    case KN_TYPE_Q8_0_P16:
+    if (type == KN_TYPE_Q8_0_P16)
         return "q8_0 (packed)";
-    case KN_TYPE_Q4_0_P16:
+    if (type == KN_TYPE_Q4_0_P16)
         return "q4_0 (packed)";
-    case KN_TYPE_F32:
-        return "f32";
-    case KN_TYPE_F16:
-        return "f16";
-    case KN_TYPE_Q4_0:
-        return "q4_0";
-    case KN_TYPE_Q8_0:
-        return "q8_0";
-    default:
-        return NULL;
-    }
+    const kn_type_traits *t = kn_type_traits_of(type);
+    return t != NULL ? t->name : NULL;
 }
 
 int kn_type_from_name(const char *name, kn_type *out)
 {
-    static const kn_type all[] = {KN_TYPE_F32, KN_TYPE_F16, KN_TYPE_Q4_0, KN_TYPE_Q8_0};
     if (name == NULL)
         return -1;
-    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-        if (strcmp(name, kn_type_name(all[i])) == 0) {
+    for (uint32_t i = 0; i < KN_TYPE_COUNT; i++) {
+        if (type_traits[i].name != NULL && strcasecmp(name, type_traits[i].name) == 0) {
             if (out != NULL)
-                *out = all[i];
+                *out = (kn_type)i;
             return 0;
         }
     }
@@ -51,33 +100,14 @@ int kn_type_from_name(const char *name, kn_type *out)
 
 int64_t kn_type_block_elems(uint32_t type)
 {
-    switch (type) {
-    case KN_TYPE_F32:
-    case KN_TYPE_F16:
-        return 1;
-    case KN_TYPE_Q4_0:
-        return KN_QK4_0;
-    case KN_TYPE_Q8_0:
-        return KN_QK8_0;
-    default:
-        return 0;
-    }
+    const kn_type_traits *t = kn_type_traits_of(type);
+    return t != NULL ? t->block_elems : 0;
 }
 
 size_t kn_type_block_bytes(uint32_t type)
 {
-    switch (type) {
-    case KN_TYPE_F32:
-        return sizeof(float);
-    case KN_TYPE_F16:
-        return sizeof(uint16_t);
-    case KN_TYPE_Q4_0:
-        return sizeof(kn_block_q4_0);
-    case KN_TYPE_Q8_0:
-        return sizeof(kn_block_q8_0);
-    default:
-        return 0;
-    }
+    const kn_type_traits *t = kn_type_traits_of(type);
+    return t != NULL ? t->block_bytes : 0;
 }
 
 size_t kn_row_bytes(uint32_t type, int64_t n)
@@ -174,10 +204,21 @@ uint16_t kn_fp32_to_fp16(float f)
     return (uint16_t)(sign | h);
 }
 
+/* Rounded to nearest even on the 16 bits dropped; a NaN stays a NaN (its
+ * payload's top bits kept, made quiet), as ggml's conversion does. */
+uint16_t kn_fp32_to_bf16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
+}
+
 /* ---- reference quantization ---------------------------------------------- */
 
-static void quantize_q8_0(const float *x, kn_block_q8_0 *y, int64_t n)
+static void quantize_q8_0(const float *x, void *vy, int64_t n)
 {
+    kn_block_q8_0 *y = vy;
     int64_t nb = n / KN_QK8_0;
     for (int64_t i = 0; i < nb; i++) {
         const float *xb = x + i * KN_QK8_0;
@@ -205,8 +246,9 @@ static inline float mul_rounded(float a, float b)
     return p;
 }
 
-static void quantize_q4_0(const float *x, kn_block_q4_0 *y, int64_t n)
+static void quantize_q4_0(const float *x, void *vy, int64_t n)
 {
+    kn_block_q4_0 *y = vy;
     int64_t nb = n / KN_QK4_0;
     for (int64_t i = 0; i < nb; i++) {
         const float *xb = x + i * KN_QK4_0;
@@ -235,61 +277,41 @@ static void quantize_q4_0(const float *x, kn_block_q4_0 *y, int64_t n)
     }
 }
 
+static void dequantize_q8_0(const void *x, float *y, int64_t n)
+{
+    const kn_block_q8_0 *b = x;
+    for (int64_t i = 0; i < n / KN_QK8_0; i++) {
+        const float d = kn_fp16_to_fp32(b[i].d);
+        for (int j = 0; j < KN_QK8_0; j++)
+            y[i * KN_QK8_0 + j] = (float)b[i].qs[j] * d;
+    }
+}
+
+static void dequantize_q4_0(const void *x, float *y, int64_t n)
+{
+    const kn_block_q4_0 *b = x;
+    for (int64_t i = 0; i < n / KN_QK4_0; i++) {
+        const float d = kn_fp16_to_fp32(b[i].d);
+        float *yb = y + i * KN_QK4_0;
+        for (int j = 0; j < KN_QK4_0 / 2; j++) {
+            yb[j] = (float)((b[i].qs[j] & 0x0f) - 8) * d;
+            yb[j + KN_QK4_0 / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
 void kn_quantize_row(kn_type type, const float *x, void *y, int64_t n)
 {
-    switch (type) {
-    case KN_TYPE_F32:
-        memcpy(y, x, (size_t)n * sizeof(float));
-        break;
-    case KN_TYPE_F16: {
-        uint16_t *h = y;
-        for (int64_t i = 0; i < n; i++)
-            h[i] = kn_fp32_to_fp16(x[i]);
-        break;
-    }
-    case KN_TYPE_Q8_0:
-        quantize_q8_0(x, y, n);
-        break;
-    case KN_TYPE_Q4_0:
-        quantize_q4_0(x, y, n);
-        break;
-    }
+    const kn_type_traits *t = kn_type_traits_of(type);
+    if (t != NULL)
+        t->quantize_row(x, y, n);
 }
 
 void kn_dequantize_row(kn_type type, const void *x, float *y, int64_t n)
 {
-    switch (type) {
-    case KN_TYPE_F32:
-        memcpy(y, x, (size_t)n * sizeof(float));
-        break;
-    case KN_TYPE_F16: {
-        const uint16_t *h = x;
-        for (int64_t i = 0; i < n; i++)
-            y[i] = kn_fp16_to_fp32(h[i]);
-        break;
-    }
-    case KN_TYPE_Q8_0: {
-        const kn_block_q8_0 *b = x;
-        for (int64_t i = 0; i < n / KN_QK8_0; i++) {
-            const float d = kn_fp16_to_fp32(b[i].d);
-            for (int j = 0; j < KN_QK8_0; j++)
-                y[i * KN_QK8_0 + j] = (float)b[i].qs[j] * d;
-        }
-        break;
-    }
-    case KN_TYPE_Q4_0: {
-        const kn_block_q4_0 *b = x;
-        for (int64_t i = 0; i < n / KN_QK4_0; i++) {
-            const float d = kn_fp16_to_fp32(b[i].d);
-            float *yb = y + i * KN_QK4_0;
-            for (int j = 0; j < KN_QK4_0 / 2; j++) {
-                yb[j] = (float)((b[i].qs[j] & 0x0f) - 8) * d;
-                yb[j + KN_QK4_0 / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
-            }
-        }
-        break;
-    }
-    }
+    const kn_type_traits *t = kn_type_traits_of(type);
+    if (t != NULL)
+        t->dequantize_row(x, y, n);
 }
 
 size_t kn_pack_q8_0_bytes(int n_out, int n_in)

@@ -142,20 +142,36 @@ static inline __attribute__((always_inline)) void dotf(const void *w, bool half,
         dotf_rows(w, half, x, xs, 1, n, out);
 }
 
-static void avx2_dot_f32(const float *w, const float *x, size_t xs, int nr, int n, float *out)
+/* xs in bytes, as every dot of the table takes it; rows of floats. */
+static void avx2_dot_f32(const void *w, const void *x, size_t xs, int nr, int n, float *out)
 {
-    dotf(w, false, x, xs, nr, n, out);
+    dotf(w, false, x, xs / sizeof(float), nr, n, out);
 }
 
-static void avx2_dot_f16(const uint16_t *w, const float *x, size_t xs, int nr, int n, float *out)
+static void avx2_dot_f16(const void *w, const void *x, size_t xs, int nr, int n, float *out)
 {
-    dotf(w, true, x, xs, nr, n, out);
+    dotf(w, true, x, xs / sizeof(float), nr, n, out);
 }
 
 /* ---- quantized weight dots (qdot_x86.h, here without VNNI) ---------------- */
 
 float kn_x86_f16_table[1 << 16];
 static pthread_once_t f16_table_once = PTHREAD_ONCE_INIT;
+
+/* Types without a kernel in this file run the reference's (a type's dot
+ * and gemm come together: a reference gemm only where there is no dot). */
+static void fill_from_ref(kn_ops *ops)
+{
+    const kn_ops *ref = kn_ops_ref();
+    for (int t = 0; t < KN_TYPE_COUNT; t++) {
+        if (ops->quantize[t] == NULL)
+            ops->quantize[t] = ref->quantize[t];
+        if (ops->dot[t] == NULL) {
+            ops->dot[t] = ref->dot[t];
+            ops->gemm[t] = ref->gemm[t];
+        }
+    }
+}
 
 static void f16_table_init(void)
 {
@@ -425,13 +441,15 @@ static void avx2_to_f16(const float *x, uint16_t *y, int n)
         y[i] = kn_fp32_to_fp16(x[i]);
 }
 
-static const kn_ops ops_avx2 = {
+static kn_ops ops_avx2 = {
     .name = "avx2",
     .quantize_q8_0 = avx2_quantize_q8_0,
-    .dot_f32 = avx2_dot_f32,
-    .dot_f16 = avx2_dot_f16,
-    .dot_q8_0 = avx2_dot_q8_0,
-    .dot_q4_0 = avx2_dot_q4_0,
+    .quantize = {[KN_TYPE_Q8_0] = avx2_quantize_q8_0},
+    .dot = {[KN_TYPE_F32] = avx2_dot_f32,
+            [KN_TYPE_F16] = avx2_dot_f16,
+            [KN_TYPE_Q8_0] = avx2_dot_q8_0,
+            [KN_TYPE_Q4_0] = avx2_dot_q4_0},
+    .gemm = {[KN_TYPE_Q8_0] = avx2_gemm_q8_0, [KN_TYPE_Q4_0] = avx2_gemm_q4_0},
     .rmsnorm = avx2_rmsnorm,
     .softmax = avx2_softmax,
     .silu_mul = avx2_silu_mul,
@@ -439,9 +457,14 @@ static const kn_ops ops_avx2 = {
     .kv_accum = avx2_kv_accum,
     .kv_accum_q8_0 = avx2_kv_accum_q8_0,
     .to_f16 = avx2_to_f16,
-    .gemm_q8_0 = avx2_gemm_q8_0,
-    .gemm_q4_0 = avx2_gemm_q4_0,
 };
+
+static void avx2_init(void)
+{
+    f16_table_init();
+    kn_x86_kquant_fill(&ops_avx2);
+    fill_from_ref(&ops_avx2);
+}
 
 const kn_ops *kn_ops_avx2(void)
 {
@@ -454,7 +477,7 @@ const kn_ops *kn_ops_avx2(void)
         return NULL;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C))
         return NULL;
-    pthread_once(&f16_table_once, f16_table_init);
+    pthread_once(&f16_table_once, avx2_init);
     return &ops_avx2;
 }
 

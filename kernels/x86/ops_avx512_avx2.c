@@ -357,8 +357,8 @@ static void ops_avx512_init(void)
     const kn_ops *base = kn_ops_avxvnni();
     ops_avx512 = base != NULL ? *base : *kn_ops_avx2();
     ops_avx512.name = "avx512vnni";
-    ops_avx512.gemm_q8_0 = avx512_gemm_q8_0;
-    ops_avx512.gemm_q4_0 = avx512_gemm_q4_0;
+    ops_avx512.gemm[KN_TYPE_Q8_0] = avx512_gemm_q8_0;
+    ops_avx512.gemm[KN_TYPE_Q4_0] = avx512_gemm_q4_0;
     ops_avx512.gemm_q8_0_p16 = avx512_gemm_q8_0_p16;
     ops_avx512.gemm_q4_0_p16 = avx512_gemm_q4_0_p16;
 }

@@ -29,10 +29,10 @@ static void ops_vnni_init(void)
 {
     ops_vnni = *kn_ops_avx2();
     ops_vnni.name = "avxvnni";
-    ops_vnni.dot_q8_0 = vnni_dot_q8_0;
-    ops_vnni.dot_q4_0 = vnni_dot_q4_0;
-    ops_vnni.gemm_q8_0 = vnni_gemm_q8_0;
-    ops_vnni.gemm_q4_0 = vnni_gemm_q4_0;
+    ops_vnni.dot[KN_TYPE_Q8_0] = vnni_dot_q8_0;
+    ops_vnni.dot[KN_TYPE_Q4_0] = vnni_dot_q4_0;
+    ops_vnni.gemm[KN_TYPE_Q8_0] = vnni_gemm_q8_0;
+    ops_vnni.gemm[KN_TYPE_Q4_0] = vnni_gemm_q4_0;
 }
 
 const kn_ops *kn_ops_avxvnni(void)

@@ -9,6 +9,11 @@
  * before it first returns its table. */
 extern float kn_x86_f16_table[1 << 16];
 
+/* Fills a table's K-quant, IQ4_XS, BF16 and F16 gemm entries and its Q8_K
+ * and BF16 activation quantizers (ops_kquant_avx2.c). */
+struct kn_ops;
+void kn_x86_kquant_fill(struct kn_ops *ops);
+
 static inline float hsum256(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -371,9 +371,9 @@ static void check_matmul(kn_type type, int n_out, int n_in, int n_rows, bool add
         const float *wr = wf + (size_t)o * n_in;
         if (xq) {
             if (type == KN_TYPE_Q8_0)
-                ref->dot_q8_0(w + (size_t)o * rb, xq, xq_rb, n_rows, n_in, col);
+                ref->dot[KN_TYPE_Q8_0](w + (size_t)o * rb, xq, xq_rb, n_rows, n_in, col);
             else
-                ref->dot_q4_0(w + (size_t)o * rb, xq, xq_rb, n_rows, n_in, col);
+                ref->dot[KN_TYPE_Q4_0](w + (size_t)o * rb, xq, xq_rb, n_rows, n_in, col);
         }
         for (int r = 0; r < n_rows; r++) {
             const float *xr = x + (size_t)r * n_in;

@@ -1,0 +1,603 @@
+/* kernels/x86: the K-quants (Q2_K..Q6_K) and IQ4_XS against Q8_K
+ * activations, Q4_1, Q5_0, Q5_1 and IQ4_NL against Q8_0, the Q8_K and BF16
+ * activation quantizers, and the F16 and BF16 weight gemms, on
+ * AVX2/FMA/F16C. Built with the AVX2 flags and
+ * -ffp-contract=off; reached only through the AVX2 table (and the tables
+ * built on it), whose constructor checks the CPU.
+ *
+ * One kernel serves every K-quant: a weight super-block is unpacked once
+ * into its 256 quants as bytes in element order (unsigned, with an offset
+ * for Q3_K and Q6_K; IQ4_XS's signed levels), the integer scale of each
+ * group of 16 as a 16-bit lane pattern, and the mins (or the offsets times
+ * the scales); then every activation row of the batch takes it: per 32
+ * quants a vpmaddubsw (byte pairs into 16 bits: at most 2 * 63 * 127) and
+ * a vpmaddwd by the group's scales, summed in int32 lanes; the activation
+ * block's group sums (bsums) times the mins or offsets by one more
+ * vpmaddwd. The super-block's integer sums are exact, as the reference's;
+ * they are then scaled in float lanes, d * dx and dmin * dx, with FMA, and
+ * the lanes summed once at the end of the row. So the float rounding
+ * differs from the reference's (the tests allow for the sums' magnitude),
+ * but it is the same for an activation row whatever batch it comes in, and
+ * whichever thread: decode's single row and prefill's many run this same
+ * loop.
+ *
+ * The float gemms (F16 weights against F32 activations, BF16 against
+ * BF16) likewise keep one chain of eight lanes per (weight row, activation
+ * row) and tile 4 weight rows by 3 activation rows in registers: twelve
+ * independent chains hide the FMA latency, and a row's arithmetic does not
+ * depend on the tile it lands in. */
+#include "kernels/kn.h"
+#include "kernels/quant_blocks.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kernels/x86/ops_x86.h"
+
+#define KQ_INLINE static inline __attribute__((always_inline))
+
+/* A weight super-block unpacked (see the top of the file). */
+typedef struct kq_super {
+    __m256i q[8];  /* elements 32c..32c+31: unsigned quants, or IQ4_XS's signed levels */
+    __m256i sc[8]; /* 16-bit scales of chunk c's two groups of 16 */
+    __m256i mn;    /* 16-bit mins of the 16 groups, or offset * scale (Q3_K, Q6_K) */
+    float d, dmin;
+} kq_super;
+
+/* ---- activation quantizers ---------------------------------------------------
+ * Q8_K, bit for bit as the reference: the same signed maximum, the same
+ * scale -127 / max computed in scalar, the product rounded to nearest even
+ * (vcvtps2dq, as lrintf), clamped to 127. */
+static void avx2_quantize_q8_K(const float *x, void *vy, int n)
+{
+    kn_block_q8_K *y = vy;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int ib = 0; ib < n / KN_QK_K; ib++, x += KN_QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < KN_QK_K; j += 8)
+            m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + j), absmask));
+        __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_max_ss(s, _mm_movehdup_ps(s));
+        const float amax = _mm_cvtss_f32(s);
+        /* the first element of that magnitude, with its sign */
+        float max = 0.0f;
+        for (int j = 0; j < KN_QK_K; j++)
+            if (x[j] == amax || x[j] == -amax) {
+                max = x[j];
+                break;
+            }
+        memset(&y[ib], 0, sizeof(y[ib]));
+        if (max == 0.0f || !(amax <= 3.4028235e38f))
+            continue;
+        const float iscale = -127.0f / max;
+        const __m256 iv = _mm256_set1_ps(iscale);
+        for (int j = 0; j < KN_QK_K; j += 32) {
+            const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j), iv));
+            const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), iv));
+            const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 16), iv));
+            const __m256i d = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 24), iv));
+            /* packs saturate to [-128, 127], as the clamp does */
+            const __m256i p = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)), perm);
+            _mm256_storeu_si256((__m256i *)(y[ib].qs + j), p);
+            /* group sums: bytes to 16-bit pairs, then pairs of those */
+            const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
+            const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            /* lanes 0-3 group 2k, 4-7 group 2k + 1 */
+            __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            t = _mm_hadd_epi32(t, t);
+            y[ib].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(t);
+            y[ib].bsums[j / 16 + 1] = (int16_t)_mm_extract_epi32(t, 1);
+        }
+        y[ib].d = 1.0f / iscale;
+    }
+}
+
+/* BF16, bit for bit as kn_fp32_to_bf16: round to nearest even on the
+ * dropped half, NaN kept NaN. */
+static void avx2_quantize_bf16(const float *x, void *vy, int n)
+{
+    uint16_t *y = vy;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+        const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+        const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64)), nan);
+        const __m128i p = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+        _mm_storeu_si128((__m128i *)(y + i), p);
+    }
+    for (; i < n; i++)
+        y[i] = kn_fp32_to_bf16(x[i]);
+}
+
+/* ---- K-quant gemm -------------------------------------------------------------- */
+
+/* Q4_K and Q5_K: the 12 bytes as the 8 groups' 6-bit scales (bytes 0-7
+ * of the result) and mins (bytes 8-15), by 32-bit word: groups 0-3 are the
+ * low 6 bits of words 0 (scales) and 1 (mins); groups 4-7 the nibbles of
+ * word 2 with the top 2 bits of words 0 (scales) and 1 (mins) above them. */
+KQ_INLINE __m128i kq_k4_scales_mins(const uint8_t *s12)
+{
+    uint32_t u[4];
+    memcpy(u, s12, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const uint32_t sc_lo = u[0] & m6, mn_lo = u[1] & m6;
+    const uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+    const uint32_t mn_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
+}
+
+/* Super-block ib of a row of type t unpacked into u. */
+KQ_INLINE void kq_unpack(kn_type t, const void *w, int ib, kq_super *u)
+{
+    /* the 16 groups' scales and mins (or 0) as signed bytes, and the
+     * offset's shift (Q3_K's 4 and Q6_K's 32 times the scale take the
+     * place of the mins) */
+    __m128i S, M = _mm_setzero_si128();
+    int off_shift = -1;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
+    switch (t) {
+    case KN_TYPE_Q4_K: {
+        const kn_block_q4_K *b = (const kn_block_q4_K *)w + ib;
+        for (int r = 0; r < 4; r++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * r));
+            u->q[2 * r] = _mm256_and_si256(v, m4);
+            u->q[2 * r + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        const __m128i sm = kq_k4_scales_mins(b->scales);
+        S = _mm_unpacklo_epi8(sm, sm); /* each group of 32's twice */
+        M = _mm_unpackhi_epi8(sm, sm);
+        u->d = kn_x86_f16_table[b->d];
+        u->dmin = kn_x86_f16_table[b->dmin];
+        break;
+    }
+    case KN_TYPE_Q5_K: {
+        const kn_block_q5_K *b = (const kn_block_q5_K *)w + ib;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
+        for (int r = 0; r < 4; r++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * r));
+            for (int k = 0; k < 2; k++) {
+                const __m256i bit = _mm256_set1_epi8((char)(1 << (2 * r + k)));
+                const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                                    _mm256_set1_epi8(0x10));
+                const __m256i lo = _mm256_and_si256(k ? _mm256_srli_epi16(v, 4) : v, m4);
+                u->q[2 * r + k] = _mm256_or_si256(lo, hi);
+            }
+        }
+        const __m128i sm = kq_k4_scales_mins(b->scales);
+        S = _mm_unpacklo_epi8(sm, sm);
+        M = _mm_unpackhi_epi8(sm, sm);
+        u->d = kn_x86_f16_table[b->d];
+        u->dmin = kn_x86_f16_table[b->dmin];
+        break;
+    }
+    case KN_TYPE_Q6_K: {
+        const kn_block_q6_K *b = (const kn_block_q6_K *)w + ib;
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+            u->q[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+            u->q[4 * h + 1] =
+                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+            u->q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+            u->q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                              _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+        }
+        S = _mm_loadu_si128((const __m128i *)b->scales);
+        off_shift = 5;
+        u->d = kn_x86_f16_table[b->d];
+        u->dmin = 0.0f;
+        break;
+    }
+    case KN_TYPE_Q3_K: {
+        const kn_block_q3_K *b = (const kn_block_q3_K *)w + ib;
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+                const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit),
+                                                    _mm256_set1_epi8(4));
+                u->q[4 * h + k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3), hi);
+            }
+        }
+        /* the 6-bit scales by 32-bit word: low nibbles from words 0-1,
+         * top 2 bits from word 2, as kn_q3k_scale reads them */
+        uint32_t a[3];
+        memcpy(a, b->scales, 12);
+        const uint32_t m4w = 0x0f0f0f0f, m2w = 0x03030303;
+        S = _mm_sub_epi8(_mm_setr_epi32((int)((a[0] & m4w) | (((a[2] >> 0) & m2w) << 4)),
+                                        (int)((a[1] & m4w) | (((a[2] >> 2) & m2w) << 4)),
+                                        (int)(((a[0] >> 4) & m4w) | (((a[2] >> 4) & m2w) << 4)),
+                                        (int)(((a[1] >> 4) & m4w) | (((a[2] >> 6) & m2w) << 4))),
+                         _mm_set1_epi8(32));
+        off_shift = 2;
+        u->d = kn_x86_f16_table[b->d];
+        u->dmin = 0.0f;
+        break;
+    }
+    case KN_TYPE_Q2_K: {
+        const kn_block_q2_K *b = (const kn_block_q2_K *)w + ib;
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+            for (int k = 0; k < 4; k++)
+                u->q[4 * h + k] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3);
+        }
+        const __m128i v = _mm_loadu_si128((const __m128i *)b->scales);
+        S = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+        M = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
+        u->d = kn_x86_f16_table[b->d];
+        u->dmin = kn_x86_f16_table[b->dmin];
+        break;
+    }
+    default: { /* IQ4_XS: signed levels by table lookup */
+        const kn_block_iq4_xs *b = (const kn_block_iq4_xs *)w + ib;
+        const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kn_iq4nl_values));
+        int8_t sc[16];
+        for (int j = 0; j < 8; j++) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(b->qs + 16 * j));
+            const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
+            u->q[j] = _mm256_shuffle_epi8(lut, nib);
+            sc[2 * j] = sc[2 * j + 1] = (int8_t)(kn_iq4xs_scale(j, b) - 32);
+        }
+        S = _mm_loadu_si128((const __m128i *)sc);
+        u->d = kn_x86_f16_table[b->d];
+        u->dmin = 0.0f;
+        break;
+    }
+    }
+    /* chunk c's scales: groups 2c (the low 128 bits' eight 16-bit lanes)
+     * and 2c + 1 (the high ones') */
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        const __m128i idx = _mm_setr_epi8((char)(2 * c), (char)(2 * c), (char)(2 * c), (char)(2 * c), (char)(2 * c),
+                                          (char)(2 * c), (char)(2 * c), (char)(2 * c), (char)(2 * c + 1),
+                                          (char)(2 * c + 1), (char)(2 * c + 1), (char)(2 * c + 1), (char)(2 * c + 1),
+                                          (char)(2 * c + 1), (char)(2 * c + 1), (char)(2 * c + 1));
+        u->sc[c] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(S, idx));
+    }
+    u->mn = off_shift >= 0 ? _mm256_sll_epi16(_mm256_cvtepi8_epi16(S), _mm_cvtsi32_si128(off_shift))
+                           : _mm256_cvtepi8_epi16(M);
+}
+
+/* One activation row's super-block against an unpacked weight super-block:
+ * the float lanes f advanced by it. */
+KQ_INLINE __m256 kq_row(const kq_super *u, bool signed_q, bool has_min, const kn_block_q8_K *x, __m256 f)
+{
+    __m256i acc = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+        const __m256i p = signed_q ? _mm256_maddubs_epi16(_mm256_sign_epi8(u->q[c], u->q[c]), _mm256_sign_epi8(xv, u->q[c]))
+                                   : _mm256_maddubs_epi16(u->q[c], xv);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, u->sc[c]));
+    }
+    const __m256i bm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), u->mn);
+    const __m256 dd = _mm256_set1_ps(u->d * x->d);
+    if (has_min)
+        return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(bm), _mm256_set1_ps(u->dmin * x->d),
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), dd, f));
+    /* the offset's share comes off the exact sum */
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, bm)), dd, f);
+}
+
+/* Activation rows a weight row meets at once: their float lanes stay on
+ * the stack, the rows' super-blocks in L1/L2 (a gemm item's 64 rows of a
+ * 4096-wide Q8_K row are 74 KiB). */
+#define KQ_ROWS 64
+
+KQ_INLINE void kq_gemm(kn_type t, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
+                       float *y, size_t ys)
+{
+    const bool signed_q = t == KN_TYPE_IQ4_XS;
+    const bool has_min = t == KN_TYPE_Q4_K || t == KN_TYPE_Q5_K || t == KN_TYPE_Q2_K;
+    const int nb = n / KN_QK_K;
+    __m256 f[KQ_ROWS];
+    for (int r0 = 0; r0 < nr; r0 += KQ_ROWS) {
+        const int rn = nr - r0 < KQ_ROWS ? nr - r0 : KQ_ROWS;
+        for (int o = 0; o < n_w; o++) {
+            const char *wr = (const char *)w + (size_t)o * ws;
+            for (int r = 0; r < rn; r++)
+                f[r] = _mm256_setzero_ps();
+            for (int ib = 0; ib < nb; ib++) {
+                kq_super u;
+                /* the next row's super-block, at the same place */
+                if (o + 1 < n_w)
+                    _mm_prefetch(wr + ws + (size_t)ib * kn_type_block_bytes(t), _MM_HINT_T0);
+                kq_unpack(t, wr, ib, &u);
+                for (int r = 0; r < rn; r++)
+                    f[r] = kq_row(&u, signed_q, has_min,
+                                  (const kn_block_q8_K *)((const char *)xq + (size_t)(r0 + r) * xs) + ib, f[r]);
+            }
+            for (int r = 0; r < rn; r++)
+                y[(size_t)(r0 + r) * ys + o] = hsum256(f[r]);
+        }
+    }
+}
+
+#define KQ_TYPE(T, tn)                                                                                       \
+    static void avx2_gemm_##tn(const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,  \
+                               float *y, size_t ys)                                                          \
+    {                                                                                                        \
+        kq_gemm(KN_TYPE_##T, w, ws, n_w, xq, xs, nr, n, y, ys);                                              \
+    }                                                                                                        \
+    static void avx2_dot_##tn(const void *w, const void *xq, size_t xs, int nr, int n, float *out)            \
+    {                                                                                                        \
+        kq_gemm(KN_TYPE_##T, w, 0, 1, xq, xs, nr, n, out, 1);                                                \
+    }
+KQ_TYPE(Q2_K, q2_K)
+KQ_TYPE(Q3_K, q3_K)
+KQ_TYPE(Q4_K, q4_K)
+KQ_TYPE(Q5_K, q5_K)
+KQ_TYPE(Q6_K, q6_K)
+KQ_TYPE(IQ4_XS, iq4_xs)
+#undef KQ_TYPE
+
+/* ---- the 32-element types: Q4_1, Q5_0, Q5_1, IQ4_NL against Q8_0 -----------
+ * The same scheme a block at a time: the block's 32 quants as bytes
+ * (unsigned for Q4_1 and Q5_1, signed for Q5_0's q - 16 and IQ4_NL's
+ * levels), the exact integer dot in int32 lanes, scaled by d * dx in float
+ * lanes; Q4_1's and Q5_1's min times the activation block's exact quant
+ * sum goes to a second, scalar sum in block order. */
+
+/* The 32 fifth bits of qh as bytes 0x10 or 0. */
+KQ_INLINE __m256i kl_bits5(const uint8_t *qh)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)h),
+        _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+KQ_INLINE __m256i kl_nibbles(const uint8_t *qs)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+KQ_INLINE __m256i kl_unpack(kn_type t, const void *w, int ib, float *d, float *m)
+{
+    switch (t) {
+    case KN_TYPE_Q4_1: {
+        const kn_block_q4_1 *b = (const kn_block_q4_1 *)w + ib;
+        *d = kn_x86_f16_table[b->d];
+        *m = kn_x86_f16_table[b->m];
+        return kl_nibbles(b->qs);
+    }
+    case KN_TYPE_Q5_0: {
+        const kn_block_q5_0 *b = (const kn_block_q5_0 *)w + ib;
+        *d = kn_x86_f16_table[b->d];
+        return _mm256_sub_epi8(_mm256_or_si256(kl_nibbles(b->qs), kl_bits5(b->qh)), _mm256_set1_epi8(16));
+    }
+    case KN_TYPE_Q5_1: {
+        const kn_block_q5_1 *b = (const kn_block_q5_1 *)w + ib;
+        *d = kn_x86_f16_table[b->d];
+        *m = kn_x86_f16_table[b->m];
+        return _mm256_or_si256(kl_nibbles(b->qs), kl_bits5(b->qh));
+    }
+    default: { /* IQ4_NL */
+        const kn_block_iq4_nl *b = (const kn_block_iq4_nl *)w + ib;
+        *d = kn_x86_f16_table[b->d];
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kn_iq4nl_values)), kl_nibbles(b->qs));
+    }
+    }
+}
+
+/* The activation block's quant sum. */
+KQ_INLINE int32_t kl_xsum(__m256i xv)
+{
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+
+KQ_INLINE void kl_gemm(kn_type t, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
+                       float *y, size_t ys)
+{
+    const bool signed_q = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL;
+    const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
+    const size_t bb = kn_type_block_bytes(t);
+    const int nb = n / 32;
+    __m256 f[KQ_ROWS];
+    float g[KQ_ROWS];
+    for (int r0 = 0; r0 < nr; r0 += KQ_ROWS) {
+        const int rn = nr - r0 < KQ_ROWS ? nr - r0 : KQ_ROWS;
+        for (int o = 0; o < n_w; o++) {
+            const char *wr = (const char *)w + (size_t)o * ws;
+            for (int r = 0; r < rn; r++) {
+                f[r] = _mm256_setzero_ps();
+                g[r] = 0.0f;
+            }
+            for (int ib = 0; ib < nb; ib++) {
+                float d, m = 0.0f;
+                if (o + 1 < n_w && ib % 4 == 0)
+                    _mm_prefetch(wr + ws + (size_t)ib * bb, _MM_HINT_T0);
+                const __m256i q = kl_unpack(t, wr, ib, &d, &m);
+                const __m256i aq = signed_q ? _mm256_sign_epi8(q, q) : q;
+                for (int r = 0; r < rn; r++) {
+                    const kn_block_q8_0 *xb = (const kn_block_q8_0 *)((const char *)xq + (size_t)(r0 + r) * xs) + ib;
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
+                    const __m256i p = _mm256_maddubs_epi16(aq, signed_q ? _mm256_sign_epi8(xv, q) : xv);
+                    const __m256i acc = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+                    const float dx = kn_x86_f16_table[xb->d];
+                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * dx), f[r]);
+                    if (has_min)
+                        g[r] += (float)kl_xsum(xv) * (m * dx);
+                }
+            }
+            for (int r = 0; r < rn; r++)
+                y[(size_t)(r0 + r) * ys + o] = hsum256(f[r]) + g[r];
+        }
+    }
+}
+
+#define KL_TYPE(T, tn)                                                                                       \
+    static void avx2_gemm_##tn(const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,  \
+                               float *y, size_t ys)                                                          \
+    {                                                                                                        \
+        kl_gemm(KN_TYPE_##T, w, ws, n_w, xq, xs, nr, n, y, ys);                                              \
+    }                                                                                                        \
+    static void avx2_dot_##tn(const void *w, const void *xq, size_t xs, int nr, int n, float *out)            \
+    {                                                                                                        \
+        kl_gemm(KN_TYPE_##T, w, 0, 1, xq, xs, nr, n, out, 1);                                                \
+    }
+KL_TYPE(Q4_1, q4_1)
+KL_TYPE(Q5_0, q5_0)
+KL_TYPE(Q5_1, q5_1)
+KL_TYPE(IQ4_NL, iq4_nl)
+#undef KL_TYPE
+
+/* ---- F16 and BF16 gemm ------------------------------------------------------------ */
+
+/* Eight weights of row w at i as floats: halves, or bfloat16 (the top of a
+ * float: a shift). */
+KQ_INLINE __m256 kf_w8(const void *w, bool bf, int i)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (bf)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    return _mm256_cvtph_ps(v);
+}
+
+KQ_INLINE float kf_w1(const void *w, bool bf, int i)
+{
+    const uint16_t v = ((const uint16_t *)w)[i];
+    return bf ? kn_bf16_to_fp32(v) : kn_x86_f16_table[v];
+}
+
+/* Eight activations of row x at i as floats (F32, or BF16 for BF16). */
+KQ_INLINE __m256 kf_x8(const void *x, bool bf, int i)
+{
+    return bf ? kf_w8(x, true, i) : _mm256_loadu_ps((const float *)x + i);
+}
+
+KQ_INLINE float kf_x1(const void *x, bool bf, int i)
+{
+    return bf ? kn_bf16_to_fp32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+/* WR x XR tile: one chain per (weight row, activation row), the scalar
+ * tail and the lane sum in a fixed order. */
+KQ_INLINE void kf_tile(const char *w, size_t ws, int WR, const char *x, size_t xs, int XR, bool bf, int n,
+                       float *y, size_t ys)
+{
+    __m256 a[4][3];
+#pragma GCC unroll 4
+    for (int o = 0; o < WR; o++)
+#pragma GCC unroll 3
+        for (int r = 0; r < XR; r++)
+            a[o][r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < XR; r++)
+            xv[r] = kf_x8(x + (size_t)r * xs, bf, i);
+#pragma GCC unroll 4
+        for (int o = 0; o < WR; o++) {
+            const __m256 wv = kf_w8(w + (size_t)o * ws, bf, i);
+#pragma GCC unroll 3
+            for (int r = 0; r < XR; r++)
+                a[o][r] = _mm256_fmadd_ps(wv, xv[r], a[o][r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int o = 0; o < WR; o++)
+#pragma GCC unroll 3
+        for (int r = 0; r < XR; r++) {
+            float s = hsum256(a[o][r]);
+            for (int k = i; k < n; k++)
+                s += kf_w1(w + (size_t)o * ws, bf, k) * kf_x1(x + (size_t)r * xs, bf, k);
+            y[(size_t)r * ys + o] = s;
+        }
+}
+
+KQ_INLINE void kf_gemm(bool bf, const void *w, size_t ws, int n_w, const void *x, size_t xs, int nr, int n,
+                       float *y, size_t ys)
+{
+    for (int r = 0; r < nr; r += 3) {
+        const int XR = nr - r < 3 ? nr - r : 3;
+        const char *xr = (const char *)x + (size_t)r * xs;
+        for (int o = 0; o < n_w; o += 4) {
+            const int WR = n_w - o < 4 ? n_w - o : 4;
+            const char *wo = (const char *)w + (size_t)o * ws;
+            float *yo = y + (size_t)r * ys + o;
+            /* constant tile shapes, so the accumulators stay in registers */
+#define KF_CASE(a, b)                                                                                        \
+    if (WR == a && XR == b) {                                                                                \
+        kf_tile(wo, ws, a, xr, xs, b, bf, n, yo, ys);                                                        \
+        continue;                                                                                            \
+    }
+            KF_CASE(4, 3)
+            KF_CASE(4, 2)
+            KF_CASE(4, 1)
+            KF_CASE(3, 3)
+            KF_CASE(3, 2)
+            KF_CASE(3, 1)
+            KF_CASE(2, 3)
+            KF_CASE(2, 2)
+            KF_CASE(2, 1)
+            KF_CASE(1, 3)
+            KF_CASE(1, 2)
+            KF_CASE(1, 1)
+#undef KF_CASE
+        }
+    }
+}
+
+static void avx2_gemm_f16(const void *w, size_t ws, int n_w, const void *x, size_t xs, int nr, int n, float *y,
+                          size_t ys)
+{
+    kf_gemm(false, w, ws, n_w, x, xs, nr, n, y, ys);
+}
+
+static void avx2_gemm_bf16(const void *w, size_t ws, int n_w, const void *x, size_t xs, int nr, int n, float *y,
+                           size_t ys)
+{
+    kf_gemm(true, w, ws, n_w, x, xs, nr, n, y, ys);
+}
+
+static void avx2_dot_bf16(const void *w, const void *x, size_t xs, int nr, int n, float *out)
+{
+    kf_gemm(true, w, 0, 1, x, xs, nr, n, out, 1);
+}
+
+void kn_x86_kquant_fill(kn_ops *ops)
+{
+    ops->quantize[KN_TYPE_Q8_K] = avx2_quantize_q8_K;
+    ops->quantize[KN_TYPE_BF16] = avx2_quantize_bf16;
+#define KQ_SET(T, tn)                                                                                        \
+    ops->dot[KN_TYPE_##T] = avx2_dot_##tn;                                                                   \
+    ops->gemm[KN_TYPE_##T] = avx2_gemm_##tn;
+    KQ_SET(Q2_K, q2_K)
+    KQ_SET(Q3_K, q3_K)
+    KQ_SET(Q4_K, q4_K)
+    KQ_SET(Q5_K, q5_K)
+    KQ_SET(Q6_K, q6_K)
+    KQ_SET(IQ4_XS, iq4_xs)
+    KQ_SET(Q4_1, q4_1)
+    KQ_SET(Q5_0, q5_0)
+    KQ_SET(Q5_1, q5_1)
+    KQ_SET(IQ4_NL, iq4_nl)
+    KQ_SET(BF16, bf16)
+#undef KQ_SET
+    ops->gemm[KN_TYPE_F16] = avx2_gemm_f16;
+}
+
+#endif
