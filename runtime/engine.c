@@ -461,7 +461,7 @@ void rt_engine_set_wake(rt_engine *e, void (*fn)(void *arg), void *arg)
 }
 
 /* The error a failed request answers with; returns its Retry-After. */
-static int event_error(rt_engine *e, const rt_sched_event *ev, rt_oai_error *err, bool *device_lost)
+static int event_error(const rt_sched_event *ev, rt_oai_error *err, bool *device_lost)
 {
     switch (ev->error) {
     case -ETIMEDOUT: rt_engine_error_deadline(err); return 0;
@@ -470,7 +470,7 @@ static int event_error(rt_engine *e, const rt_sched_event *ev, rt_oai_error *err
         return 1;
     case -ENOTRECOVERABLE:
         rt_oai_error_set(err, 503, "server_error", NULL, NULL, "the device failed; this worker restarts");
-        e->device_lost = *device_lost = true;
+        *device_lost = true;
         return 1;
     default:
         rt_oai_error_set(err, 500, "server_error", NULL, NULL, "the model failed to run this request (%s)",
@@ -521,7 +521,7 @@ int rt_engine_poll(rt_engine *e, int timeout_ms, rt_engine_event_fn fn, void *ar
             rt_oai_error_set(&err, 503, "server_error", NULL, NULL, "out of memory while generating");
             out.error = &err;
         } else if (q->ev.kind == RT_EV_ERROR) {
-            out.retry_after_s = event_error(e, &q->ev, &err, &out.device_lost);
+            out.retry_after_s = event_error(&q->ev, &err, &out.device_lost);
             out.error = &err;
         }
         /* An end-of-generation token is no part of the answer. */

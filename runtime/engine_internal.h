@@ -34,7 +34,6 @@ struct rt_engine {
     rt_sched *sched;
     uint64_t next_cid;
     int admitted[2]; /* admitted, not yet submitted, by rt_priority */
-    bool device_lost;
 
     /* events from the compute thread, under mu */
     pthread_mutex_t mu;
