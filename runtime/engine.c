@@ -45,15 +45,32 @@ void rt_engine_opts_default(rt_engine_opts *o)
 void rt_engine_opts_set(rt_engine_opts *o, rt_eopt id, long long v)
 {
     switch (id) {
-    case RT_EOPT_THREADS: o->model.n_threads = (int)v; break;
-    case RT_EOPT_KV_CACHE_MB: o->sched.kv_bytes = (size_t)v << 20; break;
-    case RT_EOPT_KV_TYPE: o->sched.kv_type = rt_eopt_kv_type(v); break;
-    case RT_EOPT_MAX_SEQS: o->sched.max_seqs = (int)v; break;
-    case RT_EOPT_MAX_BATCH_TOKENS: o->sched.max_batch_tokens = (int)v; break;
-    case RT_EOPT_MAX_QUEUE: o->sched.max_queue = (int)v; break;
-    case RT_EOPT_BATCH_MAX_WAIT_MS: o->sched.batch_max_wait_ms = (int)v; break;
-    case RT_EOPT_CHAT_TEMPLATE: o->chat_kind = (int)v; break;
-    case RT_EOPT_N: break;
+    case RT_EOPT_THREADS:
+        o->model.n_threads = (int)v;
+        break;
+    case RT_EOPT_KV_CACHE_MB:
+        o->sched.kv_bytes = (size_t)v << 20;
+        break;
+    case RT_EOPT_KV_TYPE:
+        o->sched.kv_type = rt_eopt_kv_type(v);
+        break;
+    case RT_EOPT_MAX_SEQS:
+        o->sched.max_seqs = (int)v;
+        break;
+    case RT_EOPT_MAX_BATCH_TOKENS:
+        o->sched.max_batch_tokens = (int)v;
+        break;
+    case RT_EOPT_MAX_QUEUE:
+        o->sched.max_queue = (int)v;
+        break;
+    case RT_EOPT_BATCH_MAX_WAIT_MS:
+        o->sched.batch_max_wait_ms = (int)v;
+        break;
+    case RT_EOPT_CHAT_TEMPLATE:
+        o->chat_kind = (int)v;
+        break;
+    case RT_EOPT_N:
+        break;
     }
 }
 
@@ -77,7 +94,8 @@ bool rt_engine_deadline_passed(int64_t deadline_ms)
 
 static void error_queue_full(rt_oai_error *err)
 {
-    rt_oai_error_set(err, 429, "rate_limit_error", NULL, "queue_full", "the worker's queue is full; retry shortly");
+    rt_oai_error_set(err, 429, "rate_limit_error", NULL, "queue_full",
+                     "the worker's queue is full; retry shortly");
 }
 
 /* Seconds until a turned-away request would likely find room: the queue
@@ -113,17 +131,19 @@ static void warn_template(rt_engine *e)
 {
     if (e->chat_forced || !e->tmpl_present || e->tmpl_recognised)
         return;
-    snprintf(e->warnings[e->n_warnings++], RT_ENGINE_WARNING_MAX,
-             "the model's chat template is none we render; chats are rendered as ChatML, which this model may "
-             "not have been trained on. If its template is one of the families we know, name it with --%s "
-             "(config: %s)",
-             rt_eopt_defs[RT_EOPT_CHAT_TEMPLATE].flag, rt_eopt_defs[RT_EOPT_CHAT_TEMPLATE].key);
+    snprintf(
+        e->warnings[e->n_warnings++], RT_ENGINE_WARNING_MAX,
+        "the model's chat template is none we render; chats are rendered as ChatML, which this model may "
+        "not have been trained on. If its template is one of the families we know, name it with --%s "
+        "(config: %s)",
+        rt_eopt_defs[RT_EOPT_CHAT_TEMPLATE].flag, rt_eopt_defs[RT_EOPT_CHAT_TEMPLATE].key);
 }
 
 static void warn_pre(rt_engine *e)
 {
     rt_gguf_str pre = {"", 0};
-    if (!rt_tokenizer_pre_fallback(e->tok) || rt_gguf_get_str(rt_model_gguf(e->model), "tokenizer.ggml.pre", &pre))
+    if (!rt_tokenizer_pre_fallback(e->tok) ||
+        rt_gguf_get_str(rt_model_gguf(e->model), "tokenizer.ggml.pre", &pre))
         return;
     snprintf(e->warnings[e->n_warnings++], RT_ENGINE_WARNING_MAX,
              "tokenizer.ggml.pre '%.*s' is not one this build knows: words are split as GPT-2 splits them, "
@@ -293,22 +313,24 @@ void rt_engine_describe(const rt_engine *e, char *buf, size_t len)
     else
         snprintf(where, sizeof(where), "cpu");
     const rt_hparams *hp = rt_model_hparams(e->model);
-    snprintf(buf, len,
-             "model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of %d tokens of %s; "
-             "chat template %s%s%s%s",
-             e->model_name, hp->arch, hp->n_layer, hp->n_ctx_train, where, rt_model_backend_name(e->model),
-             rt_model_threads(e->model), st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type),
-             rt_chat_kind_name(e->chat_kind),
-             e->chat_forced                            ? " (--chat-template)"
-             : e->tmpl_present && !e->tmpl_recognised ? " (unrecognised template: fallback)"
-             : e->tmpl_present                         ? ""
-                                                       : " (none in file: fallback)",
-             e->turn_stop ? ", turns end at the text " : "", e->turn_stop ? e->turn_stop : "");
+    snprintf(
+        buf, len,
+        "model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of %d tokens of %s; "
+        "chat template %s%s%s%s",
+        e->model_name, hp->arch, hp->n_layer, hp->n_ctx_train, where, rt_model_backend_name(e->model),
+        rt_model_threads(e->model), st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type),
+        rt_chat_kind_name(e->chat_kind),
+        e->chat_forced                           ? " (--chat-template)"
+        : e->tmpl_present && !e->tmpl_recognised ? " (unrecognised template: fallback)"
+        : e->tmpl_present                        ? ""
+                                                 : " (none in file: fallback)",
+        e->turn_stop ? ", turns end at the text " : "", e->turn_stop ? e->turn_stop : "");
 }
 
 /* ---- admission and submission ---- */
 
-int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, rt_oai_error *err, int *retry_after_s)
+int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, rt_oai_error *err,
+                    int *retry_after_s)
 {
     *retry_after_s = 0;
     if (rt_engine_deadline_passed(deadline_ms)) {
@@ -337,7 +359,9 @@ static void refusal(rt_engine *e, int rc, const rt_engine_req *req, rt_oai_error
     const rt_oai_request *q = &req->q;
     const int n_prompt = req->run.n_prompt, ctx = rt_model_hparams(e->model)->n_ctx_train;
     switch (rc) {
-    case -EAGAIN: error_queue_full(err); break;
+    case -EAGAIN:
+        error_queue_full(err);
+        break;
     case -E2BIG: {
         /* A field the client did not send is not the one to blame: with
          * /v1/completions' default of 16 new tokens, the prompt is. */
@@ -359,14 +383,16 @@ static void refusal(rt_engine *e, int rc, const rt_engine_req *req, rt_oai_error
                              "this worker's KV cache holds %lld tokens, fewer than the prompt's %d", pool,
                              n_prompt);
         else
-            rt_oai_error_set(err, 503, "server_error", NULL, "kv_cache_too_small",
-                             "this worker's KV cache holds %lld tokens; the prompt has %d and max_tokens asks "
-                             "for %d more",
-                             pool, n_prompt, req->run.max_tokens);
+            rt_oai_error_set(
+                err, 503, "server_error", NULL, "kv_cache_too_small",
+                "this worker's KV cache holds %lld tokens; the prompt has %d and max_tokens asks "
+                "for %d more",
+                pool, n_prompt, req->run.max_tokens);
         break;
     }
     default:
-        rt_oai_error_set(err, 503, "server_error", NULL, NULL, "cannot queue the request (%s)", strerror(-rc));
+        rt_oai_error_set(err, 503, "server_error", NULL, NULL, "cannot queue the request (%s)",
+                         strerror(-rc));
         break;
     }
 }
@@ -464,7 +490,9 @@ void rt_engine_set_wake(rt_engine *e, void (*fn)(void *arg), void *arg)
 static int event_error(const rt_sched_event *ev, rt_oai_error *err, bool *device_lost)
 {
     switch (ev->error) {
-    case -ETIMEDOUT: rt_engine_error_deadline(err); return 0;
+    case -ETIMEDOUT:
+        rt_engine_error_deadline(err);
+        return 0;
     case -ENOMEM:
         rt_oai_error_set(err, 503, "server_error", NULL, NULL, "out of memory while running the model");
         return 1;
@@ -493,7 +521,8 @@ static rt_engine_qev *take_events(rt_engine *e, int timeout_ms)
     pthread_mutex_lock(&e->mu);
     int rc = 0;
     while (!e->head && timeout_ms != 0 && rc == 0)
-        rc = timeout_ms < 0 ? pthread_cond_wait(&e->cv, &e->mu) : pthread_cond_timedwait(&e->cv, &e->mu, &until);
+        rc = timeout_ms < 0 ? pthread_cond_wait(&e->cv, &e->mu)
+                            : pthread_cond_timedwait(&e->cv, &e->mu, &until);
     rt_engine_qev *q = e->head;
     e->head = e->tail = NULL;
     pthread_mutex_unlock(&e->mu);

@@ -107,8 +107,9 @@ typedef struct rt_engine_req {
  * deadline_ms (epoch milliseconds; 0: none). 0; or with *err filled:
  * -ETIMEDOUT the deadline has passed (504), -EINVAL a bad request (400,
  * naming the field; a prompt that encodes to nothing or too much), -ENOENT
- * another model (404 model_not_found), -ENOMEM (503). req must be disposed
- * whatever the outcome. */
+ * another model (404 model_not_found), -ENOMEM (503; 500 while parsing).
+ * req must be disposed whatever the outcome; rt_engine_retry_after says
+ * the Retry-After of a refusal. */
 int rt_engine_prepare(rt_engine *e, const char *body, size_t len, bool chat, rt_priority prio,
                       int64_t deadline_ms, rt_engine_req *req, rt_oai_error *err);
 /* Any thread. The same from a request the caller filled in (q->model is
@@ -123,7 +124,8 @@ void rt_engine_req_dispose(rt_engine_req *req);
  * queued (rt_engine_stats) until rt_engine_release. -ETIMEDOUT: deadline_ms
  * has passed (504); -EAGAIN: the queue is full (429). *err and
  * *retry_after_s (seconds for Retry-After, 0: none) say so. */
-int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, rt_oai_error *err, int *retry_after_s);
+int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, rt_oai_error *err,
+                    int *retry_after_s);
 void rt_engine_release(rt_engine *e, rt_priority prio);
 
 /* Queues req (which may be disposed on return). 0 and *id; or with *err and

@@ -38,7 +38,7 @@ typedef struct rt_eopt_def {
     /* The default as usage says it, where the number alone would not tell
      * ("one per usable CPU"); NULL: the number or name. */
     const char *dflt_text;
-    const char *help; /* a "\n" continues it on the next usage line */
+    const char *help; /* one sentence; usage wraps it and adds the default */
 } rt_eopt_def;
 
 extern const rt_eopt_def rt_eopt_defs[RT_EOPT_N];
@@ -51,7 +51,8 @@ int rt_eopt_lookup(rt_eopt id, const char *name);
 const char *rt_eopt_range(rt_eopt id, char *buf, size_t len);
 /* The KV element type of kv_type's value v. */
 kn_type rt_eopt_kv_type(long long v);
-/* One usage line (or more) per option, "  --flag ARG   help (default X)". */
+/* Usage lines for every option: "  --flag ARG   help (default X)", wrapped
+ * at 100 columns, a long list of names after it. */
 void rt_eopt_usage(FILE *f);
 
 #endif

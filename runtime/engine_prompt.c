@@ -158,7 +158,8 @@ int rt_engine_prepare(rt_engine *e, const char *body, size_t len, bool chat, rt_
     req->owns_q_ = true;
     if (strcmp(req->q.model, e->model_name) != 0) {
         rt_oai_error_set(err, 404, "invalid_request_error", "model", "model_not_found",
-                         "the model '%s' does not exist; this worker serves '%s'", req->q.model, e->model_name);
+                         "the model '%s' does not exist; this worker serves '%s'", req->q.model,
+                         e->model_name);
         return -ENOENT;
     }
     if ((rc = make_run(e, req, err)))

@@ -290,8 +290,8 @@ static void report(const gen_run *g, int n_prompt, double t0, const rt_engine *e
     int n_decoded = g->n_tokens > 1 ? g->n_tokens - 1 : 0;
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, t_prefill,
             n_prompt / (t_prefill > 0 ? t_prefill : 1e-9));
-    fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s), %d threads, %s kernels\n", n_decoded, t_decode,
-            n_decoded / (t_decode > 0 ? t_decode : 1e-9), rt_model_threads(m), rt_model_backend_name(m));
+    fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s), %d threads, %s kernels\n", n_decoded,
+            t_decode, n_decoded / (t_decode > 0 ? t_decode : 1e-9), rt_model_threads(m), rt_model_backend_name(m));
 }
 
 int gw_cmd_generate(int argc, char **argv)

@@ -28,12 +28,12 @@ typedef struct worker_args {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: infergate worker --model FILE --listen unix:PATH|tcp:HOST:PORT [options]\n"
-            "Serves one model over HTTP/2 cleartext (OpenAI-compatible), with continuous batching.\n"
-            "  --model-name NAME      the id clients use in \"model\" (default: the file name without .gguf)\n"
-            "  --device cpu|cuda      where the model runs (default cpu; cuda: the GPU or MIG slice\n"
-            "                         CUDA_VISIBLE_DEVICES shows)\n");
+    fprintf(
+        f, "usage: infergate worker --model FILE --listen unix:PATH|tcp:HOST:PORT [options]\n"
+           "Serves one model over HTTP/2 cleartext (OpenAI-compatible), with continuous batching.\n"
+           "  --model-name NAME      the id clients use in \"model\" (default: the file name without .gguf)\n"
+           "  --device cpu|cuda      where the model runs (default cpu; cuda: the GPU or MIG slice\n"
+           "                         CUDA_VISIBLE_DEVICES shows)\n");
     rt_eopt_usage(f);
     fprintf(f,
             "  --max-body BYTES       largest request body (default 1048576)\n"
@@ -61,9 +61,15 @@ static const char *host_option(worker_args *a, int c, const char *arg)
 {
     long v;
     switch (c) {
-    case 'm': a->engine.model_path = arg; return NULL;
-    case 'l': a->listen = arg; return NULL;
-    case O_NAME: a->engine.model_name = arg; return NULL;
+    case 'm':
+        a->engine.model_path = arg;
+        return NULL;
+    case 'l':
+        a->listen = arg;
+        return NULL;
+    case O_NAME:
+        a->engine.model_name = arg;
+        return NULL;
     case O_DEVICE:
         a->engine.model.device = arg;
         return strcmp(arg, "cpu") && strcmp(arg, "cuda") ? "--device: cpu or cuda" : NULL;
@@ -86,9 +92,12 @@ static int parse_options(int argc, char **argv, worker_args *a)
 {
     enum { N_HOST = 7 };
     struct option opts[N_HOST + RT_EOPT_N + 1] = {
-        {"model", required_argument, 0, 'm'},         {"listen", required_argument, 0, 'l'},
-        {"model-name", required_argument, 0, O_NAME}, {"max-body", required_argument, 0, O_BODY},
-        {"device", required_argument, 0, O_DEVICE},   {"drain-grace-s", required_argument, 0, O_GRACE},
+        {"model", required_argument, 0, 'm'},
+        {"listen", required_argument, 0, 'l'},
+        {"model-name", required_argument, 0, O_NAME},
+        {"max-body", required_argument, 0, O_BODY},
+        {"device", required_argument, 0, O_DEVICE},
+        {"drain-grace-s", required_argument, 0, O_GRACE},
         {"help", no_argument, 0, 'h'},
     };
     for (int id = 0; id < RT_EOPT_N; id++)

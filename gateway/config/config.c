@@ -472,10 +472,10 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
     /* The engine's options: keys, ranges and defaults from the runtime's
      * table, which the worker command's flags read too. */
     static const rt_eopt opt[K_N] = {
-        [K_KV_TYPE] = RT_EOPT_KV_TYPE,      [K_CHAT] = RT_EOPT_CHAT_TEMPLATE,
-        [K_THREADS] = RT_EOPT_THREADS,      [K_KV] = RT_EOPT_KV_CACHE_MB,
-        [K_SEQS] = RT_EOPT_MAX_SEQS,        [K_BATCH] = RT_EOPT_MAX_BATCH_TOKENS,
-        [K_QUEUE] = RT_EOPT_MAX_QUEUE,      [K_BATCH_WAIT] = RT_EOPT_BATCH_MAX_WAIT_MS};
+        [K_KV_TYPE] = RT_EOPT_KV_TYPE, [K_CHAT] = RT_EOPT_CHAT_TEMPLATE,
+        [K_THREADS] = RT_EOPT_THREADS, [K_KV] = RT_EOPT_KV_CACHE_MB,
+        [K_SEQS] = RT_EOPT_MAX_SEQS,   [K_BATCH] = RT_EOPT_MAX_BATCH_TOKENS,
+        [K_QUEUE] = RT_EOPT_MAX_QUEUE, [K_BATCH_WAIT] = RT_EOPT_BATCH_MAX_WAIT_MS};
     const char *keys[K_N] = {"model", "name", "devices"};
     for (int k = K_KV_TYPE; k < K_N; k++)
         keys[k] = rt_eopt_defs[opt[k]].key;
@@ -542,7 +542,8 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
         bool q8 = rt_eopt_kv_type(kv) == KN_TYPE_Q8_0;
         free(t);
         if (kv < 0)
-            return gw_cfg_perr(p, v[K_KV_TYPE], kp, "%s", rt_eopt_range(RT_EOPT_KV_TYPE, range, sizeof(range)));
+            return gw_cfg_perr(p, v[K_KV_TYPE], kp, "%s",
+                               rt_eopt_range(RT_EOPT_KV_TYPE, range, sizeof(range)));
         /* the CUDA cache is halves only: a GPU worker would refuse to start */
         for (int i = 0; q8 && i < w->n_devices; i++)
             if (strcmp(w->devices[i], "cpu") != 0)
@@ -555,7 +556,8 @@ static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, g
         if ((rc = gw_cfg_str(p, v[K_CHAT], kp, &w->chat_template)))
             return rc;
         if (rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, w->chat_template) < 0)
-            return gw_cfg_perr(p, v[K_CHAT], kp, "%s", rt_eopt_range(RT_EOPT_CHAT_TEMPLATE, range, sizeof(range)));
+            return gw_cfg_perr(p, v[K_CHAT], kp, "%s",
+                               rt_eopt_range(RT_EOPT_CHAT_TEMPLATE, range, sizeof(range)));
     }
     int *ints[K_N] = {
         [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,

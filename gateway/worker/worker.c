@@ -235,8 +235,8 @@ static void handle_whole_event(wreq *r, const rt_sched_event *ev)
     rt_oai_logprob *lp = gw_lp_render(&r->lp, n_lp, rt_engine_tokenizer(r->w->engine), &oom);
     respond_json(r->stream, 200,
                  oom ? NULL
-                     : rt_oai_response_json(&h, r->text ? r->text : "", r->text_len, ev->finish_reason, &u, lp,
-                                            lp ? n_lp : 0));
+                     : rt_oai_response_json(&h, r->text ? r->text : "", r->text_len, ev->finish_reason, &u,
+                                            lp, lp ? n_lp : 0));
     free(lp);
 }
 
@@ -348,7 +348,8 @@ static void wprep_free(wprep *p)
 static void prepare(gw_offload_job *job)
 {
     wprep *p = (wprep *)job;
-    p->rc = rt_engine_prepare(p->engine, p->body, p->body_len, p->chat, p->prio, p->deadline_ms, &p->req, &p->e);
+    p->rc =
+        rt_engine_prepare(p->engine, p->body, p->body_len, p->chat, p->prio, p->deadline_ms, &p->req, &p->e);
 }
 
 /* Loop: queues a prepared request, or says why it cannot run. */
@@ -385,8 +386,8 @@ static void on_prepared(void *ud, gw_offload_job *job, bool ran)
 
 /* The request's loop state and its job for the offload thread; false when
  * out of memory. */
-static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat, rt_priority pr,
-                        int64_t deadline)
+static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat,
+                        rt_priority pr, int64_t deadline)
 {
     wreq *r = calloc(1, sizeof(*r));
     wprep *p = calloc(1, sizeof(*p));
@@ -461,10 +462,10 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
         "threads", rt_model_threads(m), "kv_type", kn_type_name(st.kv_type));
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
-        json_t *d = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I}", "name", dev.name, "uuid", dev.uuid, "mig_profile",
-                              dev.mig_profile, "memory_total_bytes", (json_int_t)dev.mem_total,
-                              "memory_free_bytes", (json_int_t)dev.mem_free, "weights_bytes",
-                              (json_int_t)dev.mem_weights);
+        json_t *d =
+            json_pack("{s:s, s:s, s:s, s:I, s:I, s:I}", "name", dev.name, "uuid", dev.uuid, "mig_profile",
+                      dev.mig_profile, "memory_total_bytes", (json_int_t)dev.mem_total, "memory_free_bytes",
+                      (json_int_t)dev.mem_free, "weights_bytes", (json_int_t)dev.mem_weights);
         if (d)
             json_object_set_new(o, "device_info", d);
     }
@@ -521,15 +522,15 @@ static void on_request(void *ud, gw_http_stream *s, const gw_http_request *req)
             return;
         }
     } else {
-        rt_oai_error_set(&e, 404, "invalid_request_error", NULL, "not_found", "no route for %s %.*s", req->method,
-                         (int)plen, path);
+        rt_oai_error_set(&e, 404, "invalid_request_error", NULL, "not_found", "no route for %s %.*s",
+                         req->method, (int)plen, path);
         respond_error(s, &e);
         return;
     }
 #undef PATH_IS
 #undef MODELS_DIR
-    rt_oai_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed on %.*s",
-                     req->method, (int)plen, path);
+    rt_oai_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                     "%s is not allowed on %.*s", req->method, (int)plen, path);
     respond_error_with(s, &e, &(const gw_http_header){"allow", allow}); /* RFC 9110 15.5.6 */
 }
 

@@ -91,7 +91,8 @@ static int prepare(const char *body, bool chat, rt_engine_req *req, rt_oai_error
 /* The tokens decoded, with no leading-space stripping (NUL-terminated). */
 static void decode(const rt_engine_req *req, char *buf, size_t cap)
 {
-    int n = rt_tokenizer_decode(rt_engine_tokenizer(engine), req->run.prompt, req->run.n_prompt, false, buf, cap);
+    int n =
+        rt_tokenizer_decode(rt_engine_tokenizer(engine), req->run.prompt, req->run.n_prompt, false, buf, cap);
     assert_true(n >= 0 && (size_t)n < cap);
 }
 
@@ -133,7 +134,8 @@ static void run_to_end(seen *s)
     assert_int_equal(s->n_final, 1);
 }
 
-static void assert_error(const rt_oai_error *e, int status, const char *type, const char *param, const char *code)
+static void assert_error(const rt_oai_error *e, int status, const char *type, const char *param,
+                         const char *code)
 {
     assert_int_equal(e->status, status);
     assert_string_equal(e->type, type);
@@ -203,10 +205,11 @@ static void test_chat_prompt(void **state)
     rt_engine_req req;
     rt_oai_error e;
     char text[512];
-    assert_int_equal(prepare("{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
-                             "{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":\"xy\"}",
-                             true, &req, &e),
-                     0);
+    assert_int_equal(
+        prepare("{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+                "{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":\"xy\"}",
+                true, &req, &e),
+        0);
     decode(&req, text, sizeof(text));
     /* the ChatML fallback, ending with the assistant turn's opening */
     assert_non_null(strstr(text, "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
@@ -233,10 +236,11 @@ static void test_build_matches_prepare(void **state)
 {
     rt_engine_req a, b;
     rt_oai_error e;
-    assert_int_equal(prepare("{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hey there\"}],"
-                             "\"max_tokens\":4,\"seed\":9}",
-                             true, &a, &e),
-                     0);
+    assert_int_equal(
+        prepare("{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hey there\"}],"
+                "\"max_tokens\":4,\"seed\":9}",
+                true, &a, &e),
+        0);
     rt_oai_message msg = {"user", "hey there"};
     rt_oai_request q = {.chat = true, .messages = &msg, .n_messages = 1, .max_tokens = 4, .has_seed = true};
     rt_sampler_params_default(&q.sampling);
@@ -257,10 +261,11 @@ static void test_run_to_the_end(void **state)
 {
     rt_engine_req req;
     rt_oai_error e;
-    assert_int_equal(prepare("{\"model\":\"tiny\",\"prompt\":\"once upon\",\"max_tokens\":8,\"temperature\":0,"
-                             "\"ignore_eos\":true}",
-                             false, &req, &e),
-                     0);
+    assert_int_equal(
+        prepare("{\"model\":\"tiny\",\"prompt\":\"once upon\",\"max_tokens\":8,\"temperature\":0,"
+                "\"ignore_eos\":true}",
+                false, &req, &e),
+        0);
     seen s = {0};
     uint64_t id;
     int retry;
@@ -276,10 +281,11 @@ static void test_run_to_the_end(void **state)
     assert_int_equal(s.last.id, id);
 
     /* Greedy: the same request gives the same text. */
-    assert_int_equal(prepare("{\"model\":\"tiny\",\"prompt\":\"once upon\",\"max_tokens\":8,\"temperature\":0,"
-                             "\"ignore_eos\":true}",
-                             false, &req, &e),
-                     0);
+    assert_int_equal(
+        prepare("{\"model\":\"tiny\",\"prompt\":\"once upon\",\"max_tokens\":8,\"temperature\":0,"
+                "\"ignore_eos\":true}",
+                false, &req, &e),
+        0);
     seen again = {0};
     assert_int_equal(rt_engine_submit(engine, &req, &again, &id, &e, &retry), 0);
     rt_engine_req_dispose(&req);
@@ -293,8 +299,8 @@ static void test_cancel(void **state)
 {
     rt_engine_req req;
     rt_oai_error e;
-    assert_int_equal(prepare("{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":100,\"ignore_eos\":true}", false,
-                             &req, &e),
+    assert_int_equal(prepare("{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":100,\"ignore_eos\":true}",
+                             false, &req, &e),
                      0);
     seen s = {0};
     uint64_t id;
@@ -318,8 +324,8 @@ static void test_bad_requests(void **state)
     assert_error(&e, 400, "invalid_request_error", NULL, NULL);
     rt_engine_req_dispose(&req);
 
-    assert_int_equal(prepare("{\"model\":\"tiny\",\"prompt\":\"x\",\"temperature\":\"hot\"}", false, &req, &e),
-                     -EINVAL);
+    assert_int_equal(
+        prepare("{\"model\":\"tiny\",\"prompt\":\"x\",\"temperature\":\"hot\"}", false, &req, &e), -EINVAL);
     assert_error(&e, 400, "invalid_request_error", "temperature", NULL);
     rt_engine_req_dispose(&req);
 
@@ -441,7 +447,8 @@ static void test_identity(void **state)
     assert_string_not_equal(id1 + 9, id2 + 5);
     rt_engine_describe(engine, what, sizeof(what));
     assert_non_null(strstr(what, "model 'tiny' (llama, 2 layers, ctx 256)"));
-    assert_non_null(strstr(what, "chat template chatml (none in file: fallback), turns end at the text <|im_end|>"));
+    assert_non_null(
+        strstr(what, "chat template chatml (none in file: fallback), turns end at the text <|im_end|>"));
 }
 
 static void test_option_table(void **state)
@@ -474,11 +481,16 @@ static void test_option_table(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_completion_prompt), cmocka_unit_test(test_chat_prompt),
-        cmocka_unit_test(test_build_matches_prepare), cmocka_unit_test(test_run_to_the_end),
-        cmocka_unit_test(test_cancel), cmocka_unit_test(test_bad_requests),
-        cmocka_unit_test(test_submit_refusals), cmocka_unit_test(test_admission),
-        cmocka_unit_test(test_event_errors), cmocka_unit_test(test_identity),
+        cmocka_unit_test(test_completion_prompt),
+        cmocka_unit_test(test_chat_prompt),
+        cmocka_unit_test(test_build_matches_prepare),
+        cmocka_unit_test(test_run_to_the_end),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_submit_refusals),
+        cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_event_errors),
+        cmocka_unit_test(test_identity),
         cmocka_unit_test(test_option_table),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
