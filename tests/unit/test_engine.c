@@ -257,21 +257,27 @@ static void test_build_matches_prepare(void **state)
 
 /* ---- running ---- */
 
-static void test_run_to_the_end(void **state)
+/* Prepares body and submits it; *n_prompt its prompt tokens. */
+static uint64_t submit_body(const char *body, seen *s, int *n_prompt)
 {
     rt_engine_req req;
     rt_oai_error e;
-    assert_int_equal(
-        prepare("{\"model\":\"tiny\",\"prompt\":\"once upon\",\"max_tokens\":8,\"temperature\":0,"
-                "\"ignore_eos\":true}",
-                false, &req, &e),
-        0);
-    seen s = {0};
     uint64_t id;
     int retry;
-    assert_int_equal(rt_engine_submit(engine, &req, &s, &id, &e, &retry), 0);
-    const int n_prompt = req.run.n_prompt;
+    assert_int_equal(prepare(body, false, &req, &e), 0);
+    assert_int_equal(rt_engine_submit(engine, &req, s, &id, &e, &retry), 0);
+    *n_prompt = req.run.n_prompt;
     rt_engine_req_dispose(&req); /* the engine keeps what it needs */
+    return id;
+}
+
+static void test_run_to_the_end(void **state)
+{
+    static const char body[] = "{\"model\":\"tiny\",\"prompt\":\"once "
+                               "upon\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}";
+    seen s = {0}, again = {0};
+    int n_prompt;
+    uint64_t id = submit_body(body, &s, &n_prompt);
     run_to_end(&s);
     assert_int_equal(s.last.kind, RT_EV_DONE);
     assert_string_equal(s.last.finish_reason, "length");
@@ -281,14 +287,7 @@ static void test_run_to_the_end(void **state)
     assert_int_equal(s.last.id, id);
 
     /* Greedy: the same request gives the same text. */
-    assert_int_equal(
-        prepare("{\"model\":\"tiny\",\"prompt\":\"once upon\",\"max_tokens\":8,\"temperature\":0,"
-                "\"ignore_eos\":true}",
-                false, &req, &e),
-        0);
-    seen again = {0};
-    assert_int_equal(rt_engine_submit(engine, &req, &again, &id, &e, &retry), 0);
-    rt_engine_req_dispose(&req);
+    submit_body(body, &again, &n_prompt);
     run_to_end(&again);
     assert_int_equal(again.text_len, s.text_len);
     assert_memory_equal(again.text, s.text, s.text_len);
@@ -297,17 +296,11 @@ static void test_run_to_the_end(void **state)
 /* A cancelled request still has its final event. */
 static void test_cancel(void **state)
 {
-    rt_engine_req req;
-    rt_oai_error e;
-    assert_int_equal(prepare("{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":100,\"ignore_eos\":true}",
-                             false, &req, &e),
-                     0);
     seen s = {0};
-    uint64_t id;
-    int retry;
-    assert_int_equal(rt_engine_submit(engine, &req, &s, &id, &e, &retry), 0);
-    rt_engine_req_dispose(&req);
-    rt_engine_cancel(engine, id);
+    int n_prompt;
+    rt_engine_cancel(
+        engine, submit_body("{\"model\":\"tiny\",\"prompt\":\"abc\",\"max_tokens\":100,\"ignore_eos\":true}",
+                            &s, &n_prompt));
     run_to_end(&s);
     assert_true(s.last.kind == RT_EV_ERROR || s.last.kind == RT_EV_DONE);
     if (s.last.kind == RT_EV_ERROR)
