@@ -15,8 +15,8 @@
  * Threads. One thread owns the engine (the worker's event loop; the "owner
  * thread" below) and makes every call but these: rt_engine_prepare,
  * rt_engine_build and rt_engine_req_dispose may run on any thread,
- * concurrently with each other and with the owner, for they read only what
- * never changes after load. Events are queued on the compute thread and
+ * concurrently with each other and with the owner (but for rt_engine_free),
+ * for they read only what never changes after load. Events are queued on the compute thread and
  * delivered only inside rt_engine_poll, on the owner thread: no callback
  * ever runs inside another rt_engine_* call. The wake function
  * (rt_engine_set_wake) runs on the compute thread each time an event is
