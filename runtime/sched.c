@@ -5,6 +5,7 @@
 #include "runtime/sched.h"
 #include "gateway/base/clock.h"
 
+#include "runtime/engine_opts.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -39,6 +40,7 @@ struct sreq {
     rt_stop *stop;
     int top_logprobs;     /* with lp_row: how many of the likeliest to report */
     float *lp_row;        /* log-probabilities asked for: the step's raw logits, kept from the sampler */
+    float *first_logits;  /* the caller's, until the first token's logits are in it */
     rt_token_logprobs lp; /* the last token's */
     /* with lp_row: generated tokens whose text has begun to go out, the
      * byte where the next one's begins, and the bytes gone out */
@@ -123,16 +125,18 @@ int rt_sched_room(rt_sched *s, rt_priority p)
     return n;
 }
 
+/* The defaults of the options an operator sets are the table's. */
 void rt_sched_opts_default(rt_sched_opts *o)
 {
+    const rt_eopt_def *d = rt_eopt_defs;
     *o = (rt_sched_opts){
-        .kv_bytes = 256u << 20,
+        .kv_bytes = (size_t)d[RT_EOPT_KV_CACHE_MB].dflt << 20,
         .block_tokens = 16,
-        .kv_type = KN_TYPE_F16,
-        .max_seqs = 32,
-        .max_batch_tokens = 512,
-        .max_queue = 64,
-        .batch_max_wait_ms = 30000,
+        .kv_type = rt_eopt_kv_type(d[RT_EOPT_KV_TYPE].dflt),
+        .max_seqs = (int)d[RT_EOPT_MAX_SEQS].dflt,
+        .max_batch_tokens = (int)d[RT_EOPT_MAX_BATCH_TOKENS].dflt,
+        .max_queue = (int)d[RT_EOPT_MAX_QUEUE].dflt,
+        .batch_max_wait_ms = (int)d[RT_EOPT_BATCH_MAX_WAIT_MS].dflt,
     };
 }
 
@@ -223,6 +227,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     q->sampling = r->sampling;
     q->logprobs = r->logprobs;
     q->top_logprobs = r->top_logprobs; /* rt_logprobs clamps it */
+    q->first_logits = r->first_logits;
     if (!q->tokens || !q->stop) {
         sreq_free(q);
         return -ENOMEM;
@@ -663,6 +668,10 @@ static void sample_item(void *arg, int i)
      * model's own logits, so they get a copy */
     if (r->lp_row)
         memcpy(r->lp_row, logits, (size_t)s->n_vocab * sizeof(float));
+    if (r->first_logits) {
+        memcpy(r->first_logits, logits, (size_t)s->n_vocab * sizeof(float));
+        r->first_logits = NULL;
+    }
     s->sampled[i] = rt_sampler_sample(r->smp, logits);
     if (r->lp_row)
         rt_logprobs(r->lp_row, s->n_vocab, s->sampled[i], r->top_logprobs, &r->lp);

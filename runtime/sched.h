@@ -97,6 +97,11 @@ typedef struct rt_sched_req {
     int top_logprobs; /* ...and this many of the likeliest (0..20) */
     rt_priority priority;
     int64_t deadline_ms; /* absolute, epoch milliseconds; 0: none */
+    /* When not NULL: receives the n_vocab logits the first token is drawn
+     * from (the last prompt position's, before the sampler), on the compute
+     * thread before that token's event. The numerics hook of `infergate
+     * generate --dump-logits`. */
+    float *first_logits;
     rt_sched_cb cb;
     void *user;
 } rt_sched_req;

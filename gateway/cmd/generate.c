@@ -1,14 +1,15 @@
 /* `infergate generate`: one prompt, offline, with timing — the quickest
  * check that a model loads and computes, and the hook for comparing
  * numerics with other engines (--prompt-tokens, --show-tokens,
- * --dump-logits). */
+ * --dump-logits). It runs through the engine a worker runs (the same
+ * tokenization, chat template, stop strings and scheduler), as a request
+ * of its own. */
 #include "gateway/cmd/cli.h"
 #include "gateway/base/clock.h"
 #include "gateway/base/num.h"
 
-#include "runtime/model.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "runtime/chat.h"
+#include "runtime/engine.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -17,15 +18,16 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_STOPS 16
+#define MAX_STOPS RT_OAI_MAX_STOPS /* as a request's */
 #define PREFILL_CHUNK 512
 
 typedef struct gen_args {
     const char *model, *prompt, *prompt_tokens, *dump_logits, *device;
     long n_predict, threads;
-    bool show_tokens, ignore_eos, reference;
+    bool show_tokens, ignore_eos, reference, chat;
+    int chat_kind; /* -1: the model's template */
     rt_sampler_params sp;
-    const char *stops[MAX_STOPS];
+    char *stops[MAX_STOPS];
     int n_stops;
 } gen_args;
 
@@ -37,7 +39,9 @@ static void usage(FILE *f)
                "  --top-k K, --top-p P, --min-p P\n"
                "  --seed N                 sampling seed (default 0)\n"
                "  --presence-penalty X, --frequency-penalty X\n"
-               "  --stop STR               stop string (repeatable, up to 16)\n"
+               "  --stop STR               stop string (repeatable, up to 4)\n"
+               "  --chat                   the prompt is a user message, rendered with the chat template\n"
+               "  --chat-template NAME     render it as this family, not as the model's template says\n"
                "  --threads N              compute threads (default: one per usable CPU)\n"
                "  --reference              scalar reference kernels (slow; for checks)\n"
                "  --device cpu|cuda        where the model runs (default cpu)\n"
@@ -50,7 +54,7 @@ static void usage(FILE *f)
 static int parse_args(int argc, char **argv, gen_args *a)
 {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_PP, O_FP, O_STOP, O_THREADS, O_REF, O_PT, O_SHOW,
-           O_DUMP, O_IGN, O_DEVICE };
+           O_DUMP, O_IGN, O_DEVICE, O_CHAT, O_CHAT_TMPL };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},    {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"temp", required_argument, 0, O_TEMP},
@@ -61,11 +65,13 @@ static int parse_args(int argc, char **argv, gen_args *a)
         {"reference", no_argument, 0, O_REF},    {"prompt-tokens", required_argument, 0, O_PT},
         {"show-tokens", no_argument, 0, O_SHOW}, {"dump-logits", required_argument, 0, O_DUMP},
         {"ignore-eos", no_argument, 0, O_IGN},   {"device", required_argument, 0, O_DEVICE},
+        {"chat", no_argument, 0, O_CHAT},       {"chat-template", required_argument, 0, O_CHAT_TMPL},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     memset(a, 0, sizeof(*a));
     a->n_predict = 64;
+    a->chat_kind = -1;
     rt_sampler_params_default(&a->sp);
     a->sp.temperature = 0.0f;
     optind = 1;
@@ -78,8 +84,8 @@ static int parse_args(int argc, char **argv, gen_args *a)
         case 'm': a->model = optarg; break;
         case 'p': a->prompt = optarg; break;
         case 'n':
-            if (gw_parse_int(optarg, 0, 1 << 24, &a->n_predict))
-                bad = "-n must be a whole number";
+            if (gw_parse_int(optarg, 1, 1 << 24, &a->n_predict))
+                bad = "-n must be a whole number from 1 to 16777216";
             break;
         case O_TEMP:
             if (gw_parse_float(optarg, &d) || d < 0)
@@ -117,7 +123,7 @@ static int parse_args(int argc, char **argv, gen_args *a)
             break;
         case O_STOP:
             if (a->n_stops == MAX_STOPS || !*optarg)
-                bad = "--stop takes a non-empty string, at most 16 times";
+                bad = "--stop takes a non-empty string, at most 4 times";
             else
                 a->stops[a->n_stops++] = optarg;
             break;
@@ -135,6 +141,11 @@ static int parse_args(int argc, char **argv, gen_args *a)
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
                 bad = "--device must be cpu or cuda";
             break;
+        case O_CHAT: a->chat = true; break;
+        case O_CHAT_TMPL:
+            if ((a->chat_kind = rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, optarg)) < 0)
+                bad = "--chat-template must be one of " RT_CHAT_KIND_NAMES;
+            break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return -1;
         }
@@ -143,7 +154,7 @@ static int parse_args(int argc, char **argv, gen_args *a)
             return -1;
         }
     }
-    if (!a->model || (!a->prompt == !a->prompt_tokens) || optind != argc) {
+    if (!a->model || (!a->prompt == !a->prompt_tokens) || (a->chat && a->prompt_tokens) || optind != argc) {
         usage(stderr);
         return -1;
     }
@@ -191,12 +202,96 @@ static int dump_logits(const char *path, const float *logits, int n)
     return fclose(f) ? -errno : 0;
 }
 
-static void emit(rt_stop *stop, bool final)
+/* The request as the engine takes it: the prompt (text, a chat's one user
+ * message, or token ids) and what the options ask. Borrows a's strings. */
+static void request_of(const gen_args *a, rt_oai_message *msg, int32_t *ids, int n_ids, rt_oai_request *q)
 {
-    size_t n;
-    const char *p = rt_stop_take(stop, final, &n);
-    fwrite(p, 1, n, stdout);
+    *q = (rt_oai_request){.chat = a->chat,
+                          .prompt = a->chat ? NULL : (char *)a->prompt,
+                          .prompt_tokens = ids,
+                          .n_prompt_tokens = n_ids,
+                          .max_tokens = (int)a->n_predict,
+                          .max_tokens_name = "-n",
+                          .sampling = a->sp,
+                          .has_seed = true,
+                          .n_stop = a->n_stops,
+                          .ignore_eos = a->ignore_eos};
+    for (int i = 0; i < a->n_stops; i++)
+        q->stop[i] = a->stops[i];
+    if (a->chat) {
+        *msg = (rt_oai_message){"user", (char *)a->prompt};
+        q->messages = msg;
+        q->n_messages = 1;
+    }
+}
+
+/* What the run's events told. */
+typedef struct gen_run {
+    bool show_tokens, finished, failed;
+    int32_t *tokens; /* generated, n_predict at most */
+    int n_tokens, cap;
+    double t_first, t_done;
+} gen_run;
+
+static void on_event(void *arg, const rt_engine_event *e)
+{
+    gen_run *g = arg;
+    const rt_sched_event *ev = &e->ev;
+    if (ev->kind == RT_EV_ERROR) {
+        fprintf(stderr, "generate: %s\n", e->error->message);
+        g->failed = g->finished = true;
+        return;
+    }
+    /* every other event is of one token */
+    if (g->n_tokens == 0)
+        g->t_first = gw_mono_s();
+    if (g->n_tokens < g->cap)
+        g->tokens[g->n_tokens++] = ev->token;
+    fwrite(ev->text, 1, ev->text_len, stdout);
     fflush(stdout);
+    if (ev->kind == RT_EV_DONE) {
+        g->finished = true;
+        g->t_done = gw_mono_s();
+    }
+}
+
+/* The scheduler for this one request: a KV pool of its tokens (the context
+ * at most: a longer request is refused with the context's length), one
+ * sequence, prompt chunks of PREFILL_CHUNK. */
+static int start_engine(rt_engine *e, const rt_engine_req *req, char *err, size_t err_len)
+{
+    const rt_model *m = rt_engine_model(e);
+    long total = (long)req->run.n_prompt + req->run.max_tokens;
+    if (total > rt_model_hparams(m)->n_ctx_train)
+        total = rt_model_hparams(m)->n_ctx_train;
+    rt_sched_opts so;
+    rt_sched_opts_default(&so);
+    so.kv_bytes = (size_t)(total + 15) / 16 * 16 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16);
+    so.block_tokens = 16;
+    so.kv_type = KN_TYPE_F16;
+    so.max_seqs = 1;
+    so.max_batch_tokens = PREFILL_CHUNK;
+    so.max_queue = 1;
+    return rt_engine_start(e, &so, err, err_len);
+}
+
+static void report(const gen_run *g, int n_prompt, double t0, const rt_engine *e)
+{
+    printf("\n");
+    if (g->show_tokens) {
+        printf("tokens:");
+        for (int i = 0; i < g->n_tokens; i++)
+            printf("%s%d", i ? "," : " ", g->tokens[i]);
+        printf("\n");
+    }
+    const rt_model *m = rt_engine_model(e);
+    double t_prefill = g->t_first - t0, t_decode = g->t_done - g->t_first;
+    /* The last sampled token is never run through the model. */
+    int n_decoded = g->n_tokens > 1 ? g->n_tokens - 1 : 0;
+    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, t_prefill,
+            n_prompt / (t_prefill > 0 ? t_prefill : 1e-9));
+    fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s), %d threads, %s kernels\n", n_decoded,
+            t_decode, n_decoded / (t_decode > 0 ? t_decode : 1e-9), rt_model_threads(m), rt_model_backend_name(m));
 }
 
 int gw_cmd_generate(int argc, char **argv)
@@ -206,125 +301,69 @@ int gw_cmd_generate(int argc, char **argv)
     if (rc)
         return rc > 0 ? 0 : 2;
 
-    char err[512];
-    rt_model *m = NULL;
-    rt_kv *kv = NULL;
-    rt_seq *seq = NULL;
-    rt_sampler *smp = NULL;
-    rt_stop *stop = NULL;
-    int32_t *prompt = NULL, *generated = NULL;
+    char err[768];
+    rt_engine *e = NULL;
+    rt_engine_req req = {0};
+    int32_t *ids = NULL;
     float *logits = NULL;
-    int status = 1;
+    gen_run g = {.show_tokens = a.show_tokens, .cap = (int)a.n_predict};
+    int status = 1, n_ids = 0;
 
-    rt_model_opts mo = {.n_threads = (int)a.threads, .reference = a.reference, .device = a.device};
-    if ((rc = rt_model_load(a.model, &mo, &m, err, sizeof(err)))) {
-        fprintf(stderr, "generate: %s: %s\n", a.model, err);
+    rt_engine_opts eo;
+    rt_engine_opts_default(&eo);
+    eo.model_path = a.model;
+    eo.model = (rt_model_opts){.n_threads = (int)a.threads, .reference = a.reference, .device = a.device};
+    eo.chat_kind = a.chat_kind;
+    if (rt_engine_load(&eo, &e, err, sizeof(err))) {
+        fprintf(stderr, "generate: %s\n", err);
         return 1;
     }
-    const rt_hparams *hp = rt_model_hparams(m);
-    const rt_tokenizer *tok = rt_model_tokenizer(m);
-    int n_prompt;
-    if (a.prompt_tokens) {
-        if ((n_prompt = parse_token_list(a.prompt_tokens, hp->n_vocab, &prompt)) < 0) {
-            fprintf(stderr, "generate: --prompt-tokens must be comma-separated ids below %d\n", hp->n_vocab);
-            goto out;
-        }
-    } else {
-        size_t len = strlen(a.prompt);
-        bool bos = rt_tokenizer_add_bos_default(tok);
-        n_prompt = rt_tokenizer_encode(tok, a.prompt, len, bos, false, NULL, 0);
-        if (n_prompt <= 0 || !(prompt = malloc((size_t)n_prompt * sizeof(int32_t))) ||
-            rt_tokenizer_encode(tok, a.prompt, len, bos, false, prompt, n_prompt) != n_prompt) {
-            fprintf(stderr, "generate: the prompt encodes to no tokens\n");
-            goto out;
-        }
-    }
-    long total = n_prompt + a.n_predict;
-    if (total > hp->n_ctx_train) {
-        fprintf(stderr, "generate: prompt (%d tokens) + n (%ld) exceeds the context length %d\n", n_prompt,
-                a.n_predict, hp->n_ctx_train);
+    const int n_vocab = rt_model_hparams(rt_engine_model(e))->n_vocab;
+    if (a.prompt_tokens && (n_ids = parse_token_list(a.prompt_tokens, n_vocab, &ids)) < 0) {
+        fprintf(stderr, "generate: --prompt-tokens must be comma-separated ids below %d\n", n_vocab);
         goto out;
     }
-    kv = rt_kv_new(m, (size_t)(total + 15) / 16 * 16 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16,
-                   KN_TYPE_F16, err, sizeof(err));
-    if (!kv) {
-        fprintf(stderr, "generate: %s\n", err);
+    rt_oai_request q;
+    rt_oai_message msg;
+    rt_oai_error oe;
+    request_of(&a, &msg, ids, n_ids, &q);
+    if (rt_engine_build(e, &q, &req, &oe)) {
+        fprintf(stderr, "generate: %s\n", oe.message);
         goto out;
     }
-    seq = rt_seq_new(kv, (int)total);
-    smp = rt_sampler_new(&a.sp, hp->n_vocab);
-    stop = rt_stop_new(a.stops, a.n_stops);
-    logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    generated = malloc(((size_t)a.n_predict + 1) * sizeof(int32_t));
-    if (!seq || !smp || !stop || !logits || !generated) {
+    g.tokens = malloc((size_t)a.n_predict * sizeof(int32_t));
+    logits = a.dump_logits ? malloc((size_t)n_vocab * sizeof(float)) : NULL;
+    if (!g.tokens || (a.dump_logits && !logits)) {
         fprintf(stderr, "generate: out of memory\n");
         goto out;
     }
-
-    double t0 = gw_mono_s();
-    for (int i = 0; i < n_prompt; i += PREFILL_CHUNK) {
-        int n = n_prompt - i < PREFILL_CHUNK ? n_prompt - i : PREFILL_CHUNK;
-        rt_batch_entry e = {.seq = seq, .tokens = prompt + i, .n_tokens = n,
-                            .logits = i + n == n_prompt ? logits : NULL};
-        if ((rc = rt_model_forward(m, &e, 1))) {
-            fprintf(stderr, "generate: forward pass failed: %s\n", strerror(-rc));
-            goto out;
-        }
+    req.run.first_logits = logits;
+    if (start_engine(e, &req, err, sizeof(err))) {
+        fprintf(stderr, "generate: %s\n", err);
+        goto out;
     }
-    double t_prefill = gw_mono_s() - t0;
-    if (a.dump_logits && (rc = dump_logits(a.dump_logits, logits, hp->n_vocab))) {
+    uint64_t id;
+    int retry;
+    double t0 = gw_mono_s();
+    if (rt_engine_submit(e, &req, &g, &id, &oe, &retry)) {
+        fprintf(stderr, "generate: %s\n", oe.message);
+        goto out;
+    }
+    while (!g.finished)
+        rt_engine_poll(e, -1, on_event, &g);
+    if (g.failed)
+        goto out;
+    if (a.dump_logits && (rc = dump_logits(a.dump_logits, logits, n_vocab))) {
         fprintf(stderr, "generate: %s: %s\n", a.dump_logits, strerror(-rc));
         goto out;
     }
-
-    int n_gen = 0;
-    bool stopped = false;
-    t0 = gw_mono_s();
-    while (n_gen < a.n_predict) {
-        int32_t t = rt_sampler_sample(smp, logits);
-        rt_sampler_accept(smp, t);
-        generated[n_gen++] = t;
-        if (!a.ignore_eos && rt_tokenizer_is_eog(tok, t))
-            break;
-        size_t n = 0;
-        const char *piece = rt_tokenizer_piece(tok, t, &n);
-        if (piece && n > 0 && rt_stop_feed(stop, piece, n)) {
-            stopped = true;
-            break;
-        }
-        emit(stop, false);
-        if (n_gen == a.n_predict)
-            break;
-        rt_batch_entry e = {.seq = seq, .tokens = &t, .n_tokens = 1, .logits = logits};
-        if ((rc = rt_model_forward(m, &e, 1))) {
-            fprintf(stderr, "generate: forward pass failed: %s\n", strerror(-rc));
-            goto out;
-        }
-    }
-    double t_decode = gw_mono_s() - t0;
-    emit(stop, !stopped);
-    printf("\n");
-    if (a.show_tokens) {
-        printf("tokens:");
-        for (int i = 0; i < n_gen; i++)
-            printf("%s%d", i ? "," : " ", generated[i]);
-        printf("\n");
-    }
-    /* The last sampled token is never run through the model. */
-    int n_decoded = n_gen > 1 ? n_gen - 1 : 0;
-    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, t_prefill,
-            n_prompt / (t_prefill > 0 ? t_prefill : 1e-9));
-    fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s), %d threads, %s kernels\n", n_decoded, t_decode,
-            n_decoded / (t_decode > 0 ? t_decode : 1e-9), rt_model_threads(m), rt_model_backend_name(m));
+    report(&g, req.run.n_prompt, t0, e);
     status = 0;
 out:
-    free(generated);
+    free(g.tokens);
     free(logits);
-    free(prompt);
-    rt_stop_free(stop);
-    rt_sampler_free(smp);
-    rt_seq_free(seq);
-    rt_kv_free(kv);
-    rt_model_free(m);
+    free(ids);
+    rt_engine_req_dispose(&req);
+    rt_engine_free(e);
     return status;
 }

@@ -4,7 +4,7 @@
  * is refused here: the supervisor would otherwise restart it for ever. */
 #include "gateway/config/config_internal.h"
 #include "routing/region.h"
-#include "runtime/chat.h"
+#include "runtime/engine_opts.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -29,22 +29,34 @@ enum {
     K_BATCH_WAIT,
     K_N
 };
-static const char *const keys[K_N] = {
-    "model",       "name",     "devices",          "kv_type",   "chat_template",    "threads",
-    "kv_cache_mb", "max_seqs", "max_batch_tokens", "max_queue", "batch_max_wait_ms"};
+/* The engine's options: keys, ranges and defaults from the runtime's table
+ * (runtime/engine_opts.h), which the worker command's flags read too. */
+static const rt_eopt opt[K_N] = {
+    [K_KV_TYPE] = RT_EOPT_KV_TYPE, [K_CHAT] = RT_EOPT_CHAT_TEMPLATE,
+    [K_THREADS] = RT_EOPT_THREADS, [K_KV] = RT_EOPT_KV_CACHE_MB,
+    [K_SEQS] = RT_EOPT_MAX_SEQS,   [K_BATCH] = RT_EOPT_MAX_BATCH_TOKENS,
+    [K_QUEUE] = RT_EOPT_MAX_QUEUE, [K_BATCH_WAIT] = RT_EOPT_BATCH_MAX_WAIT_MS};
+
+static const char *key_of(int k)
+{
+    static const char *const placing[K_KV_TYPE] = {"model", "name", "devices"};
+    return k < K_KV_TYPE ? placing[k] : rt_eopt_defs[opt[k]].key;
+}
 
 /* ---- the worker command's options ---- */
 
-/* Their defaults here and their ranges in parse_worker_options: the same as
- * `infergate worker` takes, which the supervisor runs with these values. */
+/* The defaults `infergate worker` takes, which the supervisor runs with
+ * these values. */
 static void worker_options_default(gw_worker_cfg *w)
 {
-    w->threads = 0;
-    w->kv_cache_mb = 256;
-    w->max_seqs = 32;
-    w->max_batch_tokens = 512;
-    w->max_queue = 64;
-    w->batch_max_wait_ms = 30000;
+    const rt_eopt_def *d = rt_eopt_defs;
+    w->threads = (int)d[RT_EOPT_THREADS].dflt;
+    w->kv_cache_mb = (int)d[RT_EOPT_KV_CACHE_MB].dflt;
+    w->kv_q8_0 = rt_eopt_kv_type(d[RT_EOPT_KV_TYPE].dflt) == KN_TYPE_Q8_0;
+    w->max_seqs = (int)d[RT_EOPT_MAX_SEQS].dflt;
+    w->max_batch_tokens = (int)d[RT_EOPT_MAX_BATCH_TOKENS].dflt;
+    w->max_queue = (int)d[RT_EOPT_MAX_QUEUE].dflt;
+    w->batch_max_wait_ms = (int)d[RT_EOPT_BATCH_MAX_WAIT_MS].dflt;
 }
 
 /* kv_type, chat_template and the numbers, after the devices (q8_0 is for
@@ -52,20 +64,18 @@ static void worker_options_default(gw_worker_cfg *w)
 static int parse_worker_options(cfg_parser *p, const yaml_node_t *n, const char *path, yaml_node_t *const *v,
                                 gw_worker_cfg *w)
 {
-    /* The same ranges as the worker command's options. */
-    static const long long lo[K_N] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0};
-    static const long long hi[K_N] = {0, 0, 0, 0, 0, 1024, 1 << 20, 4096, 1 << 20, 1 << 20, 86400000};
-    char kp[CFG_PATH_MAX];
+    char kp[CFG_PATH_MAX], range[512];
     int rc;
     if (v[K_KV_TYPE]) {
         char *t = NULL;
         gw_cfg_path_key(kp, path, "kv_type");
         if ((rc = gw_cfg_str(p, v[K_KV_TYPE], kp, &t)))
             return rc;
-        bool f16 = !strcmp(t, "f16"), q8 = !strcmp(t, "q8_0");
+        int kv = rt_eopt_lookup(RT_EOPT_KV_TYPE, t);
+        bool q8 = rt_eopt_kv_type(kv) == KN_TYPE_Q8_0;
         free(t);
-        if (!f16 && !q8)
-            return gw_cfg_perr(p, v[K_KV_TYPE], kp, "f16 or q8_0");
+        if (kv < 0)
+            return gw_cfg_perr(p, v[K_KV_TYPE], kp, "%s", rt_eopt_range(RT_EOPT_KV_TYPE, range, sizeof(range)));
         /* the CUDA cache is halves only: a GPU worker would refuse to start */
         for (int i = 0; q8 && i < w->n_devices; i++)
             if (strcmp(w->devices[i], "cpu") != 0)
@@ -77,8 +87,9 @@ static int parse_worker_options(cfg_parser *p, const yaml_node_t *n, const char 
         gw_cfg_path_key(kp, path, "chat_template");
         if ((rc = gw_cfg_str(p, v[K_CHAT], kp, &w->chat_template)))
             return rc;
-        if (rt_chat_kind_from_name(w->chat_template) < 0)
-            return gw_cfg_perr(p, v[K_CHAT], kp, "one of " RT_CHAT_KIND_NAMES);
+        if (rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, w->chat_template) < 0)
+            return gw_cfg_perr(p, v[K_CHAT], kp, "%s",
+                               rt_eopt_range(RT_EOPT_CHAT_TEMPLATE, range, sizeof(range)));
     }
     int *ints[K_N] = {
         [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,
@@ -87,7 +98,8 @@ static int parse_worker_options(cfg_parser *p, const yaml_node_t *n, const char 
         long long x;
         if (!v[k])
             continue;
-        if ((rc = gw_cfg_int(p, v[k], (gw_cfg_path_key(kp, path, keys[k]), kp), lo[k], hi[k], &x)))
+        const rt_eopt_def *d = &rt_eopt_defs[opt[k]];
+        if ((rc = gw_cfg_int(p, v[k], (gw_cfg_path_key(kp, path, key_of(k)), kp), d->min, d->max, &x)))
             return rc;
         *ints[k] = (int)x;
     }
@@ -208,6 +220,9 @@ static int parse_devices(cfg_parser *p, const yaml_node_t *n, const char *path, 
 static int parse_worker(cfg_parser *p, const yaml_node_t *n, const char *path, gw_worker_cfg *w)
 {
     yaml_node_t *v[K_N];
+    const char *keys[K_N];
+    for (int k = 0; k < K_N; k++)
+        keys[k] = key_of(k);
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
     if (rc || (rc = parse_model(p, n, path, v, w)))
         return rc;

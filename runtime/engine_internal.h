@@ -1,0 +1,51 @@
+/* The engine's state, shared by engine.c (life, admission, events) and
+ * engine_prompt.c (the prompt path). Not for callers: see engine.h. */
+#ifndef RT_ENGINE_INTERNAL_H
+#define RT_ENGINE_INTERNAL_H
+
+#include "runtime/chat.h"
+#include "runtime/engine.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define RT_ENGINE_WARNING_MAX 384
+
+typedef struct rt_engine_qev rt_engine_qev;
+
+struct rt_engine {
+    /* set at load, never changed: what the prompt path reads */
+    rt_model *model;
+    const rt_tokenizer *tok;
+    char *model_name;
+    long created;
+    rt_chat_kind chat_kind;
+    bool chat_forced; /* by the options, not the model's template */
+    bool tmpl_present, tmpl_recognised;
+    const char *bos_text; /* the tokenizer's, "" when the model has no BOS */
+    /* rt_chat_turn_end's text where no token of it ends generation: a
+     * chat's implicit stop string; NULL where the model ends turns itself */
+    const char *turn_stop;
+    char warnings[2][RT_ENGINE_WARNING_MAX];
+    int n_warnings;
+    _Atomic uint64_t next_seed; /* for requests that name none; the sampler mixes it */
+
+    /* owner thread */
+    rt_sched *sched;
+    uint64_t next_cid;
+    int admitted[2]; /* admitted, not yet submitted, by rt_priority */
+
+    /* events from the compute thread, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rt_engine_qev *head, *tail;
+    void (*wake)(void *arg);
+    void *wake_arg;
+};
+
+/* "the request's deadline passed before it could start", 504. */
+void rt_engine_error_deadline(rt_oai_error *err);
+/* The scheduler's rule, applied before it sees the request. */
+bool rt_engine_deadline_passed(int64_t deadline_ms);
+
+#endif
