@@ -1,7 +1,10 @@
-/* The batched forward pass of a llama-family model: all new tokens of all
+/* The batched forward pass of a llama-family model: rt_model_forward
+ * checks the batch, grows its sequences and hands the step to the model's
+ * device (device.h); rt_cpu_forward is the CPU's. All new tokens of all
  * sequences in a batch go through each weight matrix together (one read of
  * the weights serves the whole batch), while attention runs per sequence
  * over its own paged KV cache. */
+#include "runtime/device.h"
 #include "runtime/model_internal.h"
 
 #include <errno.h>
@@ -215,34 +218,12 @@ static void layer_forward(rt_model *m, int l, rt_batch_entry *e, int n_entries, 
     add_inplace(a->x, a->xb, (size_t)T * dim);
 }
 
-int rt_model_forward(rt_model *m, rt_batch_entry *e, int n_entries)
+int rt_cpu_forward(rt_model *m, rt_batch_entry *e, int n_entries, int T, int n_out)
 {
     const rt_hparams *hp = &m->hp;
-    int T, n_out, rc;
-    if (n_entries <= 0)
-        return -EINVAL;
-    if ((rc = validate(m, e, n_entries, &T, &n_out)))
+    int rc;
+    if ((rc = act_reserve(m, T, n_out, n_entries)))
         return rc;
-    /* A CUDA model keeps its activations on the device. */
-    if (!m->cuda && (rc = act_reserve(m, T, n_out, n_entries)))
-        return rc;
-    for (int i = 0; i < n_entries; i++) {
-        if ((rc = rt_seq_grow(e[i].seq, e[i].n_tokens))) {
-            while (i-- > 0)
-                rt_seq_shrink(e[i].seq);
-            return rc;
-        }
-    }
-#ifdef INFERGATE_HAVE_CUDA
-    if (m->cuda) {
-        if ((rc = rt_cuda_forward(m, e, n_entries, T, n_out)))
-            goto fail;
-        for (int i = 0; i < n_entries; i++)
-            e[i].seq->len += e[i].n_tokens;
-        return 0;
-    }
-#endif
-
     rt_act *a = &m->act;
     int dim = hp->n_embd;
     size_t emb_row = kn_row_bytes(m->tok_embd.type, dim);
@@ -258,7 +239,7 @@ int rt_model_forward(rt_model *m, rt_batch_entry *e, int n_entries)
     for (int l = 0; l < hp->n_layer; l++) {
         layer_forward(m, l, e, n_entries, T, &rc);
         if (rc)
-            goto fail;
+            return rc;
     }
 
     if (n_out > 0) {
@@ -271,17 +252,35 @@ int rt_model_forward(rt_model *m, rt_batch_entry *e, int n_entries)
         }
         kn_rmsnorm(m->kn, a->out_x, a->out_x, m->output_norm, n_out, dim, hp->norm_eps);
         if ((rc = matmul(m, &m->output, a->out_x, n_out, a->out_logits)))
-            goto fail;
+            return rc;
         o = 0;
         for (int i = 0; i < n_entries; i++)
             if (e[i].logits)
                 memcpy(e[i].logits, a->out_logits + (size_t)o++ * hp->n_vocab, (size_t)hp->n_vocab * sizeof(float));
     }
+    return 0;
+}
+
+int rt_model_forward(rt_model *m, rt_batch_entry *e, int n_entries)
+{
+    int T, n_out, rc;
+    if (n_entries <= 0)
+        return -EINVAL;
+    if ((rc = validate(m, e, n_entries, &T, &n_out)))
+        return rc;
+    for (int i = 0; i < n_entries; i++) {
+        if ((rc = rt_seq_grow(e[i].seq, e[i].n_tokens))) {
+            while (i-- > 0)
+                rt_seq_shrink(e[i].seq);
+            return rc;
+        }
+    }
+    if ((rc = m->dev->forward(m, e, n_entries, T, n_out))) {
+        for (int i = 0; i < n_entries; i++)
+            rt_seq_shrink(e[i].seq);
+        return rc;
+    }
     for (int i = 0; i < n_entries; i++)
         e[i].seq->len += e[i].n_tokens;
     return 0;
-fail:
-    for (int i = 0; i < n_entries; i++)
-        rt_seq_shrink(e[i].seq);
-    return rc;
 }

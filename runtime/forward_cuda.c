@@ -1,4 +1,6 @@
-/* The forward pass on a CUDA device (compiled with INFERGATE_HAVE_CUDA).
+/* The forward pass on a CUDA device: the CUDA plugin's device table (see
+ * runtime/device.h), built with kernels/cuda into libinfergate_cuda.so,
+ * which alone links the CUDA runtime and cuBLAS.
  *
  * Weights go to the device once, at load. A step uploads one small block of
  * int32 metadata (token ids, positions, KV slots, block tables), runs every
@@ -11,6 +13,7 @@
  * into a CUDA graph and replayed; everything that changes from step to step
  * lives in the metadata buffer, so a graph stays valid until a buffer it
  * points at moves. Set INFERGATE_CUDA_GRAPHS=0 to run every step eagerly. */
+#include "runtime/device.h"
 #include "runtime/model_internal.h"
 
 #include "kernels/cuda/kn_cuda.h"
@@ -46,7 +49,7 @@ typedef struct meta_layout {
     size_t tokens, pos, slots, tok_seq, out_rows, table_off, tables, total;
 } meta_layout;
 
-struct rt_cuda_model {
+typedef struct rt_cuda_model {
     kn_cuda *kc;
     kn_cuda_info info;
     kn_cuda_weight tok_embd, output; /* output may be tok_embd (tied) */
@@ -72,7 +75,7 @@ struct rt_cuda_model {
     size_t graph_block_elems;
     int graph_block_tokens;
     uint64_t graph_gen;
-};
+} rt_cuda_model;
 
 /* ---- sizes ---- */
 
@@ -128,7 +131,7 @@ static void acts_free(rt_cuda_model *c)
     c->cap = 0;
 }
 
-void rt_cuda_model_free(rt_cuda_model *c)
+static void cuda_model_free(rt_cuda_model *c)
 {
     if (!c)
         return;
@@ -184,7 +187,7 @@ static int upload_layer(rt_cuda_model *c, const rt_hparams *hp, const rt_layer *
     return 0;
 }
 
-int rt_cuda_model_load(rt_model *m, char *err, size_t err_len)
+static int cuda_load(rt_model *m, char *err, size_t err_len)
 {
     const rt_hparams *hp = &m->hp;
     char why[512];
@@ -268,19 +271,19 @@ int rt_cuda_model_load(rt_model *m, char *err, size_t err_len)
             goto upload_fail;
     if ((rc = kn_cuda_alloc(c->kc, kn_cuda_q8_bytes(KN_CUDA_MMV_MAX_ROWS, max_in(hp)), &c->xq)))
         goto upload_fail;
-    m->cuda = c;
+    m->dev_state = c;
     return 0;
 upload_fail:
     snprintf(err, err_len, "uploading the weights to %s: %s", c->info.name,
              kn_cuda_error(c->kc)[0] ? kn_cuda_error(c->kc) : strerror(-rc));
 fail:
-    rt_cuda_model_free(c);
+    cuda_model_free(c);
     return rc;
 }
 
-void rt_cuda_device_info(const rt_model *m, rt_device_info *out)
+static void cuda_device_info(const rt_model *m, rt_device_info *out)
 {
-    const rt_cuda_model *c = m->cuda;
+    const rt_cuda_model *c = m->dev_state;
     memset(out, 0, sizeof(*out));
     snprintf(out->kind, sizeof(out->kind), "cuda");
     snprintf(out->name, sizeof(out->name), "%s", c->info.name);
@@ -298,9 +301,9 @@ void rt_cuda_device_info(const rt_model *m, rt_device_info *out)
 
 /* ---- KV pool ---- */
 
-int rt_cuda_kv_alloc(const rt_model *m, size_t bytes, void **out, char *err, size_t err_len)
+static int cuda_kv_alloc(const rt_model *m, size_t bytes, void **out, char *err, size_t err_len)
 {
-    rt_cuda_model *c = m->cuda;
+    rt_cuda_model *c = m->dev_state;
     *out = NULL;
     uint64_t free_b = 0, total_b = 0;
     kn_cuda_bind_thread(c->kc);
@@ -326,12 +329,13 @@ int rt_cuda_kv_alloc(const rt_model *m, size_t bytes, void **out, char *err, siz
     return 0;
 }
 
-void rt_cuda_kv_release(const rt_model *m, void *p)
+static void cuda_kv_release(const rt_model *m, void *p, size_t bytes)
 {
-    if (m->cuda && p) {
-        kn_cuda_bind_thread(m->cuda->kc);
-        kn_cuda_sync(m->cuda->kc);
-        kn_cuda_release(m->cuda->kc, p);
+    rt_cuda_model *c = m->dev_state;
+    if (c && p) {
+        kn_cuda_bind_thread(c->kc);
+        kn_cuda_sync(c->kc);
+        kn_cuda_release(c->kc, p);
     }
 }
 
@@ -479,7 +483,7 @@ static bool wants_q8(int n_rows, const kn_cuda_weight *a, const kn_cuda_weight *
 static int enqueue_step(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_out, const meta_layout *ML)
 {
     const rt_hparams *hp = &m->hp;
-    rt_cuda_model *c = m->cuda;
+    rt_cuda_model *c = m->dev_state;
     kn_cuda *kc = c->kc;
     const int dim = hp->n_embd, q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
     const int bt = kv->block_tokens;
@@ -514,7 +518,7 @@ static int enqueue_step(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_o
             .rope_dim = hp->n_rot,
             .neox = hp->rope_neox,
             .d_slots = md + ML->slots,
-            .d_pool = kv->dev_pool,
+            .d_pool = kv->pool,
             .block_elems = kv->block_elems,
             .k_off = k_off,
             .v_off = v_off,
@@ -529,7 +533,7 @@ static int enqueue_step(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_o
             .d_tok_seq = md + ML->tok_seq,
             .d_table_off = md + ML->table_off,
             .d_tables = md + ML->tables,
-            .d_pool = kv->dev_pool,
+            .d_pool = kv->pool,
             .block_elems = kv->block_elems,
             .k_off = k_off,
             .v_off = v_off,
@@ -596,7 +600,7 @@ static step_graph *graph_slot(rt_cuda_model *c)
  * second records the graph, then replays it. 0, 1, or an error. */
 static int run_graph(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_out, const meta_layout *ML)
 {
-    rt_cuda_model *c = m->cuda;
+    rt_cuda_model *c = m->dev_state;
     step_graph *g = graph_find(c, T, n_seqs, n_out);
     if (!g) {
         g = graph_slot(c);
@@ -630,15 +634,15 @@ static int run_graph(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_out,
     return kn_cuda_graph_launch(c->kc, g->g);
 }
 
-int rt_cuda_forward(rt_model *m, rt_batch_entry *e, int n_entries, int n_tokens, int n_out)
+static int cuda_forward(rt_model *m, rt_batch_entry *e, int n_entries, int n_tokens, int n_out)
 {
-    rt_cuda_model *c = m->cuda;
+    rt_cuda_model *c = m->dev_state;
     const rt_hparams *hp = &m->hp;
     const rt_kv *kv = e[0].seq->kv;
     size_t n_table = 0;
     for (int i = 0; i < n_entries; i++) {
         /* One pool per step: the attention kernel reads a single one. */
-        if (e[i].seq->kv != kv || !kv->dev_pool)
+        if (e[i].seq->kv != kv || !kv->pool)
             return -EINVAL;
         n_table += (size_t)e[i].seq->n_blocks;
     }
@@ -648,10 +652,10 @@ int rt_cuda_forward(rt_model *m, rt_batch_entry *e, int n_entries, int n_tokens,
     if (rc || (rc = acts_reserve(c, hp, n_tokens)) || (rc = out_reserve(c, hp, n_out)) ||
         (rc = meta_reserve(c, ML.total)) || (rc = scratch_reserve(c, m, n_tokens, n_out)))
         goto fail;
-    if (c->graph_pool != kv->dev_pool || c->graph_block_elems != kv->block_elems ||
+    if (c->graph_pool != kv->pool || c->graph_block_elems != kv->block_elems ||
         c->graph_block_tokens != kv->block_tokens || c->graph_gen != kn_cuda_scratch_generation(c->kc)) {
         graphs_drop(c);
-        c->graph_pool = kv->dev_pool;
+        c->graph_pool = kv->pool;
         c->graph_block_elems = kv->block_elems;
         c->graph_block_tokens = kv->block_tokens;
         c->graph_gen = kn_cuda_scratch_generation(c->kc);
@@ -685,4 +689,33 @@ fail:
     if (kn_cuda_recover(c->kc))
         return -ENOTRECOVERABLE;
     return rc < 0 ? rc : -EIO;
+}
+
+static void cuda_free(rt_model *m)
+{
+    cuda_model_free(m->dev_state);
+    m->dev_state = NULL;
+}
+
+static const rt_device_ops cuda_ops = {
+    .abi = RT_DEVICE_ABI,
+    .model_size = sizeof(rt_model),
+    .kv_size = sizeof(rt_kv),
+    .seq_size = sizeof(rt_seq),
+    .name = "cuda",
+    .kv_q8_0 = false, /* the attention kernel reads halves */
+    .load = cuda_load,
+    .free = cuda_free,
+    .forward = cuda_forward,
+    .kv_alloc = cuda_kv_alloc,
+    .kv_release = cuda_kv_release,
+    .device_info = cuda_device_info,
+};
+
+/* The plugin's one exported symbol (RT_DEVICE_PLUGIN_ENTRY; the linker's
+ * version script hides every other). */
+const rt_device_ops *rt_device_plugin(void);
+const rt_device_ops *rt_device_plugin(void)
+{
+    return &cuda_ops;
 }

@@ -6,12 +6,12 @@
  * [block_tokens][kv_dim]. Halves, not floats, on the host too, and Q8_0 on
  * request: decode attention reads a sequence's whole cache for every token,
  * and at a batch of long sequences that read outweighs the weights'. */
+#include "runtime/device.h"
 #include "runtime/model_internal.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 
 rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_type, char *err,
                  size_t err_len)
@@ -25,7 +25,7 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_t
                  kn_type_name(kv_type) ? kn_type_name(kv_type) : "this type");
         return NULL;
     }
-    if (kv_type == KN_TYPE_Q8_0 && m->cuda) {
+    if (kv_type == KN_TYPE_Q8_0 && !m->dev->kv_q8_0) {
         snprintf(err, err_len, "a q8_0 KV cache is for CPU workers; a CUDA worker keeps f16");
         return NULL;
     }
@@ -56,30 +56,9 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_t
     kv->n_blocks = (int)n;
     kv->block_elems = block_elems;
     kv->block_bytes = block_bytes;
-    if (m->cuda) {
-#ifdef INFERGATE_HAVE_CUDA
-        if (rt_cuda_kv_alloc(m, n * block_bytes, &kv->dev_pool, err, err_len)) {
-            rt_kv_free(kv);
-            return NULL;
-        }
-#endif
-    } else {
-        void *p = mmap(NULL, n * block_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
-            goto nomem;
-        kv->pool = p;
-        /* Huge pages where the kernel grants them: a decode step reads the
-         * blocks of every running sequence, scattered over the pool, and on
-         * 4 KiB pages each block's span crosses pages that the TLB and the
-         * prefetchers lose (bench_attention: 13% less time, 16 sequences).
-         * The pool is faulted in now, not as sequences first reach it: a
-         * huge page's first touch clears 2 MiB and may compact memory, a
-         * stall that would land in some request's step. Hints both: where
-         * refused, the pool works as it is. */
-        madvise(p, n * block_bytes, MADV_HUGEPAGE);
-#ifdef MADV_POPULATE_WRITE
-        madvise(p, n * block_bytes, MADV_POPULATE_WRITE);
-#endif
+    if (m->dev->kv_alloc(m, n * block_bytes, &kv->pool, err, err_len)) {
+        rt_kv_free(kv);
+        return NULL;
     }
     kv->free_list = malloc(n * sizeof(int));
     if (!kv->free_list)
@@ -100,11 +79,7 @@ void rt_kv_free(rt_kv *kv)
     if (!kv)
         return;
     if (kv->pool)
-        munmap(kv->pool, (size_t)kv->n_blocks * kv->block_bytes);
-#ifdef INFERGATE_HAVE_CUDA
-    if (kv->dev_pool)
-        rt_cuda_kv_release(kv->model, kv->dev_pool);
-#endif
+        kv->model->dev->kv_release(kv->model, kv->pool, (size_t)kv->n_blocks * kv->block_bytes);
     free(kv->free_list);
     free(kv);
 }
@@ -138,8 +113,7 @@ size_t rt_kv_block_bytes(const rt_kv *kv)
  * addresses are not host objects. */
 static uint16_t *block_addr(const rt_kv *kv, int i)
 {
-    uintptr_t base = (uintptr_t)(kv->dev_pool ? kv->dev_pool : (void *)kv->pool);
-    return (uint16_t *)(base + (uintptr_t)i * kv->block_bytes);
+    return (uint16_t *)((uintptr_t)kv->pool + (uintptr_t)i * kv->block_bytes);
 }
 
 rt_seq *rt_seq_new(rt_kv *kv, int max_tokens)

@@ -1,6 +1,7 @@
-/* Llama-family model: hyper-parameters and weights from GGUF, and the
- * batched forward pass over paged KV caches (see model.h). */
+/* Llama-family model: hyper-parameters and weights from GGUF, handed to the
+ * device that runs the batched forward pass (see model.h, device.h). */
 #include "runtime/model.h"
+#include "runtime/device.h"
 #include "runtime/model_internal.h"
 
 #include "kernels/kn.h"
@@ -13,8 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #define ERR(...) (snprintf(err, err_len, __VA_ARGS__), -EINVAL)
 
@@ -249,89 +248,6 @@ static int bind_layers(rt_model *m, char *err, size_t err_len)
     return 0;
 }
 
-/* The packed layout a matrix of this type takes (KN_TYPE_F32: none). */
-static kn_type packed_type(const rt_model *m, kn_type t)
-{
-    const kn_ops *ops = kn_ctx_ops(m->kn);
-    if (t == KN_TYPE_Q8_0 && ops->gemm_q8_0_p16)
-        return KN_TYPE_Q8_0_P16;
-    if (t == KN_TYPE_Q4_0 && ops->gemm_q4_0_p16)
-        return KN_TYPE_Q4_0_P16;
-    return KN_TYPE_F32;
-}
-
-static size_t packed_bytes(kn_type p, const rt_weight *w)
-{
-    size_t b =
-        p == KN_TYPE_Q8_0_P16 ? kn_pack_q8_0_bytes(w->n_out, w->n_in) : kn_pack_q4_0_bytes(w->n_out, w->n_in);
-    return (b + 63) & ~(size_t)63;
-}
-
-/* Repacks the Q8_0 and Q4_0 matrices for the CPU table's packed gemms,
- * where it has them, into one anonymous mapping, and lets the file's copy
- * of them go: the pages of the mapping are read again only if something
- * asks. A tied output matrix is left alone, its rows being the token
- * embeddings too. */
-static int pack_weights(rt_model *m, char *err, size_t err_len)
-{
-    if (kn_ctx_ops(m->kn)->gemm_q8_0_p16 == NULL && kn_ctx_ops(m->kn)->gemm_q4_0_p16 == NULL)
-        return 0;
-    rt_weight **all = malloc(((size_t)m->hp.n_layer * 7 + 1) * sizeof(*all));
-    if (!all) {
-        snprintf(err, err_len, "out of memory");
-        return -ENOMEM;
-    }
-    int n = 0;
-    for (int l = 0; l < m->hp.n_layer; l++) {
-        rt_layer *L = &m->layers[l];
-        rt_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            all[n++] = lw[i];
-    }
-    if (!m->hp.tied_output)
-        all[n++] = &m->output;
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        kn_type p = packed_type(m, all[i]->type);
-        if (p != KN_TYPE_F32)
-            total += packed_bytes(p, all[i]);
-    }
-    void *p = total ? mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
-    if (p == MAP_FAILED) {
-        free(all);
-        snprintf(err, err_len, "cannot map %zu bytes for the repacked weights", total);
-        return -ENOMEM;
-    }
-    if (!p) {
-        free(all);
-        return 0;
-    }
-    madvise(p, total, MADV_HUGEPAGE); /* a hint: weights stream through the TLB every step */
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    char *at = p;
-    for (int i = 0; i < n; i++) {
-        rt_weight *w = all[i];
-        const kn_type pt = packed_type(m, w->type);
-        if (pt == KN_TYPE_F32)
-            continue;
-        if (pt == KN_TYPE_Q8_0_P16)
-            kn_pack_q8_0(w->data, w->n_out, w->n_in, at);
-        else
-            kn_pack_q4_0(w->data, w->n_out, w->n_in, at);
-        uintptr_t lo = ((uintptr_t)w->data + page - 1) & ~(page - 1);
-        uintptr_t hi = ((uintptr_t)w->data + w->nbytes) & ~(page - 1);
-        if (hi > lo)
-            madvise((void *)lo, hi - lo, MADV_DONTNEED);
-        w->data = at;
-        w->type = pt;
-        at += packed_bytes(pt, w);
-    }
-    free(all);
-    m->packed = p;
-    m->packed_bytes = total;
-    return 0;
-}
-
 /* What kn_rope turns each position by: the base's frequencies, the linear
  * scale, and the per-pair factors of rope_freqs.weight (Llama 3.1 and
  * later), which *has_factors reports. */
@@ -429,19 +345,10 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
         snprintf(err, err_len, "cannot start the kernel context (%d threads)", n_threads);
         goto fail;
     }
-    if (cuda) {
-#ifdef INFERGATE_HAVE_CUDA
-        if ((rc = rt_cuda_model_load(m, err, err_len)) < 0)
-            goto fail;
-#else
-        snprintf(err, err_len, "no CUDA device: this build has no CUDA backend (configure with "
-                               "-DINFERGATE_CUDA=ON on a machine with nvcc and cuBLAS)");
-        rc = -ENODEV;
+    const rt_device_ops *dev;
+    if ((rc = rt_device_get(device, &dev, err, err_len)) < 0 || (rc = dev->load(m, err, err_len)) < 0)
         goto fail;
-#endif
-    } else if ((rc = pack_weights(m, err, err_len)) < 0) {
-        goto fail;
-    }
+    m->dev = dev;
     *out = m;
     return 0;
 fail:
@@ -469,13 +376,9 @@ void rt_model_free(rt_model *m)
     }
     free(m->output_norm);
     free(m->rope_inv_freq);
-#ifdef INFERGATE_HAVE_CUDA
-    rt_cuda_model_free(m->cuda);
-#endif
-    rt_act_dispose(&m->act);
+    if (m->dev)
+        m->dev->free(m);
     kn_ctx_free(m->kn);
-    if (m->packed)
-        munmap(m->packed, m->packed_bytes);
     rt_tokenizer_free(m->tok);
     rt_gguf_free(m->gguf);
     free(m);
@@ -515,19 +418,12 @@ size_t rt_model_kv_bytes_per_token(const rt_model *m, kn_type kv_type)
 
 const char *rt_model_backend_name(const rt_model *m)
 {
-    return m->cuda ? "cuda" : kn_ctx_ops(m->kn)->name;
+    return m->dev == &rt_device_cpu ? kn_ctx_ops(m->kn)->name : m->dev->name;
 }
 
 void rt_model_device_info(const rt_model *m, rt_device_info *out)
 {
-    memset(out, 0, sizeof(*out));
-#ifdef INFERGATE_HAVE_CUDA
-    if (m->cuda) {
-        rt_cuda_device_info(m, out);
-        return;
-    }
-#endif
-    snprintf(out->kind, sizeof(out->kind), "cpu");
+    m->dev->device_info(m, out);
 }
 
 int rt_model_threads(const rt_model *m)

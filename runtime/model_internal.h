@@ -1,5 +1,7 @@
-/* Internals shared by model.c (loading), kv.c (paged KV cache) and
- * forward.c (the batched forward pass). Not a public header. */
+/* Internals shared by model.c (loading), kv.c (paged KV cache), forward.c
+ * (the batched forward pass) and the devices (device_cpu.c, the CUDA
+ * plugin's forward_cuda.c; see device.h). Not a public header: a change to
+ * these structs changes RT_DEVICE_ABI. */
 #ifndef RT_MODEL_INTERNAL_H
 #define RT_MODEL_INTERNAL_H
 
@@ -32,8 +34,7 @@ typedef struct rt_act {
     kn_attn_seq *attn;
 } rt_act;
 
-/* Weights and activations on a CUDA device (forward_cuda.c). */
-typedef struct rt_cuda_model rt_cuda_model;
+typedef struct rt_device_ops rt_device_ops;
 
 struct rt_model {
     rt_gguf *gguf;
@@ -48,10 +49,11 @@ struct rt_model {
     void *packed; /* Q8_0 matrices repacked for the CPU gemm (anonymous mapping), or NULL */
     size_t packed_bytes;
     rt_act act;
-    rt_cuda_model *cuda; /* non-NULL: the forward pass runs on a CUDA device */
+    const rt_device_ops *dev; /* where the forward pass runs; set once its load succeeded */
+    void *dev_state;          /* the device's own (weights and buffers on a GPU) */
 };
 
-/* On a CUDA model the pool is device memory of F16 elements: the same block
+/* On a GPU the pool is device memory of F16 elements: the same block
  * bookkeeping, with block addresses that only the device dereferences. */
 struct rt_kv {
     const rt_model *model;
@@ -60,8 +62,7 @@ struct rt_kv {
     int n_blocks;
     size_t block_elems; /* 16-bit units per block: halves, or Q8_0 blocks of 17 */
     size_t block_bytes;
-    uint16_t *pool; /* host pool, NULL on a device */
-    void *dev_pool; /* device pool, NULL on the host */
+    void *pool;         /* from the model's device (kv_alloc): host or device memory */
     int *free_list; /* stack of free block indices */
     int n_free;
 };
@@ -77,8 +78,7 @@ struct rt_seq {
 /* Index of a block of kv's pool from its address (host or device). */
 static inline int rt_kv_block_index(const rt_kv *kv, const uint16_t *blk)
 {
-    uintptr_t base = (uintptr_t)(kv->dev_pool ? kv->dev_pool : (void *)kv->pool);
-    return (int)(((uintptr_t)blk - base) / kv->block_bytes);
+    return (int)(((uintptr_t)blk - (uintptr_t)kv->pool) / kv->block_bytes);
 }
 
 void rt_act_dispose(rt_act *a);
@@ -88,21 +88,7 @@ int rt_seq_grow(rt_seq *s, int n);
 /* Returns blocks beyond what len positions need (undo of a grow). */
 void rt_seq_shrink(rt_seq *s);
 
-#ifdef INFERGATE_HAVE_CUDA
-/* Uploads the weights of a loaded (bound) model to the first visible CUDA
- * device and sets m->cuda. 0, -ENODEV, -ENOSPC (does not fit: err gives
- * both sizes), -ENOMEM, -EIO, -EINVAL (a shape the kernels do not take). */
-int rt_cuda_model_load(rt_model *m, char *err, size_t err_len);
-void rt_cuda_model_free(rt_cuda_model *c);
-/* The forward pass of rt_model_forward on the device, for validated
- * entries whose sequences have already grown by their n_tokens (n_tokens
- * tokens in all, n_out of them want logits). 0, -EINVAL, -ENOMEM, -EIO. */
-int rt_cuda_forward(rt_model *m, rt_batch_entry *e, int n_entries, int n_tokens, int n_out);
-/* Device memory for a KV pool; refused with both sizes in err when it does
- * not fit what the device has free (keeping room for activations). */
-int rt_cuda_kv_alloc(const rt_model *m, size_t bytes, void **out, char *err, size_t err_len);
-void rt_cuda_kv_release(const rt_model *m, void *p);
-void rt_cuda_device_info(const rt_model *m, rt_device_info *out);
-#endif
+/* The forward pass on the CPU kernels (forward.c), as rt_device_ops.forward. */
+int rt_cpu_forward(rt_model *m, rt_batch_entry *e, int n_entries, int n_tokens, int n_out);
 
 #endif

@@ -2,6 +2,7 @@
  * cuBLAS handle, error recording, memory, graphs and weight upload. */
 #include "kernels/cuda/kn_cuda_internal.cuh"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,8 +97,16 @@ extern "C" int kn_cuda_device_count(int *count, char *err, size_t err_len)
     cudaError_t e = cudaGetDeviceCount(&n);
     *count = 0;
     if (e != cudaSuccess) {
-        snprintf(err, err_len, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
         cudaGetLastError(); /* not sticky: clear it */
+        /* The runtime says "driver version is insufficient" also when
+         * there is no driver at all: name the library that is missing. */
+        void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        if (!drv) {
+            snprintf(err, err_len, "the NVIDIA driver is missing (%s)", dlerror());
+            return -ENODEV;
+        }
+        dlclose(drv);
+        snprintf(err, err_len, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
         return -ENODEV;
     }
     if (n <= 0) {
