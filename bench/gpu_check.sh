@@ -7,8 +7,9 @@
 #
 #   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e worker"] [--reps N]
 #
-# DIR holds the binaries (default .gpu/bin, made by bench/gpu_pack.sh, with
-# their libraries in DIR/../lib). Logs go to $OUT (default /tmp/gpu-check):
+# DIR holds the binaries and the CUDA plugin they load from their own folder
+# (default .gpu/bin, made by bench/gpu_pack.sh, with their libraries in
+# DIR/../lib). Logs go to $OUT (default /tmp/gpu-check):
 # bench_cuda.log and test_cuda_kernels.log as they are, all of them in
 # logs.tgz (the device tool brings back at most 8 files).
 # Each step runs under a time limit; the script goes on after a failure and
@@ -49,7 +50,7 @@ for step in $steps; do
     env)
         { nvidia-smi; nvidia-smi -L; cat /etc/os-release; nproc; echo "cublas: $cublas";
           for t in curl nghttp python3 compute-sanitizer; do printf '%s: %s\n' $t "$(command -v $t)"; done;
-          ldd "$bin/infergate" "$bin/test_cuda_kernels" | grep -i 'not found'; } >"$out/env.log" 2>&1
+          ldd "$bin/infergate" "$bin/test_cuda_kernels" "$bin/libinfergate_cuda.so" | grep -i 'not found'; } >"$out/env.log" 2>&1
         note env "$(nvidia-smi -L | head -1)"
         ;;
     worker)

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Packs a local build for a GPU machine that lacks our Debian dependencies:
-# the binaries named below and every shared library they load from outside
+# the binaries named below, the CUDA plugin (next to them in bin/, where they
+# look for it: runtime/device.h), and every shared library they load from outside
 # the CUDA toolkit (the GPU machine has its own CUDA 13 runtime and cuBLAS;
 # the C library and loader stay the machine's own).
 #
@@ -13,9 +14,10 @@ build=${1:-build}
 dest=${2:-.gpu}
 bins="infergate test_cuda_kernels bench_cuda test_kernels test_model test_gguf test_sampler
 test_tokenizer test_chat test_openai test_gpu_list"
+plugins="libinfergate_cuda.so"
 rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/lib"
-for b in $bins; do
+for b in $bins $plugins; do
     cp "$build/$b" "$dest/bin/"
     ldd "$build/$b" | awk '/=> \// { print $3 }' | while read -r lib; do
         case "$lib" in
