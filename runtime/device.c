@@ -31,8 +31,9 @@ static int plugin_path(char *path, size_t len, char *err, size_t err_len)
         return 0;
     }
     if (!RT_CUDA_PLUGIN_BUILT) {
-        snprintf(err, err_len, "no CUDA device: this build has no CUDA plugin (configure with "
-                               "-DINFERGATE_CUDA=ON on a machine with nvcc and cuBLAS)");
+        snprintf(err, err_len,
+                 "no CUDA device: this build has no CUDA plugin (configure with "
+                 "-DINFERGATE_CUDA=ON on a machine with nvcc and cuBLAS)");
         return -ENODEV;
     }
     char exe[PATH_MAX];
@@ -59,7 +60,8 @@ static const char *ops_mismatch(const rt_device_ops *ops)
 {
     if (!ops || ops->abi != RT_DEVICE_ABI)
         return "its device ABI differs from this binary's";
-    if (ops->model_size != sizeof(rt_model) || ops->kv_size != sizeof(rt_kv) || ops->seq_size != sizeof(rt_seq))
+    if (ops->model_size != sizeof(rt_model) || ops->kv_size != sizeof(rt_kv) ||
+        ops->seq_size != sizeof(rt_seq))
         return "it was built from another source tree than this binary";
     return NULL;
 }

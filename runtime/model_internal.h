@@ -62,7 +62,7 @@ struct rt_kv {
     int n_blocks;
     size_t block_elems; /* 16-bit units per block: halves, or Q8_0 blocks of 17 */
     size_t block_bytes;
-    void *pool;         /* from the model's device (kv_alloc): host or device memory */
+    void *pool;     /* from the model's device (kv_alloc): host or device memory */
     int *free_list; /* stack of free block indices */
     int n_free;
 };
