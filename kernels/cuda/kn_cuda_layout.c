@@ -50,6 +50,8 @@ uint64_t kn_cuda_weight_bytes(kn_type type, int n_out, int n_in)
             return 0;
         /* Scales start 256-byte aligned after the quants. */
         return ALIGN_UP((uint64_t)n_out * q_row_bytes(type, n_in), 256) + (uint64_t)n_out * (n_in / 32) * 2;
+    default: /* no device layout */
+        break;
     }
     return 0;
 }

@@ -311,6 +311,8 @@ static void mmv_launch(kn_cuda *c, const kn_cuda_weight *w, const float *x, cons
             kn_cuda__launch(c, grid, block, 0, mmv_f32_kernel<R, false>, (const float *)w->d_q, n_out, n_in,
                             x, y, add);
         break;
+    default: /* no device layout: kn_cuda_weight_upload refuses the other types */
+        break;
     }
 }
 
