@@ -69,9 +69,8 @@ static void fill_pool(uint8_t *pool, size_t bytes, kn_type type)
 
 static size_t mat_bytes_of(kn_type type, int n_out, int n_in)
 {
-    return type == KN_TYPE_Q8_0_P16   ? kn_pack_q8_0_bytes(n_out, n_in)
-           : type == KN_TYPE_Q4_0_P16 ? kn_pack_q4_0_bytes(n_out, n_in)
-                                      : kn_row_bytes(type, n_in) * (size_t)n_out;
+    return kn_type_packed(type) ? kn_pack_bytes(kn_unpacked_type(type), n_out, n_in)
+                                : kn_row_bytes(type, n_in) * (size_t)n_out;
 }
 
 /* The pool as copies of one packed n_out x n_in matrix (packing moves rows
@@ -87,10 +86,7 @@ static void fill_pool_packed(uint8_t *pool, size_t bytes, kn_type type, int n_ou
             x[i] = bench_frand(&rng_state);
         kn_quantize_row(base, x, q + (size_t)o * rb, n_in);
     }
-    if (base == KN_TYPE_Q8_0)
-        kn_pack_q8_0(q, n_out, n_in, pool);
-    else
-        kn_pack_q4_0(q, n_out, n_in, pool);
+    kn_pack(base, q, n_out, n_in, pool);
     for (size_t off = mb; off + mb <= bytes; off += mb)
         memcpy(pool + off, pool, mb);
     free(x);
@@ -162,11 +158,17 @@ __attribute__((target("avx2,fma"))) static double fma_peak_gflops(void)
 
 static int bench_types(int reps)
 {
-    static const kn_type tys[] = {KN_TYPE_Q8_0,   KN_TYPE_Q4_0,   KN_TYPE_Q4_0_P16, KN_TYPE_Q4_1,
-                                  KN_TYPE_Q5_0,   KN_TYPE_Q5_1,   KN_TYPE_IQ4_NL,   KN_TYPE_Q2_K,
-                                  KN_TYPE_Q3_K,   KN_TYPE_Q4_K,   KN_TYPE_Q5_K,     KN_TYPE_Q6_K,
-                                  KN_TYPE_IQ4_XS, KN_TYPE_F16,    KN_TYPE_BF16,     KN_TYPE_F32};
-    enum { NT = sizeof(tys) / sizeof(tys[0]), ROWS = 128, FROWS = 64 };
+    /* each type as it is in the file, then packed where the table has a
+     * gemm for that (as a model holds it) */
+    static const kn_type files[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_Q4_1, KN_TYPE_Q5_0, KN_TYPE_Q5_1,
+                                    KN_TYPE_IQ4_NL, KN_TYPE_Q2_K, KN_TYPE_Q3_K, KN_TYPE_Q4_K, KN_TYPE_Q5_K,
+                                    KN_TYPE_Q6_K, KN_TYPE_IQ4_XS, KN_TYPE_F16, KN_TYPE_BF16, KN_TYPE_F32};
+    enum { NF = sizeof(files) / sizeof(files[0]), NT = 2 * NF, ROWS = 128, FROWS = 64 };
+    kn_type tys[NT];
+    for (int i = 0; i < NF; i++) {
+        tys[2 * i] = files[i];
+        tys[2 * i + 1] = kn_packed_type(files[i]);
+    }
     const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
     uint8_t *pool = aligned_alloc(64, pool_bytes + (64 << 20));
     kn_ctx *ctx = kn_ctx_new(2, KN_BACKEND_AUTO), *ctx1 = kn_ctx_new(1, KN_BACKEND_AUTO);
@@ -180,7 +182,8 @@ static int bench_types(int reps)
     bool have[NT];
     for (int ti = 0; ti < NT; ti++) {
         const kn_type t = tys[ti];
-        have[ti] = !kn_type_packed(t) || kn_ctx_ops(ctx)->gemm_q4_0_p16 != NULL;
+        have[ti] = !kn_type_packed(t) || (kn_pack_bytes(kn_unpacked_type(t), 16, TY_N_IN) > 0 &&
+                                          kn_ctx_ops(ctx)->gemm_packed[kn_unpacked_type(t)] != NULL);
         if (!have[ti])
             continue;
         const size_t mat = mat_bytes_of(t, TY_N_OUT, TY_N_IN);

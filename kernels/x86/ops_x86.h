@@ -13,6 +13,10 @@ extern float kn_x86_f16_table[1 << 16];
  * and BF16 activation quantizers (ops_kquant_avx2.c). */
 struct kn_ops;
 void kn_x86_kquant_fill(struct kn_ops *ops);
+/* Fills an AVX-512 VNNI table's gemm_packed entries of the types beyond
+ * Q8_0 and Q4_0 where the CPU has VBMI and GFNI too
+ * (ops_packed_avx512.c). */
+void kn_x86_packed_fill(struct kn_ops *ops);
 
 static inline float hsum256(__m256 v)
 {
