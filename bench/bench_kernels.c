@@ -170,16 +170,16 @@ static int bench_types(int reps)
         tys[2 * i + 1] = kn_packed_type(files[i]);
     }
     const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
-    uint8_t *pool = aligned_alloc(64, pool_bytes + (64 << 20));
     kn_ctx *ctx = kn_ctx_new(2, KN_BACKEND_AUTO), *ctx1 = kn_ctx_new(1, KN_BACKEND_AUTO);
     float *x = malloc((size_t)ROWS * TY_N_IN * sizeof(float));
     float *y = aligned_alloc(64, (size_t)ROWS * TY_N_OUT * sizeof(float));
-    if (!pool || !ctx || !ctx1 || !x || !y)
+    if (!ctx || !ctx1 || !x || !y)
         return 1;
     for (int i = 0; i < ROWS * TY_N_IN; i++)
         x[i] = bench_frand(&rng_state);
     double mv[NT][MAX_REPS], mm[NT][MAX_REPS], fl[NT][MAX_REPS], peak[MAX_REPS];
     bool have[NT];
+    uint8_t *pool[NT] = {0};
     for (int ti = 0; ti < NT; ti++) {
         const kn_type t = tys[ti];
         have[ti] = !kn_type_packed(t) || (kn_pack_bytes(kn_unpacked_type(t), 16, TY_N_IN) > 0 &&
@@ -188,21 +188,38 @@ static int bench_types(int reps)
             continue;
         const size_t mat = mat_bytes_of(t, TY_N_OUT, TY_N_IN);
         const int n_mats = (int)(pool_bytes / mat);
+        if ((pool[ti] = aligned_alloc(64, pool_bytes + (64 << 20))) == NULL)
+            return 1;
         if (kn_type_packed(t))
-            fill_pool_packed(pool, (size_t)n_mats * mat, t, TY_N_OUT, TY_N_IN);
+            fill_pool_packed(pool[ti], (size_t)n_mats * mat, t, TY_N_OUT, TY_N_IN);
         else
-            fill_pool(pool, (size_t)n_mats * mat, t);
-        for (int r = 0; r < reps; r++) {
-            double s = time_cold(ctx, pool, mat, n_mats, t, TY_N_OUT, TY_N_IN, x, 1, y);
-            mv[ti][r] = (double)mat * n_mats / s;
-            s = time_repeat(ctx, pool, t, TY_N_OUT, TY_N_IN, x, ROWS, y, 0.05);
+            fill_pool(pool[ti], (size_t)n_mats * mat, t);
+    }
+    /* Every type once per repetition, one after another, so that each
+     * type's median is taken over the same stretches of a shared
+     * machine's load as the others'. */
+    for (int r = 0; r < reps; r++) {
+        for (int ti = 0; ti < NT; ti++) {
+            if (!have[ti])
+                continue;
+            const kn_type t = tys[ti];
+            const size_t mat = mat_bytes_of(t, TY_N_OUT, TY_N_IN);
+            const int n_mats = (int)(pool_bytes / mat);
+            /* passes over the pool for at least 0.1 s: one is a few ms */
+            int passes = 0;
+            double s = 0;
+            do {
+                s += time_cold(ctx, pool[ti], mat, n_mats, t, TY_N_OUT, TY_N_IN, x, 1, y);
+                passes++;
+            } while (s < 0.1);
+            mv[ti][r] = (double)mat * n_mats * passes / s;
+            s = time_repeat(ctx, pool[ti], t, TY_N_OUT, TY_N_IN, x, ROWS, y, 0.05);
             mm[ti][r] = (double)mat / s;
-            s = time_repeat(ctx1, pool, t, TY_N_OUT, TY_N_IN, x, FROWS, y, 0.05);
+            s = time_repeat(ctx1, pool[ti], t, TY_N_OUT, TY_N_IN, x, FROWS, y, 0.05);
             fl[ti][r] = 2.0 * FROWS * TY_N_OUT * TY_N_IN / s;
         }
-    }
-    for (int r = 0; r < reps; r++)
         peak[r] = fma_peak_gflops();
+    }
     const double pk = bench_median(peak, reps);
     double q4mv = 0, q4mm = 0;
     for (int ti = 0; ti < NT; ti++)
@@ -229,7 +246,8 @@ static int bench_types(int reps)
     kn_ctx_free(ctx);
     free(y);
     free(x);
-    free(pool);
+    for (int ti = 0; ti < NT; ti++)
+        free(pool[ti]);
     return 0;
 }
 

@@ -421,6 +421,195 @@ KP_TYPE(Q6_K, q6_K)
 KP_TYPE(IQ4_XS, iq4_xs)
 #undef KP_TYPE
 
+/* ---- the 32-element types: Q4_1, Q5_0, Q5_1, IQ4_NL against Q8_0 ---------------
+ * kn_pack_q4_0's scheme (a group's block scales first, then its blocks'
+ * quants): per block and activation row, sumi by 8 vpdpbusd (less the
+ * offset times the activation block's quant sum, xs), then
+ * (float)sumi * (d * dx) + (float)xs * (m * dx) as the reference. */
+
+#define KL_KMAX 16
+#define KL_X(k) ((const kn_block_q8_0 *)((const char *)xq + (size_t)(k)*xs))
+
+typedef struct kl_act {
+    int32_t corr[KL_KMAX][KL_SEG]; /* -offset * xs */
+    float xsf[KL_KMAX][KL_SEG];    /* (float)xs, for the min's term */
+    float dx[KL_KMAX][KL_SEG];
+} kl_act;
+
+KP_INLINE size_t kl_scale_bytes(kn_type t)
+{
+    return t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1 ? KN_PL_SCALE_DM : KN_PL_SCALE_D;
+}
+
+KP_INLINE size_t kl_quant_bytes(kn_type t)
+{
+    return t == KN_TYPE_Q5_0 || t == KN_TYPE_Q5_1 ? KN_PL_QUANT_5 : KN_PL_QUANT_4;
+}
+
+/* One block's 8 quad vectors, unsigned. */
+KP_INLINE void kl_unpack(kn_type t, const uint8_t *q, __m512i *w)
+{
+    if (t == KN_TYPE_IQ4_NL) {
+        const __m512i lut = _mm512_broadcast_i32x4(
+            _mm_add_epi8(_mm_loadu_si128((const __m128i *)kn_iq4nl_values), _mm_set1_epi8((char)0x80)));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m512i v = kp_load(q + 64 * k);
+            w[k] = _mm512_permutexvar_epi8(v, lut);
+            w[4 + k] = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), lut);
+        }
+        return;
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512i v = kp_load(q + 64 * k);
+        w[k] = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+        w[4 + k] = kp_gf(v, kp_gf_move(0, 4, 4));
+    }
+    if (t == KN_TYPE_Q5_0 || t == KN_TYPE_Q5_1) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            uint64_t m;
+            memcpy(&m, q + KN_PL_QUANT_4 + 8 * i, 8);
+            w[i] = _mm512_mask_add_epi8(w[i], (__mmask64)m, w[i], _mm512_set1_epi8(16));
+        }
+    }
+}
+
+KP_INLINE void kl_tile(kn_type t, const uint8_t *sc, const uint8_t *q, size_t group_bytes, int nb, int n_t,
+                       const void *xq, size_t xs, int K, int b0, int ns, const kl_act *a, float *y, size_t ys)
+{
+    const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
+    const bool has_off = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL;
+    const size_t sb = kl_scale_bytes(t), qb = kl_quant_bytes(t);
+    const __mmask16 keep = (__mmask16)((1u << n_t) - 1);
+    __m512 f[KL_KMAX];
+#pragma GCC unroll 16
+    for (int k = 0; k < K; k++)
+        f[k] = b0 > 0 ? _mm512_maskz_loadu_ps(keep, y + (size_t)k * ys) : _mm512_setzero_ps();
+    for (int b = 0; b < ns; b++) {
+        const int ib = b0 + b;
+        const uint8_t *qblk = q + (size_t)ib * qb;
+        /* as the Q4_0 p16 gemm: the lines of the block 8 ahead, its scales 16 ahead */
+        const char *ahead = x86_p16_ahead((const char *)q, ib, 8, nb, qb, group_bytes);
+        for (size_t l = 0; l < qb; l += 64)
+            _mm_prefetch(ahead + l, _MM_HINT_T0);
+        _mm_prefetch(x86_p16_ahead((const char *)sc, ib, 16, nb, sb, group_bytes), _MM_HINT_T0);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)ib * sb)));
+        const __m512 m = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)ib * sb + 32)))
+                                 : d;
+        __m512i w[8];
+        kl_unpack(t, qblk, w);
+#pragma GCC unroll 16
+        for (int k = 0; k < K; k++) {
+            const int8_t *x = (KL_X(k) + ib)->qs;
+            /* two chains, so a lone activation row is not one long wait */
+            __m512i s0 = x86_dpbusd_bcast(_mm512_setzero_si512(), w[0], x);
+            __m512i s1 = x86_dpbusd_bcast(_mm512_setzero_si512(), w[1], x + 4);
+#pragma GCC unroll 3
+            for (int i = 2; i < 8; i += 2) {
+                s0 = x86_dpbusd_bcast(s0, w[i], x + 4 * i);
+                s1 = x86_dpbusd_bcast(s1, w[i + 1], x + 4 * i + 4);
+            }
+            __m512i sumi = _mm512_add_epi32(s0, s1);
+            if (has_off)
+                sumi = _mm512_add_epi32(sumi, _mm512_set1_epi32(a->corr[k][b]));
+            const __m512 dx = _mm512_set1_ps(a->dx[k][b]);
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(d, dx));
+            if (has_min)
+                v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(a->xsf[k][b]), _mm512_mul_ps(m, dx)));
+            f[k] = _mm512_add_ps(f[k], v);
+        }
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < K; k++)
+        _mm512_mask_storeu_ps(y + (size_t)k * ys, keep, f[k]);
+}
+
+/* Sum of an activation block's 32 quants. */
+KP_INLINE int32_t kl_xsum(const kn_block_q8_0 *x)
+{
+    const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+
+KP_INLINE void kl_run(kn_type t, const void *w, int n_w, const void *xq, size_t xs, int K, int nb, float *y,
+                      size_t ys)
+{
+    const size_t sb = kl_scale_bytes(t), qb = kl_quant_bytes(t);
+    const size_t quants_at = ((size_t)nb * sb + 63) & ~(size_t)63, gb = quants_at + (size_t)nb * qb;
+    const int off = t == KN_TYPE_Q5_0 ? 16 : t == KN_TYPE_IQ4_NL ? 128 : 0;
+    kl_act a;
+    for (int b0 = 0; b0 < nb; b0 += KL_SEG) {
+        const int ns = nb - b0 < KL_SEG ? nb - b0 : KL_SEG;
+        for (int k = 0; k < K; k++)
+            for (int b = 0; b < ns; b++) {
+                const kn_block_q8_0 *xb = KL_X(k) + b0 + b;
+                const int32_t sum = kl_xsum(xb);
+                a.corr[k][b] = -off * sum;
+                a.xsf[k][b] = (float)sum;
+                a.dx[k][b] = kn_x86_f16_table[xb->d];
+            }
+        for (int o0 = 0; o0 < n_w; o0 += 16) {
+            const uint8_t *g = (const uint8_t *)w + (size_t)(o0 / 16) * gb;
+            kl_tile(t, g, g + quants_at, gb, nb, n_w - o0 < 16 ? n_w - o0 : 16, xq, xs, K, b0, ns, &a, y + o0,
+                    ys);
+        }
+    }
+}
+
+KP_INLINE void kl_gemm(kn_type t, const void *w, int n_w, const void *xq, size_t xs, int nr, int n, float *y,
+                       size_t ys)
+{
+    const int nb = n / 32;
+    for (int r = 0; r < nr;) {
+        const int rest = nr - r, chunks = (rest + KL_KMAX - 1) / KL_KMAX;
+        const int K = (rest + chunks - 1) / chunks;
+        const char *xr = (const char *)xq + (size_t)r * xs;
+        float *yr = y + (size_t)r * ys;
+        switch (K) {
+#define KL_CASE(k)                                                                                           \
+    case k:                                                                                                  \
+        kl_run(t, w, n_w, xr, xs, k, nb, yr, ys);                                                            \
+        break;
+            KL_CASE(1)
+            KL_CASE(2)
+            KL_CASE(3)
+            KL_CASE(4)
+            KL_CASE(5)
+            KL_CASE(6)
+            KL_CASE(7)
+            KL_CASE(8)
+            KL_CASE(9)
+            KL_CASE(10)
+            KL_CASE(11)
+            KL_CASE(12)
+            KL_CASE(13)
+            KL_CASE(14)
+            KL_CASE(15)
+            KL_CASE(16)
+#undef KL_CASE
+        }
+        r += K;
+    }
+}
+
+#define KL_TYPE(T, tn)                                                                                       \
+    static KP_ATTR void avx512_gemm_##tn##_packed(const void *w, int n_w, const void *xq, size_t xs, int nr,  \
+                                                  int n, float *y, size_t ys)                                \
+    {                                                                                                        \
+        kl_gemm(KN_TYPE_##T, w, n_w, xq, xs, nr, n, y, ys);                                                  \
+    }
+KL_TYPE(Q4_1, q4_1)
+KL_TYPE(Q5_0, q5_0)
+KL_TYPE(Q5_1, q5_1)
+KL_TYPE(IQ4_NL, iq4_nl)
+#undef KL_TYPE
+
 void kn_x86_packed_fill(kn_ops *ops)
 {
     __builtin_cpu_init();
@@ -433,6 +622,10 @@ void kn_x86_packed_fill(kn_ops *ops)
     KP_SET(Q5_K, q5_K)
     KP_SET(Q6_K, q6_K)
     KP_SET(IQ4_XS, iq4_xs)
+    KP_SET(Q4_1, q4_1)
+    KP_SET(Q5_0, q5_0)
+    KP_SET(Q5_1, q5_1)
+    KP_SET(IQ4_NL, iq4_nl)
 #undef KP_SET
 }
 
