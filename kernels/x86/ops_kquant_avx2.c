@@ -64,13 +64,18 @@ static void avx2_quantize_q8_K(const float *x, void *vy, int n)
         s = _mm_max_ps(s, _mm_movehl_ps(s, s));
         s = _mm_max_ss(s, _mm_movehdup_ps(s));
         const float amax = _mm_cvtss_f32(s);
-        /* the first element of that magnitude, with its sign */
+        /* the first element of that magnitude, with its sign: eight at a
+         * time, the first lane that equals it */
         float max = 0.0f;
-        for (int j = 0; j < KN_QK_K; j++)
-            if (x[j] == amax || x[j] == -amax) {
-                max = x[j];
+        const __m256 av = _mm256_set1_ps(amax);
+        for (int j = 0; j < KN_QK_K; j += 8) {
+            const int hit = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), av, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[j + __builtin_ctz((unsigned)hit)];
                 break;
             }
+        }
         memset(&y[ib], 0, sizeof(y[ib]));
         if (max == 0.0f || !(amax <= 3.4028235e38f))
             continue;
