@@ -174,6 +174,21 @@ static void put_lo2(uint8_t *dst, const kp_rowblock *rb)
                 }
 }
 
+static void put_q3(uint8_t *dst, const kp_rowblock *rb)
+{
+    for (int c = 0; c < 8; c++)
+        for (int j = 0; j < 16; j++)
+            for (int e = 0; e < 4; e++) {
+                int q[8];
+                for (int i = 0; i < 8; i++)
+                    q[i] = rb[j].u[4 * (8 * c + i) + e] & 7;
+                uint8_t *at = dst + 64 * 3 * c + 4 * j + e;
+                at[0] = (uint8_t)(q[0] | q[1] << 3 | (q[6] & 3) << 6);
+                at[64] = (uint8_t)(q[2] | q[3] << 3 | (q[7] & 3) << 6);
+                at[128] = (uint8_t)(q[4] | q[5] << 3 | (q[6] >> 2) << 6 | (q[7] >> 2) << 7);
+            }
+}
+
 static void put_hi2(uint8_t *dst, const kp_rowblock *rb)
 {
     for (int u = 0; u < 4; u++)
@@ -213,8 +228,7 @@ static void pack_super(kn_type t, const kp_rowblock *rb, uint8_t *dst)
     case KN_TYPE_Q3_K:
         put_halves(dst + KN_PK_Q3K_D, rb, false);
         put_pairs(dst + KN_PK_Q3K_SC, rb, false, 8);
-        put_lo2(dst + KN_PK_Q3K_LO2, rb);
-        put_hbit(dst + KN_PK_Q3K_HBIT, rb, 64, 2);
+        put_q3(dst + KN_PK_Q3K_Q3, rb);
         return;
     case KN_TYPE_Q2_K:
         put_halves(dst + KN_PK_Q2K_D, rb, false);

@@ -20,13 +20,20 @@
  *   nib       32 vectors: vector 8u + k holds quad 16u + k in its low
  *             nibbles and quad 16u + 8 + k in its high ones (Q4_K, Q5_K and
  *             Q6_K their low 4 bits, IQ4_XS its level's index).
- *   lo2       16 vectors (Q2_K, Q3_K: the low 2 bits): vector 4u + a holds
+ *   lo2       16 vectors (Q2_K's 2 bits): vector 4u + a holds
  *             quad 16u + 4f + a in bits 2f..2f+1 of each byte, f = 0..3.
  *   hi2       16 vectors (Q6_K: bits 4-5): vector 4u + a holds, for k = a
  *             and a + 4, quad 16u + k in field k / 4 and quad 16u + 8 + k
  *             in field 2 + k / 4 (field f: bits 2f..2f+1).
- *   hbit      64 masks of 64 bits, one per quad (Q5_K's bit 4, Q3_K's bit
- *             2): bit 4j + e for row j's element e of the quad.
+ *   hbit      64 masks of 64 bits, one per quad (Q5_K's bit 4): bit
+ *             4j + e for row j's element e of the quad.
+ *   q3        24 vectors (Q3_K: its 3 bits, the low 2 and the high one):
+ *             quads 8c..8c+7 (c = 0..7) in vectors 3c..3c+2, each byte of
+ *             vector 3c + v holding quad 8c + 2v in bits 0-2 and quad
+ *             8c + 2v + 1 in bits 3-5; quad 8c + 6's low 2 bits in bits 6-7
+ *             of vector 3c, quad 8c + 7's of vector 3c + 1, and their high
+ *             bits in bits 6 and 7 of vector 3c + 2: six quads a shift or
+ *             a mask away, two an or of two.
  *
  * The 32-element types (Q4_1, Q5_0, Q5_1, IQ4_NL) as kn_pack_q4_0 lays out
  * Q4_0: a group holds first its blocks' scales, KN_PL_*_SCALE bytes a block
@@ -57,8 +64,7 @@
 /* Q3_K */
 #define KN_PK_Q3K_D 0
 #define KN_PK_Q3K_SC 32
-#define KN_PK_Q3K_LO2 288
-#define KN_PK_Q3K_HBIT 1312
+#define KN_PK_Q3K_Q3 288
 #define KN_PK_Q3K_BYTES 1856
 /* Q2_K */
 #define KN_PK_Q2K_D 0

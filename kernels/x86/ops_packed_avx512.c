@@ -161,6 +161,26 @@ KP_INLINE void kp_lo2(const uint8_t *lo2, int u, kp_unit *x)
     }
 }
 
+/* The q3 vectors' unit u: quads 16u..16u+15 to w[0..15]. */
+KP_INLINE void kp_q3(const uint8_t *q3, int u, kp_unit *x)
+{
+    const __m512i m7 = _mm512_set1_epi8(7);
+#pragma GCC unroll 2
+    for (int c = 0; c < 2; c++) {
+        const uint8_t *v = q3 + 64 * 3 * (2 * u + c);
+        const __m512i v0 = kp_load(v), v1 = kp_load(v + 64), v2 = kp_load(v + 128);
+        __m512i *w = x->w + 8 * c;
+        w[0] = _mm512_and_si512(v0, m7);
+        w[1] = kp_gf(v0, kp_gf_move(0, 3, 3));
+        w[2] = _mm512_and_si512(v1, m7);
+        w[3] = kp_gf(v1, kp_gf_move(0, 3, 3));
+        w[4] = _mm512_and_si512(v2, m7);
+        w[5] = kp_gf(v2, kp_gf_move(0, 3, 3));
+        w[6] = _mm512_or_si512(kp_gf(v0, kp_gf_move(0, 2, 6)), kp_gf(v2, kp_gf_move(2, 1, 6)));
+        w[7] = _mm512_or_si512(kp_gf(v1, kp_gf_move(0, 2, 6)), kp_gf(v2, kp_gf_move(2, 1, 7)));
+    }
+}
+
 KP_INLINE void kp_unpack(kn_type t, const uint8_t *sb, int u, kp_unit *x)
 {
     switch (t) {
@@ -200,9 +220,10 @@ KP_INLINE void kp_unpack(kn_type t, const uint8_t *sb, int u, kp_unit *x)
     case KN_TYPE_Q3_K:
     case KN_TYPE_Q2_K: {
         const bool q3 = t == KN_TYPE_Q3_K;
-        kp_lo2(sb + (q3 ? KN_PK_Q3K_LO2 : KN_PK_Q2K_LO2), u, x);
         if (q3)
-            kp_hbit(sb + KN_PK_Q3K_HBIT, u, x, 4);
+            kp_q3(sb + KN_PK_Q3K_Q3, u, x);
+        else
+            kp_lo2(sb + KN_PK_Q2K_LO2, u, x);
 #pragma GCC unroll 2
         for (int q = 0; q < 2; q++) {
             const __m512i p = kp_pairs(sb + (q3 ? KN_PK_Q3K_SC : KN_PK_Q2K_SCM) + 32 * (2 * u + q), q3);
