@@ -88,28 +88,9 @@ KF_INLINE void kf_tile(const char *w, size_t ws, int WR, const char *x, size_t x
 KF_INLINE void kf_gemm(bool bf, const void *w, size_t ws, int n_w, const void *x, size_t xs, int nr, int n,
                        float *y, size_t ys)
 {
-    for (int r = 0; r < nr; r += 4) {
-        const int XR = nr - r < 4 ? nr - r : 4;
-        const char *xr = (const char *)x + (size_t)r * xs;
-        for (int o = 0; o < n_w; o += 4) {
-            const int WR = n_w - o < 4 ? n_w - o : 4;
-            const char *wo = (const char *)w + (size_t)o * ws;
-            float *yo = y + (size_t)r * ys + o;
-            /* constant tile shapes, so the accumulators stay in registers */
-#define KF_CASE(a, b)                                                                                        \
-    if (WR == a && XR == b) {                                                                                \
-        kf_tile(wo, ws, a, xr, xs, b, bf, n, yo, ys);                                                        \
-        continue;                                                                                            \
-    }
-#define KF_ROW(a) KF_CASE(a, 4) KF_CASE(a, 3) KF_CASE(a, 2) KF_CASE(a, 1)
-            KF_ROW(4)
-            KF_ROW(3)
-            KF_ROW(2)
-            KF_ROW(1)
-#undef KF_ROW
-#undef KF_CASE
-        }
-    }
+#define KF_TILE(wo, a, xr, b, yo) kf_tile(wo, ws, a, xr, xs, b, bf, n, yo, ys)
+    X86_FLOAT_TILES(4, w, ws, n_w, x, xs, nr, y, ys, KF_TILE)
+#undef KF_TILE
 }
 
 static KF_ATTR void avx512_gemm_f16(const void *w, size_t ws, int n_w, const void *x, size_t xs, int nr, int n,
