@@ -69,9 +69,8 @@ static void fill_pool(uint8_t *pool, size_t bytes, kn_type type)
 
 static size_t mat_bytes_of(kn_type type, int n_out, int n_in)
 {
-    return type == KN_TYPE_Q8_0_P16   ? kn_pack_q8_0_bytes(n_out, n_in)
-           : type == KN_TYPE_Q4_0_P16 ? kn_pack_q4_0_bytes(n_out, n_in)
-                                      : kn_row_bytes(type, n_in) * (size_t)n_out;
+    return kn_type_packed(type) ? kn_pack_bytes(kn_unpacked_type(type), n_out, n_in)
+                                : kn_row_bytes(type, n_in) * (size_t)n_out;
 }
 
 /* The pool as copies of one packed n_out x n_in matrix (packing moves rows
@@ -87,10 +86,7 @@ static void fill_pool_packed(uint8_t *pool, size_t bytes, kn_type type, int n_ou
             x[i] = bench_frand(&rng_state);
         kn_quantize_row(base, x, q + (size_t)o * rb, n_in);
     }
-    if (base == KN_TYPE_Q8_0)
-        kn_pack_q8_0(q, n_out, n_in, pool);
-    else
-        kn_pack_q4_0(q, n_out, n_in, pool);
+    kn_pack(base, q, n_out, n_in, pool);
     for (size_t off = mb; off + mb <= bytes; off += mb)
         memcpy(pool + off, pool, mb);
     free(x);
@@ -135,71 +131,123 @@ static double time_repeat(kn_ctx *ctx, const uint8_t *w, kn_type type, int n_out
 #define TY_N_OUT 2048
 #define TY_N_IN 768
 
-/* F32 FMA peak of one thread: 12 independent chains of 8 lanes. */
-__attribute__((target("avx2,fma"))) static double fma_peak_gflops(void)
+/* F32 FMA peak of one thread: 12 independent chains, in named registers
+ * (an array of them went through the stack on every step, and measured
+ * half the peak), on 256-bit vectors or 512-bit ones. */
+#define FMA12(V, fma)                                                                                       \
+    do {                                                                                                     \
+        a0 = fma(a0, m, c), a1 = fma(a1, m, c), a2 = fma(a2, m, c), a3 = fma(a3, m, c);                     \
+        a4 = fma(a4, m, c), a5 = fma(a5, m, c), a6 = fma(a6, m, c), a7 = fma(a7, m, c);                     \
+        a8 = fma(a8, m, c), a9 = fma(a9, m, c), a10 = fma(a10, m, c), a11 = fma(a11, m, c);                 \
+        __asm__("" : "+" V(a0), "+" V(a1), "+" V(a2), "+" V(a3), "+" V(a4), "+" V(a5), "+" V(a6), "+" V(a7), \
+                "+" V(a8), "+" V(a9), "+" V(a10), "+" V(a11));                                               \
+    } while (0)
+#define FMA_ITERS 20000000L
+
+__attribute__((target("avx2,fma"))) static double fma_peak256(void)
 {
-    __m256 a[12];
     const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++)
-        a[i] = _mm256_set1_ps((float)i);
-    const long iters = 20000000;
-    double t0 = bench_now();
-    for (long k = 0; k < iters; k++) {
-#pragma GCC unroll 12
-        for (int i = 0; i < 12; i++)
-            a[i] = _mm256_fmadd_ps(a[i], m, c);
-        __asm__("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(a[4]), "+x"(a[5]), "+x"(a[6]),
-                "+x"(a[7]), "+x"(a[8]), "+x"(a[9]), "+x"(a[10]), "+x"(a[11]));
-    }
-    double s = bench_now() - t0;
-    float sink = 0;
-    for (int i = 0; i < 12; i++)
-        sink += _mm256_cvtss_f32(a[i]);
-    if (sink == 12345.0f)
+    __m256 a0 = m, a1 = m, a2 = m, a3 = m, a4 = m, a5 = m, a6 = m, a7 = m, a8 = m, a9 = m, a10 = m, a11 = m;
+    const double t0 = bench_now();
+    for (long k = 0; k < FMA_ITERS; k++)
+        FMA12("x", _mm256_fmadd_ps);
+    const double s = bench_now() - t0;
+    const __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                   _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    if (_mm256_cvtss_f32(_mm256_add_ps(t, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)))) == 1.5f)
         printf(" ");
-    return (double)iters * 12 * 8 * 2 / s / 1e9;
+    return (double)FMA_ITERS * 12 * 8 * 2 / s / 1e9;
+}
+
+__attribute__((target("avx512f"))) static double fma_peak512(void)
+{
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 a0 = m, a1 = m, a2 = m, a3 = m, a4 = m, a5 = m, a6 = m, a7 = m, a8 = m, a9 = m, a10 = m, a11 = m;
+    const double t0 = bench_now();
+    for (long k = 0; k < FMA_ITERS; k++)
+        FMA12("v", _mm512_fmadd_ps);
+    const double s = bench_now() - t0;
+    const __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                   _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    if (_mm512_reduce_add_ps(_mm512_add_ps(t, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)))) == 1.5f)
+        printf(" ");
+    return (double)FMA_ITERS * 12 * 16 * 2 / s / 1e9;
+}
+
+/* The core's peak: the wider vectors where the CPU has them. */
+static double fma_peak_gflops(void)
+{
+    const double p256 = fma_peak256();
+    if (!__builtin_cpu_supports("avx512f"))
+        return p256;
+    const double p512 = fma_peak512();
+    return p512 > p256 ? p512 : p256;
 }
 
 static int bench_types(int reps)
 {
-    static const kn_type tys[] = {KN_TYPE_Q8_0,   KN_TYPE_Q4_0,   KN_TYPE_Q4_0_P16, KN_TYPE_Q4_1,
-                                  KN_TYPE_Q5_0,   KN_TYPE_Q5_1,   KN_TYPE_IQ4_NL,   KN_TYPE_Q2_K,
-                                  KN_TYPE_Q3_K,   KN_TYPE_Q4_K,   KN_TYPE_Q5_K,     KN_TYPE_Q6_K,
-                                  KN_TYPE_IQ4_XS, KN_TYPE_F16,    KN_TYPE_BF16,     KN_TYPE_F32};
-    enum { NT = sizeof(tys) / sizeof(tys[0]), ROWS = 128, FROWS = 64 };
+    /* each type as it is in the file, then packed where the table has a
+     * gemm for that (as a model holds it) */
+    static const kn_type files[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_Q4_1, KN_TYPE_Q5_0, KN_TYPE_Q5_1,
+                                    KN_TYPE_IQ4_NL, KN_TYPE_Q2_K, KN_TYPE_Q3_K, KN_TYPE_Q4_K, KN_TYPE_Q5_K,
+                                    KN_TYPE_Q6_K, KN_TYPE_IQ4_XS, KN_TYPE_F16, KN_TYPE_BF16, KN_TYPE_F32};
+    enum { NF = sizeof(files) / sizeof(files[0]), NT = 2 * NF, ROWS = 128, FROWS = 64 };
+    kn_type tys[NT];
+    for (int i = 0; i < NF; i++) {
+        tys[2 * i] = files[i];
+        tys[2 * i + 1] = kn_packed_type(files[i]);
+    }
     const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
-    uint8_t *pool = aligned_alloc(64, pool_bytes + (64 << 20));
     kn_ctx *ctx = kn_ctx_new(2, KN_BACKEND_AUTO), *ctx1 = kn_ctx_new(1, KN_BACKEND_AUTO);
     float *x = malloc((size_t)ROWS * TY_N_IN * sizeof(float));
     float *y = aligned_alloc(64, (size_t)ROWS * TY_N_OUT * sizeof(float));
-    if (!pool || !ctx || !ctx1 || !x || !y)
+    if (!ctx || !ctx1 || !x || !y)
         return 1;
     for (int i = 0; i < ROWS * TY_N_IN; i++)
         x[i] = bench_frand(&rng_state);
     double mv[NT][MAX_REPS], mm[NT][MAX_REPS], fl[NT][MAX_REPS], peak[MAX_REPS];
     bool have[NT];
+    uint8_t *pool[NT] = {0};
     for (int ti = 0; ti < NT; ti++) {
         const kn_type t = tys[ti];
-        have[ti] = !kn_type_packed(t) || kn_ctx_ops(ctx)->gemm_q4_0_p16 != NULL;
+        have[ti] = !kn_type_packed(t) || (kn_pack_bytes(kn_unpacked_type(t), 16, TY_N_IN) > 0 &&
+                                          kn_ctx_ops(ctx)->gemm_packed[kn_unpacked_type(t)] != NULL);
         if (!have[ti])
             continue;
         const size_t mat = mat_bytes_of(t, TY_N_OUT, TY_N_IN);
         const int n_mats = (int)(pool_bytes / mat);
+        if ((pool[ti] = aligned_alloc(64, pool_bytes + (64 << 20))) == NULL)
+            return 1;
         if (kn_type_packed(t))
-            fill_pool_packed(pool, (size_t)n_mats * mat, t, TY_N_OUT, TY_N_IN);
+            fill_pool_packed(pool[ti], (size_t)n_mats * mat, t, TY_N_OUT, TY_N_IN);
         else
-            fill_pool(pool, (size_t)n_mats * mat, t);
-        for (int r = 0; r < reps; r++) {
-            double s = time_cold(ctx, pool, mat, n_mats, t, TY_N_OUT, TY_N_IN, x, 1, y);
-            mv[ti][r] = (double)mat * n_mats / s;
-            s = time_repeat(ctx, pool, t, TY_N_OUT, TY_N_IN, x, ROWS, y, 0.05);
+            fill_pool(pool[ti], (size_t)n_mats * mat, t);
+    }
+    /* Every type once per repetition, one after another, so that each
+     * type's median is taken over the same stretches of a shared
+     * machine's load as the others'. */
+    for (int r = 0; r < reps; r++) {
+        for (int ti = 0; ti < NT; ti++) {
+            if (!have[ti])
+                continue;
+            const kn_type t = tys[ti];
+            const size_t mat = mat_bytes_of(t, TY_N_OUT, TY_N_IN);
+            const int n_mats = (int)(pool_bytes / mat);
+            /* passes over the pool for at least 0.1 s: one is a few ms */
+            int passes = 0;
+            double s = 0;
+            do {
+                s += time_cold(ctx, pool[ti], mat, n_mats, t, TY_N_OUT, TY_N_IN, x, 1, y);
+                passes++;
+            } while (s < 0.1);
+            mv[ti][r] = (double)mat * n_mats * passes / s;
+            s = time_repeat(ctx, pool[ti], t, TY_N_OUT, TY_N_IN, x, ROWS, y, 0.05);
             mm[ti][r] = (double)mat / s;
-            s = time_repeat(ctx1, pool, t, TY_N_OUT, TY_N_IN, x, FROWS, y, 0.05);
+            s = time_repeat(ctx1, pool[ti], t, TY_N_OUT, TY_N_IN, x, FROWS, y, 0.05);
             fl[ti][r] = 2.0 * FROWS * TY_N_OUT * TY_N_IN / s;
         }
-    }
-    for (int r = 0; r < reps; r++)
         peak[r] = fma_peak_gflops();
+    }
     const double pk = bench_median(peak, reps);
     double q4mv = 0, q4mm = 0;
     for (int ti = 0; ti < NT; ti++)
@@ -226,7 +274,8 @@ static int bench_types(int reps)
     kn_ctx_free(ctx);
     free(y);
     free(x);
-    free(pool);
+    for (int ti = 0; ti < NT; ti++)
+        free(pool[ti]);
     return 0;
 }
 

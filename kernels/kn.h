@@ -34,15 +34,22 @@ typedef enum kn_type {
 /* One past the largest number above: the size of per-type tables. */
 #define KN_TYPE_COUNT 31
 
-/* Q8_0 and Q4_0 repacked in memory for a gemm_q8_0_p16 / gemm_q4_0_p16
- * (kn_pack_q8_0, kn_pack_q4_0); never in a file, so neither
- * kn_type_supported nor kn_row_bytes knows them, and outside the enum so
- * that switches over file types need not name them. */
+/* A weight type repacked in memory for a backend's packed gemm
+ * (kn_ops.gemm_packed, kn_pack): the file type with this bit set. Never in
+ * a file, so neither kn_type_supported nor kn_row_bytes knows one, and
+ * outside the enum so that switches over file types need not name them.
+ * KN_TYPE_Q8_0_P16 and KN_TYPE_Q4_0_P16 are two of them, named for the
+ * gemms that came first (kn_pack_q8_0, kn_pack_q4_0). */
+#define KN_TYPE_PACKED_BIT 0x100
 #define KN_TYPE_Q8_0_P16 ((kn_type)0x108)
 #define KN_TYPE_Q4_0_P16 ((kn_type)0x102)
+static inline kn_type kn_packed_type(kn_type t)
+{
+    return (kn_type)(KN_TYPE_PACKED_BIT | (unsigned)t);
+}
 static inline bool kn_type_packed(kn_type t)
 {
-    return t == KN_TYPE_Q8_0_P16 || t == KN_TYPE_Q4_0_P16;
+    return ((unsigned)t & ~0xffu) == KN_TYPE_PACKED_BIT;
 }
 /* The file type a packed one was made from; any other as it is. */
 static inline kn_type kn_unpacked_type(kn_type t)
@@ -139,6 +146,21 @@ void kn_pack_q8_0(const void *w, int n_out, int n_in, void *dst);
 size_t kn_pack_q4_0_bytes(int n_out, int n_in);
 void kn_pack_q4_0(const void *w, int n_out, int n_in, void *dst);
 
+/* Every quantized weight type's packed layout, the generic entry: what a
+ * model does at load for each matrix of type t whose CPU table has
+ * gemm_packed[t]:
+ *     dst = (n_out x n_in matrix, kn_pack_bytes(t, n_out, n_in) bytes);
+ *     kn_pack(t, w, n_out, n_in, dst); then kn_matmul with kn_packed_type(t).
+ * Rows go in groups of 16 (the last padded with zero rows), a group being
+ * kn_pack_bytes(t, 16, n_in) bytes, a multiple of 64: the 16 rows' blocks
+ * interleaved so that a 64-byte vector holds 4 quants of each of the 16
+ * rows, with their scales unpacked to bytes or halves beside them (the
+ * layouts are described in kn_pack.c). Q8_0 and Q4_0 as kn_pack_q8_0 and
+ * kn_pack_q4_0. kn_pack_bytes is 0 for a type without a packed layout (the
+ * float types) or sizes that are not whole blocks. */
+size_t kn_pack_bytes(kn_type t, int n_out, int n_in);
+void kn_pack(kn_type t, const void *w, int n_out, int n_in, void *dst);
+
 /* Reference quantization of n elements (n a multiple of the block size),
  * through the type's traits; nothing for an unknown type. */
 void kn_quantize_row(kn_type type, const float *x, void *y, int64_t n);
@@ -209,6 +231,13 @@ typedef struct kn_ops {
     /* Optional: gemm[KN_TYPE_Q4_0] over rows packed by kn_pack_q4_0, the
      * same way. */
     kn_gemm_p16_fn gemm_q4_0_p16;
+    /* Optional, indexed by weight (file) type: the gemm over rows packed by
+     * kn_pack(t) (w at the first of the n_w rows' groups); where present, a
+     * model packs its matrices of that type at load and multiplies with
+     * kn_packed_type(t). [KN_TYPE_Q8_0] and [KN_TYPE_Q4_0] are the two
+     * entries above. The others give every row the bits of the reference
+     * dot (kn_ops_ref) whatever its batch. */
+    kn_gemm_p16_fn gemm_packed[KN_TYPE_COUNT];
 } kn_ops;
 
 const kn_ops *kn_ops_ref(void);

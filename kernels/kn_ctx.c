@@ -477,18 +477,26 @@ int kn_matmul(kn_ctx *ctx, const void *w, kn_type wtype, int n_out, int n_in, co
     return kn_matmul_n(ctx, wtype, n_in, x, n_rows, &out, 1);
 }
 
+/* The table's gemm over rows of a packed type; NULL if it has none. */
+static kn_gemm_p16_fn packed_gemm(const kn_ops *ops, kn_type packed)
+{
+    const kn_type t = kn_unpacked_type(packed);
+    if (t >= KN_TYPE_COUNT)
+        return NULL;
+    if (ops->gemm_packed[t] != NULL)
+        return ops->gemm_packed[t];
+    return t == KN_TYPE_Q8_0 ? ops->gemm_q8_0_p16 : t == KN_TYPE_Q4_0 ? ops->gemm_q4_0_p16 : NULL;
+}
+
 /* Quantized weights: the backend's gemm, all outputs' items in one job. */
 static int matmul_gemm(kn_ctx *ctx, kn_type wtype, size_t w_row_bytes, int n_in, const char *xq,
                        size_t xq_row_bytes, int n_rows, const kn_mm_out *outs, int n_outs)
 {
     gemm_job j = {.n_in = n_in, .n_rows = n_rows, .w_row_bytes = w_row_bytes, .xq_row_bytes = xq_row_bytes,
                   .xq = xq};
-    if (wtype == KN_TYPE_Q8_0_P16) {
-        j.gemm_p16 = ctx->ops->gemm_q8_0_p16;
-        j.w_row_bytes = kn_pack_q8_0_bytes(16, n_in);
-    } else if (wtype == KN_TYPE_Q4_0_P16) {
-        j.gemm_p16 = ctx->ops->gemm_q4_0_p16;
-        j.w_row_bytes = kn_pack_q4_0_bytes(16, n_in);
+    if (kn_type_packed(wtype)) {
+        j.gemm_p16 = packed_gemm(ctx->ops, wtype);
+        j.w_row_bytes = kn_pack_bytes(kn_unpacked_type(wtype), 16, n_in);
     } else {
         j.gemm = ctx->ops->gemm[wtype];
     }
@@ -527,8 +535,7 @@ int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows
 {
     const bool p16 = kn_type_packed(wtype);
     const kn_type_traits *tt = kn_type_traits_of(kn_unpacked_type(wtype));
-    if (p16 ? (wtype == KN_TYPE_Q8_0_P16 ? ctx->ops->gemm_q8_0_p16 : ctx->ops->gemm_q4_0_p16) == NULL
-            : tt == NULL || ctx->ops->dot[wtype] == NULL)
+    if (tt == NULL || (p16 ? packed_gemm(ctx->ops, wtype) == NULL : ctx->ops->dot[wtype] == NULL))
         return -EINVAL;
     if (n_in <= 0 || n_rows < 0 || n_outs < 1 || n_outs > KN_MM_MAX_OUTS)
         return -EINVAL;
@@ -536,7 +543,7 @@ int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows
         if (outs[k].n_out < 0)
             return -EINVAL;
     const size_t w_row_bytes = kn_row_bytes(kn_unpacked_type(wtype), n_in);
-    if (w_row_bytes == 0)
+    if (w_row_bytes == 0 || (p16 && kn_pack_bytes(kn_unpacked_type(wtype), 16, n_in) == 0))
         return -EINVAL;
     if (n_rows == 0)
         return 0;

@@ -74,12 +74,20 @@ bool kn_type_supported(uint32_t type)
     return type == KN_TYPE_F32 || type == KN_TYPE_F16 || type == KN_TYPE_Q4_0 || type == KN_TYPE_Q8_0;
 }
 
+/* The packed types' names: the file type's, and " (packed)". */
+static const char *const packed_names[KN_TYPE_COUNT] = {
+#define KN_PACKED_NAME(T, t) [KN_TYPE_##T] = #t " (packed)"
+    KN_PACKED_NAME(Q8_0, q8_0),  KN_PACKED_NAME(Q4_0, q4_0),     KN_PACKED_NAME(Q4_1, q4_1),
+    KN_PACKED_NAME(Q5_0, q5_0),  KN_PACKED_NAME(Q5_1, q5_1),     KN_PACKED_NAME(IQ4_NL, iq4_nl),
+    KN_PACKED_NAME(Q2_K, q2_K),  KN_PACKED_NAME(Q3_K, q3_K),     KN_PACKED_NAME(Q4_K, q4_K),
+    KN_PACKED_NAME(Q5_K, q5_K),  KN_PACKED_NAME(Q6_K, q6_K),     KN_PACKED_NAME(IQ4_XS, iq4_xs),
+#undef KN_PACKED_NAME
+};
+
 const char *kn_type_name(uint32_t type)
 {
-    if (type == KN_TYPE_Q8_0_P16)
-        return "q8_0 (packed)";
-    if (type == KN_TYPE_Q4_0_P16)
-        return "q4_0 (packed)";
+    if (kn_type_packed((kn_type)type))
+        return (type & 0xff) < KN_TYPE_COUNT ? packed_names[type & 0xff] : NULL;
     const kn_type_traits *t = kn_type_traits_of(type);
     return t != NULL ? t->name : NULL;
 }

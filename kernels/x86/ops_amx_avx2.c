@@ -220,6 +220,7 @@ static void ops_amx_init(void)
     ops_amx.name = "amx";
     vnni_gemm_p16 = base->gemm_q8_0_p16;
     ops_amx.gemm_q8_0_p16 = amx_gemm_q8_0_p16;
+    ops_amx.gemm_packed[KN_TYPE_Q8_0] = amx_gemm_q8_0_p16;
     ops_amx_ready = &ops_amx;
 }
 

@@ -361,6 +361,10 @@ static void ops_avx512_init(void)
     ops_avx512.gemm[KN_TYPE_Q4_0] = avx512_gemm_q4_0;
     ops_avx512.gemm_q8_0_p16 = avx512_gemm_q8_0_p16;
     ops_avx512.gemm_q4_0_p16 = avx512_gemm_q4_0_p16;
+    ops_avx512.gemm_packed[KN_TYPE_Q8_0] = avx512_gemm_q8_0_p16;
+    ops_avx512.gemm_packed[KN_TYPE_Q4_0] = avx512_gemm_q4_0_p16;
+    kn_x86_packed_fill(&ops_avx512);
+    kn_x86_float512_fill(&ops_avx512);
 }
 
 const kn_ops *kn_ops_avx512vnni(void)

@@ -64,13 +64,18 @@ static void avx2_quantize_q8_K(const float *x, void *vy, int n)
         s = _mm_max_ps(s, _mm_movehl_ps(s, s));
         s = _mm_max_ss(s, _mm_movehdup_ps(s));
         const float amax = _mm_cvtss_f32(s);
-        /* the first element of that magnitude, with its sign */
+        /* the first element of that magnitude, with its sign: eight at a
+         * time, the first lane that equals it */
         float max = 0.0f;
-        for (int j = 0; j < KN_QK_K; j++)
-            if (x[j] == amax || x[j] == -amax) {
-                max = x[j];
+        const __m256 av = _mm256_set1_ps(amax);
+        for (int j = 0; j < KN_QK_K; j += 8) {
+            const int hit = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), av, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[j + __builtin_ctz((unsigned)hit)];
                 break;
             }
+        }
         memset(&y[ib], 0, sizeof(y[ib]));
         if (max == 0.0f || !(amax <= 3.4028235e38f))
             continue;
@@ -497,7 +502,7 @@ KQ_INLINE float kf_x1(const void *x, bool bf, int i)
 KQ_INLINE void kf_tile(const char *w, size_t ws, int WR, const char *x, size_t xs, int XR, bool bf, int n,
                        float *y, size_t ys)
 {
-    __m256 a[4][3];
+    __m256 a[4][4]; /* 4 x 3 used: the shared tile walk names 4 x 4 too */
 #pragma GCC unroll 4
     for (int o = 0; o < WR; o++)
 #pragma GCC unroll 3
@@ -531,34 +536,9 @@ KQ_INLINE void kf_tile(const char *w, size_t ws, int WR, const char *x, size_t x
 KQ_INLINE void kf_gemm(bool bf, const void *w, size_t ws, int n_w, const void *x, size_t xs, int nr, int n,
                        float *y, size_t ys)
 {
-    for (int r = 0; r < nr; r += 3) {
-        const int XR = nr - r < 3 ? nr - r : 3;
-        const char *xr = (const char *)x + (size_t)r * xs;
-        for (int o = 0; o < n_w; o += 4) {
-            const int WR = n_w - o < 4 ? n_w - o : 4;
-            const char *wo = (const char *)w + (size_t)o * ws;
-            float *yo = y + (size_t)r * ys + o;
-            /* constant tile shapes, so the accumulators stay in registers */
-#define KF_CASE(a, b)                                                                                        \
-    if (WR == a && XR == b) {                                                                                \
-        kf_tile(wo, ws, a, xr, xs, b, bf, n, yo, ys);                                                        \
-        continue;                                                                                            \
-    }
-            KF_CASE(4, 3)
-            KF_CASE(4, 2)
-            KF_CASE(4, 1)
-            KF_CASE(3, 3)
-            KF_CASE(3, 2)
-            KF_CASE(3, 1)
-            KF_CASE(2, 3)
-            KF_CASE(2, 2)
-            KF_CASE(2, 1)
-            KF_CASE(1, 3)
-            KF_CASE(1, 2)
-            KF_CASE(1, 1)
-#undef KF_CASE
-        }
-    }
+#define KF_TILE(wo, a, xr, b, yo) kf_tile(wo, ws, a, xr, xs, b, bf, n, yo, ys)
+    X86_FLOAT_TILES(3, w, ws, n_w, x, xs, nr, y, ys, KF_TILE)
+#undef KF_TILE
 }
 
 static void avx2_gemm_f16(const void *w, size_t ws, int n_w, const void *x, size_t xs, int nr, int n, float *y,

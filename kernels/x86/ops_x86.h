@@ -13,6 +13,38 @@ extern float kn_x86_f16_table[1 << 16];
  * and BF16 activation quantizers (ops_kquant_avx2.c). */
 struct kn_ops;
 void kn_x86_kquant_fill(struct kn_ops *ops);
+/* Fills an AVX-512 VNNI table's gemm_packed entries of the types beyond
+ * Q8_0 and Q4_0 where the CPU has VBMI and GFNI too
+ * (ops_packed_avx512.c). */
+void kn_x86_packed_fill(struct kn_ops *ops);
+/* Replaces an AVX-512 table's F16 and BF16 gemms by 512-bit ones where the
+ * CPU has AVX512_BF16 (ops_float_avx512.c). */
+void kn_x86_float512_fill(struct kn_ops *ops);
+
+/* The float gemms' walk over tiles of up to 4 weight rows by XMAX (<= 4)
+ * activation rows: TILE(wo, a, xr, b, yo) for each, with a and b constants
+ * (the tile's weight rows at wo, activation rows at xr, outputs at yo), so
+ * that a tile's accumulators stay in registers. */
+#define X86_TILE_CASE(a, b, XMAX, TILE)                                                                      \
+    if (wr_n == (a) && xr_n == (b) && (b) <= (XMAX)) {                                                       \
+        TILE(wo, a, xr, b, yo);                                                                              \
+        continue;                                                                                            \
+    }
+#define X86_TILE_ROW(a, XMAX, TILE)                                                                          \
+    X86_TILE_CASE(a, 4, XMAX, TILE) X86_TILE_CASE(a, 3, XMAX, TILE) X86_TILE_CASE(a, 2, XMAX, TILE)          \
+        X86_TILE_CASE(a, 1, XMAX, TILE)
+#define X86_FLOAT_TILES(XMAX, w, ws, n_w, x, xs, nr, y, ys, TILE)                                            \
+    for (int r_ = 0; r_ < (nr); r_ += (XMAX)) {                                                              \
+        const int xr_n = (nr)-r_ < (XMAX) ? (nr)-r_ : (XMAX);                                                \
+        const char *xr = (const char *)(x) + (size_t)r_ * (xs);                                              \
+        for (int o_ = 0; o_ < (n_w); o_ += 4) {                                                              \
+            const int wr_n = (n_w)-o_ < 4 ? (n_w)-o_ : 4;                                                    \
+            const char *wo = (const char *)(w) + (size_t)o_ * (ws);                                          \
+            float *yo = (y) + (size_t)r_ * (ys) + o_;                                                        \
+            X86_TILE_ROW(4, XMAX, TILE)                                                                      \
+            X86_TILE_ROW(3, XMAX, TILE) X86_TILE_ROW(2, XMAX, TILE) X86_TILE_ROW(1, XMAX, TILE)              \
+        }                                                                                                    \
+    }
 
 static inline float hsum256(__m256 v)
 {

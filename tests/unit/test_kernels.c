@@ -1380,6 +1380,106 @@ static void test_gemm_types(void **state)
     gemm_types_case(KN_TYPE_F16);
 }
 
+/* Every quantized type's packed gemm (kn_pack, gemm_packed) against the
+ * reference dot, bit for bit: row counts that end inside a 16-row group,
+ * batches of 1 to 70 rows (every chunking of the activation rows), rows of
+ * one block to past a segment of the activations' sums, weights with
+ * all-zero rows and extreme scales, activations with zero rows; cells
+ * outside the output untouched. */
+static void packed_case(const kn_ops *ops, kn_type t)
+{
+    enum { MAXW = 37, MAXR = 70 };
+    const kn_ops *ref = kn_ops_ref();
+    const kn_type act = kn_type_traits_of(t)->vec_dot_type;
+    const int64_t be = kn_type_block_elems(t);
+    const int nbs[] = {1, 3, be == 32 ? 131 : 35};
+    const int maxn = (int)be * nbs[2];
+    const size_t ws = kn_row_bytes(t, maxn), xs = kn_row_bytes(act, maxn) + 4;
+    const size_t ys = MAXW + 3;
+    uint8_t *w = malloc(MAXW * ws), *xa = malloc(MAXR * xs), *packed = malloc(kn_pack_bytes(t, MAXW, maxn));
+    float *f = malloc(maxn * sizeof(float)), *want = malloc(MAXR * ys * sizeof(float));
+    float *got = malloc(MAXR * ys * sizeof(float));
+    assert_true(w && xa && packed && f && want && got);
+    seed(110 + t);
+    for (int ni = 0; ni < 3; ni++) {
+        const int n = (int)be * nbs[ni];
+        const size_t rb = kn_row_bytes(t, n);
+        for (int o = 0; o < MAXW; o++) {
+            if (o % 9 == 8)
+                memset(f, 0, n * sizeof(float));
+            else
+                fill(f, n, o % 7 == 3 ? 3e4f : o % 3 ? 1.0f : 1e-3f);
+            kn_quantize_row(t, f, w + o * rb, n);
+        }
+        if (t != KN_TYPE_Q8_0 && t != KN_TYPE_Q4_0) /* those have their own layout's test */
+            assert_int_equal(kn_pack_bytes(t, MAXW, n) % (3 * 64), 0);
+        kn_pack(t, w, MAXW, n, packed);
+        for (int r = 0; r < MAXR; r++) {
+            if (r % 11 == 10)
+                memset(f, 0, n * sizeof(float));
+            else
+                fill(f, n, r % 2 ? 3.0f : 1.0f);
+            kn_quantize_row(act, f, xa + r * xs, n);
+            for (int o = 0; o < MAXW; o++)
+                ref->dot[t](w + o * rb, xa + r * xs, xs, 1, n, &want[r * ys + o]);
+        }
+        for (int nr = 1; nr <= MAXR; nr += nr < 20 ? 1 : 7) {
+            const int n_w = nr % 3 == 0 ? MAXW : nr % 3 == 1 ? 1 + nr % 16 : 16 + nr % 21;
+            for (size_t i = 0; i < MAXR * ys; i++)
+                got[i] = -7.0f;
+            ops->gemm_packed[t](packed, n_w, xa, xs, nr, n, got, ys);
+            for (int r = 0; r < MAXR; r++)
+                for (int o = 0; o < (int)ys; o++) {
+                    const float v = got[r * ys + o];
+                    if (r >= nr || o >= n_w) {
+                        assert_true(v == -7.0f);
+                        continue;
+                    }
+                    if (bits_of(v) != bits_of(want[r * ys + o])) {
+                        print_error("%s packed [%s] n=%d rows %d n_w %d: row %d column %d: %.9g, reference %.9g\n",
+                                    kn_type_name(t), ops->name, n, nr, n_w, r, o, (double)v,
+                                    (double)want[r * ys + o]);
+                        fail();
+                    }
+                }
+        }
+    }
+    free(got);
+    free(want);
+    free(f);
+    free(packed);
+    free(xa);
+    free(w);
+}
+
+static void test_gemm_packed(void **state)
+{
+    (void)state;
+    const kn_ops *fast[5];
+    const int nf = fast_tables(fast);
+    int ran = 0;
+    for (int k = 0; k < nf; k++)
+        for (uint32_t t = 0; t < KN_TYPE_COUNT; t++)
+            if (fast[k]->gemm_packed[t] != NULL) {
+                packed_case(fast[k], (kn_type)t);
+                ran++;
+            }
+    /* the generic entry knows every quantized type, and no float one */
+    for (uint32_t t = 0; t < KN_TYPE_COUNT; t++) {
+        const kn_type_traits *tt = kn_type_traits_of(t);
+        if (tt == NULL || t == KN_TYPE_Q8_K)
+            continue;
+        assert_true((kn_pack_bytes((kn_type)t, 17, 512) > 0) == (tt->block_elems > 1));
+        if (tt->block_elems > 1) {
+            assert_int_equal(kn_pack_bytes((kn_type)t, 17, 512), 2 * kn_pack_bytes((kn_type)t, 16, 512));
+            assert_int_equal(kn_pack_bytes((kn_type)t, 17, 512 + 16), 0);
+            assert_non_null(kn_type_name(kn_packed_type((kn_type)t)));
+        }
+    }
+    if (ran == 0)
+        skip();
+}
+
 /* kn_matmul on every type, through a context of each backend and two
  * threads, against the reference dots. */
 static void test_matmul_types(void **state)
@@ -2170,6 +2270,7 @@ int main(void)
         cmocka_unit_test(test_quantize_new_acts_exact),
         cmocka_unit_test(test_gemm_types),
         cmocka_unit_test(test_matmul_types),
+        cmocka_unit_test(test_gemm_packed),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_kv_ops),
         cmocka_unit_test(test_matmul),
