@@ -29,10 +29,15 @@ static void gen_usage(FILE *f)
             "  --vocab N      vocabulary size, at least 259 (default %d)\n"
             "  --ctx N        context length (default %d)\n"
             "  --type T       f32, f16, q8_0 or q4_0 (default %s)\n"
+            "  --arch NAME    the architecture's tensors and keys: %s (default llama)\n"
+            "  --experts N    experts per layer of an MoE architecture (mixtral, qwen3moe, gpt-oss,\n"
+            "                 granitemoe: default 8; any other becomes MoE with N > 0)\n"
+            "  --experts-used K  experts each token uses (default 2)\n"
+            "  --swa N        sliding window of the families that have one (default: the family's)\n"
             "  --seed N       weight seed (default %llu)\n"
             "  --tied         no output.weight: the embeddings are reused as the output head\n"
             "  --chat-template STR   store a chat template in tokenizer.chat_template\n",
-            d.dim, d.layers, d.heads, d.kv_heads, d.ffn, d.vocab, d.ctx, kn_type_name(d.type),
+            d.dim, d.layers, d.heads, d.kv_heads, d.ffn, d.vocab, d.ctx, kn_type_name(d.type), rt_gen_arch_names(),
             (unsigned long long)d.seed);
 }
 
@@ -41,12 +46,15 @@ static int cmd_gen(int argc, char **argv)
     rt_gen_params p;
     rt_gen_params_default(&p);
     const char *out = NULL;
-    enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FFN, O_VOCAB, O_CTX, O_TYPE, O_SEED, O_TIED, O_CHAT };
+    enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FFN, O_VOCAB, O_CTX, O_EXPERTS, O_USED, O_SWA, O_TYPE, O_SEED,
+           O_TIED, O_CHAT, O_ARCH };
     static const struct option opts[] = {
         {"out", required_argument, 0, 'o'},     {"dim", required_argument, 0, O_DIM},
         {"layers", required_argument, 0, O_LAYERS}, {"heads", required_argument, 0, O_HEADS},
         {"kv-heads", required_argument, 0, O_KV}, {"ffn", required_argument, 0, O_FFN},
         {"vocab", required_argument, 0, O_VOCAB}, {"ctx", required_argument, 0, O_CTX},
+        {"experts", required_argument, 0, O_EXPERTS}, {"experts-used", required_argument, 0, O_USED},
+        {"swa", required_argument, 0, O_SWA},     {"arch", required_argument, 0, O_ARCH},
         {"type", required_argument, 0, O_TYPE},  {"seed", required_argument, 0, O_SEED},
         {"tied", no_argument, 0, O_TIED},        {"chat-template", required_argument, 0, O_CHAT},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
@@ -65,6 +73,10 @@ static int cmd_gen(int argc, char **argv)
         case O_FFN: field = &p.ffn; break;
         case O_VOCAB: field = &p.vocab; break;
         case O_CTX: field = &p.ctx; break;
+        case O_EXPERTS: field = &p.experts; break;
+        case O_USED: field = &p.experts_used; break;
+        case O_SWA: field = &p.swa; break;
+        case O_ARCH: p.arch = optarg; continue;
         case O_TIED: p.tied = true; continue;
         case O_CHAT: p.chat_template = optarg; continue;
         case O_TYPE: {
@@ -103,9 +115,9 @@ static int cmd_gen(int argc, char **argv)
         fprintf(stderr, "model gen: %s: %s\n", out, err);
         return 1;
     }
-    printf("wrote %s: llama, dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d, ctx %d, %s, seed %llu\n", out,
-           p.dim, p.layers, p.heads, p.kv_heads, p.ffn, p.vocab, p.ctx, kn_type_name(p.type),
-           (unsigned long long)p.seed);
+    printf("wrote %s: %s, dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d, ctx %d, %s, seed %llu\n", out,
+           p.arch ? p.arch : "llama", p.dim, p.layers, p.heads, p.kv_heads, p.ffn, p.vocab, p.ctx,
+           kn_type_name(p.type), (unsigned long long)p.seed);
     return 0;
 }
 
