@@ -277,12 +277,211 @@ static void test_batch_matches_alone(void **state)
     }
 }
 
+/* Sliding-window layers keep their window only: a Gemma-2-shaped model
+ * (every other layer slides, window 8) decoding 4k positions holds the
+ * global layers' blocks for all of them and a few of the others', and the
+ * logits of its last position are those of a fresh prefill of the whole
+ * sequence, which had every block still (blocks given back are never
+ * read). Gemma 3 (five of six layers slide) likewise. */
+static void test_window_blocks(void **state)
+{
+    (void)state;
+    enum { N_CTX = 4096, BT = 16 };
+    const char *fams[] = {"gemma2", "gemma3", "gpt-oss"};
+    for (int f = 0; f < 3; f++) {
+        char path[128], err[256];
+        snprintf(path, sizeof(path), "%s/%s-long.gguf", dir, fams[f]);
+        rt_gen_params p;
+        small_params(&p, fams[f], KN_TYPE_Q8_0);
+        p.ctx = N_CTX;
+        p.layers = 6;
+        assert_int_equal(rt_model_gen(&p, path, err, sizeof(err)), 0);
+        rt_model *m = load(path, false, 2);
+        const rt_hparams *hp = rt_model_hparams(m);
+        const int V = hp->n_vocab;
+        int32_t *toks = malloc(N_CTX * sizeof(int32_t));
+        for (int i = 0; i < N_CTX; i++)
+            toks[i] = 3 + (i * 7919) % (V - 3);
+        rt_kv *kv = rt_kv_new(m, (size_t)(N_CTX + 64) * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), BT, KN_TYPE_F16,
+                              err, sizeof(err));
+        assert_non_null(kv);
+        const int total = rt_kv_blocks_total(kv);
+        rt_seq *s = rt_seq_new(kv, N_CTX);
+        float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+        /* a prompt of 64, then one position a step */
+        rt_batch_entry e = {.seq = s, .tokens = toks, .n_tokens = 64, .logits = NULL};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        for (int i = 64; i < N_CTX; i++) {
+            e = (rt_batch_entry){.seq = s, .tokens = toks + i, .n_tokens = 1, .logits = i == N_CTX - 1 ? a : NULL};
+            assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        }
+        const int held = rt_seq_blocks(s), in_use = total - rt_kv_blocks_free(kv);
+        assert_int_equal(held, in_use);
+        /* every layer's blocks, had none been given back */
+        const int all = rt_kv_blocks_for(kv, N_CTX);
+        int n_local = 0;
+        for (int l = 0; l < hp->n_layer; l++)
+            n_local += strcmp(fams[f], "gemma3") ? l % 2 == 0 : l % 6 < 5;
+        const int global = all / hp->n_layer * (hp->n_layer - n_local);
+        printf("# %-8s %d of %d layers sliding (window %d): %d tokens hold %d blocks of %zu bytes, %.1f%% of the %d "
+               "without windows; the global layers' alone are %d\n",
+               fams[f], n_local, hp->n_layer, hp->n_swa, N_CTX, held, rt_kv_block_bytes(kv), 100.0 * held / all, all,
+               global);
+        assert_true(held <= global + n_local * 3);
+        rt_seq_free(s);
+        assert_int_equal(rt_kv_blocks_free(kv), total);
+
+        /* the whole sequence at once: nothing given back before it ends */
+        s = rt_seq_new(kv, N_CTX);
+        e = (rt_batch_entry){.seq = s, .tokens = toks, .n_tokens = N_CTX, .logits = b};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        float maxdiff = 0;
+        for (int i = 0; i < V; i++)
+            maxdiff = fmaxf(maxdiff, fabsf(a[i] - b[i]));
+        printf("# %-8s decode one by one vs whole prefill at %d: max |diff| %.3g\n", fams[f], N_CTX, maxdiff);
+        assert_true(maxdiff == 0);
+        rt_seq_free(s);
+        free(a);
+        free(b);
+        free(toks);
+        rt_kv_free(kv);
+        rt_model_free(m);
+    }
+}
+
+/* A window wider than the context is no window; a narrower one changes
+ * the logits once the prompt is longer than it. */
+static void test_window_semantics(void **state)
+{
+    (void)state;
+    float *l[3];
+    const int windows[] = {1000, 17, 8};
+    for (int w = 0; w < 3; w++) {
+        char path[128], err[256];
+        snprintf(path, sizeof(path), "%s/gemma2-w%d.gguf", dir, windows[w]);
+        rt_gen_params p;
+        small_params(&p, "gemma2", KN_TYPE_Q8_0);
+        p.swa = windows[w];
+        assert_int_equal(rt_model_gen(&p, path, err, sizeof(err)), 0);
+        rt_model *m = load(path, false, 2);
+        l[w] = prompt_logits(m, N_PROMPT, NULL);
+        rt_model_free(m);
+    }
+    assert_memory_equal(l[0], l[1], 512 * sizeof(float)); /* 17 positions: a window of 17 sees them all */
+    assert_memory_not_equal(l[0], l[2], 512 * sizeof(float));
+    for (int w = 0; w < 3; w++)
+        free(l[w]);
+}
+
+/* The loader: a tensor the forward pass would not read fails the load
+ * naming it (it was dropped without a word); deepseek2 is refused by
+ * name; an unknown RoPE scaling is refused. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    char path[128], err[256];
+    snprintf(path, sizeof(path), "%s/bad.gguf", dir);
+    rt_model *m = NULL;
+    rt_gguf_writer *w = rt_gguf_writer_new();
+    rt_gguf_writer_add_str(w, "general.architecture", "deepseek2");
+    assert_int_equal(rt_gguf_writer_write(w, path, err, sizeof(err)), 0);
+    rt_gguf_writer_free(w);
+    assert_int_equal(rt_model_load(path, NULL, &m, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "deepseek2"));
+    assert_non_null(strstr(err, "latent attention"));
+
+    /* a generated file with one more tensor, a .scale the forward pass
+     * does not know */
+    rt_gguf *g = NULL;
+    char src[128];
+    path_of(src, sizeof(src), "smollm3", KN_TYPE_F32);
+    assert_int_equal(rt_gguf_open(src, &g, err, sizeof(err)), 0);
+    w = rt_gguf_writer_new();
+    for (int64_t i = 0; i < rt_gguf_n_kv(g); i++) {
+        rt_gguf_str k = rt_gguf_key_name(g, i);
+        char key[128];
+        snprintf(key, sizeof(key), "%.*s", (int)k.n, k.p);
+        rt_gguf_vtype t = rt_gguf_kv_type(g, i);
+        if (t == RT_GGUF_STRING) {
+            rt_gguf_str v;
+            rt_gguf_kv_str(g, i, &v);
+            char *c = strndup(v.p, v.n);
+            rt_gguf_writer_add_str(w, key, c);
+            free(c);
+        } else if (t == RT_GGUF_ARRAY && rt_gguf_arr_type(g, i) == RT_GGUF_STRING) {
+            uint64_t n = rt_gguf_arr_n(g, i);
+            char **v = calloc(n, sizeof(char *));
+            for (uint64_t j = 0; j < n; j++) {
+                rt_gguf_str e;
+                rt_gguf_arr_str(g, i, j, &e);
+                v[j] = strndup(e.p, e.n);
+            }
+            rt_gguf_writer_add_arr_str(w, key, (const char *const *)v, n);
+            for (uint64_t j = 0; j < n; j++)
+                free(v[j]);
+            free(v);
+        } else if (t == RT_GGUF_ARRAY) {
+            uint64_t n = rt_gguf_arr_n(g, i);
+            if (rt_gguf_arr_type(g, i) == RT_GGUF_FLOAT32) {
+                float *v = malloc(n * sizeof(float));
+                for (uint64_t j = 0; j < n; j++) {
+                    double d;
+                    rt_gguf_arr_f64(g, i, j, &d);
+                    v[j] = (float)d;
+                }
+                rt_gguf_writer_add_arr_f32(w, key, v, n);
+                free(v);
+            } else {
+                int32_t *v = malloc(n * sizeof(int32_t));
+                for (uint64_t j = 0; j < n; j++) {
+                    int64_t d;
+                    rt_gguf_arr_i64(g, i, j, &d);
+                    v[j] = (int32_t)d;
+                }
+                rt_gguf_writer_add_arr_i32(w, key, v, n);
+                free(v);
+            }
+        } else if (t == RT_GGUF_FLOAT32) {
+            double d;
+            rt_gguf_kv_f64(g, i, &d);
+            rt_gguf_writer_add_f32(w, key, (float)d);
+        } else if (t == RT_GGUF_BOOL) {
+            int64_t d;
+            rt_gguf_kv_i64(g, i, &d);
+            rt_gguf_writer_add_bool(w, key, d != 0);
+        } else {
+            int64_t d;
+            rt_gguf_kv_i64(g, i, &d);
+            rt_gguf_writer_add_u32(w, key, (uint32_t)d);
+        }
+    }
+    for (int64_t i = 0; i < rt_gguf_n_tensors(g); i++) {
+        const rt_gguf_tensor *t = rt_gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.n, t->name.p);
+        assert_int_equal(rt_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->nbytes), 0);
+    }
+    static float scale[128];
+    int64_t ne[1] = {128};
+    rt_gguf_writer_add_tensor(w, "blk.1.attn_q.scale", KN_TYPE_F32, 1, ne, scale, sizeof(scale));
+    assert_int_equal(rt_gguf_writer_write(w, path, err, sizeof(err)), 0);
+    rt_gguf_writer_free(w);
+    rt_gguf_free(g);
+    assert_int_equal(rt_model_load(path, NULL, &m, err, sizeof(err)), -EINVAL);
+    printf("# %s\n", err);
+    assert_non_null(strstr(err, "tensor blk.1.attn_q.scale is not used"));
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fast_matches_reference),
         cmocka_unit_test(test_chunked_prefill_matches),
         cmocka_unit_test(test_batch_matches_alone),
+        cmocka_unit_test(test_window_blocks),
+        cmocka_unit_test(test_window_semantics),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
