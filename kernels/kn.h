@@ -30,9 +30,10 @@ typedef enum kn_type {
     KN_TYPE_IQ4_NL = 20,
     KN_TYPE_IQ4_XS = 23,
     KN_TYPE_BF16 = 30,
+    KN_TYPE_MXFP4 = 39, /* OCP microscaling FP4: gpt-oss's experts */
 } kn_type;
 /* One past the largest number above: the size of per-type tables. */
-#define KN_TYPE_COUNT 31
+#define KN_TYPE_COUNT 40
 
 /* A weight type repacked in memory for a backend's packed gemm
  * (kn_ops.gemm_packed, kn_pack): the file type with this bit set. Never in
@@ -157,7 +158,7 @@ void kn_pack_q4_0(const void *w, int n_out, int n_in, void *dst);
  * rows, with their scales unpacked to bytes or halves beside them (the
  * layouts are described in kn_pack.c). Q8_0 and Q4_0 as kn_pack_q8_0 and
  * kn_pack_q4_0. kn_pack_bytes is 0 for a type without a packed layout (the
- * float types) or sizes that are not whole blocks. */
+ * float types, and MXFP4 for now) or sizes that are not whole blocks. */
 size_t kn_pack_bytes(kn_type t, int n_out, int n_in);
 void kn_pack(kn_type t, const void *w, int n_out, int n_in, void *dst);
 

@@ -441,14 +441,18 @@ static int add_layer(gen_ctx *g, int l)
         return rc;
     if (g->experts) {
         const int ne = g->experts;
+        /* gpt-oss's experts are MXFP4 in its files; F32 and F16 models
+         * keep theirs in their own type (the exactness tests) */
+        const uint32_t xt =
+            (f & GEN_OAI) && p->type != KN_TYPE_F32 && p->type != KN_TYPE_F16 ? KN_TYPE_MXFP4 : p->type;
         /* the router in the weights' type: llama.cpp's quantize leaves it
          * F32, but then a last-bit difference between the fast and the
          * scalar F32 dot can flip a later Q8_0 rounding of the activations,
          * and the tests compare the two paths exactly */
         if ((rc = add_matrix(w, b, p, N("ffn_gate_inp.weight"), p->type, p->dim, ne, 1)) ||
-            (rc = add_experts(w, b, p, N("ffn_gate_exps.weight"), p->type, p->dim, p->ffn, ne, 1)) ||
-            (rc = add_experts(w, b, p, N("ffn_up_exps.weight"), p->type, p->dim, p->ffn, ne, 1)) ||
-            (rc = add_experts(w, b, p, N("ffn_down_exps.weight"), p->type, p->ffn, p->dim, ne, res)))
+            (rc = add_experts(w, b, p, N("ffn_gate_exps.weight"), xt, p->dim, p->ffn, ne, 1)) ||
+            (rc = add_experts(w, b, p, N("ffn_up_exps.weight"), xt, p->dim, p->ffn, ne, 1)) ||
+            (rc = add_experts(w, b, p, N("ffn_down_exps.weight"), xt, p->ffn, p->dim, ne, res)))
             return rc;
         if ((f & GEN_OAI) && ((rc = add_small(w, b, p, N("ffn_gate_inp.bias"), ne, 1, 0, 0.1f)) ||
                               (rc = add_small(w, b, p, N("ffn_gate_exps.bias"), p->ffn, ne, 0, 0.1f)) ||
