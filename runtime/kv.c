@@ -299,11 +299,16 @@ int rt_kv_blocks_for(const rt_kv *kv, int n_tokens)
 int64_t rt_kv_seq_tokens_max(const rt_kv *kv)
 {
     const int bt = kv->block_tokens, n_global = kv->n_groups - kv->n_local_groups;
+    /* every group's blocks for every position: what a prompt prefilled in
+     * one step needs, windows or not */
+    const int64_t plain = (int64_t)kv->n_blocks / kv->n_groups * bt;
+    if (!kv->n_local_groups)
+        return plain;
     if (!n_global) /* every layer slides: a window per group is all one sequence keeps */
         return INT32_MAX;
-    /* a sliding group holds its window, a block more where it straddles,
-     * and the block being written */
-    int64_t local = kv->n_local_groups ? (int64_t)kv->n_local_groups * ((kv->window + bt - 1) / bt + 2) : 0;
-    int64_t left = kv->n_blocks - local;
-    return left > 0 ? left / n_global * bt : 0;
+    /* decoding on, a sliding group holds its window, a block more where
+     * it straddles, and the block being written */
+    int64_t local = (int64_t)kv->n_local_groups * ((kv->window + bt - 1) / bt + 2);
+    int64_t left = kv->n_blocks - local, windowed = left > 0 ? left / n_global * bt : 0;
+    return windowed > plain ? windowed : plain;
 }
