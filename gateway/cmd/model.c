@@ -177,6 +177,17 @@ static int cmd_inspect(int argc, char **argv)
            hp.n_head_kv < hp.n_head ? ", grouped-query" : "");
     printf("feed-forward:  %d\n", hp.n_ff);
     printf("rope:          %d dims, base %g, %s\n", hp.n_rot, hp.rope_freq_base, hp.rope_neox ? "neox" : "normal");
+    static const char *const scalings[] = {"none", "linear", "yarn", "longrope"};
+    if (hp.rope_scaling != RT_ROPE_SCALING_NONE && (hp.rope_scale != 1.0f || hp.rope_scaling > 1))
+        printf("rope scaling:  %s x%g (original context %d)\n", scalings[hp.rope_scaling], hp.rope_scale,
+               hp.n_ctx_orig);
+    if (hp.n_expert > 0)
+        printf("experts:       %d, %d used a token (feed-forward %d each%s)\n", hp.n_expert, hp.n_expert_used,
+               hp.n_ff_exp, hp.n_ff_shexp ? ", and a shared one" : "");
+    if (hp.n_swa > 0)
+        printf("sliding window: %d positions on the family's local layers\n", hp.n_swa);
+    if (hp.attn_softcap > 0 || hp.final_softcap > 0)
+        printf("soft-caps:     attention %g, final logits %g\n", hp.attn_softcap, hp.final_softcap);
     printf("rms epsilon:   %g\n", hp.norm_eps);
     printf("vocab:         %d%s\n", hp.n_vocab, hp.tied_output ? " (output tied to embeddings)" : "");
 
