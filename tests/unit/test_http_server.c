@@ -554,9 +554,9 @@ static void test_stalled_reader(void **state)
 
 /* A paused connection reads again once its output drains, however it
  * drained. Here the peer catches up and the next flush is an
- * application's write (gw_h2_on_send, as on_send_ev runs it), which the
- * socket takes whole: no write callback came after it, and the connection
- * stayed paused with the rest of /big never sent. */
+ * application's write (the protocol's on_send, as on_send_ev runs it),
+ * which the socket takes whole: no write callback came after it, and the
+ * connection stayed paused with the rest of /big never sent. */
 static void test_paused_read_resumes(void **state)
 {
     tsrv *t = *state;
@@ -571,7 +571,7 @@ static void test_paused_read_resumes(void **state)
         cli_on_read(c->fd, EV_READ, c);
         usleep(5000);
     }
-    gw_h2_on_send(sc);
+    sc->proto->on_send(sc);
     assert_int_equal(evbuffer_get_length(bufferevent_get_output(sc->bev)) >= GW_HTTP_OUT_SOFT_MAX,
                      sc->read_paused);
     assert_int_equal(event_add(c->rev, NULL), 0);
