@@ -4,17 +4,19 @@
  * nghttp2: I/O and responses) and http2_request.c (their requests:
  * assembly, bounds, refusals), http1.c (HTTP/1.x sessions) and
  * http1_parse.c (their request parser), tls.c (OpenSSL contexts) and
- * listen.c (listeners). Nothing outside gateway/http/ should include this.
+ * listen.c (listeners). Nothing outside gateway/http/ and its tests
+ * should include this.
  *
  * Ownership: a server owns its listeners and connections; a connection owns
  * its bufferevent (a socket's, or OpenSSL's over the socket), its protocol
  * session and its streams. A connection starts undecided (cleartext: the
  * first bytes tell; TLS: ALPN does) and then turns into one protocol for
  * good: the core calls that protocol through its table (gw_http_proto),
- * never by testing which one it is. An HTTP/2 stream lives from the first HEADERS frame of a request
- * until nghttp2 closes it; an HTTP/1.x stream from its complete request
- * head until its response drained. A stream the application saw
- * (on_request) lives on, detached, until on_close returned.
+ * never by testing which one it is. An HTTP/2 stream lives from the first
+ * HEADERS frame of a request until nghttp2 closes it; an HTTP/1.x stream
+ * from its complete request head until its response drained. A stream the
+ * application saw (on_request) lives on, detached, until on_close
+ * returned.
  *
  * Discipline (h2o's): protocol work (nghttp2_session_mem_recv / mem_send,
  * HTTP/1.x parsing, deciding that a stream is over) happens only in loop
