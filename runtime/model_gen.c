@@ -3,6 +3,7 @@
 
 #include "kernels/kn.h"
 #include "runtime/gguf.h"
+#include "runtime/quantize.h"
 
 #include <errno.h>
 #include <math.h>
@@ -191,7 +192,7 @@ out:
 static int check_params(const rt_gen_params *p, char *err, size_t err_len)
 {
     int64_t blk = kn_type_block_elems(p->type);
-    if (!kn_type_supported(p->type)) {
+    if (!kn_type_supported(p->type) || rt_ftype_of_type(p->type) < 0) {
         snprintf(err, err_len, "unsupported weight type %u", p->type);
         return -EINVAL;
     }
@@ -341,8 +342,6 @@ static int kv_str(gen_ctx *g, const char *suffix, const char *v)
 
 static int write_keys(gen_ctx *g)
 {
-    static const uint32_t file_type[] = {[KN_TYPE_F32] = 0, [KN_TYPE_F16] = 1, [KN_TYPE_Q4_0] = 2,
-                                         [KN_TYPE_Q8_0] = 7};
     const rt_gen_params *p = g->p;
     const unsigned f = g->a->f;
     rt_gguf_writer *w = g->w;
@@ -350,8 +349,7 @@ static int write_keys(gen_ctx *g)
     const int swa = p->swa > 0 ? p->swa : g->a->swa;
     if ((rc = rt_gguf_writer_add_str(w, "general.architecture", g->a->gguf)) ||
         (rc = rt_gguf_writer_add_str(w, "general.name", "infergate synthetic (random weights)")) ||
-        (rc = rt_gguf_writer_add_u32(w, "general.file_type",
-                                     p->type < sizeof(file_type) / sizeof(file_type[0]) ? file_type[p->type] : 0)) ||
+        (rc = rt_gguf_writer_add_u32(w, "general.file_type", (uint32_t)rt_ftype_of_type(p->type))) ||
         (rc = rt_gguf_writer_add_u32(w, "general.quantization_version", 2)) ||
         (rc = kv_u32(g, "context_length", (uint32_t)p->ctx)) || (rc = kv_u32(g, "embedding_length", (uint32_t)p->dim)) ||
         (rc = kv_u32(g, "block_count", (uint32_t)p->layers)) || (rc = kv_u32(g, "feed_forward_length", (uint32_t)p->ffn)) ||
@@ -441,10 +439,11 @@ static int add_layer(gen_ctx *g, int l)
         return rc;
     if (g->experts) {
         const int ne = g->experts;
-        /* gpt-oss's experts are MXFP4 in its files; F32 and F16 models
-         * keep theirs in their own type (the exactness tests) */
-        const uint32_t xt =
-            (f & GEN_OAI) && p->type != KN_TYPE_F32 && p->type != KN_TYPE_F16 ? KN_TYPE_MXFP4 : p->type;
+        /* gpt-oss's experts are MXFP4 in its files; float models keep
+         * theirs in their own type (the exactness tests, and the F32 file
+         * that `model gen --type` quantizes) */
+        const bool is_float = p->type == KN_TYPE_F32 || p->type == KN_TYPE_F16 || p->type == KN_TYPE_BF16;
+        const uint32_t xt = (f & GEN_OAI) && !is_float ? KN_TYPE_MXFP4 : p->type;
         /* the router in the weights' type: llama.cpp's quantize leaves it
          * F32, but then a last-bit difference between the fast and the
          * scalar F32 dot can flip a later Q8_0 rounding of the activations,
