@@ -70,10 +70,11 @@ typedef struct gw_http_limits {
     uint32_t max_cut_streams;        /* HTTP/2: streams a connection may see reset (by its client,
                                         or by nghttp2 for what the client sent) while the
                                         application held them, per 10 s; past it the connection
-                                        gets GOAWAY ENHANCE_YOUR_CALM. 0: twice
-                                        max_concurrent_streams, at least 64; UINT32_MAX: no bound
-                                        (a worker, whose one client is its gateway). Peers are
-                                        not bound */
+                                        gets GOAWAY ENHANCE_YOUR_CALM, as it does for RST_STREAMs
+                                        of its own past 1000 at once, 33 a second after (rapid
+                                        reset). 0: twice max_concurrent_streams, at least 64;
+                                        UINT32_MAX: neither bound (a worker, whose one client is
+                                        its gateway). Peers are not bound */
     size_t max_header_list;          /* bytes of headers per request, larger -> 431 (default
                                         64 KiB): HTTP/2 counts as SETTINGS_MAX_HEADER_LIST_SIZE
                                         does, HTTP/1.x the raw request line and header lines */
@@ -95,6 +96,16 @@ typedef struct gw_http_limits {
 
 void gw_http_limits_default(gw_http_limits *l);
 
+/* on_refused's status for a connection the server cut, answering nothing:
+ * a request head (HTTP/1.x), the preface, the first frame or a header
+ * block (HTTP/2) not complete within header_timeout_ms (the protocol NULL
+ * when not even that was learnt); an HTTP/2 flood told GOAWAY
+ * ENHANCE_YOUR_CALM (streams reset faster than any client cancels, streams
+ * it made the server reset, a header block decoding to more than twice
+ * max_header_list). */
+#define GW_HTTP_CUT_HEADER_TIMEOUT (-1)
+#define GW_HTTP_CUT_CALM (-2)
+
 typedef struct gw_http_handler {
     /* A complete request. The request and its strings live until on_close. */
     void (*on_request)(void *ud, gw_http_stream *s, const gw_http_request *req);
@@ -115,8 +126,9 @@ typedef struct gw_http_handler {
      * application never sees (400, 408, 413, 414, 417, 431, 501, 505), or
      * refused with no answer (status 0: HTTP/2 REFUSED_STREAM, for memory
      * the connection's open streams hold): for its counters and logs. method and path are NULL where they
-     * were not read (or not valid); protocol is "HTTP/1.0", "HTTP/1.1" or "HTTP/2". Runs from the loop, never
-     * inside a gw_http_* call. */
+     * were not read (or not valid); protocol is "HTTP/1.0", "HTTP/1.1" or "HTTP/2", or NULL where it was
+     * never learnt. Also a connection the server cut (a negative status, GW_HTTP_CUT_*). Runs from the
+     * loop, never inside a gw_http_* call. */
     void (*on_refused)(void *ud, int status, const char *method, const char *path, const char *protocol);
     /* May be NULL. Flow control for producers that can pause (proxies):
      * called from the loop, once each time the stream's gw_http_pending()

@@ -333,6 +333,9 @@ static void h2_on_timer(gw_http_conn *c)
             conn_settle(c, conn_send(c));
         return;
     }
+    /* No frame after the preface in header_timeout_ms: a slowloris. */
+    if (!c->h2_framed && !c->srv->draining)
+        gw_server_refused(c->srv, GW_HTTP_CUT_HEADER_TIMEOUT, NULL, "HTTP/2");
     c->goaway = true;
     if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_NO_ERROR)) {
         gw_conn_free(c);
@@ -448,7 +451,6 @@ void gw_h2_start(gw_http_conn *c)
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, lim->max_concurrent_streams},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
          lim->max_header_list > UINT32_MAX ? UINT32_MAX : (uint32_t)lim->max_header_list},
-        {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, (uint32_t)stream_win},
     };
     if (nghttp2_session_server_new3(&c->ngh, c->srv->cbs, c, c->srv->opt, gw_mem_nghttp2()) ||
@@ -492,14 +494,21 @@ int gw_h2_server_init(gw_http_server *srv)
     if (nghttp2_session_callbacks_new(&srv->cbs) || nghttp2_option_new(&srv->opt))
         return -ENOMEM;
     gw_h2_request_callbacks(srv->cbs);
+    /* Closed streams are remembered (nghttp2 keeps as many as
+     * SETTINGS_MAX_CONCURRENT_STREAMS, less the open ones, the oldest
+     * going first), so that frames on them are the STREAM_CLOSED errors
+     * RFC 9113 5.1 requires, not ignored; and RFC 7540 priorities are
+     * not switched off (SETTINGS_NO_RFC7540_PRIORITIES), so that PRIORITY
+     * frames are checked (5.3.1, 6.3: on stream 0, or depending on
+     * themselves) rather than skipped unread. */
     /* Flood bounds (nghttp2's defaults, stated): queued SETTINGS/PING
      * ACKs, SETTINGS entries per frame, CONTINUATIONs per HEADERS, and the
-     * RST_STREAM token bucket against rapid reset (CVE-2023-44487). */
-    nghttp2_option_set_no_closed_streams(srv->opt, 1);
+     * RST_STREAM token bucket against rapid reset (CVE-2023-44487): twice
+     * ours (conn_count_reset), which says ENHANCE_YOUR_CALM first. */
     nghttp2_option_set_max_outbound_ack(srv->opt, 1000);
     nghttp2_option_set_max_settings(srv->opt, 32);
     nghttp2_option_set_max_continuations(srv->opt, 8);
-    nghttp2_option_set_stream_reset_rate_limit(srv->opt, 1000, 33);
+    nghttp2_option_set_stream_reset_rate_limit(srv->opt, 2000, 66);
     return 0;
 }
 

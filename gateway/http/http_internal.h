@@ -207,6 +207,11 @@ struct gw_http_conn {
     size_t h2_header_bytes; /* HTTP/2: header bytes kept by its open streams (H2_CONN_HEADER_BUDGET) */
     uint32_t h2_cut;        /* HTTP/2: streams the application had, ended reset, since h2_cut_since_ms */
     int64_t h2_cut_since_ms;
+    int64_t h2_reset_debt;  /* HTTP/2: the client's RST_STREAMs, in thousandths, less the bucket's refill */
+    int64_t h2_reset_ms;    /* HTTP/2: when h2_reset_debt was last refilled */
+    int32_t h2_last_id;     /* HTTP/2: the highest stream id of the client's HEADERS */
+    int32_t h2_refused[8];  /* HTTP/2: the latest streams nghttp2 refused before they were made */
+    uint8_t h2_refused_next;
     gw_h1 h1;             /* HTTP/1.x only */
 };
 

@@ -335,9 +335,11 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 
 void gw_conn_nop(gw_http_conn *c) {}
 
-/* No preface, or no handshake, in header_timeout_ms. */
+/* No preface, or no handshake, in header_timeout_ms: a slowloris, or a
+ * client that never spoke, counted as cut (on_refused). */
 static void undecided_on_timer(gw_http_conn *c)
 {
+    gw_server_refused(c->srv, GW_HTTP_CUT_HEADER_TIMEOUT, NULL, NULL);
     gw_conn_free(c);
 }
 
