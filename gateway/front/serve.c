@@ -160,6 +160,8 @@ void gw_serve_http_limits(const gw_serve *g, const gw_config *c, bool said, gw_h
     l->max_concurrent_streams = c->limits.max_concurrent_streams;
     l->max_header_list = c->limits.max_header_bytes;
     l->max_stream_buffer = c->limits.stream_buffer_bytes;
+    l->max_conn_buffer = c->limits.conn_buffer_bytes;
+    l->max_buffer = c->limits.buffer_bytes;
     l->idle_timeout_ms = c->limits.idle_timeout_ms;
     l->header_timeout_ms = c->limits.header_timeout_ms;
     l->max_connections = c->limits.max_connections;

@@ -80,6 +80,17 @@ typedef struct gw_http_limits {
                                         does, HTTP/1.x the raw request line and header lines */
     size_t max_stream_buffer;        /* response bytes held for a slow reader before
                                         the stream is reset (default 1 MiB) */
+    size_t max_conn_buffer;          /* HTTP/2: response bytes one connection's streams hold
+                                        together (default 16 MiB); SIZE_MAX: no bound */
+    size_t max_buffer;               /* HTTP/2: response bytes all connections hold together
+                                        (default 256 MiB); SIZE_MAX: no bound. Past half of
+                                        any of the three a producer pauses (gw_http_full),
+                                        past the whole a write is -ENOBUFS */
+    int window_timeout_ms;           /* HTTP/2: a response the peer's flow-control window
+                                        holds, no byte moving, this long is reset (0:
+                                        idle_timeout_ms); -1: never (a worker, whose one
+                                        client, its gateway, bounds its own clients and
+                                        cancels what they leave) */
     int idle_timeout_ms;             /* close a connection with no streams after this (default 120000);
                                         also bounds an HTTP/1.x keep-alive wait, a pause inside a
                                         request body (408), a peer that stops reading, and an
@@ -132,11 +143,11 @@ typedef struct gw_http_handler {
     void (*on_refused)(void *ud, int status, const char *method, const char *path, const char *protocol);
     /* May be NULL. Flow control for producers that can pause (proxies):
      * called from the loop, once each time the stream's gw_http_pending()
-     * falls to max_stream_buffer / 2 or below after a gw_http_write left
-     * it above max_stream_buffer / 2. Not called after gw_http_end or
-     * gw_http_reset, nor once the stream is closed. A producer pauses when
-     * gw_http_pending() > max_stream_buffer / 2 after a write and resumes
-     * here. */
+     * is no longer gw_http_full after a gw_http_write left it full (its
+     * own bytes, or its connection's or the server's, fell to half their
+     * bound). Not called after gw_http_end or gw_http_reset, nor once the
+     * stream is closed. A producer pauses when gw_http_full() after a
+     * write and resumes here. */
     void (*on_writable)(void *ud, gw_http_stream *s, void *stream_ud);
 } gw_http_handler;
 
@@ -238,6 +249,12 @@ int gw_http_end(gw_http_stream *s);
  * stream's own buffer; on HTTP/1.x all that waits in the connection's
  * output (the response head and chunk framing included). */
 size_t gw_http_pending(const gw_http_stream *s);
+/* Whether a producer should pause (on_writable then says when to go on,
+ * written or not): the stream holds more than half max_stream_buffer, or
+ * (HTTP/2) its connection's streams more than half max_conn_buffer, or,
+ * while all of the server's hold more than half max_buffer, more than
+ * their connection's share of that. */
+bool gw_http_full(gw_http_stream *s);
 /* Abort the stream (RST_STREAM with INTERNAL_ERROR on HTTP/2; closing the
  * connection on HTTP/1.x); on_close follows, from the loop. */
 void gw_http_reset(gw_http_stream *s);

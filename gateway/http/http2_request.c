@@ -99,6 +99,17 @@ void gw_h2_stream_due_idle(gw_http_stream *s)
     stream_due(s, due);
 }
 
+void gw_h2_stream_due_output(gw_http_stream *s)
+{
+    int ms = s->conn->srv->limits.window_timeout_ms;
+    if (ms >= 0 || s->drop_until_ms) {
+        int64_t due = gw_mono_coarse_ms() + (ms > 0 ? ms : s->conn->srv->limits.idle_timeout_ms);
+        if (s->drop_until_ms && (ms < 0 || due > s->drop_until_ms))
+            due = s->drop_until_ms;
+        stream_due(s, due);
+    }
+}
+
 /* The stream stops receiving its request body: the body leaves the
  * connection's count, and no bound is left on it until it answers. */
 static void stream_body_done(gw_http_stream *s)
@@ -585,6 +596,7 @@ static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_c
         bool cut = s->reset_for_client;
         gw_http_conn *c = s->conn;
         stream_body_done(s);
+        gw_h2_stream_dropped(s);
         gw_stream_closed(s, s->fin_sent);
         if (cut)
             conn_count_cut(c);

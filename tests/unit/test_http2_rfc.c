@@ -3,8 +3,10 @@
  * down (5.1.1), PRIORITY that depends on itself (5.3.1) or comes on stream
  * 0 (6.3), and the floods the server answers with ENHANCE_YOUR_CALM (rapid
  * reset, a header block decoding past twice max_header_list); also the
- * bound on the closed streams it remembers, and header-timeout cuts
- * reported to the application (on_refused).
+ * bound on the closed streams it remembers, header-timeout cuts reported
+ * to the application (on_refused), and the bounds on the response bytes
+ * held for slow readers per connection and per server (max_conn_buffer,
+ * max_buffer), with the producers paused rather than cut.
  *
  * The client is raw bytes on a socket: frames no client library sends.
  * What the server answers is read frame by frame (GOAWAY and RST_STREAM
@@ -67,6 +69,8 @@ static tsrv *start(const gw_http_limits *lim)
 
 HARNESS_SETUP(setup, start, .max_concurrent_streams = 100)
 HARNESS_SETUP(setup_header_timeout, start, .header_timeout_ms = 200, .idle_timeout_ms = 60000)
+HARNESS_SETUP(setup_buffers, start, .max_stream_buffer = 128 << 10, .max_conn_buffer = 256 << 10,
+              .max_buffer = 320 << 10)
 
 static void put_frame(uint8_t *b, size_t len, int type, int flags, int32_t id)
 {
@@ -154,7 +158,15 @@ static void raw_read(rawc *c)
     }
 }
 
+static rawc *raw_open_window(tsrv *t, int32_t window);
+
 static rawc *raw_open(tsrv *t)
+{
+    return raw_open_window(t, -1);
+}
+
+/* With SETTINGS_INITIAL_WINDOW_SIZE `window` (-1: none sent). */
+static rawc *raw_open_window(tsrv *t, int32_t window)
 {
     rawc *c = calloc(1, sizeof(*c));
     assert_non_null(c);
@@ -167,7 +179,9 @@ static rawc *raw_open(tsrv *t)
     int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     rc_send(c, NGHTTP2_CLIENT_MAGIC, NGHTTP2_CLIENT_MAGIC_LEN);
-    send_frame(c, F_SETTINGS, 0, 0, NULL, 0);
+    const uint8_t iw[6] = {0, 4, (uint8_t)(window >> 24), (uint8_t)(window >> 16), (uint8_t)(window >> 8),
+                           (uint8_t)window};
+    send_frame(c, F_SETTINGS, 0, 0, iw, window < 0 ? 0 : 6);
     return c;
 }
 
@@ -453,6 +467,58 @@ static void test_hpack_bomb(void **state)
     raw_close(c);
 }
 
+/* ---- response bytes held for slow readers ---- */
+
+static int want_requests;
+static bool requests_in(tsrv *t, void *arg)
+{
+    return t->n_request >= want_requests;
+}
+
+/* Two connections whose client opens no window, each with six /paced
+ * streams (8 MiB each, written while not gw_http_full): what the server
+ * holds stays within max_conn_buffer per connection and max_buffer in
+ * all, no stream is cut (the producers pause), and once the windows open
+ * every stream completes, those of the connection the server's bound
+ * held back from the start included (they never wrote: only the sweep
+ * when the server's count falls to half tells them to go on). */
+static void test_held_bytes_bounded(void **state)
+{
+    tsrv *t = *state;
+    rawc *c[2];
+    for (int k = 0; k < 2; k++) {
+        c[k] = raw_open_window(t, 0);
+        for (int i = 0; i < 6; i++)
+            send_request(c[k], 1 + 2 * i, "/paced", FL_END_STREAM);
+        want_requests = 6 * (k + 1);
+        assert_true(run_until(t, requests_in, NULL));
+        run_for(t, 100);
+    }
+    const gw_http_limits *lim = &t->lim;
+    assert_true(t->srv->h2_out_held <= lim->max_buffer);
+    for (gw_http_conn *sc = t->srv->conns; sc; sc = sc->next)
+        assert_true(sc->h2_out_held <= lim->max_conn_buffer);
+    assert_true(t->srv->h2_out_held > lim->max_buffer / 2);
+    assert_int_equal(t->n_close, 0);
+    for (int k = 0; k < 2; k++) {
+        const uint8_t iw[6] = {0, 4, 0x7f, 0xff, 0xff, 0xff};
+        const uint8_t wu[4] = {0x7f, 0xff - 1, 0xff, 0xff};
+        send_frame(c[k], F_SETTINGS, 0, 0, iw, 6);
+        send_frame(c[k], 8 /* WINDOW_UPDATE */, 0, 0, wu, 4);
+    }
+    for (int k = 0; k < 2; k++) {
+        want_ended = 6;
+        assert_true(run_until(t, got_ended, c[k]));
+        assert_false(c[k]->goaway);
+    }
+    int twelve = 12;
+    assert_true(run_until(t, closes_reach, &twelve));
+    assert_int_equal(t->n_finished, 12);
+    assert_int_equal(t->srv->h2_out_held, 0);
+    raw_close(c[0]);
+    raw_close(c[1]);
+}
+
 /* ---- header timeout ---- */
 
 static bool refused_reach(tsrv *t, void *arg)
@@ -530,6 +596,7 @@ int main(void)
                                         harness_teardown),
         cmocka_unit_test_setup_teardown(test_preface_timeout_reported, setup_header_timeout, harness_teardown),
         cmocka_unit_test_setup_teardown(test_h1_head_timeout_reported, setup_header_timeout, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_held_bytes_bounded, setup_buffers, harness_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
