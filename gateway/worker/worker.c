@@ -118,22 +118,28 @@ static void abandon(wreq *r)
 
 /* ---- answers: the engine's events as JSON or SSE ---- */
 
-static bool append_text(wreq *r, const char *p, size_t n)
+/* Appends p[0..n) to a growing buffer, NUL-terminated. */
+static bool buf_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
 {
-    if (r->text_len + n + 1 > r->text_cap) {
-        size_t cap = r->text_cap ? r->text_cap * 2 : 256;
-        while (cap < r->text_len + n + 1)
-            cap *= 2;
-        char *np = realloc(r->text, cap);
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *np = realloc(*buf, c);
         if (!np)
             return false;
-        r->text = np;
-        r->text_cap = cap;
+        *buf = np;
+        *cap = c;
     }
-    memcpy(r->text + r->text_len, p, n);
-    r->text_len += n;
-    r->text[r->text_len] = '\0';
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = '\0';
     return true;
+}
+
+static bool append_text(wreq *r, const char *p, size_t n)
+{
+    return buf_append(&r->text, &r->text_len, &r->text_cap, p, n);
 }
 
 static bool begin_stream(wreq *r)
@@ -170,18 +176,8 @@ static bool out_write(wreq *r, const char *p, size_t n)
         push_back(r);
         return true;
     }
-    if (r->backlog_len + n > r->backlog_cap) {
-        size_t cap = r->backlog_cap ? r->backlog_cap : 16384;
-        while (cap < r->backlog_len + n)
-            cap *= 2;
-        char *b = realloc(r->backlog, cap);
-        if (!b)
-            return false;
-        r->backlog = b;
-        r->backlog_cap = cap;
-    }
-    memcpy(r->backlog + r->backlog_len, p, n);
-    r->backlog_len += n;
+    if (!buf_append(&r->backlog, &r->backlog_len, &r->backlog_cap, p, n))
+        return false;
     push_back(r);
     return true;
 }

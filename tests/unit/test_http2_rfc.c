@@ -165,19 +165,22 @@ static rawc *raw_open(tsrv *t)
     return raw_open_window(t, -1);
 }
 
-/* With SETTINGS_INITIAL_WINDOW_SIZE `window` (-1: none sent). */
-static rawc *raw_open_window(tsrv *t, int32_t window)
+/* A raw client connected, nothing sent yet. */
+static rawc *raw_new(tsrv *t)
 {
     rawc *c = calloc(1, sizeof(*c));
     assert_non_null(c);
     c->t = t;
-    c->fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(c->fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t->port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(c->fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    c->fd = raw_connect(t, 0);
     int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return c;
+}
+
+/* With SETTINGS_INITIAL_WINDOW_SIZE `window` (-1: none sent). */
+static rawc *raw_open_window(tsrv *t, int32_t window)
+{
+    rawc *c = raw_new(t);
     rc_send(c, NGHTTP2_CLIENT_MAGIC, NGHTTP2_CLIENT_MAGIC_LEN);
     const uint8_t iw[6] = {0, 4, (uint8_t)(window >> 24), (uint8_t)(window >> 16), (uint8_t)(window >> 8),
                            (uint8_t)window};
@@ -545,12 +548,7 @@ static void test_header_block_timeout_reported(void **state)
 static void test_preface_timeout_reported(void **state)
 {
     tsrv *t = *state;
-    rawc *c = calloc(1, sizeof(*c));
-    assert_non_null(c);
-    c->fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t->port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(c->fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    rawc *c = raw_new(t);
     rc_send(c, NGHTTP2_CLIENT_MAGIC, NGHTTP2_CLIENT_MAGIC_LEN); /* and no SETTINGS */
     int one = 1;
     assert_true(run_until(t, refused_reach, &one));
@@ -562,12 +560,7 @@ static void test_preface_timeout_reported(void **state)
 static void test_h1_head_timeout_reported(void **state)
 {
     tsrv *t = *state;
-    rawc *c = calloc(1, sizeof(*c));
-    assert_non_null(c);
-    c->fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t->port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(c->fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    rawc *c = raw_new(t);
     const char *head = "GET /hello HTTP/1.1\r\nHost: x\r\n";
     rc_send(c, head, strlen(head));
     int one = 1;
