@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA kernels (kernels/cuda) call a few of these */
+extern "C" {
+#endif
+
 typedef enum kn_type {
     KN_TYPE_F32 = 0,
     KN_TYPE_F16 = 1,
@@ -360,5 +364,9 @@ size_t kn_kv_row_units(kn_type kv_type, int head_dim);
 /* Returns 0 or -ENOMEM (score scratch for a longer context than before). */
 int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, int n_kv_head, int head_dim,
                  float scale);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
