@@ -1069,25 +1069,32 @@ static void greedy(rt_model *m, int32_t *out, int n, float *all_logits)
     rt_kv_free(kv);
 }
 
-static void test_model_f16_vs_f32(void **state)
+/* The logits of a prompt on the GPU (cuda_path) against the CPU's
+ * (cpu_path), whole (GEMM path), one token at a time (matvec path) and in
+ * chunks of 5: a cosine of at least min_cos each. */
+static void check_gpu_vs_cpu(const char *cpu_path, const char *cuda_path, const char *what, double min_cos)
 {
-    rt_model *cpu = load(path_f32, "cpu", true);
-    rt_model *gpu = load(path_f16, "cuda", false);
+    rt_model *cpu = load(cpu_path, "cpu", true);
+    rt_model *gpu = load(cuda_path, "cuda", false);
     assert_string_equal(rt_model_backend_name(gpu), "cuda");
     const int n = rt_model_hparams(cpu)->n_vocab;
     float *base = prompt_logits(cpu, N_PROMPT);
-    /* Whole prompt (GEMM path), one token at a time (matvec path), mixed. */
     const int chunks[] = {N_PROMPT, 1, 5};
     for (int k = 0; k < 3; k++) {
         float *l = prompt_logits(gpu, chunks[k]);
         double c = cosine(base, l, n);
-        printf("# f16 on the GPU, chunks of %d: cosine to the f32 reference %.7f\n", chunks[k], c);
-        assert_true(c >= 0.9999);
+        printf("# %s on the GPU, chunks of %d: cosine to the CPU reference %.7f\n", what, chunks[k], c);
+        assert_true(c >= min_cos);
         free(l);
     }
     free(base);
     rt_model_free(gpu);
     rt_model_free(cpu);
+}
+
+static void test_model_f16_vs_f32(void **state)
+{
+    check_gpu_vs_cpu(path_f32, path_f16, "f16 (against f32)", 0.9999);
 }
 
 /* A Q4_K_M file (llama.cpp's mixture: Q4_K, Q6_K) on the GPU against the
@@ -1112,21 +1119,7 @@ static void test_model_q4_k_m(void **state)
     assert_int_equal(rt_model_gen(&p, f32, err, sizeof(err)), 0);
     rt_quant_opts qo = {.ftype = RT_FTYPE_Q4_K_M};
     assert_int_equal(rt_quantize_file(f32, q4km, &qo, NULL, err, sizeof(err)), 0);
-    rt_model *cpu = load(q4km, "cpu", true);
-    rt_model *gpu = load(q4km, "cuda", false);
-    const int n = rt_model_hparams(cpu)->n_vocab;
-    float *base = prompt_logits(cpu, N_PROMPT);
-    const int chunks[] = {N_PROMPT, 1, 5};
-    for (int k = 0; k < 3; k++) {
-        float *l = prompt_logits(gpu, chunks[k]);
-        double c = cosine(base, l, n);
-        printf("# Q4_K_M on the GPU, chunks of %d: cosine to the CPU reference %.7f\n", chunks[k], c);
-        assert_true(c >= 0.999);
-        free(l);
-    }
-    free(base);
-    rt_model_free(gpu);
-    rt_model_free(cpu);
+    check_gpu_vs_cpu(q4km, q4km, "Q4_K_M", 0.999);
     unlink(f32);
     unlink(q4km);
 }
