@@ -69,6 +69,10 @@
  *     password: SECRET
  *     db: 0
  *     timeout_ms: 500           # each command's deadline (10-60000; more for a Redis across a WAN)
+ *     record_keys: [KEY]        # required: the fleet keys (32-128 bytes each, the same in every
+ *                               # gateway) whose HMAC signs this gateway's record and proves
+ *                               # peers' records and price overrides (unproved: ignored); the
+ *                               # first signs, a second is also accepted (a rotation); reloads
  *   routing:
  *     policy: latency           # latency | cost
  *     slo_ms: 500               # cost policy: expected latency bound
@@ -157,6 +161,10 @@ typedef struct gw_redis_cfg {
     char *password; /* NULL: none */
     int db;
     int timeout_ms; /* each command's deadline (500; a Redis across a WAN may need more) */
+    /* The fleet keys (routing/record_auth.h): 1 or 2 with a Redis, the
+     * first signing; each checked by route_auth_keys_set */
+    char **record_keys;
+    int n_record_keys;
 } gw_redis_cfg;
 
 typedef struct gw_routing_cfg {

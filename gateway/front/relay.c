@@ -359,6 +359,7 @@ void gw_front_send_upstream(gw_front_req *p)
     if ((v = gw_http_header_get(r, "x-infergate-deadline-ms")))
         h[n++] = (gw_http_header){"x-infergate-deadline-ms", v};
     const char *target;
+    char target_buf[GW_TARGET_MAX];
     if (p->remote) {
         /* The receiving gateway serves it itself: one hop, never more. */
         h[n++] = (gw_http_header){"x-infergate-hop", "1"};
@@ -366,7 +367,7 @@ void gw_front_send_upstream(gw_front_req *p)
             h[n++] = (gw_http_header){"x-infergate-origin", g->cfg->region.name};
         if (p->n_need) /* checked there against its own tags (421) */
             h[n++] = (gw_http_header){"x-infergate-residency", p->need_list};
-        target = gw_regions_target(g, p->remote);
+        target = gw_regions_target(g, p->remote, target_buf, sizeof(target_buf));
     } else {
         target = gw_supervisor_worker(g->sup, p->worker)->target;
     }

@@ -215,6 +215,10 @@ static int spawn(sworker *w)
         _exit(127);
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
+    /* Only this process may answer on its socket: another that took the
+     * socket's name is never called ready, nor sent a prompt. */
+    if (gw_upstream_expect_pid(s->pool, w->target, (int)pid))
+        log_line("worker %d: out of memory noting its pid: its socket's peer goes unchecked", w->info.index);
     w->info.pid = pid;
     w->info.ready = false;
     w->started_at = gw_mono_s();
