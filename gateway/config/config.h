@@ -50,6 +50,7 @@
  *                           # timeout. A reload applies at once, to requests in flight too.
  *   logging:
  *     access_log: stdout        # stdout, stderr, off, or a file path
+ *     access_log_mode: "0640"   # a log file's mode when created (octal); others may not write
  *   drain_grace_s: 30
  *   stats_interval_ms: 250      # how often worker stats are read
  *   worker_hang_timeout_s: 30   # a ready worker that answers no stats this long is killed
@@ -192,6 +193,7 @@ typedef struct gw_config {
     int n_tenants;
     gw_limits_cfg limits;
     char *access_log;
+    unsigned access_log_mode; /* a log file's when created */
     int drain_grace_s, stats_interval_ms, worker_hang_timeout_s;
     char *runtime_dir;
     gw_region_cfg region;

@@ -705,6 +705,21 @@ s, _, _ = curl(URL + "/dashboard?key=" + key_admin, http="--http1.1")
 logged = access_logged(lambda x: "/dashboard?key=" in x, "the dashboard request logged")
 t.ok(s == 200 and key_admin not in logged and "/dashboard?key=REDACTED" in logged,
      "the dashboard's ?key= is not written to the access log (%d)" % s)
+# A key in any query form a client might use (issue 33): by name, without
+# regard to case, percent-encoded, or under a name no list has but shaped
+# as `infergate key` makes them. Each is answered (401: none is where the
+# gateway looks for a key) and logged with the key left out.
+forms = ["/v1/models?x=1&key=%s", "/v1/models?KEY=%s", "/v1/models?%%6bey=%s", "/v1/models?api_key=%s",
+         "/v1/models?token=%s", "/v1/models?Access_Token=%s", "/v1/models?k%%45y=%s&marker=q-forms"]
+secret = "ig-" + "Q" * 43
+for i, f in enumerate(forms):
+    curl(URL + f % secret, http="--http1.1" if i % 2 else "--http2-prior-knowledge")
+logged = access_logged(lambda x: "q-forms" in x, "the query forms logged")
+paths = [json.loads(x)["path"] for x in logged.splitlines() if x.strip() and "/v1/models?" in x]
+t.ok(secret not in logged and sum("REDACTED" in p_ for p_ in paths) >= len(forms),
+     "a key in any query form (%s) is absent from the access log: %s" % (", ".join(forms), paths[-len(forms):]))
+mode = os.stat(access_log).st_mode & 0o777
+t.ok(mode & 0o007 == 0 and mode & ~0o640 == 0, "the access log is created 0640, not for other users (%o)" % mode)
 
 # A path that is not UTF-8 is answered (404) and logged, its bytes escaped
 def raw_h2_get(path):

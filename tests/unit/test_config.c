@@ -126,6 +126,7 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "  response_timeout_ms: 0\n"
                                 "logging:\n"
                                 "  access_log: /var/log/infergate/access.log\n"
+                                "  access_log_mode: 0600\n"
                                 "drain_grace_s: 10\n"
                                 "stats_interval_ms: 100\n"
                                 "worker_hang_timeout_s: 0\n"
@@ -211,6 +212,7 @@ static void test_full(void **state)
     assert_int_equal(c->limits.stream_buffer_bytes, 65536);
     assert_int_equal(c->limits.response_timeout_ms, 0);
     assert_string_equal(c->access_log, "/var/log/infergate/access.log");
+    assert_int_equal(c->access_log_mode, 0600);
     assert_int_equal(c->drain_grace_s, 10);
     assert_int_equal(c->stats_interval_ms, 100);
     assert_int_equal(c->worker_hang_timeout_s, 0);
@@ -231,6 +233,7 @@ static void check_default_limits(const gw_config *c)
     assert_int_equal(c->limits.stream_buffer_bytes, 1048576);
     assert_int_equal(c->limits.response_timeout_ms, 600000);
     assert_string_equal(c->access_log, "stdout");
+    assert_int_equal(c->access_log_mode, 0640);
     assert_int_equal(c->drain_grace_s, 30);
     assert_int_equal(c->stats_interval_ms, 250);
     assert_int_equal(c->worker_hang_timeout_s, 30);
@@ -463,6 +466,9 @@ static const struct {
      "bad.yaml:3: workers[0].name: must be printable ASCII without spaces, commas, quotes or backslashes"},
     {"workers:\n  - model: /m.gguf\n    name: \"\"\n", "bad.yaml:3: workers[0].name: must not be empty"},
     {"logging: {access_log: ''}\n", "bad.yaml:1: logging.access_log: must not be empty"},
+    {"logging: {access_log_mode: \"0666\"}\n", "bad.yaml:1: logging.access_log_mode: 0666 lets every local user write to the log"},
+    {"logging: {access_log_mode: 640x}\n", "bad.yaml:1: logging.access_log_mode: must be an octal mode such as \"0640\""},
+    {"logging: {access_log_mode: 0800}\n", "bad.yaml:1: logging.access_log_mode: must be an octal mode such as \"0640\""},
     {"listen: [{address: \"127.0.0.1:1\", tls: {cert: '', key: ''}}]\n",
      "bad.yaml:1: listen[0].tls.cert: must not be empty"},
     {"workers:\n  - model: /m.gguf\n    devices: [CPU]\n",
