@@ -55,7 +55,7 @@
  *   stats_interval_ms: 250      # how often worker stats are read
  *   worker_hang_timeout_s: 30   # a ready worker that answers no stats this long is killed
  *                               # and restarted (0: never)
- *   runtime_dir: /tmp/infergate-<pid>   # worker sockets
+ *   runtime_dir: /tmp/infergate-<pid>   # worker sockets: this user's, others may not write (else refused)
  *
  * Regions (all optional: without them the gateway serves its own workers):
  *   region:                     # this gateway's region in the fleet
