@@ -245,7 +245,7 @@ static void handle_completion(gw_front_req *p, gw_tenant *t)
         gw_front_dispatch(p);
         return;
     }
-    gw_front_limit(p, f.max_tokens);
+    gw_front_limit(p, f.max_tokens, f.prompt_ids);
 }
 
 void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
@@ -262,6 +262,7 @@ void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
     p->req = r;
     p->worker = -1;
     gw_usage_scan_init(&p->usage);
+    p->prompt_tokens = -1;
     p->t_start = gw_mono_s();
     request_id(p, r);
     gw_http_set_user(s, p);

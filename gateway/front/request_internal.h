@@ -70,6 +70,10 @@ struct gw_front_req {
     gw_usage_scan usage; /* completion_tokens of the answer, read as it passes */
     double charged;      /* tokens taken from the tenant's budget: prompt and completion estimates */
     double charged_completion; /* of which the completion's */
+    /* The prompt's tokens as the worker counted them (its
+     * x-infergate-prompt-tokens, passed on by a region's gateway), -1
+     * until said: what the prompt's estimate is corrected to. */
+    int prompt_tokens;
     bool charged_shared;       /* taken from the fleet-wide (Redis) bucket, not the local one */
     /* SSE: the bytes after the last whole event, held back (relay.c) */
     uint8_t *hold;
@@ -115,15 +119,16 @@ void gw_front_respond_plain(gw_front_req *p, int status, const char *ctype, cons
 /* ---- limits.c: the tenant's rates ---- */
 
 /* Charges the tenant an estimate of the request's tokens (its body's
- * bytes / 4 for the prompt; for the answer max_tokens, or when it is not
+ * bytes / 4 for the prompt, or its token ids if more; for the answer max_tokens, or when it is not
  * given (<= 0) 256 for a chat, 16 else) and checks its limits, fleet-wide while Redis is connected:
  * then dispatches the request, or answers 429. The answer may come later,
  * from Redis (p->limit_pending meanwhile). */
-void gw_front_limit(gw_front_req *p, long long max_tokens);
+void gw_front_limit(gw_front_req *p, long long max_tokens, long long prompt_ids);
 /* The client left: a check of the shared limit still out is let go. */
 void gw_front_limit_cancel(gw_front_req *p);
 /* Settles the charge once the answer is known; tokens: the completion's,
- * -1 when they were not counted. */
+ * -1 when they were not counted. The prompt's estimate is corrected to
+ * p->prompt_tokens when the worker said it. */
 void gw_front_limit_settle(gw_front_req *p, double now, int tokens);
 
 /* ---- dispatch.c: where it goes, and failover ---- */
