@@ -371,7 +371,7 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
         return NULL;
     int64_t now = gw_mono_ms(), wall = gw_epoch_ms();
     bool redis = g->sync && route_sync_connected(g->sync);
-    fprintf(f, "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=2>"
+    fprintf(f, "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=\"2; url=/dashboard\">"
                "<title>infergate regions</title><style>"
                "body{font:14px system-ui,sans-serif;margin:2em;color:#222}"
                "table{border-collapse:collapse}td,th{padding:.35em .8em;border-bottom:1px solid #ddd;text-align:right}"

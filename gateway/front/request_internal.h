@@ -116,6 +116,24 @@ void gw_front_respond_not_allowed(gw_front_req *p, const char *allow);
 /* A body of this content type, copied. */
 void gw_front_respond_plain(gw_front_req *p, int status, const char *ctype, const char *body, size_t len);
 
+/* ---- dashboard.c: the operators' page in a browser ---- */
+
+/* The admin key a browser sends for /dashboard: its login cookie (decoded
+ * into buf), else a ?key= in the URL (pointing into r->path); NULL if
+ * neither. */
+const char *gw_dashboard_key(const gw_http_request *r, char *buf, size_t cap);
+/* The dashboard's page body (regions.c's), with its security headers; a
+ * url_key (the ?key= it was opened with) is set as its cookie. */
+void gw_dashboard_page(gw_front_req *p, const char *body, size_t len, const char *url_key);
+/* The login form, answered `status`; `why` (a refused key) is shown, and
+ * the cookie cleared. */
+void gw_dashboard_login_page(gw_front_req *p, int status, const char *why);
+/* POST /dashboard/login (form field key): an admin key is set as the
+ * cookie and the browser sent to /dashboard (303); else the form again. */
+void gw_dashboard_login(gw_front_req *p);
+/* The login form's head declares a body small enough to read from anyone. */
+bool gw_dashboard_login_fits(const gw_http_request *r);
+
 /* ---- limits.c: the tenant's rates ---- */
 
 /* Charges the tenant an estimate of the request's tokens (its body's
