@@ -295,6 +295,31 @@ t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a wrong key -> 401 before the bod
 r = head_only_h1("", "/v1/completions?key=" + key_a)
 t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a key in the query (the dashboard's way) is no key for an upload: "
      "401 before the body: %r" % r[:40])
+# A field that must be single, sent twice (issue 33): the first of two
+# Authorization headers won, and a proxy in front that reads the last
+# would authenticate someone else. Both protocols answer 400.
+twice = {"authorization": ["Authorization: Bearer %s" % key_a, "Authorization: Bearer %s" % key_b],
+         "content-type": ["Content-Type: application/json", "Content-Type: text/plain"]}
+got = {}
+for name, hs in twice.items():
+    for proto in ("--http1.1", "--http2-prior-knowledge"):
+        got[(name, proto[2:8])] = curl(URL + "/v1/completions", http=proto, data=b'{"model":"small","prompt":"a"}',
+                                       headers=hs + ([AUTH] if name != "authorization" else []))[0]
+
+
+def raw_h1(head):
+    c = socket.create_connection(("127.0.0.1", port), timeout=5)
+    c.sendall(head.encode())
+    data = c.recv(4096)
+    c.close()
+    return data.decode("latin-1")
+
+
+got[("content-length", "http1.")] = int(raw_h1(
+    "POST /v1/completions HTTP/1.1\r\nHost: a\r\n%s\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+    "Content-Length: 2\r\n\r\n{}" % AUTH).split()[1])
+got[("host", "http1.")] = int(raw_h1("GET /v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\n%s\r\n\r\n" % AUTH).split()[1])
+t.ok(set(got.values()) == {400}, "a field that must be single sent twice is a 400: %s" % got)
 r = head_only_h1("Authorization: Bearer %s\r\n" % key_a)
 t.ok(r.startswith("HTTP/1.1 100 Continue"), "HTTP/1.1: a valid key gets 100 Continue and sends its body")
 
