@@ -381,6 +381,12 @@ relays[("us1", "eu1")].set_delay(250)
 relays[("eu1", "us1")].set_delay(250)
 time.sleep(1.5)
 t.ok(all(served_by("us1", "euonly") == "eu1" for _ in range(10)), "even when eu1 is the slowest, eu stays in eu1")
+# The worker's count of the prompt's tokens (what tpm charges) comes back
+# through the region that served it to the gateway that forwarded it.
+s, h, b = request("us1", "euonly", body={"model": "m", "prompt": [1, 5, 7, 9], "max_tokens": 2, "temperature": 0})
+t.ok(s == 200 and h.get("x-infergate-region") == "eu1" and h.get("x-infergate-prompt-tokens") == "4",
+     "a forwarded answer carries the worker's prompt token count back (%d, %s)"
+     % (s, h.get("x-infergate-prompt-tokens")))
 t.ok(served_by("us1", "usonly", headers={"x-infergate-residency": "eu"}) in ("status-503", "status-404"),
      "a request narrowed to eu by its tenant us-only has nowhere to go: clean error")
 
