@@ -8,6 +8,7 @@
  * write, so the loop never waits on the log's reader. */
 #define _GNU_SOURCE /* fopencookie, pthread_timedjoin_np */
 #include "gateway/front/access_log.h"
+#include "gateway/base/url.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -320,29 +321,6 @@ void gw_alog_close(gw_alog *l, int timeout_ms)
 
 /* ---- what a line may show ---- */
 
-static int hex_digit(int c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-/* s[0..n) percent-decoded ('+' a space) and lowered, in place of out; the
- * new length. */
-static size_t decode_lower(const char *s, size_t n, char *out)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int c = (unsigned char)s[i];
-        if (c == '%' && i + 2 < n && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
-            c = hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2]);
-            i += 2;
-        } else if (c == '+') {
-            c = ' ';
-        }
-        out[o++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
-    }
-    return o;
-}
-
 /* A parameter name that may carry a secret. Decoded until no escape is
  * left (a name encoded twice, "%256bey", reads "key" to whatever decodes it
  * twice), at most a few times. */
@@ -355,12 +333,16 @@ static bool secret_name(const char *s, size_t n)
         return true;
     memcpy(buf, s, n);
     for (int round = 0; round < 4; round++) {
-        size_t m = decode_lower(buf, n, buf);
-        if (m == n && round)
+        size_t m = (size_t)gw_url_decode(buf, n, buf, n);
+        if (m == n) /* nothing was decoded: no escape is left */
             break;
         n = m;
     }
+    if (memchr(buf, '\0', n)) /* "k%00ey": what reads it may skip the NUL */
+        return true;
     buf[n] = '\0';
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (char)(buf[i] >= 'A' && buf[i] <= 'Z' ? buf[i] + 32 : buf[i]);
     for (size_t w = 0; w < sizeof(words) / sizeof(words[0]); w++)
         if (strstr(buf, words[w]))
             return true;

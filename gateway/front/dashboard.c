@@ -4,6 +4,7 @@
  * the headers every page of it carries: no scripts, frames, referrers or
  * caches. The table itself is regions.c's (gw_regions_dashboard). */
 #include "gateway/front/request_internal.h"
+#include "gateway/base/url.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,29 +25,14 @@ static const gw_http_header page_headers[] = {
 };
 #define N_PAGE_HEADERS (sizeof(page_headers) / sizeof(page_headers[0]))
 
-static int hex_digit(int c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-/* s[0..n) percent-decoded ('+' a space, as forms send it) into out; false
- * when it does not fit or decodes to a NUL. */
+/* s[0..n) decoded into out, NUL-terminated; false when it does not fit or
+ * holds a NUL. */
 static bool url_decode(const char *s, size_t n, char *out, size_t cap)
 {
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int c = (unsigned char)s[i];
-        if (c == '%' && i + 2 < n && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
-            c = hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2]);
-            i += 2;
-        } else if (c == '+') {
-            c = ' ';
-        }
-        if (!c || o + 1 >= cap)
-            return false;
-        out[o++] = (char)c;
-    }
-    out[o] = '\0';
+    long m = cap ? gw_url_decode(s, n, out, cap - 1) : -1;
+    if (m < 0 || memchr(out, '\0', (size_t)m))
+        return false;
+    out[m] = '\0';
     return true;
 }
 

@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import INFERGATE, Checks, curl, free_port, gen_model, parse_curl, spawn, tmpdir, wait_until
+from harness import INFERGATE, Checks, curl, free_port, gen_model, parse_curl, spawn, stop, tmpdir, wait_until
 from fault_region import FaultRegion
 
 t = Checks()
@@ -184,12 +184,7 @@ try:
          and not os.listdir(open_run),
          "a world-writable runtime_dir is refused at start, its mode named: %s" % r.stderr.strip()[-300:])
 finally:
-    g.send_signal(signal.SIGTERM)
-    try:
-        rc = g.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        g.kill()
-        rc = None
+    rc = stop(g)
 t.ok(rc == 0, "gateway exits 0 (%s)" % rc)
 if t.failed:
     print("# gateway log:\n" + open(log_path).read()[-3000:])

@@ -16,13 +16,12 @@ import http.client
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import INFERGATE, Checks, curl, free_port, gen_model, spawn, tmpdir, wait_until
+from harness import INFERGATE, Checks, curl, free_port, gen_model, spawn, stop, tmpdir, wait_until
 
 t = Checks()
 d = tmpdir()
@@ -103,12 +102,7 @@ try:
          "once the burst is spent, the rate is the policy's: %d tokens in the last 30 s (tpm %d: %d a half "
          "minute)" % (second_half, TPM, TPM // 2))
 finally:
-    g.send_signal(signal.SIGTERM)
-    try:
-        rc = g.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        g.kill()
-        rc = None
+    rc = stop(g)
 t.ok(rc == 0, "gateway exits 0 (%s)" % rc)
 if t.failed:
     print("# gateway log:\n" + open(log_path).read()[-3000:])

@@ -188,6 +188,7 @@ static void test_redact_path(void **state)
             "/v1/models?api_key=REDACTED&token=REDACTED&access_token=REDACTED&X-Api-Key=REDACTED"
             "&password=REDACTED&sig=REDACTED&Authorization=REDACTED");
     redacts("/v1/models?a=1;secret=2;b=3", "/v1/models?a=1;secret=REDACTED;b=3");
+    redacts("/v1/models?k%00ey=s3cret&%2Bkey%2B=t", "/v1/models?k%00ey=REDACTED&%2Bkey%2B=REDACTED");
     redacts("/v1/models?model=m&n=2&q=", "/v1/models?model=m&n=2&q=");
     redacts("/v1/models?key=&key", "/v1/models?key=REDACTED&key");
     /* a key under a name no list foresaw, or none */
