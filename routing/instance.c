@@ -10,10 +10,6 @@
 #include <string.h>
 
 #define PREFIX_LEN (sizeof(ROUTE_INSTANCE_PREFIX) - 1)
-/* Lines an entry may hold: today's fields, with room for fields a newer
- * gateway adds (ignored, as a hash's unknown fields are). */
-#define ENTRY_MAX_LINES 64
-#define ENTRY_NAME_MAX 32
 
 bool route_instance_field(const char *name, size_t len, char id[ROUTE_INSTANCE_ID_LEN + 1])
 {
@@ -39,13 +35,11 @@ size_t route_instance_encode(const route_record *r, char *out)
     return at;
 }
 
-int route_instance_decode(route_record *r, const char *value, size_t len, char *err, size_t err_len)
+int route_instance_split(const char *value, size_t len, route_entry_fields *out, char *err, size_t err_len)
 {
-    char names[ENTRY_MAX_LINES][ENTRY_NAME_MAX];
-    const char *np[ENTRY_MAX_LINES], *vp[ENTRY_MAX_LINES];
-    size_t lens[ENTRY_MAX_LINES];
-    int n = 0, line = 0;
+    int line = 0;
     const char *p = value, *end = value + len;
+    out->n = 0;
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p)), *le = nl ? nl : end;
         const char *eq = memchr(p, '=', (size_t)(le - p));
@@ -54,8 +48,8 @@ int route_instance_decode(route_record *r, const char *value, size_t len, char *
             snprintf(err, err_len, "line %d: no '='", line);
             return -EINVAL;
         }
-        if (n == ENTRY_MAX_LINES) {
-            snprintf(err, err_len, "more than %d lines", ENTRY_MAX_LINES);
+        if (out->n == ROUTE_ENTRY_MAX_LINES) {
+            snprintf(err, err_len, "more than %d lines", ROUTE_ENTRY_MAX_LINES);
             return -EINVAL;
         }
         size_t nlen = (size_t)(eq - p);
@@ -63,17 +57,24 @@ int route_instance_decode(route_record *r, const char *value, size_t len, char *
             snprintf(err, err_len, "line %d: a NUL byte in the name", line);
             return -EINVAL;
         }
-        if (nlen < ENTRY_NAME_MAX) { /* a longer name is none of ours */
-            memcpy(names[n], p, nlen);
-            names[n][nlen] = '\0';
-            np[n] = names[n];
-            vp[n] = eq + 1;
-            lens[n] = (size_t)(le - eq - 1);
-            n++;
+        if (nlen < ROUTE_ENTRY_NAME_MAX) { /* a longer name is none of ours */
+            int n = out->n++;
+            memcpy(out->name_buf[n], p, nlen);
+            out->name_buf[n][nlen] = '\0';
+            out->names[n] = out->name_buf[n];
+            out->values[n] = eq + 1;
+            out->lens[n] = (size_t)(le - eq - 1);
         }
         p = nl ? nl + 1 : end;
     }
-    return route_record_from_fields(r, np, vp, lens, n, err, err_len);
+    return 0;
+}
+
+int route_instance_decode(route_record *r, const char *value, size_t len, char *err, size_t err_len)
+{
+    route_entry_fields f;
+    int rc = route_instance_split(value, len, &f, err, err_len);
+    return rc ? rc : route_record_from_fields(r, f.names, f.values, f.lens, f.n, err, err_len);
 }
 
 static int find(const char *items, size_t stride, int n, const char *s)

@@ -29,6 +29,22 @@ size_t route_instance_encode(const route_record *r, char *out);
  * error r is unchanged and err says why. */
 int route_instance_decode(route_record *r, const char *value, size_t len, char *err, size_t err_len);
 
+/* An entry's lines as fields (what route_instance_decode reads, and what
+ * routing/record_auth.h proves): names are copied into name_buf, values
+ * point into the entry. Lines whose name is ROUTE_ENTRY_NAME_MAX bytes or
+ * longer are none of ours and left out. */
+#define ROUTE_ENTRY_MAX_LINES 64 /* today's fields, with room for a newer gateway's */
+#define ROUTE_ENTRY_NAME_MAX 32
+typedef struct route_entry_fields {
+    int n;
+    const char *names[ROUTE_ENTRY_MAX_LINES], *values[ROUTE_ENTRY_MAX_LINES];
+    size_t lens[ROUTE_ENTRY_MAX_LINES];
+    char name_buf[ROUTE_ENTRY_MAX_LINES][ROUTE_ENTRY_NAME_MAX];
+} route_entry_fields;
+/* 0, or -EINVAL with err (a line without '=', a NUL in a name, too many
+ * lines). */
+int route_instance_split(const char *value, size_t len, route_entry_fields *out, char *err, size_t err_len);
+
 /* The region's record from its n gateways' entries, in the order every
  * reader agrees on (by id). The healthy entries merge; the endpoint of the
  * first healthy one with an endpoint is the region's, and only the entries

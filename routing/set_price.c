@@ -99,8 +99,17 @@ int route_set_price(const route_sync_opts *o, const char *region, double input, 
             goto out;
     }
     {
-        const char *argv[] = {"HSET", pkey, "input", in, "output", out_s};
-        if ((rc = blocking_command(c, addr, 6, argv, NULL, err, err_len)))
+        /* The hash holds these fields and no others, or the fleet key's
+         * proof (over every field) would not hold. */
+        const char *names[] = {"input", "output"}, *values[] = {in, out_s};
+        char auth[ROUTE_AUTH_VALUE_LEN + 1];
+        route_auth_sign(&o->auth, "price", o->cluster, region, names, values, NULL, 2, auth);
+        const char *multi[] = {"MULTI"}, *del[] = {"DEL", pkey}, *exec[] = {"EXEC"},
+                   *hset[] = {"HSET", pkey, "input", in, "output", out_s, ROUTE_AUTH_FIELD, auth};
+        if ((rc = blocking_command(c, addr, 1, multi, NULL, err, err_len)) ||
+            (rc = blocking_command(c, addr, 2, del, NULL, err, err_len)) ||
+            (rc = blocking_command(c, addr, o->auth.n ? 8 : 6, hset, NULL, err, err_len)) ||
+            (rc = blocking_command(c, addr, 1, exec, NULL, err, err_len)))
             goto out;
     }
     {

@@ -200,6 +200,7 @@ void route_sync_free(route_sync *s)
     if (s->full_read_ev)
         event_free(s->full_read_ev);
     memset(s->password, 0, sizeof(s->password));
+    memset(&s->o.auth, 0, sizeof(s->o.auth));
     free(s);
 }
 
@@ -216,4 +217,31 @@ int64_t route_sync_last_ok_ms(const route_sync *s)
 const char *route_sync_last_error(const route_sync *s)
 {
     return s->err;
+}
+
+/* ---- the fleet keys ---- */
+
+int route_sync__auth_check(route_sync *s, const char *kind, const char *region, const char *const *names,
+                           const char *const *values, const size_t *lens, int n)
+{
+    int rc = route_auth_verify(&s->o.auth, kind, s->cluster, region, names, values, lens, n);
+    if (rc == 0)
+        return 0;
+    s->auth_refused++;
+    snprintf(s->auth_last, sizeof(s->auth_last), "%s of region %s: %s",
+             !strcmp(kind, "price") ? "price override" : "record", region, route_auth_strerror(rc));
+    route_sync__set_err(s, "%s; ignored", s->auth_last);
+    return rc;
+}
+
+unsigned long long route_sync_auth_refused(const route_sync *s, const char **last)
+{
+    if (last)
+        *last = s->auth_last;
+    return s->auth_refused;
+}
+
+void route_sync_set_auth(route_sync *s, const route_auth_keys *k)
+{
+    s->o.auth = *k;
 }

@@ -36,6 +36,7 @@
 #ifndef ROUTE_SYNC_H
 #define ROUTE_SYNC_H
 
+#include "routing/record_auth.h"
 #include "routing/region.h"
 
 #include <stdbool.h>
@@ -56,6 +57,12 @@ typedef struct route_sync_opts {
     int command_timeout_ms; /* 500 */
     int reconnect_min_ms;   /* 100 */
     int reconnect_max_ms;   /* 5000 */
+    /* The fleet keys (routing/record_auth.h): with any, the record and
+     * price overrides this gateway writes are signed with the first, and a
+     * peer's record or a price override that none proves is ignored (said
+     * in route_sync_last_error, counted by route_sync_auth_refused). None
+     * (the default): nothing is signed or checked. */
+    route_auth_keys auth;
 } route_sync_opts;
 
 void route_sync_opts_default(route_sync_opts *o);
@@ -79,6 +86,13 @@ int64_t route_sync_last_ok_ms(const route_sync *s);
 /* The last problem with Redis, for logs and /v1/regions ("" if none yet);
  * kept after recovery, so read it together with route_sync_connected. */
 const char *route_sync_last_error(const route_sync *s);
+/* Records and price overrides read from Redis that no fleet key proved
+ * (each read of one counts), since the start; *last, when last is not NULL,
+ * says the last one's region and why ("" if none yet). */
+unsigned long long route_sync_auth_refused(const route_sync *s, const char **last);
+/* New fleet keys (a rotation: a reload), for the records written and read
+ * from now on. */
+void route_sync_set_auth(route_sync *s, const route_auth_keys *k);
 
 /* Fleet-wide rate limit, one atomic GCRA script per check (EVALSHA, loaded
  * on connect): `cost` units against a limit of `rate` per second with a
@@ -107,8 +121,10 @@ int route_sync_refund(route_sync *s, const char *key, double rate, double burst,
  * and the next requests wait. Fire and forget, as route_sync_refund. */
 int route_sync_charge(route_sync *s, const char *key, double rate, double burst, double amount);
 
-/* `infergate region set-price`: writes the price override and announces it
- * (blocking, with a timeout; for the command line). 0 or -errno, err filled. */
+/* `infergate region set-price`: writes the price override (signed with
+ * o->auth's first key; -EINVAL without one: the gateways would ignore it)
+ * and announces it (blocking, with a timeout; for the command line). 0 or
+ * -errno, err filled. */
 /* On success err holds a warning, or "" (e.g. no gateway of that region
  * publishes now: the price is stored all the same). */
 int route_set_price(const route_sync_opts *o, const char *region, double input, double output, char *err,

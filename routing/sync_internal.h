@@ -151,6 +151,8 @@ struct route_sync {
     unsigned rng;
     bool freeing;
     char err[256];
+    unsigned long long auth_refused; /* route_sync_auth_refused */
+    char auth_last[160];
 };
 
 static inline struct timeval route_sync__ms_tv(int ms)
@@ -165,6 +167,11 @@ static inline struct timeval route_sync__ms_tv(int ms)
 void route_sync__set_err(route_sync *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Redis answered, with an error: the table stops trusting what it holds. */
 void route_sync__store_failed(route_sync *s);
+/* Whether an object read from Redis (kind "region" or "price", its
+ * fields) is proved by a fleet key (routing/record_auth.h): 0, or the
+ * refusal said (route_sync__set_err) and counted. Always 0 without keys. */
+int route_sync__auth_check(route_sync *s, const char *kind, const char *region, const char *const *names,
+                           const char *const *values, const size_t *lens, int n);
 /* A region or cluster name: 1-63 of [A-Za-z0-9._-] (they become keys). */
 bool route_sync__name_ok(const char *n);
 void route_sync__format_addr(char *out, size_t len, const char *host, int port);
@@ -204,8 +211,9 @@ void route_sync__full_read_start(route_sync *s);
 void route_sync__on_full_read(evutil_socket_t fd, short what, void *arg);
 void route_sync__on_read(route_sync *s, sync_req *q, redisReply *r);
 void route_sync__on_scan(route_sync *s, redisReply *r);
-/* {input, output} of a price hash; false when absent or malformed. */
-bool route_sync__price_parse(const redisReply *r, double *in, double *out);
+/* {input, output} of region's price hash; false when absent, malformed
+ * or not proved by a fleet key (route_sync__auth_check). */
+bool route_sync__price_parse(route_sync *s, const char *region, const redisReply *r, double *in, double *out);
 
 /* ---- sync_limit.c: REQ_LIMIT ---- */
 

@@ -48,12 +48,37 @@ static bool record_equal(const route_record *a, const route_record *b)
     return true;
 }
 
-/* Parses {input, output} of a price hash. false when absent or malformed. */
-bool route_sync__price_parse(const redisReply *r, double *in, double *out)
+/* The fields of a hash reply as route_auth_verify takes them (names end at
+ * their first NUL, as they are read). -1 for a field that is not a string
+ * or more than max. */
+static int hash_fields(const redisReply *h, const char **names, const char **values, size_t *lens, int max)
+{
+    int n = 0;
+    for (size_t i = 0; i + 1 < h->elements; i += 2) {
+        const redisReply *k = h->element[i], *v = h->element[i + 1];
+        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || n == max)
+            return -1;
+        names[n] = k->str;
+        values[n] = v->str;
+        lens[n++] = v->len;
+    }
+    return n;
+}
+
+/* Parses {input, output} of a price hash. false when absent, malformed or
+ * not proved by a fleet key. */
+bool route_sync__price_parse(route_sync *s, const char *region, const redisReply *r, double *in, double *out)
 {
     bool has_in = false, has_out = false;
-    if (!r || r->type != REDIS_REPLY_ARRAY)
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0)
         return false;
+    if (s->o.auth.n) {
+        const char *names[8], *values[8];
+        size_t lens[8];
+        int n = hash_fields(r, names, values, lens, 8);
+        if (n < 0 || route_sync__auth_check(s, "price", region, names, values, lens, n))
+            return false;
+    }
     for (size_t i = 0; i + 1 < r->elements; i += 2) {
         const redisReply *k = r->element[i], *v = r->element[i + 1];
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || v->len == 0 || v->len > 64)
@@ -128,10 +153,11 @@ static int record_from_entries(route_sync *s, const char *name, const redisReply
     size_t n_pairs = 0;
     hash_pair *pairs = malloc(sizeof(*pairs) * (hash->elements / 2 + 1));
     route_record *inst = malloc(sizeof(*inst) * ROUTE_MAX_INSTANCES);
+    route_entry_fields *lines = malloc(sizeof(*lines));
     int n = 0, rc = -ENOMEM;
     char id[ROUTE_INSTANCE_ID_LEN + 1], err[200];
     *last_writer = false;
-    if (!pairs || !inst) {
+    if (!pairs || !inst || !lines) {
         route_sync__set_err(s, "out of memory");
         goto out;
     }
@@ -146,6 +172,9 @@ static int record_from_entries(route_sync *s, const char *name, const redisReply
         route_record *e = &inst[n];
         memset(e, 0, sizeof(*e));
         snprintf(e->name, sizeof(e->name), "%s", name);
+        if (route_instance_split(pairs[i].v->str, pairs[i].v->len, lines, err, sizeof(err)) == 0 &&
+            route_sync__auth_check(s, "region", name, lines->names, lines->values, lines->lens, lines->n))
+            continue; /* said */
         if (route_instance_decode(e, pairs[i].v->str, pairs[i].v->len, err, sizeof(err))) {
             route_sync__set_err(s, "region %s, %.*s: %s", name, (int)pairs[i].k->len, pairs[i].k->str, err);
             continue;
@@ -157,6 +186,7 @@ static int record_from_entries(route_sync *s, const char *name, const redisReply
 out:
     free(pairs);
     free(inst);
+    free(lines);
     return rc;
 }
 
@@ -191,17 +221,23 @@ static int record_from_hash(route_sync *s, const char *name, const redisReply *h
     memset(&plain, 0, sizeof(plain));
     snprintf(plain.name, sizeof(plain.name), "%s", name);
     char perr[200];
-    int prc = route_record_from_fields(&plain, names, values, lens, n, perr, sizeof(perr));
+    /* Plain fields no fleet key proves (said and counted) are as
+     * unreadable ones: the entries stand, or nothing does. */
+    int prc = route_sync__auth_check(s, "region", name, names, values, lens, n);
+    if (!prc)
+        prc = route_record_from_fields(&plain, names, values, lens, n, perr, sizeof(perr));
     bool last_writer;
     int rc = record_from_entries(s, name, hash, prc ? -1 : plain.updated_ms, &last_writer, rec);
     if (rc == 0 && (last_writer || prc))
         return 0;
     if (rc != 0 && rc != -ENOENT)
         return rc;
-    if (prc) {
+    if (prc == -EINVAL) {
         route_sync__set_err(s, "region %s: %s", name, perr);
         return -EINVAL;
     }
+    if (prc)
+        return prc;
     *rec = plain;
     rec->instances = 1;
     return 0;
@@ -229,7 +265,7 @@ void route_sync__on_read(route_sync *s, sync_req *q, redisReply *r)
     if (record_from_hash(s, q->name, hash, &rec))
         return;
     double in, out;
-    if (route_sync__price_parse(price, &in, &out)) {
+    if (route_sync__price_parse(s, q->name, price, &in, &out)) {
         rec.price_in = in;
         rec.price_out = out;
     }

@@ -98,7 +98,7 @@ static void local_to_table(route_sync *s)
 void route_sync__apply_own_override(route_sync *s, const redisReply *price)
 {
     double in = 0, out = 0;
-    bool has = route_sync__price_parse(price, &in, &out);
+    bool has = route_sync__price_parse(s, s->local.name, price, &in, &out);
     if (has == s->has_override && (!has || (in == s->override_in && out == s->override_out)))
         return;
     s->has_override = has;
@@ -110,6 +110,23 @@ void route_sync__apply_own_override(route_sync *s, const redisReply *price)
 }
 
 /* ---- heartbeat write ---- */
+
+/* The entry's bytes: the record's lines and the auth line. */
+#define ENTRY_CAP (ROUTE_INSTANCE_VALUE_MAX + sizeof(ROUTE_AUTH_FIELD "=\n") + ROUTE_AUTH_VALUE_LEN)
+
+/* The record's auth value (routing/record_auth.h), over the fields that
+ * are written both as the hash's plain fields and as our entry's lines:
+ * one value proves both. */
+static void sign_record(const route_sync *s, const route_record *r, const route_field *f,
+                        char out[ROUTE_AUTH_VALUE_LEN + 1])
+{
+    const char *names[ROUTE_N_FIELDS], *values[ROUTE_N_FIELDS];
+    for (int i = 0; i < ROUTE_N_FIELDS; i++) {
+        names[i] = f[i].name;
+        values[i] = f[i].value;
+    }
+    route_auth_sign(&s->o.auth, "region", s->cluster, r->name, names, values, NULL, ROUTE_N_FIELDS, out);
+}
 
 /* MULTI; HGETALL the region's hash (the other gateways' entries); HSET
  * our record, as our entry and as the plain fields (which gateways before
@@ -123,7 +140,7 @@ static void write_local(route_sync *s, bool announce)
         return;
     sync_req *q = route_sync__req_new(s, REQ_WRITE);
     route_field *f = malloc(sizeof(route_field) * ROUTE_N_FIELDS);
-    char *entry = malloc(ROUTE_INSTANCE_VALUE_MAX);
+    char *entry = malloc(ENTRY_CAP);
     if (!q || !f || !entry) {
         route_sync__set_err(s, "out of memory");
         if (q)
@@ -141,16 +158,24 @@ static void write_local(route_sync *s, bool announce)
     snprintf(ttl, sizeof(ttl), "%lld", (long long)s->o.heartbeat_ms * s->o.ttl_heartbeats);
     snprintf(field, sizeof(field), ROUTE_INSTANCE_PREFIX "%s", s->instance);
     route_record_to_fields(&q->rec, f);
-    const char *hset[4 + 2 * ROUTE_N_FIELDS];
+    const char *hset[6 + 2 * ROUTE_N_FIELDS];
+    int n_hset = 2;
     hset[0] = "HSET";
     hset[1] = key;
     for (int i = 0; i < ROUTE_N_FIELDS; i++) {
-        hset[2 + 2 * i] = f[i].name;
-        hset[3 + 2 * i] = f[i].value;
+        hset[n_hset++] = f[i].name;
+        hset[n_hset++] = f[i].value;
     }
-    hset[2 + 2 * ROUTE_N_FIELDS] = field;
-    hset[3 + 2 * ROUTE_N_FIELDS] = entry;
-    route_instance_encode(&q->rec, entry);
+    size_t entry_len = route_instance_encode(&q->rec, entry);
+    char auth[ROUTE_AUTH_VALUE_LEN + 1];
+    if (s->o.auth.n) {
+        sign_record(s, &q->rec, f, auth);
+        hset[n_hset++] = ROUTE_AUTH_FIELD;
+        hset[n_hset++] = auth;
+        snprintf(entry + entry_len, ENTRY_CAP - entry_len, ROUTE_AUTH_FIELD "=%s\n", auth);
+    }
+    hset[n_hset++] = field;
+    hset[n_hset++] = entry;
 
     /* The stopped: unchanged for a TTL (see struct route_sync), as of a
      * view that is current (see track_siblings). */
@@ -177,7 +202,7 @@ static void write_local(route_sync *s, bool announce)
     if (!rc)
         rc = route_sync__send_plain(s, 2, hgetall);
     if (!rc)
-        rc = route_sync__send_plain(s, 4 + 2 * ROUTE_N_FIELDS, hset);
+        rc = route_sync__send_plain(s, n_hset, hset);
     if (!rc && n_gone)
         rc = route_sync__send_plain(s, 2 + n_gone, hdel);
     if (!rc)

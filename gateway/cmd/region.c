@@ -26,8 +26,11 @@ static void region_usage(FILE *f)
                "                      out of the process list)\n"
                "  --db N              Redis database (default 0)\n"
                "  --cluster NAME      key prefix shared by the fleet (default \"default\")\n"
-               "  --config FILE       take Redis and cluster from a gateway config (the options above\n"
-               "                      override it)\n");
+               "  --config FILE       take Redis, cluster and the fleet key from a gateway config (the\n"
+               "                      options above override it)\n"
+               "\n"
+               "The price is signed with the fleet key (redis.record_keys' first in the config, else\n"
+               "$INFERGATE_RECORD_KEY): gateways ignore a price no fleet key proves.\n");
 }
 
 /* "HOST:PORT", "[v6]:PORT" or "HOST" (port 6379). host points into buf. */
@@ -166,8 +169,24 @@ static int set_price(int argc, char **argv)
             o.command_timeout_ms = cfg->redis.timeout_ms;
         if (!has_cluster)
             o.cluster = cfg->cluster;
+        /* the config loader checked them */
+        route_auth_keys_set(&o.auth, (const char *const *)cfg->redis.record_keys, cfg->redis.n_record_keys,
+                            err, sizeof(err));
+    }
+    const char *env_key = getenv("INFERGATE_RECORD_KEY");
+    if (!o.auth.n && env_key && route_auth_keys_set(&o.auth, &env_key, 1, err, sizeof(err))) {
+        fprintf(stderr, "infergate region set-price: INFERGATE_RECORD_KEY: %s\n", err);
+        gw_config_free(cfg);
+        return 1;
+    }
+    if (!o.auth.n) {
+        fprintf(stderr, "infergate region set-price: no fleet key to sign the price with (give --config with "
+                        "redis.record_keys, or INFERGATE_RECORD_KEY): the gateways would ignore it\n");
+        gw_config_free(cfg);
+        return 1;
     }
     int rc = route_set_price(&o, region, input, output, err, sizeof(err));
+    memset(&o.auth, 0, sizeof(o.auth));
     if (rc) {
         fprintf(stderr, "infergate region set-price: %s\n", err);
         gw_config_free(cfg);

@@ -52,11 +52,12 @@
  *                           # timeout. A reload applies at once, to requests in flight too.
  *   logging:
  *     access_log: stdout        # stdout, stderr, off, or a file path
+ *     access_log_mode: "0640"   # a log file's mode when created (octal); others may not write
  *   drain_grace_s: 30
  *   stats_interval_ms: 250      # how often worker stats are read
  *   worker_hang_timeout_s: 30   # a ready worker that answers no stats this long is killed
  *                               # and restarted (0: never)
- *   runtime_dir: /tmp/infergate-<pid>   # worker sockets
+ *   runtime_dir: /tmp/infergate-<pid>   # worker sockets: this user's, others may not write (else refused)
  *
  * Regions (all optional: without them the gateway serves its own workers):
  *   region:                     # this gateway's region in the fleet
@@ -71,6 +72,10 @@
  *     password: SECRET
  *     db: 0
  *     timeout_ms: 500           # each command's deadline (10-60000; more for a Redis across a WAN)
+ *     record_keys: [KEY]        # required: the fleet keys (32-128 bytes each, the same in every
+ *                               # gateway) whose HMAC signs this gateway's record and proves
+ *                               # peers' records and price overrides (unproved: ignored); the
+ *                               # first signs, a second is also accepted (a rotation); reloads
  *   routing:
  *     policy: latency           # latency | cost
  *     slo_ms: 500               # cost policy: expected latency bound
@@ -160,6 +165,10 @@ typedef struct gw_redis_cfg {
     char *password; /* NULL: none */
     int db;
     int timeout_ms; /* each command's deadline (500; a Redis across a WAN may need more) */
+    /* The fleet keys (routing/record_auth.h): 1 or 2 with a Redis, the
+     * first signing; each checked by route_auth_keys_set */
+    char **record_keys;
+    int n_record_keys;
 } gw_redis_cfg;
 
 typedef struct gw_routing_cfg {
@@ -187,6 +196,7 @@ typedef struct gw_config {
     int n_tenants;
     gw_limits_cfg limits;
     char *access_log;
+    unsigned access_log_mode; /* a log file's when created */
     int drain_grace_s, stats_interval_ms, worker_hang_timeout_s;
     char *runtime_dir;
     gw_region_cfg region;

@@ -96,7 +96,7 @@ int gw_config_restart_diff(const gw_config *run, const gw_config *c, char *out, 
         {routing_fixed_eq(&run->routing, &c->routing),
          "routing (heartbeat_ms, stale_after_ms, ejection, ping_interval_ms)"},
         {peers_eq(run, c), "peers, peer_tls"},
-        {str_eq(run->access_log, c->access_log), "logging"},
+        {str_eq(run->access_log, c->access_log) && run->access_log_mode == c->access_log_mode, "logging"},
         {run->stats_interval_ms == c->stats_interval_ms, "stats_interval_ms"},
         {str_eq(run->runtime_dir, c->runtime_dir), "runtime_dir"},
     };

@@ -30,6 +30,7 @@ int gw_cfg_root_init(gw_config *c)
     c->drain_grace_s = 30;
     c->stats_interval_ms = 250;
     c->worker_hang_timeout_s = 30;
+    c->access_log_mode = 0640;
     return (c->access_log = strdup("stdout")) ? 0 : -ENOMEM;
 }
 
@@ -100,14 +101,39 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
     return 0;
 }
 
+/* An octal mode, as chmod takes it; a log others could write to could be
+ * filled with lines no request made. */
+static int parse_log_mode(cfg_parser *p, const yaml_node_t *n, gw_config *c)
+{
+    const char *path = "logging.access_log_mode";
+    if (n->type != YAML_SCALAR_NODE || gw_cfg_is_null(n))
+        return gw_cfg_perr(p, n, path, "must be an octal mode such as \"0640\", not %s", gw_cfg_node_kind(n));
+    const char *v = (const char *)n->data.scalar.value;
+    size_t len = n->data.scalar.length;
+    unsigned m = 0;
+    bool ok = len >= 3 && len <= 4;
+    for (size_t i = 0; ok && i < len; i++) {
+        ok = v[i] >= '0' && v[i] <= '7';
+        m = m * 8 + (unsigned)(v[i] - '0');
+    }
+    if (!ok || m > 0777)
+        return gw_cfg_perr(p, n, path, "must be an octal mode such as \"0640\"");
+    if (m & 0002)
+        return gw_cfg_perr(p, n, path, "%04o lets every local user write to the log", m);
+    c->access_log_mode = m;
+    return 0;
+}
+
 static int parse_logging(cfg_parser *p, const yaml_node_t *n, gw_config *c)
 {
-    static const char *const keys[] = {"access_log"};
-    yaml_node_t *v[1];
-    int rc = gw_cfg_map_take(p, n, "logging", keys, 1, v);
-    if (rc || !v[0])
+    static const char *const keys[] = {"access_log", "access_log_mode"};
+    yaml_node_t *v[2];
+    int rc = gw_cfg_map_take(p, n, "logging", keys, 2, v);
+    if (rc)
         return rc;
-    return gw_cfg_str(p, v[0], "logging.access_log", &c->access_log);
+    if (v[0] && (rc = gw_cfg_str(p, v[0], "logging.access_log", &c->access_log)))
+        return rc;
+    return v[1] ? parse_log_mode(p, v[1], c) : 0;
 }
 
 static int parse_runtime_dir(cfg_parser *p, const yaml_node_t *n, gw_config *c)

@@ -6,6 +6,7 @@
  * rather than failing later on another gateway. */
 #include "gateway/config/config.h"
 #include "gateway/config/config_internal.h"
+#include "routing/record_auth.h"
 #include "routing/region.h"
 
 #include <arpa/inet.h>
@@ -51,6 +52,9 @@ void gw_cfg_routing_free(gw_config *c)
     free(c->redis.address);
     free(c->redis.host);
     free(c->redis.password);
+    for (int i = 0; i < c->redis.n_record_keys; i++) /* secrets: not left in freed memory */
+        memset(c->redis.record_keys[i], 0, strlen(c->redis.record_keys[i]));
+    gw_cfg_free_str_list(c->redis.record_keys, c->redis.n_record_keys);
     for (int i = 0; i < c->n_peers; i++) {
         free(c->peers[i].name);
         free(c->peers[i].endpoint);
@@ -148,10 +152,31 @@ static int parse_region(cfg_parser *p, const yaml_node_t *n, gw_region_cfg *r)
     return 0;
 }
 
+/* redis.record_keys: without a fleet key, whoever can write to Redis could
+ * add a region that receives tenants' prompts. */
+static int parse_record_keys(cfg_parser *p, const yaml_node_t *redis, const yaml_node_t *n, gw_redis_cfg *r)
+{
+    if (!n)
+        return gw_cfg_perr(p, redis, "redis.record_keys",
+                           "required: the fleet key that signs and proves the region records in Redis, the "
+                           "same in every gateway (32 to 128 bytes: `openssl rand -hex 32`)");
+    int rc =
+        gw_cfg_str_list(p, n, "redis.record_keys", ROUTE_AUTH_MAX_KEYS, &r->record_keys, &r->n_record_keys);
+    if (rc)
+        return rc;
+    route_auth_keys k;
+    char why[160];
+    rc = route_auth_keys_set(&k, (const char *const *)r->record_keys, r->n_record_keys, why, sizeof(why));
+    memset(&k, 0, sizeof(k));
+    if (!rc && r->n_record_keys == 0)
+        return gw_cfg_perr(p, n, "redis.record_keys", "give one key (two while rotating)");
+    return rc ? gw_cfg_perr(p, n, "redis.record_keys", "%s", why) : 0;
+}
+
 static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
 {
-    enum { K_ADDRESS, K_PASSWORD, K_DB, K_TIMEOUT, K_N };
-    static const char *const keys[K_N] = {"address", "password", "db", "timeout_ms"};
+    enum { K_ADDRESS, K_PASSWORD, K_DB, K_TIMEOUT, K_KEYS, K_N };
+    static const char *const keys[K_N] = {"address", "password", "db", "timeout_ms", "record_keys"};
     yaml_node_t *v[K_N];
     int rc = gw_cfg_map_take(p, n, "redis", keys, K_N, v);
     if (rc)
@@ -182,7 +207,7 @@ static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
             return rc;
         r->timeout_ms = (int)x;
     }
-    return 0;
+    return parse_record_keys(p, n, v[K_KEYS], r);
 }
 
 static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)

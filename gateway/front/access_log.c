@@ -8,6 +8,7 @@
  * write, so the loop never waits on the log's reader. */
 #define _GNU_SOURCE /* fopencookie, pthread_timedjoin_np */
 #include "gateway/front/access_log.h"
+#include "gateway/base/url.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -42,13 +43,14 @@ struct gw_alog {
     bool abandoned, exited; /* close gave up on the thread, which frees l */
     pthread_t thread;
     atomic_uint_fast64_t dropped;
+    unsigned mode; /* a file's, when created */
 };
 
-static int open_fd(const char *path)
+static int open_fd(const char *path, unsigned mode)
 {
     if (!strcmp(path, "stdout") || !strcmp(path, "stderr"))
         return fcntl(!strcmp(path, "stdout") ? 1 : 2, F_DUPFD_CLOEXEC, 3);
-    return open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+    return open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, (mode_t)mode);
 }
 
 static uint64_t count_lines(const char *p, size_t n)
@@ -207,16 +209,17 @@ static ssize_t cookie_write(void *c, const char *buf, size_t size)
     return (ssize_t)size; /* never an error: the stream must stay usable */
 }
 
-gw_alog *gw_alog_open(const char *path)
+gw_alog *gw_alog_open(const char *path, unsigned mode)
 {
     gw_alog *l = calloc(1, sizeof(*l));
     if (!l)
         return NULL;
     l->fd = l->next_fd = -1;
+    l->mode = mode;
     int e = ENOMEM;
     if (!(l->pend = malloc(ALOG_QUEUE_BYTES)) || !(l->out = malloc(ALOG_QUEUE_BYTES)))
         goto fail;
-    if ((l->fd = open_fd(path)) < 0) {
+    if ((l->fd = open_fd(path, mode)) < 0) {
         e = errno;
         goto fail;
     }
@@ -257,7 +260,7 @@ FILE *gw_alog_file(gw_alog *l)
 
 int gw_alog_reopen(gw_alog *l, const char *path)
 {
-    int fd = open_fd(path);
+    int fd = open_fd(path, l->mode);
     if (fd < 0)
         return -errno;
     pthread_mutex_lock(&l->mu);
@@ -314,4 +317,91 @@ void gw_alog_close(gw_alog *l, int timeout_ms)
         pthread_join(l->thread, NULL); /* ended just past the deadline */
     }
     release(l);
+}
+
+/* ---- what a line may show ---- */
+
+/* A parameter name that may carry a secret. Decoded until no escape is
+ * left (a name encoded twice, "%256bey", reads "key" to whatever decodes it
+ * twice), at most a few times. */
+static bool secret_name(const char *s, size_t n)
+{
+    static const char *const words[] = {"key",  "token",   "secret", "pass",   "pwd",
+                                        "auth", "sig",     "session", "cookie", "cred"};
+    char buf[256];
+    if (n >= sizeof(buf))
+        return true;
+    memcpy(buf, s, n);
+    for (int round = 0; round < 4; round++) {
+        size_t m = (size_t)gw_url_decode(buf, n, buf, n);
+        if (m == n) /* nothing was decoded: no escape is left */
+            break;
+        n = m;
+    }
+    if (memchr(buf, '\0', n)) /* "k%00ey": what reads it may skip the NUL */
+        return true;
+    buf[n] = '\0';
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (char)(buf[i] >= 'A' && buf[i] <= 'Z' ? buf[i] + 32 : buf[i]);
+    for (size_t w = 0; w < sizeof(words) / sizeof(words[0]); w++)
+        if (strstr(buf, words[w]))
+            return true;
+    return false;
+}
+
+/* A key as `infergate key` makes them ("ig-" and base64url): a key under a
+ * name no list foresaw. */
+static bool key_shaped(const char *s, size_t n)
+{
+    if (n < 23 || strncmp(s, "ig-", 3))
+        return false;
+    size_t run = 0;
+    for (size_t i = 3; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' || c == '_')
+            run++;
+        else
+            break;
+    }
+    return run >= 20;
+}
+
+char *gw_alog_redact_path(const char *path)
+{
+    size_t len = strlen(path), params = 1;
+    const char *q = strchr(path, '?');
+    for (const char *c = q; c && *c; c++)
+        params += *c == '&' || *c == ';';
+    static const char red[] = "REDACTED";
+    char *out = malloc(len + params * (sizeof(red) - 1) + 1);
+    if (!out)
+        return NULL;
+    size_t o = q ? (size_t)(q + 1 - path) : len;
+    memcpy(out, path, o);
+    for (const char *p = q ? q + 1 : NULL; p && *p;) {
+        size_t n = strcspn(p, "&;");
+        const char *eq = memchr(p, '=', n);
+        size_t name_n = eq ? (size_t)(eq - p) : n;
+        if (key_shaped(p, name_n)) { /* a bare key: "?ig-..." */
+            memcpy(out + o, red, sizeof(red) - 1);
+            o += sizeof(red) - 1;
+        } else {
+            memcpy(out + o, p, name_n + (eq != NULL));
+            o += name_n + (eq != NULL);
+            const char *v = eq ? eq + 1 : p + n;
+            size_t vn = (size_t)(p + n - v);
+            if (eq && (secret_name(p, name_n) || key_shaped(v, vn))) {
+                memcpy(out + o, red, sizeof(red) - 1);
+                o += sizeof(red) - 1;
+            } else {
+                memcpy(out + o, v, vn);
+                o += vn;
+            }
+        }
+        p += n;
+        if (*p)
+            out[o++] = *p++;
+    }
+    out[o] = '\0';
+    return out;
 }

@@ -299,15 +299,17 @@ static int integral_real(const uint8_t *text, size_t len, long long *v)
     return 1;
 }
 
-enum { F_NONE, F_MODEL, F_MAX_TOKENS, F_MAX_COMPLETION_TOKENS };
+enum { F_NONE, F_MODEL, F_MAX_TOKENS, F_MAX_COMPLETION_TOKENS, F_PROMPT };
 
-static const char *const field_names[] = {NULL, "model", "max_tokens", "max_completion_tokens"};
+static const char *const field_names[] = {NULL, "model", "max_tokens", "max_completion_tokens", "prompt"};
 
 static int field_of(const char *k, size_t len)
 {
     switch (len) {
     case 5:
         return memcmp(k, "model", 5) ? F_NONE : F_MODEL;
+    case 6:
+        return memcmp(k, "prompt", 6) ? F_NONE : F_PROMPT;
     case 10:
         return memcmp(k, "max_tokens", 10) ? F_NONE : F_MAX_TOKENS;
     case 21:
@@ -322,8 +324,8 @@ int gw_body_fields_scan(const void *body, size_t len, gw_body_fields *out, char 
     uint8_t objects[MAX_DEPTH / 8]; /* bit set: that level is an object, else an array */
     int depth = 0, field = F_NONE;
     unsigned seen = 0;
-    bool int_val[4] = {false};
-    long long val[4] = {0};
+    bool int_val[5] = {false}, in_prompt = false;
+    long long val[5] = {0};
     memset(out, 0, sizeof(*out));
     out->max_tokens = -1;
     if (err_len)
@@ -341,6 +343,7 @@ value:
     case '{':
     case '[': {
         uint8_t open = *s.p;
+        in_prompt |= field == F_PROMPT;
         field = F_NONE;
         if (depth == MAX_DEPTH)
             return fail(&s, "nesting deeper than 2048 levels");
@@ -389,6 +392,7 @@ value:
         const uint8_t *num = s.p;
         if (scan_number(&s, &is_int, &v))
             return -EINVAL;
+        out->prompt_ids += in_prompt && is_int;
         if (!is_int && (field == F_MAX_TOKENS || field == F_MAX_COMPLETION_TOKENS)) {
             int rc = integral_real(num, (size_t)(s.p - num), &v);
             if (rc < 0)
@@ -413,6 +417,7 @@ after_scalar:
 
 after:
     field = F_NONE;
+    in_prompt &= depth > 1; /* back at the top level: the prompt's value is over */
     skip_ws(&s);
     if (depth == 0) {
         if (s.p != s.end)
@@ -451,7 +456,8 @@ key:
         if (scan_string(&s, k, sizeof(k), &klen))
             return -EINVAL;
         field = klen <= sizeof(k) ? field_of(k, klen) : F_NONE;
-        if (field) {
+        /* a second prompt's ids count too: the worker refuses the body */
+        if (field && field != F_PROMPT) {
             if (seen & (1u << field)) {
                 s.p = at;
                 char what[64];

@@ -30,6 +30,9 @@ typedef struct gw_body_fields {
      * with an integral value (100.0, 1e2) counts as that integer, as the
      * worker takes it. */
     long long max_tokens;
+    /* integers anywhere in a top-level "prompt" array: token ids (one
+     * token each, whatever their digits' length) */
+    long long prompt_ids;
 } gw_body_fields;
 
 /* Scans a request body that must be one JSON object. 0 with *out filled,

@@ -104,7 +104,7 @@ static bool try_next(gw_front_req *p)
             p->remote = NULL;
             p->worker = w;
         } else {
-            if (!*gw_regions_target(g, r)) {
+            if (!*gw_regions_endpoint(g, r)) {
                 if (probe)
                     route_region_release_probe(r, p->probe_claim);
                 continue;

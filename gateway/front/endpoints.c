@@ -74,17 +74,17 @@ typedef enum {
 
 static sender identify(gw_serve *g, const gw_http_request *r, gw_tenant **t)
 {
+    char cookie[512];
     *t = NULL;
     if (gw_http_header_get(r, "x-infergate-hop"))
         return r->peer_verified ? SENDER_PEER : SENDER_BAD_PEER;
     if (gw_tenants_open(g->tenants))
         return SENDER_ANYONE;
     const char *a = gw_http_header_get(r, "authorization"), *key;
-    const char *q = strstr(r->path, "?key=");
     if (a && strncasecmp(a, "Bearer ", 7) == 0)
         key = a + 7;
-    else if (!a && q && gw_front_path_is(r, "/dashboard"))
-        key = q + 5; /* a browser refreshing the page sends no header */
+    else if (!a && gw_front_path_is(r, "/dashboard") && (key = gw_dashboard_key(r, cookie, sizeof(cookie))))
+        ; /* a browser sends no header: its login cookie */
     else
         return SENDER_NO_KEY;
     *t = gw_tenants_auth(g->tenants, key);
@@ -110,7 +110,11 @@ static void accept_forwarded(gw_front_req *p)
 /* The answer to a sender identify() refused. */
 static void respond_refused(gw_front_req *p, sender who)
 {
-    if (who == SENDER_BAD_PEER)
+    const gw_http_request *r = p->req;
+    if (who != SENDER_BAD_PEER && gw_front_path_is(r, "/dashboard") && !gw_http_header_get(r, "authorization") &&
+        (!strcmp(r->method, "GET") || !strcmp(r->method, "HEAD")))
+        gw_dashboard_login_page(p, 401, who == SENDER_BAD_KEY ? "That key is no longer valid." : NULL);
+    else if (who == SENDER_BAD_PEER)
         gw_front_respond(
             p, 403, "permission_error", "peer_not_authenticated", NULL, 0,
             "forwarded requests (x-infergate-hop) are accepted only from peer gateways with a verified "
@@ -226,8 +230,11 @@ static void handle_regions(gw_front_req *p, bool html)
 {
     size_t len = 0;
     char *body = html ? gw_regions_dashboard(p->g, &len) : gw_regions_json(p->g, &len);
-    if (body)
-        gw_front_respond_plain(p, 200, html ? "text/html; charset=utf-8" : "application/json", body, len);
+    const char *q = strstr(p->req->path, "?key=");
+    if (body && html)
+        gw_dashboard_page(p, body, len, q && !gw_http_header_get(p->req, "authorization") ? q + 5 : NULL);
+    else if (body)
+        gw_front_respond_plain(p, 200, "application/json", body, len);
     else
         gw_http_reset(p->stream);
     free(body);
@@ -271,7 +278,7 @@ static void handle_completion(gw_front_req *p, gw_tenant *t)
         gw_front_dispatch(p);
         return;
     }
-    gw_front_limit(p, f.max_tokens);
+    gw_front_limit(p, f.max_tokens, f.prompt_ids);
 }
 
 void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
@@ -288,6 +295,7 @@ void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
     p->req = r;
     p->worker = -1;
     gw_usage_scan_init(&p->usage);
+    p->prompt_tokens = -1;
     p->t_start = gw_mono_s();
     request_id(p, r);
     gw_http_set_user(s, p);
@@ -310,6 +318,10 @@ void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         int len = snprintf(body, sizeof(body), "{\"ready\":%s,\"workers_ready\":%d,\"workers\":%d}",
                            n > 0 && !g->draining ? "true" : "false", n, gw_supervisor_count(g->sup));
         gw_front_respond_plain(p, n > 0 && !g->draining ? 200 : 503, "application/json", body, (size_t)len);
+        return;
+    }
+    if (PATH_IS("/dashboard/login")) { /* the key is in the form */
+        gw_dashboard_login(p);
         return;
     }
     bool completion = (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions")) && post;
@@ -395,6 +407,6 @@ void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
 void gw_front_on_head(void *ud, gw_http_stream *s, const gw_http_request *r)
 {
     gw_tenant *t;
-    if (refused(identify(ud, r, &t)))
+    if (gw_front_path_is(r, "/dashboard/login") ? !gw_dashboard_login_fits(r) : refused(identify(ud, r, &t)))
         gw_front_on_request(ud, s, r);
 }

@@ -85,12 +85,13 @@ static void on_shared_limit(void *ud, int result, int retry_after_ms)
     limit_shared(p, p->limit_stage + 1);
 }
 
-void gw_front_limit(gw_front_req *p, long long max_tokens)
+void gw_front_limit(gw_front_req *p, long long max_tokens, long long prompt_ids)
 {
     gw_serve *g = p->g;
     bool chat = strstr(p->req->path, "/chat/") != NULL;
-    /* Charge an estimate now (4 bytes a token for the prompt, the asked
-     * maximum for the answer) and refund the difference at the end. No
+    /* Charge an estimate now (4 bytes a token for the prompt, or one a
+     * token id when that is more: "[5,7,9]" is 2 bytes an id; the asked
+     * maximum for the answer) and settle the difference at the end. No
      * context is longer than MAX_CHARGED_TOKENS: a larger ask, which the
      * worker refuses, must not put the tenant's bucket 2^63 into debt
      * while it is on its way. */
@@ -98,7 +99,10 @@ void gw_front_limit(gw_front_req *p, long long max_tokens)
                                 ? (double)(max_tokens < MAX_CHARGED_TOKENS ? max_tokens : MAX_CHARGED_TOKENS)
                             : chat ? 256
                                    : 16;
-    p->charged = (double)p->req->body_len / 4 + p->charged_completion;
+    double prompt = (double)p->req->body_len / 4;
+    if ((double)prompt_ids > prompt)
+        prompt = (double)(prompt_ids < MAX_CHARGED_TOKENS ? prompt_ids : MAX_CHARGED_TOKENS);
+    p->charged = prompt + p->charged_completion;
     if (g->sync && route_sync_connected(g->sync))
         limit_shared(p, LIMIT_RPS);
     else
@@ -168,8 +172,10 @@ static void settle(gw_front_req *p, double now, double back)
  * of it when no completion was served (an error, or no answer at
  * all), else the completion estimate past the tokens generated; what
  * it under-counted (no max_tokens: the estimate is a guess, the
- * worker's bound the context) is taken now, into debt. The prompt's
- * estimate stays: the prompt was computed. A client that hangs up on
+ * worker's bound the context) is taken now, into debt. The prompt was
+ * computed: its estimate stays, corrected to the worker's count when it
+ * said one (random text is near one token a byte, not four bytes a token;
+ * the debt carries into the next minute). A client that hangs up on
  * a request already sent on keeps the charge for its prompt and for
  * the tokens it was seen to get, or could have got in the time
  * (hangup_tokens): else hanging up would make tpm free. So does a
@@ -185,6 +191,8 @@ void gw_front_limit_settle(gw_front_req *p, double now, int tokens)
     double back = p->status != 200 && !worked ? p->charged
                   : tokens >= 0               ? p->charged_completion - tokens
                                               : 0;
+    if ((p->status == 200 || worked) && p->prompt_tokens >= 0)
+        back += p->charged - p->charged_completion - p->prompt_tokens;
     if (back != 0)
         settle(p, now, back);
 }

@@ -30,12 +30,22 @@ bool gw_regions_enabled(const gw_serve *g)
 
 /* Where a region is reached: the config's peers entry, else its record's
  * endpoint (with peer_tls, only a tls: one enters the table: tls_only). */
-const char *gw_regions_target(const gw_serve *g, const route_region *r)
+const char *gw_regions_endpoint(const gw_serve *g, const route_region *r)
 {
     for (int i = 0; i < g->cfg->n_peers; i++)
         if (!strcmp(g->cfg->peers[i].name, r->rec.name))
             return g->cfg->peers[i].endpoint;
     return r->rec.endpoint;
+}
+
+const char *gw_regions_target(const gw_serve *g, const route_region *r, char *buf, size_t len)
+{
+    const char *e = gw_regions_endpoint(g, r);
+    if (strncmp(e, "tls:", 4))
+        return e;
+    /* The peer's certificate must name the region (gateway/upstream/upstream.h). */
+    snprintf(buf, len, "tls:%s@%s", r->rec.name, e + 4);
+    return buf;
 }
 
 /* This region's record: the configured identity plus the workers' load. */
@@ -141,6 +151,38 @@ static void on_workers_changed(void *ud)
     publish_local(ud, gw_mono_ms());
 }
 
+/* The fleet keys of the config's redis section (checked by the loader). */
+static void fleet_keys(const gw_config *c, route_auth_keys *k)
+{
+    char err[160];
+    route_auth_keys_set(k, (const char *const *)c->redis.record_keys, c->redis.n_record_keys, err,
+                        sizeof(err));
+}
+
+void gw_regions_reload(gw_serve *g, const gw_config *c)
+{
+    route_auth_keys k;
+    if (!g->sync || !c->redis.n_record_keys)
+        return;
+    fleet_keys(c, &k);
+    route_sync_set_auth(g->sync, &k);
+    memset(&k, 0, sizeof(k));
+}
+
+/* Records and price overrides in Redis that no fleet key proves are
+ * ignored; said here, once a heartbeat at most (a forged record is read
+ * at each full read and each announcement). */
+static void say_refused_records(gw_serve *g)
+{
+    const char *last;
+    unsigned long long n = g->sync ? route_sync_auth_refused(g->sync, &last) : 0;
+    if (n > g->auth_refused_said)
+        fprintf(stderr,
+                "infergate: %llu read(s) from Redis not proved by the fleet key, ignored; the last: %s\n",
+                n - g->auth_refused_said, last);
+    g->auth_refused_said = n;
+}
+
 /* Every heartbeat: publish ourselves, keep a pooled connection to each peer
  * (its PINGs measure RTT) and read the RTT back into the table. */
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
@@ -148,6 +190,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     gw_serve *g = arg;
     int64_t now = gw_mono_ms();
     publish_local(g, now);
+    say_refused_records(g);
     /* A region silent this long is gone (or never was: a stray key): no
      * longer dialled, listed or counted against the table's size. A
      * request that still holds it (a long stream) checks route_region_is
@@ -158,7 +201,8 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
         route_region *r = route_table_at(g->table, i);
         if (r->local)
             continue;
-        const char *target = gw_regions_target(g, r);
+        char buf[GW_TARGET_MAX];
+        const char *target = gw_regions_target(g, r, buf, sizeof(buf));
         if (!*target)
             continue;
         gw_upstream_connect(g->pool, target);
@@ -197,6 +241,7 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
         so.db = c->redis.db;
         so.command_timeout_ms = c->redis.timeout_ms;
         so.cluster = c->cluster;
+        fleet_keys(c, &so.auth);
         so.heartbeat_ms = rc->heartbeat_ms;
         /* A live peer's record must be re-read well within stale_after_ms:
          * the table only counts a record as seen when its updated_ms moves. */
@@ -204,7 +249,9 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
         int e = route_sync_opts_check(&so, err, err_len);
         if (e)
             return e;
-        if (!(g->sync = route_sync_new(g->base, &so, g->table))) {
+        g->sync = route_sync_new(g->base, &so, g->table);
+        memset(&so.auth, 0, sizeof(so.auth));
+        if (!g->sync) {
             snprintf(err, err_len, "out of memory");
             return -ENOMEM;
         }
@@ -266,7 +313,7 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
     json_t *o = json_pack(
         "{s:s, s:s, s:b, s:o, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:b, s:o, s:o, "
         "s:f, s:f, s:I, s:i, s:I, s:i}",
-        "name", r->rec.name, "endpoint", r->local ? r->rec.endpoint : gw_regions_target(g, r), "local",
+        "name", r->rec.name, "endpoint", r->local ? r->rec.endpoint : gw_regions_endpoint(g, r), "local",
         r->local, "models", models, "tags", tags, "price_input", r->rec.price_in, "price_output",
         r->rec.price_out, "gpu", r->rec.gpu, "capacity", r->rec.capacity, "running", r->rec.running, "queued",
         r->rec.queued, "ttft_ms", r->rec.ttft_ms, "tpot_ms", r->rec.tpot_ms, "healthy", r->rec.healthy,
@@ -324,7 +371,7 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
         return NULL;
     int64_t now = gw_mono_ms(), wall = gw_epoch_ms();
     bool redis = g->sync && route_sync_connected(g->sync);
-    fprintf(f, "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=2>"
+    fprintf(f, "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=\"2; url=/dashboard\">"
                "<title>infergate regions</title><style>"
                "body{font:14px system-ui,sans-serif;margin:2em;color:#222}"
                "table{border-collapse:collapse}td,th{padding:.35em .8em;border-bottom:1px solid #ddd;text-align:right}"

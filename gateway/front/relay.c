@@ -105,17 +105,29 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     gw_front_region_report(p, status < 500 || too_big);
     p->responded = true;
     p->status = status;
-    gw_http_header out[10];
+    gw_http_header out[11];
     size_t k = 0;
     char worker[16];
     *gw_front_put_int(worker, p->worker) = '\0';
     int64_t length = -1; /* the upstream's content-length, which nghttp2 has checked is a number */
+    bool prompt_said = false;
     for (size_t i = 0; i < n; i++) {
         if (k < 5 && (!strcmp(hs[i].name, "content-type") || !strcmp(hs[i].name, "cache-control") ||
                       !strcmp(hs[i].name, "retry-after"))) {
             out[k++] = hs[i];
             if (!strcmp(hs[i].name, "content-type") && !strncmp(hs[i].value, "text/event-stream", 17))
                 p->sse = true;
+        } else if (!strcmp(hs[i].name, "x-infergate-prompt-tokens") && !prompt_said) {
+            /* the worker's count, which the tenant's tpm is charged (and
+             * which a region passes on to the gateway that sent it there) */
+            long v = strspn(hs[i].value, "0123456789") == strlen(hs[i].value) && strlen(hs[i].value) <= 9
+                         ? strtol(hs[i].value, NULL, 10)
+                         : -1;
+            if (v >= 0 && hs[i].value[0]) {
+                p->prompt_tokens = (int)v;
+                out[k++] = hs[i];
+                prompt_said = true;
+            }
         } else if (!strcmp(hs[i].name, "content-length") && strlen(hs[i].value) <= 18 &&
                    strspn(hs[i].value, "0123456789") == strlen(hs[i].value) && hs[i].value[0]) {
             length = strtoll(hs[i].value, NULL, 10);
@@ -384,6 +396,7 @@ void gw_front_send_upstream(gw_front_req *p)
     if ((v = gw_http_header_get(r, "x-infergate-deadline-ms")))
         h[n++] = (gw_http_header){"x-infergate-deadline-ms", v};
     const char *target;
+    char target_buf[GW_TARGET_MAX];
     if (p->remote) {
         /* The receiving gateway serves it itself: one hop, never more. */
         h[n++] = (gw_http_header){"x-infergate-hop", "1"};
@@ -391,7 +404,7 @@ void gw_front_send_upstream(gw_front_req *p)
             h[n++] = (gw_http_header){"x-infergate-origin", g->cfg->region.name};
         if (p->n_need) /* checked there against its own tags (421) */
             h[n++] = (gw_http_header){"x-infergate-residency", p->need_list};
-        target = gw_regions_target(g, p->remote);
+        target = gw_regions_target(g, p->remote, target_buf, sizeof(target_buf));
     } else {
         target = gw_supervisor_worker(g->sup, p->worker)->target;
     }

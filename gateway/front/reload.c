@@ -143,6 +143,7 @@ void gw_serve_reload(gw_serve *g)
     gw_serve_http_limits(g, c, true, &l);
     gw_http_server_set_limits(g->http, &l);
     gw_upstream_set_response_timeout(g->pool, c->limits.response_timeout_ms);
+    gw_regions_reload(g, c);
     bool peer_tls;
     int n_tls = reload_tls(g, c, &peer_tls);
     char kept[512];
@@ -165,7 +166,7 @@ void gw_serve_reload(gw_serve *g)
     gw_config_free(g->reloaded);
     g->reloaded = c;
     fprintf(stderr,
-            "infergate: reloaded %s: %d tenants, limits, routing policy, timeouts and %d TLS listeners' "
-            "certificates updated%s\n",
+            "infergate: reloaded %s: %d tenants, limits, routing policy, timeouts, fleet keys and %d TLS "
+            "listeners' certificates updated%s\n",
             c->path, c->n_tenants, n_tls, peer_tls ? ", peer_tls's too" : "");
 }

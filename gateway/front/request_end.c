@@ -63,22 +63,16 @@ const char *gw_front_route_said(const gw_front_req *p, char *buf, size_t n)
     return buf;
 }
 
-/* The path, but for an API key given as ?key= (the dashboard takes the
- * admin key so): the log gets "?key=REDACTED". */
+/* The path, but for the secrets a query string may carry (the dashboard's
+ * ?key=, a client's ?api_key=...: gw_alog_redact_path). Out of memory, the
+ * path without its query. */
 static void json_field_path(FILE *f, const char *path)
 {
-    const char *kq = strstr(path, "?key=");
-    if (!kq) {
-        json_field_str(f, "path", path);
-        return;
-    }
-    size_t n = (size_t)(kq - path) + 5;
-    char *red = malloc(n + sizeof("REDACTED"));
-    if (red) {
-        memcpy(red, path, n);
-        memcpy(red + n, "REDACTED", sizeof("REDACTED"));
-    }
-    json_field_strn(f, "path", red ? red : path, red ? strlen(red) : (size_t)(kq - path));
+    char *red = gw_alog_redact_path(path);
+    if (red)
+        json_field_str(f, "path", red);
+    else
+        json_field_strn(f, "path", path, strcspn(path, "?"));
     free(red);
 }
 

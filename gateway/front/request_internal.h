@@ -70,6 +70,10 @@ struct gw_front_req {
     gw_usage_scan usage; /* completion_tokens of the answer, read as it passes */
     double charged;      /* tokens taken from the tenant's budget: prompt and completion estimates */
     double charged_completion; /* of which the completion's */
+    /* The prompt's tokens as the worker counted them (its
+     * x-infergate-prompt-tokens, passed on by a region's gateway), -1
+     * until said: what the prompt's estimate is corrected to. */
+    int prompt_tokens;
     bool charged_shared;       /* taken from the fleet-wide (Redis) bucket, not the local one */
     /* SSE: the bytes after the last whole event, held back (relay.c) */
     uint8_t *hold;
@@ -112,18 +116,37 @@ void gw_front_respond_not_allowed(gw_front_req *p, const char *allow);
 /* A body of this content type, copied. */
 void gw_front_respond_plain(gw_front_req *p, int status, const char *ctype, const char *body, size_t len);
 
+/* ---- dashboard.c: the operators' page in a browser ---- */
+
+/* The admin key a browser sends for /dashboard: its login cookie (decoded
+ * into buf), else a ?key= in the URL (pointing into r->path); NULL if
+ * neither. */
+const char *gw_dashboard_key(const gw_http_request *r, char *buf, size_t cap);
+/* The dashboard's page body (regions.c's), with its security headers; a
+ * url_key (the ?key= it was opened with) is set as its cookie. */
+void gw_dashboard_page(gw_front_req *p, const char *body, size_t len, const char *url_key);
+/* The login form, answered `status`; `why` (a refused key) is shown, and
+ * the cookie cleared. */
+void gw_dashboard_login_page(gw_front_req *p, int status, const char *why);
+/* POST /dashboard/login (form field key): an admin key is set as the
+ * cookie and the browser sent to /dashboard (303); else the form again. */
+void gw_dashboard_login(gw_front_req *p);
+/* The login form's head declares a body small enough to read from anyone. */
+bool gw_dashboard_login_fits(const gw_http_request *r);
+
 /* ---- limits.c: the tenant's rates ---- */
 
 /* Charges the tenant an estimate of the request's tokens (its body's
- * bytes / 4 for the prompt; for the answer max_tokens, or when it is not
+ * bytes / 4 for the prompt, or its token ids if more; for the answer max_tokens, or when it is not
  * given (<= 0) 256 for a chat, 16 else) and checks its limits, fleet-wide while Redis is connected:
  * then dispatches the request, or answers 429. The answer may come later,
  * from Redis (p->limit_pending meanwhile). */
-void gw_front_limit(gw_front_req *p, long long max_tokens);
+void gw_front_limit(gw_front_req *p, long long max_tokens, long long prompt_ids);
 /* The client left: a check of the shared limit still out is let go. */
 void gw_front_limit_cancel(gw_front_req *p);
 /* Settles the charge once the answer is known; tokens: the completion's,
- * -1 when they were not counted. */
+ * -1 when they were not counted. The prompt's estimate is corrected to
+ * p->prompt_tokens when the worker said it. */
 void gw_front_limit_settle(gw_front_req *p, double now, int tokens);
 
 /* ---- dispatch.c: where it goes, and failover ---- */

@@ -367,7 +367,7 @@ static int prepare(gw_serve *g, const char *listen, char exe[PATH_MAX])
     }
     const char *log = g->cfg->access_log ? g->cfg->access_log : "stdout";
     if (strcmp(log, "off") != 0) {
-        if (!(g->alog = gw_alog_open(log))) {
+        if (!(g->alog = gw_alog_open(log, g->cfg->access_log_mode))) {
             fprintf(stderr, "infergate: access log %s: %s\n", log, strerror(errno));
             return -1;
         }

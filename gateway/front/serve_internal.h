@@ -51,6 +51,7 @@ typedef struct gw_serve {
     uint32_t up_window;          /* the upstream stream window, fixed at start */
     uint64_t next_request;
     long started; /* epoch s: the "created" of the models it lists */
+    unsigned long long auth_refused_said; /* of route_sync_auth_refused: said on stderr */
 } gw_serve;
 
 /* gw_http_handler callbacks of the front door: endpoints.c (on_request,
@@ -82,8 +83,14 @@ void gw_regions_publish(gw_serve *g);
  * log. Nothing when already draining. */
 void gw_serve_drain(gw_serve *g, int grace_s, const char *why);
 bool gw_regions_enabled(const gw_serve *g);
-/* Where this gateway reaches region r (a peers entry overrides the record). */
-const char *gw_regions_target(const gw_serve *g, const route_region *r);
+/* Where a region is reached (its record's endpoint, or the config's peers
+ * entry), and that as an upstream target: a tls: one names the region its
+ * certificate must carry ("tls:NAME@HOST:PORT", in buf of GW_TARGET_MAX). */
+#define GW_TARGET_MAX 256
+const char *gw_regions_endpoint(const gw_serve *g, const route_region *r);
+const char *gw_regions_target(const gw_serve *g, const route_region *r, char *buf, size_t len);
+/* A reload: the fleet keys of c (a rotation) from now on. */
+void gw_regions_reload(gw_serve *g, const gw_config *c);
 char *gw_regions_json(gw_serve *g, size_t *len);
 char *gw_regions_dashboard(gw_serve *g, size_t *len);
 

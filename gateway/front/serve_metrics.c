@@ -4,6 +4,7 @@
 #include "gateway/front/serve_internal.h"
 
 #include "gateway/front/access_log.h"
+#include "routing/sync.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -53,6 +54,14 @@ int gw_serve_metrics_init(gw_metrics *m)
     rc |= gw_metrics_describe(
         m, "infergate_access_log_dropped_total", GW_COUNTER,
         "Access log lines dropped: its reader fell a megabyte behind, or a write failed.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_region_records_refused_total", GW_COUNTER,
+                              "Reads of region records and price overrides from Redis that no fleet key "
+                              "proved (redis.record_keys), ignored.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_peer_identity_refused_total", GW_COUNTER,
+                              "Connections refused for their peer's identity: a region's certificate that "
+                              "does not name it, a worker socket served by another process.",
+                              NULL, 0);
     return rc ? -ENOMEM : 0;
 }
 
@@ -79,4 +88,9 @@ void gw_serve_metrics_workers(gw_serve *g)
     }
     if (g->alog)
         gw_metrics_count_to(m, "infergate_access_log_dropped_total", "", (double)gw_alog_dropped(g->alog));
+    if (g->sync)
+        gw_metrics_count_to(m, "infergate_region_records_refused_total", "",
+                            (double)route_sync_auth_refused(g->sync, NULL));
+    gw_metrics_count_to(m, "infergate_peer_identity_refused_total", "",
+                        (double)gw_upstream_peer_refused(g->pool, NULL));
 }

@@ -182,6 +182,11 @@ int gw_http_server_listen_tls(gw_http_server *srv, const char *spec, const char 
 int gw_http_server_listen_tls_peer(gw_http_server *srv, const char *spec, const char *cert_file,
                                    const char *key_file, const char *client_ca, const char *const *peer_names,
                                    int n_peer_names, char *err, size_t err_len);
+/* Whether a certificate (OpenSSL's X509) carries name as its subject CN or
+ * a DNS SAN, in any case, no wildcard standing for it: the test of
+ * peer_names, which the upstream pool makes of the peers it dials too. */
+struct x509_st;
+bool gw_tls_cert_named(struct x509_st *cert, const char *name);
 /* Loads a TLS listener's certificate, key, client CA and peer names again
  * (a certificate renewed in place, or new files): connections accepted from
  * now on use them, those open keep theirs. `index` is the listener's place

@@ -340,6 +340,9 @@ static int parse_head(gw_http_conn *c, const char *p, size_t len, head_info *hi)
 
     if (hi->n_host > 1)
         HEAD_FAIL(400, "more than one Host header");
+    const char *repeated = gw_stream_repeated_field(s);
+    if (repeated)
+        HEAD_FAIL(400, repeated);
     if (hi->n_host == 0 && !h->http10)
         HEAD_FAIL(400, "HTTP/1.1 request without Host");
     s->authority = authority ? authority : hi->host;

@@ -359,6 +359,11 @@ static void request_headers_done(gw_http_stream *s, bool end_stream)
         stream_reject(s, 400, "request lacks :method or :path", "invalid_request");
         return;
     }
+    const char *repeated = gw_stream_repeated_field(s);
+    if (repeated) {
+        stream_reject(s, 400, repeated, "invalid_request");
+        return;
+    }
     if (!s->authority)
         s->authority =
             gw_http_header_get(&(gw_http_request){.headers = s->headers, .n_headers = s->n_headers}, "host");

@@ -277,6 +277,11 @@ bool gw_stream_offer_head(gw_http_stream *s, const char *protocol);
 /* s->req from what the stream has gathered (an empty body when none came),
  * as the application sees it. */
 void gw_stream_fill_request(gw_http_stream *s, const char *protocol);
+/* Why a request head is refused for a field that must appear once and is
+ * repeated (authorization, content-length, content-type, host, ...): with
+ * two, a proxy in front that reads the last and this server the first
+ * would not agree on who sent it or how long it is. NULL when none is. */
+const char *gw_stream_repeated_field(const gw_http_stream *s);
 /* The protocol is done with the stream: a stream the application saw
  * waits in c->closed for gw_conn_flush_closed, others are freed now. */
 void gw_stream_closed(gw_http_stream *s, bool finished);

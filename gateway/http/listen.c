@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,6 +214,24 @@ static int unix_clear_stale(const char *spec, const struct sockaddr_un *sun, cha
     return 0;
 }
 
+/* chmod 0660 on the socket just bound, never through a symbolic link put
+ * in its place since (bind itself never follows one): the mode would go
+ * to the file it names. Without /proc, glibc cannot change a mode without
+ * following links: then a path that is no link is changed as it is. */
+static int chmod_socket(const char *path)
+{
+    if (fchmodat(AT_FDCWD, path, 0660, AT_SYMLINK_NOFOLLOW) == 0)
+        return 0;
+    struct stat st;
+    if (errno != EOPNOTSUPP || lstat(path, &st) == -1)
+        return -1;
+    if (!S_ISSOCK(st.st_mode)) {
+        errno = EEXIST;
+        return -1;
+    }
+    return chmod(path, 0660);
+}
+
 static int listen_unix(gw_http_server *srv, const char *spec, const char *path, struct ssl_ctx_st *tls,
                        char *err, size_t err_len)
 {
@@ -234,7 +253,7 @@ static int listen_unix(gw_http_server *srv, const char *spec, const char *path, 
         return fail_errno(err, err_len, e, spec, "bind");
     }
     /* The gateway and its workers share a user or a group. */
-    if (chmod(path, 0660) == -1 || listen(fd, SOMAXCONN) == -1) {
+    if (chmod_socket(path) == -1 || listen(fd, SOMAXCONN) == -1) {
         e = errno;
         close(fd);
         unlink(path);

@@ -183,6 +183,28 @@ void gw_stream_fill_request(gw_http_stream *s, const char *protocol)
     };
 }
 
+const char *gw_stream_repeated_field(const gw_http_stream *s)
+{
+    static const struct {
+        const char *name, *why;
+    } single[] = {
+        {"authorization", "more than one Authorization header"},
+        {"proxy-authorization", "more than one Proxy-Authorization header"},
+        {"content-length", "more than one Content-Length header"},
+        {"content-type", "more than one Content-Type header"},
+        {"host", "more than one Host header"},
+        {"x-infergate-tenant", "more than one x-infergate-tenant header"},
+    };
+    for (size_t k = 0; k < sizeof(single) / sizeof(single[0]); k++) {
+        int seen = 0;
+        for (size_t i = 0; i < s->n_headers && seen < 2; i++)
+            seen += s->headers[i].name[0] == single[k].name[0] && !strcmp(s->headers[i].name, single[k].name);
+        if (seen > 1)
+            return single[k].why;
+    }
+    return NULL;
+}
+
 static void stream_free(gw_http_stream *s)
 {
     arena_free(s->arena);

@@ -245,21 +245,26 @@ bool gw_tls_alpn_h2(struct bufferevent *bev)
     return n == 2 && !memcmp(p, "h2", 2);
 }
 
-/* The certificate names one of pn's: its (first) subject CN, or a DNS SAN,
+/* The certificate names `name`: its (first) subject CN, or a DNS SAN,
  * both without regard to case (no wildcard stands for a name; the config
  * refuses names that are patterns). */
-static bool peer_named(X509 *cert, const peer_name_list *pn)
+bool gw_tls_cert_named(struct x509_st *cert, const char *name)
 {
     char cn[256];
     int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn));
-    for (int i = 0; i < pn->n; i++) {
-        if (n > 0 && (size_t)n == strlen(pn->v[i]) && !strncasecmp(cn, pn->v[i], (size_t)n))
-            return true;
-        if (X509_check_host(cert, pn->v[i], 0,
-                            X509_CHECK_FLAG_NEVER_CHECK_SUBJECT | X509_CHECK_FLAG_NO_WILDCARDS, NULL) == 1)
-            return true;
-    }
+    bool named =
+        (n > 0 && (size_t)n == strlen(name) && !strncasecmp(cn, name, (size_t)n)) ||
+        X509_check_host(cert, name, 0, X509_CHECK_FLAG_NEVER_CHECK_SUBJECT | X509_CHECK_FLAG_NO_WILDCARDS,
+                        NULL) == 1;
     ERR_clear_error();
+    return named;
+}
+
+static bool peer_named(X509 *cert, const peer_name_list *pn)
+{
+    for (int i = 0; i < pn->n; i++)
+        if (gw_tls_cert_named(cert, pn->v[i]))
+            return true;
     return false;
 }
 

@@ -215,6 +215,10 @@ static int spawn(sworker *w)
         _exit(127);
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
+    /* Only this process may answer on its socket: another that took the
+     * socket's name is never called ready, nor sent a prompt. */
+    if (gw_upstream_expect_pid(s->pool, w->target, (int)pid))
+        log_line("worker %d: out of memory noting its pid: its socket's peer goes unchecked", w->info.index);
     w->info.pid = pid;
     w->info.ready = false;
     w->started_at = gw_mono_s();
@@ -405,6 +409,34 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 
 /* ---- setup ---- */
 
+/* Whoever may write to runtime_dir may put a socket of their own where a
+ * worker's was, and be sent prompts: it must be this user's, and no one
+ * else may write to it (its group neither). dfd: the directory, opened. */
+static int check_runtime_dir(const char *dir, int dfd, char *err, size_t err_len)
+{
+    struct stat st;
+    if (fstat(dfd, &st) == -1) {
+        int e = errno;
+        snprintf(err, err_len, "runtime_dir %s: %s", dir, strerror(e));
+        return -e;
+    }
+    if (st.st_uid != geteuid()) {
+        snprintf(err, err_len,
+                 "runtime_dir %s belongs to uid %u, not to this gateway's user (uid %u): another user could "
+                 "replace worker sockets there; give it one of its own",
+                 dir, (unsigned)st.st_uid, (unsigned)geteuid());
+        return -EPERM;
+    }
+    if (st.st_mode & 0022) {
+        snprintf(err, err_len,
+                 "runtime_dir %s has mode %04o: %s may write to it and replace worker sockets; "
+                 "chmod go-w it (0700 is best)",
+                 dir, (unsigned)(st.st_mode & 07777), st.st_mode & 0002 ? "every local user" : "its group");
+        return -EPERM;
+    }
+    return 0;
+}
+
 static int make_runtime_dir(gw_supervisor *s, char *err, size_t err_len)
 {
     if (s->cfg->runtime_dir) {
@@ -416,20 +448,32 @@ static int make_runtime_dir(gw_supervisor *s, char *err, size_t err_len)
             snprintf(err, err_len, "runtime_dir %s: %s", s->runtime_dir, strerror(e));
             return -e;
         }
-        /* Worker sockets are named by index: a second gateway on the same
-         * directory would take the first's, and remove them as it stops. */
-        char lock[PATH_MAX];
-        snprintf(lock, sizeof(lock), "%s/gateway.lock", s->runtime_dir);
-        if ((s->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) == -1 ||
-            flock(s->lock_fd, LOCK_EX | LOCK_NB) == -1) {
+        int dfd = open(s->runtime_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
+        if (dfd == -1) {
             int e = errno;
+            snprintf(err, err_len, "runtime_dir %s: %s", s->runtime_dir, strerror(e));
+            return -e;
+        }
+        if ((rc = check_runtime_dir(s->runtime_dir, dfd, err, err_len))) {
+            close(dfd);
+            return rc;
+        }
+        /* Worker sockets are named by index: a second gateway on the same
+         * directory would take the first's, and remove them as it stops.
+         * The lock is opened in the directory just checked, never through
+         * a link to a file elsewhere. */
+        s->lock_fd = openat(dfd, "gateway.lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        int e = s->lock_fd == -1 ? errno : 0;
+        close(dfd);
+        if (s->lock_fd == -1 || flock(s->lock_fd, LOCK_EX | LOCK_NB) == -1) {
+            e = e ? e : errno;
             if (e == EWOULDBLOCK)
                 snprintf(err, err_len,
                          "runtime_dir %s is in use by another infergate serve: give each its own",
                          s->runtime_dir);
             else
-                snprintf(err, err_len, "runtime_dir %s: cannot lock %s: %s", s->runtime_dir, lock,
-                         strerror(e));
+                snprintf(err, err_len, "runtime_dir %s: cannot lock %s/gateway.lock: %s%s", s->runtime_dir,
+                         s->runtime_dir, strerror(e), e == ELOOP ? " (it is a symbolic link)" : "");
             return -e;
         }
         return 0;

@@ -8,7 +8,11 @@
  *
  * A connection counts as established once the peer's SETTINGS arrive; a
  * failure before that (refused, no socket file, TLS or ALPN failure, a
- * peer that closes at once) is GW_UP_CONNECT, after it GW_UP_RESET. */
+ * peer that closes at once) is GW_UP_CONNECT, after it GW_UP_RESET. So is
+ * a peer that is not who the target names: a certificate without the
+ * region's name ("tls:NAME@"), a Unix socket whose listener is not the
+ * worker the supervisor started (SO_PEERCRED). */
+#define _GNU_SOURCE /* struct ucred */
 #include "gateway/upstream/upstream_internal.h"
 #include "gateway/base/clock.h"
 #include "gateway/base/mem.h"
@@ -19,6 +23,7 @@
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -592,17 +597,59 @@ static void conn_ready(up_conn *c)
     conn_send(c);
 }
 
+/* The verified certificate of a "tls:NAME@" target carries NAME: a
+ * certificate of the fleet's CA for another name (another region's, an
+ * application's) is not the region this connection is meant to reach. */
+static bool peer_named(up_conn *c, SSL *ssl)
+{
+    up_target *t = c->target;
+    if (!t->peer_name[0])
+        return true;
+    X509 *cert = SSL_get0_peer_certificate(ssl);
+    if (cert && gw_tls_cert_named(cert, t->peer_name))
+        return true;
+    char cn[128] = "";
+    if (cert)
+        X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn));
+    up_peer_refused(t, "peer %s (%s) is not region %s: its certificate (CN %s) does not name it", t->name,
+                    t->authority, t->peer_name, cn);
+    return false;
+}
+
+/* The listener of a Unix target is the process that must answer there. */
+static bool peer_is_expected(up_conn *c)
+{
+    up_target *t = c->target;
+    int pid = t->kind == UP_UNIX ? up_target_expected_pid(t) : 0;
+    if (!pid)
+        return true;
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == -1)
+        cred.pid = 0;
+    if (cred.pid == pid) {
+        t->peer_told = false;
+        return true;
+    }
+    up_peer_refused(t, "%s is served by pid %d (uid %d), not by pid %d", t->name, (int)cred.pid,
+                    (int)cred.uid, pid);
+    return false;
+}
+
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
     up_conn *c = arg;
     if (what & BEV_EVENT_CONNECTED) { /* TLS handshake done (and verified) */
         const unsigned char *proto = NULL;
         unsigned len = 0;
-        SSL_get0_alpn_selected(bufferevent_openssl_get_ssl(bev), &proto, &len);
-        if (len == 2 && !memcmp(proto, "h2", 2))
+        SSL *ssl = bufferevent_openssl_get_ssl(bev);
+        SSL_get0_alpn_selected(ssl, &proto, &len);
+        if (len == 2 && !memcmp(proto, "h2", 2) && peer_named(c, ssl)) {
+            c->target->peer_told = false;
             conn_ready(c);
-        else
+        } else {
             c->fail = GW_UP_CONNECT;
+        }
     } else if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) {
         /* Read what came before the end: it may finish streams. */
         if (c->ready && (what & BEV_EVENT_EOF))
@@ -667,7 +714,7 @@ static void on_connect_ev(evutil_socket_t fd, short what, void *arg)
     socklen_t len = sizeof(e);
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == -1)
         e = errno;
-    if (e)
+    if (e || !peer_is_expected(c))
         c->fail = GW_UP_CONNECT;
     else
         conn_transport_start(c);

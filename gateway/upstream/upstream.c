@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,6 +248,9 @@ void gw_upstream_pool_free(gw_upstream_pool *p)
         nghttp2_option_del(p->ngopt);
     if (p->cbs)
         nghttp2_session_callbacks_del(p->cbs);
+    for (int i = 0; i < p->n_expect; i++)
+        free(p->expect[i].target);
+    free(p->expect);
     free(p);
 }
 
@@ -301,6 +305,20 @@ static int parse_host_port(up_target *t, const char *s)
     return (t->authority = strdup(s)) ? 0 : -ENOMEM;
 }
 
+/* "NAME@HOST:PORT": the peer name a certificate must carry, and the rest. */
+static const char *take_peer_name(up_target *t, const char *s)
+{
+    const char *at = strchr(s, '@');
+    if (!at)
+        return s;
+    size_t n = (size_t)(at - s);
+    if (n == 0 || n >= sizeof(t->peer_name))
+        return NULL;
+    memcpy(t->peer_name, s, n);
+    t->peer_name[n] = '\0';
+    return at + 1;
+}
+
 static int parse_target(up_target *t, const char *name)
 {
     if (!strncmp(name, "unix:", 5)) {
@@ -322,7 +340,8 @@ static int parse_target(up_target *t, const char *name)
     }
     if (!strncmp(name, "tls:", 4)) {
         t->kind = UP_TLS;
-        return parse_host_port(t, name + 4);
+        const char *hp = take_peer_name(t, name + 4);
+        return hp ? parse_host_port(t, hp) : -EINVAL;
     }
     return -EINVAL;
 }
@@ -460,6 +479,63 @@ int gw_upstream_connect(gw_upstream_pool *p, const char *target)
         if (up_conn_usable(c))
             return 0;
     return up_conn_new(t, -1) ? 0 : -ENOMEM;
+}
+
+/* ---- who answers ---- */
+
+static struct up_expect *expect_find(const gw_upstream_pool *p, const char *target)
+{
+    for (int i = 0; i < p->n_expect; i++)
+        if (!strcmp(p->expect[i].target, target))
+            return &p->expect[i];
+    return NULL;
+}
+
+int gw_upstream_expect_pid(gw_upstream_pool *p, const char *target, int pid)
+{
+    struct up_expect *e = expect_find(p, target);
+    if (e) {
+        e->pid = pid;
+        return 0;
+    }
+    if (!pid)
+        return 0;
+    struct up_expect *grown = realloc(p->expect, sizeof(*grown) * (size_t)(p->n_expect + 1));
+    if (!grown)
+        return -ENOMEM;
+    p->expect = grown;
+    if (!(grown[p->n_expect].target = strdup(target)))
+        return -ENOMEM;
+    grown[p->n_expect++].pid = pid;
+    return 0;
+}
+
+int up_target_expected_pid(const up_target *t)
+{
+    const struct up_expect *e = expect_find(t->pool, t->name);
+    return e ? e->pid : 0;
+}
+
+void up_peer_refused(up_target *t, const char *fmt, ...)
+{
+    gw_upstream_pool *p = t->pool;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->peer_last, sizeof(p->peer_last), fmt, ap);
+    va_end(ap);
+    p->peer_refused++;
+    /* Once in a row per target: a peer dialled every heartbeat would
+     * fill the log with the same line. */
+    if (!t->peer_told)
+        fprintf(stderr, "infergate: %s: connection refused\n", p->peer_last);
+    t->peer_told = true;
+}
+
+unsigned long long gw_upstream_peer_refused(const gw_upstream_pool *p, const char **last)
+{
+    if (last)
+        *last = p->peer_last;
+    return p->peer_refused;
 }
 
 int gw_upstream_adopt(gw_upstream_pool *p, const char *target, int fd)

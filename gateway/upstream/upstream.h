@@ -80,8 +80,12 @@ gw_upstream_pool *gw_upstream_pool_new(struct event_base *base, const gw_upstrea
  * from inside a callback of the pool. */
 void gw_upstream_pool_free(gw_upstream_pool *p);
 
-/* Sends a request to target: "unix:/path" (h2c), "tcp:HOST:PORT" (h2c) or
- * "tls:HOST:PORT" (h2 over TLS, ALPN h2, SNI and verification against HOST).
+/* Sends a request to target: "unix:/path" (h2c), "tcp:HOST:PORT" (h2c),
+ * "tls:HOST:PORT" (h2 over TLS, ALPN h2, SNI and verification against HOST)
+ * or "tls:NAME@HOST:PORT" (the same, and the certificate must also carry
+ * NAME as its subject CN or a DNS SAN, as a listener's peer_names checks:
+ * a peer region's name; a connection to one that does not fails as
+ * GW_UP_CONNECT and is counted by gw_upstream_peer_refused).
  * HOST is a numeric IPv4 address, [IPv6] or localhost: names are not
  * resolved, which would block the loop. A connection counts as made once
  * the peer's SETTINGS arrive: a failure before (within connect_timeout_ms)
@@ -113,5 +117,15 @@ int gw_upstream_set_tls(gw_upstream_pool *p, const char *ca_file, const char *ce
                         char *err, size_t err_len);
 /* Opens a connection to target now (so RTT is measured before any request). */
 int gw_upstream_connect(gw_upstream_pool *p, const char *target);
+/* Connections refused for their peer's identity since the pool was made: a
+ * "tls:NAME@" target whose certificate does not carry NAME, a Unix target
+ * whose listener is not the process gw_upstream_expect_pid named. *last,
+ * when last is not NULL, says the last one ("" if none yet). */
+unsigned long long gw_upstream_peer_refused(const gw_upstream_pool *p, const char **last);
+/* The process that must be listening on a "unix:" target (a worker the
+ * supervisor started): a connection whose peer (SO_PEERCRED) is another is
+ * refused as GW_UP_CONNECT, and counted above; pid 0 forgets the target
+ * (no check). 0, or -ENOMEM. */
+int gw_upstream_expect_pid(gw_upstream_pool *p, const char *target, int pid);
 
 #endif

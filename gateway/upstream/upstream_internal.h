@@ -128,6 +128,8 @@ struct up_target {
     socklen_t addr_len;
     char host[256]; /* TLS: SNI and the name or address the certificate must match */
     bool host_is_ip;
+    char peer_name[64]; /* "tls:NAME@": what the certificate must name too; "" for none */
+    bool peer_told;     /* a refusal of this target was said: once, until a connection is taken */
     char *authority; /* default :authority */
     up_conn *conns;
     size_t n_conns;
@@ -156,6 +158,15 @@ struct gw_upstream_pool {
      * then costs a clock read, not a timer re-armed per piece of body. */
     uint64_t response_timeout_ns; /* 0: none */
     struct event *stall_ev;
+    /* Who must answer on a Unix target (gw_upstream_expect_pid), and the
+     * connections refused for their peer's identity. */
+    struct up_expect {
+        char *target;
+        int pid;
+    } * expect;
+    int n_expect;
+    unsigned long long peer_refused;
+    char peer_last[256];
 };
 
 /* ---- upstream.c ---- */
@@ -169,7 +180,11 @@ void up_target_rtt_sample(up_target *t, double us);
 /* The target of that name, parsed and added when new; NULL for a bad name
  * or out of memory. */
 up_target *up_target_get(gw_upstream_pool *p, const char *name);
-/* Monotonic clock in nanoseconds. */
+/* The pid that must listen on t (a Unix target), 0 when any may. */
+int up_target_expected_pid(const up_target *t);
+/* Counts a connection refused for its peer's identity; says why on stderr
+ * the first time in a row for its target. */
+void up_peer_refused(up_target *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* r's response moved (headers, a piece of body, or its reader took some):
  * its response timeout starts again. */
 static inline void up_req_progress(gw_upstream_req *r)

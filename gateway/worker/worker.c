@@ -56,17 +56,24 @@ struct gw_worker {
 
 static const gw_http_header json_headers[] = {{"content-type", "application/json"}};
 
-static void respond_json(gw_http_stream *s, int status, char *body)
+/* body (taken), with one more header when `extra` is given. */
+static void respond_json_with(gw_http_stream *s, int status, char *body, const gw_http_header *extra)
 {
     if (!body) {
         gw_http_reset(s);
         return;
     }
+    gw_http_header h[2] = {json_headers[0], extra ? *extra : json_headers[0]};
     /* A response that cannot be queued (out of memory) must not leave the
      * stream open without one. */
-    if (gw_http_respond(s, status, json_headers, 1, body, strlen(body)))
+    if (gw_http_respond(s, status, h, extra ? 2 : 1, body, strlen(body)))
         gw_http_reset(s);
     free(body);
+}
+
+static void respond_json(gw_http_stream *s, int status, char *body)
+{
+    respond_json_with(s, status, body, NULL);
 }
 
 /* An error response, with one more header when `extra` is given. */
@@ -142,12 +149,20 @@ static bool append_text(wreq *r, const char *p, size_t n)
     return buf_append(&r->text, &r->text_len, &r->text_cap, p, n);
 }
 
-static bool begin_stream(wreq *r)
+/* The prompt's tokens as counted here, in a header: the gateway charges
+ * them to the tenant's tokens per minute, stream or not, usage asked for
+ * or not. */
+#define PROMPT_TOKENS_HEADER "x-infergate-prompt-tokens"
+
+static bool begin_stream(wreq *r, int prompt_tokens)
 {
     if (r->begun)
         return true;
-    gw_http_header h[] = {{"content-type", "text/event-stream"}, {"cache-control", "no-cache"}};
-    if (gw_http_begin(r->stream, 200, h, 2))
+    char n[16];
+    snprintf(n, sizeof(n), "%d", prompt_tokens);
+    gw_http_header h[] = {
+        {"content-type", "text/event-stream"}, {"cache-control", "no-cache"}, {PROMPT_TOKENS_HEADER, n}};
+    if (gw_http_begin(r->stream, 200, h, 3))
         return false;
     r->begun = true;
     return true;
@@ -272,7 +287,7 @@ static void fail_stream(wreq *r, const rt_oai_error *e)
 
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)
 {
-    if (!begin_stream(r)) {
+    if (!begin_stream(r, ev->prompt_tokens)) {
         abandon(r);
         return;
     }
@@ -314,10 +329,14 @@ static void handle_whole_event(wreq *r, const rt_sched_event *ev)
     bool oom = false;
     const int n_lp = gw_lp_ready(&r->lp, r->lp_ready);
     rt_oai_logprob *lp = gw_lp_render(&r->lp, n_lp, rt_engine_tokenizer(r->w->engine), &oom);
-    respond_json(r->stream, 200,
-                 oom ? NULL
-                     : rt_oai_response_json(&h, r->text ? r->text : "", r->text_len, ev->finish_reason, &u,
-                                            lp, lp ? n_lp : 0));
+    char n[16];
+    snprintf(n, sizeof(n), "%d", ev->prompt_tokens);
+    const gw_http_header counted = {PROMPT_TOKENS_HEADER, n};
+    respond_json_with(r->stream, 200,
+                      oom ? NULL
+                          : rt_oai_response_json(&h, r->text ? r->text : "", r->text_len, ev->finish_reason,
+                                                 &u, lp, lp ? n_lp : 0),
+                      &counted);
     free(lp);
 }
 

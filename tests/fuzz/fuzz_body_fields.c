@@ -42,6 +42,20 @@ static bool integral(json_t *v, long long *out)
     return true;
 }
 
+/* The integers anywhere in v, as prompt_ids counts them in "prompt". */
+static long long integers_in(json_t *v)
+{
+    long long n = json_is_integer(v);
+    size_t i;
+    const char *k;
+    json_t *x;
+    if (json_is_array(v))
+        json_array_foreach(v, i, x) n += integers_in(x);
+    else if (json_is_object(v))
+        json_object_foreach(v, k, x) n += integers_in(x);
+    return n;
+}
+
 static void check_fields(const uint8_t *data, size_t size)
 {
     gw_body_fields f;
@@ -74,6 +88,8 @@ static void check_fields(const uint8_t *data, size_t size)
     if (!integral(json_object_get(o, "max_completion_tokens"), &want))
         integral(json_object_get(o, "max_tokens"), &want);
     FUZZ_CHECK(f.max_tokens == want);
+    json_t *pr = json_object_get(o, "prompt");
+    FUZZ_CHECK(f.prompt_ids == (json_is_array(pr) || json_is_object(pr) ? integers_in(pr) : 0));
     json_decref(o);
 }
 

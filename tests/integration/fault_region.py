@@ -24,7 +24,9 @@ accident, chosen by the request's prompt:
   other    a 200 completion
 
 It answers PINGs (h2 does), counts the requests it got and keeps the
-x-infergate-residency each carried (residency). Test use only."""
+x-infergate-residency each carried (residency). On a Unix socket (unix=PATH)
+it plays a worker that took another's socket: /internal/stats gets a ready
+worker's answer, and every path asked is kept (paths). Test use only."""
 import json
 import socket
 import threading
@@ -40,19 +42,27 @@ EVENT = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text
 
 
 class FaultRegion:
-    def __init__(self, tls=None):
-        """tls: (certificate, key) to serve h2 over TLS, as a region does."""
+    def __init__(self, tls=None, unix=None):
+        """tls: (certificate, key) to serve h2 over TLS, as a region does;
+        unix: a socket path to listen on instead of 127.0.0.1."""
         self.tls = None
         if tls:
             import ssl
             self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.tls.load_cert_chain(*tls)
             self.tls.set_alpn_protocols(["h2"])
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        if unix:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.bind(unix)
+            self.port = None
+        else:
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind(("127.0.0.1", 0))
+            self.port = self.sock.getsockname()[1]
         self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self.paths = []
         self.requests = []
         self.residency = []
         self.lock = threading.Lock()
@@ -65,9 +75,20 @@ class FaultRegion:
                 c, _ = self.sock.accept()
             except OSError:
                 return
+            with self.lock:
+                self.connections += 1
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
-    def _answer(self, conn, sid, body, residency):
+    def _answer(self, conn, sid, body, residency, path):
+        with self.lock:
+            self.paths.append(path)
+        if path == "/internal/stats":
+            msg = json.dumps({"queued": 0, "running": 0, "max_seqs": 4, "kv_blocks_free": 8,
+                              "kv_blocks_total": 8}).encode()
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "application/json"),
+                                    ("content-length", str(len(msg)))])
+            conn.send_data(sid, msg, end_stream=True)
+            return
         try:
             prompt = json.loads(body).get("prompt", "")
         except ValueError:
@@ -111,7 +132,7 @@ class FaultRegion:
     def _serve(self, c):
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         conn.initiate_connection()
-        bodies, residency = {}, {}
+        bodies, residency, paths = {}, {}, {}
         try:
             if self.tls:
                 c.settimeout(10)
@@ -127,12 +148,14 @@ class FaultRegion:
                     if isinstance(ev, h2.events.RequestReceived):
                         bodies[ev.stream_id] = b""
                         residency[ev.stream_id] = dict(ev.headers).get("x-infergate-residency")
+                        paths[ev.stream_id] = dict(ev.headers).get(":path")
                     elif isinstance(ev, h2.events.DataReceived):
                         bodies[ev.stream_id] = bodies.get(ev.stream_id, b"") + ev.data
                         conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     elif isinstance(ev, h2.events.StreamEnded):
                         hang |= self._answer(conn, ev.stream_id, bodies.pop(ev.stream_id, b""),
-                                             residency.pop(ev.stream_id, None)) == "hang"
+                                             residency.pop(ev.stream_id, None),
+                                             paths.pop(ev.stream_id, None)) == "hang"
                 c.sendall(conn.data_to_send())
                 for _ in range(200 if hang else 0):  # wedged: read nothing, answer nothing
                     if self.stopped:

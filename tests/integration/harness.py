@@ -93,6 +93,16 @@ def spawn(args, log_path, env=None):
     return p
 
 
+def stop(p, timeout=30):
+    """SIGTERM, then its exit status within timeout (None: killed)."""
+    p.send_signal(signal.SIGTERM)
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return None
+
+
 def curl(url, *extra, unix=None, http="--http2-prior-knowledge", data=None, headers=(), timeout=60, check=False):
     """Runs curl; returns (status, headers dict, body bytes)."""
     args = ["curl", "-sS", http, "--max-time", str(timeout), "-D", "-", url]

@@ -295,6 +295,31 @@ t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a wrong key -> 401 before the bod
 r = head_only_h1("", "/v1/completions?key=" + key_a)
 t.ok(r.startswith("HTTP/1.1 401 "), "HTTP/1.1: a key in the query (the dashboard's way) is no key for an upload: "
      "401 before the body: %r" % r[:40])
+# A field that must be single, sent twice (issue 33): the first of two
+# Authorization headers won, and a proxy in front that reads the last
+# would authenticate someone else. Both protocols answer 400.
+twice = {"authorization": ["Authorization: Bearer %s" % key_a, "Authorization: Bearer %s" % key_b],
+         "content-type": ["Content-Type: application/json", "Content-Type: text/plain"]}
+got = {}
+for name, hs in twice.items():
+    for proto in ("--http1.1", "--http2-prior-knowledge"):
+        got[(name, proto[2:8])] = curl(URL + "/v1/completions", http=proto, data=b'{"model":"small","prompt":"a"}',
+                                       headers=hs + ([AUTH] if name != "authorization" else []))[0]
+
+
+def raw_h1(head):
+    c = socket.create_connection(("127.0.0.1", port), timeout=5)
+    c.sendall(head.encode())
+    data = c.recv(4096)
+    c.close()
+    return data.decode("latin-1")
+
+
+got[("content-length", "http1.")] = int(raw_h1(
+    "POST /v1/completions HTTP/1.1\r\nHost: a\r\n%s\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+    "Content-Length: 2\r\n\r\n{}" % AUTH).split()[1])
+got[("host", "http1.")] = int(raw_h1("GET /v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\n%s\r\n\r\n" % AUTH).split()[1])
+t.ok(set(got.values()) == {400}, "a field that must be single sent twice is a 400: %s" % got)
 r = head_only_h1("Authorization: Bearer %s\r\n" % key_a)
 t.ok(r.startswith("HTTP/1.1 100 Continue"), "HTTP/1.1: a valid key gets 100 Continue and sends its body")
 
@@ -711,6 +736,53 @@ s, _, _ = curl(URL + "/dashboard?key=" + key_admin, http="--http1.1")
 logged = access_logged(lambda x: "/dashboard?key=" in x, "the dashboard request logged")
 t.ok(s == 200 and key_admin not in logged and "/dashboard?key=REDACTED" in logged,
      "the dashboard's ?key= is not written to the access log (%d)" % s)
+# A key in any query form a client might use (issue 33): by name, without
+# regard to case, percent-encoded, or under a name no list has but shaped
+# as `infergate key` makes them. Each is answered (401: none is where the
+# gateway looks for a key) and logged with the key left out.
+forms = ["/v1/models?x=1&key=%s", "/v1/models?KEY=%s", "/v1/models?%%6bey=%s", "/v1/models?api_key=%s",
+         "/v1/models?token=%s", "/v1/models?Access_Token=%s", "/v1/models?k%%45y=%s&marker=q-forms"]
+secret = "ig-" + "Q" * 43
+for i, f in enumerate(forms):
+    curl(URL + f % secret, http="--http1.1" if i % 2 else "--http2-prior-knowledge")
+logged = access_logged(lambda x: "q-forms" in x, "the query forms logged")
+paths = [json.loads(x)["path"] for x in logged.splitlines() if x.strip() and "/v1/models?" in x]
+t.ok(secret not in logged and sum("REDACTED" in p_ for p_ in paths) >= len(forms),
+     "a key in any query form (%s) is absent from the access log: %s" % (", ".join(forms), paths[-len(forms):]))
+# The dashboard in a browser (issue 33): a login form whose POST sets the
+# admin key as a cookie (HttpOnly, SameSite=Strict, /dashboard only); every
+# page says no scripts, frames, referrers or caches.
+PAGE_HEADERS = {"content-security-policy": "default-src 'none'", "x-frame-options": "DENY",
+                "referrer-policy": "no-referrer", "cache-control": "no-store"}
+page_ok = lambda h: all(h.get(k, "").startswith(v) for k, v in PAGE_HEADERS.items())
+s, h, b = curl(URL + "/dashboard", http="--http1.1")
+t.ok(s == 401 and b"<form method=post action=/dashboard/login>" in b and "type=password" in b.decode()
+     and page_ok(h), "/dashboard without a key: the login form, with the page's headers (%d, %s)"
+     % (s, {k: h.get(k) for k in PAGE_HEADERS}))
+s, h, _ = curl(URL + "/dashboard/login", "--data-urlencode", "key=" + key_admin, http="--http1.1")
+cookie = h.get("set-cookie", "")
+t.ok(s == 303 and h.get("location") == "/dashboard" and cookie.startswith("infergate_dashboard=")
+     and all(a_ in cookie for a_ in ("HttpOnly", "SameSite=Strict", "Path=/dashboard", "Secure")),
+     "an admin key posted to the login form: 303 to /dashboard with the key in a cookie (%d %s)" % (s, cookie))
+jar = "cookie: " + cookie.split(";")[0]
+s, h, b = curl(URL + "/dashboard", headers=[jar])
+t.ok(s == 200 and b"<table>" in b and page_ok(h) and b"url=/dashboard" in b and key_admin.encode() not in b,
+     "the cookie opens the dashboard, over HTTP/2 too, its refresh without a key in the URL (%d)" % s)
+s, h, _ = curl(URL + "/dashboard", http="--http1.1", headers=["cookie: a=1; " + jar.split(": ")[1] + "; b=2"])
+t.ok(s == 200, "... among other cookies (%d)" % s)
+s_user = curl(URL + "/dashboard/login", "--data-urlencode", "key=" + key_a, http="--http1.1")[0]
+s_bad, h_bad, _ = curl(URL + "/dashboard/login", "--data-urlencode", "key=ig-not-a-key", http="--http1.1")
+s_bad_cookie = curl(URL + "/dashboard", http="--http1.1", headers=["cookie: infergate_dashboard=ig-not-a-key"])[0]
+s_get = curl(URL + "/dashboard/login", http="--http1.1")[0]
+s_big = curl(URL + "/dashboard/login", "--data-binary", "key=" + "x" * 5000, http="--http1.1")[0]
+t.ok((s_user, s_bad, s_bad_cookie, s_get, s_big) == (403, 401, 401, 405, 413) and "Max-Age=0" in h_bad.get("set-cookie", ""),
+     "a tenant's key is no admin's (403), a bad key or cookie is refused (401, the cookie cleared), the form "
+     "takes POST alone (405) and no body larger than a key (413): %s" % [s_user, s_bad, s_bad_cookie, s_get, s_big])
+s, h, _ = curl(URL + "/dashboard?key=" + key_admin, http="--http1.1")
+t.ok(s == 200 and h.get("set-cookie", "").startswith("infergate_dashboard=") and page_ok(h),
+     "a link with ?key= (made before the form) still opens the page, and moves the key to the cookie")
+mode = os.stat(access_log).st_mode & 0o777
+t.ok(mode & 0o007 == 0 and mode & ~0o640 == 0, "the access log is created 0640, not for other users (%o)" % mode)
 
 # A path that is not UTF-8 is answered (404) and logged, its bytes escaped
 def raw_h2_get(path):

@@ -8,7 +8,12 @@ a request a local worker turns away unstarted (its KV cache too small,
 
 The gateway runs with the smallest stream buffer (4 KiB): a client that
 reads slowly a stream whose events are larger than a quarter of it
-(top_logprobs) still gets the whole stream."""
+(top_logprobs) still gets the whole stream.
+
+Who may stand in for a worker (issue 33): a process that takes a dead
+worker's socket and answers its stats as a ready worker would is not the
+process the supervisor started (SO_PEERCRED), is never called ready and
+gets no request; a runtime_dir others may write to is refused at start."""
 import json
 import os
 import re
@@ -18,7 +23,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import INFERGATE, Checks, curl, free_port, gen_model, parse_curl, spawn, tmpdir, wait_until
+from harness import INFERGATE, Checks, curl, free_port, gen_model, parse_curl, spawn, stop, tmpdir, wait_until
+from fault_region import FaultRegion
 
 t = Checks()
 d = tmpdir()
@@ -136,13 +142,49 @@ try:
          and max(len(e) for e in events) > 1024,
          "a 4 KiB stream buffer: a client that reads events of %d bytes slowly still gets them all (%s, %d events)"
          % (max(len(e) for e in events) if events else 0, outcome, len(events)))
-finally:
-    g.send_signal(signal.SIGTERM)
+
+    # --- an impostor on a worker's socket ---
+    # Worker 0 dies; before its restart, another process (here the test,
+    # as another local user would with a writable runtime_dir) takes its
+    # socket's name and answers /internal/stats as a ready worker does.
+    log_at = len(open(log_path).read())
+    pid0 = int(re.findall(r"worker 0 \(model m, device \w+\) started: pid (\d+)", open(log_path).read())[-1])
+    sock0 = os.path.join(d, "run", "worker-0.sock")
+    os.kill(pid0, signal.SIGKILL)
+    os.unlink(sock0)
+    impostor = FaultRegion(unix=sock0)
     try:
-        rc = g.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        g.kill()
-        rc = None
+        time.sleep(3)  # stats every 100 ms: 30 chances to be called ready
+        said = open(log_path).read()[log_at:]
+        _, _, rb = curl(url + "/readyz", http="--http1.1", timeout=5)
+        sent = [curl(url + "/v1/completions", data=body)[1].get("x-infergate-worker") for _ in range(4)]
+        t.ok(impostor.connections > 0 and not impostor.paths and json.loads(rb)["workers_ready"] == 1
+             and sent == ["1"] * 4,
+             "a process on a dead worker's socket that is not the worker started there is never called ready "
+             "nor sent a request (%d connections, paths asked %s, %s, requests went to workers %s)"
+             % (impostor.connections, impostor.paths, rb.decode().strip(), sent))
+        t.ok(re.search(r"worker-0\.sock is served by pid %d \(uid \d+\), not by pid \d+" % os.getpid(), said),
+             "the gateway says who answered in its place: %s"
+             % [l for l in said.splitlines() if "served by" in l][:1])
+    finally:
+        impostor.stop()
+        os.unlink(sock0)
+    wait_until(ready, 30, "worker 0 back once its socket is free")
+    t.ok(True, "with the impostor gone, worker 0 is started again and ready")
+
+    # --- a runtime_dir others may write to ---
+    open_run = os.path.join(d, "open-run")
+    os.mkdir(open_run)
+    os.chmod(open_run, 0o777)
+    cfg2 = os.path.join(d, "open.yaml")
+    open(cfg2, "w").write("listen: [{address: \"127.0.0.1:%d\"}]\nworkers: [{model: \"%s\", name: m}]\n"
+                          "runtime_dir: \"%s\"\n" % (free_port(), model, open_run))
+    r = subprocess.run([INFERGATE, "serve", "--config", cfg2], capture_output=True, text=True, timeout=60)
+    t.ok(r.returncode != 0 and "has mode 0777" in r.stderr and "every local user" in r.stderr
+         and not os.listdir(open_run),
+         "a world-writable runtime_dir is refused at start, its mode named: %s" % r.stderr.strip()[-300:])
+finally:
+    rc = stop(g)
 t.ok(rc == 0, "gateway exits 0 (%s)" % rc)
 if t.failed:
     print("# gateway log:\n" + open(log_path).read()[-3000:])

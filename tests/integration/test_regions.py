@@ -5,6 +5,8 @@ delay_relay.py) so that their RTTs differ, over mutual TLS with a CA made
 here. Checks latency and cost routing, price changes, residency, a region
 that stands still (the response timeout), gateway death, Redis outages and
 the fleet-wide rate limit."""
+import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -93,6 +95,18 @@ def key_hash(k):
 
 
 hashes = {t_: key_hash(k) for t_, k in keys.items()}
+# The fleet key every gateway signs its record with (redis.record_keys), as
+# routing/record_auth.h says; the test signs the records it writes by hand.
+FLEET_KEY = "test-fleet-key-0123456789abcdef-0123456789"
+
+
+def fleet_auth(kind, region, fields):
+    ns = lambda b: b"%d:%s," % (len(b), b)
+    msg = ns(b"infergate-record-v1") + ns(kind.encode()) + ns(("t%d" % redis_port).encode()) + ns(region.encode())
+    msg += b"".join(ns(k.encode()) + ns(v.encode()) for k, v in sorted(fields.items()))
+    return "v1:" + hmac.new(FLEET_KEY.encode(), msg, hashlib.sha256).hexdigest()
+
+
 certs = {n: region_cert(n) for n in names}
 
 
@@ -117,7 +131,7 @@ region:
   tags: [%(tags)s]
   price: {input: %(pin)s, output: %(pout)s}
 cluster: t%(redis)d
-redis: {address: "127.0.0.1:%(redis)d"}
+redis: {address: "127.0.0.1:%(redis)d", record_keys: ["%(fleet_key)s"]}
 routing:
   policy: latency
   slo_ms: 500
@@ -146,7 +160,7 @@ runtime_dir: "%(run)s"
            tags=", ".join(tags[n]), pin=prices[n][0], pout=prices[n][1], redis=redis_port, peers=peers,
            h_open=hashes["open"], h_us=hashes["usonly"], h_eu=hashes["euonly"], h_cheap=hashes["cheap"],
            h_lim=hashes["limited"], h_ops=hashes["ops"], log=os.path.join(d, n + ".access.log"),
-           run=os.path.join(d, "run-" + n), resp_to=resp_to)
+           run=os.path.join(d, "run-" + n), resp_to=resp_to, fleet_key=FLEET_KEY)
 
 
 gws = {}
@@ -342,7 +356,8 @@ except AssertionError:
 got = {served_by(n, "cheap") for n in names}
 t.ok(got == {"us1"}, "cost: every region sends the cost tenant to us1, the cheapest (%s)" % got)
 r = subprocess.run([INFERGATE, "region", "set-price", "us1", "--input", "9", "--output", "9", "--redis",
-                    "127.0.0.1:%d" % redis_port, "--cluster", "t%d" % redis_port], capture_output=True, text=True)
+                    "127.0.0.1:%d" % redis_port, "--cluster", "t%d" % redis_port], capture_output=True, text=True,
+                   env=dict(os.environ, INFERGATE_RECORD_KEY=FLEET_KEY))
 t.ok(r.returncode == 0, "infergate region set-price: %s" % (r.stdout + r.stderr).strip())
 # The change is announced, not waited for until the next full read; how
 # fast is reported, not asserted (a test is no benchmark), but the bound
@@ -366,6 +381,12 @@ relays[("us1", "eu1")].set_delay(250)
 relays[("eu1", "us1")].set_delay(250)
 time.sleep(1.5)
 t.ok(all(served_by("us1", "euonly") == "eu1" for _ in range(10)), "even when eu1 is the slowest, eu stays in eu1")
+# The worker's count of the prompt's tokens (what tpm charges) comes back
+# through the region that served it to the gateway that forwarded it.
+s, h, b = request("us1", "euonly", body={"model": "m", "prompt": [1, 5, 7, 9], "max_tokens": 2, "temperature": 0})
+t.ok(s == 200 and h.get("x-infergate-region") == "eu1" and h.get("x-infergate-prompt-tokens") == "4",
+     "a forwarded answer carries the worker's prompt token count back (%d, %s)"
+     % (s, h.get("x-infergate-prompt-tokens")))
 t.ok(served_by("us1", "usonly", headers={"x-infergate-residency": "eu"}) in ("status-503", "status-404"),
      "a request narrowed to eu by its tenant us-only has nowhere to go: clean error")
 
@@ -405,10 +426,12 @@ t.ok(True, "Redis back: every gateway republished and resynced")
 # --- regions that exist only as records in Redis ---
 class Records:
     """Keeps records of made-up regions fresh in Redis, as their heartbeats
-    would: every 0.15 s each is written with a new updated_ms and announced."""
+    would: every 0.15 s each is written with a new updated_ms and announced,
+    signed with the fleet key unless signed is False."""
 
-    def __init__(self, records):
+    def __init__(self, records, signed=True):
         self.records = records
+        self.signed = signed
         self.stop_ev = threading.Event()
         self.th = threading.Thread(target=self.loop, daemon=True)
         self.th.start()
@@ -418,6 +441,8 @@ class Records:
             for name, fields in self.records.items():
                 f = dict(dict(models="m", price_in="0.1", price_out="0.1", healthy="1"), **fields)
                 f["updated_ms"] = str(int(time.time() * 1000))
+                if self.signed:
+                    f["auth"] = fleet_auth("region", name, f)
                 subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", "infergate:t%d:region:%s" % (redis_port, name)]
                                + [x for kv in f.items() for x in kv], capture_output=True, timeout=5)
                 subprocess.run(["redis-cli", "-p", str(redis_port), "PUBLISH", "infergate:t%d:events" % redis_port,
@@ -471,8 +496,44 @@ try:
 finally:
     recs.stop()
     clear.stop()
+# --- who may add a region, and who is a region ---
+# zz4 is written by hand without the fleet key: whoever can write to Redis
+# would otherwise add a region that tenants' prompts go to. zz5 is signed
+# (as if its writer held the fleet key) but its endpoint serves a
+# certificate of the fleet's CA made for another name ("app"): it is no
+# region zz5, and gets no request.
+def log_of(n):
+    return open(os.path.join(d, n + ".log")).read()
+
+
+def metric(n, name):
+    m = re.search(r"^%s (\S+)$" % name, request(n, "ops", path="/metrics")[2].decode(), re.M)
+    return float(m.group(1)) if m else 0
+
+
+impostor = FaultRegion(tls=rogue)
+unsigned = Records({"zz4": {"endpoint": "tls:127.0.0.1:%d" % impostor.port, "tags": "zz4"}}, signed=False)
+recs = Records({"zz5": {"endpoint": "tls:127.0.0.1:%d" % impostor.port, "tags": "zz5"}})
+try:
+    wait_until(lambda: fresh_everywhere("zz5") and "record of region zz4: no auth field" in log_of("eu1"), 20,
+               "zz5 seen, zz4 refused")
+    t.ok(all("zz4" not in table(n) for n in names) and metric("eu1", "infergate_region_records_refused_total") > 0,
+         "a record no fleet key proves is ignored by every gateway, logged and counted")
+    s, h, b = request("eu1", "open", headers={"x-infergate-residency": "zz5"})
+    zz = table("eu1")["zz5"]
+    t.ok(s == 503 and not impostor.requests and zz["consecutive_failures"] >= 1,
+         "a region whose endpoint's certificate names another gets no request, and the try counts against it "
+         "(%d, %d requests there, %d failures)" % (s, len(impostor.requests), zz["consecutive_failures"]))
+    t.ok("is not region zz5: its certificate (CN app) does not name it" in log_of("eu1")
+         and metric("eu1", "infergate_peer_identity_refused_total") > 0,
+         "the refused peer is logged and counted")
+finally:
+    recs.stop()
+    unsigned.stop()
+    impostor.stop()
+
 # gone from Redis, the zz records leave the candidates as they go stale
-wait_until(lambda: all(table(n).get(z, {"stale": True})["stale"] for n in names for z in ("zz1", "zz3")), 20,
+wait_until(lambda: all(table(n).get(z, {"stale": True})["stale"] for n in names for z in ("zz1", "zz3", "zz5")), 20,
            "the zz records stale")
 
 # --- what a region answers that a real one produces only by accident ---

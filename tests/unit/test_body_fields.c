@@ -533,6 +533,29 @@ static void test_usage_values(void **state)
     assert_int_equal(u.tokens, 12);
 }
 
+/* Token ids in the prompt are counted, one token each (a body of short
+ * ids is fewer bytes than 4 a token); text and ids elsewhere are not. */
+static void test_prompt_ids(void **state)
+{
+    static const struct {
+        const char *body;
+        long long ids;
+    } cases[] = {
+        {"{\"model\":\"m\",\"prompt\":[1,5,6],\"max_tokens\":1}", 3},
+        {"{\"prompt\":[[1,2],[3,4,5]],\"n\":7}", 5},
+        {"{\"prompt\":\"text of 99 words\",\"logit_bias\":{\"5\":1},\"stop\":[1]}", 0},
+        {"{\"prompt\":[\"a\",2,{\"x\":3}],\"seed\":4,\"x\":[5,6]}", 2},
+        {"{\"x\":{\"prompt\":[1,2]},\"prompt\":[]}", 0},
+        {"{\"prompt\":[1.5,2e0,-3]}", 1},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        gw_body_fields f;
+        char err[128];
+        assert_int_equal(scan(cases[i].body, &f, err, sizeof(err)), 0);
+        assert_int_equal(f.prompt_ids, cases[i].ids);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -547,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_depth),
         cmocka_unit_test(test_usage_splits),
         cmocka_unit_test(test_usage_values),
+        cmocka_unit_test(test_prompt_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -126,6 +126,7 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "  response_timeout_ms: 0\n"
                                 "logging:\n"
                                 "  access_log: /var/log/infergate/access.log\n"
+                                "  access_log_mode: 0600\n"
                                 "drain_grace_s: 10\n"
                                 "stats_interval_ms: 100\n"
                                 "worker_hang_timeout_s: 0\n"
@@ -211,6 +212,7 @@ static void test_full(void **state)
     assert_int_equal(c->limits.stream_buffer_bytes, 65536);
     assert_int_equal(c->limits.response_timeout_ms, 0);
     assert_string_equal(c->access_log, "/var/log/infergate/access.log");
+    assert_int_equal(c->access_log_mode, 0600);
     assert_int_equal(c->drain_grace_s, 10);
     assert_int_equal(c->stats_interval_ms, 100);
     assert_int_equal(c->worker_hang_timeout_s, 0);
@@ -231,6 +233,7 @@ static void check_default_limits(const gw_config *c)
     assert_int_equal(c->limits.stream_buffer_bytes, 1048576);
     assert_int_equal(c->limits.response_timeout_ms, 600000);
     assert_string_equal(c->access_log, "stdout");
+    assert_int_equal(c->access_log_mode, 0640);
     assert_int_equal(c->drain_grace_s, 30);
     assert_int_equal(c->stats_interval_ms, 250);
     assert_int_equal(c->worker_hang_timeout_s, 30);
@@ -355,6 +358,7 @@ static const char routing_yaml[] =
     "  password: s3cret\n"
     "  db: 3\n"
     "  timeout_ms: 2500\n"
+    "  record_keys: [\"fleet-key-0123456789abcdef-0123456789\", \"old-fleet-key-0123456789abcdef-012345\"]\n"
     "routing:\n"
     "  policy: cost\n"
     "  slo_ms: 80\n"
@@ -371,6 +375,8 @@ static const char routing_yaml[] =
     "  - name: ap-south\n"
     "    endpoint: \"tls:[fd00::5]:8443\"\n"
     "peer_tls: {ca: /ca.pem, cert: /peer.pem, key: /peer.key}\n";
+
+#define FLEET_KEY "0123456789abcdef0123456789abcdef"
 
 static void test_routing_full(void **state)
 {
@@ -403,6 +409,8 @@ static void test_routing_full(void **state)
     assert_string_equal(c->redis.password, "s3cret");
     assert_int_equal(c->redis.db, 3);
     assert_int_equal(c->redis.timeout_ms, 2500);
+    assert_int_equal(c->redis.n_record_keys, 2);
+    assert_string_equal(c->redis.record_keys[1], "old-fleet-key-0123456789abcdef-012345");
     assert_int_equal(c->routing.policy, GW_POLICY_COST);
     assert_true(c->routing.slo_ms == 80);
     assert_int_equal(c->routing.heartbeat_ms, 500);
@@ -423,7 +431,8 @@ static void test_routing_full(void **state)
     gw_config_free(c);
 
     /* Redis on localhost; peer_tls with a CA only. */
-    c = load_ok("region: {name: r}\nredis: {address: \"localhost:6379\"}\npeer_tls: {ca: /ca}\n");
+    c = load_ok("region: {name: r}\nredis: {address: \"localhost:6379\", record_keys: [" FLEET_KEY "]}\n"
+                "peer_tls: {ca: /ca}\n");
     assert_string_equal(c->redis.host, "localhost");
     assert_int_equal(c->redis.port, 6379);
     assert_null(c->redis.password);
@@ -457,6 +466,9 @@ static const struct {
      "bad.yaml:3: workers[0].name: must be printable ASCII without spaces, commas, quotes or backslashes"},
     {"workers:\n  - model: /m.gguf\n    name: \"\"\n", "bad.yaml:3: workers[0].name: must not be empty"},
     {"logging: {access_log: ''}\n", "bad.yaml:1: logging.access_log: must not be empty"},
+    {"logging: {access_log_mode: \"0666\"}\n", "bad.yaml:1: logging.access_log_mode: 0666 lets every local user write to the log"},
+    {"logging: {access_log_mode: 640x}\n", "bad.yaml:1: logging.access_log_mode: must be an octal mode such as \"0640\""},
+    {"logging: {access_log_mode: 0800}\n", "bad.yaml:1: logging.access_log_mode: must be an octal mode such as \"0640\""},
     {"listen: [{address: \"127.0.0.1:1\", tls: {cert: '', key: ''}}]\n",
      "bad.yaml:1: listen[0].tls.cert: must not be empty"},
     {"workers:\n  - model: /m.gguf\n    devices: [CPU]\n",
@@ -645,6 +657,14 @@ static const struct {
     {"region: {name: eu}\nredis: {address: \"127.0.0.1\"}\n", "bad.yaml:2: redis.address: want HOST:PORT"},
     {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\", db: -1}\n",
      "bad.yaml:2: redis.db: must be a whole number from 0 to 65535"},
+    {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\"}\n",
+     "bad.yaml:2: redis.record_keys: required: the fleet key that signs and proves the region records"},
+    {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\", record_keys: [short]}\n",
+     "bad.yaml:2: redis.record_keys: key 0: 32 to 128 bytes"},
+    {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\", record_keys: []}\n",
+     "bad.yaml:2: redis.record_keys: give one key (two while rotating)"},
+    {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\", record_keys: [a, b, c]}\n",
+     "bad.yaml:2: redis.record_keys: too many entries (at most 2)"},
     {"region: {name: eu}\nredis: {address: \"127.0.0.1:6379\", user: x}\n",
      "bad.yaml:2: redis.user: unknown key"},
     {"routing: {policy: fastest}\n", "bad.yaml:1: routing.policy: must be latency or cost"},

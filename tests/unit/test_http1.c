@@ -332,6 +332,14 @@ static void test_malformed(void **state)
          "HTTP/1.1 400 "},
         {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
          "HTTP/1.1 400 "},
+        /* fields that must be single, repeated: a proxy in front may read the other one */
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+         "HTTP/1.1 400 "},
+        {"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nauthorization: Bearer b\r\n\r\n",
+         "HTTP/1.1 400 "},
+        {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: a/b\r\nContent-Type: a/b\r\nContent-Length: "
+         "0\r\n\r\n",
+         "HTTP/1.1 400 "},
         {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", "HTTP/1.1 400 "},
         {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1,1\r\n\r\nab", "HTTP/1.1 400 "},
         {"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",

@@ -232,6 +232,52 @@ static void test_runtime_dir_is_held(void **state)
     sup_close(&t);
 }
 
+/* A runtime_dir another user or group may write to is refused, its mode
+ * named; a lock file that is a symbolic link is not followed. */
+static void test_runtime_dir_must_be_private(void **state)
+{
+    tsup t = {0};
+    loop_open(&t, "ig-sup");
+    char yaml[512], run[128], lock[160], target[160], err[512];
+    snprintf(run, sizeof(run), "%s/run", t.dir);
+    int n = snprintf(yaml, sizeof(yaml), "runtime_dir: \"%s\"\nworkers: [{model: \"%s/none.gguf\", name: m}]\n", run,
+                     t.dir);
+    assert_int_equal(gw_config_parse("test", yaml, (size_t)n, &t.cfg, err, sizeof(err)), 0);
+    gw_upstream_opts o;
+    gw_upstream_opts_default(&o);
+    t.pool = gw_upstream_pool_new(t.base, &o, err, sizeof(err));
+    assert_non_null(t.pool);
+    assert_int_equal(mkdir(run, 0700), 0);
+    static const struct {
+        mode_t mode;
+        const char *said;
+    } modes[] = {{0777, "has mode 0777: every local user may write"},
+                 {01777, "has mode 1777: every local user may write"},
+                 {0770, "has mode 0770: its group may write"}};
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        assert_int_equal(chmod(run, modes[i].mode), 0);
+        err[0] = '\0';
+        assert_null(gw_supervisor_new(t.base, t.pool, t.cfg, self_exe, err, sizeof(err)));
+        assert_non_null(strstr(err, modes[i].said));
+    }
+    /* private again, but the lock is a link to a file elsewhere */
+    assert_int_equal(chmod(run, 0750), 0);
+    snprintf(lock, sizeof(lock), "%s/gateway.lock", run);
+    snprintf(target, sizeof(target), "%s/elsewhere", t.dir);
+    assert_int_equal(symlink(target, lock), 0);
+    err[0] = '\0';
+    assert_null(gw_supervisor_new(t.base, t.pool, t.cfg, self_exe, err, sizeof(err)));
+    assert_non_null(strstr(err, "(it is a symbolic link)"));
+    assert_int_equal(access(target, F_OK), -1);
+    assert_int_equal(unlink(lock), 0);
+    gw_supervisor *sup = gw_supervisor_new(t.base, t.pool, t.cfg, self_exe, err, sizeof(err));
+    assert_non_null(sup);
+    gw_supervisor_free(sup);
+    gw_upstream_pool_free(t.pool);
+    gw_config_free(t.cfg);
+    loop_close(&t);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "worker"))
@@ -246,6 +292,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wedged_worker_is_killed),
         cmocka_unit_test(test_slow_stats_interval_is_not_a_hang),
         cmocka_unit_test(test_runtime_dir_is_held),
+        cmocka_unit_test(test_runtime_dir_must_be_private),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

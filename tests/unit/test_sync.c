@@ -512,6 +512,78 @@ static void test_set_price(void **state)
     assert_non_null(strstr(err, want));
 }
 
+/* Records and price overrides under fleet keys (routing/record_auth.h): a
+ * gateway signs what it writes, and takes from Redis only what one of its
+ * keys proves. */
+#define FLEET_KEY_1 "fleet-key-one-0123456789abcdef-0123456789"
+#define FLEET_KEY_2 "fleet-key-two-0123456789abcdef-0123456789"
+
+static void keys_of(route_auth_keys *k, const char *first, const char *second)
+{
+    const char *v[] = {first, second};
+    char err[160];
+    assert_int_equal(route_auth_keys_set(k, v, second ? 2 : 1, err, sizeof(err)), 0);
+}
+
+static void test_fleet_keys(void **state)
+{
+    route_sync_opts o;
+    test_opts(&o);
+    o.full_read_ms = 300; /* a rotation is seen at the next full read */
+    keys_of(&o.auth, FLEET_KEY_1, NULL);
+    start_pair(&o);
+    /* The proof is in the plain fields and in the entry. */
+    redisReply *r = rc_command("HGET infergate:" CLUSTER ":region:us-east auth");
+    assert_true(r && r->type == REDIS_REPLY_STRING && !strncmp(r->str, "v1:", 3) && r->len == 67);
+    freeReplyObject(r);
+
+    /* A region written to Redis by hand never enters a table: said and counted. */
+    const char *last;
+    freeReplyObject(rc_command("HSET infergate:" CLUSTER ":region:rogue endpoint tls:127.0.0.1:9 models tiny "
+                               "tags eu price_in 0 price_out 0 healthy 1 updated_ms 1"));
+    assert_true(rc_integer("PUBLISH %s rogue", "infergate:" CLUSTER ":events") >= 1);
+    WAIT_UNTIL(route_sync_auth_refused(ga.sync, &last) > 0);
+    assert_non_null(strstr(last, "record of region rogue: no auth field"));
+    assert_null(region(&ga, "rogue"));
+    /* A proof copied from another region's record proves nothing here. */
+    r = rc_command("HGET infergate:" CLUSTER ":region:us-east auth");
+    assert_true(r && r->type == REDIS_REPLY_STRING);
+    freeReplyObject(rc_command("HSET infergate:" CLUSTER ":region:rogue auth %s", r->str));
+    freeReplyObject(r);
+    unsigned long long before = route_sync_auth_refused(ga.sync, NULL);
+    assert_true(rc_integer("PUBLISH %s rogue", "infergate:" CLUSTER ":events") >= 1);
+    WAIT_UNTIL(route_sync_auth_refused(ga.sync, &last) > before);
+    assert_non_null(strstr(last, "does not match the fleet keys"));
+    assert_null(region(&ga, "rogue"));
+
+    /* A price override written by hand is ignored; route_set_price signs its own. */
+    before = route_sync_auth_refused(ga.sync, NULL);
+    assert_true(rc_integer("HSET %s input 0.01 output 0.01", "infergate:" CLUSTER ":price:us-east") >= 0);
+    assert_true(rc_integer("PUBLISH %s us-east", "infergate:" CLUSTER ":events") >= 1);
+    WAIT_UNTIL(route_sync_auth_refused(ga.sync, &last) > before);
+    assert_non_null(strstr(last, "price override of region us-east"));
+    assert_true(price_in_of(&ga, "us-east") == 1.0);
+    char err[256];
+    assert_int_equal(route_set_price(&o, "us-east", 1.5, 2.5, err, sizeof(err)), 0);
+    WAIT_UNTIL(price_in_of(&ga, "us-east") == 1.5 && price_in_of(&gb, "us-east") == 1.5);
+
+    /* A gateway of another key: neither side takes the other's record. */
+    route_sync_opts o2 = o;
+    keys_of(&o2.auth, FLEET_KEY_2, NULL);
+    gw_start(&gc, &o2, "ap-south", "ap", 2.0, 2.0);
+    WAIT_UNTIL(route_sync_connected(gc.sync));
+    run_for(600);
+    assert_null(region(&gc, "eu-west"));
+    assert_null(region(&ga, "ap-south"));
+    /* A rotation: with both keys, each takes the other's. */
+    route_auth_keys both;
+    keys_of(&both, FLEET_KEY_1, FLEET_KEY_2);
+    route_sync_set_auth(ga.sync, &both);
+    keys_of(&both, FLEET_KEY_2, FLEET_KEY_1);
+    route_sync_set_auth(gc.sync, &both);
+    WAIT_UNTIL(region(&ga, "ap-south") && region(&gc, "eu-west") && region(&gc, "us-east"));
+}
+
 static void test_full_read_and_ttl(void **state)
 {
     route_sync_opts o;
@@ -986,7 +1058,12 @@ static void test_cli(void **state)
     snprintf(port_arg, sizeof(port_arg), "127.0.0.1:%d", redis_port);
     char *argv1[] = {"region", "set-price", "us-east", "--input",   "0.25",  "--output",   "0.5", "--redis",
                      port_arg, "--db",      "3",       "--cluster", CLUSTER, "--password", PASS,  NULL};
+    /* No fleet key: an unsigned price every gateway would ignore is not written. */
+    unsetenv("INFERGATE_RECORD_KEY");
+    assert_int_equal(gw_cmd_region(15, argv1), 1);
+    setenv("INFERGATE_RECORD_KEY", "0123456789abcdef0123456789abcdef", 1);
     assert_int_equal(gw_cmd_region(15, argv1), 0);
+    unsetenv("INFERGATE_RECORD_KEY");
     redisReply *r = rc_command("HGET infergate:" CLUSTER ":price:us-east input");
     assert_true(r && r->type == REDIS_REPLY_STRING && !strcmp(r->str, "0.25"));
     freeReplyObject(r);
@@ -996,7 +1073,7 @@ static void test_cli(void **state)
     assert_non_null(f);
     fprintf(f,
             "region:\n  name: eu-west\ncluster: %s\nredis:\n  address: \"127.0.0.1:%d\"\n  password: %s\n"
-            "  db: %d\n",
+            "  db: %d\n  record_keys: [0123456789abcdef0123456789abcdef]\n",
             CLUSTER, redis_port, PASS, DB);
     fclose(f);
     char *argv2[] = {"region",   "set-price", "us-east",  "--input", "4",
@@ -1085,6 +1162,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_two_gateways, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_price, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fleet_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_read_and_ttl, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gcra, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gcra_debt_and_refund, setup, teardown),
