@@ -81,6 +81,8 @@ static void local_record(gw_serve *g, route_record *r)
         tpot += w->tpot_ewma_ms;
         n_ttft += w->prefill_ewma_ms > 0;
         n_tpot += w->tpot_ewma_ms > 0;
+        if (w->est_ttft_ms > 0 && (r->ttft_est_ms == 0 || w->est_ttft_ms < r->ttft_est_ms))
+            r->ttft_est_ms = fmin(w->est_ttft_ms, ROUTE_MAX_MS);
         for (int m = 0; m < r->n_load; m++) {
             if (strcmp(r->models[m], w->model))
                 continue;
@@ -90,6 +92,10 @@ static void local_record(gw_serve *g, route_record *r)
             l->queued += w->queued;
             l->ttft_ms += w->prefill_ewma_ms;
             l->tpot_ms += w->tpot_ewma_ms;
+            /* a request goes to the least loaded worker (gw_supervisor_pick):
+             * the model's wait is its best worker's */
+            if (w->est_ttft_ms > 0 && (r->load_est_ms[m] == 0 || w->est_ttft_ms < r->load_est_ms[m]))
+                r->load_est_ms[m] = fmin(w->est_ttft_ms, ROUTE_MAX_MS);
             m_ttft[m] += w->prefill_ewma_ms > 0;
             m_tpot[m] += w->tpot_ewma_ms > 0;
         }
@@ -107,6 +113,7 @@ static void local_record(gw_serve *g, route_record *r)
         l->tpot_ms = fmin(m_tpot[m] ? l->tpot_ms / m_tpot[m] : lw ? lw->tpot_ms : 0, ROUTE_MAX_MS);
     }
     r->healthy = ready > 0 && !g->draining;
+    r->draining = g->draining;
     r->updated_ms = gw_epoch_ms();
     r->instances = 1; /* this gateway: others of the region are not counted in its own view */
 }
@@ -258,10 +265,10 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         const route_model_load *l = &r->rec.load[i];
         double q = route_model_queue_ms(r, i);
         json_object_set_new(load, r->rec.models[i],
-                            json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:f}", "capacity", l->capacity,
+                            json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "capacity", l->capacity,
                                       "running", l->running, "queued", l->queued, "ttft_ms", l->ttft_ms,
-                                      "tpot_ms", l->tpot_ms, "queue_ms", q, "expected_ms",
-                                      route_rtt_ms(r) + q));
+                                      "tpot_ms", l->tpot_ms, "est_ms", r->rec.load_est_ms[i], "queue_ms", q,
+                                      "expected_ms", route_rtt_ms(r) + q));
     }
     json_t *o = json_pack(
         "{s:s, s:s, s:b, s:o, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:b, s:o, s:o, "
@@ -276,10 +283,14 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         route_expected_ms(r), "age_ms", (json_int_t)(wall - r->rec.updated_ms), "consecutive_failures",
         r->consecutive_failures, "ejected_for_ms", (json_int_t)(ejected ? r->ejected_until_ms - now : 0),
         "instances", r->rec.instances);
-    if (o)
+    if (o) {
         json_object_set_new(o, "model_load", load); /* per model: what routing ranks by */
-    else
+        /* the region's own queue-based estimate (0: an older gateway's record) */
+        json_object_set_new(o, "ttft_est_ms", json_real(r->rec.ttft_est_ms));
+        json_object_set_new(o, "draining", json_boolean(r->rec.draining));
+    } else {
         json_decref(load);
+    }
     return o;
 }
 
