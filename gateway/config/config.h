@@ -72,6 +72,7 @@
  *   routing:
  *     policy: latency           # latency | cost
  *     slo_ms: 500               # cost policy: expected latency bound
+ *     spread: true              # share among near-best regions (routing/router.h), not all to the best
  *     heartbeat_ms: 1000        # record publication period
  *     stale_after_ms: 3000      # default 3 heartbeats; more than two
  *     eject_after: 3            # consecutive failures (0: never eject)
@@ -162,6 +163,7 @@ typedef struct gw_redis_cfg {
 typedef struct gw_routing_cfg {
     gw_route_policy policy; /* LATENCY or COST, never DEFAULT */
     double slo_ms;
+    bool spread; /* route_query.spread */
     int heartbeat_ms, stale_after_ms, eject_after, eject_base_ms, eject_max_ms, ping_interval_ms;
     double retry_budget;
 } gw_routing_cfg;

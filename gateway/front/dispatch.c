@@ -9,6 +9,7 @@
 
 #include "routing/router.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,6 +207,11 @@ void gw_front_dispatch(gw_front_req *p)
         .policy = pol == GW_POLICY_COST ? ROUTE_COST : ROUTE_LATENCY,
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
         .now_ms = gw_mono_ms(),
+        /* what the tenant is charged for now (gw_front_limit): the body's
+         * bytes / 4 and the answer's maximum */
+        .prompt_tokens = (int)(p->req->body_len / 4 < INT_MAX ? p->req->body_len / 4 : INT_MAX),
+        .output_tokens = (int)p->charged_completion,
+        .spread = g->cfg->routing.spread,
     };
     if (route_decide(g->table, &q, &p->route) == 0) {
         const route_decision *d = &p->route;
