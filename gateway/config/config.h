@@ -78,7 +78,7 @@
  *     eject_after: 3            # consecutive failures (0: never eject)
  *     eject_base_ms: 1000       # first ejection; doubles up to eject_max_ms
  *     eject_max_ms: 30000
- *     ping_interval_ms: 1000    # RTT probes (HTTP/2 PING) to each peer
+ *     ping_interval_ms: 250     # RTT probes (HTTP/2 PING) to each peer; 10 unanswered: it is gone
  *     retry_budget: 0.2         # fraction of requests that may be retried, 0 to 1
  *   peers:                      # static peers / endpoint overrides (e.g. a private link); needs `region`
  *     - name: us-east           # required, not this region

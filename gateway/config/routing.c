@@ -37,7 +37,7 @@ int gw_cfg_routing_init(gw_config *c)
                                   .eject_after = 3,
                                   .eject_base_ms = 1000,
                                   .eject_max_ms = 30000,
-                                  .ping_interval_ms = 1000,
+                                  .ping_interval_ms = 250,
                                   .retry_budget = 0.2};
     return (c->cluster = strdup("default")) ? 0 : -ENOMEM;
 }

@@ -256,7 +256,7 @@ static void check_default_limits(const gw_config *c)
     assert_int_equal(c->routing.eject_after, 3);
     assert_int_equal(c->routing.eject_base_ms, 1000);
     assert_int_equal(c->routing.eject_max_ms, 30000);
-    assert_int_equal(c->routing.ping_interval_ms, 1000);
+    assert_int_equal(c->routing.ping_interval_ms, 250);
     assert_true(c->routing.retry_budget == 0.2);
     assert_true(c->routing.spread);
 }
