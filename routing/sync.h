@@ -55,7 +55,7 @@ typedef struct route_sync_opts {
     int full_read_ms;       /* 5000 */
     int command_timeout_ms; /* 500 */
     int reconnect_min_ms;   /* 100 */
-    int reconnect_max_ms;   /* 5000 */
+    int reconnect_max_ms;   /* 1000 */
 } route_sync_opts;
 
 void route_sync_opts_default(route_sync_opts *o);
