@@ -99,6 +99,8 @@ struct rt_sched {
     uint64_t rate_tokens0;
     /* the TTFT estimate (sched_est.h) */
     rt_step_fit fit;
+    double fit_t0;   /* when the step being timed began; 0: none */
+    int fit_tokens;  /* its tokens */
     double est_t;           /* when it was last computed */
     double prompt_ewma;     /* prompt tokens of the requests admitted lately */
     double gen_frac;        /* of max_new, what finished requests generated (stop before length) */
@@ -764,21 +766,34 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
     return reason != NULL;
 }
 
+/* A step is timed from its start to the next one's (or to the loop going
+ * idle): what a request waiting behind it sees, the loop's own work
+ * (intake, admission, stats, the events to the HTTP thread) included.
+ * Timed forward and sampling alone, a flooded worker's estimate read
+ * half of what its requests waited. */
+static void fit_close(rt_sched *s, double now)
+{
+    if (s->fit_t0 > 0 && now >= s->fit_t0)
+        rt_step_fit_add(&s->fit, s->fit_tokens, (now - s->fit_t0) * 1e3);
+    s->fit_t0 = 0;
+}
+
 static void step(rt_sched *s)
 {
     int n = build_batch(s);
     if (n == 0)
         return;
     double t0 = gw_mono_s();
+    fit_close(s, t0);
     int rc = rt_model_forward(s->model, s->batch, n);
     if (rc == 0)
         rt_model_parallel_for(s->model, n, sample_item, s);
     double now = gw_mono_s();
     if (rc == 0) {
-        int tokens = 0;
+        s->fit_t0 = t0;
+        s->fit_tokens = 0;
         for (int i = 0; i < n; i++)
-            tokens += s->batch[i].n_tokens;
-        rt_step_fit_add(&s->fit, tokens, (now - t0) * 1e3);
+            s->fit_tokens += s->batch[i].n_tokens;
     }
     for (int i = 0; i < n; i++) {
         sreq *r = s->running[s->take[i]];
@@ -903,6 +918,7 @@ static void *run(void *arg)
             publish_stats(s);
             continue;
         }
+        fit_close(s, gw_mono_s());
         publish_stats(s);
         pthread_mutex_lock(&s->mu);
         if (!s->stopping && !s->inbox.n && !s->n_cancels) {
