@@ -240,8 +240,12 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
 {
     gw_front_req *p = ud;
     double now = gw_mono_s();
-    if (!p->t_first)
+    if (!p->t_first) {
         p->t_first = now;
+        /* an event stream's first data is its first token */
+        if (p->sse && p->est_at_send > 0)
+            gw_regions_note_ttft(p->g, p->est_at_send, (now - p->t_sent) * 1e3);
+    }
     p->t_last = now;
     if (p->sse)
         scan_sse(p, data, len);
@@ -370,6 +374,7 @@ void gw_front_send_upstream(gw_front_req *p)
     } else {
         target = gw_supervisor_worker(g->sup, p->worker)->target;
     }
+    p->est_at_send = p->remote ? 0 : gw_supervisor_worker(g->sup, p->worker)->est_ttft_ms;
     p->tries++;
     p->local_tries += !p->remote;
     p->t_sent = gw_mono_s();
