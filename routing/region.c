@@ -280,23 +280,35 @@ static int parse_list(const char *field, const char *v, char *dst, size_t size, 
  * model. A gateway of a version before it rewrites the other fields and
  * leaves this one as it was (HSET), so a stale one is ignored, not an
  * error: the region-wide figures then stand. */
+/* The "UPDATED_MS;" a per-model field starts with: its stamp, and where
+ * its entries begin (*rest). */
+static int parse_stamp(const char *field, const char *v, long long *stamp, const char **rest, char *err,
+                       size_t err_len)
+{
+    const char *semi = strchr(v, ';');
+    char stamp_s[24];
+    if (!semi || (size_t)(semi - v) >= sizeof(stamp_s))
+        return fail(err, err_len, "%s: must be updated_ms;entries", field);
+    memcpy(stamp_s, v, (size_t)(semi - v));
+    stamp_s[semi - v] = '\0';
+    if (parse_int(field, stamp_s, INT64_MAX, stamp, err, err_len))
+        return -EINVAL;
+    *rest = semi + 1;
+    return 0;
+}
+
 static int parse_load(const char *field, const char *v, route_record *r, char *err, size_t err_len)
 {
     route_model_load *load = r->load;
     r->n_load = 0;
     if (!*v)
         return 0;
-    const char *semi = strchr(v, ';');
-    char stamp_s[24];
     long long stamp;
-    if (!semi || (size_t)(semi - v) >= sizeof(stamp_s))
-        return fail(err, err_len, "%s: must be updated_ms;entries", field);
-    memcpy(stamp_s, v, (size_t)(semi - v));
-    stamp_s[semi - v] = '\0';
-    if (parse_int(field, stamp_s, INT64_MAX, &stamp, err, err_len))
+    const char *rest;
+    if (parse_stamp(field, v, &stamp, &rest, err, err_len))
         return -EINVAL;
     int n = 0;
-    for (const char *p = semi + 1; *p || n == 0; n++) {
+    for (const char *p = rest; *p || n == 0; n++) {
         if (n == ROUTE_MAX_MODELS)
             return fail(err, err_len, "%s: more than %d entries", field, ROUTE_MAX_MODELS);
         char part[5][32];
@@ -338,17 +350,13 @@ static int parse_est(const char *field, const char *v, route_record *r, char *er
         r->load_est_ms[i] = 0;
     if (!*v)
         return 0;
-    const char *semi = strchr(v, ';');
-    char stamp_s[24], part[32];
+    char part[32];
     long long stamp;
-    if (!semi || (size_t)(semi - v) >= sizeof(stamp_s))
-        return fail(err, err_len, "%s: must be updated_ms;entries", field);
-    memcpy(stamp_s, v, (size_t)(semi - v));
-    stamp_s[semi - v] = '\0';
-    if (parse_int(field, stamp_s, INT64_MAX, &stamp, err, err_len))
+    const char *rest;
+    if (parse_stamp(field, v, &stamp, &rest, err, err_len))
         return -EINVAL;
     int n = 0;
-    for (const char *p = semi + 1; *p || n == 0; n++) {
+    for (const char *p = rest; *p || n == 0; n++) {
         size_t len = strcspn(p, ",");
         if (n == ROUTE_MAX_MODELS)
             return fail(err, err_len, "%s: more than %d entries", field, ROUTE_MAX_MODELS);
