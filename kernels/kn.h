@@ -80,11 +80,13 @@ typedef struct kn_type_traits {
 /* The traits of a ggml type number this build knows, or NULL. */
 const kn_type_traits *kn_type_traits_of(uint32_t type);
 
-/* True for the tensor types the runtime loads from a model file today (F32,
- * F16, Q8_0, Q4_0): the kernels compute with every type kn_type_traits_of
- * knows, and the runtime takes the others on as its loaders and its CUDA
- * plugin learn them. */
+/* True for the tensor types the runtime loads from a model file: every type
+ * kn_type_traits_of knows but Q8_K (activations only, never a weight). */
 bool kn_type_supported(uint32_t type);
+/* ggml's enum name of any type number ggml has given ("IQ2_XXS", "Q4_K",
+ * "MXFP4"; removed ones too), whether this build knows the type or not; NULL
+ * for a number ggml never gave (as of Q2_0 = 42). For messages. */
+const char *kn_ggml_type_name(uint32_t type);
 /* ggml's name of a type kn_type_traits_of knows ("q8_0", "q4_K"), or NULL. */
 const char *kn_type_name(uint32_t type);
 /* Parses a name as above, case aside ("Q4_K" too); returns 0 or -1. */

@@ -103,23 +103,30 @@ static int matmul(rt_model *m, const rt_weight *w, const float *x, int n_rows, f
 }
 
 /* Products of one input with n weights (Q, K, V; gate, up): one kn_matmul_n
- * when their types agree, as they do in every file we know of. */
+ * per type among them, so that the input is quantized once per type (a
+ * Q4_K_M file has attn_v in Q6_K in some layers, attn_q and attn_k in Q4_K). */
 static int matmul_shared(rt_model *m, const float *x, int n_rows, const rt_weight *const *w, float *const *y,
                          int n)
 {
-    kn_mm_out outs[KN_MM_MAX_OUTS];
+    bool done[KN_MM_MAX_OUTS] = {false};
+    if (n > KN_MM_MAX_OUTS)
+        return -EINVAL;
     for (int k = 0; k < n; k++) {
-        if (n > KN_MM_MAX_OUTS || w[k]->type != w[0]->type || w[k]->n_in != w[0]->n_in) {
-            for (int i = 0; i < n; i++) {
-                int rc = matmul(m, w[i], x, n_rows, y[i]);
-                if (rc)
-                    return rc;
+        if (done[k])
+            continue;
+        kn_mm_out outs[KN_MM_MAX_OUTS];
+        int n_outs = 0;
+        for (int i = k; i < n; i++) {
+            if (!done[i] && w[i]->type == w[k]->type && w[i]->n_in == w[k]->n_in) {
+                outs[n_outs++] = (kn_mm_out){w[i]->data, w[i]->n_out, y[i]};
+                done[i] = true;
             }
-            return 0;
         }
-        outs[k] = (kn_mm_out){w[k]->data, w[k]->n_out, y[k]};
+        int rc = kn_matmul_n(m->kn, w[k]->type, w[k]->n_in, x, n_rows, outs, n_outs);
+        if (rc)
+            return rc;
     }
-    return kn_matmul_n(m->kn, w[0]->type, w[0]->n_in, x, n_rows, outs, n);
+    return 0;
 }
 
 static int validate(const rt_model *m, const rt_batch_entry *e, int n, int *n_tokens, int *n_out)

@@ -275,6 +275,14 @@ static uint64_t weight_bytes(const rt_weight *w)
     return w->nbytes;
 }
 
+/* Takes the leading "path: " off a message of rt_gguf_open. */
+static void drop_path(char *err, const char *path)
+{
+    size_t n = strlen(path);
+    if (strncmp(err, path, n) == 0 && err[n] == ':' && err[n + 1] == ' ')
+        memmove(err, err + n + 2, strlen(err + n + 2) + 1);
+}
+
 int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, char *err, size_t err_len)
 {
     *out = NULL;
@@ -285,8 +293,10 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
     if (!m)
         goto fail;
     rc = rt_gguf_open(path, &m->gguf, err, err_len);
-    if (rc < 0)
+    if (rc < 0) {
+        drop_path(err, path); /* the caller names the file, once */
         goto fail;
+    }
     if ((rc = rt_hparams_from_gguf(m->gguf, &m->hp, err, err_len)) < 0)
         goto fail;
     const rt_hparams *hp = &m->hp;

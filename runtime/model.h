@@ -43,7 +43,9 @@ typedef struct rt_model_opts {
 } rt_model_opts;
 
 /* 0; -EINVAL for a file that is not a usable model (err names the key or
- * tensor, and the byte offset where the GGUF reader has one); -ENOMEM;
+ * tensor, and the byte offset where the GGUF reader has one, but not the
+ * path, which the caller says; a file with tensor types this build does not
+ * read is refused with every such type named and its tensor count); -ENOMEM;
  * -errno for I/O. With device "cuda": the weights go to the first device
  * CUDA_VISIBLE_DEVICES shows, once, and every forward pass runs there;
  * -ENODEV ("no CUDA device: ...") when there is none or the build has no

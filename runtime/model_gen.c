@@ -3,6 +3,7 @@
 
 #include "kernels/kn.h"
 #include "runtime/gguf.h"
+#include "runtime/quantize.h"
 
 #include <errno.h>
 #include <math.h>
@@ -191,7 +192,7 @@ out:
 static int check_params(const rt_gen_params *p, char *err, size_t err_len)
 {
     int64_t blk = kn_type_block_elems(p->type);
-    if (!kn_type_supported(p->type)) {
+    if (!kn_type_supported(p->type) || rt_ftype_of_type(p->type) < 0) {
         snprintf(err, err_len, "unsupported weight type %u", p->type);
         return -EINVAL;
     }
@@ -221,8 +222,6 @@ int rt_model_gen(const rt_gen_params *p, const char *path, char *err, size_t err
     int rc = check_params(p, err, err_len);
     if (rc)
         return rc;
-    static const uint32_t file_type[] = {[KN_TYPE_F32] = 0, [KN_TYPE_F16] = 1, [KN_TYPE_Q4_0] = 2,
-                                         [KN_TYPE_Q8_0] = 7};
     gen_bufs bufs = {0};
     rt_gguf_writer *w = rt_gguf_writer_new();
     if (!w)
@@ -232,7 +231,7 @@ int rt_model_gen(const rt_gen_params *p, const char *path, char *err, size_t err
     char name[64];
     if ((rc = rt_gguf_writer_add_str(w, "general.architecture", "llama")) ||
         (rc = rt_gguf_writer_add_str(w, "general.name", "infergate synthetic (random weights)")) ||
-        (rc = rt_gguf_writer_add_u32(w, "general.file_type", file_type[p->type])) ||
+        (rc = rt_gguf_writer_add_u32(w, "general.file_type", (uint32_t)rt_ftype_of_type(p->type))) ||
         (rc = rt_gguf_writer_add_u32(w, "general.quantization_version", 2)) ||
         (rc = rt_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)p->ctx)) ||
         (rc = rt_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)p->dim)) ||

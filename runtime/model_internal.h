@@ -46,7 +46,7 @@ struct rt_model {
     double *rope_inv_freq; /* n_rot / 2: what kn_rope turns positions by */
     uint64_t weight_bytes, bytes_per_token;
     kn_ctx *kn;
-    void *packed; /* Q8_0 matrices repacked for the CPU gemm (anonymous mapping), or NULL */
+    void *packed; /* matrices repacked for the CPU's packed gemms (anonymous mapping), or NULL */
     size_t packed_bytes;
     rt_act act;
     const rt_device_ops *dev; /* where the forward pass runs; set once its load succeeded */

@@ -14,6 +14,8 @@ static void usage(FILE *f)
                "                        write a synthetic llama-family GGUF (random weights)\n"
                "  model inspect FILE [--ctx N]\n"
                "                        print a GGUF model's architecture, tensors and memory needs\n"
+               "  model quantize IN.gguf OUT.gguf TYPE [--pure]\n"
+               "                        quantize a model as llama.cpp's tool does (Q4_K_M, Q8_0 ...)\n"
                "  serve [--config FILE]  run the gateway of one region (default: a demo model on\n"
                "                        127.0.0.1:8080, no keys)\n"
                "  worker --model FILE --listen unix:PATH|tcp:HOST:PORT [options]\n"

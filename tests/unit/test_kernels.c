@@ -226,8 +226,13 @@ static void test_types(void **state)
     (void)state;
     kn_type t;
     assert_true(kn_type_supported(KN_TYPE_F32) && kn_type_supported(KN_TYPE_Q4_0));
-    assert_false(kn_type_supported(3));
-    assert_false(kn_type_supported(12));
+    assert_true(kn_type_supported(3) && kn_type_supported(12) && kn_type_supported(KN_TYPE_BF16));
+    assert_false(kn_type_supported(16)); /* IQ2_XXS */
+    assert_false(kn_type_supported(KN_TYPE_Q8_K));
+    assert_string_equal(kn_ggml_type_name(16), "IQ2_XXS");
+    assert_string_equal(kn_ggml_type_name(KN_TYPE_Q4_K), "Q4_K");
+    assert_string_equal(kn_ggml_type_name(39), "MXFP4");
+    assert_null(kn_ggml_type_name(200));
     assert_string_equal(kn_type_name(KN_TYPE_Q8_0), "q8_0");
     assert_null(kn_type_name(4));
     assert_int_equal(kn_type_from_name("q4_0", &t), 0);
@@ -464,8 +469,9 @@ static void test_types_traits(void **state)
     assert_null(kn_type_traits_of(KN_TYPE_COUNT));
     assert_int_equal(kn_row_bytes(KN_TYPE_Q4_K, 4096), 16 * 144);
     assert_int_equal(kn_row_bytes(KN_TYPE_Q4_K, 4000), 0); /* not whole super-blocks */
-    /* the runtime's loading set is unchanged until its side follows */
-    assert_false(kn_type_supported(KN_TYPE_Q4_K));
+    /* the runtime loads every type but the activations' Q8_K */
+    assert_true(kn_type_supported(KN_TYPE_Q4_K));
+    assert_false(kn_type_supported(KN_TYPE_Q8_K));
 }
 
 /* ---- GGUF's definitions, written out the way ggml's dequantizers loop ------ */
