@@ -83,8 +83,9 @@ bool gw_regions_enabled(const gw_serve *g);
 const char *gw_regions_target(const gw_serve *g, const route_region *r);
 char *gw_regions_json(gw_serve *g, size_t *len);
 /* A streamed request served here got its first token measured_ms after it
- * was sent to a worker whose estimate then said est_ms: what the estimate
- * leaves out is learnt and added to the one this region publishes. */
+ * was sent to a worker with a free slot whose estimate then said est_ms:
+ * what the estimate leaves out (the hops, tokenizing) is learnt and added
+ * to the one this region publishes. */
 void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms);
 char *gw_regions_dashboard(gw_serve *g, size_t *len);
 
