@@ -60,6 +60,7 @@ static const kn_type_traits type_traits[KN_TYPE_COUNT] = {
     KN_TRAITS(Q8_K, q8_K, KN_QK_K, Q8_K),
     KN_TRAITS(IQ4_NL, iq4_nl, KN_QK4_NL, Q8_0),
     KN_TRAITS(IQ4_XS, iq4_xs, KN_QK_K, Q8_K),
+    KN_TRAITS(MXFP4, mxfp4, KN_QK_MXFP4, Q8_0),
 #undef KN_TRAITS
     [KN_TYPE_BF16] = {"bf16", 1, sizeof(uint16_t), KN_TYPE_BF16, kn_dequantize_bf16, kn_quantize_bf16},
 };

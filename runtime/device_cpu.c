@@ -33,20 +33,12 @@ static size_t packed_bytes(kn_type p, const rt_weight *w)
  * output matrix is left alone, its rows being the token embeddings too. */
 static int pack_weights(rt_model *m, char *err, size_t err_len)
 {
-    rt_weight **all = malloc(((size_t)m->hp.n_layer * 7 + 1) * sizeof(*all));
-    if (!all) {
+    rt_weight **all;
+    int n = rt_model_matrices(m, &all);
+    if (n < 0) {
         snprintf(err, err_len, "out of memory");
         return -ENOMEM;
     }
-    int n = 0;
-    for (int l = 0; l < m->hp.n_layer; l++) {
-        rt_layer *L = &m->layers[l];
-        rt_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            all[n++] = lw[i];
-    }
-    if (!m->hp.tied_output)
-        all[n++] = &m->output;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         kn_type p = packed_type(m, all[i]->type);

@@ -28,7 +28,7 @@ static const struct {
     {"Q5_K_S", RT_FTYPE_Q5_K_S, KN_TYPE_Q5_K},   {"Q5_K_M", RT_FTYPE_Q5_K_M, KN_TYPE_Q5_K},
     {"Q6_K", RT_FTYPE_Q6_K, KN_TYPE_Q6_K},       {"Q8_0", RT_FTYPE_Q8_0, KN_TYPE_Q8_0},
     {"F16", RT_FTYPE_F16, KN_TYPE_F16},          {"BF16", RT_FTYPE_BF16, KN_TYPE_BF16},
-    {"F32", RT_FTYPE_F32, KN_TYPE_F32},
+    {"F32", RT_FTYPE_F32, KN_TYPE_F32},          {"MXFP4_MOE", RT_FTYPE_MXFP4_MOE, KN_TYPE_MXFP4},
 };
 #define N_FTYPES (sizeof(ftypes) / sizeof(ftypes[0]))
 
@@ -68,7 +68,7 @@ const char *rt_ftype_name(rt_ftype ft)
 const char *rt_ftype_names(void)
 {
     return "Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q3_K_M, Q3_K_S, Q3_K_L, Q2_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, "
-           "Q5_1, IQ4_NL, IQ4_XS, F16, BF16, F32 (Q3_K, Q4_K, Q5_K: the _M mixtures)";
+           "Q5_1, IQ4_NL, IQ4_XS, MXFP4_MOE, F16, BF16, F32 (Q3_K, Q4_K, Q5_K: the _M mixtures)";
 }
 
 kn_type rt_ftype_base_type(rt_ftype ft)
@@ -179,17 +179,21 @@ static bool use_more_bits(int i, int n)
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
-/* The mixture's rule for one quantized tensor (llama_tensor_get_type_impl,
- * the branches of the ftypes quantize.h lists, for models without experts). */
+/* The mixture's rule for one quantized tensor, of n_experts matrices (its
+ * ne[2]; 1 for a plain matrix): llama_tensor_get_type_impl's branches of
+ * the ftypes quantize.h lists. */
 static kn_type mixture_type(const rt_quant_model *qm, rt_ftype ft, kn_type t, tensor_cat cat, int64_t nx,
-                            int layer)
+                            int64_t n_experts, int layer)
 {
     const int n = qm->n_layer;
+    const bool eight = qm->n_expert == 8; /* Mixtral: its small attention matrices get more bits */
     if (cat == CAT_OUTPUT || (!qm->has_output && cat == CAT_TOKEN_EMBD)) {
-        if (nx % kn_type_block_elems(t) != 0)
+        if (ft == RT_FTYPE_MXFP4_MOE || nx % kn_type_block_elems(t) != 0)
             return KN_TYPE_Q8_0;
         return t != KN_TYPE_Q8_0 ? KN_TYPE_Q6_K : t;
     }
+    if (ft == RT_FTYPE_MXFP4_MOE)
+        return n_experts > 1 ? KN_TYPE_MXFP4 : KN_TYPE_Q8_0;
     switch (cat) {
     case CAT_ATTN_V:
         if (ft == RT_FTYPE_Q2_K)
@@ -207,7 +211,9 @@ static kn_type mixture_type(const rt_quant_model *qm, rt_ftype ft, kn_type t, te
         /* 70B: 8 heads share attn_v, an eighth of attn_q's size */
         if (qm->llama_70b && (t == KN_TYPE_Q3_K || t == KN_TYPE_Q4_K))
             t = KN_TYPE_Q5_K;
-        return t;
+        return eight ? KN_TYPE_Q8_0 : t;
+    case CAT_ATTN_K:
+        return eight ? KN_TYPE_Q8_0 : t;
     case CAT_FFN_DOWN:
         if (ft == RT_FTYPE_Q2_K)
             return KN_TYPE_Q3_K;
@@ -225,6 +231,11 @@ static kn_type mixture_type(const rt_quant_model *qm, rt_ftype ft, kn_type t, te
             return KN_TYPE_Q5_K;
         return t;
     case CAT_ATTN_OUTPUT:
+        if (eight)
+            return ft == RT_FTYPE_Q2_K || ft == RT_FTYPE_Q3_K_S || ft == RT_FTYPE_Q3_K_M || ft == RT_FTYPE_IQ4_NL ||
+                           ft == RT_FTYPE_Q4_K_S || ft == RT_FTYPE_Q4_K_M || ft == RT_FTYPE_IQ4_XS
+                       ? KN_TYPE_Q5_K
+                       : t;
         if (ft == RT_FTYPE_Q2_K)
             return KN_TYPE_Q3_K;
         if (ft == RT_FTYPE_Q3_K_M)
@@ -278,7 +289,7 @@ static int tensor_type(const rt_quant_model *qm, rt_ftype ft, bool pure, const c
     if (t == KN_TYPE_F32 || t == KN_TYPE_F16 || t == KN_TYPE_BF16)
         return (int)t; /* not quantized: llama.cpp's rules and fallbacks pass them by */
     if (!pure)
-        t = mixture_type(qm, ft, t, category(name), ne[0], layer_of(name));
+        t = mixture_type(qm, ft, t, category(name), ne[0], n_dims > 2 ? ne[2] : 1, layer_of(name));
     return fallback(t, ne[0], fell);
 }
 
@@ -314,6 +325,9 @@ static void model_of(const rt_gguf *g, rt_quant_model *qm)
         kv_heads = v;
     if (heads > 0 && kv_heads > 0)
         qm->n_gqa = (int)(heads / kv_heads);
+    snprintf(key, sizeof(key), "%s.expert_count", arch);
+    if (rt_gguf_get_u32(g, key, &v) == 0 && v <= (1u << 16))
+        qm->n_expert = (int)v;
     qm->has_output = rt_gguf_find_tensor(g, "output.weight") != NULL;
     for (int64_t i = 0; i < rt_gguf_n_tensors(g) && qm->n_layer == 0; i++) {
         const rt_gguf_tensor *t = rt_gguf_tensor_at(g, i);

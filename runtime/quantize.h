@@ -4,11 +4,14 @@
  * F32, F16 or BF16 weights into one.
  *
  * The rules are llama.cpp's llama_tensor_get_type without an importance
- * matrix, for the dense architectures the runtime reads: a mixture keeps
+ * matrix, for the architectures the runtime reads: a mixture keeps
  * the output matrix at Q6_K (Q8_0 where its rows are not whole blocks of
  * the file's type), bumps attn_v and ffn_down in the layers its rule picks
  * (Q4_K_M: Q6_K in the first and last eighth and every third layer between),
- * and leaves 1-D tensors and norms as they are; a type whose block does not
+ * and leaves 1-D tensors, norms and MoE routers as they are; with 8 experts
+ * attn_k and attn_v go to Q8_0 and attn_output to Q5_K in the small mixtures;
+ * MXFP4_MOE puts the experts' 3-D tensors in MXFP4 and every other matrix in
+ * Q8_0 (gpt-oss's downloads); a type whose block does not
  * divide a tensor's rows falls back as llama.cpp's does (Q4_K to Q5_0, Q5_K
  * to Q5_1, Q6_K to Q8_0, Q2_K and Q3_K to Q4_0, IQ4_XS to IQ4_NL, then F16).
  * The quantizers are the kernels' reference ones (kn_quantize_row), ggml's
@@ -44,6 +47,7 @@ typedef enum rt_ftype {
     RT_FTYPE_IQ4_NL = 25,
     RT_FTYPE_IQ4_XS = 30,
     RT_FTYPE_BF16 = 32,
+    RT_FTYPE_MXFP4_MOE = 38,
 } rt_ftype;
 
 /* Parses a name of llama.cpp's quantize tool, case aside ("Q4_K_M", "q8_0",
@@ -63,6 +67,7 @@ int rt_ftype_of_type(kn_type t);
 typedef struct rt_quant_model {
     int n_layer;     /* <arch>.block_count */
     int n_gqa;       /* head_count / head_count_kv (1 if absent) */
+    int n_expert;    /* <arch>.expert_count (0: a dense model) */
     bool has_output; /* an output.weight, else the embeddings are the output too */
     bool llama_70b;  /* llama with 80 layers and grouped-query attention */
 } rt_quant_model;

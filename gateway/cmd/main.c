@@ -10,7 +10,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: infergate <command> [options]\n"
                "\n"
                "commands:\n"
-               "  model gen --out FILE [--dim --layers --heads --kv-heads --ffn --vocab --ctx --type --seed]\n"
+               "  model gen --out FILE [--arch --dim --layers --heads --kv-heads --ffn --experts --experts-used --vocab --ctx --type --seed]\n"
                "                        write a synthetic llama-family GGUF (random weights)\n"
                "  model inspect FILE [--ctx N]\n"
                "                        print a GGUF model's architecture, tensors and memory needs\n"

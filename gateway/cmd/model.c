@@ -36,11 +36,16 @@ static void gen_usage(FILE *f)
             "                 F16 ... (`model quantize --help` lists them; default %s), its mixture\n"
             "                 of types as `model quantize` writes it\n"
             "  --pure         T's type for every matrix, not its mixture\n"
+            "  --arch NAME    the architecture's tensors and keys: %s (default llama)\n"
+            "  --experts N    experts per layer of an MoE architecture (mixtral, qwen3moe, gpt-oss,\n"
+            "                 granitemoe: default 8; any other becomes MoE with N > 0)\n"
+            "  --experts-used K  experts each token uses (default 2)\n"
+            "  --swa N        sliding window of the families that have one (default: the family's)\n"
             "  --seed N       weight seed (default %llu)\n"
             "  --tied         no output.weight: the embeddings are reused as the output head\n"
             "  --chat-template STR   store a chat template in tokenizer.chat_template\n",
             d.dim, d.layers, d.heads, d.kv_heads, d.ffn, d.vocab, d.ctx,
-            rt_ftype_name(rt_ftype_of_type(d.type)), (unsigned long long)d.seed);
+            rt_ftype_name(rt_ftype_of_type(d.type)), rt_gen_arch_names(), (unsigned long long)d.seed);
 }
 
 /* Writes the model in file type ft: its base type throughout when that is
@@ -75,13 +80,16 @@ static int cmd_gen(int argc, char **argv)
     const char *out = NULL;
     rt_ftype ft = (rt_ftype)rt_ftype_of_type(p.type);
     bool pure = false;
-    enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FFN, O_VOCAB, O_CTX, O_TYPE, O_SEED, O_TIED, O_CHAT };
-    enum { O_PURE = O_CHAT + 1 };
+    /* the integer options first, in opts' order: their messages name opts[c - O_DIM + 1] */
+    enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FFN, O_VOCAB, O_CTX, O_EXPERTS, O_USED, O_SWA, O_TYPE, O_SEED,
+           O_TIED, O_CHAT, O_ARCH, O_PURE };
     static const struct option opts[] = {
         {"out", required_argument, 0, 'o'},     {"dim", required_argument, 0, O_DIM},
         {"layers", required_argument, 0, O_LAYERS}, {"heads", required_argument, 0, O_HEADS},
         {"kv-heads", required_argument, 0, O_KV}, {"ffn", required_argument, 0, O_FFN},
         {"vocab", required_argument, 0, O_VOCAB}, {"ctx", required_argument, 0, O_CTX},
+        {"experts", required_argument, 0, O_EXPERTS}, {"experts-used", required_argument, 0, O_USED},
+        {"swa", required_argument, 0, O_SWA},     {"arch", required_argument, 0, O_ARCH},
         {"type", required_argument, 0, O_TYPE},  {"seed", required_argument, 0, O_SEED},
         {"tied", no_argument, 0, O_TIED},        {"chat-template", required_argument, 0, O_CHAT},
         {"pure", no_argument, 0, O_PURE},        {"help", no_argument, 0, 'h'},
@@ -101,6 +109,10 @@ static int cmd_gen(int argc, char **argv)
         case O_FFN: field = &p.ffn; break;
         case O_VOCAB: field = &p.vocab; break;
         case O_CTX: field = &p.ctx; break;
+        case O_EXPERTS: field = &p.experts; break;
+        case O_USED: field = &p.experts_used; break;
+        case O_SWA: field = &p.swa; break;
+        case O_ARCH: p.arch = optarg; continue;
         case O_TIED: p.tied = true; continue;
         case O_CHAT: p.chat_template = optarg; continue;
         case O_PURE: pure = true; continue;
@@ -138,10 +150,9 @@ static int cmd_gen(int argc, char **argv)
         fprintf(stderr, "model gen: %s: %s\n", out, err);
         return 1;
     }
-    printf("wrote %s: llama, dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d, ctx %d, %s%s, "
-           "seed %llu\n",
-           out, p.dim, p.layers, p.heads, p.kv_heads, p.ffn, p.vocab, p.ctx, rt_ftype_name(ft),
-           pure ? " (pure)" : "", (unsigned long long)p.seed);
+    printf("wrote %s: %s, dim %d, %d layers, %d heads (%d kv), ffn %d, vocab %d, ctx %d, %s%s, seed %llu\n",
+           out, p.arch ? p.arch : "llama", p.dim, p.layers, p.heads, p.kv_heads, p.ffn, p.vocab, p.ctx,
+           rt_ftype_name(ft), pure ? " (pure)" : "", (unsigned long long)p.seed);
     return 0;
 }
 
@@ -224,6 +235,17 @@ static int cmd_inspect(int argc, char **argv)
            hp.n_head_kv < hp.n_head ? ", grouped-query" : "");
     printf("feed-forward:  %d\n", hp.n_ff);
     printf("rope:          %d dims, base %g, %s\n", hp.n_rot, hp.rope_freq_base, hp.rope_neox ? "neox" : "normal");
+    static const char *const scalings[] = {"none", "linear", "yarn", "longrope"};
+    if (hp.rope_scaling != RT_ROPE_SCALING_NONE && (hp.rope_scale != 1.0f || hp.rope_scaling > 1))
+        printf("rope scaling:  %s x%g (original context %d)\n", scalings[hp.rope_scaling], hp.rope_scale,
+               hp.n_ctx_orig);
+    if (hp.n_expert > 0)
+        printf("experts:       %d, %d used a token (feed-forward %d each%s)\n", hp.n_expert, hp.n_expert_used,
+               hp.n_ff_exp, hp.n_ff_shexp ? ", and a shared one" : "");
+    if (hp.n_swa > 0)
+        printf("sliding window: %d positions on the family's local layers\n", hp.n_swa);
+    if (hp.attn_softcap > 0 || hp.final_softcap > 0)
+        printf("soft-caps:     attention %g, final logits %g\n", hp.attn_softcap, hp.final_softcap);
     printf("rms epsilon:   %g\n", hp.norm_eps);
     printf("vocab:         %d%s\n", hp.n_vocab, hp.tied_output ? " (output tied to embeddings)" : "");
 

@@ -837,7 +837,7 @@ CASE(unsupported_types_listed)
     header(b, 3, 4, 0);
     tinfo(b, "a", 2, ne, KN_TYPE_Q4_K, 0);
     tinfo(b, "b", 2, ne, 16 /* IQ2_XXS */, 160);
-    tinfo(b, "c", 2, ne, 39 /* MXFP4 */, 320);
+    tinfo(b, "c", 2, ne, 21 /* IQ3_S */, 320);
     tinfo(b, "d", 2, ne, 16, 480);
     data(b, 32, 640);
 }
@@ -972,7 +972,7 @@ static const bad_case cases[] = {
       "it reads F32, F16, Q4_0"}},
     {"unsupported_types_listed",
      unsupported_types_listed,
-     {"tensor 1 (\"b\") type at offset", "IQ2_XXS (2 tensors), MXFP4 (1 tensor);", "Q4_K, Q5_K"}},
+     {"tensor 1 (\"b\") type at offset", "IQ2_XXS (2 tensors), IQ3_S (1 tensor);", "Q4_K, Q5_K"}},
     {"ne0_not_block_multiple", ne0_not_block_multiple, {"ne[0]", "row length 48", "q8_0 block size 32"}},
     {"offset_misaligned", offset_misaligned, {"offset at offset", "data offset 16", "alignment 32"}},
     {"data_past_eof", data_past_eof, {"blk.0.attn_q.weight\") offset at offset", "past the end"}},

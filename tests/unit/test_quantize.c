@@ -75,15 +75,20 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static void quantize(const char *name, rt_ftype ft, bool pure, char *out, size_t n)
+static void quantize_from(const char *in, const char *name, rt_ftype ft, bool pure, char *out, size_t n)
 {
     tmp_path(out, n, name);
     rt_quant_opts o = {.ftype = ft, .pure = pure, .n_threads = 2};
     char err[512];
-    int rc = rt_quantize_file(path_f32, out, &o, NULL, err, sizeof(err));
+    int rc = rt_quantize_file(in, out, &o, NULL, err, sizeof(err));
     if (rc)
         fprintf(stderr, "quantize %s: %s\n", name, err);
     assert_int_equal(rc, 0);
+}
+
+static void quantize(const char *name, rt_ftype ft, bool pure, char *out, size_t n)
+{
+    quantize_from(path_f32, name, ft, pure, out, n);
 }
 
 static rt_model *load(const char *path, bool reference)
@@ -597,6 +602,119 @@ static void test_unsupported_types_refused(void **state)
     assert_null(strstr(first + 1, out));
 }
 
+/* ---- mixtures of experts ---- */
+
+/* test_moe_files' cosines, measured as test_quality_other_types' were
+ * (2026-11-29) */
+#define MOE_MXFP4_COS 0.996950
+#define MOE_Q4KM_COS 0.994072
+
+static int type_of3(const rt_quant_model *qm, rt_ftype ft, const char *name, int64_t ne0, int64_t ne1,
+                    int64_t ne2)
+{
+    const int64_t ne[3] = {ne0, ne1, ne2};
+    return rt_quant_tensor_type(qm, ft, false, name, ne2 ? 3 : 2, ne, KN_TYPE_F32);
+}
+
+/* llama.cpp's rules for experts: 8 of them raise attn_k and attn_v to Q8_0
+ * and attn_output to Q5_K in the small mixtures; the 3-D expert tensors take
+ * ffn_down's layer rule; MXFP4_MOE is MXFP4 experts and Q8_0 elsewhere; the
+ * router is never quantized. */
+static void test_moe_rules(void **state)
+{
+    (void)state;
+    rt_quant_model qm = {.n_layer = 8, .n_gqa = 2, .has_output = true, .n_expert = 8};
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q4_K_M, "blk.1.attn_v.weight", 256, 128, 0), KN_TYPE_Q8_0);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q4_K_M, "blk.1.attn_k.weight", 256, 128, 0), KN_TYPE_Q8_0);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q4_K_M, "blk.1.attn_q.weight", 256, 256, 0), KN_TYPE_Q4_K);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q4_K_M, "blk.1.attn_output.weight", 256, 256, 0), KN_TYPE_Q5_K);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q5_K_M, "blk.1.attn_output.weight", 256, 256, 0), KN_TYPE_Q5_K);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q6_K, "blk.1.attn_output.weight", 256, 256, 0), KN_TYPE_Q6_K);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q4_K_M, "blk.0.ffn_down_exps.weight", 512, 256, 8), KN_TYPE_Q6_K);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q4_K_M, "blk.1.ffn_down_exps.weight", 512, 256, 8), KN_TYPE_Q4_K);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q4_K_M, "blk.1.ffn_gate_exps.weight", 256, 512, 8), KN_TYPE_Q4_K);
+    assert_int_equal(type_of3(&qm, RT_FTYPE_Q4_K_M, "blk.1.ffn_gate_inp.weight", 256, 8, 0), KN_TYPE_F32);
+    rt_quant_model four = qm;
+    four.n_expert = 4; /* the raise is for 8 experts only */
+    assert_int_equal(type_of3(&four, RT_FTYPE_Q4_K_M, "blk.1.attn_k.weight", 256, 128, 0), KN_TYPE_Q4_K);
+    assert_int_equal(type_of3(&four, RT_FTYPE_Q4_K_M, "blk.1.attn_output.weight", 256, 256, 0), KN_TYPE_Q4_K);
+
+    rt_ftype ft;
+    assert_int_equal(rt_ftype_from_name("mxfp4_moe", &ft), 0);
+    assert_int_equal(ft, 38);
+    assert_int_equal(rt_ftype_base_type(ft), KN_TYPE_MXFP4);
+    assert_int_equal(type_of3(&qm, ft, "blk.1.ffn_up_exps.weight", 256, 512, 8), KN_TYPE_MXFP4);
+    assert_int_equal(type_of3(&qm, ft, "blk.1.ffn_down_exps.weight", 512, 256, 8), KN_TYPE_MXFP4);
+    assert_int_equal(type_of3(&qm, ft, "blk.1.attn_v.weight", 256, 128, 0), KN_TYPE_Q8_0);
+    assert_int_equal(type_of3(&qm, ft, "blk.1.ffn_up_shexp.weight", 256, 512, 0), KN_TYPE_Q8_0);
+    assert_int_equal(type_of3(&qm, ft, "token_embd.weight", 256, 512, 0), KN_TYPE_Q8_0);
+    assert_int_equal(type_of3(&qm, ft, "output.weight", 256, 512, 0), KN_TYPE_Q8_0);
+    assert_int_equal(type_of3(&qm, ft, "blk.1.ffn_gate_inp.weight", 256, 8, 0), KN_TYPE_F32);
+}
+
+/* An F32 gpt-oss file quantized to MXFP4_MOE (as its downloads are) and a
+ * Qwen3-MoE one to Q4_K_M: the types the rules give, the expert count read
+ * from the file, and logits near the F32 model's. An MXFP4 tensor is not
+ * quantized again: the refusal names it. */
+static void test_moe_files(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *arch;
+        rt_ftype ft;
+        double measured;
+    } cases[] = {{"gpt-oss", RT_FTYPE_MXFP4_MOE, MOE_MXFP4_COS}, {"qwen3moe", RT_FTYPE_Q4_K_M, MOE_Q4KM_COS}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        char f32[128], q[128], q2[128], err[512];
+        rt_gen_params p;
+        params(&p);
+        p.layers = 4;
+        p.arch = cases[k].arch;
+        tmp_path(f32, sizeof(f32), cases[k].arch);
+        assert_int_equal(rt_model_gen(&p, f32, err, sizeof(err)), 0);
+        quantize_from(f32, "moe_q", cases[k].ft, false, q, sizeof(q));
+
+        rt_gguf *in, *out;
+        assert_int_equal(rt_gguf_open(f32, &in, err, sizeof(err)), 0);
+        assert_int_equal(rt_gguf_open(q, &out, err, sizeof(err)), 0);
+        rt_quant_model qm = {.n_layer = 4, .n_gqa = 2, .has_output = true, .n_expert = 8};
+        int n_mxfp4 = 0;
+        for (int64_t i = 0; i < rt_gguf_n_tensors(in); i++) {
+            const rt_gguf_tensor *a = rt_gguf_tensor_at(in, i), *b = rt_gguf_tensor_at(out, i);
+            char name[96];
+            snprintf(name, sizeof(name), "%.*s", (int)a->name.n, a->name.p);
+            int want = rt_quant_tensor_type(&qm, cases[k].ft, false, name, a->n_dims, a->ne, KN_TYPE_F32);
+            assert_int_equal(b->type, want);
+            n_mxfp4 += b->type == KN_TYPE_MXFP4;
+        }
+        assert_int_equal(n_mxfp4, cases[k].ft == RT_FTYPE_MXFP4_MOE ? 3 * 4 : 0);
+        rt_gguf_free(in);
+        rt_gguf_free(out);
+
+        rt_model *base = load(f32, false), *m = load(q, false);
+        const int n = rt_model_hparams(base)->n_vocab;
+        float *a = prompt_logits(base), *b = prompt_logits(m);
+        double c = cosine(a, b, n);
+        printf("# %s %s: cosine to f32 logits %.6f (measured %.6f, need >= %.6f)\n", cases[k].arch,
+               rt_ftype_name(cases[k].ft), c, cases[k].measured, floor_of(cases[k].measured));
+        assert_true(c >= floor_of(cases[k].measured));
+        free(a);
+        free(b);
+        rt_model_free(base);
+        rt_model_free(m);
+
+        if (cases[k].ft == RT_FTYPE_MXFP4_MOE) {
+            tmp_path(q2, sizeof(q2), "moe_requant");
+            /* Q8_0 throughout: the Q8_0 tensors stay as they are, the
+             * first expert tensor is the one refused */
+            rt_quant_opts o = {.ftype = RT_FTYPE_Q8_0, .pure = true, .n_threads = 2};
+            assert_int_equal(rt_quantize_file(q, q2, &o, NULL, err, sizeof(err)), -EINVAL);
+            printf("# %s\n", err);
+            assert_non_null(strstr(err, "blk.0.ffn_gate_exps.weight is mxfp4"));
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -608,6 +726,8 @@ int main(void)
         cmocka_unit_test(test_q4_k_m_greedy_matches_f32),
         cmocka_unit_test(test_mixed_file_matches_reference),
         cmocka_unit_test(test_unsupported_types_refused),
+        cmocka_unit_test(test_moe_rules),
+        cmocka_unit_test(test_moe_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
