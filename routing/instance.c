@@ -89,10 +89,10 @@ static int find(const char *items, size_t stride, int n, const char *s)
  * model's) over the entries merged. */
 typedef struct load_sum {
     long long capacity, running, queued;
-    double ttft, ttft_w, tpot, tpot_w;
+    double ttft, ttft_w, tpot, tpot_w, est, est_w;
 } load_sum;
 
-static void load_add(load_sum *s, int capacity, int running, int queued, double ttft, double tpot)
+static void load_add(load_sum *s, int capacity, int running, int queued, double ttft, double tpot, double est)
 {
     /* an entry with no estimate yet (a gateway of fresh workers) would
      * pull the average towards a free region's */
@@ -108,6 +108,12 @@ static void load_add(load_sum *s, int capacity, int running, int queued, double 
         s->tpot += w * tpot;
         s->tpot_w += w;
     }
+    /* the load balancer spreads requests over the gateways: what one
+     * waits for is their average */
+    if (est > 0) {
+        s->est += w * est;
+        s->est_w += w;
+    }
 }
 
 static int clamp_int(long long x)
@@ -122,6 +128,11 @@ static void load_take(const load_sum *s, route_model_load *l)
     l->queued = clamp_int(s->queued);
     l->ttft_ms = s->ttft_w > 0 ? fmin(s->ttft / s->ttft_w, ROUTE_MAX_MS) : 0;
     l->tpot_ms = s->tpot_w > 0 ? fmin(s->tpot / s->tpot_w, ROUTE_MAX_MS) : 0;
+}
+
+static double est_take(const load_sum *s)
+{
+    return s->est_w > 0 ? fmin(s->est / s->est_w, ROUTE_MAX_MS) : 0;
 }
 
 /* The first healthy entry that peers can reach (region.endpoint is
@@ -173,7 +184,7 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
             continue;
         member[i] = true;
         m.instances++;
-        load_add(&total, e->capacity, e->running, e->queued, e->ttft_ms, e->tpot_ms);
+        load_add(&total, e->capacity, e->running, e->queued, e->ttft_ms, e->tpot_ms, e->ttft_est_ms);
         m.price_in = fmax(m.price_in, e->price_in);
         m.price_out = fmax(m.price_out, e->price_out);
         per_model &= e->n_load > 0;
@@ -185,6 +196,7 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
     m.queued = l.queued;
     m.ttft_ms = l.ttft_ms;
     m.tpot_ms = l.tpot_ms;
+    m.ttft_est_ms = est_take(&total);
     m.updated_ms = newest;
     m.version = version;
 
@@ -211,13 +223,14 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
             all = j >= 0;
             if (all && per_model)
                 load_add(&ms, e->load[j].capacity, e->load[j].running, e->load[j].queued, e->load[j].ttft_ms,
-                         e->load[j].tpot_ms);
+                         e->load[j].tpot_ms, e->load_est_ms[j]);
         }
         if (!all)
             continue;
         memcpy(m.models[m.n_models], L->models[k], sizeof(m.models[0]));
         if (per_model) {
             load_take(&ms, &m.load[m.n_models]);
+            m.load_est_ms[m.n_models] = est_take(&ms);
             /* the workers of a model outside the merge serve none of the
              * region's requests: not room in its totals */
             total_models.capacity += ms.capacity;

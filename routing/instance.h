@@ -51,7 +51,7 @@ int route_instance_split(const char *value, size_t len, route_entry_fields *out,
  * that publish that endpoint (their load balancer's) count, as only they
  * share its traffic.
  * Among them: capacity, running and queued add up; the TTFT and per-token
- * estimates are averaged over the entries that have one, weighted by
+ * estimates (est_ms and ttft_est_ms too) are averaged over the entries that have one, weighted by
  * capacity; models and residency tags are those every entry has (a request
  * may reach any of them), each once, with per-model load where every entry gives it
  * (the totals then count those models' workers only); prices are the

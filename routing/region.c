@@ -33,12 +33,16 @@ enum {
     F_MODEL_LOAD,
     F_HEALTHY,
     F_UPDATED,
+    F_TTFT_EST,
+    F_MODEL_EST,
+    F_DRAINING,
     F_N
 };
 
 static const char *const field_names[F_N] = {"endpoint", "models",     "tags",    "price_in",  "price_out",
                                              "gpu",      "capacity",   "running", "queued",    "ttft_ms",
-                                             "tpot_ms",  "model_load", "healthy", "updated_ms"};
+                                             "tpot_ms",  "model_load", "healthy", "updated_ms",
+                                             "ttft_est_ms", "model_est", "draining"};
 
 _Static_assert(F_N == ROUTE_N_FIELDS, "route_field list and ROUTE_N_FIELDS disagree");
 
@@ -98,6 +102,26 @@ static void join_load(char *out, size_t n, const route_model_load *load, int cou
     }
 }
 
+/* model_est: "UPDATED_MS;" and each model's est_ms. A field of its own,
+ * not a sixth part of model_load's entries: a gateway that reads five
+ * would refuse the whole record. */
+static void join_est(char *out, size_t n, const double *est_ms, int count, int64_t stamp)
+{
+    out[0] = '\0';
+    if (!count)
+        return;
+    int w0 = snprintf(out, n, "%lld;", (long long)stamp);
+    size_t at = w0 > 0 ? (size_t)w0 : 0;
+    for (int i = 0; i < count; i++) {
+        char est[32];
+        fmt_num(est, sizeof(est), est_ms[i]);
+        int w = snprintf(out + at, n - at, "%s%s", i ? "," : "", est);
+        if (w < 0 || (size_t)w >= n - at)
+            return;
+        at += (size_t)w;
+    }
+}
+
 void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELDS])
 {
     for (int f = 0; f < F_N; f++) {
@@ -118,6 +142,9 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
     join_load(out[F_MODEL_LOAD].value, FIELD_VALUE_MAX, r->load, r->n_load, r->updated_ms);
     snprintf(out[F_HEALTHY].value, FIELD_VALUE_MAX, "%d", r->healthy ? 1 : 0);
     snprintf(out[F_UPDATED].value, FIELD_VALUE_MAX, "%lld", (long long)r->updated_ms);
+    fmt_num(out[F_TTFT_EST].value, FIELD_VALUE_MAX, r->ttft_est_ms);
+    join_est(out[F_MODEL_EST].value, FIELD_VALUE_MAX, r->load_est_ms, r->n_load, r->updated_ms);
+    snprintf(out[F_DRAINING].value, FIELD_VALUE_MAX, "%d", r->draining ? 1 : 0);
 }
 
 /* ---- fields -> record ---- */
@@ -261,6 +288,23 @@ static int parse_list(const char *field, const char *v, char *dst, size_t size, 
     return 0;
 }
 
+/* The "UPDATED_MS;" a per-model field starts with: its stamp, and where
+ * its entries begin (*rest). */
+static int parse_stamp(const char *field, const char *v, long long *stamp, const char **rest, char *err,
+                       size_t err_len)
+{
+    const char *semi = strchr(v, ';');
+    char stamp_s[24];
+    if (!semi || (size_t)(semi - v) >= sizeof(stamp_s))
+        return fail(err, err_len, "%s: must be updated_ms;entries", field);
+    memcpy(stamp_s, v, (size_t)(semi - v));
+    stamp_s[semi - v] = '\0';
+    if (parse_int(field, stamp_s, INT64_MAX, stamp, err, err_len))
+        return -EINVAL;
+    *rest = semi + 1;
+    return 0;
+}
+
 /* model_load: "UPDATED_MS;" then "capacity:running:queued:ttft_ms:tpot_ms"
  * per model, comma-separated. Read after every other field: it counts
  * only when written with this record's updated_ms and with an entry per
@@ -273,17 +317,12 @@ static int parse_load(const char *field, const char *v, route_record *r, char *e
     r->n_load = 0;
     if (!*v)
         return 0;
-    const char *semi = strchr(v, ';');
-    char stamp_s[24];
     long long stamp;
-    if (!semi || (size_t)(semi - v) >= sizeof(stamp_s))
-        return fail(err, err_len, "%s: must be updated_ms;entries", field);
-    memcpy(stamp_s, v, (size_t)(semi - v));
-    stamp_s[semi - v] = '\0';
-    if (parse_int(field, stamp_s, INT64_MAX, &stamp, err, err_len))
+    const char *rest;
+    if (parse_stamp(field, v, &stamp, &rest, err, err_len))
         return -EINVAL;
     int n = 0;
-    for (const char *p = semi + 1; *p || n == 0; n++) {
+    for (const char *p = rest; *p || n == 0; n++) {
         if (n == ROUTE_MAX_MODELS)
             return fail(err, err_len, "%s: more than %d entries", field, ROUTE_MAX_MODELS);
         char part[5][32];
@@ -312,6 +351,42 @@ static int parse_load(const char *field, const char *v, route_record *r, char *e
     }
     if (stamp == r->updated_ms && n == r->n_models)
         r->n_load = n;
+    return 0;
+}
+
+/* model_est, read after model_load: taken when its stamp is the record's
+ * updated_ms and it has an entry per model of a model_load taken; else
+ * (or when missing: an older writer) every load_est_ms is 0, not given. */
+static int parse_est(const char *field, const char *v, route_record *r, char *err, size_t err_len)
+{
+    double est[ROUTE_MAX_MODELS];
+    for (int i = 0; i < ROUTE_MAX_MODELS; i++)
+        r->load_est_ms[i] = 0;
+    if (!*v)
+        return 0;
+    char part[32];
+    long long stamp;
+    const char *rest;
+    if (parse_stamp(field, v, &stamp, &rest, err, err_len))
+        return -EINVAL;
+    int n = 0;
+    for (const char *p = rest; *p || n == 0; n++) {
+        size_t len = strcspn(p, ",");
+        if (n == ROUTE_MAX_MODELS)
+            return fail(err, err_len, "%s: more than %d entries", field, ROUTE_MAX_MODELS);
+        if (len >= sizeof(part))
+            return fail(err, err_len, "%s: entry %d is too long", field, n + 1);
+        memcpy(part, p, len);
+        part[len] = '\0';
+        if (parse_num(field, part, ROUTE_MAX_MS, &est[n], err, err_len))
+            return -EINVAL;
+        p += len;
+        if (*p == ',' && !*++p)
+            return fail(err, err_len, "%s: entry %d is empty", field, n + 2);
+    }
+    if (stamp == r->updated_ms && n == r->n_load)
+        for (int i = 0; i < n; i++)
+            r->load_est_ms[i] = est[i];
     return 0;
 }
 
@@ -344,6 +419,10 @@ static int parse_field(route_record *r, int f, const char *v, char *err, size_t 
         return parse_num(name, v, ROUTE_MAX_MS, &r->tpot_ms, err, err_len);
     case F_MODEL_LOAD:
         return parse_load(name, v, r, err, err_len);
+    case F_MODEL_EST:
+        return parse_est(name, v, r, err, err_len);
+    case F_TTFT_EST:
+        return parse_num(name, v, ROUTE_MAX_MS, &r->ttft_est_ms, err, err_len);
     case F_CAPACITY:
     case F_RUNNING:
     case F_QUEUED:
@@ -352,9 +431,10 @@ static int parse_field(route_record *r, int f, const char *v, char *err, size_t 
         *(f == F_CAPACITY ? &r->capacity : f == F_RUNNING ? &r->running : &r->queued) = (int)x;
         return 0;
     case F_HEALTHY:
+    case F_DRAINING:
         if (strcmp(v, "0") && strcmp(v, "1"))
             return fail(err, err_len, "%s: must be 0 or 1", name);
-        r->healthy = v[0] == '1';
+        *(f == F_HEALTHY ? &r->healthy : &r->draining) = v[0] == '1';
         return 0;
     case F_UPDATED:
         if ((rc = parse_int(name, v, INT64_MAX, &x, err, err_len)))
@@ -370,7 +450,7 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
 {
     /* Parsed into a copy: a bad field leaves the caller's record whole. */
     route_record tmp = *r;
-    char buf[FIELD_VALUE_MAX], load[FIELD_VALUE_MAX] = "";
+    char buf[FIELD_VALUE_MAX], load[FIELD_VALUE_MAX] = "", est[FIELD_VALUE_MAX] = "";
     for (int i = 0; i < n; i++) {
         int f = 0;
         while (f < F_N && strcmp(names[i], field_names[f]))
@@ -382,15 +462,18 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
             return fail(err, err_len, "%s: longer than %d bytes", field_names[f], FIELD_VALUE_MAX - 1);
         if (memchr(values[i], '\0', len))
             return fail(err, err_len, "%s: contains a NUL byte", field_names[f]);
-        memcpy(f == F_MODEL_LOAD ? load : buf, values[i], len);
-        (f == F_MODEL_LOAD ? load : buf)[len] = '\0';
-        int rc = f == F_MODEL_LOAD ? 0 : parse_field(&tmp, f, buf, err, err_len);
+        char *to = f == F_MODEL_LOAD ? load : f == F_MODEL_EST ? est : buf;
+        memcpy(to, values[i], len);
+        to[len] = '\0';
+        int rc = to != buf ? 0 : parse_field(&tmp, f, buf, err, err_len);
         if (rc)
             return rc;
     }
     /* Last, against this record's updated_ms and models; a record read
      * without it has none. */
     int rc = parse_field(&tmp, F_MODEL_LOAD, load, err, err_len);
+    if (!rc)
+        rc = parse_field(&tmp, F_MODEL_EST, est, err, err_len);
     if (rc)
         return rc;
     *r = tmp;
@@ -493,9 +576,9 @@ int route_record_check(const route_record *r, char *err, size_t err_len)
     const char *why = r->endpoint[0] ? route_endpoint_check(r->endpoint) : NULL;
     if (why)
         return fail(err, err_len, "endpoint: %s", why);
-    const double nums[] = {r->price_in, r->price_out, r->ttft_ms, r->tpot_ms};
-    static const char *const num_names[] = {"price_in", "price_out", "ttft_ms", "tpot_ms"};
-    for (int i = 0; i < 4; i++) {
+    const double nums[] = {r->price_in, r->price_out, r->ttft_ms, r->tpot_ms, r->ttft_est_ms};
+    static const char *const num_names[] = {"price_in", "price_out", "ttft_ms", "tpot_ms", "ttft_est_ms"};
+    for (int i = 0; i < 5; i++) {
         double max = i < 2 ? ROUTE_MAX_PRICE : ROUTE_MAX_MS;
         if (!(nums[i] >= 0 && nums[i] <= max))
             return fail(err, err_len, "%s: must be a number from 0 to %g", num_names[i], max);
@@ -511,7 +594,8 @@ int route_record_check(const route_record *r, char *err, size_t err_len)
         const route_model_load *l = &r->load[i];
         if (l->capacity < 0 || l->running < 0 || l->queued < 0 ||
             !(l->ttft_ms >= 0 && l->ttft_ms <= ROUTE_MAX_MS) ||
-            !(l->tpot_ms >= 0 && l->tpot_ms <= ROUTE_MAX_MS))
+            !(l->tpot_ms >= 0 && l->tpot_ms <= ROUTE_MAX_MS) ||
+            !(r->load_est_ms[i] >= 0 && r->load_est_ms[i] <= ROUTE_MAX_MS))
             return fail(err, err_len, "model_load[%d]: counts must not be negative, times within 0..%g", i,
                         ROUTE_MAX_MS);
     }

@@ -43,6 +43,8 @@ typedef struct route_record {
     char gpu[64];
     int capacity, running, queued; /* sequences */
     double ttft_ms, tpot_ms;       /* the region's own estimates */
+    double ttft_est_ms;            /* as load_est_ms, over every model; 0: not given */
+    bool draining;                 /* its gateway drains (SIGTERM): unhealthy, on purpose */
     int n_load;                    /* load[] entries: n_models, or 0 (see load) */
     bool healthy;
     int64_t updated_ms; /* epoch ms, set by the publisher */
@@ -60,6 +62,11 @@ typedef struct route_record {
      * model. Last: route_decide reads the fields above for every region,
      * and these only for the one model asked for. */
     route_model_load load[ROUTE_MAX_MODELS];
+    /* With load[]: the time to first token a request of that model
+     * arriving now should expect, from the workers' queues (prompt tokens
+     * ahead, prefill and decode rates measured there); 0: not given (an
+     * older gateway), and the router estimates from the counts. */
+    double load_est_ms[ROUTE_MAX_MODELS];
 } route_record;
 
 /* Serialises a record as the field/value pairs of a Redis hash (and back).
@@ -67,7 +74,10 @@ typedef struct route_record {
  * queued ttft_ms tpot_ms model_load healthy updated_ms; lists are
  * comma-separated. model_load is empty, or the updated_ms it was written
  * with, ";", and an entry per model, in models' order:
- * "capacity:running:queued:ttft_ms:tpot_ms". */
+ * "capacity:running:queued:ttft_ms:tpot_ms". Then ttft_est_ms, model_est
+ * (as model_load: the stamp, ";", each model's load_est_ms, comma-separated;
+ * taken with model_load only) and draining (0|1): fields older readers
+ * ignore. */
 typedef struct route_field {
     const char *name;
     /* The longest value: model_load's stamp (up to 20 bytes) and 16
@@ -75,7 +85,7 @@ typedef struct route_field {
      * characters, separators). */
     char value[1400];
 } route_field;
-#define ROUTE_N_FIELDS 14
+#define ROUTE_N_FIELDS 17
 /* Numbers are written so that they read back exactly (shortest %g that
  * round-trips); healthy is "1" or "0"; updated_ms an integer. r must pass
  * route_record_check (a comma inside a model or tag would split it). */

@@ -40,6 +40,7 @@ struct route_table {
     int64_t read_ms;        /* the last full read's start: what it read was news as of then */
     int64_t recovery_grace_ms; /* route_table_set_recovery_grace */
     uint64_t last_id;          /* the last route_region.id given */
+    uint64_t rng;              /* route_decide's spreading (splitmix64) */
 };
 
 static inline route_slot *route__slot(route_region *r)

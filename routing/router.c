@@ -31,9 +31,14 @@ static double queue_ms(int capacity, int running, int queued, double ttft_ms, do
     return ttft_ms + (double)waiting * service / (double)cap;
 }
 
+/* The region's own estimate from its queues when its record has one: the
+ * counts alone said 196-313 ms for a flooded worker whose requests waited
+ * 800-950 ms (they know nothing of prompt lengths or measured rates). */
 double route_queue_ms(const route_region *r)
 {
     const route_record *rec = &r->rec;
+    if (rec->ttft_est_ms > 0)
+        return rec->ttft_est_ms;
     return queue_ms(rec->capacity, rec->running, rec->queued, rec->ttft_ms, rec->tpot_ms);
 }
 
@@ -43,7 +48,32 @@ double route_model_queue_ms(const route_region *r, int model)
     if (model < 0 || model >= rec->n_load)
         return route_queue_ms(r);
     const route_model_load *l = &rec->load[model];
+    if (rec->load_est_ms[model] > 0)
+        return rec->load_est_ms[model];
     return queue_ms(l->capacity, l->running, l->queued, l->ttft_ms, l->tpot_ms);
+}
+
+double route_price(const route_region *r, const route_query *q)
+{
+    if (q->prompt_tokens <= 0 && q->output_tokens <= 0)
+        return r->rec.price_out;
+    return (q->prompt_tokens > 0 ? q->prompt_tokens : 0) * r->rec.price_in +
+           (q->output_tokens > 0 ? q->output_tokens : 0) * r->rec.price_out;
+}
+
+void route_table_seed(route_table *t, uint64_t seed)
+{
+    t->rng = seed;
+}
+
+/* splitmix64: one multiply chain per decision, no state beyond a word. */
+static double next_unit(route_table *t)
+{
+    uint64_t z = (t->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
 }
 
 double route_expected_ms(const route_region *r)
@@ -200,6 +230,34 @@ static void format_reason(const route_query *q, route_decision *d)
         put_str(&b, " probe");
 }
 
+/* Draws the first candidate among those near the preferred top[0] (see
+ * router.h) and moves it to the front, the others keeping their order. */
+static void spread_first(route_table *t, const route_query *q, rank *top, int n_top)
+{
+    const double best = top[0].ms, near = fmax(ROUTE_NEAR_FRAC * best, ROUTE_NEAR_MS), edge = best + near;
+    double w[ROUTE_MAX_CANDIDATES], sum = 0;
+    int n = 0;
+    for (; n < n_top; n++) {
+        /* under cost, only the preferred's price group: a dearer region
+         * as fast is no choice of the policy's */
+        if (top[n].ms >= edge || (q->policy == ROUTE_COST && (top[n].k1 != top[0].k1 || top[n].price != top[0].price)))
+            break;
+        w[n] = top[n].ms <= best ? 1.0 : (edge - top[n].ms) / near;
+        sum += w[n];
+    }
+    if (n < 2)
+        return;
+    double x = next_unit(t) * sum;
+    int pick = 0;
+    while (pick < n - 1 && x >= w[pick]) {
+        x -= w[pick];
+        pick++;
+    }
+    rank chosen = top[pick];
+    memmove(&top[1], &top[0], (size_t)pick * sizeof(*top));
+    top[0] = chosen;
+}
+
 int route_decide(route_table *t, const route_query *q, route_decision *d)
 {
     const char *model = q->model ? q->model : "";
@@ -212,6 +270,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
     }
     d->n = 0;
     d->probe = false;
+    d->preferred = NULL;
     d->out_model = d->out_stale = d->out_unhealthy = d->out_ejected = d->out_residency = d->out_price = 0;
 
     /* Pass 1: filters, and the fastest expected latency among the rest. */
@@ -268,7 +327,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         /* >= 0, so truncation is floor; capped so that the cast stays in
          * range whatever a record or an RTT says. */
         double steps = (s->scratch_ms - best) / ROUTE_TIE_MS;
-        rank k = {s, steps < 1e15 ? (int64_t)steps : (int64_t)1e15, s->r.rec.price_out, s->scratch_ms};
+        rank k = {s, steps < 1e15 ? (int64_t)steps : (int64_t)1e15, route_price(&s->r, q), s->scratch_ms};
         if (cost) /* within the SLO: by price, then exact latency; the rest after, by latency */
             k.k1 = q->slo_ms <= 0 || k.ms <= q->slo_ms ? 0 : 1 + k.k1;
         if (n_top == ROUTE_MAX_CANDIDATES && !rank_less(&k, &top[n_top - 1]))
@@ -280,6 +339,10 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         }
         top[at] = k;
     }
+
+    d->preferred = n_top ? &top[0].s->r : NULL;
+    if (q->spread && n_top > 1)
+        spread_first(t, q, top, n_top);
 
     /* A region out of its back-off claims its one probe as the first
      * choice; further down it stays, unclaimed, for the request to claim

@@ -82,7 +82,11 @@ void route_sync_opts_default(route_sync_opts *o)
     o->full_read_ms = 5000;
     o->command_timeout_ms = 500;
     o->reconnect_min_ms = 100;
-    o->reconnect_max_ms = 5000;
+    /* A frozen Redis (SIGSTOP, a stalled VM) accepts connections and
+     * answers nothing: every try fails by timeout and the back-off grows.
+     * Capped at 5 s, gateways came back 4-6 s after it answered again;
+     * a try a second costs a down Redis next to nothing. */
+    o->reconnect_max_ms = 1000;
 }
 
 int route_sync_opts_check(const route_sync_opts *o, char *err, size_t err_len)

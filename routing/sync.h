@@ -56,7 +56,7 @@ typedef struct route_sync_opts {
     int full_read_ms;       /* 5000 */
     int command_timeout_ms; /* 500 */
     int reconnect_min_ms;   /* 100 */
-    int reconnect_max_ms;   /* 5000 */
+    int reconnect_max_ms;   /* 1000 */
     /* The fleet keys (routing/record_auth.h): with any, the record and
      * price overrides this gateway writes are signed with the first, and a
      * peer's record or a price override that none proves is ignored (said

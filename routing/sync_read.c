@@ -29,7 +29,7 @@ static bool record_equal(const route_record *a, const route_record *b)
         a->price_out != b->price_out || a->capacity != b->capacity || a->running != b->running ||
         a->queued != b->queued || a->ttft_ms != b->ttft_ms || a->tpot_ms != b->tpot_ms ||
         a->healthy != b->healthy || a->updated_ms != b->updated_ms || a->instances != b->instances ||
-        a->version != b->version)
+        a->version != b->version || a->ttft_est_ms != b->ttft_est_ms || a->draining != b->draining)
         return false;
     for (int i = 0; i < a->n_models && i < ROUTE_MAX_MODELS; i++)
         if (strcmp(a->models[i], b->models[i]))
@@ -42,7 +42,7 @@ static bool record_equal(const route_record *a, const route_record *b)
     for (int i = 0; i < a->n_load && i < ROUTE_MAX_MODELS; i++) {
         const route_model_load *x = &a->load[i], *y = &b->load[i];
         if (x->capacity != y->capacity || x->running != y->running || x->queued != y->queued ||
-            x->ttft_ms != y->ttft_ms || x->tpot_ms != y->tpot_ms)
+            x->ttft_ms != y->ttft_ms || x->tpot_ms != y->tpot_ms || a->load_est_ms[i] != b->load_est_ms[i])
             return false;
     }
     return true;

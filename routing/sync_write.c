@@ -9,7 +9,8 @@
  * tags, price, GPU, capacity or health at once (route_sync_set_local, or a
  * price override seen at the heartbeat), and a material load change at the
  * next heartbeat: queued going to or from zero, running+queued moving by
- * max(1, capacity/8) or a TTFT/per-token estimate by 25%. So a region
+ * max(1, capacity/8) or a TTFT (measured or queue-based)/per-token estimate
+ * by 25%. So a region
  * announces at most about once a heartbeat for load, and each announcement
  * costs every peer one read. Smaller load drift reaches peers through the
  * full read every full_read_ms (sync_read.c). */
@@ -30,7 +31,7 @@ static bool identity_changed(const route_record *a, const route_record *b)
 {
     if (strcmp(a->endpoint, b->endpoint) || strcmp(a->gpu, b->gpu) || a->n_models != b->n_models ||
         a->n_tags != b->n_tags || a->price_in != b->price_in || a->price_out != b->price_out ||
-        a->capacity != b->capacity || a->healthy != b->healthy)
+        a->capacity != b->capacity || a->healthy != b->healthy || a->draining != b->draining)
         return true;
     for (int i = 0; i < a->n_models && i < ROUTE_MAX_MODELS; i++)
         if (strcmp(a->models[i], b->models[i]))
@@ -66,10 +67,10 @@ static bool load_changed(const route_record *now, const route_record *then)
 {
     const route_model_load a = {now->capacity, now->running, now->queued, now->ttft_ms, now->tpot_ms},
                            b = {then->capacity, then->running, then->queued, then->ttft_ms, then->tpot_ms};
-    if (load_moved(&a, &b) || now->n_load != then->n_load)
+    if (load_moved(&a, &b) || now->n_load != then->n_load || moved_by(now->ttft_est_ms, then->ttft_est_ms, 0.25))
         return true;
     for (int i = 0; i < now->n_load; i++)
-        if (load_moved(&now->load[i], &then->load[i]))
+        if (load_moved(&now->load[i], &then->load[i]) || moved_by(now->load_est_ms[i], then->load_est_ms[i], 0.25))
             return true;
     return false;
 }

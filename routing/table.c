@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- the table ---- */
 
@@ -25,6 +26,7 @@ route_table *route_table_new(const route_table_opts *o, int max_regions)
         t->o.probe_timeout_ms = 10000;
     t->max = max_regions;
     t->shared_ok = true;
+    t->rng = (uint64_t)(uintptr_t)t ^ ((uint64_t)time(NULL) << 20);
     if (!(t->slots = calloc((size_t)max_regions, sizeof(*t->slots))))
         goto fail_table;
     if (!(t->order = calloc((size_t)max_regions, sizeof(*t->order))))

@@ -8,9 +8,11 @@
 #include "runtime/engine_opts.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
+#include "runtime/sched_est.h"
 #include "runtime/tokenizer.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +22,8 @@
 #define MAX_STOPS 16
 #define EWMA_ALPHA 0.1
 #define IDLE_WAIT_MS 200
-#define PREFILL_MIN 16 /* prompt tokens per step at least, while others decode */
+#define EST_EVERY_S 0.05   /* the TTFT estimate is refreshed at most this often */
+#define EST_MAX_WORK 200000 /* sequence-steps of replay per estimate, at most */
 
 typedef struct sreq sreq;
 struct sreq {
@@ -97,6 +100,15 @@ struct rt_sched {
     int32_t *sampled; /* the token drawn from each batch entry's logits */
     double rate_t0;
     uint64_t rate_tokens0;
+    /* the TTFT estimate (sched_est.h) */
+    rt_step_fit fit;
+    double fit_t0;   /* when the step being timed began; 0: none */
+    int fit_tokens;  /* its tokens */
+    double est_t;           /* when it was last computed */
+    double prompt_ewma;     /* prompt tokens of the requests admitted lately */
+    double gen_frac;        /* of max_new, what finished requests generated (stop before length) */
+    rt_est_seq *est_run, *est_q;
+    int est_q_cap;
 };
 
 /* Mirrors the waiting counts into the stats; call with mu held. */
@@ -575,6 +587,9 @@ static void admit(rt_sched *s)
         r->waited_s += now - r->t_queued;
         r->n_done = 0;
         r->t_admit = gw_mono_s();
+        if (r->n_gen == 0) /* not a recompute */
+            s->prompt_ewma = s->prompt_ewma > 0 ? s->prompt_ewma + EWMA_ALPHA * (r->n_prompt - s->prompt_ewma)
+                                                : r->n_prompt;
         s->running[s->n_running++] = r;
         admitted[r->prio]++;
         promised += blocks;
@@ -599,21 +614,9 @@ static void preempt_youngest(rt_sched *s)
     preempt_at(s, youngest(s, false));
 }
 
-/* Prompt tokens a step may carry besides its decodes. While sequences are
- * decoding, prefill is spread over the steps — a little more than one
- * prompt token per decoding sequence, so that prompts (which in chat
- * traffic are about as long as answers) keep up — instead of arriving as one
- * big chunk that stalls every stream for a step many times longer than the
- * others. With nothing decoding, a prompt takes the whole budget. */
 static int prefill_budget(const rt_sched *s, int n_dec)
 {
-    int all = s->o.max_batch_tokens - n_dec;
-    if (n_dec == 0)
-        return all;
-    int b = n_dec + n_dec / 2;
-    if (b < PREFILL_MIN)
-        b = PREFILL_MIN;
-    return b < all ? b : all;
+    return rt_sched_prefill_budget(s->o.max_batch_tokens, n_dec);
 }
 
 /* Which pass of build_batch a running request's tokens go in: decodes
@@ -795,6 +798,8 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
                          .logprobs = r->lp_row ? &r->lp : NULL};
     emit(r, &ev);
     if (reason) {
+        if (r->max_new > 0)
+            s->gen_frac += EWMA_ALPHA * ((double)r->n_gen / r->max_new - s->gen_frac);
         pthread_mutex_lock(&s->mu);
         s->stats.requests_done++;
         s->stats.done_tokens += (uint64_t)r->n_gen;
@@ -804,6 +809,18 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
     return reason != NULL;
 }
 
+/* A step is timed from its start to the next one's (or to the loop going
+ * idle): what a request waiting behind it sees, the loop's own work
+ * (intake, admission, stats, the events to the HTTP thread) included.
+ * Timed forward and sampling alone, a flooded worker's estimate read
+ * half of what its requests waited. */
+static void fit_close(rt_sched *s, double now)
+{
+    if (s->fit_t0 > 0 && now >= s->fit_t0)
+        rt_step_fit_add(&s->fit, s->fit_tokens, (now - s->fit_t0) * 1e3);
+    s->fit_t0 = 0;
+}
+
 /* One forward pass over the batch; the number of entries it had (0: every
  * running request is held). */
 static int step(rt_sched *s)
@@ -811,10 +828,18 @@ static int step(rt_sched *s)
     int n = build_batch(s);
     if (n == 0)
         return 0;
+    double t0 = gw_mono_s();
+    fit_close(s, t0);
     int rc = rt_model_forward(s->model, s->batch, n);
     if (rc == 0)
         rt_model_parallel_for(s->model, n, sample_item, s);
     double now = gw_mono_s();
+    if (rc == 0) {
+        s->fit_t0 = t0;
+        s->fit_tokens = 0;
+        for (int i = 0; i < n; i++)
+            s->fit_tokens += s->batch[i].n_tokens;
+    }
     for (int i = 0; i < n; i++) {
         sreq *r = s->running[s->take[i]];
         if (rc) {
@@ -836,9 +861,81 @@ static int step(rt_sched *s)
     return n;
 }
 
+/* Tokens r is expected to generate in all: the finished requests lately
+ * generated gen_frac of their max_new (1 where every one runs to length). */
+static int expected_gen(const rt_sched *s, const sreq *r)
+{
+    double e = s->gen_frac * r->max_new + 0.5;
+    int n = e < INT_MAX / 2 ? (int)e : INT_MAX / 2;
+    return n > r->n_gen + 1 ? n : r->n_gen + 1;
+}
+
+static rt_est_seq est_seq_of(const rt_sched *s, const sreq *r)
+{
+    int left = expected_gen(s, r) - r->n_gen; /* >= 1 */
+    if (decoding(r))
+        return (rt_est_seq){0, left};
+    return (rt_est_seq){r->n_tokens - r->n_done, left - 1}; /* the prompt's end gives one */
+}
+
+/* Room in est_q for n entries (the queue may outgrow max_queue by what is
+ * in the inbox); false on no memory (the estimate then counts fewer). */
+static bool est_room(rt_sched *s, int n)
+{
+    if (n <= s->est_q_cap)
+        return true;
+    int cap = n + 16;
+    rt_est_seq *q = realloc(s->est_q, (size_t)cap * sizeof(*q));
+    if (!q)
+        return false;
+    s->est_q = q;
+    s->est_q_cap = cap;
+    return true;
+}
+
+/* The TTFT estimate (sched_est.h) for an interactive request joining now:
+ * behind the running requests and the interactive ones waiting (batch
+ * ones wait behind it), the inbox's included. */
+static void update_estimate(rt_sched *s, double now)
+{
+    if (now - s->est_t < EST_EVERY_S || !s->est_run)
+        return;
+    s->est_t = now;
+    int n_run = 0, n_q = 0;
+    long ahead = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        s->est_run[n_run] = est_seq_of(s, s->running[i]);
+        ahead += s->est_run[n_run++].prefill_left;
+    }
+    for (const sreq *r = s->waiting[0].head; r && est_room(s, n_q + 1); r = r->next) {
+        s->est_q[n_q] = est_seq_of(s, r);
+        ahead += s->est_q[n_q++].prefill_left;
+    }
+    pthread_mutex_lock(&s->mu);
+    for (const sreq *r = s->inbox.head; r; r = r->next) {
+        if (r->prio != RT_PRIO_INTERACTIVE || !est_room(s, n_q + 1))
+            continue;
+        s->est_q[n_q] = est_seq_of(s, r);
+        ahead += s->est_q[n_q++].prefill_left;
+    }
+    pthread_mutex_unlock(&s->mu);
+    int prompt = s->prompt_ewma >= 1 ? (int)(s->prompt_ewma + 0.5) : 1;
+    double est = rt_est_ttft(&s->fit, s->o.max_seqs, s->o.max_batch_tokens, s->est_run, n_run, s->est_q, n_q,
+                             prompt, EST_MAX_WORK);
+    pthread_mutex_lock(&s->mu);
+    rt_sched_stats *st = &s->stats;
+    st->est_ttft_ms = est;
+    st->prompt_tokens_ahead = ahead < INT_MAX ? (int)ahead : INT_MAX;
+    st->est_prompt_tokens = prompt;
+    st->step_base_ms = s->fit.base_ms;
+    st->step_token_ms = s->fit.token_ms;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void publish_stats(rt_sched *s)
 {
     double now = gw_mono_s();
+    update_estimate(s, now);
     pthread_mutex_lock(&s->mu);
     rt_sched_stats *st = &s->stats;
     st->running = s->n_running;
@@ -866,6 +963,7 @@ static void *run(void *arg)
             publish_stats(s);
             continue;
         }
+        fit_close(s, gw_mono_s());
         publish_stats(s);
         pthread_mutex_lock(&s->mu);
         if (!s->stopping && !s->inbox.n && !s->n_cancels && !s->n_holds) {
@@ -926,7 +1024,9 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->take = calloc((size_t)cap, sizeof(int));
     s->logits = malloc((size_t)cap * s->n_vocab * sizeof(float));
     s->sampled = calloc((size_t)cap, sizeof(int32_t));
-    if (!s->running || !s->batch || !s->take || !s->logits || !s->sampled) {
+    s->est_run = calloc((size_t)cap, sizeof(rt_est_seq));
+    s->gen_frac = 1;
+    if (!s->running || !s->batch || !s->take || !s->logits || !s->sampled || !s->est_run) {
         snprintf(err, err_len, "out of memory for %d sequences", cap);
         goto fail;
     }
@@ -951,6 +1051,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     }
     return s;
 fail:
+    free(s->est_run);
     free(s->running);
     free(s->batch);
     free(s->take);
@@ -977,6 +1078,8 @@ void rt_sched_free(rt_sched *s)
     pthread_mutex_destroy(&s->mu);
     free(s->cancels);
     free(s->holds);
+    free(s->est_run);
+    free(s->est_q);
     free(s->running);
     free(s->batch);
     free(s->take);

@@ -79,12 +79,13 @@
  *   routing:
  *     policy: latency           # latency | cost
  *     slo_ms: 500               # cost policy: expected latency bound
+ *     spread: true              # share among near-best regions (routing/router.h), not all to the best
  *     heartbeat_ms: 1000        # record publication period
  *     stale_after_ms: 3000      # default 3 heartbeats; more than two
  *     eject_after: 3            # consecutive failures (0: never eject)
  *     eject_base_ms: 1000       # first ejection; doubles up to eject_max_ms
  *     eject_max_ms: 30000
- *     ping_interval_ms: 1000    # RTT probes (HTTP/2 PING) to each peer
+ *     ping_interval_ms: 250     # RTT probes (HTTP/2 PING) to each peer; 10 unanswered: it is gone
  *     retry_budget: 0.2         # fraction of requests that may be retried, 0 to 1
  *   peers:                      # static peers / endpoint overrides (e.g. a private link); needs `region`
  *     - name: us-east           # required, not this region
@@ -174,6 +175,7 @@ typedef struct gw_redis_cfg {
 typedef struct gw_routing_cfg {
     gw_route_policy policy; /* LATENCY or COST, never DEFAULT */
     double slo_ms;
+    bool spread; /* route_query.spread */
     int heartbeat_ms, stale_after_ms, eject_after, eject_base_ms, eject_max_ms, ping_interval_ms;
     double retry_budget;
 } gw_routing_cfg;

@@ -32,12 +32,13 @@ int gw_cfg_routing_init(gw_config *c)
 {
     c->routing = (gw_routing_cfg){.policy = GW_POLICY_LATENCY,
                                   .slo_ms = 500,
+                                  .spread = true,
                                   .heartbeat_ms = 1000,
                                   .stale_after_ms = 3000,
                                   .eject_after = 3,
                                   .eject_base_ms = 1000,
                                   .eject_max_ms = 30000,
-                                  .ping_interval_ms = 1000,
+                                  .ping_interval_ms = 250,
                                   .retry_budget = 0.2};
     return (c->cluster = strdup("default")) ? 0 : -ENOMEM;
 }
@@ -212,10 +213,11 @@ static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
 
 static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
 {
-    enum { K_POLICY, K_SLO, K_HB, K_STALE, K_EJ_AFTER, K_EJ_BASE, K_EJ_MAX, K_PING, K_RETRY, K_N };
+    enum { K_POLICY, K_SLO, K_HB, K_STALE, K_EJ_AFTER, K_EJ_BASE, K_EJ_MAX, K_PING, K_RETRY, K_SPREAD, K_N };
     static const char *const keys[K_N] = {"policy",         "slo_ms",           "heartbeat_ms",
                                           "stale_after_ms", "eject_after",      "eject_base_ms",
-                                          "eject_max_ms",   "ping_interval_ms", "retry_budget"};
+                                          "eject_max_ms",   "ping_interval_ms", "retry_budget",
+                                          "spread"};
     static const long long lo[K_N] = {
         [K_HB] = 50, [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1, [K_EJ_MAX] = 1, [K_PING] = 50};
     static const long long hi[K_N] = {[K_HB] = 60000,        [K_STALE] = 3600000,   [K_EJ_AFTER] = 1000,
@@ -233,6 +235,8 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
     if (v[K_SLO] && (rc = gw_cfg_num(p, v[K_SLO], "routing.slo_ms", 3600000, &r->slo_ms)))
         return rc;
     if (v[K_RETRY] && (rc = gw_cfg_num(p, v[K_RETRY], "routing.retry_budget", 1, &r->retry_budget)))
+        return rc;
+    if (v[K_SPREAD] && (rc = gw_cfg_bool(p, v[K_SPREAD], "routing.spread", &r->spread)))
         return rc;
     for (int k = K_HB; k <= K_PING; k++) {
         long long x;

@@ -7,8 +7,10 @@
  * what ejects it. */
 #include "gateway/front/request_internal.h"
 
+#include "gateway/front/route_events.h"
 #include "routing/router.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,8 +208,15 @@ void gw_front_dispatch(gw_front_req *p)
         .policy = pol == GW_POLICY_COST ? ROUTE_COST : ROUTE_LATENCY,
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
         .now_ms = gw_mono_ms(),
+        /* what the tenant is charged for now (gw_front_limit): the body's
+         * bytes / 4 and the answer's maximum */
+        .prompt_tokens = (int)(p->req->body_len / 4 < INT_MAX ? p->req->body_len / 4 : INT_MAX),
+        .output_tokens = (int)p->charged_completion,
+        .spread = g->cfg->routing.spread,
     };
-    if (route_decide(g->table, &q, &p->route) == 0) {
+    int n_cand = route_decide(g->table, &q, &p->route);
+    gw_route_events_preferred(g, &q, p->route.preferred);
+    if (n_cand == 0) {
         const route_decision *d = &p->route;
         if (d->out_model == route_table_count(g->table))
             gw_front_respond(p, 404, "invalid_request_error", "model_not_found", "model", 0,
@@ -294,9 +303,13 @@ bool gw_front_retry(gw_front_req *p, bool region_at_fault)
     if (other >= 0)
         return resend_local(p, other);
     if (p->route.n) {
+        char from[ROUTE_NAME_MAX];
+        snprintf(from, sizeof(from), "%s", p->region[0] ? p->region : "local");
         g->retry_tokens -= 1;
-        if (try_next(p))
+        if (try_next(p)) {
+            gw_route_events_failover(g, from, p->region, p->error_kind ? p->error_kind : "busy");
             return true;
+        }
         g->retry_tokens += 1; /* nowhere left to go: no retry was spent */
     }
     return false;

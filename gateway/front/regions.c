@@ -3,6 +3,7 @@
  * RTT to every peer from PINGs on the pooled connections, and the routing
  * table as JSON (/v1/regions) and as a page for operators (/dashboard). */
 #include "gateway/front/serve_internal.h"
+#include "gateway/front/route_events.h"
 #include "gateway/base/clock.h"
 
 #include "routing/router.h"
@@ -22,6 +23,9 @@
 #define FORGET_MIN_MS (10 * 60 * 1000)
 
 #define MAX_REGIONS 256
+/* How often the peers' RTTs are read into the table (a 5x change is to be
+ * routed by within a second: PINGs every 250 ms, read every 100). */
+#define RTT_READ_MS 100
 
 bool gw_regions_enabled(const gw_serve *g)
 {
@@ -46,6 +50,22 @@ const char *gw_regions_target(const gw_serve *g, const route_region *r, char *bu
     /* The peer's certificate must name the region (gateway/upstream/upstream.h). */
     snprintf(buf, len, "tls:%s@%s", r->rec.name, e + 4);
     return buf;
+}
+
+#define BIAS_ALPHA 0.1
+
+static double with_bias(double est_ms, double bias_ms)
+{
+    if (est_ms <= 0) /* not given */
+        return 0;
+    return fmin(fmax(est_ms + bias_ms, est_ms / 2), ROUTE_MAX_MS);
+}
+
+void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms)
+{
+    if (!(est_ms > 0 && measured_ms >= 0 && measured_ms < ROUTE_MAX_MS))
+        return;
+    g->est_bias_ms += BIAS_ALPHA * (measured_ms - est_ms - g->est_bias_ms);
 }
 
 /* This region's record: the configured identity plus the workers' load. */
@@ -91,6 +111,8 @@ static void local_record(gw_serve *g, route_record *r)
         tpot += w->tpot_ewma_ms;
         n_ttft += w->prefill_ewma_ms > 0;
         n_tpot += w->tpot_ewma_ms > 0;
+        if (w->est_ttft_ms > 0 && (r->ttft_est_ms == 0 || w->est_ttft_ms < r->ttft_est_ms))
+            r->ttft_est_ms = fmin(w->est_ttft_ms, ROUTE_MAX_MS);
         for (int m = 0; m < r->n_load; m++) {
             if (strcmp(r->models[m], w->model))
                 continue;
@@ -100,6 +122,10 @@ static void local_record(gw_serve *g, route_record *r)
             l->queued += w->queued;
             l->ttft_ms += w->prefill_ewma_ms;
             l->tpot_ms += w->tpot_ewma_ms;
+            /* a request goes to the least loaded worker (gw_supervisor_pick):
+             * the model's wait is its best worker's */
+            if (w->est_ttft_ms > 0 && (r->load_est_ms[m] == 0 || w->est_ttft_ms < r->load_est_ms[m]))
+                r->load_est_ms[m] = fmin(w->est_ttft_ms, ROUTE_MAX_MS);
             m_ttft[m] += w->prefill_ewma_ms > 0;
             m_tpot[m] += w->tpot_ewma_ms > 0;
         }
@@ -116,7 +142,14 @@ static void local_record(gw_serve *g, route_record *r)
         l->ttft_ms = fmin(m_ttft[m] ? l->ttft_ms / m_ttft[m] : lw ? lw->ttft_ms : 0, ROUTE_MAX_MS);
         l->tpot_ms = fmin(m_tpot[m] ? l->tpot_ms / m_tpot[m] : lw ? lw->tpot_ms : 0, ROUTE_MAX_MS);
     }
+    /* What the workers' replay leaves out (the hops to and from the worker,
+     * tokenizing, thread hand-offs), as measured here; at least half the
+     * replay's figure whatever it says. */
+    r->ttft_est_ms = with_bias(r->ttft_est_ms, g->est_bias_ms);
+    for (int m = 0; m < r->n_load; m++)
+        r->load_est_ms[m] = with_bias(r->load_est_ms[m], g->est_bias_ms);
     r->healthy = ready > 0 && !g->draining;
+    r->draining = g->draining;
     r->updated_ms = gw_epoch_ms();
     r->instances = 1; /* this gateway: others of the region are not counted in its own view */
 }
@@ -183,6 +216,30 @@ static void say_refused_records(gw_serve *g)
     g->auth_refused_said = n;
 }
 
+/* The peers' RTTs, from their connections' PINGs, into the table. */
+static void read_rtts(gw_serve *g)
+{
+    for (int i = 0; i < route_table_count(g->table); i++) {
+        route_region *r = route_table_at(g->table, i);
+        char buf[GW_TARGET_MAX];
+        const char *target = r->local ? "" : gw_regions_target(g, r, buf, sizeof(buf));
+        double ewma_us, p95_us;
+        if (*target && gw_upstream_rtt(g->pool, target, &ewma_us, &p95_us) == 0)
+            route_table_set_rtt(g->table, r->rec.name, ewma_us / 1000.0, p95_us / 1000.0);
+    }
+}
+
+/* Every RTT_READ_MS: read once a heartbeat, a peer's RTT grown fivefold
+ * was routed to for up to a second more. The routing events are looked
+ * for at the same pace. */
+static void on_rtt_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    read_rtts(arg);
+    gw_route_events_poll(arg);
+}
+
 /* Every heartbeat: publish ourselves, keep a pooled connection to each peer
  * (its PINGs measure RTT) and read the RTT back into the table. */
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
@@ -206,10 +263,8 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
         if (!*target)
             continue;
         gw_upstream_connect(g->pool, target);
-        double ewma_us, p95_us;
-        if (gw_upstream_rtt(g->pool, target, &ewma_us, &p95_us) == 0)
-            route_table_set_rtt(g->table, r->rec.name, ewma_us / 1000.0, p95_us / 1000.0);
     }
+    read_rtts(g);
 }
 
 int gw_regions_start(gw_serve *g, char *err, size_t err_len)
@@ -263,6 +318,13 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
         snprintf(err, err_len, "out of memory");
         return -ENOMEM;
     }
+    g->events = gw_route_events_new();
+    g->rtt_timer = event_new(g->base, -1, EV_PERSIST, on_rtt_timer, g);
+    struct timeval rtv = {0, RTT_READ_MS * 1000};
+    if (!g->events || !g->rtt_timer || event_add(g->rtt_timer, &rtv)) {
+        snprintf(err, err_len, "out of memory");
+        return -ENOMEM;
+    }
     gw_supervisor_on_ready_change(g->sup, on_workers_changed, g);
     on_heartbeat(-1, 0, g);
     fprintf(stderr, "infergate: region %s (%s), policy %s, %s\n", c->region.name,
@@ -285,6 +347,11 @@ void gw_regions_stop(gw_serve *g)
     if (g->heartbeat)
         event_free(g->heartbeat);
     g->heartbeat = NULL;
+    if (g->rtt_timer)
+        event_free(g->rtt_timer);
+    g->rtt_timer = NULL;
+    gw_route_events_free(g->events);
+    g->events = NULL;
     route_sync_free(g->sync);
     g->sync = NULL;
     route_table_free(g->table);
@@ -305,10 +372,10 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         const route_model_load *l = &r->rec.load[i];
         double q = route_model_queue_ms(r, i);
         json_object_set_new(load, r->rec.models[i],
-                            json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:f}", "capacity", l->capacity,
+                            json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "capacity", l->capacity,
                                       "running", l->running, "queued", l->queued, "ttft_ms", l->ttft_ms,
-                                      "tpot_ms", l->tpot_ms, "queue_ms", q, "expected_ms",
-                                      route_rtt_ms(r) + q));
+                                      "tpot_ms", l->tpot_ms, "est_ms", r->rec.load_est_ms[i], "queue_ms", q,
+                                      "expected_ms", route_rtt_ms(r) + q));
     }
     json_t *o = json_pack(
         "{s:s, s:s, s:b, s:o, s:o, s:f, s:f, s:s, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:b, s:o, s:o, "
@@ -323,10 +390,14 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         route_expected_ms(r), "age_ms", (json_int_t)(wall - r->rec.updated_ms), "consecutive_failures",
         r->consecutive_failures, "ejected_for_ms", (json_int_t)(ejected ? r->ejected_until_ms - now : 0),
         "instances", r->rec.instances);
-    if (o)
+    if (o) {
         json_object_set_new(o, "model_load", load); /* per model: what routing ranks by */
-    else
+        /* the region's own queue-based estimate (0: an older gateway's record) */
+        json_object_set_new(o, "ttft_est_ms", json_real(r->rec.ttft_est_ms));
+        json_object_set_new(o, "draining", json_boolean(r->rec.draining));
+    } else {
         json_decref(load);
+    }
     return o;
 }
 
@@ -339,7 +410,7 @@ char *gw_regions_json(gw_serve *g, size_t *len)
     json_t *o = json_pack("{s:s?, s:s, s:b, s:b, s:s?, s:o}", "region", g->cfg->region.name, "policy",
                           g->cfg->routing.policy == GW_POLICY_COST ? "cost" : "latency", "redis_configured",
                           g->cfg->redis.address != NULL, "redis_connected", g->sync && route_sync_connected(g->sync),
-                          "redis_error", g->sync ? route_sync_last_error(g->sync) : NULL, "regions", list);
+                          "redis_error", g->sync && !route_sync_connected(g->sync) ? route_sync_last_error(g->sync) : NULL, "regions", list);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s)

@@ -273,8 +273,12 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
 {
     gw_front_req *p = ud;
     double now = gw_mono_s();
-    if (!p->t_first)
+    if (!p->t_first) {
         p->t_first = now;
+        /* an event stream's first data is its first token */
+        if (p->sse && p->est_at_send > 0)
+            gw_regions_note_ttft(p->g, p->est_at_send, (now - p->t_sent) * 1e3);
+    }
     p->t_last = now;
     if (p->sse)
         scan_sse(p, data, len);
@@ -408,6 +412,13 @@ void gw_front_send_upstream(gw_front_req *p)
     } else {
         target = gw_supervisor_worker(g->sup, p->worker)->target;
     }
+    /* Sent to a worker with a free slot and nothing waiting: its TTFT is
+     * the worker's estimate plus what the estimate leaves out, which
+     * gw_regions_note_ttft learns. Not from a queue: an estimate too low
+     * under load, learnt as a bias, kept an idle region looking loaded
+     * to peers, whose requests (not streamed) never taught it otherwise. */
+    const gw_worker_info *wi = p->remote ? NULL : gw_supervisor_worker(g->sup, p->worker);
+    p->est_at_send = wi && wi->queued == 0 && wi->running < wi->max_seqs ? wi->est_ttft_ms : 0;
     p->tries++;
     p->local_tries += !p->remote;
     p->t_sent = gw_mono_s();

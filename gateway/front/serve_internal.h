@@ -41,7 +41,9 @@ typedef struct gw_serve {
     struct event *sigterm, *sigint, *sighup, *sigusr1, *drain_timer, *metrics_timer;
     route_table *table; /* NULL without a region section: local workers only */
     route_sync *sync;   /* NULL without Redis */
-    struct event *heartbeat;
+    struct event *heartbeat, *rtt_timer;
+    struct gw_route_events *events; /* with a table: routing events logged (route_events.h) */
+    double est_bias_ms; /* gw_regions_note_ttft: measured TTFT - the workers' estimate, smoothed */
     unsigned long long fd_limit; /* the open-file limit, raised at start (0: unknown) */
     double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1;
                           * starts at GW_RETRY_TOKENS_START where the budget is not 0 */
@@ -92,6 +94,11 @@ const char *gw_regions_target(const gw_serve *g, const route_region *r, char *bu
 /* A reload: the fleet keys of c (a rotation) from now on. */
 void gw_regions_reload(gw_serve *g, const gw_config *c);
 char *gw_regions_json(gw_serve *g, size_t *len);
+/* A streamed request served here got its first token measured_ms after it
+ * was sent to a worker with a free slot whose estimate then said est_ms:
+ * what the estimate leaves out (the hops, tokenizing) is learnt and added
+ * to the one this region publishes. */
+void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms);
 char *gw_regions_dashboard(gw_serve *g, size_t *len);
 
 /* serve_metrics.c: declares the metric families (once at start); 0 or

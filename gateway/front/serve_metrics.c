@@ -51,6 +51,11 @@ int gw_serve_metrics_init(gw_metrics *m)
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_restarts_total", GW_COUNTER, "Restarts of each worker.",
                               NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_route_events_total", GW_COUNTER,
+                              "Routing events, as logged (event=...): Redis lost or regained, a region "
+                              "joined, gone, stale, ejected, unhealthy, drained or returned, a failover, "
+                              "a change of preferred region.",
+                              NULL, 0);
     rc |= gw_metrics_describe(
         m, "infergate_access_log_dropped_total", GW_COUNTER,
         "Access log lines dropped: its reader fell a megabyte behind, or a write failed.", NULL, 0);

@@ -27,6 +27,11 @@ typedef struct gw_worker_info {
     int queued, running, max_seqs, kv_blocks_free, kv_blocks_total;
     double ttft_ewma_ms, tpot_ewma_ms, tokens_per_s;
     double prefill_ewma_ms; /* admission to first token: service time without queueing */
+    /* The worker's own estimate of the time to first token a request
+     * joining now waits (runtime/sched_est.h; 0 until it has run a step),
+     * the prompt tokens ahead of it, and the prefill rate measured. */
+    double est_ttft_ms, prefill_tokens_per_s;
+    int prompt_tokens_ahead;
 } gw_worker_info;
 
 /* Workers run as `exe worker ...`, exe being this process's own binary.

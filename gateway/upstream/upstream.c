@@ -428,9 +428,13 @@ static up_conn *target_pick(up_target *t)
     return up_conn_new(t, -1);
 }
 
+/* Peak-sensitive (as Finagle's and Linkerd's peak EWMA): a sample above
+ * the average replaces it at once, one below pulls it down by 1/8. A
+ * plain EWMA still read 269 ms 4 s after a peer's RTT went from 100 to
+ * 500 ms, and routing kept sending it requests meanwhile. */
 void up_target_rtt_sample(up_target *t, double us)
 {
-    if (t->n_rtt == 0)
+    if (t->n_rtt == 0 || us > t->rtt_ewma_us)
         t->rtt_ewma_us = us;
     else
         t->rtt_ewma_us += (us - t->rtt_ewma_us) / 8;
@@ -455,8 +459,15 @@ int gw_upstream_rtt(gw_upstream_pool *p, const char *target, double *ewma_us, do
     memcpy(s, t->rtt_us, t->n_rtt * sizeof(s[0]));
     qsort(s, t->n_rtt, sizeof(s[0]), cmp_double);
     size_t k = (size_t)ceil(0.95 * t->n_rtt);
+    /* A PING out longer than the average is a sample already: at least
+     * that long (a peer slowed down is seen before its answer comes). */
+    double ewma = t->rtt_ewma_us;
+    uint64_t now = gw_mono_ns();
+    for (const up_conn *c = t->conns; c; c = c->next)
+        if (c->ping_sent_ns && now > c->ping_sent_ns && (double)(now - c->ping_sent_ns) / 1000.0 > ewma)
+            ewma = (double)(now - c->ping_sent_ns) / 1000.0;
     if (ewma_us)
-        *ewma_us = t->rtt_ewma_us;
+        *ewma_us = ewma;
     if (p95_us)
         *p95_us = s[k ? k - 1 : 0];
     return 0;

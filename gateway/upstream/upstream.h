@@ -104,8 +104,10 @@ void gw_upstream_cancel(gw_upstream_req *r);
 
 /* Round-trip time of the target's pooled connection, from HTTP/2 PING
  * frames sent every ping_interval_ms while the connection is open
- * (0 = never): smoothed (EWMA, alpha 1/8) and the 95th percentile of the
- * last 64 samples, in microseconds. -ENOENT when no sample yet. */
+ * (0 = never): smoothed (a peak EWMA: a sample above it, or a PING
+ * unanswered for longer, counts at once; one below pulls it down by 1/8)
+ * and the 95th percentile of the last 64 samples, in microseconds.
+ * -ENOENT when no sample yet. */
 int gw_upstream_rtt(gw_upstream_pool *p, const char *target, double *ewma_us, double *p95_us);
 void gw_upstream_set_ping_interval(gw_upstream_pool *p, int ping_interval_ms);
 /* Changes response_timeout_ms (0: none), for the requests in flight too. */

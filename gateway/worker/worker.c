@@ -560,6 +560,18 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
         "tokens_generated", (json_int_t)st.tokens_generated, "preemptions", (json_int_t)st.preemptions,
         "device", dev.kind, "model", rt_engine_model_name(w->engine), "backend", rt_model_backend_name(m),
         "threads", rt_model_threads(m), "kv_type", kn_type_name(st.kv_type));
+    /* What routing ranks this worker by, and the rates it comes from
+     * (runtime/sched_est.h). */
+    if (o) {
+        json_object_set_new(o, "est_ttft_ms", json_real(st.est_ttft_ms));
+        json_object_set_new(o, "prompt_tokens_ahead", json_integer(st.prompt_tokens_ahead));
+        json_object_set_new(o, "est_prompt_tokens", json_integer(st.est_prompt_tokens));
+        json_object_set_new(o, "step_base_ms", json_real(st.step_base_ms));
+        json_object_set_new(o, "prefill_tokens_per_s",
+                            json_real(st.step_token_ms > 0 ? 1000.0 / st.step_token_ms : 0));
+        json_object_set_new(o, "decode_step_ms",
+                            json_real(st.step_base_ms + st.step_token_ms * (st.running > 0 ? st.running : 1)));
+    }
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
         json_t *d =

@@ -259,8 +259,9 @@ static void check_default_limits(const gw_config *c)
     assert_int_equal(c->routing.eject_after, 3);
     assert_int_equal(c->routing.eject_base_ms, 1000);
     assert_int_equal(c->routing.eject_max_ms, 30000);
-    assert_int_equal(c->routing.ping_interval_ms, 1000);
+    assert_int_equal(c->routing.ping_interval_ms, 250);
     assert_true(c->routing.retry_budget == 0.2);
+    assert_true(c->routing.spread);
 }
 
 static void check_default_worker(const gw_worker_cfg *w, const char *model, const char *name)
@@ -369,6 +370,7 @@ static const char routing_yaml[] =
     "  eject_max_ms: 8000\n"
     "  ping_interval_ms: 300\n"
     "  retry_budget: 0.1\n"
+    "  spread: false\n"
     "peers:\n"
     "  - name: us-east\n"
     "    endpoint: \"tcp:localhost:9443\"\n"
@@ -420,6 +422,7 @@ static void test_routing_full(void **state)
     assert_int_equal(c->routing.eject_max_ms, 8000);
     assert_int_equal(c->routing.ping_interval_ms, 300);
     assert_true(c->routing.retry_budget == 0.1);
+    assert_false(c->routing.spread);
     assert_int_equal(c->n_peers, 2);
     assert_string_equal(c->peers[0].name, "us-east");
     assert_string_equal(c->peers[0].endpoint, "tcp:localhost:9443");

@@ -892,7 +892,19 @@ static void test_rtt_stats(void **state)
     double e, p;
     assert_int_equal(gw_upstream_rtt(t->pool, "unix:/tmp/none.sock", &e, &p), 0);
     assert_true(p == 97); /* ceil(0.95 * 64) = 61st of 37..100 */
-    assert_true(e > 80 && e < 100);
+    assert_true(e == 100); /* peak EWMA: every rise counts at once */
+    /* a fall pulls it down by 1/8 a sample: slowly */
+    up_target_rtt_sample(tg, 20);
+    assert_int_equal(gw_upstream_rtt(t->pool, "unix:/tmp/none.sock", &e, &p), 0);
+    assert_true(e == 90);
+    for (int i = 0; i < 40; i++)
+        up_target_rtt_sample(tg, 20);
+    assert_int_equal(gw_upstream_rtt(t->pool, "unix:/tmp/none.sock", &e, &p), 0);
+    assert_true(e > 20 && e < 21);
+    /* and a jump of 5x reads in full with its first sample */
+    up_target_rtt_sample(tg, 100);
+    assert_int_equal(gw_upstream_rtt(t->pool, "unix:/tmp/none.sock", &e, &p), 0);
+    assert_true(e == 100);
 }
 
 /* ---- fault-injecting peers ---- */
@@ -1086,6 +1098,12 @@ static void test_peer_silent(void **state)
     fpeer_stop(&f);
 }
 
+static bool rtt_over_50ms(tctx *t, void *arg)
+{
+    double e;
+    return gw_upstream_rtt(t->pool, arg, &e, NULL) == 0 && e > 50000;
+}
+
 /* A peer whose connection stays up but that no longer answers anything
  * (a wedged process, a route that drops packets without a reset): once a
  * PING has gone unanswered for ten intervals the connection is given up,
@@ -1098,6 +1116,10 @@ static void test_peer_deaf(void **state)
     gw_upstream_set_ping_interval(pool(t), 20);
     creq c = {0};
     send_req(t, &c, f.target, "GET", "/hello", NULL, 0, NULL, 0);
+    /* meanwhile the PING out counts as an RTT of its age: past 50 ms
+     * before the connection is given up at 200 */
+    up_target_rtt_sample(up_target_get(pool(t), f.target), 1000);
+    assert_true(run_until(t, rtt_over_50ms, f.target));
     wait_done(t, &c);
     expect_error(&c, GW_UP_TIMEOUT, false);
     assert_int_equal(gw_upstream_conn_count(t->pool, f.target), 0);

@@ -1,0 +1,53 @@
+/* The scheduler's time-to-first-token estimate (what routing ranks a
+ * worker and its region by): a model of one step's duration fitted to the
+ * steps this worker ran, and a fast replay of the scheduler's own policy
+ * (slots, chunked prefill with prefill_budget, decodes first) over the
+ * requests ahead of a new one, until that one's prompt is done.
+ *
+ * Why a replay and not a formula over the counts: the counts (running,
+ * queued, an unloaded TTFT) know nothing of how long the prompts ahead
+ * are, how many tokens the running requests still have to go, or how a
+ * step slows as the batch grows; a flooded worker's estimate read a third
+ * of what its requests waited. Pure functions and a small state, no
+ * locks: the scheduler calls them on its compute thread. */
+#ifndef RT_SCHED_EST_H
+#define RT_SCHED_EST_H
+
+#include <stdbool.h>
+
+/* Step duration ~ base_ms + token_ms x tokens in the step, fitted by
+ * exponentially weighted least squares over recent steps. */
+typedef struct rt_step_fit {
+    double s0, s1, s2, sy, s1y; /* weighted sums of 1, n, n^2, y, n*y */
+    double base_ms, token_ms;   /* the fit; 0 and 0 until a step is seen */
+    long steps;
+} rt_step_fit;
+
+void rt_step_fit_add(rt_step_fit *f, int tokens, double ms);
+static inline double rt_step_fit_ms(const rt_step_fit *f, int tokens)
+{
+    return f->base_ms + f->token_ms * tokens;
+}
+
+/* Prompt tokens a step may carry besides n_dec decodes (the scheduler's
+ * policy, here so that the replay follows the same one). */
+int rt_sched_prefill_budget(int max_batch_tokens, int n_dec);
+
+/* A request ahead in the replay: prompt tokens still to prefill and
+ * tokens still to generate after the first (0 once decoding: then left
+ * counts the tokens to go). */
+typedef struct rt_est_seq {
+    int prefill_left; /* > 0 while its prompt is not done */
+    int decode_left;  /* tokens to generate after the prompt's (or the next) one */
+} rt_est_seq;
+
+/* Milliseconds until a new request with a prompt of `prompt` tokens gets
+ * its first token, if it joined now behind `queued` (in admission order)
+ * with `running` in the slots (decode_left >= 0; the running array holds
+ * max_seqs entries). The arrays are changed (scratch). Stops
+ * after max_work sequence-steps of replay and returns what it reached (a
+ * lower bound). 0 while the fit has seen no step. */
+double rt_est_ttft(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_est_seq *running, int n_running,
+                   rt_est_seq *queued, int n_queued, int prompt, long max_work);
+
+#endif

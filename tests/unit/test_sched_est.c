@@ -1,0 +1,185 @@
+/* The scheduler's TTFT estimate (runtime/sched_est.h): the step-time fit
+ * recovers a linear step cost, and the replay, which jumps over runs of
+ * alike steps, gives what a plain step-by-step simulation of the
+ * scheduler's policy gives, on hand-worked and on random queues. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "runtime/sched_est.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SEQS 8
+#define MAX_BATCH 64
+
+static rt_step_fit linear_fit(double base, double per_token)
+{
+    rt_step_fit f = {0};
+    for (int i = 0; i < 300; i++) {
+        int n = 1 + (i * 7) % 60;
+        rt_step_fit_add(&f, n, base + per_token * n);
+    }
+    return f;
+}
+
+/* The reference: one step at a time, as build_batch makes them (every
+ * decode one token, then prompt chunks in admission order within the
+ * budget), slots refilled from the queue, then the new request. */
+static double reference(const rt_step_fit *f, int max_seqs, int max_batch, const rt_est_seq *run0, int n,
+                        const rt_est_seq *queued, int n_queued, int prompt)
+{
+    rt_est_seq run[64];
+    memcpy(run, run0, (size_t)n * sizeof(*run));
+    int qi = 0;
+    bool admitted = false;
+    double t = 0;
+    for (;;) {
+        while (n < max_seqs && !admitted) {
+            if (qi < n_queued)
+                run[n++] = queued[qi++];
+            else {
+                run[n++] = (rt_est_seq){prompt, -1};
+                admitted = true;
+            }
+        }
+        int n_dec = 0;
+        for (int i = 0; i < n; i++)
+            n_dec += run[i].prefill_left == 0;
+        int left = rt_sched_prefill_budget(max_batch, n_dec), tokens = n_dec;
+        bool done = false;
+        for (int i = 0; i < n; i++) {
+            if (run[i].prefill_left == 0) {
+                run[i].decode_left--;
+                continue;
+            }
+            int take = run[i].prefill_left < left ? run[i].prefill_left : left;
+            left -= take;
+            tokens += take;
+            run[i].prefill_left -= take;
+            done |= run[i].decode_left == -1 && run[i].prefill_left == 0;
+        }
+        t += rt_step_fit_ms(f, tokens);
+        if (done)
+            return t;
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (run[i].prefill_left > 0 || run[i].decode_left > 0)
+                run[k++] = run[i];
+        n = k;
+    }
+}
+
+static void test_fit_recovers_a_line(void **state)
+{
+    (void)state;
+    rt_step_fit f = linear_fit(3.0, 0.25);
+    assert_true(fabs(f.base_ms - 3.0) < 1e-6);
+    assert_true(fabs(f.token_ms - 0.25) < 1e-6);
+    /* steps of one size on the same line say nothing new: the line stays */
+    for (int i = 0; i < 2000; i++)
+        rt_step_fit_add(&f, 40, 3.0 + 0.25 * 40);
+    assert_true(fabs(f.token_ms - 0.25) < 1e-6 && fabs(f.base_ms - 3.0) < 1e-6);
+    /* then a flood of one size, each step twice as slow: whether the base
+     * or the slope grew is unknowable, but that size's cost is learnt */
+    for (int i = 0; i < 2000; i++)
+        rt_step_fit_add(&f, 40, 2.0 * (3.0 + 0.25 * 40));
+    assert_true(fabs(rt_step_fit_ms(&f, 40) - 26.0) < 0.01);
+    /* nonsense samples are ignored, never a negative cost */
+    rt_step_fit_add(&f, 0, 5);
+    rt_step_fit_add(&f, 10, -1);
+    rt_step_fit_add(&f, 10, NAN);
+    assert_true(f.base_ms >= 0 && f.token_ms >= 0);
+    rt_step_fit g = {0};
+    for (int i = 0; i < 50; i++)
+        rt_step_fit_add(&g, 1 + i % 30, 10.0 - 0.2 * (1 + i % 30)); /* cheaper when bigger: slope 0 */
+    assert_true(g.token_ms == 0 && g.base_ms > 0);
+}
+
+static void test_nothing_measured(void **state)
+{
+    (void)state;
+    rt_step_fit f = {0};
+    rt_est_seq run[MAX_SEQS];
+    assert_true(rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run, 0, NULL, 0, 100, 100000) == 0);
+}
+
+static void test_by_hand(void **state)
+{
+    (void)state;
+    rt_step_fit f = linear_fit(2.0, 0.5);
+    rt_est_seq run[MAX_SEQS];
+    /* idle: the prompt in chunks of the whole budget (64 + 36) */
+    double idle = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run, 0, NULL, 0, 100, 100000);
+    assert_true(fabs(idle - ((2 + 0.5 * 64) + (2 + 0.5 * 36))) < 1e-6);
+    /* every slot decoding 10 more: 10 steps of 8 tokens before the slot */
+    for (int i = 0; i < MAX_SEQS; i++)
+        run[i] = (rt_est_seq){0, 10 + i};
+    double full = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run, MAX_SEQS, NULL, 0, 10, 100000);
+    /* then 7 decodes and its 10 prompt tokens (budget 16) in one step */
+    assert_true(fabs(full - (10 * (2 + 0.5 * 8) + (2 + 0.5 * 17))) < 1e-6);
+}
+
+static void test_matches_step_by_step(void **state)
+{
+    (void)state;
+    srand(34);
+    rt_step_fit f = linear_fit(1.5, 0.07);
+    for (int trial = 0; trial < 400; trial++) {
+        int max_seqs = 1 + rand() % MAX_SEQS, max_batch = max_seqs + rand() % 200;
+        rt_est_seq run[MAX_SEQS], run_copy[MAX_SEQS], q[32], q_copy[32];
+        int n = rand() % (max_seqs + 1), nq = rand() % 32;
+        for (int i = 0; i < n; i++)
+            run[i] = rand() % 2 ? (rt_est_seq){0, 1 + rand() % 300} : (rt_est_seq){1 + rand() % 500, rand() % 300};
+        for (int i = 0; i < nq; i++)
+            q[i] = (rt_est_seq){1 + rand() % 800, rand() % 300};
+        int prompt = 1 + rand() % 600;
+        memcpy(run_copy, run, sizeof(run));
+        memcpy(q_copy, q, sizeof(q));
+        double want = reference(&f, max_seqs, max_batch, run, n, q, nq, prompt);
+        double got = rt_est_ttft(&f, max_seqs, max_batch, run_copy, n, q_copy, nq, prompt, 100000000);
+        assert_true(fabs(got - want) <= 1e-9 * want);
+    }
+}
+
+static void test_grows_with_the_queue(void **state)
+{
+    (void)state;
+    rt_step_fit f = linear_fit(2.0, 0.1);
+    double last = 0;
+    for (int nq = 0; nq < 20; nq++) {
+        rt_est_seq run[MAX_SEQS], q[20];
+        for (int i = 0; i < MAX_SEQS; i++)
+            run[i] = (rt_est_seq){0, 50};
+        for (int i = 0; i < nq; i++)
+            q[i] = (rt_est_seq){200, 50};
+        double t = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run, MAX_SEQS, q, nq, 200, 100000000);
+        assert_true(t > last);
+        last = t;
+    }
+}
+
+static void test_work_bound(void **state)
+{
+    (void)state;
+    rt_step_fit f = linear_fit(2.0, 0.1);
+    rt_est_seq run[1] = {{0, 1000000}}, run2[1] = {{0, 1000000}};
+    /* one slot held for a million steps, one step at a time at most */
+    double cut = rt_est_ttft(&f, 1, 1, run, 1, NULL, 0, 5, 1000);
+    double all = rt_est_ttft(&f, 1, 1, run2, 1, NULL, 0, 5, 100000000);
+    assert_true(cut > 0 && cut <= all);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fit_recovers_a_line),  cmocka_unit_test(test_nothing_measured),
+        cmocka_unit_test(test_by_hand),              cmocka_unit_test(test_matches_step_by_step),
+        cmocka_unit_test(test_grows_with_the_queue), cmocka_unit_test(test_work_bound),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
