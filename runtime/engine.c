@@ -69,6 +69,9 @@ void rt_engine_opts_set(rt_engine_opts *o, rt_eopt id, long long v)
     case RT_EOPT_CHAT_TEMPLATE:
         o->chat_kind = (int)v;
         break;
+    case RT_EOPT_PREFIX_CACHE:
+        o->sched.prefix_cache = v != 0;
+        break;
     case RT_EOPT_N:
         break;
     }
