@@ -41,8 +41,8 @@ const rt_eopt_def rt_eopt_defs[RT_EOPT_N] = {
     [RT_EOPT_CHAT_TEMPLATE] = {"chat_template", "chat-template", "NAME", -1, 0, RT_CHAT_N_KINDS - 1,
                                chat_name, "the model's template",
                                "render chats as this family, not as the model's template says"},
-    [RT_EOPT_PREFIX_CACHE] = {"prefix_cache", "prefix-cache", "true|false", 1, 0, 1, bool_name, NULL,
-                              "keep the KV of full blocks of earlier prompts and answers, and reuse it for a "
+    [RT_EOPT_PREFIX_CACHE] = {"prefix_cache", "prefix-cache", "BOOL", 1, 0, 1, bool_name, NULL,
+                              "true or false: keep the KV of full blocks of earlier prompts and answers, and reuse it for a "
                               "prompt that begins the same (not for models with sliding-window layers)"},
 };
 

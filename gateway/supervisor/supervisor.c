@@ -127,7 +127,7 @@ static int spawn(sworker *w)
      * reload raising it needs no restart of theirs. */
     snprintf(body, sizeof(body), "%ld", (long)GW_WORKER_MAX_BODY);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
-    const char *argv[40]; /* 31 at most, below */
+    const char *argv[40]; /* 33 at most, below */
     int a = 0;
     argv[a++] = s->exe;
     argv[a++] = "worker";
@@ -158,6 +158,10 @@ static int spawn(sworker *w)
     if (c->kv_q8_0) {
         argv[a++] = "--kv-type";
         argv[a++] = "q8_0";
+    }
+    if (!c->prefix_cache) {
+        argv[a++] = "--prefix-cache";
+        argv[a++] = "false";
     }
     if (c->chat_template) {
         argv[a++] = "--chat-template";
