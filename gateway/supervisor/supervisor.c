@@ -314,6 +314,9 @@ static void stats_done(sworker *w)
     i->tpot_ewma_ms = json_number_value(json_object_get(o, "tpot_ewma_ms"));
     i->prefill_ewma_ms = json_number_value(json_object_get(o, "prefill_ewma_ms"));
     i->tokens_per_s = json_number_value(json_object_get(o, "tokens_per_s"));
+    i->prompt_tokens_computed = (double)json_integer_value(json_object_get(o, "prompt_tokens_computed"));
+    i->prompt_tokens_cached = (double)json_integer_value(json_object_get(o, "prompt_tokens_cached"));
+    i->kv_blocks_cached = (int)json_integer_value(json_object_get(o, "kv_blocks_cached"));
     json_decref(o);
     if (!i->ready)
         log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,

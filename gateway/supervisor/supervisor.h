@@ -27,6 +27,10 @@ typedef struct gw_worker_info {
     int queued, running, max_seqs, kv_blocks_free, kv_blocks_total;
     double ttft_ewma_ms, tpot_ewma_ms, tokens_per_s;
     double prefill_ewma_ms; /* admission to first token: service time without queueing */
+    /* prefix cache: prompt tokens computed and taken from it since the
+     * worker started, and the KV blocks it holds */
+    double prompt_tokens_computed, prompt_tokens_cached;
+    int kv_blocks_cached;
 } gw_worker_info;
 
 /* Workers run as `exe worker ...`, exe being this process's own binary.
