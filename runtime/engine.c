@@ -318,7 +318,7 @@ void rt_engine_describe(const rt_engine *e, char *buf, size_t len)
     const rt_hparams *hp = rt_model_hparams(e->model);
     snprintf(
         buf, len,
-        "model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of %d tokens of %s, "
+        "model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of %d tokens of %s; "
         "prefix cache %s; chat template %s%s%s%s",
         e->model_name, hp->arch, hp->n_layer, hp->n_ctx_train, where, rt_model_backend_name(e->model),
         rt_model_threads(e->model), st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type),
