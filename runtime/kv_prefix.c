@@ -217,8 +217,8 @@ int rt_seq_reuse_prefix(rt_seq *s, const int32_t *tokens, int n)
         parent = i;
         parent_gen = b->gen;
     }
-    s->len = s->n_cached = s->n_pos;
-    s->len *= bt;
+    s->n_cached = s->n_pos;
+    s->len = s->n_pos * bt;
     return s->len;
 }
 
