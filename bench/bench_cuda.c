@@ -1,10 +1,12 @@
 /* CUDA benchmark: the decode matvec's effective bandwidth (weight bytes read
- * per second) for Q8_0 and Q4_0 next to the device's measured copy
- * bandwidth, with and without programmatic dependent launch; prefill GEMM
- * TFLOP/s at 512 rows (dequantize + cublasGemmEx) next to cublasGemmEx on F16
- * weights of the same shape; and decode tokens/s of a synthetic ~1.1B llama
- * (dim 2048, 22 layers, 32/4 heads, ffn 5632, vocab 32000) at batch 1 and,
- * aggregated, at batch 32, with and without PDL. Markdown output for
+ * per second) for Q8_0, Q4_0, Q4_K, Q5_K and Q6_K next to the device's
+ * measured copy bandwidth, with and without programmatic dependent launch;
+ * prefill GEMM TFLOP/s at 512 rows (dequantize + cublasGemmEx) for Q8_0,
+ * Q4_0 and Q4_K next to cublasGemmEx on F16 weights of the same shape; and
+ * decode tokens/s of a synthetic ~1.1B llama (dim 2048, 22 layers, 32/4
+ * heads, ffn 5632, vocab 32000) in Q8_0, Q4_0 and Q4_K_M (llama.cpp's
+ * mixture, quantized from an F16 file by `model quantize`'s code) at batch
+ * 1 and, aggregated, at batch 32, with and without PDL. Markdown output for
  * bench/RESULTS.md. Exits 77 without a CUDA device.
  *
  *   bench_cuda [--dir DIR] [--reps N] [--no-model] [--matvec-only]
@@ -17,6 +19,7 @@
 #include "kernels/kn.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
+#include "runtime/quantize.h"
 #ifdef INFERGATE_HAVE_CUDA
 #include "kernels/cuda/kn_cuda.h"
 #endif
@@ -156,22 +159,23 @@ enum { N_SHAPES = 3, PREFILL_ROWS = 512 };
 static void bench_gemm(const void *d_x, void *d_y, int reps)
 {
     printf("\n## Prefill GEMM (%d rows)\n\n", PREFILL_ROWS);
-    printf("Q8_0/Q4_0: dequantize to F16 tiles + cublasGemmEx (F16 in, F32 accumulate and out); F16: "
+    printf("Q8_0/Q4_0/Q4_K: dequantize to F16 tiles + cublasGemmEx (F16 in, F32 accumulate and out); F16: "
            "cublasGemmEx alone on the same shape.\n\n");
-    printf("| n_out x n_in | q8_0 TFLOP/s | q4_0 TFLOP/s | f16 cuBLAS TFLOP/s | q8_0 / f16 | q4_0 / f16 |\n"
-           "|---|---|---|---|---|---|\n");
-    static const kn_type gtypes[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_F16};
+    printf("| n_out x n_in | q8_0 TFLOP/s | q4_0 TFLOP/s | q4_K TFLOP/s | f16 cuBLAS TFLOP/s | q8_0 / f16 | "
+           "q4_0 / f16 | q4_K / f16 |\n|---|---|---|---|---|---|---|---|\n");
+    static const kn_type gtypes[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_Q4_K, KN_TYPE_F16};
     for (int s = 0; s < N_SHAPES; s++) {
-        double tf[3];
-        for (int t = 0; t < 3; t++) {
+        double tf[4];
+        for (int t = 0; t < 4; t++) {
             mat m;
             mat_make(&m, gtypes[t], shapes[s].n_out, shapes[s].n_in, (size_t)256 << 20);
             double sec = time_matmul(&m, d_x, NULL, PREFILL_ROWS, d_y, 20, reps);
             tf[t] = 2.0 * PREFILL_ROWS * m.n_out * (double)m.n_in / sec / 1e12;
             mat_free(&m);
         }
-        printf("| %d x %d | %.0f | %.0f | %.0f | %.0f%% | %.0f%% |\n", shapes[s].n_out, shapes[s].n_in, tf[0],
-               tf[1], tf[2], 100.0 * tf[0] / tf[2], 100.0 * tf[1] / tf[2]);
+        printf("| %d x %d | %.0f | %.0f | %.0f | %.0f | %.0f%% | %.0f%% | %.0f%% |\n", shapes[s].n_out,
+               shapes[s].n_in, tf[0], tf[1], tf[2], tf[3], 100.0 * tf[0] / tf[3], 100.0 * tf[1] / tf[3],
+               100.0 * tf[2] / tf[3]);
         fflush(stdout);
     }
 }
@@ -190,7 +194,8 @@ static void bench_kernels(double copy_bw, int reps, bool gemm)
     free(x);
 
     printf("## Decode matvec (1 row): effective bandwidth\n\n");
-    printf("Weight bytes read per second, device layout (34 bytes per 32 weights for Q8_0, 18 for Q4_0), "
+    printf("Weight bytes read per second, device layout (34 bytes per 32 weights for Q8_0, 18 for Q4_0; "
+           "the K-quants as their GGUF blocks: 144, 176 and 210 bytes per 256 for Q4_K, Q5_K, Q6_K), "
            "against the measured copy bandwidth %.0f GB/s.\n\n",
            copy_bw / 1e9);
     printf("With PDL, each call may launch while the one before it finishes and stream its weights in "
@@ -198,16 +203,19 @@ static void bench_kernels(double copy_bw, int reps, bool gemm)
            "after the last has ended. Both timed in this run.\n\n");
     printf("| type | n_out x n_in | MB | us/call | GB/s | of copy bw | plain us/call | plain of copy bw |\n"
            "|---|---|---|---|---|---|---|---|\n");
-    static const kn_type qtypes[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0};
-    for (int t = 0; t < 2; t++) {
+    /* the K-quants meet the F32 activations (kn_cuda_matmul_wants_q8) */
+    static const kn_type qtypes[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0, KN_TYPE_Q4_K, KN_TYPE_Q5_K, KN_TYPE_Q6_K};
+    for (int t = 0; t < (int)(sizeof(qtypes) / sizeof(qtypes[0])); t++) {
         for (int s = 0; s < N_SHAPES; s++) {
             mat m;
             mat_make(&m, qtypes[t], shapes[s].n_out, shapes[s].n_in, ROTATE_BYTES);
-            CK(kn_cuda_quantize_q8(kc, d_x, 1, m.n_in, d_xq));
+            const void *xq = kn_cuda_matmul_wants_q8(qtypes[t], 1) ? d_xq : NULL;
+            if (xq)
+                CK(kn_cuda_quantize_q8(kc, d_x, 1, m.n_in, d_xq));
             const bool pdl = kn_cuda_set_pdl(kc, true);
-            double sec = time_matmul(&m, d_x, d_xq, 1, d_y, 200, reps);
+            double sec = time_matmul(&m, d_x, xq, 1, d_y, 200, reps);
             kn_cuda_set_pdl(kc, false);
-            double plain = time_matmul(&m, d_x, d_xq, 1, d_y, 200, reps);
+            double plain = time_matmul(&m, d_x, xq, 1, d_y, 200, reps);
             kn_cuda_set_pdl(kc, pdl);
             double bytes = (double)m.w[0].bytes;
             printf("| %s | %d x %d | %.1f | %.1f | %.0f | %.0f%% | %.1f | %.0f%% |\n",
@@ -294,16 +302,33 @@ static void bench_model(const char *dir, double copy_bw, int reps)
            gp.dim, gp.layers, gp.heads, gp.kv_heads, gp.ffn, gp.vocab);
     printf("| type | MB/token | batch 1 tok/s | bound tok/s | of bound | batch 32 aggregate tok/s | "
            "batch 1 plain | batch 32 plain |\n|---|---|---|---|---|---|---|---|\n");
-    static const kn_type types[] = {KN_TYPE_Q8_0, KN_TYPE_Q4_0};
-    for (int t = 0; t < 2; t++) {
-        char path[512], err[512];
-        snprintf(path, sizeof(path), "%s/synth-%d-%d-%d-%d-%s.gguf", dir, gp.dim, gp.layers, gp.ffn, gp.vocab,
-                 kn_type_name(types[t]));
+    /* Q4_K_M: quantized from an F16 file (a mixture is no generator type) */
+    static const struct {
+        kn_type gen;
+        const char *label;
+        bool q4_k_m;
+    } types[] = {{KN_TYPE_Q8_0, "q8_0", false}, {KN_TYPE_Q4_0, "q4_0", false}, {KN_TYPE_F16, "Q4_K_M", true}};
+    for (int t = 0; t < 3; t++) {
+        char gen[512], path[600], err[512];
+        snprintf(gen, sizeof(gen), "%s/synth-%d-%d-%d-%d-%s.gguf", dir, gp.dim, gp.layers, gp.ffn, gp.vocab,
+                 kn_type_name(types[t].gen));
+        snprintf(path, sizeof(path), "%s", gen);
+        if (types[t].q4_k_m)
+            snprintf(path, sizeof(path), "%s/synth-%d-%d-%d-%d-Q4_K_M.gguf", dir, gp.dim, gp.layers, gp.ffn,
+                     gp.vocab);
         struct stat st;
+        if (stat(path, &st) != 0 && stat(gen, &st) != 0) {
+            gp.type = types[t].gen;
+            fprintf(stderr, "generating %s\n", gen);
+            if (rt_model_gen(&gp, gen, err, sizeof(err))) {
+                fprintf(stderr, "bench_cuda: %s\n", err);
+                exit(1);
+            }
+        }
         if (stat(path, &st) != 0) {
-            gp.type = types[t];
-            fprintf(stderr, "generating %s\n", path);
-            if (rt_model_gen(&gp, path, err, sizeof(err))) {
+            fprintf(stderr, "quantizing %s\n", path);
+            rt_quant_opts qo = {.ftype = RT_FTYPE_Q4_K_M};
+            if (rt_quantize_file(gen, path, &qo, NULL, err, sizeof(err))) {
                 fprintf(stderr, "bench_cuda: %s\n", err);
                 exit(1);
             }
@@ -329,7 +354,7 @@ static void bench_model(const char *dir, double copy_bw, int reps)
             }
         double bytes = (double)rt_model_bytes_per_token(m[0]), bound = copy_bw / bytes;
         double d1 = bench_median(b1[0], reps), d32 = bench_median(b32[0], reps);
-        printf("| %s | %.0f | %.0f | %.0f | %.0f%% | %.0f | %.0f | %.0f |\n", kn_type_name(types[t]),
+        printf("| %s | %.0f | %.0f | %.0f | %.0f%% | %.0f | %.0f | %.0f |\n", types[t].label,
                bytes / 1e6, d1, bound, 100.0 * d1 / bound, d32, bench_median(b1[1], reps),
                bench_median(b32[1], reps));
         fflush(stdout);

@@ -5,13 +5,23 @@
  *
  *   bench_model [--dir DIR] [--dim 768 --layers 12 --heads 12 --ffn 2048
  *                --vocab 32000] [--prompt 128] [--decode 64] [--reps 3]
+ *               [--types]
  *
- * Models are generated into DIR (default /tmp/infergate-bench) once. */
+ * --types instead runs every weight type (each file of one type
+ * throughout, and the Q4_K_M mixture) at 2 threads against Q8_0 and Q4_0 of
+ * the same run: decode as effective weight GB/s (bytes of weights read per
+ * token x tokens/s) and prefill tokens/s, every type once per repetition so
+ * that the medians of all cover the same stretches of a shared machine's
+ * load.
+ *
+ * Models are generated into DIR (default /tmp/infergate-bench) once; the
+ * --types files are quantized from the F32 one by `model quantize`'s code. */
 #include "bench/bench_util.h"
 #include "bench/membw.h"
 #include "kernels/kn.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
+#include "runtime/quantize.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -61,6 +71,88 @@ static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tp
     rt_kv_free(kv);
 }
 
+/* ---- --types ---- */
+
+/* Every file type: one weight type throughout, and the mixture. */
+static const struct {
+    rt_ftype ft;
+    bool pure;
+    const char *label;
+} bench_types[] = {
+    {RT_FTYPE_Q8_0, true, "q8_0"},     {RT_FTYPE_Q4_0, true, "q4_0"},     {RT_FTYPE_Q4_1, true, "q4_1"},
+    {RT_FTYPE_Q5_0, true, "q5_0"},     {RT_FTYPE_Q5_1, true, "q5_1"},     {RT_FTYPE_IQ4_NL, true, "iq4_nl"},
+    {RT_FTYPE_Q2_K, true, "q2_K"},     {RT_FTYPE_Q3_K_S, true, "q3_K"},   {RT_FTYPE_Q4_K_S, true, "q4_K"},
+    {RT_FTYPE_Q5_K_S, true, "q5_K"},   {RT_FTYPE_Q6_K, true, "q6_K"},     {RT_FTYPE_IQ4_XS, true, "iq4_xs"},
+    {RT_FTYPE_F16, true, "f16"},       {RT_FTYPE_BF16, true, "bf16"},     {RT_FTYPE_Q4_K_M, false, "Q4_K_M (mix)"},
+};
+#define N_BENCH_TYPES (int)(sizeof(bench_types) / sizeof(bench_types[0]))
+
+static int bench_all_types(rt_gen_params *gp, const char *dir, int n_prompt, int n_decode, int reps)
+{
+    char f32[512], err[1024];
+    snprintf(f32, sizeof(f32), "%s/synth-%d-%d-%d-%d-f32.gguf", dir, gp->dim, gp->layers, gp->ffn, gp->vocab);
+    struct stat st;
+    gp->type = KN_TYPE_F32;
+    if (stat(f32, &st) != 0) {
+        fprintf(stderr, "generating %s\n", f32);
+        if (rt_model_gen(gp, f32, err, sizeof(err))) {
+            fprintf(stderr, "bench_model: %s\n", err);
+            return 1;
+        }
+    }
+    rt_model *m[N_BENCH_TYPES];
+    for (int t = 0; t < N_BENCH_TYPES; t++) {
+        char path[600];
+        snprintf(path, sizeof(path), "%s.%s%s.gguf", f32, rt_ftype_name(bench_types[t].ft),
+                 bench_types[t].pure ? "-pure" : "");
+        if (stat(path, &st) != 0) {
+            fprintf(stderr, "quantizing %s\n", path);
+            rt_quant_opts qo = {.ftype = bench_types[t].ft, .pure = bench_types[t].pure};
+            if (rt_quantize_file(f32, path, &qo, NULL, err, sizeof(err))) {
+                fprintf(stderr, "bench_model: %s\n", err);
+                return 1;
+            }
+        }
+        rt_model_opts o = {.n_threads = 2};
+        if (rt_model_load(path, &o, &m[t], err, sizeof(err))) {
+            fprintf(stderr, "bench_model: %s: %s\n", path, err);
+            return 1;
+        }
+    }
+    double pre[N_BENCH_TYPES][MAX_REPS], dec[N_BENCH_TYPES][MAX_REPS];
+    for (int t = 0; t < N_BENCH_TYPES; t++) /* warm-up: pages in, buffers at full size */
+        run_once(m[t], n_prompt, 4, &pre[t][0], &dec[t][0]);
+    for (int r = 0; r < reps; r++)
+        for (int t = 0; t < N_BENCH_TYPES; t++)
+            run_once(m[t], n_prompt, n_decode, &pre[t][r], &dec[t][r]);
+
+    printf("model: dim %d, %d layers, %d heads, ffn %d, vocab %d; 2 threads (%s kernels); prompt %d tokens, "
+           "decode %d tokens, %d reps, medians\n\n",
+           gp->dim, gp->layers, gp->heads, gp->ffn, gp->vocab, rt_model_backend_name(m[0]), n_prompt, n_decode,
+           reps);
+    printf("| type | bits/weight | MB read/token | decode tok/s | decode GB/s | vs q8_0 | vs q4_0 | prefill tok/s "
+           "| vs q8_0 | vs q4_0 |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    double gbs[N_BENCH_TYPES], ptps[N_BENCH_TYPES];
+    for (int t = 0; t < N_BENCH_TYPES; t++) {
+        double bytes = (double)rt_model_bytes_per_token(m[t]);
+        ptps[t] = bench_median(pre[t], reps);
+        gbs[t] = bench_median(dec[t], reps) * bytes / 1e9;
+    }
+    for (int t = 0; t < N_BENCH_TYPES; t++) {
+        double bytes = (double)rt_model_bytes_per_token(m[t]);
+        double bpw = 8.0 * (double)rt_model_weight_bytes(m[t]) /
+                     ((double)gp->layers * (4.0 * gp->dim * gp->dim + 3.0 * gp->dim * gp->ffn) +
+                      2.0 * gp->dim * gp->vocab);
+        printf("| %s | %.2f | %.1f | %.1f | %.2f | %.0f%% | %.0f%% | %.1f | %.0f%% | %.0f%% |\n",
+               bench_types[t].label, bpw, bytes / 1e6, gbs[t] * 1e9 / bytes, gbs[t], 100 * gbs[t] / gbs[0],
+               100 * gbs[t] / gbs[1], ptps[t], 100 * ptps[t] / ptps[0], 100 * ptps[t] / ptps[1]);
+    }
+    for (int t = 0; t < N_BENCH_TYPES; t++)
+        rt_model_free(m[t]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     rt_gen_params gp;
@@ -74,8 +166,18 @@ int main(int argc, char **argv)
     gp.ctx = 2048;
     const char *dir = "/tmp/infergate-bench";
     int n_prompt = 128, n_decode = 64, reps = 3;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    bool all_types = false;
+    for (int i = 1; i < argc; i += 2) {
         const char *k = argv[i];
+        if (!strcmp(k, "--types")) {
+            all_types = true;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_model: %s needs a value\n", k);
+            return 2;
+        }
         int v = atoi(argv[i + 1]);
         if (!strcmp(k, "--dir"))
             dir = argv[i + 1];
@@ -101,6 +203,8 @@ int main(int argc, char **argv)
         }
     }
     mkdir(dir, 0755);
+    if (all_types)
+        return bench_all_types(&gp, dir, n_prompt, n_decode, reps);
 
     static const kn_type types[] = {KN_TYPE_F16, KN_TYPE_Q8_0, KN_TYPE_Q4_0};
     enum { N_TYPES = 3, N_THREADS = 2 };

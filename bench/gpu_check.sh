@@ -70,7 +70,7 @@ for step in $steps; do
         fi
         ;;
     bench)
-        run_step bench_cuda 360 "$bin/bench_cuda" --reps "$reps" --dir /tmp/infergate-bench
+        run_step bench_cuda 480 "$bin/bench_cuda" --reps "$reps" --dir /tmp/infergate-bench
         ;;
     e2e)
         m=/tmp/e2e.gguf

@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA kernels (kernels/cuda) call a few of these */
+extern "C" {
+#endif
+
 typedef enum kn_type {
     KN_TYPE_F32 = 0,
     KN_TYPE_F16 = 1,
@@ -389,5 +393,9 @@ typedef struct kn_attn_params {
     int window;
 } kn_attn_params;
 int kn_attention_ex(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, const kn_attn_params *p);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

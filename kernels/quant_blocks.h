@@ -178,11 +178,18 @@ static inline float kn_e8m0_half(uint8_t e)
     return v.f;
 }
 
+/* The helpers below run on the host and, in kernels/cuda, on the device. */
+#ifdef __CUDACC__
+#define KN_HD __host__ __device__
+#else
+#define KN_HD
+#endif
+
 /* Q4_K and Q5_K: the 6-bit scale and min of group j < 8 from the 12 bytes.
  * Groups 0-3: the low 6 bits of bytes j (scale) and j + 4 (min); groups
  * 4-7: the nibbles of byte j + 4 (scale low, min low) and the top 2 bits
  * of bytes j - 4 (scale) and j (min). */
-static inline void kn_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m)
+static inline KN_HD void kn_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m)
 {
     if (j < 4) {
         *sc = s[j] & 63;
@@ -194,14 +201,14 @@ static inline void kn_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t
 }
 
 /* Q3_K: group j's 6-bit scale (0..63; the weight uses it less 32). */
-static inline int kn_q3k_scale(int j, const uint8_t *s)
+static inline KN_HD int kn_q3k_scale(int j, const uint8_t *s)
 {
     const int lo = j < 8 ? s[j] & 0xf : s[j - 8] >> 4;
     return lo | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
 }
 
 /* IQ4_XS: group j's 6-bit scale (0..63; the weight uses it less 32). */
-static inline int kn_iq4xs_scale(int j, const kn_block_iq4_xs *b)
+static inline KN_HD int kn_iq4xs_scale(int j, const kn_block_iq4_xs *b)
 {
     return ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((b->scales_h >> (2 * j)) & 3) << 4);
 }

@@ -431,6 +431,11 @@ void rt_engine_cancel(rt_engine *e, uint64_t id)
         rt_sched_cancel(e->sched, id);
 }
 
+int rt_engine_hold(rt_engine *e, uint64_t id, bool hold)
+{
+    return e->sched ? rt_sched_hold(e->sched, id, hold) : 0;
+}
+
 /* ---- events ---- */
 
 /* Compute thread (or rt_sched_free's caller): copies ev for the owner. */

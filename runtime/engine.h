@@ -138,6 +138,9 @@ int rt_engine_submit(rt_engine *e, const rt_engine_req *req, void *user, uint64_
 /* Asks request id to stop; its final event still comes. Unknown ids are
  * ignored. */
 void rt_engine_cancel(rt_engine *e, uint64_t id);
+/* Pauses request id (hold) or lets it go on (rt_sched_hold): a slow reader
+ * pushes back on its sequence. 0, or -ENOMEM. */
+int rt_engine_hold(rt_engine *e, uint64_t id, bool hold);
 
 typedef struct rt_engine_event {
     void *user; /* as given to rt_engine_submit */

@@ -48,6 +48,7 @@ struct sreq {
     int lp_ready;
     size_t lp_ready_at, text_out;
     bool ignore_eos, cancelled;
+    bool held; /* rt_sched_hold: left out of batches, its KV kept, until released */
     /* Time spent waiting is what ages a batch request (aged): t_queued is
      * when it last joined a waiting queue, waited_s its time in them
      * before that. Running time does not count: a batch job preempted
@@ -82,6 +83,8 @@ struct rt_sched {
     queue inbox;       /* submitted, not yet seen by the compute thread */
     uint64_t *cancels; /* ids asked to stop */
     int n_cancels, cap_cancels;
+    uint64_t *holds; /* ids to hold, or to release (| HOLD_RELEASE), in the order asked */
+    int n_holds, cap_holds;
     int n_waiting[2]; /* inbox + waiting queue of each priority, for -EAGAIN */
     rt_sched_stats stats;
 
@@ -264,24 +267,42 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     return 0;
 }
 
+/* Appends id to a list the compute thread takes whole; under mu. False
+ * when there is no memory for it. */
+static bool list_push(uint64_t **ids, int *n, int *cap, uint64_t id)
+{
+    if (*n == *cap) {
+        int c = *cap ? *cap * 2 : 16;
+        uint64_t *p = realloc(*ids, (size_t)c * sizeof(uint64_t));
+        if (!p)
+            return false;
+        *ids = p;
+        *cap = c;
+    }
+    (*ids)[(*n)++] = id;
+    return true;
+}
+
 void rt_sched_cancel(rt_sched *s, uint64_t id)
 {
     pthread_mutex_lock(&s->mu);
-    if (s->n_cancels == s->cap_cancels) {
-        int cap = s->cap_cancels ? s->cap_cancels * 2 : 16;
-        uint64_t *p = realloc(s->cancels, (size_t)cap * sizeof(uint64_t));
-        if (!p) {
-            /* The request runs to its end instead; its client is gone and
-             * the gateway drops the output. */
-            pthread_mutex_unlock(&s->mu);
-            return;
-        }
-        s->cancels = p;
-        s->cap_cancels = cap;
-    }
-    s->cancels[s->n_cancels++] = id;
-    pthread_cond_signal(&s->cv);
+    /* Without memory the request runs to its end instead; its client is
+     * gone and the gateway drops the output. */
+    if (list_push(&s->cancels, &s->n_cancels, &s->cap_cancels, id))
+        pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
+}
+
+#define HOLD_RELEASE ((uint64_t)1 << 63)
+
+int rt_sched_hold(rt_sched *s, uint64_t id, bool hold)
+{
+    pthread_mutex_lock(&s->mu);
+    bool ok = list_push(&s->holds, &s->n_holds, &s->cap_holds, hold ? id : id | HOLD_RELEASE);
+    if (ok)
+        pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return ok ? 0 : -ENOMEM;
 }
 
 void rt_sched_get_stats(rt_sched *s, rt_sched_stats *st)
@@ -336,6 +357,23 @@ static bool past_deadline(const sreq *r, int64_t now)
     return r->n_gen == 0 && r->deadline_ms && now > r->deadline_ms;
 }
 
+/* Applies holds and releases, in the order they were asked, to the
+ * requests still here (running or waiting); unknown ids are ignored. */
+static void apply_holds(rt_sched *s, const uint64_t *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        uint64_t id = ops[i] & ~HOLD_RELEASE;
+        bool hold = !(ops[i] & HOLD_RELEASE);
+        for (int k = 0; k < s->n_running; k++)
+            if (s->running[k]->id == id)
+                s->running[k]->held = hold;
+        for (int p = 0; p < 2; p++)
+            for (sreq *r = s->waiting[p].head; r; r = r->next)
+                if (r->id == id)
+                    r->held = hold;
+    }
+}
+
 /* Moves new requests in, applies cancellations, drops the requests whose
  * deadline passed before their first token, waiting or prefilling: a long
  * prompt's prefill runs for many steps. */
@@ -352,7 +390,13 @@ static void intake(rt_sched *s)
     uint64_t *ids = s->cancels;
     s->cancels = NULL;
     s->n_cancels = s->cap_cancels = 0;
+    int n_holds = s->n_holds;
+    uint64_t *holds = s->holds;
+    s->holds = NULL;
+    s->n_holds = s->cap_holds = 0;
     pthread_mutex_unlock(&s->mu);
+    apply_holds(s, holds, n_holds);
+    free(holds);
 
     int64_t now = gw_epoch_ms();
     for (int i = 0; i < s->n_running; i++) {
@@ -617,13 +661,13 @@ static int build_batch(rt_sched *s)
     for (;;) {
         int n_dec = 0;
         for (int i = 0; i < s->n_running; i++)
-            n_dec += decoding(s->running[i]);
+            n_dec += decoding(s->running[i]) && !s->running[i]->held;
         int budget = prefill_budget(s, n_dec) + n_dec, n = 0, blocks = 0;
         for (int pass = 0; pass < 3; pass++) {
             for (int i = 0; i < s->n_running; i++) {
                 sreq *r = s->running[i];
                 int remaining = r->n_tokens - r->n_done;
-                if (batch_pass(s, r, now) != pass)
+                if (r->held || batch_pass(s, r, now) != pass)
                     continue;
                 int take = remaining < budget ? remaining : budget;
                 if (pass == 0)
@@ -776,11 +820,13 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
     return reason != NULL;
 }
 
-static void step(rt_sched *s)
+/* One forward pass over the batch; the number of entries it had (0: every
+ * running request is held). */
+static int step(rt_sched *s)
 {
     int n = build_batch(s);
     if (n == 0)
-        return;
+        return 0;
     int rc = rt_model_forward(s->model, s->batch, n);
     if (rc == 0)
         rt_model_parallel_for(s->model, n, sample_item, s);
@@ -804,6 +850,7 @@ static void step(rt_sched *s)
             s->running[s->take[i]] = NULL;
     }
     compact_running(s);
+    return n;
 }
 
 static void publish_stats(rt_sched *s)
@@ -834,14 +881,13 @@ static void *run(void *arg)
             break;
         intake(s);
         admit(s);
-        if (s->n_running > 0) {
-            step(s);
+        if (s->n_running > 0 && step(s) > 0) {
             publish_stats(s);
             continue;
         }
         publish_stats(s);
         pthread_mutex_lock(&s->mu);
-        if (!s->stopping && !s->inbox.n && !s->n_cancels) {
+        if (!s->stopping && !s->inbox.n && !s->n_cancels && !s->n_holds) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             long ns = ts.tv_nsec + IDLE_WAIT_MS * 1000000L;
@@ -955,6 +1001,7 @@ void rt_sched_free(rt_sched *s)
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s->cancels);
+    free(s->holds);
     free(s->running);
     free(s->batch);
     free(s->take);

@@ -135,6 +135,12 @@ int rt_sched_room(rt_sched *s, rt_priority p);
  * final event is ERROR -ECANCELED (unless it finished first). Unknown ids
  * are ignored. */
 void rt_sched_cancel(rt_sched *s, uint64_t id);
+/* Holds the request out of the batches from the next step on (hold), its
+ * KV blocks and sampler kept, or lets it go on (!hold): a reader that
+ * cannot keep up pauses its sequence instead of losing its stream. A held
+ * request may still be preempted for room, and a waiting one admitted
+ * (held). Unknown ids are ignored. 0, or -ENOMEM (nothing changes). */
+int rt_sched_hold(rt_sched *s, uint64_t id, bool hold);
 
 typedef struct rt_sched_stats {
     int queued, running;

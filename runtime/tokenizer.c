@@ -284,6 +284,14 @@ static bool merge_find(const rt_tokenizer *t, int32_t a, int32_t b, int32_t *ran
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|"      \
     " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
+/* OpenAI's o200k (GPT-4o, gpt-oss; Llama 4): Tekken's case-change split
+ * with the contractions kept on their word, digits by threes. */
+#define RE_O200K                                                                                             \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"                  \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"                                                                         \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"                  \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 typedef struct pre_family {
     const char *family;
     const char *re[MAX_PRE_STAGES]; /* applied in turn to every piece */
@@ -314,6 +322,7 @@ static const pre_family k_pre[] = {
      false,
      {"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", NULL}},
     {"tekken", {RE_TEKKEN, NULL}, true, true, {"tekken", NULL}},
+    {"gpt-4o", {RE_O200K, NULL}, false, false, {"gpt-4o", "llama4", NULL}},
 };
 
 static const pre_family *pre_lookup(rt_gguf_str name)

@@ -4,7 +4,8 @@
  *                  an optional leading space, <0xXX> byte-fallback tokens.
  *   model "gpt2":  byte-level BPE with `tokenizer.ggml.merges`, split first by
  *                  the pre-tokenizer regex of `tokenizer.ggml.pre` (llama-3,
- *                  qwen2, or GPT-2's own) through PCRE2.
+ *                  qwen2, starcoder, tekken, gpt-4o's o200k, or GPT-2's own)
+ *                  through PCRE2.
  * Special (control) tokens such as <|im_start|> are matched as whole tokens
  * when the caller asks to parse them (chat templates do; user text must not). */
 #ifndef RT_TOKENIZER_H
@@ -91,8 +92,8 @@ bool rt_tokenizer_text_is_token(const rt_tokenizer *t, int32_t tok);
 /* Id of a token with this exact text, or -1. */
 int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *text);
 
-/* BPE pre-tokenizer family in use: "llama3", "qwen2", "gpt2" or "starcoder"
- * ("" for SentencePiece). An absent tokenizer.ggml.pre means "gpt2"; a name
+/* BPE pre-tokenizer family in use: "llama3", "smaug", "qwen2", "gpt2",
+ * "starcoder", "tekken" or "gpt-4o" ("" for SentencePiece). An absent tokenizer.ggml.pre means "gpt2"; a name
  * this build does not know also gets "gpt2", and pre_fallback() says so
  * (the ids may then differ from the model's own tokenizer: log it). */
 const char *rt_tokenizer_pre(const rt_tokenizer *t);

@@ -110,6 +110,12 @@ static int parse_options(int argc, char **argv, worker_args *a)
      * connection and has bounded their bodies already. */
     a->host.limits.max_conn_body = SIZE_MAX;
     a->host.limits.max_cut_streams = UINT32_MAX; /* its clients' cancellations all come over it */
+    /* A slow client of the gateway pauses its sequence here (the gateway
+     * reads no more of the stream), for as long as the gateway keeps it:
+     * the gateway bounds its clients, and its buffers. */
+    a->host.limits.window_timeout_ms = -1;
+    a->host.limits.max_conn_buffer = SIZE_MAX;
+    a->host.limits.max_buffer = SIZE_MAX;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:l:h", opts, NULL)) != -1) {

@@ -24,6 +24,8 @@ int gw_cfg_root_init(gw_config *c)
     l->header_timeout_ms = 10000;
     l->idle_timeout_ms = 120000;
     l->stream_buffer_bytes = 1048576;
+    l->conn_buffer_bytes = 16777216;
+    l->buffer_bytes = 268435456;
     l->response_timeout_ms = 600000;
     c->drain_grace_s = 30;
     c->stats_interval_ms = 250;
@@ -33,13 +35,14 @@ int gw_cfg_root_init(gw_config *c)
 
 static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
 {
-    enum { K_BODY, K_HDR, K_STREAMS, K_CONNS, K_HDR_TO, K_IDLE_TO, K_BUF, K_RESP_TO, K_N };
+    enum { K_BODY, K_HDR, K_STREAMS, K_CONNS, K_HDR_TO, K_IDLE_TO, K_BUF, K_RESP_TO, K_CONN_BUF, K_ALL_BUF, K_N };
     static const char *const keys[K_N] = {
         "max_body_bytes",    "max_header_bytes", "max_concurrent_streams", "max_connections",
-        "header_timeout_ms", "idle_timeout_ms",  "stream_buffer_bytes",    "response_timeout_ms"};
-    static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096, 0};
-    static const long long hi[K_N] = {GW_WORKER_MAX_BODY, 1 << 24,  INT_MAX,   INT_MAX,
-                                      86400000,           86400000, 1LL << 30, 86400000};
+        "header_timeout_ms", "idle_timeout_ms",  "stream_buffer_bytes",    "response_timeout_ms",
+        "conn_buffer_bytes", "buffer_bytes"};
+    static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096, 0, 4096, 4096};
+    static const long long hi[K_N] = {GW_WORKER_MAX_BODY, 1 << 24,  INT_MAX,  INT_MAX,  86400000,
+                                      86400000,           1LL << 30, 86400000, 1LL << 34, 1LL << 40};
     yaml_node_t *v[K_N];
     int rc = gw_cfg_map_take(p, n, "limits", keys, K_N, v);
     if (rc)
@@ -76,8 +79,24 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
         case K_RESP_TO:
             l->response_timeout_ms = (int)x;
             break;
+        case K_CONN_BUF:
+            l->conn_buffer_bytes = (size_t)x;
+            break;
+        case K_ALL_BUF:
+            l->buffer_bytes = (size_t)x;
+            break;
         }
     }
+    /* Each bound holds the one inside it: a stream's buffer in its
+     * connection's, a connection's in the gateway's. */
+    if (l->conn_buffer_bytes < l->stream_buffer_bytes)
+        return gw_cfg_perr(p, v[K_CONN_BUF] ? v[K_CONN_BUF] : v[K_BUF], "limits.conn_buffer_bytes",
+                           "conn_buffer_bytes (%zu) must be at least stream_buffer_bytes (%zu)",
+                           l->conn_buffer_bytes, l->stream_buffer_bytes);
+    if (l->buffer_bytes < l->conn_buffer_bytes)
+        return gw_cfg_perr(p, v[K_ALL_BUF] ? v[K_ALL_BUF] : v[K_CONN_BUF], "limits.buffer_bytes",
+                           "buffer_bytes (%zu) must be at least conn_buffer_bytes (%zu)", l->buffer_bytes,
+                           l->conn_buffer_bytes);
     return 0;
 }
 

@@ -195,6 +195,32 @@ static void handle_models(gw_front_req *p, gw_tenant *t, const char *one, size_t
     free(body);
 }
 
+/* POST /admin/drain[?deadline_s=N]: the gateway drains itself (as on
+ * SIGTERM or SIGUSR1) with N seconds (1..86400; default drain_grace_s)
+ * for what is in flight: a spot instance told it will be reclaimed. 202,
+ * then the drain: this answer is one of the streams that finish. */
+static void handle_drain(gw_front_req *p)
+{
+    gw_serve *g = p->g;
+    long grace = g->cfg->drain_grace_s;
+    const char *q = strchr(p->req->path, '?');
+    if (q && !strncmp(q + 1, "deadline_s=", 11)) {
+        char *end;
+        grace = strtol(q + 12, &end, 10);
+        if (end == q + 12 || (*end && *end != '&') || grace < 1 || grace > 86400) {
+            gw_front_respond(p, 400, "invalid_request_error", "invalid_value", "deadline_s", 0,
+                             "deadline_s must be 1 to 86400 seconds");
+            return;
+        }
+    }
+    char body[96];
+    int n = snprintf(body, sizeof(body), "{\"draining\":true,\"deadline_s\":%ld,\"open_streams\":%zu}", grace,
+                     gw_http_server_active_streams(g->http));
+    bool was = g->draining;
+    gw_front_respond_plain(p, was ? 409 : 202, "application/json", body, (size_t)n);
+    gw_serve_drain(g, (int)grace, "POST /admin/drain");
+}
+
 /* /v1/regions and /dashboard: the routing table, for admins. */
 static void handle_regions(gw_front_req *p, bool html)
 {
@@ -333,6 +359,13 @@ void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         handle_models(p, t, NULL, 0);
         return;
     }
+    if (PATH_IS("/admin/drain") && post) {
+        if (t && !gw_tenant_admin(t))
+            gw_front_respond(p, 403, "permission_error", "admin_only", NULL, 0, "/admin/drain needs an admin key");
+        else
+            handle_drain(p);
+        return;
+    }
     static const char models_dir[] = "/v1/models/";
     bool model_path = plen > sizeof(models_dir) - 1 && !strncmp(r->path, models_dir, sizeof(models_dir) - 1);
     if (get && model_path) {
@@ -343,7 +376,7 @@ void gw_front_on_request(void *ud, gw_http_stream *s, const gw_http_request *r)
         handle_completion(p, t);
         return;
     }
-    if (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions"))
+    if (PATH_IS("/v1/completions") || PATH_IS("/v1/chat/completions") || PATH_IS("/admin/drain"))
         gw_front_respond_not_allowed(p, "POST");
     else if (PATH_IS("/v1/models") || model_path || PATH_IS("/metrics") || PATH_IS("/v1/regions") ||
              PATH_IS("/dashboard"))

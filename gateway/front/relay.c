@@ -236,6 +236,27 @@ static int sse_write(gw_front_req *p, const uint8_t *data, size_t len)
     return rc || cut == len ? rc : sse_hold(p, data + cut, len - cut);
 }
 
+/* The client read too slowly for the bytes held for it (a bound on its
+ * stream, its connection or the gateway passed: the upstream pauses at
+ * half, so only one that does not gets here). Its stream is cut, the
+ * client told why where the error event still fits, and neither the
+ * worker nor the region is blamed: they did nothing wrong. */
+static void client_too_slow(gw_front_req *p)
+{
+    static const char ev[] = "data: {\"error\":{\"message\":\"the client read the stream too slowly: the "
+                             "response held for it passed limits.stream_buffer_bytes, conn_buffer_bytes or "
+                             "buffer_bytes\",\"type\":\"server_error\",\"param\":null,\"code\":"
+                             "\"client_too_slow\"}}\n\n";
+    gw_upstream_cancel(p->up);
+    p->up = NULL;
+    p->cut = true;
+    p->error_kind = "client_too_slow";
+    p->hold_len = 0;
+    if (p->sse && !gw_http_write(p->stream, ev, sizeof(ev) - 1) && !gw_http_end(p->stream))
+        return;
+    gw_http_reset(p->stream);
+}
+
 static void up_data(void *ud, const uint8_t *data, size_t len)
 {
     gw_front_req *p = ud;
@@ -249,6 +270,10 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
     if (!p->stream)
         return;
     int rc = p->sse ? sse_write(p, data, len) : gw_http_write(p->stream, data, len);
+    if (rc == -ENOBUFS) {
+        client_too_slow(p);
+        return;
+    }
     if (rc) {
         gw_upstream_cancel(p->up);
         p->up = NULL;
@@ -256,7 +281,7 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
         return;
     }
     p->bytes_out += len;
-    if (gw_http_pending(p->stream) <= p->g->cfg->limits.stream_buffer_bytes / 2)
+    if (!gw_http_full(p->stream))
         gw_upstream_consume(p->up, len);
     else
         p->unconsumed += len;

@@ -197,15 +197,20 @@ static void req_free(gw_front_req *p)
 }
 
 /* A request the HTTP server answered itself (malformed, too large, too
- * slow), or an HTTP/2 stream it refused unanswered (status 0). */
+ * slow), an HTTP/2 stream it refused unanswered (status 0), or a
+ * connection it cut (GW_HTTP_CUT_*: logged with status 0 and why). */
 void gw_front_on_refused(void *ud, int status, const char *method, const char *path, const char *protocol)
 {
     gw_serve *g = ud;
+    const char *cut = status == GW_HTTP_CUT_HEADER_TIMEOUT ? "header_timeout"
+                      : status == GW_HTTP_CUT_CALM         ? "enhance_your_calm"
+                                                           : NULL;
+    const char *h2_error = status == 0 ? "REFUSED_STREAM" : status == GW_HTTP_CUT_CALM ? "ENHANCE_YOUR_CALM" : NULL;
     char labels[32];
-    if (status)
+    if (status > 0)
         snprintf(labels, sizeof(labels), "status=\"%d\"", status);
     else
-        snprintf(labels, sizeof(labels), "status=\"refused_stream\"");
+        snprintf(labels, sizeof(labels), "status=\"%s\"", cut ? cut : "refused_stream");
     gw_metrics_add(g->metrics, "infergate_http_refused_total", labels, 1);
     FILE *f = g->alog ? gw_alog_file(g->alog) : NULL;
     if (!f)
@@ -213,9 +218,13 @@ void gw_front_on_refused(void *ud, int status, const char *method, const char *p
     fprintf(f, "{\"ts\":%ld", (long)time(NULL));
     json_field_str(f, "method", method ? method : "");
     json_field_path(f, path ? path : "");
-    json_field_str(f, "protocol", protocol);
-    fprintf(f, ",\"status\":%d,\"refused_by\":\"http\"%s}\n", status,
-            status ? "" : ",\"h2_error\":\"REFUSED_STREAM\"");
+    json_field_str(f, "protocol", protocol ? protocol : "");
+    fprintf(f, ",\"status\":%d,\"refused_by\":\"http\"", status > 0 ? status : 0);
+    if (cut)
+        json_field_str(f, "cut", cut);
+    if (h2_error)
+        json_field_str(f, "h2_error", h2_error);
+    fputs("}\n", f);
     fflush(f);
 }
 

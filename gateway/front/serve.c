@@ -68,7 +68,7 @@ static int demo_model_path(char *out, size_t n, char *err, size_t err_len)
 
 /* ---- signals ---- */
 
-/* Ends the loop with SIGTERM and SIGINT held back: once the loop has
+/* Ends the loop with SIGTERM, SIGINT and SIGUSR1 held back: once the loop has
  * stopped, libevent's handler would take a signal into a pipe nobody reads
  * and a "stop now" would be lost. serve() catches them plainly, then lets
  * them through (the gateway has no other thread they could go to). */
@@ -78,6 +78,7 @@ static void stop_signals(int how)
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGUSR1);
     sigprocmask(how, &stop, NULL);
 }
 
@@ -119,17 +120,34 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
         loop_exit(g);
         return;
     }
+    char why[32];
+    snprintf(why, sizeof(why), "signal %d", (int)sig);
+    gw_serve_drain(g, g->cfg->drain_grace_s, why);
+}
+
+void gw_serve_drain(gw_serve *g, int grace_s, const char *why)
+{
+    if (g->draining)
+        return;
     g->draining = true;
     gw_regions_publish(g); /* healthy=0 goes out before the loop ends */
     gw_supervisor_drain(g->sup);
-    fprintf(stderr, "infergate: signal %d: draining — no new connections, %zu open streams finish within %d s\n",
-            (int)sig, gw_http_server_active_streams(g->http), g->cfg->drain_grace_s);
+    fprintf(stderr, "infergate: %s: draining — no new connections, %zu open streams finish within %d s\n", why,
+            gw_http_server_active_streams(g->http), grace_s);
     gw_http_server_drain(g->http);
-    g->drain_deadline = gw_mono_s() + g->cfg->drain_grace_s;
+    g->drain_deadline = gw_mono_s() + grace_s;
     g->drain_timer = event_new(g->base, -1, EV_PERSIST, on_drain_tick, g);
     struct timeval tv = {0, 50000};
     if (!g->drain_timer || event_add(g->drain_timer, &tv))
         loop_exit(g);
+}
+
+/* SIGUSR1: the machine will be reclaimed (a spot instance's notice): the
+ * same drain as SIGTERM's, said as such; once draining it is ignored. */
+static void on_usr1(evutil_socket_t sig, short what, void *arg)
+{
+    gw_serve *g = arg;
+    gw_serve_drain(g, g->cfg->drain_grace_s, "SIGUSR1 (reclaim notice)");
 }
 
 /* File descriptors kept back from client connections: workers' sockets,
@@ -160,6 +178,8 @@ void gw_serve_http_limits(const gw_serve *g, const gw_config *c, bool said, gw_h
     l->max_concurrent_streams = c->limits.max_concurrent_streams;
     l->max_header_list = c->limits.max_header_bytes;
     l->max_stream_buffer = c->limits.stream_buffer_bytes;
+    l->max_conn_buffer = c->limits.conn_buffer_bytes;
+    l->max_buffer = c->limits.buffer_bytes;
     l->idle_timeout_ms = c->limits.idle_timeout_ms;
     l->header_timeout_ms = c->limits.header_timeout_ms;
     l->max_connections = c->limits.max_connections;
@@ -266,7 +286,7 @@ static void serve_dispose(gw_serve *g)
     gw_tenants_free(g->tenants);
     gw_metrics_free(g->metrics);
     gw_alog_close(g->alog, 2000);
-    struct event *evs[] = {g->sigterm, g->sigint, g->sighup, g->drain_timer};
+    struct event *evs[] = {g->sigterm, g->sigint, g->sighup, g->sigusr1, g->drain_timer};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
@@ -396,8 +416,9 @@ static int start(gw_serve *g, const char *exe, char *err, size_t err_len)
     g->sigterm = evsignal_new(g->base, SIGTERM, on_term, g);
     g->sigint = evsignal_new(g->base, SIGINT, on_term, g);
     g->sighup = evsignal_new(g->base, SIGHUP, on_hup, g);
-    if (!g->sigterm || !g->sigint || !g->sighup || event_add(g->sigterm, NULL) ||
-        event_add(g->sigint, NULL) || event_add(g->sighup, NULL)) {
+    g->sigusr1 = evsignal_new(g->base, SIGUSR1, on_usr1, g);
+    if (!g->sigterm || !g->sigint || !g->sighup || !g->sigusr1 || event_add(g->sigterm, NULL) ||
+        event_add(g->sigint, NULL) || event_add(g->sighup, NULL) || event_add(g->sigusr1, NULL)) {
         fprintf(stderr, "infergate: cannot set up signals\n");
         return -1;
     }
@@ -438,6 +459,7 @@ static void stop(gw_serve *g)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    signal(SIGUSR1, SIG_IGN); /* a reclaim notice now: the drain is done */
     stop_signals(SIG_UNBLOCK);
     gw_supervisor_wait(g->sup, g->cfg->drain_grace_s, &hurry);
     fprintf(stderr, "infergate: stopped\n");

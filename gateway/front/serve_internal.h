@@ -38,7 +38,7 @@ typedef struct gw_serve {
     gw_metrics *metrics;
     struct gw_alog *alog; /* NULL: logging off */
     bool own_access_log;  /* a file, opened again on SIGHUP */
-    struct event *sigterm, *sigint, *sighup, *drain_timer, *metrics_timer;
+    struct event *sigterm, *sigint, *sighup, *sigusr1, *drain_timer, *metrics_timer;
     route_table *table; /* NULL without a region section: local workers only */
     route_sync *sync;   /* NULL without Redis */
     struct event *heartbeat;
@@ -76,6 +76,11 @@ void gw_regions_stop(gw_serve *g);
 /* Publishes this region's record now (a drain begun: peers must stop
  * sending before the listeners close, not a TTL later). */
 void gw_regions_publish(gw_serve *g);
+/* Drains (serve.c): the region's record says unhealthy at once (peers
+ * route elsewhere), no new connections or streams, the open ones finish
+ * within grace_s, then the gateway and its workers stop. `why` is for the
+ * log. Nothing when already draining. */
+void gw_serve_drain(gw_serve *g, int grace_s, const char *why);
 bool gw_regions_enabled(const gw_serve *g);
 /* Where this gateway reaches region r (a peers entry overrides the record). */
 const char *gw_regions_target(const gw_serve *g, const route_region *r);

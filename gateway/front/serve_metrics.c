@@ -37,7 +37,10 @@ int gw_serve_metrics_init(gw_metrics *m)
     rc |= gw_metrics_describe(
         m, "infergate_http_refused_total", GW_COUNTER,
         "Requests the HTTP server answered itself (malformed, too large, too slow), by status; "
-        "status=\"refused_stream\": HTTP/2 streams refused unanswered, to be sent again.",
+        "status=\"refused_stream\": HTTP/2 streams refused unanswered, to be sent again; "
+        "status=\"header_timeout\": connections cut with a request head (or the HTTP/2 preface, first "
+        "frame or a header block) not complete within header_timeout_ms; status=\"enhance_your_calm\": "
+        "HTTP/2 connections closed for a flood (rapid reset, a header block decoding past twice the limit).",
         NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,

@@ -70,15 +70,27 @@ typedef struct gw_http_limits {
     uint32_t max_cut_streams;        /* HTTP/2: streams a connection may see reset (by its client,
                                         or by nghttp2 for what the client sent) while the
                                         application held them, per 10 s; past it the connection
-                                        gets GOAWAY ENHANCE_YOUR_CALM. 0: twice
-                                        max_concurrent_streams, at least 64; UINT32_MAX: no bound
-                                        (a worker, whose one client is its gateway). Peers are
-                                        not bound */
+                                        gets GOAWAY ENHANCE_YOUR_CALM, as it does for RST_STREAMs
+                                        of its own past 1000 at once, 33 a second after (rapid
+                                        reset). 0: twice max_concurrent_streams, at least 64;
+                                        UINT32_MAX: neither bound (a worker, whose one client is
+                                        its gateway). Peers are not bound */
     size_t max_header_list;          /* bytes of headers per request, larger -> 431 (default
                                         64 KiB): HTTP/2 counts as SETTINGS_MAX_HEADER_LIST_SIZE
                                         does, HTTP/1.x the raw request line and header lines */
     size_t max_stream_buffer;        /* response bytes held for a slow reader before
                                         the stream is reset (default 1 MiB) */
+    size_t max_conn_buffer;          /* HTTP/2: response bytes one connection's streams hold
+                                        together (default 16 MiB); SIZE_MAX: no bound */
+    size_t max_buffer;               /* HTTP/2: response bytes all connections hold together
+                                        (default 256 MiB); SIZE_MAX: no bound. Past half of
+                                        any of the three a producer pauses (gw_http_full),
+                                        past the whole a write is -ENOBUFS */
+    int window_timeout_ms;           /* HTTP/2: a response the peer's flow-control window
+                                        holds, no byte moving, this long is reset (0:
+                                        idle_timeout_ms); -1: never (a worker, whose one
+                                        client, its gateway, bounds its own clients and
+                                        cancels what they leave) */
     int idle_timeout_ms;             /* close a connection with no streams after this (default 120000);
                                         also bounds an HTTP/1.x keep-alive wait, a pause inside a
                                         request body (408), a peer that stops reading, and an
@@ -94,6 +106,16 @@ typedef struct gw_http_limits {
 } gw_http_limits;
 
 void gw_http_limits_default(gw_http_limits *l);
+
+/* on_refused's status for a connection the server cut, answering nothing:
+ * a request head (HTTP/1.x), the preface, the first frame or a header
+ * block (HTTP/2) not complete within header_timeout_ms (the protocol NULL
+ * when not even that was learnt); an HTTP/2 flood told GOAWAY
+ * ENHANCE_YOUR_CALM (streams reset faster than any client cancels, streams
+ * it made the server reset, a header block decoding to more than twice
+ * max_header_list). */
+#define GW_HTTP_CUT_HEADER_TIMEOUT (-1)
+#define GW_HTTP_CUT_CALM (-2)
 
 typedef struct gw_http_handler {
     /* A complete request. The request and its strings live until on_close. */
@@ -115,16 +137,17 @@ typedef struct gw_http_handler {
      * application never sees (400, 408, 413, 414, 417, 431, 501, 505), or
      * refused with no answer (status 0: HTTP/2 REFUSED_STREAM, for memory
      * the connection's open streams hold): for its counters and logs. method and path are NULL where they
-     * were not read (or not valid); protocol is "HTTP/1.0", "HTTP/1.1" or "HTTP/2". Runs from the loop, never
-     * inside a gw_http_* call. */
+     * were not read (or not valid); protocol is "HTTP/1.0", "HTTP/1.1" or "HTTP/2", or NULL where it was
+     * never learnt. Also a connection the server cut (a negative status, GW_HTTP_CUT_*). Runs from the
+     * loop, never inside a gw_http_* call. */
     void (*on_refused)(void *ud, int status, const char *method, const char *path, const char *protocol);
     /* May be NULL. Flow control for producers that can pause (proxies):
      * called from the loop, once each time the stream's gw_http_pending()
-     * falls to max_stream_buffer / 2 or below after a gw_http_write left
-     * it above max_stream_buffer / 2. Not called after gw_http_end or
-     * gw_http_reset, nor once the stream is closed. A producer pauses when
-     * gw_http_pending() > max_stream_buffer / 2 after a write and resumes
-     * here. */
+     * is no longer gw_http_full after a gw_http_write left it full (its
+     * own bytes, or its connection's or the server's, fell to half their
+     * bound). Not called after gw_http_end or gw_http_reset, nor once the
+     * stream is closed. A producer pauses when gw_http_full() after a
+     * write and resumes here. */
     void (*on_writable)(void *ud, gw_http_stream *s, void *stream_ud);
 } gw_http_handler;
 
@@ -226,6 +249,12 @@ int gw_http_end(gw_http_stream *s);
  * stream's own buffer; on HTTP/1.x all that waits in the connection's
  * output (the response head and chunk framing included). */
 size_t gw_http_pending(const gw_http_stream *s);
+/* Whether a producer should pause (on_writable then says when to go on,
+ * written or not): the stream holds more than half max_stream_buffer, or
+ * (HTTP/2) its connection's streams more than half max_conn_buffer, or,
+ * while all of the server's hold more than half max_buffer, more than
+ * their connection's share of that. */
+bool gw_http_full(gw_http_stream *s);
 /* Abort the stream (RST_STREAM with INTERNAL_ERROR on HTTP/2; closing the
  * connection on HTTP/1.x); on_close follows, from the loop. */
 void gw_http_reset(gw_http_stream *s);

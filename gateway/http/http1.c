@@ -446,6 +446,10 @@ static void h1_on_timer(gw_http_conn *c)
         h1_run(c);
         return;
     }
+    /* The head's bound (from accept for the first request) cut it: told;
+     * not a drain's close of a connection that never sent a request. */
+    if (c->h1.state == GW_H1_HEAD || (c->h1.state == GW_H1_IDLE && c->h1.n_requests == 0 && !c->srv->draining))
+        gw_server_refused(c->srv, GW_HTTP_CUT_HEADER_TIMEOUT, NULL, c->h1.http10 ? "HTTP/1.0" : "HTTP/1.1");
     if (c->h1.state != GW_H1_APP)
         gw_conn_free(c);
 }

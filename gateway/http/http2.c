@@ -29,6 +29,32 @@
 
 /* ---- responses ---- */
 
+/* Response bytes a stream's `out` took (n > 0) or gave back (n < 0), on
+ * its connection's and the server's counts (max_conn_buffer, max_buffer).
+ * When the connection is no longer full, or the server's count falls to
+ * half its bound, the full streams they held back may go on
+ * (conn_notify_writable). */
+static void held_add(gw_http_stream *s, ptrdiff_t n)
+{
+    gw_http_conn *c = s->conn;
+    gw_http_server *srv = c->srv;
+    const size_t srv_half = srv->limits.max_buffer / 2;
+    const bool conn_over = gw_conn_full(c), srv_over = srv->h2_out_held > srv_half;
+    c->h2_out_held += (size_t)n;
+    srv->h2_out_held += (size_t)n;
+    if (conn_over && !gw_conn_full(c))
+        c->h2_sweep_due = c->writable_due = true;
+    if (srv_over && srv->h2_out_held <= srv_half)
+        srv->h2_sweep_due = c->writable_due = true;
+}
+
+/* The stream's output is dropped (closed, or its connection going). */
+static void held_drop(gw_http_stream *s)
+{
+    if (s->out && evbuffer_get_length(s->out))
+        held_add(s, -(ptrdiff_t)evbuffer_get_length(s->out));
+}
+
 static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
                             nghttp2_data_source *src, void *ud)
 {
@@ -41,16 +67,18 @@ static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size
     size_t n = have < len ? have : len;
     if (n && evbuffer_remove(s->out, buf, n) != (int)n)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (n)
+        held_add(s, -(ptrdiff_t)n);
     /* Output moved: what is left (held by the peer's window) gets a new
      * bound; with nothing left there is none. */
     if (n && have > n)
-        gw_h2_stream_due_idle(s);
+        gw_h2_stream_due_output(s);
     else if (n)
         s->due_ms = 0;
     if (s->resp_ended && n == have)
         *flags |= NGHTTP2_DATA_FLAG_EOF;
     /* on_writable may not run inside nghttp2: conn_settle calls it. */
-    if (s->above_half && have - n <= s->conn->srv->limits.max_stream_buffer / 2) {
+    if (s->above_half && !gw_http_full(s)) {
         s->above_half = false;
         s->writable_due = true;
         s->conn->writable_due = true;
@@ -116,11 +144,13 @@ int gw_h2_submit_response(gw_http_stream *s, int status, const gw_http_header *h
     int rc = -ENOMEM;
     if (body_len && evbuffer_add(s->out, body, body_len))
         goto out;
+    held_add(s, (ptrdiff_t)body_len);
     nghttp2_data_provider dp = {.source.ptr = s, .read_callback = data_read_cb};
     s->resp_ended = whole;
     int rv = nghttp2_submit_response(s->conn->ngh, s->id, nv, n_nv, whole && !body_len ? NULL : &dp);
     if (rv) {
         evbuffer_drain(s->out, body_len);
+        held_add(s, -(ptrdiff_t)body_len);
         s->resp_ended = false;
         rc = rv == NGHTTP2_ERR_NOMEM ? -ENOMEM : -EINVAL;
         goto out;
@@ -131,7 +161,7 @@ int gw_h2_submit_response(gw_http_stream *s, int status, const gw_http_header *h
     /* A body queued with the headers is output like any other: bounded
      * while the peer's window holds it. */
     if (body_len && !s->due_ms)
-        gw_h2_stream_due_idle(s);
+        gw_h2_stream_due_output(s);
     rc = 0;
 out:
     if (nv != stack_nv)
@@ -217,19 +247,43 @@ static int conn_send(gw_http_conn *c)
     return 0;
 }
 
-/* on_writable for the streams whose buffer fell while nghttp2 sent. The
- * handler cannot close or free streams (gw_http_* calls only buffer), so
- * the list holds still under it. */
+/* A full stream that no longer is: on_writable. */
+static void sweep_stream(gw_http_stream *s)
+{
+    if (s->above_half && !gw_http_full(s)) {
+        s->above_half = false;
+        gw_stream_writable(s);
+    }
+}
+
+/* on_writable for the streams whose buffer fell while nghttp2 sent, and,
+ * when the connection's or the server's held bytes fell to half their
+ * bound, for every stream they held back (the server's: on every
+ * connection). The handler cannot close or free streams (gw_http_* calls
+ * only buffer), so the lists hold still under it. */
 static void conn_notify_writable(gw_http_conn *c)
 {
     if (!c->writable_due)
         return;
     c->writable_due = false;
+    const bool sweep = c->h2_sweep_due;
+    c->h2_sweep_due = false;
     for (gw_http_stream *s = c->streams; s; s = s->next) {
         if (s->writable_due) {
+            /* Full again (a stream told before it wrote): told later. */
             s->writable_due = false;
-            gw_stream_writable(s);
+            s->above_half = true;
+            sweep_stream(s);
+        } else if (sweep) {
+            sweep_stream(s);
         }
+    }
+    gw_http_server *srv = c->srv;
+    if (srv->h2_sweep_due) {
+        srv->h2_sweep_due = false;
+        for (gw_http_conn *o = srv->conns; o; o = o->next)
+            for (gw_http_stream *s = o->dead ? NULL : o->streams; s; s = s->next)
+                sweep_stream(s);
     }
 }
 
@@ -333,6 +387,9 @@ static void h2_on_timer(gw_http_conn *c)
             conn_settle(c, conn_send(c));
         return;
     }
+    /* No frame after the preface in header_timeout_ms: a slowloris. */
+    if (!c->h2_framed && !c->srv->draining)
+        gw_server_refused(c->srv, GW_HTTP_CUT_HEADER_TIMEOUT, NULL, "HTTP/2");
     c->goaway = true;
     if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_NO_ERROR)) {
         gw_conn_free(c);
@@ -388,8 +445,9 @@ static int h2_write(gw_http_stream *s, const void *data, size_t len)
         return 0;
     if (evbuffer_add(s->out, data, len))
         return -ENOMEM;
+    held_add(s, (ptrdiff_t)len);
     if (!s->due_ms)
-        gw_h2_stream_due_idle(s); /* until the output moves */
+        gw_h2_stream_due_output(s); /* until the output moves */
     stream_kick(s);
     return 0;
 }
@@ -398,7 +456,7 @@ static int h2_end(gw_http_stream *s)
 {
     s->resp_ended = true;
     if (!s->due_ms)
-        gw_h2_stream_due_idle(s); /* until END_STREAM goes */
+        gw_h2_stream_due_output(s); /* until END_STREAM goes */
     stream_kick(s);
     return 0;
 }
@@ -416,13 +474,25 @@ static size_t h2_pending(const gw_http_stream *s)
     return s->out ? evbuffer_get_length(s->out) : 0;
 }
 
+/* Its streams' output leaves the server's count with it. */
+static void h2_closing(gw_http_conn *c)
+{
+    for (gw_http_stream *s = c->streams; s; s = s->next)
+        held_drop(s);
+}
+
+void gw_h2_stream_dropped(gw_http_stream *s)
+{
+    held_drop(s);
+}
+
 static const gw_http_proto h2_proto = {
     .on_send = h2_on_send,
     .on_timer = h2_on_timer,
     .drain = h2_drain,
     .set_bounds = gw_conn_nop, /* the limits are read as frames come; SETTINGS already went */
     .no_streams = gw_h2_arm_idle,
-    .closing = gw_conn_nop,
+    .closing = h2_closing,
     .submit = h2_submit,
     .write = h2_write,
     .end = h2_end,
@@ -448,7 +518,6 @@ void gw_h2_start(gw_http_conn *c)
         {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, lim->max_concurrent_streams},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
          lim->max_header_list > UINT32_MAX ? UINT32_MAX : (uint32_t)lim->max_header_list},
-        {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, (uint32_t)stream_win},
     };
     if (nghttp2_session_server_new3(&c->ngh, c->srv->cbs, c, c->srv->opt, gw_mem_nghttp2()) ||
@@ -492,14 +561,21 @@ int gw_h2_server_init(gw_http_server *srv)
     if (nghttp2_session_callbacks_new(&srv->cbs) || nghttp2_option_new(&srv->opt))
         return -ENOMEM;
     gw_h2_request_callbacks(srv->cbs);
+    /* Closed streams are remembered (nghttp2 keeps as many as
+     * SETTINGS_MAX_CONCURRENT_STREAMS, less the open ones, the oldest
+     * going first), so that frames on them are the STREAM_CLOSED errors
+     * RFC 9113 5.1 requires, not ignored; and RFC 7540 priorities are
+     * not switched off (SETTINGS_NO_RFC7540_PRIORITIES), so that PRIORITY
+     * frames are checked (5.3.1, 6.3: on stream 0, or depending on
+     * themselves) rather than skipped unread. */
     /* Flood bounds (nghttp2's defaults, stated): queued SETTINGS/PING
      * ACKs, SETTINGS entries per frame, CONTINUATIONs per HEADERS, and the
-     * RST_STREAM token bucket against rapid reset (CVE-2023-44487). */
-    nghttp2_option_set_no_closed_streams(srv->opt, 1);
+     * RST_STREAM token bucket against rapid reset (CVE-2023-44487): twice
+     * ours (conn_count_reset), which says ENHANCE_YOUR_CALM first. */
     nghttp2_option_set_max_outbound_ack(srv->opt, 1000);
     nghttp2_option_set_max_settings(srv->opt, 32);
     nghttp2_option_set_max_continuations(srv->opt, 8);
-    nghttp2_option_set_stream_reset_rate_limit(srv->opt, 1000, 33);
+    nghttp2_option_set_stream_reset_rate_limit(srv->opt, 2000, 66);
     return 0;
 }
 

@@ -24,6 +24,54 @@
 #define H2_REJECT_REFUSE 1
 /* The window of limits.max_cut_streams (conn_count_cut). */
 #define H2_CUT_WINDOW_MS 10000
+/* The client's own RST_STREAMs (conn_count_reset): a bucket of this many,
+ * refilled at this many a second. Under it nghttp2's (twice both), which
+ * would say INTERNAL_ERROR. */
+#define H2_RESET_BURST 1000
+#define H2_RESET_RATE 33
+
+/* ---- floods ---- */
+
+/* Tells the client to calm down (GOAWAY ENHANCE_YOUR_CALM) and closes the
+ * connection once that is out; the application counts it (on_refused). */
+static void conn_calm(gw_http_conn *c, const char *why)
+{
+    if (c->goaway)
+        return;
+    fprintf(stderr, "http2: %s: closed (ENHANCE_YOUR_CALM)\n", why);
+    c->goaway = true;
+    gw_server_refused(c->srv, GW_HTTP_CUT_CALM, NULL, "HTTP/2");
+    if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_ENHANCE_YOUR_CALM))
+        c->broken = true;
+    gw_conn_set_timer(c, GW_HTTP_LINGER_MS); /* for the GOAWAY to go out */
+}
+
+/* Rapid reset (CVE-2023-44487): streams opened and reset by the client at
+ * once, each costing the application a request, past a bucket of
+ * H2_RESET_BURST refilled at H2_RESET_RATE a second: no client cancels
+ * that fast. Peer gateways, cancelling for their clients, are not held,
+ * nor a server without a bound on cut streams (limits.max_cut_streams). */
+static void conn_count_reset(gw_http_conn *c)
+{
+    if (c->srv->limits.max_cut_streams == UINT32_MAX) /* a worker, whose one client is its gateway */
+        return;
+    int64_t now = gw_mono_coarse_ms();
+    int64_t refill = (now - c->h2_reset_ms) * H2_RESET_RATE; /* thousandths of a reset */
+    c->h2_reset_ms = now;
+    c->h2_reset_debt = c->h2_reset_debt > refill ? c->h2_reset_debt - refill : 0;
+    c->h2_reset_debt += 1000;
+    if (c->h2_reset_debt > (int64_t)H2_RESET_BURST * 1000 && !gw_conn_peer(c))
+        conn_calm(c, "a client reset its streams faster than any cancels (rapid reset)");
+}
+
+/* A header block that decodes to more than twice max_header_list (an
+ * HPACK bomb: one-byte references to a large field in the table): the
+ * connection goes, the rest of the block not decoded. */
+static int header_bomb(gw_http_conn *c)
+{
+    conn_calm(c, "a header block decoded to more than twice the header list limit");
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+}
 
 /* ---- stream bounds ---- */
 
@@ -49,6 +97,17 @@ void gw_h2_stream_due_idle(gw_http_stream *s)
     if (s->drop_until_ms && due > s->drop_until_ms)
         due = s->drop_until_ms;
     stream_due(s, due);
+}
+
+void gw_h2_stream_due_output(gw_http_stream *s)
+{
+    int ms = s->conn->srv->limits.window_timeout_ms;
+    if (ms >= 0 || s->drop_until_ms) {
+        int64_t due = gw_mono_coarse_ms() + (ms > 0 ? ms : s->conn->srv->limits.idle_timeout_ms);
+        if (s->drop_until_ms && (ms < 0 || due > s->drop_until_ms))
+            due = s->drop_until_ms;
+        stream_due(s, due);
+    }
 }
 
 /* The stream stops receiving its request body: the body leaves the
@@ -196,10 +255,10 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
          * is kept, but nghttp2 checks each field all the same, so the
          * block is bounded as any other is (count_field). */
         s->header_bytes += namelen + valuelen + 32;
-        return s->header_bytes > 2 * limit ? NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE : 0;
+        return s->header_bytes > 2 * limit ? header_bomb(c) : 0;
     }
     if (!count_field(s, name, namelen, valuelen))
-        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        return header_bomb(c);
     if (frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0; /* trailers are counted, not kept */
     if (s->reject_status) {
@@ -267,7 +326,7 @@ static int on_invalid_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame
     if (s->state != GW_SS_HEADERS)
         return 0;
     if (!count_field(s, name, namelen, valuelen))
-        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+        return header_bomb(s->conn);
     if (!s->reject_status || s->reject_status == H2_REJECT_REFUSE)
         s->reject_status = 400;
     return 0;
@@ -399,6 +458,40 @@ static int on_data_chunk_recv_cb(nghttp2_session *ngh, uint8_t flags, int32_t id
     return 0;
 }
 
+static bool refused_lately(const gw_http_conn *c, int32_t id)
+{
+    for (size_t i = 0; i < sizeof(c->h2_refused) / sizeof(c->h2_refused[0]); i++)
+        if (c->h2_refused[i] == id)
+            return true;
+    return false;
+}
+
+/* RFC 9113 5.1.1: a stream id lower than one the client already opened is
+ * a connection error PROTOCOL_ERROR. nghttp2 1.52 ignores such a HEADERS
+ * unless it still knows the stream (closed streams: STREAM_CLOSED), as it
+ * cannot tell a new stream from the trailers of one it refused before
+ * making it. So: trailers (END_STREAM) of a stream refused lately are let
+ * through to be ignored; anything else on an id nghttp2 does not know is
+ * the error. Not once a GOAWAY is out: the streams it made the client give
+ * up are unknown, and their ids out of order. */
+static int on_begin_frame_cb(nghttp2_session *ngh, const nghttp2_frame_hd *hd, void *ud)
+{
+    gw_http_conn *c = ud;
+    int32_t id = hd->stream_id;
+    if (hd->type != NGHTTP2_HEADERS || !(id & 1))
+        return 0;
+    if (id > c->h2_last_id) {
+        c->h2_last_id = id;
+        return 0;
+    }
+    if (id == c->h2_last_id || c->goaway || c->srv->draining || nghttp2_session_find_stream(ngh, id) ||
+        ((hd->flags & NGHTTP2_FLAG_END_STREAM) && refused_lately(c, id)))
+        return 0;
+    if (nghttp2_session_terminate_session(ngh, NGHTTP2_PROTOCOL_ERROR))
+        c->broken = true;
+    return 0;
+}
+
 static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, void *ud)
 {
     gw_http_conn *c = ud;
@@ -407,6 +500,8 @@ static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
         if (c->n_streams == 0)
             gw_h2_arm_idle(c);
     }
+    if (frame->hd.type == NGHTTP2_RST_STREAM)
+        conn_count_reset(c);
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
         return 0;
     gw_http_stream *s = stream_of(ngh, frame->hd.stream_id);
@@ -441,6 +536,11 @@ static int on_frame_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
         /* Ours go through gw_h2_reset (s->reset) or end in NO_ERROR; any
          * other is nghttp2's, for what the client sent (conn_count_cut). */
         gw_http_stream *s = stream_of(ngh, frame->hd.stream_id);
+        if (!s) { /* refused before it was made: its trailers may follow (on_begin_frame_cb) */
+            gw_http_conn *c = ud;
+            c->h2_refused[c->h2_refused_next++ % (sizeof(c->h2_refused) / sizeof(c->h2_refused[0]))] =
+                frame->hd.stream_id;
+        }
         if (s && s->state == GW_SS_APP && !s->reset && !s->fin_sent &&
             frame->rst_stream.error_code != NGHTTP2_NO_ERROR)
             s->reset_for_client = true;
@@ -483,13 +583,10 @@ static void conn_count_cut(gw_http_conn *c)
     }
     if (++c->h2_cut <= c->srv->limits.max_cut_streams || c->goaway || gw_conn_peer(c))
         return;
-    fprintf(stderr,
-            "http2: a client made the server reset %u of its streams in %d s: closed (ENHANCE_YOUR_CALM)\n",
-            (unsigned)c->h2_cut, H2_CUT_WINDOW_MS / 1000);
-    c->goaway = true;
-    if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_ENHANCE_YOUR_CALM))
-        c->broken = true;
-    gw_conn_set_timer(c, GW_HTTP_LINGER_MS); /* for the GOAWAY to go out */
+    char why[96];
+    snprintf(why, sizeof(why), "a client made the server reset %u of its streams in %d s", (unsigned)c->h2_cut,
+             H2_CUT_WINDOW_MS / 1000);
+    conn_calm(c, why);
 }
 
 static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_code, void *ud)
@@ -499,6 +596,7 @@ static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_c
         bool cut = s->reset_for_client;
         gw_http_conn *c = s->conn;
         stream_body_done(s);
+        gw_h2_stream_dropped(s);
         gw_stream_closed(s, s->fin_sent);
         if (cut)
             conn_count_cut(c);
@@ -525,8 +623,10 @@ int gw_h2_check_streams(gw_http_conn *c)
             continue;
         }
         s->due_ms = 0;
-        if (s->state == GW_SS_HEADERS)
+        if (s->state == GW_SS_HEADERS) { /* a slowloris: counted, logged */
+            gw_server_refused(c->srv, GW_HTTP_CUT_HEADER_TIMEOUT, s, "HTTP/2");
             return -1;
+        }
         if (s->state == GW_SS_BODY) {
             stream_reject(s, 408, "the request body stopped arriving", "request_timeout");
             s->rst_after_fin = true;
@@ -549,6 +649,7 @@ int gw_h2_check_streams(gw_http_conn *c)
 
 void gw_h2_request_callbacks(nghttp2_session_callbacks *cb)
 {
+    nghttp2_session_callbacks_set_on_begin_frame_callback(cb, on_begin_frame_cb);
     nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers_cb);
     nghttp2_session_callbacks_set_on_header_callback(cb, on_header_cb);
     nghttp2_session_callbacks_set_on_invalid_header_callback(cb, on_invalid_header_cb);

@@ -207,6 +207,13 @@ struct gw_http_conn {
     size_t h2_header_bytes; /* HTTP/2: header bytes kept by its open streams (H2_CONN_HEADER_BUDGET) */
     uint32_t h2_cut;        /* HTTP/2: streams the application had, ended reset, since h2_cut_since_ms */
     int64_t h2_cut_since_ms;
+    int64_t h2_reset_debt;  /* HTTP/2: the client's RST_STREAMs, in thousandths, less the bucket's refill */
+    int64_t h2_reset_ms;    /* HTTP/2: when h2_reset_debt was last refilled */
+    int32_t h2_last_id;     /* HTTP/2: the highest stream id of the client's HEADERS */
+    size_t h2_out_held;     /* HTTP/2: response bytes its streams hold (their `out`), max_conn_buffer */
+    bool h2_sweep_due;      /* HTTP/2: h2_out_held fell to half its bound: full streams may go on */
+    int32_t h2_refused[8];  /* HTTP/2: the latest streams nghttp2 refused before they were made */
+    uint8_t h2_refused_next;
     gw_h1 h1;             /* HTTP/1.x only */
 };
 
@@ -231,6 +238,8 @@ struct gw_http_server {
     gw_http_conn *conns;
     size_t n_conns;
     size_t active_streams;
+    size_t h2_out_held;             /* HTTP/2 response bytes all streams hold (max_buffer) */
+    bool h2_sweep_due;              /* h2_out_held fell to half max_buffer: full streams may go on */
     bool draining;                  /* gw_http_server_drain: no new requests */
     int port;                       /* of the last TCP listener, 0 if none */
     int n_listeners_added;
@@ -250,6 +259,11 @@ gw_http_stream *gw_stream_new(gw_http_conn *c, int32_t id);
 /* The server answered a request itself: the application hears of it
  * (on_refused), with what is known of the request (s may be NULL). */
 void gw_server_refused(gw_http_server *srv, int status, const gw_http_stream *s, const char *protocol);
+/* Whether the connection's streams should pause (gw_http_full): they hold
+ * more than half max_conn_buffer, or, while the server's streams hold more
+ * than half max_buffer, more than their share of that half (a connection
+ * that reads is not held back by others that do not). */
+bool gw_conn_full(const gw_http_conn *c);
 /* Whether the connection's client presented a certificate that makes it
  * a peer gateway (gw_tls_peer_verified, asked once per connection). */
 bool gw_conn_peer(gw_http_conn *c);
@@ -299,6 +313,8 @@ int gw_h2_submit_response(gw_http_stream *s, int status, const gw_http_header *h
                           const void *body, size_t body_len, bool whole, int64_t length);
 /* Resets a stream the application holds (RST_STREAM INTERNAL_ERROR). */
 void gw_h2_reset(gw_http_stream *s);
+/* nghttp2 closed the stream: its output leaves the held counts. */
+void gw_h2_stream_dropped(gw_http_stream *s);
 
 /* ---- http2_request.c: HTTP/2 requests (nghttp2's receive callbacks, bounds, refusals) ---- */
 
@@ -306,6 +322,8 @@ void gw_h2_reset(gw_http_stream *s);
 void gw_h2_request_callbacks(nghttp2_session_callbacks *cb);
 /* The stream's output waits on the peer: due within idle_timeout_ms. */
 void gw_h2_stream_due_idle(gw_http_stream *s);
+/* The same for its response: within window_timeout_ms, or never. */
+void gw_h2_stream_due_output(gw_http_stream *s);
 /* The connection's timer fired with streams open: deals with those past
  * their bounds and sets the timer for the next. -1 when the connection
  * must go (a header block left open). */

@@ -34,6 +34,9 @@ void gw_http_limits_default(gw_http_limits *l)
     l->max_cut_streams = 0; /* 2 x max_concurrent_streams, at least 64 */
     l->max_header_list = 64 << 10;
     l->max_stream_buffer = 1 << 20;
+    l->max_conn_buffer = 16 << 20;
+    l->max_buffer = 256 << 20;
+    l->window_timeout_ms = 0; /* idle_timeout_ms */
     l->idle_timeout_ms = 120000;
     l->header_timeout_ms = 10000;
     l->max_connections = 10000;
@@ -335,9 +338,11 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 
 void gw_conn_nop(gw_http_conn *c) {}
 
-/* No preface, or no handshake, in header_timeout_ms. */
+/* No preface, or no handshake, in header_timeout_ms: a slowloris, or a
+ * client that never spoke, counted as cut (on_refused). */
 static void undecided_on_timer(gw_http_conn *c)
 {
+    gw_server_refused(c->srv, GW_HTTP_CUT_HEADER_TIMEOUT, NULL, NULL);
     gw_conn_free(c);
 }
 
@@ -420,6 +425,11 @@ void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits
         srv->limits.max_header_list = l->max_header_list;
     if (l->max_stream_buffer)
         srv->limits.max_stream_buffer = l->max_stream_buffer;
+    if (l->max_conn_buffer)
+        srv->limits.max_conn_buffer = l->max_conn_buffer;
+    if (l->max_buffer)
+        srv->limits.max_buffer = l->max_buffer;
+    srv->limits.window_timeout_ms = l->window_timeout_ms;
     if (l->idle_timeout_ms > 0)
         srv->limits.idle_timeout_ms = l->idle_timeout_ms;
     if (l->header_timeout_ms > 0)
@@ -627,17 +637,36 @@ int gw_http_write(gw_http_stream *s, const void *data, size_t len)
         return -EINVAL;
     if (s->sized && !s->bodiless && len > s->resp_left)
         return -EINVAL; /* past the length said */
-    size_t max = s->conn->srv->limits.max_stream_buffer, pending = gw_http_pending(s);
-    if (pending > max || len > max - pending)
+    const gw_http_limits *lim = &s->conn->srv->limits;
+    size_t max = lim->max_stream_buffer, pending = gw_http_pending(s);
+    size_t conn_held = s->conn->h2_out_held, srv_held = s->conn->srv->h2_out_held;
+    if (pending > max || len > max - pending || len > lim->max_conn_buffer - conn_held ||
+        len > lim->max_buffer - srv_held)
         return -ENOBUFS;
     if (len == 0)
         return 0;
     rc = s->conn->proto->write(s, data, len);
     if (!rc && s->sized && !s->bodiless)
         s->resp_left -= len;
-    if (!rc && gw_http_pending(s) > max / 2)
-        s->above_half = true;
+    if (!rc)
+        gw_http_full(s); /* marks a producer that should pause now for on_writable */
     return rc;
+}
+
+bool gw_conn_full(const gw_http_conn *c)
+{
+    const gw_http_server *srv = c->srv;
+    const size_t srv_half = srv->limits.max_buffer / 2;
+    return c->h2_out_held > srv->limits.max_conn_buffer / 2 ||
+           (srv->h2_out_held > srv_half && c->h2_out_held > srv_half / (srv->n_conns ? srv->n_conns : 1));
+}
+
+bool gw_http_full(gw_http_stream *s)
+{
+    /* A producer told so waits for on_writable, whether it wrote or not. */
+    if (gw_http_pending(s) > s->conn->srv->limits.max_stream_buffer / 2 || gw_conn_full(s->conn))
+        return s->above_half = true;
+    return false;
 }
 
 int gw_http_end(gw_http_stream *s)

@@ -29,6 +29,12 @@ struct wreq {
     bool preparing; /* with the offload thread (wprep): not yet submitted */
     bool submitted, final_seen, begun, sent_first;
     bool chat, stream_mode, include_usage, logprobs;
+    bool held;   /* its sequence is paused (rt_engine_hold) until its reader catches up */
+    bool end_due; /* the stream ends once the backlog has gone */
+    /* Events that came while the stream was full: the engine runs ahead
+     * of this loop, so a hold takes effect some events late. */
+    char *backlog;
+    size_t backlog_len, backlog_cap;
     gw_lp_list lp; /* log-probabilities not yet sent */
     int lp_ready;  /* the last event's: lp's entries of tokens 1..lp_ready may go */
     char cid[40];
@@ -98,6 +104,7 @@ static void wreq_maybe_free(wreq *r)
     if (r->stream || r->preparing || (r->submitted && !r->final_seen))
         return;
     free(r->text);
+    free(r->backlog);
     gw_lp_free(&r->lp);
     free(r);
 }
@@ -111,22 +118,28 @@ static void abandon(wreq *r)
 
 /* ---- answers: the engine's events as JSON or SSE ---- */
 
-static bool append_text(wreq *r, const char *p, size_t n)
+/* Appends p[0..n) to a growing buffer, NUL-terminated. */
+static bool buf_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
 {
-    if (r->text_len + n + 1 > r->text_cap) {
-        size_t cap = r->text_cap ? r->text_cap * 2 : 256;
-        while (cap < r->text_len + n + 1)
-            cap *= 2;
-        char *np = realloc(r->text, cap);
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *np = realloc(*buf, c);
         if (!np)
             return false;
-        r->text = np;
-        r->text_cap = cap;
+        *buf = np;
+        *cap = c;
     }
-    memcpy(r->text + r->text_len, p, n);
-    r->text_len += n;
-    r->text[r->text_len] = '\0';
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = '\0';
     return true;
+}
+
+static bool append_text(wreq *r, const char *p, size_t n)
+{
+    return buf_append(&r->text, &r->text_len, &r->text_cap, p, n);
 }
 
 static bool begin_stream(wreq *r)
@@ -140,11 +153,77 @@ static bool begin_stream(wreq *r)
     return true;
 }
 
-/* Writes one SSE event (NULL: out of memory); a reader too slow for the
- * per-stream bound loses its stream, and so its request. */
+/* A slow reader pushes back: its sequence pauses once its stream holds
+ * half the per-stream bound, and goes on when the stream has drained to
+ * that (on_writable), so the bound is never reached (the events already on
+ * their way fit in the other half). Before, such a reader lost its stream
+ * at the bound, which its gateway took for this worker failing. */
+static void push_back(wreq *r)
+{
+    if (!r->held && r->submitted && !r->final_seen && gw_http_full(r->stream) &&
+        !rt_engine_hold(r->w->engine, r->id, true))
+        r->held = true;
+}
+
+/* Streamed output: to the stream while it is not full, else kept in
+ * order in the backlog (and the sequence held) until on_writable. False
+ * when it cannot be (no memory; the stream's bound passed). */
+static bool out_write(wreq *r, const char *p, size_t n)
+{
+    if (!r->backlog_len && !gw_http_full(r->stream)) {
+        if (gw_http_write(r->stream, p, n))
+            return false;
+        push_back(r);
+        return true;
+    }
+    if (!buf_append(&r->backlog, &r->backlog_len, &r->backlog_cap, p, n))
+        return false;
+    push_back(r);
+    return true;
+}
+
+/* Ends the stream, now or once the backlog has gone. */
+static void out_end(wreq *r)
+{
+    if (r->backlog_len)
+        r->end_due = true;
+    else if (gw_http_end(r->stream))
+        gw_http_reset(r->stream);
+}
+
+/* The stream has room again: the backlog goes while it fits, then the end
+ * if due; with nothing left behind, the sequence goes on. */
+static void on_writable(void *ud, gw_http_stream *s, void *stream_ud)
+{
+    wreq *r = stream_ud;
+    if (!r)
+        return;
+    size_t off = 0;
+    while (off < r->backlog_len && !gw_http_full(s)) {
+        size_t n = r->backlog_len - off < 16384 ? r->backlog_len - off : 16384;
+        if (gw_http_write(s, r->backlog + off, n)) {
+            abandon(r);
+            return;
+        }
+        off += n;
+    }
+    memmove(r->backlog, r->backlog + off, r->backlog_len - off);
+    r->backlog_len -= off;
+    if (r->backlog_len)
+        return;
+    if (r->end_due) {
+        r->end_due = false;
+        out_end(r);
+    }
+    if (r->held && !gw_http_full(s) && !rt_engine_hold(r->w->engine, r->id, false))
+        r->held = false;
+}
+
+/* Writes one SSE event (NULL: out of memory); a reader whose stream still
+ * passes the per-stream bound (push_back) loses it, and so its request. */
 static bool write_sse(wreq *r, char *ev, size_t len)
 {
-    if (!ev || gw_http_write(r->stream, ev, len)) {
+    if (!ev || !out_write(r, ev, len)) {
         free(ev);
         abandon(r);
         return false;
@@ -187,8 +266,8 @@ static void fail_stream(wreq *r, const rt_oai_error *e)
     if (ev)
         snprintf(ev, n + 1, "data: %s\n\n", j);
     free(j);
-    if (write_sse(r, ev, n) && gw_http_end(r->stream))
-        gw_http_reset(r->stream);
+    if (write_sse(r, ev, n))
+        out_end(r);
 }
 
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)
@@ -216,8 +295,10 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
     if (r->include_usage && !write_chunk(r, false, NULL, 0, NULL, &u))
         return;
     static const char done[] = "data: [DONE]\n\n";
-    if (gw_http_write(r->stream, done, sizeof(done) - 1) || gw_http_end(r->stream))
-        gw_http_reset(r->stream);
+    if (out_write(r, done, sizeof(done) - 1))
+        out_end(r);
+    else
+        abandon(r);
 }
 
 static void handle_whole_event(wreq *r, const rt_sched_event *ev)
@@ -603,7 +684,7 @@ gw_worker *gw_worker_new(rt_engine *e, const gw_worker_opts *o, char *err, size_
     w->engine = e;
     w->drain_grace_s = o->drain_grace_s;
     w->base = event_base_new();
-    gw_http_handler h = {.on_request = on_request, .on_close = on_close};
+    gw_http_handler h = {.on_request = on_request, .on_close = on_close, .on_writable = on_writable};
     if (!w->base || !(w->http = gw_http_server_new(w->base, &o->limits, &h, w)) ||
         !(w->notify = event_new(w->base, -1, 0, on_notify, w))) {
         snprintf(err, err_len, "out of memory");

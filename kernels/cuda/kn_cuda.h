@@ -128,11 +128,18 @@ typedef struct kn_cuda_weight {
     kn_type type;
     int n_out, n_in;
     void *d_q;       /* F32/F16 rows as in GGUF; Q8_0: int8 quants, n_in per row;
-                      * Q4_0: nibbles, n_in / 2 bytes per row, GGUF order */
+                      * Q4_0: nibbles, n_in / 2 bytes per row, GGUF order;
+                      * the other types (kn_cuda_raw_layout): the GGUF rows */
     uint16_t *d_scl; /* Q8_0/Q4_0: F16 block scales, n_out x n_in / 32; else NULL */
     uint64_t bytes;  /* device bytes of both */
 } kn_cuda_weight;
 
+/* True for the types whose device layout is their GGUF rows as they are
+ * (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS, BF16; rows a multiple of
+ * 32 elements): the matvec, the GEMM's dequantization and the embedding
+ * decode their blocks where they lie (kn_cuda_blocks.cuh), against F32
+ * activations. */
+bool kn_cuda_raw_layout(kn_type type);
 /* Device bytes of a weight (0 for an unsupported type or shape). */
 uint64_t kn_cuda_weight_bytes(kn_type type, int n_out, int n_in);
 /* Uploads n_out rows of n_in elements in GGUF layout. 0, -EINVAL (type or

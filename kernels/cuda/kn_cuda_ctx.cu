@@ -449,7 +449,7 @@ extern "C" int kn_cuda_weight_upload(kn_cuda *c, const void *gguf_rows, kn_type 
     void *d = NULL;
     KN_CUDA_CHECK(c, cudaMalloc(&d, (size_t)bytes));
     int rc = 0;
-    if (type == KN_TYPE_F32 || type == KN_TYPE_F16) {
+    if (type == KN_TYPE_F32 || type == KN_TYPE_F16 || kn_cuda_raw_layout(type)) {
         rc = kn_cuda_upload(c, d, gguf_rows, (size_t)bytes);
     } else {
         const size_t nb = (size_t)n_in / 32;

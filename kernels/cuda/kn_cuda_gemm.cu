@@ -4,6 +4,7 @@
  * a time (a bandwidth-bound pass that costs a fraction of the GEMM at
  * prefill sizes) and multiplied with cublasGemmEx on tensor cores, F16
  * inputs with F32 accumulation and output. */
+#include "kernels/cuda/kn_cuda_blocks.cuh"
 #include "kernels/cuda/kn_cuda_internal.cuh"
 
 int kn_cuda__mmv(kn_cuda *c, const kn_cuda_weight *w, const float *d_x, const void *d_xq, int n_rows,
@@ -71,9 +72,37 @@ __global__ void dequant_q4_0_f16_kernel(const uint8_t *__restrict__ q, const __h
         o[k] = *(const int4 *)&h[8 * k];
 }
 
+/* One unit (32 elements) of a type kept as GGUF blocks per thread -> 32
+ * halves, four 128-bit stores. */
+__global__ void dequant_blocks_f16_kernel(kn_type t, const uint8_t *__restrict__ w, size_t row_bytes,
+                                          int units_per_row, __half *__restrict__ out, size_t n_units)
+{
+    kn_pdl_begin();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_units)
+        return;
+    float v[32];
+    kn_dq_unit(t, w + i / units_per_row * row_bytes, (int)(i % units_per_row), v);
+    __align__(16) __half h[32];
+#pragma unroll
+    for (int k = 0; k < 32; k++)
+        h[k] = __float2half_rn(v[k]);
+    int4 *o = (int4 *)(out + i * 32);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        o[k] = *(const int4 *)&h[8 * k];
+}
+
 static int dequant_tile(kn_cuda *c, const kn_cuda_weight *w, int o0, int rows, __half *out)
 {
     const size_t nb = (size_t)w->n_in / 32;
+    if (kn_cuda_raw_layout(w->type)) {
+        const size_t row_bytes = kn_row_bytes(w->type, w->n_in), n_units = (size_t)rows * nb;
+        kn_cuda__launch(c, kn_cuda__blocks(n_units, 256), 256, 0, dequant_blocks_f16_kernel, w->type,
+                        (const uint8_t *)w->d_q + (size_t)o0 * row_bytes, row_bytes, (int)nb, out, n_units);
+        KN_CUDA_LAUNCHED(c);
+        return 0;
+    }
     const __half *scl = (const __half *)w->d_scl + (size_t)o0 * nb;
     if (w->type == KN_TYPE_Q8_0) {
         const size_t n_chunks = (size_t)rows * w->n_in / 16;
@@ -105,6 +134,12 @@ static bool quantized(kn_type t)
     return t == KN_TYPE_Q8_0 || t == KN_TYPE_Q4_0;
 }
 
+/* Weights the GEMM dequantizes to F16 a tile at a time. */
+static bool tiled(kn_type t)
+{
+    return quantized(t) || kn_cuda_raw_layout(t);
+}
+
 extern "C" int kn_cuda_matmul_reserve(kn_cuda *c, kn_type type, int n_out, int n_in, int n_rows)
 {
     if (n_rows <= 0)
@@ -114,7 +149,7 @@ extern "C" int kn_cuda_matmul_reserve(kn_cuda *c, kn_type type, int n_out, int n
     if (type == KN_TYPE_F32)
         return 0;
     int rc = kn_cuda__scratch(c, &c->x16, &c->x16_cap, (size_t)n_rows * n_in * sizeof(__half));
-    if (rc || !quantized(type))
+    if (rc || !tiled(type))
         return rc;
     kn_cuda_weight shape = {type, n_out, n_in, NULL, NULL, 0};
     return kn_cuda__scratch(c, &c->w16, &c->w16_cap, (size_t)tile_rows(&shape) * n_in * sizeof(__half));

@@ -35,10 +35,32 @@ static uint64_t q_row_bytes(kn_type type, int n_in)
     return type == KN_TYPE_Q8_0 ? (uint64_t)n_in : (uint64_t)n_in / 2;
 }
 
+bool kn_cuda_raw_layout(kn_type type)
+{
+    switch (type) {
+    case KN_TYPE_Q4_1:
+    case KN_TYPE_Q5_0:
+    case KN_TYPE_Q5_1:
+    case KN_TYPE_IQ4_NL:
+    case KN_TYPE_Q2_K:
+    case KN_TYPE_Q3_K:
+    case KN_TYPE_Q4_K:
+    case KN_TYPE_Q5_K:
+    case KN_TYPE_Q6_K:
+    case KN_TYPE_IQ4_XS:
+    case KN_TYPE_BF16:
+        return true;
+    default:
+        return false;
+    }
+}
+
 uint64_t kn_cuda_weight_bytes(kn_type type, int n_out, int n_in)
 {
     if (n_out <= 0 || n_in <= 0)
         return 0;
+    if (kn_cuda_raw_layout(type)) /* the rows as they are, in units of 32 elements */
+        return n_in % 32 == 0 ? (uint64_t)n_out * kn_row_bytes(type, n_in) : 0;
     switch (type) {
     case KN_TYPE_F32:
         return (uint64_t)n_out * n_in * 4;

@@ -7,6 +7,7 @@
  * weights meet Q8_0 activations in __dp4a integer dots, one exact integer sum
  * per 32-block, as the scalar reference computes them; F16/F32 weights take
  * the F32 activations. */
+#include "kernels/cuda/kn_cuda_blocks.cuh"
 #include "kernels/cuda/kn_cuda_internal.cuh"
 
 #define MMV_WARPS 4 /* warps per thread block */
@@ -271,6 +272,51 @@ __global__ void __launch_bounds__(MMV_WARPS *KN_WARP)
     mmv_store<R>(acc, y, n_out, o, add);
 }
 
+/* ---- the types kept as GGUF blocks x F32 activations ----
+ * A warp owns one output row; each lane decodes a unit (32 elements: a
+ * block, or an eighth of a super-block) at a time into registers
+ * (kn_dq_unit) and dots it with the activation rows, read as float4. The
+ * lanes of a warp take consecutive units, so a step reads a contiguous run
+ * of the row. Weights stream in before kn_pdl_wait, as in the quantized
+ * kernel above. */
+template <int R>
+__global__ void __launch_bounds__(MMV_WARPS *KN_WARP)
+    mmv_blocks_kernel(kn_type t, const uint8_t *__restrict__ w, size_t row_bytes, int n_out, int n_in,
+                      const float *__restrict__ x, float *__restrict__ y, bool add)
+{
+    const int o = blockIdx.x * MMV_WARPS + threadIdx.x / KN_WARP;
+    const int lane = threadIdx.x % KN_WARP;
+    if (o >= n_out)
+        return;
+    kn_pdl_trigger();
+    const uint8_t *wr = w + (size_t)o * row_bytes;
+    const int n_units = n_in / 32;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    float v[32];
+    if (lane < n_units)
+        kn_dq_unit(t, wr, lane, v);
+    kn_pdl_wait(); /* the activations are the previous kernel's */
+    for (int u = lane; u < n_units; u += KN_WARP) {
+        if (u != lane)
+            kn_dq_unit(t, wr, u, v);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float4 *xr = (const float4 *)(x + (size_t)r * n_in + (size_t)u * 32);
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const float4 a = __ldg(xr + k);
+                s += v[4 * k] * a.x + v[4 * k + 1] * a.y + v[4 * k + 2] * a.z + v[4 * k + 3] * a.w;
+            }
+            acc[r] += s;
+        }
+    }
+    mmv_store<R>(acc, y, n_out, o, add);
+}
+
 /* ---- dispatch ---- */
 
 template <int R>
@@ -311,7 +357,11 @@ static void mmv_launch(kn_cuda *c, const kn_cuda_weight *w, const float *x, cons
             kn_cuda__launch(c, grid, block, 0, mmv_f32_kernel<R, false>, (const float *)w->d_q, n_out, n_in,
                             x, y, add);
         break;
-    default: /* no device layout: kn_cuda_weight_upload refuses the other types */
+    default:
+        /* kn_cuda_weight_upload refuses a type with no device layout */
+        if (kn_cuda_raw_layout(w->type))
+            kn_cuda__launch(c, grid, block, 0, mmv_blocks_kernel<R>, w->type, (const uint8_t *)w->d_q,
+                            kn_row_bytes(w->type, n_in), n_out, n_in, x, y, add);
         break;
     }
 }

@@ -4,6 +4,7 @@
  * mirrors its scalar reference in kernels/kn_ref.c or kn_ctx.c operation for
  * operation; they are small next to the matrix products, so they are written
  * to be obviously right rather than clever. */
+#include "kernels/cuda/kn_cuda_blocks.cuh"
 #include "kernels/cuda/kn_cuda_internal.cuh"
 
 #define ROW_THREADS 256
@@ -253,6 +254,22 @@ __global__ void embed_kernel(kn_type type, const void *__restrict__ q, const __h
     }
 }
 
+/* The types kept as GGUF blocks: one unit (32 elements) per thread. */
+__global__ void embed_blocks_kernel(kn_type type, const uint8_t *__restrict__ w, size_t row_bytes, int n,
+                                    const int32_t *__restrict__ tokens, float *__restrict__ x)
+{
+    kn_pdl_begin();
+    const uint8_t *wr = w + (size_t)tokens[blockIdx.x] * row_bytes;
+    float *xr = x + (size_t)blockIdx.x * n;
+    for (int u = threadIdx.x; u < n / 32; u += blockDim.x) {
+        float v[32];
+        kn_dq_unit(type, wr, u, v);
+#pragma unroll
+        for (int l = 0; l < 32; l++)
+            xr[32 * u + l] = v[l];
+    }
+}
+
 extern "C" int kn_cuda_embed(kn_cuda *c, const kn_cuda_weight *emb, const int32_t *d_tokens, int n_tokens,
                              float *d_x)
 {
@@ -260,8 +277,12 @@ extern "C" int kn_cuda_embed(kn_cuda *c, const kn_cuda_weight *emb, const int32_
         return KN_CUDA_EINVAL(c, "embed: no embedding matrix");
     if (n_tokens == 0)
         return 0;
-    kn_cuda__launch(c, n_tokens, ROW_THREADS, 0, embed_kernel, emb->type, emb->d_q,
-                    (const __half *)emb->d_scl, emb->n_in, d_tokens, d_x);
+    if (kn_cuda_raw_layout(emb->type))
+        kn_cuda__launch(c, n_tokens, ROW_THREADS, 0, embed_blocks_kernel, emb->type, (const uint8_t *)emb->d_q,
+                        kn_row_bytes(emb->type, emb->n_in), emb->n_in, d_tokens, d_x);
+    else
+        kn_cuda__launch(c, n_tokens, ROW_THREADS, 0, embed_kernel, emb->type, emb->d_q,
+                        (const __half *)emb->d_scl, emb->n_in, d_tokens, d_x);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }

@@ -2,13 +2,16 @@
  * rt_gguf_open_mem and, when it parses, walks every key/value pair through
  * every getter and every array element (bounded), and touches the first and
  * last byte of every tensor's data, so that a bad offset the validator let
- * through shows up as an ASan report. The invariants the reader promises are
+ * through shows up as an ASan report; then reads the hyper-parameters as the
+ * model loader does (every family's keys of runtime/arch.c: experts, windows,
+ * RoPE scalings, soft-caps, multipliers). The invariants the reader promises are
  * checked with __builtin_trap so that a violation is a crash the fuzzer
  * keeps.
  *
  * tests/unit/test_gguf_fuzz_replay.c #includes this file to run the same
  * walk over seeds and mutations in the regular test suite, without clang. */
 #include "runtime/gguf.h"
+#include "runtime/model.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -129,6 +132,26 @@ static void fuzz_walk_tensor(const rt_gguf *g, const uint8_t *data, size_t size,
         FUZZ_CHECK(rt_gguf_find_tensor(g, name) == t);
 }
 
+/* The loader accepts the hyper-parameters with the bounds the forward pass
+ * relies on, or says why not. */
+static void fuzz_hparams(const rt_gguf *g)
+{
+    rt_hparams hp;
+    char err[256];
+    err[0] = '\0';
+    int rc = rt_hparams_from_gguf(g, &hp, err, sizeof(err));
+    if (rc < 0) {
+        FUZZ_CHECK(rc == -EINVAL && err[0] != '\0' && memchr(err, '\0', sizeof(err)) != NULL);
+        return;
+    }
+    FUZZ_CHECK(rc == 0 && hp.n_layer > 0 && hp.n_embd > 0 && hp.n_vocab > 0 && hp.n_ctx_train > 0);
+    FUZZ_CHECK(hp.n_head > 0 && hp.n_head_kv > 0 && hp.n_head % hp.n_head_kv == 0);
+    FUZZ_CHECK(hp.head_dim > 0 && hp.head_dim % 2 == 0 && hp.n_rot > 0 && hp.n_rot <= hp.head_dim);
+    FUZZ_CHECK(hp.n_ff > 0 || hp.n_expert > 0);
+    FUZZ_CHECK(hp.n_expert == 0 || (hp.n_expert_used >= 1 && hp.n_expert_used <= hp.n_expert && hp.n_ff_exp > 0));
+    FUZZ_CHECK(hp.n_swa >= 0 && hp.n_ctx_orig > 0 && hp.rope_scale > 0.0f && hp.rope_freq_base > 0.0f);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -153,6 +176,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int64_t i = 0; i < rt_gguf_n_tensors(g); i++)
         fuzz_walk_tensor(g, data, size, i);
     FUZZ_CHECK(rt_gguf_tensor_at(g, rt_gguf_n_tensors(g)) == NULL);
+    fuzz_hparams(g);
     rt_gguf_free(g);
     return 0;
 }

@@ -398,8 +398,9 @@ def h2_header_abuse(reps, streams):
     """`streams` POSTs with a valid key whose heads each repeat one 4000-byte
     field `reps` times (HPACK sends the repeats as one-byte references to
     it) and whose bodies never come; then a GET /healthz. Returns the first
-    stream's status (or "reset"), how many streams were reset, the healthz
-    status, and the reset codes seen."""
+    stream's status (or "reset", or "calm" for GOAWAY ENHANCE_YOUR_CALM),
+    how many streams were reset, the healthz status, and the reset codes
+    seen."""
     import h2.events
     import h2.settings
     s, c = h2_client(2)
@@ -413,28 +414,31 @@ def h2_header_abuse(reps, streams):
                                                                     ("content-length", "10")]
                                         + [("x-big", big)] * reps))
     s.sendall(c.data_to_send())
-    status, reset, codes, hz = {}, set(), set(), {}
+    status, reset, codes, hz, goaway = {}, set(), set(), {}, {}
 
     def seen(ev):
-        if isinstance(ev, h2.events.ResponseReceived):
+        if isinstance(ev, h2.events.ConnectionTerminated):
+            goaway["code"] = int(ev.error_code)
+        elif isinstance(ev, h2.events.ResponseReceived):
             status[ev.stream_id] = dict(ev.headers).get(":status")
         elif isinstance(ev, h2.events.StreamReset):
             reset.add(ev.stream_id)
             codes.add(int(ev.error_code))
 
     def after(data):
-        if "id" not in hz and (data is None or len(status) + len(reset) >= streams):
+        if "id" not in hz and not goaway and (data is None or len(status) + len(reset) >= streams):
             hz["id"] = c.get_next_available_stream_id()
             c.send_headers(hz["id"], h2_head("GET", "/healthz"), end_stream=True)
 
-    h2_run(s, c, seen, after, lambda: hz.get("id") in status)
-    first = "reset" if ids[0] in reset else status.get(ids[0])
+    h2_run(s, c, seen, after, lambda: hz.get("id") in status or goaway)
+    first = "calm" if goaway.get("code") == 11 else "reset" if ids[0] in reset else status.get(ids[0])
     return first, len(reset & set(ids)), status.get(hz.get("id")), codes
 first, _, hz, _ = h2_header_abuse(20, 1)  # 80 KB decoded: past max_header_list (64 KiB)
 t.ok(first == "431" and hz == "200", "HTTP/2: a head past max_header_list gets 431 (%s, healthz %s)" % (first, hz))
-first, _, hz, _ = h2_header_abuse(40, 1)  # 160 KB decoded from ~4 KB sent
-t.ok(first == "reset" and hz == "200",
-     "HTTP/2: a head decoding to past twice max_header_list is reset, not decoded on (%s, healthz %s)" % (first, hz))
+first, _, _, _ = h2_header_abuse(40, 1)  # 160 KB decoded from ~4 KB sent
+hz = curl(URL + "/healthz")[0]
+t.ok(first == "calm" and hz == 200, "HTTP/2: a head decoding to past twice max_header_list (an HPACK bomb) gets "
+     "GOAWAY ENHANCE_YOUR_CALM, not decoded on (%s, healthz %s)" % (first, hz))
 first, n_reset, hz, codes = h2_header_abuse(2, 200)  # 8 KB kept by each of 200 open streams
 t.ok(n_reset >= 50 and hz == "200" and codes == {7},
      "HTTP/2: the headers a connection's open streams keep are bounded: the rest are refused, to be sent "
@@ -679,6 +683,8 @@ n_refused = [int(l.split()[-1]) for l in m.splitlines()
              if l.startswith('infergate_http_refused_total{status="refused_stream"} ')]
 t.ok(n_refused and n_refused[0] >= 50,
      "HTTP/2 streams refused for the headers they held are counted in /metrics: %s" % n_refused)
+t.ok('infergate_http_refused_total{status="enhance_your_calm"} 1' in m,
+     "the HPACK bomb's connection, told ENHANCE_YOUR_CALM, is counted in /metrics")
 refused_lines = [json.loads(l) for l in access_logged(lambda x: '"status":413,"refused_by"' in x,
                                                        "the 413 logged").splitlines() if '"refused_by"' in l]
 t.ok(any(l["status"] == 413 and l["method"] == "POST" and l["path"] == "/v1/completions"

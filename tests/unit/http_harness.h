@@ -106,15 +106,15 @@ HARNESS int api_respond(tsrv *t, gw_http_stream *s, int status, const char *ctyp
     return rc;
 }
 
-/* /paced: writes while the stream holds at most half its bound, then
- * waits for on_writable; never -ENOBUFS. */
+/* /paced: writes while the stream is not full (half its bound, or half
+ * its connection's or the server's), then waits for on_writable; never
+ * -ENOBUFS. */
 HARNESS void paced_write(tstream *ts)
 {
     tsrv *t = ts->t;
     static uint8_t chunk[65536];
-    size_t half = t->lim.max_stream_buffer / 2;
     t->in_api = true;
-    while (ts->sent < PACED && gw_http_pending(ts->s) <= half) {
+    while (ts->sent < PACED && !gw_http_full(ts->s)) {
         size_t n = PACED - ts->sent < sizeof(chunk) ? PACED - ts->sent : sizeof(chunk);
         for (size_t i = 0; i < n; i++)
             chunk[i] = pattern_byte(ts->sent + i);

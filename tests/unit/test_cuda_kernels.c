@@ -11,8 +11,11 @@
  * rows), within bounds derived from the magnitudes involved elsewhere (F32
  * summation order; F16 rounding of GEMM inputs) — then a synthetic model:
  * F16 on the GPU against the F32 reference (cosine >= 0.9999), Q8_0 greedy
- * tokens equal to the CPU's for 32 steps, batched equal to alone, graphs
- * equal to plain launches, and the KV cache refused when it cannot fit.
+ * tokens equal to the CPU's for 32 steps, a Q4_K_M file close to the CPU
+ * reference, batched equal to alone, graphs equal to plain launches, and
+ * the KV cache refused when it cannot fit. The types kept as GGUF blocks
+ * (Q4_1 ... IQ4_XS, BF16) are checked through the same matmul and
+ * embedding paths (written without a GPU at hand: 2026-11-28, issue 27).
  *
  * Exits 77 (skip) after the host checks when there is no CUDA device or no
  * CUDA in the build. Fixed seeds; no timing. */
@@ -26,6 +29,7 @@
 #include "kernels/quant_blocks.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
+#include "runtime/quantize.h"
 #ifdef INFERGATE_HAVE_CUDA
 #include "kernels/cuda/kn_cuda.h"
 #endif
@@ -81,15 +85,16 @@ static void fill(float *x, size_t n, float scale)
 static char dir[64];
 static char path_f32[96], path_f16[96], path_q8[96], path_q4[96];
 
-static int gen(const char *path, uint32_t type)
+/* A small synthetic llama of dim x ffn (3 layers, 4 heads, 2 KV heads). */
+static int gen_shape(const char *path, uint32_t type, int dim, int ffn)
 {
     rt_gen_params p;
     rt_gen_params_default(&p);
-    p.dim = 128;
+    p.dim = dim;
     p.layers = 3;
     p.heads = 4;
     p.kv_heads = 2;
-    p.ffn = 320;
+    p.ffn = ffn;
     p.vocab = 512;
     p.ctx = 256;
     p.type = type;
@@ -99,6 +104,11 @@ static int gen(const char *path, uint32_t type)
     if (rc)
         fprintf(stderr, "gen %s: %s\n", path, err);
     return rc;
+}
+
+static int gen(const char *path, uint32_t type)
+{
+    return gen_shape(path, type, 128, 320);
 }
 
 static int make_models(void)
@@ -211,6 +221,15 @@ static void test_layouts(void **state)
     assert_true(kn_cuda_matmul_wants_q8(KN_TYPE_Q4_0, KN_CUDA_MMV_MAX_ROWS));
     assert_false(kn_cuda_matmul_wants_q8(KN_TYPE_Q4_0, KN_CUDA_MMV_MAX_ROWS + 1));
     assert_false(kn_cuda_matmul_wants_q8(KN_TYPE_F16, 1));
+    /* the other types: their GGUF rows as they are, rows of whole units */
+    assert_true(kn_cuda_raw_layout(KN_TYPE_Q4_K) && kn_cuda_raw_layout(KN_TYPE_BF16));
+    assert_false(kn_cuda_raw_layout(KN_TYPE_Q8_0) || kn_cuda_raw_layout(KN_TYPE_F16));
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_Q4_K, 3, 512), 3 * 2 * 144);
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_Q4_K, 3, 96), 0);
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_IQ4_NL, 3, 96), 3 * 3 * 18);
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_BF16, 3, 64), 3 * 128);
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_BF16, 3, 33), 0);
+    assert_false(kn_cuda_matmul_wants_q8(KN_TYPE_Q4_K, 1));
 
     char prof[32];
     kn_cuda_mig_profile_from_name("NVIDIA A100-SXM4-40GB MIG 1g.5gb", prof, sizeof(prof));
@@ -452,6 +471,79 @@ static void test_gemm(void **state)
     /* More rows than one dequantized tile holds (16M halves / 8192). */
     check_matmul(KN_TYPE_Q4_0, 2100, 8192, 9, true, false);
     check_matmul(KN_TYPE_Q8_0, 2100, 8192, 9, false, false);
+}
+
+/* The types kept as GGUF blocks (kn_cuda_raw_layout): against the
+ * dequantized weights times the F32 activations, which is what the device
+ * computes (the CPU's dots quantize the activations first). */
+static const kn_type block_types[] = {KN_TYPE_Q4_1, KN_TYPE_Q5_0, KN_TYPE_Q5_1, KN_TYPE_IQ4_NL,
+                                      KN_TYPE_Q2_K, KN_TYPE_Q3_K, KN_TYPE_Q4_K, KN_TYPE_Q5_K,
+                                      KN_TYPE_Q6_K, KN_TYPE_IQ4_XS, KN_TYPE_BF16};
+#define N_BLOCK_TYPES ((int)(sizeof(block_types) / sizeof(block_types[0])))
+
+static void test_matvec_blocks(void **state)
+{
+    seed(12);
+    for (int t = 0; t < N_BLOCK_TYPES; t++) {
+        for (int r = 1; r <= KN_CUDA_MMV_MAX_ROWS; r++)
+            check_matmul(block_types[t], 37, 512, r, r % 2 == 0, false);
+        check_matmul(block_types[t], 1029, 4096, 1, false, false);
+        check_matmul(block_types[t], 515, 4352, 3, true, false); /* 17 super-blocks: a partial step */
+    }
+}
+
+static void test_gemm_blocks(void **state)
+{
+    seed(13);
+    for (int t = 0; t < N_BLOCK_TYPES; t++) {
+        check_matmul(block_types[t], 300, 4096, KN_CUDA_MMV_MAX_ROWS + 1, false, false);
+        check_matmul(block_types[t], 301, 256, 77, true, false);
+    }
+    /* more rows than one dequantized tile holds */
+    check_matmul(KN_TYPE_Q4_K, 2100, 8192, 9, true, false);
+}
+
+static void test_embed_blocks(void **state)
+{
+    enum { VOCAB = 29, DIM = 512 };
+    seed(14);
+    const int32_t toks[] = {0, 28, 11, 11, 3};
+    float src[DIM], *got = malloc(sizeof(float) * 5 * DIM), *want = malloc(sizeof(float) * 5 * DIM);
+    float *tol = calloc(5 * DIM, sizeof(float));
+    int32_t *dt = dev_copy(toks, sizeof(toks));
+    float *dx = dev_zero(sizeof(float) * 5 * DIM);
+    for (int t = 0; t < N_BLOCK_TYPES; t++) {
+        const size_t rb = kn_row_bytes(block_types[t], DIM);
+        uint8_t *e = malloc(rb * VOCAB);
+        for (int v = 0; v < VOCAB; v++) {
+            fill(src, DIM, 1.0f);
+            kn_quantize_row(block_types[t], src, e + v * rb, DIM);
+        }
+        for (int i = 0; i < 5; i++)
+            kn_dequantize_row(block_types[t], e + toks[i] * rb, want + i * DIM, DIM);
+        /* the same operations as the reference's, but a fused multiply-add
+         * where nvcc contracts one (d * q + m): a last-bit difference of the
+         * terms, which the row's largest value bounds */
+        for (int i = 0; i < 5; i++) {
+            float big = 0;
+            for (int k = 0; k < DIM; k++)
+                big = fmaxf(big, fabsf(want[i * DIM + k]));
+            for (int k = 0; k < DIM; k++)
+                tol[i * DIM + k] = 1e-6f * big + 1e-7f;
+        }
+        kn_cuda_weight w;
+        CK(kn_cuda_weight_upload(kc, e, block_types[t], VOCAB, DIM, &w));
+        CK(kn_cuda_embed(kc, &w, dt, 5, dx));
+        host_copy(got, dx, sizeof(float) * 5 * DIM);
+        assert_close(kn_type_name(block_types[t]), got, want, tol, 5 * DIM);
+        kn_cuda_weight_release(kc, &w);
+        free(e);
+    }
+    kn_cuda_release(kc, dt);
+    kn_cuda_release(kc, dx);
+    free(got);
+    free(want);
+    free(tol);
 }
 
 static void test_rows_ops(void **state)
@@ -983,25 +1075,49 @@ static void greedy(rt_model *m, int32_t *out, int n, float *all_logits)
     rt_kv_free(kv);
 }
 
-static void test_model_f16_vs_f32(void **state)
+/* The logits of a prompt on the GPU (cuda_path) against the CPU's
+ * (cpu_path), whole (GEMM path), one token at a time (matvec path) and in
+ * chunks of 5: a cosine of at least min_cos each. */
+static void check_gpu_vs_cpu(const char *cpu_path, const char *cuda_path, const char *what, double min_cos)
 {
-    rt_model *cpu = load(path_f32, "cpu", true);
-    rt_model *gpu = load(path_f16, "cuda", false);
+    rt_model *cpu = load(cpu_path, "cpu", true);
+    rt_model *gpu = load(cuda_path, "cuda", false);
     assert_string_equal(rt_model_backend_name(gpu), "cuda");
     const int n = rt_model_hparams(cpu)->n_vocab;
     float *base = prompt_logits(cpu, N_PROMPT);
-    /* Whole prompt (GEMM path), one token at a time (matvec path), mixed. */
     const int chunks[] = {N_PROMPT, 1, 5};
     for (int k = 0; k < 3; k++) {
         float *l = prompt_logits(gpu, chunks[k]);
         double c = cosine(base, l, n);
-        printf("# f16 on the GPU, chunks of %d: cosine to the f32 reference %.7f\n", chunks[k], c);
-        assert_true(c >= 0.9999);
+        printf("# %s on the GPU, chunks of %d: cosine to the CPU reference %.7f\n", what, chunks[k], c);
+        assert_true(c >= min_cos);
         free(l);
     }
     free(base);
     rt_model_free(gpu);
     rt_model_free(cpu);
+}
+
+static void test_model_f16_vs_f32(void **state)
+{
+    check_gpu_vs_cpu(path_f32, path_f16, "f16 (against f32)", 0.9999);
+}
+
+/* A Q4_K_M file (llama.cpp's mixture: Q4_K, Q6_K) on the GPU against the
+ * CPU's reference kernels, which quantize the activations (Q8_K) where the
+ * GPU takes them as floats: close, not equal. */
+static void test_model_q4_k_m(void **state)
+{
+    char f32[128], q4km[128], err[512];
+    snprintf(f32, sizeof(f32), "%s/kq-f32.gguf", dir);
+    snprintf(q4km, sizeof(q4km), "%s/kq-q4km.gguf", dir);
+    /* rows of whole 256-element super-blocks: no fallback types */
+    assert_int_equal(gen_shape(f32, KN_TYPE_F32, 256, 512), 0);
+    rt_quant_opts qo = {.ftype = RT_FTYPE_Q4_K_M};
+    assert_int_equal(rt_quantize_file(f32, q4km, &qo, NULL, err, sizeof(err)), 0);
+    check_gpu_vs_cpu(q4km, q4km, "Q4_K_M", 0.999);
+    unlink(f32);
+    unlink(q4km);
 }
 
 static void test_model_q8_greedy(void **state)
@@ -1163,11 +1279,15 @@ int main(void)
             cmocka_unit_test(test_rows_ops),
             cmocka_unit_test(test_fused_q8),
             cmocka_unit_test(test_embed),
+            cmocka_unit_test(test_matvec_blocks),
+            cmocka_unit_test(test_gemm_blocks),
+            cmocka_unit_test(test_embed_blocks),
             cmocka_unit_test(test_rope),
             cmocka_unit_test(test_rope_kv_store),
             cmocka_unit_test(test_attention),
             cmocka_unit_test(test_model_f16_vs_f32),
             cmocka_unit_test(test_model_q8_greedy),
+            cmocka_unit_test(test_model_q4_k_m),
             cmocka_unit_test(test_model_batch_and_graphs),
             cmocka_unit_test(test_device_info_and_limits),
         };

@@ -3,9 +3,10 @@
  * the fuzz path without clang: first over the seed corpus
  * (tests/fuzz/corpus_gguf/, found through INFERGATE_SOURCE_DIR or this file's
  * path; seeds generated in memory when neither is there), then over 20000
- * deterministic mutations of a valid file: bit flips, truncations, byte
+ * deterministic mutations of the seeds: bit flips, truncations, byte
  * insertions and deletions, and extreme values written over 32- and 64-bit
- * fields.
+ * fields. Three seeds carry the keys of the newer families (gpt-oss, gemma2,
+ * phi3), so the loader's hyper-parameters are read, and refused, too.
  *
  * INFERGATE_WRITE_SEEDS=<dir> writes the generated seeds to <dir>: that is how
  * the checked-in corpus was made. */
@@ -266,7 +267,64 @@ static seed seed_nested_v2(void)
     return s;
 }
 
-#define N_SEEDS 4
+/* Keys "<arch>.<suffix>" of one value each. */
+static void arch_u32(rt_gguf_writer *w, const char *arch, const char *suffix, uint32_t v)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    assert_int_equal(rt_gguf_writer_add_u32(w, key, v), 0);
+}
+
+static void arch_f32(rt_gguf_writer *w, const char *arch, const char *suffix, float v)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    assert_int_equal(rt_gguf_writer_add_f32(w, key, v), 0);
+}
+
+static void arch_str(rt_gguf_writer *w, const char *arch, const char *suffix, const char *v)
+{
+    char key[96];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    assert_int_equal(rt_gguf_writer_add_str(w, key, v), 0);
+}
+
+/* The keys of one of the newer families and the embeddings the loader's
+ * hyper-parameters need (8 wide, 4 tokens), for fuzz_hparams. */
+static seed seed_arch(const char *name, const char *arch)
+{
+    rt_gguf_writer *w = rt_gguf_writer_new();
+    float x[32] = {0};
+    int64_t ne[2] = {8, 4};
+    assert_int_equal(rt_gguf_writer_add_str(w, "general.architecture", arch), 0);
+    arch_u32(w, arch, "context_length", 64);
+    arch_u32(w, arch, "embedding_length", 8);
+    arch_u32(w, arch, "block_count", 2);
+    arch_u32(w, arch, "attention.head_count", 2);
+    arch_u32(w, arch, "attention.head_count_kv", 1);
+    arch_u32(w, arch, "feed_forward_length", 16);
+    arch_u32(w, arch, "attention.sliding_window", 4);
+    if (!strcmp(arch, "gpt-oss")) {
+        arch_u32(w, arch, "expert_count", 4);
+        arch_u32(w, arch, "expert_used_count", 2);
+        arch_u32(w, arch, "expert_feed_forward_length", 16);
+        arch_str(w, arch, "rope.scaling.type", "yarn");
+        arch_f32(w, arch, "rope.scaling.factor", 32.0f);
+        arch_u32(w, arch, "rope.scaling.original_context_length", 16);
+    } else if (!strcmp(arch, "gemma2")) {
+        arch_f32(w, arch, "attn_logit_softcapping", 50.0f);
+        arch_f32(w, arch, "final_logit_softcapping", 30.0f);
+    } else {
+        arch_str(w, arch, "rope.scaling.type", "longrope");
+        arch_u32(w, arch, "rope.scaling.original_context_length", 16);
+        arch_f32(w, arch, "rope.scaling.attn_factor", 1.19f);
+    }
+    assert_int_equal(rt_gguf_writer_add_tensor(w, "token_embd.weight", KN_TYPE_F32, 2, ne, x, sizeof(x)), 0);
+    return write_seed(name, w);
+}
+
+#define N_SEEDS 7
+#define FIRST_ARCH_SEED 4
 
 static void make_seeds(seed *out)
 {
@@ -274,6 +332,9 @@ static void make_seeds(seed *out)
     out[1] = seed_kv_types();
     out[2] = seed_tensors_align64();
     out[3] = seed_nested_v2();
+    out[4] = seed_arch("arch_gpt_oss", "gpt-oss");
+    out[5] = seed_arch("arch_gemma2", "gemma2");
+    out[6] = seed_arch("arch_phi3", "phi3");
 }
 
 /* Runs the target over an exact-size copy, so that ASan sees over-reads. */
@@ -298,6 +359,11 @@ static void test_generated_seeds(void **state)
         char err[256];
         if (rt_gguf_open_mem(seeds[i].p, seeds[i].n, &g, err, sizeof(err)) != 0)
             fail_msg("seed %s does not parse: %s", seeds[i].name, err);
+        if (i >= FIRST_ARCH_SEED) { /* they reach the hyper-parameters' checks and pass them */
+            rt_hparams hp;
+            if (rt_hparams_from_gguf(g, &hp, err, sizeof(err)) != 0)
+                fail_msg("seed %s: %s", seeds[i].name, err);
+        }
         rt_gguf_free(g);
         run_one(seeds[i].p, seeds[i].n);
         if (dir) {
@@ -461,7 +527,7 @@ static void test_mutations(void **state)
     cap += 256;
     uint8_t *buf = malloc(cap);
     assert_non_null(buf);
-    int parsed = 0;
+    int parsed = 0, models = 0;
     for (int it = 0; it < N_MUTATIONS; it++) {
         const seed *s = &seeds[it % N_SEEDS];
         size_t n = s->n;
@@ -473,14 +539,18 @@ static void test_mutations(void **state)
         char err[256];
         if (rt_gguf_open_mem(buf, n, &g, err, sizeof(err)) == 0) {
             parsed++;
+            rt_hparams hp;
+            models += rt_hparams_from_gguf(g, &hp, err, sizeof(err)) == 0;
             rt_gguf_free(g);
         }
         run_one(buf, n);
     }
     /* Both paths must be exercised: the walk of files that parse and the
      * rejections. */
-    print_message("%d of %d mutations still parse\n", parsed, N_MUTATIONS);
+    print_message("%d of %d mutations still parse, %d of them with hyper-parameters the loader takes\n", parsed,
+                  N_MUTATIONS, models);
     assert_true(parsed > N_MUTATIONS / 50 && parsed < N_MUTATIONS - N_MUTATIONS / 50);
+    assert_true(models > 0 && models < parsed);
     free(buf);
     for (int i = 0; i < N_SEEDS; i++)
         free(seeds[i].p);

@@ -545,6 +545,34 @@ static void test_bad_sampling_refused(void **state)
     rt_sched_free(s);
 }
 
+/* A held request is left out of the batches, its sequence kept, until
+ * released: a short request held finishes after a long one that was not,
+ * and nothing of it comes while it is held. */
+static void test_hold_pauses(void **state)
+{
+    rt_sched *s = sched_new(2, 2, 0);
+    int32_t prompt[] = {1, 2, 3};
+    rt_sched_req r = {.prompt = prompt, .n_prompt = 3, .max_tokens = 3, .ignore_eos = true, .cb = on_event,
+                      .user = (void *)(intptr_t)1};
+    rt_sampler_params_default(&r.sampling);
+    uint64_t held;
+    assert_int_equal(rt_sched_submit(s, &r, &held), 0);
+    assert_int_equal(rt_sched_hold(s, held, true), 0);
+    assert_int_equal(submit(s, 2, 3, 40, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(false, 1));
+    usleep(100 * 1000);
+    pthread_mutex_lock(&seen.mu);
+    int finals = seen.finals;
+    pthread_mutex_unlock(&seen.mu);
+    assert_int_equal(finals, 1);
+    assert_int_equal(seen.order[0], 2);
+    assert_int_equal(rt_sched_hold(s, held, false), 0);
+    assert_true(wait_seen(false, 2));
+    assert_int_equal(seen.order[1], 1);
+    assert_string_equal(seen.reason[1], "length");
+    rt_sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -561,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_preempted_batch_stays_behind),
         cmocka_unit_test(test_deadline_after_preemption),
         cmocka_unit_test(test_deadline_during_prefill),
+        cmocka_unit_test(test_hold_pauses),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

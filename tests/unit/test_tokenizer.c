@@ -656,6 +656,22 @@ static void test_bpe_pretokenizers(void **state)
     expect_ids(t, "zzzHello", false, false, tk, 2);
     expect_ids(t, "I'M", false, false, l3c, 2);
     rt_tokenizer_free(t);
+    /* o200k (gpt-oss, GPT-4o): Tekken's case-change split, but digits by
+     * threes as Llama 3, a contraction kept on its word, and the merges
+     * always run */
+    t = bpe_tok(v, "gpt-4o");
+    assert_string_equal(rt_tokenizer_pre(t), "gpt-4o");
+    assert_false(rt_tokenizer_pre_fallback(t));
+    assert_false(rt_tokenizer_add_bos_default(t));
+    expect_ids(t, text, false, false, l3, 6);
+    int32_t o2[] = {'z', 'z', 'z', id(t, "Hello")};
+    expect_ids(t, "zzzHello", false, false, o2, 4);
+    int32_t o3[] = {id(t, "I'"), 'M'}; /* one piece: "I" + "'" merges first */
+    expect_ids(t, "I'M", false, false, o3, 2);
+    rt_tokenizer_free(t);
+    t = bpe_tok(v, "llama4");
+    assert_string_equal(rt_tokenizer_pre(t), "gpt-4o");
+    rt_tokenizer_free(t);
     t = bpe_tok(v, "qwen2"); /* the same text is one word there */
     int32_t whole[16];
     int n = rt_tokenizer_encode(t, "zzzHello", 8, false, false, whole, 16);
@@ -928,7 +944,7 @@ static void test_bpe_reference_and_roundtrip(void **state)
     }
     rt_tokenizer_free(t);
 
-    static const char *pres[] = {"llama3", "qwen2", "gpt-2", "starcoder", "tekken"};
+    static const char *pres[] = {"llama3", "qwen2", "gpt-2", "starcoder", "tekken", "gpt-4o"};
     static const uint32_t ranges[][2] = {{0x20, 0x7E},       {0x09, 0x0D},     {0xA0, 0x17F},
                                          {0x370, 0x3FF},     {0x4E00, 0x4FFF}, {0x3000, 0x3000},
                                          {0x1F600, 0x1F64F}, {0x660, 0x669}};
