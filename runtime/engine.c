@@ -69,6 +69,9 @@ void rt_engine_opts_set(rt_engine_opts *o, rt_eopt id, long long v)
     case RT_EOPT_CHAT_TEMPLATE:
         o->chat_kind = (int)v;
         break;
+    case RT_EOPT_PREFIX_CACHE:
+        o->sched.prefix_cache = v != 0;
+        break;
     case RT_EOPT_N:
         break;
     }
@@ -316,9 +319,10 @@ void rt_engine_describe(const rt_engine *e, char *buf, size_t len)
     snprintf(
         buf, len,
         "model '%s' (%s, %d layers, ctx %d) on %s, %s kernels, %d threads; KV %d blocks of %d tokens of %s; "
-        "chat template %s%s%s%s",
+        "prefix cache %s; chat template %s%s%s%s",
         e->model_name, hp->arch, hp->n_layer, hp->n_ctx_train, where, rt_model_backend_name(e->model),
         rt_model_threads(e->model), st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type),
+        st.prefix_cache ? "on" : "off",
         rt_chat_kind_name(e->chat_kind),
         e->chat_forced                           ? " (--chat-template)"
         : e->tmpl_present && !e->tmpl_recognised ? " (unrecognised template: fallback)"

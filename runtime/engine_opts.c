@@ -11,6 +11,12 @@ static const char *kv_type_name(int v)
     return v >= 0 && v < 2 ? names[v] : NULL;
 }
 
+static const char *bool_name(int v)
+{
+    static const char *const names[] = {"false", "true"};
+    return v >= 0 && v < 2 ? names[v] : NULL;
+}
+
 static const char *chat_name(int v)
 {
     return v >= 0 && v < RT_CHAT_N_KINDS ? rt_chat_kind_name((rt_chat_kind)v) : NULL;
@@ -35,6 +41,9 @@ const rt_eopt_def rt_eopt_defs[RT_EOPT_N] = {
     [RT_EOPT_CHAT_TEMPLATE] = {"chat_template", "chat-template", "NAME", -1, 0, RT_CHAT_N_KINDS - 1,
                                chat_name, "the model's template",
                                "render chats as this family, not as the model's template says"},
+    [RT_EOPT_PREFIX_CACHE] = {"prefix_cache", "prefix-cache", "BOOL", 1, 0, 1, bool_name, NULL,
+                              "true or false: keep the KV of full blocks of earlier prompts and answers, and reuse it for a "
+                              "prompt that begins the same (not for models with sliding-window layers)"},
 };
 
 int rt_eopt_lookup(rt_eopt id, const char *name)

@@ -24,6 +24,7 @@ typedef enum rt_eopt {
     RT_EOPT_MAX_QUEUE,
     RT_EOPT_BATCH_MAX_WAIT_MS,
     RT_EOPT_CHAT_TEMPLATE,
+    RT_EOPT_PREFIX_CACHE,
     RT_EOPT_N
 } rt_eopt;
 

@@ -136,6 +136,7 @@ void rt_kv_free(rt_kv *kv)
         return;
     if (kv->pool)
         kv->model->dev->kv_release(kv->model, kv->pool, (size_t)kv->n_blocks * kv->block_bytes);
+    rt_kv_prefix_free(kv->prefix);
     free(kv->free_list);
     free(kv->layer_group);
     free(kv->layer_slot);
@@ -147,9 +148,11 @@ int rt_kv_blocks_total(const rt_kv *kv)
     return kv->n_blocks;
 }
 
+/* Cached blocks no sequence holds count as free: the pool takes them back
+ * when it has no other (kv_prefix.c). */
 int rt_kv_blocks_free(const rt_kv *kv)
 {
-    return kv->n_free;
+    return kv->n_free + rt_kv_blocks_evictable(kv);
 }
 
 kn_type rt_kv_type(const rt_kv *kv)
@@ -206,7 +209,10 @@ static void release(rt_seq *s, int g, int b)
     uint16_t **e = rt_seq_table(s, g) + b;
     if (!*e)
         return;
-    kv->free_list[kv->n_free++] = rt_kv_block_index(kv, *e);
+    if (kv->prefix)
+        rt_kv_prefix_put(kv, rt_kv_block_index(kv, *e));
+    else
+        kv->free_list[kv->n_free++] = rt_kv_block_index(kv, *e);
     *e = NULL;
     s->n_blocks--;
 }
@@ -215,8 +221,9 @@ void rt_seq_free(rt_seq *s)
 {
     if (!s)
         return;
+    /* last first: a cached prefix's later blocks are the first the LRU lets go */
     for (int g = 0; g < s->kv->n_groups; g++)
-        for (int b = 0; b < s->n_pos; b++)
+        for (int b = s->n_pos - 1; b >= 0; b--)
             release(s, g, b);
     free(s->blocks);
     free(s);
@@ -263,7 +270,7 @@ int rt_seq_grow(rt_seq *s, int n)
     const int bt = kv->block_tokens, need = (s->len + n + bt - 1) / bt;
     const int grow = need > s->n_pos ? need - s->n_pos : 0;
     int from = window_floor(s), freed = from > s->local_from ? (from - s->local_from) * kv->n_local_groups : 0;
-    if (grow * kv->n_groups > kv->n_free + freed)
+    if (grow * kv->n_groups > rt_kv_blocks_free(kv) + freed)
         return -ENOSPC;
     /* blocks out of every future query's window go back first */
     for (int g = kv->n_groups - kv->n_local_groups; g < kv->n_groups; g++)
@@ -273,7 +280,8 @@ int rt_seq_grow(rt_seq *s, int n)
         s->local_from = from;
     for (int b = s->n_pos; b < need; b++)
         for (int g = 0; g < kv->n_groups; g++) {
-            rt_seq_table(s, g)[b] = block_addr(kv, kv->free_list[--kv->n_free]);
+            rt_seq_table(s, g)[b] =
+                block_addr(kv, kv->prefix ? rt_kv_prefix_take(kv) : kv->free_list[--kv->n_free]);
             s->n_blocks++;
         }
     if (need > s->n_pos)

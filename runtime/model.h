@@ -153,6 +153,31 @@ int rt_seq_blocks_needed(const rt_seq *s, int n);
 /* Blocks the sequence holds. */
 int rt_seq_blocks(const rt_seq *s);
 
+/* ---- prefix cache (kv_prefix.c) ----
+ * Full blocks a sequence computed stay findable by their tokens (and the
+ * blocks before them) after it ends, shared by reference count, and are
+ * taken back least recently used first when the pool has no free block.
+ * Off until enabled. */
+/* 0; -ENOTSUP (sliding-window layers: no sequence keeps its prefix's whole
+ * KV) or -ENOMEM, with why filled: the pool works on without a cache. */
+int rt_kv_prefix_enable(rt_kv *kv, char *why, size_t why_len);
+bool rt_kv_prefix_on(const rt_kv *kv);
+/* Blocks in the cache (held by sequences or not), and of them those no
+ * sequence holds (which rt_kv_blocks_free counts as free). */
+int rt_kv_blocks_cached(const rt_kv *kv);
+int rt_kv_blocks_evictable(const rt_kv *kv);
+/* On a new, empty sequence: takes the longest run of cached blocks that
+ * holds tokens[0, n) from the start, whole blocks only. Returns the
+ * positions taken (the sequence's length now; 0 with the cache off). A
+ * caller that needs logits computes at least the last token: n < prompt. */
+int rt_seq_reuse_prefix(rt_seq *s, const int32_t *tokens, int n);
+/* Puts the sequence's full blocks not yet cached into the cache, after a
+ * forward pass: tokens holds its first rt_seq_len tokens. */
+void rt_seq_cache_blocks(rt_seq *s, const int32_t *tokens);
+/* Blocks that freeing the sequence would give back to the pool (those no
+ * other sequence shares). */
+int rt_seq_blocks_freeable(const rt_seq *s);
+
 /* One entry of a batch: n_tokens new tokens of seq, at positions
  * rt_seq_len(seq) onwards. When logits is not NULL it receives n_vocab
  * floats: the logits after the last of the new tokens. */

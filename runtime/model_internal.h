@@ -98,6 +98,7 @@ struct rt_model {
  * sliding group's table lets go of the blocks that fell out of the window
  * of every query to come. A model without sliding layers has one group of
  * all its layers: one table, blocks as before groups existed. */
+typedef struct rt_kv_prefix rt_kv_prefix;
 struct rt_kv {
     const rt_model *model;
     int block_tokens;
@@ -112,6 +113,7 @@ struct rt_kv {
     int n_local_groups;         /* the sliding ones: groups [n_groups - n_local_groups, n_groups) */
     int window;                 /* hp.n_swa when there are sliding groups */
     int *layer_group, *layer_slot; /* per layer: its group, and its place in the group's block */
+    rt_kv_prefix *prefix;          /* the prefix cache (kv.c); NULL when off */
 };
 
 struct rt_seq {
@@ -124,6 +126,7 @@ struct rt_seq {
     int n_pos;         /* position blocks the tables cover: entries [0, n_pos) */
     int local_from;    /* sliding tables hold entries [local_from, n_pos) */
     bool rope_long;    /* LongRoPE's long factors: max_tokens is past the original context */
+    int n_cached;      /* entries [0, n_cached) are in the prefix cache (rt_seq_cache_blocks) */
 };
 
 /* Group g's table of seq s, and where layer l's K and V lie in its blocks
@@ -159,6 +162,13 @@ int rt_moe_ffn(rt_model *m, int l, const float *x, int T, float *y);
 int rt_seq_grow(rt_seq *s, int n);
 /* Returns blocks beyond what len positions need (undo of a grow). */
 void rt_seq_shrink(rt_seq *s);
+
+/* The prefix cache's side of block bookkeeping (kv_prefix.c): a block for
+ * a sequence (a free one, else the least recently used cached one), and a
+ * sequence's block given back (kept while cached). */
+int rt_kv_prefix_take(rt_kv *kv);
+void rt_kv_prefix_put(rt_kv *kv, int i);
+void rt_kv_prefix_free(rt_kv_prefix *p);
 
 /* Where layer l's K and V rows lie: its group's table, and the offsets of
  * its K and V in a block, in 16-bit units. */

@@ -764,6 +764,9 @@ static json_t *usage_json(const rt_oai_usage *u)
     put(o, "prompt_tokens", json_integer(u->prompt_tokens), &ok);
     put(o, "completion_tokens", json_integer(u->completion_tokens), &ok);
     put(o, "total_tokens", json_integer((json_int_t)u->prompt_tokens + u->completion_tokens), &ok);
+    json_t *d = json_object();
+    put(d, "cached_tokens", json_integer(u->cached_tokens), &ok);
+    put(o, "prompt_tokens_details", d, &ok);
     return done(o, ok);
 }
 

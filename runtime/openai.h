@@ -77,6 +77,7 @@ char *rt_oai_error_json(const rt_oai_error *e);
 
 typedef struct rt_oai_usage {
     int prompt_tokens, completion_tokens;
+    int cached_tokens; /* of prompt_tokens, those the prefix cache held: prompt_tokens_details.cached_tokens */
 } rt_oai_usage;
 
 /* What a response, or every chunk of one streamed response, repeats. */

@@ -34,6 +34,7 @@ struct sreq {
     int32_t *tokens; /* prompt, then every generated token */
     int n_tokens, n_prompt, max_new, n_gen;
     int n_done; /* positions already in the KV cache */
+    int n_cached; /* of the prompt, the positions the prefix cache gave (the admission that prefilled it) */
     /* The sampler (16 bytes a vocabulary entry) and the log-probability
      * row are made at admission: a queue of waiting requests holding them
      * took 2 MiB each with a 128k vocabulary. */
@@ -152,6 +153,7 @@ void rt_sched_opts_default(rt_sched_opts *o)
         .max_batch_tokens = (int)d[RT_EOPT_MAX_BATCH_TOKENS].dflt,
         .max_queue = (int)d[RT_EOPT_MAX_QUEUE].dflt,
         .batch_max_wait_ms = (int)d[RT_EOPT_BATCH_MAX_WAIT_MS].dflt,
+        .prefix_cache = d[RT_EOPT_PREFIX_CACHE].dflt != 0,
     };
 }
 
@@ -329,6 +331,7 @@ static void emit(sreq *r, rt_sched_event *ev)
     ev->id = r->id;
     ev->prompt_tokens = r->n_prompt;
     ev->completion_tokens = r->n_gen;
+    ev->cached_tokens = r->n_cached;
     r->cb(r->user, ev);
 }
 
@@ -526,7 +529,7 @@ static bool preemption_makes_room(const rt_sched *s, int blocks, int promised)
         if (!gives_way_first(s, r))
             continue;
         n--;
-        free_blocks += rt_seq_blocks(r->seq);
+        free_blocks += rt_seq_blocks_freeable(r->seq);
         promised -= rt_seq_blocks_needed(r->seq, r->n_tokens - r->n_done);
     }
     return n < s->o.max_seqs && (n == 0 || blocks + promised + n <= free_blocks);
@@ -540,6 +543,19 @@ static int promised_blocks(const rt_sched *s)
         promised += rt_seq_blocks_needed(r->seq, r->n_tokens - r->n_done);
     }
     return promised;
+}
+
+/* A newly admitted request takes what the prefix cache holds of its
+ * tokens, all but the last: that one's logits draw the next token. */
+static void reuse_prefix(rt_sched *s, sreq *r)
+{
+    r->n_done = rt_seq_reuse_prefix(r->seq, r->tokens, r->n_tokens - 1);
+    if (r->n_gen == 0)
+        r->n_cached = r->n_done;
+    pthread_mutex_lock(&s->mu);
+    s->stats.prompt_tokens_cached += (uint64_t)r->n_done;
+    s->stats.prompt_tokens_computed += (uint64_t)(r->n_tokens - r->n_done);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* Admits waiting requests, interactive first (batch ones once aged: see
@@ -585,7 +601,7 @@ static void admit(rt_sched *s)
             break;
         q_pop(q);
         r->waited_s += now - r->t_queued;
-        r->n_done = 0;
+        reuse_prefix(s, r);
         r->t_admit = gw_mono_s();
         if (r->n_gen == 0) /* not a recompute */
             s->prompt_ewma = s->prompt_ewma > 0 ? s->prompt_ewma + EWMA_ALPHA * (r->n_prompt - s->prompt_ewma)
@@ -854,6 +870,7 @@ static int step(rt_sched *s)
             continue;
         }
         r->n_done += s->batch[i].n_tokens;
+        rt_seq_cache_blocks(r->seq, r->tokens);
         if (s->batch[i].logits && advance(s, r, s->sampled[i], now))
             s->running[s->take[i]] = NULL;
     }
@@ -940,6 +957,8 @@ static void publish_stats(rt_sched *s)
     rt_sched_stats *st = &s->stats;
     st->running = s->n_running;
     st->kv_blocks_free = rt_kv_blocks_free(s->kv);
+    st->kv_blocks_cached = rt_kv_blocks_cached(s->kv);
+    st->kv_blocks_evictable = rt_kv_blocks_evictable(s->kv);
     if (now - s->rate_t0 >= 1.0) {
         st->tokens_per_s = (double)(st->tokens_generated - s->rate_tokens0) / (now - s->rate_t0);
         s->rate_t0 = now;
@@ -1030,6 +1049,12 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
         snprintf(err, err_len, "out of memory for %d sequences", cap);
         goto fail;
     }
+    if (s->o.prefix_cache) {
+        char why[256];
+        if (rt_kv_prefix_enable(s->kv, why, sizeof(why)))
+            fprintf(stderr, "scheduler: %s\n", why);
+    }
+    s->stats.prefix_cache = rt_kv_prefix_on(s->kv);
     s->stats.kv_blocks_total = rt_kv_blocks_total(s->kv);
     s->stats.kv_blocks_free = s->stats.kv_blocks_total;
     s->stats.kv_block_tokens = o->block_tokens;

@@ -46,6 +46,10 @@ typedef struct rt_sched_opts {
      * interactive ones, oldest first, so a steady interactive load cannot
      * starve it (30000; 0: at once, which is one queue by age). */
     int batch_max_wait_ms;
+    /* Reuse the KV of cached prompt prefixes (model.h's prefix cache; true).
+     * A model with sliding-window layers runs without, and says so on
+     * stderr at start. */
+    bool prefix_cache;
 } rt_sched_opts;
 
 void rt_sched_opts_default(rt_sched_opts *o);
@@ -79,6 +83,9 @@ typedef struct rt_sched_event {
      * the stop string that matched: they count as generated, but their
      * text is not in the answer, so neither are their log-probabilities. */
     int lp_ready;
+    /* Of prompt_tokens, those whose KV came from the prefix cache (in the
+     * admission that computed the prompt). */
+    int cached_tokens;
     int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the first token, -ECANCELED, -ENOMEM,
                 * -ENOTRECOVERABLE (the device is lost), -EIO */
 } rt_sched_event;
@@ -158,6 +165,13 @@ typedef struct rt_sched_stats {
     int prompt_tokens_ahead;
     int est_prompt_tokens;
     double step_base_ms, step_token_ms;
+    /* Prefix cache. Tokens admitted sequences had to compute before their
+     * next token (prompts, and what a preempted one recomputes) and those
+     * they took from the cache instead; the blocks cached, and of them
+     * those no sequence holds (evictable, counted in kv_blocks_free). */
+    bool prefix_cache;
+    uint64_t prompt_tokens_computed, prompt_tokens_cached;
+    int kv_blocks_cached, kv_blocks_evictable;
 } rt_sched_stats;
 
 void rt_sched_get_stats(rt_sched *s, rt_sched_stats *st);

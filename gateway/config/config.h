@@ -22,6 +22,7 @@
  *       max_queue: 64
  *       batch_max_wait_ms: 30000  # a batch request waiting this long starts in turn with
  *                                 # interactive ones (no starving under interactive load)
+ *       prefix_cache: true      # reuse the KV of prompt prefixes seen before
  *       chat_template: llama3   # render chats as this family, whatever the model's template
  *                               # says (see `infergate worker --help` for the names)
  *   tenants:                    # none: no auth, and the gateway only listens on loopback
@@ -118,6 +119,7 @@ typedef struct gw_worker_cfg {
     int n_devices;
     int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue, batch_max_wait_ms;
     bool kv_q8_0;        /* kv_type: q8_0 */
+    bool prefix_cache;   /* prefix_cache (true): the worker's --prefix-cache */
     char *chat_template; /* a family name (the worker's --chat-template), or NULL */
 } gw_worker_cfg;
 

@@ -35,7 +35,7 @@ static bool worker_eq(const gw_worker_cfg *a, const gw_worker_cfg *b)
            a->kv_cache_mb == b->kv_cache_mb && a->max_seqs == b->max_seqs &&
            a->max_batch_tokens == b->max_batch_tokens && a->max_queue == b->max_queue &&
            a->batch_max_wait_ms == b->batch_max_wait_ms && a->kv_q8_0 == b->kv_q8_0 &&
-           str_eq(a->chat_template, b->chat_template);
+           a->prefix_cache == b->prefix_cache && str_eq(a->chat_template, b->chat_template);
 }
 
 static bool region_eq(const gw_region_cfg *a, const gw_region_cfg *b)

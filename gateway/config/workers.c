@@ -21,6 +21,7 @@ enum {
     K_DEVICES,
     K_KV_TYPE,
     K_CHAT,
+    K_PREFIX,
     K_THREADS, /* the numbers from here on */
     K_KV,
     K_SEQS,
@@ -32,7 +33,7 @@ enum {
 /* The engine's options: keys, ranges and defaults from the runtime's table
  * (runtime/engine_opts.h), which the worker command's flags read too. */
 static const rt_eopt opt[K_N] = {
-    [K_KV_TYPE] = RT_EOPT_KV_TYPE, [K_CHAT] = RT_EOPT_CHAT_TEMPLATE,
+    [K_KV_TYPE] = RT_EOPT_KV_TYPE, [K_CHAT] = RT_EOPT_CHAT_TEMPLATE, [K_PREFIX] = RT_EOPT_PREFIX_CACHE,
     [K_THREADS] = RT_EOPT_THREADS, [K_KV] = RT_EOPT_KV_CACHE_MB,
     [K_SEQS] = RT_EOPT_MAX_SEQS,   [K_BATCH] = RT_EOPT_MAX_BATCH_TOKENS,
     [K_QUEUE] = RT_EOPT_MAX_QUEUE, [K_BATCH_WAIT] = RT_EOPT_BATCH_MAX_WAIT_MS};
@@ -57,6 +58,7 @@ static void worker_options_default(gw_worker_cfg *w)
     w->max_batch_tokens = (int)d[RT_EOPT_MAX_BATCH_TOKENS].dflt;
     w->max_queue = (int)d[RT_EOPT_MAX_QUEUE].dflt;
     w->batch_max_wait_ms = (int)d[RT_EOPT_BATCH_MAX_WAIT_MS].dflt;
+    w->prefix_cache = d[RT_EOPT_PREFIX_CACHE].dflt != 0;
 }
 
 /* kv_type, chat_template and the numbers, after the devices (q8_0 is for
@@ -91,6 +93,9 @@ static int parse_worker_options(cfg_parser *p, const yaml_node_t *n, const char 
             return gw_cfg_perr(p, v[K_CHAT], kp, "%s",
                                rt_eopt_range(RT_EOPT_CHAT_TEMPLATE, range, sizeof(range)));
     }
+    if (v[K_PREFIX] && (rc = gw_cfg_bool(p, v[K_PREFIX], (gw_cfg_path_key(kp, path, key_of(K_PREFIX)), kp),
+                                         &w->prefix_cache)))
+        return rc;
     int *ints[K_N] = {
         [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,
         [K_BATCH] = &w->max_batch_tokens, [K_QUEUE] = &w->max_queue, [K_BATCH_WAIT] = &w->batch_max_wait_ms};

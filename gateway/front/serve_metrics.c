@@ -56,6 +56,16 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "joined, gone, stale, ejected, unhealthy, drained or returned, a failover, "
                               "a change of preferred region.",
                               NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_prompt_tokens_total", GW_COUNTER,
+                              "Prompt tokens each worker computed (source=\"computed\") and took from its "
+                              "prefix cache (source=\"cached\") since it started.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_prefix_cache_hit_ratio", GW_GAUGE,
+                              "Of the prompt tokens each worker was given since it started, the share its "
+                              "prefix cache held.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_kv_blocks_cached", GW_GAUGE,
+                              "KV blocks in each worker's prefix cache (in use or evictable).", NULL, 0);
     rc |= gw_metrics_describe(
         m, "infergate_access_log_dropped_total", GW_COUNTER,
         "Access log lines dropped: its reader fell a megabyte behind, or a write failed.", NULL, 0);
@@ -70,6 +80,18 @@ int gw_serve_metrics_init(gw_metrics *m)
     return rc ? -ENOMEM : 0;
 }
 
+static void worker_prefix_metrics(gw_metrics *m, const char *labels, const gw_worker_info *w)
+{
+    char l[400];
+    const double all = w->prompt_tokens_computed + w->prompt_tokens_cached;
+    snprintf(l, sizeof(l), "%s,source=\"computed\"", labels);
+    gw_metrics_count_to(m, "infergate_worker_prompt_tokens_total", l, w->prompt_tokens_computed);
+    snprintf(l, sizeof(l), "%s,source=\"cached\"", labels);
+    gw_metrics_count_to(m, "infergate_worker_prompt_tokens_total", l, w->prompt_tokens_cached);
+    gw_metrics_set(m, "infergate_worker_prefix_cache_hit_ratio", labels, all > 0 ? w->prompt_tokens_cached / all : 0);
+    gw_metrics_set(m, "infergate_worker_kv_blocks_cached", labels, w->kv_blocks_cached);
+}
+
 void gw_serve_metrics_workers(gw_serve *g)
 {
     gw_metrics *m = g->metrics;
@@ -77,6 +99,8 @@ void gw_serve_metrics_workers(gw_serve *g)
     gw_metrics_clear(m, "infergate_worker_queue_depth");
     gw_metrics_clear(m, "infergate_worker_running");
     gw_metrics_clear(m, "infergate_worker_kv_blocks_free");
+    gw_metrics_clear(m, "infergate_worker_prefix_cache_hit_ratio");
+    gw_metrics_clear(m, "infergate_worker_kv_blocks_cached");
     for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
         const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
         char model[128], device[128], labels[320];
@@ -87,8 +111,10 @@ void gw_serve_metrics_workers(gw_serve *g)
         gw_metrics_set(m, "infergate_worker_running", labels, w->ready ? w->running : 0);
         /* Not ready, its cache is not known: no series, rather than a 0
          * that reads as a full cache. */
-        if (w->ready)
+        if (w->ready) {
             gw_metrics_set(m, "infergate_worker_kv_blocks_free", labels, w->kv_blocks_free);
+            worker_prefix_metrics(m, labels, w);
+        }
         gw_metrics_count_to(m, "infergate_worker_restarts_total", labels, w->restarts);
     }
     if (g->alog)

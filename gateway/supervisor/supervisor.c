@@ -127,7 +127,7 @@ static int spawn(sworker *w)
      * reload raising it needs no restart of theirs. */
     snprintf(body, sizeof(body), "%ld", (long)GW_WORKER_MAX_BODY);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
-    const char *argv[40]; /* 31 at most, below */
+    const char *argv[40]; /* 33 at most, below */
     int a = 0;
     argv[a++] = s->exe;
     argv[a++] = "worker";
@@ -158,6 +158,10 @@ static int spawn(sworker *w)
     if (c->kv_q8_0) {
         argv[a++] = "--kv-type";
         argv[a++] = "q8_0";
+    }
+    if (!c->prefix_cache) {
+        argv[a++] = "--prefix-cache";
+        argv[a++] = "false";
     }
     if (c->chat_template) {
         argv[a++] = "--chat-template";
@@ -317,6 +321,9 @@ static void stats_done(sworker *w)
     i->est_ttft_ms = json_number_value(json_object_get(o, "est_ttft_ms"));
     i->prefill_tokens_per_s = json_number_value(json_object_get(o, "prefill_tokens_per_s"));
     i->prompt_tokens_ahead = (int)json_integer_value(json_object_get(o, "prompt_tokens_ahead"));
+    i->prompt_tokens_computed = (double)json_integer_value(json_object_get(o, "prompt_tokens_computed"));
+    i->prompt_tokens_cached = (double)json_integer_value(json_object_get(o, "prompt_tokens_cached"));
+    i->kv_blocks_cached = (int)json_integer_value(json_object_get(o, "kv_blocks_cached"));
     json_decref(o);
     if (!i->ready)
         log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,

@@ -32,6 +32,10 @@ typedef struct gw_worker_info {
      * the prompt tokens ahead of it, and the prefill rate measured. */
     double est_ttft_ms, prefill_tokens_per_s;
     int prompt_tokens_ahead;
+    /* prefix cache: prompt tokens computed and taken from it since the
+     * worker started, and the KV blocks it holds */
+    double prompt_tokens_computed, prompt_tokens_cached;
+    int kv_blocks_cached;
 } gw_worker_info;
 
 /* Workers run as `exe worker ...`, exe being this process's own binary.

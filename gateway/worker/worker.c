@@ -303,7 +303,7 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
         return;
     if (ev->kind != RT_EV_DONE)
         return;
-    rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
+    rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens, ev->cached_tokens};
     /* No text: chat's last delta is {}, a completion's text "", as OpenAI's */
     if (!write_chunk(r, false, NULL, 0, ev->finish_reason, NULL))
         return;
@@ -324,7 +324,7 @@ static void handle_whole_event(wreq *r, const rt_sched_event *ev)
     }
     if (ev->kind != RT_EV_DONE)
         return;
-    rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
+    rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens, ev->cached_tokens};
     const rt_oai_head h = head_of(r);
     bool oom = false;
     const int n_lp = gw_lp_ready(&r->lp, r->lp_ready);
@@ -572,6 +572,20 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
         json_object_set_new(o, "decode_step_ms",
                             json_real(st.step_base_ms + st.step_token_ms * (st.running > 0 ? st.running : 1)));
     }
+    /* the prefix cache: prompt tokens computed and reused, its hit rate and size */
+    const double prompt_all = (double)(st.prompt_tokens_computed + st.prompt_tokens_cached);
+    json_t *pc = o ? json_pack("{s:b, s:I, s:I, s:f, s:i, s:i}", "prefix_cache", st.prefix_cache,
+                               "prompt_tokens_computed", (json_int_t)st.prompt_tokens_computed,
+                               "prompt_tokens_cached", (json_int_t)st.prompt_tokens_cached,
+                               "prefix_cache_hit_rate", prompt_all > 0 ? st.prompt_tokens_cached / prompt_all : 0.0,
+                               "kv_blocks_cached", st.kv_blocks_cached, "kv_blocks_evictable",
+                               st.kv_blocks_evictable)
+                   : NULL;
+    if (pc && json_object_update(o, pc)) {
+        json_decref(o);
+        o = NULL;
+    }
+    json_decref(pc);
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
         json_t *d =

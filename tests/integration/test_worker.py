@@ -267,7 +267,8 @@ for i in (0, 5, 17):
     finish = [e["choices"][0]["finish_reason"] for e in events if e.get("choices")]
     t.ok(s == 200 and h.get("content-type") == "text/event-stream", "stream %d: 200 text/event-stream" % i)
     t.ok(text == alone[i] and done, "stream %d: same text as non-streamed, ends with [DONE]" % i)
-    t.ok(usage == [{"prompt_tokens": len(prompts[i]), "completion_tokens": 12, "total_tokens": len(prompts[i]) + 12}],
+    t.ok(usage == [{"prompt_tokens": len(prompts[i]), "completion_tokens": 12, "total_tokens": len(prompts[i]) + 12,
+                    "prompt_tokens_details": {"cached_tokens": 0}}],
          "stream %d: include_usage gives one usage chunk" % i)
     t.ok(finish[-1] == "length" and all(f is None for f in finish[:-1]), "stream %d: finish_reason on the last" % i)
 

@@ -100,6 +100,7 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "    max_batch_tokens: 2048\n"
                                 "    max_queue: 128\n"
                                 "    batch_max_wait_ms: 5000\n"
+                                "    prefix_cache: false\n"
                                 "  - model: /models/tiny.gguf\n"
                                 "    kv_type: q8_0\n"
                                 "    chat_template: llama3\n"
@@ -162,6 +163,7 @@ static void test_full(void **state)
     assert_int_equal(w->max_batch_tokens, 2048);
     assert_int_equal(w->max_queue, 128);
     assert_int_equal(w->batch_max_wait_ms, 5000);
+    assert_false(w->prefix_cache);
     w = &c->workers[1];
     assert_string_equal(w->model, "/models/tiny.gguf");
     assert_string_equal(w->name, "tiny");
@@ -176,6 +178,7 @@ static void test_full(void **state)
     assert_int_equal(w->max_batch_tokens, 512);
     assert_int_equal(w->max_queue, 64);
     assert_int_equal(w->batch_max_wait_ms, 30000);
+    assert_true(w->prefix_cache); /* on by default */
 
     assert_int_equal(c->n_tenants, 2);
     const gw_tenant_cfg *t = &c->tenants[0];
