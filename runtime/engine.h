@@ -46,6 +46,9 @@ typedef struct rt_engine_opts {
     rt_model_opts model;    /* device, threads, reference kernels */
     rt_sched_opts sched;    /* what rt_engine_new starts the scheduler with */
     int chat_kind;          /* an rt_chat_kind, or -1: as the model's template says */
+    /* A file of Jinja to render chats through instead of the model's
+     * template (chat_kind -1), or NULL. */
+    const char *chat_template_path;
 } rt_engine_opts;
 
 /* The table's defaults (engine_opts.h). */
@@ -56,7 +59,15 @@ void rt_engine_opts_set(rt_engine_opts *o, rt_eopt id, long long v);
 
 /* Loads the model and settles its chat template and turn-end policy. 0, or
  * a negative code with err filled ("PATH: why" for the model file, as
- * rt_model_load says it: -EINVAL, -ENOMEM, -ENODEV, -ENOSPC, -errno). */
+ * rt_model_load says it, and for a chat template file that cannot be read
+ * or does not parse: -EINVAL, -ENOMEM, -ENODEV, -ENOSPC, -errno).
+ *
+ * Chats render through, in order: the family o->chat_kind names; the Jinja
+ * file o->chat_template_path; the model's own tokenizer.chat_template (and
+ * its tokenizer.chat_template.tool_use for a request with tools), rendered
+ * as Hugging Face's apply_chat_template renders it (runtime/jinja); where
+ * the model has none, or one that does not parse, the family its text is
+ * recognised as (chat.h), ChatML failing that, with a warning. */
 int rt_engine_load(const rt_engine_opts *o, rt_engine **out, char *err, size_t err_len);
 /* Starts the scheduler's compute thread with so (the KV pool is allocated
  * here). 0, or -ENOMEM/-EINVAL with err filled; -EALREADY when started. */

@@ -5,6 +5,7 @@
 
 #include "runtime/chat.h"
 #include "runtime/engine.h"
+#include "runtime/jinja/jinja.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -19,14 +20,22 @@ struct rt_engine {
     const rt_tokenizer *tok;
     char *model_name;
     long created;
+    /* The Jinja templates chats render through: the model's (or the
+     * file's), and its tool_use one for requests with tools (either NULL:
+     * the other; both: the family renderer of chat_kind). */
+    rt_jinja *tmpl, *tmpl_tools;
+    char *tmpl_file; /* the file tmpl came from, or NULL: the model's */
+    /* The family: what chats render as without a Jinja template, and
+     * what ends a turn either way. */
     rt_chat_kind chat_kind;
     bool chat_forced; /* by the options, not the model's template */
     bool tmpl_present, tmpl_recognised;
     const char *bos_text; /* the tokenizer's, "" when the model has no BOS */
+    const char *eos_text; /* the same for EOS: a template's eos_token */
     /* rt_chat_turn_end's text where no token of it ends generation: a
      * chat's implicit stop string; NULL where the model ends turns itself */
     const char *turn_stop;
-    char warnings[2][RT_ENGINE_WARNING_MAX];
+    char warnings[4][RT_ENGINE_WARNING_MAX];
     int n_warnings;
     _Atomic uint64_t next_seed; /* for requests that name none; the sampler mixes it */
 

@@ -5,6 +5,8 @@
 
 #include "runtime/tokenizer.h"
 
+#include <jansson.h>
+
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -40,11 +42,76 @@ static int32_t *encode(const rt_tokenizer *tok, const char *src, size_t len, boo
     return t;
 }
 
+/* The variables a chat's Jinja template reads from the client (messages,
+ * chat_template_kwargs' entries), as Hugging Face's apply_chat_template
+ * passes them; their strings are plain text in the prompt. NULL when out
+ * of memory. */
+static json_t *client_vars(const rt_oai_request *q)
+{
+    json_t *vars = q->template_kwargs ? json_deep_copy(q->template_kwargs) : json_object();
+    json_t *msgs = json_array();
+    bool ok = vars && msgs && json_object_set(vars, "messages", msgs) == 0;
+    for (int i = 0; ok && i < q->n_messages; i++) {
+        json_t *m = json_object();
+        ok = m && json_array_append_new(msgs, m) == 0 &&
+             json_object_set_new(m, "role", json_string(q->messages[i].role)) == 0 &&
+             json_object_set_new(m, "content",
+                                 q->messages[i].content ? json_string(q->messages[i].content) : json_null()) == 0;
+    }
+    json_decref(msgs);
+    if (!ok) {
+        json_decref(vars);
+        return NULL;
+    }
+    return vars;
+}
+
+/* The variables the template reads from the model: bos_token, eos_token
+ * (the texts that read back as those tokens, else empty: the encoder adds
+ * BOS by id) and add_generation_prompt. */
+static json_t *model_vars(const rt_engine *e)
+{
+    return json_pack("{s:s, s:s, s:b}", "bos_token", e->bos_text, "eos_token", e->eos_text,
+                     "add_generation_prompt", 1);
+}
+
+/* A chat rendered by the model's Jinja template (the tool_use one for a
+ * request with tools, where the model has one). As render_chat. */
+static int render_jinja(const rt_engine *e, const rt_oai_request *q, char **text, rt_text_span **plain,
+                        int *n_plain, rt_oai_error *err)
+{
+    json_t *cv = client_vars(q), *mv = model_vars(e);
+    char why[256];
+    rt_jinja_output out;
+    const rt_jinja *t = e->tmpl ? e->tmpl : e->tmpl_tools;
+    /* A render costs some microseconds; the bounds stop a template that
+     * loops or grows without end long before it costs a second. */
+    rt_jinja_input in = {.plain = cv, .trusted = mv,
+                         .limits = {.max_output = 64u << 20, .max_memory = 512u << 20, .max_steps = 20000000}};
+    int rc = cv && mv ? rt_jinja_render(t, &in, &out, why, sizeof(why)) : -ENOMEM;
+    json_decref(cv);
+    json_decref(mv);
+    if (rc == -ENOMEM) {
+        rt_engine_error_oom(err);
+        return rc;
+    }
+    if (rc) {
+        rt_oai_error_set(err, 400, "invalid_request_error", "messages", NULL, "the chat template failed: %s", why);
+        return -EINVAL;
+    }
+    *text = out.text;
+    *plain = out.plain;
+    *n_plain = out.n_plain;
+    return 0;
+}
+
 /* A chat's messages rendered by the template: the text, and the spans of
  * it the messages' content went to. 0, or -ENOMEM / -EINVAL with *err. */
 static int render_chat(const rt_engine *e, const rt_oai_request *q, char **text, rt_text_span **plain,
                        int *n_plain, rt_oai_error *err)
 {
+    if (e->tmpl || e->tmpl_tools)
+        return render_jinja(e, q, text, plain, n_plain, err);
     rt_chat_msg *msgs = calloc((size_t)q->n_messages, sizeof(*msgs));
     char why[256];
     if (!msgs) {

@@ -593,9 +593,9 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
      * (benchmarks need fixed-length outputs). */
     if ((rc = get_bool(root, "ignore_eos", &req->ignore_eos, e)) < 0)
         return rc;
-    /* vLLM's chat_template_kwargs, where Qwen3's enable_thinking is the
-     * one we read: the template is rendered by C code, not Jinja, and
-     * other variables have nothing to go to. */
+    /* vLLM's chat_template_kwargs: the model's Jinja template reads them
+     * all; enable_thinking is checked, as the built-in Qwen3 family reads
+     * it too. */
     json_t *kw = chat ? field(root, "chat_template_kwargs") : NULL;
     if (kw) {
         if (!json_is_object(kw))
@@ -605,6 +605,7 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
             return bad(e, "chat_template_kwargs.enable_thinking",
                        "'chat_template_kwargs.enable_thinking' must be a boolean");
         req->no_thinking = et && json_is_false(et);
+        req->template_kwargs = json_incref(kw);
     }
     json_t *so = field(root, "stream_options");
     if (so) {
@@ -711,6 +712,7 @@ void rt_oai_request_dispose(rt_oai_request *req)
     for (int i = 0; i < req->n_stop && i < RT_OAI_MAX_STOPS; i++)
         free(req->stop[i]);
     free(req->user);
+    json_decref(req->template_kwargs);
     memset(req, 0, sizeof(*req));
 }
 

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct json_t;
+
 #define RT_OAI_MAX_STOPS 4 /* OpenAI allows up to 4 stop sequences */
 /* Bytes of one stop sequence. The text that could still begin one is held
  * back from the stream and searched again at every token: a long one would
@@ -58,6 +60,10 @@ typedef struct rt_oai_request {
     char *user;
     bool ignore_eos; /* non-standard (vLLM): keep generating past end-of-generation tokens */
     bool no_thinking; /* chat, non-standard (vLLM): chat_template_kwargs.enable_thinking false */
+    /* chat, non-standard (vLLM): chat_template_kwargs, every entry a variable
+     * of the model's Jinja template (enable_thinking, reasoning_effort...);
+     * NULL when absent. The request holds a reference. */
+    struct json_t *template_kwargs;
     bool logprobs;   /* chat: each token's log-probability... */
     int top_logprobs; /* ...and this many of the likeliest */
 } rt_oai_request;
