@@ -242,6 +242,30 @@ static void warn_pre(rt_engine *e)
              (int)(pre.n > 64 ? 64 : pre.n), pre.p);
 }
 
+/* The format the model writes tool calls in: as its templates' text
+ * shows them (the tool_use one's first), else as its family's. */
+static rt_tc_format tool_format(const rt_engine *e, const char *tmpl, size_t len)
+{
+    rt_gguf_str tools = {NULL, 0};
+    rt_gguf_get_str(rt_model_gguf(e->model), "tokenizer.chat_template.tool_use", &tools);
+    if (tools.p && rt_tc_detect(tools.p, tools.n) != RT_TC_HERMES)
+        return rt_tc_detect(tools.p, tools.n);
+    if (tmpl && rt_tc_detect(tmpl, len) != RT_TC_HERMES)
+        return rt_tc_detect(tmpl, len);
+    switch (e->chat_kind) {
+    case RT_CHAT_LLAMA31:
+    case RT_CHAT_LLAMA32:
+        return RT_TC_LLAMA3;
+    case RT_CHAT_MISTRAL_V3:
+    case RT_CHAT_MISTRAL_V3_TEKKEN:
+    case RT_CHAT_MISTRAL_V7:
+    case RT_CHAT_MISTRAL_V7_TEKKEN:
+        return RT_TC_MISTRAL;
+    default:
+        return RT_TC_HERMES;
+    }
+}
+
 /* The templates chats are rendered through (see rt_engine_load), and
  * what ends a turn. 0, or a negative code with err filled (a template
  * file that cannot be read or parsed). */
@@ -269,6 +293,7 @@ static int settle_chat(rt_engine *e, const rt_engine_opts *o, char *err, size_t 
     e->chat_kind = rt_chat_detect(tmpl.p, tmpl.n, &e->tmpl_recognised);
     if (e->chat_forced)
         e->chat_kind = (rt_chat_kind)o->chat_kind;
+    e->tc_format = tool_format(e, tmpl.p, tmpl.n);
     int rc = load_templates(e, o, tmpl.p, tmpl.n, why, sizeof(why), err, err_len);
     free(file);
     if (rc)
@@ -328,7 +353,13 @@ int rt_engine_load(const rt_engine_opts *o, rt_engine **out, char *err, size_t e
      * restarted one) do not hand out the same id in the same second. */
     e->next_cid = seed * 0x9E3779B97F4A7C15ull;
     e->tok = rt_model_tokenizer(e->model);
-    if ((rc = settle_chat(e, o, err, err_len))) {
+    rc = settle_chat(e, o, err, err_len);
+    /* a trie of the vocabulary's texts, for grammars */
+    if (!rc && !(e->gvocab = rt_gvocab_new(e->tok))) {
+        snprintf(err, err_len, "out of memory");
+        rc = -ENOMEM;
+    }
+    if (rc) {
         rt_jinja_free(e->tmpl);
         rt_jinja_free(e->tmpl_tools);
         free(e->tmpl_file);
@@ -392,10 +423,16 @@ void rt_engine_free(rt_engine *e)
     pthread_mutex_destroy(&e->mu);
     rt_jinja_free(e->tmpl);
     rt_jinja_free(e->tmpl_tools);
+    rt_gvocab_free(e->gvocab);
     free(e->tmpl_file);
     free(e->model_name);
     rt_model_free(e->model);
     free(e);
+}
+
+rt_tc_format rt_engine_tool_format(const rt_engine *e)
+{
+    return e->tc_format;
 }
 
 const char *rt_engine_model_name(const rt_engine *e)

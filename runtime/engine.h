@@ -33,6 +33,7 @@
 #include "runtime/model.h"
 #include "runtime/openai.h"
 #include "runtime/sched.h"
+#include "runtime/toolcall.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -109,15 +110,24 @@ typedef struct rt_engine_req {
     rt_sched_req run;
     /* private: the storage run points into */
     int32_t *prompt_;
+    rt_grammar *grammar_;
     const char *stops_[RT_OAI_MAX_STOPS + 1];
     bool owns_q_;
 } rt_engine_req;
+
+/* Any thread. A request with tools (q.tools not NULL) has its answer's
+ * tool calls read by an rt_tc_parser of this format (toolcall.h); with
+ * tool_choice required or a named function, the grammar (run.grammar)
+ * makes the answer exactly such calls. */
+rt_tc_format rt_engine_tool_format(const rt_engine *e);
 
 /* Any thread. Parses an OpenAI request body (chat: /v1/chat/completions,
  * else /v1/completions) and makes it ready to run at priority prio before
  * deadline_ms (epoch milliseconds; 0: none). 0; or with *err filled:
  * -ETIMEDOUT the deadline has passed (504), -EINVAL a bad request (400,
- * naming the field; a prompt that encodes to nothing or too much), -ENOENT
+ * naming the field; a prompt that encodes to nothing or too much; a
+ * grammar, a response_format schema or a tool's parameters that do not
+ * compile or use a JSON Schema keyword not enforced, named), -ENOENT
  * another model (404 model_not_found), -ENOMEM (503; 500 while parsing).
  * req must be disposed whatever the outcome; rt_engine_retry_after says
  * the Retry-After of a refusal. */

@@ -5,7 +5,9 @@
 
 #include "runtime/chat.h"
 #include "runtime/engine.h"
+#include "runtime/grammar/grammar.h"
 #include "runtime/jinja/jinja.h"
+#include "runtime/toolcall.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,6 +37,10 @@ struct rt_engine {
     /* rt_chat_turn_end's text where no token of it ends generation: a
      * chat's implicit stop string; NULL where the model ends turns itself */
     const char *turn_stop;
+    /* Constrained sampling: the vocabulary's trie every request's grammar
+     * is compiled against, and the format the model writes tool calls in */
+    rt_gvocab *gvocab;
+    rt_tc_format tc_format;
     char warnings[4][RT_ENGINE_WARNING_MAX];
     int n_warnings;
     _Atomic uint64_t next_seed; /* for requests that name none; the sampler mixes it */

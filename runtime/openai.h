@@ -35,8 +35,26 @@ typedef struct rt_oai_error {
 } rt_oai_error;
 
 typedef struct rt_oai_message {
-    char *role, *content;
+    char *role;    /* system (developer too), user, assistant, tool */
+    char *content; /* NULL: null (an assistant's turn of tool calls alone) */
 } rt_oai_message;
+
+/* A message's fields for tool calling, beside it (rt_oai_request.extra). */
+typedef struct rt_oai_msg_extra {
+    /* An assistant's tool calls, as the request had them but each
+     * function's arguments parsed from their JSON text (what chat
+     * templates read, as vLLM gives them); NULL when none. */
+    struct json_t *tool_calls;
+    char *tool_call_id; /* a tool's answer: the call it answers */
+    char *name;         /* or NULL */
+} rt_oai_msg_extra;
+
+typedef enum rt_oai_tool_choice {
+    RT_TOOL_AUTO = 0, /* the model may call a tool (the default with tools) */
+    RT_TOOL_NONE,     /* it answers in text: the tools are not offered */
+    RT_TOOL_REQUIRED, /* it calls at least one: enforced by the grammar */
+    RT_TOOL_NAMED,    /* it calls the one named: enforced by the grammar */
+} rt_oai_tool_choice;
 
 typedef struct rt_oai_request {
     bool chat;
@@ -51,6 +69,7 @@ typedef struct rt_oai_request {
      * joined) */
     rt_oai_message *messages;
     int n_messages;
+    rt_oai_msg_extra *extra; /* n_messages of them, or NULL */
     int max_tokens; /* max_tokens or max_completion_tokens; -1 when absent */
     const char *max_tokens_name; /* which of the two it came by, for errors */
     rt_sampler_params sampling; /* temperature (default 1), top_p, seed, penalties */
@@ -64,6 +83,20 @@ typedef struct rt_oai_request {
      * of the model's Jinja template (enable_thinking, reasoning_effort...);
      * NULL when absent. The request holds a reference. */
     struct json_t *template_kwargs;
+    /* chat: the tools offered ([{"type":"function","function":{name,
+     * description, parameters}}], checked), NULL when none or tool_choice
+     * none; the choice, the function named, and whether several calls may
+     * come in one answer (parallel_tool_calls, default true) */
+    struct json_t *tools;
+    rt_oai_tool_choice tool_choice;
+    char *tool_name;
+    bool parallel_tool_calls;
+    /* Structured output: the JSON Schema the answer must match
+     * (response_format json_schema's, or {"type":"object"} for
+     * json_object), and llama.cpp's "grammar" (GBNF); NULL when absent.
+     * Both endpoints take them. */
+    struct json_t *json_schema;
+    char *grammar;
     bool logprobs;   /* chat: each token's log-probability... */
     int top_logprobs; /* ...and this many of the likeliest */
 } rt_oai_request;
@@ -84,6 +117,14 @@ char *rt_oai_error_json(const rt_oai_error *e);
 typedef struct rt_oai_usage {
     int prompt_tokens, completion_tokens;
 } rt_oai_usage;
+
+/* One tool call the model made, as a response or a chunk says it. */
+typedef struct rt_oai_tool_call {
+    int index;             /* its place among the answer's calls, from 0 */
+    char id[32];           /* "call_..." */
+    const char *name;      /* the function's */
+    const char *arguments; /* JSON text */
+} rt_oai_tool_call;
 
 /* What a response, or every chunk of one streamed response, repeats. */
 typedef struct rt_oai_head {
@@ -114,6 +155,12 @@ typedef struct rt_oai_logprob {
  * "refusal":null}. */
 char *rt_oai_response_json(const rt_oai_head *h, const char *text, size_t text_len, const char *finish_reason,
                            const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp);
+/* The same with a chat's tool calls: the message carries them all (and
+ * content null when it has no text). */
+char *rt_oai_response_calls_json(const rt_oai_head *h, const char *text, size_t text_len,
+                                 const char *finish_reason, const rt_oai_usage *usage,
+                                 const rt_oai_logprob *lp, int n_lp, const rt_oai_tool_call *calls,
+                                 int n_calls);
 /* One SSE event "data: {...}\n\n" of a streamed response, with the delta
  * text (chat: the first chunk also carries "role":"assistant"), the
  * finish_reason on the last one (NULL before), the log-probabilities of
@@ -123,6 +170,10 @@ char *rt_oai_response_json(const rt_oai_head *h, const char *text, size_t text_l
 char *rt_oai_chunk_sse(const rt_oai_head *h, bool first, const char *text, size_t text_len,
                        const char *finish_reason, const rt_oai_usage *usage, const rt_oai_logprob *lp,
                        int n_lp, size_t *out_len);
+/* A chat chunk whose delta carries tool calls, each whole (OpenAI's stream
+ * sends a call's id, name and first arguments in one delta). */
+char *rt_oai_calls_chunk_sse(const rt_oai_head *h, const rt_oai_tool_call *calls, int n_calls,
+                             size_t *out_len);
 /* {"object":"list","data":[{"id":model,"object":"model","created":..,"owned_by":"infergate"}]} */
 char *rt_oai_models_json(const char *model, long created);
 /* One model object, as GET /v1/models/{model} answers. */

@@ -35,6 +35,10 @@ struct wreq {
     long created;
     char *text; /* non-streamed: the whole completion */
     size_t text_len, text_cap;
+    /* A chat with tools: its answer's tool calls read out of the text, and
+     * how many of them have gone out (streamed) */
+    rt_tc_parser *tc;
+    int calls_sent;
 };
 
 struct gw_worker {
@@ -99,6 +103,7 @@ static void wreq_maybe_free(wreq *r)
         return;
     free(r->text);
     gw_lp_free(&r->lp);
+    rt_tc_parser_free(r->tc);
     free(r);
 }
 
@@ -191,6 +196,54 @@ static void fail_stream(wreq *r, const rt_oai_error *e)
         gw_http_reset(r->stream);
 }
 
+/* The tool calls from the parser's from-th on, as the response says them
+ * (malloc'd; NULL with *n 0 when none or out of memory). An id is the
+ * response's unique part and the call's place. */
+static rt_oai_tool_call *calls_of(wreq *r, int from, int *n)
+{
+    *n = rt_tc_n_calls(r->tc) - from;
+    rt_oai_tool_call *c = *n > 0 ? calloc((size_t)*n, sizeof(*c)) : NULL;
+    if (!c)
+        *n = 0;
+    const char *uniq = strchr(r->cid, '-') ? strchr(r->cid, '-') + 1 : r->cid;
+    for (int i = 0; i < *n; i++) {
+        const rt_tc_call *tc = rt_tc_call_at(r->tc, from + i);
+        c[i] = (rt_oai_tool_call){.index = from + i, .name = tc->name, .arguments = tc->arguments};
+        snprintf(c[i].id, sizeof(c[i].id), "call_%.24s%d", uniq, from + i);
+    }
+    return c;
+}
+
+/* A chat with tools answers "tool_calls" where it made any. */
+static const char *finish_of(const wreq *r, const char *finish)
+{
+    return r->tc && rt_tc_n_calls(r->tc) > 0 && finish && !strcmp(finish, "stop") ? "tool_calls" : finish;
+}
+
+/* The text of an event that is content: all of it, or with tools what the
+ * parser lets out. false when out of memory. */
+static bool content_of(wreq *r, const rt_sched_event *ev, bool final, const char **text, size_t *len)
+{
+    *text = ev->text;
+    *len = ev->text_len;
+    return !r->tc || rt_tc_feed(r->tc, ev->text ? ev->text : "", ev->text_len, final, text, len) == 0;
+}
+
+/* The calls completed since the last: a chunk with them, each whole. */
+static bool write_calls(wreq *r)
+{
+    int n;
+    if (!r->tc || rt_tc_n_calls(r->tc) == r->calls_sent)
+        return true;
+    rt_oai_tool_call *c = calls_of(r, r->calls_sent, &n);
+    const rt_oai_head h = head_of(r);
+    size_t len = 0;
+    char *ev = c ? rt_oai_calls_chunk_sse(&h, c, n, &len) : NULL;
+    free(c);
+    r->calls_sent += n;
+    return write_sse(r, ev, len);
+}
+
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)
 {
     if (!begin_stream(r)) {
@@ -205,13 +258,19 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
             return;
         r->sent_first = true;
     }
-    if (ev->text_len && !write_chunk(r, false, ev->text, ev->text_len, NULL, NULL))
+    const char *text;
+    size_t len;
+    if (!content_of(r, ev, ev->kind == RT_EV_DONE, &text, &len)) {
+        abandon(r);
         return;
-    if (ev->kind != RT_EV_DONE)
+    }
+    if (len && !write_chunk(r, false, text, len, NULL, NULL))
+        return;
+    if (!write_calls(r) || ev->kind != RT_EV_DONE)
         return;
     rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens};
     /* No text: chat's last delta is {}, a completion's text "", as OpenAI's */
-    if (!write_chunk(r, false, NULL, 0, ev->finish_reason, NULL))
+    if (!write_chunk(r, false, NULL, 0, finish_of(r, ev->finish_reason), NULL))
         return;
     if (r->include_usage && !write_chunk(r, false, NULL, 0, NULL, &u))
         return;
@@ -233,10 +292,20 @@ static void handle_whole_event(wreq *r, const rt_sched_event *ev)
     bool oom = false;
     const int n_lp = gw_lp_ready(&r->lp, r->lp_ready);
     rt_oai_logprob *lp = gw_lp_render(&r->lp, n_lp, rt_engine_tokenizer(r->w->engine), &oom);
+    const char *text = r->text ? r->text : "";
+    size_t len = r->text_len;
+    int n_calls = 0;
+    rt_oai_tool_call *calls = NULL;
+    if (r->tc) {
+        oom = oom || rt_tc_feed(r->tc, text, len, true, &text, &len) != 0;
+        calls = oom ? NULL : calls_of(r, 0, &n_calls);
+        oom = oom || n_calls != rt_tc_n_calls(r->tc);
+    }
     respond_json(r->stream, 200,
                  oom ? NULL
-                     : rt_oai_response_json(&h, r->text ? r->text : "", r->text_len, ev->finish_reason, &u,
-                                            lp, lp ? n_lp : 0));
+                     : rt_oai_response_calls_json(&h, text, len, finish_of(r, ev->finish_reason), &u, lp,
+                                                  lp ? n_lp : 0, calls, n_calls));
+    free(calls);
     free(lp);
 }
 
@@ -363,6 +432,11 @@ static void submit_prepared(gw_worker *w, wprep *p)
         r->stream_mode = p->req.q.stream;
         r->include_usage = p->req.q.include_usage;
         r->logprobs = p->req.q.logprobs;
+        if (p->req.q.tools && !(r->tc = rt_tc_parser_new(rt_engine_tool_format(w->engine)))) {
+            rt_engine_error_oom(&p->e);
+            respond_error_after(r->stream, &p->e, 1);
+            return;
+        }
         if (rt_engine_submit(w->engine, &p->req, r, &r->id, &p->e, &retry) == 0) {
             r->submitted = true;
             return;
