@@ -1043,8 +1043,11 @@ static json_t *calls_json(const rt_oai_tool_call *calls, int n, bool with_index)
     json_t *a = json_array();
     bool ok = a != NULL;
     for (int i = 0; ok && i < n; i++) {
-        json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", calls[i].id, "type", "function", "function",
-                              "name", calls[i].name, "arguments", calls[i].arguments);
+        /* a piece of a streamed call's arguments says nothing else */
+        json_t *c = calls[i].name
+                        ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", calls[i].id, "type", "function",
+                                    "function", "name", calls[i].name, "arguments", calls[i].arguments)
+                        : json_pack("{s:{s:s}}", "function", "arguments", calls[i].arguments);
         if (c && with_index)
             put(c, "index", json_integer(calls[i].index), &ok);
         push(a, c, &ok);

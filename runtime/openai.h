@@ -119,11 +119,12 @@ typedef struct rt_oai_usage {
 } rt_oai_usage;
 
 /* One tool call the model made, as a response or a chunk says it. */
+#define RT_OAI_CALL_ID_MAX 48
 typedef struct rt_oai_tool_call {
-    int index;             /* its place among the answer's calls, from 0 */
-    char id[32];           /* "call_..." */
-    const char *name;      /* the function's */
-    const char *arguments; /* JSON text */
+    int index;                   /* its place among the answer's calls, from 0 */
+    char id[RT_OAI_CALL_ID_MAX]; /* "call_..." */
+    const char *name;            /* the function's; NULL in a chunk: a piece of the call's arguments alone */
+    const char *arguments;       /* JSON text (valid UTF-8) */
 } rt_oai_tool_call;
 
 /* What a response, or every chunk of one streamed response, repeats. */
@@ -170,8 +171,9 @@ char *rt_oai_response_calls_json(const rt_oai_head *h, const char *text, size_t 
 char *rt_oai_chunk_sse(const rt_oai_head *h, bool first, const char *text, size_t text_len,
                        const char *finish_reason, const rt_oai_usage *usage, const rt_oai_logprob *lp,
                        int n_lp, size_t *out_len);
-/* A chat chunk whose delta carries tool calls, each whole (OpenAI's stream
- * sends a call's id, name and first arguments in one delta). */
+/* A chat chunk whose delta carries tool calls: each whole, its head (id,
+ * name, the arguments so far), or a piece of its arguments (name NULL), as
+ * OpenAI's stream sends a call's head and then its arguments in pieces. */
 char *rt_oai_calls_chunk_sse(const rt_oai_head *h, const rt_oai_tool_call *calls, int n_calls,
                              size_t *out_len);
 /* {"object":"list","data":[{"id":model,"object":"model","created":..,"owned_by":"infergate"}]} */

@@ -277,6 +277,13 @@ struct rt_tc_parser {
     size_t len, cap;
     size_t pos;    /* buf before it is dealt with */
     size_t open;   /* IN_CALL, HOLD: where the call's marker began */
+    /* IN_CALL: the call being written, once its head {"name": N,
+     * "arguments": { is there: N, and where its arguments begin and how
+     * far they are known to be its (a JSON scan: depth, in a string) */
+    char *head_name;
+    size_t args_from, args_to;
+    int args_depth;
+    bool args_str, args_esc, args_done;
     char *content; /* this feed's content */
     size_t c_len, c_cap;
     rt_tc_call *calls;
@@ -303,6 +310,7 @@ void rt_tc_parser_free(rt_tc_parser *p)
         free(p->calls[i].arguments);
     }
     free(p->calls);
+    free(p->head_name);
     free(p->buf);
     free(p->content);
     free(p);
@@ -346,6 +354,27 @@ static void emit(rt_tc_parser *p, const char *s, size_t n)
     p->content[p->c_len] = '\0';
 }
 
+static bool read_head(const char *s, size_t n, size_t from, char **name, size_t *args);
+
+/* A call whose head {"name": N, "arguments": { is whole but whose rest is
+ * not (cut short, or more after it): its arguments may have streamed
+ * already, so it stays a call, with them as far as they are JSON ({}
+ * else). */
+static bool broken_call(const char *s, size_t to, size_t from, rt_tc_call *out, bool *oom)
+{
+    size_t a;
+    if (!read_head(s, to, from, &out->name, &a))
+        return false;
+    long e = skip_value(s, to, a);
+    out->arguments = e > 0 && is_json(s + a, (size_t)e - a) ? strndup(s + a, (size_t)e - a) : strdup("{}");
+    if (!out->arguments) {
+        free(out->name);
+        *oom = true;
+        return false;
+    }
+    return true;
+}
+
 /* buf[from..to) is a call's JSON text: a call, else it stays content
  * (buf[raw..to_raw), the markers with it). */
 static void call_or_text(rt_tc_parser *p, size_t from, size_t to, size_t raw, size_t raw_end)
@@ -362,7 +391,7 @@ static void call_or_text(rt_tc_parser *p, size_t from, size_t to, size_t raw, si
         p->calls = nc;
         p->calls_cap = cap;
     }
-    if (read_call(p->buf + from, to - from, &c, &oom))
+    if (read_call(p->buf + from, to - from, &c, &oom) || (!oom && broken_call(p->buf, to, from, &c, &oom)))
         p->calls[p->n_calls++] = c;
     else if (oom)
         p->oom = true;
@@ -450,15 +479,90 @@ static void scan_out(rt_tc_parser *p, bool final)
     }
 }
 
+/* s[*i] begins "key" followed by ':' (whitespace around): *i past it. */
+static bool match_key(const char *s, size_t n, size_t *i, const char *key)
+{
+    size_t k = strlen(key), j = *i;
+    if (j + k + 2 > n || s[j] != '"' || memcmp(s + j + 1, key, k) || s[j + k + 1] != '"')
+        return false;
+    j = skip_ws(s, n, j + k + 2);
+    if (j >= n || s[j] != ':')
+        return false;
+    *i = skip_ws(s, n, j + 1);
+    return true;
+}
+
+/* Whether s[from..n) begins {"name": N, "arguments": { (whitespace
+ * around): N decoded (malloc'd) and where the arguments begin. */
+static bool read_head(const char *s, size_t n, size_t from, char **name, size_t *args)
+{
+    size_t i = skip_ws(s, n, from);
+    if (i >= n || s[i] != '{')
+        return false;
+    i = skip_ws(s, n, i + 1);
+    long e = match_key(s, n, &i, "name") && i < n && s[i] == '"' ? skip_value(s, n, i) : -1;
+    if (e < 0)
+        return false;
+    size_t j = skip_ws(s, n, (size_t)e);
+    if (j >= n || s[j] != ',')
+        return false;
+    j = skip_ws(s, n, j + 1);
+    if (!match_key(s, n, &j, "arguments") || j >= n || s[j] != '{')
+        return false;
+    json_t *nm = json_loadb(s + i, (size_t)e - i, JSON_DECODE_ANY, NULL);
+    *name = json_is_string(nm) ? strdup(json_string_value(nm)) : NULL;
+    json_decref(nm);
+    *args = j;
+    return *name != NULL;
+}
+
+/* The arguments' text known so far: up to the end of their value. */
+static void scan_args(rt_tc_parser *p)
+{
+    for (; !p->args_done && p->args_to < p->len; p->args_to++) {
+        char c = p->buf[p->args_to];
+        if (p->args_str) {
+            if (p->args_esc)
+                p->args_esc = false;
+            else if (c == '\\')
+                p->args_esc = true;
+            else if (c == '"')
+                p->args_str = false;
+        } else if (c == '"') {
+            p->args_str = true;
+        } else if (c == '{' || c == '[') {
+            p->args_depth++;
+        } else if ((c == '}' || c == ']') && --p->args_depth == 0) {
+            p->args_done = true;
+        }
+    }
+}
+
+static void drop_head(rt_tc_parser *p)
+{
+    free(p->head_name);
+    p->head_name = NULL;
+    p->args_from = p->args_to = 0;
+    p->args_depth = 0;
+    p->args_str = p->args_esc = p->args_done = false;
+}
+
 /* IN_CALL (hermes): the call ends at its closing tag, or with the answer. */
 static void scan_call(rt_tc_parser *p, bool final)
 {
     long k = find(p->buf + p->pos, p->len - p->pos, HERMES_CLOSE);
-    if (k < 0 && !final)
+    if (k < 0 && !final) {
+        /* still open: its head, then its arguments as they come */
+        if (!p->head_name && read_head(p->buf, p->len, p->pos, &p->head_name, &p->args_from))
+            p->args_to = p->args_from;
+        if (p->head_name)
+            scan_args(p);
         return;
+    }
     size_t to = k >= 0 ? p->pos + (size_t)k : p->len;
     size_t raw_end = k >= 0 ? to + sizeof(HERMES_CLOSE) - 1 : p->len;
     call_or_text(p, p->pos, to, p->open, raw_end);
+    drop_head(p);
     p->pos = raw_end;
     p->state = OUT;
 }
@@ -520,4 +624,14 @@ int rt_tc_feed(rt_tc_parser *p, const char *text, size_t len, bool final, const 
     *content = p->c_len ? p->content : "";
     *content_len = p->c_len;
     return p->oom ? -ENOMEM : 0;
+}
+
+bool rt_tc_pending(const rt_tc_parser *p, const char **name, const char **args, size_t *len)
+{
+    if (p->state != IN_CALL || !p->head_name)
+        return false;
+    *name = p->head_name;
+    *args = p->buf + p->args_from;
+    *len = p->args_to - p->args_from;
+    return true;
 }

@@ -65,5 +65,11 @@ int rt_tc_feed(rt_tc_parser *p, const char *text, size_t len, bool final, const 
 int rt_tc_n_calls(const rt_tc_parser *p);
 /* The i-th call (0 <= i < rt_tc_n_calls), valid while p lives. */
 const rt_tc_call *rt_tc_call_at(const rt_tc_parser *p, int i);
+/* The call being written (hermes), for streaming its arguments in pieces
+ * as OpenAI does: true once its head {"name": N, "arguments": { has come,
+ * with N and the arguments' text so far (valid until the next feed). A
+ * well-formed call's final arguments begin with every such text; the call
+ * it becomes is the next rt_tc_call_at. */
+bool rt_tc_pending(const rt_tc_parser *p, const char **name, const char **args, size_t *len);
 
 #endif

@@ -39,6 +39,8 @@ struct wreq {
      * how many of them have gone out (streamed) */
     rt_tc_parser *tc;
     int calls_sent;
+    bool head_sent;   /* the call being written: its head has gone out... */
+    size_t args_sent; /* ...and this much of its arguments */
 };
 
 struct gw_worker {
@@ -196,20 +198,25 @@ static void fail_stream(wreq *r, const rt_oai_error *e)
         gw_http_reset(r->stream);
 }
 
+/* A call's id: the response's unique part and the call's place. */
+static void call_id(const wreq *r, int index, char id[RT_OAI_CALL_ID_MAX])
+{
+    const char *uniq = strchr(r->cid, '-') ? strchr(r->cid, '-') + 1 : r->cid;
+    snprintf(id, RT_OAI_CALL_ID_MAX, "call_%.24s%d", uniq, index);
+}
+
 /* The tool calls from the parser's from-th on, as the response says them
- * (malloc'd; NULL with *n 0 when none or out of memory). An id is the
- * response's unique part and the call's place. */
+ * (malloc'd; NULL with *n 0 when none or out of memory). */
 static rt_oai_tool_call *calls_of(wreq *r, int from, int *n)
 {
     *n = rt_tc_n_calls(r->tc) - from;
     rt_oai_tool_call *c = *n > 0 ? calloc((size_t)*n, sizeof(*c)) : NULL;
     if (!c)
         *n = 0;
-    const char *uniq = strchr(r->cid, '-') ? strchr(r->cid, '-') + 1 : r->cid;
     for (int i = 0; i < *n; i++) {
         const rt_tc_call *tc = rt_tc_call_at(r->tc, from + i);
         c[i] = (rt_oai_tool_call){.index = from + i, .name = tc->name, .arguments = tc->arguments};
-        snprintf(c[i].id, sizeof(c[i].id), "call_%.24s%d", uniq, from + i);
+        call_id(r, from + i, c[i].id);
     }
     return c;
 }
@@ -229,19 +236,69 @@ static bool content_of(wreq *r, const rt_sched_event *ev, bool final, const char
     return !r->tc || rt_tc_feed(r->tc, ev->text ? ev->text : "", ev->text_len, final, text, len) == 0;
 }
 
-/* The calls completed since the last: a chunk with them, each whole. */
-static bool write_calls(wreq *r)
+/* How much of s[0..n) is whole UTF-8 characters: a piece of a call's
+ * arguments goes out as a JSON string. */
+static size_t utf8_whole(const char *s, size_t n)
 {
-    int n;
-    if (!r->tc || rt_tc_n_calls(r->tc) == r->calls_sent)
-        return true;
-    rt_oai_tool_call *c = calls_of(r, r->calls_sent, &n);
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+        i--, back++;
+    if (i == 0)
+        return n;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return need > back + 1 ? i - 1 : n;
+}
+
+/* One tool-call chunk: c whole or its head, or (name NULL) a piece of its
+ * arguments. */
+static bool write_call(wreq *r, int index, const char *name, const char *args, size_t args_len)
+{
+    char *piece = strndup(args, args_len);
+    rt_oai_tool_call c = {.index = index, .name = name, .arguments = piece};
+    call_id(r, index, c.id);
     const rt_oai_head h = head_of(r);
     size_t len = 0;
-    char *ev = c ? rt_oai_calls_chunk_sse(&h, c, n, &len) : NULL;
-    free(c);
-    r->calls_sent += n;
+    char *ev = piece ? rt_oai_calls_chunk_sse(&h, &c, 1, &len) : NULL;
+    free(piece);
     return write_sse(r, ev, len);
+}
+
+/* Streamed tool calls, as OpenAI streams them: a call's head (id, name)
+ * as soon as its name is known, then its arguments in pieces as they
+ * come, the rest when it ends; a call that ends before its head went out
+ * goes whole. */
+static bool write_calls(wreq *r)
+{
+    if (!r->tc)
+        return true;
+    for (; r->calls_sent < rt_tc_n_calls(r->tc); r->calls_sent++, r->head_sent = false, r->args_sent = 0) {
+        const rt_tc_call *c = rt_tc_call_at(r->tc, r->calls_sent);
+        size_t n = strlen(c->arguments);
+        if (!r->head_sent) {
+            if (!write_call(r, r->calls_sent, c->name, c->arguments, n))
+                return false;
+        } else if (n > r->args_sent &&
+                   !write_call(r, r->calls_sent, NULL, c->arguments + r->args_sent, n - r->args_sent)) {
+            return false;
+        }
+    }
+    const char *name, *args;
+    size_t len;
+    if (!rt_tc_pending(r->tc, &name, &args, &len))
+        return true;
+    len = utf8_whole(args, len);
+    if (!r->head_sent) {
+        if (!write_call(r, r->calls_sent, name, "", 0))
+            return false;
+        r->head_sent = true;
+    }
+    if (len > r->args_sent) {
+        if (!write_call(r, r->calls_sent, NULL, args + r->args_sent, len - r->args_sent))
+            return false;
+        r->args_sent = len;
+    }
+    return true;
 }
 
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)

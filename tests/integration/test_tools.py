@@ -109,8 +109,10 @@ for key, names, single in [("required", ALL, False), ("required_stream", ALL, Fa
          % (key.replace("_", " "), len(got), bad[:3]))
 n_calls = sum(len(a.get("calls") or []) for a in out.get("required", []) + out.get("required_stream", []))
 t.ok(n_calls > 12, "parallel tool calls come: %d calls in 12 answers" % n_calls)
-t.ok(all(a.get("chunks", 0) >= 1 for a in out.get("required_stream", [])),
-     "streamed calls arrive as delta.tool_calls chunks")
+pieces = [(a.get("chunks"), a.get("pieces")) for a in out.get("required_stream", []) + out.get("named_stream", [])]
+t.ok(pieces and all(p > len(a["calls"]) and q > 0 for (p, q), a in
+                    zip(pieces, out.get("required_stream", []) + out.get("named_stream", []))),
+     "streamed calls arrive as delta.tool_calls chunks, a call's head then its arguments in pieces: %s" % pieces)
 helper = out.get("helper") or {}
 t.ok(helper.get("finish") == "tool_calls" and helper.get("calls")
      and not [c for c in helper["calls"] if check_call(c, ALL)],

@@ -76,18 +76,36 @@ static const want CASES[] = {
 };
 
 /* Feeds w's text in pieces cut at the given offsets; checks the result. */
+static int n_pending; /* feeds that saw a call's arguments in part */
+
 static void run(const want *w, const size_t *cuts, int n_cuts)
 {
     rt_tc_parser *p = rt_tc_parser_new(w->f);
     assert_non_null(p);
     size_t n = strlen(w->text), at = 0;
-    char got[1024] = "";
-    size_t got_len = 0;
+    char got[1024] = "", seen[1024], seen_name[64];
+    size_t got_len = 0, seen_len = 0;
     for (int i = 0; i <= n_cuts; i++) {
         size_t to = i < n_cuts ? cuts[i] : n;
         const char *c;
         size_t c_len;
+        int before = rt_tc_n_calls(p);
         assert_int_equal(rt_tc_feed(p, w->text + at, to - at, i == n_cuts, &c, &c_len), 0);
+        /* arguments streamed in pieces are a prefix of the call's */
+        for (int k = before; k < rt_tc_n_calls(p) && seen_len; k++, seen_len = 0) {
+            assert_string_equal(rt_tc_call_at(p, k)->name, seen_name);
+            assert_memory_equal(rt_tc_call_at(p, k)->arguments, seen, seen_len);
+        }
+        const char *pn, *pa;
+        size_t pl;
+        if (rt_tc_pending(p, &pn, &pa, &pl)) {
+            assert_true(pl >= seen_len && pl < sizeof(seen));
+            assert_memory_equal(pa, seen, seen_len);
+            memcpy(seen, pa, pl);
+            seen_len = pl;
+            snprintf(seen_name, sizeof(seen_name), "%s", pn);
+            n_pending++;
+        }
         assert_true(got_len + c_len < sizeof(got));
         memcpy(got + got_len, c, c_len);
         got_len += c_len;
@@ -119,6 +137,7 @@ static void test_recorded(void **state)
         run(w, every, (int)n + 1);
         free(every);
     }
+    assert_true(n_pending > 100);
 }
 
 /* Content that streams goes out as it comes, but for what may open a call. */

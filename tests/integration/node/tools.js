@@ -38,12 +38,14 @@ async function main() {
     const streamed = async (extra) => {
         const s = await client.chat.completions.create({...base, tools, stream : true, ...extra});
         const acc = [];
-        let finish = null, content = '', chunks = 0;
+        let finish = null, content = '', chunks = 0, pieces = 0;
         for await (const chunk of s) {
             for (const c of chunk.choices) {
                 content += c.delta.content || '';
                 for (const d of c.delta.tool_calls || []) {
                     chunks++;
+                    if (!d.id && !(d.function && d.function.name))
+                        pieces++; // a piece of the arguments alone
                     const a = acc[d.index] || (acc[d.index] = {id : '', type : '', name : '', arguments : ''});
                     a.id += d.id || '';
                     a.type += d.type || '';
@@ -54,7 +56,7 @@ async function main() {
                     finish = c.finish_reason;
             }
         }
-        return {finish, content, calls : acc, chunks};
+        return {finish, content, calls : acc, chunks, pieces};
     };
     const seeds = [ 1, 2, 3, 4, 5, 6 ];
     const out = {};
