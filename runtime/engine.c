@@ -294,6 +294,8 @@ static int settle_chat(rt_engine *e, const rt_engine_opts *o, char *err, size_t 
     if (e->chat_forced)
         e->chat_kind = (rt_chat_kind)o->chat_kind;
     e->tc_format = tool_format(e, tmpl.p, tmpl.n);
+    e->thinks = rt_think_template(tmpl.p, tmpl.n) || e->chat_kind == RT_CHAT_QWEN3 ||
+                e->chat_kind == RT_CHAT_QWEN3_THINKING;
     int rc = load_templates(e, o, tmpl.p, tmpl.n, why, sizeof(why), err, err_len);
     free(file);
     if (rc)

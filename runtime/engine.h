@@ -108,6 +108,10 @@ typedef struct rt_engine_req {
      * fresh seed where it named none), the stop strings (the request's,
      * and the turn end where the model does not end turns itself). */
     rt_sched_req run;
+    /* A chat from a model that thinks in <think> blocks: 1 its answer may
+     * open one, 2 it starts inside one (the prompt opened it): its
+     * reasoning is split out with an rt_think (reasoning.h); 0: no. */
+    int reasoning;
     /* private: the storage run points into */
     int32_t *prompt_;
     rt_grammar *grammar_;

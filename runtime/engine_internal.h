@@ -7,6 +7,7 @@
 #include "runtime/engine.h"
 #include "runtime/grammar/grammar.h"
 #include "runtime/jinja/jinja.h"
+#include "runtime/reasoning.h"
 #include "runtime/toolcall.h"
 
 #include <pthread.h>
@@ -41,6 +42,7 @@ struct rt_engine {
      * is compiled against, and the format the model writes tool calls in */
     rt_gvocab *gvocab;
     rt_tc_format tc_format;
+    bool thinks; /* its template writes <think> blocks: chats' reasoning is split out */
     char warnings[4][RT_ENGINE_WARNING_MAX];
     int n_warnings;
     _Atomic uint64_t next_seed; /* for requests that name none; the sampler mixes it */

@@ -189,9 +189,11 @@ static int render_chat(const rt_engine *e, const rt_oai_request *q, char **text,
     return rc;
 }
 
-/* Prompt tokens for a request; malloc'd, count in *n. NULL with *err
+/* Prompt tokens for a request; malloc'd, count in *n; *think_open: the
+ * chat's prompt leaves the answer inside a <think> block. NULL with *err
  * filled and *n < 0: -ENOMEM, -EINVAL. */
-static int32_t *prompt_tokens(const rt_engine *e, const rt_oai_request *q, int *n, rt_oai_error *err)
+static int32_t *prompt_tokens(const rt_engine *e, const rt_oai_request *q, int *n, bool *think_open,
+                              rt_oai_error *err)
 {
     if (q->prompt_tokens) {
         int32_t *t = malloc((size_t)q->n_prompt_tokens * sizeof(int32_t));
@@ -216,6 +218,7 @@ static int32_t *prompt_tokens(const rt_engine *e, const rt_oai_request *q, int *
         if ((*n = render_chat(e, q, &text, &plain, &n_plain, err)))
             return NULL;
         src = text;
+        *think_open = rt_think_open(text, strlen(text));
     }
     /* A prompt (or template) that writes BOS itself gets no second one. */
     bool bos = rt_tokenizer_add_bos_default(e->tok);
@@ -286,8 +289,10 @@ static int make_run(rt_engine *e, rt_engine_req *req, rt_oai_error *err)
     int n, rc;
     if ((rc = make_grammar(e, req, err)))
         return rc;
-    if (!(req->prompt_ = prompt_tokens(e, q, &n, err)))
+    bool think_open = false;
+    if (!(req->prompt_ = prompt_tokens(e, q, &n, &think_open, err)))
         return n;
+    req->reasoning = q->chat && e->thinks ? (think_open ? 2 : 1) : 0;
     rt_sampler_params sp = q->sampling;
     /* Without a seed every request draws anew, as OpenAI's do: a seed of 0
      * for all of them gave the same "random" completion every time. */

@@ -1067,25 +1067,28 @@ static char *dump_and_free(json_t *o)
 char *rt_oai_response_json(const rt_oai_head *h, const char *text, size_t text_len, const char *finish_reason,
                            const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp)
 {
-    return rt_oai_response_calls_json(h, text, text_len, finish_reason, usage, lp, n_lp, NULL, 0);
+    const rt_oai_answer a = {.text = text, .text_len = text_len};
+    return rt_oai_response_answer_json(h, &a, finish_reason, usage, lp, n_lp);
 }
 
-char *rt_oai_response_calls_json(const rt_oai_head *h, const char *text, size_t text_len,
-                                 const char *finish_reason, const rt_oai_usage *usage,
-                                 const rt_oai_logprob *lp, int n_lp, const rt_oai_tool_call *calls,
-                                 int n_calls)
+char *rt_oai_response_answer_json(const rt_oai_head *h, const rt_oai_answer *a, const char *finish_reason,
+                                  const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp)
 {
     bool ok = true, chat = h->chat;
+    const char *text = a->text;
+    size_t text_len = a->text_len;
     json_t *payload;
     if (chat) {
         payload = json_object();
         put(payload, "role", json_string("assistant"), &ok);
         /* a turn of tool calls alone has content null, as OpenAI's */
-        put(payload, "content", n_calls && !text_len ? json_null() : json_text(text, text ? text_len : 0),
+        put(payload, "content", a->n_calls && !text_len ? json_null() : json_text(text, text ? text_len : 0),
             &ok);
         put(payload, "refusal", json_null(), &ok);
-        if (n_calls)
-            put(payload, "tool_calls", calls_json(calls, n_calls, false), &ok);
+        if (a->reasoning)
+            put(payload, "reasoning_content", json_text(a->reasoning, a->reasoning_len), &ok);
+        if (a->n_calls)
+            put(payload, "tool_calls", calls_json(a->calls, a->n_calls, false), &ok);
         payload = done(payload, ok);
     } else {
         payload = json_text(text, text ? text_len : 0);
@@ -1177,13 +1180,11 @@ char *rt_oai_chunk_sse(const rt_oai_head *st, bool first, const char *text, size
     return sse;
 }
 
-char *rt_oai_calls_chunk_sse(const rt_oai_head *st, const rt_oai_tool_call *calls, int n_calls,
-                             size_t *out_len)
+/* A chat chunk whose delta is d (taken). */
+static char *delta_chunk_sse(const rt_oai_head *st, json_t *d, size_t *out_len)
 {
     bool ok = true;
-    json_t *delta = json_object();
-    put(delta, "tool_calls", calls_json(calls, n_calls, true), &ok);
-    json_t *choices = one(choice_json("delta", done(delta, ok), NULL, NULL));
+    json_t *choices = one(choice_json("delta", d, NULL, NULL));
     json_t *o = envelope(st->id, "chat.completion.chunk", st->created, st->model, choices);
     if (st->include_usage)
         put(o, "usage", json_null(), &ok);
@@ -1199,6 +1200,23 @@ char *rt_oai_calls_chunk_sse(const rt_oai_head *st, const rt_oai_tool_call *call
     if (out_len)
         *out_len = sse ? n + 8 : 0;
     return sse;
+}
+
+char *rt_oai_calls_chunk_sse(const rt_oai_head *st, const rt_oai_tool_call *calls, int n_calls,
+                             size_t *out_len)
+{
+    bool ok = true;
+    json_t *delta = json_object();
+    put(delta, "tool_calls", calls_json(calls, n_calls, true), &ok);
+    return delta_chunk_sse(st, done(delta, ok), out_len);
+}
+
+char *rt_oai_reasoning_chunk_sse(const rt_oai_head *st, const char *text, size_t len, size_t *out_len)
+{
+    bool ok = true;
+    json_t *delta = json_object();
+    put(delta, "reasoning_content", json_text(text, len), &ok);
+    return delta_chunk_sse(st, done(delta, ok), out_len);
 }
 
 static json_t *model_object(const char *model, long created)

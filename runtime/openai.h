@@ -156,12 +156,19 @@ typedef struct rt_oai_logprob {
  * "refusal":null}. */
 char *rt_oai_response_json(const rt_oai_head *h, const char *text, size_t text_len, const char *finish_reason,
                            const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp);
-/* The same with a chat's tool calls: the message carries them all (and
- * content null when it has no text). */
-char *rt_oai_response_calls_json(const rt_oai_head *h, const char *text, size_t text_len,
-                                 const char *finish_reason, const rt_oai_usage *usage,
-                                 const rt_oai_logprob *lp, int n_lp, const rt_oai_tool_call *calls,
-                                 int n_calls);
+/* What a chat's answer has beside its text: the model's reasoning
+ * (reasoning_content, where it is not NULL) and its tool calls (content
+ * null when it has no text). */
+typedef struct rt_oai_answer {
+    const char *text;
+    size_t text_len;
+    const char *reasoning;
+    size_t reasoning_len;
+    const rt_oai_tool_call *calls;
+    int n_calls;
+} rt_oai_answer;
+char *rt_oai_response_answer_json(const rt_oai_head *h, const rt_oai_answer *a, const char *finish_reason,
+                                  const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp);
 /* One SSE event "data: {...}\n\n" of a streamed response, with the delta
  * text (chat: the first chunk also carries "role":"assistant"), the
  * finish_reason on the last one (NULL before), the log-probabilities of
@@ -171,6 +178,8 @@ char *rt_oai_response_calls_json(const rt_oai_head *h, const char *text, size_t 
 char *rt_oai_chunk_sse(const rt_oai_head *h, bool first, const char *text, size_t text_len,
                        const char *finish_reason, const rt_oai_usage *usage, const rt_oai_logprob *lp,
                        int n_lp, size_t *out_len);
+/* A chat chunk whose delta is a piece of the model's reasoning_content. */
+char *rt_oai_reasoning_chunk_sse(const rt_oai_head *h, const char *text, size_t len, size_t *out_len);
 /* A chat chunk whose delta carries tool calls: each whole, its head (id,
  * name, the arguments so far), or a piece of its arguments (name NULL), as
  * OpenAI's stream sends a call's head and then its arguments in pieces. */

@@ -7,6 +7,7 @@
 #include "gateway/base/clock.h"
 #include "gateway/base/offload.h"
 #include "gateway/worker/logprobs.h"
+#include "runtime/reasoning.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -38,6 +39,7 @@ struct wreq {
     /* A chat with tools: its answer's tool calls read out of the text, and
      * how many of them have gone out (streamed) */
     rt_tc_parser *tc;
+    rt_think *think; /* a thinking model's chat: its reasoning split out */
     int calls_sent;
     bool head_sent;   /* the call being written: its head has gone out... */
     size_t args_sent; /* ...and this much of its arguments */
@@ -106,6 +108,7 @@ static void wreq_maybe_free(wreq *r)
     free(r->text);
     gw_lp_free(&r->lp);
     rt_tc_parser_free(r->tc);
+    rt_think_free(r->think);
     free(r);
 }
 
@@ -227,13 +230,20 @@ static const char *finish_of(const wreq *r, const char *finish)
     return r->tc && rt_tc_n_calls(r->tc) > 0 && finish && !strcmp(finish, "stop") ? "tool_calls" : finish;
 }
 
-/* The text of an event that is content: all of it, or with tools what the
- * parser lets out. false when out of memory. */
-static bool content_of(wreq *r, const rt_sched_event *ev, bool final, const char **text, size_t *len)
+/* An answer's next text split as the response says it: the reasoning (a
+ * thinking model's), the content (with tools: what the tool-call parser
+ * lets out) and, in the parser, the calls. false when out of memory. */
+static bool split(wreq *r, const char *text, size_t len, bool final, const char **reasoning,
+                  size_t *reasoning_len, const char **content, size_t *content_len)
 {
-    *text = ev->text;
-    *len = ev->text_len;
-    return !r->tc || rt_tc_feed(r->tc, ev->text ? ev->text : "", ev->text_len, final, text, len) == 0;
+    *reasoning = "";
+    *reasoning_len = 0;
+    *content = text ? text : "";
+    *content_len = len;
+    if (r->think &&
+        rt_think_feed(r->think, *content, len, final, reasoning, reasoning_len, content, content_len))
+        return false;
+    return !r->tc || rt_tc_feed(r->tc, *content, *content_len, final, content, content_len) == 0;
 }
 
 /* How much of s[0..n) is whole UTF-8 characters: a piece of a call's
@@ -315,12 +325,16 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
             return;
         r->sent_first = true;
     }
-    const char *text;
-    size_t len;
-    if (!content_of(r, ev, ev->kind == RT_EV_DONE, &text, &len)) {
+    const char *text, *reasoning;
+    size_t len, reasoning_len, n = 0;
+    if (!split(r, ev->text, ev->text_len, ev->kind == RT_EV_DONE, &reasoning, &reasoning_len, &text, &len)) {
         abandon(r);
         return;
     }
+    const rt_oai_head h = head_of(r);
+    char *rc = reasoning_len ? rt_oai_reasoning_chunk_sse(&h, reasoning, reasoning_len, &n) : NULL;
+    if (reasoning_len && !write_sse(r, rc, n))
+        return;
     if (len && !write_chunk(r, false, text, len, NULL, NULL))
         return;
     if (!write_calls(r) || ev->kind != RT_EV_DONE)
@@ -349,19 +363,20 @@ static void handle_whole_event(wreq *r, const rt_sched_event *ev)
     bool oom = false;
     const int n_lp = gw_lp_ready(&r->lp, r->lp_ready);
     rt_oai_logprob *lp = gw_lp_render(&r->lp, n_lp, rt_engine_tokenizer(r->w->engine), &oom);
-    const char *text = r->text ? r->text : "";
-    size_t len = r->text_len;
-    int n_calls = 0;
+    rt_oai_answer a = {0};
     rt_oai_tool_call *calls = NULL;
-    if (r->tc) {
-        oom = oom || rt_tc_feed(r->tc, text, len, true, &text, &len) != 0;
-        calls = oom ? NULL : calls_of(r, 0, &n_calls);
-        oom = oom || n_calls != rt_tc_n_calls(r->tc);
+    oom = oom || !split(r, r->text, r->text_len, true, &a.reasoning, &a.reasoning_len, &a.text, &a.text_len);
+    if (r->tc && !oom) {
+        calls = calls_of(r, 0, &a.n_calls);
+        a.calls = calls;
+        oom = a.n_calls != rt_tc_n_calls(r->tc);
     }
-    respond_json(r->stream, 200,
-                 oom ? NULL
-                     : rt_oai_response_calls_json(&h, text, len, finish_of(r, ev->finish_reason), &u, lp,
-                                                  lp ? n_lp : 0, calls, n_calls));
+    if (!r->think || !a.reasoning_len) /* null, as vLLM's */
+        a.reasoning = NULL;
+    respond_json(
+        r->stream, 200,
+        oom ? NULL
+            : rt_oai_response_answer_json(&h, &a, finish_of(r, ev->finish_reason), &u, lp, lp ? n_lp : 0));
     free(calls);
     free(lp);
 }
@@ -489,7 +504,8 @@ static void submit_prepared(gw_worker *w, wprep *p)
         r->stream_mode = p->req.q.stream;
         r->include_usage = p->req.q.include_usage;
         r->logprobs = p->req.q.logprobs;
-        if (p->req.q.tools && !(r->tc = rt_tc_parser_new(rt_engine_tool_format(w->engine)))) {
+        if ((p->req.q.tools && !(r->tc = rt_tc_parser_new(rt_engine_tool_format(w->engine)))) ||
+            (p->req.reasoning && !(r->think = rt_think_new(p->req.reasoning == 2)))) {
             rt_engine_error_oom(&p->e);
             respond_error_after(r->stream, &p->e, 1);
             return;

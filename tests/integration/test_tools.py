@@ -174,4 +174,30 @@ for body, param, needle in [
 
 w.terminate()
 w.wait(timeout=30)
+
+# --- a thinking model's reasoning goes to reasoning_content: DeepSeek-R1's
+# template opens <think> in the prompt; a grammar makes the random model
+# close it and answer ---
+tmpl = open(os.path.join(os.path.dirname(__file__), "..", "fixtures", "templates",
+                         "deepseek-r1-distill-qwen-32b.jinja")).read()
+r1 = gen_model(os.path.join(d, "r1.gguf"), dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=512, ctx=1024,
+               type="f32", seed=5, chat_template=tmpl)
+port = free_port()
+URL = "http://127.0.0.1:%d" % port
+w = spawn([INFERGATE, "worker", "--model", r1, "--model-name", "m", "--listen", "tcp:127.0.0.1:%d" % port,
+           "--threads", "2"], os.path.join(d, "w2.log"))
+wait_until(lambda: curl(URL + "/health", timeout=2)[0] == 200 or w.poll() is not None, 60, "worker health")
+think = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "seed": 4,
+         "grammar": 'root ::= [a-z ]{3,20} "</think>" "\\n\\n" [a-z]{1,10}'}
+s, _, b = curl(URL + "/v1/chat/completions", data=think)
+msg = json.loads(b)["choices"][0]["message"] if s == 200 else {}
+s2, _, b2 = curl(URL + "/v1/chat/completions", data=dict(think, stream=True))
+deltas = [json.loads(x[6:])["choices"][0]["delta"] for x in b2.decode().split("\n\n")
+          if x.startswith("data: {")] if s2 == 200 else []
+t.ok(__import__("re").fullmatch(r"[a-z ]{3,20}", msg.get("reasoning_content") or "")
+     and __import__("re").fullmatch(r"[a-z]{1,10}", msg.get("content") or ""),
+     "reasoning_content holds the thinking, content the answer: %d %s" % (s, msg or b[:300]))
+t.ok("".join(x.get("reasoning_content", "") for x in deltas) == msg.get("reasoning_content")
+     and "".join(x.get("content") or "" for x in deltas) == msg.get("content"),
+     "streamed: delta.reasoning_content then delta.content, the same texts")
 t.finish()
