@@ -372,6 +372,7 @@ int rt_engine_load(const rt_engine_opts *o, rt_engine **out, char *err, size_t e
     }
     warn_pre(e);
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gmu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -423,6 +424,8 @@ void rt_engine_free(rt_engine *e)
     }
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
+    rt_engine_grammars_free(e);
+    pthread_mutex_destroy(&e->gmu);
     rt_jinja_free(e->tmpl);
     rt_jinja_free(e->tmpl_tools);
     rt_gvocab_free(e->gvocab);

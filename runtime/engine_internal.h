@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 
 #define RT_ENGINE_WARNING_MAX 384
+#define RT_ENGINE_GRAMMARS 16
 
 typedef struct rt_engine_qev rt_engine_qev;
 
@@ -43,6 +44,17 @@ struct rt_engine {
     rt_gvocab *gvocab;
     rt_tc_format tc_format;
     bool thinks; /* its template writes <think> blocks: chats' reasoning is split out */
+    /* The grammars compiled last, by their GBNF text: requests with the
+     * same schema share one, and with it the masks it has worked out (a
+     * grammar's first steps cost ~100x its later ones). Under gmu; any
+     * thread. */
+    pthread_mutex_t gmu;
+    struct {
+        char *gbnf;
+        rt_grammar *g;
+        uint64_t used;
+    } grammars[RT_ENGINE_GRAMMARS];
+    uint64_t grammar_clock;
     char warnings[4][RT_ENGINE_WARNING_MAX];
     int n_warnings;
     _Atomic uint64_t next_seed; /* for requests that name none; the sampler mixes it */
@@ -59,6 +71,11 @@ struct rt_engine {
     void (*wake)(void *arg);
     void *wake_arg;
 };
+
+/* The grammar of GBNF text src (a reference in *out), compiled or found
+ * among the last ones: as rt_grammar_new. */
+int rt_engine_grammar(rt_engine *e, const char *src, size_t len, rt_grammar **out, char *err, size_t err_len);
+void rt_engine_grammars_free(rt_engine *e);
 
 /* "the request's deadline passed before it could start", 504. */
 void rt_engine_error_deadline(rt_oai_error *err);

@@ -240,6 +240,45 @@ static int32_t *prompt_tokens(const rt_engine *e, const rt_oai_request *q, int *
     return t;
 }
 
+int rt_engine_grammar(rt_engine *e, const char *src, size_t len, rt_grammar **out, char *err, size_t err_len)
+{
+    pthread_mutex_lock(&e->gmu);
+    int oldest = 0;
+    for (int i = 0; i < RT_ENGINE_GRAMMARS; i++) {
+        if (e->grammars[i].gbnf && strlen(e->grammars[i].gbnf) == len &&
+            !memcmp(e->grammars[i].gbnf, src, len)) {
+            e->grammars[i].used = ++e->grammar_clock;
+            *out = rt_grammar_ref(e->grammars[i].g);
+            pthread_mutex_unlock(&e->gmu);
+            return 0;
+        }
+        if (e->grammars[i].used < e->grammars[oldest].used)
+            oldest = i;
+    }
+    pthread_mutex_unlock(&e->gmu);
+    /* compiled unlocked: another thread may compile the same meanwhile */
+    int rc = rt_grammar_new(src, len, e->gvocab, out, err, err_len);
+    char *copy = rc ? NULL : strndup(src, len);
+    if (!copy)
+        return rc;
+    pthread_mutex_lock(&e->gmu);
+    free(e->grammars[oldest].gbnf);
+    rt_grammar_free(e->grammars[oldest].g);
+    e->grammars[oldest].gbnf = copy;
+    e->grammars[oldest].g = rt_grammar_ref(*out);
+    e->grammars[oldest].used = ++e->grammar_clock;
+    pthread_mutex_unlock(&e->gmu);
+    return 0;
+}
+
+void rt_engine_grammars_free(rt_engine *e)
+{
+    for (int i = 0; i < RT_ENGINE_GRAMMARS; i++) {
+        free(e->grammars[i].gbnf);
+        rt_grammar_free(e->grammars[i].g);
+    }
+}
+
 /* The grammar the answer is held to: the request's GBNF, its
  * response_format's schema, or the tool calls tool_choice asks for. 0 (and
  * req->grammar_ NULL where none), or -EINVAL / -ENOMEM with *err. */
@@ -272,8 +311,8 @@ static int make_grammar(rt_engine *e, rt_engine_req *req, rt_oai_error *err)
         return 0;
     }
     if (!rc)
-        rc = rt_grammar_new(q->grammar ? q->grammar : gbnf, q->grammar ? strlen(q->grammar) : len, e->gvocab,
-                            &req->grammar_, why, sizeof(why));
+        rc = rt_engine_grammar(e, q->grammar ? q->grammar : gbnf, q->grammar ? strlen(q->grammar) : len,
+                               &req->grammar_, why, sizeof(why));
     free(gbnf);
     if (rc == -ENOMEM)
         rt_engine_error_oom(err);
