@@ -30,9 +30,10 @@ typedef enum kn_type {
     KN_TYPE_IQ4_NL = 20,
     KN_TYPE_IQ4_XS = 23,
     KN_TYPE_BF16 = 30,
+    KN_TYPE_MXFP4 = 39, /* OCP microscaling FP4: gpt-oss's experts */
 } kn_type;
 /* One past the largest number above: the size of per-type tables. */
-#define KN_TYPE_COUNT 31
+#define KN_TYPE_COUNT 40
 
 /* A weight type repacked in memory for a backend's packed gemm
  * (kn_ops.gemm_packed, kn_pack): the file type with this bit set. Never in
@@ -80,11 +81,13 @@ typedef struct kn_type_traits {
 /* The traits of a ggml type number this build knows, or NULL. */
 const kn_type_traits *kn_type_traits_of(uint32_t type);
 
-/* True for the tensor types the runtime loads from a model file today (F32,
- * F16, Q8_0, Q4_0): the kernels compute with every type kn_type_traits_of
- * knows, and the runtime takes the others on as its loaders and its CUDA
- * plugin learn them. */
+/* True for the tensor types the runtime loads from a model file: every type
+ * kn_type_traits_of knows but Q8_K (activations only, never a weight). */
 bool kn_type_supported(uint32_t type);
+/* ggml's enum name of any type number ggml has given ("IQ2_XXS", "Q4_K",
+ * "MXFP4"; removed ones too), whether this build knows the type or not; NULL
+ * for a number ggml never gave (as of Q2_0 = 42). For messages. */
+const char *kn_ggml_type_name(uint32_t type);
 /* ggml's name of a type kn_type_traits_of knows ("q8_0", "q4_K"), or NULL. */
 const char *kn_type_name(uint32_t type);
 /* Parses a name as above, case aside ("Q4_K" too); returns 0 or -1. */
@@ -157,7 +160,7 @@ void kn_pack_q4_0(const void *w, int n_out, int n_in, void *dst);
  * rows, with their scales unpacked to bytes or halves beside them (the
  * layouts are described in kn_pack.c). Q8_0 and Q4_0 as kn_pack_q8_0 and
  * kn_pack_q4_0. kn_pack_bytes is 0 for a type without a packed layout (the
- * float types) or sizes that are not whole blocks. */
+ * float types, and MXFP4 for now) or sizes that are not whole blocks. */
 size_t kn_pack_bytes(kn_type t, int n_out, int n_in);
 void kn_pack(kn_type t, const void *w, int n_out, int n_in, void *dst);
 
@@ -313,6 +316,14 @@ int kn_matmul_n(kn_ctx *ctx, kn_type wtype, int n_in, const float *x, int n_rows
 void kn_rmsnorm(kn_ctx *ctx, float *y, const float *x, const float *g, int n_rows, int n, float eps);
 /* Row-wise gate = silu(gate) * up. */
 void kn_silu_mul(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n);
+/* Row-wise gate = gelu(gate) * up, GELU in the tanh approximation ggml uses
+ * (computed in float, where ggml's CPU path looks it up in a half-precision
+ * table). Scalar in every backend: fast and reference agree bit for bit. */
+void kn_gelu_mul(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n);
+/* Row-wise clamped SwiGLU of gpt-oss, as ggml's swiglu_oai: g = min(gate,
+ * limit), u = clamp(up, -limit, limit), gate = g * sigmoid(alpha * g) *
+ * (u + 1). Scalar in every backend. */
+void kn_swiglu_oai(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n, float alpha, float limit);
 
 /* Rotary position embedding, in place, on n_rows rows of n_heads * head_dim.
  * Row r is at position pos[r]. Only the first rope_dim elements of each head
@@ -358,5 +369,25 @@ size_t kn_kv_row_units(kn_type kv_type, int head_dim);
 /* Returns 0 or -ENOMEM (score scratch for a longer context than before). */
 int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, int n_kv_head, int head_dim,
                  float scale);
+
+/* The same with the variations of newer model families, every one off when
+ * zero or NULL:
+ *   softcap > 0: each (scaled) score s becomes softcap * tanh(s / softcap)
+ *                before the softmax (Gemma 2);
+ *   sinks:       one logit per query head that joins its softmax without a
+ *                value row (gpt-oss's attention sinks): the weights then sum
+ *                to less than one;
+ *   window > 0:  the query at position p sees keys p - window + 1 .. p only
+ *                (sliding-window layers); blocks wholly before the first
+ *                row's window are never read, so a cache may have handed
+ *                them back (their table entries are then not dereferenced). */
+typedef struct kn_attn_params {
+    int n_head, n_kv_head, head_dim;
+    float scale;
+    float softcap;
+    const float *sinks;
+    int window;
+} kn_attn_params;
+int kn_attention_ex(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, const kn_attn_params *p);
 
 #endif

@@ -643,6 +643,63 @@ void kn_silu_mul(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n)
         silu_item(&j, r, 0);
 }
 
+/* GELU and gpt-oss's clamped SwiGLU: scalar here for every backend (their
+ * cost is one pass over the FFN's hidden rows, small beside its matmuls). */
+typedef struct glu_job {
+    float *gate;
+    const float *up;
+    int n;
+    float alpha, limit;
+} glu_job;
+
+static void gelu_item(void *arg, int r, int tid)
+{
+    (void)tid;
+    const glu_job *j = arg;
+    float *g = j->gate + (size_t)r * j->n;
+    const float *u = j->up + (size_t)r * j->n;
+    const float c = 0.79788456080286535588f; /* sqrt(2 / pi) */
+    for (int i = 0; i < j->n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x))) * u[i];
+    }
+}
+
+static void swiglu_oai_item(void *arg, int r, int tid)
+{
+    (void)tid;
+    const glu_job *j = arg;
+    float *g = j->gate + (size_t)r * j->n;
+    const float *u = j->up + (size_t)r * j->n;
+    for (int i = 0; i < j->n; i++) {
+        const float x = g[i] < j->limit ? g[i] : j->limit;
+        const float y = u[i] < -j->limit ? -j->limit : u[i] > j->limit ? j->limit : u[i];
+        g[i] = x / (1.0f + expf(-j->alpha * x)) * (y + 1.0f);
+    }
+}
+
+static void glu_run(kn_ctx *ctx, glu_job *j, int n_rows, void (*item)(void *, int, int))
+{
+    if ((int64_t)n_rows * j->n >= KN_PAR_MIN_ELEMS / 4) {
+        pool_run(ctx, n_rows, item, j);
+        return;
+    }
+    for (int r = 0; r < n_rows; r++)
+        item(j, r, 0);
+}
+
+void kn_gelu_mul(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n)
+{
+    glu_job j = {gate, up, n, 0.0f, 0.0f};
+    glu_run(ctx, &j, n_rows, gelu_item);
+}
+
+void kn_swiglu_oai(kn_ctx *ctx, float *gate, const float *up, int n_rows, int n, float alpha, float limit)
+{
+    glu_job j = {gate, up, n, alpha, limit};
+    glu_run(ctx, &j, n_rows, swiglu_oai_item);
+}
+
 /* ---- RoPE ------------------------------------------------------------------
  * Angles are computed in double and rounded once, in the reference and in the
  * table alike, so both rotate by the same float cos/sin and agree to the
@@ -793,7 +850,9 @@ typedef struct attn_job {
     size_t score_stride;       /* floats between two heads' scores */
     size_t row;                /* 16-bit units of one head's K or V row */
     size_t qq_off;             /* Q8_0 cache: the quantized queries, in floats after the scores */
-    float scale;
+    float scale, softcap;
+    const float *sinks;
+    int window;
 } attn_job;
 
 static inline void prefetch_span(const uint16_t *p, size_t n)
@@ -807,16 +866,48 @@ static inline void prefetch_span(const uint16_t *p, size_t n)
  * one row an item read the whole context again for every row. */
 #define KN_ATTN_TILE 4
 
-/* Positions of the block at p that row's query sees (causal): 0 past it. */
-static inline int attn_run(const kn_attn_seq *sq, int row, int p)
+/* The first position the query at `pos` sees. */
+static inline int attn_first(const attn_job *j, int pos)
 {
-    const int n_ctx = sq->pos0 + row + 1, bt = sq->block_tokens;
-    return p >= n_ctx ? 0 : n_ctx - p < bt ? n_ctx - p : bt;
+    return j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
+}
+
+/* Positions of the block at p that row's query sees (causal, and within its
+ * window): *off of them skipped at the block's start, then the count
+ * returned (0: none). */
+static inline int attn_run(const attn_job *j, const kn_attn_seq *sq, int row, int p, int *off)
+{
+    const int pos = sq->pos0 + row, n_ctx = pos + 1, bt = sq->block_tokens;
+    const int lo = attn_first(j, pos);
+    const int a = p > lo ? p : lo, b = n_ctx < p + bt ? n_ctx : p + bt;
+    *off = a - p;
+    return b > a ? b - a : 0;
 }
 
 static inline int attn_tiles(int n_q)
 {
     return n_q / KN_ATTN_TILE + (n_q % KN_ATTN_TILE != 0);
+}
+
+/* softmax over x[0, n), with a sink logit that takes its share of the sum
+ * and gives no value (NULL: none). */
+static void attn_softmax(const kn_ops *ops, float *x, int n, const float *sink)
+{
+    if (!sink) {
+        ops->softmax(x, n);
+        return;
+    }
+    float m = *sink;
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    double sum = exp((double)*sink - m);
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++)
+        x[i] *= inv;
 }
 
 /* One work item is one (sequence, tile of query rows, run of KV heads). A
@@ -825,7 +916,9 @@ static inline int attn_tiles(int n_q)
  * where a head at a time would be many short strided ones. Two passes,
  * scores then weighted sums, with every query head of a KV head's group,
  * and every row of the tile, reading its rows while they are in cache. A
- * row's arithmetic is what it is alone: the same bits whatever the tile. */
+ * row's arithmetic is what it is alone: the same bits whatever the tile.
+ * Scores are kept at their absolute positions; a sliding window only
+ * narrows the range each row fills and reads. */
 static void attn_item(void *arg, int item, int tid)
 {
     const attn_job *j = arg;
@@ -843,6 +936,7 @@ static void attn_item(void *arg, int item, int tid)
     const int group = j->n_head / j->n_kv_head, hd = j->head_dim, bt = sq->block_tokens;
     const int heads = (kv1 - kv0) * group;          /* query heads of the item, from kv0 * group */
     const int n_ctx_max = sq->pos0 + row0 + n_rows; /* the tile's last row's */
+    const int p0 = attn_first(j, sq->pos0 + row0) / bt * bt; /* the first block any row sees */
     float *sc = j->ctx->score[tid];
     const size_t rw = j->row, rw_bytes = rw * sizeof(uint16_t); /* a quantized query row too */
     char *qq = (char *)(sc + j->qq_off);
@@ -857,53 +951,60 @@ static void attn_item(void *arg, int item, int tid)
                 ops->quantize_q8_0(ATTN_Q(r, h), ATTN_QQ(r, h), hd);
 
     const size_t span = (size_t)(kv1 - kv0) * bt * rw; /* 16-bit units of the heads' rows in a block */
-    for (int p = 0; p < n_ctx_max; p += bt) {
+    for (int p = p0; p < n_ctx_max; p += bt) {
         const uint16_t *k = sq->blocks[p / bt] + sq->k_off;
         /* the next block lies elsewhere in the pool: no prefetcher guesses it */
         prefetch_span(p + bt < n_ctx_max ? sq->blocks[p / bt + 1] + sq->k_off + (size_t)kv0 * bt * rw
-                                         : sq->blocks[0] + sq->v_off + (size_t)kv0 * bt * rw,
+                                         : sq->blocks[p0 / bt] + sq->v_off + (size_t)kv0 * bt * rw,
                       span);
         for (int kvh = kv0; kvh < kv1; kvh++)
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
                 for (int r = 0; r < n_rows; r++) {
-                    const int run = attn_run(sq, row0 + r, p);
+                    int off;
+                    const int run = attn_run(j, sq, row0 + r, p, &off);
                     if (!run)
                         continue;
-                    float *o = ATTN_SC(r, h) + p;
-                    const uint16_t *kr = k + (size_t)kvh * bt * rw;
+                    float *o = ATTN_SC(r, h) + p + off;
+                    const uint16_t *kr = k + ((size_t)kvh * bt + off) * rw;
                     if (!q8) {
                         ops->kv_scores(ATTN_Q(r, h), kr, rw, run, hd, j->scale, o);
-                        continue;
+                    } else {
+                        /* K rows as a gemm's weight rows: the decode matvec's
+                         * layout, eight rows' sums in one vector, where the
+                         * dot reduces each */
+                        if (ops->gemm[KN_TYPE_Q8_0])
+                            ops->gemm[KN_TYPE_Q8_0](kr, rw_bytes, run, ATTN_QQ(r, h), rw_bytes, 1, hd, o,
+                                                    (size_t)run);
+                        else
+                            ops->dot[KN_TYPE_Q8_0](ATTN_QQ(r, h), kr, rw_bytes, run, hd, o);
+                        for (int i = 0; i < run; i++)
+                            o[i] *= j->scale;
                     }
-                    /* K rows as a gemm's weight rows: the decode matvec's
-                     * layout, eight rows' sums in one vector, where the dot
-                     * reduces each */
-                    if (ops->gemm[KN_TYPE_Q8_0])
-                        ops->gemm[KN_TYPE_Q8_0](kr, rw_bytes, run, ATTN_QQ(r, h), rw_bytes, 1, hd, o, (size_t)run);
-                    else
-                        ops->dot[KN_TYPE_Q8_0](ATTN_QQ(r, h), kr, rw_bytes, run, hd, o);
-                    for (int i = 0; i < run; i++)
-                        o[i] *= j->scale;
+                    if (j->softcap > 0.0f)
+                        for (int i = 0; i < run; i++)
+                            o[i] = j->softcap * tanhf(o[i] / j->softcap);
                 }
     }
     /* Cleared only now, after q was read, so out may alias q. */
     for (int r = 0; r < n_rows; r++)
         for (int h = kv0 * group; h < kv1 * group; h++) {
-            ops->softmax(ATTN_SC(r, h), sq->pos0 + row0 + r + 1);
+            const int lo = attn_first(j, sq->pos0 + row0 + r);
+            attn_softmax(ops, ATTN_SC(r, h) + lo, sq->pos0 + row0 + r + 1 - lo, j->sinks ? &j->sinks[h] : NULL);
             memset(ATTN_OUT(r, h), 0, (size_t)hd * sizeof(float));
         }
-    for (int p = 0; p < n_ctx_max; p += bt) {
+    for (int p = p0; p < n_ctx_max; p += bt) {
         const uint16_t *v = sq->blocks[p / bt] + sq->v_off;
         if (p + bt < n_ctx_max)
             prefetch_span(sq->blocks[p / bt + 1] + sq->v_off + (size_t)kv0 * bt * rw, span);
         for (int kvh = kv0; kvh < kv1; kvh++)
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
                 for (int r = 0; r < n_rows; r++) {
-                    const int run = attn_run(sq, row0 + r, p);
+                    int off;
+                    const int run = attn_run(j, sq, row0 + r, p, &off);
                     if (!run)
                         continue;
-                    const float *w = ATTN_SC(r, h) + p;
-                    const uint16_t *vr = v + (size_t)kvh * bt * rw;
+                    const float *w = ATTN_SC(r, h) + p + off;
+                    const uint16_t *vr = v + ((size_t)kvh * bt + off) * rw;
                     if (q8)
                         ops->kv_accum_q8_0(ATTN_OUT(r, h), w, vr, rw_bytes, run, hd);
                     else
@@ -919,7 +1020,14 @@ static void attn_item(void *arg, int item, int tid)
 int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, int n_kv_head, int head_dim,
                  float scale)
 {
-    if (n_seqs < 0 || n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head != 0)
+    const kn_attn_params p = {.n_head = n_head, .n_kv_head = n_kv_head, .head_dim = head_dim, .scale = scale};
+    return kn_attention_ex(ctx, seqs, n_seqs, &p);
+}
+
+int kn_attention_ex(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, const kn_attn_params *ap)
+{
+    const int n_head = ap->n_head, n_kv_head = ap->n_kv_head, head_dim = ap->head_dim;
+    if (n_seqs < 0 || ap->window < 0 || n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head != 0)
         return -EINVAL;
     int64_t rows = 0;
     int max_ctx = 0;
@@ -986,7 +1094,10 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
                   .score_stride = score_stride,
                   .row = row,
                   .qq_off = qq_off,
-                  .scale = scale};
+                  .scale = ap->scale,
+                  .softcap = ap->softcap,
+                  .sinks = ap->sinks,
+                  .window = ap->window};
     pool_run(ctx, (int)(tiles * n_chunks), attn_item, &j);
     return 0;
 }

@@ -764,6 +764,54 @@ void kn_dequantize_iq4_nl(const void *vx, float *y, int64_t n)
     }
 }
 
+/* ---- MXFP4 ------------------------------------------------------------------ */
+
+/* The index of the level nearest x / d, the first among equals (ggml's
+ * best_index_mxfp4, which compares each level's error in turn). */
+static int mxfp4_index(float x, float d)
+{
+    int best = 0;
+    float best_err = fabsf(kn_mxfp4_values[0] * d - x);
+    for (int i = 1; i < 16; i++) {
+        const float err = fabsf(kn_mxfp4_values[i] * d - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+/* ggml's quantize_row_mxfp4_ref: the exponent that puts the largest
+ * magnitude in the top binade of E2M1 (6 = 1.5 * 2^2), then each value's
+ * nearest level. */
+void kn_quantize_mxfp4(const float *x, void *vy, int64_t n)
+{
+    kn_block_mxfp4 *y = vy;
+    for (int64_t i = 0; i < n / KN_QK_MXFP4; i++, x += KN_QK_MXFP4) {
+        float amax = 0.0f;
+        for (int j = 0; j < KN_QK_MXFP4; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        const uint8_t e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+        const float d = kn_e8m0_half(e);
+        y[i].e = e;
+        for (int j = 0; j < KN_QK_MXFP4 / 2; j++)
+            y[i].qs[j] = (uint8_t)(mxfp4_index(x[j], d) | mxfp4_index(x[j + 16], d) << 4);
+    }
+}
+
+void kn_dequantize_mxfp4(const void *vx, float *y, int64_t n)
+{
+    const kn_block_mxfp4 *x = vx;
+    for (int64_t i = 0; i < n / KN_QK_MXFP4; i++, y += KN_QK_MXFP4) {
+        const float d = kn_e8m0_half(x[i].e);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * kn_mxfp4_values[x[i].qs[j] & 0xf];
+            y[j + 16] = d * kn_mxfp4_values[x[i].qs[j] >> 4];
+        }
+    }
+}
+
 void kn_quantize_iq4_xs(const float *x, void *vy, int64_t n)
 {
     kn_block_iq4_xs *y = vy;

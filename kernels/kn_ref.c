@@ -135,6 +135,17 @@ static void legacy_unpack(kn_type t, const void *w, int ib, int8_t q[32], float 
             *m = kn_fp16_to_fp32(b1->m);
         return;
     }
+    case KN_TYPE_MXFP4: {
+        /* ggml's vec_dot_mxfp4_q8_0: d = 2^(e-128) * dx times the integer
+         * dot; the min term below adds an exact 0 */
+        const kn_block_mxfp4 *b = (const kn_block_mxfp4 *)w + ib;
+        for (int j = 0; j < 16; j++) {
+            q[j] = kn_mxfp4_values[b->qs[j] & 0xf];
+            q[j + 16] = kn_mxfp4_values[b->qs[j] >> 4];
+        }
+        *d = kn_e8m0_half(b->e);
+        return;
+    }
     default: { /* IQ4_NL */
         const kn_block_iq4_nl *b = (const kn_block_iq4_nl *)w + ib;
         for (int j = 0; j < 16; j++) {
@@ -326,6 +337,7 @@ REF_TYPE(Q4_1, q4_1, ref_dot_legacy)
 REF_TYPE(Q5_0, q5_0, ref_dot_legacy)
 REF_TYPE(Q5_1, q5_1, ref_dot_legacy)
 REF_TYPE(IQ4_NL, iq4_nl, ref_dot_legacy)
+REF_TYPE(MXFP4, mxfp4, ref_dot_legacy)
 REF_TYPE(Q2_K, q2_K, ref_dot_kquant)
 REF_TYPE(Q3_K, q3_K, ref_dot_kquant)
 REF_TYPE(Q4_K, q4_K, ref_dot_kquant)
@@ -415,11 +427,13 @@ static const kn_ops ops_ref = {
             [KN_TYPE_Q8_0] = ref_dot_q8_0,  [KN_TYPE_Q4_0] = ref_dot_q4_0, [KN_TYPE_Q4_1] = ref_dot_q4_1,
             [KN_TYPE_Q5_0] = ref_dot_q5_0,  [KN_TYPE_Q5_1] = ref_dot_q5_1, [KN_TYPE_IQ4_NL] = ref_dot_iq4_nl,
             [KN_TYPE_Q2_K] = ref_dot_q2_K,  [KN_TYPE_Q3_K] = ref_dot_q3_K, [KN_TYPE_Q4_K] = ref_dot_q4_K,
-            [KN_TYPE_Q5_K] = ref_dot_q5_K,  [KN_TYPE_Q6_K] = ref_dot_q6_K, [KN_TYPE_IQ4_XS] = ref_dot_iq4_xs},
+            [KN_TYPE_Q5_K] = ref_dot_q5_K,  [KN_TYPE_Q6_K] = ref_dot_q6_K, [KN_TYPE_IQ4_XS] = ref_dot_iq4_xs,
+            [KN_TYPE_MXFP4] = ref_dot_mxfp4},
     .gemm = {[KN_TYPE_Q8_0] = ref_gemm_q8_0,  [KN_TYPE_Q4_0] = ref_gemm_q4_0,    [KN_TYPE_Q4_1] = ref_gemm_q4_1,
              [KN_TYPE_Q5_0] = ref_gemm_q5_0,  [KN_TYPE_Q5_1] = ref_gemm_q5_1,    [KN_TYPE_IQ4_NL] = ref_gemm_iq4_nl,
              [KN_TYPE_Q2_K] = ref_gemm_q2_K,  [KN_TYPE_Q3_K] = ref_gemm_q3_K,    [KN_TYPE_Q4_K] = ref_gemm_q4_K,
-             [KN_TYPE_Q5_K] = ref_gemm_q5_K,  [KN_TYPE_Q6_K] = ref_gemm_q6_K,    [KN_TYPE_IQ4_XS] = ref_gemm_iq4_xs},
+             [KN_TYPE_Q5_K] = ref_gemm_q5_K,  [KN_TYPE_Q6_K] = ref_gemm_q6_K,    [KN_TYPE_IQ4_XS] = ref_gemm_iq4_xs,
+             [KN_TYPE_MXFP4] = ref_gemm_mxfp4},
     .rmsnorm = ref_rmsnorm,
     .softmax = ref_softmax,
     .silu_mul = ref_silu_mul,

@@ -60,6 +60,7 @@ static const kn_type_traits type_traits[KN_TYPE_COUNT] = {
     KN_TRAITS(Q8_K, q8_K, KN_QK_K, Q8_K),
     KN_TRAITS(IQ4_NL, iq4_nl, KN_QK4_NL, Q8_0),
     KN_TRAITS(IQ4_XS, iq4_xs, KN_QK_K, Q8_K),
+    KN_TRAITS(MXFP4, mxfp4, KN_QK_MXFP4, Q8_0),
 #undef KN_TRAITS
     [KN_TYPE_BF16] = {"bf16", 1, sizeof(uint16_t), KN_TYPE_BF16, kn_dequantize_bf16, kn_quantize_bf16},
 };
@@ -71,7 +72,24 @@ const kn_type_traits *kn_type_traits_of(uint32_t type)
 
 bool kn_type_supported(uint32_t type)
 {
-    return type == KN_TYPE_F32 || type == KN_TYPE_F16 || type == KN_TYPE_Q4_0 || type == KN_TYPE_Q8_0;
+    return kn_type_traits_of(type) != NULL && type != KN_TYPE_Q8_K;
+}
+
+/* ggml's enum names (GGML_TYPE_ less its prefix) of every type number ggml
+ * has given, the removed ones too: what a refusal calls a type this build
+ * does not read. */
+static const char *const ggml_names[] = {
+    "F32",     "F16",    "Q4_0",    "Q4_1",     "Q4_2",     "Q4_3",       "Q5_0",       "Q5_1",
+    "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",     "Q4_K",     "Q5_K",       "Q6_K",       "Q8_K",
+    "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",    "IQ4_NL",   "IQ3_S",      "IQ2_S",      "IQ4_XS",
+    "I8",      "I16",    "I32",     "I64",      "F64",      "IQ1_M",      "BF16",       "Q4_0_4_4",
+    "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0",   "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
+    "NVFP4",   "Q1_0",   "Q2_0",
+};
+
+const char *kn_ggml_type_name(uint32_t type)
+{
+    return type < sizeof(ggml_names) / sizeof(ggml_names[0]) ? ggml_names[type] : NULL;
 }
 
 /* The packed types' names: the file type's, and " (packed)". */

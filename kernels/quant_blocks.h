@@ -21,6 +21,7 @@
 #define KN_QK5_0 32
 #define KN_QK5_1 32
 #define KN_QK4_NL 32
+#define KN_QK_MXFP4 32
 /* The K-quants' and IQ4_XS's super-block. */
 #define KN_QK_K 256
 #define KN_K_SCALE_SIZE 12
@@ -136,6 +137,14 @@ typedef struct kn_block_iq4_xs {
     uint8_t qs[KN_QK_K / 2];
 } kn_block_iq4_xs;
 
+/* MXFP4 (OCP microscaling): an E8M0 exponent e and 32 E2M1 values in
+ * Q4_0's nibble order: x[i] = 2^(e - 128) * kn_mxfp4_values[q[i]] (the
+ * levels are E2M1's doubled, hence the half of 2^(e - 127)). */
+typedef struct kn_block_mxfp4 {
+    uint8_t e;
+    uint8_t qs[KN_QK_MXFP4 / 2];
+} kn_block_mxfp4;
+
 KN_STATIC_ASSERT(sizeof(kn_block_q8_0) == 34, "Q8_0 block must be 34 bytes");
 KN_STATIC_ASSERT(sizeof(kn_block_q4_0) == 18, "Q4_0 block must be 18 bytes");
 KN_STATIC_ASSERT(sizeof(kn_block_q4_1) == 20, "Q4_1 block must be 20 bytes");
@@ -149,10 +158,25 @@ KN_STATIC_ASSERT(sizeof(kn_block_q6_K) == 210, "Q6_K block must be 210 bytes");
 KN_STATIC_ASSERT(sizeof(kn_block_q8_K) == 292, "Q8_K block must be 292 bytes");
 KN_STATIC_ASSERT(sizeof(kn_block_iq4_nl) == 18, "IQ4_NL block must be 18 bytes");
 KN_STATIC_ASSERT(sizeof(kn_block_iq4_xs) == 136, "IQ4_XS block must be 136 bytes");
+KN_STATIC_ASSERT(sizeof(kn_block_mxfp4) == 17, "MXFP4 block must be 17 bytes");
 
 /* The 16 levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl). */
 static const int8_t kn_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                            1,    13,   25,  38,  53,  69,  89,  113};
+
+/* E2M1's 16 values, doubled to integers (ggml's kvalues_mxfp4). */
+static const int8_t kn_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e - 128), the half of E8M0's 2^(e - 127), exactly (ggml's
+ * GGML_E8M0_TO_FP32_HALF: e 0 and 1 are subnormal floats). */
+static inline float kn_e8m0_half(uint8_t e)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
+    return v.f;
+}
 
 /* Q4_K and Q5_K: the 6-bit scale and min of group j < 8 from the 12 bytes.
  * Groups 0-3: the low 6 bits of bytes j (scale) and j + 4 (min); groups

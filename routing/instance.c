@@ -187,10 +187,12 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
     m.updated_ms = newest;
     m.version = version;
 
-    /* What every member has, in the lead's order. */
+    /* What every member has, in the lead's order, each once: a name the
+     * lead repeats (route_record_check refuses it; a caller may not have
+     * asked) would count its entries' load twice. */
     load_sum total_models = {0};
     for (int t = 0; t < L->n_tags; t++) {
-        bool all = true;
+        bool all = find(L->tags[0], sizeof(L->tags[0]), t, L->tags[t]) < 0;
         for (int i = 0; i < n && all; i++)
             all =
                 !member[i] || find(inst[i].tags[0], sizeof(inst[i].tags[0]), inst[i].n_tags, L->tags[t]) >= 0;
@@ -199,7 +201,7 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
     }
     for (int k = 0; k < L->n_models; k++) {
         load_sum ms = {0};
-        bool all = true;
+        bool all = find(L->models[0], sizeof(L->models[0]), k, L->models[k]) < 0;
         for (int i = 0; i < n && all; i++) {
             if (!member[i])
                 continue;

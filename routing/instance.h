@@ -37,7 +37,7 @@ int route_instance_decode(route_record *r, const char *value, size_t len, char *
  * Among them: capacity, running and queued add up; the TTFT and per-token
  * estimates are averaged over the entries that have one, weighted by
  * capacity; models and residency tags are those every entry has (a request
- * may reach any of them), with per-model load where every entry gives it
+ * may reach any of them), each once, with per-model load where every entry gives it
  * (the totals then count those models' workers only); prices are the
  * highest. updated_ms is the newest, and version a digest of every
  * entry's, so the region is news while any of its gateways writes. With no

@@ -213,7 +213,17 @@ static int parse_str(const char *field, const char *v, char *dst, size_t size, c
     return 0;
 }
 
-/* A comma-separated list into count slots of `size` bytes each. */
+/* The index of s among the first n slots of `size` bytes, or -1. */
+static int find_item(const char *items, size_t size, int n, const char *s)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(items + (size_t)i * size, s))
+            return i;
+    return -1;
+}
+
+/* A comma-separated list into count slots of `size` bytes each, no entry
+ * twice. */
 static int parse_list(const char *field, const char *v, char *dst, size_t size, int max, int *count,
                       char *err, size_t err_len)
 {
@@ -239,6 +249,10 @@ static int parse_list(const char *field, const char *v, char *dst, size_t size, 
             return fail(err, err_len, "%s: entry %d has leading or trailing spaces", field, n + 1);
         memcpy(dst + (size_t)n * size, p, len);
         dst[(size_t)n * size + len] = '\0';
+        /* A name twice would count its load twice in a merge. */
+        int twin = find_item(dst, size, n, dst + (size_t)n * size);
+        if (twin >= 0)
+            return fail(err, err_len, "%s: entry %d repeats entry %d", field, n + 1, twin + 1);
         if (!c)
             break;
         p = c + 1;
@@ -459,6 +473,9 @@ static int check_list(const char *field, const char *items, size_t size, int n, 
             return fail(err, err_len, "%s: contains a comma", name);
         if (s[0] == ' ' || s[strlen(s) - 1] == ' ')
             return fail(err, err_len, "%s: has leading or trailing spaces", name);
+        int twin = find_item(items, size, i, s);
+        if (twin >= 0)
+            return fail(err, err_len, "%s: repeats %s[%d]", name, field, twin);
     }
     return 0;
 }

@@ -89,14 +89,15 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
  * formed (taken only when its stamp is the record's updated_ms and it has
  * an entry per model; otherwise, or when missing, n_load is 0),
  * strings and list items within their buffers, without control characters
- * or NUL bytes, list items non-empty and at most ROUTE_MAX_MODELS /
- * ROUTE_MAX_TAGS of them. On error r is unchanged. */
+ * or NUL bytes, list items non-empty, none twice ("models: entry 2
+ * repeats entry 1") and at most ROUTE_MAX_MODELS / ROUTE_MAX_TAGS of
+ * them. On error r is unchanged. */
 int route_record_from_fields(route_record *r, const char *const *names, const char *const *values,
                              const size_t *lens, int n, char *err, size_t err_len);
 /* 0 when r can be put in a table and published: name set, every string
  * NUL-terminated within its buffer, counts in range, models and tags
- * non-empty without commas or control characters, numbers within the
- * bounds above, n_load 0 or n_models, the endpoint empty or valid. Else
+ * non-empty, none twice, without commas or control characters, numbers
+ * within the bounds above, n_load 0 or n_models, the endpoint empty or valid. Else
  * -EINVAL with err naming the field. */
 int route_record_check(const route_record *r, char *err, size_t err_len);
 /* A record's number (a price, a latency): decimal digits only (no hex,

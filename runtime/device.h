@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 /* Bump when this table or the structs of model_internal.h change shape. */
-#define RT_DEVICE_ABI 1
+#define RT_DEVICE_ABI 2
 #define RT_DEVICE_PLUGIN_ENTRY "rt_device_plugin"
 /* The CUDA plugin's file name, looked for next to the executable. */
 #define RT_CUDA_PLUGIN_FILE "libinfergate_cuda.so"

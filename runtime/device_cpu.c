@@ -10,47 +10,35 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-/* The packed layout a matrix of this type takes (KN_TYPE_F32: none). */
+/* The packed layout a matrix of this type takes (KN_TYPE_F32: none): every
+ * type whose gemm the CPU table has over packed rows (kn_pack). */
 static kn_type packed_type(const rt_model *m, kn_type t)
 {
     const kn_ops *ops = kn_ctx_ops(m->kn);
-    if (t == KN_TYPE_Q8_0 && ops->gemm_q8_0_p16)
-        return KN_TYPE_Q8_0_P16;
-    if (t == KN_TYPE_Q4_0 && ops->gemm_q4_0_p16)
-        return KN_TYPE_Q4_0_P16;
-    return KN_TYPE_F32;
+    if (t >= KN_TYPE_COUNT)
+        return KN_TYPE_F32;
+    bool has = ops->gemm_packed[t] != NULL || (t == KN_TYPE_Q8_0 && ops->gemm_q8_0_p16 != NULL) ||
+               (t == KN_TYPE_Q4_0 && ops->gemm_q4_0_p16 != NULL);
+    return has ? kn_packed_type(t) : KN_TYPE_F32;
 }
 
 static size_t packed_bytes(kn_type p, const rt_weight *w)
 {
-    size_t b =
-        p == KN_TYPE_Q8_0_P16 ? kn_pack_q8_0_bytes(w->n_out, w->n_in) : kn_pack_q4_0_bytes(w->n_out, w->n_in);
-    return (b + 63) & ~(size_t)63;
+    return (kn_pack_bytes(kn_unpacked_type(p), w->n_out, w->n_in) + 63) & ~(size_t)63;
 }
 
-/* Repacks the Q8_0 and Q4_0 matrices for the CPU table's packed gemms,
- * where it has them, into one anonymous mapping, and lets the file's copy
- * of them go: the pages of the mapping are read again only if something
- * asks. A tied output matrix is left alone, its rows being the token
- * embeddings too. */
+/* Repacks the matrices of every type the CPU table has a packed gemm for
+ * into one anonymous mapping, and lets the file's copy of them go: the
+ * pages of the mapping are read again only if something asks. A tied
+ * output matrix is left alone, its rows being the token embeddings too. */
 static int pack_weights(rt_model *m, char *err, size_t err_len)
 {
-    if (kn_ctx_ops(m->kn)->gemm_q8_0_p16 == NULL && kn_ctx_ops(m->kn)->gemm_q4_0_p16 == NULL)
-        return 0;
-    rt_weight **all = malloc(((size_t)m->hp.n_layer * 7 + 1) * sizeof(*all));
-    if (!all) {
+    rt_weight **all;
+    int n = rt_model_matrices(m, &all);
+    if (n < 0) {
         snprintf(err, err_len, "out of memory");
         return -ENOMEM;
     }
-    int n = 0;
-    for (int l = 0; l < m->hp.n_layer; l++) {
-        rt_layer *L = &m->layers[l];
-        rt_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            all[n++] = lw[i];
-    }
-    if (!m->hp.tied_output)
-        all[n++] = &m->output;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         kn_type p = packed_type(m, all[i]->type);
@@ -75,10 +63,7 @@ static int pack_weights(rt_model *m, char *err, size_t err_len)
         const kn_type pt = packed_type(m, w->type);
         if (pt == KN_TYPE_F32)
             continue;
-        if (pt == KN_TYPE_Q8_0_P16)
-            kn_pack_q8_0(w->data, w->n_out, w->n_in, at);
-        else
-            kn_pack_q4_0(w->data, w->n_out, w->n_in, at);
+        kn_pack(w->type, w->data, w->n_out, w->n_in, at);
         uintptr_t lo = ((uintptr_t)w->data + page - 1) & ~(page - 1);
         uintptr_t hi = ((uintptr_t)w->data + w->nbytes) & ~(page - 1);
         if (hi > lo)

@@ -137,6 +137,7 @@ typedef struct gguf_kv {
     uint32_t arr_type;  /* arrays only */
     uint64_t arr_n;     /* arrays only */
     uint64_t off;       /* value, or first array element, in the file */
+    uint64_t end;       /* just past the value */
     uint64_t *str_offs; /* string arrays: offset of each element's length */
 } gguf_kv;
 
@@ -387,6 +388,7 @@ static int parse_kvs(parser *ps)
         snprintf(field, sizeof(field), "%s value", where);
         if ((rc = parse_value(ps, field, kv)) < 0)
             return rc;
+        kv->end = ps->pos;
         if (rt_gguf_str_eq(kv->key, "general.alignment") && (rc = check_alignment(ps, where, kv)) < 0)
             return rc;
     }
@@ -431,7 +433,32 @@ static int tensor_size(parser *ps, const char *where, uint64_t ne_off, rt_gguf_t
     return 0;
 }
 
-static int parse_tensor_infos(parser *ps, uint64_t *offset_pos)
+/* The tensors of types this build does not read, by ggml type number. */
+typedef struct unsupported_types {
+    int64_t n_tensors, first; /* first: the index of the first such tensor */
+    uint64_t off;             /* where its type is */
+    uint32_t count[64];
+} unsupported_types;
+
+/* Refuses a file with tensors of types this build does not read, naming
+ * each type with its tensor count, and the types it does read. */
+static int refuse_unsupported(parser *ps, const unsupported_types *u)
+{
+    char list[512] = "", known[256] = "", where[160], name[64];
+    size_t o = 0, k = 0;
+    for (uint32_t t = 0; t < 64; t++) {
+        if (u->count[t] > 0 && o < sizeof(list))
+            o += (size_t)snprintf(list + o, sizeof(list) - o, "%s%s (%" PRIu32 " tensor%s)", o ? ", " : "",
+                                  kn_ggml_type_name(t), u->count[t], u->count[t] == 1 ? "" : "s");
+        if (kn_type_supported(t) && k < sizeof(known))
+            k += (size_t)snprintf(known + k, sizeof(known) - k, "%s%s", k ? ", " : "", kn_ggml_type_name(t));
+    }
+    snprintf(where, sizeof(where), "tensor %" PRId64 " (\"%s\") type", u->first,
+             rt_gguf_printable(name, sizeof(name), ps->g->tensors[u->first].name));
+    return fail(ps, where, u->off, "tensor types this build does not read: %s; it reads %s", list, known);
+}
+
+static int parse_tensor_infos(parser *ps, uint64_t *offset_pos, unsupported_types *unsupported)
 {
     rt_gguf *g = ps->g;
     char where[160], field[192], name[64];
@@ -477,11 +504,21 @@ static int parse_tensor_infos(parser *ps, uint64_t *offset_pos)
         if ((rc = read_u32(ps, field, &t->type)) < 0)
             return rc;
         if (!kn_type_supported(t->type)) {
-            snprintf(field, sizeof(field), "%s type %" PRIu32, where, t->type);
-            return fail(ps, field, off, "unknown tensor type");
-        }
-        if ((rc = tensor_size(ps, where, ne_off, t)) < 0)
+            /* A type ggml has but this build does not read: counted, and
+             * refused once every tensor is seen, so that one message names
+             * them all. A number ggml never gave is a broken file. */
+            if (kn_ggml_type_name(t->type) == NULL) {
+                snprintf(field, sizeof(field), "%s type %" PRIu32, where, t->type);
+                return fail(ps, field, off, "unknown tensor type");
+            }
+            if (unsupported->n_tensors++ == 0) {
+                unsupported->first = i;
+                unsupported->off = off;
+            }
+            unsupported->count[t->type]++;
+        } else if ((rc = tensor_size(ps, where, ne_off, t)) < 0) {
             return rc;
+        }
 
         off = ps->pos;
         snprintf(field, sizeof(field), "%s offset", where);
@@ -576,8 +613,13 @@ static int parse(parser *ps)
         rc = -ENOMEM;
         goto out;
     }
-    if ((rc = parse_kvs(ps)) < 0 || (rc = parse_tensor_infos(ps, offset_pos)) < 0)
+    unsupported_types unsupported = {0};
+    if ((rc = parse_kvs(ps)) < 0 || (rc = parse_tensor_infos(ps, offset_pos, &unsupported)) < 0)
         goto out;
+    if (unsupported.n_tensors > 0) {
+        rc = refuse_unsupported(ps, &unsupported);
+        goto out;
+    }
     rc = place_tensor_data(ps, offset_pos);
 out:
     free(offset_pos);
@@ -1266,6 +1308,25 @@ int rt_gguf_writer_add_arr_f32(rt_gguf_writer *w, const char *key, const float *
 int rt_gguf_writer_add_arr_i32(rt_gguf_writer *w, const char *key, const int32_t *v, uint64_t n)
 {
     return rt_gguf_writer_add_arr(w, key, RT_GGUF_INT32, v, n);
+}
+
+int rt_gguf_writer_copy_kv(rt_gguf_writer *w, const rt_gguf *g, int64_t i)
+{
+    const gguf_kv *kv = kv_at(g, i);
+    if (!w || !kv || memchr(kv->key.p, '\0', kv->key.n))
+        return -EINVAL;
+    /* An array's value starts at its element type and count. */
+    uint64_t start = kv->type == RT_GGUF_ARRAY ? kv->off - 12 : kv->off;
+    wbuf b = {0};
+    wb_put(&b, g->base + start, kv->end - start);
+    char *key = strndup(kv->key.p, kv->key.n);
+    if (!key) {
+        free(b.p);
+        return -ENOMEM;
+    }
+    int rc = add_kv(w, key, kv->type, &b);
+    free(key);
+    return rc;
 }
 
 int rt_gguf_writer_add_tensor(rt_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,

@@ -129,6 +129,9 @@ int rt_gguf_writer_add_str(rt_gguf_writer *w, const char *key, const char *v);
 int rt_gguf_writer_add_arr_str(rt_gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 int rt_gguf_writer_add_arr_f32(rt_gguf_writer *w, const char *key, const float *v, uint64_t n);
 int rt_gguf_writer_add_arr_i32(rt_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+/* Copies key/value pair i of g as it is (any type, arrays of strings and
+ * nested arrays too), replacing a value of the same key. */
+int rt_gguf_writer_copy_kv(rt_gguf_writer *w, const rt_gguf *g, int64_t i);
 /* ne[0] is the row length; type is a kn_type. */
 int rt_gguf_writer_add_tensor(rt_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                               const int64_t *ne, const void *data, uint64_t nbytes);

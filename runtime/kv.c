@@ -1,5 +1,10 @@
 /* Paged KV cache: one pool of fixed-size blocks; sequences hold block
- * tables and grow block by block (see model.h). Block layout, per layer:
+ * tables and grow block by block (see model.h). Layers go in groups, all
+ * global or all sliding-window (model_internal.h): a block holds one
+ * group's layers, a sequence one table per group, and a sliding group's
+ * table gives back the blocks no query to come can see, so a long context
+ * of a Gemma or gpt-oss model holds its global layers' KV and only a
+ * window of the others'. Block layout, per layer of the group:
  * K then V, as IEEE halves or Q8_0 rows. In host memory each is
  * [n_kv_head][block_tokens][row] (kn_attention: a run of heads is one
  * contiguous span); in device memory, for a CUDA model, halves as
@@ -12,6 +17,53 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+static int gcd(int a, int b)
+{
+    while (b) {
+        int t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Splits the layers into groups of the same size, global ones first: the
+ * largest size both kinds divide into (all layers in one group when no
+ * layer slides). */
+static int plan_groups(rt_kv *kv, const rt_model *m)
+{
+    const int n_layer = m->hp.n_layer;
+    int n_local = 0;
+    for (int l = 0; l < n_layer; l++)
+        n_local += m->layers[l].local;
+    const int n_global = n_layer - n_local;
+    const int u = n_local && n_global ? gcd(n_local, n_global) : n_layer;
+    kv->group_layers = u;
+    kv->n_groups = n_layer / u;
+    kv->n_local_groups = n_local / u;
+    kv->window = n_local ? m->hp.n_swa : 0;
+    kv->layer_group = malloc((size_t)n_layer * sizeof(int));
+    kv->layer_slot = malloc((size_t)n_layer * sizeof(int));
+    if (!kv->layer_group || !kv->layer_slot)
+        return -ENOMEM;
+    int gi = 0, li = 0; /* the next global and sliding layer's index in its kind */
+    for (int l = 0; l < n_layer; l++) {
+        const int i = m->layers[l].local ? n_global + li++ : gi++;
+        kv->layer_group[l] = i / u;
+        kv->layer_slot[l] = i % u;
+    }
+    return 0;
+}
+
+void rt_kv_layer_at(const rt_kv *kv, int l, int *group, size_t *k_off, size_t *v_off)
+{
+    const int bt = kv->block_tokens, n_kv = kv->model->hp.n_head_kv;
+    const size_t rw = kn_kv_row_units(kv->type, kv->model->hp.head_dim);
+    *group = kv->layer_group[l];
+    *k_off = (size_t)kv->layer_slot[l] * 2 * bt * n_kv * rw;
+    *v_off = *k_off + (size_t)bt * n_kv * rw;
+}
 
 rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_type, char *err,
                  size_t err_len)
@@ -34,22 +86,26 @@ rt_kv *rt_kv_new(const rt_model *m, size_t bytes, int block_tokens, kn_type kv_t
                  m->hp.head_dim);
         return NULL;
     }
+    rt_kv *kv = calloc(1, sizeof(*kv));
+    size_t n = 0, block_bytes = 0;
+    if (!kv || plan_groups(kv, m))
+        goto nomem;
     /* block_elems counts 16-bit units, as block tables address them */
-    size_t block_elems = rt_model_kv_bytes_per_token(m, kv_type) / sizeof(uint16_t) * block_tokens;
-    size_t block_bytes = block_elems * sizeof(uint16_t);
-    size_t n = bytes / block_bytes;
+    size_t block_elems = rt_model_kv_bytes_per_token(m, kv_type) / sizeof(uint16_t) / m->hp.n_layer *
+                         kv->group_layers * block_tokens;
+    block_bytes = block_elems * sizeof(uint16_t);
+    n = bytes / block_bytes;
     if (n < 1) { /* not rounded up: the pool would be larger than asked */
         snprintf(err, err_len, "KV cache of %zu bytes holds no block: one block of %d tokens takes %zu bytes",
                  bytes, block_tokens, block_bytes);
+        rt_kv_free(kv);
         return NULL;
     }
     if (n > INT32_MAX / 2) {
         snprintf(err, err_len, "KV cache of %zu bytes is too large", bytes);
+        rt_kv_free(kv);
         return NULL;
     }
-    rt_kv *kv = calloc(1, sizeof(*kv));
-    if (!kv)
-        goto nomem;
     kv->model = m;
     kv->block_tokens = block_tokens;
     kv->type = kv_type;
@@ -81,6 +137,8 @@ void rt_kv_free(rt_kv *kv)
     if (kv->pool)
         kv->model->dev->kv_release(kv->model, kv->pool, (size_t)kv->n_blocks * kv->block_bytes);
     free(kv->free_list);
+    free(kv->layer_group);
+    free(kv->layer_slot);
     free(kv);
 }
 
@@ -118,7 +176,8 @@ static uint16_t *block_addr(const rt_kv *kv, int i)
 
 rt_seq *rt_seq_new(rt_kv *kv, int max_tokens)
 {
-    int n_ctx = kv->model->hp.n_ctx_train;
+    const rt_model *m = kv->model;
+    int n_ctx = m->hp.n_ctx_train;
     if (max_tokens <= 0 || max_tokens > n_ctx)
         max_tokens = n_ctx;
     rt_seq *s = calloc(1, sizeof(*s));
@@ -126,7 +185,9 @@ rt_seq *rt_seq_new(rt_kv *kv, int max_tokens)
         return NULL;
     s->kv = kv;
     s->max_tokens = max_tokens;
-    s->blocks = calloc((size_t)(max_tokens + kv->block_tokens - 1) / kv->block_tokens, sizeof(uint16_t *));
+    s->cap = (max_tokens + kv->block_tokens - 1) / kv->block_tokens;
+    s->rope_long = m->rope[RT_ROPE_LONG].inv_freq && max_tokens > m->hp.n_ctx_orig;
+    s->blocks = calloc((size_t)s->cap * kv->n_groups, sizeof(uint16_t *));
     if (!s->blocks) {
         free(s);
         return NULL;
@@ -134,13 +195,29 @@ rt_seq *rt_seq_new(rt_kv *kv, int max_tokens)
     return s;
 }
 
+static bool group_slides(const rt_kv *kv, int g)
+{
+    return g >= kv->n_groups - kv->n_local_groups;
+}
+
+static void release(rt_seq *s, int g, int b)
+{
+    rt_kv *kv = s->kv;
+    uint16_t **e = rt_seq_table(s, g) + b;
+    if (!*e)
+        return;
+    kv->free_list[kv->n_free++] = rt_kv_block_index(kv, *e);
+    *e = NULL;
+    s->n_blocks--;
+}
+
 void rt_seq_free(rt_seq *s)
 {
     if (!s)
         return;
-    rt_kv *kv = s->kv;
-    for (int i = 0; i < s->n_blocks; i++)
-        kv->free_list[kv->n_free++] = rt_kv_block_index(kv, s->blocks[i]);
+    for (int g = 0; g < s->kv->n_groups; g++)
+        for (int b = 0; b < s->n_pos; b++)
+            release(s, g, b);
     free(s->blocks);
     free(s);
 }
@@ -150,11 +227,27 @@ int rt_seq_len(const rt_seq *s)
     return s->len;
 }
 
+/* Entries below this one no query from position len on can see: the
+ * first position of the window of the query at len, in blocks. */
+static int window_floor(const rt_seq *s)
+{
+    const rt_kv *kv = s->kv;
+    if (!kv->n_local_groups || s->len - kv->window + 1 <= 0)
+        return 0;
+    int b = (s->len - kv->window + 1) / kv->block_tokens;
+    return b < s->n_pos ? b : s->n_pos;
+}
+
 int rt_seq_blocks_needed(const rt_seq *s, int n)
 {
-    int bt = s->kv->block_tokens;
+    const rt_kv *kv = s->kv;
+    int bt = kv->block_tokens;
     int need = (s->len + n + bt - 1) / bt;
-    return need > s->n_blocks ? need - s->n_blocks : 0;
+    int grow = need > s->n_pos ? need - s->n_pos : 0;
+    int freed = window_floor(s) - s->local_from;
+    freed = freed > 0 ? freed * kv->n_local_groups : 0;
+    int net = grow * kv->n_groups - freed;
+    return net > 0 ? net : 0;
 }
 
 int rt_seq_blocks(const rt_seq *s)
@@ -166,12 +259,25 @@ int rt_seq_grow(rt_seq *s, int n)
 {
     if (n < 0 || s->len + n > s->max_tokens)
         return -E2BIG;
-    int need = rt_seq_blocks_needed(s, n);
     rt_kv *kv = s->kv;
-    if (need > kv->n_free)
+    const int bt = kv->block_tokens, need = (s->len + n + bt - 1) / bt;
+    const int grow = need > s->n_pos ? need - s->n_pos : 0;
+    int from = window_floor(s), freed = from > s->local_from ? (from - s->local_from) * kv->n_local_groups : 0;
+    if (grow * kv->n_groups > kv->n_free + freed)
         return -ENOSPC;
-    for (int i = 0; i < need; i++)
-        s->blocks[s->n_blocks++] = block_addr(kv, kv->free_list[--kv->n_free]);
+    /* blocks out of every future query's window go back first */
+    for (int g = kv->n_groups - kv->n_local_groups; g < kv->n_groups; g++)
+        for (int b = s->local_from; b < from; b++)
+            release(s, g, b);
+    if (from > s->local_from)
+        s->local_from = from;
+    for (int b = s->n_pos; b < need; b++)
+        for (int g = 0; g < kv->n_groups; g++) {
+            rt_seq_table(s, g)[b] = block_addr(kv, kv->free_list[--kv->n_free]);
+            s->n_blocks++;
+        }
+    if (need > s->n_pos)
+        s->n_pos = need;
     return 0;
 }
 
@@ -179,6 +285,30 @@ void rt_seq_shrink(rt_seq *s)
 {
     rt_kv *kv = s->kv;
     int keep = (s->len + kv->block_tokens - 1) / kv->block_tokens;
-    while (s->n_blocks > keep)
-        kv->free_list[kv->n_free++] = rt_kv_block_index(kv, s->blocks[--s->n_blocks]);
+    for (; s->n_pos > keep; s->n_pos--)
+        for (int g = 0; g < kv->n_groups; g++)
+            if (!group_slides(kv, g) || s->n_pos - 1 >= s->local_from)
+                release(s, g, s->n_pos - 1);
+}
+
+int rt_kv_blocks_for(const rt_kv *kv, int n_tokens)
+{
+    return (n_tokens + kv->block_tokens - 1) / kv->block_tokens * kv->n_groups;
+}
+
+int64_t rt_kv_seq_tokens_max(const rt_kv *kv)
+{
+    const int bt = kv->block_tokens, n_global = kv->n_groups - kv->n_local_groups;
+    /* every group's blocks for every position: what a prompt prefilled in
+     * one step needs, windows or not */
+    const int64_t plain = (int64_t)kv->n_blocks / kv->n_groups * bt;
+    if (!kv->n_local_groups)
+        return plain;
+    if (!n_global) /* every layer slides: a window per group is all one sequence keeps */
+        return INT32_MAX;
+    /* decoding on, a sliding group holds its window, a block more where
+     * it straddles, and the block being written */
+    int64_t local = (int64_t)kv->n_local_groups * ((kv->window + bt - 1) / bt + 2);
+    int64_t left = kv->n_blocks - local, windowed = left > 0 ? left / n_global * bt : 0;
+    return windowed > plain ? windowed : plain;
 }

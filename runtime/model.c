@@ -1,6 +1,7 @@
 /* Llama-family model: hyper-parameters and weights from GGUF, handed to the
  * device that runs the batched forward pass (see model.h, device.h). */
 #include "runtime/model.h"
+#include "runtime/arch.h"
 #include "runtime/device.h"
 #include "runtime/model_internal.h"
 
@@ -47,6 +48,148 @@ static int get_arch_f32(const rt_gguf *g, const char *arch, const char *suffix, 
     return 0;
 }
 
+/* An optional unsigned key: *out keeps its default when the key is absent
+ * or 0 (llama.cpp reads a family's 0 as unset). */
+static int opt_u32(const rt_gguf *g, const char *arch, const char *suffix, int *out, char *err, size_t err_len)
+{
+    uint32_t v;
+    int rc = get_arch_u32(g, arch, suffix, false, &v, err, err_len);
+    if (rc < 0)
+        return rc;
+    if (rc == 0 && v != 0) {
+        if (v > (1u << 30))
+            return ERR("key %s.%s has an unusable value %u", arch, suffix, v);
+        *out = (int)v;
+    }
+    return 0;
+}
+
+/* An optional float key, kept at its default when absent or 0; it must be
+ * finite and, when `positive`, above 0. */
+static int opt_f32(const rt_gguf *g, const char *arch, const char *suffix, bool positive, float *out, char *err,
+                   size_t err_len)
+{
+    float v;
+    int rc = get_arch_f32(g, arch, suffix, &v, err, err_len);
+    if (rc < 0)
+        return rc;
+    if (rc == 0 && v != 0.0f) {
+        if (!isfinite(v) || (positive && v < 0.0f))
+            return ERR("%s.%s = %g is not a usable number", arch, suffix, v);
+        *out = v;
+    }
+    return 0;
+}
+
+/* RoPE scaling as llama.cpp reads it: the type none, linear, yarn or
+ * longrope, or no type (then a factor, if given, is linear); the factor
+ * from rope.scaling.factor, else the older rope.scale_linear; 0 means none.
+ * The other types would give wrong logits without a word: refused. */
+static int read_rope_scaling(const rt_gguf *g, const rt_arch *ar, rt_hparams *hp, char *err, size_t err_len)
+{
+    const char *a = hp->arch;
+    int rc;
+    hp->rope_scale = 1.0f;
+    char key[96];
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", a);
+    rt_gguf_str st;
+    rc = rt_gguf_get_str(g, key, &st);
+    if (rc < 0 && rc != -ENOENT)
+        return ERR("key %s is not a string", key);
+    static const char *const names[] = {"none", "linear", "yarn", "longrope"};
+    bool typed = rc == 0;
+    hp->rope_scaling = RT_ROPE_SCALING_LINEAR;
+    if (typed) {
+        int t = -1;
+        for (int i = 0; i < 4; i++)
+            if (rt_gguf_str_eq(st, names[i]))
+                t = i;
+        if (t < 0) {
+            char shown[40];
+            return ERR("%s = \"%s\": this RoPE scaling is not supported (none, linear, yarn and longrope are)", key,
+                       rt_gguf_printable(shown, sizeof(shown), st));
+        }
+        hp->rope_scaling = (rt_rope_scaling)t;
+    }
+    if (hp->rope_scaling != RT_ROPE_SCALING_NONE) {
+        const char *fk = "rope.scaling.factor";
+        if ((rc = get_arch_f32(g, a, fk, &hp->rope_scale, err, err_len)) == 1)
+            rc = get_arch_f32(g, a, fk = "rope.scale_linear", &hp->rope_scale, err, err_len);
+        if (rc < 0)
+            return rc;
+        bool needs = hp->rope_scaling == RT_ROPE_SCALING_LINEAR || hp->rope_scaling == RT_ROPE_SCALING_YARN;
+        if (rc == 1 && typed && needs)
+            return ERR("missing required key %s.rope.scaling.factor (%s is %s)", a, key, names[hp->rope_scaling]);
+        if (hp->rope_scale == 0.0f)
+            hp->rope_scale = 1.0f;
+        if (!(hp->rope_scale > 0.0f) || !isfinite(hp->rope_scale))
+            return ERR("%s.%s must be a positive number", a, fk);
+    }
+    if (hp->rope_scaling == RT_ROPE_SCALING_NONE)
+        hp->rope_scale = 1.0f;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    hp->rope_attn_factor = 1.0f;
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    if ((rc = opt_u32(g, a, "rope.scaling.original_context_length", &hp->n_ctx_orig, err, err_len)) ||
+        (rc = opt_f32(g, a, "rope.scaling.attn_factor", true, &hp->rope_attn_factor, err, err_len)) ||
+        (rc = opt_f32(g, a, "rope.scaling.yarn_beta_fast", true, &hp->yarn_beta_fast, err, err_len)) ||
+        (rc = opt_f32(g, a, "rope.scaling.yarn_beta_slow", true, &hp->yarn_beta_slow, err, err_len)) ||
+        (rc = opt_f32(g, a, "rope.scaling.yarn_log_multiplier", false, &hp->yarn_log_mul, err, err_len)))
+        return rc;
+    hp->rope_freq_base_swa = ar->swa_rope_base > 0.0f ? ar->swa_rope_base : 0.0f;
+    return opt_f32(g, a, "rope.freq_base_swa", true, &hp->rope_freq_base_swa, err, err_len);
+}
+
+/* Experts, sliding windows, soft-caps and multipliers: the keys of the
+ * newer families, each unset (0) where a file leaves it out. */
+static int read_family_keys(const rt_gguf *g, const rt_arch *ar, rt_hparams *hp, char *err, size_t err_len)
+{
+    const char *a = hp->arch;
+    int rc;
+    if ((rc = opt_u32(g, a, "expert_count", &hp->n_expert, err, err_len)) ||
+        (rc = opt_u32(g, a, "expert_used_count", &hp->n_expert_used, err, err_len)))
+        return rc;
+    if ((ar->flags & RT_ARCH_MOE_ONLY) && hp->n_expert == 0)
+        return ERR("missing required key %s.expert_count (%s is a mixture of experts)", a, a);
+    if (hp->n_expert > 0 && (hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert || hp->n_expert > 4096))
+        return ERR("%s.expert_used_count = %d must be between 1 and expert_count = %d", a, hp->n_expert_used,
+                   hp->n_expert);
+    hp->n_ff_exp = hp->n_ff;
+    if ((rc = opt_u32(g, a, "expert_feed_forward_length", &hp->n_ff_exp, err, err_len)) ||
+        (rc = opt_u32(g, a, "expert_shared_feed_forward_length", &hp->n_ff_shexp, err, err_len)))
+        return rc;
+    if (hp->n_expert > 0 && hp->n_ff_exp <= 0)
+        return ERR("missing required key %s.expert_feed_forward_length", a);
+
+    hp->n_swa = ar->swa_pattern ? ar->swa_default : 0;
+    if (ar->swa_pattern && (rc = opt_u32(g, a, "attention.sliding_window", &hp->n_swa, err, err_len)))
+        return rc;
+    if (ar->flags & RT_ARCH_SOFTCAP) {
+        hp->attn_softcap = ar->attn_softcap;
+        hp->final_softcap = ar->final_softcap;
+        if ((rc = opt_f32(g, a, "attn_logit_softcapping", true, &hp->attn_softcap, err, err_len)) ||
+            (rc = opt_f32(g, a, "final_logit_softcapping", true, &hp->final_softcap, err, err_len)))
+            return rc;
+    }
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    /* ggml's gemma_pytorch rule: the 27B shapes (46 and 62 layers) scale by
+     * n_embd / n_head, the others by the head size */
+    if ((ar->flags & RT_ARCH_GEMMA_QSCALE) && (hp->n_layer == 46 || hp->n_layer == 62))
+        hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+    hp->embd_scale = (ar->flags & RT_ARCH_EMBD_SQRT) ? sqrtf((float)hp->n_embd) : 1.0f;
+    hp->residual_scale = 1.0f;
+    hp->logit_scale = 1.0f;
+    if (ar->flags & RT_ARCH_GRANITE) {
+        if ((rc = opt_f32(g, a, "attention.scale", true, &hp->attn_scale, err, err_len)) ||
+            (rc = opt_f32(g, a, "embedding_scale", true, &hp->embd_scale, err, err_len)) ||
+            (rc = opt_f32(g, a, "residual_scale", true, &hp->residual_scale, err, err_len)) ||
+            (rc = opt_f32(g, a, "logit_scale", true, &hp->logit_scale, err, err_len)))
+            return rc;
+    }
+    return 0;
+}
+
 int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err_len)
 {
     memset(hp, 0, sizeof(*hp));
@@ -56,17 +199,23 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
         return ERR("missing required key general.architecture");
     if (rc < 0)
         return ERR("key general.architecture is not a string");
-    if (arch.n >= sizeof(hp->arch))
-        return ERR("general.architecture is too long (%llu bytes)", (unsigned long long)arch.n);
+    if (arch.n >= sizeof(hp->arch)) {
+        char shown[40];
+        return ERR("general.architecture \"%s\" is not supported", rt_gguf_printable(shown, sizeof(shown), arch));
+    }
     memcpy(hp->arch, arch.p, arch.n);
     hp->arch[arch.n] = '\0';
-    if (strcmp(hp->arch, "llama") == 0 || strcmp(hp->arch, "mistral") == 0) {
-        hp->rope_neox = false;
-    } else if (strcmp(hp->arch, "qwen2") == 0) {
-        hp->rope_neox = true;
-    } else {
-        return ERR("general.architecture \"%s\" is not supported (llama, mistral, qwen2)", hp->arch);
+    const rt_arch *ar = strlen(hp->arch) == arch.n ? rt_arch_find(hp->arch) : NULL;
+    if (!ar) {
+        const char *why = rt_arch_refusal(hp->arch);
+        char names[256], shown[40];
+        rt_arch_names(names, sizeof(names));
+        if (why)
+            return ERR("general.architecture \"%s\": %s", hp->arch, why);
+        return ERR("general.architecture \"%s\" is not supported (%s)", rt_gguf_printable(shown, sizeof(shown), arch),
+                   names);
     }
+    hp->rope_neox = (ar->flags & RT_ARCH_ROPE_NEOX) != 0;
 
     uint32_t v;
     const char *a = hp->arch;
@@ -81,29 +230,34 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
     REQ("context_length", n_ctx_train);
     REQ("embedding_length", n_embd);
     REQ("block_count", n_layer);
-    REQ("feed_forward_length", n_ff);
     REQ("attention.head_count", n_head);
 #undef REQ
-    hp->n_head_kv = hp->n_head;
-    if ((rc = get_arch_u32(g, a, "attention.head_count_kv", false, &v, err, err_len)) < 0)
+    /* an FFN length of 0 is unset: a mixture of experts has its own */
+    if ((rc = get_arch_u32(g, a, "feed_forward_length", !(ar->flags & RT_ARCH_MOE_ONLY), &v, err, err_len)) < 0)
         return rc;
-    if (rc == 0)
-        hp->n_head_kv = (int)v;
+    if (rc == 0 && v > (1u << 30))
+        return ERR("key %s.feed_forward_length has an unusable value %u", a, v);
+    hp->n_ff = rc == 0 ? (int)v : 0;
+    hp->n_head_kv = hp->n_head;
+    if ((rc = opt_u32(g, a, "attention.head_count_kv", &hp->n_head_kv, err, err_len)) < 0)
+        return rc;
     if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0)
         return ERR("%s.attention.head_count_kv = %d does not divide head_count %d", a, hp->n_head_kv,
                    hp->n_head);
     hp->head_dim = hp->n_embd / hp->n_head;
-    if ((rc = get_arch_u32(g, a, "attention.key_length", false, &v, err, err_len)) < 0)
+    if ((rc = opt_u32(g, a, "attention.key_length", &hp->head_dim, err, err_len)) < 0)
         return rc;
-    if (rc == 0)
-        hp->head_dim = (int)v;
     if (hp->head_dim <= 0 || hp->head_dim % 2 != 0 || hp->head_dim > 1024)
         return ERR("head dimension %d (embedding_length / head_count) is unusable", hp->head_dim);
-    hp->n_rot = hp->head_dim;
-    if ((rc = get_arch_u32(g, a, "rope.dimension_count", false, &v, err, err_len)) < 0)
+    int v_len = hp->head_dim;
+    if ((rc = opt_u32(g, a, "attention.value_length", &v_len, err, err_len)) < 0)
         return rc;
-    if (rc == 0)
-        hp->n_rot = (int)v;
+    if (v_len != hp->head_dim)
+        return ERR("%s.attention.value_length = %d differs from the key length %d: not supported", a, v_len,
+                   hp->head_dim);
+    hp->n_rot = hp->head_dim;
+    if ((rc = opt_u32(g, a, "rope.dimension_count", &hp->n_rot, err, err_len)) < 0)
+        return rc;
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
         return ERR("%s.rope.dimension_count = %d must be even and at most the head dimension %d", a,
                    hp->n_rot, hp->head_dim);
@@ -112,42 +266,17 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
         return rc;
     if (!(hp->rope_freq_base > 0.0f) || !isfinite(hp->rope_freq_base))
         return ERR("%s.rope.freq_base must be a positive number", a);
-    /* RoPE scaling as llama.cpp reads it: the type none or linear, or no
-     * type (then a factor, if given, is linear); the factor from
-     * rope.scaling.factor, else the older rope.scale_linear; 0 means none.
-     * yarn and the rest would give wrong logits without a word: refused. */
-    hp->rope_scale = 1.0f;
-    char key[96];
-    snprintf(key, sizeof(key), "%s.rope.scaling.type", a);
-    rt_gguf_str st;
-    rc = rt_gguf_get_str(g, key, &st);
-    if (rc < 0 && rc != -ENOENT)
-        return ERR("key %s is not a string", key);
-    bool typed = rc == 0, none = typed && st.n == 4 && !memcmp(st.p, "none", 4);
-    bool linear = typed && st.n == 6 && !memcmp(st.p, "linear", 6);
-    if (typed && !none && !linear) {
-        char shown[40];
-        return ERR("%s = \"%s\": this RoPE scaling is not supported (none and linear are)", key,
-                   rt_gguf_printable(shown, sizeof(shown), st));
-    }
-    if (!none) {
-        const char *fk = "rope.scaling.factor";
-        if ((rc = get_arch_f32(g, a, fk, &hp->rope_scale, err, err_len)) == 1)
-            rc = get_arch_f32(g, a, fk = "rope.scale_linear", &hp->rope_scale, err, err_len);
-        if (rc < 0)
-            return rc;
-        if (rc == 1 && linear)
-            return ERR("missing required key %s.rope.scaling.factor (%s is linear)", a, key);
-        if (hp->rope_scale == 0.0f)
-            hp->rope_scale = 1.0f;
-        if (!(hp->rope_scale > 0.0f) || !isfinite(hp->rope_scale))
-            return ERR("%s.%s must be a positive number", a, fk);
-    }
+    if ((rc = read_rope_scaling(g, ar, hp, err, err_len)) < 0)
+        return rc;
     hp->norm_eps = 1e-5f;
     if ((rc = get_arch_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err, err_len)) < 0)
         return rc;
     if (!(hp->norm_eps >= 0.0f) || !isfinite(hp->norm_eps))
         return ERR("%s.attention.layer_norm_rms_epsilon must be a number, not negative", a);
+    if ((rc = read_family_keys(g, ar, hp, err, err_len)) < 0)
+        return rc;
+    if (hp->n_ff <= 0 && hp->n_expert == 0)
+        return ERR("key %s.feed_forward_length has an unusable value 0", a);
 
     const rt_gguf_tensor *emb = rt_gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
@@ -200,79 +329,435 @@ static int load_vector(const rt_gguf *g, const char *name, int64_t n, bool requi
     return 0;
 }
 
-static int bind_layers(rt_model *m, char *err, size_t err_len)
+/* ---- binding a file's tensors, each marked as used ---- */
+
+typedef struct loader {
+    rt_model *m;
+    const rt_gguf *g;
+    uint8_t *used; /* per tensor of the file: bound to the model */
+    char *err;
+    size_t err_len;
+} loader;
+
+static const rt_gguf_tensor *ld_find(loader *ld, const char *name)
 {
-    const rt_hparams *hp = &m->hp;
-    const rt_gguf *g = m->gguf;
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
-    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    return rt_gguf_find_tensor(ld->g, name);
+}
+
+static void ld_mark(loader *ld, const char *name)
+{
+    const rt_gguf_tensor *t = ld_find(ld, name);
+    if (t)
+        ld->used[t - rt_gguf_tensor_at(ld->g, 0)] = 1;
+}
+
+static int ld_weight(loader *ld, const char *name, int64_t n_in, int64_t n_out, rt_weight *w)
+{
+    int rc = bind_weight(ld->g, name, n_in, n_out, w, ld->err, ld->err_len);
+    if (!rc)
+        ld_mark(ld, name);
+    return rc;
+}
+
+static int ld_vector(loader *ld, const char *name, int64_t n, bool required, float **out)
+{
+    int rc = load_vector(ld->g, name, n, required, out, ld->err, ld->err_len);
+    if (!rc)
+        ld_mark(ld, name);
+    return rc;
+}
+
+/* A small matrix of `rows` rows of n, kept as owned F32 (the experts'
+ * biases). */
+static int ld_rows(loader *ld, const char *name, int64_t n, int64_t rows, float **out)
+{
+    char *err = ld->err;
+    size_t err_len = ld->err_len;
+    *out = NULL;
+    const rt_gguf_tensor *t = ld_find(ld, name);
+    if (!t)
+        return 0;
+    if (t->ne[0] != n || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        return ERR("tensor %s at data offset %llu has shape [%lld, %lld], expected [%lld, %lld]", name,
+                   (unsigned long long)t->offset, (long long)t->ne[0], (long long)t->ne[1], (long long)n,
+                   (long long)rows);
+    float *v = malloc((size_t)(n * rows) * sizeof(float));
+    if (!v)
+        return -ENOMEM;
+    kn_dequantize_row((kn_type)t->type, t->data, v, n * rows);
+    *out = v;
+    ld_mark(ld, name);
+    return 0;
+}
+
+/* Rows [row0, row0 + n) of w as a matrix of its own (fused tensors). */
+static rt_weight row_view(const rt_weight *w, int row0, int n)
+{
+    size_t rb = kn_row_bytes(w->type, w->n_in);
+    return (rt_weight){(const char *)w->data + (size_t)row0 * rb, w->type, w->n_in, n, (uint64_t)n * rb};
+}
+
+/* A 3D tensor of n_exp matrices [n_in, n_out] as n_exp views. */
+static int ld_experts(loader *ld, const char *name, int64_t n_in, int64_t n_out, int n_exp, rt_weight **out)
+{
+    char *err = ld->err;
+    size_t err_len = ld->err_len;
+    const rt_gguf_tensor *t = ld_find(ld, name);
+    if (!t)
+        return ERR("missing required tensor %s", name);
+    if (t->n_dims != 3 || t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_exp)
+        return ERR("tensor %s at data offset %llu has shape [%lld, %lld, %lld], expected [%lld, %lld, %d]", name,
+                   (unsigned long long)t->offset, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                   (long long)n_in, (long long)n_out, n_exp);
+    if (!(*out = calloc((size_t)n_exp, sizeof(rt_weight))))
+        return -ENOMEM;
+    rt_weight all = {t->data, (kn_type)t->type, (int)n_in, (int)(n_out * n_exp), t->nbytes};
+    for (int e = 0; e < n_exp; e++)
+        (*out)[e] = row_view(&all, (int)(e * n_out), (int)n_out);
+    ld_mark(ld, name);
+    return 0;
+}
+
+static int bind_moe(loader *ld, int l, rt_layer *L)
+{
+    const rt_hparams *hp = &ld->m->hp;
+    const int d = hp->n_embd, f = hp->n_ff_exp, ne = hp->n_expert;
     char name[96];
     int rc;
-    /* the last layer's first tensor, before a block_count from the file
-     * sizes an allocation (2^30 layers asked for 283 GB) */
-    snprintf(name, sizeof(name), "blk.%d.attn_q.weight", hp->n_layer - 1);
-    if (!rt_gguf_find_tensor(g, name))
+    rt_experts *x = L->moe = calloc(1, sizeof(*x));
+    if (!x)
+        return -ENOMEM;
+#define N(suffix) (snprintf(name, sizeof(name), "blk.%d.%s", l, suffix), name)
+    if ((rc = ld_weight(ld, N("ffn_gate_inp.weight"), d, ne, &x->router)) ||
+        (rc = ld_vector(ld, N("ffn_gate_inp.bias"), ne, false, &x->b_router)) ||
+        (rc = ld_experts(ld, N("ffn_gate_exps.weight"), d, f, ne, &x->gate)) ||
+        (rc = ld_experts(ld, N("ffn_up_exps.weight"), d, f, ne, &x->up)) ||
+        (rc = ld_experts(ld, N("ffn_down_exps.weight"), f, d, ne, &x->down)) ||
+        (rc = ld_rows(ld, N("ffn_gate_exps.bias"), f, ne, &x->b_gate)) ||
+        (rc = ld_rows(ld, N("ffn_up_exps.bias"), f, ne, &x->b_up)) ||
+        (rc = ld_rows(ld, N("ffn_down_exps.bias"), d, ne, &x->b_down)))
+        return rc;
+    if (ld_find(ld, N("ffn_up_shexp.weight"))) {
+        const int fs = hp->n_ff_shexp > 0 ? hp->n_ff_shexp : f;
+        if ((rc = ld_weight(ld, N("ffn_gate_shexp.weight"), d, fs, &x->sh_gate)) ||
+            (rc = ld_weight(ld, N("ffn_up_shexp.weight"), d, fs, &x->sh_up)) ||
+            (rc = ld_weight(ld, N("ffn_down_shexp.weight"), fs, d, &x->sh_down)))
+            return rc;
+    }
+#undef N
+    return 0;
+}
+
+/* The attention's tensors: Q, K and V apart or fused (attn_qkv), the
+ * biases and norms the file has. */
+static int bind_attention(loader *ld, int l, rt_layer *L)
+{
+    const rt_hparams *hp = &ld->m->hp;
+    const rt_arch *ar = ld->m->arch;
+    const int d = hp->n_embd, q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    char name[96];
+    int rc;
+#define N(suffix) (snprintf(name, sizeof(name), "blk.%d.%s", l, suffix), name)
+    if (ld_find(ld, N("attn_qkv.weight"))) {
+        rt_weight qkv;
+        if ((rc = ld_weight(ld, name, d, q_dim + 2 * kv_dim, &qkv)))
+            return rc;
+        L->wq = row_view(&qkv, 0, q_dim);
+        L->wk = row_view(&qkv, q_dim, kv_dim);
+        L->wv = row_view(&qkv, q_dim + kv_dim, kv_dim);
+    } else if ((rc = ld_weight(ld, N("attn_q.weight"), d, q_dim, &L->wq)) ||
+               (rc = ld_weight(ld, N("attn_k.weight"), d, kv_dim, &L->wk)) ||
+               (rc = ld_weight(ld, N("attn_v.weight"), d, kv_dim, &L->wv))) {
+        return rc;
+    }
+    const bool row_norm = ar->qk_norm == RT_QK_NORM_ROW;
+    if ((rc = ld_weight(ld, N("attn_output.weight"), q_dim, d, &L->wo)) ||
+        (rc = ld_vector(ld, N("attn_norm.weight"), d, !(ar->flags & RT_ARCH_NO_PRE_NORM), &L->attn_norm)) ||
+        (rc = ld_vector(ld, N("attn_q.bias"), q_dim, false, &L->bq)) ||
+        (rc = ld_vector(ld, N("attn_k.bias"), kv_dim, false, &L->bk)) ||
+        (rc = ld_vector(ld, N("attn_v.bias"), kv_dim, false, &L->bv)) ||
+        (rc = ld_vector(ld, N("attn_output.bias"), d, false, &L->bo)))
+        return rc;
+    if (ar->qk_norm != RT_QK_NORM_NONE &&
+        ((rc = ld_vector(ld, N("attn_q_norm.weight"), row_norm ? q_dim : hp->head_dim, true, &L->q_norm)) ||
+         (rc = ld_vector(ld, N("attn_k_norm.weight"), row_norm ? kv_dim : hp->head_dim, true, &L->k_norm))))
+        return rc;
+    if ((ar->flags & RT_ARCH_SINKS) && (rc = ld_vector(ld, N("attn_sinks.weight"), hp->n_head, true, &L->sinks)))
+        return rc;
+    if ((ar->flags & RT_ARCH_POST_NORMS) &&
+        (rc = ld_vector(ld, N("post_attention_norm.weight"), d, true, &L->attn_post_norm)))
+        return rc;
+#undef N
+    return 0;
+}
+
+static int bind_ffn(loader *ld, int l, rt_layer *L)
+{
+    const rt_hparams *hp = &ld->m->hp;
+    const rt_arch *ar = ld->m->arch;
+    const int d = hp->n_embd, f = hp->n_ff;
+    char name[96];
+    int rc;
+#define N(suffix) (snprintf(name, sizeof(name), "blk.%d.%s", l, suffix), name)
+    snprintf(name, sizeof(name), "blk.%d.%s.weight", l, ar->ffn_norm ? ar->ffn_norm : "ffn_norm");
+    if ((rc = ld_vector(ld, name, d, !(ar->flags & RT_ARCH_NO_PRE_NORM), &L->ffn_norm)))
+        return rc;
+    if ((ar->flags & RT_ARCH_POST_NORMS) && (rc = ld_vector(ld, N("post_ffw_norm.weight"), d, true, &L->ffn_post_norm)))
+        return rc;
+    if (hp->n_expert > 0 && ((ar->flags & RT_ARCH_MOE_ONLY) || ld_find(ld, N("ffn_gate_inp.weight"))))
+        return bind_moe(ld, l, L);
+    if (ar->flags & RT_ARCH_FUSED_UP) {
+        rt_weight up;
+        if ((rc = ld_weight(ld, N("ffn_up.weight"), d, 2 * (int64_t)f, &up)))
+            return rc;
+        L->w_gate = row_view(&up, 0, f);
+        L->w_up = row_view(&up, f, f);
+    } else if ((rc = ld_weight(ld, N("ffn_gate.weight"), d, f, &L->w_gate)) ||
+               (rc = ld_weight(ld, N("ffn_up.weight"), d, f, &L->w_up))) {
+        return rc;
+    }
+    if ((rc = ld_weight(ld, N("ffn_down.weight"), f, d, &L->w_down)) ||
+        (rc = ld_vector(ld, N("ffn_gate.bias"), f, false, &L->b_gate)) ||
+        (rc = ld_vector(ld, N("ffn_up.bias"), f, false, &L->b_up)) ||
+        (rc = ld_vector(ld, N("ffn_down.bias"), d, false, &L->b_down)))
+        return rc;
+#undef N
+    return 0;
+}
+
+/* Whether layer l attends through a sliding window (llama.cpp's
+ * set_swa_pattern, pattern 1 meaning every layer). */
+static bool layer_slides(const rt_arch *ar, const rt_hparams *hp, int l)
+{
+    const int n = ar->swa_pattern;
+    return hp->n_swa > 0 && n > 0 && (n == 1 || l % n < n - 1);
+}
+
+static int bind_layers(loader *ld)
+{
+    rt_model *m = ld->m;
+    const rt_hparams *hp = &m->hp;
+    char *err = ld->err;
+    size_t err_len = ld->err_len;
+    char name[96];
+    int rc;
+    /* the last layer's output projection, before a block_count from the
+     * file sizes an allocation (2^30 layers asked for 283 GB) */
+    snprintf(name, sizeof(name), "blk.%d.attn_output.weight", hp->n_layer - 1);
+    if (!rt_gguf_find_tensor(ld->g, name))
         return ERR("missing required tensor %s (block_count is %d)", name, hp->n_layer);
     m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return -ENOMEM;
+    bool rope_on = true;
+    if ((m->arch->flags & RT_ARCH_ROPE_SWITCH)) {
+        char key[96];
+        snprintf(key, sizeof(key), "%s.rope.scaling.finetuned", hp->arch);
+        if (rt_gguf_get_bool(ld->g, key, &rope_on) == -EINVAL)
+            return ERR("key %s is not a boolean", key);
+    }
     for (int l = 0; l < hp->n_layer; l++) {
         rt_layer *L = &m->layers[l];
-#define W(field, suffix, n_in, n_out)                                                                        \
-    do {                                                                                                     \
-        snprintf(name, sizeof(name), "blk.%d.%s", l, suffix);                                                \
-        if ((rc = bind_weight(g, name, n_in, n_out, &L->field, err, err_len)) < 0)                           \
-            return rc;                                                                                       \
-    } while (0)
-#define V(field, suffix, n, req)                                                                             \
-    do {                                                                                                     \
-        snprintf(name, sizeof(name), "blk.%d.%s", l, suffix);                                                \
-        if ((rc = load_vector(g, name, n, req, &L->field, err, err_len)) < 0)                                \
-            return rc;                                                                                       \
-    } while (0)
-        W(wq, "attn_q.weight", hp->n_embd, q_dim);
-        W(wk, "attn_k.weight", hp->n_embd, kv_dim);
-        W(wv, "attn_v.weight", hp->n_embd, kv_dim);
-        W(wo, "attn_output.weight", q_dim, hp->n_embd);
-        W(w_gate, "ffn_gate.weight", hp->n_embd, hp->n_ff);
-        W(w_up, "ffn_up.weight", hp->n_embd, hp->n_ff);
-        W(w_down, "ffn_down.weight", hp->n_ff, hp->n_embd);
-        V(attn_norm, "attn_norm.weight", hp->n_embd, true);
-        V(ffn_norm, "ffn_norm.weight", hp->n_embd, true);
-        V(bq, "attn_q.bias", q_dim, false);
-        V(bk, "attn_k.bias", kv_dim, false);
-        V(bv, "attn_v.bias", kv_dim, false);
-#undef W
-#undef V
+        if ((rc = bind_attention(ld, l, L)) || (rc = bind_ffn(ld, l, L)))
+            return rc;
+        L->local = layer_slides(m->arch, hp, l);
+        L->rope = RT_ROPE_MAIN;
+        if (L->local && m->rope[RT_ROPE_LOCAL].inv_freq)
+            L->rope = RT_ROPE_LOCAL;
+        if (!rope_on || (m->arch->no_rope_every > 0 && (l + 1) % m->arch->no_rope_every == 0))
+            L->rope = RT_ROPE_OFF;
     }
     return 0;
 }
 
-/* What kn_rope turns each position by: the base's frequencies, the linear
- * scale, and the per-pair factors of rope_freqs.weight (Llama 3.1 and
- * later), which *has_factors reports. */
-static int rope_frequencies(rt_model *m, bool *has_factors, char *err, size_t err_len)
+/* A factor vector of n_rot / 2 positive numbers, or NULL when absent. */
+static int rope_factors(loader *ld, const char *name, float **out)
+{
+    char *err = ld->err;
+    size_t err_len = ld->err_len;
+    int rc = ld_vector(ld, name, ld->m->hp.n_rot / 2, false, out);
+    for (int i = 0; !rc && *out && i < ld->m->hp.n_rot / 2; i++)
+        if (!((*out)[i] > 0.0f) || !isfinite((*out)[i]))
+            rc = ERR("tensor %s: element %d is %g, not a positive number", name, i, (*out)[i]);
+    return rc;
+}
+
+/* The RoPEs the layers turn by: the model's (scaled as its keys say, with
+ * rope_freqs.weight's factors, Llama 3.1 and later), the sliding layers'
+ * own base where the family has one (unscaled), and LongRoPE's long
+ * factors (rope_factors_long / _short.weight, Phi-3) for sequences past the
+ * original context. *has_factors reports any factor tensor. */
+static int rope_frequencies(loader *ld, bool *has_factors)
+{
+    rt_model *m = ld->m;
+    rt_hparams *hp = &m->hp;
+    float *factors = NULL, *lng = NULL, *shrt = NULL;
+    int rc;
+    if ((rc = rope_factors(ld, "rope_freqs.weight", &factors)) ||
+        (rc = rope_factors(ld, "rope_factors_long.weight", &lng)) ||
+        (rc = rope_factors(ld, "rope_factors_short.weight", &shrt)))
+        goto out;
+    *has_factors = factors || lng || shrt;
+    if (lng || shrt)
+        hp->rope_scaling = RT_ROPE_SCALING_LONGROPE;
+    const bool no_mscale = (m->arch->flags & RT_ARCH_YARN_NO_MSCALE) != 0;
+    if ((rc = rt_rope_build(&m->rope[RT_ROPE_MAIN], hp, hp->rope_freq_base, hp->rope_scaling, hp->rope_scale,
+                            shrt ? shrt : factors, no_mscale)))
+        goto out;
+    if (lng && (rc = rt_rope_build(&m->rope[RT_ROPE_LONG], hp, hp->rope_freq_base, RT_ROPE_SCALING_LONGROPE, 1.0f,
+                                   lng, no_mscale)))
+        goto out;
+    if (hp->rope_freq_base_swa > 0.0f) {
+        if ((rc = rt_rope_build(&m->rope[RT_ROPE_LOCAL], hp, hp->rope_freq_base_swa, RT_ROPE_SCALING_NONE, 1.0f,
+                                NULL, no_mscale)))
+            goto out;
+        m->rope[RT_ROPE_LOCAL].mscale = 1.0f;
+    }
+    m->rope_inv_freq = m->rope[RT_ROPE_MAIN].inv_freq;
+out:
+    free(factors);
+    free(lng);
+    free(shrt);
+    return rc;
+}
+
+/* Every tensor of the file is the model's: one the forward pass does not
+ * read would change the answers without a word (an output bias, a .scale
+ * tensor, a norm of another family). */
+static int check_all_used(loader *ld)
+{
+    char *err = ld->err;
+    size_t err_len = ld->err_len;
+    for (int64_t i = 0; i < rt_gguf_n_tensors(ld->g); i++) {
+        if (ld->used[i])
+            continue;
+        const rt_gguf_tensor *t = rt_gguf_tensor_at(ld->g, i);
+        char shown[80];
+        return ERR("tensor %s is not used by the %s forward pass: a file with it is not supported",
+                   rt_gguf_printable(shown, sizeof(shown), t->name), ld->m->hp.arch);
+    }
+    return 0;
+}
+
+int rt_model_matrices(rt_model *m, rt_weight ***out)
 {
     const rt_hparams *hp = &m->hp;
-    float *factors;
-    int rc = load_vector(m->gguf, "rope_freqs.weight", hp->n_rot / 2, false, &factors, err, err_len);
-    if (rc < 0)
-        return rc;
-    *has_factors = factors != NULL;
-    for (int i = 0; factors && i < hp->n_rot / 2 && !rc; i++)
-        if (!(factors[i] > 0.0f) || !isfinite(factors[i]))
-            rc = ERR("tensor rope_freqs.weight: element %d is %g, not a positive number", i, factors[i]);
-    if (!rc && !(m->rope_inv_freq = malloc((size_t)(hp->n_rot / 2) * sizeof(double))))
-        rc = -ENOMEM;
-    if (!rc)
-        kn_rope_inv_freq(m->rope_inv_freq, hp->n_rot, hp->rope_freq_base, hp->rope_scale, factors);
-    free(factors);
-    return rc;
+    size_t cap = 1 + (size_t)hp->n_layer * (10 + 3 * (size_t)hp->n_expert);
+    rt_weight **all = malloc(cap * sizeof(*all));
+    if (!all)
+        return -ENOMEM;
+    int n = 0;
+    for (int l = 0; l < hp->n_layer; l++) {
+        rt_layer *L = &m->layers[l];
+        rt_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if (lw[i]->data)
+                all[n++] = lw[i];
+        rt_experts *x = L->moe;
+        if (!x)
+            continue;
+        all[n++] = &x->router;
+        for (int e = 0; e < hp->n_expert; e++) {
+            all[n++] = &x->gate[e];
+            all[n++] = &x->up[e];
+            all[n++] = &x->down[e];
+        }
+        if (x->sh_up.data) {
+            all[n++] = &x->sh_gate;
+            all[n++] = &x->sh_up;
+            all[n++] = &x->sh_down;
+        }
+    }
+    if (!hp->tied_output)
+        all[n++] = &m->output;
+    *out = all;
+    return n;
 }
 
 static uint64_t weight_bytes(const rt_weight *w)
 {
     return w->nbytes;
+}
+
+/* Bytes of the weights, and of those one token reads: the chosen experts
+ * only (n_expert_used of n_expert) where a layer has experts. */
+static void count_bytes(rt_model *m)
+{
+    const rt_hparams *hp = &m->hp;
+    m->bytes_per_token = kn_row_bytes(m->tok_embd.type, hp->n_embd) + m->output.nbytes;
+    m->weight_bytes = m->tok_embd.nbytes + (hp->tied_output ? 0 : m->output.nbytes);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const rt_layer *L = &m->layers[l];
+        uint64_t b = weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) + weight_bytes(&L->wo) +
+                     weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) + weight_bytes(&L->w_down);
+        uint64_t active = b;
+        if (L->moe) {
+            const rt_experts *x = L->moe;
+            uint64_t shared = x->router.nbytes + x->sh_gate.nbytes + x->sh_up.nbytes + x->sh_down.nbytes, ex = 0;
+            for (int e = 0; e < hp->n_expert; e++)
+                ex += x->gate[e].nbytes + x->up[e].nbytes + x->down[e].nbytes;
+            b += shared + ex;
+            active += shared + ex / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used;
+        }
+        m->bytes_per_token += active;
+        m->weight_bytes += b;
+    }
+}
+
+/* What the CUDA forward pass does not do yet, or NULL: it runs the llama
+ * and qwen2 shapes (RoPE by base alone, dense SiLU FFNs, Q/K/V biases). */
+static const char *cuda_gap(const rt_model *m, bool rope_factors)
+{
+    const rt_hparams *hp = &m->hp;
+    if (rope_factors)
+        return "RoPE frequency factors (rope_freqs.weight)";
+    if (hp->rope_scaling == RT_ROPE_SCALING_YARN)
+        return "RoPE YaRN scaling";
+    if (hp->rope_scale != 1.0f)
+        return "RoPE linear scaling";
+    if (hp->n_expert > 0)
+        return "mixture-of-experts layers";
+    if (hp->n_swa > 0 || hp->attn_softcap > 0 || hp->final_softcap > 0 || hp->embd_scale != 1.0f ||
+        hp->residual_scale != 1.0f || hp->logit_scale != 1.0f || hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim) ||
+        m->arch->act != RT_ACT_SILU || m->arch->qk_norm != RT_QK_NORM_NONE ||
+        (m->arch->flags & (RT_ARCH_POST_NORMS | RT_ARCH_NO_PRE_NORM | RT_ARCH_SINKS)) || m->output_bias)
+        return "this architecture's layers";
+    for (int l = 0; l < hp->n_layer; l++)
+        if (m->layers[l].bo || m->layers[l].b_gate || m->layers[l].b_up || m->layers[l].b_down ||
+            m->layers[l].rope != RT_ROPE_MAIN)
+            return "this architecture's layers";
+    return NULL;
+}
+
+static int bind_model(rt_model *m, bool *rope_factors, char *err, size_t err_len)
+{
+    const rt_hparams *hp = &m->hp;
+    loader ld = {m, m->gguf, calloc((size_t)rt_gguf_n_tensors(m->gguf) + 1, 1), err, err_len};
+    int rc = -ENOMEM;
+    if (!ld.used)
+        return rc;
+    if ((rc = ld_weight(&ld, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd)) < 0)
+        goto out;
+    if (hp->tied_output)
+        m->output = m->tok_embd;
+    else if ((rc = ld_weight(&ld, "output.weight", hp->n_embd, hp->n_vocab, &m->output)) < 0)
+        goto out;
+    if ((rc = ld_vector(&ld, "output_norm.weight", hp->n_embd, true, &m->output_norm)) < 0 ||
+        (rc = ld_vector(&ld, "output.bias", hp->n_vocab, false, &m->output_bias)) < 0 ||
+        (rc = rope_frequencies(&ld, rope_factors)) < 0 || (rc = bind_layers(&ld)) < 0 ||
+        (rc = check_all_used(&ld)) < 0)
+        goto out;
+out:
+    free(ld.used);
+    return rc;
+}
+
+/* Takes the leading "path: " off a message of rt_gguf_open. */
+static void drop_path(char *err, const char *path)
+{
+    size_t n = strlen(path);
+    if (strncmp(err, path, n) == 0 && err[n] == ':' && err[n + 1] == ' ')
+        memmove(err, err + n + 2, strlen(err + n + 2) + 1);
 }
 
 int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, char *err, size_t err_len)
@@ -285,23 +770,16 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
     if (!m)
         goto fail;
     rc = rt_gguf_open(path, &m->gguf, err, err_len);
-    if (rc < 0)
+    if (rc < 0) {
+        drop_path(err, path); /* the caller names the file, once */
         goto fail;
+    }
     if ((rc = rt_hparams_from_gguf(m->gguf, &m->hp, err, err_len)) < 0)
         goto fail;
     const rt_hparams *hp = &m->hp;
-    if ((rc = bind_weight(m->gguf, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err, err_len)) < 0)
-        goto fail;
-    if (hp->tied_output)
-        m->output = m->tok_embd;
-    else if ((rc = bind_weight(m->gguf, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err, err_len)) < 0)
-        goto fail;
-    if ((rc = load_vector(m->gguf, "output_norm.weight", hp->n_embd, true, &m->output_norm, err, err_len)) < 0)
-        goto fail;
-    if ((rc = bind_layers(m, err, err_len)) < 0)
-        goto fail;
-    bool rope_factors;
-    if ((rc = rope_frequencies(m, &rope_factors, err, err_len)) < 0)
+    m->arch = rt_arch_find(hp->arch);
+    bool rope_factors = false;
+    if ((rc = bind_model(m, &rope_factors, err, err_len)) < 0)
         goto fail;
     if ((rc = rt_tokenizer_load(m->gguf, &m->tok, err, err_len)) < 0)
         goto fail;
@@ -310,18 +788,7 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
                  hp->n_vocab);
         goto fail;
     }
-
-    m->bytes_per_token = kn_row_bytes(m->tok_embd.type, hp->n_embd) + (hp->tied_output ? m->tok_embd.nbytes : 0);
-    m->weight_bytes = m->tok_embd.nbytes + (hp->tied_output ? 0 : m->output.nbytes);
-    if (!hp->tied_output)
-        m->bytes_per_token += m->output.nbytes;
-    for (int l = 0; l < hp->n_layer; l++) {
-        const rt_layer *L = &m->layers[l];
-        uint64_t b = weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) + weight_bytes(&L->wo) +
-                     weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) + weight_bytes(&L->w_down);
-        m->bytes_per_token += b;
-        m->weight_bytes += b;
-    }
+    count_bytes(m);
 
     const char *device = opts && opts->device ? opts->device : "cpu";
     bool cuda = strcmp(device, "cuda") == 0;
@@ -330,11 +797,11 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
         goto fail;
     }
     /* The CUDA forward pass turns positions by base alone (its angle table
-     * is built on the device): until it takes the factors, such a model
-     * runs on the CPU only. */
-    if (cuda && (rope_factors || hp->rope_scale != 1.0f)) {
-        rc = ERR("RoPE %s: not supported on cuda yet (run this model with device cpu)",
-                 rope_factors ? "frequency factors (rope_freqs.weight)" : "linear scaling");
+     * is built on the device) and runs the llama shapes: other models run
+     * on the CPU only until it learns them. */
+    const char *gap = cuda ? cuda_gap(m, rope_factors) : NULL;
+    if (gap) {
+        rc = ERR("%s: not supported on cuda yet (run this model with device cpu)", gap);
         goto fail;
     }
     /* On a GPU the CPU kernels only serve host-side odds and ends. */
@@ -359,23 +826,39 @@ fail:
     return rc;
 }
 
+static void free_layer(rt_layer *L)
+{
+    float *owned[] = {L->attn_norm, L->ffn_norm, L->bq,     L->bk,           L->bv,
+                      L->bo,        L->b_gate,   L->b_up,   L->b_down,       L->q_norm,
+                      L->k_norm,    L->sinks,    L->attn_post_norm, L->ffn_post_norm};
+    for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++)
+        free(owned[i]);
+    rt_experts *x = L->moe;
+    if (x) {
+        free(x->b_router);
+        free(x->gate);
+        free(x->up);
+        free(x->down);
+        free(x->b_gate);
+        free(x->b_up);
+        free(x->b_down);
+        free(x);
+    }
+}
+
 void rt_model_free(rt_model *m)
 {
     if (!m)
         return;
     if (m->layers) {
-        for (int l = 0; l < m->hp.n_layer; l++) {
-            rt_layer *L = &m->layers[l];
-            free(L->attn_norm);
-            free(L->ffn_norm);
-            free(L->bq);
-            free(L->bk);
-            free(L->bv);
-        }
+        for (int l = 0; l < m->hp.n_layer; l++)
+            free_layer(&m->layers[l]);
         free(m->layers);
     }
     free(m->output_norm);
-    free(m->rope_inv_freq);
+    free(m->output_bias);
+    for (int i = 0; i < RT_ROPE_SETS; i++)
+        free(m->rope[i].inv_freq);
     if (m->dev)
         m->dev->free(m);
     kn_ctx_free(m->kn);

@@ -1,10 +1,14 @@
-/* A llama-family model loaded from a memory-mapped GGUF file, its paged KV
- * cache, and the batched forward pass continuous batching needs: one call
- * runs a batch of sequences, each with its own number of new tokens (a
- * prefill chunk for one, one decode token for another).
+/* A decoder-only transformer loaded from a memory-mapped GGUF file, its
+ * paged KV cache, and the batched forward pass continuous batching needs:
+ * one call runs a batch of sequences, each with its own number of new
+ * tokens (a prefill chunk for one, one decode token for another).
  *
- * Architectures: "llama" (also Mistral and TinyLlama files), "qwen2" (NeoX
- * RoPE, Q/K/V biases). Hyper-parameters come from `<arch>.*` keys. */
+ * Architectures (runtime/arch.c's table): llama (also Mistral, TinyLlama
+ * and Mixtral's experts), mistral, mistral3, qwen2, qwen3, qwen3moe, gemma2,
+ * gemma3, phi3, gpt-oss, granite, granitemoe, olmo2, smollm3.
+ * Hyper-parameters come from `<arch>.*` keys, read as llama.cpp reads them
+ * (a key a family leaves at 0 is unset). Every tensor of a file is used or
+ * the load fails naming it. */
 #ifndef RT_MODEL_H
 #define RT_MODEL_H
 
@@ -17,6 +21,14 @@
 typedef struct rt_gguf rt_gguf;
 typedef struct rt_tokenizer rt_tokenizer;
 typedef struct rt_model rt_model;
+
+/* RoPE scaling (<arch>.rope.scaling.type). */
+typedef enum rt_rope_scaling {
+    RT_ROPE_SCALING_NONE = 0,
+    RT_ROPE_SCALING_LINEAR,   /* positions count 1 / factor each */
+    RT_ROPE_SCALING_YARN,     /* YaRN: per-dimension blend of linear and none, and a magnitude factor */
+    RT_ROPE_SCALING_LONGROPE, /* Phi-3: rope_factors_long / _short by the sequence's context */
+} rt_rope_scaling;
 
 typedef struct rt_hparams {
     char arch[32];
@@ -34,6 +46,24 @@ typedef struct rt_hparams {
     float norm_eps;       /* RMSNorm epsilon */
     bool rope_neox;
     bool tied_output; /* no output.weight: the embedding matrix is reused */
+
+    rt_rope_scaling rope_scaling;
+    int n_ctx_orig;         /* rope.scaling.original_context_length (YaRN, LongRoPE) */
+    float rope_attn_factor; /* rope.scaling.attn_factor: Q and K magnitude (1: none) */
+    float yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
+    float rope_freq_base_swa; /* sliding layers' base (their scaling is none when it differs) */
+    /* mixture of experts: 0 experts for a dense FFN */
+    int n_expert, n_expert_used;
+    int n_ff_exp;   /* expert_feed_forward_length (n_ff when absent) */
+    int n_ff_shexp; /* shared expert's length, 0: none */
+    /* sliding-window attention: n_swa positions (0: none) on the layers
+     * the family's pattern names */
+    int n_swa;
+    float attn_softcap, final_softcap; /* 0: none */
+    float attn_scale;                  /* of q.k, usually 1/sqrt(head_dim) */
+    float embd_scale;                  /* embeddings times this (1: none) */
+    float residual_scale;              /* blocks' outputs times this before the residual add (1: none) */
+    float logit_scale;                 /* logits divided by this (1: none) */
 } rt_hparams;
 
 typedef struct rt_model_opts {
@@ -43,7 +73,9 @@ typedef struct rt_model_opts {
 } rt_model_opts;
 
 /* 0; -EINVAL for a file that is not a usable model (err names the key or
- * tensor, and the byte offset where the GGUF reader has one); -ENOMEM;
+ * tensor, and the byte offset where the GGUF reader has one, but not the
+ * path, which the caller says; a file with tensor types this build does not
+ * read is refused with every such type named and its tensor count); -ENOMEM;
  * -errno for I/O. With device "cuda": the weights go to the first device
  * CUDA_VISIBLE_DEVICES shows, once, and every forward pass runs there;
  * -ENODEV ("no CUDA device: ...") when there is none or the build has no
@@ -82,8 +114,11 @@ int rt_hparams_from_gguf(const rt_gguf *g, rt_hparams *hp, char *err, size_t err
 
 /* ---- paged KV cache ----
  * One pool of fixed-size blocks, each holding block_tokens positions of K
- * and V for every layer. A sequence grows block by block and gives its
- * blocks back when freed. Not thread-safe: one thread drives a model. */
+ * and V for every layer (for a group of layers, in a model with
+ * sliding-window layers: see rt_kv_blocks_for). A sequence grows block by
+ * block and gives its blocks back when freed; the blocks of sliding layers
+ * that fell out of the window go back as it grows. Not thread-safe: one
+ * thread drives a model. */
 typedef struct rt_kv rt_kv;
 typedef struct rt_seq rt_seq;
 
@@ -101,6 +136,13 @@ int rt_kv_blocks_total(const rt_kv *kv);
 int rt_kv_blocks_free(const rt_kv *kv);
 int rt_kv_block_tokens(const rt_kv *kv);
 size_t rt_kv_block_bytes(const rt_kv *kv);
+/* Blocks a new sequence takes for its first n_tokens positions (a model
+ * with sliding-window layers keeps its blocks by groups of layers: a block
+ * then holds fewer layers, and a position block takes one of each group). */
+int rt_kv_blocks_for(const rt_kv *kv, int n_tokens);
+/* The most positions one sequence could hold in the pool alone (sliding
+ * layers keeping their window only): the pool's capacity in tokens. */
+int64_t rt_kv_seq_tokens_max(const rt_kv *kv);
 
 /* A sequence that may grow to max_tokens positions (<= context length). */
 rt_seq *rt_seq_new(rt_kv *kv, int max_tokens);
@@ -127,6 +169,12 @@ typedef struct rt_batch_entry {
  * would pass its max_tokens; -EINVAL for a token id out of range or an empty
  * entry; -ENOMEM. */
 int rt_model_forward(rt_model *m, rt_batch_entry *entries, int n_entries);
+
+/* The experts the last CPU forward pass chose at MoE layer `layer`: for
+ * each of its tokens in batch order, n_expert_used expert indices, largest
+ * weight first. Valid until the next forward pass; NULL for a dense layer
+ * or before any pass (for tests and tools). */
+const int32_t *rt_model_expert_choices(const rt_model *m, int layer);
 
 /* Runs fn(arg, i) for i in [0, n) on the model's CPU threads, between
  * forward passes (sampling a batch's rows); fn must not call the model. */

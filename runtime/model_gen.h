@@ -1,7 +1,10 @@
-/* Synthetic llama-family GGUF models for tests and benchmarks: random
- * weights of any shape and type, and a byte-level SentencePiece vocabulary.
- * The F32 weights depend only on the seed and the shape, so the F16, Q8_0
- * and Q4_0 files of one seed are quantizations of the same model. */
+/* Synthetic GGUF models for tests and benchmarks: random weights of any
+ * shape and type, and a byte-level SentencePiece vocabulary, in any of the
+ * architectures the runtime runs (`arch`: the tensors and keys llama.cpp's
+ * converter writes for the family, MoE experts as 3D ffn_*_exps tensors).
+ * The F32 weights depend only on the seed, the shape and the tensor's name,
+ * so the F16, Q8_0 and Q4_0 files of one seed are quantizations of the same
+ * model. */
 #ifndef RT_MODEL_GEN_H
 #define RT_MODEL_GEN_H
 
@@ -19,7 +22,13 @@ typedef struct rt_gen_params {
     float rope_scaling_factor; /* > 0: rope.scaling.factor */
     const float *rope_freqs;   /* head_dim / 2 factors for rope_freqs.weight, or NULL */
     const char *chat_template; /* tokenizer.chat_template, or NULL */
+    const char *arch;          /* rt_gen_arch_names(); NULL: llama ("mixtral" is llama with experts) */
+    int experts, experts_used; /* > 0: experts per MoE layer and used per token (0: the arch's, 8 and 2) */
+    int swa;                   /* > 0: attention.sliding_window (0: the family's usual) */
 } rt_gen_params;
+
+/* The --arch names, ", "-separated. */
+const char *rt_gen_arch_names(void);
 
 void rt_gen_params_default(rt_gen_params *p);
 /* Writes the model to path. 0, -EINVAL (bad shape, err says which), -ENOMEM

@@ -195,8 +195,7 @@ static void sreq_free(sreq *r)
 
 static int blocks_for(const rt_sched *s, int n_tokens)
 {
-    int bt = s->o.block_tokens;
-    return (n_tokens + bt - 1) / bt;
+    return rt_kv_blocks_for(s->kv, n_tokens);
 }
 
 /* ---- submission (any thread) ---- */
@@ -214,7 +213,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
      * whichever is less. Without max_tokens it gets that much room: a pool
      * smaller than one full context (Llama-3-8B's 8k in the default 256 MiB
      * holds 2k) must not turn every request that names no limit away. */
-    const int64_t pool_tokens = (int64_t)rt_kv_blocks_total(s->kv) * s->o.block_tokens;
+    const int64_t pool_tokens = rt_kv_seq_tokens_max(s->kv);
     if (r->n_prompt >= pool_tokens)
         return -ENOSPC;
     int max_new = s->n_ctx - r->n_prompt;

@@ -185,7 +185,7 @@ static size_t h1_in_max(const gw_http_conn *c)
  * (on_writable) and when it drained (the response is done). Set again
  * when a reload changes the bounds: a head larger than the old read bound,
  * within the new one, waited for ever. */
-void gw_h1_set_bounds(gw_http_conn *c)
+static void h1_set_bounds(gw_http_conn *c)
 {
     bufferevent_setwatermark(c->bev, EV_READ, 0, h1_in_max(c));
     bufferevent_setwatermark(c->bev, EV_WRITE, c->srv->limits.max_stream_buffer / 2, 0);
@@ -306,7 +306,11 @@ static void h1_shut(gw_http_conn *c)
         c->broken = true;
 }
 
-void gw_h1_closing(gw_http_conn *c)
+/* The connection is about to be freed: a response started and not all
+ * sent ends in a TCP reset, not a FIN. An HTTP/1.0 body is delimited by
+ * the close, so a FIN would make a cut body look whole (and a proxy in
+ * front, nginx's HTTP/1.0 upstreams, pass it on as such). */
+static void h1_closing(gw_http_conn *c)
 {
     gw_http_stream *s = c->h1.cur;
     if (!s || !s->resp_started || (s->resp_ended && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0))
@@ -426,12 +430,12 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
         gw_conn_free(c);
 }
 
-void gw_h1_on_send(gw_http_conn *c)
+static void h1_on_send(gw_http_conn *c)
 {
     h1_run(c);
 }
 
-void gw_h1_on_timer(gw_http_conn *c)
+static void h1_on_timer(gw_http_conn *c)
 {
     /* A body that stalled gets 408 (as over HTTP/2), then the close. Idle
      * between requests, a head not complete in time (slowloris), or a peer
@@ -448,19 +452,10 @@ void gw_h1_on_timer(gw_http_conn *c)
 
 /* Between requests a connection closes now; with one in progress, after
  * its response (the keep-alive test above). */
-void gw_h1_drain(gw_http_conn *c)
+static void h1_drain(gw_http_conn *c)
 {
     if (c->h1.state == GW_H1_IDLE)
         gw_conn_set_timer(c, 0);
-}
-
-void gw_h1_start(gw_http_conn *c)
-{
-    c->proto = GW_PROTO_H1;
-    c->h1.state = GW_H1_IDLE;
-    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
-    gw_h1_set_bounds(c);
-    h1_run(c);
 }
 
 /* ---- the application's side: buffer and schedule only ---- */
@@ -478,8 +473,8 @@ static bool valid_header(const gw_http_header *h)
     return true;
 }
 
-int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                 const void *body, size_t body_len, bool whole, int64_t length)
+static int h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
+                     const void *body, size_t body_len, bool whole, int64_t length)
 {
     gw_http_conn *c = s->conn;
     gw_h1 *h = &c->h1;
@@ -535,7 +530,7 @@ int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, s
     return 0;
 }
 
-int gw_h1_write(gw_http_stream *s, const void *data, size_t len)
+static int h1_write(gw_http_stream *s, const void *data, size_t len)
 {
     struct evbuffer *out = bufferevent_get_output(s->conn->bev);
     if (s->bodiless)
@@ -555,7 +550,7 @@ int gw_h1_write(gw_http_stream *s, const void *data, size_t len)
     return evbuffer_add(out, data, len) ? -ENOMEM : 0;
 }
 
-int gw_h1_end(gw_http_stream *s)
+static int h1_end(gw_http_stream *s)
 {
     if (s->chunked && evbuffer_add(bufferevent_get_output(s->conn->bev), "0\r\n\r\n", 5))
         return -ENOMEM;
@@ -564,7 +559,7 @@ int gw_h1_end(gw_http_stream *s)
     return 0;
 }
 
-void gw_h1_reset(gw_http_stream *s)
+static void h1_reset(gw_http_stream *s)
 {
     /* No stream to reset in HTTP/1.x: the connection goes, from the loop. */
     s->reset = true;
@@ -572,9 +567,32 @@ void gw_h1_reset(gw_http_stream *s)
     gw_conn_schedule_send(s->conn);
 }
 
-size_t gw_h1_pending(const gw_http_stream *s)
+static size_t h1_pending(const gw_http_stream *s)
 {
     if (s != s->conn->h1.cur || s->state != GW_SS_APP)
         return 0;
     return evbuffer_get_length(bufferevent_get_output(s->conn->bev));
+}
+
+static const gw_http_proto h1_proto = {
+    .on_send = h1_on_send,
+    .on_timer = h1_on_timer,
+    .drain = h1_drain,
+    .set_bounds = h1_set_bounds,
+    .no_streams = gw_conn_nop, /* the connection keeps its own timer by its state */
+    .closing = h1_closing,
+    .submit = h1_submit,
+    .write = h1_write,
+    .end = h1_end,
+    .reset = h1_reset,
+    .pending = h1_pending,
+};
+
+void gw_h1_start(gw_http_conn *c)
+{
+    c->proto = &h1_proto;
+    c->h1.state = GW_H1_IDLE;
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    h1_set_bounds(c);
+    h1_run(c);
 }

@@ -1,18 +1,22 @@
 /* Internals of the HTTP server shared by its files and by its tests and
- * fuzzers: http_server.c (the server, connections and their choice of
- * protocol, the application's stream API), http2.c (HTTP/2 sessions on
- * nghttp2), http1.c (HTTP/1.x sessions) and http1_parse.c (their request
- * parser), tls.c (OpenSSL contexts) and listen.c (listeners). Nothing outside gateway/http*.c, gateway/http/tls.c
- * and gateway/http/listen.c should include this.
+ * fuzzers: server.c (the server, connections and their choice of
+ * protocol, the application's stream API), http2.c (HTTP/2 connections on
+ * nghttp2: I/O and responses) and http2_request.c (their requests:
+ * assembly, bounds, refusals), http1.c (HTTP/1.x sessions) and
+ * http1_parse.c (their request parser), tls.c (OpenSSL contexts) and
+ * listen.c (listeners). Nothing outside gateway/http/ and its tests
+ * should include this.
  *
  * Ownership: a server owns its listeners and connections; a connection owns
  * its bufferevent (a socket's, or OpenSSL's over the socket), its protocol
- * session and its streams. A connection starts in GW_PROTO_DETECT (or
- * GW_PROTO_TLS while the handshake runs) and turns into one protocol for
- * good. An HTTP/2 stream lives from the first HEADERS frame of a request
- * until nghttp2 closes it; an HTTP/1.x stream from its complete request
- * head until its response drained. A stream the application saw
- * (on_request) lives on, detached, until on_close returned.
+ * session and its streams. A connection starts undecided (cleartext: the
+ * first bytes tell; TLS: ALPN does) and then turns into one protocol for
+ * good: the core calls that protocol through its table (gw_http_proto),
+ * never by testing which one it is. An HTTP/2 stream lives from the first
+ * HEADERS frame of a request until nghttp2 closes it; an HTTP/1.x stream
+ * from its complete request head until its response drained. A stream the
+ * application saw (on_request) lives on, detached, until on_close
+ * returned.
  *
  * Discipline (h2o's): protocol work (nghttp2_session_mem_recv / mem_send,
  * HTTP/1.x parsing, deciding that a stream is over) happens only in loop
@@ -106,12 +110,37 @@ struct gw_http_stream {
     struct evbuffer *out; /* HTTP/2: response bytes not yet given to nghttp2 */
 };
 
-typedef enum gw_conn_proto {
-    GW_PROTO_DETECT, /* cleartext: the first bytes will tell */
-    GW_PROTO_TLS,    /* handshake running: ALPN will tell */
-    GW_PROTO_H2,
-    GW_PROTO_H1,
-} gw_conn_proto;
+/* A protocol's side of a connection and its streams: the table the core
+ * calls once the protocol is chosen (h2o's h2o_conn_callbacks_t), one per
+ * protocol (http1.c, http2.c), and one in server.c for a connection not
+ * yet decided. The connection members are always filled (gw_conn_nop
+ * where a protocol has nothing to do); the stream members are filled by
+ * the protocols, an undecided connection having no streams. */
+typedef struct gw_http_proto {
+    /* Loop callbacks of the connection: each may free it (the caller must
+     * not touch it after). */
+    void (*on_send)(gw_http_conn *c);  /* the send event fired (gw_conn_schedule_send) */
+    void (*on_timer)(gw_http_conn *c); /* the connection's timer fired */
+    void (*drain)(gw_http_conn *c);    /* the server began draining */
+    /* Bookkeeping the core reports; none of these frees the connection. */
+    void (*set_bounds)(gw_http_conn *c); /* the server's limits changed */
+    void (*no_streams)(gw_http_conn *c); /* its last open stream closed */
+    /* The connection is about to be freed, whatever the cause (reset,
+     * error, timeout, server shutdown), its streams still open. */
+    void (*closing)(gw_http_conn *c);
+    /* The application's side of a stream, each called once the core has
+     * checked the call (gw_http_respond and friends): buffer and schedule
+     * only. submit: `length` is a streamed response's length said in
+     * advance (gw_http_begin_length), or -1; the content-length and
+     * transfer-encoding the application gives are dropped, as framing is
+     * the server's. */
+    int (*submit)(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
+                  const void *body, size_t body_len, bool whole, int64_t length);
+    int (*write)(gw_http_stream *s, const void *data, size_t len);
+    int (*end)(gw_http_stream *s);
+    void (*reset)(gw_http_stream *s);
+    size_t (*pending)(const gw_http_stream *s);
+} gw_http_proto;
 
 /* An HTTP/1.x connection's place in its request/response cycle. */
 typedef enum gw_h1_state {
@@ -151,7 +180,7 @@ struct gw_http_conn {
     gw_http_server *srv;
     gw_http_conn *prev, *next;
     struct bufferevent *bev;
-    gw_conn_proto proto;
+    const gw_http_proto *proto; /* chosen once: undecided, then HTTP/1.x or HTTP/2 for good */
     nghttp2_session *ngh;    /* HTTP/2 only */
     struct event *send_ev;   /* made active to run the send path from the loop */
     struct event *idle_ev;   /* the connection's one timer: idle, header, linger bounds */
@@ -212,7 +241,7 @@ struct gw_http_server {
     nghttp2_option *opt;
 };
 
-/* ---- http_server.c: what every protocol shares ---- */
+/* ---- server.c: what every protocol shares ---- */
 
 /* Copies p[0..n) with a NUL after it into the arena; NULL on no memory. */
 char *gw_arena_strndup(gw_arena_chunk **head, const void *p, size_t n);
@@ -245,6 +274,8 @@ void gw_stream_writable(gw_http_stream *s);
 /* Closes every stream (on_close unfinished) and frees the connection. */
 void gw_conn_free(gw_http_conn *c);
 void gw_conn_schedule_send(gw_http_conn *c);
+/* A protocol table's member for what the protocol has nothing to do on. */
+void gw_conn_nop(gw_http_conn *c);
 /* How long a connection with nothing in flight may stay: the idle timeout,
  * 0 while the server drains. */
 int gw_conn_idle_ms(const gw_http_conn *c);
@@ -253,46 +284,38 @@ void gw_conn_set_timer(gw_http_conn *c, int ms);
 /* Serves a connected socket, over TLS when `tls` is given. Takes `fd`. */
 int gw_conn_adopt(gw_http_server *srv, int fd, struct ssl_ctx_st *tls);
 
-/* ---- http2.c ---- */
-
-/* gw_h1_submit and gw_h2_submit: `length` is a streamed response's length
- * said in advance (gw_http_begin_length), or -1; the content-length and
- * transfer-encoding the application gives are dropped, as framing is the
- * server's. */
+/* ---- http2.c: HTTP/2 connections (I/O, responses, the application's side) ---- */
 
 int gw_h2_server_init(gw_http_server *srv);
 void gw_h2_server_dispose(gw_http_server *srv);
-/* Turns a connection into HTTP/2 and feeds it what was read; frees it on
- * failure (the caller must not touch it after). */
+/* Turns a connection into HTTP/2 (its table) and feeds it what was read;
+ * frees it on failure (the caller must not touch it after). */
 void gw_h2_start(gw_http_conn *c);
-void gw_h2_on_send(gw_http_conn *c);  /* the send event fired */
-void gw_h2_on_timer(gw_http_conn *c); /* the timer fired */
-void gw_h2_drain(gw_http_conn *c);    /* the server is draining */
-int gw_h2_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                 const void *body, size_t body_len, bool whole, int64_t length);
-int gw_h2_write(gw_http_stream *s, const void *data, size_t len);
-int gw_h2_end(gw_http_stream *s);
+/* Submits response headers, with `body` queued when given, without
+ * scheduling the send. With `whole`, the response ends after the body;
+ * else `length`, when >= 0, is the body's length said in advance. 0,
+ * -EINVAL or -ENOMEM. */
+int gw_h2_submit_response(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
+                          const void *body, size_t body_len, bool whole, int64_t length);
+/* Resets a stream the application holds (RST_STREAM INTERNAL_ERROR). */
 void gw_h2_reset(gw_http_stream *s);
+
+/* ---- http2_request.c: HTTP/2 requests (nghttp2's receive callbacks, bounds, refusals) ---- */
+
+/* Sets the receive callbacks that assemble requests. */
+void gw_h2_request_callbacks(nghttp2_session_callbacks *cb);
+/* The stream's output waits on the peer: due within idle_timeout_ms. */
+void gw_h2_stream_due_idle(gw_http_stream *s);
+/* The connection's timer fired with streams open: deals with those past
+ * their bounds and sets the timer for the next. -1 when the connection
+ * must go (a header block left open). */
+int gw_h2_check_streams(gw_http_conn *c);
+/* The connection has no streams: its idle timeout runs (no_streams). */
+void gw_h2_arm_idle(gw_http_conn *c);
 
 /* ---- http1.c ---- */
 
 void gw_h1_start(gw_http_conn *c); /* as gw_h2_start */
-void gw_h1_drain(gw_http_conn *c); /* as gw_h2_drain */
-void gw_h1_set_bounds(gw_http_conn *c); /* the server's limits changed */
-void gw_h1_on_send(gw_http_conn *c);
-void gw_h1_on_timer(gw_http_conn *c);
-int gw_h1_submit(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
-                 const void *body, size_t body_len, bool whole, int64_t length);
-int gw_h1_write(gw_http_stream *s, const void *data, size_t len);
-int gw_h1_end(gw_http_stream *s);
-void gw_h1_reset(gw_http_stream *s);
-size_t gw_h1_pending(const gw_http_stream *s);
-/* The connection is about to be freed, whatever the cause (reset, error,
- * write timeout, server shutdown): a response started and not all sent
- * ends in a TCP reset, not a FIN. An HTTP/1.0 body is delimited by the
- * close, so a FIN would make a cut body look whole (and a proxy in front,
- * nginx's HTTP/1.0 upstreams, pass it on as such). */
-void gw_h1_closing(gw_http_conn *c);
 
 /* ---- http1_parse.c: the HTTP/1.x request parser ---- */
 

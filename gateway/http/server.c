@@ -2,7 +2,8 @@
  * accept to the choice of protocol (the HTTP/2 preface or anything else on
  * cleartext, ALPN on TLS), what streams of every protocol share (request
  * arena, closing, on_close outside protocol code), and the application's
- * stream API, which checks a call and hands it to http2.c or http1.c. See
+ * stream API, which checks a call and hands it to the connection's
+ * protocol table (http2.c or http1.c). See
  * gateway/http/http_internal.h for ownership and the rules on which calls may
  * happen where. */
 #include "gateway/http/http_internal.h"
@@ -204,12 +205,8 @@ void gw_stream_closed(gw_http_stream *s, bool finished)
     s->header_kept = 0;
     c->h2_body_held -= s->body_held;
     s->body_held = 0;
-    /* An HTTP/2 connection with no streams is idle; HTTP/1.x keeps its
-     * own timer. */
-    if (--c->n_streams == 0 && c->proto == GW_PROTO_H2 && !c->lingering && !c->goaway && !c->dead) {
-        c->h2_check_ms = 0;
-        gw_conn_set_timer(c, gw_conn_idle_ms(c));
-    }
+    if (--c->n_streams == 0)
+        c->proto->no_streams(c);
     if (s->state != GW_SS_APP) {
         stream_free(s);
         return;
@@ -254,8 +251,7 @@ void gw_conn_free(gw_http_conn *c)
 {
     gw_http_server *srv = c->srv;
     c->dead = true;
-    if (c->proto == GW_PROTO_H1)
-        gw_h1_closing(c);
+    c->proto->closing(c);
     /* nghttp2_session_del runs no callbacks: close our streams ourselves. */
     if (c->ngh)
         nghttp2_session_del(c->ngh);
@@ -328,22 +324,33 @@ static void tls_on_event(struct bufferevent *bev, short what, void *arg)
 static void on_send_ev(evutil_socket_t fd, short what, void *arg)
 {
     gw_http_conn *c = arg;
-    if (c->proto == GW_PROTO_H2)
-        gw_h2_on_send(c);
-    else if (c->proto == GW_PROTO_H1)
-        gw_h1_on_send(c);
+    c->proto->on_send(c);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     gw_http_conn *c = arg;
-    if (c->proto == GW_PROTO_H2)
-        gw_h2_on_timer(c);
-    else if (c->proto == GW_PROTO_H1)
-        gw_h1_on_timer(c);
-    else
-        gw_conn_free(c); /* no preface, or no handshake, in header_timeout_ms */
+    c->proto->on_timer(c);
 }
+
+void gw_conn_nop(gw_http_conn *c) {}
+
+/* No preface, or no handshake, in header_timeout_ms. */
+static void undecided_on_timer(gw_http_conn *c)
+{
+    gw_conn_free(c);
+}
+
+/* A connection whose protocol is not known yet (cleartext detection, or
+ * the TLS handshake) has no streams: their members are never called. */
+static const gw_http_proto undecided = {
+    .on_send = gw_conn_nop,
+    .on_timer = undecided_on_timer,
+    .drain = gw_conn_nop, /* the protocol, once chosen, sees srv->draining */
+    .set_bounds = gw_conn_nop,
+    .no_streams = gw_conn_nop,
+    .closing = gw_conn_nop,
+};
 
 int gw_conn_adopt(gw_http_server *srv, int fd, struct ssl_ctx_st *tls)
 {
@@ -362,7 +369,7 @@ int gw_conn_adopt(gw_http_server *srv, int fd, struct ssl_ctx_st *tls)
     c->srv = srv;
     c->tls = tls != NULL;
     c->peer = -1;
-    c->proto = tls ? GW_PROTO_TLS : GW_PROTO_DETECT;
+    c->proto = &undecided;
     if (tls)
         c->bev = gw_tls_bev_new(srv->base, fd, tls); /* owns fd, also on failure */
     else if (!(c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE)))
@@ -426,8 +433,7 @@ void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits
     uint32_t mcs = srv->limits.max_concurrent_streams;
     srv->limits.max_cut_streams = l->max_cut_streams ? l->max_cut_streams : mcs > 32 ? 2 * mcs : 64;
     for (gw_http_conn *c = srv->conns; c; c = c->next)
-        if (c->proto == GW_PROTO_H1)
-            gw_h1_set_bounds(c);
+        c->proto->set_bounds(c);
 }
 
 gw_http_server *gw_http_server_new(struct event_base *base, const gw_http_limits *limits,
@@ -503,10 +509,7 @@ void gw_http_server_drain(gw_http_server *srv)
     srv->draining = true;
     for (gw_http_conn *c = srv->conns, *next; c; c = next) {
         next = c->next; /* draining may free c */
-        if (c->proto == GW_PROTO_H2)
-            gw_h2_drain(c);
-        else if (c->proto == GW_PROTO_H1)
-            gw_h1_drain(c);
+        c->proto->drain(c);
     }
 }
 
@@ -518,7 +521,7 @@ size_t gw_http_server_active_streams(const gw_http_server *srv)
 bool gw_http_server_has_conns(const gw_http_server *srv)
 {
     for (const gw_http_conn *c = srv->conns; c; c = c->next)
-        if (c->proto == GW_PROTO_H1 || c->proto == GW_PROTO_H2)
+        if (c->proto != &undecided)
             return true;
     return false;
 }
@@ -593,9 +596,7 @@ static int stream_start(gw_http_stream *s, int status, const gw_http_header *hea
         return rc;
     if (s->resp_started)
         return -EINVAL;
-    if (s->conn->proto == GW_PROTO_H1)
-        return gw_h1_submit(s, status, headers, n_headers, body, body_len, whole, length);
-    return gw_h2_submit(s, status, headers, n_headers, body, body_len, whole, length);
+    return s->conn->proto->submit(s, status, headers, n_headers, body, body_len, whole, length);
 }
 
 int gw_http_respond(gw_http_stream *s, int status, const gw_http_header *headers, size_t n_headers,
@@ -631,7 +632,7 @@ int gw_http_write(gw_http_stream *s, const void *data, size_t len)
         return -ENOBUFS;
     if (len == 0)
         return 0;
-    rc = s->conn->proto == GW_PROTO_H1 ? gw_h1_write(s, data, len) : gw_h2_write(s, data, len);
+    rc = s->conn->proto->write(s, data, len);
     if (!rc && s->sized && !s->bodiless)
         s->resp_left -= len;
     if (!rc && gw_http_pending(s) > max / 2)
@@ -648,22 +649,17 @@ int gw_http_end(gw_http_stream *s)
         return -EINVAL;
     if (s->sized && !s->bodiless && s->resp_left)
         return -EPIPE; /* short of the length said: only a reset tells the client */
-    return s->conn->proto == GW_PROTO_H1 ? gw_h1_end(s) : gw_h2_end(s);
+    return s->conn->proto->end(s);
 }
 
 size_t gw_http_pending(const gw_http_stream *s)
 {
-    if (s->conn->proto == GW_PROTO_H1)
-        return gw_h1_pending(s);
-    return s->out ? evbuffer_get_length(s->out) : 0;
+    return s->conn->proto->pending(s);
 }
 
 void gw_http_reset(gw_http_stream *s)
 {
     if (stream_check(s))
         return;
-    if (s->conn->proto == GW_PROTO_H1)
-        gw_h1_reset(s);
-    else
-        gw_h2_reset(s);
+    s->conn->proto->reset(s);
 }

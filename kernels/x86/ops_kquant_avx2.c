@@ -1,5 +1,5 @@
 /* kernels/x86: the K-quants (Q2_K..Q6_K) and IQ4_XS against Q8_K
- * activations, Q4_1, Q5_0, Q5_1 and IQ4_NL against Q8_0, the Q8_K and BF16
+ * activations, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 against Q8_0, the Q8_K and BF16
  * activation quantizers, and the F16 and BF16 weight gemms, on
  * AVX2/FMA/F16C. Built with the AVX2 flags and
  * -ffp-contract=off; reached only through the AVX2 table (and the tables
@@ -348,7 +348,7 @@ KQ_TYPE(Q6_K, q6_K)
 KQ_TYPE(IQ4_XS, iq4_xs)
 #undef KQ_TYPE
 
-/* ---- the 32-element types: Q4_1, Q5_0, Q5_1, IQ4_NL against Q8_0 -----------
+/* ---- the 32-element types: Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 against Q8_0 ----
  * The same scheme a block at a time: the block's 32 quants as bytes
  * (unsigned for Q4_1 and Q5_1, signed for Q5_0's q - 16 and IQ4_NL's
  * levels), the exact integer dot in int32 lanes, scaled by d * dx in float
@@ -393,6 +393,12 @@ KQ_INLINE __m256i kl_unpack(kn_type t, const void *w, int ib, float *d, float *m
         *m = kn_x86_f16_table[b->m];
         return _mm256_or_si256(kl_nibbles(b->qs), kl_bits5(b->qh));
     }
+    case KN_TYPE_MXFP4: { /* E2M1's doubled levels, like IQ4_NL's through a table */
+        const kn_block_mxfp4 *b = (const kn_block_mxfp4 *)w + ib;
+        *d = kn_e8m0_half(b->e);
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kn_mxfp4_values)), kl_nibbles(b->qs));
+    }
     default: { /* IQ4_NL */
         const kn_block_iq4_nl *b = (const kn_block_iq4_nl *)w + ib;
         *d = kn_x86_f16_table[b->d];
@@ -415,7 +421,7 @@ KQ_INLINE int32_t kl_xsum(__m256i xv)
 KQ_INLINE void kl_gemm(kn_type t, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
                        float *y, size_t ys)
 {
-    const bool signed_q = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL;
+    const bool signed_q = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL || t == KN_TYPE_MXFP4;
     const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
     const size_t bb = kn_type_block_bytes(t);
     const int nb = n / 32;
@@ -466,6 +472,7 @@ KL_TYPE(Q4_1, q4_1)
 KL_TYPE(Q5_0, q5_0)
 KL_TYPE(Q5_1, q5_1)
 KL_TYPE(IQ4_NL, iq4_nl)
+KL_TYPE(MXFP4, mxfp4)
 #undef KL_TYPE
 
 /* ---- F16 and BF16 gemm ------------------------------------------------------------ */
@@ -575,6 +582,7 @@ void kn_x86_kquant_fill(kn_ops *ops)
     KQ_SET(Q5_0, q5_0)
     KQ_SET(Q5_1, q5_1)
     KQ_SET(IQ4_NL, iq4_nl)
+    KQ_SET(MXFP4, mxfp4)
     KQ_SET(BF16, bf16)
 #undef KQ_SET
     ops->gemm[KN_TYPE_F16] = avx2_gemm_f16;

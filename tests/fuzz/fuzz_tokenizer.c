@@ -1,19 +1,25 @@
 /* libFuzzer target for the tokenizer: arbitrary bytes are encoded with a
  * SentencePiece vocabulary and with byte-level BPE vocabularies (llama3,
- * qwen2 and starcoder pre-tokenizers), with and without parse_special, and
- * decoded again. The vocabularies are written once with rt_gguf_writer and
- * opened from memory with rt_gguf_open_mem.
+ * qwen2 and starcoder pre-tokenizers), without parse_special, with it, and
+ * with plain spans, and decoded again. The vocabularies are written once,
+ * in LLVMFuzzerInitialize, with rt_gguf_writer and opened from memory with
+ * rt_gguf_open_mem.
  *
  * Invariants (abort on violation):
- *  - encode never fails on any input, every id is in range, and the count is
- *    the same whether or not the output buffer was big enough;
+ *  - encode never fails on any input and every id is in range; for one of
+ *    the three encodings of each input (by its length), the count is the
+ *    same with a buffer that holds half the ids, without BOS, and those are
+ *    the first ids;
  *  - without parse_special, decode(encode(x)) == x: always for BPE; for
  *    SentencePiece (stripping the prefix space) when x has no U+2581;
  *  - with parse_special, for BPE, the pieces with control tokens replaced by
  *    their text concatenate to x;
  *  - with plain spans (drawn from the input's first bytes), for BPE, the
  *    same holds and no control token's text overlaps a span; with no spans
- *    the ids are those of parse_special. */
+ *    the ids are those of parse_special.
+ * Each encoding is one call (the short-buffer count a second one for one
+ * of them), and ASan keeps a small quarantine: an input's frees are far
+ * below it, and the default 256 MB put every allocation on fresh pages. */
 #define _GNU_SOURCE /* memmem */
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +34,14 @@
 #define N_TOK 4
 
 static rt_tokenizer *g_tok[N_TOK];
+
+/* An input frees a few MB at most (4 KB of text), so a use after free
+ * within its run stays within the quarantine; ASAN_OPTIONS overrides. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "quarantine_size_mb=32";
+}
 
 static void die(const char *what, const char *detail)
 {
@@ -229,57 +243,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static void check(const rt_tokenizer *t, const uint8_t *data, size_t size, bool special)
-{
-    const char *text = (const char *)data;
-    int n = rt_tokenizer_encode(t, text, size, false, special, NULL, 0);
-    if (n < 0)
-        die("encode", "failed");
-    int32_t *ids = malloc(((size_t)n + 1) * sizeof(int32_t));
-    int n2 = rt_tokenizer_encode(t, text, size, true, special, ids, n + 1);
-    int bos = rt_tokenizer_bos(t) >= 0;
-    if (n2 != n + bos)
-        die("encode", "count changes with the buffer or add_bos");
-    int32_t *body = ids + bos;
-    int32_t nv = rt_tokenizer_n_vocab(t);
-    for (int i = 0; i < n; i++)
-        if (body[i] < 0 || body[i] >= nv)
-            die("encode", "id out of range");
-    size_t cap = 4 * size + 64;
-    char *out = malloc(cap);
-    bool spm = rt_tokenizer_kind(t) == RT_TOK_SPM;
-    if (!special) {
-        int m = rt_tokenizer_decode(t, body, n, true, out, cap);
-        if (m < 0 || (size_t)m >= cap)
-            die("decode", "failed");
-        bool exact = !spm || !memmem(text, size, SP, 3);
-        if (exact && ((size_t)m != size || memcmp(out, text, size) != 0))
-            die("round trip", spm ? "spm" : "bpe");
-    } else if (!spm) {
-        size_t o = 0;
-        for (int i = 0; i < n; i++) {
-            size_t k = 0;
-            const char *piece = rt_tokenizer_piece(t, body[i], &k);
-            if (!piece || k > cap - o)
-                die("piece", "failed");
-            memcpy(out + o, piece, k);
-            if (k == 0) { /* control: its text was in the input */
-                const char *s = rt_tokenizer_token_text(t, body[i]);
-                size_t sl = strlen(s);
-                if (sl > cap - o)
-                    die("piece", "overflow");
-                memcpy(out + o, s, sl);
-                k = sl;
-            }
-            o += k;
-        }
-        if (o != size || memcmp(out, text, size) != 0)
-            die("round trip", "bpe with specials");
-    }
-    free(out);
-    free(ids);
-}
-
 static bool overlaps(const rt_text_span *sp, int n, size_t off, size_t len)
 {
     for (int i = 0; i < n; i++)
@@ -303,55 +266,123 @@ static int draw_spans(const uint8_t *data, size_t size, rt_text_span *sp)
     return n;
 }
 
-static void check_spans(const rt_tokenizer *t, const uint8_t *data, size_t size)
+enum mode { PLAIN, SPECIAL, SPANS };
+
+static int encode_as(const rt_tokenizer *t, const uint8_t *data, size_t size, enum mode m, bool add_bos,
+                     const rt_text_span *sp, int n_sp, int32_t *out, int max_out)
 {
     const char *text = (const char *)data;
-    rt_text_span sp[4];
-    int n_sp = draw_spans(data, size, sp);
-    int n = rt_tokenizer_encode_spans(t, text, size, false, sp, n_sp, NULL, 0);
-    if (n < 0)
-        die("encode_spans", "failed");
-    int32_t *ids = malloc(((size_t)n + 1) * sizeof(int32_t));
-    if (rt_tokenizer_encode_spans(t, text, size, false, sp, n_sp, ids, n + 1) != n)
-        die("encode_spans", "count changes with the buffer");
-    if (n_sp == 0) {
-        int32_t *ref = malloc(((size_t)n + 1) * sizeof(int32_t));
-        if (rt_tokenizer_encode(t, text, size, false, true, ref, n + 1) != n ||
-            memcmp(ref, ids, (size_t)n * sizeof(int32_t)))
-            die("encode_spans", "no spans differs from parse_special");
-        free(ref);
+    if (m == SPANS)
+        return rt_tokenizer_encode_spans(t, text, size, add_bos, sp, n_sp, out, max_out);
+    return rt_tokenizer_encode(t, text, size, add_bos, m == SPECIAL, out, max_out);
+}
+
+/* One encoding with BOS, its ids in range; *n gets their count without the
+ * BOS, and the ids (BOS first where the vocabulary has one) are returned,
+ * malloc'ed. One call into room for 4 ids a byte (the encoder's bound),
+ * again only past it. With recount, the text is encoded again without BOS
+ * into an exact-size buffer that holds half the ids: the count must be the
+ * same, the ids written the first ones, and a write past the buffer is
+ * ASan's to see. */
+static int32_t *encode(const rt_tokenizer *t, const uint8_t *data, size_t size, enum mode m,
+                       const rt_text_span *sp, int n_sp, bool recount, int *n)
+{
+    int bos = rt_tokenizer_bos(t) >= 0, cap = 4 * (int)size + 1;
+    int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
+    int got = encode_as(t, data, size, m, true, sp, n_sp, ids, cap);
+    if (got > cap) {
+        free(ids);
+        cap = got;
+        ids = malloc((size_t)cap * sizeof(int32_t));
+        if (encode_as(t, data, size, m, true, sp, n_sp, ids, cap) != got)
+            die("encode", "count changes with the buffer");
     }
-    if (rt_tokenizer_kind(t) == RT_TOK_BPE) {
-        size_t o = 0;
-        for (int i = 0; i < n; i++) {
-            size_t k = 0;
-            const char *piece = rt_tokenizer_piece(t, ids[i], &k);
-            if (!piece)
-                die("piece", "failed");
-            if (k == 0) {
-                piece = rt_tokenizer_token_text(t, ids[i]);
-                k = strlen(piece);
-                if (overlaps(sp, n_sp, o, k))
-                    die("encode_spans", "a special token overlaps a plain span");
-            }
-            if (k > size - o || memcmp(text + o, piece, k))
-                die("round trip", "bpe with plain spans");
-            o += k;
-        }
-        if (o != size)
-            die("round trip", "bpe with plain spans: short");
+    if (got < bos)
+        die("encode", "failed");
+    *n = got - bos;
+    int32_t nv = rt_tokenizer_n_vocab(t);
+    for (int i = 0; i < got; i++)
+        if (ids[i] < 0 || ids[i] >= nv)
+            die("encode", "id out of range");
+    if (recount) {
+        int half = *n / 2;
+        int32_t *part = half ? malloc((size_t)half * sizeof(int32_t)) : NULL;
+        if (encode_as(t, data, size, m, false, sp, n_sp, part, half) != *n)
+            die("encode", "count changes with the buffer or add_bos");
+        if (half && memcmp(part, ids + bos, (size_t)half * sizeof(int32_t)))
+            die("encode", "a short buffer gets other ids");
+        free(part);
     }
+    return ids;
+}
+
+/* Without parse_special: the round trip through decode. */
+static void check_plain(const rt_tokenizer *t, const uint8_t *data, size_t size, bool recount)
+{
+    int n;
+    int32_t *ids = encode(t, data, size, PLAIN, NULL, 0, recount, &n), *body = ids + (rt_tokenizer_bos(t) >= 0);
+    size_t cap = 4 * size + 64;
+    char *out = malloc(cap);
+    bool spm = rt_tokenizer_kind(t) == RT_TOK_SPM;
+    int m = rt_tokenizer_decode(t, body, n, true, out, cap);
+    if (m < 0 || (size_t)m >= cap)
+        die("decode", "failed");
+    bool exact = !spm || !memmem(data, size, SP, 3);
+    if (exact && ((size_t)m != size || memcmp(out, data, size) != 0))
+        die("round trip", spm ? "spm" : "bpe");
+    free(out);
     free(ids);
+}
+
+/* The pieces of a BPE encoding, control tokens replaced by their text, are
+ * the text; none of those overlaps a plain span. */
+static void check_pieces(const rt_tokenizer *t, const uint8_t *data, size_t size, const int32_t *ids, int n,
+                         const rt_text_span *sp, int n_sp)
+{
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        size_t k = 0;
+        const char *piece = rt_tokenizer_piece(t, ids[i], &k);
+        if (!piece)
+            die("piece", "failed");
+        if (k == 0) { /* control: its text was in the input */
+            piece = rt_tokenizer_token_text(t, ids[i]);
+            k = strlen(piece);
+            if (overlaps(sp, n_sp, o, k))
+                die("encode_spans", "a special token overlaps a plain span");
+        }
+        if (k > size - o || memcmp(data + o, piece, k))
+            die("round trip", n_sp ? "bpe with plain spans" : "bpe with specials");
+        o += k;
+    }
+    if (o != size)
+        die("round trip", "bpe pieces short of the text");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size > 4096)
         return 0;
+    /* which of the three encodings is also counted with a short buffer */
+    int recount = (int)(size % 3);
+    rt_text_span sp[4];
+    int n_sp = draw_spans(data, size, sp);
     for (int k = 0; k < N_TOK; k++) {
-        check(g_tok[k], data, size, false);
-        check(g_tok[k], data, size, true);
-        check_spans(g_tok[k], data, size);
+        const rt_tokenizer *t = g_tok[k];
+        int bos = rt_tokenizer_bos(t) >= 0, n_special, n_spans;
+        bool bpe = rt_tokenizer_kind(t) == RT_TOK_BPE;
+        check_plain(t, data, size, recount == 0);
+        int32_t *special = encode(t, data, size, SPECIAL, NULL, 0, recount == 1, &n_special);
+        if (bpe)
+            check_pieces(t, data, size, special + bos, n_special, NULL, 0);
+        int32_t *spans = encode(t, data, size, SPANS, sp, n_sp, recount == 2, &n_spans);
+        if (n_sp == 0 &&
+            (n_spans != n_special || memcmp(spans, special, (size_t)(n_special + bos) * sizeof(int32_t))))
+            die("encode_spans", "no spans differs from parse_special");
+        if (bpe)
+            check_pieces(t, data, size, spans + bos, n_spans, sp, n_sp);
+        free(spans);
+        free(special);
     }
     return 0;
 }

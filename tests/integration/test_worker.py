@@ -24,8 +24,8 @@ URL = "http://localhost"
 DEVICE = os.environ.get("INFERGATE_TEST_DEVICE", "cpu")
 
 
-def start_worker(sock, *extra, model_path=model):
-    dev = "cpu" if "--kv-type" in extra else DEVICE
+def start_worker(sock, *extra, model_path=model, device=None):
+    dev = device or ("cpu" if "--kv-type" in extra else DEVICE)
     p = spawn([INFERGATE, "worker", "--model", model_path, "--model-name", "m", "--listen", "unix:" + sock,
                "--threads", "2", "--device", dev] + list(extra), os.path.join(d, os.path.basename(sock) + ".log"))
     wait_until(lambda: curl(URL + "/health", unix=sock, timeout=2)[0] == 200 or p.poll() is not None, 60,
@@ -223,6 +223,34 @@ t.ok(wq8.wait(timeout=40) == 0, "SIGTERM: q8_0 worker exits 0")
 r = subprocess.run([INFERGATE, "worker", "--model", model, "--listen", "unix:" + sock_q8, "--kv-type", "q4_0"],
                    capture_output=True, text=True, timeout=30)
 t.ok(r.returncode == 2 and "--kv-type: f16 or q8_0" in r.stderr, "--kv-type q4_0 is refused: %r" % r.stderr)
+# --- a Q4_K_M file, llama.cpp's mixture (model gen --type quantizes as model
+# quantize does), served with the same batch invariance; on the CPU, where
+# the K-quants have kernels ---
+qk = os.path.join(d, "q4km.gguf")
+r = subprocess.run([INFERGATE, "model", "gen", "--out", qk, "--dim", "256", "--layers", "2", "--heads", "4",
+                    "--kv-heads", "2", "--ffn", "512", "--vocab", "512", "--ctx", "256", "--type", "Q4_K_M",
+                    "--seed", "3"], capture_output=True, text=True)
+ri = subprocess.run([INFERGATE, "model", "inspect", qk], capture_output=True, text=True)
+t.ok(r.returncode == 0 and ri.returncode == 0 and "q4_K " in ri.stdout and "q6_K " in ri.stdout
+     and "bits per weight" in ri.stdout,
+     "model gen --type Q4_K_M mixes q4_K and q6_K: %r" % (r.stderr or ri.stdout[-300:]))
+sock_qk = os.path.join(d, "wqk.sock")
+wqk = start_worker(sock_qk, "--max-seqs", "8", "--kv-cache-mb", "16", model_path=qk, device="cpu")
+alone_qk = []
+for p in prompts[:8]:
+    s, _, b = post("/v1/completions", body(p), sock=sock_qk)
+    alone_qk.append(json.loads(b)["choices"][0]["text"] if s == 200 else None)
+procs = [popen_post("/v1/completions", body(p), sock=sock_qk) for p in prompts[:8]]
+together_qk = []
+for pr in procs:
+    out, _ = pr.communicate(timeout=120)
+    s, _, b = __import__("harness").parse_curl(out)
+    together_qk.append(json.loads(b)["choices"][0]["text"] if s == 200 else None)
+t.ok(all(a for a in alone_qk) and together_qk == alone_qk,
+     "Q4_K_M: 8 concurrent greedy completions equal their solo runs")
+wqk.send_signal(15)
+t.ok(wqk.wait(timeout=40) == 0, "SIGTERM: Q4_K_M worker exits 0")
+
 # --- the model commands: a seed that would wrap is refused; inspect's estimate ---
 r = subprocess.run([INFERGATE, "model", "gen", "--seed", "-1", "--out", os.path.join(d, "never.gguf")],
                    capture_output=True, text=True)

@@ -1,8 +1,10 @@
 /* Shared harness of the HTTP server's tests that run real clients
  * (test_http_server.c, test_http1.c, test_http_tls.c): a server on the
  * test's own libevent loop (loop_harness.h) with a handler that answers by
- * path, child processes (curl, h2load, openssl) run while the loop turns,
- * and raw sockets for bytes no client tool sends. Every wait is bounded by
+ * path, on a cleartext or a TLS port (its certificate made by openssl),
+ * cmocka set-ups with the limits a test wants (HARNESS_SETUP), child
+ * processes (curl, h2load, openssl) run while the loop turns, and raw
+ * sockets for bytes no client tool sends. Every wait is bounded by
  * WAIT_MS, every child is reaped, and only 127.0.0.1 and files under /tmp
  * are used.
  *
@@ -30,6 +32,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +310,18 @@ HARNESS int harness_teardown(void **state)
     return 0;
 }
 
+/* Defines the cmocka set-up `name`: the server start(&lim) gives (a
+ * harness_new_* or the test's own), with the limits named by designated
+ * initializers (.max_body = 1000), or 0 for none; a field not named is
+ * zero, which gives its default. */
+#define HARNESS_SETUP(name, start, ...)                                                                      \
+    static int name(void **state)                                                                            \
+    {                                                                                                        \
+        gw_http_limits lim = {__VA_ARGS__};                                                                  \
+        *state = start(&lim);                                                                                \
+        return 0;                                                                                            \
+    }
+
 /* The URL of `path` on the server's port; four calls' results stay valid. */
 HARNESS const char *url(tsrv *t, const char *path)
 {
@@ -514,6 +529,127 @@ HARNESS uint8_t *random_file(const char *path, size_t len)
     return buf;
 }
 
+/* ---- curl, and the TLS listener's certificate ---- */
+
+#define CURL_MAX_ARGS 40
+
+/* Appends the arguments from `arg` on, up to NULL, to argv[0..n). */
+HARNESS size_t curl_push(char **argv, size_t n, const char *arg, va_list ap)
+{
+    for (; arg; arg = va_arg(ap, const char *)) {
+        assert_true(n < CURL_MAX_ARGS - 1);
+        argv[n++] = (char *)arg;
+    }
+    argv[n] = NULL;
+    return n;
+}
+
+/* Starts curl's argv in `argv`: quiet but for errors, past any proxy, and
+ * on a TLS listener taking its self-signed certificate. */
+HARNESS size_t curl_base(tsrv *t, char **argv)
+{
+    size_t n = 0;
+    argv[n++] = "curl";
+    argv[n++] = "-sS";
+    if (!strcmp(t->scheme, "https"))
+        argv[n++] = "-k";
+    argv[n++] = "--noproxy";
+    argv[n++] = "*";
+    return n;
+}
+
+/* curl's argv for run_child: curl_base, then the arguments given up to
+ * NULL. Valid until the next call. */
+HARNESS __attribute__((sentinel)) char **curl_argv(tsrv *t, const char *arg, ...)
+{
+    static char *argv[CURL_MAX_ARGS];
+    va_list ap;
+    va_start(ap, arg);
+    curl_push(argv, curl_base(t, argv), arg, ap);
+    va_end(ap);
+    return argv;
+}
+
+/* POSTs `len` pseudo-random bytes (scratch file "in") to /echo with curl
+ * and the arguments given up to NULL: answered 200, the same bytes back. */
+HARNESS __attribute__((sentinel)) void post_echo(tsrv *t, size_t len, ...)
+{
+    uint8_t *buf = random_file(scratch(t, "in"), len);
+    char data[200];
+    snprintf(data, sizeof(data), "@%s", scratch(t, "in"));
+    char *argv[CURL_MAX_ARGS];
+    va_list ap;
+    va_start(ap, len);
+    const char *first = va_arg(ap, const char *);
+    size_t n = curl_push(argv, curl_base(t, argv), first, ap);
+    va_end(ap);
+    const char *tail[] = {"--data-binary", data,           "-o", scratch(t, "out"), "-w",
+                          "%{http_code}",  url(t, "/echo")};
+    for (size_t i = 0; i < sizeof(tail) / sizeof(tail[0]); i++) {
+        assert_true(n < CURL_MAX_ARGS - 1);
+        argv[n++] = (char *)tail[i];
+    }
+    argv[n] = NULL;
+    assert_int_equal(run_child(t, argv, "code"), 0);
+    expect_output(t, "code", "200");
+    size_t got_len = 0;
+    char *got = slurp(scratch(t, "out"), &got_len);
+    assert_non_null(got);
+    if (got_len != len) {
+        char args[512] = "";
+        for (size_t i = 0; argv[i]; i++)
+            snprintf(args + strlen(args), sizeof(args) - strlen(args), " %s", argv[i]);
+        fail_msg("POST of %zu bytes with%s: %zu came back", len, args, got_len);
+    }
+    assert_memory_equal(got, buf, len);
+    free(got);
+    free(buf);
+}
+
+/* A self-signed P-256 certificate for localhost, and its key, made by
+ * `openssl req` into the files named. */
+HARNESS void make_cert(tsrv *t, const char *cert, const char *key)
+{
+    char *argv[] = {"openssl",
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                    "-nodes",
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=localhost",
+                    "-keyout",
+                    (char *)key,
+                    "-out",
+                    (char *)cert,
+                    NULL};
+    assert_int_equal(run_child(t, argv, "openssl"), 0);
+}
+
+/* A server listening on a TLS port of 127.0.0.1, with a certificate made
+ * for it (scratch files cert.pem, key.pem). Without openssl or curl it
+ * has no listener, and each test skips (REQUIRE_TOOL). */
+HARNESS tsrv *harness_new_tls(const gw_http_limits *lim)
+{
+    tsrv *t = harness_new(lim);
+    if (!have_tool("openssl") || !have_tool("curl"))
+        return t; /* each test skips */
+    char cert[160], key[160], err[512] = "";
+    snprintf(cert, sizeof(cert), "%s", scratch(t, "cert.pem"));
+    snprintf(key, sizeof(key), "%s", scratch(t, "key.pem"));
+    make_cert(t, cert, key);
+    if (gw_http_server_listen_tls(t->srv, "tcp:127.0.0.1:0", cert, key, err, sizeof(err)))
+        fail_msg("listen_tls: %s", err);
+    t->port = gw_http_server_port(t->srv);
+    assert_true(t->port > 0);
+    t->scheme = "https";
+    return t;
+}
+
 /* ---- raw sockets, for bytes no client tool sends ---- */
 
 HARNESS int raw_connect(tsrv *t, int rcvbuf)
@@ -537,6 +673,21 @@ HARNESS void raw_send(int fd, const void *data, size_t len)
         p += n;
         len -= (size_t)n;
     }
+}
+
+/* Reads `fd` until the server's close, which must be a reset (a response
+ * cut short, whose FIN would make it look whole), within 5 s. */
+HARNESS void expect_reset(int fd)
+{
+    struct timeval tv = {5, 0};
+    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+    char buf[16384];
+    ssize_t r;
+    int reads = 0;
+    while ((r = recv(fd, buf, sizeof(buf), 0)) > 0 && reads++ < 100000)
+        ;
+    assert_int_equal(r, -1);
+    assert_int_equal(errno, ECONNRESET);
 }
 
 /* Reads until the server closes (or resets) the connection, turning the

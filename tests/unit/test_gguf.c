@@ -828,7 +828,18 @@ CASE(unknown_tensor_type)
 }
 CASE(unsupported_ggml_type)
 {
-    one_tensor(b, 2, ne_8x2, 12 /* GGML_TYPE_Q4_K */, 0, 64);
+    one_tensor(b, 2, ne_8x2, 16 /* GGML_TYPE_IQ2_XXS */, 0, 64);
+}
+/* Every unsupported type is named with its count, not only the first. */
+CASE(unsupported_types_listed)
+{
+    const uint64_t ne[2] = {256, 1};
+    header(b, 3, 4, 0);
+    tinfo(b, "a", 2, ne, KN_TYPE_Q4_K, 0);
+    tinfo(b, "b", 2, ne, 16 /* IQ2_XXS */, 160);
+    tinfo(b, "c", 2, ne, 21 /* IQ3_S */, 320);
+    tinfo(b, "d", 2, ne, 16, 480);
+    data(b, 32, 640);
 }
 CASE(ne0_not_block_multiple)
 {
@@ -955,7 +966,13 @@ static const bad_case cases[] = {
     {"unknown_tensor_type",
      unknown_tensor_type,
      {"tensor 0 (\"blk.0.attn_q.weight\") type 99 at offset", "unknown tensor type"}},
-    {"unsupported_ggml_type", unsupported_ggml_type, {"type 12 at offset", "unknown tensor type"}},
+    {"unsupported_ggml_type",
+     unsupported_ggml_type,
+     {"tensor 0 (\"blk.0.attn_q.weight\") type at offset", "does not read: IQ2_XXS (1 tensor);",
+      "it reads F32, F16, Q4_0"}},
+    {"unsupported_types_listed",
+     unsupported_types_listed,
+     {"tensor 1 (\"b\") type at offset", "IQ2_XXS (2 tensors), IQ3_S (1 tensor);", "Q4_K, Q5_K"}},
     {"ne0_not_block_multiple", ne0_not_block_multiple, {"ne[0]", "row length 48", "q8_0 block size 32"}},
     {"offset_misaligned", offset_misaligned, {"offset at offset", "data offset 16", "alignment 32"}},
     {"data_past_eof", data_past_eof, {"blk.0.attn_q.weight\") offset at offset", "past the end"}},

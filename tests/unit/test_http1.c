@@ -8,41 +8,12 @@
  * for the handler's paths. Nothing asserts on timing. */
 #include "http_harness.h"
 
-static int setup(void **state)
-{
-    *state = harness_new_tcp(NULL);
-    return 0;
-}
-
+HARNESS_SETUP(setup, harness_new_tcp, 0)
 /* Small bounds so that the limit tests stay fast. */
-static int setup_small(void **state)
-{
-    gw_http_limits l = {0};
-    l.max_body = 100000;
-    l.max_header_list = 4096;
-    l.max_stream_buffer = 256 << 10;
-    *state = harness_new_tcp(&l);
-    return 0;
-}
-
-static int setup_timeouts(void **state)
-{
-    gw_http_limits l = {0};
-    l.header_timeout_ms = 200;
-    l.idle_timeout_ms = 300;
-    *state = harness_new_tcp(&l);
-    return 0;
-}
-
-static int setup_two_conns(void **state)
-{
-    gw_http_limits l = {0};
-    l.max_connections = 2;
-    *state = harness_new_tcp(&l);
-    return 0;
-}
-
-#define CURL "curl", "-sS", "--noproxy", "*"
+HARNESS_SETUP(setup_small, harness_new_tcp, .max_body = 100000, .max_header_list = 4096,
+              .max_stream_buffer = 256 << 10)
+HARNESS_SETUP(setup_timeouts, harness_new_tcp, .header_timeout_ms = 200, .idle_timeout_ms = 300)
+HARNESS_SETUP(setup_two_conns, harness_new_tcp, .max_connections = 2)
 
 /* ---- with curl ---- */
 
@@ -50,16 +21,8 @@ static void test_get(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {CURL,
-                    "--http1.1",
-                    "-o",
-                    (char *)scratch(t, "body"),
-                    "-D",
-                    (char *)scratch(t, "head"),
-                    "-w",
-                    "%{http_code} %{http_version}",
-                    (char *)url(t, "/hello"),
-                    NULL};
+    char **argv = curl_argv(t, "--http1.1", "-o", scratch(t, "body"), "-D", scratch(t, "head"), "-w",
+                            "%{http_code} %{http_version}", url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "meta", "200 1.1");
     expect_output(t, "body", "hello world\n");
@@ -110,70 +73,31 @@ static void test_h2c_same_port(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *h2[] = {CURL,
-                  "--http2-prior-knowledge",
-                  "-o",
-                  (char *)scratch(t, "b2"),
-                  "-w",
-                  "%{http_version}",
-                  (char *)url(t, "/hello"),
-                  NULL};
+    char **h2 = curl_argv(t, "--http2-prior-knowledge", "-o", scratch(t, "b2"), "-w", "%{http_version}",
+                          url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, h2, "m2"), 0);
     expect_output(t, "m2", "2");
     expect_output(t, "b2", "hello world\n");
     assert_string_equal(t->protocol, "HTTP/2");
-    char *h1[] = {
-        CURL, "--http1.1", "-o", (char *)scratch(t, "b1"), "-w", "%{http_version}", (char *)url(t, "/hello"),
-        NULL};
+    char **h1 =
+        curl_argv(t, "--http1.1", "-o", scratch(t, "b1"), "-w", "%{http_version}", url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, h1, "m1"), 0);
     expect_output(t, "m1", "1.1");
     assert_string_equal(t->protocol, "HTTP/1.1");
     expect_finished(t, 2);
 }
 
-/* POST /echo of `len` bytes with the extra curl arguments given. */
-static void post_echo(tsrv *t, size_t len, const char *h1, const char *h2)
-{
-    uint8_t *buf = random_file(scratch(t, "in"), len);
-    char data[200];
-    snprintf(data, sizeof(data), "@%s", scratch(t, "in"));
-    char *argv[24] = {CURL, "--http1.1",   "--data-binary", data, "-o", (char *)scratch(t, "out"),
-                      "-w", "%{http_code}"};
-    int n = 0;
-    while (argv[n])
-        n++;
-    if (h1) {
-        argv[n++] = "-H";
-        argv[n++] = (char *)h1;
-    }
-    if (h2) {
-        argv[n++] = "-H";
-        argv[n++] = (char *)h2;
-    }
-    argv[n++] = (char *)url(t, "/echo");
-    argv[n] = NULL;
-    assert_int_equal(run_child(t, argv, "code"), 0);
-    expect_output(t, "code", "200");
-    size_t got_len = 0;
-    char *got = slurp(scratch(t, "out"), &got_len);
-    assert_non_null(got);
-    if (got_len != len)
-        fail_msg("POST of %zu bytes with %s, %s: %zu came back", len, h1 ? h1 : "-", h2 ? h2 : "-", got_len);
-    assert_memory_equal(got, buf, len);
-    free(got);
-    free(buf);
-}
-
 static void test_post(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    post_echo(t, 3, NULL, NULL);
-    post_echo(t, (1 << 20) - 1, "Expect:", NULL);
-    post_echo(t, (1 << 20) - 1, "Expect: 100-continue", NULL);
-    post_echo(t, 5, "Transfer-Encoding: chunked", NULL);
-    post_echo(t, (1 << 20) - 1, "Transfer-Encoding: chunked", "Expect:");
-    post_echo(t, (1 << 20) - 1, "Transfer-Encoding: chunked", "Expect: 100-continue");
+    post_echo(t, 3, "--http1.1", NULL);
+    post_echo(t, (1 << 20) - 1, "--http1.1", "-H", "Expect:", NULL);
+    post_echo(t, (1 << 20) - 1, "--http1.1", "-H", "Expect: 100-continue", NULL);
+    post_echo(t, 5, "--http1.1", "-H", "Transfer-Encoding: chunked", NULL);
+    post_echo(t, (1 << 20) - 1, "--http1.1", "-H", "Transfer-Encoding: chunked", "-H", "Expect:", NULL);
+    post_echo(t, (1 << 20) - 1, "--http1.1", "-H", "Transfer-Encoding: chunked", "-H", "Expect: 100-continue",
+              NULL);
     expect_finished(t, 6);
 }
 
@@ -182,17 +106,8 @@ static void test_keep_alive(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {CURL,
-                    "--http1.1",
-                    "-o",
-                    "/dev/null",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}:%{num_connects},",
-                    (char *)url(t, "/hello"),
-                    (char *)url(t, "/stream"),
-                    NULL};
+    char **argv = curl_argv(t, "--http1.1", "-o", "/dev/null", "-o", "/dev/null", "-w",
+                            "%{http_code}:%{num_connects},", url(t, "/hello"), url(t, "/stream"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "meta", "200:1,200:0,");
     expect_finished(t, 2);
@@ -202,15 +117,8 @@ static void test_streaming(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {CURL,
-                    "--http1.1",
-                    "-N",
-                    "-D",
-                    (char *)scratch(t, "head"),
-                    "-o",
-                    (char *)scratch(t, "out"),
-                    (char *)url(t, "/stream"),
-                    NULL};
+    char **argv = curl_argv(t, "--http1.1", "-N", "-D", scratch(t, "head"), "-o", scratch(t, "out"),
+                            url(t, "/stream"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "out", ten_pieces);
     char *head = child_out(t, "head");
@@ -228,16 +136,8 @@ static void test_sized_stream(void **state)
     REQUIRE_TOOL("curl");
     const char *versions[] = {"--http1.1", "--http1.0"};
     for (int v = 0; v < 2; v++) {
-        char *argv[] = {CURL,
-                        (char *)versions[v],
-                        "-H",
-                        "Connection: keep-alive",
-                        "-D",
-                        (char *)scratch(t, "head"),
-                        "-o",
-                        (char *)scratch(t, "out"),
-                        (char *)url(t, "/sized"),
-                        NULL};
+        char **argv = curl_argv(t, versions[v], "-H", "Connection: keep-alive", "-D", scratch(t, "head"),
+                                "-o", scratch(t, "out"), url(t, "/sized"), NULL);
         assert_int_equal(run_child(t, argv, "meta"), 0);
         expect_output(t, "out", ten_pieces);
         char *head = child_out(t, "head");
@@ -247,7 +147,7 @@ static void test_sized_stream(void **state)
         assert_null(strstr(head, "connection: close"));
         free(head);
     }
-    char *argv[] = {CURL, "--http1.1", "-o", (char *)scratch(t, "out"), (char *)url(t, "/sized-short"), NULL};
+    char **argv = curl_argv(t, "--http1.1", "-o", scratch(t, "out"), url(t, "/sized-short"), NULL);
     assert_int_not_equal(run_child(t, argv, "meta"), 0); /* the body is cut: curl says so */
     expect_output(t, "out", ten_pieces);
     int three = 3;
@@ -270,14 +170,8 @@ static void test_http10(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *a[] = {CURL,
-                 "--http1.0",
-                 "-D",
-                 (char *)scratch(t, "h1"),
-                 "-o",
-                 (char *)scratch(t, "b1"),
-                 (char *)url(t, "/hello"),
-                 NULL};
+    char **a =
+        curl_argv(t, "--http1.0", "-D", scratch(t, "h1"), "-o", scratch(t, "b1"), url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, a, "m1"), 0);
     expect_output(t, "b1", "hello world\n");
     assert_string_equal(t->protocol, "HTTP/1.0");
@@ -285,14 +179,8 @@ static void test_http10(void **state)
     assert_non_null(strstr(head, "content-length: 12\r\n"));
     assert_non_null(strstr(head, "connection: close\r\n"));
     free(head);
-    char *b[] = {CURL,
-                 "--http1.0",
-                 "-D",
-                 (char *)scratch(t, "h2"),
-                 "-o",
-                 (char *)scratch(t, "b2"),
-                 (char *)url(t, "/stream"),
-                 NULL};
+    char **b =
+        curl_argv(t, "--http1.0", "-D", scratch(t, "h2"), "-o", scratch(t, "b2"), url(t, "/stream"), NULL);
     assert_int_equal(run_child(t, b, "m2"), 0);
     expect_output(t, "b2", ten_pieces);
     head = child_out(t, "h2");
@@ -313,8 +201,7 @@ static void test_head(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {CURL, "--http1.1", "-I", "-o", (char *)scratch(t, "head"), (char *)url(t, "/hello"),
-                    NULL};
+    char **argv = curl_argv(t, "--http1.1", "-I", "-o", scratch(t, "head"), url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     char *head = child_out(t, "head");
     assert_non_null(strstr(head, "HTTP/1.1 200 OK\r\n"));
@@ -353,20 +240,9 @@ static void test_body_too_large(void **state)
     char data[200];
     snprintf(data, sizeof(data), "@%s", scratch(t, "in"));
     for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
-        char *argv[] = {CURL,
-                        "--http1.1",
-                        "--data-binary",
-                        data,
-                        "-H",
-                        (char *)variants[i][0],
-                        "-H",
-                        (char *)(variants[i][1] ? variants[i][1] : "X-Test: 1"),
-                        "-o",
-                        (char *)scratch(t, "out"),
-                        "-w",
-                        "%{http_code}",
-                        (char *)url(t, "/echo"),
-                        NULL};
+        char **argv = curl_argv(t, "--http1.1", "--data-binary", data, "-H", variants[i][0], "-H",
+                                variants[i][1] ? variants[i][1] : "X-Test: 1", "-o", scratch(t, "out"), "-w",
+                                "%{http_code}", url(t, "/echo"), NULL);
         assert_int_equal(run_child(t, argv, "code"), 0);
         expect_output(t, "code", "413");
         expect_output(t, "out", want);
@@ -375,15 +251,15 @@ static void test_body_too_large(void **state)
     assert_int_equal(t->n_close, 0);
     assert_true(run_until(t, no_streams, NULL));
     /* Under the bound is fine, in both framings. */
-    post_echo(t, 100000, "Expect:", NULL);
-    post_echo(t, 100000, "Transfer-Encoding: chunked", NULL);
+    post_echo(t, 100000, "--http1.1", "-H", "Expect:", NULL);
+    post_echo(t, 100000, "--http1.1", "-H", "Transfer-Encoding: chunked", NULL);
 }
 
 static void test_reset(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {CURL, "--http1.1", "-o", "/dev/null", (char *)url(t, "/reset"), NULL};
+    char **argv = curl_argv(t, "--http1.1", "-o", "/dev/null", url(t, "/reset"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 52); /* empty reply: the connection closed */
     int one = 1;
     assert_true(run_until(t, closes_reach, &one));
@@ -398,8 +274,7 @@ static void test_paced(void **state)
     REQUIRE_TOOL("curl");
     const char *protos[] = {"--http1.1", "--http2-prior-knowledge"};
     for (int i = 0; i < 2; i++) {
-        char *argv[] = {CURL, (char *)protos[i], "-o", (char *)scratch(t, "out"), (char *)url(t, "/paced"),
-                        NULL};
+        char **argv = curl_argv(t, protos[i], "-o", scratch(t, "out"), url(t, "/paced"), NULL);
         expect_paced(t, argv, i + 1);
     }
 }
@@ -549,41 +424,27 @@ static void test_pipelined(void **state)
 static void test_timeouts(void **state)
 {
     tsrv *t = *state;
-    int fd = raw_connect(t, 0);
-    raw_send(fd, "GET /hel", 8);
-    char *got = raw_read_all(t, fd, 4096, NULL);
+    char *got = raw_exchange(t, "GET /hel", 8);
     assert_string_equal(got, "");
     free(got);
-    close(fd);
-    fd = raw_connect(t, 0); /* nothing at all */
-    got = raw_read_all(t, fd, 4096, NULL);
+    got = raw_exchange(t, "", 0); /* nothing at all */
     assert_string_equal(got, "");
     free(got);
-    close(fd);
-    fd = raw_connect(t, 0);
     static const char req[] = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
-    raw_send(fd, req, sizeof(req) - 1);
-    got = raw_read_all(t, fd, 4096, NULL);
+    got = raw_exchange(t, req, sizeof(req) - 1);
     assert_non_null(strstr(got, "hello world\n"));
     free(got);
-    close(fd);
     /* A body that stops arriving gets 408, then the close. */
-    fd = raw_connect(t, 0);
     static const char stalled[] = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab";
-    raw_send(fd, stalled, sizeof(stalled) - 1);
-    got = raw_read_all(t, fd, 4096, NULL);
+    got = raw_exchange(t, stalled, sizeof(stalled) - 1);
     assert_true(!strncmp(got, "HTTP/1.1 408 ", 13));
     assert_non_null(strstr(got, "\"code\":\"request_timeout\"")); /* as HTTP/2 says it */
     assert_non_null(strstr(got, "connection: close\r\n"));
     free(got);
-    close(fd);
     /* h2c is held to the header timeout until its preface is in. */
-    fd = raw_connect(t, 0);
-    raw_send(fd, "PRI * HTTP/2.0\r\n", 16);
-    got = raw_read_all(t, fd, 4096, NULL);
+    got = raw_exchange(t, "PRI * HTTP/2.0\r\n", 16);
     assert_string_equal(got, "");
     free(got);
-    close(fd);
     assert_int_equal(t->n_request, 1);
     assert_true(run_until(t, no_streams, NULL));
 }
@@ -615,15 +476,7 @@ static void test_http10_cut_is_reset(void **state)
     raw_send(fd, req, sizeof(req) - 1);
     assert_true(run_until(t, flood_done, NULL));
     assert_null(t->srv->conns);
-    struct timeval tv = {5, 0};
-    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-    char buf[16384];
-    ssize_t r;
-    int reads = 0;
-    while ((r = recv(fd, buf, sizeof(buf), 0)) > 0 && reads++ < 100000)
-        ;
-    assert_int_equal(r, -1);
-    assert_int_equal(errno, ECONNRESET);
+    expect_reset(fd);
     close(fd);
 }
 
@@ -639,15 +492,7 @@ static void test_http10_stalled_is_reset(void **state)
     assert_true(run_until(t, closes_reach, &one)); /* idle_timeout_ms 300 on the stalled writes */
     assert_int_equal(t->n_unfinished, 1);
     assert_null(t->srv->conns);
-    struct timeval tv = {5, 0};
-    assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-    char buf[16384];
-    ssize_t r;
-    int reads = 0;
-    while ((r = recv(fd, buf, sizeof(buf), 0)) > 0 && reads++ < 100000)
-        ;
-    assert_int_equal(r, -1);
-    assert_int_equal(errno, ECONNRESET);
+    expect_reset(fd);
     close(fd);
 }
 
@@ -668,11 +513,9 @@ static void test_max_connections(void **state)
     int a = raw_connect(t, 0), b = raw_connect(t, 0);
     size_t two = 2;
     assert_true(run_until(t, conns_reach, &two));
-    int c = raw_connect(t, 0);
-    char *got = raw_read_all(t, c, 4096, NULL);
+    char *got = raw_exchange(t, "", 0);
     assert_string_equal(got, "");
     free(got);
-    close(c);
     static const char req[] = "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     raw_send(a, req, sizeof(req) - 1);
     got = raw_read_all(t, a, 4096, NULL);
@@ -680,12 +523,9 @@ static void test_max_connections(void **state)
     free(got);
     close(a);
     assert_true(run_until(t, conns_below, &two));
-    c = raw_connect(t, 0); /* room again */
-    raw_send(c, req, sizeof(req) - 1);
-    got = raw_read_all(t, c, 4096, NULL);
+    got = raw_exchange(t, req, sizeof(req) - 1); /* room again */
     assert_non_null(strstr(got, "hello world\n"));
     free(got);
-    close(c);
     close(b);
 }
 

@@ -32,36 +32,32 @@ static void check_request(const gw_http_request *req)
     }
 }
 
-static int setup_limits(void **state, const gw_http_limits *lim)
+static tsrv *start(const gw_http_limits *lim)
 {
     tsrv *t = harness_new_tcp(lim);
     t->check_request = check_request;
-    *state = t;
-    return 0;
+    return t;
 }
 
-static int setup(void **state)
-{
-    return setup_limits(state, NULL);
-}
+HARNESS_SETUP(setup, start, 0)
+HARNESS_SETUP(setup_small, start, .max_header_list = 4096, .max_stream_buffer = 256 << 10)
+HARNESS_SETUP(setup_idle, start, .idle_timeout_ms = 100)
+HARNESS_SETUP(setup_few_streams, start, .max_concurrent_streams = 16)
+/* a machine that stalls a few hundred ms must not make a pause a timeout */
+HARNESS_SETUP(setup_stream_bounds, start, .idle_timeout_ms = 1000)
+HARNESS_SETUP(setup_header_block, start, .idle_timeout_ms = 60000, .header_timeout_ms = 200)
+HARNESS_SETUP(setup_conn_body, start, .max_body = 1000)
 
 /* ---- tests with curl and h2load ---- */
 
-#define CURL_H2 "curl", "-sS", "--noproxy", "*", "--http2-prior-knowledge"
+#define H2C "--http2-prior-knowledge"
 
 static void test_get_whole(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {CURL_H2,
-                    "-o",
-                    (char *)scratch(t, "body"),
-                    "-D",
-                    (char *)scratch(t, "head"),
-                    "-w",
-                    "%{http_code} %{http_version}",
-                    (char *)url(t, "/hello"),
-                    NULL};
+    char **argv = curl_argv(t, H2C, "-o", scratch(t, "body"), "-D", scratch(t, "head"), "-w",
+                            "%{http_code} %{http_version}", url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "meta", "200 2");
     expect_output(t, "body", "hello world\n");
@@ -75,41 +71,12 @@ static void test_get_whole(void **state)
     assert_int_equal(gw_http_server_active_streams(t->srv), 0);
 }
 
-static void post_echo(tsrv *t, size_t len)
-{
-    uint8_t *buf = random_file(scratch(t, "in"), len);
-    char data[200];
-    snprintf(data, sizeof(data), "@%s", scratch(t, "in"));
-    char *argv[] = {CURL_H2,
-                    "-H",
-                    "Expect:",
-                    "-H",
-                    "content-type: application/octet-stream",
-                    "--data-binary",
-                    data,
-                    "-o",
-                    (char *)scratch(t, "out"),
-                    "-w",
-                    "%{http_code}",
-                    (char *)url(t, "/echo"),
-                    NULL};
-    assert_int_equal(run_child(t, argv, "code"), 0);
-    expect_output(t, "code", "200");
-    size_t got_len = 0;
-    char *got = slurp(scratch(t, "out"), &got_len);
-    assert_non_null(got);
-    assert_int_equal(got_len, len);
-    assert_memory_equal(got, buf, len);
-    free(got);
-    free(buf);
-}
-
 static void test_post_echo(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    post_echo(t, 3);
-    post_echo(t, BIG_BODY);
+    post_echo(t, 3, H2C, "-H", "Expect:", "-H", "content-type: application/octet-stream", NULL);
+    post_echo(t, BIG_BODY, H2C, "-H", "Expect:", "-H", "content-type: application/octet-stream", NULL);
     expect_finished(t, 2);
 }
 
@@ -124,17 +91,8 @@ static void test_body_too_large(void **state)
     free(buf);
     char data[200];
     snprintf(data, sizeof(data), "@%s", scratch(t, "in"));
-    char *argv[] = {CURL_H2,
-                    "-H",
-                    "Expect:",
-                    "--data-binary",
-                    data,
-                    "-o",
-                    (char *)scratch(t, "out"),
-                    "-w",
-                    "%{http_code}",
-                    (char *)url(t, "/echo"),
-                    NULL};
+    char **argv = curl_argv(t, H2C, "-H", "Expect:", "--data-binary", data, "-o", scratch(t, "out"), "-w",
+                            "%{http_code}", url(t, "/echo"), NULL);
     /* The server answers before the upload ends and drops the rest. */
     assert_int_equal(run_child(t, argv, "code"), 0);
     expect_output(t, "code", "413");
@@ -151,7 +109,7 @@ static void test_streaming(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {CURL_H2, "-N", "-o", (char *)scratch(t, "out"), (char *)url(t, "/stream"), NULL};
+    char **argv = curl_argv(t, H2C, "-N", "-o", scratch(t, "out"), url(t, "/stream"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "out", ten_pieces);
     expect_finished(t, 1);
@@ -161,7 +119,7 @@ static void test_big_response(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {CURL_H2, "-o", (char *)scratch(t, "out"), (char *)url(t, "/big"), NULL};
+    char **argv = curl_argv(t, H2C, "-o", scratch(t, "out"), url(t, "/big"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     size_t len = 0;
     char *got = slurp(scratch(t, "out"), &len);
@@ -208,7 +166,7 @@ static void test_unix_socket(void **state)
     assert_int_equal(st.st_mode & 0777, 0660);
     /* A live one is not taken over. */
     assert_int_equal(gw_http_server_listen(t->srv, spec, err, sizeof(err)), -EADDRINUSE);
-    char *argv[] = {CURL_H2, "--unix-socket", path, "http://localhost/hello", NULL};
+    char **argv = curl_argv(t, H2C, "--unix-socket", path, "http://localhost/hello", NULL);
     assert_int_equal(run_child(t, argv, "out"), 0);
     expect_output(t, "out", "hello world\n");
     gw_http_server_drain(t->srv);
@@ -389,6 +347,14 @@ static void cli_free(tcli *c)
     free(c);
 }
 
+/* Forgets the last response, for the next one on the same connection. */
+static void cli_next(tcli *c)
+{
+    c->closed = false;
+    c->status = 0;
+    c->body_len = 0;
+}
+
 #define NV(n, v)                                                                                             \
     {                                                                                                        \
         (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE                       \
@@ -554,9 +520,9 @@ static void test_stalled_reader(void **state)
 
 /* A paused connection reads again once its output drains, however it
  * drained. Here the peer catches up and the next flush is an
- * application's write (gw_h2_on_send, as on_send_ev runs it), which the
- * socket takes whole: no write callback came after it, and the connection
- * stayed paused with the rest of /big never sent. */
+ * application's write (the protocol's on_send, as on_send_ev runs it),
+ * which the socket takes whole: no write callback came after it, and the
+ * connection stayed paused with the rest of /big never sent. */
 static void test_paused_read_resumes(void **state)
 {
     tsrv *t = *state;
@@ -571,7 +537,7 @@ static void test_paused_read_resumes(void **state)
         cli_on_read(c->fd, EV_READ, c);
         usleep(5000);
     }
-    gw_h2_on_send(sc);
+    sc->proto->on_send(sc);
     assert_int_equal(evbuffer_get_length(bufferevent_get_output(sc->bev)) >= GW_HTTP_OUT_SOFT_MAX,
                      sc->read_paused);
     assert_int_equal(event_add(c->rev, NULL), 0);
@@ -588,9 +554,8 @@ static void test_sized_stream(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOL("curl");
-    char *argv[] = {
-        CURL_H2, "-D", (char *)scratch(t, "head"), "-o", (char *)scratch(t, "out"), (char *)url(t, "/sized"),
-        NULL};
+    char **argv =
+        curl_argv(t, H2C, "-D", scratch(t, "head"), "-o", scratch(t, "out"), url(t, "/sized"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "out", ten_pieces);
     char *head = child_out(t, "head");
@@ -598,14 +563,13 @@ static void test_sized_stream(void **state)
     assert_null(strstr(head, "content-length: 3"));
     free(head);
     expect_finished(t, 1);
-    char *whole[] = {CURL_H2, "-D", (char *)scratch(t, "head"), "-o", "/dev/null", (char *)url(t, "/hello"),
-                     NULL};
+    char **whole = curl_argv(t, H2C, "-D", scratch(t, "head"), "-o", "/dev/null", url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, whole, "meta"), 0);
     head = child_out(t, "head");
     assert_non_null(strstr(head, "content-length: 12\r\n"));
     free(head);
     expect_finished(t, 2);
-    char *cut[] = {CURL_H2, "-o", (char *)scratch(t, "out"), (char *)url(t, "/sized-short"), NULL};
+    char **cut = curl_argv(t, H2C, "-o", scratch(t, "out"), url(t, "/sized-short"), NULL);
     assert_int_not_equal(run_child(t, cut, "meta"), 0);
     int three = 3;
     assert_true(run_until(t, closes_reach, &three));
@@ -640,9 +604,7 @@ static void test_rejects(void **state)
     assert_non_null(strstr(c->body, "\"type\":\"invalid_request_error\""));
 
     /* Headers over max_header_list (4 KiB here). */
-    c->closed = false;
-    c->status = 0;
-    c->body_len = 0;
+    cli_next(c);
     char big[5000];
     memset(big, 'a', sizeof(big) - 1);
     big[sizeof(big) - 1] = '\0';
@@ -655,9 +617,7 @@ static void test_rejects(void **state)
     assert_non_null(strstr(c->body, "request_header_fields_too_large"));
 
     /* A :path that alone is over it: the target is too long. */
-    c->closed = false;
-    c->status = 0;
-    c->body_len = 0;
+    cli_next(c);
     big[0] = '/';
     nghttp2_nv long_nv[] = {NV(":method", "GET"), NV(":scheme", "http"), NV(":authority", "x"),
                             NV(":path", big)};
@@ -668,9 +628,7 @@ static void test_rejects(void **state)
     assert_non_null(strstr(c->body, "uri_too_long"));
     /* The same as HEAD: the answer has no body (DATA would be a protocol
      * error to the client). */
-    c->closed = false;
-    c->status = 0;
-    c->body_len = 0;
+    cli_next(c);
     /* :path first, so that :method comes after the stream is refused */
     nghttp2_nv head_nv[] = {NV(":path", big), NV(":method", "HEAD"), NV(":scheme", "http"),
                             NV(":authority", "x")};
@@ -683,9 +641,7 @@ static void test_rejects(void **state)
 
     /* A field with bytes HTTP forbids: 400, as over HTTP/1, not a bare
      * reset; the application never hears of it. */
-    c->closed = false;
-    c->status = 0;
-    c->body_len = 0;
+    cli_next(c);
     nghttp2_nv bad_nv[] = {NV(":method", "GET"), NV(":scheme", "http"), NV(":authority", "x"),
                            NV(":path", "/hello"), NV("x-bad", "a\001b")};
     assert_true(nghttp2_submit_request(c->ngh, NULL, bad_nv, 5, NULL, NULL) > 0);
@@ -872,31 +828,6 @@ static void test_made_you_reset(void **state)
     cli_free(c);
 }
 
-static int setup_few_streams(void **state)
-{
-    gw_http_limits l;
-    gw_http_limits_default(&l);
-    l.max_concurrent_streams = 16;
-    return setup_limits(state, &l);
-}
-
-static int setup_small(void **state)
-{
-    gw_http_limits l;
-    gw_http_limits_default(&l);
-    l.max_header_list = 4096;
-    l.max_stream_buffer = 256 << 10;
-    return setup_limits(state, &l);
-}
-
-static int setup_idle(void **state)
-{
-    gw_http_limits l;
-    gw_http_limits_default(&l);
-    l.idle_timeout_ms = 100;
-    return setup_limits(state, &l);
-}
-
 /* Turns the loop for about ms milliseconds, however far off its next
  * event is (run_for waits for one). */
 static void run_for_exactly(tsrv *t, int ms)
@@ -928,9 +859,7 @@ static void test_body_timeout(void **state)
     assert_int_equal(c->body_len, 50);
     assert_int_equal(t->n_request, 1);
 
-    c->closed = false;
-    c->status = 0;
-    c->body_len = 0;
+    cli_next(c);
     long t0 = now_ms();
     id = cli_upload(c, 1);
     cli_upload_add(c, 1, id, 10, false);
@@ -1139,31 +1068,6 @@ static void test_conn_body_held(void **state)
     assert_int_equal(t->n_request, 4);
     assert_int_equal(c->n_refused, 2);
     cli_free(c);
-}
-
-static int setup_stream_bounds(void **state)
-{
-    gw_http_limits l;
-    gw_http_limits_default(&l);
-    l.idle_timeout_ms = 1000; /* a machine that stalls a few hundred ms must not make a pause a timeout */
-    return setup_limits(state, &l);
-}
-
-static int setup_header_block(void **state)
-{
-    gw_http_limits l;
-    gw_http_limits_default(&l);
-    l.idle_timeout_ms = 60000;
-    l.header_timeout_ms = 200;
-    return setup_limits(state, &l);
-}
-
-static int setup_conn_body(void **state)
-{
-    gw_http_limits l;
-    gw_http_limits_default(&l);
-    l.max_body = 1000;
-    return setup_limits(state, &l);
 }
 
 static void test_segment_is(void **state)

@@ -8,68 +8,11 @@
  * handler's paths. Tests needing a missing tool are skipped. */
 #include "http_harness.h"
 
-static void make_cert(tsrv *t, const char *cert, const char *key)
-{
-    char *argv[] = {"openssl",
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-nodes",
-                    "-days",
-                    "1",
-                    "-subj",
-                    "/CN=localhost",
-                    "-keyout",
-                    (char *)key,
-                    "-out",
-                    (char *)cert,
-                    NULL};
-    assert_int_equal(run_child(t, argv, "openssl"), 0);
-}
-
-static tsrv *start(const gw_http_limits *lim)
-{
-    tsrv *t = harness_new(lim);
-    if (!have_tool("openssl") || !have_tool("curl"))
-        return t; /* each test skips */
-    char cert[160], key[160], err[512] = "";
-    snprintf(cert, sizeof(cert), "%s", scratch(t, "cert.pem"));
-    snprintf(key, sizeof(key), "%s", scratch(t, "key.pem"));
-    make_cert(t, cert, key);
-    if (gw_http_server_listen_tls(t->srv, "tcp:127.0.0.1:0", cert, key, err, sizeof(err)))
-        fail_msg("listen_tls: %s", err);
-    t->port = gw_http_server_port(t->srv);
-    assert_true(t->port > 0);
-    t->scheme = "https";
-    return t;
-}
-
-static int setup(void **state)
-{
-    *state = start(NULL);
-    return 0;
-}
-
-static int setup_small_buffer(void **state)
-{
-    gw_http_limits l = {0};
-    l.max_stream_buffer = 256 << 10;
-    *state = start(&l);
-    return 0;
-}
-
+HARNESS_SETUP(setup, harness_new_tls, 0)
+HARNESS_SETUP(setup_small_buffer, harness_new_tls, .max_stream_buffer = 256 << 10)
 /* Short enough to wait out; too short for a real client on a busy machine
  * (it covers the handshake, then again up to the first frame). */
-static int setup_short_timeout(void **state)
-{
-    gw_http_limits l = {0};
-    l.header_timeout_ms = 200;
-    *state = start(&l);
-    return 0;
-}
+HARNESS_SETUP(setup_short_timeout, harness_new_tls, .header_timeout_ms = 200)
 
 #define REQUIRE_TOOLS()                                                                                      \
     do {                                                                                                     \
@@ -77,37 +20,26 @@ static int setup_short_timeout(void **state)
         REQUIRE_TOOL("curl");                                                                                \
     } while (0)
 
-#define CURL "curl", "-sS", "-k", "--noproxy", "*"
-
 /* ALPN: h2 when the client offers it, HTTP/1.1 when it offers only that. */
 static void test_alpn(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOLS();
-    char *h2[] = {
-        CURL, "--http2", "-o", (char *)scratch(t, "b2"), "-w", "%{http_version}", (char *)url(t, "/hello"),
-        NULL};
+    char **h2 =
+        curl_argv(t, "--http2", "-o", scratch(t, "b2"), "-w", "%{http_version}", url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, h2, "m2"), 0);
     expect_output(t, "m2", "2");
     expect_output(t, "b2", "hello world\n");
     assert_string_equal(t->protocol, "HTTP/2");
-    char *h1[] = {
-        CURL, "--http1.1", "-o", (char *)scratch(t, "b1"), "-w", "%{http_version}", (char *)url(t, "/hello"),
-        NULL};
+    char **h1 =
+        curl_argv(t, "--http1.1", "-o", scratch(t, "b1"), "-w", "%{http_version}", url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, h1, "m1"), 0);
     expect_output(t, "m1", "1.1");
     expect_output(t, "b1", "hello world\n");
     assert_string_equal(t->protocol, "HTTP/1.1");
     /* No ALPN at all is HTTP/1.1 too. */
-    char *none[] = {CURL,
-                    "--http1.1",
-                    "--no-alpn",
-                    "-o",
-                    (char *)scratch(t, "b0"),
-                    "-w",
-                    "%{http_version}",
-                    (char *)url(t, "/hello"),
-                    NULL};
+    char **none = curl_argv(t, "--http1.1", "--no-alpn", "-o", scratch(t, "b0"), "-w", "%{http_version}",
+                            url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, none, "m0"), 0);
     expect_output(t, "m0", "1.1");
     expect_finished(t, 3);
@@ -123,29 +55,20 @@ static void test_bodies(void **state)
     snprintf(data, sizeof(data), "@%s", scratch(t, "in"));
     const char *protos[] = {"--http1.1", "--http2"};
     for (int i = 0; i < 2; i++) {
-        char *post[] = {CURL,
-                        (char *)protos[i],
-                        "-H",
-                        "Transfer-Encoding: chunked",
-                        "--data-binary",
-                        data,
-                        "-o",
-                        (char *)scratch(t, "out"),
-                        (char *)url(t, "/echo"),
-                        NULL};
+        char **post = curl_argv(t, protos[i], "-H", "Transfer-Encoding: chunked", "--data-binary", data, "-o",
+                                scratch(t, "out"), url(t, "/echo"), NULL);
         assert_int_equal(run_child(t, post, "meta"), 0);
         size_t got_len = 0;
         char *got = slurp(scratch(t, "out"), &got_len);
         assert_int_equal(got_len, len);
         assert_memory_equal(got, buf, len);
         free(got);
-        char *stream[] = {
-            CURL, (char *)protos[i], "-N", "-o", (char *)scratch(t, "s"), (char *)url(t, "/stream"), NULL};
+        char **stream = curl_argv(t, protos[i], "-N", "-o", scratch(t, "s"), url(t, "/stream"), NULL);
         assert_int_equal(run_child(t, stream, "meta"), 0);
         expect_output(t, "s", ten_pieces);
     }
     /* HTTP/1.0: the stream ends with close_notify and the close. */
-    char *old[] = {CURL, "--http1.0", "-o", (char *)scratch(t, "s0"), (char *)url(t, "/stream"), NULL};
+    char **old = curl_argv(t, "--http1.0", "-o", scratch(t, "s0"), url(t, "/stream"), NULL);
     assert_int_equal(run_child(t, old, "meta"), 0);
     expect_output(t, "s0", ten_pieces);
     free(buf);
@@ -156,17 +79,8 @@ static void test_keep_alive(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOLS();
-    char *argv[] = {CURL,
-                    "--http1.1",
-                    "-o",
-                    "/dev/null",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}:%{num_connects},",
-                    (char *)url(t, "/hello"),
-                    (char *)url(t, "/hello"),
-                    NULL};
+    char **argv = curl_argv(t, "--http1.1", "-o", "/dev/null", "-o", "/dev/null", "-w",
+                            "%{http_code}:%{num_connects},", url(t, "/hello"), url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 0);
     expect_output(t, "meta", "200:1,200:0,");
 }
@@ -178,8 +92,7 @@ static void test_paced(void **state)
     REQUIRE_TOOLS();
     const char *protos[] = {"--http1.1", "--http2"};
     for (int i = 0; i < 2; i++) {
-        char *argv[] = {CURL, (char *)protos[i], "-o", (char *)scratch(t, "out"), (char *)url(t, "/paced"),
-                        NULL};
+        char **argv = curl_argv(t, protos[i], "-o", scratch(t, "out"), url(t, "/paced"), NULL);
         expect_paced(t, argv, i + 1);
     }
 }
@@ -190,10 +103,8 @@ static void test_tls11_refused(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOLS();
-    char *argv[] = {CURL,  "--tlsv1.1", "--tls-max",
-                    "1.1", "--ciphers", "DEFAULT:@SECLEVEL=0",
-                    "-o",  "/dev/null", (char *)url(t, "/hello"),
-                    NULL};
+    char **argv = curl_argv(t, "--tlsv1.1", "--tls-max", "1.1", "--ciphers", "DEFAULT:@SECLEVEL=0", "-o",
+                            "/dev/null", url(t, "/hello"), NULL);
     assert_int_equal(run_child(t, argv, "meta"), 35);
     char *err = child_out(t, "meta.err");
     if (!strstr(err, "alert protocol version"))
@@ -209,18 +120,13 @@ static void test_handshake_timeout(void **state)
 {
     tsrv *t = *state;
     REQUIRE_TOOLS();
-    int fd = raw_connect(t, 0);
-    char *got = raw_read_all(t, fd, 4096, NULL);
+    char *got = raw_exchange(t, "", 0);
     assert_string_equal(got, "");
     free(got);
-    close(fd);
-    fd = raw_connect(t, 0);
     static const char req[] = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
-    raw_send(fd, req, sizeof(req) - 1);
-    got = raw_read_all(t, fd, 4096, NULL);
+    got = raw_exchange(t, req, sizeof(req) - 1);
     assert_null(strstr(got, "hello"));
     free(got);
-    close(fd);
     assert_int_equal(t->n_request, 0);
 }
 

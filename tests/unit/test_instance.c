@@ -3,9 +3,10 @@
  * reason and the record unchanged, fields a newer gateway adds ignored),
  * the field names taken as entries, and the merge rule by rule: health,
  * the lead's endpoint, sums, capacity-weighted estimates that skip entries
- * with none, models and tags every entry has, per-model load, highest
- * prices, the newest stamp, and the bound on entries merged. The merge
- * over Redis, with real gateways, is in test_sync. */
+ * with none, models and tags every entry has (each once: a repeat is
+ * refused), per-model load, highest prices, the newest stamp, and the
+ * bound on entries merged. The merge over Redis, with real gateways, is
+ * in test_sync. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -255,6 +256,52 @@ static void test_merge_models_and_load(void **state)
     assert_int_equal(m.n_models, 2);
 }
 
+/* Found by fuzz_region_entries: "models=tiny,tiny" was taken, and the
+ * merge found the first entry for both names, so the region's capacity
+ * counted it twice (40 where the entries total 24). */
+static void test_repeats(void **state)
+{
+    static const char found[] = "=43\nmodels=tiny,tiny\n=5\nmodel_load=990;20:5:0:60:5,4:0:0:0:0\n"
+                                "healthy=1\nupdated_ms=990\n";
+    static const struct {
+        const char *value, *want;
+    } cases[] = {
+        {found, "models: entry 2 repeats entry 1"},
+        {"tags=eu,gdpr,eu\n", "tags: entry 3 repeats entry 1"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        route_record r = entry("tiny", "eu", 8, 20), before = r;
+        char err[200] = "";
+        assert_int_equal(route_instance_decode(&r, cases[i].value, strlen(cases[i].value), err, sizeof(err)),
+                         -EINVAL);
+        if (!strstr(err, cases[i].want))
+            fail_msg("case %zu: error '%s' does not say '%s'", i, err, cases[i].want);
+        assert_memory_equal(&r, &before, sizeof(r));
+    }
+
+    /* A record built without the parser: refused by the check, and the
+     * merge counts each name once. */
+    route_record in[2] = {entry("tiny,big", "eu,gdpr", 8, 20), entry("big,tiny", "gdpr,eu", 4, 20)};
+    strcpy(in[0].models[1], "tiny");
+    strcpy(in[0].tags[1], "eu");
+    in[0].n_load = in[1].n_load = 2;
+    in[0].load[0] = (route_model_load){20, 5, 0, 60, 5};
+    in[0].load[1] = (route_model_load){4, 0, 0, 0, 0};
+    in[1].load[0] = (route_model_load){3, 0, 0, 0, 0}; /* big */
+    in[1].load[1] = (route_model_load){1, 1, 0, 0, 0}; /* tiny */
+    char err[200];
+    assert_int_equal(route_record_check(&in[0], err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "models[1]: repeats models[0]"));
+    route_record m;
+    assert_int_equal(route_instances_merge(in, 2, &m), 0);
+    assert_int_equal(m.n_models, 1);
+    assert_string_equal(m.models[0], "tiny");
+    assert_int_equal(m.n_tags, 1);
+    assert_int_equal(m.capacity, 21);
+    assert_int_equal(m.load[0].running, 6);
+    assert_int_equal(route_record_check(&m, err, sizeof(err)), 0);
+}
+
 static void test_merge_bounds(void **state)
 {
     route_record *in = calloc(ROUTE_MAX_INSTANCES + 4, sizeof(*in));
@@ -279,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_merge_sums_and_estimates),
         cmocka_unit_test(test_merge_health_and_endpoint),
         cmocka_unit_test(test_merge_models_and_load),
+        cmocka_unit_test(test_repeats),
         cmocka_unit_test(test_merge_bounds),
         cmocka_unit_test(test_merge_version),
     };
