@@ -255,6 +255,10 @@ static bool read_call(const char *s, size_t n, rt_tc_call *out, bool *oom)
     /* arguments given as a string of JSON (as OpenAI's API writes them)
      * are that string's text */
     json_t *as = args && *args == '"' ? json_loadb(args, args_len, JSON_DECODE_ANY, NULL) : NULL;
+    if (as && !is_json(json_string_value(as), json_string_length(as))) { /* then the string itself */
+        json_decref(as);
+        as = NULL;
+    }
     out->arguments = as ? strdup(json_string_value(as)) : args ? strndup(args, args_len) : strdup("{}");
     json_decref(as);
     if (!out->name || !out->arguments) {

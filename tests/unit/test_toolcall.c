@@ -45,6 +45,8 @@ static const want CASES[] = {
      "",
      1,
      {{"f", "{\"k\": 1}"}}},
+    /* a string that is not JSON: the string itself (fuzz_toolcall's find) */
+    {RT_TC_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": \"abc\"}</tool_call>", "", 1, {{"f", "\"abc\""}}},
     /* not JSON, no name: it stays text */
     {RT_TC_HERMES, "x <tool_call>{nope}</tool_call> y", "x <tool_call>{nope}</tool_call> y", 0, {{0}}},
     {RT_TC_HERMES,
