@@ -130,16 +130,107 @@ int rt_engine_retry_after(rt_engine *e, const rt_oai_error *err, rt_priority pri
 
 /* ---- life ---- */
 
-static void warn_template(rt_engine *e)
+/* A model template that did not parse (why) falls back on the family its
+ * text is recognised as, ChatML failing that. */
+static void warn_template(rt_engine *e, const char *why)
 {
-    if (e->chat_forced || !e->tmpl_present || e->tmpl_recognised)
+    if (e->chat_forced || !e->tmpl_present || e->tmpl || !why)
         return;
+    if (e->tmpl_recognised) {
+        snprintf(e->warnings[e->n_warnings++], RT_ENGINE_WARNING_MAX,
+                 "the model's chat template does not parse (%s); chats are rendered by the built-in %s family "
+                 "it resembles",
+                 why, rt_chat_kind_name(e->chat_kind));
+        return;
+    }
     snprintf(
         e->warnings[e->n_warnings++], RT_ENGINE_WARNING_MAX,
-        "the model's chat template is none we render; chats are rendered as ChatML, which this model may "
-        "not have been trained on. If its template is one of the families we know, name it with --%s "
-        "(config: %s)",
-        rt_eopt_defs[RT_EOPT_CHAT_TEMPLATE].flag, rt_eopt_defs[RT_EOPT_CHAT_TEMPLATE].key);
+        "the model's chat template is none we render (%s); chats are rendered as ChatML, which this model "
+        "may not have been trained on. Name a family or a Jinja file with --%s (config: %s)",
+        why, rt_eopt_defs[RT_EOPT_CHAT_TEMPLATE].flag, rt_eopt_defs[RT_EOPT_CHAT_TEMPLATE].key);
+}
+
+/* A file's bytes, malloc'd (NUL-terminated, length in *len); NULL with
+ * errno set. */
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            if (cap > RT_JINJA_MAX_SOURCE) {
+                errno = EFBIG;
+                break;
+            }
+            char *more = realloc(buf, cap = cap ? cap * 2 : 65536);
+            if (!more)
+                break;
+            buf = more;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) {
+            if (!ferror(f)) {
+                fclose(f);
+                buf[n] = '\0';
+                *len = n;
+                return buf;
+            }
+            break;
+        }
+    }
+    int saved = errno ? errno : EIO;
+    fclose(f);
+    free(buf);
+    errno = saved;
+    return NULL;
+}
+
+/* A template whose whole text is a family's name is that family (chat.h):
+ * no Jinja. */
+static bool names_a_family(const char *tmpl, size_t len)
+{
+    char name[32];
+    if (len == 0 || len >= sizeof(name))
+        return false;
+    memcpy(name, tmpl, len);
+    name[len] = '\0';
+    return rt_chat_kind_from_name(name) >= 0;
+}
+
+/* The Jinja templates: the file's, else the model's and its tool_use one.
+ * 0, or for the file a negative code with err filled; the model's that do
+ * not parse leave *why filled (and tmpl NULL) for the warning. */
+static int load_templates(rt_engine *e, const rt_engine_opts *o, const char *tmpl, size_t len, char *why,
+                          size_t why_len, char *err, size_t err_len)
+{
+    why[0] = '\0';
+    if (e->chat_forced || !tmpl || names_a_family(tmpl, len))
+        return 0;
+    int rc = rt_jinja_parse(tmpl, len, &e->tmpl, why, why_len);
+    if (rc && o->chat_template_path) {
+        snprintf(err, err_len, "%s: %s", o->chat_template_path, why);
+        return rc;
+    }
+    if (rc == -ENOMEM) {
+        snprintf(err, err_len, "out of memory parsing the chat template");
+        return rc;
+    }
+    rt_gguf_str tools = {NULL, 0};
+    if (o->chat_template_path ||
+        rt_gguf_get_str(rt_model_gguf(e->model), "tokenizer.chat_template.tool_use", &tools) || !tools.p)
+        return 0;
+    char tools_why[256];
+    if (rt_jinja_parse(tools.p, tools.n, &e->tmpl_tools, tools_why, sizeof(tools_why)) == 0 || e->n_warnings >= 2)
+        return 0;
+    snprintf(e->warnings[e->n_warnings++], RT_ENGINE_WARNING_MAX,
+             "the model's tool_use chat template does not parse (%s): requests with tools render through its "
+             "default template",
+             tools_why);
+    return 0;
 }
 
 static void warn_pre(rt_engine *e)
@@ -154,24 +245,75 @@ static void warn_pre(rt_engine *e)
              (int)(pre.n > 64 ? 64 : pre.n), pre.p);
 }
 
-/* The family chats are rendered as, and what ends a turn. */
-static void settle_chat(rt_engine *e, int chat_kind)
+/* The format the model writes tool calls in: as its templates' text
+ * shows them (the tool_use one's first), else as its family's. */
+static rt_tc_format tool_format(const rt_engine *e, const char *tmpl, size_t len)
+{
+    rt_gguf_str tools = {NULL, 0};
+    rt_gguf_get_str(rt_model_gguf(e->model), "tokenizer.chat_template.tool_use", &tools);
+    if (tools.p && rt_tc_detect(tools.p, tools.n) != RT_TC_HERMES)
+        return rt_tc_detect(tools.p, tools.n);
+    if (tmpl && rt_tc_detect(tmpl, len) != RT_TC_HERMES)
+        return rt_tc_detect(tmpl, len);
+    switch (e->chat_kind) {
+    case RT_CHAT_LLAMA31:
+    case RT_CHAT_LLAMA32:
+        return RT_TC_LLAMA3;
+    case RT_CHAT_MISTRAL_V3:
+    case RT_CHAT_MISTRAL_V3_TEKKEN:
+    case RT_CHAT_MISTRAL_V7:
+    case RT_CHAT_MISTRAL_V7_TEKKEN:
+        return RT_TC_MISTRAL;
+    default:
+        return RT_TC_HERMES;
+    }
+}
+
+/* The templates chats are rendered through (see rt_engine_load), and
+ * what ends a turn. 0, or a negative code with err filled (a template
+ * file that cannot be read or parsed). */
+static int settle_chat(rt_engine *e, const rt_engine_opts *o, char *err, size_t err_len)
 {
     rt_gguf_str tmpl = {NULL, 0};
-    rt_gguf_get_str(rt_model_gguf(e->model), "tokenizer.chat_template", &tmpl);
+    char *file = NULL, why[256];
+    e->chat_forced = o->chat_kind >= 0;
+    if (o->chat_template_path && !e->chat_forced) {
+        size_t len;
+        if (!(file = read_file(o->chat_template_path, &len))) {
+            snprintf(err, err_len, "%s: %s", o->chat_template_path, strerror(errno));
+            return -errno;
+        }
+        tmpl = (rt_gguf_str){file, len};
+        if (!(e->tmpl_file = strdup(o->chat_template_path))) {
+            free(file);
+            snprintf(err, err_len, "out of memory");
+            return -ENOMEM;
+        }
+    } else {
+        rt_gguf_get_str(rt_model_gguf(e->model), "tokenizer.chat_template", &tmpl);
+    }
     e->tmpl_present = tmpl.p != NULL;
     e->chat_kind = rt_chat_detect(tmpl.p, tmpl.n, &e->tmpl_recognised);
-    e->chat_forced = chat_kind >= 0;
     if (e->chat_forced)
-        e->chat_kind = (rt_chat_kind)chat_kind;
+        e->chat_kind = (rt_chat_kind)o->chat_kind;
+    e->tc_format = tool_format(e, tmpl.p, tmpl.n);
+    e->thinks = rt_think_template(tmpl.p, tmpl.n) || e->chat_kind == RT_CHAT_QWEN3 ||
+                e->chat_kind == RT_CHAT_QWEN3_THINKING;
+    int rc = load_templates(e, o, tmpl.p, tmpl.n, why, sizeof(why), err, err_len);
+    free(file);
+    if (rc)
+        return rc;
+    warn_template(e, why[0] ? why : NULL);
     const char *end = rt_chat_turn_end(e->chat_kind);
     const int32_t end_tok = rt_tokenizer_find(e->tok, end);
     e->turn_stop = end_tok >= 0 && rt_tokenizer_is_eog(e->tok, end_tok) ? NULL : end;
     /* A BOS whose text would not read back as it (not a control token, a
      * NUL in it) is added by id instead of written by the template: as
      * text it reached the model as plain characters, and no BOS. */
-    int32_t bos = rt_tokenizer_bos(e->tok);
+    int32_t bos = rt_tokenizer_bos(e->tok), eos = rt_tokenizer_eos(e->tok);
     e->bos_text = rt_tokenizer_text_is_token(e->tok, bos) ? rt_tokenizer_token_text(e->tok, bos) : "";
+    e->eos_text = rt_tokenizer_text_is_token(e->tok, eos) ? rt_tokenizer_token_text(e->tok, eos) : "";
+    return 0;
 }
 
 /* The file name without .gguf. */
@@ -216,10 +358,24 @@ int rt_engine_load(const rt_engine_opts *o, rt_engine **out, char *err, size_t e
      * restarted one) do not hand out the same id in the same second. */
     e->next_cid = seed * 0x9E3779B97F4A7C15ull;
     e->tok = rt_model_tokenizer(e->model);
-    settle_chat(e, o->chat_kind);
-    warn_template(e);
+    rc = settle_chat(e, o, err, err_len);
+    /* a trie of the vocabulary's texts, for grammars */
+    if (!rc && !(e->gvocab = rt_gvocab_new(e->tok))) {
+        snprintf(err, err_len, "out of memory");
+        rc = -ENOMEM;
+    }
+    if (rc) {
+        rt_jinja_free(e->tmpl);
+        rt_jinja_free(e->tmpl_tools);
+        free(e->tmpl_file);
+        free(e->model_name);
+        rt_model_free(e->model);
+        free(e);
+        return rc;
+    }
     warn_pre(e);
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gmu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -271,9 +427,20 @@ void rt_engine_free(rt_engine *e)
     }
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
+    rt_engine_grammars_free(e);
+    pthread_mutex_destroy(&e->gmu);
+    rt_jinja_free(e->tmpl);
+    rt_jinja_free(e->tmpl_tools);
+    rt_gvocab_free(e->gvocab);
+    free(e->tmpl_file);
     free(e->model_name);
     rt_model_free(e->model);
     free(e);
+}
+
+rt_tc_format rt_engine_tool_format(const rt_engine *e)
+{
+    return e->tc_format;
 }
 
 const char *rt_engine_model_name(const rt_engine *e)
@@ -323,8 +490,10 @@ void rt_engine_describe(const rt_engine *e, char *buf, size_t len)
         e->model_name, hp->arch, hp->n_layer, hp->n_ctx_train, where, rt_model_backend_name(e->model),
         rt_model_threads(e->model), st.kv_blocks_total, st.kv_block_tokens, kn_type_name(st.kv_type),
         st.prefix_cache ? "on" : "off",
-        rt_chat_kind_name(e->chat_kind),
-        e->chat_forced                           ? " (--chat-template)"
+        e->tmpl_file ? e->tmpl_file : e->tmpl ? "the model's" : rt_chat_kind_name(e->chat_kind),
+        e->tmpl_tools                            ? " (Jinja, and its tool_use one for tools)"
+        : e->tmpl                                ? " (Jinja)"
+        : e->chat_forced                         ? " (--chat-template)"
         : e->tmpl_present && !e->tmpl_recognised ? " (unrecognised template: fallback)"
         : e->tmpl_present                        ? ""
                                                  : " (none in file: fallback)",

@@ -33,6 +33,7 @@
 #include "runtime/model.h"
 #include "runtime/openai.h"
 #include "runtime/sched.h"
+#include "runtime/toolcall.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -46,6 +47,9 @@ typedef struct rt_engine_opts {
     rt_model_opts model;    /* device, threads, reference kernels */
     rt_sched_opts sched;    /* what rt_engine_new starts the scheduler with */
     int chat_kind;          /* an rt_chat_kind, or -1: as the model's template says */
+    /* A file of Jinja to render chats through instead of the model's
+     * template (chat_kind -1), or NULL. */
+    const char *chat_template_path;
 } rt_engine_opts;
 
 /* The table's defaults (engine_opts.h). */
@@ -56,7 +60,15 @@ void rt_engine_opts_set(rt_engine_opts *o, rt_eopt id, long long v);
 
 /* Loads the model and settles its chat template and turn-end policy. 0, or
  * a negative code with err filled ("PATH: why" for the model file, as
- * rt_model_load says it: -EINVAL, -ENOMEM, -ENODEV, -ENOSPC, -errno). */
+ * rt_model_load says it, and for a chat template file that cannot be read
+ * or does not parse: -EINVAL, -ENOMEM, -ENODEV, -ENOSPC, -errno).
+ *
+ * Chats render through, in order: the family o->chat_kind names; the Jinja
+ * file o->chat_template_path; the model's own tokenizer.chat_template (and
+ * its tokenizer.chat_template.tool_use for a request with tools), rendered
+ * as Hugging Face's apply_chat_template renders it (runtime/jinja); where
+ * the model has none, or one that does not parse, the family its text is
+ * recognised as (chat.h), ChatML failing that, with a warning. */
 int rt_engine_load(const rt_engine_opts *o, rt_engine **out, char *err, size_t err_len);
 /* Starts the scheduler's compute thread with so (the KV pool is allocated
  * here). 0, or -ENOMEM/-EINVAL with err filled; -EALREADY when started. */
@@ -96,17 +108,30 @@ typedef struct rt_engine_req {
      * fresh seed where it named none), the stop strings (the request's,
      * and the turn end where the model does not end turns itself). */
     rt_sched_req run;
+    /* A chat from a model that thinks in <think> blocks: 1 its answer may
+     * open one, 2 it starts inside one (the prompt opened it): its
+     * reasoning is split out with an rt_think (reasoning.h); 0: no. */
+    int reasoning;
     /* private: the storage run points into */
     int32_t *prompt_;
+    rt_grammar *grammar_;
     const char *stops_[RT_OAI_MAX_STOPS + 1];
     bool owns_q_;
 } rt_engine_req;
+
+/* Any thread. A request with tools (q.tools not NULL) has its answer's
+ * tool calls read by an rt_tc_parser of this format (toolcall.h); with
+ * tool_choice required or a named function, the grammar (run.grammar)
+ * makes the answer exactly such calls. */
+rt_tc_format rt_engine_tool_format(const rt_engine *e);
 
 /* Any thread. Parses an OpenAI request body (chat: /v1/chat/completions,
  * else /v1/completions) and makes it ready to run at priority prio before
  * deadline_ms (epoch milliseconds; 0: none). 0; or with *err filled:
  * -ETIMEDOUT the deadline has passed (504), -EINVAL a bad request (400,
- * naming the field; a prompt that encodes to nothing or too much), -ENOENT
+ * naming the field; a prompt that encodes to nothing or too much; a
+ * grammar, a response_format schema or a tool's parameters that do not
+ * compile or use a JSON Schema keyword not enforced, named), -ENOENT
  * another model (404 model_not_found), -ENOMEM (503; 500 while parsing).
  * req must be disposed whatever the outcome; rt_engine_retry_after says
  * the Retry-After of a refusal. */

@@ -38,9 +38,10 @@ const rt_eopt_def rt_eopt_defs[RT_EOPT_N] = {
                                    NULL,
                                    "a batch request waiting this long starts in turn with interactive ones, "
                                    "oldest first"},
-    [RT_EOPT_CHAT_TEMPLATE] = {"chat_template", "chat-template", "NAME", -1, 0, RT_CHAT_N_KINDS - 1,
+    [RT_EOPT_CHAT_TEMPLATE] = {"chat_template", "chat-template", "NAME|FILE", -1, 0, RT_CHAT_N_KINDS - 1,
                                chat_name, "the model's template",
-                               "render chats as this family, not as the model's template says"},
+                               "render chats as this built-in family, or through this file of Jinja (a path "
+                               "with a '/' or ending in .jinja), not through the model's own template"},
     [RT_EOPT_PREFIX_CACHE] = {"prefix_cache", "prefix-cache", "BOOL", 1, 0, 1, bool_name, NULL,
                               "true or false: keep the KV of full blocks of earlier prompts and answers, and reuse it for a "
                               "prompt that begins the same (not for models with sliding-window layers)"},
@@ -53,6 +54,12 @@ int rt_eopt_lookup(rt_eopt id, const char *name)
         if (!strcmp(d->name(v), name))
             return v;
     return -1;
+}
+
+bool rt_eopt_is_template_path(const char *value)
+{
+    size_t n = strlen(value);
+    return strchr(value, '/') || (n > 6 && !strcmp(value + n - 6, ".jinja"));
 }
 
 const char *rt_eopt_range(rt_eopt id, char *buf, size_t len)

@@ -12,6 +12,7 @@
 
 #include "kernels/kn.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -46,6 +47,10 @@ extern const rt_eopt_def rt_eopt_defs[RT_EOPT_N];
 
 /* A named option's value for name, or -1. */
 int rt_eopt_lookup(rt_eopt id, const char *name);
+/* Whether a chat_template value that is no family's name is a path to a
+ * Jinja file: it has a '/' or ends in ".jinja". (A bare word stays a
+ * name, so a misspelt family is refused as one, not looked for as a file.) */
+bool rt_eopt_is_template_path(const char *value);
 /* The values option id takes, as messages say them: "1 to 4096", "f16 or
  * q8_0", "one of chatml, llama2, ...". Writes buf (truncated to len) and
  * returns it. */

@@ -312,6 +312,53 @@ static int parse_content(json_t *c, size_t mi, char **out, rt_oai_error *e)
     return 0;
 }
 
+/* An assistant's tool_calls (each function's arguments parsed, as chat
+ * templates read them), a tool's tool_call_id, a name. */
+static int parse_tool_fields(json_t *msg, size_t i, const char *role, rt_oai_msg_extra *m, rt_oai_error *e)
+{
+    json_t *name = field(msg, "name"), *tcid = field(msg, "tool_call_id"), *calls = field(msg, "tool_calls");
+    if (name && !json_is_string(name))
+        return bad(e, param_at(e, "messages[%zu].name", i), "'messages[%zu].name' must be a string", i);
+    if (name && !(m->name = strdup(json_string_value(name))))
+        return oom(e);
+    if (!strcmp(role, "tool")) {
+        if (!tcid || !json_is_string(tcid))
+            return bad(e, param_at(e, "messages[%zu].tool_call_id", i),
+                       "'messages[%zu].tool_call_id' is required of a tool message, as a string", i);
+        if (!(m->tool_call_id = strdup(json_string_value(tcid))))
+            return oom(e);
+    }
+    if (!calls)
+        return 0;
+    if (strcmp(role, "assistant") || !json_is_array(calls))
+        return bad(e, param_at(e, "messages[%zu].tool_calls", i),
+                   "'messages[%zu].tool_calls' must be an array, on an assistant message", i);
+    if (!(m->tool_calls = json_array()))
+        return oom(e);
+    for (size_t k = 0; k < json_array_size(calls); k++) {
+        json_t *c = json_array_get(calls, k), *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
+        json_t *id = json_is_object(c) ? json_object_get(c, "id") : NULL;
+        json_t *fname = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
+        if (!json_is_string(fname) || !json_is_string(args) || (id && !json_is_string(id)))
+            return bad(
+                e, param_at(e, "messages[%zu].tool_calls[%zu]", i, k),
+                "'messages[%zu].tool_calls[%zu]' must be {\"id\", \"type\": \"function\", \"function\": "
+                "{\"name\", \"arguments\"}} with strings",
+                i, k);
+        json_error_t je;
+        json_t *parsed = json_loads(json_string_value(args), JSON_DECODE_ANY, &je);
+        if (!parsed)
+            return bad(e, param_at(e, "messages[%zu].tool_calls[%zu].function.arguments", i, k),
+                       "'messages[%zu].tool_calls[%zu].function.arguments' is not JSON: %s", i, k, je.text);
+        json_t *out = json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id", id, "type", "function", "function", "name",
+                                fname, "arguments", parsed);
+        if (!out || json_array_append_new(m->tool_calls, out))
+            return oom(e);
+    }
+    return 0;
+}
+
 static int parse_messages(json_t *root, rt_oai_request *req, rt_oai_error *e)
 {
     json_t *m = field(root, "messages");
@@ -325,7 +372,8 @@ static int parse_messages(json_t *root, rt_oai_request *req, rt_oai_error *e)
     if (n > INT_MAX)
         return bad(e, "messages", "'messages' has too many entries");
     req->messages = calloc(n, sizeof(*req->messages));
-    if (!req->messages)
+    req->extra = calloc(n, sizeof(*req->extra));
+    if (!req->messages || !req->extra)
         return oom(e);
     for (size_t i = 0; i < n; i++) {
         json_t *msg = json_array_get(m, i);
@@ -345,14 +393,13 @@ static int parse_messages(json_t *root, rt_oai_request *req, rt_oai_error *e)
             canon = "user";
         else if (strcmp(r, "assistant") == 0)
             canon = "assistant";
+        else if (strcmp(r, "tool") == 0)
+            canon = "tool";
         else
             return bad(e, param_at(e, "messages[%zu].role", i),
-                       "'messages[%zu].role' must be one of system, user, assistant, developer (got '%.40s')",
+                       "'messages[%zu].role' must be one of system, user, assistant, tool, developer (got "
+                       "'%.40s')",
                        i, r);
-
-        json_t *content = field(msg, "content");
-        if (!content)
-            return bad(e, param_at(e, "messages[%zu].content", i), "'messages[%zu].content' is required", i);
 
         /* Count the entry before filling it, so that dispose frees what a
          * failure leaves behind. */
@@ -360,7 +407,16 @@ static int parse_messages(json_t *root, rt_oai_request *req, rt_oai_error *e)
         req->messages[i].role = strdup(canon);
         if (!req->messages[i].role)
             return oom(e);
-        int rc = parse_content(content, i, &req->messages[i].content, e);
+        int rc = parse_tool_fields(msg, i, req->messages[i].role, &req->extra[i], e);
+        if (rc < 0)
+            return rc;
+        json_t *content = field(msg, "content");
+        /* an assistant's turn may be its tool calls alone */
+        if (!content && req->extra[i].tool_calls)
+            continue;
+        if (!content)
+            return bad(e, param_at(e, "messages[%zu].content", i), "'messages[%zu].content' is required", i);
+        rc = parse_content(content, i, &req->messages[i].content, e);
         if (rc < 0)
             return rc;
     }
@@ -529,40 +585,128 @@ static int refuse_unsupported(json_t *root, bool chat, rt_oai_error *e)
             return unsupported(e, "best_of", "'best_of' other than 1");
         return 0;
     }
-    json_t *rf = field(root, "response_format");
-    if (rf) {
-        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(t))
-            return bad(e, "response_format", "'response_format' must be an object with a string 'type'");
-        if (strcmp(json_string_value(t), "text") != 0)
-            return unsupported(e, "response_format", "a 'response_format' other than text");
+    /* The legacy function calling is not served (tools are): functions
+     * offered with "auto" would be dropped and never called, so they are
+     * refused, as vLLM refuses them. With "none" they are allowed: the
+     * model answers in text, as asked. */
+    json_t *l = field(root, "functions"), *c = field(root, "function_call");
+    if (l && !json_is_array(l))
+        return bad(e, "functions", "'functions' must be an array");
+    if (c && !json_is_string(c) && !json_is_object(c))
+        return bad(e, "function_call", "'function_call' must be a string or an object");
+    bool none = c && json_is_string(c) && strcmp(json_string_value(c), "none") == 0;
+    bool auto_ = !c || (json_is_string(c) && strcmp(json_string_value(c), "auto") == 0);
+    if (!none && !auto_)
+        return unsupported(e, "function_call", "a 'function_call' other than none (use tools)");
+    if (!none && l && json_array_size(l) > 0)
+        return unsupported(e, "functions", "function calling with 'functions' (use tools)");
+    return 0;
+}
+
+/* response_format: text, json_object, or json_schema with its schema; and
+ * llama.cpp's grammar. Both endpoints. */
+static int parse_structured(json_t *root, rt_oai_request *req, rt_oai_error *e)
+{
+    json_t *rf = field(root, "response_format"), *g = field(root, "grammar");
+    if (g) {
+        if (!json_is_string(g))
+            return bad(e, "grammar", "'grammar' must be a string (GBNF)");
+        if (!(req->grammar = strdup(json_string_value(g))))
+            return oom(e);
     }
-    /* Function calling needs the tools rendered into the prompt and the
-     * model's calls parsed out of its text; neither is done. Tools offered
-     * with "auto" (the default when tools are given) would be silently
-     * dropped and the model would never call one, so they are refused, as
-     * vLLM and llama.cpp refuse them where tool parsing is off. With
-     * "none" they are allowed: the model answers in text, as asked. */
-    static const char *const lists[] = {"tools", "functions"};
-    static const char *const choices[] = {"tool_choice", "function_call"};
-    for (int i = 0; i < 2; i++) {
-        json_t *l = field(root, lists[i]);
-        json_t *c = field(root, choices[i]);
-        if (l && !json_is_array(l))
-            return bad(e, lists[i], "'%s' must be an array", lists[i]);
-        if (c && !json_is_string(c) && !json_is_object(c))
-            return bad(e, choices[i], "'%s' must be a string or an object", choices[i]);
-        bool none = c && json_is_string(c) && strcmp(json_string_value(c), "none") == 0;
-        bool auto_ = !c || (json_is_string(c) && strcmp(json_string_value(c), "auto") == 0);
-        if (!none && !auto_)
-            return unsupported(e, choices[i],
-                               i == 0 ? "a 'tool_choice' other than none"
-                                      : "a 'function_call' other than none");
-        if (!none && l && json_array_size(l) > 0)
-            return unsupported(e, lists[i],
-                               i == 0 ? "function calling ('tools' with tool_choice auto)"
-                                      : "function calling ('functions' with function_call auto)");
+    if (!rf)
+        return 0;
+    json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+    if (!json_is_string(t))
+        return bad(e, "response_format", "'response_format' must be an object with a string 'type'");
+    const char *type = json_string_value(t);
+    if (!strcmp(type, "text"))
+        return 0;
+    if (req->grammar)
+        return bad(e, "grammar", "'grammar' and a 'response_format' other than text exclude each other");
+    if (!strcmp(type, "json_object")) {
+        req->json_schema = json_pack("{s:s}", "type", "object");
+        return req->json_schema ? 0 : oom(e);
     }
+    if (strcmp(type, "json_schema"))
+        return bad(e, "response_format.type",
+                   "'response_format.type' must be text, json_object or json_schema");
+    json_t *js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js))
+        return bad(e, "response_format.json_schema", "'response_format.json_schema' must be an object");
+    json_t *schema = json_object_get(js, "schema");
+    if (schema && !json_is_object(schema) && !json_is_boolean(schema))
+        return bad(e, "response_format.json_schema.schema",
+                   "'response_format.json_schema.schema' must be an object");
+    req->json_schema = schema ? json_incref(schema) : json_pack("{s:s}", "type", "object");
+    return req->json_schema ? 0 : oom(e);
+}
+
+/* OpenAI's rule for a function's name: 1 to 64 of a-z A-Z 0-9 _ - (and
+ * the dots some clients use); the grammar that forces a call writes it. */
+static bool function_name(const char *s)
+{
+    size_t n = strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.");
+    return n > 0 && n <= 64 && s[n] == '\0';
+}
+
+/* tools, tool_choice and parallel_tool_calls (chat). */
+static int parse_tools(json_t *root, rt_oai_request *req, rt_oai_error *e)
+{
+    json_t *l = field(root, "tools"), *c = field(root, "tool_choice");
+    int rc;
+    req->parallel_tool_calls = true;
+    if ((rc = get_bool(root, "parallel_tool_calls", &req->parallel_tool_calls, e)) < 0)
+        return rc;
+    if (l && !json_is_array(l))
+        return bad(e, "tools", "'tools' must be an array");
+    if (c && !json_is_string(c) && !json_is_object(c))
+        return bad(e, "tool_choice", "'tool_choice' must be a string or an object");
+    for (size_t i = 0; l && i < json_array_size(l); i++) {
+        json_t *t = json_array_get(l, i), *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
+        json_t *type = json_is_object(t) ? json_object_get(t, "type") : NULL;
+        json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        json_t *params = json_is_object(fn) ? json_object_get(fn, "parameters") : NULL;
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_string(name) ||
+            !function_name(json_string_value(name)) || (params && !json_is_object(params)))
+            return bad(
+                e, param_at(e, "tools[%zu]", i),
+                "'tools[%zu]' must be {\"type\": \"function\", \"function\": {\"name\", \"description\", "
+                "\"parameters\": {...}}}, the name 1 to 64 of a-z, A-Z, 0-9, _, - and .",
+                i);
+    }
+    const char *choice = json_is_string(c) ? json_string_value(c) : NULL;
+    if (choice && !strcmp(choice, "none"))
+        req->tool_choice = RT_TOOL_NONE;
+    else if (choice && !strcmp(choice, "required"))
+        req->tool_choice = RT_TOOL_REQUIRED;
+    else if (choice && strcmp(choice, "auto"))
+        return bad(e, "tool_choice",
+                   "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
+                   "\"function\": {\"name\"}}");
+    if (json_is_object(c)) {
+        json_t *fn = json_object_get(c, "function"),
+               *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        if (!json_is_string(name))
+            return bad(e, "tool_choice", "'tool_choice.function.name' must be a string");
+        req->tool_choice = RT_TOOL_NAMED;
+        if (!(req->tool_name = strdup(json_string_value(name))))
+            return oom(e);
+        bool found = false;
+        for (size_t i = 0; l && i < json_array_size(l) && !found; i++)
+            found = !strcmp(
+                json_string_value(json_object_get(json_object_get(json_array_get(l, i), "function"), "name")),
+                req->tool_name);
+        if (!found)
+            return bad(e, "tool_choice",
+                       "'tool_choice' names the function '%.60s', which 'tools' does not have",
+                       req->tool_name);
+    }
+    bool have = l && json_array_size(l) > 0;
+    if (!have && (req->tool_choice == RT_TOOL_REQUIRED || req->tool_choice == RT_TOOL_NAMED))
+        return bad(e, "tool_choice", "'tool_choice' asks for a tool call, and 'tools' offers none");
+    if (have && req->tool_choice != RT_TOOL_NONE)
+        req->tools = json_incref(l);
     return 0;
 }
 
@@ -593,9 +737,9 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
      * (benchmarks need fixed-length outputs). */
     if ((rc = get_bool(root, "ignore_eos", &req->ignore_eos, e)) < 0)
         return rc;
-    /* vLLM's chat_template_kwargs, where Qwen3's enable_thinking is the
-     * one we read: the template is rendered by C code, not Jinja, and
-     * other variables have nothing to go to. */
+    /* vLLM's chat_template_kwargs: the model's Jinja template reads them
+     * all; enable_thinking is checked, as the built-in Qwen3 family reads
+     * it too. */
     json_t *kw = chat ? field(root, "chat_template_kwargs") : NULL;
     if (kw) {
         if (!json_is_object(kw))
@@ -605,6 +749,7 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
             return bad(e, "chat_template_kwargs.enable_thinking",
                        "'chat_template_kwargs.enable_thinking' must be a boolean");
         req->no_thinking = et && json_is_false(et);
+        req->template_kwargs = json_incref(kw);
     }
     json_t *so = field(root, "stream_options");
     if (so) {
@@ -640,6 +785,12 @@ static int parse_fields(json_t *root, bool chat, int32_t n_vocab, rt_oai_request
         return rc;
     if ((rc = refuse_unsupported(root, chat, e)) < 0)
         return rc;
+    if ((rc = parse_structured(root, req, e)) < 0)
+        return rc;
+    if (chat && (rc = parse_tools(root, req, e)) < 0)
+        return rc;
+    if (req->tools && (req->json_schema || req->grammar) && req->tool_choice != RT_TOOL_AUTO)
+        return bad(e, "tool_choice", "a required tool call and a response format exclude each other");
     if (chat && (rc = parse_logprobs(root, req, e)) < 0)
         return rc;
     if ((rc = parse_stop(root, req, e)) < 0)
@@ -706,11 +857,22 @@ void rt_oai_request_dispose(rt_oai_request *req)
     for (int i = 0; i < req->n_messages; i++) {
         free(req->messages[i].role);
         free(req->messages[i].content);
+        if (req->extra) {
+            json_decref(req->extra[i].tool_calls);
+            free(req->extra[i].tool_call_id);
+            free(req->extra[i].name);
+        }
     }
+    free(req->extra);
     free(req->messages);
     for (int i = 0; i < req->n_stop && i < RT_OAI_MAX_STOPS; i++)
         free(req->stop[i]);
     free(req->user);
+    json_decref(req->template_kwargs);
+    json_decref(req->tools);
+    free(req->tool_name);
+    json_decref(req->json_schema);
+    free(req->grammar);
     memset(req, 0, sizeof(*req));
 }
 
@@ -878,6 +1040,24 @@ static json_t *one(json_t *v)
     return done(a, ok);
 }
 
+/* [{"index", "id", "type": "function", "function": {"name", "arguments"}}] */
+static json_t *calls_json(const rt_oai_tool_call *calls, int n, bool with_index)
+{
+    json_t *a = json_array();
+    bool ok = a != NULL;
+    for (int i = 0; ok && i < n; i++) {
+        /* a piece of a streamed call's arguments says nothing else */
+        json_t *c = calls[i].name
+                        ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", calls[i].id, "type", "function",
+                                    "function", "name", calls[i].name, "arguments", calls[i].arguments)
+                        : json_pack("{s:{s:s}}", "function", "arguments", calls[i].arguments);
+        if (c && with_index)
+            put(c, "index", json_integer(calls[i].index), &ok);
+        push(a, c, &ok);
+    }
+    return done(a, ok);
+}
+
 static char *dump_and_free(json_t *o)
 {
     if (!o)
@@ -890,13 +1070,28 @@ static char *dump_and_free(json_t *o)
 char *rt_oai_response_json(const rt_oai_head *h, const char *text, size_t text_len, const char *finish_reason,
                            const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp)
 {
+    const rt_oai_answer a = {.text = text, .text_len = text_len};
+    return rt_oai_response_answer_json(h, &a, finish_reason, usage, lp, n_lp);
+}
+
+char *rt_oai_response_answer_json(const rt_oai_head *h, const rt_oai_answer *a, const char *finish_reason,
+                                  const rt_oai_usage *usage, const rt_oai_logprob *lp, int n_lp)
+{
     bool ok = true, chat = h->chat;
+    const char *text = a->text;
+    size_t text_len = a->text_len;
     json_t *payload;
     if (chat) {
         payload = json_object();
         put(payload, "role", json_string("assistant"), &ok);
-        put(payload, "content", json_text(text, text ? text_len : 0), &ok);
+        /* a turn of tool calls alone has content null, as OpenAI's */
+        put(payload, "content", a->n_calls && !text_len ? json_null() : json_text(text, text ? text_len : 0),
+            &ok);
         put(payload, "refusal", json_null(), &ok);
+        if (a->reasoning)
+            put(payload, "reasoning_content", json_text(a->reasoning, a->reasoning_len), &ok);
+        if (a->n_calls)
+            put(payload, "tool_calls", calls_json(a->calls, a->n_calls, false), &ok);
         payload = done(payload, ok);
     } else {
         payload = json_text(text, text ? text_len : 0);
@@ -986,6 +1181,45 @@ char *rt_oai_chunk_sse(const rt_oai_head *st, bool first, const char *text, size
     if (out_len)
         *out_len = pre + n + suf;
     return sse;
+}
+
+/* A chat chunk whose delta is d (taken). */
+static char *delta_chunk_sse(const rt_oai_head *st, json_t *d, size_t *out_len)
+{
+    bool ok = true;
+    json_t *choices = one(choice_json("delta", d, NULL, NULL));
+    json_t *o = envelope(st->id, "chat.completion.chunk", st->created, st->model, choices);
+    if (st->include_usage)
+        put(o, "usage", json_null(), &ok);
+    char *js = dump_and_free(done(o, ok));
+    size_t n = js ? strlen(js) : 0;
+    char *sse = js ? malloc(n + 9) : NULL;
+    if (sse) {
+        memcpy(sse, "data: ", 6);
+        memcpy(sse + 6, js, n);
+        memcpy(sse + 6 + n, "\n\n", 3);
+    }
+    free(js);
+    if (out_len)
+        *out_len = sse ? n + 8 : 0;
+    return sse;
+}
+
+char *rt_oai_calls_chunk_sse(const rt_oai_head *st, const rt_oai_tool_call *calls, int n_calls,
+                             size_t *out_len)
+{
+    bool ok = true;
+    json_t *delta = json_object();
+    put(delta, "tool_calls", calls_json(calls, n_calls, true), &ok);
+    return delta_chunk_sse(st, done(delta, ok), out_len);
+}
+
+char *rt_oai_reasoning_chunk_sse(const rt_oai_head *st, const char *text, size_t len, size_t *out_len)
+{
+    bool ok = true;
+    json_t *delta = json_object();
+    put(delta, "reasoning_content", json_text(text, len), &ok);
+    return delta_chunk_sse(st, done(delta, ok), out_len);
 }
 
 static json_t *model_object(const char *model, long created)

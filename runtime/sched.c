@@ -6,6 +6,7 @@
 #include "gateway/base/clock.h"
 
 #include "runtime/engine_opts.h"
+#include "runtime/grammar/grammar.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/sched_est.h"
@@ -13,6 +14,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +54,12 @@ struct sreq {
     size_t lp_ready_at, text_out;
     bool ignore_eos, cancelled;
     bool held; /* rt_sched_hold: left out of batches, its KV kept, until released */
+    /* Constrained sampling: the grammar (a reference), its matcher and the
+     * mask it fills (made at admission, as the sampler), kept across a
+     * preemption: what was generated stays generated. */
+    rt_grammar *grammar;
+    rt_gmatch *gm;
+    uint32_t *gmask;
     /* Time spent waiting is what ages a batch request (aged): t_queued is
      * when it last joined a waiting queue, waited_s its time in them
      * before that. Running time does not count: a batch job preempted
@@ -192,6 +200,9 @@ static sreq *q_pop(queue *q)
 static void sreq_free(sreq *r)
 {
     rt_seq_free(r->seq);
+    rt_gmatch_free(r->gm);
+    free(r->gmask);
+    rt_grammar_free(r->grammar);
     rt_sampler_free(r->smp);
     rt_stop_free(r->stop);
     free(r->lp_row);
@@ -244,6 +255,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     q->logprobs = r->logprobs;
     q->top_logprobs = r->top_logprobs; /* rt_logprobs clamps it */
     q->first_logits = r->first_logits;
+    q->grammar = r->grammar ? rt_grammar_ref(r->grammar) : NULL;
     if (!q->tokens || !q->stop) {
         sreq_free(q);
         return -ENOMEM;
@@ -569,6 +581,14 @@ static void reuse_prefix(rt_sched *s, sreq *r)
  * An interactive request that finds no slot or room does not wait for
  * running batch work to end: the youngest batch sequence gives way, and is
  * recomputed when it is admitted again. */
+/* A grammar mask: a bit for each token of the tokenizer's (which the
+ * matcher fills) or of the logits', the more. */
+static size_t mask_bytes(const rt_sched *s)
+{
+    int32_t n = rt_tokenizer_n_vocab(s->tok) > s->n_vocab ? rt_tokenizer_n_vocab(s->tok) : s->n_vocab;
+    return ((size_t)n + 31) / 32 * sizeof(uint32_t);
+}
+
 static void admit(rt_sched *s)
 {
     int admitted[2] = {0, 0}, promised = promised_blocks(s);
@@ -590,7 +610,9 @@ static void admit(rt_sched *s)
         }
         /* kept across a preemption, with the counts penalties read */
         if ((!r->smp && !(r->smp = rt_sampler_new(&r->sampling, s->n_vocab))) ||
-            (r->logprobs && !r->lp_row && !(r->lp_row = malloc((size_t)s->n_vocab * sizeof(float))))) {
+            (r->logprobs && !r->lp_row && !(r->lp_row = malloc((size_t)s->n_vocab * sizeof(float)))) ||
+            (r->grammar && !r->gm &&
+             (!(r->gm = rt_gmatch_new(r->grammar)) || !(r->gmask = malloc(mask_bytes(s)))))) {
             q_pop(q);
             admitted[r->prio]++; /* out of the queue all the same */
             finish_error(s, r, -ENOMEM);
@@ -715,6 +737,39 @@ static void update_stats_token(rt_sched *s, sreq *r, double now)
     r->t_last = now;
 }
 
+/* Grammar-constrained sampling: tokens the grammar does not allow next
+ * get no chance, nor do the model's rows past the tokenizer's vocabulary.
+ * Where it allows none (the vocabulary cannot write what it needs), only
+ * the end-of-generation tokens are left; where the matcher cannot say (out
+ * of memory), the logits are left alone, and advance() below ends the
+ * request at the token it refuses. */
+static void constrain(rt_sched *s, sreq *r, float *logits)
+{
+    int rc = rt_gmatch_mask(r->gm, r->gmask);
+    if (rc == -ENOMEM)
+        return;
+    const int32_t n_tok =
+        rt_tokenizer_n_vocab(s->tok) < s->n_vocab ? rt_tokenizer_n_vocab(s->tok) : s->n_vocab;
+    for (int32_t t = n_tok; t < s->n_vocab; t++)
+        logits[t] = -INFINITY;
+    if (rc == -E2BIG) {
+        for (int32_t t = 0; t < n_tok; t++)
+            if (!rt_tokenizer_is_eog(s->tok, t))
+                logits[t] = -INFINITY;
+        return;
+    }
+    const uint32_t *m = r->gmask;
+    for (int32_t w = 0; w < (n_tok + 31) / 32; w++) {
+        uint32_t bits = m[w];
+        if (bits == UINT32_MAX)
+            continue;
+        int32_t base = w * 32, end = base + 32 < n_tok ? base + 32 : n_tok;
+        for (int32_t t = base; t < end; t++)
+            if (!((bits >> (t - base)) & 1))
+                logits[t] = -INFINITY;
+    }
+}
+
 /* Batch entry i's next token, from its logits. The entries' samplers and
  * logits are their own, so the rows are sampled on all compute threads:
  * a row of 32000 logits takes ~60 us at temperature 1, ~190 us with top_p
@@ -734,6 +789,8 @@ static void sample_item(void *arg, int i)
         memcpy(r->first_logits, logits, (size_t)s->n_vocab * sizeof(float));
         r->first_logits = NULL;
     }
+    if (r->gm)
+        constrain(s, r, logits);
     s->sampled[i] = rt_sampler_sample(r->smp, logits);
     if (r->lp_row)
         rt_logprobs(r->lp_row, s->n_vocab, s->sampled[i], r->top_logprobs, &r->lp);
@@ -785,7 +842,10 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
 
     const char *reason = NULL;
     bool matched = false;
-    if (!r->ignore_eos && rt_tokenizer_is_eog(s->tok, t)) {
+    /* A grammar's text is complete when it allows nothing more; a token
+     * it refused (its matcher out of memory) ends the answer where it is */
+    bool grammar_done = r->gm && (rt_gmatch_accept(r->gm, t) != 0 || rt_gmatch_must_end(r->gm));
+    if ((!r->ignore_eos || r->gm) && rt_tokenizer_is_eog(s->tok, t)) {
         reason = "stop";
     } else {
         size_t n = 0;
@@ -801,6 +861,8 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
             reason = "stop";
         }
     }
+    if (!reason && grammar_done)
+        reason = "stop";
     if (!reason && (r->n_gen >= r->max_new || r->n_tokens >= s->n_ctx))
         reason = "length";
     size_t len;

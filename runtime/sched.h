@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 typedef struct rt_model rt_model;
+typedef struct rt_grammar rt_grammar;
 typedef struct rt_sched rt_sched;
 
 typedef struct rt_sched_opts {
@@ -109,6 +110,10 @@ typedef struct rt_sched_req {
      * thread before that token's event. The numerics hook of `infergate
      * generate --dump-logits`. */
     float *first_logits;
+    /* When not NULL: sampling is constrained to the grammar's language
+     * (runtime/grammar); the answer ends ("stop") where the grammar is
+     * complete. The scheduler takes its own reference. */
+    rt_grammar *grammar;
     rt_sched_cb cb;
     void *user;
 } rt_sched_req;

@@ -26,6 +26,7 @@ typedef struct gen_args {
     long n_predict, threads;
     bool show_tokens, ignore_eos, reference, chat;
     int chat_kind; /* -1: the model's template */
+    const char *chat_template_path; /* a Jinja file, or NULL */
     rt_sampler_params sp;
     char *stops[MAX_STOPS];
     int n_stops;
@@ -41,7 +42,7 @@ static void usage(FILE *f)
                "  --presence-penalty X, --frequency-penalty X\n"
                "  --stop STR               stop string (repeatable, up to 4)\n"
                "  --chat                   the prompt is a user message, rendered with the chat template\n"
-               "  --chat-template NAME     render it as this family, not as the model's template says\n"
+               "  --chat-template NAME|FILE render it as this family, or through this Jinja file\n"
                "  --threads N              compute threads (default: one per usable CPU)\n"
                "  --reference              scalar reference kernels (slow; for checks)\n"
                "  --device cpu|cuda        where the model runs (default cpu)\n"
@@ -143,8 +144,10 @@ static int parse_args(int argc, char **argv, gen_args *a)
             break;
         case O_CHAT: a->chat = true; break;
         case O_CHAT_TMPL:
-            if ((a->chat_kind = rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, optarg)) < 0)
-                bad = "--chat-template must be one of " RT_CHAT_KIND_NAMES;
+            if (rt_eopt_is_template_path(optarg) && rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, optarg) < 0)
+                a->chat_template_path = optarg;
+            else if ((a->chat_kind = rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, optarg)) < 0)
+                bad = "--chat-template must be one of " RT_CHAT_KIND_NAMES " or a Jinja file's path";
             break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return -1;
@@ -314,6 +317,7 @@ int gw_cmd_generate(int argc, char **argv)
     eo.model_path = a.model;
     eo.model = (rt_model_opts){.n_threads = (int)a.threads, .reference = a.reference, .device = a.device};
     eo.chat_kind = a.chat_kind;
+    eo.chat_template_path = a.chat_template_path;
     if (rt_engine_load(&eo, &e, err, sizeof(err))) {
         fprintf(stderr, "generate: %s\n", err);
         return 1;

@@ -47,9 +47,14 @@ static const char *engine_option(rt_engine_opts *o, rt_eopt id, const char *arg,
 {
     const rt_eopt_def *d = &rt_eopt_defs[id];
     long v = d->name ? rt_eopt_lookup(id, arg) : 0;
+    if (id == RT_EOPT_CHAT_TEMPLATE && v < 0 && rt_eopt_is_template_path(arg)) {
+        o->chat_template_path = arg; /* read and parsed when the engine loads */
+        return NULL;
+    }
     if (d->name ? v < 0 : gw_parse_int(arg, (long)d->min, (long)d->max, &v) != 0) {
         char range[512];
-        snprintf(why, why_len, "--%s: %s", d->flag, rt_eopt_range(id, range, sizeof(range)));
+        snprintf(why, why_len, "--%s: %s%s", d->flag, rt_eopt_range(id, range, sizeof(range)),
+                 id == RT_EOPT_CHAT_TEMPLATE ? "; or a Jinja file's path (with a '/' or ending in .jinja)" : "");
         return why;
     }
     rt_engine_opts_set(o, id, v);

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CFG_MAX_WORKERS 256
 #define CFG_MAX_DEVICES 64
@@ -89,9 +90,14 @@ static int parse_worker_options(cfg_parser *p, const yaml_node_t *n, const char 
         gw_cfg_path_key(kp, path, "chat_template");
         if ((rc = gw_cfg_str(p, v[K_CHAT], kp, &w->chat_template)))
             return rc;
-        if (rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, w->chat_template) < 0)
-            return gw_cfg_perr(p, v[K_CHAT], kp, "%s",
+        bool file = rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, w->chat_template) < 0 &&
+                    rt_eopt_is_template_path(w->chat_template);
+        if (!file && rt_eopt_lookup(RT_EOPT_CHAT_TEMPLATE, w->chat_template) < 0)
+            return gw_cfg_perr(p, v[K_CHAT], kp, "%s; or a Jinja file's path (with a '/' or ending in .jinja)",
                                rt_eopt_range(RT_EOPT_CHAT_TEMPLATE, range, sizeof(range)));
+        /* the worker parses it; a file that cannot be read is this file's error */
+        if (file && access(w->chat_template, R_OK) != 0)
+            return gw_cfg_perr(p, v[K_CHAT], kp, "%s: %s", w->chat_template, strerror(errno));
     }
     if (v[K_PREFIX] && (rc = gw_cfg_bool(p, v[K_PREFIX], (gw_cfg_path_key(kp, path, key_of(K_PREFIX)), kp),
                                          &w->prefix_cache)))

@@ -61,7 +61,8 @@ static int demo_model_path(char *out, size_t n, char *err, size_t err_len)
     rt_gen_params p;
     rt_gen_params_default(&p);
     p.chat_template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-                      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+                      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
     fprintf(stderr, "infergate: writing the synthetic demo model to %s (first run)\n", out);
     return rt_model_gen(&p, out, err, err_len);
 }

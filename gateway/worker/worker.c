@@ -7,6 +7,7 @@
 #include "gateway/base/clock.h"
 #include "gateway/base/offload.h"
 #include "gateway/worker/logprobs.h"
+#include "runtime/reasoning.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -41,6 +42,13 @@ struct wreq {
     long created;
     char *text; /* non-streamed: the whole completion */
     size_t text_len, text_cap;
+    /* A chat with tools: its answer's tool calls read out of the text, and
+     * how many of them have gone out (streamed) */
+    rt_tc_parser *tc;
+    rt_think *think; /* a thinking model's chat: its reasoning split out */
+    int calls_sent;
+    bool head_sent;   /* the call being written: its head has gone out... */
+    size_t args_sent; /* ...and this much of its arguments */
 };
 
 struct gw_worker {
@@ -113,6 +121,8 @@ static void wreq_maybe_free(wreq *r)
     free(r->text);
     free(r->backlog);
     gw_lp_free(&r->lp);
+    rt_tc_parser_free(r->tc);
+    rt_think_free(r->think);
     free(r);
 }
 
@@ -285,6 +295,116 @@ static void fail_stream(wreq *r, const rt_oai_error *e)
         out_end(r);
 }
 
+/* A call's id: the response's unique part and the call's place. */
+static void call_id(const wreq *r, int index, char id[RT_OAI_CALL_ID_MAX])
+{
+    const char *uniq = strchr(r->cid, '-') ? strchr(r->cid, '-') + 1 : r->cid;
+    snprintf(id, RT_OAI_CALL_ID_MAX, "call_%.24s%d", uniq, index);
+}
+
+/* The tool calls from the parser's from-th on, as the response says them
+ * (malloc'd; NULL with *n 0 when none or out of memory). */
+static rt_oai_tool_call *calls_of(wreq *r, int from, int *n)
+{
+    *n = rt_tc_n_calls(r->tc) - from;
+    rt_oai_tool_call *c = *n > 0 ? calloc((size_t)*n, sizeof(*c)) : NULL;
+    if (!c)
+        *n = 0;
+    for (int i = 0; i < *n; i++) {
+        const rt_tc_call *tc = rt_tc_call_at(r->tc, from + i);
+        c[i] = (rt_oai_tool_call){.index = from + i, .name = tc->name, .arguments = tc->arguments};
+        call_id(r, from + i, c[i].id);
+    }
+    return c;
+}
+
+/* A chat with tools answers "tool_calls" where it made any. */
+static const char *finish_of(const wreq *r, const char *finish)
+{
+    return r->tc && rt_tc_n_calls(r->tc) > 0 && finish && !strcmp(finish, "stop") ? "tool_calls" : finish;
+}
+
+/* An answer's next text split as the response says it: the reasoning (a
+ * thinking model's), the content (with tools: what the tool-call parser
+ * lets out) and, in the parser, the calls. false when out of memory. */
+static bool split(wreq *r, const char *text, size_t len, bool final, const char **reasoning,
+                  size_t *reasoning_len, const char **content, size_t *content_len)
+{
+    *reasoning = "";
+    *reasoning_len = 0;
+    *content = text ? text : "";
+    *content_len = len;
+    if (r->think &&
+        rt_think_feed(r->think, *content, len, final, reasoning, reasoning_len, content, content_len))
+        return false;
+    return !r->tc || rt_tc_feed(r->tc, *content, *content_len, final, content, content_len) == 0;
+}
+
+/* How much of s[0..n) is whole UTF-8 characters: a piece of a call's
+ * arguments goes out as a JSON string. */
+static size_t utf8_whole(const char *s, size_t n)
+{
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+        i--, back++;
+    if (i == 0)
+        return n;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return need > back + 1 ? i - 1 : n;
+}
+
+/* One tool-call chunk: c whole or its head, or (name NULL) a piece of its
+ * arguments. */
+static bool write_call(wreq *r, int index, const char *name, const char *args, size_t args_len)
+{
+    char *piece = strndup(args, args_len);
+    rt_oai_tool_call c = {.index = index, .name = name, .arguments = piece};
+    call_id(r, index, c.id);
+    const rt_oai_head h = head_of(r);
+    size_t len = 0;
+    char *ev = piece ? rt_oai_calls_chunk_sse(&h, &c, 1, &len) : NULL;
+    free(piece);
+    return write_sse(r, ev, len);
+}
+
+/* Streamed tool calls, as OpenAI streams them: a call's head (id, name)
+ * as soon as its name is known, then its arguments in pieces as they
+ * come, the rest when it ends; a call that ends before its head went out
+ * goes whole. */
+static bool write_calls(wreq *r)
+{
+    if (!r->tc)
+        return true;
+    for (; r->calls_sent < rt_tc_n_calls(r->tc); r->calls_sent++, r->head_sent = false, r->args_sent = 0) {
+        const rt_tc_call *c = rt_tc_call_at(r->tc, r->calls_sent);
+        size_t n = strlen(c->arguments);
+        if (!r->head_sent) {
+            if (!write_call(r, r->calls_sent, c->name, c->arguments, n))
+                return false;
+        } else if (n > r->args_sent &&
+                   !write_call(r, r->calls_sent, NULL, c->arguments + r->args_sent, n - r->args_sent)) {
+            return false;
+        }
+    }
+    const char *name, *args;
+    size_t len;
+    if (!rt_tc_pending(r->tc, &name, &args, &len))
+        return true;
+    len = utf8_whole(args, len);
+    if (!r->head_sent) {
+        if (!write_call(r, r->calls_sent, name, "", 0))
+            return false;
+        r->head_sent = true;
+    }
+    if (len > r->args_sent) {
+        if (!write_call(r, r->calls_sent, NULL, args + r->args_sent, len - r->args_sent))
+            return false;
+        r->args_sent = len;
+    }
+    return true;
+}
+
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)
 {
     if (!begin_stream(r, ev->prompt_tokens)) {
@@ -299,13 +419,23 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
             return;
         r->sent_first = true;
     }
-    if (ev->text_len && !write_chunk(r, false, ev->text, ev->text_len, NULL, NULL))
+    const char *text, *reasoning;
+    size_t len, reasoning_len, n = 0;
+    if (!split(r, ev->text, ev->text_len, ev->kind == RT_EV_DONE, &reasoning, &reasoning_len, &text, &len)) {
+        abandon(r);
         return;
-    if (ev->kind != RT_EV_DONE)
+    }
+    const rt_oai_head h = head_of(r);
+    char *rc = reasoning_len ? rt_oai_reasoning_chunk_sse(&h, reasoning, reasoning_len, &n) : NULL;
+    if (reasoning_len && !write_sse(r, rc, n))
+        return;
+    if (len && !write_chunk(r, false, text, len, NULL, NULL))
+        return;
+    if (!write_calls(r) || ev->kind != RT_EV_DONE)
         return;
     rt_oai_usage u = {ev->prompt_tokens, ev->completion_tokens, ev->cached_tokens};
     /* No text: chat's last delta is {}, a completion's text "", as OpenAI's */
-    if (!write_chunk(r, false, NULL, 0, ev->finish_reason, NULL))
+    if (!write_chunk(r, false, NULL, 0, finish_of(r, ev->finish_reason), NULL))
         return;
     if (r->include_usage && !write_chunk(r, false, NULL, 0, NULL, &u))
         return;
@@ -329,14 +459,25 @@ static void handle_whole_event(wreq *r, const rt_sched_event *ev)
     bool oom = false;
     const int n_lp = gw_lp_ready(&r->lp, r->lp_ready);
     rt_oai_logprob *lp = gw_lp_render(&r->lp, n_lp, rt_engine_tokenizer(r->w->engine), &oom);
+    rt_oai_answer a = {0};
+    rt_oai_tool_call *calls = NULL;
+    oom = oom || !split(r, r->text, r->text_len, true, &a.reasoning, &a.reasoning_len, &a.text, &a.text_len);
+    if (r->tc && !oom) {
+        calls = calls_of(r, 0, &a.n_calls);
+        a.calls = calls;
+        oom = a.n_calls != rt_tc_n_calls(r->tc);
+    }
+    if (!r->think || !a.reasoning_len) /* null, as vLLM's */
+        a.reasoning = NULL;
     char n[16];
     snprintf(n, sizeof(n), "%d", ev->prompt_tokens);
     const gw_http_header counted = {PROMPT_TOKENS_HEADER, n};
-    respond_json_with(r->stream, 200,
-                      oom ? NULL
-                          : rt_oai_response_json(&h, r->text ? r->text : "", r->text_len, ev->finish_reason,
-                                                 &u, lp, lp ? n_lp : 0),
-                      &counted);
+    respond_json_with(
+        r->stream, 200,
+        oom ? NULL
+            : rt_oai_response_answer_json(&h, &a, finish_of(r, ev->finish_reason), &u, lp, lp ? n_lp : 0),
+        &counted);
+    free(calls);
     free(lp);
 }
 
@@ -463,6 +604,12 @@ static void submit_prepared(gw_worker *w, wprep *p)
         r->stream_mode = p->req.q.stream;
         r->include_usage = p->req.q.include_usage;
         r->logprobs = p->req.q.logprobs;
+        if ((p->req.q.tools && !(r->tc = rt_tc_parser_new(rt_engine_tool_format(w->engine)))) ||
+            (p->req.reasoning && !(r->think = rt_think_new(p->req.reasoning == 2)))) {
+            rt_engine_error_oom(&p->e);
+            respond_error_after(r->stream, &p->e, 1);
+            return;
+        }
         if (rt_engine_submit(w->engine, &p->req, r, &r->id, &p->e, &retry) == 0) {
             r->submitted = true;
             return;

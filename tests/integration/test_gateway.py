@@ -224,12 +224,11 @@ if shutil.which("node") and os.path.isdir(os.path.join(node_dir, "node_modules",
     t.ok(out.get("refusal", "absent") is None and out.get("null_usage") == out.get("chunks", 0) - 1
          and out.get("model_id") == "small",
          "OpenAI Node SDK: refusal null, usage null on every chunk but the last, models.retrieve")
-    t.ok(out.get("refused") == {"status": 400, "code": "unsupported_parameter", "param": "response_format"},
-         "OpenAI Node SDK: a JSON response_format is refused by name, not ignored: %s" % out.get("refused"))
-    t.ok(out.get("tools_refused") == {"status": 400, "code": "unsupported_parameter", "param": "tools"}
-         and out.get("tools_none") in ("stop", "length"),
-         "OpenAI Node SDK: tools to call are refused by name, tools with tool_choice none are served: %s %s"
-         % (out.get("tools_refused"), out.get("tools_none")))
+    t.ok(out.get("refused") == {"status": 400, "code": "unsupported_parameter", "param": "functions"},
+         "OpenAI Node SDK: the legacy functions are refused by name, not ignored: %s" % out.get("refused"))
+    t.ok(out.get("tools_auto") in ("stop", "length", "tool_calls") and out.get("tools_none") in ("stop", "length"),
+         "OpenAI Node SDK: tools are served, with tool_choice auto and none: %s %s"
+         % (out.get("tools_auto"), out.get("tools_none")))
     lps = out.get("logprobs") or []
     t.ok(len(lps) == 4 and all(lp <= 0 and n == 2 for _, lp, n in lps),
          "OpenAI Node SDK: chat logprobs with top_logprobs: %s" % lps)

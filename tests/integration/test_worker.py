@@ -441,9 +441,11 @@ t.ok(order == ["interactive", "batch"] and stats(sock3)["preemptions"] > pre,
 w3.send_signal(15)
 t.ok(w3.wait(timeout=40) == 0, "SIGTERM: small-pool worker exits 0")
 
-# --- a chat template we do not render: ChatML, with a warning; or the family named ---
+# --- a chat template we cannot render (it does not parse as our Jinja): ChatML, with a warning; or the
+# family named ---
 odd = gen_model(os.path.join(d, "odd.gguf"), dim=64, layers=1, heads=2, kv_heads=2, ffn=128, vocab=512, ctx=512,
-                type="f32", seed=7, chat_template="{{ bos_token }}{% for m in messages %}<start_of_turn>{% endfor %}")
+                type="f32", seed=7, chat_template="{{ bos_token }}{% for m in messages %}<start_of_turn>{% endfor %}"
+                "{% call x() %}{% endcall %}")
 chat_msgs = {"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
              "max_tokens": 1, "temperature": 0}
 llama2_text = "[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nhi [/INST]"
@@ -473,6 +475,41 @@ t.ok("chat template llama2 (--chat-template)" in prompt_tokens["llama2 log"]
 r = subprocess.run([INFERGATE, "worker", "--model", odd, "--listen", "unix:" + sock + "x", "--chat-template", "jinja"],
                    capture_output=True, text=True, timeout=30)
 t.ok(r.returncode == 2 and "--chat-template: one of chatml, llama2" in r.stderr, "--chat-template jinja: refused by name")
+
+# --- the model's own Jinja template; a Jinja file named instead; a template that raises ---
+jin = gen_model(os.path.join(d, "jinja.gguf"), dim=64, layers=1, heads=2, kv_heads=2, ffn=128, vocab=512, ctx=512,
+                type="f32", seed=7, chat_template="{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}\n"
+                "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+                "{% if messages|length > 3 %}{{ raise_exception('at most 3 messages, please') }}{% endif %}")
+tmpl_file = os.path.join(d, "mine.jinja")
+with open(tmpl_file, "w") as f:
+    f.write("{% for m in messages %}[{{ m.role | upper }}] {{ m.content }}{% endfor %}[ASSISTANT]")
+rendered = {}
+for name, extra in (("model", ()), ("file", ("--chat-template", tmpl_file))):
+    sock6 = os.path.join(d, "w6%s.sock" % name)
+    w6 = start_worker(sock6, *extra, model_path=jin)
+    s, _, b = post("/v1/chat/completions", chat_msgs, sock=sock6)
+    want = {"model": "<system>be brief\n<user>hi\n<assistant>", "file": "[SYSTEM] be brief[USER] hi[ASSISTANT]"}
+    s2, _, b2 = post("/v1/completions", {"model": "m", "prompt": want[name], "max_tokens": 1}, sock=sock6)
+    s3, _, b3 = post("/v1/chat/completions", dict(chat_msgs, messages=chat_msgs["messages"] * 2), sock=sock6)
+    rendered[name] = (json.loads(b)["usage"]["prompt_tokens"] if s == 200 else b,
+                      json.loads(b2)["usage"]["prompt_tokens"] if s2 == 200 else b2, s3, b3)
+    w6.send_signal(15)
+    w6.wait(timeout=40)
+    rendered[name + " log"] = open(os.path.join(d, os.path.basename(sock6) + ".log")).read()
+t.ok(rendered["model"][0] == rendered["model"][1] and "chat template the model's (Jinja)" in rendered["model log"],
+     "a chat renders through the model's own Jinja template: %s" % (rendered["model"][:2],))
+t.ok(rendered["model"][2] == 400 and "the chat template failed: at most 3 messages, please" in rendered["model"][3].decode(),
+     "a template's raise_exception is a 400 with its message: %s" % (rendered["model"][2:],))
+t.ok(rendered["file"][0] == rendered["file"][1] and ("chat template %s (Jinja)" % tmpl_file) in rendered["file log"],
+     "--chat-template FILE renders chats through that file: %s" % (rendered["file"][:2],))
+bad_file = os.path.join(d, "bad.jinja")
+with open(bad_file, "w") as f:
+    f.write("line one\n{% if x %}\n{{ y }\n")
+r = subprocess.run([INFERGATE, "worker", "--model", jin, "--listen", "unix:" + sock + "y", "--chat-template", bad_file],
+                   capture_output=True, text=True, timeout=30)
+t.ok(r.returncode != 0 and (bad_file + ": template line 3") in r.stderr,
+     "a template file that does not parse stops the worker, naming its line: %r" % r.stderr[-300:])
 
 # --- threads unset: one per CPU the worker may run on, not per CPU of the host ---
 sock5 = os.path.join(d, "w5.sock")

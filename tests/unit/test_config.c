@@ -509,6 +509,8 @@ static const struct {
     {"workers:\n  - model: /m.gguf\n    kv_type: q4_0\n", "bad.yaml:3: workers[0].kv_type: f16 or q8_0"},
     {"workers:\n  - model: /m.gguf\n    chat_template: \"{{ messages }}\"\n",
      "bad.yaml:3: workers[0].chat_template: one of " RT_CHAT_KIND_NAMES},
+    {"workers:\n  - model: /m.gguf\n    chat_template: /nonexistent/chat.jinja\n",
+     "bad.yaml:3: workers[0].chat_template: /nonexistent/chat.jinja: No such file"},
     {"workers:\n  - model: /m.gguf\n    devices: [cpu, GPU-1]\n    kv_type: q8_0\n",
      "bad.yaml:4: workers[0].kv_type: q8_0 is for CPU workers, and device GPU-1 is not one"},
     {"workers:\n  - model: [a]\n", "bad.yaml:2: workers[0].model: must be a string, not a list"},

@@ -445,7 +445,7 @@ static const struct bad_case {
     {"{\"model\":\"m\",\"messages\":[{\"role\":1,\"content\":\"x\"}]}", "messages[0].role", "string"},
     {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"content\":"
      "\"x\"}]}",
-     "messages[1].role", "'tool'"},
+     "messages[1].tool_call_id", "required"},
     {"{\"model\":\"m\",\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", "messages[0].role",
      "one of"},
     {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\"}]}", "messages[0].content", "required"},
@@ -598,19 +598,72 @@ static void expect_unsupported(const char *fields, bool chat, const char *param)
     assert_null(r.model);
 }
 
+/* tools, tool_choice, parallel_tool_calls, the history's tool calls and
+ * answers, response_format and grammar, as the engine gets them. */
+static void test_tool_fields(void **state)
+{
+    (void)state;
+    rt_oai_request r;
+    parse_ok("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},"
+             "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":"
+             "{\"name\":\"get\",\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}],"
+             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{}}}],"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get\"}},"
+             "\"parallel_tool_calls\":false}",
+             true, &r);
+    assert_int_equal(r.n_messages, 3);
+    assert_null(r.messages[1].content);
+    assert_string_equal(r.messages[2].role, "tool");
+    assert_string_equal(r.extra[2].tool_call_id, "c1");
+    /* the arguments reach the template parsed, as vLLM gives them */
+    json_t *args =
+        json_object_get(json_object_get(json_array_get(r.extra[1].tool_calls, 0), "function"), "arguments");
+    assert_string_equal(json_string_value(json_object_get(args, "city")), "Oslo");
+    assert_int_equal(json_array_size(r.tools), 1);
+    assert_int_equal(r.tool_choice, RT_TOOL_NAMED);
+    assert_string_equal(r.tool_name, "get");
+    assert_false(r.parallel_tool_calls);
+    rt_oai_request_dispose(&r);
+
+    parse_ok(H("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"none\""),
+             true, &r);
+    assert_null(r.tools); /* none: not offered */
+    rt_oai_request_dispose(&r);
+    parse_ok(H("\"response_format\":{\"type\":\"json_object\"}"), true, &r);
+    assert_string_equal(json_string_value(json_object_get(r.json_schema, "type")), "object");
+    rt_oai_request_dispose(&r);
+    parse_ok(
+        "{\"model\":\"m\",\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"name\":\"x\",\"strict\":true,\"schema\":{\"type\":\"integer\"}}}}",
+        false, &r);
+    assert_string_equal(json_string_value(json_object_get(r.json_schema, "type")), "integer");
+    rt_oai_request_dispose(&r);
+    parse_ok("{\"model\":\"m\",\"prompt\":\"p\",\"grammar\":\"root ::= \\\"a\\\"\"}", false, &r);
+    assert_string_equal(r.grammar, "root ::= \"a\"");
+    rt_oai_request_dispose(&r);
+
+    expect_bad(H("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]"), true, "tools[0]",
+               "1 to 64");
+    expect_bad(H("\"tools\":[{\"type\":\"retrieval\"}]"), true, "tools[0]", "function");
+    expect_bad(H("\"tool_choice\":\"sometimes\""), true, "tool_choice", "none, auto, required");
+    expect_bad(H("\"grammar\":\"root ::= x\",\"response_format\":{\"type\":\"json_object\"}"), true,
+               "grammar", "exclude");
+    expect_bad(H("\"response_format\":{\"type\":\"yaml\"}"), true, "response_format.type", "json_schema");
+    expect_bad(
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\","
+        "\"function\":{\"name\":\"f\",\"arguments\":\"{nope\"}}]}]}",
+        true, "messages[0].tool_calls[0].function.arguments", "not JSON");
+}
+
 static void test_unsupported_fields(void **state)
 {
     (void)state;
-    expect_unsupported("\"response_format\":{\"type\":\"json_object\"}", true, "response_format");
-    expect_unsupported("\"tool_choice\":\"required\"", true, "tool_choice");
-    expect_unsupported("\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", true,
-                       "tool_choice");
+    /* tools are served; the legacy functions are not */
+    expect_bad(H("\"tool_choice\":\"required\""), true, "tool_choice", "offers none");
+    expect_bad(H("\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}"), true,
+               "tool_choice", "does not have");
     expect_unsupported("\"function_call\":{\"name\":\"f\"}", true, "function_call");
-    /* tools offered with auto, said or by default, would never be called */
-    expect_unsupported("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", true, "tools");
-    expect_unsupported("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
-                       "\"tool_choice\":\"auto\"",
-                       true, "tools");
     expect_unsupported("\"functions\":[{\"name\":\"f\"}]", true, "functions");
     expect_bad(H("\"tools\":{}"), true, "tools", "must be an array");
     expect_bad(H("\"tool_choice\":5"), true, "tool_choice", "string or an object");
@@ -1070,6 +1123,7 @@ int main(void)
         cmocka_unit_test(test_chat_messages),
         cmocka_unit_test(test_logit_bias_and_top_p),
         cmocka_unit_test(test_unsupported_fields),
+        cmocka_unit_test(test_tool_fields),
         cmocka_unit_test(test_chat_logprobs_fields),
         cmocka_unit_test(test_chat_template_kwargs),
         cmocka_unit_test(test_logprobs_json),

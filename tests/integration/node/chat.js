@@ -39,28 +39,24 @@ async function main() {
                            top_logprobs : 2,
                        })
                        .finalChatCompletion();
+    // The legacy functions are refused by name (tools are served).
     let refused = null;
     try {
-        await client.chat.completions.create({ model, messages, max_tokens: 2, response_format: { type: 'json_object' } });
+        await client.chat.completions.create({model, messages, max_tokens : 2, functions : [ {name : 'f'} ]});
     } catch (e) {
-        refused = { status: e.status, code: e.code, param: e.param };
+        refused = {status : e.status, code : e.code, param : e.param};
     }
-    // Tools offered for the model to call are refused (they would be
-    // dropped); offered with tool_choice 'none' they are accepted.
+    // Tools offered (tool_choice auto by default) and with tool_choice
+    // 'none' are served (tests/integration/test_tools.py calls them).
     const tools = [ {
         type : 'function',
         function : {name : 'get_weather', parameters : {type : 'object', properties : {}}}
     } ];
-    let tools_refused = null;
-    try {
-        await client.chat.completions.create({model, messages, max_tokens : 2, tools});
-    } catch (e) {
-        tools_refused = {status : e.status, code : e.code, param : e.param};
-    }
+    const auto = await client.chat.completions.create({model, messages, max_tokens : 2, tools});
     const none =
         await client.chat.completions.create({model, messages, max_tokens : 2, tools, tool_choice : 'none'});
     console.log(JSON.stringify({
-        tools_refused,
+        tools_auto : auto.choices[0].finish_reason,
         tools_none : none.choices[0].finish_reason,
         text : r.choices[0].message.content,
         finish_plain : r.choices[0].finish_reason,
