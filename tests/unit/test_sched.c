@@ -552,7 +552,9 @@ static void test_hold_pauses(void **state)
 {
     rt_sched *s = sched_new(2, 2, 0);
     int32_t prompt[] = {1, 2, 3};
-    rt_sched_req r = {.prompt = prompt, .n_prompt = 3, .max_tokens = 3, .ignore_eos = true, .cb = on_event,
+    /* Long enough that it cannot end in the moment between its submission
+     * and the hold (with 3 tokens it sometimes did, on a loaded machine). */
+    rt_sched_req r = {.prompt = prompt, .n_prompt = 3, .max_tokens = 400, .ignore_eos = true, .cb = on_event,
                       .user = (void *)(intptr_t)1};
     rt_sampler_params_default(&r.sampling);
     uint64_t held;
