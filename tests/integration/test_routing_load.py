@@ -16,6 +16,7 @@ Figures are printed as "# ..." lines. INFERGATE_REDIS_FREEZES sets how many
 import http.client
 import json
 import os
+import secrets
 import re
 import signal
 import subprocess
@@ -87,6 +88,8 @@ def key_hash(k):
 
 hashes = {n: key_hash(k) for n, k in keys.items()}
 certs = {n: region_cert(n) for n in names}
+# The fleet key the gateways sign their region records with (redis.record_keys).
+FLEET_KEY = secrets.token_hex(32)
 
 
 def config(n):
@@ -106,7 +109,7 @@ region:
   tags: [%(tags)s]
   price: {input: 1, output: 1}
 cluster: l%(redis)d
-redis: {address: "127.0.0.1:%(redis)d"}
+redis: {address: "127.0.0.1:%(redis)d", record_keys: ["%(fleet_key)s"]}
 routing:
   heartbeat_ms: 200
   stale_after_ms: 1000
@@ -127,7 +130,7 @@ runtime_dir: "%(run)s"
 """ % dict(port=port[n], peer=peer_port[n], crt=crt, key=key, ca=ca, others=", ".join(m for m in names if m != n),
            model=model, name=n, tags=", ".join(tags[n]), redis=redis_port,
            peers=peers, h_open=hashes["open"], h_home=hashes["home"], h_far=hashes["far"], h_ops=hashes["ops"],
-           run=os.path.join(d, "run-" + n), log=os.path.join(d, n + ".access.log"))
+           run=os.path.join(d, "run-" + n), log=os.path.join(d, n + ".access.log"), fleet_key=FLEET_KEY)
 
 
 gws = {}
@@ -195,13 +198,22 @@ t.ok(True, "three gateways share their records through Redis and measure RTTs to
 # Long enough prompts and answers that the times measured are mostly the
 # worker's, not the noise of a loaded machine's scheduling.
 PROMPT = [(i * 7) % 250 + 3 for i in range(256)]
+# Each request's prompt begins differently: the estimate is of a prompt
+# computed whole, and the worker's prefix cache would serve a repeated one
+# from its KV (a TTFT of a few ms against an estimate of the full prefill).
+prompt_seq = iter(range(1 << 30))
+
+
+def unique_prompt():
+    n = next(prompt_seq)
+    return [n % 250 + 3, n // 250 % 250 + 3] + PROMPT[2:]
 
 
 def stream_ttft(tenant, max_tokens, rid=None):
     """Sends a streamed completion to region a; seconds to its first token
     and whether it completed."""
     c = http.client.HTTPConnection("127.0.0.1", port["a"], timeout=120)
-    body = {"model": "m", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+    body = {"model": "m", "prompt": unique_prompt(), "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
     t0 = time.monotonic()
     first = None
