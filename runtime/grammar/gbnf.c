@@ -41,6 +41,13 @@ typedef struct builder {
     int rc;
     jmp_buf fail;
     int depth;
+    /* Every seq's and item's array while it lives (grow_tmp, tmp_free):
+     * a failure longjmps out of any depth of the parse, and the frames it
+     * leaves held some; builder_free frees what is left. */
+    void **tmp;
+    uint32_t n_tmp, cap_tmp;
+    bool *nul;      /* the checks' arrays, here rather than in locals */
+    uint8_t *state; /* that a longjmp would leave indeterminate */
 } builder;
 
 static _Noreturn void fail(builder *b, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -71,11 +78,43 @@ static void *grow(builder *b, void *p, uint32_t *cap, uint32_t need, size_t size
     return q;
 }
 
+/* grow() for a seq's or an item's array, registered in b->tmp. */
+static void *grow_tmp(builder *b, void *p, uint32_t *cap, uint32_t need, size_t size)
+{
+    if (need <= *cap)
+        return p;
+    if (!p)
+        b->tmp = grow(b, b->tmp, &b->cap_tmp, b->n_tmp + 1, sizeof(void *));
+    void *q = grow(b, p, cap, need, size);
+    if (!p) {
+        b->tmp[b->n_tmp++] = q;
+        return q;
+    }
+    for (uint32_t i = b->n_tmp; i-- > 0;) /* the newest arrays grow most */
+        if (b->tmp[i] == p) {
+            b->tmp[i] = q;
+            break;
+        }
+    return q;
+}
+
+static void tmp_free(builder *b, void *p)
+{
+    if (!p)
+        return;
+    for (uint32_t i = b->n_tmp; i-- > 0;)
+        if (b->tmp[i] == p) {
+            b->tmp[i] = b->tmp[--b->n_tmp];
+            break;
+        }
+    free(p);
+}
+
 static void seq_add(builder *b, seq *s, gel e)
 {
     if (++b->n_elems > RT_GRAMMAR_MAX_ELEMS)
         fail(b, -EINVAL, "the grammar is too large (more than %u elements)", RT_GRAMMAR_MAX_ELEMS);
-    s->v = grow(b, s->v, &s->cap, s->n + 1, sizeof(gel));
+    s->v = grow_tmp(b, s->v, &s->cap, s->n + 1, sizeof(gel));
     s->v[s->n++] = e;
 }
 
@@ -143,17 +182,17 @@ typedef struct item {
     uint32_t n, cap;
 } item;
 
-static void item_free(item *it)
+static void item_free(builder *b, item *it)
 {
     for (uint32_t i = 0; i < it->n; i++)
-        free(it->alts[i].v);
-    free(it->alts);
+        tmp_free(b, it->alts[i].v);
+    tmp_free(b, it->alts);
     *it = (item){0};
 }
 
 static void item_add(builder *b, item *it, seq *s)
 {
-    it->alts = grow(b, it->alts, &it->cap, it->n + 1, sizeof(seq));
+    it->alts = grow_tmp(b, it->alts, &it->cap, it->n + 1, sizeof(seq));
     it->alts[it->n++] = *s;
     *s = (seq){0};
 }
@@ -164,13 +203,13 @@ static void item_into(builder *b, item *it, seq *out)
 {
     if (it->n == 1) {
         seq_cat(b, out, &it->alts[0]);
-        item_free(it);
+        item_free(b, it);
         return;
     }
     uint32_t r = new_rule(b, NULL, 0);
     for (uint32_t i = 0; i < it->n; i++)
         rule_add_alt(b, r, &it->alts[i]);
-    free(it->alts);
+    tmp_free(b, it->alts);
     *it = (item){0};
     seq_add(b, out, (gel){GE_REF, r});
 }
@@ -228,7 +267,7 @@ static void repeat(builder *b, item *it, long min, long max)
         }
         seq_add(b, &s, (gel){GE_REF, next});
     }
-    item_free(it);
+    item_free(b, it);
     item_add(b, &out, &s);
     *it = out;
 }
@@ -605,7 +644,7 @@ static void parse_rule(builder *b)
     parse_alternatives(b, &alts);
     for (uint32_t i = 0; i < alts.n; i++)
         rule_add_alt(b, r, &alts.alts[i]);
-    free(alts.alts);
+    tmp_free(b, alts.alts);
 }
 
 /* ---- checks ---- */
@@ -688,14 +727,16 @@ static rt_grammar *flatten(builder *b, const rt_gvocab *v, uint32_t root)
         g->alt_off[r] = k;
         for (uint32_t a = 0; a < b->rules[r].n_alts; a++) {
             g->alts[k++] = e;
-            memcpy(g->el + e, b->rules[r].alts[a].v, b->rules[r].alts[a].n * sizeof(gel));
+            if (b->rules[r].alts[a].n) /* an empty alternative has no array */
+                memcpy(g->el + e, b->rules[r].alts[a].v, b->rules[r].alts[a].n * sizeof(gel));
             e += b->rules[r].alts[a].n;
             g->el[e++] = (gel){GE_END, 0};
         }
     }
     g->alt_off[b->n_rules] = k;
     g->n_el = e;
-    memcpy(g->sets, b->sets, (size_t)b->n_sets * 32);
+    if (b->n_sets)
+        memcpy(g->sets, b->sets, (size_t)b->n_sets * 32);
     g->n_sets = b->n_sets;
     g->n_rules = b->n_rules;
     g->root = root;
@@ -707,9 +748,12 @@ static rt_grammar *flatten(builder *b, const rt_gvocab *v, uint32_t root)
 
 static void builder_free(builder *b)
 {
+    for (uint32_t i = 0; i < b->n_tmp; i++) /* the rules' alternatives' too */
+        free(b->tmp[i]);
+    free(b->tmp);
+    free(b->nul);
+    free(b->state);
     for (uint32_t r = 0; r < b->n_rules; r++) {
-        for (uint32_t a = 0; a < b->rules[r].n_alts; a++)
-            free(b->rules[r].alts[a].v);
         free(b->rules[r].alts);
         free(b->rules[r].name);
     }
@@ -731,8 +775,6 @@ int rt_grammar_new(const char *gbnf, size_t len, const rt_gvocab *v, rt_grammar 
     b->line = 1;
     b->err = err && err_len ? err : dummy;
     b->err_len = err && err_len ? err_len : sizeof(dummy);
-    bool *nul = NULL;
-    uint8_t *state = NULL;
     int rc = 0;
     if (setjmp(b->fail)) {
         rc = b->rc;
@@ -759,17 +801,15 @@ int rt_grammar_new(const char *gbnf, size_t len, const rt_gvocab *v, rt_grammar 
     }
     if (root == UINT32_MAX)
         fail(b, -EINVAL, "no rule named 'root'");
-    nul = nullable(b);
-    state = calloc(b->n_rules, 1);
-    if (!state)
+    b->nul = nullable(b);
+    b->state = calloc(b->n_rules, 1);
+    if (!b->state)
         fail(b, -ENOMEM, "out of memory compiling the grammar");
     for (uint32_t r = 0; r < b->n_rules; r++)
-        check_left_recursion(b, nul, r, state);
+        check_left_recursion(b, b->nul, r, b->state);
     if (!(*out = flatten(b, v, root)))
         fail(b, -ENOMEM, "out of memory compiling the grammar");
 done:
-    free(nul);
-    free(state);
     builder_free(b);
     free(b);
     return rc;
