@@ -187,6 +187,7 @@ void gw_serve_http_limits(const gw_serve *g, const gw_config *c, bool said, gw_h
     l->max_stream_buffer = c->limits.stream_buffer_bytes;
     l->max_conn_buffer = c->limits.conn_buffer_bytes;
     l->max_buffer = c->limits.buffer_bytes;
+    l->min_read_rate = c->limits.min_read_rate_bytes;
     l->idle_timeout_ms = c->limits.idle_timeout_ms;
     l->header_timeout_ms = c->limits.header_timeout_ms;
     l->max_connections = c->limits.max_connections;

@@ -455,6 +455,7 @@ void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits
     if (l->max_buffer)
         srv->limits.max_buffer = l->max_buffer;
     srv->limits.window_timeout_ms = l->window_timeout_ms;
+    srv->limits.min_read_rate = l->min_read_rate;
     if (l->idle_timeout_ms > 0)
         srv->limits.idle_timeout_ms = l->idle_timeout_ms;
     if (l->header_timeout_ms > 0)
