@@ -34,7 +34,7 @@ static void region_usage(FILE *f)
 }
 
 /* "HOST:PORT", "[v6]:PORT" or "HOST" (port 6379). host points into buf. */
-static int parse_redis_addr(const char *s, char *buf, size_t buf_len, const char **host, int *port)
+int gw_cli_parse_redis_addr(const char *s, char *buf, size_t buf_len, const char **host, int *port)
 {
     long p = 6379;
     size_t len = strlen(s);
@@ -63,6 +63,23 @@ static int parse_redis_addr(const char *s, char *buf, size_t buf_len, const char
         return -1;
     *port = (int)p;
     return 0;
+}
+
+void gw_cli_redis_from_config(const gw_config *cfg, route_sync_opts *o, bool has_redis, bool has_password,
+                              bool has_db, bool has_cluster)
+{
+    if (!has_redis) {
+        o->host = cfg->redis.host;
+        o->port = cfg->redis.port;
+    }
+    if (!has_password && cfg->redis.password)
+        o->password = cfg->redis.password;
+    if (!has_db)
+        o->db = cfg->redis.db;
+    if (cfg->redis.address)
+        o->command_timeout_ms = cfg->redis.timeout_ms;
+    if (!has_cluster)
+        o->cluster = cfg->cluster;
 }
 
 static int set_price(int argc, char **argv)
@@ -113,7 +130,7 @@ static int set_price(int argc, char **argv)
                 has_out = true;
             }
         } else if (!strcmp(a, "--redis")) {
-            if (parse_redis_addr(v, addr, sizeof(addr), &o.host, &o.port)) {
+            if (gw_cli_parse_redis_addr(v, addr, sizeof(addr), &o.host, &o.port)) {
                 fprintf(stderr, "infergate region set-price: --redis: '%s' is not HOST:PORT\n", v);
                 return 2;
             }
@@ -157,18 +174,7 @@ static int set_price(int argc, char **argv)
             gw_config_free(cfg);
             return 1;
         }
-        if (!has_redis) {
-            o.host = cfg->redis.host;
-            o.port = cfg->redis.port;
-        }
-        if (!has_password && cfg->redis.password)
-            o.password = cfg->redis.password;
-        if (!has_db)
-            o.db = cfg->redis.db;
-        if (cfg->redis.address)
-            o.command_timeout_ms = cfg->redis.timeout_ms;
-        if (!has_cluster)
-            o.cluster = cfg->cluster;
+        gw_cli_redis_from_config(cfg, &o, has_redis, has_password, has_db, has_cluster);
         /* the config loader checked them */
         route_auth_keys_set(&o.auth, (const char *const *)cfg->redis.record_keys, cfg->redis.n_record_keys,
                             err, sizeof(err));
