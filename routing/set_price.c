@@ -10,7 +10,7 @@
 #include <string.h>
 
 int route_sync__blocking_command(redisContext *c, const char *addr, int argc, const char **argv,
-                            long long *integer, char *err, size_t err_len)
+                                 long long *integer, char *err, size_t err_len)
 {
     redisReply *r = redisCommandArgv(c, argc, argv, NULL);
     if (!r) {
@@ -32,7 +32,8 @@ int route_sync__blocking_command(redisContext *c, const char *addr, int argc, co
 
 /* The command line's connection: o checked, connected, AUTH and SELECT
  * done. */
-redisContext *route_sync__blocking_open(const route_sync_opts *o, char *addr, int *rc, char *err, size_t err_len)
+redisContext *route_sync__blocking_open(const route_sync_opts *o, char *addr, int *rc, char *err,
+                                        size_t err_len)
 {
     if (!o->host || !*o->host || o->port < 1 || o->port > 65535) {
         snprintf(err, err_len, "a Redis address HOST:PORT is needed");

@@ -95,8 +95,8 @@ typedef struct sync_req {
     char key_last[SYNC_PREFIX_MAX + SYNC_LIMIT_KEY_MAX + 1]; /* the server time key[] was written */
     char args[4][32]; /* rate, burst, cost, force */
     /* REQ_SPEND: key and key_last are the tenant's day and month totals */
-    route_spend_cb spend_cb; /* NULL once cancelled */
-    char spend_key[SYNC_PREFIX_MAX + 16];  /* the day's breakdown */
+    route_spend_cb spend_cb;                     /* NULL once cancelled */
+    char spend_key[SYNC_PREFIX_MAX + 16];        /* the day's breakdown */
     char spend_field[ROUTE_NAME_MAX + 72 + 260]; /* "region|tenant|model" */
     char spend_args[ROUTE_SPEND_N][32];
 } sync_req;
@@ -239,7 +239,8 @@ void route_sync__spend_answer_lost(sync_req *q);
 /* Connects to o's Redis (AUTH, SELECT done) with its own timeout; NULL and
  * *rc, err set on failure. addr (SYNC_ADDR_MAX) gets the address, for
  * messages. */
-redisContext *route_sync__blocking_open(const route_sync_opts *o, char *addr, int *rc, char *err, size_t err_len);
+redisContext *route_sync__blocking_open(const route_sync_opts *o, char *addr, int *rc, char *err,
+                                        size_t err_len);
 int route_sync__blocking_command(redisContext *c, const char *addr, int argc, const char **argv,
                                  long long *integer, char *err, size_t err_len);
 

@@ -14,9 +14,9 @@
 
 /* Keys outlive their period (a day key is read for a day, a month key for
  * a month; the breakdown is what `infergate usage` reads back). */
-#define SPEND_DAY_TTL_S "259200"        /* 3 days */
-#define SPEND_MONTH_TTL_S "6048000"     /* 70 days */
-#define SPEND_USAGE_TTL_S "34560000"    /* 400 days */
+#define SPEND_DAY_TTL_S "259200"     /* 3 days */
+#define SPEND_MONTH_TTL_S "6048000"  /* 70 days */
+#define SPEND_USAGE_TTL_S "34560000" /* 400 days */
 #define SPEND_MODEL_MAX 256
 
 /* KEYS: the tenant's day and month totals, the day's breakdown. ARGV 1-6:
@@ -73,11 +73,23 @@ void route_sync__spend_answer_lost(sync_req *q)
     answer(q, -ENOTCONN, 0, 0);
 }
 
-/* The tenant's day and month keys, in q->key and q->key_last. */
-static void period_keys(route_sync *s, sync_req *q, const char *tenant, const char *day)
+/* A request about tenant's day and month totals (in q->key and
+ * q->key_last); NULL with *rc -ENOTCONN or -ENOMEM. */
+static sync_req *spend_req(route_sync *s, const char *tenant, const char *day, route_spend_cb cb, void *ud,
+                           int *rc)
 {
+    *rc = -ENOTCONN;
+    if (!s->cmd.ready || s->n_pending >= SYNC_MAX_PENDING_LIMITS)
+        return NULL;
+    *rc = -ENOMEM;
+    sync_req *q = route_sync__req_new(s, REQ_SPEND);
+    if (!q)
+        return NULL;
+    q->spend_cb = cb;
+    q->ud = ud;
     snprintf(q->key, sizeof(q->key), "infergate:%s:spend:%s:day:%s", s->cluster, tenant, day);
     snprintf(q->key_last, sizeof(q->key_last), "infergate:%s:spend:%s:month:%.7s", s->cluster, tenant, day);
+    return q;
 }
 
 static int spend_send(sync_req *q, int argc, const char **argv)
@@ -96,24 +108,20 @@ int route_sync_spend_add(route_sync *s, const route_spend *a, route_spend_cb cb,
     for (int i = 0; i < ROUTE_SPEND_N; i++)
         if (!isfinite(a->v[i]))
             return -EINVAL;
-    if (!s->cmd.ready || s->n_pending >= SYNC_MAX_PENDING_LIMITS)
-        return -ENOTCONN;
-    sync_req *q = route_sync__req_new(s, REQ_SPEND);
+    int rc;
+    sync_req *q = spend_req(s, a->tenant, a->day, cb, ud, &rc);
     if (!q)
-        return -ENOMEM;
-    q->spend_cb = cb;
-    q->ud = ud;
-    period_keys(s, q, a->tenant, a->day);
+        return rc;
     snprintf(q->spend_key, sizeof(q->spend_key), "infergate:%s:usage:%s", s->cluster, a->day);
     snprintf(q->spend_field, sizeof(q->spend_field), "%s|%s|%s", a->region[0] ? a->region : "-", a->tenant,
              a->model[0] ? a->model : "-");
     for (int i = 0; i < ROUTE_SPEND_N; i++)
         snprintf(q->spend_args[i], sizeof(q->spend_args[i]), "%.17g", a->v[i]);
-    const char *argv[] = {"EVAL",          spend_add_lua,    "3",
-                          q->key,          q->key_last,      q->spend_key,
+    const char *argv[] = {"EVAL",           spend_add_lua,    "3",
+                          q->key,           q->key_last,      q->spend_key,
                           q->spend_args[0], q->spend_args[1], q->spend_args[2],
                           q->spend_args[3], q->spend_args[4], q->spend_args[5],
-                          q->spend_field,  SPEND_DAY_TTL_S,  SPEND_MONTH_TTL_S,
+                          q->spend_field,   SPEND_DAY_TTL_S,  SPEND_MONTH_TTL_S,
                           SPEND_USAGE_TTL_S};
     return spend_send(q, (int)(sizeof(argv) / sizeof(argv[0])), argv);
 }
@@ -122,14 +130,10 @@ int route_sync_spend_read(route_sync *s, const char *tenant, const char *day, ro
 {
     if (!s || !cb || !tenant_ok(tenant) || !route_spend_day_ok(day))
         return -EINVAL;
-    if (!s->cmd.ready || s->n_pending >= SYNC_MAX_PENDING_LIMITS)
-        return -ENOTCONN;
-    sync_req *q = route_sync__req_new(s, REQ_SPEND);
+    int rc;
+    sync_req *q = spend_req(s, tenant, day, cb, ud, &rc);
     if (!q)
-        return -ENOMEM;
-    q->spend_cb = cb;
-    q->ud = ud;
-    period_keys(s, q, tenant, day);
+        return rc;
     const char *argv[] = {"EVAL", spend_read_lua, "2", q->key, q->key_last};
     return spend_send(q, 5, argv);
 }

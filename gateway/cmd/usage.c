@@ -2,7 +2,6 @@
  * and region, read back from Redis (routing/sync.h: the day breakdowns the
  * gateways add each request to), as a table or as JSON. */
 #include "gateway/cmd/cli.h"
-#include "gateway/base/num.h"
 #include "gateway/config/config.h"
 #include "routing/sync.h"
 
@@ -14,22 +13,23 @@
 
 static void usage_usage(FILE *f)
 {
-    fprintf(f, "usage: infergate usage [options]\n"
-               "\n"
-               "Prints the requests, tokens, spend, energy and gCO2e the fleet's gateways counted, by tenant,\n"
-               "model and region, from Redis (each UTC day is kept 400 days).\n"
-               "\n"
-               "options:\n"
-               "  --tenant T          only tenant T\n"
-               "  --since YYYY-MM-DD  from this UTC day (default: the first of this month)\n"
-               "  --until YYYY-MM-DD  to this UTC day, included (default: today)\n"
-               "  --json              one JSON object: {since, until, rows: [...], total}\n"
-               "  --redis HOST:PORT   Redis server (default 127.0.0.1:6379; [v6addr]:PORT for IPv6)\n"
-               "  --password P        Redis password (default: $INFERGATE_REDIS_PASSWORD)\n"
-               "  --db N              Redis database (default 0)\n"
-               "  --cluster NAME      key prefix shared by the fleet (default \"default\")\n"
-               "  --config FILE       take Redis and cluster from a gateway config (the options above\n"
-               "                      override it)\n");
+    fprintf(f,
+            "usage: infergate usage [options]\n"
+            "\n"
+            "Prints the requests, tokens, spend, energy and gCO2e the fleet's gateways counted, by tenant,\n"
+            "model and region, from Redis (each UTC day is kept 400 days).\n"
+            "\n"
+            "options:\n"
+            "  --tenant T          only tenant T\n"
+            "  --since YYYY-MM-DD  from this UTC day (default: the first of this month)\n"
+            "  --until YYYY-MM-DD  to this UTC day, included (default: today)\n"
+            "  --json              one JSON object: {since, until, rows: [...], total}\n"
+            "  --redis HOST:PORT   Redis server (default 127.0.0.1:6379; [v6addr]:PORT for IPv6)\n"
+            "  --password P        Redis password (default: $INFERGATE_REDIS_PASSWORD)\n"
+            "  --db N              Redis database (default 0)\n"
+            "  --cluster NAME      key prefix shared by the fleet (default \"default\")\n"
+            "  --config FILE       take Redis and cluster from a gateway config (the options above\n"
+            "                      override it)\n");
 }
 
 typedef struct usage_row {
@@ -124,8 +124,8 @@ static int print_usage(usage_sum *u, const char *since, const char *until, bool 
         return rc;
     }
     printf("usage from %s to %s (UTC days)\n", since, until);
-    printf("%-20s %-24s %-12s %9s %12s %12s %14s %12s\n", "TENANT", "MODEL", "REGION", "REQUESTS", "PROMPT_TOK",
-           "COMPL_TOK", "SPEND", "GCO2E");
+    printf("%-20s %-24s %-12s %9s %12s %12s %14s %12s\n", "TENANT", "MODEL", "REGION", "REQUESTS",
+           "PROMPT_TOK", "COMPL_TOK", "SPEND", "GCO2E");
     for (size_t i = 0; i < u->n; i++)
         print_line(u->rows[i].tenant, u->rows[i].model, u->rows[i].region, u->rows[i].v);
     print_line("TOTAL", "", "", total.v);
@@ -144,12 +144,11 @@ static void usage_sum_free(usage_sum *u)
 
 int gw_cmd_usage(int argc, char **argv)
 {
-    route_sync_opts o;
-    route_sync_opts_default(&o);
-    o.password = getenv("INFERGATE_REDIS_PASSWORD");
-    const char *tenant = NULL, *config = NULL;
-    char addr[300], since[16], until[16];
-    bool has_redis = false, has_password = false, has_db = false, has_cluster = false, json = false;
+    gw_cli_redis rd;
+    gw_cli_redis_init(&rd);
+    const char *tenant = NULL;
+    char since[16], until[16];
+    bool json = false;
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
@@ -167,12 +166,13 @@ int gw_cmd_usage(int argc, char **argv)
             continue;
         }
         if (a[0] != '-' || i + 1 >= argc) {
-            fprintf(stderr, "infergate usage: %s\n\n", a[0] != '-' ? "no arguments but options" : "an option needs a value");
+            fprintf(stderr, "infergate usage: %s\n\n",
+                    a[0] != '-' ? "no arguments but options" : "an option needs a value");
             usage_usage(stderr);
             return 2;
         }
         const char *v = argv[++i];
-        long n;
+        int rc;
         if (!strcmp(a, "--tenant")) {
             tenant = v;
         } else if (!strcmp(a, "--since") || !strcmp(a, "--until")) {
@@ -181,27 +181,9 @@ int gw_cmd_usage(int argc, char **argv)
                 return 2;
             }
             snprintf(a[2] == 's' ? since : until, sizeof(since), "%s", v);
-        } else if (!strcmp(a, "--redis")) {
-            if (gw_cli_parse_redis_addr(v, addr, sizeof(addr), &o.host, &o.port)) {
-                fprintf(stderr, "infergate usage: --redis: '%s' is not HOST:PORT\n", v);
+        } else if ((rc = gw_cli_redis_option(&rd, "infergate usage", a, v)) != 0) {
+            if (rc < 0)
                 return 2;
-            }
-            has_redis = true;
-        } else if (!strcmp(a, "--password")) {
-            o.password = v;
-            has_password = true;
-        } else if (!strcmp(a, "--db")) {
-            if (gw_parse_int(v, 0, 1000000, &n)) {
-                fprintf(stderr, "infergate usage: --db: '%s' is not a database number\n", v);
-                return 2;
-            }
-            o.db = (int)n;
-            has_db = true;
-        } else if (!strcmp(a, "--cluster")) {
-            o.cluster = v;
-            has_cluster = true;
-        } else if (!strcmp(a, "--config")) {
-            config = v;
         } else {
             fprintf(stderr, "infergate usage: unknown option '%s'\n\n", a);
             usage_usage(stderr);
@@ -210,20 +192,10 @@ int gw_cmd_usage(int argc, char **argv)
     }
     char err[512];
     gw_config *cfg = NULL;
-    if (config) {
-        if (gw_config_load(config, &cfg, err, sizeof(err))) {
-            fprintf(stderr, "infergate usage: %s\n", err);
-            return 1;
-        }
-        if (!has_redis && !cfg->redis.address) {
-            fprintf(stderr, "infergate usage: %s has no redis address (give --redis)\n", config);
-            gw_config_free(cfg);
-            return 1;
-        }
-        gw_cli_redis_from_config(cfg, &o, has_redis, has_password, has_db, has_cluster);
-    }
+    if (gw_cli_redis_config(&rd, "infergate usage", &cfg))
+        return 1;
     usage_sum u = {0};
-    int rc = route_usage_read(&o, since, until, tenant, on_amount, &u, err, sizeof(err));
+    int rc = route_usage_read(&rd.o, since, until, tenant, on_amount, &u, err, sizeof(err));
     if (rc)
         fprintf(stderr, "infergate usage: %s\n", err);
     else if (u.oom)

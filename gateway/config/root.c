@@ -158,9 +158,9 @@ static int check_no_residency(cfg_parser *p, const yaml_node_t *tenants, const g
 {
     for (int i = 0; i < c->n_tenants; i++) {
         const gw_tenant_cfg *t = &c->tenants[i];
-        const char *key = t->n_residency > 0                              ? "residency"
+        const char *key = t->n_residency > 0                             ? "residency"
                           : t->budget_daily > 0 || t->budget_monthly > 0 ? "budget"
-                                                                          : NULL;
+                                                                         : NULL;
         if (!key)
             continue;
         char tp[CFG_PATH_MAX], rp[CFG_PATH_MAX];
@@ -168,9 +168,10 @@ static int check_no_residency(cfg_parser *p, const yaml_node_t *tenants, const g
         gw_cfg_path_key(rp, tp, key);
         const yaml_node_t *item = yaml_document_get_node(p->doc, tenants->data.sequence.items.start[i]);
         return gw_cfg_perr(p, gw_cfg_map_value(p, item, key), rp, "%s",
-                           key[0] == 'r' ? "residency needs a region section: its tags say where this gateway may serve"
-                                         : "a budget needs a region section: its price is what requests cost "
-                                           "(without one every request costs 0)");
+                           key[0] == 'r'
+                               ? "residency needs a region section: its tags say where this gateway may serve"
+                               : "a budget needs a region section: its price is what requests cost "
+                                 "(without one every request costs 0)");
     }
     return 0;
 }

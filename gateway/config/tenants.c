@@ -117,9 +117,8 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
         K_BUDGET,
         K_N
     };
-    static const char *const keys[K_N] = {"name",      "keys",   "models", "rps",       "tpm",     "admin",
-                                          "residency", "policy", "slo_ms", "max_price", "priority",
-                                          "budget"};
+    static const char *const keys[K_N] = {"name",      "keys",   "models", "rps",       "tpm",      "admin",
+                                          "residency", "policy", "slo_ms", "max_price", "priority", "budget"};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);

@@ -157,12 +157,13 @@ static bool read_max_cost(gw_front_req *p)
  * (the cheapest of them: worst). */
 static void respond_over_max_cost(gw_front_req *p, double worst)
 {
-    gw_front_respond(p, 400, "invalid_request_error", "max_cost_exceeded", NULL, 0,
-                     "the worst case of this request (%.0f prompt and %.0f completion tokens) costs %.6g at the "
-                     "price of %s, over its x-infergate-max-cost of %.6g",
-                     p->charged - p->charged_completion, p->charged_completion, worst,
-                     p->cost_skipped > 1 ? "the cheapest region that could serve it" : "the region that would serve it",
-                     p->max_cost);
+    gw_front_respond(
+        p, 400, "invalid_request_error", "max_cost_exceeded", NULL, 0,
+        "the worst case of this request (%.0f prompt and %.0f completion tokens) costs %.6g at the "
+        "price of %s, over its x-infergate-max-cost of %.6g",
+        p->charged - p->charged_completion, p->charged_completion, worst,
+        p->cost_skipped > 1 ? "the cheapest region that could serve it" : "the region that would serve it",
+        p->max_cost);
 }
 
 /* Local workers only (no region section, or a request forwarded to us);

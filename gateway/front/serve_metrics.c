@@ -53,10 +53,11 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "completion).",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_spend_gco2e_total", GW_COUNTER,
-                              "Estimated grams of CO2e of the requests counted in infergate_spend_total.", NULL,
-                              0);
+                              "Estimated grams of CO2e of the requests counted in infergate_spend_total.",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_spend_energy_wh_total", GW_COUNTER,
-                              "Estimated energy (Wh) of the requests counted in infergate_spend_total.", NULL, 0);
+                              "Estimated energy (Wh) of the requests counted in infergate_spend_total.", NULL,
+                              0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
                               0);

@@ -190,7 +190,8 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
 static void row_add(gw_spend *sp, const char *day, const char *tenant, const char *model, const char *region,
                     const double *v)
 {
-    unsigned b = hash_str(hash_str(hash_str(hash_str(2166136261u, day), tenant), model), region) % SPEND_BUCKETS;
+    unsigned b =
+        hash_str(hash_str(hash_str(hash_str(2166136261u, day), tenant), model), region) % SPEND_BUCKETS;
     spend_row *r = sp->rows[b];
     while (r && (strcmp(r->day, day) || strcmp(r->tenant, tenant) || strcmp(r->model, model) ||
                  strcmp(r->region, region)))
@@ -198,8 +199,9 @@ static void row_add(gw_spend *sp, const char *day, const char *tenant, const cha
     if (!r) {
         if (sp->n_rows >= SPEND_MAX_ROWS || !(r = calloc(1, sizeof(*r)))) {
             if (!sp->rows_full_said)
-                fprintf(stderr, "infergate: spend: %d rows wait for Redis; the breakdown of what is counted "
-                                "from now on is not sent (budgets still hold it)\n",
+                fprintf(stderr,
+                        "infergate: spend: %d rows wait for Redis; the breakdown of what is counted "
+                        "from now on is not sent (budgets still hold it)\n",
                         sp->n_rows);
             sp->rows_full_said = true;
             return;
@@ -253,7 +255,9 @@ void gw_spend_free(gw_spend *sp)
         }
     }
     if (lost > 0)
-        fprintf(stderr, "infergate: spend: %g counted here never reached Redis\n", lost);
+        fprintf(stderr,
+                "infergate: spend: %g counted here was not acknowledged by Redis (lost, or in flight)\n",
+                lost);
     free(sp);
 }
 
@@ -322,11 +326,12 @@ static void budget_decide(gw_front_req *p)
         double used_day = a->fleet_day + a->unsent_day, used_month = a->fleet_month + a->unsent_month;
         bool daily = tc->budget_daily > 0 && used_day >= tc->budget_daily;
         if (daily || (tc->budget_monthly > 0 && used_month >= tc->budget_monthly)) {
-            gw_front_respond(p, 429, "insufficient_quota", "insufficient_quota", NULL, 0,
-                             "tenant '%s' has spent %.6g of its %s budget of %.6g; it renews at the start of the "
-                             "next UTC %s",
-                             p->tenant, daily ? used_day : used_month, daily ? "daily" : "monthly",
-                             daily ? tc->budget_daily : tc->budget_monthly, daily ? "day" : "month");
+            gw_front_respond(
+                p, 429, "insufficient_quota", "insufficient_quota", NULL, 0,
+                "tenant '%s' has spent %.6g of its %s budget of %.6g; it renews at the start of the "
+                "next UTC %s",
+                p->tenant, daily ? used_day : used_month, daily ? "daily" : "monthly",
+                daily ? tc->budget_daily : tc->budget_monthly, daily ? "day" : "month");
             return;
         }
     }

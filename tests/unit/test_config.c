@@ -721,13 +721,15 @@ static const struct {
     {TEN_A "    priority: urgent\n", "bad.yaml:4: tenants[0].priority: must be interactive or batch"},
     {TEN_A "    budget: {daily: 5}\n", "bad.yaml:4: tenants[0].budget: a budget needs a region section: its "
                                        "price is what requests cost"},
-    {"region: {name: eu}\n" TEN_A "    budget: {}\n", "bad.yaml:5: tenants[0].budget: needs daily, monthly or both"},
+    {"region: {name: eu}\n" TEN_A "    budget: {}\n",
+     "bad.yaml:5: tenants[0].budget: needs daily, monthly or both"},
     {"region: {name: eu}\n" TEN_A "    budget: 5\n", "bad.yaml:5: tenants[0].budget: must be a map"},
     {"region: {name: eu}\n" TEN_A "    budget: {daily: 0}\n",
      "bad.yaml:5: tenants[0].budget.daily: must be a number > 0 (leave it out for no budget)"},
     {"region: {name: eu}\n" TEN_A "    budget: {monthly: -2}\n",
      "bad.yaml:5: tenants[0].budget.monthly: must be a number from 0"},
-    {"region: {name: eu}\n" TEN_A "    budget: {weekly: 3}\n", "bad.yaml:5: tenants[0].budget.weekly: unknown key"},
+    {"region: {name: eu}\n" TEN_A "    budget: {weekly: 3}\n",
+     "bad.yaml:5: tenants[0].budget.weekly: unknown key"},
 };
 
 static void test_broken(void **state)

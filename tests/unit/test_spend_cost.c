@@ -36,7 +36,8 @@ static void test_cost(void **state)
     /* a context's worth at the config's highest price stays finite */
     assert_true(isfinite(gw_spend_cost(1e9, 1e9, 1 << 24, 1 << 24)));
     /* linear: two requests cost what both did together */
-    assert_close(gw_spend_cost(0.7, 2.1, 300, 40) + gw_spend_cost(0.7, 2.1, 500, 60), gw_spend_cost(0.7, 2.1, 800, 100));
+    assert_close(gw_spend_cost(0.7, 2.1, 300, 40) + gw_spend_cost(0.7, 2.1, 500, 60),
+                 gw_spend_cost(0.7, 2.1, 800, 100));
 }
 
 static void test_day(void **state)
