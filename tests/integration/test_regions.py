@@ -355,6 +355,25 @@ except AssertionError:
 # --- cost policy: the cheapest region within the SLO, following a price change ---
 got = {served_by(n, "cheap") for n in names}
 t.ok(got == {"us1"}, "cost: every region sends the cost tenant to us1, the cheapest (%s)" % got)
+
+
+# --- spend: a request eu1 sends to us1 costs us1's price, counted once: by eu1, where it came in ---
+def spend_metric(n, tenant, region):
+    m = re.search(r'^infergate_spend_total\{tenant="%s",model="m",region="%s"\} (\S+)$' % (tenant, region),
+                  request(n, "ops", path="/metrics")[2].decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+spent_eu, spent_us = spend_metric("eu1", "cheap", "us1"), spend_metric("us1", "cheap", "us1")
+s, h, b = request("eu1", "cheap")
+u = json.loads(b)["usage"] if s == 200 else {"prompt_tokens": 0, "completion_tokens": 0}
+cost = (u["prompt_tokens"] * prices["us1"][0] + u["completion_tokens"] * prices["us1"][1]) / 1e6
+counted = wait_until(lambda: spend_metric("eu1", "cheap", "us1") - spent_eu > 0, 5, "eu1 counts the spend") and \
+    spend_metric("eu1", "cheap", "us1") - spent_eu
+t.ok(s == 200 and h.get("x-infergate-region") == "us1" and abs(counted - cost) < 1e-12 and
+     spend_metric("us1", "cheap", "us1") == spent_us,
+     "spend: eu1 counts %.9f for the request us1 served (its usage at us1's price: %.9f); us1 counts none of it"
+     % (counted, cost))
 r = subprocess.run([INFERGATE, "region", "set-price", "us1", "--input", "9", "--output", "9", "--redis",
                     "127.0.0.1:%d" % redis_port, "--cluster", "t%d" % redis_port], capture_output=True, text=True,
                    env=dict(os.environ, INFERGATE_RECORD_KEY=FLEET_KEY))
