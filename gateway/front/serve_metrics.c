@@ -58,6 +58,12 @@ int gw_serve_metrics_init(gw_metrics *m)
     rc |= gw_metrics_describe(m, "infergate_spend_energy_wh_total", GW_COUNTER,
                               "Estimated energy (Wh) of the requests counted in infergate_spend_total.", NULL,
                               0);
+    rc |= gw_metrics_describe(m, "infergate_budget_spend", GW_GAUGE,
+                              "A tenant's spend this UTC day or month (period) as its budget saw it at its "
+                              "last request: the fleet's figure and what this gateway has not sent yet.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_budget", GW_GAUGE, "A tenant's budget for the period (its config).",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
                               0);

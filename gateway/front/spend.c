@@ -9,6 +9,7 @@
 
 #include <event2/event.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,7 +165,14 @@ static void row_send(spend_row *r)
         return;
     route_spend a = {.tenant = r->tenant, .model = r->model, .region = r->region, .day = r->day};
     memcpy(a.v, r->v, sizeof(a.v));
-    if (route_sync_spend_add(s, &a, on_added, r) != 0)
+    int rc = route_sync_spend_add(s, &a, on_added, r);
+    if (rc == -EINVAL) { /* names Redis keys cannot hold: never sendable */
+        fprintf(stderr, "infergate: spend: cannot send tenant '%s' model '%s' region '%s' to Redis\n",
+                r->tenant, r->model, r->region);
+        row_remove(r);
+        return;
+    }
+    if (rc)
         return;
     memcpy(r->fly, r->v, sizeof(r->fly));
     memset(r->v, 0, sizeof(r->v));
@@ -315,6 +323,22 @@ void gw_front_spend_count(gw_front_req *p, int tokens)
 
 /* ---- the start of a request: its tenant's budget ---- */
 
+/* What the budget holds the tenant to, as of its last request, for the
+ * dashboard and alerts. */
+static void budget_gauges(gw_serve *g, const gw_tenant_cfg *tc, double used_day, double used_month)
+{
+    char labels[2 * GW_TENANT_NAME_MAX + 40], t[2 * GW_TENANT_NAME_MAX + 1];
+    gw_metrics_escape(tc->name, t, sizeof(t));
+    for (int month = 0; month < 2; month++) {
+        double budget = month ? tc->budget_monthly : tc->budget_daily;
+        if (!(budget > 0))
+            continue;
+        snprintf(labels, sizeof(labels), "tenant=\"%s\",period=\"%s\"", t, month ? "month" : "day");
+        gw_metrics_set(g->metrics, "infergate_budget_spend", labels, month ? used_month : used_day);
+        gw_metrics_set(g->metrics, "infergate_budget", labels, budget);
+    }
+}
+
 static void budget_decide(gw_front_req *p)
 {
     gw_serve *g = p->g;
@@ -324,6 +348,7 @@ static void budget_decide(gw_front_req *p)
     spend_account *a = tc ? account(g->spend, p->tenant, day) : NULL;
     if (a) {
         double used_day = a->fleet_day + a->unsent_day, used_month = a->fleet_month + a->unsent_month;
+        budget_gauges(g, tc, used_day, used_month);
         bool daily = tc->budget_daily > 0 && used_day >= tc->budget_daily;
         if (daily || (tc->budget_monthly > 0 && used_month >= tc->budget_monthly)) {
             gw_front_respond(

@@ -216,6 +216,11 @@ e = json.loads(b).get("error", {})
 t.ok(st == 429 and e.get("code") == "insufficient_quota" and "daily budget" in e.get("message", ""),
      "HTTP/2 chat over the budget: %d %s" % (st, e))
 
+used = metric("b", "infergate_budget_spend", tenant="capped", period="day")
+t.ok(close(metric("b", "infergate_budget", tenant="capped", period="day"), CAPPED_DAILY) and used >= CAPPED_DAILY,
+     "gateway b's infergate_budget_spend{tenant=capped,period=day} %.6f against infergate_budget %g"
+     % (used, CAPPED_DAILY))
+
 # --- 4. the budget survives a restart; a reload moves it ---
 stop(gws["a"])
 start("a")
