@@ -121,6 +121,11 @@ static inline char *gw_front_put_int(char *o, int v)
  * that cannot be queued resets the stream. */
 void gw_front_respond(gw_front_req *p, int status, const char *type, const char *code, const char *param,
                       int retry_after, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+/* As gw_front_respond (no param), with x-should-retry: false: the OpenAI
+ * SDKs retry a 429 unless told not to, and what it says (an exhausted
+ * budget) does not pass within their retries. */
+void gw_front_respond_final(gw_front_req *p, int status, const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* 405, naming the methods the path takes (RFC 9110 15.5.6) in allow. */
 void gw_front_respond_not_allowed(gw_front_req *p, const char *allow);
 /* A body of this content type, copied. */

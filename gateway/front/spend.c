@@ -351,8 +351,8 @@ static void budget_decide(gw_front_req *p)
         budget_gauges(g, tc, used_day, used_month);
         bool daily = tc->budget_daily > 0 && used_day >= tc->budget_daily;
         if (daily || (tc->budget_monthly > 0 && used_month >= tc->budget_monthly)) {
-            gw_front_respond(
-                p, 429, "insufficient_quota", "insufficient_quota", NULL, 0,
+            gw_front_respond_final(
+                p, 429, "insufficient_quota", "insufficient_quota",
                 "tenant '%s' has spent %.6g of its %s budget of %.6g; it renews at the start of the "
                 "next UTC %s",
                 p->tenant, daily ? used_day : used_month, daily ? "daily" : "monthly",

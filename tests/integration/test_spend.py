@@ -17,6 +17,7 @@ data) and two gateways of one region sharing it, each with its own worker.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,6 +216,23 @@ st, h, b = curl("http://127.0.0.1:%d/v1/chat/completions" % port["b"], http="--h
 e = json.loads(b).get("error", {})
 t.ok(st == 429 and e.get("code") == "insufficient_quota" and "daily budget" in e.get("message", ""),
      "HTTP/2 chat over the budget: %d %s" % (st, e))
+
+# the OpenAI Node SDK (its default retries on): one 429, not retried
+node_dir = os.path.join(os.path.dirname(__file__), "node")
+if shutil.which("node") and os.path.isdir(os.path.join(node_dir, "node_modules", "openai")):
+    log_b = os.path.join(d, "b.access.log")
+    refusals = lambda: sum(1 for l in open(log_b) if '"tenant":"capped"' in l and '"status":429' in l)
+    before = refusals()
+    r = subprocess.run(["node", os.path.join(node_dir, "quota.js"), "http://127.0.0.1:%d/v1" % port["b"],
+                        keys["capped"], "m"], capture_output=True, text=True, timeout=120)
+    got = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else {}
+    time.sleep(0.3)
+    t.ok(got.get("status") == 429 and got.get("code") == "insufficient_quota" and
+         got.get("type") == "insufficient_quota" and got.get("retry") == "false" and refusals() - before == 1,
+         "OpenAI Node SDK: %s, %d request(s) seen (x-should-retry: false) %s"
+         % (got, refusals() - before, r.stderr.strip()[-300:]))
+else:
+    t.ok(False, "OpenAI Node SDK installed (npm ci in tests/integration/node)")
 
 used = metric("b", "infergate_budget_spend", tenant="capped", period="day")
 t.ok(close(metric("b", "infergate_budget", tenant="capped", period="day"), CAPPED_DAILY) and used >= CAPPED_DAILY,
