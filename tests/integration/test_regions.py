@@ -374,6 +374,18 @@ t.ok(s == 200 and h.get("x-infergate-region") == "us1" and abs(counted - cost) <
      spend_metric("us1", "cheap", "us1") == spent_us,
      "spend: eu1 counts %.9f for the request us1 served (its usage at us1's price: %.9f); us1 counts none of it"
      % (counted, cost))
+# x-infergate-max-cost: the worst case is the estimate the tenant is charged
+# (body bytes / 4, and max_tokens 2) at each candidate's price; eu1 (3 per
+# million) is over 2.5 x that, ap1 (2) and us1 (1) under it
+body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 2, "temperature": 0}
+worst = (len(json.dumps(body)) / 4 + 2) / 1e6
+s, h, b = request("eu1", "open", body=body, headers={"x-infergate-max-cost": "%.12f" % (2.5 * worst)})
+t.ok(s == 200 and h.get("x-infergate-region") in ("ap1", "us1"),
+     "max cost: eu1, over it at its own price, passes the request to a cheaper region (%d, %s)"
+     % (s, h.get("x-infergate-region")))
+s, h, b = request("eu1", "open", body=body, headers={"x-infergate-max-cost": "%.12f" % (0.5 * worst)})
+t.ok(s == 400 and json.loads(b)["error"]["code"] == "max_cost_exceeded",
+     "max cost: under every region's worst case, 400 max_cost_exceeded: %s" % b[:200])
 r = subprocess.run([INFERGATE, "region", "set-price", "us1", "--input", "9", "--output", "9", "--redis",
                     "127.0.0.1:%d" % redis_port, "--cluster", "t%d" % redis_port], capture_output=True, text=True,
                    env=dict(os.environ, INFERGATE_RECORD_KEY=FLEET_KEY))

@@ -162,6 +162,11 @@ want = sum(spent.values())
 wait_until(lambda: close(redis_cost("open"), want), 10, "open's spend in Redis")
 t.ok(close(redis_cost("open"), want), "Redis holds open's spend today: %.6f (the answers' usage: %.6f)"
      % (redis_cost("open"), want))
+day, month = time.strftime("%Y-%m-%d", time.gmtime()), time.strftime("%Y-%m", time.gmtime())
+ttl = [int(redis_cli("TTL", "infergate:%s:%s" % (CLUSTER, k)) or -9) for k in
+       ("spend:open:day:" + day, "spend:open:month:" + month, "usage:" + day)]
+t.ok(2 * 86400 < ttl[0] <= 3 * 86400 and 69 * 86400 < ttl[1] <= 70 * 86400 and 399 * 86400 < ttl[2] <= 400 * 86400,
+     "the day, month and breakdown keys expire past their period (TTLs %s s)" % ttl)
 for n in names:
     m = metric(n, "infergate_spend_total", tenant="open", model="m", region="eu1")
     t.ok(close(m, spent[n]), "gateway %s's infergate_spend_total{tenant=open,model=m,region=eu1} %.6f = %.6f"
