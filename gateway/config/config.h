@@ -35,7 +35,7 @@
  *       residency: [eu]         # region tags every request needs (none: any region)
  *       policy: latency         # latency | cost; default: routing.policy
  *       slo_ms: 200             # cost policy bound; default: routing.slo_ms
- *       max_price: 2.5          # per million output tokens; default: no cap
+ *       max_price: 2.5          # per million tokens, both prices (routing/router.h); default: no cap
  *       priority: interactive   # interactive: x-infergate-priority decides; batch: every request is batch
  *   limits:
  *     max_body_bytes: 1048576
@@ -140,7 +140,7 @@ typedef struct gw_tenant_cfg {
     int n_residency;
     gw_route_policy policy; /* DEFAULT: routing.policy */
     double slo_ms;          /* 0: routing.slo_ms */
-    double max_price;       /* per million output tokens; 0: no cap */
+    double max_price;       /* per million of a request's tokens (routing/router.h); 0: no cap */
     bool batch_only;        /* priority: batch, whatever the request asks */
 } gw_tenant_cfg;
 

@@ -589,6 +589,50 @@ static void test_filters(void **state)
     route_table_free(t);
 }
 
+/* The cap counts both prices as the cost policy does: the request's price
+ * per million of its tokens. A region at 0.01 in / 3.0 out is under a cap
+ * of 2 for a prompt-heavy request and over it for an output-heavy one; a
+ * region whose prices are equal passes a cap equal to them whatever the
+ * request (the old per-output-token cap's answer). */
+static void test_price_cap_both_prices(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 10000;
+    route_record cheap_in = mk("cheap-in", "m", "eu", 3.0, 10), even = mk("even", "m", "eu", 1.0, 10);
+    route_record flat = mk("flat", "m", "eu", 0.1, 10);
+    cheap_in.price_in = 0.01;
+    even.price_in = 2.0;
+    flat.price_in = 0.1;
+    add(t, &cheap_in, 5, now);
+    add(t, &even, 5, now);
+    add(t, &flat, 5, now);
+    route_decision d;
+    route_query q = query("m", now);
+    q.max_price = 2.0;
+    q.prompt_tokens = 10000;
+    q.output_tokens = 100;
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_true(route_region_allows(route_table_find(t, "cheap-in"), &q));
+    q.prompt_tokens = 10;
+    q.output_tokens = 1000;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_int_equal(d.out_price, 1);
+    assert_false(route_region_allows(route_table_find(t, "cheap-in"), &q));
+    assert_true(route_region_allows(route_table_find(t, "even"), &q));
+    q.max_price = 0.1; /* flat's two prices: passes at any size */
+    for (int n = 1; n < 5000; n += 37) {
+        q.prompt_tokens = n;
+        q.output_tokens = 7 * n + 3;
+        assert_true(route_region_allows(route_table_find(t, "flat"), &q));
+    }
+    q.prompt_tokens = q.output_tokens = 0; /* no size: output price only */
+    q.max_price = 2.0;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_false(route_region_allows(route_table_find(t, "cheap-in"), &q));
+    route_table_free(t);
+}
+
 /* ---- orders ---- */
 
 static void test_latency_order(void **state)
@@ -1490,6 +1534,7 @@ int main(void)
         cmocka_unit_test(test_recovery_grace_once),
         cmocka_unit_test(test_news_as_of_last_read),
         cmocka_unit_test(test_held_by_ping),
+        cmocka_unit_test(test_price_cap_both_prices),
         cmocka_unit_test(test_ping_yields_to_reads),
         cmocka_unit_test(test_tls_only),
         cmocka_unit_test(test_many),
