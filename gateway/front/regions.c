@@ -478,6 +478,8 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
         route_region *r = route_table_at(g->table, i);
         bool stale = !route_region_fresh(g->table, r, now), ejected = route_region_ejected(r, now);
         const char *health = ejected ? "ejected" : stale ? "stale" : r->rec.healthy ? "healthy" : "unhealthy";
+        if (stale && !ejected && route_region_held_by_ping(g->table, r, now))
+            health = "stale, held by its PINGs";
         fprintf(f, "<tr%s><td>", r->local ? " class=local" : "");
         html(f, r->rec.name);
         fprintf(f, "%s</td><td class=%s>%s</td>", r->local ? " (here)" : "", !strcmp(health, "healthy") ? "ok" : "bad",
