@@ -52,7 +52,7 @@ const char *gw_regions_target(const gw_serve *g, const route_region *r, char *bu
     return buf;
 }
 
-#define BIAS_ALPHA 0.1
+#define BIAS_SAMPLES (sizeof(((gw_serve *)0)->est_err_ms) / sizeof(double))
 
 static double with_bias(double est_ms, double bias_ms)
 {
@@ -61,11 +61,26 @@ static double with_bias(double est_ms, double bias_ms)
     return fmin(fmax(est_ms + bias_ms, est_ms / 2), ROUTE_MAX_MS);
 }
 
+static int cmp_ms(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of the last BIAS_SAMPLES errors, not their EWMA: on a loaded
+ * host one request's TTFT scatters several times over, and a few slow
+ * first requests (a cold start) held an EWMA's bias tens of ms off for
+ * dozens of requests after. */
 void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms)
 {
     if (!(est_ms > 0 && measured_ms >= 0 && measured_ms < ROUTE_MAX_MS))
         return;
-    g->est_bias_ms += BIAS_ALPHA * (measured_ms - est_ms - g->est_bias_ms);
+    g->est_err_ms[g->est_err_n++ % BIAS_SAMPLES] = measured_ms - est_ms;
+    size_t n = g->est_err_n < BIAS_SAMPLES ? g->est_err_n : BIAS_SAMPLES;
+    double s[BIAS_SAMPLES];
+    memcpy(s, g->est_err_ms, n * sizeof(s[0]));
+    qsort(s, n, sizeof(s[0]), cmp_ms);
+    g->est_bias_ms = n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
 /* This region's record: the configured identity plus the workers' load. */
