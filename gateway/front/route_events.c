@@ -98,8 +98,8 @@ static void region_changed(gw_serve *g, const route_region *r, seen_region *s, c
         /* its record aged past stale while Redis said nothing newer, and it
          * answers our PINGs: used with that record (or that ends) */
         if (held)
-            fprintf(stderr, "infergate: event=region_held_by_ping region=%s age_ms=%lld redis=%s\n",
-                    r->rec.name, (long long)(now - r->seen_ms), route_table_shared_ok(g->table) ? "ok" : "away");
+            fprintf(stderr, "infergate: event=region_held_by_ping region=%s age_ms=%lld redis=%s\n", r->rec.name,
+                    (long long)(now - r->seen_ms), route_table_shared_ok(g->table) ? "ok" : "away");
         else
             fprintf(stderr, "infergate: event=region_held_by_ping_end region=%s by=%s\n", r->rec.name,
                     route_region_fresh(g->table, r, now) ? "record" : "stale");
