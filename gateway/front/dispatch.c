@@ -82,11 +82,21 @@ static const char *residency_missing(gw_front_req *p, char *buf, size_t cap)
 
 /* Sends the request to the next usable candidate region; false when none
  * is left. A local candidate without a ready worker is passed over. */
+/* The request's size as the cost policy and the price cap count it (what
+ * the tenant is charged for now, gw_front_limit): the body's bytes / 4 and
+ * the answer's maximum. */
+static void request_size(const gw_front_req *p, route_query *q)
+{
+    q->prompt_tokens = (int)(p->req->body_len / 4 < INT_MAX ? p->req->body_len / 4 : INT_MAX);
+    q->output_tokens = (int)p->charged_completion;
+}
+
 static bool try_next(gw_front_req *p)
 {
     gw_serve *g = p->g;
-    const route_query q = {
+    route_query q = {
         .model = p->model, .need_tags = p->need, .n_need_tags = p->n_need, .max_price = p->max_price};
+    request_size(p, &q); /* the cap is judged as route_decide judged it */
     while (p->cand < p->route.n) {
         /* the first was claimed by route_decide; a later one may have
          * been ejected since, or be out of its back-off (one probe), or its
@@ -244,7 +254,7 @@ void gw_front_dispatch(gw_front_req *p)
         double v = strtod(mp, &end);
         if (end == mp || *end || !(v > 0)) {
             gw_front_respond(p, 400, "invalid_request_error", "bad_max_price", NULL, 0,
-                             "x-infergate-max-price must be a positive price per million output tokens");
+                             "x-infergate-max-price must be a positive price per million tokens");
             return;
         }
         /* A request may lower its tenant's cap, never raise it. */
@@ -262,12 +272,9 @@ void gw_front_dispatch(gw_front_req *p)
         .policy = pol == GW_POLICY_COST ? ROUTE_COST : ROUTE_LATENCY,
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
         .now_ms = gw_mono_ms(),
-        /* what the tenant is charged for now (gw_front_limit): the body's
-         * bytes / 4 and the answer's maximum */
-        .prompt_tokens = (int)(p->req->body_len / 4 < INT_MAX ? p->req->body_len / 4 : INT_MAX),
-        .output_tokens = (int)p->charged_completion,
         .spread = g->cfg->routing.spread,
     };
+    request_size(p, &q);
     int n_cand = route_decide(g->table, &q, &p->route);
     gw_route_events_preferred(g, &q, p->route.preferred);
     if (n_cand == 0) {
