@@ -76,6 +76,12 @@ struct gw_front_req {
      * until said: what the prompt's estimate is corrected to. */
     int prompt_tokens;
     bool charged_shared;       /* taken from the fleet-wide (Redis) bucket, not the local one */
+    /* The policy that routed it and who chose it ("header", "tenant",
+     * "fleet"): placement.c; NULL when it was not routed. */
+    const char *intent_policy, *intent_source;
+    /* Its energy (Wh) and emissions (gCO2e) estimate, set at its end
+     * (gw_placement_energy); 0 unless a local worker of known power served it. */
+    double energy_wh, gco2e;
     /* SSE: the bytes after the last whole event, held back (relay.c) */
     uint8_t *hold;
     size_t hold_len;

@@ -20,6 +20,7 @@ struct event;
 typedef struct route_table route_table;
 typedef struct route_sync route_sync;
 typedef struct route_region route_region;
+typedef struct gw_placement gw_placement;
 
 /* Retries a gateway may make before its budget has saved any: a budget
  * that started at 0 failed over none of the first requests after a start
@@ -43,6 +44,7 @@ typedef struct gw_serve {
     route_sync *sync;   /* NULL without Redis */
     struct event *heartbeat, *rtt_timer;
     struct gw_route_events *events; /* with a table: routing events logged (route_events.h) */
+    struct gw_placement *placement; /* policies by intent, carbon, energy (placement.h) */
     double est_bias_ms; /* gw_regions_note_ttft: measured TTFT - the workers' estimate, smoothed */
     unsigned long long fd_limit; /* the open-file limit, raised at start (0: unknown) */
     double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1;

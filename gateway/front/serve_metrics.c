@@ -43,6 +43,14 @@ int gw_serve_metrics_init(gw_metrics *m)
         "frame or a header block) not complete within header_timeout_ms; status=\"enhance_your_calm\": "
         "HTTP/2 connections closed for a flood (rapid reset, a header block decoding past twice the limit).",
         NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_energy_wh_total", GW_COUNTER,
+                              "Energy estimated for the requests local workers served (Wh: the worker's "
+                              "power draw shared among its running sequences), by tenant and region.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_gco2e_total", GW_COUNTER,
+                              "Emissions estimated for them (gCO2e: energy x the region's grid carbon "
+                              "intensity), by tenant and region.",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
                               0);

@@ -1,0 +1,308 @@
+"""Placement by intent (issue 31 items 1, 2 and 5) with real processes: one
+`infergate serve` (region gw1, a CPU worker on a tiny synthetic model), a
+real redis-server, and two more regions (pa, pb) whose records are kept
+fresh in Redis and whose gateways are HTTP/2 stand-ins (fault_region.py)
+answering every request. Checks:
+  - policy primary [gw1, pa, pb]: gw1's own queue grows past the SLO and
+    requests spill to pa; it drains and they come back, once, after the
+    hold time (switches counted by the gateway: exactly 2);
+  - policy carbon follows `infergate region set-carbon` (the time printed), for
+    a peer and for the gateway's own region, and region.carbon_source (a
+    file polled every second) sets gw1's figure; a bad figure is refused and
+    logged naming the key;
+  - x-infergate-policy: allowed (tenant's allow_policies), refused (403),
+    malformed (400); the intent shows in x-infergate-route, the access log
+    and /v1/regions' last decisions;
+  - energy and gCO2e per request: access log and /metrics."""
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from fault_region import FaultRegion
+from harness import INFERGATE, Checks, free_port, gen_model, spawn, tmpdir, wait_until
+
+if not os.path.exists("/usr/bin/redis-server"):
+    print("redis-server not installed: skipping")
+    sys.exit(77)
+
+t = Checks()
+d = tmpdir()
+model = gen_model(os.path.join(d, "m.gguf"), dim=256, layers=4, heads=4, kv_heads=2, ffn=512, vocab=300, ctx=1024,
+                  type="q8_0", seed=2)
+
+redis_port = free_port()
+redis = spawn(["/usr/bin/redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no"], os.path.join(d, "redis.log"))
+wait_until(lambda: subprocess.run(["redis-cli", "-p", str(redis_port), "ping"], capture_output=True, text=True,
+                                  timeout=5).stdout.strip() == "PONG", 20, "redis-server")
+FLEET_KEY = "test-fleet-key-0123456789abcdef-0123456789"
+CLUSTER = "p%d" % redis_port
+
+
+def fleet_auth(kind, region, fields):
+    ns = lambda b: b"%d:%s," % (len(b), b)
+    msg = ns(b"infergate-record-v1") + ns(kind.encode()) + ns(CLUSTER.encode()) + ns(region.encode())
+    msg += b"".join(ns(k.encode()) + ns(v.encode()) for k, v in sorted(fields.items()))
+    return "v1:" + hmac.new(FLEET_KEY.encode(), msg, hashlib.sha256).hexdigest()
+
+
+keys = {"open": "k-open", "strict": "k-strict", "green": "k-green", "ops": "k-ops"}
+
+
+def key_hash(k):
+    out = subprocess.run([INFERGATE, "key", "hash", k], capture_output=True, text=True, check=True).stdout
+    return re.search(r"[0-9a-f]{64}", out).group(0)
+
+
+h = {n: key_hash(k) for n, k in keys.items()}
+carbon_file = os.path.join(d, "carbon.txt")
+open(carbon_file, "w").write("400\n")
+port = free_port()
+cfg = os.path.join(d, "gw1.yaml")
+open(cfg, "w").write("""
+listen:
+  - address: "127.0.0.1:%(port)d"
+workers:
+  - model: "%(model)s"
+    name: m
+    threads: 1
+    max_seqs: 2
+    max_queue: 64
+    power_watts: 50
+region:
+  name: gw1
+  endpoint: "tcp:127.0.0.1:%(port)d"
+  price: {input: 1, output: 1}
+  carbon: 400
+  carbon_source: "%(carbon_file)s"
+  carbon_poll_ms: 1000
+cluster: %(cluster)s
+redis: {address: "127.0.0.1:%(redis)d", record_keys: ["%(fleet_key)s"]}
+routing:
+  policy: primary
+  primary: [gw1, pa, pb]
+  primary_return: 0.5
+  primary_hold_ms: 1500
+  slo_ms: 300
+  spread: false
+  heartbeat_ms: 200
+  stale_after_ms: 4000  # the records of pa and pb are kept by redis-cli runs, slow on a loaded machine
+  ping_interval_ms: 100
+tenants:
+  - {name: open, keys: ["%(h_open)s"], allow_policies: [carbon, latency]}
+  - {name: strict, keys: ["%(h_strict)s"]}
+  - {name: green, keys: ["%(h_green)s"], policy: carbon, slo_ms: 5000}
+  - {name: ops, keys: ["%(h_ops)s"], admin: true}
+logging: {access_log: "%(log)s"}
+runtime_dir: "%(run)s"
+""" % dict(port=port, model=model, carbon_file=carbon_file, cluster=CLUSTER, redis=redis_port, fleet_key=FLEET_KEY,
+           h_open=h["open"], h_strict=h["strict"], h_green=h["green"], h_ops=h["ops"],
+           log=os.path.join(d, "access.log"), run=os.path.join(d, "run")))
+gw = spawn([INFERGATE, "serve", "--config", cfg], os.path.join(d, "gw1.log"))
+
+fakes = {"pa": FaultRegion(), "pb": FaultRegion()}
+fields = {"pa": {"carbon": "300"}, "pb": {"carbon": "200"}}
+stop_records = threading.Event()
+
+
+def keep_records():
+    while not stop_records.is_set():
+        for name, extra in fields.items():
+            f = dict(endpoint="tcp:127.0.0.1:%d" % fakes[name].port, models="m", price_in="1", price_out="1",
+                     healthy="1", ttft_ms="5", **extra)
+            f["updated_ms"] = str(int(time.time() * 1000))
+            f["auth"] = fleet_auth("region", name, f)
+            subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", "infergate:%s:region:%s" % (CLUSTER, name)]
+                           + [x for kv in f.items() for x in kv], capture_output=True, timeout=5)
+        stop_records.wait(0.15)
+
+
+threading.Thread(target=keep_records, daemon=True).start()
+
+
+def request(tenant, path="/v1/completions", body=None, headers=None, timeout=30):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    hd = {"authorization": "Bearer " + keys[tenant], "content-type": "application/json"}
+    hd.update(headers or {})
+    try:
+        if body is None and path.startswith("/v1/completions"):
+            body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 2, "temperature": 0}
+        c.request("POST" if body is not None else "GET", path, json.dumps(body) if body is not None else None, hd)
+        r = c.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    except OSError as e:
+        return 0, {}, str(e).encode()
+    finally:
+        c.close()
+
+
+def served_by(tenant, **kw):
+    s, hd, _ = request(tenant, **kw)
+    return hd.get("x-infergate-region") if s == 200 else "status-%d" % s
+
+
+def regions():
+    s, _, b = request("ops", path="/v1/regions")
+    return json.loads(b) if s == 200 else {}
+
+
+def table():
+    return {r["name"]: r for r in regions().get("regions", [])}
+
+
+def logged(hd):
+    rid = hd.get("x-request-id")
+    for _ in range(50):
+        lines = [l for l in open(os.path.join(d, "access.log")) if rid and rid in l]
+        if lines:
+            return json.loads(lines[-1])
+        time.sleep(0.1)
+    return None
+
+
+def all_fresh():
+    tb = table()
+    return len(tb) == 3 and all(not r["stale"] and r["healthy"] for r in tb.values())
+
+
+try:
+    wait_until(all_fresh, 60, "gw1 sees pa and pb")
+except AssertionError:
+    print(json.dumps(regions(), indent=1)[:3000])
+    print(open(os.path.join(d, "gw1.log")).read()[-3000:])
+    raise
+
+# --- x-infergate-policy ---
+s, hd, _ = request("open", headers={"x-infergate-policy": "carbon"})
+route = hd.get("x-infergate-route", "")
+t.ok(s == 200 and "intent carbon (header)" in route and route.startswith("carbon "),
+     "an allowed x-infergate-policy routes by it, and x-infergate-route says so: %d %s" % (s, route))
+line = logged(hd)
+t.ok(line and line.get("policy") == "carbon" and line.get("intent") == "header" and "intent carbon" in line["route"],
+     "the access log has the policy and who chose it: %s" % line)
+s, _, b = request("strict", headers={"x-infergate-policy": "carbon"})
+t.ok(s == 403 and b"policy_not_allowed" in b and b"x-infergate-policy" in b,
+     "a tenant without allow_policies is refused the header (403): %d %s" % (s, b[:200]))
+s, _, b = request("open", headers={"x-infergate-policy": "greenest"})
+t.ok(s == 400 and b"bad_policy" in b, "a value that is no policy is a 400: %d %s" % (s, b[:200]))
+s, _, b = request("open", headers={"x-infergate-policy": "primary"})
+t.ok(s == 403, "a policy the tenant's list leaves out is refused too: %d" % s)
+dec = regions().get("placement", {}).get("decisions", [])
+t.ok(any(e["intent"] == "header" and e["policy"] == "carbon" for e in dec) and dec[0]["region"],
+     "/v1/regions explains the last decisions with their intent: %s" % dec[:2])
+
+# --- carbon: lowest intensity within the SLO, following set-carbon ---
+t.ok(served_by("green") == "pb", "carbon: pb (200 g/kWh) before pa (300) and gw1 (400)")
+
+
+def set_carbon(region, g):
+    r = subprocess.run([INFERGATE, "region", "set-carbon", region, "--carbon", str(g), "--redis",
+                        "127.0.0.1:%d" % redis_port, "--cluster", CLUSTER], capture_output=True, text=True,
+                       env=dict(os.environ, INFERGATE_RECORD_KEY=FLEET_KEY), timeout=30)
+    t.ok(r.returncode == 0, "region set-carbon %s %s: %s%s" % (region, g, r.stdout, r.stderr))
+    return time.monotonic()
+
+
+t0 = set_carbon("pa", 50)
+moved = wait_until(lambda: served_by("green") == "pa", 5, "carbon follows set-carbon", interval=0.05)
+took = time.monotonic() - t0
+print("# carbon: pa chosen %.2f s after set-carbon" % took)
+# the time is printed, not asserted (a loaded machine): 0.01-0.1 s where measured
+t.ok(moved, "set-carbon pa 50: requests move to pa (%.2f s after)" % took)
+t0 = set_carbon("gw1", 10)
+moved = wait_until(lambda: served_by("green") == "gw1", 5, "own region's set-carbon", interval=0.05)
+took = time.monotonic() - t0
+t.ok(moved, "set-carbon on the gateway's own region applies too (%.2f s after)" % took)
+t.ok(table()["gw1"]["carbon"] == 10, "/v1/regions shows gw1's carbon: %s" % table()["gw1"].get("carbon"))
+# the carbon_source file: an override stands over it, so drop gw1's override first
+subprocess.run(["redis-cli", "-p", str(redis_port), "DEL", "infergate:%s:price:gw1" % CLUSTER], capture_output=True)
+subprocess.run(["redis-cli", "-p", str(redis_port), "PUBLISH", "infergate:%s:events" % CLUSTER, "gw1"],
+               capture_output=True)
+open(carbon_file, "w").write("123.5\n")
+t.ok(wait_until(lambda: table()["gw1"]["carbon"] == 123.5, 10, "carbon_source polled"),
+     "region.carbon_source: the polled figure becomes gw1's")
+open(carbon_file, "w").write("lots\n")
+t.ok(wait_until(lambda: "region.carbon_source" in open(os.path.join(d, "gw1.log")).read(), 10, "bad figure logged"),
+     "a bad figure is logged naming the key")
+time.sleep(1.2)
+t.ok(table()["gw1"]["carbon"] == 123.5, "and refused: the figure stays")
+
+# --- energy and gCO2e per request (gw1's worker: power_watts 50) ---
+s, hd, _ = request("strict", body={"model": "m", "prompt": [1, 5, 7], "max_tokens": 8, "temperature": 0})
+line = logged(hd)
+t.ok(s == 200 and hd.get("x-infergate-region") == "gw1" and line and line.get("energy_wh", 0) > 0
+     and abs(line["gco2e"] - line["energy_wh"] * 123.5 / 1000) < 1e-9,
+     "the access log has the request's energy and gCO2e (energy x gw1's intensity): %s" % line)
+m = request("ops", path="/metrics")[2].decode()
+t.ok(re.search(r'^infergate_energy_wh_total\{tenant="strict",region="gw1"\} \S+', m, re.M)
+     and re.search(r'^infergate_gco2e_total\{tenant="strict",region="gw1"\} \S+', m, re.M),
+     "/metrics counts energy and gCO2e per tenant and region")
+
+
+# --- primary: gw1's queue grows past the SLO, traffic spills to pa, then comes back once ---
+def long_stream():
+    body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    return subprocess.Popen(["curl", "-sS", "--max-time", "120", "-H", "authorization: Bearer " + keys["strict"],
+                             "-H", "content-type: application/json",
+                             "--data-binary", json.dumps(body), "http://127.0.0.1:%d/v1/completions" % port],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def primary_state():
+    for p in regions().get("placement", {}).get("primary", []):
+        if not p.get("tenant"):
+            return p
+    return {}
+
+
+got = [served_by("strict") for _ in range(5)]
+t.ok(got == ["gw1"] * 5, "primary: gw1, the first of the list, while it meets the SLO: %s" % got)
+base = primary_state().get("switches", 0)
+# the streams go where primary says: all to gw1, which meets the SLO when they start
+procs = [long_stream() for _ in range(10)]
+try:
+    spilled = wait_until(lambda: served_by("strict", timeout=5) == "pa", 60, "requests spill to pa")
+except AssertionError:
+    print(json.dumps(regions(), indent=1)[:4000])
+    raise
+t.ok(spilled, "gw1's queue past the SLO: requests spill to pa, the next of the list: %s" % primary_state())
+s, hd, _ = request("strict")
+t.ok("primary 2nd of 3 (1 spilled)" in hd.get("x-infergate-route", ""),
+     "x-infergate-route says why: %s" % hd.get("x-infergate-route"))
+for p in procs:
+    p.kill()
+for p in procs:
+    p.wait()
+t0 = time.monotonic()
+seen = []
+back = False
+while time.monotonic() - t0 < 60:
+    r = served_by("strict", timeout=5)
+    seen.append(r)
+    if r == "gw1" and seen.count("gw1") >= 1:
+        back = True
+        break
+    time.sleep(0.05)
+took = time.monotonic() - t0
+# (the streams may have ended before the kill: the hold is timed in test_router's unit test)
+print("# primary: back at gw1 %.1f s after the load was stopped" % took)
+t.ok(back, "drained, gw1 takes the traffic back")
+# no flapping: every request from here on goes to gw1, and the gateway counted two switches
+after = [served_by("strict") for _ in range(20)]
+st = primary_state()
+t.ok(after == ["gw1"] * 20, "and keeps it: %s" % after)
+t.ok(st.get("switches", 0) - base == 2 and st.get("current") == "gw1",
+     "exactly two switches (spill, return): no flapping: %s" % st)
+
+stop_records.set()
+t.finish()
