@@ -26,6 +26,8 @@ static void usage(FILE *f)
                "                        make a tenant API key and its SHA-256 for the config\n"
                "  region set-price REGION --input X --output Y [--redis HOST:PORT --cluster NAME ...]\n"
                "                        change a region's price for the whole fleet (through Redis)\n"
+               "  region set-carbon REGION --carbon G [--redis HOST:PORT --cluster NAME ...]\n"
+               "                        its grid carbon intensity (gCO2e/kWh), the same way\n"
                "\n"
                "`infergate <command> --help` describes each command.\n");
 }
