@@ -8,8 +8,8 @@ answering every request. Checks:
     hold time (switches counted by the gateway: exactly 2);
   - policy carbon follows `infergate region set-carbon` (the time printed), for
     a peer and for the gateway's own region, and region.carbon_source (a
-    file polled every second) sets gw1's figure; a bad figure is refused and
-    logged naming the key;
+    URL polled every second) sets gw1's figure, and a file a second
+    gateway's; a bad figure or answer is refused and logged naming the key;
   - x-infergate-policy: allowed (tenant's allow_policies), refused (403),
     malformed (400); the intent shows in x-infergate-route, the access log
     and /v1/regions' last decisions;
@@ -63,8 +63,26 @@ def key_hash(k):
 
 
 h = {n: key_hash(k) for n, k in keys.items()}
+# gw1 polls its figure over HTTP; a second gateway (solo) reads it from a file
+import http.server
+figure = {"body": b"400\n", "status": 200}
+
+
+class Figure(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(figure["status"])
+        self.end_headers()
+        self.wfile.write(figure["body"])
+
+    def log_message(self, *a):
+        pass
+
+
+figure_srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Figure)
+threading.Thread(target=figure_srv.serve_forever, daemon=True).start()
+carbon_url = "http://127.0.0.1:%d/grid/now" % figure_srv.server_address[1]
 carbon_file = os.path.join(d, "carbon.txt")
-open(carbon_file, "w").write("400\n")
+open(carbon_file, "w").write("250\n")
 port = free_port()
 cfg = os.path.join(d, "gw1.yaml")
 open(cfg, "w").write("""
@@ -82,7 +100,7 @@ region:
   endpoint: "tcp:127.0.0.1:%(port)d"
   price: {input: 1, output: 1}
   carbon: 400
-  carbon_source: "%(carbon_file)s"
+  carbon_source: "%(carbon_url)s"
   carbon_poll_ms: 1000
 cluster: %(cluster)s
 redis: {address: "127.0.0.1:%(redis)d", record_keys: ["%(fleet_key)s"]}
@@ -91,7 +109,7 @@ routing:
   primary: [gw1, pa, pb]
   primary_return: 0.5
   primary_hold_ms: 1500
-  slo_ms: 300
+  slo_ms: 1000  # well above the stand-ins' RTT on a loaded machine; gw1's loaded queue is seconds
   spread: false
   heartbeat_ms: 200
   stale_after_ms: 4000  # the records of pa and pb are kept by redis-cli runs, slow on a loaded machine
@@ -103,10 +121,19 @@ tenants:
   - {name: ops, keys: ["%(h_ops)s"], admin: true}
 logging: {access_log: "%(log)s"}
 runtime_dir: "%(run)s"
-""" % dict(port=port, model=model, carbon_file=carbon_file, cluster=CLUSTER, redis=redis_port, fleet_key=FLEET_KEY,
+""" % dict(port=port, model=model, carbon_url=carbon_url, cluster=CLUSTER, redis=redis_port, fleet_key=FLEET_KEY,
            h_open=h["open"], h_strict=h["strict"], h_green=h["green"], h_ops=h["ops"],
            log=os.path.join(d, "access.log"), run=os.path.join(d, "run")))
 gw = spawn([INFERGATE, "serve", "--config", cfg], os.path.join(d, "gw1.log"))
+solo_port = free_port()
+solo_cfg = os.path.join(d, "solo.yaml")
+open(solo_cfg, "w").write("""
+listen: [{address: "127.0.0.1:%d"}]
+workers: [{model: "%s", name: m, threads: 1}]
+region: {name: solo, carbon_source: "%s", carbon_poll_ms: 1000}
+runtime_dir: "%s"
+""" % (solo_port, model, carbon_file, os.path.join(d, "run-solo")))
+solo = spawn([INFERGATE, "serve", "--config", solo_cfg], os.path.join(d, "solo.log"))
 
 fakes = {"pa": FaultRegion(), "pb": FaultRegion()}
 fields = {"pa": {"carbon": "300"}, "pb": {"carbon": "200"}}
@@ -227,14 +254,34 @@ t.ok(table()["gw1"]["carbon"] == 10, "/v1/regions shows gw1's carbon: %s" % tabl
 subprocess.run(["redis-cli", "-p", str(redis_port), "DEL", "infergate:%s:price:gw1" % CLUSTER], capture_output=True)
 subprocess.run(["redis-cli", "-p", str(redis_port), "PUBLISH", "infergate:%s:events" % CLUSTER, "gw1"],
                capture_output=True)
-open(carbon_file, "w").write("123.5\n")
+figure["body"] = b"123.5\n"
 t.ok(wait_until(lambda: table()["gw1"]["carbon"] == 123.5, 10, "carbon_source polled"),
-     "region.carbon_source: the polled figure becomes gw1's")
-open(carbon_file, "w").write("lots\n")
+     "region.carbon_source over http: the polled figure becomes gw1's")
+figure["body"] = b"lots\n"
 t.ok(wait_until(lambda: "region.carbon_source" in open(os.path.join(d, "gw1.log")).read(), 10, "bad figure logged"),
      "a bad figure is logged naming the key")
-time.sleep(1.2)
+figure["body"], figure["status"] = b"77", 503
+t.ok(wait_until(lambda: "no HTTP 200 answer" in open(os.path.join(d, "gw1.log")).read(), 10, "503 logged"),
+     "a non-200 answer is logged too")
 t.ok(table()["gw1"]["carbon"] == 123.5, "and refused: the figure stays")
+figure["body"], figure["status"] = b"123.5\n", 200
+
+
+def solo_carbon():
+    c = http.client.HTTPConnection("127.0.0.1", solo_port, timeout=5)
+    try:
+        c.request("GET", "/v1/regions")
+        r = c.getresponse()
+        return json.loads(r.read())["regions"][0]["carbon"] if r.status == 200 else None
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    finally:
+        c.close()
+
+
+t.ok(wait_until(lambda: solo_carbon() == 250, 30, "solo reads its file"), "region.carbon_source as a file")
+open(carbon_file, "w").write("60\n")
+t.ok(wait_until(lambda: solo_carbon() == 60, 10, "solo reads the file again"), "and reads it again each poll")
 
 # --- energy and gCO2e per request (gw1's worker: power_watts 50) ---
 s, hd, _ = request("strict", body={"model": "m", "prompt": [1, 5, 7], "max_tokens": 8, "temperature": 0})
@@ -249,13 +296,38 @@ t.ok(re.search(r'^infergate_energy_wh_total\{tenant="strict",region="gw1"\} \S+'
 
 
 # --- primary: gw1's queue grows past the SLO, traffic spills to pa, then comes back once ---
-def long_stream():
-    body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
-            "stream": True}
-    return subprocess.Popen(["curl", "-sS", "--max-time", "120", "-H", "authorization: Bearer " + keys["strict"],
-                             "-H", "content-type: application/json",
-                             "--data-binary", json.dumps(body), "http://127.0.0.1:%d/v1/completions" % port],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+class Load:
+    """Keeps n long streams in flight on gw1's worker, sent to its socket
+    straight (routing would move them off gw1 once it spills), until killed."""
+
+    def __init__(self, n):
+        self.stop_flag = False
+        self.procs = [None] * n
+        self.threads = [threading.Thread(target=self.loop, args=(i,), daemon=True) for i in range(n)]
+        for th in self.threads:
+            th.start()
+
+    def loop(self, i):
+        body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        while not self.stop_flag:
+            self.procs[i] = subprocess.Popen(
+                ["curl", "-sS", "--max-time", "120", "--http2-prior-knowledge", "--unix-socket",
+                 os.path.join(d, "run", "worker-0.sock"), "-H", "content-type: application/json", "--data-binary",
+                 json.dumps(body), "http://localhost/v1/completions"], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+            self.procs[i].wait()
+
+    def kill(self):
+        self.stop_flag = True
+        for p in self.procs:
+            if p and p.poll() is None:
+                p.kill()
+        for th in self.threads:
+            th.join(10)
+        for p in self.procs:
+            if p:
+                p.wait()
 
 
 def primary_state():
@@ -268,21 +340,19 @@ def primary_state():
 got = [served_by("strict") for _ in range(5)]
 t.ok(got == ["gw1"] * 5, "primary: gw1, the first of the list, while it meets the SLO: %s" % got)
 base = primary_state().get("switches", 0)
-# the streams go where primary says: all to gw1, which meets the SLO when they start
-procs = [long_stream() for _ in range(10)]
+load = Load(10)
 try:
     spilled = wait_until(lambda: served_by("strict", timeout=5) == "pa", 60, "requests spill to pa")
 except AssertionError:
-    print(json.dumps(regions(), indent=1)[:4000])
+    load.kill()
+    print(json.dumps(table(), indent=1)[:4000])
     raise
+print("# gw1 expected %.0f ms at the spill" % table()["gw1"]["expected_ms"])
 t.ok(spilled, "gw1's queue past the SLO: requests spill to pa, the next of the list: %s" % primary_state())
 s, hd, _ = request("strict")
 t.ok("primary 2nd of 3 (1 spilled)" in hd.get("x-infergate-route", ""),
      "x-infergate-route says why: %s" % hd.get("x-infergate-route"))
-for p in procs:
-    p.kill()
-for p in procs:
-    p.wait()
+load.kill()
 t0 = time.monotonic()
 seen = []
 back = False
@@ -296,6 +366,8 @@ while time.monotonic() - t0 < 60:
 took = time.monotonic() - t0
 # (the streams may have ended before the kill: the hold is timed in test_router's unit test)
 print("# primary: back at gw1 %.1f s after the load was stopped" % took)
+if not back:
+    print(json.dumps(table()["gw1"], indent=1))
 t.ok(back, "drained, gw1 takes the traffic back")
 # no flapping: every request from here on goes to gw1, and the gateway counted two switches
 after = [served_by("strict") for _ in range(20)]
