@@ -74,22 +74,31 @@ void gw_cfg_routing_free(gw_config *c)
 
 /* ---- shared value checks ---- */
 
-int gw_cfg_tags(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count)
+/* A list of names, each valid_name within size - 1 bytes, none twice:
+ * bad_name begins the message for one that is not ("a tag is", "must be"),
+ * what names an item in the message for a repeat. */
+static int name_list(cfg_parser *p, const yaml_node_t *n, const char *path, int max, int size, const char *bad_name,
+                     const char *what, char ***out, int *count)
 {
-    int rc = gw_cfg_str_list(p, n, path, ROUTE_MAX_TAGS, out, count);
+    int rc = gw_cfg_str_list(p, n, path, max, out, count);
     if (rc)
         return rc;
     for (int i = 0; i < *count; i++) {
         char ip[CFG_PATH_MAX];
         const yaml_node_t *it = yaml_document_get_node(p->doc, n->data.sequence.items.start[i]);
         gw_cfg_path_idx(ip, path, i);
-        if (!valid_name((*out)[i], TAG_SIZE - 1))
-            return gw_cfg_perr(p, it, ip, "a tag is 1 to %d characters from A-Z a-z 0-9 . _ -", TAG_SIZE - 1);
+        if (!valid_name((*out)[i], (size_t)size - 1))
+            return gw_cfg_perr(p, it, ip, "%s 1 to %d characters from A-Z a-z 0-9 . _ -", bad_name, size - 1);
         for (int j = 0; j < i; j++)
             if (!strcmp((*out)[i], (*out)[j]))
-                return gw_cfg_perr(p, it, ip, "tag %s is listed twice", (*out)[i]);
+                return gw_cfg_perr(p, it, ip, "%s %s is listed twice", what, (*out)[i]);
     }
     return 0;
+}
+
+int gw_cfg_tags(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count)
+{
+    return name_list(p, n, path, ROUTE_MAX_TAGS, TAG_SIZE, "a tag is", "tag", out, count);
 }
 
 static const char *const policy_names[] = {"default", "latency", "cost", "carbon", "primary"};
@@ -118,22 +127,8 @@ int gw_cfg_policy(cfg_parser *p, const yaml_node_t *n, const char *path, gw_rout
 /* policy primary's list: region names, none twice, at most ROUTE_MAX_PRIMARY. */
 int gw_cfg_region_list(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count)
 {
-    int rc = gw_cfg_str_list(p, n, path, ROUTE_MAX_PRIMARY, out, count);
-    if (rc)
-        return rc;
-    if (*count == 0)
-        return gw_cfg_perr(p, n, path, "give at least one region name");
-    for (int i = 0; i < *count; i++) {
-        char ip[CFG_PATH_MAX];
-        const yaml_node_t *it = yaml_document_get_node(p->doc, n->data.sequence.items.start[i]);
-        gw_cfg_path_idx(ip, path, i);
-        if (!valid_name((*out)[i], ROUTE_NAME_MAX - 1))
-            return gw_cfg_perr(p, it, ip, "must be 1 to %d characters from A-Z a-z 0-9 . _ -", ROUTE_NAME_MAX - 1);
-        for (int j = 0; j < i; j++)
-            if (!strcmp((*out)[i], (*out)[j]))
-                return gw_cfg_perr(p, it, ip, "region %s is listed twice", (*out)[i]);
-    }
-    return 0;
+    int rc = name_list(p, n, path, ROUTE_MAX_PRIMARY, ROUTE_NAME_MAX, "must be", "region", out, count);
+    return !rc && *count == 0 ? gw_cfg_perr(p, n, path, "give at least one region name") : rc;
 }
 
 /* region.carbon_source: a file path, or http://HOST:PORT/PATH with HOST

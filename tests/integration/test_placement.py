@@ -14,9 +14,6 @@ answering every request. Checks:
     malformed (400); the intent shows in x-infergate-route, the access log
     and /v1/regions' last decisions;
   - energy and gCO2e per request: access log and /metrics."""
-import hashlib
-import hmac
-import http.client
 import json
 import os
 import re
@@ -27,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fault_region import FaultRegion
-from harness import INFERGATE, Checks, free_port, gen_model, spawn, tmpdir, wait_until
+from harness import INFERGATE, Checks, fleet_auth, free_port, gen_model, http_request, spawn, tmpdir, wait_until
 
 if not os.path.exists("/usr/bin/redis-server"):
     print("redis-server not installed: skipping")
@@ -45,13 +42,6 @@ wait_until(lambda: subprocess.run(["redis-cli", "-p", str(redis_port), "ping"], 
                                   timeout=5).stdout.strip() == "PONG", 20, "redis-server")
 FLEET_KEY = "test-fleet-key-0123456789abcdef-0123456789"
 CLUSTER = "p%d" % redis_port
-
-
-def fleet_auth(kind, region, fields):
-    ns = lambda b: b"%d:%s," % (len(b), b)
-    msg = ns(b"infergate-record-v1") + ns(kind.encode()) + ns(CLUSTER.encode()) + ns(region.encode())
-    msg += b"".join(ns(k.encode()) + ns(v.encode()) for k, v in sorted(fields.items()))
-    return "v1:" + hmac.new(FLEET_KEY.encode(), msg, hashlib.sha256).hexdigest()
 
 
 keys = {"open": "k-open", "strict": "k-strict", "green": "k-green", "ops": "k-ops"}
@@ -146,7 +136,7 @@ def keep_records():
             f = dict(endpoint="tcp:127.0.0.1:%d" % fakes[name].port, models="m", price_in="1", price_out="1",
                      healthy="1", ttft_ms="5", **extra)
             f["updated_ms"] = str(int(time.time() * 1000))
-            f["auth"] = fleet_auth("region", name, f)
+            f["auth"] = fleet_auth(FLEET_KEY, CLUSTER, "region", name, f)
             subprocess.run(["redis-cli", "-p", str(redis_port), "HSET", "infergate:%s:region:%s" % (CLUSTER, name)]
                            + [x for kv in f.items() for x in kv], capture_output=True, timeout=5)
         stop_records.wait(0.15)
@@ -155,21 +145,8 @@ def keep_records():
 threading.Thread(target=keep_records, daemon=True).start()
 
 
-def request(tenant, path="/v1/completions", body=None, headers=None, timeout=30):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    hd = {"authorization": "Bearer " + keys[tenant], "content-type": "application/json"}
-    hd.update(headers or {})
-    try:
-        if body is None and path.startswith("/v1/completions"):
-            body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 2, "temperature": 0}
-        c.request("POST" if body is not None else "GET", path, json.dumps(body) if body is not None else None, hd)
-        r = c.getresponse()
-        data = r.read()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
-    except OSError as e:
-        return 0, {}, str(e).encode()
-    finally:
-        c.close()
+def request(tenant, **kw):
+    return http_request(port, keys[tenant], **kw)
 
 
 def served_by(tenant, **kw):
@@ -268,15 +245,11 @@ figure["body"], figure["status"] = b"123.5\n", 200
 
 
 def solo_carbon():
-    c = http.client.HTTPConnection("127.0.0.1", solo_port, timeout=5)
+    s_, _, b_ = http_request(solo_port, "", path="/v1/regions", timeout=5)
     try:
-        c.request("GET", "/v1/regions")
-        r = c.getresponse()
-        return json.loads(r.read())["regions"][0]["carbon"] if r.status == 200 else None
-    except (OSError, ValueError, KeyError, IndexError):
+        return json.loads(b_)["regions"][0]["carbon"] if s_ == 200 else None
+    except (ValueError, KeyError, IndexError):
         return None
-    finally:
-        c.close()
 
 
 t.ok(wait_until(lambda: solo_carbon() == 250, 30, "solo reads its file"), "region.carbon_source as a file")
