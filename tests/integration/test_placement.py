@@ -44,7 +44,7 @@ FLEET_KEY = "test-fleet-key-0123456789abcdef-0123456789"
 CLUSTER = "p%d" % redis_port
 
 
-keys = {"open": "k-open", "strict": "k-strict", "green": "k-green", "ops": "k-ops"}
+keys = {"open": "k-open", "strict": "k-strict", "green": "k-green", "ops": "k-ops", "rented": "k-rented"}
 
 
 def key_hash(k):
@@ -109,10 +109,11 @@ tenants:
   - {name: strict, keys: ["%(h_strict)s"]}
   - {name: green, keys: ["%(h_green)s"], policy: carbon, slo_ms: 5000}
   - {name: ops, keys: ["%(h_ops)s"], admin: true}
+  - {name: rented, keys: ["%(h_rented)s"], policy: primary, primary: [pb, pa]}
 logging: {access_log: "%(log)s"}
 runtime_dir: "%(run)s"
 """ % dict(port=port, model=model, carbon_url=carbon_url, cluster=CLUSTER, redis=redis_port, fleet_key=FLEET_KEY,
-           h_open=h["open"], h_strict=h["strict"], h_green=h["green"], h_ops=h["ops"],
+           h_open=h["open"], h_strict=h["strict"], h_green=h["green"], h_ops=h["ops"], h_rented=h["rented"],
            log=os.path.join(d, "access.log"), run=os.path.join(d, "run")))
 gw = spawn([INFERGATE, "serve", "--config", cfg], os.path.join(d, "gw1.log"))
 solo_port = free_port()
@@ -203,6 +204,12 @@ t.ok(s == 403, "a policy the tenant's list leaves out is refused too: %d" % s)
 dec = regions().get("placement", {}).get("decisions", [])
 t.ok(any(e["intent"] == "header" and e["policy"] == "carbon" for e in dec) and dec[0]["region"],
      "/v1/regions explains the last decisions with their intent: %s" % dec[:2])
+
+# --- a tenant's own primary list ---
+got = [served_by("rented") for _ in range(3)]
+lists = regions().get("placement", {}).get("primary", [])
+t.ok(got == ["pb"] * 3 and any(p_.get("tenant") == "rented" and p_["regions"] == ["pb", "pa"] for p_ in lists),
+     "a tenant's own primary list ([pb, pa]) is followed, and has its own state: %s %s" % (got, lists))
 
 # --- carbon: lowest intensity within the SLO, following set-carbon ---
 t.ok(served_by("green") == "pb", "carbon: pb (200 g/kWh) before pa (300) and gw1 (400)")
