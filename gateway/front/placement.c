@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #define MAX_TENANT_STATES 1024
-#define CARBON_BODY_MAX 4096 /* a figure's file or HTTP answer, headers included */
 #define CARBON_TIMEOUT_S 5
 #define POWER_CACHE_MS 1000 /* an NVML reading stands this long */
 #define MAX_POWER_WORKERS 256
@@ -247,17 +246,34 @@ static const char *parse_figure(const char *body, size_t len, double *out)
         return "not a number (the body must hold one figure in gCO2e/kWh)";
     memcpy(buf, body, len);
     buf[len] = '\0';
-    if (!route_number_parse(buf, ROUTE_MAX_CARBON, out))
+    if (strlen(buf) != len || !route_number_parse(buf, ROUTE_MAX_CARBON, out))
         return "not a number from 0 to 100000 gCO2e/kWh";
     return NULL;
 }
 
-static void carbon_take(gw_serve *g, const char *body, size_t len, const char *why)
+const char *gw_carbon_parse(const char *buf, size_t n, bool http, double *out)
+{
+    if (n > GW_CARBON_BODY_MAX)
+        return http ? "answer longer than 4096 bytes" : "longer than 4096 bytes";
+    if (!http)
+        return parse_figure(buf, n, out);
+    const char *sp = memchr(buf, ' ', n), *body = NULL;
+    for (size_t i = 0; i + 4 <= n && !body; i++)
+        if (!memcmp(buf + i, "\r\n\r\n", 4))
+            body = buf + i + 4;
+    if (n < 7 || memcmp(buf, "HTTP/1.", 7) || !sp || (size_t)(buf + n - sp) < 4 || memcmp(sp + 1, "200", 3) ||
+        !body)
+        return "no HTTP 200 answer";
+    return parse_figure(body, (size_t)(buf + n - body), out);
+}
+
+/* A poll's answer (buf, n; NULL with why when it failed before one). */
+static void carbon_take(gw_serve *g, const char *buf, size_t n, bool http, const char *why)
 {
     gw_placement *pl = g->placement;
     double v = 0;
     if (!why)
-        why = parse_figure(body, len, &v);
+        why = gw_carbon_parse(buf, n, http, &v);
     if (why) {
         snprintf(pl->carbon_error, sizeof(pl->carbon_error), "%s", why);
         fprintf(stderr, "infergate: region.carbon_source %s: %s; the figure stays %g gCO2e/kWh\n",
@@ -275,42 +291,29 @@ static void carbon_take(gw_serve *g, const char *body, size_t len, const char *w
 static void poll_file(gw_serve *g, const char *path)
 {
     /* A local file of a few bytes: read on the loop, bounded. */
-    char buf[CARBON_BODY_MAX + 1];
+    char buf[GW_CARBON_BODY_MAX + 1];
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         char why[160];
         snprintf(why, sizeof(why), "cannot open: %s", strerror(errno));
-        carbon_take(g, NULL, 0, why);
+        carbon_take(g, NULL, 0, false, why);
         return;
     }
     ssize_t n = read(fd, buf, sizeof(buf));
     close(fd);
-    if (n < 0 || n > CARBON_BODY_MAX) {
-        carbon_take(g, NULL, 0, n < 0 ? "cannot read" : "longer than 4096 bytes");
-        return;
-    }
-    carbon_take(g, buf, (size_t)n, NULL);
+    carbon_take(g, buf, n < 0 ? 0 : (size_t)n, false, n < 0 ? "cannot read" : NULL);
 }
 
-/* The HTTP/1.0 answer whole (the server closes): status 200 and the body. */
+/* The HTTP/1.0 answer whole (the server closes), or failed. */
 static void http_done(gw_serve *g, struct evbuffer *in, const char *failed)
 {
     gw_placement *pl = g->placement;
-    char buf[CARBON_BODY_MAX + 1];
+    char buf[GW_CARBON_BODY_MAX + 1];
     size_t n = evbuffer_get_length(in);
-    if (!failed && n > CARBON_BODY_MAX)
-        failed = "answer longer than 4096 bytes";
-    if (!failed) {
-        evbuffer_remove(in, buf, n);
-        buf[n] = '\0';
-        const char *sp = memchr(buf, ' ', n), *body = strstr(buf, "\r\n\r\n");
-        if (strncmp(buf, "HTTP/1.", 7) || !sp || strncmp(sp + 1, "200", 3) || !body)
-            failed = "no HTTP 200 answer";
-        else
-            carbon_take(g, body + 4, n - (size_t)(body + 4 - buf), NULL);
-    }
-    if (failed)
-        carbon_take(g, NULL, 0, failed);
+    if (n > sizeof(buf))
+        n = sizeof(buf); /* one past the bound: refused as too long */
+    evbuffer_remove(in, buf, n);
+    carbon_take(g, buf, n, true, failed);
     bufferevent_free(pl->http);
     pl->http = NULL;
 }
@@ -318,7 +321,7 @@ static void http_done(gw_serve *g, struct evbuffer *in, const char *failed)
 static void http_read(struct bufferevent *bev, void *ud)
 {
     gw_serve *g = ud;
-    if (evbuffer_get_length(bufferevent_get_input(bev)) > CARBON_BODY_MAX)
+    if (evbuffer_get_length(bufferevent_get_input(bev)) > GW_CARBON_BODY_MAX)
         http_done(g, bufferevent_get_input(bev), "answer longer than 4096 bytes");
 }
 

@@ -12,6 +12,9 @@
 
 #include <jansson.h>
 
+/* A carbon_source's file, or its HTTP answer with the headers, at most. */
+#define GW_CARBON_BODY_MAX 4096
+
 /* The decisions /v1/regions explains. */
 #define GW_PLACEMENT_RING 32
 
@@ -36,6 +39,12 @@ double gw_placement_carbon(const gw_serve *g);
 /* The intensity of the region that served p (the routing table's record,
  * the override included), 0 when not known. */
 double gw_placement_region_carbon(const gw_serve *g, const char *region);
+/* A carbon_source's answer: the file's bytes, or with http the whole
+ * HTTP/1.x answer (status 200 and a body). The body is one decimal number
+ * from 0 to ROUTE_MAX_CARBON with blanks around it; *out set when it is.
+ * NULL when taken, else why not (for the log). buf need not be
+ * NUL-terminated; at most GW_CARBON_BODY_MAX bytes are taken. */
+const char *gw_carbon_parse(const char *buf, size_t n, bool http, double *out);
 /* A region (p->remote, else this one) answered p 429: the primary policy
  * spills from it for primary_hold_ms. */
 void gw_placement_note_busy(gw_front_req *p);
