@@ -153,6 +153,12 @@ bool gw_placement_policy(gw_front_req *p, const gw_tenant_cfg *tc, route_query *
     }
     q->policy = to_route(pol);
     q->primary = pol == GW_POLICY_PRIMARY ? primary_for(g, tc) : NULL;
+    if (pol == GW_POLICY_PRIMARY && !q->primary) {
+        /* (the config requires a list wherever a tenant may use primary) */
+        gw_front_respond(p, 400, "invalid_request_error", "bad_policy", NULL, 0,
+                         "x-infergate-policy: primary needs routing.primary, the preferred regions");
+        return false;
+    }
     p->intent_policy = gw_policy_name(pol);
     p->intent_source = intent_names[intent];
     return true;
