@@ -24,7 +24,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from fault_region import FaultRegion
-from harness import INFERGATE, Checks, fleet_auth, free_port, gen_model, http_request, spawn, tmpdir, wait_until
+from harness import (INFERGATE, Checks, fleet_auth, free_port, gen_model, http_request, spawn, stop, tmpdir,
+                     wait_until)
 
 if not os.path.exists("/usr/bin/redis-server"):
     print("redis-server not installed: skipping")
@@ -357,4 +358,10 @@ t.ok(st.get("switches", 0) - base == 2 and st.get("current") == "gw1",
      "exactly two switches (spill, return): no flapping: %s" % st)
 
 stop_records.set()
+# a drain and a clean exit (under the sanitizer build: nothing leaked, nothing misused)
+for name, proc in (("gw1", gw), ("solo", solo)):
+    rc = stop(proc, timeout=60)
+    log = open(os.path.join(d, name + ".log")).read()
+    t.ok(rc == 0 and "Sanitizer" not in log and "runtime error" not in log,
+         "%s exits cleanly on SIGTERM (%s)%s" % (name, rc, "" if "Sanitizer" not in log else log[-2000:]))
 t.finish()
