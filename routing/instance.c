@@ -187,6 +187,7 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
         load_add(&total, e->capacity, e->running, e->queued, e->ttft_ms, e->tpot_ms, e->ttft_est_ms);
         m.price_in = fmax(m.price_in, e->price_in);
         m.price_out = fmax(m.price_out, e->price_out);
+        m.carbon = fmax(m.carbon, e->carbon); /* as prices: the worst a request may meet */
         per_model &= e->n_load > 0;
     }
     route_model_load l;

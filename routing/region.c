@@ -36,13 +36,15 @@ enum {
     F_TTFT_EST,
     F_MODEL_EST,
     F_DRAINING,
+    F_CARBON,
     F_N
 };
 
 static const char *const field_names[F_N] = {"endpoint", "models",     "tags",    "price_in",  "price_out",
                                              "gpu",      "capacity",   "running", "queued",    "ttft_ms",
                                              "tpot_ms",  "model_load", "healthy", "updated_ms",
-                                             "ttft_est_ms", "model_est", "draining"};
+                                             "ttft_est_ms", "model_est", "draining",
+                                             "carbon"};
 
 _Static_assert(F_N == ROUTE_N_FIELDS, "route_field list and ROUTE_N_FIELDS disagree");
 
@@ -145,6 +147,7 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
     fmt_num(out[F_TTFT_EST].value, FIELD_VALUE_MAX, r->ttft_est_ms);
     join_est(out[F_MODEL_EST].value, FIELD_VALUE_MAX, r->load_est_ms, r->n_load, r->updated_ms);
     snprintf(out[F_DRAINING].value, FIELD_VALUE_MAX, "%d", r->draining ? 1 : 0);
+    fmt_num(out[F_CARBON].value, FIELD_VALUE_MAX, r->carbon);
 }
 
 /* ---- fields -> record ---- */
@@ -423,6 +426,8 @@ static int parse_field(route_record *r, int f, const char *v, char *err, size_t 
         return parse_est(name, v, r, err, err_len);
     case F_TTFT_EST:
         return parse_num(name, v, ROUTE_MAX_MS, &r->ttft_est_ms, err, err_len);
+    case F_CARBON:
+        return parse_num(name, v, ROUTE_MAX_CARBON, &r->carbon, err, err_len);
     case F_CAPACITY:
     case F_RUNNING:
     case F_QUEUED:
@@ -576,10 +581,11 @@ int route_record_check(const route_record *r, char *err, size_t err_len)
     const char *why = r->endpoint[0] ? route_endpoint_check(r->endpoint) : NULL;
     if (why)
         return fail(err, err_len, "endpoint: %s", why);
-    const double nums[] = {r->price_in, r->price_out, r->ttft_ms, r->tpot_ms, r->ttft_est_ms};
-    static const char *const num_names[] = {"price_in", "price_out", "ttft_ms", "tpot_ms", "ttft_est_ms"};
-    for (int i = 0; i < 5; i++) {
-        double max = i < 2 ? ROUTE_MAX_PRICE : ROUTE_MAX_MS;
+    const double nums[] = {r->price_in, r->price_out, r->ttft_ms, r->tpot_ms, r->ttft_est_ms, r->carbon};
+    static const char *const num_names[] = {"price_in", "price_out", "ttft_ms", "tpot_ms", "ttft_est_ms",
+                                            "carbon"};
+    for (int i = 0; i < 6; i++) {
+        double max = i < 2 ? ROUTE_MAX_PRICE : i < 5 ? ROUTE_MAX_MS : ROUTE_MAX_CARBON;
         if (!(nums[i] >= 0 && nums[i] <= max))
             return fail(err, err_len, "%s: must be a number from 0 to %g", num_names[i], max);
     }

@@ -22,6 +22,8 @@
  * them stays finite and in range whatever a record says. */
 #define ROUTE_MAX_PRICE 1e9
 #define ROUTE_MAX_MS 1e7
+/* Grid carbon intensity, gCO2e/kWh: the dirtiest grids are near 1200. */
+#define ROUTE_MAX_CARBON 1e5
 #define ROUTE_HOST_MAX 46 /* INET6_ADDRSTRLEN */
 
 /* One model's share of a region's load. A region may serve several models
@@ -45,6 +47,9 @@ typedef struct route_record {
     double ttft_ms, tpot_ms;       /* the region's own estimates */
     double ttft_est_ms;            /* as load_est_ms, over every model; 0: not given */
     bool draining;                 /* its gateway drains (SIGTERM): unhealthy, on purpose */
+    /* Grid carbon intensity where it runs, gCO2e/kWh (region.carbon, its
+     * carbon_source, or `infergate region set-carbon`); 0: not given. */
+    double carbon;
     int n_load;                    /* load[] entries: n_models, or 0 (see load) */
     bool healthy;
     int64_t updated_ms; /* epoch ms, set by the publisher */
@@ -77,7 +82,7 @@ typedef struct route_record {
  * "capacity:running:queued:ttft_ms:tpot_ms". Then ttft_est_ms, model_est
  * (as model_load: the stamp, ";", each model's load_est_ms, comma-separated;
  * taken with model_load only) and draining (0|1): fields older readers
- * ignore. */
+ * ignore; carbon (gCO2e/kWh, 0 to ROUTE_MAX_CARBON) after them. */
 typedef struct route_field {
     const char *name;
     /* The longest value: model_load's stamp (up to 20 bytes) and 16
@@ -85,7 +90,7 @@ typedef struct route_field {
      * characters, separators). */
     char value[1400];
 } route_field;
-#define ROUTE_N_FIELDS 17
+#define ROUTE_N_FIELDS 18
 /* Numbers are written so that they read back exactly (shortest %g that
  * round-trips); healthy is "1" or "0"; updated_ms an integer. r must pass
  * route_record_check (a comma inside a model or tag would split it). */
@@ -141,6 +146,7 @@ typedef struct route_region {
     int ejections;
     int64_t ejected_until_ms;
     bool probing;
+    int64_t busy_ms; /* its last 429 (route_region_note_busy); 0: none */
 } route_region;
 
 typedef struct route_table route_table;

@@ -26,6 +26,7 @@ typedef struct route_slot {
     /* route_decide's scratch between its two passes. */
     double scratch_ms;
     bool scratch_ok;
+    int8_t scratch_pri; /* its index in q->primary's list; -1: not listed, or not able */
 } route_slot;
 
 struct route_table {

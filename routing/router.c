@@ -142,7 +142,10 @@ bool route_region_allows(const route_region *r, const route_query *q)
 
 typedef struct rank {
     route_slot *s;
-    int64_t k1; /* latency step (or SLO group, then step): the main key */
+    /* latency step (or SLO group, then step; primary: the list index
+     * minus ROUTE_MAX_PRIMARY for an able listed region): the main key */
+    int64_t k1;
+    double k2; /* carbon: the intensity within the SLO; else 0 */
     double price, ms;
 } rank;
 
@@ -150,6 +153,8 @@ static bool rank_less(const rank *a, const rank *b)
 {
     if (a->k1 != b->k1)
         return a->k1 < b->k1;
+    if (a->k2 != b->k2)
+        return a->k2 < b->k2;
     if (a->price != b->price)
         return a->price < b->price;
     if (a->ms != b->ms)
@@ -201,7 +206,39 @@ static void put_num(out_buf *b, double x, int decimals, bool trim)
     put_str(b, q);
 }
 
-static void format_reason(const route_query *q, route_decision *d)
+static const char *ordinal(int i)
+{
+    static const char *const o[ROUTE_MAX_PRIMARY] = {"1st", "2nd", "3rd", "4th", "5th", "6th", "7th", "8th"};
+    return i >= 0 && i < ROUTE_MAX_PRIMARY ? o[i] : "?";
+}
+
+/* "primary 2nd of 3 (1 spilled), 30.0 ms within slo 500": cand[0] is the
+ * list's able region pri. */
+static void format_primary(out_buf *b, const route_query *q, const route_decision *d, int pri)
+{
+    int spilled = 0;
+    for (int i = 0; i < q->primary->n; i++)
+        spilled += q->primary->spilled[i];
+    put_str(b, "primary ");
+    put_str(b, ordinal(pri));
+    put_str(b, " of ");
+    put_num(b, q->primary->n, 0, true);
+    if (spilled) {
+        put_str(b, " (");
+        put_num(b, spilled, 0, true);
+        put_str(b, " spilled)");
+    }
+    put_str(b, ", ");
+    put_num(b, d->expected_ms[0], 1, false);
+    if (q->slo_ms > 0) {
+        put_str(b, " ms within slo ");
+        put_num(b, q->slo_ms, 3, true);
+    } else {
+        put_str(b, " ms, no slo");
+    }
+}
+
+static void format_reason(const route_query *q, route_decision *d, int pri)
 {
     out_buf b = {d->reason, d->reason + sizeof(d->reason) - 1};
     d->reason[0] = '\0';
@@ -214,9 +251,17 @@ static void format_reason(const route_query *q, route_decision *d)
     }
     const route_region *r = d->cand[0];
     double ms = d->expected_ms[0], rtt = route_rtt_ms(r);
-    bool latency = q->policy != ROUTE_COST || (q->slo_ms > 0 && ms > q->slo_ms);
-    if (q->policy == ROUTE_COST && latency) {
-        put_str(&b, "cost: none within slo ");
+    bool by_slo = q->policy == ROUTE_COST || q->policy == ROUTE_CARBON;
+    bool latency = !by_slo || (q->slo_ms > 0 && ms > q->slo_ms);
+    if (q->policy == ROUTE_PRIMARY && pri >= 0) {
+        format_primary(&b, q, d, pri);
+        latency = by_slo = false;
+    } else if (q->policy == ROUTE_PRIMARY && q->primary && q->primary->n) {
+        put_str(&b, "primary: none able within slo ");
+        put_num(&b, q->slo_ms, 3, true);
+        put_str(&b, ", ");
+    } else if (by_slo && latency) {
+        put_str(&b, q->policy == ROUTE_COST ? "cost: none within slo " : "carbon: none within slo ");
         put_num(&b, q->slo_ms, 3, true);
         put_str(&b, ", ");
     }
@@ -228,10 +273,19 @@ static void format_reason(const route_query *q, route_decision *d)
         put_str(&b, " + queue ");
         put_num(&b, ms - rtt, 1, false);
         put_str(&b, ")");
-    } else {
-        put_str(&b, "cost ");
-        put_num(&b, r->rec.price_out, 2, false);
-        put_str(&b, "/M, ");
+    } else if (by_slo) {
+        if (q->policy == ROUTE_CARBON) {
+            put_str(&b, "carbon ");
+            if (r->rec.carbon > 0)
+                put_num(&b, r->rec.carbon, 0, true);
+            else
+                put_str(&b, "unknown");
+            put_str(&b, " g/kWh, ");
+        } else {
+            put_str(&b, "cost ");
+            put_num(&b, r->rec.price_out, 2, false);
+            put_str(&b, "/M, ");
+        }
         put_num(&b, ms, 1, false);
         if (q->slo_ms > 0) {
             put_str(&b, " ms within slo ");
@@ -254,7 +308,9 @@ static void spread_first(route_table *t, const route_query *q, rank *top, int n_
     for (; n < n_top; n++) {
         /* under cost, only the preferred's price group: a dearer region
          * as fast is no choice of the policy's */
-        if (top[n].ms >= edge || (q->policy == ROUTE_COST && (top[n].k1 != top[0].k1 || top[n].price != top[0].price)))
+        if (top[n].ms >= edge ||
+            (q->policy != ROUTE_LATENCY && (top[n].k1 != top[0].k1 || top[n].k2 != top[0].k2)) ||
+            (q->policy == ROUTE_COST && top[n].price != top[0].price))
             break;
         w[n] = top[n].ms <= best ? 1.0 : (edge - top[n].ms) / near;
         sum += w[n];
@@ -272,8 +328,62 @@ static void spread_first(route_table *t, const route_query *q, rank *top, int n_
     top[0] = chosen;
 }
 
+void route_primary_init(route_primary *p, const char *const *names, int n, double return_frac, int64_t hold_ms)
+{
+    memset(p, 0, sizeof(*p));
+    for (int i = 0; i < n && p->n < ROUTE_MAX_PRIMARY; i++) {
+        snprintf(p->names[p->n], ROUTE_NAME_MAX, "%s", names[i]);
+        p->hash[p->n] = route__hash(p->names[p->n]);
+        p->n++;
+    }
+    p->return_frac = return_frac > 0 && return_frac <= 1 ? return_frac : 0.8;
+    p->hold_ms = hold_ms > 0 ? hold_ms : 0;
+    p->current = -1;
+}
+
+void route_region_note_busy(route_region *r, int64_t now_ms)
+{
+    r->busy_ms = now_ms > 0 ? now_ms : 1;
+}
+
+static int primary_index(const route_primary *p, const route_slot *s)
+{
+    for (int i = 0; i < p->n; i++)
+        if (p->hash[i] == s->name_hash && !strcmp(p->names[i], s->r.rec.name))
+            return i;
+    return -1;
+}
+
+/* The hysteresis of one listed region seen now with expected latency ms
+ * (router.h): whether it is able. */
+static bool primary_able(route_primary *p, int i, const route_region *r, double ms, const route_query *q)
+{
+    bool busy = r->busy_ms && q->now_ms - r->busy_ms < p->hold_ms;
+    bool over = (q->slo_ms > 0 && ms > q->slo_ms) || busy;
+    if (!p->spilled[i]) {
+        if (over) {
+            p->spilled[i] = true;
+            p->below_since_ms[i] = 0;
+        }
+        return !over;
+    }
+    bool below = !busy && (q->slo_ms <= 0 || ms < p->return_frac * q->slo_ms);
+    if (!below) {
+        p->below_since_ms[i] = 0;
+        return false;
+    }
+    if (!p->below_since_ms[i])
+        p->below_since_ms[i] = q->now_ms > 0 ? q->now_ms : 1;
+    if (q->now_ms - p->below_since_ms[i] < p->hold_ms)
+        return false;
+    p->spilled[i] = false;
+    p->below_since_ms[i] = 0;
+    return true;
+}
+
 int route_decide(route_table *t, const route_query *q, route_decision *d)
 {
+    route_primary *pl = q->policy == ROUTE_PRIMARY && q->primary && q->primary->n ? q->primary : NULL;
     const char *model = q->model ? q->model : "";
     size_t model_len = strlen(model);
     uint64_t mh = route__hash(model), need_bloom = 0, nh[NEED_HASHED];
@@ -294,6 +404,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         route_slot *s = &t->slots[t->order[i]];
         route_region *r = &s->r;
         s->scratch_ok = false;
+        s->scratch_pri = -1;
         int mi = model_index(s, model, model_len, mh);
         if (mi < 0) {
             d->out_model++;
@@ -324,6 +435,9 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         }
         s->scratch_ms = route_rtt_ms(r) + route_model_queue_ms(r, mi);
         s->scratch_ok = true;
+        int pi = pl ? primary_index(pl, s) : -1;
+        if (pi >= 0 && primary_able(pl, pi, r, s->scratch_ms, q))
+            s->scratch_pri = (int8_t)pi;
         if (s->scratch_ms < best)
             best = s->scratch_ms;
         n_ok++;
@@ -332,7 +446,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
     /* Pass 2: the best ROUTE_MAX_CANDIDATES, in order. */
     rank top[ROUTE_MAX_CANDIDATES];
     int n_top = 0;
-    bool cost = q->policy == ROUTE_COST;
+    bool by_slo = q->policy == ROUTE_COST || q->policy == ROUTE_CARBON;
     for (int i = 0; i < t->n && n_ok; i++) {
         route_slot *s = &t->slots[t->order[i]];
         if (!s->scratch_ok)
@@ -341,9 +455,13 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         /* >= 0, so truncation is floor; capped so that the cast stays in
          * range whatever a record or an RTT says. */
         double steps = (s->scratch_ms - best) / ROUTE_TIE_MS;
-        rank k = {s, steps < 1e15 ? (int64_t)steps : (int64_t)1e15, route_price(&s->r, q), s->scratch_ms};
-        if (cost) /* within the SLO: by price, then exact latency; the rest after, by latency */
+        rank k = {s, steps < 1e15 ? (int64_t)steps : (int64_t)1e15, 0, route_price(&s->r, q), s->scratch_ms};
+        if (by_slo) /* within the SLO: by price (carbon), then exact latency; the rest after, by latency */
             k.k1 = q->slo_ms <= 0 || k.ms <= q->slo_ms ? 0 : 1 + k.k1;
+        if (q->policy == ROUTE_CARBON && k.k1 == 0) /* a region stating no intensity after those that do */
+            k.k2 = s->r.rec.carbon > 0 ? s->r.rec.carbon : INFINITY;
+        if (s->scratch_pri >= 0)
+            k.k1 = s->scratch_pri - ROUTE_MAX_PRIMARY;
         if (n_top == ROUTE_MAX_CANDIDATES && !rank_less(&k, &top[n_top - 1]))
             continue;
         int at = n_top < ROUTE_MAX_CANDIDATES ? n_top++ : n_top - 1;
@@ -355,6 +473,14 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
     }
 
     d->preferred = n_top ? &top[0].s->r : NULL;
+    int pri = -1;
+    if (pl) {
+        pri = n_top && top[0].s->scratch_pri >= 0 ? top[0].s->scratch_pri : -1;
+        if (pl->decided && pri != pl->current)
+            pl->switches++;
+        pl->current = pri;
+        pl->decided = true;
+    }
     if (q->spread && n_top > 1)
         spread_first(t, q, top, n_top);
 
@@ -376,7 +502,8 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         d->expected_ms[d->n] = top[i].ms;
         d->n++;
     }
-    format_reason(q, d);
+    /* a probe put first is not the list's choice */
+    format_reason(q, d, d->n && d->cand[0] == d->preferred ? pri : -1);
     return d->n;
 }
 

@@ -39,6 +39,10 @@
  * Cost policy: regions with expected <= slo_ms (slo_ms <= 0: no bound)
  * first, by price, then exact latency, then name; then the others by
  * latency as above.
+ * Carbon policy: as cost, by the region's grid carbon intensity
+ * (rec.carbon; a region that states none, 0, comes after those that do)
+ * instead of price, then price; the others by latency.
+ * Primary policy: see route_primary below.
  * Spreading (q->spread): the order above is the preferred one, and every
  * request following it sent a whole fleet's traffic to one region between
  * two of its records, then all of it to the next (herding). With spread,
@@ -68,7 +72,39 @@
 #define ROUTE_NEAR_FRAC 0.5
 #define ROUTE_NEAR_MS 5.0
 
-typedef enum route_policy { ROUTE_LATENCY = 0, ROUTE_COST = 1 } route_policy;
+typedef enum route_policy { ROUTE_LATENCY = 0, ROUTE_COST = 1, ROUTE_CARBON = 2, ROUTE_PRIMARY = 3 } route_policy;
+
+/* Policy "primary": an ordered list of preferred regions (the own
+ * cluster, then the reserved cloud, then on demand), and the hysteresis
+ * state that keeps traffic from flapping between them. A listed region is
+ * "able" until it cannot meet the SLO: its expected latency (RTT + queue)
+ * over slo_ms, or a 429 from it within hold_ms (route_region_note_busy);
+ * it is then spilled, and able again only once its expected latency has
+ * stayed below return_frac x slo_ms, with no 429, for hold_ms. Requests
+ * go to the first able listed region that passes the filters (residency,
+ * health, price cap rule first); the other able listed ones follow in list
+ * order, then every other candidate by latency (so with none able, the
+ * fastest, spilled listed ones included). One state per list (the fleet's,
+ * each tenant's own), kept by the caller and updated by route_decide: its
+ * loop thread only. */
+#define ROUTE_MAX_PRIMARY 8
+
+typedef struct route_primary {
+    int n;
+    char names[ROUTE_MAX_PRIMARY][ROUTE_NAME_MAX];
+    uint64_t hash[ROUTE_MAX_PRIMARY];
+    double return_frac; /* (0, 1] */
+    int64_t hold_ms;
+    bool spilled[ROUTE_MAX_PRIMARY];
+    int64_t below_since_ms[ROUTE_MAX_PRIMARY]; /* 0: not below return_frac x slo now */
+    int current;       /* the list index the last decision chose first; -1: none */
+    uint64_t switches; /* how often current changed (after the first decision) */
+    bool decided;
+} route_primary;
+
+/* names: n (at most ROUTE_MAX_PRIMARY, more are dropped) region names;
+ * return_frac outside (0, 1] is taken as 0.8, hold_ms < 0 as 0. */
+void route_primary_init(route_primary *p, const char *const *names, int n, double return_frac, int64_t hold_ms);
 
 typedef struct route_query {
     const char *model;
@@ -81,6 +117,9 @@ typedef struct route_query {
     /* The request's size for the cost policy (and ties): 0 and 0, price_out alone. */
     int prompt_tokens, output_tokens;
     bool spread; /* draw the first candidate among the near-best (above); false: the preferred order */
+    /* ROUTE_PRIMARY: the list and its state (mutated); NULL or empty: the
+     * latency policy. */
+    route_primary *primary;
 } route_query;
 
 #define ROUTE_MAX_CANDIDATES 16
@@ -92,7 +131,8 @@ typedef struct route_decision {
     double expected_ms[ROUTE_MAX_CANDIDATES];
     /* For x-infergate-route and the log, about cand[0]: "latency 12.3 ms (rtt 5.1 + queue 7.2)",
      * "cost 0.40/M, 38.0 ms within slo 50", "cost: none within slo 50, latency ...", " probe"
-     * appended for a probe; when n is 0: "no region: model 3, stale 0, ...". */
+     * appended for a probe; when n is 0: "no region: model 3, stale 0, ...". Carbon: "carbon 120 g/kWh,
+     * 38.0 ms within slo 50"; primary: "primary 2nd of 3 (1 spilled), 30.0 ms within slo 500". */
     char reason[160];
     bool probe; /* cand[0] is its region's probe after an ejection */
     /* The first of the preferred order (cand[0] without spreading; NULL
@@ -123,6 +163,10 @@ void route_table_seed(route_table *t, uint64_t seed);
  * once per region. Mutates nothing. */
 void route_models(const route_table *t, const char *const *need_tags, int n_need_tags, int64_t now_ms,
                   void (*fn)(void *ud, const char *model), void *ud);
+
+/* r answered 429 (busy) at now_ms: the primary policy spills from it
+ * for its hold time. */
+void route_region_note_busy(route_region *r, int64_t now_ms);
 
 /* Whether r passes q's filters on what its record says: serves q->model
  * (a peer with a ready worker, where its model_load says), has every tag q needs,

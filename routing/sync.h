@@ -9,7 +9,8 @@
  *                                       of the region (routing/instance.h),
  *                                       TTL = heartbeat * ttl_heartbeats
  *   infergate:<cluster>:price:<name>    hash {input, output}: a price set at run time
- *                                       (`infergate region set-price`); it overrides
+ *                                       (`infergate region set-price`), and/or
+ *                                       {carbon} (`set-carbon`, gCO2e/kWh); it overrides
  *                                       the record's price for every reader, and
  *                                       the owner publishes it as its own
  *   infergate:<cluster>:events          pub/sub: the name of a region that changed
@@ -189,5 +190,10 @@ int route_usage_read(const route_sync_opts *o, const char *from, const char *to,
  * publishes now: the price is stored all the same). */
 int route_set_price(const route_sync_opts *o, const char *region, double input, double output, char *err,
                     size_t err_len);
+/* `infergate region set-carbon`: the region's grid carbon intensity
+ * (gCO2e/kWh, 0 to ROUTE_MAX_CARBON), the override hash's carbon field,
+ * on the same terms as route_set_price (each keeps the other's fields).
+ * It overrides the record's carbon for every reader. */
+int route_set_carbon(const route_sync_opts *o, const char *region, double carbon, char *err, size_t err_len);
 
 #endif

@@ -136,6 +136,8 @@ struct route_sync {
     route_record local; /* as the caller set it */
     bool has_override;
     double override_in, override_out;
+    bool has_carbon_override; /* `region set-carbon`: the price hash's carbon field */
+    double override_carbon;
     bool has_announced;
     route_record announced; /* what peers were last told about */
 
@@ -219,6 +221,9 @@ void route_sync__on_scan(route_sync *s, redisReply *r);
 /* {input, output} of region's price hash; false when absent, malformed
  * or not proved by a fleet key (route_sync__auth_check). */
 bool route_sync__price_parse(route_sync *s, const char *region, const redisReply *r, double *in, double *out);
+/* The same hash's carbon field (gCO2e/kWh, `infergate region set-carbon`),
+ * on the same terms. */
+bool route_sync__carbon_parse(route_sync *s, const char *region, const redisReply *r, double *carbon);
 
 /* ---- sync_limit.c: REQ_LIMIT ---- */
 

@@ -29,7 +29,8 @@ static bool record_equal(const route_record *a, const route_record *b)
         a->price_out != b->price_out || a->capacity != b->capacity || a->running != b->running ||
         a->queued != b->queued || a->ttft_ms != b->ttft_ms || a->tpot_ms != b->tpot_ms ||
         a->healthy != b->healthy || a->updated_ms != b->updated_ms || a->instances != b->instances ||
-        a->version != b->version || a->ttft_est_ms != b->ttft_est_ms || a->draining != b->draining)
+        a->version != b->version || a->ttft_est_ms != b->ttft_est_ms || a->draining != b->draining ||
+        a->carbon != b->carbon)
         return false;
     for (int i = 0; i < a->n_models && i < ROUTE_MAX_MODELS; i++)
         if (strcmp(a->models[i], b->models[i]))
@@ -65,11 +66,9 @@ static int hash_fields(const redisReply *h, const char **names, const char **val
     return n;
 }
 
-/* Parses {input, output} of a price hash. false when absent, malformed or
- * not proved by a fleet key. */
-bool route_sync__price_parse(route_sync *s, const char *region, const redisReply *r, double *in, double *out)
+/* Whether an override hash (HGETALL reply) is there and proved. */
+static bool override_proved(route_sync *s, const char *region, const redisReply *r)
 {
-    bool has_in = false, has_out = false;
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements == 0)
         return false;
     if (s->o.auth.n) {
@@ -79,6 +78,35 @@ bool route_sync__price_parse(route_sync *s, const char *region, const redisReply
         if (n < 0 || route_sync__auth_check(s, "price", region, names, values, lens, n))
             return false;
     }
+    return true;
+}
+
+bool route_sync__carbon_parse(route_sync *s, const char *region, const redisReply *r, double *carbon)
+{
+    if (!override_proved(s, region, r))
+        return false;
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const redisReply *k = r->element[i], *v = r->element[i + 1];
+        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || k->len != 6 ||
+            memcmp(k->str, "carbon", 6))
+            continue;
+        char buf[65];
+        if (v->len == 0 || v->len > 64)
+            return false;
+        memcpy(buf, v->str, v->len);
+        buf[v->len] = '\0';
+        return strlen(buf) == v->len && route_number_parse(buf, ROUTE_MAX_CARBON, carbon);
+    }
+    return false;
+}
+
+/* Parses {input, output} of a price hash. false when absent, malformed or
+ * not proved by a fleet key. */
+bool route_sync__price_parse(route_sync *s, const char *region, const redisReply *r, double *in, double *out)
+{
+    bool has_in = false, has_out = false;
+    if (!override_proved(s, region, r))
+        return false;
     for (size_t i = 0; i + 1 < r->elements; i += 2) {
         const redisReply *k = r->element[i], *v = r->element[i + 1];
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || v->len == 0 || v->len > 64)
@@ -269,6 +297,9 @@ void route_sync__on_read(route_sync *s, sync_req *q, redisReply *r)
         rec.price_in = in;
         rec.price_out = out;
     }
+    double carbon;
+    if (route_sync__carbon_parse(s, q->name, price, &carbon))
+        rec.carbon = carbon;
     route_region *cur = route_table_find(s->table, q->name);
     if (cur && (cur->local || record_equal(&cur->rec, &rec)))
         return;

@@ -31,7 +31,8 @@ static bool identity_changed(const route_record *a, const route_record *b)
 {
     if (strcmp(a->endpoint, b->endpoint) || strcmp(a->gpu, b->gpu) || a->n_models != b->n_models ||
         a->n_tags != b->n_tags || a->price_in != b->price_in || a->price_out != b->price_out ||
-        a->capacity != b->capacity || a->healthy != b->healthy || a->draining != b->draining)
+        a->capacity != b->capacity || a->healthy != b->healthy || a->draining != b->draining ||
+        a->carbon != b->carbon)
         return true;
     for (int i = 0; i < a->n_models && i < ROUTE_MAX_MODELS; i++)
         if (strcmp(a->models[i], b->models[i]))
@@ -83,6 +84,8 @@ static void local_effective(const route_sync *s, route_record *out)
         out->price_in = s->override_in;
         out->price_out = s->override_out;
     }
+    if (s->has_carbon_override)
+        out->carbon = s->override_carbon;
 }
 
 static void local_to_table(route_sync *s)
@@ -100,8 +103,13 @@ void route_sync__apply_own_override(route_sync *s, const redisReply *price)
 {
     double in = 0, out = 0;
     bool has = route_sync__price_parse(s, s->local.name, price, &in, &out);
-    if (has == s->has_override && (!has || (in == s->override_in && out == s->override_out)))
+    double carbon = 0;
+    bool has_c = route_sync__carbon_parse(s, s->local.name, price, &carbon);
+    if (has == s->has_override && (!has || (in == s->override_in && out == s->override_out)) &&
+        has_c == s->has_carbon_override && (!has_c || carbon == s->override_carbon))
         return;
+    s->has_carbon_override = has_c;
+    s->override_carbon = carbon;
     s->has_override = has;
     s->override_in = in;
     s->override_out = out;
@@ -321,7 +329,7 @@ void route_sync_set_local(route_sync *s, const route_record *rec)
     }
     bool had = s->has_local;
     if (had && strcmp(rec->name, s->local.name)) {
-        s->has_override = false; /* another region's price */
+        s->has_override = s->has_carbon_override = false; /* another region's price */
         s->has_announced = false;
         s->n_sib = 0; /* another region's gateways */
     }

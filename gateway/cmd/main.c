@@ -28,6 +28,8 @@ static void usage(FILE *f)
                "                        change a region's price for the whole fleet (through Redis)\n"
                "  usage [--tenant T] [--since YYYY-MM-DD] [--redis HOST:PORT | --config FILE ...]\n"
                "                        print tokens, spend and gCO2e by tenant, model and region\n"
+               "  region set-carbon REGION --carbon G [--redis HOST:PORT --cluster NAME ...]\n"
+               "                        its grid carbon intensity (gCO2e/kWh), the same way\n"
                "\n"
                "`infergate <command> --help` describes each command.\n");
 }

@@ -1,7 +1,8 @@
 /* `infergate region`: operator commands on the fleet's shared state in
- * Redis. `region set-price` writes a region's run-time price, which every
- * gateway applies within a second (routing/sync.h: the price override key
- * and its announcement). */
+ * Redis. `region set-price` writes a region's run-time price and
+ * `region set-carbon` its grid carbon intensity, which every gateway
+ * applies within a second (routing/sync.h: the override key and its
+ * announcement). */
 #include "gateway/cmd/cli.h"
 #include "gateway/base/num.h"
 #include "gateway/config/config.h"
@@ -16,9 +17,11 @@
 static void region_usage(FILE *f)
 {
     fprintf(f, "usage: infergate region set-price REGION --input X --output Y [options]\n"
+               "       infergate region set-carbon REGION --carbon G [options]\n"
                "\n"
-               "Sets REGION's price per million input and output tokens for every gateway of the\n"
-               "cluster (it overrides the price in that region's config until set again).\n"
+               "Sets REGION's price per million input and output tokens, or its grid carbon intensity\n"
+               "in gCO2e/kWh, for every gateway of the cluster (it overrides the figure in that\n"
+               "region's config, or its carbon_source, until set again).\n"
                "\n"
                "options:\n"
                "  --redis HOST:PORT   Redis server (default 127.0.0.1:6379; [v6addr]:PORT for IPv6)\n"
@@ -29,8 +32,8 @@ static void region_usage(FILE *f)
                "  --config FILE       take Redis, cluster and the fleet key from a gateway config (the\n"
                "                      options above override it)\n"
                "\n"
-               "The price is signed with the fleet key (redis.record_keys' first in the config, else\n"
-               "$INFERGATE_RECORD_KEY): gateways ignore a price no fleet key proves.\n");
+               "The figure is signed with the fleet key (redis.record_keys' first in the config, else\n"
+               "$INFERGATE_RECORD_KEY): gateways ignore a figure no fleet key proves.\n");
 }
 
 /* "HOST:PORT", "[v6]:PORT" or "HOST" (port 6379). host points into buf. */
@@ -134,13 +137,16 @@ int gw_cli_redis_config(gw_cli_redis *r, const char *cmd, gw_config **cfg)
     return 0;
 }
 
-static int set_price(int argc, char **argv)
+static int set_figure(int argc, char **argv, bool carbon)
 {
+    const char *cmd = carbon ? "set-carbon" : "set-price";
+    char cmd_name[64];
+    snprintf(cmd_name, sizeof(cmd_name), "infergate region %s", cmd);
     gw_cli_redis rd;
     gw_cli_redis_init(&rd);
     const char *region = NULL;
-    double input = -1, output = -1;
-    bool has_in = false, has_out = false;
+    double input = -1, output = -1, intensity = -1;
+    bool has_in = false, has_out = false, has_carbon = false;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -150,7 +156,7 @@ static int set_price(int argc, char **argv)
         }
         if (a[0] != '-') {
             if (region) {
-                fprintf(stderr, "infergate region set-price: one region at a time ('%s' and '%s')\n", region,
+                fprintf(stderr, "infergate region %s: one region at a time ('%s' and '%s')\n", cmd, region,
                         a);
                 return 2;
             }
@@ -158,15 +164,22 @@ static int set_price(int argc, char **argv)
             continue;
         }
         if (i + 1 >= argc) {
-            fprintf(stderr, "infergate region set-price: %s needs a value\n", a);
+            fprintf(stderr, "infergate region %s: %s needs a value\n", cmd, a);
             return 2;
         }
         const char *v = argv[++i];
         long n;
-        if (!strcmp(a, "--input") || !strcmp(a, "--output")) {
+        if (carbon && !strcmp(a, "--carbon")) {
+            if (gw_parse_float(v, &intensity) || intensity < 0) {
+                fprintf(stderr, "infergate region %s: --carbon: '%s' is not gCO2e/kWh (a number >= 0)\n", cmd,
+                        v);
+                return 2;
+            }
+            has_carbon = true;
+        } else if (!carbon && (!strcmp(a, "--input") || !strcmp(a, "--output"))) {
             double d;
             if (gw_parse_float(v, &d) || d < 0) {
-                fprintf(stderr, "infergate region set-price: %s: '%s' is not a price (a number >= 0)\n", a,
+                fprintf(stderr, "infergate region %s: %s: '%s' is not a price (a number >= 0)\n", cmd, a,
                         v);
                 return 2;
             }
@@ -177,23 +190,24 @@ static int set_price(int argc, char **argv)
                 output = d;
                 has_out = true;
             }
-        } else if ((n = gw_cli_redis_option(&rd, "infergate region set-price", a, v)) != 0) {
+        } else if ((n = gw_cli_redis_option(&rd, cmd_name, a, v)) != 0) {
             if (n < 0)
                 return 2;
         } else {
-            fprintf(stderr, "infergate region set-price: unknown option '%s'\n\n", a);
+            fprintf(stderr, "infergate region %s: unknown option '%s'\n\n", cmd, a);
             region_usage(stderr);
             return 2;
         }
     }
-    if (!region || !has_in || !has_out) {
-        fprintf(stderr, "infergate region set-price: REGION, --input and --output are needed\n\n");
+    if (!region || (carbon ? !has_carbon : !has_in || !has_out)) {
+        fprintf(stderr, "infergate region %s: REGION and %s are needed\n\n", cmd,
+                carbon ? "--carbon" : "--input and --output");
         region_usage(stderr);
         return 2;
     }
     char err[512];
     gw_config *cfg = NULL;
-    if (gw_cli_redis_config(&rd, "infergate region set-price", &cfg))
+    if (gw_cli_redis_config(&rd, cmd_name, &cfg))
         return 1;
     route_sync_opts o = rd.o;
     if (cfg) /* the config loader checked them */
@@ -201,27 +215,31 @@ static int set_price(int argc, char **argv)
                             err, sizeof(err));
     const char *env_key = getenv("INFERGATE_RECORD_KEY");
     if (!o.auth.n && env_key && route_auth_keys_set(&o.auth, &env_key, 1, err, sizeof(err))) {
-        fprintf(stderr, "infergate region set-price: INFERGATE_RECORD_KEY: %s\n", err);
+        fprintf(stderr, "infergate region %s: INFERGATE_RECORD_KEY: %s\n", cmd, err);
         gw_config_free(cfg);
         return 1;
     }
     if (!o.auth.n) {
-        fprintf(stderr, "infergate region set-price: no fleet key to sign the price with (give --config with "
-                        "redis.record_keys, or INFERGATE_RECORD_KEY): the gateways would ignore it\n");
+        fprintf(stderr, "infergate region %s: no fleet key to sign the price with (give --config with "
+                        "redis.record_keys, or INFERGATE_RECORD_KEY): the gateways would ignore it\n", cmd);
         gw_config_free(cfg);
         return 1;
     }
-    int rc = route_set_price(&o, region, input, output, err, sizeof(err));
+    int rc = carbon ? route_set_carbon(&o, region, intensity, err, sizeof(err))
+                    : route_set_price(&o, region, input, output, err, sizeof(err));
     memset(&o.auth, 0, sizeof(o.auth));
     if (rc) {
-        fprintf(stderr, "infergate region set-price: %s\n", err);
+        fprintf(stderr, "infergate region %s: %s\n", cmd, err);
         gw_config_free(cfg);
         return 1;
     }
     if (err[0])
-        fprintf(stderr, "infergate region set-price: warning: %s\n", err);
-    printf("region %s (cluster %s): input %g, output %g per million tokens\n", region, o.cluster, input,
-           output);
+        fprintf(stderr, "infergate region %s: warning: %s\n", cmd, err);
+    if (carbon)
+        printf("region %s (cluster %s): carbon intensity %g gCO2e/kWh\n", region, o.cluster, intensity);
+    else
+        printf("region %s (cluster %s): input %g, output %g per million tokens\n", region, o.cluster, input,
+               output);
     gw_config_free(cfg);
     return fflush(stdout) == 0 ? 0 : 1;
 }
@@ -232,8 +250,8 @@ int gw_cmd_region(int argc, char **argv)
         region_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "set-price"))
-        return set_price(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "set-price") || !strcmp(argv[1], "set-carbon"))
+        return set_figure(argc - 1, argv + 1, argv[1][4] == 'c');
     fprintf(stderr, "infergate region: unknown command '%s'\n\n", argv[1]);
     region_usage(stderr);
     return 2;

@@ -25,6 +25,8 @@
  *       prefix_cache: true      # reuse the KV of prompt prefixes seen before
  *       chat_template: llama3   # render chats as this family, whatever the model's template
  *                               # says (see `infergate worker --help` for the names)
+ *       power_watts: 0          # the worker's power draw, for energy / gCO2e estimates (a GPU's
+ *                               # is measured through NVML where it can be; 0: not given)
  *   tenants:                    # none: no auth, and the gateway only listens on loopback
  *     - name: acme              # required
  *       keys: [SHA256-HEX, ...] # required; `infergate key new` prints a key and its hash
@@ -33,12 +35,14 @@
  *       tpm: 100000             # tokens per minute (0 = unlimited)
  *       admin: false            # may read /metrics-like admin endpoints
  *       residency: [eu]         # region tags every request needs (none: any region)
- *       policy: latency         # latency | cost; default: routing.policy
+ *       policy: latency         # latency | cost | carbon | primary; default: routing.policy
  *       slo_ms: 200             # cost policy bound; default: routing.slo_ms
  *       max_price: 2.5          # per million tokens, both prices (routing/router.h); default: no cap
  *       priority: interactive   # interactive: x-infergate-priority decides; batch: every request is batch
  *       budget: {daily: 5, monthly: 100}  # spend per UTC day / month in the prices' currency (either
  *                               # may be left out); at it: 429 insufficient_quota (front/spend.h)
+ *       primary: [onprem, reserved]  # policy primary: this tenant's preferred regions; default routing.primary
+ *       allow_policies: [carbon]     # x-infergate-policy values its requests may give; default none
  *   limits:
  *     max_body_bytes: 1048576
  *     max_header_bytes: 65536
@@ -70,6 +74,9 @@
  *     tags: [eu, gdpr]          # residency tags, at most 8, each 1-31 of A-Z a-z 0-9 . _ -
  *     price: {input: 0.5, output: 1.5}  # per million tokens; default 0
  *     gpu: H100                 # shown to operators
+ *     carbon: 250               # grid carbon intensity, gCO2e/kWh (0-100000); default 0: not given
+ *     carbon_source: FILE       # or http://HOST:PORT/PATH: a body holding the current figure, polled
+ *     carbon_poll_ms: 60000     # how often (1000-86400000); a bad figure is logged and kept out
  *   cluster: default            # Redis key prefix: infergate:<cluster>:...
  *   redis:                      # shared region state; needs `region`
  *     address: "127.0.0.1:6379" # required; HOST:PORT (numeric or localhost)
@@ -81,8 +88,11 @@
  *                               # peers' records and price overrides (unproved: ignored); the
  *                               # first signs, a second is also accepted (a rotation); reloads
  *   routing:
- *     policy: latency           # latency | cost
- *     slo_ms: 500               # cost policy: expected latency bound
+ *     policy: latency           # latency | cost | carbon | primary
+ *     slo_ms: 500               # cost, carbon and primary policies: expected latency bound
+ *     primary: [onprem, reserved, ondemand]  # policy primary: preferred regions, in order (at most 8)
+ *     primary_return: 0.8       # a spilled region is back below this fraction of slo_ms ...
+ *     primary_hold_ms: 3000     # ... held this long (a 429 from it spills it this long)
  *     spread: true              # share among near-best regions (routing/router.h), not all to the best
  *     heartbeat_ms: 1000        # record publication period
  *     stale_after_ms: 3000      # default 3 heartbeats; more than two
@@ -124,10 +134,19 @@ typedef struct gw_worker_cfg {
     bool kv_q8_0;        /* kv_type: q8_0 */
     bool prefix_cache;   /* prefix_cache (true): the worker's --prefix-cache */
     char *chat_template; /* a family name (the worker's --chat-template), or NULL */
+    double power_watts;  /* its power draw for energy estimates; 0: not given (a GPU's is measured) */
 } gw_worker_cfg;
 
 /* Routing policy; a tenant's DEFAULT takes routing.policy. */
-typedef enum gw_route_policy { GW_POLICY_DEFAULT = 0, GW_POLICY_LATENCY, GW_POLICY_COST } gw_route_policy;
+typedef enum gw_route_policy {
+    GW_POLICY_DEFAULT = 0,
+    GW_POLICY_LATENCY,
+    GW_POLICY_COST,
+    GW_POLICY_CARBON,
+    GW_POLICY_PRIMARY
+} gw_route_policy;
+/* "latency", "cost", "carbon", "primary" ("default" for DEFAULT). */
+const char *gw_policy_name(gw_route_policy p);
 
 #define GW_TENANT_NAME_MAX 64 /* characters of a tenant's name */
 
@@ -146,6 +165,9 @@ typedef struct gw_tenant_cfg {
     double max_price;       /* per million of a request's tokens (routing/router.h); 0: no cap */
     bool batch_only;        /* priority: batch, whatever the request asks */
     double budget_daily, budget_monthly; /* spend per UTC day / month; 0: none */
+    char **primary;         /* policy primary: this tenant's preferred regions, in order; NULL: routing.primary */
+    int n_primary;
+    unsigned allow_policies; /* bit (1 << gw_route_policy) for each x-infergate-policy value allowed */
 } gw_tenant_cfg;
 
 typedef struct gw_limits_cfg {
@@ -165,6 +187,9 @@ typedef struct gw_region_cfg {
     int n_tags;
     double price_in, price_out; /* per million tokens */
     char *gpu;                  /* NULL: not given */
+    double carbon;              /* grid carbon intensity, gCO2e/kWh; 0: not given */
+    char *carbon_source;        /* a file or http://HOST:PORT/PATH polled for it; NULL: none */
+    int carbon_poll_ms;
 } gw_region_cfg;
 
 typedef struct gw_redis_cfg {
@@ -184,6 +209,10 @@ typedef struct gw_routing_cfg {
     gw_route_policy policy; /* LATENCY or COST, never DEFAULT */
     double slo_ms;
     bool spread; /* route_query.spread */
+    char **primary; /* policy primary: the preferred regions, in order */
+    int n_primary;
+    double primary_return; /* back to a spilled region below this fraction of slo_ms ... */
+    int primary_hold_ms;   /* ... for this long; a 429 spills it for as long */
     int heartbeat_ms, stale_after_ms, eject_after, eject_base_ms, eject_max_ms, ping_interval_ms;
     double retry_budget;
 } gw_routing_cfg;

@@ -89,6 +89,8 @@ int gw_cfg_parse_routing(cfg_parser *p, const yaml_node_t *region, const yaml_no
  * routing.policy. */
 int gw_cfg_tags(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count);
 int gw_cfg_policy(cfg_parser *p, const yaml_node_t *n, const char *path, gw_route_policy *out);
+/* Region names (policy primary's list): 1 to ROUTE_MAX_PRIMARY, none twice. */
+int gw_cfg_region_list(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count);
 void gw_cfg_routing_free(gw_config *c);
 
 #endif

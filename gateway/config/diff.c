@@ -35,14 +35,16 @@ static bool worker_eq(const gw_worker_cfg *a, const gw_worker_cfg *b)
            a->kv_cache_mb == b->kv_cache_mb && a->max_seqs == b->max_seqs &&
            a->max_batch_tokens == b->max_batch_tokens && a->max_queue == b->max_queue &&
            a->batch_max_wait_ms == b->batch_max_wait_ms && a->kv_q8_0 == b->kv_q8_0 &&
-           a->prefix_cache == b->prefix_cache && str_eq(a->chat_template, b->chat_template);
+           a->prefix_cache == b->prefix_cache && str_eq(a->chat_template, b->chat_template) &&
+           a->power_watts == b->power_watts;
 }
 
 static bool region_eq(const gw_region_cfg *a, const gw_region_cfg *b)
 {
     return str_eq(a->name, b->name) && str_eq(a->endpoint, b->endpoint) &&
            strs_eq(a->tags, a->n_tags, b->tags, b->n_tags) && a->price_in == b->price_in &&
-           a->price_out == b->price_out && str_eq(a->gpu, b->gpu);
+           a->price_out == b->price_out && str_eq(a->gpu, b->gpu) && a->carbon == b->carbon &&
+           str_eq(a->carbon_source, b->carbon_source) && a->carbon_poll_ms == b->carbon_poll_ms;
 }
 
 static bool redis_eq(const gw_redis_cfg *a, const gw_redis_cfg *b)

@@ -253,6 +253,15 @@ int gw_cfg_parse_root(cfg_parser *p, const yaml_node_t *root, gw_config *c)
         return rc;
     if (!v[K_REGION] && (rc = check_no_residency(p, v[K_TENANTS], c)))
         return rc;
-    return gw_cfg_parse_routing(p, v[K_REGION], v[K_CLUSTER], v[K_REDIS], v[K_ROUTING], v[K_PEERS],
-                                v[K_PEER_TLS], c);
+    if ((rc = gw_cfg_parse_routing(p, v[K_REGION], v[K_CLUSTER], v[K_REDIS], v[K_ROUTING], v[K_PEERS],
+                                   v[K_PEER_TLS], c)))
+        return rc;
+    /* policy primary, from the tenant's policy or a request's header, needs a list */
+    for (int i = 0; i < c->n_tenants && !c->routing.n_primary; i++) {
+        const gw_tenant_cfg *t = &c->tenants[i];
+        if (!t->n_primary && (t->policy == GW_POLICY_PRIMARY || (t->allow_policies & (1u << GW_POLICY_PRIMARY))))
+            return gw_cfg_perr(p, v[K_TENANTS], "tenants", "tenant %s may use policy primary, and neither its "
+                               "primary nor routing.primary lists the preferred regions", t->name);
+    }
+    return 0;
 }

@@ -8,6 +8,7 @@
 #include "gateway/config/config_internal.h"
 #include "routing/record_auth.h"
 #include "routing/region.h"
+#include "routing/router.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -39,7 +40,10 @@ int gw_cfg_routing_init(gw_config *c)
                                   .eject_base_ms = 1000,
                                   .eject_max_ms = 30000,
                                   .ping_interval_ms = 250,
-                                  .retry_budget = 0.2};
+                                  .retry_budget = 0.2,
+                                  .primary_return = 0.8,
+                                  .primary_hold_ms = 3000};
+    c->region.carbon_poll_ms = 60000;
     return (c->cluster = strdup("default")) ? 0 : -ENOMEM;
 }
 
@@ -49,6 +53,8 @@ void gw_cfg_routing_free(gw_config *c)
     free(c->region.endpoint);
     gw_cfg_free_str_list(c->region.tags, c->region.n_tags);
     free(c->region.gpu);
+    free(c->region.carbon_source);
+    gw_cfg_free_str_list(c->routing.primary, c->routing.n_primary);
     free(c->cluster);
     free(c->redis.address);
     free(c->redis.host);
@@ -68,22 +74,38 @@ void gw_cfg_routing_free(gw_config *c)
 
 /* ---- shared value checks ---- */
 
-int gw_cfg_tags(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count)
+/* A list of names, each valid_name within size - 1 bytes, none twice:
+ * bad_name begins the message for one that is not ("a tag is", "must be"),
+ * what names an item in the message for a repeat. */
+static int name_list(cfg_parser *p, const yaml_node_t *n, const char *path, int max, int size, const char *bad_name,
+                     const char *what, char ***out, int *count)
 {
-    int rc = gw_cfg_str_list(p, n, path, ROUTE_MAX_TAGS, out, count);
+    int rc = gw_cfg_str_list(p, n, path, max, out, count);
     if (rc)
         return rc;
     for (int i = 0; i < *count; i++) {
         char ip[CFG_PATH_MAX];
         const yaml_node_t *it = yaml_document_get_node(p->doc, n->data.sequence.items.start[i]);
         gw_cfg_path_idx(ip, path, i);
-        if (!valid_name((*out)[i], TAG_SIZE - 1))
-            return gw_cfg_perr(p, it, ip, "a tag is 1 to %d characters from A-Z a-z 0-9 . _ -", TAG_SIZE - 1);
+        if (!valid_name((*out)[i], (size_t)size - 1))
+            return gw_cfg_perr(p, it, ip, "%s 1 to %d characters from A-Z a-z 0-9 . _ -", bad_name, size - 1);
         for (int j = 0; j < i; j++)
             if (!strcmp((*out)[i], (*out)[j]))
-                return gw_cfg_perr(p, it, ip, "tag %s is listed twice", (*out)[i]);
+                return gw_cfg_perr(p, it, ip, "%s %s is listed twice", what, (*out)[i]);
     }
     return 0;
+}
+
+int gw_cfg_tags(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count)
+{
+    return name_list(p, n, path, ROUTE_MAX_TAGS, TAG_SIZE, "a tag is", "tag", out, count);
+}
+
+static const char *const policy_names[] = {"default", "latency", "cost", "carbon", "primary"};
+
+const char *gw_policy_name(gw_route_policy p)
+{
+    return (unsigned)p < sizeof(policy_names) / sizeof(policy_names[0]) ? policy_names[p] : "?";
 }
 
 int gw_cfg_policy(cfg_parser *p, const yaml_node_t *n, const char *path, gw_route_policy *out)
@@ -92,14 +114,49 @@ int gw_cfg_policy(cfg_parser *p, const yaml_node_t *n, const char *path, gw_rout
     int rc = gw_cfg_str(p, n, path, &s);
     if (rc)
         return rc;
-    if (!strcmp(s, "latency"))
-        *out = GW_POLICY_LATENCY;
-    else if (!strcmp(s, "cost"))
-        *out = GW_POLICY_COST;
-    else
-        rc = gw_cfg_perr(p, n, path, "must be latency or cost");
+    *out = GW_POLICY_DEFAULT;
+    for (int i = GW_POLICY_LATENCY; i <= GW_POLICY_PRIMARY; i++)
+        if (!strcmp(s, policy_names[i]))
+            *out = (gw_route_policy)i;
+    if (*out == GW_POLICY_DEFAULT)
+        rc = gw_cfg_perr(p, n, path, "must be latency, cost, carbon or primary");
     free(s);
     return rc;
+}
+
+/* policy primary's list: region names, none twice, at most ROUTE_MAX_PRIMARY. */
+int gw_cfg_region_list(cfg_parser *p, const yaml_node_t *n, const char *path, char ***out, int *count)
+{
+    int rc = name_list(p, n, path, ROUTE_MAX_PRIMARY, ROUTE_NAME_MAX, "must be", "region", out, count);
+    return !rc && *count == 0 ? gw_cfg_perr(p, n, path, "give at least one region name") : rc;
+}
+
+/* region.carbon_source: a file path, or http://HOST:PORT/PATH with HOST
+ * numeric or localhost (polled from the event loop without a blocking
+ * DNS lookup); https is not polled. */
+static int get_carbon_source(cfg_parser *p, const yaml_node_t *n, char **out)
+{
+    int rc = gw_cfg_str(p, n, "region.carbon_source", out);
+    if (rc)
+        return rc;
+    const char *s = *out;
+    if (!*s || strlen(s) > 1024)
+        return gw_cfg_perr(p, n, "region.carbon_source", "a file path or http://HOST:PORT/PATH of 1-1024 bytes");
+    if (strncmp(s, "http://", 7)) {
+        if (strstr(s, "://"))
+            return gw_cfg_perr(p, n, "region.carbon_source", "only http:// URLs (or a file path) are polled");
+        return 0;
+    }
+    const char *slash = strchr(s + 7, '/');
+    char hp[300], host[ROUTE_HOST_MAX];
+    size_t len = slash ? (size_t)(slash - (s + 7)) : strlen(s + 7);
+    int port;
+    if (len >= sizeof(hp))
+        return gw_cfg_perr(p, n, "region.carbon_source", "HOST:PORT is too long");
+    memcpy(hp, s + 7, len);
+    hp[len] = '\0';
+    const char *why = route_host_port(hp, host, &port);
+    return why ? gw_cfg_perr(p, n, "region.carbon_source", "%s", why) : 0;
 }
 
 /* "tls:HOST:PORT" | "tcp:HOST:PORT", within a record's endpoint field. */
@@ -118,8 +175,9 @@ static int get_endpoint(cfg_parser *p, const yaml_node_t *n, const char *path, c
 
 static int parse_region(cfg_parser *p, const yaml_node_t *n, gw_region_cfg *r)
 {
-    enum { K_NAME, K_ENDPOINT, K_TAGS, K_PRICE, K_GPU, K_N };
-    static const char *const keys[K_N] = {"name", "endpoint", "tags", "price", "gpu"};
+    enum { K_NAME, K_ENDPOINT, K_TAGS, K_PRICE, K_GPU, K_CARBON, K_CSRC, K_CPOLL, K_N };
+    static const char *const keys[K_N] = {"name", "endpoint", "tags",          "price",
+                                          "gpu",  "carbon",   "carbon_source", "carbon_poll_ms"};
     static const char *const price_keys[] = {"input", "output"};
     yaml_node_t *v[K_N], *pv[2];
     int rc = gw_cfg_map_take(p, n, "region", keys, K_N, v);
@@ -149,6 +207,16 @@ static int parse_region(cfg_parser *p, const yaml_node_t *n, gw_region_cfg *r)
             return rc;
         if (strlen(r->gpu) >= (size_t)GPU_SIZE)
             return gw_cfg_perr(p, v[K_GPU], "region.gpu", "longer than %d bytes", GPU_SIZE - 1);
+    }
+    if (v[K_CARBON] && (rc = gw_cfg_num(p, v[K_CARBON], "region.carbon", ROUTE_MAX_CARBON, &r->carbon)))
+        return rc;
+    if (v[K_CSRC] && (rc = get_carbon_source(p, v[K_CSRC], &r->carbon_source)))
+        return rc;
+    long long x;
+    if (v[K_CPOLL]) {
+        if ((rc = gw_cfg_int(p, v[K_CPOLL], "region.carbon_poll_ms", 1000, 86400000, &x)))
+            return rc;
+        r->carbon_poll_ms = (int)x;
     }
     return 0;
 }
@@ -213,18 +281,35 @@ static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
 
 static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
 {
-    enum { K_POLICY, K_SLO, K_HB, K_STALE, K_EJ_AFTER, K_EJ_BASE, K_EJ_MAX, K_PING, K_RETRY, K_SPREAD, K_N };
-    static const char *const keys[K_N] = {"policy",         "slo_ms",           "heartbeat_ms",
-                                          "stale_after_ms", "eject_after",      "eject_base_ms",
-                                          "eject_max_ms",   "ping_interval_ms", "retry_budget",
-                                          "spread"};
-    static const long long lo[K_N] = {
-        [K_HB] = 50, [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1, [K_EJ_MAX] = 1, [K_PING] = 50};
+    enum {
+        K_POLICY,
+        K_SLO,
+        K_HB,
+        K_STALE,
+        K_EJ_AFTER,
+        K_EJ_BASE,
+        K_EJ_MAX,
+        K_PING,
+        K_HOLD,
+        K_RETRY,
+        K_SPREAD,
+        K_PRIMARY,
+        K_RETURN,
+        K_N
+    };
+    static const char *const keys[K_N] = {
+        "policy",        "slo_ms",       "heartbeat_ms",     "stale_after_ms",  "eject_after",
+        "eject_base_ms", "eject_max_ms", "ping_interval_ms", "primary_hold_ms", "retry_budget",
+        "spread",        "primary",      "primary_return"};
+    static const long long lo[K_N] = {[K_HB] = 50,     [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1,
+                                      [K_EJ_MAX] = 1, [K_PING] = 50,  [K_HOLD] = 0};
     static const long long hi[K_N] = {[K_HB] = 60000,        [K_STALE] = 3600000,   [K_EJ_AFTER] = 1000,
-                                      [K_EJ_BASE] = 3600000, [K_EJ_MAX] = 86400000, [K_PING] = 60000};
-    int *ints[K_N] = {
-        [K_HB] = &r->heartbeat_ms,       [K_STALE] = &r->stale_after_ms, [K_EJ_AFTER] = &r->eject_after,
-        [K_EJ_BASE] = &r->eject_base_ms, [K_EJ_MAX] = &r->eject_max_ms,  [K_PING] = &r->ping_interval_ms};
+                                      [K_EJ_BASE] = 3600000, [K_EJ_MAX] = 86400000, [K_PING] = 60000,
+                                      [K_HOLD] = 3600000};
+    int *ints[K_N] = {[K_HB] = &r->heartbeat_ms,       [K_STALE] = &r->stale_after_ms,
+                      [K_EJ_AFTER] = &r->eject_after,  [K_EJ_BASE] = &r->eject_base_ms,
+                      [K_EJ_MAX] = &r->eject_max_ms,   [K_PING] = &r->ping_interval_ms,
+                      [K_HOLD] = &r->primary_hold_ms};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, "routing", keys, K_N, v);
@@ -238,7 +323,20 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         return rc;
     if (v[K_SPREAD] && (rc = gw_cfg_bool(p, v[K_SPREAD], "routing.spread", &r->spread)))
         return rc;
-    for (int k = K_HB; k <= K_PING; k++) {
+    if (v[K_PRIMARY] &&
+        (rc = gw_cfg_region_list(p, v[K_PRIMARY], "routing.primary", &r->primary, &r->n_primary)))
+        return rc;
+    if (v[K_RETURN]) {
+        if ((rc = gw_cfg_num(p, v[K_RETURN], "routing.primary_return", 1, &r->primary_return)))
+            return rc;
+        if (!(r->primary_return > 0))
+            return gw_cfg_perr(p, v[K_RETURN], "routing.primary_return",
+                               "must be more than 0 (a fraction of slo_ms, at most 1)");
+    }
+    if (r->policy == GW_POLICY_PRIMARY && !r->n_primary)
+        return gw_cfg_perr(p, v[K_POLICY], "routing.policy",
+                           "primary needs routing.primary: the preferred regions, in order");
+    for (int k = K_HB; k <= K_HOLD; k++) {
         long long x;
         if (!v[k])
             continue;

@@ -100,6 +100,25 @@ static int parse_budget(cfg_parser *p, const yaml_node_t *n, const char *path, g
     return 0;
 }
 
+/* allow_policies: the x-infergate-policy values this tenant's requests may
+ * give, each a policy name, none twice. */
+static int parse_allow_policies(cfg_parser *p, const yaml_node_t *n, const char *path, gw_tenant_cfg *t)
+{
+    int len, rc = gw_cfg_seq_take(p, n, path, 4, &len);
+    for (int i = 0; !rc && i < len; i++) {
+        char ip[CFG_PATH_MAX];
+        yaml_node_t *it;
+        gw_route_policy pol;
+        gw_cfg_path_idx(ip, path, i);
+        if ((rc = gw_cfg_seq_item(p, n, i, ip, &it)) || (rc = gw_cfg_policy(p, it, ip, &pol)))
+            return rc;
+        if (t->allow_policies & (1u << pol))
+            return gw_cfg_perr(p, it, ip, "%s is listed twice", gw_policy_name(pol));
+        t->allow_policies |= 1u << pol;
+    }
+    return rc;
+}
+
 static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, gw_tenant_cfg *t)
 {
     enum {
@@ -115,10 +134,13 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
         K_PRICE,
         K_PRIO,
         K_BUDGET,
+        K_PRIMARY,
+        K_ALLOW,
         K_N
     };
-    static const char *const keys[K_N] = {"name",      "keys",   "models", "rps",       "tpm",      "admin",
-                                          "residency", "policy", "slo_ms", "max_price", "priority", "budget"};
+    static const char *const keys[K_N] = {"name",     "keys",     "models",  "rps",          "tpm",
+                                          "admin",    "residency", "policy", "slo_ms",       "max_price",
+                                          "priority", "budget",   "primary", "allow_policies"};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
@@ -172,9 +194,16 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
         if (!t->batch_only && strcmp(s, "interactive"))
             rc = gw_cfg_perr(p, v[K_PRIO], kp, "must be interactive or batch");
         free(s);
+        if (rc)
+            return rc;
     }
     if (!rc && v[K_BUDGET])
         rc = parse_budget(p, v[K_BUDGET], (gw_cfg_path_key(kp, path, "budget"), kp), t);
+    if (!rc && v[K_PRIMARY])
+        rc = gw_cfg_region_list(p, v[K_PRIMARY], (gw_cfg_path_key(kp, path, "primary"), kp), &t->primary,
+                                &t->n_primary);
+    if (!rc && v[K_ALLOW])
+        rc = parse_allow_policies(p, v[K_ALLOW], (gw_cfg_path_key(kp, path, "allow_policies"), kp), t);
     return rc;
 }
 
@@ -278,6 +307,7 @@ void gw_cfg_tenants_free(gw_config *c)
         free(c->tenants[i].key_hashes);
         gw_cfg_free_str_list(c->tenants[i].models, c->tenants[i].n_models);
         gw_cfg_free_str_list(c->tenants[i].residency, c->tenants[i].n_residency);
+        gw_cfg_free_str_list(c->tenants[i].primary, c->tenants[i].n_primary);
     }
     free(c->tenants);
 }

@@ -23,6 +23,7 @@ enum {
     K_KV_TYPE,
     K_CHAT,
     K_PREFIX,
+    K_POWER,   /* the gateway's, not the engine's: energy estimates */
     K_THREADS, /* the numbers from here on */
     K_KV,
     K_SEQS,
@@ -42,6 +43,8 @@ static const rt_eopt opt[K_N] = {
 static const char *key_of(int k)
 {
     static const char *const placing[K_KV_TYPE] = {"model", "name", "devices"};
+    if (k == K_POWER)
+        return "power_watts";
     return k < K_KV_TYPE ? placing[k] : rt_eopt_defs[opt[k]].key;
 }
 
@@ -101,6 +104,9 @@ static int parse_worker_options(cfg_parser *p, const yaml_node_t *n, const char 
     }
     if (v[K_PREFIX] && (rc = gw_cfg_bool(p, v[K_PREFIX], (gw_cfg_path_key(kp, path, key_of(K_PREFIX)), kp),
                                          &w->prefix_cache)))
+        return rc;
+    if (v[K_POWER] && (rc = gw_cfg_num(p, v[K_POWER], (gw_cfg_path_key(kp, path, "power_watts"), kp), 1e6,
+                                       &w->power_watts)))
         return rc;
     int *ints[K_N] = {
         [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,

@@ -5,6 +5,7 @@
  * on, to a sibling worker or the next candidate, while the retry budget
  * lasts; a remote region hears how each request it took went, which is
  * what ejects it. */
+#include "gateway/front/placement.h"
 #include "gateway/front/request_internal.h"
 
 #include "gateway/front/route_events.h"
@@ -263,19 +264,20 @@ void gw_front_dispatch(gw_front_req *p)
     }
     keep_need(p, need, n_need);
     p->max_price = max_price;
-    gw_route_policy pol = tc && tc->policy != GW_POLICY_DEFAULT ? tc->policy : g->cfg->routing.policy;
     route_query q = {
         .model = p->model,
         .need_tags = p->need,
         .n_need_tags = p->n_need,
         .max_price = max_price,
-        .policy = pol == GW_POLICY_COST ? ROUTE_COST : ROUTE_LATENCY,
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
         .now_ms = gw_mono_ms(),
         .spread = g->cfg->routing.spread,
     };
     request_size(p, &q);
+    if (!gw_placement_policy(p, tc, &q))
+        return;
     int n_cand = route_decide(g->table, &q, &p->route);
+    gw_placement_decided(p, &q);
     gw_route_events_preferred(g, &q, p->route.preferred);
     if (n_cand == 0) {
         const route_decision *d = &p->route;

@@ -2,6 +2,7 @@
  * (from the config and its workers' load), the Redis sync that shares it,
  * RTT to every peer from PINGs on the pooled connections, and the routing
  * table as JSON (/v1/regions) and as a page for operators (/dashboard). */
+#include "gateway/front/placement.h"
 #include "gateway/front/serve_internal.h"
 #include "gateway/front/route_events.h"
 #include "gateway/base/clock.h"
@@ -101,6 +102,7 @@ static void local_record(gw_serve *g, route_record *r)
         snprintf(r->tags[r->n_tags++], sizeof(r->tags[0]), "%s", c->region.tags[i]);
     r->price_in = c->region.price_in;
     r->price_out = c->region.price_out;
+    r->carbon = gw_placement_carbon(g);
     snprintf(r->gpu, sizeof(r->gpu), "%s", c->region.gpu ? c->region.gpu : "cpu");
     /* A worker that has served nothing yet (just started, or restarted
      * after a crash) has no estimates (0): averaged in, it halved the
@@ -358,7 +360,7 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
     on_heartbeat(-1, 0, g);
     fprintf(stderr, "infergate: region %s (%s), policy %s, %s\n", c->region.name,
             c->region.endpoint ? c->region.endpoint : "no endpoint for peers",
-            rc->policy == GW_POLICY_COST ? "cost" : "latency",
+            gw_policy_name(rc->policy),
             c->redis.address ? "sharing state through Redis" : "no Redis: this region only");
     return 0;
 }
@@ -428,6 +430,8 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         json_object_set_new(o, "draining", json_boolean(r->rec.draining));
         /* stale, yet a candidate: it answers our PINGs while Redis shows nothing newer */
         json_object_set_new(o, "held_by_ping", json_boolean(route_region_held_by_ping(g->table, r, now)));
+        /* gCO2e/kWh, 0: not given */
+        json_object_set_new(o, "carbon", json_real(r->rec.carbon));
     } else {
         json_decref(load);
     }
@@ -441,9 +445,11 @@ char *gw_regions_json(gw_serve *g, size_t *len)
     for (int i = 0; g->table && i < route_table_count(g->table); i++)
         json_array_append_new(list, region_json(g, route_table_at(g->table, i), now, wall));
     json_t *o = json_pack("{s:s?, s:s, s:b, s:b, s:s?, s:o}", "region", g->cfg->region.name, "policy",
-                          g->cfg->routing.policy == GW_POLICY_COST ? "cost" : "latency", "redis_configured",
+                          gw_policy_name(g->cfg->routing.policy), "redis_configured",
                           g->cfg->redis.address != NULL, "redis_connected", g->sync && route_sync_connected(g->sync),
                           "redis_error", g->sync && !route_sync_connected(g->sync) ? route_sync_last_error(g->sync) : NULL, "regions", list);
+    if (o) /* the last decisions and the intents that made them */
+        json_object_set_new(o, "placement", gw_placement_json(g));
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s)
@@ -484,10 +490,11 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
     fprintf(f, "<h1>infergate — region ");
     html(f, g->cfg->region.name ? g->cfg->region.name : "(none)");
     fprintf(f, "</h1><p>policy <b>%s</b> · Redis <span class=%s>%s</span> · refreshed every 2 s</p>",
-            g->cfg->routing.policy == GW_POLICY_COST ? "cost" : "latency", redis ? "ok" : "bad",
+            gw_policy_name(g->cfg->routing.policy), redis ? "ok" : "bad",
             g->cfg->redis.address ? (redis ? "connected" : "away: routing on last known records") : "not configured");
     fprintf(f, "<table><tr><th>region</th><th>health</th><th>RTT ms</th><th>RTT p95</th><th>queue ms</th>"
                "<th>expected ms</th><th>running</th><th>queued</th><th>capacity</th><th>$/M in</th><th>$/M out</th>"
+               "<th>gCO2e/kWh</th>"
                "<th>tags</th><th>models</th><th>age s</th></tr>");
     for (int i = 0; g->table && i < route_table_count(g->table); i++) {
         route_region *r = route_table_at(g->table, i);
@@ -503,9 +510,13 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
             fprintf(f, "<td>%.1f</td><td>%.1f</td>", r->rtt_ewma_ms, r->rtt_p95_ms);
         else
             fprintf(f, "<td>—</td><td>—</td>");
-        fprintf(f, "<td>%.1f</td><td>%.1f</td><td>%d</td><td>%d</td><td>%d</td><td>%.2f</td><td>%.2f</td><td>",
+        fprintf(f, "<td>%.1f</td><td>%.1f</td><td>%d</td><td>%d</td><td>%d</td><td>%.2f</td><td>%.2f</td>",
                 route_queue_ms(r), route_expected_ms(r), r->rec.running, r->rec.queued, r->rec.capacity,
                 r->rec.price_in, r->rec.price_out);
+        if (r->rec.carbon > 0)
+            fprintf(f, "<td>%.0f</td><td>", r->rec.carbon);
+        else
+            fprintf(f, "<td>—</td><td>");
         for (int t = 0; t < r->rec.n_tags; t++) {
             fputs(t ? ", " : "", f);
             html(f, r->rec.tags[t]);

@@ -6,6 +6,7 @@
  * tokens counted as they pass; a failure before the first byte goes back
  * to dispatch.c to be tried elsewhere, one after it ends the stream with
  * an error event. */
+#include "gateway/front/placement.h"
 #include "gateway/front/request_internal.h"
 
 #include "gateway/base/mem.h"
@@ -75,6 +76,8 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
      * candidate may have room, and nothing counts against the region.
      * Passed on, its 429 told the client to back off while the fleet had
      * room elsewhere. */
+    if (status == 429)
+        gw_placement_note_busy(p); /* policy primary spills from it a while */
     if (status == 429 && p->remote) {
         gw_upstream_cancel(p->up);
         p->up = NULL;

@@ -1,6 +1,7 @@
 /* The end of a request: its line in the access log, its metrics, the
  * settling of its tenant's token charge, and its memory; and the line and
  * count of a request the HTTP server refused before it became one. */
+#include "gateway/front/placement.h"
 #include "gateway/front/request_internal.h"
 
 #include "gateway/front/access_log.h"
@@ -145,6 +146,7 @@ static void finish_log(gw_front_req *p, bool complete)
     double tpot = p->sse && tokens > 1 ? (p->t_last - p->t_first) / (tokens - 1) : -1;
     char target[96];
     target_name(p, target, sizeof(target));
+    gw_placement_energy(p, dur);
     gw_front_spend_count(p, tokens);
 
     /* A line is queued whole at the fflush, and written by the log's
@@ -166,6 +168,12 @@ static void finish_log(gw_front_req *p, bool complete)
                 p->status, p->bytes_out, ttft >= 0 ? ttft * 1e3 : -1.0, dur * 1e3, tokens, p->tries);
         if (p->spend_counted)
             fprintf(f, ",\"cost\":%.9g", p->cost);
+        if (p->intent_policy) {
+            json_field_str(f, "policy", p->intent_policy);
+            json_field_str(f, "intent", p->intent_source);
+        }
+        if (p->energy_wh > 0)
+            fprintf(f, ",\"energy_wh\":%.6g,\"gco2e\":%.6g", p->energy_wh, p->gco2e);
         if (p->error_kind)
             json_field_str(f, "upstream_error", p->error_kind);
         if (p->responded)

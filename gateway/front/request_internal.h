@@ -84,7 +84,12 @@ struct gw_front_req {
     int cost_skipped;           /* candidates passed over: their worst case was over max_cost */
     double min_worst;           /* the least worst case of those */
     double cost;                /* what it cost, once counted */
-    double energy_wh, gco2e;    /* its energy and emissions estimates; 0 unless set */
+    /* The policy that routed it and who chose it ("header", "tenant",
+     * "fleet"): placement.c; NULL when it was not routed. */
+    const char *intent_policy, *intent_source;
+    /* Its energy (Wh) and emissions (gCO2e) estimate, set at its end
+     * (gw_placement_energy); 0 unless a local worker of known power served it. */
+    double energy_wh, gco2e;
     /* SSE: the bytes after the last whole event, held back (relay.c) */
     uint8_t *hold;
     size_t hold_len;

@@ -200,7 +200,10 @@ void gw_route_events_failover(gw_serve *g, const char *from, const char *to, con
 static void kind_key(const route_query *q, char *key, size_t cap)
 {
     int n = snprintf(key, cap, "model=%s policy=%s tags=", q->model ? q->model : "",
-                     q->policy == ROUTE_COST ? "cost" : "latency");
+                     q->policy == ROUTE_COST      ? "cost"
+                     : q->policy == ROUTE_CARBON  ? "carbon"
+                     : q->policy == ROUTE_PRIMARY ? "primary"
+                                                  : "latency");
     for (int i = 0; i < q->n_need_tags && n > 0 && (size_t)n < cap; i++)
         n += snprintf(key + n, cap - (size_t)n, "%s%s", i ? "," : "", q->need_tags[i]);
     if (q->n_need_tags == 0 && n > 0 && (size_t)n < cap)

@@ -20,6 +20,7 @@ struct event;
 typedef struct route_table route_table;
 typedef struct route_sync route_sync;
 typedef struct route_region route_region;
+typedef struct gw_placement gw_placement;
 
 /* Retries a gateway may make before its budget has saved any: a budget
  * that started at 0 failed over none of the first requests after a start
@@ -44,6 +45,7 @@ typedef struct gw_serve {
     struct gw_spend *spend; /* spend and budgets (front/spend.h) */
     struct event *heartbeat, *rtt_timer;
     struct gw_route_events *events; /* with a table: routing events logged (route_events.h) */
+    struct gw_placement *placement; /* policies by intent, carbon, energy (placement.h) */
     double est_bias_ms; /* gw_regions_note_ttft: measured TTFT - the workers' estimate, as a median */
     double est_err_ms[15]; /* its last samples (a ring; est_err_n of them so far): the bias is their median */
     unsigned est_err_n;

@@ -41,7 +41,9 @@ int gw_serve_metrics_init(gw_metrics *m)
         "status=\"refused_stream\": HTTP/2 streams refused unanswered, to be sent again; "
         "status=\"header_timeout\": connections cut with a request head (or the HTTP/2 preface, first "
         "frame or a header block) not complete within header_timeout_ms; status=\"enhance_your_calm\": "
-        "HTTP/2 connections closed for a flood (rapid reset, a header block decoding past twice the limit).",
+        "HTTP/2 connections closed for a flood (rapid reset, a header block decoding past twice the limit); "
+        "status=\"min_read_rate\": HTTP/2 connections that held half conn_buffer_bytes and read them slower "
+        "than min_read_rate_bytes a second.",
         NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_spend_total", GW_COUNTER,
                               "What requests cost (the serving region's price per million input and output "
@@ -63,6 +65,14 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "last request: the fleet's figure and what this gateway has not sent yet.",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_budget", GW_GAUGE, "A tenant's budget for the period (its config).",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_energy_wh_total", GW_COUNTER,
+                              "Energy estimated for the requests local workers served (Wh: the worker's "
+                              "power draw shared among its running sequences), by tenant and region.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_gco2e_total", GW_COUNTER,
+                              "Emissions estimated for them (gCO2e: energy x the region's grid carbon "
+                              "intensity), by tenant and region.",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,

@@ -177,3 +177,35 @@ class Checks:
     def finish(self):
         print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
         sys.exit(1 if self.failed else 0)
+
+
+def fleet_auth(fleet_key, cluster, kind, region, fields):
+    """The auth field of a record or price hash written by hand, signed with
+    the fleet key as routing/record_auth.h says."""
+    import hashlib
+    import hmac
+    ns = lambda b: b"%d:%s," % (len(b), b)
+    msg = ns(b"infergate-record-v1") + ns(kind.encode()) + ns(cluster.encode()) + ns(region.encode())
+    msg += b"".join(ns(k.encode()) + ns(v.encode()) for k, v in sorted(fields.items()))
+    return "v1:" + hmac.new(fleet_key.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def http_request(port, key, path="/v1/completions", body=None, headers=None, timeout=30):
+    """One HTTP/1.1 request to a gateway on 127.0.0.1 with an API key: (status,
+    lower-cased response headers, body); a completion of two tokens when path
+    is /v1/completions and body is None; status 0 when it could not be made."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    hd = {"authorization": "Bearer " + key, "content-type": "application/json"}
+    hd.update(headers or {})
+    try:
+        if body is None and path.startswith("/v1/completions"):
+            body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 2, "temperature": 0}
+        c.request("POST" if body is not None else "GET", path, json.dumps(body) if body is not None else None, hd)
+        r = c.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    except OSError as e:
+        return 0, {}, str(e).encode()
+    finally:
+        c.close()

@@ -93,6 +93,7 @@ static void assert_record_equal(const route_record *a, const route_record *b)
     assert_int_equal(a->running, b->running);
     assert_int_equal(a->queued, b->queued);
     assert_true(a->ttft_ms == b->ttft_ms && a->tpot_ms == b->tpot_ms);
+    assert_true(a->carbon == b->carbon);
     assert_int_equal(a->n_load, b->n_load);
     for (int i = 0; i < a->n_load; i++) {
         assert_int_equal(a->load[i].capacity, b->load[i].capacity);
@@ -132,6 +133,7 @@ static void test_fields_round_trip(void **state)
     r.running = 17;
     r.queued = 123456;
     r.updated_ms = 1732280000123;
+    r.carbon = 123.5;
     round_trip(&r);
     r.n_load = 2;
     r.load[0] = (route_model_load){8, 3, 1, 40.25, 6.5};
@@ -1422,6 +1424,169 @@ static bool ref_has_tag(const route_record *r, const char *s)
     return false;
 }
 
+
+/* ---- carbon and primary policies ---- */
+
+static void test_carbon_policy(void **state)
+{
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 1000;
+    route_record dirty = mk("dirty", "m", "", 1.0, 10); /* 15 ms, 300 g */
+    route_record clean = mk("clean", "m", "", 2.0, 10); /* 35 ms, 100 g */
+    route_record far = mk("far", "m", "", 1.0, 10);     /* 70 ms, 50 g: over the SLO */
+    route_record mute = mk("mute", "m", "", 1.0, 10);   /* 10 ms, no figure */
+    dirty.carbon = 300;
+    clean.carbon = 100;
+    far.carbon = 50;
+    add(t, &dirty, 5, now);
+    add(t, &clean, 25, now);
+    add(t, &far, 60, now);
+    add(t, &mute, 0, now);
+    route_decision d;
+    route_query q = query("m", now);
+    q.policy = ROUTE_CARBON;
+    q.slo_ms = 50;
+    assert_int_equal(route_decide(t, &q, &d), 4);
+    assert_string_equal(cand(&d, 0), "clean");
+    assert_string_equal(cand(&d, 1), "dirty");
+    assert_string_equal(cand(&d, 2), "mute"); /* stating no figure: after those that do */
+    assert_string_equal(cand(&d, 3), "far");
+    assert_string_equal(d.reason, "carbon 100 g/kWh, 35.0 ms within slo 50");
+    /* The price cap rules first. */
+    q.max_price = 1.5;
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "dirty");
+    q.max_price = 0;
+    /* A new figure (set-carbon) moves the choice. */
+    dirty.carbon = 20;
+    assert_int_equal(route_table_upsert(t, &dirty, false, now), 0);
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "dirty");
+    /* A wider SLO lets the cleanest in; none within it: by latency. */
+    q.slo_ms = 80;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "dirty");
+    far.carbon = 5;
+    assert_int_equal(route_table_upsert(t, &far, false, now), 0);
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "far");
+    q.slo_ms = 5;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "mute");
+    assert_string_equal(d.reason, "carbon: none within slo 5, latency 10.0 ms (rtt 0.0 + queue 10.0)");
+    route_table_free(t);
+}
+
+/* Sets a region's idle estimate (its ttft_ms) to ms. */
+static void set_queue(route_table *t, route_record *r, double ms, int64_t now)
+{
+    r->ttft_ms = ms;
+    r->updated_ms++;
+    assert_int_equal(route_table_upsert(t, r, false, now), 0);
+}
+
+static void test_primary_policy(void **state)
+{
+    route_table_opts o = opts;
+    o.stale_after_ms = 0; /* records are set by hand here, not refreshed */
+    route_table *t = route_table_new(&o, 16);
+    int64_t now = 1000;
+    route_record own = mk("own", "m", "eu", 1.0, 10);  /* 15 ms */
+    route_record rsv = mk("rsv", "m", "eu", 2.0, 10);  /* 30 ms */
+    route_record ond = mk("ond", "m", "", 0.5, 10);    /* 12 ms: fastest, not listed */
+    add(t, &own, 5, now);
+    add(t, &rsv, 20, now);
+    add(t, &ond, 2, now);
+    route_primary pl;
+    const char *list[] = {"own", "rsv"};
+    route_primary_init(&pl, list, 2, 0.5, 1000);
+    route_decision d;
+    route_query q = query("m", now);
+    q.policy = ROUTE_PRIMARY;
+    q.primary = &pl;
+    q.slo_ms = 100;
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_string_equal(cand(&d, 0), "own");
+    assert_string_equal(cand(&d, 1), "rsv");
+    assert_string_equal(cand(&d, 2), "ond");
+    assert_string_equal(d.reason, "primary 1st of 2, 15.0 ms within slo 100");
+    /* own's queue grows past the SLO: spill to rsv */
+    set_queue(t, &own, 200, now);
+    q.now_ms = now += 10;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "rsv");
+    assert_string_equal(d.reason, "primary 2nd of 2 (1 spilled), 30.0 ms within slo 100");
+    assert_int_equal(pl.switches, 1);
+    /* Back under the SLO but not under half of it: no return, however
+     * often it crosses the SLO (no flapping). */
+    for (int i = 0; i < 50; i++) {
+        set_queue(t, &own, i % 2 ? 90 : 110, now);
+        q.now_ms = now += 100;
+        route_decide(t, &q, &d);
+        assert_string_equal(cand(&d, 0), "rsv");
+    }
+    /* Under half the SLO: back only after the hold time. */
+    set_queue(t, &own, 20, now);
+    q.now_ms = now += 10;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "rsv");
+    q.now_ms = now += 999;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "rsv");
+    q.now_ms = now += 1;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "own");
+    assert_int_equal(pl.switches, 2);
+    /* A rise during the hold starts it again. */
+    set_queue(t, &own, 200, now);
+    q.now_ms = now += 10;
+    route_decide(t, &q, &d);
+    set_queue(t, &own, 20, now);
+    q.now_ms = now += 10;
+    route_decide(t, &q, &d);
+    set_queue(t, &own, 60, now);
+    q.now_ms = now += 600;
+    route_decide(t, &q, &d);
+    set_queue(t, &own, 20, now);
+    q.now_ms = now += 600;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "rsv");
+    q.now_ms = now += 1000;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "own");
+    assert_int_equal(pl.switches, 4);
+    /* A 429 spills it for the hold time, its estimate low or not. */
+    route_region_note_busy(route_table_find(t, "own"), now);
+    q.now_ms = now += 10;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "rsv");
+    q.now_ms = now += 1000; /* the 429 is as old as the hold: the return's hold starts */
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "rsv");
+    q.now_ms = now += 1000;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "own");
+    /* None of the list able: the fastest of all */
+    set_queue(t, &own, 200, now);
+    set_queue(t, &rsv, 200, now);
+    q.now_ms = now += 10;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "ond");
+    assert_string_equal(d.reason, "primary: none able within slo 100, latency 12.0 ms (rtt 2.0 + queue 10.0)");
+    /* Residency rules first: a request that needs eu never goes to ond */
+    const char *eu[] = {"eu"};
+    q.need_tags = eu;
+    q.n_need_tags = 1;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "own");
+    /* Without a list: the latency policy */
+    q.need_tags = NULL;
+    q.n_need_tags = 0;
+    q.primary = NULL;
+    route_decide(t, &q, &d);
+    assert_string_equal(cand(&d, 0), "ond");
+    route_table_free(t);
+}
 static void test_many(void **state)
 {
     enum { N = 256 };
@@ -1538,6 +1703,8 @@ int main(void)
         cmocka_unit_test(test_ping_yields_to_reads),
         cmocka_unit_test(test_tls_only),
         cmocka_unit_test(test_many),
+        cmocka_unit_test(test_carbon_policy),
+        cmocka_unit_test(test_primary_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

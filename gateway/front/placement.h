@@ -1,0 +1,57 @@
+/* Placement by intent, the front door's side (issue 31): which policy a
+ * request is routed by and who chose it (x-infergate-policy where its
+ * tenant allows, else the tenant's, else the fleet's), the primary
+ * policy's hysteresis states (one per list: the fleet's, each tenant's
+ * own), a ring of the last decisions for /v1/regions, this region's grid
+ * carbon intensity (region.carbon, or polled from region.carbon_source),
+ * and each request's energy and gCO2e estimate. Loop thread only. */
+#ifndef GW_PLACEMENT_H
+#define GW_PLACEMENT_H
+
+#include "gateway/front/request_internal.h"
+
+#include <jansson.h>
+
+/* A carbon_source's file, or its HTTP answer with the headers, at most. */
+#define GW_CARBON_BODY_MAX 4096
+
+/* The decisions /v1/regions explains. */
+#define GW_PLACEMENT_RING 32
+
+/* Allocates g->placement and starts polling carbon_source (the first poll
+ * now). 0 or -ENOMEM (err filled). */
+int gw_placement_start(gw_serve *g, char *err, size_t err_len);
+void gw_placement_stop(gw_serve *g);
+/* Fills q->policy and q->primary for request p of tenant tc (NULL: no
+ * tenants), from x-infergate-policy, the tenant or routing.policy. false
+ * when the request was answered instead: 400 for a value that is no
+ * policy, 403 for one its tenant does not allow (allow_policies). */
+bool gw_placement_policy(gw_front_req *p, const gw_tenant_cfg *tc, route_query *q);
+/* After route_decide: appends the intent ("; intent carbon (header)") to
+ * the decision's reason, which x-infergate-route and the access log carry,
+ * and keeps the decision in the ring. */
+void gw_placement_decided(gw_front_req *p, const route_query *q);
+/* {"decisions": [...newest first], "primary": [{list, current, spilled, switches}], "carbon": {...}}. */
+json_t *gw_placement_json(gw_serve *g);
+/* This region's intensity as configured or last polled (gCO2e/kWh; 0: not
+ * given); `region set-carbon` overrides it in the record (routing/sync.h). */
+double gw_placement_carbon(const gw_serve *g);
+/* The intensity of the region that served p (the routing table's record,
+ * the override included), 0 when not known. */
+double gw_placement_region_carbon(const gw_serve *g, const char *region);
+/* A carbon_source's answer: the file's bytes, or with http the whole
+ * HTTP/1.x answer (status 200 and a body). The body is one decimal number
+ * from 0 to ROUTE_MAX_CARBON with blanks around it; *out set when it is.
+ * NULL when taken, else why not (for the log). buf need not be
+ * NUL-terminated; at most GW_CARBON_BODY_MAX bytes are taken. */
+const char *gw_carbon_parse(const char *buf, size_t n, bool http, double *out);
+/* A region (p->remote, else this one) answered p 429: the primary policy
+ * spills from it for primary_hold_ms. */
+void gw_placement_note_busy(gw_front_req *p);
+/* At the request's end (dur_s: its time here): p->energy_wh and p->gco2e
+ * for a request a local worker served, and their counters per tenant and
+ * region. 0 and 0 for one served elsewhere (that region's gateway counts
+ * it) or by a worker whose power is not known. */
+void gw_placement_energy(gw_front_req *p, double dur_s);
+
+#endif

@@ -1,0 +1,42 @@
+/* libFuzzer target for a region's carbon_source answer
+ * (gateway/front/placement.c, gw_carbon_parse): whoever serves the URL or
+ * writes the file chooses its bytes, and the figure steers routing.
+ *
+ * The first byte chooses the form (odd: an HTTP/1.x answer, even: a file's
+ * bytes); the rest is the answer, not NUL-terminated. A figure taken is
+ * a finite number from 0 to ROUTE_MAX_CARBON; one refused says why; the
+ * answer is never read past its end (ASan). Violations are __builtin_trap
+ * so the fuzzer keeps them. */
+#include "gateway/front/placement.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FUZZ_CHECK(cond)                                                                                     \
+    do {                                                                                                     \
+        if (!(cond))                                                                                         \
+            __builtin_trap();                                                                                \
+    } while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return 0;
+    bool http = data[0] & 1;
+    size_t n = size - 1;
+    char *buf = malloc(n ? n : 1); /* exactly the answer: a read past it is ASan's */
+    if (!buf)
+        return 0;
+    memcpy(buf, data + 1, n);
+    double v = -1;
+    const char *why = gw_carbon_parse(buf, n, http, &v);
+    if (why)
+        FUZZ_CHECK(*why);
+    else
+        FUZZ_CHECK(isfinite(v) && v >= 0 && v <= ROUTE_MAX_CARBON && n <= GW_CARBON_BODY_MAX);
+    free(buf);
+    return 0;
+}
