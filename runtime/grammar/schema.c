@@ -236,8 +236,13 @@ static int put_pattern(sc *c, const char *re, const char *path)
         return refuse(c, path, "a 'pattern' must be anchored with ^ and $ to be enforced");
     puts_(c->out, "\"\\\"\" (");
     int depth = 0;
+    bool atom = false; /* a quantifier may follow: it repeats that */
     for (size_t i = 1; i + 1 < n; i++) {
         char ch = re[i];
+        bool quant = ch == '*' || ch == '+' || ch == '?' || ch == '{';
+        if (quant && !atom)
+            return refuse(c, path, "a 'pattern' quantifier with nothing to repeat (or a lazy one) is not supported");
+        atom = !quant && ch != '(' && ch != '|';
         switch (ch) {
         case '(':
             if (i + 2 < n && re[i + 1] == '?') {
@@ -261,9 +266,16 @@ static int put_pattern(sc *c, const char *re, const char *path)
             puts_(c->out, " ");
             break;
         case '{': {
-            size_t j = i;
-            while (j + 1 < n && re[j] != '}')
-                j++;
+            size_t j = i + 1, m = 0, k = 0;
+            while (j + 1 < n && re[j] >= '0' && re[j] <= '9')
+                j++, m++;
+            if (j + 1 < n && re[j] == ',')
+                for (j++; j + 1 < n && re[j] >= '0' && re[j] <= '9'; j++)
+                    k++;
+            if (!m || re[j] != '}' || j + 1 >= n)
+                return refuse(c, path, "a 'pattern' with a repetition other than {m}, {m,} or {m,n}");
+            if (k && strtoul(re + i + 1, NULL, 10) > strtoul(re + i + m + 2, NULL, 10))
+                return refuse(c, path, "a 'pattern' repetition {m,n} with n below m");
             put(c->out, &re[i], j - i + 1);
             puts_(c->out, " ");
             i = j;
@@ -302,6 +314,9 @@ static int put_pattern(sc *c, const char *re, const char *path)
                         putf(c->out, "\\%c", e);
                 } else if (re[k] == '"') {
                     return refuse(c, path, "a 'pattern' class with '\"' is not supported");
+                } else if (k + 2 < j && re[k + 1] == '-' && re[k + 2] != '\\' &&
+                           (unsigned char)re[k + 2] < (unsigned char)re[k]) {
+                    return refuse(c, path, "a 'pattern' class range whose end is before its start");
                 } else {
                     put(c->out, &re[k], 1);
                 }

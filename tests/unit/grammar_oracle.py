@@ -131,6 +131,12 @@ REFUSED = [
     ({"$ref": "http://example.com/s.json"}, "local"),
     ({"type": "string", "format": "hostname"}, "hostname"),
     ({"type": "object", "properties": {"a": {"type": "integer", "if": {}}}}, "'if' is not supported at #/properties/a"),
+    # fuzz_grammar's first find: these went on to GBNF that did not compile
+    ({"type": "string", "pattern": "^[A-Z]{-}02$"}, "repetition other than"),
+    ({"type": "string", "pattern": "^a{3,1}$"}, "n below m"),
+    ({"type": "string", "pattern": "^(*a)$"}, "nothing to repeat"),
+    ({"type": "string", "pattern": "^a+?$"}, "nothing to repeat"),
+    ({"type": "string", "pattern": "^[z-a]$"}, "end is before its start"),
 ]
 
 GBNF = [
