@@ -165,7 +165,12 @@ for body, param, needle in [
           "tool_choice": "required"}, "tools", "'not'"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
          "nope"),
-        ({"functions": [{"name": "f"}]}, "functions", "not supported")]:
+        ({"functions": [{"name": "f"}]}, "functions", "not supported"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": "yes",
+                                                                     "schema": {"type": "object"}}}},
+         "response_format.json_schema.strict", "boolean"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "strict": 1}}]}, "tools[0].function.strict",
+         "boolean")]:
     s, _, b = curl(URL + "/v1/chat/completions", data=dict({"model": "m", "messages": [
         {"role": "user", "content": "hi"}]}, **body))
     e = json.loads(b).get("error", {}) if s else {}
