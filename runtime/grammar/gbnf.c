@@ -474,11 +474,20 @@ static uint32_t read_char(builder *b)
     }
     /* a UTF-8 character */
     size_t k = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
-    if (b->p + k > b->end)
+    /* well-formed only: the matcher reads the text's bytes as the code
+     * points' UTF-8, which a stray or overlong sequence is not
+     * (fuzz_grammar: a class with one allowed a token accept refused) */
+    if (b->p + k > b->end || (c >= 0x80 && c < 0xc2) || c > 0xf4)
         fail(b, -EINVAL, "bad UTF-8");
     uint32_t cp = k == 1 ? c : c & (0xff >> (k + 1));
-    for (size_t i = 1; i < k; i++)
+    for (size_t i = 1; i < k; i++) {
+        if (((unsigned char)b->p[i] & 0xc0) != 0x80)
+            fail(b, -EINVAL, "bad UTF-8");
         cp = (cp << 6) | ((unsigned char)b->p[i] & 0x3f);
+    }
+    if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        fail(b, -EINVAL, "bad UTF-8");
     b->p += k;
     return cp;
 }
