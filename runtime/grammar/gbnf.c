@@ -706,6 +706,34 @@ static void check_left_recursion(builder *b, const bool *nul, uint32_t r, uint8_
     state[r] = 2;
 }
 
+/* Refuses a rule that no text completes: each of its alternatives needs
+ * such a rule again (root ::= "a" root). The matcher would follow it for
+ * ever, and its masks and its stacks part ways (fuzz_grammar). b->state
+ * is the fixed point's scratch (1: completes). */
+static void check_productive(builder *b)
+{
+    uint8_t *ok = b->state;
+    memset(ok, 0, b->n_rules);
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (uint32_t r = 0; r < b->n_rules; r++)
+            for (uint32_t a = 0; a < b->rules[r].n_alts && !ok[r]; a++) {
+                const seq *s = &b->rules[r].alts[a];
+                bool all = true;
+                for (uint32_t i = 0; i < s->n && all; i++)
+                    all = s->v[i].type != GE_REF || ok[s->v[i].arg];
+                if (all)
+                    ok[r] = changed = true;
+            }
+    }
+    for (uint32_t r = 0; r < b->n_rules; r++)
+        if (!ok[r]) {
+            b->line = b->rules[r].line;
+            fail(b, -EINVAL, "the rule '%s' can never end: each of its alternatives needs it again",
+                 b->rules[r].name ? b->rules[r].name : "(a group)");
+        }
+}
+
 /* ---- flattening ---- */
 
 static rt_grammar *flatten(builder *b, const rt_gvocab *v, uint32_t root)
@@ -816,6 +844,7 @@ int rt_grammar_new(const char *gbnf, size_t len, const rt_gvocab *v, rt_grammar 
         fail(b, -ENOMEM, "out of memory compiling the grammar");
     for (uint32_t r = 0; r < b->n_rules; r++)
         check_left_recursion(b, b->nul, r, b->state);
+    check_productive(b);
     if (!(*out = flatten(b, v, root)))
         fail(b, -ENOMEM, "out of memory compiling the grammar");
 done:
