@@ -122,7 +122,8 @@ typedef struct rt_engine_req {
 /* Any thread. A request with tools (q.tools not NULL) has its answer's
  * tool calls read by an rt_tc_parser of this format (toolcall.h); with
  * tool_choice required or a named function, the grammar (run.grammar)
- * makes the answer exactly such calls. */
+ * makes the answer exactly such calls. A harmony model's (gpt-oss) chats
+ * are read by one with or without tools: it splits out the reasoning. */
 rt_tc_format rt_engine_tool_format(const rt_engine *e);
 
 /* Any thread. Parses an OpenAI request body (chat: /v1/chat/completions,

@@ -634,7 +634,12 @@ static int parse_structured(json_t *root, rt_oai_request *req, rt_oai_error *e)
     json_t *js = json_object_get(rf, "json_schema");
     if (!json_is_object(js))
         return bad(e, "response_format.json_schema", "'response_format.json_schema' must be an object");
-    json_t *schema = json_object_get(js, "schema");
+    json_t *schema = json_object_get(js, "schema"), *strict = json_object_get(js, "strict");
+    /* strict true or false, the schema is enforced: OpenAI's false promises
+     * no adherence, which an answer that adheres keeps */
+    if (strict && !json_is_boolean(strict))
+        return bad(e, "response_format.json_schema.strict",
+                   "'response_format.json_schema.strict' must be a boolean");
     if (schema && !json_is_object(schema) && !json_is_boolean(schema))
         return bad(e, "response_format.json_schema.schema",
                    "'response_format.json_schema.schema' must be an object");
@@ -674,6 +679,10 @@ static int parse_tools(json_t *root, rt_oai_request *req, rt_oai_error *e)
                 "'tools[%zu]' must be {\"type\": \"function\", \"function\": {\"name\", \"description\", "
                 "\"parameters\": {...}}}, the name 1 to 64 of a-z, A-Z, 0-9, _, - and .",
                 i);
+        json_t *strict = json_object_get(fn, "strict");
+        if (strict && !json_is_boolean(strict))
+            return bad(e, param_at(e, "tools[%zu].function.strict", i),
+                       "'tools[%zu].function.strict' must be a boolean", i);
     }
     const char *choice = json_is_string(c) ? json_string_value(c) : NULL;
     if (choice && !strcmp(choice, "none"))

@@ -86,7 +86,9 @@ typedef struct rt_oai_request {
     /* chat: the tools offered ([{"type":"function","function":{name,
      * description, parameters}}], checked), NULL when none or tool_choice
      * none; the choice, the function named, and whether several calls may
-     * come in one answer (parallel_tool_calls, default true) */
+     * come in one answer (parallel_tool_calls, default true). A function's
+     * "strict" (a boolean) changes nothing: its parameters are enforced
+     * where tool_choice is required or names it, and not with auto. */
     struct json_t *tools;
     rt_oai_tool_choice tool_choice;
     char *tool_name;
@@ -94,7 +96,9 @@ typedef struct rt_oai_request {
     /* Structured output: the JSON Schema the answer must match
      * (response_format json_schema's, or {"type":"object"} for
      * json_object), and llama.cpp's "grammar" (GBNF); NULL when absent.
-     * Both endpoints take them. */
+     * Both endpoints take them. The schema is enforced whatever
+     * json_schema's "strict" (a boolean) says: OpenAI's strict false
+     * promises no adherence, which an adhering answer keeps. */
     struct json_t *json_schema;
     char *grammar;
     bool logprobs;   /* chat: each token's log-probability... */

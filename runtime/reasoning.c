@@ -2,6 +2,8 @@
  * reasoning.h). */
 #include "runtime/reasoning.h"
 
+#include "runtime/markers.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,28 +22,14 @@ struct rt_think {
     bool oom;
 };
 
-/* Where needle last (last) or first occurs in s[0..n), or -1. */
-static long find(const char *s, size_t n, const char *needle, bool last)
-{
-    size_t k = strlen(needle);
-    long at = -1;
-    for (size_t i = 0; k <= n && i <= n - k; i++)
-        if (!memcmp(s + i, needle, k)) {
-            at = (long)i;
-            if (!last)
-                break;
-        }
-    return at;
-}
-
 bool rt_think_template(const char *tmpl, size_t len)
 {
-    return tmpl && find(tmpl, len, OPEN, false) >= 0 && find(tmpl, len, CLOSE, false) >= 0;
+    return tmpl && rt_mk_find(tmpl, len, OPEN, false) >= 0 && rt_mk_find(tmpl, len, CLOSE, false) >= 0;
 }
 
 bool rt_think_open(const char *prompt, size_t len)
 {
-    long o = find(prompt, len, OPEN, true), c = find(prompt, len, CLOSE, true);
+    long o = rt_mk_find(prompt, len, OPEN, true), c = rt_mk_find(prompt, len, CLOSE, true);
     return o >= 0 && o > c;
 }
 
@@ -63,26 +51,11 @@ void rt_think_free(rt_think *t)
     free(t);
 }
 
-static bool grow(char **b, size_t *cap, size_t need)
-{
-    if (need <= *cap)
-        return true;
-    size_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    char *nb = realloc(*b, c);
-    if (!nb)
-        return false;
-    *b = nb;
-    *cap = c;
-    return true;
-}
-
 static void emit(rt_think *t, int which, const char *s, size_t n)
 {
     if (!n || t->oom)
         return;
-    if (!grow(&t->out[which], &t->out_cap[which], t->out_len[which] + n + 1)) {
+    if (!rt_mk_grow(&t->out[which], &t->out_cap[which], t->out_len[which] + n + 1)) {
         t->oom = true;
         return;
     }
@@ -98,28 +71,13 @@ static void consume(rt_think *t, size_t n)
     t->len -= n;
 }
 
-/* How much of s[0..n)'s end could be the start of marker m. */
-static size_t partial(const char *s, size_t n, const char *m)
-{
-    size_t k = strlen(m);
-    for (size_t l = k - 1 < n ? k - 1 : n; l > 0; l--)
-        if (!memcmp(s + n - l, m, l))
-            return l;
-    return 0;
-}
-
-static bool is_ws(char c)
-{
-    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
-}
-
 /* One step of the state machine; false when it needs more text. */
 static bool step(rt_think *t, bool final)
 {
     size_t i = 0;
     switch (t->state) {
     case START: /* whitespace, then <think> or the answer */
-        while (i < t->len && is_ws(t->buf[i]))
+        while (i < t->len && rt_mk_is_ws(t->buf[i]))
             i++;
         if (t->len - i >= sizeof(OPEN) - 1 && !memcmp(t->buf + i, OPEN, sizeof(OPEN) - 1)) {
             consume(t, i + sizeof(OPEN) - 1);
@@ -132,8 +90,8 @@ static bool step(rt_think *t, bool final)
         t->state = CONTENT;
         return true;
     case IN: {
-        long k = find(t->buf, t->len, CLOSE, false);
-        size_t end = k >= 0 ? (size_t)k : final ? t->len : t->len - partial(t->buf, t->len, CLOSE);
+        long k = rt_mk_find(t->buf, t->len, CLOSE, false);
+        size_t end = k >= 0 ? (size_t)k : final ? t->len : t->len - rt_mk_partial(t->buf, t->len, CLOSE);
         emit(t, 0, t->buf, end);
         consume(t, k >= 0 ? end + sizeof(CLOSE) - 1 : end);
         if (k >= 0)
@@ -141,7 +99,7 @@ static bool step(rt_think *t, bool final)
         return k >= 0;
     }
     case AFTER: /* the blank lines between the thinking and the answer */
-        while (i < t->len && is_ws(t->buf[i]))
+        while (i < t->len && rt_mk_is_ws(t->buf[i]))
             i++;
         consume(t, i);
         if (t->len == 0)
@@ -159,7 +117,7 @@ int rt_think_feed(rt_think *t, const char *text, size_t len, bool final, const c
                   size_t *reasoning_len, const char **content, size_t *content_len)
 {
     t->out_len[0] = t->out_len[1] = 0;
-    if (!t->oom && grow(&t->buf, &t->cap, t->len + len + 1)) {
+    if (!t->oom && rt_mk_grow(&t->buf, &t->cap, t->len + len + 1)) {
         memcpy(t->buf + t->len, text, len);
         t->len += len;
     } else {

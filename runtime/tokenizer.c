@@ -71,6 +71,8 @@ struct rt_tokenizer {
     int32_t bos, eos, unk, pad, eot, eom;
     int32_t eog[MAX_EOG];
     int n_eog;
+    int32_t shown[8]; /* control tokens whose text is their piece (harmony's markers) */
+    int n_shown;
     bool add_bos, add_space_prefix;
 
     /* BPE merges: (left id, right id) -> rank and merged id. */
@@ -442,12 +444,46 @@ static bool is_byte_token_text(const char *s, size_t n, uint8_t *b)
     return true;
 }
 
+/* gpt-oss's harmony (a vocabulary with <|channel|>, <|message|>,
+ * <|return|> and <|call|>), as llama.cpp reads it: a turn ends at <|return|>
+ * or <|call|>, not at <|end|>, which only ends a message (the reasoning)
+ * within it; and the markers' text goes out with the answer, which the
+ * harmony parser (runtime/harmony.h) reads its channels and calls from.
+ * They stay control tokens: a client's message cannot write them. */
+static void add_eog(rt_tokenizer *t, int32_t id);
+
+static void harmony_tokens(rt_tokenizer *t)
+{
+    static const char *const shown[] = {"<|channel|>", "<|message|>", "<|start|>", "<|end|>",
+                                        "<|constrain|>"};
+    int32_t ret = lookup(t, "<|return|>", 10), call = lookup(t, "<|call|>", 8);
+    if (ret < 0 || call < 0 || lookup(t, "<|channel|>", 11) < 0 || lookup(t, "<|message|>", 11) < 0)
+        return;
+    add_eog(t, ret);
+    add_eog(t, call);
+    int32_t end = lookup(t, "<|end|>", 7);
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == end)
+            t->eog[i--] = t->eog[--t->n_eog];
+    for (size_t i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
+        int32_t id = lookup(t, shown[i], strlen(shown[i]));
+        if (id >= 0 && t->types[id] == TT_CONTROL)
+            t->shown[t->n_shown++] = id;
+    }
+}
+
 /* Decoded bytes of token id into out (when not NULL); returns their count. */
 static size_t make_piece(const rt_tokenizer *t, int32_t id, char *out)
 {
     const char *s = tok_text(t, id);
     size_t n = tok_len(t, id);
     uint8_t b;
+    for (int i = 0; i < t->n_shown; i++)
+        if (t->shown[i] == id) {
+            if (out)
+                memcpy(out, s, n);
+            return n;
+        }
     switch (t->types[id]) {
     case TT_CONTROL:
     case TT_UNUSED:
@@ -912,6 +948,8 @@ int rt_tokenizer_load(const rt_gguf *g, rt_tokenizer **out, char *err, size_t er
     }
     if (t->bos >= 0 && t->types[t->bos] == TT_USER)
         t->types[t->bos] = TT_CONTROL;
+
+    harmony_tokens(t);
 
     rc = -ENOMEM;
     if (build_pieces(t) != 0 || build_specials(t) != 0)

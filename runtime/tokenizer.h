@@ -68,7 +68,8 @@ int rt_tokenizer_encode_spans(const rt_tokenizer *t, const char *text, size_t le
 
 /* Bytes that token `tok` contributes to the text (a byte token gives its one
  * raw byte, which may be part of a UTF-8 sequence), *len of them, not
- * NUL-terminated; they live as long as t. Control tokens give none. NULL
+ * NUL-terminated; they live as long as t. Control tokens give none (but
+ * gpt-oss's harmony markers, <|channel|> and the like, give their text). NULL
  * for an id out of range. */
 const char *rt_tokenizer_piece(const rt_tokenizer *t, int32_t tok, size_t *len);
 /* Whole-sequence decode (SentencePiece drops the space the encoder added

@@ -3,6 +3,8 @@
 #include "runtime/toolcall.h"
 
 #include "runtime/grammar/grammar.h"
+#include "runtime/harmony.h"
+#include "runtime/markers.h"
 
 #include <jansson.h>
 
@@ -17,32 +19,28 @@
 #define PYTHON_TAG "<|python_tag|>"
 #define MISTRAL_TAG "[TOOL_CALLS]"
 
-/* Where needle first occurs in s[0..n), or -1. */
-static long find(const char *s, size_t n, const char *needle)
-{
-    size_t k = strlen(needle);
-    for (size_t i = 0; k <= n && i <= n - k; i++)
-        if (s[i] == needle[0] && !memcmp(s + i, needle, k))
-            return (long)i;
-    return -1;
-}
-
 rt_tc_format rt_tc_detect(const char *t, size_t n)
 {
     if (!t)
         return RT_TC_HERMES;
-    if (find(t, n, MISTRAL_TAG) >= 0)
+    if (rt_harmony_template(t, n))
+        return RT_TC_HARMONY;
+    if (rt_mk_find(t, n, MISTRAL_TAG, false) >= 0)
         return RT_TC_MISTRAL;
-    if (find(t, n, HERMES_OPEN) >= 0)
+    if (rt_mk_find(t, n, HERMES_OPEN, false) >= 0)
         return RT_TC_HERMES;
-    if (find(t, n, "<|start_header_id|>") >= 0 && (find(t, n, PYTHON_TAG) >= 0 || find(t, n, "ipython") >= 0))
+    if (rt_mk_find(t, n, "<|start_header_id|>", false) >= 0 &&
+        (rt_mk_find(t, n, PYTHON_TAG, false) >= 0 || rt_mk_find(t, n, "ipython", false) >= 0))
         return RT_TC_LLAMA3;
     return RT_TC_HERMES;
 }
 
 const char *rt_tc_format_name(rt_tc_format f)
 {
-    return f == RT_TC_LLAMA3 ? "llama3" : f == RT_TC_MISTRAL ? "mistral" : "hermes";
+    return f == RT_TC_LLAMA3    ? "llama3"
+           : f == RT_TC_MISTRAL ? "mistral"
+           : f == RT_TC_HARMONY ? "harmony"
+                                : "hermes";
 }
 
 /* ---- the grammar ---- */
@@ -87,10 +85,12 @@ static bool plain_name(const char *s)
     return true;
 }
 
-/* tc-call ::= one of the functions' {"name": N, "<key>": ARGS}. */
-static int call_rules(gbuf *b, const json_t *tools, const char *only, const char *key, char *err,
+/* tc-call ::= one of the functions' {"name": N, "<key>": ARGS} (harmony's
+ * commentary message to the function). */
+static int call_rules(gbuf *b, rt_tc_format f, const json_t *tools, const char *only, char *err,
                       size_t err_len)
 {
+    const char *key = f == RT_TC_LLAMA3 ? "parameters" : "arguments";
     gbuf alts = {0};
     int n = 0;
     for (size_t i = 0; i < json_array_size(tools); i++) {
@@ -118,8 +118,14 @@ static int call_rules(gbuf *b, const json_t *tools, const char *only, const char
             free(alts.p);
             return rc;
         }
-        gput(b, "tc-fn%zu ::= \"{\\\"name\\\": \\\"%s\\\", \\\"%s\\\": \" t%zu-value \"}\"\n", i, name, key,
-             i);
+        if (f == RT_TC_HARMONY)
+            gput(b,
+                 "tc-fn%zu ::= \"<|channel|>commentary to=functions.%s <|constrain|>json<|message|>\" "
+                 "t%zu-value\n",
+                 i, name, i);
+        else
+            gput(b, "tc-fn%zu ::= \"{\\\"name\\\": \\\"%s\\\", \\\"%s\\\": \" t%zu-value \"}\"\n", i, name,
+                 key, i);
         gput(&alts, "%stc-fn%zu", n++ ? " | " : "", i);
     }
     if (!n) {
@@ -137,8 +143,7 @@ int rt_tc_grammar(rt_tc_format f, const json_t *tools, const char *name, bool pa
                   size_t *len, char *err, size_t err_len)
 {
     gbuf b = {0};
-    const char *key = f == RT_TC_LLAMA3 ? "parameters" : "arguments";
-    int rc = call_rules(&b, tools, name, key, err, err_len);
+    int rc = call_rules(&b, f, tools, name, err, err_len);
     if (!rc) {
         /* a few calls at most: the synthetic model would go on for ever */
         if (f == RT_TC_HERMES)
@@ -147,7 +152,7 @@ int rt_tc_grammar(rt_tc_format f, const json_t *tools, const char *name, bool pa
         else if (f == RT_TC_MISTRAL)
             gput(&b, "root ::= \"" MISTRAL_TAG "[\" tc-call%s \"]\"\n",
                  parallel ? " (\", \" tc-call){0,7}" : "");
-        else /* Llama 3.1's templates take one call a turn */
+        else /* Llama 3.1's templates take one call a turn; harmony's <|call|> ends it */
             gput(&b, "root ::= tc-call\n");
         rc = b.oom ? -ENOMEM : 0;
     }
@@ -162,13 +167,6 @@ int rt_tc_grammar(rt_tc_format f, const json_t *tools, const char *name, bool pa
     return 0;
 }
 
-/* ---- reading JSON text ---- */
-
-static bool is_ws(char c)
-{
-    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
-}
-
 /* The end of the JSON value starting at s[i] (its syntax loosely: strings,
  * brackets, scalars), or -1 where it does not end in s[0..n). */
 static long skip_value(const char *s, size_t n, size_t i)
@@ -178,7 +176,7 @@ static long skip_value(const char *s, size_t n, size_t i)
     for (; i < n; i++) {
         char c = s[i];
         if (scalar) {
-            if (c == ',' || c == '}' || c == ']' || is_ws(c))
+            if (c == ',' || c == '}' || c == ']' || rt_mk_is_ws(c))
                 return (long)i;
             continue;
         }
@@ -202,7 +200,7 @@ static long skip_value(const char *s, size_t n, size_t i)
 
 static size_t skip_ws(const char *s, size_t n, size_t i)
 {
-    while (i < n && is_ws(s[i]))
+    while (i < n && rt_mk_is_ws(s[i]))
         i++;
     return i;
 }
@@ -293,6 +291,9 @@ struct rt_tc_parser {
     rt_tc_call *calls;
     int n_calls, calls_cap;
     bool oom;
+    rt_harmony *h;         /* harmony: its parser does it all */
+    const char *reasoning; /* harmony: this feed's */
+    size_t reasoning_len;
 };
 
 rt_tc_parser *rt_tc_parser_new(rt_tc_format f)
@@ -301,6 +302,11 @@ rt_tc_parser *rt_tc_parser_new(rt_tc_format f)
     if (p) {
         p->f = f;
         p->state = f == RT_TC_LLAMA3 ? HOLD : OUT;
+        p->reasoning = "";
+    }
+    if (p && f == RT_TC_HARMONY && !(p->h = rt_harmony_new())) {
+        free(p);
+        return NULL;
     }
     return p;
 }
@@ -317,39 +323,31 @@ void rt_tc_parser_free(rt_tc_parser *p)
     free(p->head_name);
     free(p->buf);
     free(p->content);
+    rt_harmony_free(p->h);
     free(p);
 }
 
 int rt_tc_n_calls(const rt_tc_parser *p)
 {
-    return p->n_calls;
+    return p->h ? rt_harmony_n_calls(p->h) : p->n_calls;
 }
 
 const rt_tc_call *rt_tc_call_at(const rt_tc_parser *p, int i)
 {
-    return &p->calls[i];
+    return p->h ? rt_harmony_call_at(p->h, i) : &p->calls[i];
 }
 
-static bool grow(char **b, size_t *cap, size_t need)
+void rt_tc_reasoning(const rt_tc_parser *p, const char **text, size_t *len)
 {
-    if (need <= *cap)
-        return true;
-    size_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    char *nb = realloc(*b, c);
-    if (!nb)
-        return false;
-    *b = nb;
-    *cap = c;
-    return true;
+    *text = p->reasoning;
+    *len = p->reasoning_len;
 }
 
 static void emit(rt_tc_parser *p, const char *s, size_t n)
 {
     if (!n || p->oom)
         return;
-    if (!grow(&p->content, &p->c_cap, p->c_len + n + 1)) {
+    if (!rt_mk_grow(&p->content, &p->c_cap, p->c_len + n + 1)) {
         p->oom = true;
         return;
     }
@@ -379,28 +377,74 @@ static bool broken_call(const char *s, size_t to, size_t from, rt_tc_call *out, 
     return true;
 }
 
+/* Room for one more call; false when out of memory (p->oom set). */
+static bool room_for_call(rt_tc_parser *p)
+{
+    if (p->n_calls < p->calls_cap)
+        return true;
+    int cap = p->calls_cap ? p->calls_cap * 2 : 4;
+    rt_tc_call *nc = realloc(p->calls, (size_t)cap * sizeof(*nc));
+    if (!nc) {
+        p->oom = true;
+        return false;
+    }
+    p->calls = nc;
+    p->calls_cap = cap;
+    return true;
+}
+
+/* Drops the calls after the first n (they were text after all). */
+static void drop_calls(rt_tc_parser *p, int n)
+{
+    while (p->n_calls > n) {
+        p->n_calls--;
+        free(p->calls[p->n_calls].name);
+        free(p->calls[p->n_calls].arguments);
+    }
+}
+
 /* buf[from..to) is a call's JSON text: a call, else it stays content
  * (buf[raw..to_raw), the markers with it). */
 static void call_or_text(rt_tc_parser *p, size_t from, size_t to, size_t raw, size_t raw_end)
 {
     rt_tc_call c;
     bool oom = false;
-    if (p->n_calls == p->calls_cap) {
-        int cap = p->calls_cap ? p->calls_cap * 2 : 4;
-        rt_tc_call *nc = realloc(p->calls, (size_t)cap * sizeof(*nc));
-        if (!nc) {
-            p->oom = true;
-            return;
-        }
-        p->calls = nc;
-        p->calls_cap = cap;
-    }
+    if (!room_for_call(p))
+        return;
     if (read_call(p->buf + from, to - from, &c, &oom) || (!oom && broken_call(p->buf, to, from, &c, &oom)))
         p->calls[p->n_calls++] = c;
     else if (oom)
         p->oom = true;
     else
         emit(p, p->buf + raw, raw_end - raw);
+}
+
+/* Llama 3's calls in buf[from..to): one, or several separated by ';' (as
+ * Llama 3.1 writes parallel calls, after <|python_tag|> too). true when
+ * all of it is calls (then added); false, nothing added, else. */
+static bool calls_semicolon(rt_tc_parser *p, size_t from, size_t to)
+{
+    const char *s = p->buf;
+    int before = p->n_calls;
+    for (size_t i = skip_ws(s, to, from); i < to;) {
+        long e = s[i] == '{' ? skip_value(s, to, i) : -1;
+        rt_tc_call c;
+        bool oom = false;
+        if (e < 0 || !room_for_call(p) || !read_call(s + i, (size_t)e - i, &c, &oom)) {
+            p->oom = p->oom || oom;
+            drop_calls(p, before);
+            return false;
+        }
+        p->calls[p->n_calls++] = c;
+        i = skip_ws(s, to, (size_t)e);
+        if (i < to && s[i] == ';')
+            i = skip_ws(s, to, i + 1);
+        else if (i < to) {
+            drop_calls(p, before);
+            return false;
+        }
+    }
+    return p->n_calls > before;
 }
 
 /* Mistral's [{call}, ...] (or one call) in buf[from..to): the calls, else
@@ -419,19 +463,9 @@ static void calls_list(rt_tc_parser *p, size_t from, size_t to, size_t raw)
         long e = skip_value(s, to, i);
         rt_tc_call c;
         bool oom = false;
-        if (e < 0 || !read_call(s + i, (size_t)e - i, &c, &oom))
+        if (e < 0 || !room_for_call(p) || !read_call(s + i, (size_t)e - i, &c, &oom)) {
+            p->oom = p->oom || oom;
             break;
-        if (p->n_calls == p->calls_cap) {
-            int cap = p->calls_cap ? p->calls_cap * 2 : 4;
-            rt_tc_call *nc = realloc(p->calls, (size_t)cap * sizeof(*nc));
-            if (!nc) {
-                free(c.name);
-                free(c.arguments);
-                p->oom = true;
-                return;
-            }
-            p->calls = nc;
-            p->calls_cap = cap;
         }
         p->calls[p->n_calls++] = c;
         i = skip_ws(s, to, (size_t)e);
@@ -440,22 +474,8 @@ static void calls_list(rt_tc_parser *p, size_t from, size_t to, size_t raw)
     if (i + 1 == (size_t)end && s[i] == ']')
         return;
     /* not a list of calls after all: all of it is text */
-    while (p->n_calls > before) {
-        p->n_calls--;
-        free(p->calls[p->n_calls].name);
-        free(p->calls[p->n_calls].arguments);
-    }
+    drop_calls(p, before);
     emit(p, s + raw, to - raw);
-}
-
-/* How much of buf's end could be the start of marker m. */
-static size_t partial(const char *s, size_t n, const char *m)
-{
-    size_t k = strlen(m);
-    for (size_t l = k - 1 < n ? k - 1 : n; l > 0; l--)
-        if (!memcmp(s + n - l, m, l))
-            return l;
-    return 0;
 }
 
 /* OUT: content up to the next marker; whitespace before a marker (and
@@ -464,13 +484,13 @@ static size_t partial(const char *s, size_t n, const char *m)
 static void scan_out(rt_tc_parser *p, bool final)
 {
     const char *m = p->f == RT_TC_MISTRAL ? MISTRAL_TAG : HERMES_OPEN;
-    long k = find(p->buf + p->pos, p->len - p->pos, m);
+    long k = rt_mk_find(p->buf + p->pos, p->len - p->pos, m, false);
     size_t end = k >= 0 ? p->pos + (size_t)k : p->len;
     if (k < 0 && !final)
-        end -= partial(p->buf + p->pos, p->len - p->pos, m);
+        end -= rt_mk_partial(p->buf + p->pos, p->len - p->pos, m);
     size_t text_end = end;
     if (k >= 0 || !final || p->n_calls)
-        while (text_end > p->pos && is_ws(p->buf[text_end - 1]))
+        while (text_end > p->pos && rt_mk_is_ws(p->buf[text_end - 1]))
             text_end--;
     emit(p, p->buf + p->pos, text_end - p->pos);
     p->pos = k >= 0 ? end : text_end;
@@ -554,7 +574,7 @@ static void drop_head(rt_tc_parser *p)
 /* IN_CALL (hermes): the call ends at its closing tag, or with the answer. */
 static void scan_call(rt_tc_parser *p, bool final)
 {
-    long k = find(p->buf + p->pos, p->len - p->pos, HERMES_CLOSE);
+    long k = rt_mk_find(p->buf + p->pos, p->len - p->pos, HERMES_CLOSE, false);
     if (k < 0 && !final) {
         /* still open: its head, then its arguments as they come */
         if (!p->head_name && read_head(p->buf, p->len, p->pos, &p->head_name, &p->args_from))
@@ -588,7 +608,8 @@ static void scan_hold(rt_tc_parser *p, bool final)
         if (!final)
             return;
         size_t from = tag ? i + sizeof(PYTHON_TAG) - 1 : i;
-        call_or_text(p, from, p->len, 0, p->len);
+        if (!calls_semicolon(p, from, p->len) && !p->oom)
+            call_or_text(p, from, p->len, 0, p->len);
     } else if (final) {
         calls_list(p, p->pos, p->len, p->open);
     } else {
@@ -601,8 +622,11 @@ static void scan_hold(rt_tc_parser *p, bool final)
 int rt_tc_feed(rt_tc_parser *p, const char *text, size_t len, bool final, const char **content,
                size_t *content_len)
 {
+    if (p->h)
+        return rt_harmony_feed(p->h, text, len, final, &p->reasoning, &p->reasoning_len, content,
+                               content_len);
     p->c_len = 0;
-    if (!p->oom && grow(&p->buf, &p->cap, p->len + len + 1)) {
+    if (!p->oom && rt_mk_grow(&p->buf, &p->cap, p->len + len + 1)) {
         memcpy(p->buf + p->len, text, len);
         p->len += len;
         p->buf[p->len] = '\0';
@@ -632,6 +656,8 @@ int rt_tc_feed(rt_tc_parser *p, const char *text, size_t len, bool final, const 
 
 bool rt_tc_pending(const rt_tc_parser *p, const char **name, const char **args, size_t *len)
 {
+    if (p->h)
+        return rt_harmony_pending(p->h, name, args, len);
     if (p->state != IN_CALL || !p->head_name)
         return false;
     *name = p->head_name;

@@ -6,13 +6,16 @@
  *   hermes   <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>
  *            (Qwen2.5/3, Hermes, and any ChatML model: the default)
  *   llama3   {"name": N, "parameters": {...}}, the whole answer, maybe
- *            after <|python_tag|> (Llama 3.1+)
+ *            after <|python_tag|>; several separated by ';' (Llama 3.1+)
  *   mistral  [TOOL_CALLS][{"name": N, "arguments": {...}}, ...]
+ *   harmony  <|channel|>commentary to=functions.N <|constrain|>json
+ *            <|message|>{...}<|call|> among gpt-oss's channels, whose
+ *            analysis is reasoning (runtime/harmony.h)
  *
  * A call's arguments are the model's JSON text as written (checked to be
  * JSON), not re-serialised, so that numbers beyond 64 bits and key order
  * survive. Text that looks like a call but is not one (bad JSON, no name)
- * stays content, as vLLM leaves it. Not done: gpt-oss's harmony channels.
+ * stays content, as vLLM leaves it.
  *
  * Threads: a parser is one request's; the rest is pure. */
 #ifndef RT_TOOLCALL_H
@@ -27,6 +30,7 @@ typedef enum rt_tc_format {
     RT_TC_HERMES = 0,
     RT_TC_LLAMA3,
     RT_TC_MISTRAL,
+    RT_TC_HARMONY,
 } rt_tc_format;
 
 /* The format a chat template's text writes tool calls in (its markers);
@@ -62,10 +66,13 @@ void rt_tc_parser_free(rt_tc_parser *p);
  * (p is then unusable). */
 int rt_tc_feed(rt_tc_parser *p, const char *text, size_t len, bool final, const char **content,
                size_t *content_len);
+/* The reasoning the last feed let out: harmony's analysis channel (its
+ * other formats have none: "", 0). Owned by p, valid until the next feed. */
+void rt_tc_reasoning(const rt_tc_parser *p, const char **text, size_t *len);
 int rt_tc_n_calls(const rt_tc_parser *p);
 /* The i-th call (0 <= i < rt_tc_n_calls), valid while p lives. */
 const rt_tc_call *rt_tc_call_at(const rt_tc_parser *p, int i);
-/* The call being written (hermes), for streaming its arguments in pieces
+/* The call being written (hermes, harmony), for streaming its arguments in pieces
  * as OpenAI does: true once its head {"name": N, "arguments": { has come,
  * with N and the arguments' text so far (valid until the next feed). A
  * well-formed call's final arguments begin with every such text; the call

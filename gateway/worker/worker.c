@@ -326,8 +326,9 @@ static const char *finish_of(const wreq *r, const char *finish)
 }
 
 /* An answer's next text split as the response says it: the reasoning (a
- * thinking model's), the content (with tools: what the tool-call parser
- * lets out) and, in the parser, the calls. false when out of memory. */
+ * thinking model's, or harmony's analysis channel), the content (with
+ * tools: what the tool-call parser lets out) and, in the parser, the
+ * calls. false when out of memory. */
 static bool split(wreq *r, const char *text, size_t len, bool final, const char **reasoning,
                   size_t *reasoning_len, const char **content, size_t *content_len)
 {
@@ -338,7 +339,11 @@ static bool split(wreq *r, const char *text, size_t len, bool final, const char 
     if (r->think &&
         rt_think_feed(r->think, *content, len, final, reasoning, reasoning_len, content, content_len))
         return false;
-    return !r->tc || rt_tc_feed(r->tc, *content, *content_len, final, content, content_len) == 0;
+    if (r->tc && rt_tc_feed(r->tc, *content, *content_len, final, content, content_len))
+        return false;
+    if (r->tc && !*reasoning_len) /* harmony's analysis channel */
+        rt_tc_reasoning(r->tc, reasoning, reasoning_len);
+    return true;
 }
 
 /* How much of s[0..n) is whole UTF-8 characters: a piece of a call's
@@ -468,7 +473,7 @@ static void handle_whole_event(wreq *r, const rt_sched_event *ev)
         a.calls = calls;
         oom = a.n_calls != rt_tc_n_calls(r->tc);
     }
-    if (!r->think || !a.reasoning_len) /* null, as vLLM's */
+    if (!a.reasoning_len) /* null, as vLLM's */
         a.reasoning = NULL;
     char n[16];
     snprintf(n, sizeof(n), "%d", ev->prompt_tokens);
@@ -616,7 +621,9 @@ static void submit_prepared(gw_worker *w, wprep *p)
         r->stream_mode = p->req.q.stream;
         r->include_usage = p->req.q.include_usage;
         r->logprobs = p->req.q.logprobs;
-        if ((p->req.q.tools && !(r->tc = rt_tc_parser_new(rt_engine_tool_format(w->engine)))) ||
+        /* harmony's parser splits out the reasoning too, tools or not */
+        const rt_tc_format tf = rt_engine_tool_format(w->engine);
+        if (((p->req.q.tools || (r->chat && tf == RT_TC_HARMONY)) && !(r->tc = rt_tc_parser_new(tf))) ||
             (p->req.reasoning && !(r->think = rt_think_new(p->req.reasoning == 2)))) {
             rt_engine_error_oom(&p->e);
             respond_error_after(r->stream, &p->e, 1);

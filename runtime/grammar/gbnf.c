@@ -474,11 +474,20 @@ static uint32_t read_char(builder *b)
     }
     /* a UTF-8 character */
     size_t k = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
-    if (b->p + k > b->end)
+    /* well-formed only: the matcher reads the text's bytes as the code
+     * points' UTF-8, which a stray or overlong sequence is not
+     * (fuzz_grammar: a class with one allowed a token accept refused) */
+    if (b->p + k > b->end || (c >= 0x80 && c < 0xc2) || c > 0xf4)
         fail(b, -EINVAL, "bad UTF-8");
     uint32_t cp = k == 1 ? c : c & (0xff >> (k + 1));
-    for (size_t i = 1; i < k; i++)
+    for (size_t i = 1; i < k; i++) {
+        if (((unsigned char)b->p[i] & 0xc0) != 0x80)
+            fail(b, -EINVAL, "bad UTF-8");
         cp = (cp << 6) | ((unsigned char)b->p[i] & 0x3f);
+    }
+    if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        fail(b, -EINVAL, "bad UTF-8");
     b->p += k;
     return cp;
 }
@@ -697,6 +706,34 @@ static void check_left_recursion(builder *b, const bool *nul, uint32_t r, uint8_
     state[r] = 2;
 }
 
+/* Refuses a rule that no text completes: each of its alternatives needs
+ * such a rule again (root ::= "a" root). The matcher would follow it for
+ * ever, and its masks and its stacks part ways (fuzz_grammar). b->state
+ * is the fixed point's scratch (1: completes). */
+static void check_productive(builder *b)
+{
+    uint8_t *ok = b->state;
+    memset(ok, 0, b->n_rules);
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (uint32_t r = 0; r < b->n_rules; r++)
+            for (uint32_t a = 0; a < b->rules[r].n_alts && !ok[r]; a++) {
+                const seq *s = &b->rules[r].alts[a];
+                bool all = true;
+                for (uint32_t i = 0; i < s->n && all; i++)
+                    all = s->v[i].type != GE_REF || ok[s->v[i].arg];
+                if (all)
+                    ok[r] = changed = true;
+            }
+    }
+    for (uint32_t r = 0; r < b->n_rules; r++)
+        if (!ok[r]) {
+            b->line = b->rules[r].line;
+            fail(b, -EINVAL, "the rule '%s' can never end: each of its alternatives needs it again",
+                 b->rules[r].name ? b->rules[r].name : "(a group)");
+        }
+}
+
 /* ---- flattening ---- */
 
 static rt_grammar *flatten(builder *b, const rt_gvocab *v, uint32_t root)
@@ -807,6 +844,7 @@ int rt_grammar_new(const char *gbnf, size_t len, const rt_gvocab *v, rt_grammar 
         fail(b, -ENOMEM, "out of memory compiling the grammar");
     for (uint32_t r = 0; r < b->n_rules; r++)
         check_left_recursion(b, b->nul, r, b->state);
+    check_productive(b);
     if (!(*out = flatten(b, v, root)))
         fail(b, -ENOMEM, "out of memory compiling the grammar");
 done:

@@ -236,8 +236,13 @@ static int put_pattern(sc *c, const char *re, const char *path)
         return refuse(c, path, "a 'pattern' must be anchored with ^ and $ to be enforced");
     puts_(c->out, "\"\\\"\" (");
     int depth = 0;
+    bool atom = false; /* a quantifier may follow: it repeats that */
     for (size_t i = 1; i + 1 < n; i++) {
         char ch = re[i];
+        bool quant = ch == '*' || ch == '+' || ch == '?' || ch == '{';
+        if (quant && !atom)
+            return refuse(c, path, "a 'pattern' quantifier with nothing to repeat (or a lazy one) is not supported");
+        atom = !quant && ch != '(' && ch != '|';
         switch (ch) {
         case '(':
             if (i + 2 < n && re[i + 1] == '?') {
@@ -261,9 +266,16 @@ static int put_pattern(sc *c, const char *re, const char *path)
             puts_(c->out, " ");
             break;
         case '{': {
-            size_t j = i;
-            while (j + 1 < n && re[j] != '}')
-                j++;
+            size_t j = i + 1, m = 0, k = 0;
+            while (j + 1 < n && re[j] >= '0' && re[j] <= '9')
+                j++, m++;
+            if (j + 1 < n && re[j] == ',')
+                for (j++; j + 1 < n && re[j] >= '0' && re[j] <= '9'; j++)
+                    k++;
+            if (!m || re[j] != '}' || j + 1 >= n)
+                return refuse(c, path, "a 'pattern' with a repetition other than {m}, {m,} or {m,n}");
+            if (k && strtoul(re + i + 1, NULL, 10) > strtoul(re + i + m + 2, NULL, 10))
+                return refuse(c, path, "a 'pattern' repetition {m,n} with n below m");
             put(c->out, &re[i], j - i + 1);
             puts_(c->out, " ");
             i = j;
@@ -286,7 +298,11 @@ static int put_pattern(sc *c, const char *re, const char *path)
             if (re[j] != ']')
                 return refuse(c, path, "a 'pattern' with an unterminated class");
             bool neg = re[i + 1] == '^';
-            puts_(c->out, "[");
+            /* A JSON string holds " and \ escaped, controls never: the
+             * class loses them, and takes their escaped forms instead. */
+            bool quote = false, bslash = false;
+            puts_(c->out, "( [");
+            size_t from = c->out->len;
             for (size_t k = i + 1; k < j; k++) {
                 if (re[k] == '\\' && k + 1 < j) {
                     char e = re[++k];
@@ -295,21 +311,57 @@ static int put_pattern(sc *c, const char *re, const char *path)
                     else if (e == 'w')
                         puts_(c->out, "a-zA-Z0-9_");
                     else if (e == 's')
-                        puts_(c->out, " \\t\\n\\r");
-                    else if (e == 'D' || e == 'W' || e == 'S')
+                        puts_(c->out, " "); /* the other spaces are controls */
+                    else if (e == '\\')
+                        bslash = true;
+                    else if (e == '"')
+                        quote = true;
+                    else if (e == 'D' || e == 'W' || e == 'S' || strchr("tnrfv0", e) || (unsigned char)e < 0x21 ||
+                             (unsigned char)e >= 0x80)
                         return refuse(c, path, "a 'pattern' class with \\%c is not supported", e);
                     else
                         putf(c->out, "\\%c", e);
                 } else if (re[k] == '"') {
                     return refuse(c, path, "a 'pattern' class with '\"' is not supported");
+                } else if (k + 2 < j && re[k + 1] == '-' && re[k + 2] != '\\' &&
+                           (unsigned char)re[k + 2] < (unsigned char)re[k]) {
+                    return refuse(c, path, "a 'pattern' class range whose end is before its start");
+                } else if (k + 2 < j && re[k + 1] == '-' && re[k + 2] != '\\' &&
+                           (unsigned char)re[k] <= '\\') {
+                    /* a range over " or \: written around them */
+                    unsigned lo = (unsigned char)re[k], hi = (unsigned char)re[k + 2];
+                    static const unsigned char skip[] = {'"', '\\'};
+                    for (size_t x = 0; x < 2; x++) {
+                        if (lo > skip[x] || hi < skip[x])
+                            continue;
+                        if (lo < skip[x])
+                            putf(c->out, "\\x%02x-\\x%02x", lo, skip[x] - 1u);
+                        *(x ? &bslash : &quote) = true;
+                        lo = skip[x] + 1u;
+                    }
+                    if (hi < 0x80 && lo > hi) { /* it ended at one of them */
+                        k += 2;
+                        continue;
+                    }
+                    putf(c->out, "\\x%02x-", lo);
+                    k++; /* its end is written next */
                 } else {
+                    if ((unsigned char)re[k] < 0x20)
+                        return refuse(c, path, "a 'pattern' with a control character");
                     put(c->out, &re[k], 1);
                 }
             }
-            /* never a raw quote, backslash or control in the JSON string */
-            if (neg)
+            if (neg) /* never a raw quote, backslash or control */
                 puts_(c->out, "\"\\\\\\x00-\\x1f");
-            puts_(c->out, "] ");
+            if (c->out->len == from) /* nothing but " or \ */
+                c->out->len = from - 1;
+            else
+                puts_(c->out, "]");
+            if (quote && !neg)
+                puts_(c->out, c->out->len == from - 1 ? " \"\\\\\\\"\"" : " | \"\\\\\\\"\"");
+            if (bslash && !neg)
+                puts_(c->out, c->out->len == from - 1 ? " \"\\\\\\\\\"" : " | \"\\\\\\\\\"");
+            puts_(c->out, " ) ");
             i = j;
             break;
         }

@@ -117,6 +117,10 @@ SCHEMAS = [
     # prefixItems then items
     {"type": "array", "prefixItems": [{"type": "string", "maxLength": 3}, {"type": "boolean"}],
      "items": {"type": "integer", "minimum": 0, "maximum": 3}, "maxItems": 4},
+    # pattern classes over " and \ (fuzz_grammar's second find: they were written raw)
+    {"type": "object", "properties": {"p": {"type": "string", "pattern": "^[ -~]{1,8}$"},
+                                      "b": {"type": "string", "pattern": "^[\\\\a]{2,6}$"}},
+     "required": ["p", "b"], "additionalProperties": False},
 ]
 # maxProperties is not enforced: that schema is for the refusal checks
 REFUSE_ONLY = {11}
@@ -131,6 +135,13 @@ REFUSED = [
     ({"$ref": "http://example.com/s.json"}, "local"),
     ({"type": "string", "format": "hostname"}, "hostname"),
     ({"type": "object", "properties": {"a": {"type": "integer", "if": {}}}}, "'if' is not supported at #/properties/a"),
+    # fuzz_grammar's first find: these went on to GBNF that did not compile
+    ({"type": "string", "pattern": "^[A-Z]{-}02$"}, "repetition other than"),
+    ({"type": "string", "pattern": "^a{3,1}$"}, "n below m"),
+    ({"type": "string", "pattern": "^(*a)$"}, "nothing to repeat"),
+    ({"type": "string", "pattern": "^a+?$"}, "nothing to repeat"),
+    ({"type": "string", "pattern": "^[z-a]$"}, "end is before its start"),
+    ({"type": "string", "pattern": "^[\\t]$"}, "class with \\t"),
 ]
 
 GBNF = [

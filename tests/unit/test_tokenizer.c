@@ -754,6 +754,39 @@ static void test_bpe_special(void **state)
     vocab_free(v);
 }
 
+/* gpt-oss's harmony vocabulary, as llama.cpp reads it: <|return|> and
+ * <|call|> end a turn, <|end|> does not; the markers' text goes out with
+ * the answer (their piece); they stay control tokens, which a message's
+ * text cannot write. */
+static void test_harmony_tokens(void **state)
+{
+    (void)state;
+    vocab *v = bpe_vocab();
+    static const char *const marks[] = {"<|channel|>",   "<|message|>", "<|start|>", "<|end|>",
+                                        "<|constrain|>", "<|return|>",  "<|call|>"};
+    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++)
+        vocab_add(v, marks[i], 0, 3);
+    rt_tokenizer *t = bpe_tok(v, "llama3");
+    assert_true(rt_tokenizer_is_eog(t, id(t, "<|return|>")));
+    assert_true(rt_tokenizer_is_eog(t, id(t, "<|call|>")));
+    assert_false(rt_tokenizer_is_eog(t, id(t, "<|end|>")));
+    for (size_t i = 0; i < 5; i++) {
+        size_t n = 0;
+        const char *p = rt_tokenizer_piece(t, id(t, marks[i]), &n);
+        assert_int_equal(n, strlen(marks[i]));
+        assert_memory_equal(p, marks[i], n);
+    }
+    size_t n = 1;
+    rt_tokenizer_piece(t, id(t, "<|im_start|>"), &n);
+    assert_int_equal(n, 0);
+    int32_t got[64];
+    int k = rt_tokenizer_encode(t, "<|channel|>", 11, false, false, got, 64);
+    for (int i = 0; i < k; i++)
+        assert_true(got[i] != id(t, "<|channel|>"));
+    rt_tokenizer_free(t);
+    vocab_free(v);
+}
+
 /* User-defined tokens (Qwen3's <think>) are split out of any text, a
  * client's message included, as Hugging Face's tokenizers and llama.cpp
  * do: the model that wrote one reads it back as the one token. One that
@@ -1085,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_user_tokens),       cmocka_unit_test(test_long_special_not_matched),
         cmocka_unit_test(test_plain_spans),       cmocka_unit_test(test_bpe_reference_and_roundtrip),
         cmocka_unit_test(test_bad_metadata),      cmocka_unit_test(test_large_vocab),
+        cmocka_unit_test(test_harmony_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

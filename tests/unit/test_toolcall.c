@@ -1,7 +1,8 @@
 /* Tool-call parsing (runtime/toolcall): recorded answers of each format,
  * whole and fed split at every byte (and byte by byte), give the same
  * content and calls; text that only looks like a call stays content; the
- * forcing grammar compiles and names a refused schema keyword. */
+ * forcing grammar compiles and names a refused schema keyword; gpt-oss's
+ * harmony channels give reasoning, content and calls. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,6 +23,7 @@ typedef struct want {
     int n_calls;
     const char *calls[3][2]; /* name, arguments */
 } want;
+
 
 static const want CASES[] = {
     {RT_TC_HERMES, "Hello there.", "Hello there.", 0, {{0}}},
@@ -46,7 +48,11 @@ static const want CASES[] = {
      1,
      {{"f", "{\"k\": 1}"}}},
     /* a string that is not JSON: the string itself (fuzz_toolcall's find) */
-    {RT_TC_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": \"abc\"}</tool_call>", "", 1, {{"f", "\"abc\""}}},
+    {RT_TC_HERMES,
+     "<tool_call>{\"name\": \"f\", \"arguments\": \"abc\"}</tool_call>",
+     "",
+     1,
+     {{"f", "\"abc\""}}},
     /* not JSON, no name: it stays text */
     {RT_TC_HERMES, "x <tool_call>{nope}</tool_call> y", "x <tool_call>{nope}</tool_call> y", 0, {{0}}},
     {RT_TC_HERMES,
@@ -67,6 +73,29 @@ static const want CASES[] = {
     {RT_TC_LLAMA3, "The weather is fine. {\"name\": 1}", "The weather is fine. {\"name\": 1}", 0, {{0}}},
     {RT_TC_LLAMA3, "{\"a\": 1}", "{\"a\": 1}", 0, {{0}}},
     {RT_TC_LLAMA3, " <|pyth", " <|pyth", 0, {{0}}},
+    /* several calls, separated by ';' */
+    {RT_TC_LLAMA3,
+     "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}",
+     "",
+     2,
+     {{"a", "{\"x\": 1}"}, {"b", "{}"}}},
+    {RT_TC_LLAMA3,
+     "<|python_tag|>{\"name\": \"a\", \"parameters\": {}};{\"name\": \"b\", \"parameters\": {\"y\": \"; "
+     "\"}};\n"
+     "{\"name\": \"c\", \"parameters\": {}}",
+     "",
+     3,
+     {{"a", "{}"}, {"b", "{\"y\": \"; \"}"}, {"c", "{}"}}},
+    {RT_TC_LLAMA3,
+     "{\"name\": \"a\", \"parameters\": {}}; and more",
+     "{\"name\": \"a\", \"parameters\": {}}; and more",
+     0,
+     {{0}}},
+    {RT_TC_LLAMA3,
+     "{\"name\": \"a\", \"parameters\": {}}; {\"nope\": 1}",
+     "{\"name\": \"a\", \"parameters\": {}}; {\"nope\": 1}",
+     0,
+     {{0}}},
     {RT_TC_MISTRAL,
      "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, {\"name\": \"b\", \"arguments\": {}}]",
      "",
@@ -77,16 +106,70 @@ static const want CASES[] = {
     {RT_TC_MISTRAL, "[TOOL_CALLS][{\"name\": \"a\"}, 5]", "[TOOL_CALLS][{\"name\": \"a\"}, 5]", 0, {{0}}},
 };
 
+/* gpt-oss's harmony: its cases with the reasoning they give. */
+typedef struct hwant {
+    want w;
+    const char *reasoning;
+} hwant;
+
+#define H_CALL(name) "<|channel|>commentary to=functions." name " <|constrain|>json<|message|>"
+
+static const hwant HARMONY_CASES[] = {
+    /* gpt-oss: the answer follows the prompt's <|start|>assistant; <|call|>
+     * and <|return|> end generation, so most answers stop before them */
+    {{RT_TC_HARMONY,
+     "<|channel|>analysis<|message|>User asks weather. Need to call get_weather.<|end|>"
+     "<|start|>assistant" H_CALL("get_weather") "{\"location\":\"San Francisco, CA\"}",
+     "",
+     1,
+     {{"get_weather", "{\"location\":\"San Francisco, CA\"}"}}},
+     "User asks weather. Need to call get_weather."},
+    {{RT_TC_HARMONY,
+     H_CALL("f") "{\"n\": 123456789012345678901234, \"s\": \"<|\"}<|call|>",
+     "",
+     1,
+     {{"f", "{\"n\": 123456789012345678901234, \"s\": \"<|\"}"}}},
+     ""},
+    {{RT_TC_HARMONY,
+     "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>Hello! How "
+     "can I help?",
+     "Hello! How can I help?",
+     0,
+     {{0}}},
+     "Simple."},
+    /* the recipient in the role, as the template renders a past call */
+    {{RT_TC_HARMONY,
+     "<|start|>assistant to=functions.f<|channel|>commentary json<|message|> {\"a\": [1, 2]}\n<|call|>",
+     "",
+     1,
+     {{"f", "{\"a\": [1, 2]}"}}},
+     ""},
+    /* a preamble is content; two calls; a built-in tool's message is reasoning */
+    {{RT_TC_HARMONY,
+     "<|channel|>commentary<|message|>Checking the weather.<|end|>"
+     "<|start|>assistant" H_CALL("w") "{}<|call|>"
+     "<|start|>assistant" H_CALL("g") "{\"b\":2}<|call|>"
+     "<|start|>assistant<|channel|>analysis to=browser.search<|message|>{\"q\":\"x\"}<|call|>",
+     "Checking the weather.",
+     2,
+     {{"w", "{}"}, {"g", "{\"b\":2}"}}},
+     "{\"q\":\"x\"}"},
+    {{RT_TC_HARMONY, "Just text, no <|channel|> here.", "Just text, no <|channel|> here.", 0, {{0}}}, ""},
+    {{RT_TC_HARMONY, "<|channel|>final<|message|>Ends with <|en", "Ends with <|en", 0, {{0}}}, ""},
+    {{RT_TC_HARMONY, "<|chan", "<|chan", 0, {{0}}}, ""},
+    {{RT_TC_HARMONY, "<|channel|>analysis<|message|>cut short", "", 0, {{0}}}, "cut short"},
+};
+
 /* Feeds w's text in pieces cut at the given offsets; checks the result. */
 static int n_pending; /* feeds that saw a call's arguments in part */
 
-static void run(const want *w, const size_t *cuts, int n_cuts)
+static void run(const want *w, const char *reasoning, const size_t *cuts, int n_cuts)
 {
     rt_tc_parser *p = rt_tc_parser_new(w->f);
     assert_non_null(p);
     size_t n = strlen(w->text), at = 0;
-    char got[1024] = "", seen[1024], seen_name[64];
-    size_t got_len = 0, seen_len = 0;
+    char got[1024] = "", seen[1024], seen_name[64], thought[1024] = "";
+    size_t got_len = 0, seen_len = 0, thought_len = 0;
     for (int i = 0; i <= n_cuts; i++) {
         size_t to = i < n_cuts ? cuts[i] : n;
         const char *c;
@@ -108,6 +191,13 @@ static void run(const want *w, const size_t *cuts, int n_cuts)
             snprintf(seen_name, sizeof(seen_name), "%s", pn);
             n_pending++;
         }
+        const char *r;
+        size_t r_len;
+        rt_tc_reasoning(p, &r, &r_len);
+        assert_true(thought_len + r_len < sizeof(thought));
+        memcpy(thought + thought_len, r, r_len);
+        thought_len += r_len;
+        thought[thought_len] = '\0';
         assert_true(got_len + c_len < sizeof(got));
         memcpy(got + got_len, c, c_len);
         got_len += c_len;
@@ -117,6 +207,7 @@ static void run(const want *w, const size_t *cuts, int n_cuts)
     if (strcmp(got, w->content) || rt_tc_n_calls(p) != w->n_calls)
         fail_msg("%s %s cut %d: content [%s] calls %d", rt_tc_format_name(w->f), w->text,
                  n_cuts ? (int)cuts[0] : -1, got, rt_tc_n_calls(p));
+    assert_string_equal(thought, reasoning ? reasoning : "");
     for (int i = 0; i < w->n_calls; i++) {
         assert_string_equal(rt_tc_call_at(p, i)->name, w->calls[i][0]);
         assert_string_equal(rt_tc_call_at(p, i)->arguments, w->calls[i][1]);
@@ -127,16 +218,18 @@ static void run(const want *w, const size_t *cuts, int n_cuts)
 static void test_recorded(void **state)
 {
     (void)state;
-    for (size_t k = 0; k < sizeof(CASES) / sizeof(CASES[0]); k++) {
-        const want *w = &CASES[k];
+    const size_t n_plain = sizeof(CASES) / sizeof(CASES[0]);
+    for (size_t k = 0; k < n_plain + sizeof(HARMONY_CASES) / sizeof(HARMONY_CASES[0]); k++) {
+        const want *w = k < n_plain ? &CASES[k] : &HARMONY_CASES[k - n_plain].w;
+        const char *r = k < n_plain ? NULL : HARMONY_CASES[k - n_plain].reasoning;
         size_t n = strlen(w->text);
-        run(w, NULL, 0);
+        run(w, r, NULL, 0);
         for (size_t cut = 0; cut <= n; cut++)
-            run(w, &cut, 1);
+            run(w, r, &cut, 1);
         size_t *every = malloc((n + 1) * sizeof(size_t));
         for (size_t i = 0; i <= n; i++)
             every[i] = i;
-        run(w, every, (int)n + 1);
+        run(w, r, every, (int)n + 1);
         free(every);
     }
     assert_true(n_pending > 100);
@@ -171,6 +264,36 @@ static void test_detect(void **state)
     assert_int_equal(rt_tc_detect(l, strlen(l)), RT_TC_LLAMA3);
     assert_int_equal(rt_tc_detect(m, strlen(m)), RT_TC_MISTRAL);
     assert_int_equal(rt_tc_detect(NULL, 0), RT_TC_HERMES);
+    const char *h = "{{- '<|start|>assistant<|channel|>final<|message|>' }}";
+    assert_int_equal(rt_tc_detect(h, strlen(h)), RT_TC_HARMONY);
+}
+
+/* A harmony call cut short: {} (its arguments are not JSON yet); the
+ * harmony answer that streams its final channel as it comes. */
+static void test_harmony_cut(void **state)
+{
+    (void)state;
+    rt_tc_parser *p = rt_tc_parser_new(RT_TC_HARMONY);
+    const char *c, *r, *pn, *pa;
+    size_t n, rn, pl;
+    const char *text = H_CALL("f") "{\"a\": ";
+    assert_int_equal(rt_tc_feed(p, text, strlen(text), false, &c, &n), 0);
+    assert_true(rt_tc_pending(p, &pn, &pa, &pl));
+    assert_string_equal(pn, "f");
+    assert_int_equal(pl, 5);
+    assert_int_equal(rt_tc_feed(p, "", 0, true, &c, &n), 0);
+    assert_false(rt_tc_pending(p, &pn, &pa, &pl));
+    assert_int_equal(rt_tc_n_calls(p), 1);
+    assert_string_equal(rt_tc_call_at(p, 0)->arguments, "{}");
+    rt_tc_parser_free(p);
+    p = rt_tc_parser_new(RT_TC_HARMONY);
+    text = "<|channel|>analysis<|message|>Hm<|end|><|start|>assistant<|channel|>final<|message|>Hi <|";
+    assert_int_equal(rt_tc_feed(p, text, strlen(text), false, &c, &n), 0);
+    rt_tc_reasoning(p, &r, &rn);
+    assert_int_equal(rn, 2);
+    assert_int_equal(n, 3);
+    assert_memory_equal(c, "Hi ", 3);
+    rt_tc_parser_free(p);
 }
 
 static void test_grammar(void **state)
@@ -183,7 +306,7 @@ static void test_grammar(void **state)
                    0, NULL);
     char *g = NULL, err[256];
     size_t len = 0;
-    for (int f = RT_TC_HERMES; f <= RT_TC_MISTRAL; f++) {
+    for (int f = RT_TC_HERMES; f <= RT_TC_HARMONY; f++) {
         assert_int_equal(rt_tc_grammar((rt_tc_format)f, tools, NULL, true, &g, &len, err, sizeof(err)), 0);
         assert_non_null(strstr(g, "root ::="));
         assert_non_null(strstr(g, "get_weather"));
@@ -204,9 +327,8 @@ static void test_grammar(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_recorded),
-        cmocka_unit_test(test_streams_early),
-        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_recorded), cmocka_unit_test(test_streams_early),
+        cmocka_unit_test(test_detect),   cmocka_unit_test(test_harmony_cut),
         cmocka_unit_test(test_grammar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
