@@ -81,6 +81,7 @@
  *     policy: latency           # latency | cost
  *     slo_ms: 500               # cost policy: expected latency bound
  *     spread: true              # share among near-best regions (routing/router.h), not all to the best
+ *     cache_aware: true         # local worker by prompt prefix held vs queue (issue 30); false: least loaded
  *     heartbeat_ms: 1000        # record publication period
  *     stale_after_ms: 3000      # default 3 heartbeats; more than two
  *     eject_after: 3            # consecutive failures (0: never eject)
@@ -178,6 +179,7 @@ typedef struct gw_routing_cfg {
     gw_route_policy policy; /* LATENCY or COST, never DEFAULT */
     double slo_ms;
     bool spread; /* route_query.spread */
+    bool cache_aware; /* local workers chosen by the prompt prefix they hold (gw_supervisor_pick_for) */
     int heartbeat_ms, stale_after_ms, eject_after, eject_base_ms, eject_max_ms, ping_interval_ms;
     double retry_budget;
 } gw_routing_cfg;

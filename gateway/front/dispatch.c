@@ -17,6 +17,7 @@
 
 #define MAX_TRIES 2          /* local workers: a failure before the first response byte is retried once */
 #define RETRY_TOKENS_MAX 100 /* the retry budget saves up at most this many retries */
+#define SESSION_MAX 256      /* bytes of an x-infergate-session */
 
 /* ---- the first try ---- */
 
@@ -79,6 +80,48 @@ static const char *residency_missing(gw_front_req *p, char *buf, size_t cap)
     return NULL;
 }
 
+/* The prompt's tokens as the gateway guesses them: the body's bytes / 4
+ * (what the tenant is charged for, and routing weighs). */
+static double prompt_guess(const gw_front_req *p)
+{
+    return (double)p->req->body_len / GW_PREFIX_BYTES_PER_TOKEN;
+}
+
+/* A local worker for the request, other than `exclude`: with several to
+ * choose from, the one likeliest to hold its prompt's prefix, weighed
+ * against its queue, and the session's among near-equal ones
+ * (gw_supervisor_pick_for). The chain is hashed once per request. */
+static int pick_local(gw_front_req *p, int exclude)
+{
+    gw_supervisor *sup = p->g->sup;
+    if (gw_supervisor_count(sup) < 2 || !p->g->cfg->routing.cache_aware)
+        return gw_supervisor_pick(sup, p->model, exclude);
+    if (!p->chain_done) {
+        gw_prefix_chain_of(p->req->body, p->req->body_len, &p->chain);
+        p->chain_done = true;
+        if (!p->session)
+            p->session = p->chain.user;
+    }
+    return gw_supervisor_pick_for(sup, p->model, exclude, &p->chain, prompt_guess(p), p->session, NULL);
+}
+
+/* x-infergate-session: who the client says it is, for affinity; false
+ * (answered 400) when malformed. */
+static bool take_session(gw_front_req *p)
+{
+    const char *h = gw_http_header_get(p->req, "x-infergate-session");
+    if (!h)
+        return true;
+    size_t n = strlen(h);
+    if (n == 0 || n > SESSION_MAX) {
+        gw_front_respond(p, 400, "invalid_request_error", "bad_session", NULL, 0,
+                         "x-infergate-session must be 1 to %d bytes", SESSION_MAX);
+        return false;
+    }
+    p->session = gw_prefix_hash(0, h, n);
+    return true;
+}
+
 /* Sends the request to the next usable candidate region; false when none
  * is left. A local candidate without a ready worker is passed over. */
 static bool try_next(gw_front_req *p)
@@ -100,7 +143,7 @@ static bool try_next(gw_front_req *p)
         p->probe = probe;
         p->probe_claim = probe ? route_region_probe_claim(r) : 0;
         if (r->local) {
-            int w = gw_supervisor_pick(g->sup, p->model, p->remote ? -1 : p->worker);
+            int w = pick_local(p, p->remote ? -1 : p->worker);
             if (w < 0)
                 continue;
             p->remote = NULL;
@@ -130,6 +173,8 @@ void gw_front_dispatch(gw_front_req *p)
     g->retry_tokens += g->cfg->routing.retry_budget;
     if (g->retry_tokens > RETRY_TOKENS_MAX)
         g->retry_tokens = RETRY_TOKENS_MAX;
+    if (!take_session(p))
+        return;
     if (!gw_regions_enabled(g) || p->forwarded) {
         /* A gateway with no region has no tags: a request that needs
          * some, by its header or its tenant's residency, cannot be held to
@@ -158,7 +203,7 @@ void gw_front_dispatch(gw_front_req *p)
         }
         if (g->cfg->region.name)
             snprintf(p->region, sizeof(p->region), "%s", g->cfg->region.name);
-        p->worker = gw_supervisor_pick(g->sup, p->model, -1);
+        p->worker = pick_local(p, -1);
         if (p->worker < 0) {
             gw_front_respond(p, 503, "server_error", "no_worker_ready", NULL, 1,
                              "no worker for model '%s' is ready", p->model);
@@ -298,7 +343,7 @@ bool gw_front_retry(gw_front_req *p, bool region_at_fault)
     if (!p->stream || g->retry_tokens < 1)
         return false;
     int other = !p->remote && p->worker >= 0 && p->local_tries < MAX_TRIES
-                    ? gw_supervisor_pick(g->sup, p->model, p->worker)
+                    ? pick_local(p, p->worker)
                     : -1;
     if (other >= 0)
         return resend_local(p, other);

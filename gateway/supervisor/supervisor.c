@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* close_range */
 #include "gateway/supervisor/supervisor.h"
 #include "gateway/base/clock.h"
+#include "gateway/base/prefix.h"
 
 #include "gateway/cmd/cli.h"
 #include "gateway/config/config.h"
@@ -34,6 +35,9 @@
  * request this old is given up. */
 #define STALE_S 3.0
 #define STATS_MAX 65536 /* bytes of a stats answer we read */
+#define PREFIXES_MAX 1024 /* prefix hashes of a worker's stats taken */
+/* Prefill rate assumed of a worker that has measured none yet (ms/token). */
+#define DEFAULT_MS_PER_TOKEN 1.0
 #define PROBE_MS 5000   /* nvidia-smi -L for devices: auto */
 
 typedef struct sworker {
@@ -50,7 +54,9 @@ typedef struct sworker {
     size_t stats_len;
     int stats_status;
     int picked;       /* requests sent since the last stats */
+    double picked_ms; /* their prefill, as expected when they were sent (cache-aware picks) */
     bool hang_killed; /* SIGKILLed for answering no stats */
+    uint64_t *prefixes; /* info.prefixes' storage (PREFIXES_MAX) */
 } sworker;
 
 struct gw_supervisor {
@@ -65,6 +71,8 @@ struct gw_supervisor {
     int *n_devs;
     sworker *w;
     int n;
+    gw_prefix_cand *cand; /* gw_supervisor_pick_for's scratch: n entries, and their workers */
+    int *cand_idx;
     struct event *sigchld, *tick;
     void (*on_ready_change)(void *ud);
     void *on_ready_ud;
@@ -298,6 +306,25 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
 
 /* ---- stats ---- */
 
+/* The worker's prefix hashes (16 hex digits each), sorted for lookup;
+ * entries that do not parse are left out. */
+static void take_prefixes(sworker *w, json_t *a)
+{
+    int n = 0;
+    if (!w->prefixes)
+        w->prefixes = malloc(PREFIXES_MAX * sizeof(*w->prefixes));
+    for (size_t k = 0; w->prefixes && k < json_array_size(a) && n < PREFIXES_MAX; k++) {
+        const char *hex = json_string_value(json_array_get(a, k));
+        char *end;
+        if (hex && strlen(hex) == 16) {
+            w->prefixes[n] = strtoull(hex, &end, 16);
+            n += !*end;
+        }
+    }
+    w->info.n_prefixes = gw_prefix_sort(w->prefixes, n);
+    w->info.prefixes = w->prefixes;
+}
+
 static void stats_done(sworker *w)
 {
     w->stats_req = NULL;
@@ -324,6 +351,8 @@ static void stats_done(sworker *w)
     i->prompt_tokens_computed = (double)json_integer_value(json_object_get(o, "prompt_tokens_computed"));
     i->prompt_tokens_cached = (double)json_integer_value(json_object_get(o, "prompt_tokens_cached"));
     i->kv_blocks_cached = (int)json_integer_value(json_object_get(o, "kv_blocks_cached"));
+    i->est_prompt_tokens = (int)json_integer_value(json_object_get(o, "est_prompt_tokens"));
+    take_prefixes(w, json_object_get(o, "prefix_hashes"));
     json_decref(o);
     if (!i->ready)
         log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,
@@ -331,6 +360,7 @@ static void stats_done(sworker *w)
     w->last_stats = gw_mono_s();
     w->asked_at = 0;
     w->picked = 0;
+    w->picked_ms = 0;
     set_ready(w, i->pid != 0); /* last: the record it may refresh reads the figures above */
 }
 
@@ -539,7 +569,9 @@ gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool
         n += s->n_devs[i];
     }
     s->w = calloc((size_t)(n ? n : 1), sizeof(sworker));
-    if (!s->w)
+    s->cand = calloc((size_t)(n ? n : 1), sizeof(*s->cand));
+    s->cand_idx = calloc((size_t)(n ? n : 1), sizeof(*s->cand_idx));
+    if (!s->w || !s->cand || !s->cand_idx)
         goto nomem;
     for (int i = 0; i < c->n_workers; i++) {
         for (int d = 0; d < s->n_devs[i]; d++) {
@@ -683,6 +715,7 @@ void gw_supervisor_free(gw_supervisor *s)
         if (w->sock_path)
             unlink(w->sock_path);
         free(w->stats_buf);
+        free(w->prefixes);
         free(w->device);
         free(w->sock_path);
         free(w->target);
@@ -703,6 +736,8 @@ void gw_supervisor_free(gw_supervisor *s)
     if (s->lock_fd >= 0)
         close(s->lock_fd);
     free(s->w);
+    free(s->cand);
+    free(s->cand_idx);
     free(s);
 }
 
@@ -750,14 +785,84 @@ static int pick(gw_supervisor *s, const char *model, int exclude, int min_kv_blo
             best_load = load;
         }
     }
-    if (best >= 0)
+    if (best >= 0) {
         s->w[best].picked++;
+        s->w[best].picked_ms += s->w[best].info.prefill_ewma_ms;
+    }
     return best;
 }
 
 int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude)
 {
     return pick(s, model, exclude, 0);
+}
+
+static bool eligible(const sworker *w, const char *model)
+{
+    return w->info.ready && !strcmp(w->cfg->name, model);
+}
+
+/* Prefill ms per token: the worker's measured rate, else the mean of its
+ * siblings', else a guess (all alike, so that it decides nothing). */
+static double ms_per_token(const gw_supervisor *s, const sworker *w, const char *model)
+{
+    if (w->info.prefill_tokens_per_s > 0)
+        return 1000.0 / w->info.prefill_tokens_per_s;
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < s->n; i++)
+        if (eligible(&s->w[i], model) && s->w[i].info.prefill_tokens_per_s > 0) {
+            sum += 1000.0 / s->w[i].info.prefill_tokens_per_s;
+            n++;
+        }
+    return n ? sum / n : DEFAULT_MS_PER_TOKEN;
+}
+
+/* How long a request joining now waits before its own prefill: the
+ * worker's TTFT estimate less the prefill of the prompt it was made for,
+ * and the prefill of the requests sent to it since its last stats (as
+ * expected when sent: a turn whose prefix was there weighs its new part
+ * only; one sent by the least-loaded rule, this request's whole prompt). */
+static double wait_ms(const sworker *w, double mpt, double prompt_tokens)
+{
+    const gw_worker_info *i = &w->info;
+    double own = i->est_prompt_tokens > 0 ? i->est_prompt_tokens * mpt : 0;
+    double wait = i->est_ttft_ms > own ? i->est_ttft_ms - own : 0;
+    if (i->est_ttft_ms <= 0) /* no step run yet: by the counts */
+        wait = i->queued * (i->prefill_ewma_ms > 0 ? i->prefill_ewma_ms : prompt_tokens * mpt);
+    return wait + w->picked_ms;
+}
+
+int gw_supervisor_pick_for(gw_supervisor *s, const char *model, int exclude, const gw_prefix_chain *chain,
+                           double prompt_tokens, uint64_t session, double *cached_tokens)
+{
+    if (cached_tokens)
+        *cached_tokens = 0;
+    gw_prefix_cand *cand = s->cand;
+    int *idx = s->cand_idx, n = 0;
+    bool hit = false;
+    for (int i = 0; i < s->n; i++) {
+        const sworker *w = &s->w[i];
+        if (i == exclude || !eligible(w, model))
+            continue;
+        double mpt = ms_per_token(s, w, model);
+        cand[n] = (gw_prefix_cand){w->info.prefixes, w->info.n_prefixes, wait_ms(w, mpt, prompt_tokens), mpt,
+                                   (uint32_t)i};
+        hit |= gw_prefix_match(chain, w->info.prefixes, w->info.n_prefixes) > 0;
+        idx[n++] = i;
+    }
+    if (!hit && !session)
+        return pick(s, model, exclude, 0);
+    double ttft, cached;
+    int k = gw_prefix_choose(chain, prompt_tokens, cand, n, session, &ttft, &cached);
+    if (k < 0)
+        return -1;
+    sworker *w = &s->w[idx[k]];
+    w->picked++;
+    w->picked_ms += (prompt_tokens > cached ? prompt_tokens - cached : 0) * cand[k].ms_per_token;
+    if (cached_tokens)
+        *cached_tokens = cached;
+    return idx[k];
 }
 
 int gw_supervisor_pick_larger(gw_supervisor *s, const char *model, int than)

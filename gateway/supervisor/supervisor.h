@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct event_base;
@@ -36,6 +37,12 @@ typedef struct gw_worker_info {
      * worker started, and the KV blocks it holds */
     double prompt_tokens_computed, prompt_tokens_cached;
     int kv_blocks_cached;
+    /* The prompt a TTFT estimate is for (tokens), and the prompt-prefix
+     * hashes (gateway/base/prefix.h) the worker holds, sorted ascending:
+     * valid until its next stats. */
+    int est_prompt_tokens;
+    const uint64_t *prefixes;
+    int n_prefixes;
 } gw_worker_info;
 
 /* Workers run as `exe worker ...`, exe being this process's own binary.
@@ -72,6 +79,16 @@ bool gw_supervisor_serves(const gw_supervisor *s, const char *model);
  * none): fewest queued, then fewest running relative to max_seqs. -1 when
  * none is ready. Counts the request as queued on it until the next stats. */
 int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude);
+/* As gw_supervisor_pick, cache-aware (issue 30): when some worker holds a
+ * prefix of the request's chain (may be NULL) or the request names a
+ * session (non-zero), the worker with the least expected time to first
+ * token — its queue plus the prefill of the prompt_tokens it does not hold
+ * (gw_prefix_choose) — the session's consistent choice among near-equal
+ * ones. Otherwise exactly gw_supervisor_pick. *cached_tokens (may be NULL)
+ * gets the tokens the chosen one is expected to hold. */
+typedef struct gw_prefix_chain gw_prefix_chain;
+int gw_supervisor_pick_for(gw_supervisor *s, const char *model, int exclude, const gw_prefix_chain *chain,
+                           double prompt_tokens, uint64_t session, double *cached_tokens);
 /* As gw_supervisor_pick, among the workers whose KV cache is larger than
  * worker `than`'s (by its last stats): for a request too long for it. */
 int gw_supervisor_pick_larger(gw_supervisor *s, const char *model, int than);

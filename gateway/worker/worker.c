@@ -6,11 +6,13 @@
 
 #include "gateway/base/clock.h"
 #include "gateway/base/offload.h"
+#include "gateway/base/prefix.h"
 #include "gateway/worker/logprobs.h"
 #include "runtime/reasoning.h"
 
 #include <errno.h>
 #include <event2/event.h>
+#include <inttypes.h>
 #include <event2/thread.h>
 #include <jansson.h>
 #include <signal.h>
@@ -60,7 +62,14 @@ struct gw_worker {
     double drain_deadline;
     int drain_grace_s;
     bool device_lost; /* a sticky device error: the process ends shortly */
+    /* The prompts' chain hashes (gateway/base/prefix.h) whose KV the
+     * prefix cache most likely still holds: reported in the stats, for the
+     * gateway's cache-aware choice of worker. */
+    gw_prefix_set prefixes;
 };
+
+/* Prefix hashes a worker reports at most (a stats answer of ~10 KB). */
+#define PREFIX_SET_CAP 512
 
 static const gw_http_header json_headers[] = {{"content-type", "application/json"}};
 
@@ -686,7 +695,31 @@ static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_req
         rt_engine_release(w->engine, pr);
         rt_engine_error_oom(&e);
         respond_error_after(s, &e, 1);
+        return;
     }
+    gw_prefix_chain c;
+    gw_prefix_chain_of(req->body, req->body_len, &c);
+    gw_prefix_set_add(&w->prefixes, &c);
+}
+
+/* The prefix hashes held, most recently used first, after dropping those
+ * whose KV has most likely been evicted since: more KV written since
+ * their last use than the pool holds. None without the cache. */
+static json_t *prefix_hashes(gw_worker *w, const rt_sched_stats *st)
+{
+    json_t *a = json_array();
+    uint64_t v[PREFIX_SET_CAP];
+    if (!a || !st->prefix_cache)
+        return a;
+    gw_prefix_set_age(&w->prefixes, (double)(st->prompt_tokens_computed + st->tokens_generated),
+                      (double)st->kv_blocks_total * st->kv_block_tokens);
+    int n = gw_prefix_set_list(&w->prefixes, v, PREFIX_SET_CAP);
+    for (int i = 0; i < n; i++) {
+        char hex[17];
+        snprintf(hex, sizeof(hex), "%016" PRIx64, v[i]);
+        json_array_append_new(a, json_string(hex));
+    }
+    return a;
 }
 
 static void handle_stats(gw_worker *w, gw_http_stream *s)
@@ -733,6 +766,8 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
         o = NULL;
     }
     json_decref(pc);
+    if (o)
+        json_object_set_new(o, "prefix_hashes", prefix_hashes(w, &st));
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
         json_t *d =
@@ -861,6 +896,10 @@ gw_worker *gw_worker_new(rt_engine *e, const gw_worker_opts *o, char *err, size_
     }
     w->engine = e;
     w->drain_grace_s = o->drain_grace_s;
+    if (gw_prefix_set_init(&w->prefixes, PREFIX_SET_CAP)) {
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
     w->base = event_base_new();
     gw_http_handler h = {.on_request = on_request, .on_close = on_close, .on_writable = on_writable};
     if (!w->base || !(w->http = gw_http_server_new(w->base, &o->limits, &h, w)) ||
@@ -922,5 +961,6 @@ void gw_worker_free(gw_worker *w)
         event_free(w->drain_timer);
     if (w->base)
         event_base_free(w->base);
+    gw_prefix_set_free(&w->prefixes);
     free(w);
 }
