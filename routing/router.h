@@ -77,6 +77,16 @@ typedef struct route_query {
     /* The request's size for the cost policy (and ties): 0 and 0, price_out alone. */
     int prompt_tokens, output_tokens;
     bool spread; /* draw the first candidate among the near-best (above); false: the preferred order */
+    /* The body's prompt-prefix chain (gateway/base/prefix.h; NULL: none):
+     * a region whose record holds a prefix of it expects to answer sooner
+     * by that prefix's prefill (prompt_tokens at most, at the record's
+     * prefill_ms_per_token), and when the preferred region holds one the
+     * first candidate is not drawn (the conversation stays with its KV).
+     * A session (non-zero) draws among the near-best by its rendezvous
+     * hash, not at random: its requests go to one region while the
+     * regions are alike. */
+    const struct gw_prefix_chain *chain;
+    uint64_t session;
 } route_query;
 
 #define ROUTE_MAX_CANDIDATES 16

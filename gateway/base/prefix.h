@@ -28,6 +28,7 @@
 #define GW_PREFIX_MAX 64           /* chunks hashed per body: a longer conversation's first 64 */
 #define GW_PREFIX_CHUNK 256        /* bytes per chunk of a `prompt` */
 #define GW_PREFIX_BYTES_PER_TOKEN 4 /* what the gateway assumes elsewhere too (limits, routing) */
+#define GW_PREFIX_RECENT 64        /* a worker's most recent hashes: what its region's record carries */
 
 typedef struct gw_prefix_chain {
     int n;                        /* chunks hashed; 0: no messages or prompt found */

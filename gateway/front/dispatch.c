@@ -91,17 +91,22 @@ static double prompt_guess(const gw_front_req *p)
  * choose from, the one likeliest to hold its prompt's prefix, weighed
  * against its queue, and the session's among near-equal ones
  * (gw_supervisor_pick_for). The chain is hashed once per request. */
+static void hash_chain(gw_front_req *p)
+{
+    if (p->chain_done)
+        return;
+    gw_prefix_chain_of(p->req->body, p->req->body_len, &p->chain);
+    p->chain_done = true;
+    if (!p->session)
+        p->session = p->chain.user;
+}
+
 static int pick_local(gw_front_req *p, int exclude)
 {
     gw_supervisor *sup = p->g->sup;
     if (gw_supervisor_count(sup) < 2 || !p->g->cfg->routing.cache_aware)
         return gw_supervisor_pick(sup, p->model, exclude);
-    if (!p->chain_done) {
-        gw_prefix_chain_of(p->req->body, p->req->body_len, &p->chain);
-        p->chain_done = true;
-        if (!p->session)
-            p->session = p->chain.user;
-    }
+    hash_chain(p);
     return gw_supervisor_pick_for(sup, p->model, exclude, &p->chain, prompt_guess(p), p->session, NULL);
 }
 
@@ -245,6 +250,8 @@ void gw_front_dispatch(gw_front_req *p)
     keep_need(p, need, n_need);
     p->max_price = max_price;
     gw_route_policy pol = tc && tc->policy != GW_POLICY_DEFAULT ? tc->policy : g->cfg->routing.policy;
+    if (g->cfg->routing.cache_aware)
+        hash_chain(p);
     route_query q = {
         .model = p->model,
         .need_tags = p->need,
@@ -258,6 +265,8 @@ void gw_front_dispatch(gw_front_req *p)
         .prompt_tokens = (int)(p->req->body_len / 4 < INT_MAX ? p->req->body_len / 4 : INT_MAX),
         .output_tokens = (int)p->charged_completion,
         .spread = g->cfg->routing.spread,
+        .chain = p->chain_done ? &p->chain : NULL,
+        .session = p->session,
     };
     int n_cand = route_decide(g->table, &q, &p->route);
     gw_route_events_preferred(g, &q, p->route.preferred);

@@ -5,6 +5,7 @@
 #include "gateway/front/serve_internal.h"
 #include "gateway/front/route_events.h"
 #include "gateway/base/clock.h"
+#include "gateway/base/prefix.h"
 
 #include "routing/router.h"
 #include "routing/sync.h"
@@ -66,6 +67,39 @@ void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms)
     if (!(est_ms > 0 && measured_ms >= 0 && measured_ms < ROUTE_MAX_MS))
         return;
     g->est_bias_ms += BIAS_ALPHA * (measured_ms - est_ms - g->est_bias_ms);
+}
+
+/* The prompt-prefix hashes of the record (issue 30): the ready workers'
+ * most recent, taken in turn from each, and their mean prefill rate. */
+static void local_prefixes(gw_serve *g, route_record *r)
+{
+    int n_w = gw_supervisor_count(g->sup), rated = 0;
+    double ms = 0;
+    for (int k = 0; r->n_prefixes < ROUTE_MAX_PREFIXES; k++) {
+        bool more = false;
+        for (int i = 0; i < n_w && r->n_prefixes < ROUTE_MAX_PREFIXES; i++) {
+            const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
+            if (!w->ready || k >= w->n_recent)
+                continue;
+            more = true;
+            bool dup = false;
+            for (int j = 0; j < r->n_prefixes && !dup; j++)
+                dup = r->prefixes[j] == w->recent[k];
+            if (!dup)
+                r->prefixes[r->n_prefixes++] = w->recent[k];
+        }
+        if (!more)
+            break;
+    }
+    r->n_prefixes = gw_prefix_sort(r->prefixes, r->n_prefixes);
+    for (int i = 0; i < n_w; i++) {
+        const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
+        if (w->ready && w->prefill_tokens_per_s > 0) {
+            ms += 1000.0 / w->prefill_tokens_per_s;
+            rated++;
+        }
+    }
+    r->prefill_ms_per_token = rated ? fmin(ms / rated, ROUTE_MAX_MS) : 0;
 }
 
 /* This region's record: the configured identity plus the workers' load. */
@@ -152,6 +186,8 @@ static void local_record(gw_serve *g, route_record *r)
     r->draining = g->draining;
     r->updated_ms = gw_epoch_ms();
     r->instances = 1; /* this gateway: others of the region are not counted in its own view */
+    if (c->routing.cache_aware)
+        local_prefixes(g, r);
 }
 
 /* This region's record, into the table and to Redis. */

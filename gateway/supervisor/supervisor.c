@@ -311,16 +311,21 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
 static void take_prefixes(sworker *w, json_t *a)
 {
     int n = 0;
-    if (!w->prefixes)
-        w->prefixes = malloc(PREFIXES_MAX * sizeof(*w->prefixes));
+    if (!w->prefixes) /* the sorted set, then the recent ones in order */
+        w->prefixes = malloc((PREFIXES_MAX + GW_PREFIX_RECENT) * sizeof(*w->prefixes));
+    uint64_t *recent = w->prefixes ? w->prefixes + PREFIXES_MAX : NULL;
     for (size_t k = 0; w->prefixes && k < json_array_size(a) && n < PREFIXES_MAX; k++) {
         const char *hex = json_string_value(json_array_get(a, k));
         char *end;
         if (hex && strlen(hex) == 16) {
             w->prefixes[n] = strtoull(hex, &end, 16);
+            if (!*end && n < GW_PREFIX_RECENT)
+                recent[n] = w->prefixes[n];
             n += !*end;
         }
     }
+    w->info.recent = recent;
+    w->info.n_recent = n < GW_PREFIX_RECENT ? n : GW_PREFIX_RECENT;
     w->info.n_prefixes = gw_prefix_sort(w->prefixes, n);
     w->info.prefixes = w->prefixes;
 }

@@ -43,6 +43,9 @@ typedef struct gw_worker_info {
     int est_prompt_tokens;
     const uint64_t *prefixes;
     int n_prefixes;
+    /* the first GW_PREFIX_RECENT of them as reported: most recently used first */
+    const uint64_t *recent;
+    int n_recent;
 } gw_worker_info;
 
 /* Workers run as `exe worker ...`, exe being this process's own binary.
