@@ -124,13 +124,13 @@ static void join_est(char *out, size_t n, const double *est_ms, int count, int64
     }
 }
 
-/* prefixes: "MS_PER_TOKEN;" and the hashes, or empty for none. */
+/* prefixes: "MS_PER_BYTE;" and the hashes, or empty for none. */
 static void join_prefixes(char *out, size_t n, const route_record *r)
 {
     out[0] = '\0';
     if (!r->n_prefixes)
         return;
-    fmt_num(out, n, r->prefill_ms_per_token);
+    fmt_num(out, n, r->prefill_ms_per_byte);
     size_t at = strlen(out);
     for (int i = 0; i < r->n_prefixes && at + 18 < n; i++)
         at += (size_t)snprintf(out + at, n - at, "%s%016" PRIx64, i ? "," : ";", r->prefixes[i]);
@@ -409,14 +409,14 @@ static int parse_est(const char *field, const char *v, route_record *r, char *er
 static int parse_prefixes(const char *field, const char *v, route_record *r, char *err, size_t err_len)
 {
     r->n_prefixes = 0;
-    r->prefill_ms_per_token = 0;
+    r->prefill_ms_per_byte = 0;
     if (!*v)
         return 0;
     const char *semi = strchr(v, ';');
     char num[32];
     size_t nl = semi ? (size_t)(semi - v) : 0;
     if (!semi || nl == 0 || nl >= sizeof(num))
-        return fail(err, err_len, "%s: want MS_PER_TOKEN;HASH,...", field);
+        return fail(err, err_len, "%s: want MS_PER_BYTE;HASH,...", field);
     memcpy(num, v, nl);
     num[nl] = '\0';
     double ms;
@@ -439,7 +439,7 @@ static int parse_prefixes(const char *field, const char *v, route_record *r, cha
     }
     memcpy(r->prefixes, h, (size_t)n * sizeof(h[0]));
     r->n_prefixes = n;
-    r->prefill_ms_per_token = ms;
+    r->prefill_ms_per_byte = ms;
     return 0;
 }
 
@@ -661,9 +661,9 @@ int route_record_check(const route_record *r, char *err, size_t err_len)
     if (r->instances < 0 || r->instances > ROUTE_MAX_INSTANCES)
         return fail(err, err_len, "instances: %d is not within 0..%d", r->instances, ROUTE_MAX_INSTANCES);
     if (r->n_prefixes < 0 || r->n_prefixes > ROUTE_MAX_PREFIXES ||
-        !(r->prefill_ms_per_token >= 0 && r->prefill_ms_per_token <= ROUTE_MAX_MS))
-        return fail(err, err_len, "prefixes: %d hashes (at most %d), %g ms a token (0..%g)", r->n_prefixes,
-                    ROUTE_MAX_PREFIXES, r->prefill_ms_per_token, ROUTE_MAX_MS);
+        !(r->prefill_ms_per_byte >= 0 && r->prefill_ms_per_byte <= ROUTE_MAX_MS))
+        return fail(err, err_len, "prefixes: %d hashes (at most %d), %g ms a byte (0..%g)", r->n_prefixes,
+                    ROUTE_MAX_PREFIXES, r->prefill_ms_per_byte, ROUTE_MAX_MS);
     for (int i = 1; i < r->n_prefixes; i++)
         if (r->prefixes[i] <= r->prefixes[i - 1])
             return fail(err, err_len, "prefixes: not ascending at %d", i + 1);

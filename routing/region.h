@@ -71,10 +71,10 @@ typedef struct route_record {
     /* The prompt-prefix hashes (gateway/base/prefix.h) the region's
      * workers hold: its workers' most recently used, at most
      * ROUTE_MAX_PREFIXES, sorted ascending; and its prefill rate in ms per
-     * prompt token (0: not measured). What the latency policy counts a hit
-     * as saving (issue 30). */
+     * byte of prompt chunks (gw_prefix_bytes; 0: not measured). What the
+     * latency policy counts a hit as saving (issue 30). */
     int n_prefixes;
-    double prefill_ms_per_token;
+    double prefill_ms_per_byte;
     uint64_t prefixes[ROUTE_MAX_PREFIXES];
 } route_record;
 
@@ -86,7 +86,7 @@ typedef struct route_record {
  * "capacity:running:queued:ttft_ms:tpot_ms". Then ttft_est_ms, model_est
  * (as model_load: the stamp, ";", each model's load_est_ms, comma-separated;
  * taken with model_load only), draining (0|1) and prefixes (empty, or the
- * prefill ms per token, ";", and up to ROUTE_MAX_PREFIXES hashes of 16
+ * prefill ms per prompt byte, ";", and up to ROUTE_MAX_PREFIXES hashes of 16
  * lowercase hex digits, comma-separated, ascending): fields older readers
  * ignore. */
 typedef struct route_field {

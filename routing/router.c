@@ -239,8 +239,37 @@ static double prefix_saved_ms(const route_region *r, const route_query *q)
 {
     if (!q->chain || !r->rec.n_prefixes)
         return 0;
-    double hit = gw_prefix_tokens(q->chain, gw_prefix_match(q->chain, r->rec.prefixes, r->rec.n_prefixes));
-    return fmin(hit, q->prompt_tokens > 0 ? q->prompt_tokens : 0) * r->rec.prefill_ms_per_token;
+    return gw_prefix_bytes(q->chain, gw_prefix_match(q->chain, r->rec.prefixes, r->rec.n_prefixes)) *
+           r->rec.prefill_ms_per_byte;
+}
+
+/* Among the near-best (the spread window), the region holding the longest
+ * prefix of the request goes first: a conversation stays with its KV while
+ * its region is about as fast as the best, whatever the noise in the
+ * estimates; true when one did. */
+static bool keep_prefix(const route_query *q, rank *top, int n_top)
+{
+    if (!q->chain || n_top < 1)
+        return false;
+    const double best = top[0].ms, edge = best + fmax(ROUTE_NEAR_FRAC * best, ROUTE_NEAR_MS);
+    double most = 0;
+    int pick = -1;
+    for (int i = 0; i < n_top && top[i].ms < edge; i++) {
+        if (q->policy == ROUTE_COST && (top[i].k1 != top[0].k1 || top[i].price != top[0].price))
+            break;
+        const route_record *rec = &top[i].s->r.rec;
+        double b = gw_prefix_bytes(q->chain, gw_prefix_match(q->chain, rec->prefixes, rec->n_prefixes));
+        if (b > most) {
+            most = b;
+            pick = i;
+        }
+    }
+    if (pick < 0)
+        return false;
+    rank chosen = top[pick];
+    memmove(&top[1], &top[0], (size_t)pick * sizeof(*top));
+    top[0] = chosen;
+    return true;
 }
 
 static void spread_first(route_table *t, const route_query *q, rank *top, int n_top)
@@ -365,7 +394,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
     }
 
     d->preferred = n_top ? &top[0].s->r : NULL;
-    if (q->spread && n_top > 1 && !(prefix_saved_ms(&top[0].s->r, q) > 0))
+    if (!keep_prefix(q, top, n_top) && q->spread && n_top > 1)
         spread_first(t, q, top, n_top);
 
     /* A region out of its back-off claims its one probe as the first

@@ -79,9 +79,10 @@ typedef struct route_query {
     bool spread; /* draw the first candidate among the near-best (above); false: the preferred order */
     /* The body's prompt-prefix chain (gateway/base/prefix.h; NULL: none):
      * a region whose record holds a prefix of it expects to answer sooner
-     * by that prefix's prefill (prompt_tokens at most, at the record's
-     * prefill_ms_per_token), and when the preferred region holds one the
-     * first candidate is not drawn (the conversation stays with its KV).
+     * by that prefix's prefill (its bytes at the record's
+     * prefill_ms_per_byte), and among the near-best (the spread window)
+     * the one holding the longest prefix goes first, not drawn: the
+     * conversation stays with its KV while its region is about as fast.
      * A session (non-zero) draws among the near-best by its rendezvous
      * hash, not at random: its requests go to one region while the
      * regions are alike. */

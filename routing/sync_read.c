@@ -45,7 +45,7 @@ static bool record_equal(const route_record *a, const route_record *b)
             x->ttft_ms != y->ttft_ms || x->tpot_ms != y->tpot_ms || a->load_est_ms[i] != b->load_est_ms[i])
             return false;
     }
-    return a->n_prefixes == b->n_prefixes && a->prefill_ms_per_token == b->prefill_ms_per_token &&
+    return a->n_prefixes == b->n_prefixes && a->prefill_ms_per_byte == b->prefill_ms_per_byte &&
            !memcmp(a->prefixes, b->prefixes, (size_t)a->n_prefixes * sizeof(a->prefixes[0]));
 }
 

@@ -225,9 +225,9 @@ int gw_prefix_match(const gw_prefix_chain *c, const uint64_t *held, int n)
     return 0;
 }
 
-double gw_prefix_tokens(const gw_prefix_chain *c, int chunks)
+double gw_prefix_bytes(const gw_prefix_chain *c, int chunks)
 {
-    return chunks > 0 ? (double)c->end[chunks - 1] / GW_PREFIX_BYTES_PER_TOKEN : 0;
+    return c && chunks > 0 ? (double)c->end[chunks - 1] : 0;
 }
 
 int gw_prefix_sort(uint64_t *v, int n)
@@ -244,21 +244,21 @@ int gw_prefix_sort(uint64_t *v, int n)
 
 /* ---- the choice ---- */
 
-/* A candidate's expected time to first token; *hit the tokens it holds. */
-static double expect(const gw_prefix_chain *c, double prompt_tokens, const gw_prefix_cand *cand, double *hit)
+/* A candidate's expected time to first token; *hit the bytes it holds. */
+static double expect(const gw_prefix_chain *c, double prompt_bytes, const gw_prefix_cand *cand, double *hit)
 {
-    *hit = gw_prefix_tokens(c, gw_prefix_match(c, cand->held, cand->n_held));
-    double left = prompt_tokens > *hit ? prompt_tokens - *hit : 0;
-    return cand->wait_ms + left * cand->ms_per_token;
+    *hit = gw_prefix_bytes(c, gw_prefix_match(c, cand->held, cand->n_held));
+    double left = prompt_bytes > *hit ? prompt_bytes - *hit : 0;
+    return cand->wait_ms + left * cand->ms_per_byte;
 }
 
-int gw_prefix_choose(const gw_prefix_chain *c, double prompt_tokens, const gw_prefix_cand *cand, int n,
-                     uint64_t session, double *ttft_ms, double *cached_tokens)
+int gw_prefix_choose(const gw_prefix_chain *c, double prompt_bytes, const gw_prefix_cand *cand, int n,
+                     uint64_t session, double *ttft_ms, double *cached_bytes)
 {
     double best = 0, hit;
     int pick = -1;
     for (int i = 0; i < n; i++) {
-        double e = expect(c, prompt_tokens, &cand[i], &hit);
+        double e = expect(c, prompt_bytes, &cand[i], &hit);
         if (pick < 0 || e < best) {
             pick = i;
             best = e;
@@ -272,18 +272,18 @@ int gw_prefix_choose(const gw_prefix_chain *c, double prompt_tokens, const gw_pr
         double near = best * (1 + GW_PREFIX_NEAR_FRAC) + GW_PREFIX_NEAR_MS;
         for (int i = 0; i < n; i++) {
             uint64_t score = gw_prefix_hash(session, &cand[i].id, sizeof(cand[i].id));
-            if (score > top && expect(c, prompt_tokens, &cand[i], &hit) <= near) {
+            if (score > top && expect(c, prompt_bytes, &cand[i], &hit) <= near) {
                 top = score;
                 pick = i;
             }
         }
     }
     if (pick >= 0) {
-        double e = expect(c, prompt_tokens, &cand[pick], &hit);
+        double e = expect(c, prompt_bytes, &cand[pick], &hit);
         if (ttft_ms)
             *ttft_ms = e;
-        if (cached_tokens)
-            *cached_tokens = hit;
+        if (cached_bytes)
+            *cached_bytes = hit;
     }
     return pick;
 }

@@ -27,7 +27,7 @@
 
 #define GW_PREFIX_MAX 64           /* chunks hashed per body: a longer conversation's first 64 */
 #define GW_PREFIX_CHUNK 256        /* bytes per chunk of a `prompt` */
-#define GW_PREFIX_BYTES_PER_TOKEN 4 /* what the gateway assumes elsewhere too (limits, routing) */
+#define GW_PREFIX_BYTES_PER_TOKEN 4 /* assumed of a worker that has measured none yet */
 #define GW_PREFIX_RECENT 64        /* a worker's most recent hashes: what its region's record carries */
 
 typedef struct gw_prefix_chain {
@@ -49,16 +49,19 @@ void gw_prefix_chain_of(const void *body, size_t len, gw_prefix_chain *out);
  * held (sorted ascending, n entries), else 0. */
 int gw_prefix_match(const gw_prefix_chain *c, const uint64_t *held, int n);
 
-/* Prompt tokens a match of `chunks` covers (bytes / 4). */
-double gw_prefix_tokens(const gw_prefix_chain *c, int chunks);
+/* Body bytes a match of `chunks` covers; c->end[c->n - 1] for the whole
+ * chain (0 for none). Prefill is priced by these bytes, at a worker's
+ * ms per prompt byte: the gateway does not tokenize, and the worker
+ * measures how many of them make a token. */
+double gw_prefix_bytes(const gw_prefix_chain *c, int chunks);
 
 /* ---- the choice: expected time to first token ---- */
 
 typedef struct gw_prefix_cand {
     const uint64_t *held; /* sorted ascending */
     int n_held;
-    double wait_ms;      /* before this request's prefill would start (its queue) */
-    double ms_per_token; /* its prefill rate */
+    double wait_ms;     /* before this request's prefill would start (its queue) */
+    double ms_per_byte; /* its prefill rate, per byte of chunks (gw_prefix_bytes) */
     uint32_t id;         /* stable across requests (a worker's index, a region's name hash) */
 } gw_prefix_cand;
 
@@ -68,16 +71,16 @@ typedef struct gw_prefix_cand {
 #define GW_PREFIX_NEAR_MS 25.0
 
 /* The candidate with the least expected time to first token: wait_ms plus
- * the prefill of the prompt_tokens its cache does not hold. Among the
+ * the prefill of the prompt_bytes its cache does not hold. Among the
  * near-equal ones (within GW_PREFIX_NEAR_FRAC + GW_PREFIX_NEAR_MS of the
  * best), a session (non-zero) goes to the one its rendezvous hash with
  * the candidates' ids ranks first, so that its requests stay together
  * while nothing else tells them apart; without one, the best (the first of
  * equals). c may be NULL (nothing cached anywhere). Returns an index into
  * cand, -1 when n is 0; *ttft_ms (may be NULL) gets the chosen one's
- * estimate and *cached_tokens (may be NULL) the tokens its cache holds. */
-int gw_prefix_choose(const gw_prefix_chain *c, double prompt_tokens, const gw_prefix_cand *cand, int n,
-                     uint64_t session, double *ttft_ms, double *cached_tokens);
+ * estimate and *cached_bytes (may be NULL) the bytes its cache holds. */
+int gw_prefix_choose(const gw_prefix_chain *c, double prompt_bytes, const gw_prefix_cand *cand, int n,
+                     uint64_t session, double *ttft_ms, double *cached_bytes);
 
 /* ---- what a worker holds ---- */
 

@@ -80,11 +80,11 @@ static const char *residency_missing(gw_front_req *p, char *buf, size_t cap)
     return NULL;
 }
 
-/* The prompt's tokens as the gateway guesses them: the body's bytes / 4
- * (what the tenant is charged for, and routing weighs). */
-static double prompt_guess(const gw_front_req *p)
+/* The prompt's size as the cache-aware choice prices it: its chunks'
+ * bytes (gw_prefix_bytes), else the whole body's. */
+static double prompt_bytes(const gw_front_req *p)
 {
-    return (double)p->req->body_len / GW_PREFIX_BYTES_PER_TOKEN;
+    return p->chain.n ? gw_prefix_bytes(&p->chain, p->chain.n) : (double)p->req->body_len;
 }
 
 /* A local worker for the request, other than `exclude`: with several to
@@ -107,7 +107,7 @@ static int pick_local(gw_front_req *p, int exclude)
     if (gw_supervisor_count(sup) < 2 || !p->g->cfg->routing.cache_aware)
         return gw_supervisor_pick(sup, p->model, exclude);
     hash_chain(p);
-    return gw_supervisor_pick_for(sup, p->model, exclude, &p->chain, prompt_guess(p), p->session, NULL);
+    return gw_supervisor_pick_for(sup, p->model, exclude, &p->chain, prompt_bytes(p), p->session, NULL);
 }
 
 /* x-infergate-session: who the client says it is, for affinity; false

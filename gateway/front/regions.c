@@ -94,12 +94,11 @@ static void local_prefixes(gw_serve *g, route_record *r)
     r->n_prefixes = gw_prefix_sort(r->prefixes, r->n_prefixes);
     for (int i = 0; i < n_w; i++) {
         const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
-        if (w->ready && w->prefill_tokens_per_s > 0) {
-            ms += 1000.0 / w->prefill_tokens_per_s;
-            rated++;
-        }
+        double x = w->ready ? gw_supervisor_ms_per_byte(w) : 0;
+        ms += x;
+        rated += x > 0;
     }
-    r->prefill_ms_per_token = rated ? fmin(ms / rated, ROUTE_MAX_MS) : 0;
+    r->prefill_ms_per_byte = rated ? fmin(ms / rated, ROUTE_MAX_MS) : 0;
 }
 
 /* This region's record: the configured identity plus the workers' load. */
@@ -431,6 +430,8 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         /* the region's own queue-based estimate (0: an older gateway's record) */
         json_object_set_new(o, "ttft_est_ms", json_real(r->rec.ttft_est_ms));
         json_object_set_new(o, "draining", json_boolean(r->rec.draining));
+        /* prompt prefixes its record carries (issue 30) */
+        json_object_set_new(o, "prefixes", json_integer(r->rec.n_prefixes));
     } else {
         json_decref(load);
     }

@@ -36,8 +36,8 @@
 #define STALE_S 3.0
 #define STATS_MAX 65536 /* bytes of a stats answer we read */
 #define PREFIXES_MAX 1024 /* prefix hashes of a worker's stats taken */
-/* Prefill rate assumed of a worker that has measured none yet (ms/token). */
-#define DEFAULT_MS_PER_TOKEN 1.0
+/* Prefill rate assumed of a worker that has measured none yet (ms/byte). */
+#define DEFAULT_MS_PER_BYTE 0.25
 #define PROBE_MS 5000   /* nvidia-smi -L for devices: auto */
 
 typedef struct sworker {
@@ -357,6 +357,7 @@ static void stats_done(sworker *w)
     i->prompt_tokens_cached = (double)json_integer_value(json_object_get(o, "prompt_tokens_cached"));
     i->kv_blocks_cached = (int)json_integer_value(json_object_get(o, "kv_blocks_cached"));
     i->est_prompt_tokens = (int)json_integer_value(json_object_get(o, "est_prompt_tokens"));
+    i->prompt_bytes_per_token = json_number_value(json_object_get(o, "prompt_bytes_per_token"));
     take_prefixes(w, json_object_get(o, "prefix_hashes"));
     json_decref(o);
     if (!i->ready)
@@ -807,42 +808,53 @@ static bool eligible(const sworker *w, const char *model)
     return w->info.ready && !strcmp(w->cfg->name, model);
 }
 
-/* Prefill ms per token: the worker's measured rate, else the mean of its
- * siblings', else a guess (all alike, so that it decides nothing). */
-static double ms_per_token(const gw_supervisor *s, const sworker *w, const char *model)
+double gw_supervisor_ms_per_byte(const gw_worker_info *w)
 {
-    if (w->info.prefill_tokens_per_s > 0)
-        return 1000.0 / w->info.prefill_tokens_per_s;
-    double sum = 0;
+    if (!(w->prefill_tokens_per_s > 0))
+        return 0;
+    double bpt = w->prompt_bytes_per_token > 0 ? w->prompt_bytes_per_token : GW_PREFIX_BYTES_PER_TOKEN;
+    return 1000.0 / w->prefill_tokens_per_s / bpt;
+}
+
+/* Prefill ms per prompt byte: the worker's measured, else the mean of its
+ * siblings', else a guess (all alike, so that it decides nothing). */
+static double ms_per_byte(const gw_supervisor *s, const sworker *w, const char *model)
+{
+    double own = gw_supervisor_ms_per_byte(&w->info), sum = 0;
+    if (own > 0)
+        return own;
     int n = 0;
-    for (int i = 0; i < s->n; i++)
-        if (eligible(&s->w[i], model) && s->w[i].info.prefill_tokens_per_s > 0) {
-            sum += 1000.0 / s->w[i].info.prefill_tokens_per_s;
-            n++;
-        }
-    return n ? sum / n : DEFAULT_MS_PER_TOKEN;
+    for (int i = 0; i < s->n; i++) {
+        double x = eligible(&s->w[i], model) ? gw_supervisor_ms_per_byte(&s->w[i].info) : 0;
+        sum += x;
+        n += x > 0;
+    }
+    return n ? sum / n : DEFAULT_MS_PER_BYTE;
 }
 
 /* How long a request joining now waits before its own prefill: the
  * worker's TTFT estimate less the prefill of the prompt it was made for,
  * and the prefill of the requests sent to it since its last stats (as
  * expected when sent: a turn whose prefix was there weighs its new part
- * only; one sent by the least-loaded rule, this request's whole prompt). */
-static double wait_ms(const sworker *w, double mpt, double prompt_tokens)
+ * only; one sent by the least-loaded rule, a typical prefill). */
+static double wait_ms(const sworker *w, double mpb, double prompt_bytes)
 {
     const gw_worker_info *i = &w->info;
-    double own = i->est_prompt_tokens > 0 ? i->est_prompt_tokens * mpt : 0;
+    if (i->queued == 0 && i->running == 0) /* idle: what the estimate says past its prefill is noise */
+        return w->picked_ms;
+    double bpt = i->prompt_bytes_per_token > 0 ? i->prompt_bytes_per_token : GW_PREFIX_BYTES_PER_TOKEN;
+    double own = i->est_prompt_tokens > 0 ? i->est_prompt_tokens * bpt * mpb : 0;
     double wait = i->est_ttft_ms > own ? i->est_ttft_ms - own : 0;
     if (i->est_ttft_ms <= 0) /* no step run yet: by the counts */
-        wait = i->queued * (i->prefill_ewma_ms > 0 ? i->prefill_ewma_ms : prompt_tokens * mpt);
+        wait = i->queued * (i->prefill_ewma_ms > 0 ? i->prefill_ewma_ms : prompt_bytes * mpb);
     return wait + w->picked_ms;
 }
 
 int gw_supervisor_pick_for(gw_supervisor *s, const char *model, int exclude, const gw_prefix_chain *chain,
-                           double prompt_tokens, uint64_t session, double *cached_tokens)
+                           double prompt_bytes, uint64_t session, double *cached_bytes)
 {
-    if (cached_tokens)
-        *cached_tokens = 0;
+    if (cached_bytes)
+        *cached_bytes = 0;
     gw_prefix_cand *cand = s->cand;
     int *idx = s->cand_idx, n = 0;
     bool hit = false;
@@ -850,8 +862,8 @@ int gw_supervisor_pick_for(gw_supervisor *s, const char *model, int exclude, con
         const sworker *w = &s->w[i];
         if (i == exclude || !eligible(w, model))
             continue;
-        double mpt = ms_per_token(s, w, model);
-        cand[n] = (gw_prefix_cand){w->info.prefixes, w->info.n_prefixes, wait_ms(w, mpt, prompt_tokens), mpt,
+        double mpb = ms_per_byte(s, w, model);
+        cand[n] = (gw_prefix_cand){w->info.prefixes, w->info.n_prefixes, wait_ms(w, mpb, prompt_bytes), mpb,
                                    (uint32_t)i};
         hit |= gw_prefix_match(chain, w->info.prefixes, w->info.n_prefixes) > 0;
         idx[n++] = i;
@@ -859,14 +871,14 @@ int gw_supervisor_pick_for(gw_supervisor *s, const char *model, int exclude, con
     if (!hit && !session)
         return pick(s, model, exclude, 0);
     double ttft, cached;
-    int k = gw_prefix_choose(chain, prompt_tokens, cand, n, session, &ttft, &cached);
+    int k = gw_prefix_choose(chain, prompt_bytes, cand, n, session, &ttft, &cached);
     if (k < 0)
         return -1;
     sworker *w = &s->w[idx[k]];
     w->picked++;
-    w->picked_ms += (prompt_tokens > cached ? prompt_tokens - cached : 0) * cand[k].ms_per_token;
-    if (cached_tokens)
-        *cached_tokens = cached;
+    w->picked_ms += (prompt_bytes > cached ? prompt_bytes - cached : 0) * cand[k].ms_per_byte;
+    if (cached_bytes)
+        *cached_bytes = cached;
     return idx[k];
 }
 

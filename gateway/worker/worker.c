@@ -27,6 +27,7 @@ typedef struct wreq wreq;
  * event has been handled and its stream has closed. */
 struct wreq {
     gw_worker *w;
+    uint32_t prompt_bytes; /* its prompt-prefix chunks' bytes (gateway/base/prefix.h) */
     gw_http_stream *stream; /* NULL once closed */
     uint64_t id;
     bool preparing; /* with the offload thread (wprep): not yet submitted */
@@ -66,6 +67,7 @@ struct gw_worker {
      * prefix cache most likely still holds: reported in the stats, for the
      * gateway's cache-aware choice of worker. */
     gw_prefix_set prefixes;
+    double bytes_per_token; /* of those chunks per prompt token, averaged; 0: none seen */
 };
 
 /* Prefix hashes a worker reports at most (a stats answer of ~10 KB). */
@@ -522,6 +524,11 @@ static void handle_event(void *arg, const rt_engine_event *e)
         device_lost(r->w);
     if (ev->kind != RT_EV_TEXT)
         r->final_seen = true;
+    if (ev->kind == RT_EV_DONE && r->prompt_bytes && ev->prompt_tokens > 0) {
+        /* what the gateway, which counts bytes, needs to price a prefill */
+        double x = (double)r->prompt_bytes / ev->prompt_tokens, *b = &r->w->bytes_per_token;
+        *b = *b > 0 ? *b + 0.1 * (x - *b) : x;
+    }
     if (r->stream) {
         if (ev->kind == RT_EV_ERROR) {
             if (r->begun)
@@ -643,7 +650,7 @@ static void on_prepared(void *ud, gw_offload_job *job, bool ran)
 /* The request's loop state and its job for the offload thread; false when
  * out of memory. */
 static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat,
-                        rt_priority pr, int64_t deadline)
+                        rt_priority pr, int64_t deadline, uint32_t prompt_bytes)
 {
     wreq *r = calloc(1, sizeof(*r));
     wprep *p = calloc(1, sizeof(*p));
@@ -659,6 +666,7 @@ static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *
     r->w = w;
     r->stream = s;
     r->chat = chat;
+    r->prompt_bytes = prompt_bytes;
     r->preparing = true;
     rt_engine_response_id(w->engine, chat, r->cid, sizeof(r->cid), &r->created);
     *p = (wprep){.r = r,
@@ -691,14 +699,14 @@ static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_req
         respond_error_after(s, &e, retry);
         return;
     }
-    if (!new_request(w, s, req, chat, pr, deadline)) {
+    gw_prefix_chain c;
+    gw_prefix_chain_of(req->body, req->body_len, &c);
+    if (!new_request(w, s, req, chat, pr, deadline, c.n ? c.end[c.n - 1] : 0)) {
         rt_engine_release(w->engine, pr);
         rt_engine_error_oom(&e);
         respond_error_after(s, &e, 1);
         return;
     }
-    gw_prefix_chain c;
-    gw_prefix_chain_of(req->body, req->body_len, &c);
     gw_prefix_set_add(&w->prefixes, &c);
 }
 
@@ -768,6 +776,8 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
     json_decref(pc);
     if (o)
         json_object_set_new(o, "prefix_hashes", prefix_hashes(w, &st));
+    if (o)
+        json_object_set_new(o, "prompt_bytes_per_token", json_real(w->bytes_per_token));
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
         json_t *d =

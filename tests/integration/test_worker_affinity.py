@@ -20,8 +20,9 @@ from harness import INFERGATE, Checks, curl, free_port, gen_model, spawn, stop, 
 
 t = Checks()
 d = tmpdir()
-model = gen_model(os.path.join(d, "m.gguf"), dim=128, layers=2, heads=4, kv_heads=2, ffn=256, vocab=512, ctx=2048,
-                  type="f32", seed=5)
+# big enough that a flood of long answers stays queued for seconds
+model = gen_model(os.path.join(d, "m.gguf"), dim=256, layers=4, heads=4, kv_heads=2, ffn=512, vocab=512, ctx=2048,
+                  type="q8_0", seed=5)
 port = free_port()
 run_dir = os.path.join(d, "run")
 cfg = os.path.join(d, "gateway.yaml")
@@ -129,14 +130,14 @@ try:
     # queue in the stats), then A's next turn goes to the idle worker.
     wa = a.log[-1][0]
     sock = os.path.join(run_dir, "worker-%d.sock" % wa)
-    flood_body = json.dumps({"model": "m", "prompt": words(99, 100), "max_tokens": 1000, "ignore_eos": True,
+    flood_body = json.dumps({"model": "m", "prompt": words(99, 60), "max_tokens": 1500, "ignore_eos": True,
                              "temperature": 0})
     flood = [subprocess.Popen(["curl", "-sS", "--http2-prior-knowledge", "--max-time", "300", "--unix-socket", sock,
                                "-H", "content-type: application/json", "--data-binary", flood_body,
                                "http://localhost/v1/completions"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT) for _ in range(8)]
+                              stderr=subprocess.STDOUT) for _ in range(12)]
     try:
-        wait_until(lambda: stats(wa).get("queued", 0) >= 4 and stats(wa).get("est_ttft_ms", 0) > 0, 60,
+        wait_until(lambda: stats(wa).get("queued", 0) >= 6 and stats(wa).get("est_ttft_ms", 0) > 1000, 60,
                    "the flood queued on worker %d" % wa)
     except AssertionError:
         print(stats(wa), [p.poll() for p in flood], flood[0].communicate(timeout=30)[0][-300:])

@@ -102,7 +102,7 @@ static void test_match_longest(void **state)
     uint64_t held[] = {c.hash[0], c.hash[2], 5, 77};
     int n = gw_prefix_sort(held, 4);
     assert_int_equal(gw_prefix_match(&c, held, n), 3);
-    assert_true(gw_prefix_tokens(&c, 3) == c.end[2] / 4.0);
+    assert_true(gw_prefix_bytes(&c, 3) == c.end[2] && gw_prefix_bytes(&c, 0) == 0);
     uint64_t dup[] = {9, 3, 9, 3, 1};
     assert_int_equal(gw_prefix_sort(dup, 5), 3);
     assert_true(dup[0] == 1 && dup[1] == 3 && dup[2] == 9);
@@ -114,8 +114,8 @@ static void test_choose(void **state)
     gw_prefix_chain c;
     chain("{\"model\":\"m\",\"messages\":[" SYS "," U1 "," A1 "," U2 "]}", &c);
     uint64_t hot[] = {c.hash[2]};
-    double prompt = 1000; /* tokens; the chain's bytes say ~40 of them are cached */
-    double hit = gw_prefix_tokens(&c, 3);
+    double prompt = 1000; /* bytes, of which the first three chunks' are cached */
+    double hit = gw_prefix_bytes(&c, 3);
     gw_prefix_cand cand[2] = {{NULL, 0, 0, 1.0, 0}, {hot, 1, 0, 1.0, 1}};
     double ttft, cached;
     /* equal queues: the holder */
@@ -144,7 +144,7 @@ static void test_choose(void **state)
     cand[0].wait_ms = 0;
     cand[1].held = hot;
     cand[1].n_held = 1;
-    cand[0].ms_per_token = cand[1].ms_per_token = 10;
+    cand[0].ms_per_byte = cand[1].ms_per_byte = 10;
     for (uint64_t s = 1; s <= 64; s++)
         assert_int_equal(gw_prefix_choose(&c, 2 * hit, cand, 2, s, NULL, NULL), 1);
     assert_int_equal(gw_prefix_choose(&c, prompt, cand, 0, 1, NULL, NULL), -1);

@@ -104,7 +104,7 @@ static void assert_record_equal(const route_record *a, const route_record *b)
     assert_int_equal(a->healthy, b->healthy);
     assert_int_equal(a->updated_ms, b->updated_ms);
     assert_int_equal(a->n_prefixes, b->n_prefixes);
-    assert_true(a->prefill_ms_per_token == b->prefill_ms_per_token || !a->n_prefixes);
+    assert_true(a->prefill_ms_per_byte == b->prefill_ms_per_byte || !a->n_prefixes);
     for (int i = 0; i < a->n_prefixes; i++)
         assert_true(a->prefixes[i] == b->prefixes[i]);
 }
@@ -660,7 +660,7 @@ static void test_prefix_regions(void **state)
     route_record a = mk("a", "m", "", 1, 100), b = mk("b", "m", "", 1, 100);
     b.prefixes[0] = c.hash[1];
     b.n_prefixes = 1;
-    b.prefill_ms_per_token = 2;
+    b.prefill_ms_per_byte = 0.25;
     round_trip(&b);
     add(t, &a, 10, now);
     add(t, &b, 12, now);
@@ -669,31 +669,41 @@ static void test_prefix_regions(void **state)
     q.spread = true;
     q.chain = &c;
     q.prompt_tokens = 1000;
-    double saved = gw_prefix_tokens(&c, 2) * 2;
+    double saved = gw_prefix_bytes(&c, 2) * 0.25;
     for (int i = 0; i < 50; i++) {
         assert_int_equal(route_decide(t, &q, &d), 2);
         assert_string_equal(cand(&d, 0), "b");
     }
     assert_true(fabs(d.expected_ms[0] - (12 + 100 - saved)) < 1e-9);
-    /* its queue outgrows the prefill it saves: the other */
+    /* a little slower than the other even with its hit, within the
+     * near-best window (estimates are noisy): it keeps the conversation */
     b.ttft_ms = 100 + saved + 5;
     b.updated_ms = 2;
     add(t, &b, 12, now);
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(route_decide(t, &q, &d), 2);
+        assert_string_equal(cand(&d, 0), "b");
+    }
+    /* slow (past the window): the other, spread or not */
+    b.ttft_ms = 200;
+    b.updated_ms = 3;
+    add(t, &b, 12, now);
     assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "a");
     q.spread = false;
     assert_int_equal(route_decide(t, &q, &d), 2);
     assert_string_equal(cand(&d, 0), "a");
     /* unhealthy: never */
     b.ttft_ms = 100;
     b.healthy = false;
-    b.updated_ms = 3;
+    b.updated_ms = 4;
     add(t, &b, 12, now);
     assert_int_equal(route_decide(t, &q, &d), 1);
     assert_string_equal(cand(&d, 0), "a");
     /* without a hit, a session stays with one of two alike regions */
     b.healthy = true;
     b.n_prefixes = 0;
-    b.updated_ms = 4;
+    b.updated_ms = 5;
     add(t, &b, 10, now);
     q.spread = true;
     q.chain = NULL;
@@ -731,7 +741,7 @@ static void test_prefix_fields_bad(void **state)
     const char *names[] = {"prefixes"};
     const char *values[] = {"0.5;000000000000000a,ffffffffffffffff"};
     assert_int_equal(route_record_from_fields(&r, names, values, NULL, 1, NULL, 0), 0);
-    assert_true(r.n_prefixes == 2 && r.prefixes[1] == UINT64_MAX && r.prefill_ms_per_token == 0.5);
+    assert_true(r.n_prefixes == 2 && r.prefixes[1] == UINT64_MAX && r.prefill_ms_per_byte == 0.5);
 }
 
 static void test_queue_moves(void **state)
