@@ -31,6 +31,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_prefix  # noqa: E402
 from bench_prefix import pct, text  # noqa: E402
 
 
@@ -41,37 +42,11 @@ def free_port():
 
 
 def chat(url, messages, gen):
-    """One streamed chat completion: (ttft_s, answer, usage, worker)."""
-    body = {"model": "m", "messages": messages, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.monotonic()
-    p = subprocess.Popen(["curl", "-sS", "-N", "-D", "/dev/stderr", "--http2-prior-knowledge", "--max-time", "1200",
-                          "-H", "content-type: application/json", "--data-binary", "@-",
-                          url + "/v1/chat/completions"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    p.stdin.write(json.dumps(body).encode())
-    p.stdin.close()
-    ttft, out, usage = None, [], None
-    for line in p.stdout:
-        line = line.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        ev = json.loads(line[6:])
-        if ev.get("usage"):
-            usage = ev["usage"]
-        for ch in ev.get("choices") or []:
-            delta = ch.get("delta", {})
-            if ttft is None and "role" not in delta and ch.get("finish_reason") is None:
-                ttft = time.monotonic() - t0
-            if delta.get("content"):
-                out.append(delta["content"])
-    p.wait()
-    head = p.stderr.read().decode(errors="replace")
-    worker = next((l.split(":", 1)[1].strip() for l in head.splitlines()
-                   if l.lower().startswith("x-infergate-worker:")), "?")
-    if usage is None:
-        raise RuntimeError("no usage: %s" % head[-300:])
-    return (ttft if ttft is not None else time.monotonic() - t0), "".join(out), usage, worker
+    """One streamed chat completion through the gateway: (ttft_s, answer, usage, worker)."""
+    head = []
+    ttft, text_, usage = bench_prefix.chat(None, messages, gen, url=url, headers_to=head)
+    worker = next((l.split(":", 1)[1].strip() for l in head if l.lower().startswith("x-infergate-worker:")), "?")
+    return ttft, text_, usage, worker
 
 
 def stats(sock):
