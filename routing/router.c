@@ -243,35 +243,6 @@ static double prefix_saved_ms(const route_region *r, const route_query *q)
            r->rec.prefill_ms_per_byte;
 }
 
-/* Among the near-best (the spread window), the region holding the longest
- * prefix of the request goes first: a conversation stays with its KV while
- * its region is about as fast as the best, whatever the noise in the
- * estimates; true when one did. */
-static bool keep_prefix(const route_query *q, rank *top, int n_top)
-{
-    if (!q->chain || n_top < 1)
-        return false;
-    const double best = top[0].ms, edge = best + fmax(ROUTE_NEAR_FRAC * best, ROUTE_NEAR_MS);
-    double most = 0;
-    int pick = -1;
-    for (int i = 0; i < n_top && top[i].ms < edge; i++) {
-        if (q->policy == ROUTE_COST && (top[i].k1 != top[0].k1 || top[i].price != top[0].price))
-            break;
-        const route_record *rec = &top[i].s->r.rec;
-        double b = gw_prefix_bytes(q->chain, gw_prefix_match(q->chain, rec->prefixes, rec->n_prefixes));
-        if (b > most) {
-            most = b;
-            pick = i;
-        }
-    }
-    if (pick < 0)
-        return false;
-    rank chosen = top[pick];
-    memmove(&top[1], &top[0], (size_t)pick * sizeof(*top));
-    top[0] = chosen;
-    return true;
-}
-
 static void spread_first(route_table *t, const route_query *q, rank *top, int n_top)
 {
     const double best = top[0].ms, near = fmax(ROUTE_NEAR_FRAC * best, ROUTE_NEAR_MS), edge = best + near;
@@ -308,6 +279,47 @@ static void spread_first(route_table *t, const route_query *q, rank *top, int n_
     rank chosen = top[pick];
     memmove(&top[1], &top[0], (size_t)pick * sizeof(*top));
     top[0] = chosen;
+}
+
+/* Among the near-best (the spread window), the regions holding the
+ * longest prefix of the request go first, the first of them drawn among
+ * them as spreading draws (or by the session): a conversation stays with
+ * its KV while its region is about as fast as the best, whatever the
+ * noise in the estimates, and a prefix every region holds (a shared system
+ * prompt) still spreads. A hit that saves less than ROUTE_NEAR_MS (a short
+ * prompt repeated) decides nothing. True when it ordered the front. */
+static bool keep_prefix(route_table *t, const route_query *q, rank *top, int n_top)
+{
+    if (!q->chain || n_top < 1)
+        return false;
+    const double best = top[0].ms, edge = best + fmax(ROUTE_NEAR_FRAC * best, ROUTE_NEAR_MS);
+    double held[ROUTE_MAX_CANDIDATES], most = 0, saved = 0;
+    int n_near = 0;
+    for (; n_near < n_top && top[n_near].ms < edge; n_near++) {
+        if (q->policy == ROUTE_COST && (top[n_near].k1 != top[0].k1 || top[n_near].price != top[0].price))
+            break;
+        const route_record *rec = &top[n_near].s->r.rec;
+        held[n_near] = gw_prefix_bytes(q->chain, gw_prefix_match(q->chain, rec->prefixes, rec->n_prefixes));
+        if (held[n_near] > most) {
+            most = held[n_near];
+            saved = most * rec->prefill_ms_per_byte;
+        }
+    }
+    if (!(most > 0) || saved < ROUTE_NEAR_MS)
+        return false;
+    rank order[ROUTE_MAX_CANDIDATES];
+    int k = 0;
+    for (int i = 0; i < n_near; i++)
+        if (held[i] == most)
+            order[k++] = top[i];
+    const int holders = k;
+    for (int i = 0; i < n_top; i++)
+        if (i >= n_near || held[i] != most)
+            order[k++] = top[i];
+    memcpy(top, order, (size_t)n_top * sizeof(*top));
+    if (q->spread && holders > 1)
+        spread_first(t, q, top, holders);
+    return true;
 }
 
 int route_decide(route_table *t, const route_query *q, route_decision *d)
@@ -394,7 +406,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
     }
 
     d->preferred = n_top ? &top[0].s->r : NULL;
-    if (!keep_prefix(q, top, n_top) && q->spread && n_top > 1)
+    if (!keep_prefix(t, q, top, n_top) && q->spread && n_top > 1)
         spread_first(t, q, top, n_top);
 
     /* A region out of its back-off claims its one probe as the first

@@ -81,8 +81,9 @@ typedef struct route_query {
      * a region whose record holds a prefix of it expects to answer sooner
      * by that prefix's prefill (its bytes at the record's
      * prefill_ms_per_byte), and among the near-best (the spread window)
-     * the one holding the longest prefix goes first, not drawn: the
-     * conversation stays with its KV while its region is about as fast.
+     * the ones holding the longest prefix go first, the first drawn among
+     * them only: the conversation stays with its KV while its region is
+     * about as fast (a hit saving under ROUTE_NEAR_MS decides nothing).
      * A session (non-zero) draws among the near-best by its rendezvous
      * hash, not at random: its requests go to one region while the
      * regions are alike. */

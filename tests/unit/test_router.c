@@ -719,6 +719,21 @@ static void test_prefix_regions(void **state)
         seen[first[0] == 'b']++;
     }
     assert_true(seen[0] > 4 && seen[1] > 4);
+    /* a prefix both hold (a shared system prompt) still spreads */
+    q.session = 0;
+    q.chain = &c;
+    a.prefixes[0] = b.prefixes[0] = c.hash[1];
+    a.n_prefixes = b.n_prefixes = 1;
+    a.prefill_ms_per_byte = b.prefill_ms_per_byte = 0.25;
+    a.updated_ms = b.updated_ms = 6;
+    add(t, &a, 10, now);
+    add(t, &b, 10, now);
+    seen[0] = seen[1] = 0;
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(route_decide(t, &q, &d), 2);
+        seen[cand(&d, 0)[0] == 'b']++;
+    }
+    assert_true(seen[0] > 40 && seen[1] > 40);
     route_table_free(t);
 }
 
