@@ -24,8 +24,9 @@ if not os.path.exists("/usr/bin/redis-server"):
 
 t = Checks()
 d = tmpdir()
-model = gen_model(os.path.join(d, "m.gguf"), dim=128, layers=2, heads=4, kv_heads=2, ffn=256, vocab=512, ctx=2048,
-                  type="f32", seed=5)
+# big enough that a flood of long answers stays queued for seconds
+model = gen_model(os.path.join(d, "m.gguf"), dim=256, layers=4, heads=4, kv_heads=2, ffn=512, vocab=512, ctx=2048,
+                  type="q8_0", seed=5)
 
 
 def sh(*args):
