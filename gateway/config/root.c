@@ -26,6 +26,7 @@ int gw_cfg_root_init(gw_config *c)
     l->stream_buffer_bytes = 1048576;
     l->conn_buffer_bytes = 16777216;
     l->buffer_bytes = 268435456;
+    l->min_read_rate_bytes = 4096;
     l->response_timeout_ms = 600000;
     c->drain_grace_s = 30;
     c->stats_interval_ms = 250;
@@ -36,14 +37,27 @@ int gw_cfg_root_init(gw_config *c)
 
 static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
 {
-    enum { K_BODY, K_HDR, K_STREAMS, K_CONNS, K_HDR_TO, K_IDLE_TO, K_BUF, K_RESP_TO, K_CONN_BUF, K_ALL_BUF, K_N };
+    enum {
+        K_BODY,
+        K_HDR,
+        K_STREAMS,
+        K_CONNS,
+        K_HDR_TO,
+        K_IDLE_TO,
+        K_BUF,
+        K_RESP_TO,
+        K_CONN_BUF,
+        K_ALL_BUF,
+        K_READ_RATE,
+        K_N
+    };
     static const char *const keys[K_N] = {
         "max_body_bytes",    "max_header_bytes", "max_concurrent_streams", "max_connections",
         "header_timeout_ms", "idle_timeout_ms",  "stream_buffer_bytes",    "response_timeout_ms",
-        "conn_buffer_bytes", "buffer_bytes"};
-    static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096, 0, 4096, 4096};
-    static const long long hi[K_N] = {GW_WORKER_MAX_BODY, 1 << 24,  INT_MAX,  INT_MAX,  86400000,
-                                      86400000,           1LL << 30, 86400000, 1LL << 34, 1LL << 40};
+        "conn_buffer_bytes", "buffer_bytes",     "min_read_rate_bytes"};
+    static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096, 0, 4096, 4096, 0};
+    static const long long hi[K_N] = {GW_WORKER_MAX_BODY, 1 << 24,  INT_MAX,  INT_MAX,    86400000,  86400000,
+                                      1LL << 30,          86400000, 1LL << 34, 1LL << 40, 1LL << 34};
     yaml_node_t *v[K_N];
     int rc = gw_cfg_map_take(p, n, "limits", keys, K_N, v);
     if (rc)
@@ -85,6 +99,9 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
             break;
         case K_ALL_BUF:
             l->buffer_bytes = (size_t)x;
+            break;
+        case K_READ_RATE:
+            l->min_read_rate_bytes = (size_t)x;
             break;
         }
     }
@@ -151,19 +168,28 @@ static int parse_runtime_dir(cfg_parser *p, const yaml_node_t *n, gw_config *c)
 }
 
 /* Without a region this gateway has no tags to hold a tenant's requests
- * to: they would be served here whatever it asked. tenants is the parsed
- * section's node (NULL when there is none). */
+ * to: they would be served here whatever it asked; nor a price, so a
+ * budget would never be reached. tenants is the parsed section's node
+ * (NULL when there is none). */
 static int check_no_residency(cfg_parser *p, const yaml_node_t *tenants, const gw_config *c)
 {
-    for (int i = 0; i < c->n_tenants; i++)
-        if (c->tenants[i].n_residency > 0) {
-            char tp[CFG_PATH_MAX], rp[CFG_PATH_MAX];
-            gw_cfg_path_idx(tp, "tenants", i);
-            gw_cfg_path_key(rp, tp, "residency");
-            const yaml_node_t *item = yaml_document_get_node(p->doc, tenants->data.sequence.items.start[i]);
-            return gw_cfg_perr(p, gw_cfg_map_value(p, item, "residency"), rp,
-                               "residency needs a region section: its tags say where this gateway may serve");
-        }
+    for (int i = 0; i < c->n_tenants; i++) {
+        const gw_tenant_cfg *t = &c->tenants[i];
+        const char *key = t->n_residency > 0                             ? "residency"
+                          : t->budget_daily > 0 || t->budget_monthly > 0 ? "budget"
+                                                                         : NULL;
+        if (!key)
+            continue;
+        char tp[CFG_PATH_MAX], rp[CFG_PATH_MAX];
+        gw_cfg_path_idx(tp, "tenants", i);
+        gw_cfg_path_key(rp, tp, key);
+        const yaml_node_t *item = yaml_document_get_node(p->doc, tenants->data.sequence.items.start[i]);
+        return gw_cfg_perr(p, gw_cfg_map_value(p, item, key), rp, "%s",
+                           key[0] == 'r'
+                               ? "residency needs a region section: its tags say where this gateway may serve"
+                               : "a budget needs a region section: its price is what requests cost "
+                                 "(without one every request costs 0)");
+    }
     return 0;
 }
 
