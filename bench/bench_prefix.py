@@ -54,14 +54,17 @@ def text(rng, n_words):
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
-def chat(sock, messages, gen, stream=True):
-    """One streamed chat completion: (ttft_s, answer text, usage)."""
+def chat(sock, messages, gen, stream=True, url=None, headers_to=None):
+    """One streamed chat completion: (ttft_s, answer text, usage). On the
+    worker's socket, or at url (a gateway); headers_to: a list that gets the
+    response's header lines."""
     body = {"model": "m", "messages": messages, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
             "stream": stream, "stream_options": {"include_usage": True}}
     t0 = time.monotonic()
-    p = subprocess.Popen(["curl", "-sS", "-N", "--http2-prior-knowledge", "--unix-socket", sock, "--max-time", "1200",
-                          "-H", "content-type: application/json", "--data-binary", "@-",
-                          "http://localhost/v1/chat/completions"],
+    where = ["--unix-socket", sock, "http://localhost/v1/chat/completions"] if url is None else \
+        [url + "/v1/chat/completions"]
+    p = subprocess.Popen(["curl", "-sS", "-N", "-D", "/dev/stderr", "--http2-prior-knowledge", "--max-time", "1200",
+                          "-H", "content-type: application/json", "--data-binary", "@-"] + where,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdin.write(json.dumps(body).encode())
     p.stdin.close()
@@ -80,8 +83,11 @@ def chat(sock, messages, gen, stream=True):
             if delta.get("content"):
                 out.append(delta["content"])
     p.wait()
+    err = p.stderr.read().decode(errors="replace")
+    if headers_to is not None:
+        headers_to.extend(err.splitlines())
     if usage is None:
-        raise RuntimeError("no usage: %s" % p.stderr.read().decode()[-300:])
+        raise RuntimeError("no usage: %s" % err[-300:])
     return (ttft if ttft is not None else time.monotonic() - t0), "".join(out), usage
 
 

@@ -190,6 +190,10 @@ int route_instances_merge(const route_record *inst, int n, route_record *out)
         m.carbon = fmax(m.carbon, e->carbon); /* as prices: the worst a request may meet */
         per_model &= e->n_load > 0;
     }
+    /* Prompt prefixes are one gateway's workers': behind the region's load
+     * balancer a request may reach another's, so a merged region has none. */
+    if (m.instances > 1)
+        m.n_prefixes = 0;
     route_model_load l;
     load_take(&total, &l);
     m.capacity = l.capacity;

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -37,6 +38,7 @@ enum {
     F_MODEL_EST,
     F_DRAINING,
     F_CARBON,
+    F_PREFIXES,
     F_N
 };
 
@@ -44,7 +46,7 @@ static const char *const field_names[F_N] = {"endpoint", "models",     "tags",  
                                              "gpu",      "capacity",   "running", "queued",    "ttft_ms",
                                              "tpot_ms",  "model_load", "healthy", "updated_ms",
                                              "ttft_est_ms", "model_est", "draining",
-                                             "carbon"};
+                                             "carbon",   "prefixes"};
 
 _Static_assert(F_N == ROUTE_N_FIELDS, "route_field list and ROUTE_N_FIELDS disagree");
 
@@ -124,6 +126,18 @@ static void join_est(char *out, size_t n, const double *est_ms, int count, int64
     }
 }
 
+/* prefixes: "MS_PER_BYTE;" and the hashes, or empty for none. */
+static void join_prefixes(char *out, size_t n, const route_record *r)
+{
+    out[0] = '\0';
+    if (!r->n_prefixes)
+        return;
+    fmt_num(out, n, r->prefill_ms_per_byte);
+    size_t at = strlen(out);
+    for (int i = 0; i < r->n_prefixes && at + 18 < n; i++)
+        at += (size_t)snprintf(out + at, n - at, "%s%016" PRIx64, i ? "," : ";", r->prefixes[i]);
+}
+
 void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELDS])
 {
     for (int f = 0; f < F_N; f++) {
@@ -148,6 +162,7 @@ void route_record_to_fields(const route_record *r, route_field out[ROUTE_N_FIELD
     join_est(out[F_MODEL_EST].value, FIELD_VALUE_MAX, r->load_est_ms, r->n_load, r->updated_ms);
     snprintf(out[F_DRAINING].value, FIELD_VALUE_MAX, "%d", r->draining ? 1 : 0);
     fmt_num(out[F_CARBON].value, FIELD_VALUE_MAX, r->carbon);
+    join_prefixes(out[F_PREFIXES].value, FIELD_VALUE_MAX, r);
 }
 
 /* ---- fields -> record ---- */
@@ -393,6 +408,44 @@ static int parse_est(const char *field, const char *v, route_record *r, char *er
     return 0;
 }
 
+/* prefixes, read last: empty or missing (an older writer) is none. */
+static int parse_prefixes(const char *field, const char *v, route_record *r, char *err, size_t err_len)
+{
+    r->n_prefixes = 0;
+    r->prefill_ms_per_byte = 0;
+    if (!*v)
+        return 0;
+    const char *semi = strchr(v, ';');
+    char num[32];
+    size_t nl = semi ? (size_t)(semi - v) : 0;
+    if (!semi || nl == 0 || nl >= sizeof(num))
+        return fail(err, err_len, "%s: want MS_PER_BYTE;HASH,...", field);
+    memcpy(num, v, nl);
+    num[nl] = '\0';
+    double ms;
+    if (parse_num(field, num, ROUTE_MAX_MS, &ms, err, err_len))
+        return -EINVAL;
+    uint64_t h[ROUTE_MAX_PREFIXES];
+    int n = 0;
+    for (const char *p = semi + 1;; p++) {
+        if (n == ROUTE_MAX_PREFIXES)
+            return fail(err, err_len, "%s: more than %d hashes", field, ROUTE_MAX_PREFIXES);
+        if (strspn(p, "0123456789abcdef") != 16 || (p[16] != ',' && p[16] != '\0'))
+            return fail(err, err_len, "%s: hash %d is not 16 lowercase hex digits", field, n + 1);
+        h[n] = strtoull(p, NULL, 16);
+        if (n > 0 && h[n] <= h[n - 1])
+            return fail(err, err_len, "%s: hash %d is not above the one before", field, n + 1);
+        n++;
+        p += 16;
+        if (!*p)
+            break;
+    }
+    memcpy(r->prefixes, h, (size_t)n * sizeof(h[0]));
+    r->n_prefixes = n;
+    r->prefill_ms_per_byte = ms;
+    return 0;
+}
+
 static int parse_field(route_record *r, int f, const char *v, char *err, size_t err_len)
 {
     const char *name = field_names[f];
@@ -424,6 +477,8 @@ static int parse_field(route_record *r, int f, const char *v, char *err, size_t 
         return parse_load(name, v, r, err, err_len);
     case F_MODEL_EST:
         return parse_est(name, v, r, err, err_len);
+    case F_PREFIXES:
+        return parse_prefixes(name, v, r, err, err_len);
     case F_TTFT_EST:
         return parse_num(name, v, ROUTE_MAX_MS, &r->ttft_est_ms, err, err_len);
     case F_CARBON:
@@ -455,7 +510,7 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
 {
     /* Parsed into a copy: a bad field leaves the caller's record whole. */
     route_record tmp = *r;
-    char buf[FIELD_VALUE_MAX], load[FIELD_VALUE_MAX] = "", est[FIELD_VALUE_MAX] = "";
+    char buf[FIELD_VALUE_MAX], load[FIELD_VALUE_MAX] = "", est[FIELD_VALUE_MAX] = "", pre[FIELD_VALUE_MAX] = "";
     for (int i = 0; i < n; i++) {
         int f = 0;
         while (f < F_N && strcmp(names[i], field_names[f]))
@@ -467,7 +522,7 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
             return fail(err, err_len, "%s: longer than %d bytes", field_names[f], FIELD_VALUE_MAX - 1);
         if (memchr(values[i], '\0', len))
             return fail(err, err_len, "%s: contains a NUL byte", field_names[f]);
-        char *to = f == F_MODEL_LOAD ? load : f == F_MODEL_EST ? est : buf;
+        char *to = f == F_MODEL_LOAD ? load : f == F_MODEL_EST ? est : f == F_PREFIXES ? pre : buf;
         memcpy(to, values[i], len);
         to[len] = '\0';
         int rc = to != buf ? 0 : parse_field(&tmp, f, buf, err, err_len);
@@ -479,6 +534,8 @@ int route_record_from_fields(route_record *r, const char *const *names, const ch
     int rc = parse_field(&tmp, F_MODEL_LOAD, load, err, err_len);
     if (!rc)
         rc = parse_field(&tmp, F_MODEL_EST, est, err, err_len);
+    if (!rc)
+        rc = parse_field(&tmp, F_PREFIXES, pre, err, err_len);
     if (rc)
         return rc;
     *r = tmp;
@@ -609,5 +666,12 @@ int route_record_check(const route_record *r, char *err, size_t err_len)
         return fail(err, err_len, "updated_ms: must not be negative");
     if (r->instances < 0 || r->instances > ROUTE_MAX_INSTANCES)
         return fail(err, err_len, "instances: %d is not within 0..%d", r->instances, ROUTE_MAX_INSTANCES);
+    if (r->n_prefixes < 0 || r->n_prefixes > ROUTE_MAX_PREFIXES ||
+        !(r->prefill_ms_per_byte >= 0 && r->prefill_ms_per_byte <= ROUTE_MAX_MS))
+        return fail(err, err_len, "prefixes: %d hashes (at most %d), %g ms a byte (0..%g)", r->n_prefixes,
+                    ROUTE_MAX_PREFIXES, r->prefill_ms_per_byte, ROUTE_MAX_MS);
+    for (int i = 1; i < r->n_prefixes; i++)
+        if (r->prefixes[i] <= r->prefixes[i - 1])
+            return fail(err, err_len, "prefixes: not ascending at %d", i + 1);
     return 0;
 }

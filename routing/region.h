@@ -25,6 +25,7 @@
 /* Grid carbon intensity, gCO2e/kWh: the dirtiest grids are near 1200. */
 #define ROUTE_MAX_CARBON 1e5
 #define ROUTE_HOST_MAX 46 /* INET6_ADDRSTRLEN */
+#define ROUTE_MAX_PREFIXES 64 /* prompt-prefix hashes a record carries */
 
 /* One model's share of a region's load. A region may serve several models
  * on different workers: its totals would show one model's idle workers as
@@ -72,6 +73,14 @@ typedef struct route_record {
      * ahead, prefill and decode rates measured there); 0: not given (an
      * older gateway), and the router estimates from the counts. */
     double load_est_ms[ROUTE_MAX_MODELS];
+    /* The prompt-prefix hashes (gateway/base/prefix.h) the region's
+     * workers hold: its workers' most recently used, at most
+     * ROUTE_MAX_PREFIXES, sorted ascending; and its prefill rate in ms per
+     * byte of prompt chunks (gw_prefix_bytes; 0: not measured). What the
+     * latency policy counts a hit as saving (issue 30). */
+    int n_prefixes;
+    double prefill_ms_per_byte;
+    uint64_t prefixes[ROUTE_MAX_PREFIXES];
 } route_record;
 
 /* Serialises a record as the field/value pairs of a Redis hash (and back).
@@ -82,7 +91,10 @@ typedef struct route_record {
  * "capacity:running:queued:ttft_ms:tpot_ms". Then ttft_est_ms, model_est
  * (as model_load: the stamp, ";", each model's load_est_ms, comma-separated;
  * taken with model_load only) and draining (0|1): fields older readers
- * ignore; carbon (gCO2e/kWh, 0 to ROUTE_MAX_CARBON) after them. */
+ * ignore; then carbon (gCO2e/kWh, 0 to ROUTE_MAX_CARBON) and prefixes
+ * (empty, or the prefill ms per prompt byte, ";", and up to
+ * ROUTE_MAX_PREFIXES hashes of 16 lowercase hex digits, comma-separated,
+ * ascending). */
 typedef struct route_field {
     const char *name;
     /* The longest value: model_load's stamp (up to 20 bytes) and 16
@@ -90,7 +102,7 @@ typedef struct route_field {
      * characters, separators). */
     char value[1400];
 } route_field;
-#define ROUTE_N_FIELDS 18
+#define ROUTE_N_FIELDS 19
 /* Numbers are written so that they read back exactly (shortest %g that
  * round-trips); healthy is "1" or "0"; updated_ms an integer. r must pass
  * route_record_check (a comma inside a model or tag would split it). */

@@ -4,6 +4,7 @@
  * the fastest, a second keeps the best ROUTE_MAX_CANDIDATES in order by
  * insertion into a short sorted array. */
 #include "routing/router.h"
+#include "gateway/base/prefix.h"
 #include "routing/route_internal.h"
 
 #include <math.h>
@@ -300,6 +301,16 @@ static void format_reason(const route_query *q, route_decision *d, int pri)
 
 /* Draws the first candidate among those near the preferred top[0] (see
  * router.h) and moves it to the front, the others keeping their order. */
+/* The prefill the region's cached prefix of the request saves: its
+ * expected TTFT with the hit is this much below the one without. */
+static double prefix_saved_ms(const route_region *r, const route_query *q)
+{
+    if (!q->chain || !r->rec.n_prefixes)
+        return 0;
+    return gw_prefix_bytes(q->chain, gw_prefix_match(q->chain, r->rec.prefixes, r->rec.n_prefixes)) *
+           r->rec.prefill_ms_per_byte;
+}
+
 static void spread_first(route_table *t, const route_query *q, rank *top, int n_top)
 {
     const double best = top[0].ms, near = fmax(ROUTE_NEAR_FRAC * best, ROUTE_NEAR_MS), edge = best + near;
@@ -317,11 +328,23 @@ static void spread_first(route_table *t, const route_query *q, rank *top, int n_
     }
     if (n < 2)
         return;
-    double x = next_unit(t) * sum;
     int pick = 0;
-    while (pick < n - 1 && x >= w[pick]) {
-        x -= w[pick];
-        pick++;
+    if (q->session) {
+        uint64_t high = 0;
+        for (int i = 0; i < n; i++) {
+            const char *name = top[i].s->r.rec.name;
+            uint64_t score = gw_prefix_hash(q->session, name, strlen(name));
+            if (score > high) {
+                high = score;
+                pick = i;
+            }
+        }
+    } else {
+        double x = next_unit(t) * sum;
+        while (pick < n - 1 && x >= w[pick]) {
+            x -= w[pick];
+            pick++;
+        }
     }
     rank chosen = top[pick];
     memmove(&top[1], &top[0], (size_t)pick * sizeof(*top));
@@ -381,6 +404,47 @@ static bool primary_able(route_primary *p, int i, const route_region *r, double 
     return true;
 }
 
+/* Among the near-best (the spread window), the regions holding the
+ * longest prefix of the request go first, the first of them drawn among
+ * them as spreading draws (or by the session): a conversation stays with
+ * its KV while its region is about as fast as the best, whatever the
+ * noise in the estimates, and a prefix every region holds (a shared system
+ * prompt) still spreads. A hit that saves less than ROUTE_NEAR_MS (a short
+ * prompt repeated) decides nothing. True when it ordered the front. */
+static bool keep_prefix(route_table *t, const route_query *q, rank *top, int n_top)
+{
+    if (!q->chain || n_top < 1)
+        return false;
+    const double best = top[0].ms, edge = best + fmax(ROUTE_NEAR_FRAC * best, ROUTE_NEAR_MS);
+    double held[ROUTE_MAX_CANDIDATES], most = 0, saved = 0;
+    int n_near = 0;
+    for (; n_near < n_top && top[n_near].ms < edge; n_near++) {
+        if (q->policy == ROUTE_COST && (top[n_near].k1 != top[0].k1 || top[n_near].price != top[0].price))
+            break;
+        const route_record *rec = &top[n_near].s->r.rec;
+        held[n_near] = gw_prefix_bytes(q->chain, gw_prefix_match(q->chain, rec->prefixes, rec->n_prefixes));
+        if (held[n_near] > most) {
+            most = held[n_near];
+            saved = most * rec->prefill_ms_per_byte;
+        }
+    }
+    if (!(most > 0) || saved < ROUTE_NEAR_MS)
+        return false;
+    rank order[ROUTE_MAX_CANDIDATES];
+    int k = 0;
+    for (int i = 0; i < n_near; i++)
+        if (held[i] == most)
+            order[k++] = top[i];
+    const int holders = k;
+    for (int i = 0; i < n_top; i++)
+        if (i >= n_near || held[i] != most)
+            order[k++] = top[i];
+    memcpy(top, order, (size_t)n_top * sizeof(*top));
+    if (q->spread && holders > 1)
+        spread_first(t, q, top, holders);
+    return true;
+}
+
 int route_decide(route_table *t, const route_query *q, route_decision *d)
 {
     route_primary *pl = q->policy == ROUTE_PRIMARY && q->primary && q->primary->n ? q->primary : NULL;
@@ -433,7 +497,8 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
             d->out_price++;
             continue;
         }
-        s->scratch_ms = route_rtt_ms(r) + route_model_queue_ms(r, mi);
+        double rtt = route_rtt_ms(r);
+        s->scratch_ms = rtt + fmax(0, route_model_queue_ms(r, mi) - prefix_saved_ms(r, q));
         s->scratch_ok = true;
         int pi = pl ? primary_index(pl, s) : -1;
         if (pi >= 0 && primary_able(pl, pi, r, s->scratch_ms, q))
@@ -481,7 +546,8 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
         pl->current = pri;
         pl->decided = true;
     }
-    if (q->spread && n_top > 1)
+    /* the primary list orders the front itself: a held prefix does not reorder it */
+    if (!(pl == NULL && keep_prefix(t, q, top, n_top)) && q->spread && n_top > 1)
         spread_first(t, q, top, n_top);
 
     /* A region out of its back-off claims its one probe as the first

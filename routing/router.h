@@ -120,6 +120,18 @@ typedef struct route_query {
     /* ROUTE_PRIMARY: the list and its state (mutated); NULL or empty: the
      * latency policy. */
     route_primary *primary;
+    /* The body's prompt-prefix chain (gateway/base/prefix.h; NULL: none):
+     * a region whose record holds a prefix of it expects to answer sooner
+     * by that prefix's prefill (its bytes at the record's
+     * prefill_ms_per_byte), and among the near-best (the spread window)
+     * the ones holding the longest prefix go first, the first drawn among
+     * them only: the conversation stays with its KV while its region is
+     * about as fast (a hit saving under ROUTE_NEAR_MS decides nothing).
+     * A session (non-zero) draws among the near-best by its rendezvous
+     * hash, not at random: its requests go to one region while the
+     * regions are alike. */
+    const struct gw_prefix_chain *chain;
+    uint64_t session;
 } route_query;
 
 #define ROUTE_MAX_CANDIDATES 16

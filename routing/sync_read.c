@@ -46,7 +46,8 @@ static bool record_equal(const route_record *a, const route_record *b)
             x->ttft_ms != y->ttft_ms || x->tpot_ms != y->tpot_ms || a->load_est_ms[i] != b->load_est_ms[i])
             return false;
     }
-    return true;
+    return a->n_prefixes == b->n_prefixes && a->prefill_ms_per_byte == b->prefill_ms_per_byte &&
+           !memcmp(a->prefixes, b->prefixes, (size_t)a->n_prefixes * sizeof(a->prefixes[0]));
 }
 
 /* The fields of a hash reply as route_auth_verify takes them (names end at

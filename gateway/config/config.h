@@ -94,6 +94,7 @@
  *     primary_return: 0.8       # a spilled region is back below this fraction of slo_ms ...
  *     primary_hold_ms: 3000     # ... held this long (a 429 from it spills it this long)
  *     spread: true              # share among near-best regions (routing/router.h), not all to the best
+ *     cache_aware: true         # local worker by prompt prefix held vs queue (issue 30); false: least loaded
  *     heartbeat_ms: 1000        # record publication period
  *     stale_after_ms: 3000      # default 3 heartbeats; more than two
  *     eject_after: 3            # consecutive failures (0: never eject)
@@ -213,6 +214,7 @@ typedef struct gw_routing_cfg {
     int n_primary;
     double primary_return; /* back to a spilled region below this fraction of slo_ms ... */
     int primary_hold_ms;   /* ... for this long; a 429 spills it for as long */
+    bool cache_aware; /* local workers chosen by the prompt prefix they hold (gw_supervisor_pick_for) */
     int heartbeat_ms, stale_after_ms, eject_after, eject_base_ms, eject_max_ms, ping_interval_ms;
     double retry_budget;
 } gw_routing_cfg;

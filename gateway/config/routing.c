@@ -34,6 +34,7 @@ int gw_cfg_routing_init(gw_config *c)
     c->routing = (gw_routing_cfg){.policy = GW_POLICY_LATENCY,
                                   .slo_ms = 500,
                                   .spread = true,
+                                  .cache_aware = true,
                                   .heartbeat_ms = 1000,
                                   .stale_after_ms = 3000,
                                   .eject_after = 3,
@@ -295,12 +296,13 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         K_SPREAD,
         K_PRIMARY,
         K_RETURN,
+        K_CACHE_AWARE,
         K_N
     };
     static const char *const keys[K_N] = {
         "policy",        "slo_ms",       "heartbeat_ms",     "stale_after_ms",  "eject_after",
         "eject_base_ms", "eject_max_ms", "ping_interval_ms", "primary_hold_ms", "retry_budget",
-        "spread",        "primary",      "primary_return"};
+        "spread",        "primary",      "primary_return",   "cache_aware"};
     static const long long lo[K_N] = {[K_HB] = 50,     [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1,
                                       [K_EJ_MAX] = 1, [K_PING] = 50,  [K_HOLD] = 0};
     static const long long hi[K_N] = {[K_HB] = 60000,        [K_STALE] = 3600000,   [K_EJ_AFTER] = 1000,
@@ -322,6 +324,8 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
     if (v[K_RETRY] && (rc = gw_cfg_num(p, v[K_RETRY], "routing.retry_budget", 1, &r->retry_budget)))
         return rc;
     if (v[K_SPREAD] && (rc = gw_cfg_bool(p, v[K_SPREAD], "routing.spread", &r->spread)))
+        return rc;
+    if (v[K_CACHE_AWARE] && (rc = gw_cfg_bool(p, v[K_CACHE_AWARE], "routing.cache_aware", &r->cache_aware)))
         return rc;
     if (v[K_PRIMARY] &&
         (rc = gw_cfg_region_list(p, v[K_PRIMARY], "routing.primary", &r->primary, &r->n_primary)))

@@ -19,6 +19,7 @@
 
 #define MAX_TRIES 2          /* local workers: a failure before the first response byte is retried once */
 #define RETRY_TOKENS_MAX 100 /* the retry budget saves up at most this many retries */
+#define SESSION_MAX 256      /* bytes of an x-infergate-session */
 
 /* ---- the first try ---- */
 
@@ -81,6 +82,53 @@ static const char *residency_missing(gw_front_req *p, char *buf, size_t cap)
     return NULL;
 }
 
+/* The prompt's size as the cache-aware choice prices it: its chunks'
+ * bytes (gw_prefix_bytes), else the whole body's. */
+static double prompt_bytes(const gw_front_req *p)
+{
+    return p->chain.n ? gw_prefix_bytes(&p->chain, p->chain.n) : (double)p->req->body_len;
+}
+
+/* A local worker for the request, other than `exclude`: with several to
+ * choose from, the one likeliest to hold its prompt's prefix, weighed
+ * against its queue, and the session's among near-equal ones
+ * (gw_supervisor_pick_for). The chain is hashed once per request. */
+static void hash_chain(gw_front_req *p)
+{
+    if (p->chain_done)
+        return;
+    gw_prefix_chain_of(p->req->body, p->req->body_len, &p->chain);
+    p->chain_done = true;
+    if (!p->session)
+        p->session = p->chain.user;
+}
+
+static int pick_local(gw_front_req *p, int exclude)
+{
+    gw_supervisor *sup = p->g->sup;
+    if (gw_supervisor_count(sup) < 2 || !p->g->cfg->routing.cache_aware)
+        return gw_supervisor_pick(sup, p->model, exclude);
+    hash_chain(p);
+    return gw_supervisor_pick_for(sup, p->model, exclude, &p->chain, prompt_bytes(p), p->session, NULL);
+}
+
+/* x-infergate-session: who the client says it is, for affinity; false
+ * (answered 400) when malformed. */
+static bool take_session(gw_front_req *p)
+{
+    const char *h = gw_http_header_get(p->req, "x-infergate-session");
+    if (!h)
+        return true;
+    size_t n = strlen(h);
+    if (n == 0 || n > SESSION_MAX) {
+        gw_front_respond(p, 400, "invalid_request_error", "bad_session", NULL, 0,
+                         "x-infergate-session must be 1 to %d bytes", SESSION_MAX);
+        return false;
+    }
+    p->session = gw_prefix_hash(0, h, n);
+    return true;
+}
+
 /* Sends the request to the next usable candidate region; false when none
  * is left. A local candidate without a ready worker is passed over. */
 /* The request's size as the cost policy and the price cap count it (what
@@ -121,7 +169,7 @@ static bool try_next(gw_front_req *p)
             continue;
         }
         if (r->local) {
-            int w = gw_supervisor_pick(g->sup, p->model, p->remote ? -1 : p->worker);
+            int w = pick_local(p, p->remote ? -1 : p->worker);
             if (w < 0)
                 continue;
             p->remote = NULL;
@@ -187,6 +235,8 @@ void gw_front_dispatch(gw_front_req *p)
     g->retry_tokens += g->cfg->routing.retry_budget;
     if (g->retry_tokens > RETRY_TOKENS_MAX)
         g->retry_tokens = RETRY_TOKENS_MAX;
+    if (!take_session(p))
+        return;
     if (!gw_regions_enabled(g) || p->forwarded) {
         /* A gateway with no region has no tags: a request that needs
          * some, by its header or its tenant's residency, cannot be held to
@@ -223,7 +273,7 @@ void gw_front_dispatch(gw_front_req *p)
             respond_over_max_cost(p, worst);
             return;
         }
-        p->worker = gw_supervisor_pick(g->sup, p->model, -1);
+        p->worker = pick_local(p, -1);
         if (p->worker < 0) {
             gw_front_respond(p, 503, "server_error", "no_worker_ready", NULL, 1,
                              "no worker for model '%s' is ready", p->model);
@@ -264,6 +314,8 @@ void gw_front_dispatch(gw_front_req *p)
     }
     keep_need(p, need, n_need);
     p->max_price = max_price;
+    if (g->cfg->routing.cache_aware)
+        hash_chain(p);
     route_query q = {
         .model = p->model,
         .need_tags = p->need,
@@ -272,6 +324,8 @@ void gw_front_dispatch(gw_front_req *p)
         .slo_ms = tc && tc->slo_ms > 0 ? tc->slo_ms : g->cfg->routing.slo_ms,
         .now_ms = gw_mono_ms(),
         .spread = g->cfg->routing.spread,
+        .chain = p->chain_done ? &p->chain : NULL,
+        .session = p->session,
     };
     request_size(p, &q);
     if (!gw_placement_policy(p, tc, &q))
@@ -365,7 +419,7 @@ bool gw_front_retry(gw_front_req *p, bool region_at_fault)
     if (!p->stream || g->retry_tokens < 1)
         return false;
     int other = !p->remote && p->worker >= 0 && p->local_tries < MAX_TRIES
-                    ? gw_supervisor_pick(g->sup, p->model, p->worker)
+                    ? pick_local(p, p->worker)
                     : -1;
     if (other >= 0)
         return resend_local(p, other);

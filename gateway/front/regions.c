@@ -6,6 +6,7 @@
 #include "gateway/front/serve_internal.h"
 #include "gateway/front/route_events.h"
 #include "gateway/base/clock.h"
+#include "gateway/base/prefix.h"
 
 #include "routing/router.h"
 #include "routing/sync.h"
@@ -82,6 +83,38 @@ void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms)
     memcpy(s, g->est_err_ms, n * sizeof(s[0]));
     qsort(s, n, sizeof(s[0]), cmp_ms);
     g->est_bias_ms = n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+/* The prompt-prefix hashes of the record (issue 30): the ready workers'
+ * most recent, taken in turn from each, and their mean prefill rate. */
+static void local_prefixes(gw_serve *g, route_record *r)
+{
+    int n_w = gw_supervisor_count(g->sup), rated = 0;
+    double ms = 0;
+    for (int k = 0; r->n_prefixes < ROUTE_MAX_PREFIXES; k++) {
+        bool more = false;
+        for (int i = 0; i < n_w && r->n_prefixes < ROUTE_MAX_PREFIXES; i++) {
+            const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
+            if (!w->ready || k >= w->n_recent)
+                continue;
+            more = true;
+            bool dup = false;
+            for (int j = 0; j < r->n_prefixes && !dup; j++)
+                dup = r->prefixes[j] == w->recent[k];
+            if (!dup)
+                r->prefixes[r->n_prefixes++] = w->recent[k];
+        }
+        if (!more)
+            break;
+    }
+    r->n_prefixes = gw_prefix_sort(r->prefixes, r->n_prefixes);
+    for (int i = 0; i < n_w; i++) {
+        const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
+        double x = w->ready ? gw_supervisor_ms_per_byte(w) : 0;
+        ms += x;
+        rated += x > 0;
+    }
+    r->prefill_ms_per_byte = rated ? fmin(ms / rated, ROUTE_MAX_MS) : 0;
 }
 
 /* This region's record: the configured identity plus the workers' load. */
@@ -169,6 +202,8 @@ static void local_record(gw_serve *g, route_record *r)
     r->draining = g->draining;
     r->updated_ms = gw_epoch_ms();
     r->instances = 1; /* this gateway: others of the region are not counted in its own view */
+    if (c->routing.cache_aware)
+        local_prefixes(g, r);
 }
 
 /* This region's record, into the table and to Redis. */
@@ -432,6 +467,8 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         json_object_set_new(o, "held_by_ping", json_boolean(route_region_held_by_ping(g->table, r, now)));
         /* gCO2e/kWh, 0: not given */
         json_object_set_new(o, "carbon", json_real(r->rec.carbon));
+        /* prompt prefixes its record carries (issue 30) */
+        json_object_set_new(o, "prefixes", json_integer(r->rec.n_prefixes));
     } else {
         json_decref(load);
     }

@@ -14,6 +14,7 @@
 #define GW_REQUEST_INTERNAL_H
 
 #include "gateway/front/serve_internal.h"
+#include "gateway/base/prefix.h"
 #include "gateway/front/body_fields.h"
 
 #include "routing/router.h"
@@ -90,6 +91,12 @@ struct gw_front_req {
     /* Its energy (Wh) and emissions (gCO2e) estimate, set at its end
      * (gw_placement_energy); 0 unless a local worker of known power served it. */
     double energy_wh, gco2e;
+    /* Cache-aware choice of local worker (dispatch.c): the body's prompt-
+     * prefix chain, hashed at the first choice among several workers, and
+     * the session (x-infergate-session, else the body's `user`; 0: none). */
+    bool chain_done;
+    uint64_t session;
+    gw_prefix_chain chain;
     /* SSE: the bytes after the last whole event, held back (relay.c) */
     uint8_t *hold;
     size_t hold_len;

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* close_range */
 #include "gateway/supervisor/supervisor.h"
 #include "gateway/base/clock.h"
+#include "gateway/base/prefix.h"
 
 #include "gateway/cmd/cli.h"
 #include "gateway/config/config.h"
@@ -34,6 +35,9 @@
  * request this old is given up. */
 #define STALE_S 3.0
 #define STATS_MAX 65536 /* bytes of a stats answer we read */
+#define PREFIXES_MAX 1024 /* prefix hashes of a worker's stats taken */
+/* Prefill rate assumed of a worker that has measured none yet (ms/byte). */
+#define DEFAULT_MS_PER_BYTE 0.25
 #define PROBE_MS 5000   /* nvidia-smi -L for devices: auto */
 
 typedef struct sworker {
@@ -50,7 +54,9 @@ typedef struct sworker {
     size_t stats_len;
     int stats_status;
     int picked;       /* requests sent since the last stats */
+    double picked_ms; /* their prefill, as expected when they were sent (cache-aware picks) */
     bool hang_killed; /* SIGKILLed for answering no stats */
+    uint64_t *prefixes; /* info.prefixes' storage (PREFIXES_MAX) */
 } sworker;
 
 struct gw_supervisor {
@@ -65,6 +71,8 @@ struct gw_supervisor {
     int *n_devs;
     sworker *w;
     int n;
+    gw_prefix_cand *cand; /* gw_supervisor_pick_for's scratch: n entries, and their workers */
+    int *cand_idx;
     struct event *sigchld, *tick;
     void (*on_ready_change)(void *ud);
     void *on_ready_ud;
@@ -306,6 +314,30 @@ static void on_sigchld(evutil_socket_t fd, short what, void *arg)
 
 /* ---- stats ---- */
 
+/* The worker's prefix hashes (16 hex digits each), sorted for lookup;
+ * entries that do not parse are left out. */
+static void take_prefixes(sworker *w, json_t *a)
+{
+    int n = 0;
+    if (!w->prefixes) /* the sorted set, then the recent ones in order */
+        w->prefixes = malloc((PREFIXES_MAX + GW_PREFIX_RECENT) * sizeof(*w->prefixes));
+    uint64_t *recent = w->prefixes ? w->prefixes + PREFIXES_MAX : NULL;
+    for (size_t k = 0; w->prefixes && k < json_array_size(a) && n < PREFIXES_MAX; k++) {
+        const char *hex = json_string_value(json_array_get(a, k));
+        char *end;
+        if (hex && strlen(hex) == 16) {
+            w->prefixes[n] = strtoull(hex, &end, 16);
+            if (!*end && n < GW_PREFIX_RECENT)
+                recent[n] = w->prefixes[n];
+            n += !*end;
+        }
+    }
+    w->info.recent = recent;
+    w->info.n_recent = n < GW_PREFIX_RECENT ? n : GW_PREFIX_RECENT;
+    w->info.n_prefixes = gw_prefix_sort(w->prefixes, n);
+    w->info.prefixes = w->prefixes;
+}
+
 static void stats_done(sworker *w)
 {
     w->stats_req = NULL;
@@ -332,6 +364,9 @@ static void stats_done(sworker *w)
     i->prompt_tokens_computed = (double)json_integer_value(json_object_get(o, "prompt_tokens_computed"));
     i->prompt_tokens_cached = (double)json_integer_value(json_object_get(o, "prompt_tokens_cached"));
     i->kv_blocks_cached = (int)json_integer_value(json_object_get(o, "kv_blocks_cached"));
+    i->est_prompt_tokens = (int)json_integer_value(json_object_get(o, "est_prompt_tokens"));
+    i->prompt_bytes_per_token = json_number_value(json_object_get(o, "prompt_bytes_per_token"));
+    take_prefixes(w, json_object_get(o, "prefix_hashes"));
     json_decref(o);
     if (!i->ready)
         log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,
@@ -339,6 +374,7 @@ static void stats_done(sworker *w)
     w->last_stats = gw_mono_s();
     w->asked_at = 0;
     w->picked = 0;
+    w->picked_ms = 0;
     set_ready(w, i->pid != 0); /* last: the record it may refresh reads the figures above */
     if (w->sup->on_stats)
         w->sup->on_stats(w->sup->on_stats_ud);
@@ -549,7 +585,9 @@ gw_supervisor *gw_supervisor_new(struct event_base *base, gw_upstream_pool *pool
         n += s->n_devs[i];
     }
     s->w = calloc((size_t)(n ? n : 1), sizeof(sworker));
-    if (!s->w)
+    s->cand = calloc((size_t)(n ? n : 1), sizeof(*s->cand));
+    s->cand_idx = calloc((size_t)(n ? n : 1), sizeof(*s->cand_idx));
+    if (!s->w || !s->cand || !s->cand_idx)
         goto nomem;
     for (int i = 0; i < c->n_workers; i++) {
         for (int d = 0; d < s->n_devs[i]; d++) {
@@ -693,6 +731,7 @@ void gw_supervisor_free(gw_supervisor *s)
         if (w->sock_path)
             unlink(w->sock_path);
         free(w->stats_buf);
+        free(w->prefixes);
         free(w->device);
         free(w->sock_path);
         free(w->target);
@@ -713,6 +752,8 @@ void gw_supervisor_free(gw_supervisor *s)
     if (s->lock_fd >= 0)
         close(s->lock_fd);
     free(s->w);
+    free(s->cand);
+    free(s->cand_idx);
     free(s);
 }
 
@@ -760,14 +801,95 @@ static int pick(gw_supervisor *s, const char *model, int exclude, int min_kv_blo
             best_load = load;
         }
     }
-    if (best >= 0)
+    if (best >= 0) {
         s->w[best].picked++;
+        s->w[best].picked_ms += s->w[best].info.prefill_ewma_ms;
+    }
     return best;
 }
 
 int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude)
 {
     return pick(s, model, exclude, 0);
+}
+
+static bool eligible(const sworker *w, const char *model)
+{
+    return w->info.ready && !strcmp(w->cfg->name, model);
+}
+
+double gw_supervisor_ms_per_byte(const gw_worker_info *w)
+{
+    if (!(w->prefill_tokens_per_s > 0))
+        return 0;
+    double bpt = w->prompt_bytes_per_token > 0 ? w->prompt_bytes_per_token : GW_PREFIX_BYTES_PER_TOKEN;
+    return 1000.0 / w->prefill_tokens_per_s / bpt;
+}
+
+/* Prefill ms per prompt byte: the worker's measured, else the mean of its
+ * siblings', else a guess (all alike, so that it decides nothing). */
+static double ms_per_byte(const gw_supervisor *s, const sworker *w, const char *model)
+{
+    double own = gw_supervisor_ms_per_byte(&w->info), sum = 0;
+    if (own > 0)
+        return own;
+    int n = 0;
+    for (int i = 0; i < s->n; i++) {
+        double x = eligible(&s->w[i], model) ? gw_supervisor_ms_per_byte(&s->w[i].info) : 0;
+        sum += x;
+        n += x > 0;
+    }
+    return n ? sum / n : DEFAULT_MS_PER_BYTE;
+}
+
+/* How long a request joining now waits before its own prefill: the
+ * worker's TTFT estimate less the prefill of the prompt it was made for,
+ * and the prefill of the requests sent to it since its last stats (as
+ * expected when sent: a turn whose prefix was there weighs its new part
+ * only; one sent by the least-loaded rule, a typical prefill). */
+static double wait_ms(const sworker *w, double mpb, double prompt_bytes)
+{
+    const gw_worker_info *i = &w->info;
+    if (i->queued == 0 && i->running == 0) /* idle: what the estimate says past its prefill is noise */
+        return w->picked_ms;
+    double bpt = i->prompt_bytes_per_token > 0 ? i->prompt_bytes_per_token : GW_PREFIX_BYTES_PER_TOKEN;
+    double own = i->est_prompt_tokens > 0 ? i->est_prompt_tokens * bpt * mpb : 0;
+    double wait = i->est_ttft_ms > own ? i->est_ttft_ms - own : 0;
+    if (i->est_ttft_ms <= 0) /* no step run yet: by the counts */
+        wait = i->queued * (i->prefill_ewma_ms > 0 ? i->prefill_ewma_ms : prompt_bytes * mpb);
+    return wait + w->picked_ms;
+}
+
+int gw_supervisor_pick_for(gw_supervisor *s, const char *model, int exclude, const gw_prefix_chain *chain,
+                           double prompt_bytes, uint64_t session, double *cached_bytes)
+{
+    if (cached_bytes)
+        *cached_bytes = 0;
+    gw_prefix_cand *cand = s->cand;
+    int *idx = s->cand_idx, n = 0;
+    bool hit = false;
+    for (int i = 0; i < s->n; i++) {
+        const sworker *w = &s->w[i];
+        if (i == exclude || !eligible(w, model))
+            continue;
+        double mpb = ms_per_byte(s, w, model);
+        cand[n] = (gw_prefix_cand){w->info.prefixes, w->info.n_prefixes, wait_ms(w, mpb, prompt_bytes), mpb,
+                                   (uint32_t)i};
+        hit |= gw_prefix_match(chain, w->info.prefixes, w->info.n_prefixes) > 0;
+        idx[n++] = i;
+    }
+    if (!hit && !session)
+        return pick(s, model, exclude, 0);
+    double ttft, cached;
+    int k = gw_prefix_choose(chain, prompt_bytes, cand, n, session, &ttft, &cached);
+    if (k < 0)
+        return -1;
+    sworker *w = &s->w[idx[k]];
+    w->picked++;
+    w->picked_ms += (prompt_bytes > cached ? prompt_bytes - cached : 0) * cand[k].ms_per_byte;
+    if (cached_bytes)
+        *cached_bytes = cached;
+    return idx[k];
 }
 
 int gw_supervisor_pick_larger(gw_supervisor *s, const char *model, int than)

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct event_base;
@@ -36,6 +37,16 @@ typedef struct gw_worker_info {
      * worker started, and the KV blocks it holds */
     double prompt_tokens_computed, prompt_tokens_cached;
     int kv_blocks_cached;
+    /* The prompt a TTFT estimate is for (tokens), and the prompt-prefix
+     * hashes (gateway/base/prefix.h) the worker holds, sorted ascending:
+     * valid until its next stats. */
+    int est_prompt_tokens;
+    double prompt_bytes_per_token; /* body bytes of prompt-prefix chunks a prompt token takes; 0: none seen */
+    const uint64_t *prefixes;
+    int n_prefixes;
+    /* the first GW_PREFIX_RECENT of them as reported: most recently used first */
+    const uint64_t *recent;
+    int n_recent;
 } gw_worker_info;
 
 /* Workers run as `exe worker ...`, exe being this process's own binary.
@@ -76,6 +87,21 @@ bool gw_supervisor_serves(const gw_supervisor *s, const char *model);
  * none): fewest queued, then fewest running relative to max_seqs. -1 when
  * none is ready. Counts the request as queued on it until the next stats. */
 int gw_supervisor_pick(gw_supervisor *s, const char *model, int exclude);
+/* As gw_supervisor_pick, cache-aware (issue 30): when some worker holds a
+ * prefix of the request's chain (may be NULL) or the request names a
+ * session (non-zero), the worker with the least expected time to first
+ * token — its queue plus the prefill of the prompt_tokens it does not hold
+ * (gw_prefix_choose) — the session's consistent choice among near-equal
+ * ones. Otherwise exactly gw_supervisor_pick. prompt_bytes: the chain's
+ * (gw_prefix_bytes), priced at each worker's prefill rate over its
+ * measured bytes per token. *cached_bytes (may be NULL) gets the bytes
+ * the chosen one is expected to hold. */
+typedef struct gw_prefix_chain gw_prefix_chain;
+int gw_supervisor_pick_for(gw_supervisor *s, const char *model, int exclude, const gw_prefix_chain *chain,
+                           double prompt_bytes, uint64_t session, double *cached_bytes);
+/* A worker's prefill ms per prompt byte (gw_prefix_bytes), from its
+ * measured rate and bytes per token; 0 while it has measured no rate. */
+double gw_supervisor_ms_per_byte(const gw_worker_info *w);
 /* As gw_supervisor_pick, among the workers whose KV cache is larger than
  * worker `than`'s (by its last stats): for a request too long for it. */
 int gw_supervisor_pick_larger(gw_supervisor *s, const char *model, int than);

@@ -6,11 +6,13 @@
 
 #include "gateway/base/clock.h"
 #include "gateway/base/offload.h"
+#include "gateway/base/prefix.h"
 #include "gateway/worker/logprobs.h"
 #include "runtime/reasoning.h"
 
 #include <errno.h>
 #include <event2/event.h>
+#include <inttypes.h>
 #include <event2/thread.h>
 #include <jansson.h>
 #include <signal.h>
@@ -25,6 +27,7 @@ typedef struct wreq wreq;
  * event has been handled and its stream has closed. */
 struct wreq {
     gw_worker *w;
+    uint32_t prompt_bytes; /* its prompt-prefix chunks' bytes (gateway/base/prefix.h) */
     gw_http_stream *stream; /* NULL once closed */
     uint64_t id;
     bool preparing; /* with the offload thread (wprep): not yet submitted */
@@ -61,7 +64,15 @@ struct gw_worker {
     double drain_deadline;
     int drain_grace_s;
     bool device_lost; /* a sticky device error: the process ends shortly */
+    /* The prompts' chain hashes (gateway/base/prefix.h) whose KV the
+     * prefix cache most likely still holds: reported in the stats, for the
+     * gateway's cache-aware choice of worker. */
+    gw_prefix_set prefixes;
+    double bytes_per_token; /* of those chunks per prompt token, averaged; 0: none seen */
 };
+
+/* Prefix hashes a worker reports at most (a stats answer of ~10 KB). */
+#define PREFIX_SET_CAP 512
 
 static const gw_http_header json_headers[] = {{"content-type", "application/json"}};
 
@@ -519,6 +530,11 @@ static void handle_event(void *arg, const rt_engine_event *e)
         device_lost(r->w);
     if (ev->kind != RT_EV_TEXT)
         r->final_seen = true;
+    if (ev->kind == RT_EV_DONE && r->prompt_bytes && ev->prompt_tokens > 0) {
+        /* what the gateway, which counts bytes, needs to price a prefill */
+        double x = (double)r->prompt_bytes / ev->prompt_tokens, *b = &r->w->bytes_per_token;
+        *b = *b > 0 ? *b + 0.1 * (x - *b) : x;
+    }
     if (r->stream) {
         if (ev->kind == RT_EV_ERROR) {
             if (r->begun)
@@ -653,7 +669,7 @@ static void on_prepared(void *ud, gw_offload_job *job, bool ran)
 /* The request's loop state and its job for the offload thread; false when
  * out of memory. */
 static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat,
-                        rt_priority pr, int64_t deadline)
+                        rt_priority pr, int64_t deadline, uint32_t prompt_bytes)
 {
     wreq *r = calloc(1, sizeof(*r));
     wprep *p = calloc(1, sizeof(*p));
@@ -669,6 +685,7 @@ static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *
     r->w = w;
     r->stream = s;
     r->chat = chat;
+    r->prompt_bytes = prompt_bytes;
     r->preparing = true;
     rt_engine_response_id(w->engine, chat, r->cid, sizeof(r->cid), &r->created);
     *p = (wprep){.r = r,
@@ -701,11 +718,35 @@ static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_req
         respond_error_after(s, &e, retry);
         return;
     }
-    if (!new_request(w, s, req, chat, pr, deadline)) {
+    gw_prefix_chain c;
+    gw_prefix_chain_of(req->body, req->body_len, &c);
+    if (!new_request(w, s, req, chat, pr, deadline, c.n ? c.end[c.n - 1] : 0)) {
         rt_engine_release(w->engine, pr);
         rt_engine_error_oom(&e);
         respond_error_after(s, &e, 1);
+        return;
     }
+    gw_prefix_set_add(&w->prefixes, &c);
+}
+
+/* The prefix hashes held, most recently used first, after dropping those
+ * whose KV has most likely been evicted since: more KV written since
+ * their last use than the pool holds. None without the cache. */
+static json_t *prefix_hashes(gw_worker *w, const rt_sched_stats *st)
+{
+    json_t *a = json_array();
+    uint64_t v[PREFIX_SET_CAP];
+    if (!a || !st->prefix_cache)
+        return a;
+    gw_prefix_set_age(&w->prefixes, (double)(st->prompt_tokens_computed + st->tokens_generated),
+                      (double)st->kv_blocks_total * st->kv_block_tokens);
+    int n = gw_prefix_set_list(&w->prefixes, v, PREFIX_SET_CAP);
+    for (int i = 0; i < n; i++) {
+        char hex[17];
+        snprintf(hex, sizeof(hex), "%016" PRIx64, v[i]);
+        json_array_append_new(a, json_string(hex));
+    }
+    return a;
 }
 
 static void handle_stats(gw_worker *w, gw_http_stream *s)
@@ -752,6 +793,10 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
         o = NULL;
     }
     json_decref(pc);
+    if (o)
+        json_object_set_new(o, "prefix_hashes", prefix_hashes(w, &st));
+    if (o)
+        json_object_set_new(o, "prompt_bytes_per_token", json_real(w->bytes_per_token));
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
         json_t *d =
@@ -880,6 +925,10 @@ gw_worker *gw_worker_new(rt_engine *e, const gw_worker_opts *o, char *err, size_
     }
     w->engine = e;
     w->drain_grace_s = o->drain_grace_s;
+    if (gw_prefix_set_init(&w->prefixes, PREFIX_SET_CAP)) {
+        snprintf(err, err_len, "out of memory");
+        goto fail;
+    }
     w->base = event_base_new();
     gw_http_handler h = {.on_request = on_request, .on_close = on_close, .on_writable = on_writable};
     if (!w->base || !(w->http = gw_http_server_new(w->base, &o->limits, &h, w)) ||
@@ -943,5 +992,6 @@ void gw_worker_free(gw_worker *w)
         event_free(w->drain_timer);
     if (w->base)
         event_base_free(w->base);
+    gw_prefix_set_free(&w->prefixes);
     free(w);
 }

@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "gateway/base/prefix.h"
 #include "routing/region.h"
 #include "routing/router.h"
 
@@ -103,6 +104,10 @@ static void assert_record_equal(const route_record *a, const route_record *b)
     }
     assert_int_equal(a->healthy, b->healthy);
     assert_int_equal(a->updated_ms, b->updated_ms);
+    assert_int_equal(a->n_prefixes, b->n_prefixes);
+    assert_true(a->prefill_ms_per_byte == b->prefill_ms_per_byte || !a->n_prefixes);
+    for (int i = 0; i < a->n_prefixes; i++)
+        assert_true(a->prefixes[i] == b->prefixes[i]);
 }
 
 static void round_trip(const route_record *in)
@@ -683,6 +688,121 @@ static void test_latency_order(void **state)
     assert_string_equal(cand(&d, 1), "x");
     assert_string_equal(cand(&d, 2), "y");
     route_table_free(t);
+}
+
+/* Issue 30: a region whose record holds a prefix of the request's chain
+ * expects to answer sooner by that prefix's prefill; with spread on, the
+ * conversation is not drawn away from it; a slow or unhealthy one loses;
+ * a session draws among near-equal ones by its hash, the same each time. */
+static void test_prefix_regions(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 1000;
+    gw_prefix_chain c;
+    const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"a long system "
+                       "prompt\"},{\"role\":\"user\",\"content\":\"and a question\"}]}";
+    gw_prefix_chain_of(body, strlen(body), &c);
+    route_record a = mk("a", "m", "", 1, 100), b = mk("b", "m", "", 1, 100);
+    b.prefixes[0] = c.hash[1];
+    b.n_prefixes = 1;
+    b.prefill_ms_per_byte = 0.25;
+    round_trip(&b);
+    add(t, &a, 10, now);
+    add(t, &b, 12, now);
+    route_decision d;
+    route_query q = query("m", now);
+    q.spread = true;
+    q.chain = &c;
+    q.prompt_tokens = 1000;
+    double saved = gw_prefix_bytes(&c, 2) * 0.25;
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(route_decide(t, &q, &d), 2);
+        assert_string_equal(cand(&d, 0), "b");
+    }
+    assert_true(fabs(d.expected_ms[0] - (12 + 100 - saved)) < 1e-9);
+    /* a little slower than the other even with its hit, within the
+     * near-best window (estimates are noisy): it keeps the conversation */
+    b.ttft_ms = 100 + saved + 5;
+    b.updated_ms = 2;
+    add(t, &b, 12, now);
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(route_decide(t, &q, &d), 2);
+        assert_string_equal(cand(&d, 0), "b");
+    }
+    /* slow (past the window): the other, spread or not */
+    b.ttft_ms = 200;
+    b.updated_ms = 3;
+    add(t, &b, 12, now);
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "a");
+    q.spread = false;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "a");
+    /* unhealthy: never */
+    b.ttft_ms = 100;
+    b.healthy = false;
+    b.updated_ms = 4;
+    add(t, &b, 12, now);
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "a");
+    /* without a hit, a session stays with one of two alike regions */
+    b.healthy = true;
+    b.n_prefixes = 0;
+    b.updated_ms = 5;
+    add(t, &b, 10, now);
+    q.spread = true;
+    q.chain = NULL;
+    int seen[2] = {0, 0};
+    for (uint64_t s = 1; s <= 32; s++) {
+        q.session = s * 0x9e3779b97f4a7c15ull;
+        assert_int_equal(route_decide(t, &q, &d), 2);
+        const char *first = cand(&d, 0);
+        for (int i = 0; i < 5; i++) {
+            route_decide(t, &q, &d);
+            assert_string_equal(cand(&d, 0), first);
+        }
+        seen[first[0] == 'b']++;
+    }
+    assert_true(seen[0] > 4 && seen[1] > 4);
+    /* a prefix both hold (a shared system prompt) still spreads */
+    q.session = 0;
+    q.chain = &c;
+    a.prefixes[0] = b.prefixes[0] = c.hash[1];
+    a.n_prefixes = b.n_prefixes = 1;
+    a.prefill_ms_per_byte = b.prefill_ms_per_byte = 0.25;
+    a.updated_ms = b.updated_ms = 6;
+    add(t, &a, 10, now);
+    add(t, &b, 10, now);
+    seen[0] = seen[1] = 0;
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(route_decide(t, &q, &d), 2);
+        seen[cand(&d, 0)[0] == 'b']++;
+    }
+    assert_true(seen[0] > 40 && seen[1] > 40);
+    route_table_free(t);
+}
+
+static void test_prefix_fields_bad(void **state)
+{
+    (void)state;
+    const char *bad[] = {"2", ";0123456789abcdef", "x;0123456789abcdef", "2;0123456789abcde",
+                         "2;0123456789ABCDEF", "2;0123456789abcdef,", "2;0123456789abcdef,0123456789abcdee",
+                         "2;0123456789abcdef,0123456789abcdef", "2;0123456789abcdefa"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        route_record r = mk("a", "m", "", 1, 10), was = r;
+        const char *names[] = {"prefixes"};
+        const char *values[] = {bad[i]};
+        char err[128] = "";
+        assert_int_equal(route_record_from_fields(&r, names, values, NULL, 1, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "prefixes"));
+        assert_int_equal(memcmp(&r, &was, sizeof(r)), 0);
+    }
+    route_record r = mk("a", "m", "", 1, 10);
+    const char *names[] = {"prefixes"};
+    const char *values[] = {"0.5;000000000000000a,ffffffffffffffff"};
+    assert_int_equal(route_record_from_fields(&r, names, values, NULL, 1, NULL, 0), 0);
+    assert_true(r.n_prefixes == 2 && r.prefixes[1] == UINT64_MAX && r.prefill_ms_per_byte == 0.5);
 }
 
 static void test_queue_moves(void **state)
@@ -1683,6 +1803,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fields_round_trip),
         cmocka_unit_test(test_fields_bad),
+        cmocka_unit_test(test_prefix_regions),
+        cmocka_unit_test(test_prefix_fields_bad),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_filters),
         cmocka_unit_test(test_latency_order),
