@@ -71,7 +71,7 @@ struct rt_tokenizer {
     int32_t bos, eos, unk, pad, eot, eom;
     int32_t eog[MAX_EOG];
     int n_eog;
-    int32_t shown[8]; /* control tokens whose text is their piece (harmony's markers) */
+    int32_t shown[16]; /* control tokens whose text is their piece (harmony's and tool calls' markers) */
     int n_shown;
     bool add_bos, add_space_prefix;
 
@@ -468,6 +468,23 @@ static void harmony_tokens(rt_tokenizer *t)
     for (size_t i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
         int32_t id = lookup(t, shown[i], strlen(shown[i]));
         if (id >= 0 && t->types[id] == TT_CONTROL)
+            t->shown[t->n_shown++] = id;
+    }
+}
+
+/* The markers tool calls are written with (Mistral's [TOOL_CALLS], [ARGS]
+ * and [CALL_ID], Llama 3's <|python_tag|>, Hermes' <tool_call>): control
+ * tokens in many files, which gave no text, so that the tool-call parser
+ * (runtime/toolcall.h) never saw a call the model made. Their text goes
+ * out, as llama.cpp's server keeps a format's preserved tokens; they stay
+ * control tokens, which a client's message cannot write. */
+static void tool_marker_tokens(rt_tokenizer *t)
+{
+    static const char *const shown[] = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<tool_call>",
+                                        "</tool_call>"};
+    for (size_t i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
+        int32_t id = lookup(t, shown[i], strlen(shown[i]));
+        if (id >= 0 && t->types[id] == TT_CONTROL && t->n_shown < (int)(sizeof(t->shown) / sizeof(t->shown[0])))
             t->shown[t->n_shown++] = id;
     }
 }
@@ -950,6 +967,7 @@ int rt_tokenizer_load(const rt_gguf *g, rt_tokenizer **out, char *err, size_t er
         t->types[t->bos] = TT_CONTROL;
 
     harmony_tokens(t);
+    tool_marker_tokens(t);
 
     rc = -ENOMEM;
     if (build_pieces(t) != 0 || build_specials(t) != 0)

@@ -787,6 +787,34 @@ static void test_harmony_tokens(void **state)
     vocab_free(v);
 }
 
+/* Tool-call markers that files type as control ([TOOL_CALLS], Llama 3's
+ * <|python_tag|>) give their text, for the tool-call parser; other control
+ * tokens none; and a message's text still cannot write them. */
+static void test_tool_marker_tokens(void **state)
+{
+    (void)state;
+    vocab *v = bpe_vocab();
+    vocab_add(v, "[TOOL_CALLS]", 0, 3);
+    vocab_add(v, "<|python_tag|>", 0, 3);
+    rt_tokenizer *t = bpe_tok(v, "llama3");
+    static const char *const marks[] = {"[TOOL_CALLS]", "<|python_tag|>"};
+    for (size_t i = 0; i < 2; i++) {
+        size_t n = 0;
+        const char *p = rt_tokenizer_piece(t, id(t, marks[i]), &n);
+        assert_int_equal(n, strlen(marks[i]));
+        assert_memory_equal(p, marks[i], n);
+        int32_t got[64];
+        int k = rt_tokenizer_encode(t, marks[i], (int)strlen(marks[i]), false, false, got, 64);
+        for (int j = 0; j < k; j++)
+            assert_true(got[j] != id(t, marks[i]));
+    }
+    size_t n = 1;
+    rt_tokenizer_piece(t, id(t, "<|im_start|>"), &n);
+    assert_int_equal(n, 0);
+    rt_tokenizer_free(t);
+    vocab_free(v);
+}
+
 /* User-defined tokens (Qwen3's <think>) are split out of any text, a
  * client's message included, as Hugging Face's tokenizers and llama.cpp
  * do: the model that wrote one reads it back as the one token. One that
@@ -1119,6 +1147,7 @@ int main(void)
         cmocka_unit_test(test_plain_spans),       cmocka_unit_test(test_bpe_reference_and_roundtrip),
         cmocka_unit_test(test_bad_metadata),      cmocka_unit_test(test_large_vocab),
         cmocka_unit_test(test_harmony_tokens),
+        cmocka_unit_test(test_tool_marker_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
