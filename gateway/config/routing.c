@@ -39,7 +39,9 @@ int gw_cfg_routing_init(gw_config *c)
                                   .eject_base_ms = 1000,
                                   .eject_max_ms = 30000,
                                   .ping_interval_ms = 250,
-                                  .retry_budget = 0.2};
+                                  .retry_budget = 0.2,
+                                  .replay = true,
+                                  .replay_max = 2};
     return (c->cluster = strdup("default")) ? 0 : -ENOMEM;
 }
 
@@ -213,18 +215,24 @@ static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
 
 static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
 {
-    enum { K_POLICY, K_SLO, K_HB, K_STALE, K_EJ_AFTER, K_EJ_BASE, K_EJ_MAX, K_PING, K_RETRY, K_SPREAD, K_N };
+    enum {
+        K_POLICY, K_SLO, K_HB, K_STALE, K_EJ_AFTER, K_EJ_BASE, K_EJ_MAX, K_PING, K_REPLAY_MAX,
+        K_RETRY, K_SPREAD, K_REPLAY, K_N
+    };
     static const char *const keys[K_N] = {"policy",         "slo_ms",           "heartbeat_ms",
                                           "stale_after_ms", "eject_after",      "eject_base_ms",
-                                          "eject_max_ms",   "ping_interval_ms", "retry_budget",
-                                          "spread"};
+                                          "eject_max_ms",   "ping_interval_ms", "replay_max",
+                                          "retry_budget",   "spread",           "replay"};
     static const long long lo[K_N] = {
-        [K_HB] = 50, [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1, [K_EJ_MAX] = 1, [K_PING] = 50};
+        [K_HB] = 50, [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1, [K_EJ_MAX] = 1, [K_PING] = 50,
+        [K_REPLAY_MAX] = 0};
     static const long long hi[K_N] = {[K_HB] = 60000,        [K_STALE] = 3600000,   [K_EJ_AFTER] = 1000,
-                                      [K_EJ_BASE] = 3600000, [K_EJ_MAX] = 86400000, [K_PING] = 60000};
+                                      [K_EJ_BASE] = 3600000, [K_EJ_MAX] = 86400000, [K_PING] = 60000,
+                                      [K_REPLAY_MAX] = 16};
     int *ints[K_N] = {
         [K_HB] = &r->heartbeat_ms,       [K_STALE] = &r->stale_after_ms, [K_EJ_AFTER] = &r->eject_after,
-        [K_EJ_BASE] = &r->eject_base_ms, [K_EJ_MAX] = &r->eject_max_ms,  [K_PING] = &r->ping_interval_ms};
+        [K_EJ_BASE] = &r->eject_base_ms, [K_EJ_MAX] = &r->eject_max_ms,  [K_PING] = &r->ping_interval_ms,
+        [K_REPLAY_MAX] = &r->replay_max};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, "routing", keys, K_N, v);
@@ -238,7 +246,9 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         return rc;
     if (v[K_SPREAD] && (rc = gw_cfg_bool(p, v[K_SPREAD], "routing.spread", &r->spread)))
         return rc;
-    for (int k = K_HB; k <= K_PING; k++) {
+    if (v[K_REPLAY] && (rc = gw_cfg_bool(p, v[K_REPLAY], "routing.replay", &r->replay)))
+        return rc;
+    for (int k = K_HB; k <= K_REPLAY_MAX; k++) {
         long long x;
         if (!v[k])
             continue;

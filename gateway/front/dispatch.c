@@ -127,6 +127,8 @@ static bool try_next(gw_front_req *p)
 void gw_front_dispatch(gw_front_req *p)
 {
     gw_serve *g = p->g;
+    if (gw_front_replay_refuse_client(p))
+        return;
     g->retry_tokens += g->cfg->routing.retry_budget;
     if (g->retry_tokens > RETRY_TOKENS_MAX)
         g->retry_tokens = RETRY_TOKENS_MAX;

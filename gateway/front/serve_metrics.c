@@ -43,6 +43,11 @@ int gw_serve_metrics_init(gw_metrics *m)
         "frame or a header block) not complete within header_timeout_ms; status=\"enhance_your_calm\": "
         "HTTP/2 connections closed for a flood (rapid reset, a header block decoding past twice the limit).",
         NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_replays_total", GW_COUNTER,
+                              "Streams whose worker or region failed mid-answer, by outcome: resumed elsewhere "
+                              "from the tokens delivered (token replay), or refused (routing.replay off, "
+                              "replay_max or the retry budget spent, a request that cannot be resumed).",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
                               0);
