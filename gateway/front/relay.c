@@ -308,7 +308,8 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
     gw_usage_scan_feed(&p->usage, data, len);
     if (!p->stream)
         return;
-    int rc = p->sse && p->replay_asked ? gw_front_replay_write(p, data, len)
+    /* a run that can be resumed has its tags read (replay.c) */
+    int rc = p->sse && p->replay_run[0] ? gw_front_replay_write(p, data, len)
              : p->sse                  ? sse_write(p, data, len)
                                        : gw_http_write(p->stream, data, len);
     if (rc == 1) { /* an error event: the worker failed in-band, replayed elsewhere if it may be */

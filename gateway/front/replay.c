@@ -32,6 +32,9 @@
 #define TAG ": ig "
 #define TAG_LEN (sizeof(TAG) - 1)
 #define RBUF_MAX (256 * 1024) /* an event longer than this (no blank line) passes on unread */
+/* x-infergate-resume's bound: the next hop's head must fit its
+ * limits.max_header_bytes (64 KiB by default) with the rest. ~8,000 tokens. */
+#define RESUME_MAX (48 * 1024)
 
 static bool replay_on(const gw_front_req *p)
 {
@@ -214,41 +217,47 @@ static const char *target_said(const gw_front_req *p, char *buf, size_t cap)
     return buf;
 }
 
+/* x-infergate-resume for the tokens delivered, in p->resume_hdr: "ID
+ * CREATED SEED T1,T2,..." (no tokens: it failed before its first). NULL,
+ * or why it cannot be. */
+static const char *build_resume(gw_front_req *p)
+{
+    size_t cap = strlen(p->replay_run) + 2 + (size_t)p->n_rtoks * 12;
+    char *h = gw_mem_realloc(p->resume_hdr, cap);
+    if (!h)
+        return "out of memory";
+    p->resume_hdr = h;
+    size_t k = (size_t)snprintf(h, cap, "%s", p->replay_run);
+    for (int i = 0; i < p->n_rtoks && k <= RESUME_MAX; i++)
+        k += (size_t)snprintf(h + k, cap - k, "%c%d", i ? ',' : ' ', (int)p->rtoks[i]);
+    return k > RESUME_MAX ? "too many tokens for x-infergate-resume" : NULL;
+}
+
 bool gw_front_replay(gw_front_req *p)
 {
     if (!p->replay_asked || !p->stream)
         return false;
-    const char *why = !p->replay_run[0]  ? (p->replay_off[0] ? p->replay_off : "no run said")
-                      : p->replay_end    ? "the answer had ended"
+    const char *why = !p->replay_run[0] ? (p->replay_off[0] ? p->replay_off : "no run said")
+                      : p->replay_end   ? "the answer had ended"
                       : p->replays >= p->g->cfg->routing.replay_max ? "routing.replay_max reached"
-                                                                    : NULL;
+                                                                    : build_resume(p);
     if (!why) {
-        size_t cap = strlen(p->replay_run) + 2 + (size_t)p->n_rtoks * 12;
-        char *h = gw_mem_realloc(p->resume_hdr, cap);
-        if (!h) {
-            why = "out of memory";
-        } else {
-            p->resume_hdr = h;
-            size_t k = (size_t)snprintf(h, cap, "%s ", p->replay_run);
-            for (int i = 0; i < p->n_rtoks; i++)
-                k += (size_t)snprintf(h + k, cap - k, "%s%d", i ? "," : "", (int)p->rtoks[i]);
-            p->replays++;
-            p->resuming = true;
-            p->rbuf_len = 0;
-            p->sse_head_len = 0;
-            p->sse_error = false; /* an error event replayed is no part of the answer */
-            gw_usage_scan_init(&p->usage);
-            char from[ROUTE_NAME_MAX + 16], to[ROUTE_NAME_MAX + 16];
-            target_said(p, from, sizeof(from));
-            if (gw_front_retry(p, false)) { /* the region was told it failed */
-                fprintf(stderr, "infergate: event=replay request=%s from=\"%s\" to=\"%s\" tokens=%d\n", p->id,
-                        from, target_said(p, to, sizeof(to)), p->n_rtoks);
-                gw_metrics_add(p->g->metrics, "infergate_replays_total", "outcome=\"resumed\"", 1);
-                return true;
-            }
-            p->resuming = false;
-            why = "no retry left (retry_budget) or no other candidate";
+        p->replays++;
+        p->resuming = true;
+        p->rbuf_len = 0;
+        p->sse_head_len = 0;
+        p->sse_error = false; /* an error event replayed is no part of the answer */
+        gw_usage_scan_init(&p->usage);
+        char from[ROUTE_NAME_MAX + 16], to[ROUTE_NAME_MAX + 16];
+        target_said(p, from, sizeof(from));
+        if (gw_front_retry(p, false)) { /* the region was told it failed */
+            fprintf(stderr, "infergate: event=replay request=%s from=\"%s\" to=\"%s\" tokens=%d\n", p->id, from,
+                    target_said(p, to, sizeof(to)), p->n_rtoks);
+            gw_metrics_add(p->g->metrics, "infergate_replays_total", "outcome=\"resumed\"", 1);
+            return true;
         }
+        p->resuming = false;
+        why = "no retry left (routing.retry_budget) or no other candidate";
     }
     fprintf(stderr, "infergate: event=replay_refused request=%s tokens=%d why=\"%s\"\n", p->id, p->n_rtoks, why);
     gw_metrics_add(p->g->metrics, "infergate_replays_total", "outcome=\"refused\"", 1);

@@ -700,7 +700,7 @@ static void on_prepared(void *ud, gw_offload_job *job, bool ran)
     wreq_maybe_free(r);
 }
 
-/* x-infergate-resume: "ID CREATED SEED T1,T2,...", the run a resumed
+/* x-infergate-resume: "ID CREATED SEED[ T1,T2,...]", the run a resumed
  * request continues (its response's id and created, its seed) and the
  * tokens it had generated. Only a gateway sends it (the worker's socket is
  * the gateway's; a gateway takes it from no client, only from a peer
@@ -711,15 +711,15 @@ static int resume_parse(const char *v, wreq *r, wprep *p)
     long created;
     unsigned long long seed;
     int at = 0;
-    if (sscanf(v, "%39s %ld %llu %n", cid, &created, &seed, &at) != 3 || !at || !v[at])
+    if (sscanf(v, "%39s %ld %llu%n", cid, &created, &seed, &at) != 3 || (v[at] && v[at] != ' '))
         return -EINVAL;
-    const char *t = v + at;
+    const char *t = v + at + (v[at] == ' ');
     int cap = 1;
     for (const char *c = t; *c; c++)
         cap += *c == ',';
     if (!(p->resume = malloc((size_t)cap * sizeof(int32_t))))
         return -ENOMEM;
-    for (;;) {
+    for (; *t;) { /* no tokens: it failed before its first */
         char *end;
         errno = 0;
         long x = strtol(t, &end, 10);
@@ -728,7 +728,8 @@ static int resume_parse(const char *v, wreq *r, wprep *p)
         p->resume[p->n_resume++] = (int32_t)x;
         if (!*end)
             break;
-        t = end + 1;
+        if (!*(t = end + 1))
+            return -EINVAL;
     }
     snprintf(r->cid, sizeof(r->cid), "%s", cid);
     r->created = created;

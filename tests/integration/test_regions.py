@@ -768,12 +768,58 @@ def hammer(duration):
         results.append((time.monotonic(), s, h.get("x-infergate-region")))
 
 
+# Token replay across regions (issue 32): a stream eu1 forwarded to ap1,
+# whose gateway is killed mid-stream, goes on at us1 from the tokens
+# delivered, and its text equals the unbroken answer's (greedy).
+def usonly_stream(after=None, reached=None):
+    c = http.client.HTTPConnection("127.0.0.1", port["eu1"], timeout=60)
+    body = {"model": "m", "prompt": [2, 6, 9], "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    c.request("POST", "/v1/completions", json.dumps(body),
+              {"authorization": "Bearer " + keys["usonly"], "content-type": "application/json"})
+    r = c.getresponse()
+    raw, n = b"", 0
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        raw += line
+        n += line.startswith(b"data: ")
+        if reached and n == after:
+            reached.set()
+    c.close()
+    return r.status, r.getheader("x-infergate-region"), raw
+
+
+def stream_text(raw):
+    events = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e.startswith("data: {")]
+    return "".join(e["choices"][0]["text"] for e in events if e.get("choices")), events
+
+
+ref = usonly_stream()
+replayed, reached = {}, threading.Event()
+st = threading.Thread(target=lambda: replayed.update(r=usonly_stream(20, reached)))
 th = threading.Thread(target=hammer, args=(4,))
 th.start()
-time.sleep(1.0)
+time.sleep(0.5)
+st.start()
+reached.wait(10)
+time.sleep(0.01)
 kill_at[0] = time.monotonic()
 gws["ap1"].kill()
 th.join()
+st.join(60)
+s_, region_, raw_ = replayed.get("r", (0, None, b""))
+text0, _ = stream_text(ref[2])
+text1, ev1 = stream_text(raw_)
+t.ok(ref[1] == "ap1" and s_ == 200 and region_ == "ap1" and b": ig" not in raw_ and raw_.endswith(b"data: [DONE]\n\n")
+     and not any("error" in e for e in ev1) and len({e["id"] for e in ev1}) == 1,
+     "a stream served by ap1 whose gateway is killed mid-stream completes, one id, no tag leaked (%d %s %r)"
+     % (s_, region_, raw_[-200:]))
+t.ok(text1 == text0 and len(text0) > 0, "and its text equals the unbroken answer's (%d vs %d chars)"
+     % (len(text1), len(text0)))
+t.ok(re.search(r'event=replay request=\S+ from="region ap1" to="region us1" tokens=\d+',
+               open(os.path.join(d, "eu1.log")).read()) is not None, "eu1 replayed it at us1 (logged)")
 failed = [r for r in results if r[1] != 200]
 to_ap1 = [r[0] - kill_at[0] for r in results if r[0] > kill_at[0] and r[2] == "ap1"]
 failover = max(to_ap1) if to_ap1 else 0.0

@@ -156,6 +156,39 @@ try:
         t.ok(s == 400 and json.loads(b)["error"]["code"] == "internal_header",
              "a client's %s is refused (%d)" % (h.split(":")[0], s))
 
+    # The worker's side of the header (only a gateway reaches its socket).
+    sock = os.path.join(d, "run", "worker-1.sock")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for h, body, code in (
+            ("x-infergate-resume: cmpl-x 1 1 1,2,", {"model": "m", "prompt": "a", "stream": True}, "bad_resume"),
+            ("x-infergate-resume: cmpl-x 1", {"model": "m", "prompt": "a", "stream": True}, "bad_resume"),
+            ("x-infergate-resume: chatcmpl-x 1 1 5", {"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                                      "tools": tools, "stream": True}, "resume_refused"),
+            ("x-infergate-resume: chatcmpl-x 1 1 5", {"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                                      "logprobs": True, "stream": True}, "resume_refused"),
+            ("x-infergate-resume: cmpl-x 1 1 5", {"model": "m", "prompt": "a"}, "resume_refused")):
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        s, _, b = curl("http://localhost" + path, unix=sock, data=body, headers=[h])
+        t.ok(s == 400 and json.loads(b)["error"]["code"] == code,
+             "worker: %s with %s: 400 %s (%d %s)" % (h, sorted(body), code, s, b[:120]))
+    # A resume with no tokens (the run failed before its first): the same
+    # run from the start, its id kept, the role not sent again.
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    s, h, b = curl("http://localhost/v1/chat/completions", unix=sock, data=body,
+                   headers=["x-infergate-resume: chatcmpl-kept 123 9", "x-infergate-replay: 1"])
+    evs = []
+    for e in b.decode().split("\n\n"):
+        if "data: {" in e:
+            evs.append(json.loads(e[e.index("data: {") + 6:]))
+    usage = [e["usage"] for e in evs if e.get("usage")]
+    t.ok(s == 200 and h.get("x-infergate-replay") == "chatcmpl-kept 123 9" and evs and
+         all(e["id"] == "chatcmpl-kept" and e["created"] == 123 for e in evs) and
+         not any("role" in e["choices"][0]["delta"] for e in evs if e.get("choices")) and usage and
+         b.count(b": ig ") == usage[0]["completion_tokens"],
+         "worker: a resume with no tokens keeps the run's id and created, no role again, each token tagged "
+         "(%d %s)" % (s, h.get("x-infergate-replay")))
+
     # Replay off: the stream ends with the error event, as before.
     write_cfg(False)
     n_reload = open(log_path).read().count("reload")
