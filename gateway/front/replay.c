@@ -141,9 +141,10 @@ static int rbuf_add(gw_front_req *p, const uint8_t *data, size_t len)
 }
 
 /* Whole events of b[0..len) go to the client, tag lines read and left
- * out; *used: the bytes of whole events. 1 for an error event from the
- * upstream (not written: the caller replays instead), else 0 or the
- * write's error. */
+ * out (a run that can be resumed: p->replay_run; a forwarded request's
+ * tags pass on through relay.c's hold instead); *used: the bytes of whole
+ * events. 1 for an error event from the upstream (not written: the caller
+ * replays instead), else 0 or the write's error. */
 static int pass_events(gw_front_req *p, const uint8_t *b, size_t len, size_t *used)
 {
     size_t from = 0, at = 0; /* from: what is not written yet; at: the event being read */
@@ -161,14 +162,11 @@ static int pass_events(gw_front_req *p, const uint8_t *b, size_t len, size_t *us
             int rc = note_tag(p, b + at, (size_t)(nl - (b + at)));
             if (rc)
                 return rc;
-            if (!p->replay_pass) {
-                if (at > from && (rc = gw_http_write(p->stream, b + from, at - from)))
-                    return rc;
-                /* a tag alone (a token whose text is held back) is an event of its own */
-                from = (size_t)(nl - b) + 1 == end - 1 ? end : (size_t)(nl - b) + 1;
-            }
-        } else if (!p->replay_pass && p->replay_run[0] && !p->replay_end && end - at > 14 &&
-                   !memcmp(b + at, "data: {\"error\"", 14)) {
+            if (at > from && (rc = gw_http_write(p->stream, b + from, at - from)))
+                return rc;
+            /* a tag alone (a token whose text is held back) is an event of its own */
+            from = (size_t)(nl - b) + 1 == end - 1 ? end : (size_t)(nl - b) + 1;
+        } else if (!p->replay_end && end - at > 14 && !memcmp(b + at, "data: {\"error\"", 14)) {
             /* the worker (or a peer region) failed in-band: replayed, not passed on */
             if (at > from) {
                 int rc = gw_http_write(p->stream, b + from, at - from);
@@ -237,7 +235,7 @@ bool gw_front_replay(gw_front_req *p)
 {
     if (!p->replay_asked || !p->stream)
         return false;
-    const char *why = !p->replay_run[0] ? (p->replay_off[0] ? p->replay_off : "no run said")
+    const char *why = !p->replay_run[0] ? (p->replay_off[0] ? p->replay_off : "the upstream said no run (x-infergate-replay)")
                       : p->replay_end   ? "the answer had ended"
                       : p->replays >= p->g->cfg->routing.replay_max ? "routing.replay_max reached"
                                                                     : build_resume(p);

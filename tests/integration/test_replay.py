@@ -6,7 +6,6 @@ the text equals an unbroken run's. The gateway's tags (": ig TOKEN") never
 reach the client. A non-streamed answer whose worker dies is sent again
 whole. A client may not send the internal headers. routing.replay: false
 (reloaded) ends such a stream with the error event, as before."""
-import http.client
 import json
 import os
 import re
@@ -15,7 +14,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import INFERGATE, Checks, curl, free_port, gen_model, spawn, sse_events, tmpdir, wait_until
+from harness import (INFERGATE, Checks, curl, free_port, gen_model, spawn, sse_events, stream_post, tmpdir,
+                     wait_until)
 
 t = Checks()
 d = tmpdir()
@@ -57,22 +57,11 @@ def worker_pid(i):
 
 def stream(path, body, kill_after=None):
     """Streams body; with kill_after, SIGKILLs the serving worker once that
-    many data events have come. Returns (status, headers, raw body)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    c.request("POST", path, json.dumps(body), {"content-type": "application/json"})
-    r = c.getresponse()
-    raw, n = b"", 0
-    while True:
-        line = r.readline()
-        if not line:
-            break
-        raw += line
-        if line.startswith(b"data: "):
-            n += 1
-            if kill_after is not None and n == kill_after:
-                os.kill(worker_pid(int(r.getheader("x-infergate-worker"))), signal.SIGKILL)
-    c.close()
-    return r.status, {k.lower(): v for k, v in r.getheaders()}, raw
+    many data events have come."""
+    def kill(n, r):
+        if n == kill_after:
+            os.kill(worker_pid(int(r.getheader("x-infergate-worker"))), signal.SIGKILL)
+    return stream_post(port, path, body, on_event=kill)
 
 
 def text_of(events, chat):
