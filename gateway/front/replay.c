@@ -82,7 +82,8 @@ void gw_front_replay_response(gw_front_req *p, const gw_http_header *hs, size_t 
             continue;
         if (p->replay_pass)
             out[(*k)++] = hs[i];
-        else if (p->replay_asked && strncmp(hs[i].value, "off", 3) && strlen(hs[i].value) < sizeof(p->replay_run))
+        else if (p->replay_asked && strncmp(hs[i].value, "off", 3) &&
+                 strlen(hs[i].value) < sizeof(p->replay_run))
             snprintf(p->replay_run, sizeof(p->replay_run), "%s", hs[i].value);
         else if (p->replay_asked)
             snprintf(p->replay_off, sizeof(p->replay_off), "%s", hs[i].value);
@@ -235,10 +236,15 @@ bool gw_front_replay(gw_front_req *p)
 {
     if (!p->replay_asked || !p->stream)
         return false;
-    const char *why = !p->replay_run[0] ? (p->replay_off[0] ? p->replay_off : "the upstream said no run (x-infergate-replay)")
-                      : p->replay_end   ? "the answer had ended"
-                      : p->replays >= p->g->cfg->routing.replay_max ? "routing.replay_max reached"
-                                                                    : build_resume(p);
+    const char *why = NULL;
+    if (!p->replay_run[0])
+        why = p->replay_off[0] ? p->replay_off : "the upstream said no run (x-infergate-replay)";
+    else if (p->replay_end)
+        why = "the answer had ended";
+    else if (p->replays >= p->g->cfg->routing.replay_max)
+        why = "routing.replay_max reached";
+    else
+        why = build_resume(p);
     if (!why) {
         p->replays++;
         p->resuming = true;
@@ -249,15 +255,16 @@ bool gw_front_replay(gw_front_req *p)
         char from[ROUTE_NAME_MAX + 16], to[ROUTE_NAME_MAX + 16];
         target_said(p, from, sizeof(from));
         if (gw_front_retry(p, false)) { /* the region was told it failed */
-            fprintf(stderr, "infergate: event=replay request=%s from=\"%s\" to=\"%s\" tokens=%d\n", p->id, from,
-                    target_said(p, to, sizeof(to)), p->n_rtoks);
+            fprintf(stderr, "infergate: event=replay request=%s from=\"%s\" to=\"%s\" tokens=%d\n", p->id,
+                    from, target_said(p, to, sizeof(to)), p->n_rtoks);
             gw_metrics_add(p->g->metrics, "infergate_replays_total", "outcome=\"resumed\"", 1);
             return true;
         }
         p->resuming = false;
         why = "no retry left (routing.retry_budget) or no other candidate";
     }
-    fprintf(stderr, "infergate: event=replay_refused request=%s tokens=%d why=\"%s\"\n", p->id, p->n_rtoks, why);
+    fprintf(stderr, "infergate: event=replay_refused request=%s tokens=%d why=\"%s\"\n", p->id, p->n_rtoks,
+            why);
     gw_metrics_add(p->g->metrics, "infergate_replays_total", "outcome=\"refused\"", 1);
     return false;
 }
