@@ -134,6 +134,7 @@ typedef struct route_region {
     /* RTT from here, from HTTP/2 PINGs (local region: 0). */
     double rtt_ewma_ms, rtt_p95_ms;
     bool rtt_known;
+    int64_t answered_ms; /* its last PING answered (gw_mono_ms); 0: never (route_table_set_answered) */
     /* Outlier ejection: consecutive failures eject for a back-off that
      * doubles each time; after it one probe request decides. */
     int consecutive_failures;
@@ -193,10 +194,28 @@ bool route_region_is(const route_region *r, uint64_t id);
 int route_table_prune(route_table *t, int64_t forget_ms, int64_t now_ms);
 /* Unknown names and values that are negative or not finite are ignored. */
 void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, double p95_ms);
+/* When the region last answered a PING of ours (gw_mono_ms): this
+ * gateway's own sight of it, whatever the store says. While the store is
+ * away, a peer that has ever answered is a candidate exactly while it
+ * answered within stale_after_ms, however old its record. With the store
+ * up, its record's age rules, but a peer that answers stays a candidate
+ * with its last record until a full read of the store shows that record
+ * is no longer refreshed: one begun after it went stale and at least the
+ * recovery grace after the store came back (a frozen store ages every
+ * record, and is found out only when a command times out). Unknown names,
+ * the local region and older times are ignored. */
+void route_table_set_answered(route_table *t, const char *name, int64_t answered_ms);
+/* Whether r is a candidate as far as news goes (what route_decide uses):
+ * see route_table_set_answered and route_table_set_shared_ok. */
+bool route_region_current(const route_table *t, const route_region *r, int64_t now_ms);
+/* A candidate by its PINGs: its record is stale by its age
+ * (route_region_fresh false), yet it answers and is current. */
+bool route_region_held_by_ping(const route_table *t, const route_region *r, int64_t now_ms);
 /* Whether the shared store (Redis) is reachable and read in full (default
  * true); now_ms is when that changed. While it is not, records age with no
  * news either way: those fresh when the store went away still show as
- * stale (route_region_fresh) but stay candidates, and failures (ejection)
+ * stale (route_region_fresh) but stay candidates (a peer that answers our
+ * PINGs: while it answers, route_table_set_answered), and failures (ejection)
  * keep dead regions out; those already stale then stay out, so a region
  * gone for days does not come back with every Redis restart. Where full
  * reads still come (the subscription or our writes down), news is as of

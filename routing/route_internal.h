@@ -39,6 +39,7 @@ struct route_table {
     int64_t shared_lost_ms; /* when it went away: records stale then stay out */
     int64_t read_ms;        /* the last full read's start: what it read was news as of then */
     int64_t recovery_grace_ms; /* route_table_set_recovery_grace */
+    int64_t back_ms;           /* when the shared store last came back (or first read in full) */
     uint64_t last_id;          /* the last route_region.id given */
     uint64_t rng;              /* route_decide's spreading (splitmix64) */
 };
@@ -102,11 +103,36 @@ static inline int64_t route__news_ms(const route_table *t)
     return t->read_ms > t->shared_lost_ms ? t->read_ms : t->shared_lost_ms;
 }
 
-/* A candidate as far as news goes: fresh now, or, while the shared store
- * is away, fresh when the last news came. */
+/* Whether r answered one of our PINGs within stale_after_ms. */
+static inline bool route__answers(const route_table *t, const route_region *r, int64_t now_ms)
+{
+    return !r->local && r->answered_ms > 0 && t->o.stale_after_ms > 0 &&
+           now_ms - r->answered_ms <= t->o.stale_after_ms;
+}
+
+/* Whether the store has shown that r's record is no longer refreshed: a
+ * full read began after the record went stale, and at least the recovery
+ * grace after the store came back (each peer reconnects on its own
+ * back-off before its next write). */
+static inline bool route__shown_stale(const route_table *t, const route_region *r)
+{
+    return t->read_ms > r->seen_ms + t->o.stale_after_ms && t->read_ms >= t->back_ms + t->recovery_grace_ms;
+}
+
+/* A candidate as far as news goes. While the store is away, a peer we
+ * PING is judged by its answers alone; one we have never heard answer, by
+ * its record's age when the last news came. With the store up, by the
+ * record's age, but a peer that answers our PINGs stays until the store
+ * has shown its record is no longer refreshed: a frozen store is found
+ * out only when a command times out, and meanwhile every record aged and
+ * healthy peers were dropped for the store's silence. */
 static inline bool route__current(const route_table *t, const route_region *r, int64_t now_ms)
 {
-    return route__fresh(t, r, t->shared_ok ? now_ms : route__news_ms(t));
+    if (!t->shared_ok && r->answered_ms > 0 && !r->local)
+        return route__answers(t, r, now_ms);
+    if (route__fresh(t, r, t->shared_ok ? now_ms : route__news_ms(t)))
+        return true;
+    return route__answers(t, r, now_ms) && !route__shown_stale(t, r);
 }
 
 #endif

@@ -61,6 +61,20 @@ double route_price(const route_region *r, const route_query *q)
            (q->output_tokens > 0 ? q->output_tokens : 0) * r->rec.price_out;
 }
 
+/* q's price cap against r: the request's price per million of its tokens,
+ * prompt and output weighted as route_price weighs them (price_out alone
+ * for a query that gives neither). Compared multiplied out, with a hair of
+ * slack, so that a cap equal to both prices passes whatever the rounding. */
+static bool under_cap(const route_region *r, const route_query *q)
+{
+    if (!(q->max_price > 0))
+        return true;
+    double in = q->prompt_tokens > 0 ? q->prompt_tokens : 0, out = q->output_tokens > 0 ? q->output_tokens : 0;
+    if (in + out == 0)
+        return r->rec.price_out <= q->max_price;
+    return in * r->rec.price_in + out * r->rec.price_out <= q->max_price * (in + out) * (1 + 1e-12);
+}
+
 void route_table_seed(route_table *t, uint64_t seed)
 {
     t->rng = seed;
@@ -123,7 +137,7 @@ bool route_region_allows(const route_region *r, const route_query *q)
     for (int j = 0; j < q->n_need_tags; j++)
         if (!has_tag(s, q->need_tags[j], route__hash(q->need_tags[j])))
             return false;
-    return !(q->max_price > 0 && r->rec.price_out > q->max_price);
+    return under_cap(r, q);
 }
 
 typedef struct rank {
@@ -304,7 +318,7 @@ int route_decide(route_table *t, const route_query *q, route_decision *d)
             d->out_residency++;
             continue;
         }
-        if (q->max_price > 0 && r->rec.price_out > q->max_price) {
+        if (!under_cap(r, q)) {
             d->out_price++;
             continue;
         }

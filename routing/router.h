@@ -4,7 +4,11 @@
  * region whose ejection has run out is tried as a probe); residency allowed
  * (every tag the request needs — the tenant's residency narrowed by the
  * x-infergate-residency header — must be on the region); price at or below
- * the cap (x-infergate-max-price, per million output tokens).
+ * the cap (x-infergate-max-price, the tenant's max_price): the request's
+ * price per million of its tokens, (prompt tokens x price_in + expected
+ * output tokens x price_out) / (prompt + output tokens), at most max_price;
+ * a query that gives neither compares price_out (the cap's old meaning,
+ * which this equals for a region whose two prices are the same).
  * Order: policy "latency" (default): expected latency = RTT from here +
  * the region's queueing estimate, ties to the cheaper; policy "cost":
  * cheapest region whose expected latency is within the SLO, then the rest
@@ -70,7 +74,7 @@ typedef struct route_query {
     const char *model;
     const char *const *need_tags; /* residency: all required */
     int n_need_tags;
-    double max_price; /* <= 0: no cap */
+    double max_price; /* per million of the request's tokens, as above; <= 0: no cap */
     route_policy policy;
     double slo_ms; /* cost policy: latency bound */
     int64_t now_ms; /* gw_mono_ms() */
@@ -122,7 +126,7 @@ void route_models(const route_table *t, const char *const *need_tags, int n_need
 
 /* Whether r passes q's filters on what its record says: serves q->model
  * (a peer with a ready worker, where its model_load says), has every tag q needs,
- * price_out within q->max_price. For a failover to
+ * its price for q within q->max_price (as route_decide). For a failover to
  * a later candidate of an earlier decision: the record may have been
  * replaced since (route_table_upsert). */
 bool route_region_allows(const route_region *r, const route_query *q);

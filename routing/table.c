@@ -190,6 +190,13 @@ void route_table_set_rtt(route_table *t, const char *name, double ewma_ms, doubl
     r->rtt_known = true;
 }
 
+void route_table_set_answered(route_table *t, const char *name, int64_t answered_ms)
+{
+    route_region *r = route_table_find(t, name);
+    if (r && !r->local && answered_ms > r->answered_ms)
+        r->answered_ms = answered_ms;
+}
+
 void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms)
 {
     if (t->shared_ok && !ok)
@@ -213,6 +220,8 @@ void route_table_set_shared_ok(route_table *t, bool ok, int64_t now_ms)
             }
         }
     }
+    if (!t->shared_ok && ok)
+        t->back_ms = now_ms;
     t->shared_ok = ok;
 }
 
@@ -237,6 +246,16 @@ bool route_table_shared_ok(const route_table *t)
 bool route_region_fresh(const route_table *t, const route_region *r, int64_t now_ms)
 {
     return route__fresh(t, r, now_ms);
+}
+
+bool route_region_current(const route_table *t, const route_region *r, int64_t now_ms)
+{
+    return route__current(t, r, now_ms);
+}
+
+bool route_region_held_by_ping(const route_table *t, const route_region *r, int64_t now_ms)
+{
+    return !route__fresh(t, r, now_ms) && route__answers(t, r, now_ms) && route__current(t, r, now_ms);
 }
 
 bool route_region_ejected(const route_region *r, int64_t now_ms)

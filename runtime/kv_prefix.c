@@ -222,6 +222,25 @@ int rt_seq_reuse_prefix(rt_seq *s, const int32_t *tokens, int n)
     return s->len;
 }
 
+int rt_kv_prefix_peek(const rt_kv *kv, const int32_t *tokens, int n)
+{
+    const rt_kv_prefix *p = kv->prefix;
+    if (!p)
+        return 0;
+    const int bt = kv->block_tokens;
+    int parent = -1, taken = 0;
+    uint32_t parent_gen = 0;
+    while ((taken + 1) * bt <= n) {
+        const int i = find(kv, parent, parent_gen, tokens + (size_t)taken * bt);
+        if (i < 0)
+            break;
+        parent = i;
+        parent_gen = p->m[i].gen;
+        taken++;
+    }
+    return taken * bt;
+}
+
 void rt_seq_cache_blocks(rt_seq *s, const int32_t *tokens)
 {
     rt_kv *kv = s->kv;

@@ -171,6 +171,10 @@ int rt_kv_blocks_evictable(const rt_kv *kv);
  * positions taken (the sequence's length now; 0 with the cache off). A
  * caller that needs logits computes at least the last token: n < prompt. */
 int rt_seq_reuse_prefix(rt_seq *s, const int32_t *tokens, int n);
+/* The positions rt_seq_reuse_prefix would take now for tokens[0, n) on a
+ * sequence of unbounded capacity, taking nothing (estimates of a queue's
+ * work); 0 with the cache off. */
+int rt_kv_prefix_peek(const rt_kv *kv, const int32_t *tokens, int n);
 /* Puts the sequence's full blocks not yet cached into the cache, after a
  * forward pass: tokens holds its first rt_seq_len tokens. */
 void rt_seq_cache_blocks(rt_seq *s, const int32_t *tokens);

@@ -114,7 +114,7 @@ struct rt_sched {
     double fit_t0;   /* when the step being timed began; 0: none */
     int fit_tokens;  /* its tokens */
     double est_t;           /* when it was last computed */
-    double prompt_ewma;     /* prompt tokens of the requests admitted lately */
+    double prompt_ewma;     /* prompt tokens the requests admitted lately computed (not the prefix cache's) */
     double gen_frac;        /* of max_new, what finished requests generated (stop before length) */
     rt_est_seq *est_run, *est_q;
     int est_q_cap;
@@ -664,9 +664,13 @@ static void admit(rt_sched *s)
         r->waited_s += now - r->t_queued;
         reuse_prefix(s, r);
         r->t_admit = gw_mono_s();
-        if (r->n_gen == 0) /* not a recompute */
-            s->prompt_ewma = s->prompt_ewma > 0 ? s->prompt_ewma + EWMA_ALPHA * (r->n_prompt - s->prompt_ewma)
-                                                : r->n_prompt;
+        /* Not a recompute. What the prompt had to compute, past what the
+         * prefix cache gave: the estimate's new request prefills that much
+         * (its whole prompt counted the cached part as work too). */
+        if (r->n_gen == 0) {
+            const double work = r->n_tokens - r->n_done;
+            s->prompt_ewma = s->prompt_ewma > 0 ? s->prompt_ewma + EWMA_ALPHA * (work - s->prompt_ewma) : work;
+        }
         s->running[s->n_running++] = r;
         admitted[r->prio]++;
         promised += blocks;
@@ -993,7 +997,11 @@ static rt_est_seq est_seq_of(const rt_sched *s, const sreq *r)
     int left = expected_gen(s, r) - r->n_gen; /* >= 1 */
     if (decoding(r))
         return (rt_est_seq){0, left};
-    return (rt_est_seq){r->n_tokens - r->n_done, left - 1}; /* the prompt's end gives one */
+    /* One not yet admitted will take what the prefix cache holds of its
+     * prompt (reuse_prefix): counted whole, a queue of requests resending
+     * one conversation read as that much prefill. */
+    int done = r->seq ? r->n_done : rt_kv_prefix_peek(s->kv, r->tokens, r->n_tokens - 1);
+    return (rt_est_seq){r->n_tokens - done, left - 1}; /* the prompt's end gives one */
 }
 
 /* Room in est_q for n entries (the queue may outgrow max_queue by what is

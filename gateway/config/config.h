@@ -35,8 +35,10 @@
  *       residency: [eu]         # region tags every request needs (none: any region)
  *       policy: latency         # latency | cost; default: routing.policy
  *       slo_ms: 200             # cost policy bound; default: routing.slo_ms
- *       max_price: 2.5          # per million output tokens; default: no cap
+ *       max_price: 2.5          # per million tokens, both prices (routing/router.h); default: no cap
  *       priority: interactive   # interactive: x-infergate-priority decides; batch: every request is batch
+ *       budget: {daily: 5, monthly: 100}  # spend per UTC day / month in the prices' currency (either
+ *                               # may be left out); at it: 429 insufficient_quota (front/spend.h)
  *   limits:
  *     max_body_bytes: 1048576
  *     max_header_bytes: 65536
@@ -145,8 +147,9 @@ typedef struct gw_tenant_cfg {
     int n_residency;
     gw_route_policy policy; /* DEFAULT: routing.policy */
     double slo_ms;          /* 0: routing.slo_ms */
-    double max_price;       /* per million output tokens; 0: no cap */
+    double max_price;       /* per million of a request's tokens (routing/router.h); 0: no cap */
     bool batch_only;        /* priority: batch, whatever the request asks */
+    double budget_daily, budget_monthly; /* spend per UTC day / month; 0: none */
 } gw_tenant_cfg;
 
 typedef struct gw_limits_cfg {

@@ -52,7 +52,7 @@ const char *gw_regions_target(const gw_serve *g, const route_region *r, char *bu
     return buf;
 }
 
-#define BIAS_ALPHA 0.1
+#define BIAS_SAMPLES (sizeof(((gw_serve *)0)->est_err_ms) / sizeof(double))
 
 static double with_bias(double est_ms, double bias_ms)
 {
@@ -61,11 +61,26 @@ static double with_bias(double est_ms, double bias_ms)
     return fmin(fmax(est_ms + bias_ms, est_ms / 2), ROUTE_MAX_MS);
 }
 
+static int cmp_ms(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of the last BIAS_SAMPLES errors, not their EWMA: on a loaded
+ * host one request's TTFT scatters several times over, and a few slow
+ * first requests (a cold start) held an EWMA's bias tens of ms off for
+ * dozens of requests after. */
 void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms)
 {
     if (!(est_ms > 0 && measured_ms >= 0 && measured_ms < ROUTE_MAX_MS))
         return;
-    g->est_bias_ms += BIAS_ALPHA * (measured_ms - est_ms - g->est_bias_ms);
+    g->est_err_ms[g->est_err_n++ % BIAS_SAMPLES] = measured_ms - est_ms;
+    size_t n = g->est_err_n < BIAS_SAMPLES ? g->est_err_n : BIAS_SAMPLES;
+    double s[BIAS_SAMPLES];
+    memcpy(s, g->est_err_ms, n * sizeof(s[0]));
+    qsort(s, n, sizeof(s[0]), cmp_ms);
+    g->est_bias_ms = n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
 /* This region's record: the configured identity plus the workers' load. */
@@ -184,6 +199,17 @@ static void on_workers_changed(void *ud)
     publish_local(ud, gw_mono_ms());
 }
 
+/* A worker's stats were read: its queue estimate goes into our own record
+ * now, for routing here (the table) and for the next heartbeat's write
+ * (route_sync_set_local writes at once only when the record's identity or
+ * health changed). Refreshed only at the heartbeat, the local figure was
+ * up to a stats interval plus a heartbeat old, and a queue that came and
+ * went in between was never seen. */
+static void on_worker_stats(void *ud)
+{
+    publish_local(ud, gw_mono_ms());
+}
+
 /* The fleet keys of the config's redis section (checked by the loader). */
 static void fleet_keys(const gw_config *c, route_auth_keys *k)
 {
@@ -216,7 +242,7 @@ static void say_refused_records(gw_serve *g)
     g->auth_refused_said = n;
 }
 
-/* The peers' RTTs, from their connections' PINGs, into the table. */
+/* The peers' RTTs and last PING answers, from their connections, into the table. */
 static void read_rtts(gw_serve *g)
 {
     for (int i = 0; i < route_table_count(g->table); i++) {
@@ -226,6 +252,8 @@ static void read_rtts(gw_serve *g)
         double ewma_us, p95_us;
         if (*target && gw_upstream_rtt(g->pool, target, &ewma_us, &p95_us) == 0)
             route_table_set_rtt(g->table, r->rec.name, ewma_us / 1000.0, p95_us / 1000.0);
+        if (*target) /* its own sign of life, for when Redis says nothing */
+            route_table_set_answered(g->table, r->rec.name, gw_upstream_ping_answered_ms(g->pool, target));
     }
 }
 
@@ -326,6 +354,7 @@ int gw_regions_start(gw_serve *g, char *err, size_t err_len)
         return -ENOMEM;
     }
     gw_supervisor_on_ready_change(g->sup, on_workers_changed, g);
+    gw_supervisor_on_stats(g->sup, on_worker_stats, g);
     on_heartbeat(-1, 0, g);
     fprintf(stderr, "infergate: region %s (%s), policy %s, %s\n", c->region.name,
             c->region.endpoint ? c->region.endpoint : "no endpoint for peers",
@@ -342,8 +371,10 @@ void gw_regions_publish(gw_serve *g)
 
 void gw_regions_stop(gw_serve *g)
 {
-    if (g->table)
+    if (g->table) {
         gw_supervisor_on_ready_change(g->sup, NULL, NULL);
+        gw_supervisor_on_stats(g->sup, NULL, NULL);
+    }
     if (g->heartbeat)
         event_free(g->heartbeat);
     g->heartbeat = NULL;
@@ -395,6 +426,8 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         /* the region's own queue-based estimate (0: an older gateway's record) */
         json_object_set_new(o, "ttft_est_ms", json_real(r->rec.ttft_est_ms));
         json_object_set_new(o, "draining", json_boolean(r->rec.draining));
+        /* stale, yet a candidate: it answers our PINGs while Redis shows nothing newer */
+        json_object_set_new(o, "held_by_ping", json_boolean(route_region_held_by_ping(g->table, r, now)));
     } else {
         json_decref(load);
     }
@@ -460,6 +493,8 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
         route_region *r = route_table_at(g->table, i);
         bool stale = !route_region_fresh(g->table, r, now), ejected = route_region_ejected(r, now);
         const char *health = ejected ? "ejected" : stale ? "stale" : r->rec.healthy ? "healthy" : "unhealthy";
+        if (stale && !ejected && route_region_held_by_ping(g->table, r, now))
+            health = "stale, held by its PINGs";
         fprintf(f, "<tr%s><td>", r->local ? " class=local" : "");
         html(f, r->rec.name);
         fprintf(f, "%s</td><td class=%s>%s</td>", r->local ? " (here)" : "", !strcmp(health, "healthy") ? "ok" : "bad",

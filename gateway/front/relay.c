@@ -471,13 +471,16 @@ void gw_front_send_upstream(gw_front_req *p)
     } else {
         target = gw_supervisor_worker(g->sup, p->worker)->target;
     }
-    /* Sent to a worker with a free slot and nothing waiting: its TTFT is
-     * the worker's estimate plus what the estimate leaves out, which
-     * gw_regions_note_ttft learns. Not from a queue: an estimate too low
-     * under load, learnt as a bias, kept an idle region looking loaded
-     * to peers, whose requests (not streamed) never taught it otherwise. */
+    /* Sent to a worker idle as last seen: its TTFT is the worker's
+     * estimate plus what the estimate leaves out (hops, tokenizing,
+     * hand-offs), which gw_regions_note_ttft learns. Not from a queue: an
+     * estimate too low under load, learnt as a bias, kept an idle region
+     * looking loaded to peers. Nor beside a running request: its estimate
+     * is up to a stats interval old, and a stream that ended meanwhile
+     * (a client sending its next request as the last ends) taught a bias
+     * of minus the whole wait it had meant, which halved the busy estimate. */
     const gw_worker_info *wi = p->remote ? NULL : gw_supervisor_worker(g->sup, p->worker);
-    p->est_at_send = wi && wi->queued == 0 && wi->running < wi->max_seqs ? wi->est_ttft_ms : 0;
+    p->est_at_send = wi && wi->queued == 0 && wi->running == 0 ? wi->est_ttft_ms : 0;
     p->tries++;
     p->local_tries += !p->remote;
     p->t_sent = gw_mono_s();

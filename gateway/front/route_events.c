@@ -21,6 +21,7 @@ typedef struct seen_region {
     char name[ROUTE_NAME_MAX];
     const char *out; /* NULL: usable; else "stale", "ejected", "unhealthy" or "drained" */
     int ejections;
+    bool held; /* a candidate by its PINGs only (route_region_held_by_ping) */
     bool mark; /* still in the table at this poll */
 } seen_region;
 
@@ -61,7 +62,7 @@ static void count(gw_serve *g, const char *event)
  * unhealthy: a draining gateway says both. */
 static const char *out_reason(const route_table *t, const route_region *r, int64_t now)
 {
-    if (!r->local && !route_region_fresh(t, r, now))
+    if (!r->local && !route_region_current(t, r, now))
         return "stale";
     if (route_region_ejected(r, now))
         return "ejected";
@@ -92,6 +93,19 @@ static void region_changed(gw_serve *g, const route_region *r, seen_region *s, c
         count(g, "region_ejected");
     }
     s->ejections = r->ejections;
+    bool held = route_region_held_by_ping(g->table, r, now);
+    if (held != s->held) {
+        /* its record aged past stale while Redis said nothing newer, and it
+         * answers our PINGs: used with that record (or that ends) */
+        if (held)
+            fprintf(stderr, "infergate: event=region_held_by_ping region=%s age_ms=%lld redis=%s\n", r->rec.name,
+                    (long long)(now - r->seen_ms), route_table_shared_ok(g->table) ? "ok" : "away");
+        else
+            fprintf(stderr, "infergate: event=region_held_by_ping_end region=%s by=%s\n", r->rec.name,
+                    route_region_fresh(g->table, r, now) ? "record" : "stale");
+        count(g, held ? "region_held_by_ping" : "region_held_by_ping_end");
+        s->held = held;
+    }
     if (out == s->out || (out && s->out && !strcmp(out, s->out)))
         return;
     if (!out) {

@@ -3,9 +3,13 @@
  * infergate_route_events_total{event="NAME"}. The events:
  *   redis_lost (error), redis_regained (after_ms);
  *   region_joined, region_gone (left the table: silent too long);
- *   region_stale (age_ms), region_ejected (failures, ejections, for_ms),
+ *   region_stale (age_ms): out of the candidates for its record's age
+ *   (route_region_current), region_ejected (failures, ejections, for_ms),
  *   region_unhealthy, region_drained (its gateway drains),
  *   region_returned (was: stale|ejected|unhealthy|drained): usable again;
+ *   region_held_by_ping (age_ms, redis: ok|away): its record is stale
+ *   but it answers our PINGs and Redis has shown nothing newer, so it stays
+ *   a candidate; region_held_by_ping_end (by: record|stale);
  *   failover (from, to, why): a request moved on before its answer began;
  *   preferred (model, policy, tags, region, was): the region a policy
  *   ranks first for a kind of request changed.

@@ -41,9 +41,12 @@ typedef struct gw_serve {
     struct event *sigterm, *sigint, *sighup, *sigusr1, *drain_timer, *metrics_timer;
     route_table *table; /* NULL without a region section: local workers only */
     route_sync *sync;   /* NULL without Redis */
+    struct gw_spend *spend; /* spend and budgets (front/spend.h) */
     struct event *heartbeat, *rtt_timer;
     struct gw_route_events *events; /* with a table: routing events logged (route_events.h) */
-    double est_bias_ms; /* gw_regions_note_ttft: measured TTFT - the workers' estimate, smoothed */
+    double est_bias_ms; /* gw_regions_note_ttft: measured TTFT - the workers' estimate, as a median */
+    double est_err_ms[15]; /* its last samples (a ring; est_err_n of them so far): the bias is their median */
+    unsigned est_err_n;
     unsigned long long fd_limit; /* the open-file limit, raised at start (0: unknown) */
     double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1;
                           * starts at GW_RETRY_TOKENS_START where the budget is not 0 */
@@ -99,9 +102,10 @@ const char *gw_regions_target(const gw_serve *g, const route_region *r, char *bu
 void gw_regions_reload(gw_serve *g, const gw_config *c);
 char *gw_regions_json(gw_serve *g, size_t *len);
 /* A streamed request served here got its first token measured_ms after it
- * was sent to a worker with a free slot whose estimate then said est_ms:
- * what the estimate leaves out (the hops, tokenizing) is learnt and added
- * to the one this region publishes. */
+ * was sent to a worker idle as last seen whose estimate then said est_ms:
+ * what the estimate leaves out (the hops, tokenizing) is learnt (the
+ * median of the last 15 such errors) and added to the one this region
+ * publishes. */
 void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms);
 char *gw_regions_dashboard(gw_serve *g, size_t *len);
 

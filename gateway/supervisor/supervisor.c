@@ -68,12 +68,20 @@ struct gw_supervisor {
     struct event *sigchld, *tick;
     void (*on_ready_change)(void *ud);
     void *on_ready_ud;
+    void (*on_stats)(void *ud);
+    void *on_stats_ud;
 };
 
 void gw_supervisor_on_ready_change(gw_supervisor *s, void (*fn)(void *ud), void *ud)
 {
     s->on_ready_change = fn;
     s->on_ready_ud = ud;
+}
+
+void gw_supervisor_on_stats(gw_supervisor *s, void (*fn)(void *ud), void *ud)
+{
+    s->on_stats = fn;
+    s->on_stats_ud = ud;
 }
 
 static void set_ready(sworker *w, bool ready)
@@ -332,6 +340,8 @@ static void stats_done(sworker *w)
     w->asked_at = 0;
     w->picked = 0;
     set_ready(w, i->pid != 0); /* last: the record it may refresh reads the figures above */
+    if (w->sup->on_stats)
+        w->sup->on_stats(w->sup->on_stats_ud);
 }
 
 static void st_response(void *ud, int status, const gw_http_header *h, size_t n)

@@ -62,6 +62,10 @@ void gw_supervisor_free(gw_supervisor *s);
 /* fn(ud) is called on the loop each time a worker becomes ready or stops
  * being so (its first stats, its exit, its stats gone quiet). */
 void gw_supervisor_on_ready_change(gw_supervisor *s, void (*fn)(void *ud), void *ud);
+/* fn(ud) is called on the loop after each worker's stats are read (every
+ * stats interval, per worker), once its figures are updated: what routes
+ * by them reads them then, not up to a heartbeat later. */
+void gw_supervisor_on_stats(gw_supervisor *s, void (*fn)(void *ud), void *ud);
 
 int gw_supervisor_count(const gw_supervisor *s);
 const gw_worker_info *gw_supervisor_worker(const gw_supervisor *s, int i);

@@ -439,6 +439,7 @@ void up_target_rtt_sample(up_target *t, double us)
     else
         t->rtt_ewma_us += (us - t->rtt_ewma_us) / 8;
     t->rtt_us[t->rtt_pos] = us;
+    t->answered_ms = gw_mono_ms();
     t->rtt_pos = (t->rtt_pos + 1) % GW_UP_RTT_SAMPLES;
     if (t->n_rtt < GW_UP_RTT_SAMPLES)
         t->n_rtt++;
@@ -471,6 +472,12 @@ int gw_upstream_rtt(gw_upstream_pool *p, const char *target, double *ewma_us, do
     if (p95_us)
         *p95_us = s[k ? k - 1 : 0];
     return 0;
+}
+
+int64_t gw_upstream_ping_answered_ms(gw_upstream_pool *p, const char *target)
+{
+    up_target *t = target ? target_find(p, target) : NULL;
+    return t ? t->answered_ms : 0;
 }
 
 void gw_upstream_set_ping_interval(gw_upstream_pool *p, int ping_interval_ms)

@@ -109,6 +109,10 @@ void gw_upstream_cancel(gw_upstream_req *r);
  * and the 95th percentile of the last 64 samples, in microseconds.
  * -ENOENT when no sample yet. */
 int gw_upstream_rtt(gw_upstream_pool *p, const char *target, double *ewma_us, double *p95_us);
+/* When the target last answered one of those PINGs (gw_mono_ms); 0 when
+ * never, or the target is unknown. A peer's own sign of life, whatever
+ * the shared store says of it. */
+int64_t gw_upstream_ping_answered_ms(gw_upstream_pool *p, const char *target);
 void gw_upstream_set_ping_interval(gw_upstream_pool *p, int ping_interval_ms);
 /* Changes response_timeout_ms (0: none), for the requests in flight too. */
 void gw_upstream_set_response_timeout(gw_upstream_pool *p, int response_timeout_ms);

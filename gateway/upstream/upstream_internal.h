@@ -138,6 +138,7 @@ struct up_target {
     double rtt_ewma_us;
     double rtt_us[GW_UP_RTT_SAMPLES];
     unsigned n_rtt, rtt_pos;
+    int64_t answered_ms; /* gw_mono_ms of the last PING answered; 0: none yet */
 };
 
 struct gw_upstream_pool {

@@ -171,6 +171,18 @@ static void test_hit_partial_miss(void **state)
     b = rt_seq_new(kv, MAXT);
     assert_int_equal(rt_seq_reuse_prefix(b, t, 47), 32);
     rt_seq_free(b);
+    /* a peek (the scheduler's estimate of a waiting prompt) says what a
+     * reuse would take, and takes nothing */
+    int evictable = rt_kv_blocks_evictable(kv);
+    assert_int_equal(rt_kv_prefix_peek(kv, t, 59), 48);
+    int32_t w[64];
+    memcpy(w, t, sizeof(t));
+    w[20] = 5; /* the second block differs from every one cached */
+    assert_int_equal(rt_kv_prefix_peek(kv, w, 59), 16);
+    w[0] = 7;
+    assert_int_equal(rt_kv_prefix_peek(kv, w, 59), 0);
+    assert_int_equal(rt_kv_prefix_peek(kv, t, 47), 32);
+    assert_int_equal(rt_kv_blocks_evictable(kv), evictable);
     rt_kv_free(kv);
 }
 

@@ -589,6 +589,50 @@ static void test_filters(void **state)
     route_table_free(t);
 }
 
+/* The cap counts both prices as the cost policy does: the request's price
+ * per million of its tokens. A region at 0.01 in / 3.0 out is under a cap
+ * of 2 for a prompt-heavy request and over it for an output-heavy one; a
+ * region whose prices are equal passes a cap equal to them whatever the
+ * request (the old per-output-token cap's answer). */
+static void test_price_cap_both_prices(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16);
+    int64_t now = 10000;
+    route_record cheap_in = mk("cheap-in", "m", "eu", 3.0, 10), even = mk("even", "m", "eu", 1.0, 10);
+    route_record flat = mk("flat", "m", "eu", 0.1, 10);
+    cheap_in.price_in = 0.01;
+    even.price_in = 2.0;
+    flat.price_in = 0.1;
+    add(t, &cheap_in, 5, now);
+    add(t, &even, 5, now);
+    add(t, &flat, 5, now);
+    route_decision d;
+    route_query q = query("m", now);
+    q.max_price = 2.0;
+    q.prompt_tokens = 10000;
+    q.output_tokens = 100;
+    assert_int_equal(route_decide(t, &q, &d), 3);
+    assert_true(route_region_allows(route_table_find(t, "cheap-in"), &q));
+    q.prompt_tokens = 10;
+    q.output_tokens = 1000;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_int_equal(d.out_price, 1);
+    assert_false(route_region_allows(route_table_find(t, "cheap-in"), &q));
+    assert_true(route_region_allows(route_table_find(t, "even"), &q));
+    q.max_price = 0.1; /* flat's two prices: passes at any size */
+    for (int n = 1; n < 5000; n += 37) {
+        q.prompt_tokens = n;
+        q.output_tokens = 7 * n + 3;
+        assert_true(route_region_allows(route_table_find(t, "flat"), &q));
+    }
+    q.prompt_tokens = q.output_tokens = 0; /* no size: output price only */
+    q.max_price = 2.0;
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_false(route_region_allows(route_table_find(t, "cheap-in"), &q));
+    route_table_free(t);
+}
+
 /* ---- orders ---- */
 
 static void test_latency_order(void **state)
@@ -1099,6 +1143,82 @@ static void test_news_as_of_last_read(void **state)
     route_table_free(t);
 }
 
+/* Issue 34: a frozen store is found out only when a command times out,
+ * and meanwhile every record aged: a peer that answers our PINGs stays a
+ * candidate with its last record until a full read of the store shows the
+ * record is no longer refreshed (one begun after it went stale, and the
+ * recovery grace after the store came back); one that stops answering
+ * goes stale by its record's age. */
+static void test_held_by_ping(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16); /* stale after 3000 ms */
+    route_record a = mk("a", "m", "eu", 1, 10), b = mk("b", "m", "eu", 1, 10);
+    add(t, &a, 5, 10000);
+    add(t, &b, 5, 10000);
+    route_table_note_full_read(t, 10000);
+    route_table_set_answered(t, "a", 13800);
+    route_table_set_answered(t, "b", 10500);
+    route_table_set_answered(t, "a", 12000); /* older: ignored */
+    route_table_set_answered(t, "nobody", 13000);
+    /* frozen, not yet found out: a answers, b does not */
+    route_decision d;
+    route_query q = query("m", 14000);
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "a");
+    assert_false(route_region_fresh(t, route_table_find(t, "a"), 14000));
+    assert_true(route_region_current(t, route_table_find(t, "a"), 14000));
+    assert_true(route_region_held_by_ping(t, route_table_find(t, "a"), 14000));
+    assert_false(route_region_current(t, route_table_find(t, "b"), 14000));
+    /* found out; a goes on answering, then stops; c, read just before the
+     * loss, stops answering at once: its record fresh at the loss no
+     * longer keeps it */
+    route_record c = mk("c", "m", "eu", 1, 10);
+    add(t, &c, 5, 14500);
+    route_table_set_answered(t, "c", 14600);
+    route_table_set_recovery_grace(t, 2000);
+    route_table_set_shared_ok(t, false, 15000);
+    assert_true(route_region_current(t, route_table_find(t, "c"), 17600));
+    assert_false(route_region_current(t, route_table_find(t, "c"), 17601));
+    route_table_set_answered(t, "a", 18000);
+    q.now_ms = 20000;
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_false(route_region_current(t, route_table_find(t, "a"), 21001));
+    /* back at 22000 (a answering again): a full read within the grace
+     * does not yet count against it; one after it does */
+    route_table_set_answered(t, "a", 22000);
+    route_table_note_full_read(t, 22000);
+    route_table_set_shared_ok(t, true, 22000);
+    route_table_set_answered(t, "a", 23500);
+    route_table_note_full_read(t, 23000);
+    assert_true(route_region_held_by_ping(t, route_table_find(t, "a"), 23600));
+    route_table_note_full_read(t, 24000);
+    assert_false(route_region_current(t, route_table_find(t, "a"), 24000));
+    /* its record read anew: fresh again, by the record */
+    a.updated_ms++;
+    assert_int_equal(route_table_upsert(t, &a, false, 24100), 0);
+    assert_true(route_region_fresh(t, route_table_find(t, "a"), 24100));
+    assert_false(route_region_held_by_ping(t, route_table_find(t, "a"), 24100));
+    route_table_free(t);
+}
+
+/* With the store answering, records rule: a peer that answers PINGs but
+ * whose record full reads no longer refresh goes stale once a read begun
+ * after its record went stale has completed. */
+static void test_ping_yields_to_reads(void **state)
+{
+    (void)state;
+    route_table *t = route_table_new(&opts, 16); /* stale after 3000 ms */
+    route_record a = mk("a", "m", "eu", 1, 10);
+    add(t, &a, 5, 10000);
+    route_table_set_answered(t, "a", 13900);
+    route_table_note_full_read(t, 12500);
+    assert_true(route_region_current(t, route_table_find(t, "a"), 14000));
+    route_table_note_full_read(t, 13500);
+    assert_false(route_region_current(t, route_table_find(t, "a"), 14000));
+    route_table_free(t);
+}
+
 /* Peers reached over mutual TLS: a peer's record naming another kind of
  * endpoint never enters the table (nor would its requests go in clear to
  * a peer never verified). No endpoint at all is no dial either, and fine. */
@@ -1413,6 +1533,9 @@ int main(void)
         cmocka_unit_test(test_recovery_grace),
         cmocka_unit_test(test_recovery_grace_once),
         cmocka_unit_test(test_news_as_of_last_read),
+        cmocka_unit_test(test_held_by_ping),
+        cmocka_unit_test(test_price_cap_both_prices),
+        cmocka_unit_test(test_ping_yields_to_reads),
         cmocka_unit_test(test_tls_only),
         cmocka_unit_test(test_many),
     };
