@@ -157,6 +157,23 @@ void rt_sampler_accept(rt_sampler *s, int32_t tok)
         s->count[tok]++;
 }
 
+/* Whether a pick draws from the generator: the greedy cases of
+ * rt_sampler_sample do not. */
+static bool draws(const rt_sampler_params *p)
+{
+    const float inv_t = 1.0f / p->temperature;
+    return !(p->temperature == 0.0f || p->top_k == 1 || p->top_p <= 0.0f || !isfinite(inv_t));
+}
+
+void rt_sampler_resume(rt_sampler *s, const int32_t *toks, int n)
+{
+    for (int i = 0; i < n; i++) {
+        rt_sampler_accept(s, toks[i]);
+        if (draws(&s->p))
+            (void)rng_next(s->rng);
+    }
+}
+
 /* Total order: higher value first, then lower id. Without branches: in a
  * partition the order of probabilities is a coin toss per token, and a
  * mispredicted branch per token cost more than the rest of the loop. */
@@ -475,7 +492,7 @@ int32_t rt_sampler_sample(rt_sampler *s, float *logits)
         }
     /* a temperature too small to divide by is the greedy limit */
     const float inv_t = 1.0f / p->temperature;
-    if (p->temperature == 0.0f || p->top_k == 1 || p->top_p <= 0.0f || !isfinite(inv_t))
+    if (!draws(p))
         return argmax(logits, n);
 
     /* logits is ours to change: it holds the probabilities as they are

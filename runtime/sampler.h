@@ -45,6 +45,11 @@ void rt_sampler_free(rt_sampler *s);
 int32_t rt_sampler_sample(rt_sampler *s, float *logits);
 /* Records a generated token (for the penalties). */
 void rt_sampler_accept(rt_sampler *s, int32_t tok);
+/* Puts a fresh sampler where one that had generated toks[0..n) would be:
+ * the penalties' counts, and the generator past the n draws it made (one
+ * per token, none when greedy). A request resumed on another worker (the
+ * gateway's token replay) so draws what an unbroken run would have. */
+void rt_sampler_resume(rt_sampler *s, const int32_t *toks, int n);
 
 /* Log-probabilities of one step under the model's own distribution: the
  * raw logits, before bias, penalties and temperature (as vLLM reports

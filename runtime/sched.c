@@ -217,6 +217,26 @@ static int blocks_for(const rt_sched *s, int n_tokens)
 
 /* ---- submission (any thread) ---- */
 
+/* A resumed request's tokens, as if generated here (a recompute after a
+ * preemption, which admission makes of it): their text goes through the
+ * stop strings, and what those let out is dropped, the client having had
+ * it; a tail they hold back is held as an unbroken run held it. The
+ * sampler is brought to the same point at admission (new_sampler). */
+static int resume_text(const rt_sched *s, sreq *q, const int32_t *toks, int n)
+{
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        const char *piece = rt_tokenizer_piece(s->tok, toks[i], &len);
+        if (piece && len > 0 && rt_stop_feed(q->stop, piece, len))
+            /* a stop string in text already sent: that stream had ended */
+            return rt_stop_error(q->stop) ? -ENOMEM : -EINVAL;
+        (void)rt_stop_take(q->stop, false, &len);
+        q->tokens[q->n_tokens++] = toks[i];
+    }
+    q->n_gen = n;
+    return 0;
+}
+
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
 {
     if (r->n_prompt <= 0 || r->n_stops < 0 || r->n_stops > MAX_STOPS || !r->cb)
@@ -244,8 +264,12 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
         max_new = (int)(pool_tokens - r->n_prompt);
     }
 
-    if (!rt_sampler_params_ok(&r->sampling, s->n_vocab))
+    if (!rt_sampler_params_ok(&r->sampling, s->n_vocab) || r->n_resume < 0 || r->n_resume >= max_new ||
+        (r->n_resume && r->grammar))
         return -EINVAL;
+    for (int i = 0; i < r->n_resume; i++)
+        if (r->resume[i] < 0 || r->resume[i] >= s->n_vocab)
+            return -EINVAL;
     sreq *q = calloc(1, sizeof(*q));
     if (!q)
         return -ENOMEM;
@@ -262,6 +286,11 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     }
     memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
     q->n_tokens = q->n_prompt = r->n_prompt;
+    int rrc = r->n_resume ? resume_text(s, q, r->resume, r->n_resume) : 0;
+    if (rrc) {
+        sreq_free(q);
+        return rrc;
+    }
     q->max_new = max_new;
     q->ignore_eos = r->ignore_eos;
     q->prio = r->priority == RT_PRIO_BATCH ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE;
@@ -589,6 +618,16 @@ static size_t mask_bytes(const rt_sched *s)
     return ((size_t)n + 31) / 32 * sizeof(uint32_t);
 }
 
+/* A request's sampler, at admission; a resumed one's (n_gen > 0 and no
+ * sampler yet) as its tokens left it. */
+static rt_sampler *new_sampler(const rt_sched *s, const sreq *r)
+{
+    rt_sampler *smp = rt_sampler_new(&r->sampling, s->n_vocab);
+    if (smp && r->n_gen)
+        rt_sampler_resume(smp, r->tokens + r->n_prompt, r->n_gen);
+    return smp;
+}
+
 static void admit(rt_sched *s)
 {
     int admitted[2] = {0, 0}, promised = promised_blocks(s);
@@ -609,7 +648,7 @@ static void admit(rt_sched *s)
             continue;
         }
         /* kept across a preemption, with the counts penalties read */
-        if ((!r->smp && !(r->smp = rt_sampler_new(&r->sampling, s->n_vocab))) ||
+        if ((!r->smp && !(r->smp = new_sampler(s, r))) ||
             (r->logprobs && !r->lp_row && !(r->lp_row = malloc((size_t)s->n_vocab * sizeof(float)))) ||
             (r->grammar && !r->gm &&
              (!(r->gm = rt_gmatch_new(r->grammar)) || !(r->gmask = malloc(mask_bytes(s)))))) {

@@ -114,6 +114,14 @@ typedef struct rt_sched_req {
      * (runtime/grammar); the answer ends ("stop") where the grammar is
      * complete. The scheduler takes its own reference. */
     rt_grammar *grammar;
+    /* Token replay (a request resumed after the worker serving it failed):
+     * the tokens it had generated, copied. They are computed with the
+     * prompt and count as generated (max_tokens, completion_tokens), the
+     * sampler and the stop strings are put where an unbroken run would have
+     * them, and their text, which the client has had, is not sent again.
+     * Not with a grammar (-EINVAL). */
+    const int32_t *resume;
+    int n_resume;
     rt_sched_cb cb;
     void *user;
 } rt_sched_req;

@@ -102,6 +102,10 @@
  *     eject_max_ms: 30000
  *     ping_interval_ms: 250     # RTT probes (HTTP/2 PING) to each peer; 10 unanswered: it is gone
  *     retry_budget: 0.2         # fraction of requests that may be retried, 0 to 1
+ *     replay: true              # a stream whose worker or region fails mid-answer goes on elsewhere
+ *                               # from the tokens delivered (token replay); false: it ends with an error event
+ *     replay_max: 2             # replays of one request, at most (0-16; 0 is replay: false); each spends
+ *                               # a retry from retry_budget too
  *   peers:                      # static peers / endpoint overrides (e.g. a private link); needs `region`
  *     - name: us-east           # required, not this region
  *       endpoint: "tls:10.1.0.5:8443"  # required
@@ -217,6 +221,8 @@ typedef struct gw_routing_cfg {
     bool cache_aware; /* local workers chosen by the prompt prefix they hold (gw_supervisor_pick_for) */
     int heartbeat_ms, stale_after_ms, eject_after, eject_base_ms, eject_max_ms, ping_interval_ms;
     double retry_budget;
+    bool replay;    /* mid-stream failover by token replay (gateway/front/replay.c) */
+    int replay_max; /* replays of one request, at most */
 } gw_routing_cfg;
 
 typedef struct gw_peer_cfg {

@@ -43,7 +43,9 @@ int gw_cfg_routing_init(gw_config *c)
                                   .ping_interval_ms = 250,
                                   .retry_budget = 0.2,
                                   .primary_return = 0.8,
-                                  .primary_hold_ms = 3000};
+                                  .primary_hold_ms = 3000,
+                                  .replay = true,
+                                  .replay_max = 2};
     c->region.carbon_poll_ms = 60000;
     return (c->cluster = strdup("default")) ? 0 : -ENOMEM;
 }
@@ -292,26 +294,29 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         K_EJ_MAX,
         K_PING,
         K_HOLD,
+        K_REPLAY_MAX,
         K_RETRY,
         K_SPREAD,
         K_PRIMARY,
         K_RETURN,
         K_CACHE_AWARE,
+        K_REPLAY,
         K_N
     };
     static const char *const keys[K_N] = {
         "policy",        "slo_ms",       "heartbeat_ms",     "stale_after_ms",  "eject_after",
-        "eject_base_ms", "eject_max_ms", "ping_interval_ms", "primary_hold_ms", "retry_budget",
-        "spread",        "primary",      "primary_return",   "cache_aware"};
+        "eject_base_ms", "eject_max_ms", "ping_interval_ms", "primary_hold_ms", "replay_max",
+        "retry_budget",  "spread",       "primary",          "primary_return",  "cache_aware",
+        "replay"};
     static const long long lo[K_N] = {[K_HB] = 50,     [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1,
-                                      [K_EJ_MAX] = 1, [K_PING] = 50,  [K_HOLD] = 0};
+                                      [K_EJ_MAX] = 1, [K_PING] = 50,  [K_HOLD] = 0,     [K_REPLAY_MAX] = 0};
     static const long long hi[K_N] = {[K_HB] = 60000,        [K_STALE] = 3600000,   [K_EJ_AFTER] = 1000,
                                       [K_EJ_BASE] = 3600000, [K_EJ_MAX] = 86400000, [K_PING] = 60000,
-                                      [K_HOLD] = 3600000};
+                                      [K_HOLD] = 3600000,    [K_REPLAY_MAX] = 16};
     int *ints[K_N] = {[K_HB] = &r->heartbeat_ms,       [K_STALE] = &r->stale_after_ms,
                       [K_EJ_AFTER] = &r->eject_after,  [K_EJ_BASE] = &r->eject_base_ms,
                       [K_EJ_MAX] = &r->eject_max_ms,   [K_PING] = &r->ping_interval_ms,
-                      [K_HOLD] = &r->primary_hold_ms};
+                      [K_HOLD] = &r->primary_hold_ms, [K_REPLAY_MAX] = &r->replay_max};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, "routing", keys, K_N, v);
@@ -340,7 +345,9 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
     if (r->policy == GW_POLICY_PRIMARY && !r->n_primary)
         return gw_cfg_perr(p, v[K_POLICY], "routing.policy",
                            "primary needs routing.primary: the preferred regions, in order");
-    for (int k = K_HB; k <= K_HOLD; k++) {
+    if (v[K_REPLAY] && (rc = gw_cfg_bool(p, v[K_REPLAY], "routing.replay", &r->replay)))
+        return rc;
+    for (int k = K_HB; k <= K_REPLAY_MAX; k++) {
         long long x;
         if (!v[k])
             continue;

@@ -230,7 +230,7 @@ static void respond_over_max_cost(gw_front_req *p, double worst)
 void gw_front_dispatch(gw_front_req *p)
 {
     gw_serve *g = p->g;
-    if (!read_max_cost(p))
+    if (gw_front_replay_refuse_client(p) || !read_max_cost(p))
         return;
     g->retry_tokens += g->cfg->routing.retry_budget;
     if (g->retry_tokens > RETRY_TOKENS_MAX)

@@ -40,9 +40,31 @@ static int retry_after_of(const gw_http_header *hs, size_t n)
     return retry_after;
 }
 
+static void cut_stream(gw_front_req *p, bool stalled);
+
+/* A resumed try (token replay) answers a stream whose status has gone
+ * out: it goes on if it continues the same run, else it has failed too. */
+static void resumed_response(gw_front_req *p, int status, const gw_http_header *hs, size_t n)
+{
+    if (status == 200 && gw_front_replay_same_run(p, hs, n)) {
+        p->resuming = false;
+        return;
+    }
+    gw_upstream_cancel(p->up);
+    p->up = NULL;
+    note_upstream_error(p, "resume_refused");
+    gw_front_region_report(p, status < 500);
+    if (!gw_front_replay(p))
+        cut_stream(p, false);
+}
+
 static void up_response(void *ud, int status, const gw_http_header *hs, size_t n)
 {
     gw_front_req *p = ud;
+    if (p->resuming) {
+        resumed_response(p, status, hs, n);
+        return;
+    }
     /* A region's 503 (no worker ready, draining) or 502 (its worker failed
      * before answering, already retried there) is worth the next region;
      * so is its 401/403 (it does not take our certificate),
@@ -108,7 +130,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     gw_front_region_report(p, status < 500 || too_big);
     p->responded = true;
     p->status = status;
-    gw_http_header out[11];
+    gw_http_header out[12];
     size_t k = 0;
     char worker[16];
     *gw_front_put_int(worker, p->worker) = '\0';
@@ -136,6 +158,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
             length = strtoll(hs[i].value, NULL, 10);
         }
     }
+    gw_front_replay_response(p, hs, n, out, &k);
     out[k++] = (gw_http_header){"x-request-id", p->id};
     if (p->sse) /* nginx in front would otherwise hold the tokens back in its buffers */
         out[k++] = (gw_http_header){"x-accel-buffering", "no"};
@@ -300,7 +323,19 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
     gw_usage_scan_feed(&p->usage, data, len);
     if (!p->stream)
         return;
-    int rc = p->sse ? sse_write(p, data, len) : gw_http_write(p->stream, data, len);
+    /* a run that can be resumed has its tags read (replay.c) */
+    int rc = p->sse && p->replay_run[0] ? gw_front_replay_write(p, data, len)
+             : p->sse                  ? sse_write(p, data, len)
+                                       : gw_http_write(p->stream, data, len);
+    if (rc == 1) { /* an error event: the worker failed in-band, replayed elsewhere if it may be */
+        gw_upstream_cancel(p->up);
+        p->up = NULL;
+        note_upstream_error(p, "stream_error");
+        gw_front_region_failed(p);
+        if (!gw_front_replay(p))
+            cut_stream(p, false);
+        return;
+    }
     if (rc == -ENOBUFS) {
         client_too_slow(p);
         return;
@@ -328,9 +363,11 @@ static void up_end(void *ud)
     }
     /* An upstream that ends without a blank line: its last bytes go as they are. */
     if (p->stream &&
-        ((p->hold_len && gw_http_write(p->stream, p->hold, p->hold_len)) || gw_http_end(p->stream)))
+        ((p->hold_len && gw_http_write(p->stream, p->hold, p->hold_len)) ||
+         (p->rbuf_len && gw_http_write(p->stream, p->rbuf, p->rbuf_len)) || gw_http_end(p->stream)))
         gw_http_reset(p->stream);
     p->hold_len = 0;
+    p->rbuf_len = 0;
 }
 
 /* The event that ends a stream its upstream cut (an OpenAI error object,
@@ -355,7 +392,7 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
     note_upstream_error(p, gw_upstream_error_name(e));
     if (!p->stream)
         return;
-    if (!responded) {
+    if (!responded && !p->resuming) {
         /* A stalled target had the request all along: another try would
          * double the wait, and a request that wedges a worker could wedge
          * the next. */
@@ -380,15 +417,24 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
                              "the worker failed before answering (%s)", p->error_kind);
         return;
     }
-    /* Mid-response: a stream of events ends with an error event clients can
-     * read; anything else can only be cut off. */
-    p->cut = true;
+    /* Mid-response (or a resumed try, before its own): a stream goes on
+     * elsewhere from the tokens delivered (replay.c) where it may. */
     gw_front_region_failed(p);
+    if (!p->sse || !gw_front_replay(p))
+        cut_stream(p, e == GW_UP_STALLED);
+}
+
+/* A stream of events ends with an error event clients can read; anything
+ * else can only be cut off. */
+static void cut_stream(gw_front_req *p, bool stalled)
+{
+    p->cut = true;
     if (p->sse) {
         /* What was held of a half-received event is dropped. */
         p->hold_len = 0;
+        p->rbuf_len = 0;
         char ev[256];
-        size_t len = error_event(ev, sizeof(ev), e == GW_UP_STALLED);
+        size_t len = error_event(ev, sizeof(ev), stalled);
         if (!gw_http_write(p->stream, ev, len) && !gw_http_end(p->stream))
             return;
     }
@@ -401,7 +447,7 @@ void gw_front_send_upstream(gw_front_req *p)
 {
     gw_serve *g = p->g;
     const gw_http_request *r = p->req;
-    gw_http_header h[10];
+    gw_http_header h[12];
     size_t n = 0;
     h[n++] = (gw_http_header){"content-type", "application/json"};
     h[n++] = (gw_http_header){"x-request-id", p->id};
@@ -414,6 +460,7 @@ void gw_front_send_upstream(gw_front_req *p)
         h[n++] = (gw_http_header){"x-infergate-priority", v};
     if ((v = gw_http_header_get(r, "x-infergate-deadline-ms")))
         h[n++] = (gw_http_header){"x-infergate-deadline-ms", v};
+    n += gw_front_replay_headers(p, h + n);
     const char *target;
     char target_buf[GW_TARGET_MAX];
     if (p->remote) {

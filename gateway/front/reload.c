@@ -165,6 +165,8 @@ void gw_serve_reload(gw_serve *g)
     g->cfg->routing.policy = c->routing.policy;
     g->cfg->routing.slo_ms = c->routing.slo_ms;
     g->cfg->routing.spread = c->routing.spread;
+    g->cfg->routing.replay = c->routing.replay;
+    g->cfg->routing.replay_max = c->routing.replay_max;
     /* Retries turned off end the saved ones; turned on, they start with
      * the few a start has. */
     if (c->routing.retry_budget <= 0)

@@ -198,6 +198,7 @@ static void finish_log(gw_front_req *p, bool complete)
 static void req_free(gw_front_req *p)
 {
     gw_mem_free(p->hold);
+    gw_front_replay_free(p);
     gw_mem_free(p);
 }
 

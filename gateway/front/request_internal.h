@@ -100,6 +100,19 @@ struct gw_front_req {
     /* SSE: the bytes after the last whole event, held back (relay.c) */
     uint8_t *hold;
     size_t hold_len;
+    /* Token replay (replay.c) */
+    bool replay_asked; /* the worker was asked to tag its events with their tokens */
+    bool replay_pass;  /* forwarded by an origin that asked: tags and run pass back unread */
+    bool replay_end;   /* the last token's tag came: nothing is left to resume */
+    bool resuming;     /* the try out continues the answer: its status is not passed on */
+    int replays;
+    char replay_run[96]; /* the worker's "ID CREATED SEED", empty until said */
+    char replay_off[64]; /* or why it cannot resume this request ("off WHY") */
+    int32_t *rtoks;      /* the tokens delivered */
+    int n_rtoks, cap_rtoks;
+    uint8_t *rbuf; /* what came of an event not yet whole */
+    size_t rbuf_len, rbuf_cap;
+    char *resume_hdr; /* x-infergate-resume, as last sent */
 };
 
 /* Whether the request's path, before any query, is path. */
@@ -221,6 +234,31 @@ void gw_front_probe_give_back(gw_front_req *p);
 /* Sends the request to p->worker, or to p->remote when set; a target that
  * cannot be used fails as a connect would (failover included). */
 void gw_front_send_upstream(gw_front_req *p);
+
+/* ---- replay.c: mid-stream failover by token replay ---- */
+
+/* A client's x-infergate-resume or x-infergate-replay: answers 400 and
+ * returns -1 (a peer region's, p->forwarded, are taken); else 0. */
+int gw_front_replay_refuse_client(gw_front_req *p);
+/* The headers the next try carries for replay, into h (room for 2);
+ * returns how many. */
+size_t gw_front_replay_headers(gw_front_req *p, gw_http_header *h);
+/* Reads the upstream's x-infergate-replay (a forwarded request's is
+ * passed back: added to out at *k, room for one). */
+void gw_front_replay_response(gw_front_req *p, const gw_http_header *hs, size_t n, gw_http_header *out,
+                              size_t *k);
+/* A resumed try's response continues the run the stream is of. */
+bool gw_front_replay_same_run(const gw_front_req *p, const gw_http_header *hs, size_t n);
+/* Streamed data of a request that asked for tags: whole events to the
+ * client, tags read and stripped. 0; 1 the upstream sent an error event
+ * (dropped: to be replayed); or gw_http_write's error. */
+int gw_front_replay_write(gw_front_req *p, const uint8_t *data, size_t len);
+/* The upstream failed mid-stream (the region, if remote, already told):
+ * sends the request on with the tokens delivered (a retry spent, as
+ * gw_front_retry) and returns true; false (logged, counted) when it
+ * cannot be. */
+bool gw_front_replay(gw_front_req *p);
+void gw_front_replay_free(gw_front_req *p);
 
 /* ---- request_end.c ---- */
 

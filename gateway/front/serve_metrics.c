@@ -45,6 +45,11 @@ int gw_serve_metrics_init(gw_metrics *m)
         "status=\"min_read_rate\": HTTP/2 connections that held half conn_buffer_bytes and read them slower "
         "than min_read_rate_bytes a second.",
         NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_replays_total", GW_COUNTER,
+                              "Streams whose worker or region failed mid-answer, by outcome: resumed elsewhere "
+                              "from the tokens delivered (token replay), or refused (routing.replay off, "
+                              "replay_max or the retry budget spent, a request that cannot be resumed).",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_spend_total", GW_COUNTER,
                               "What requests cost (the serving region's price per million input and output "
                               "tokens times their usage; 0 without a region section), by tenant, model and "

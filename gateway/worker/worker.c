@@ -16,6 +16,7 @@
 #include <event2/thread.h>
 #include <jansson.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,13 @@ struct wreq {
     bool submitted, final_seen, begun, sent_first;
     bool chat, stream_mode, include_usage, logprobs;
     bool held;   /* its sequence is paused (rt_engine_hold) until its reader catches up */
+    /* Token replay (the gateway's, gateway/front/replay.c): each event
+     * carries its token's id in a comment line, which the gateway reads
+     * and strips; the response's x-infergate-replay says the id, created
+     * and seed a resumed run needs (or "off" and why not). */
+    bool replay_info;
+    const char *replay_off; /* asked for, but this request cannot be resumed: why */
+    uint64_t seed;
     bool end_due; /* the stream ends once the backlog has gone */
     /* Events that came while the stream was full: the engine runs ahead
      * of this loop, so a hold takes effect some events late. */
@@ -180,11 +188,17 @@ static bool begin_stream(wreq *r, int prompt_tokens)
 {
     if (r->begun)
         return true;
-    char n[16];
+    char n[16], replay[96];
     snprintf(n, sizeof(n), "%d", prompt_tokens);
-    gw_http_header h[] = {
-        {"content-type", "text/event-stream"}, {"cache-control", "no-cache"}, {PROMPT_TOKENS_HEADER, n}};
-    if (gw_http_begin(r->stream, 200, h, 3))
+    if (r->replay_off)
+        snprintf(replay, sizeof(replay), "off %s", r->replay_off);
+    else
+        snprintf(replay, sizeof(replay), "%s %ld %llu", r->cid, r->created, (unsigned long long)r->seed);
+    gw_http_header h[] = {{"content-type", "text/event-stream"},
+                          {"cache-control", "no-cache"},
+                          {PROMPT_TOKENS_HEADER, n},
+                          {"x-infergate-replay", replay}};
+    if (gw_http_begin(r->stream, 200, h, r->replay_info || r->replay_off ? 4 : 3))
         return false;
     r->begun = true;
     return true;
@@ -422,6 +436,20 @@ static bool write_calls(wreq *r)
     return true;
 }
 
+/* Token replay: the event's token, as a comment line that opens the
+ * event its text goes out in (or one of its own when no text goes out):
+ * the gateway that reads it has had exactly the text of the tokens it
+ * read. "end": the answer is complete, nothing is left to resume. */
+static bool tag_token(wreq *r, int32_t token, bool alone, bool end)
+{
+    char line[48];
+    int n = snprintf(line, sizeof(line), ": ig %d%s\n%s", (int)token, end ? " end" : "", alone ? "\n" : "");
+    if (!r->replay_info || out_write(r, line, (size_t)n))
+        return true;
+    abandon(r);
+    return false;
+}
+
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)
 {
     if (!begin_stream(r, ev->prompt_tokens)) {
@@ -445,6 +473,8 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
     const rt_oai_head h = head_of(r);
     char *rc = reasoning_len ? rt_oai_reasoning_chunk_sse(&h, reasoning, reasoning_len, &n) : NULL;
     if (reasoning_len && !write_sse(r, rc, n))
+        return;
+    if (!tag_token(r, ev->token, !len, ev->kind == RT_EV_DONE))
         return;
     if (len && !write_chunk(r, false, text, len, NULL, NULL))
         return;
@@ -606,6 +636,9 @@ typedef struct wprep {
     size_t body_len;
     rt_priority prio;
     int64_t deadline_ms;
+    int32_t *resume; /* x-infergate-resume's tokens (resume_parse) */
+    int n_resume;
+    uint64_t resume_seed;
     int rc; /* rt_engine_prepare's; e says why */
     rt_engine_req req;
     rt_oai_error e;
@@ -614,6 +647,7 @@ typedef struct wprep {
 static void wprep_free(wprep *p)
 {
     rt_engine_req_dispose(&p->req);
+    free(p->resume);
     free(p->body);
     free(p);
 }
@@ -626,6 +660,38 @@ static void prepare(gw_offload_job *job)
         rt_engine_prepare(p->engine, p->body, p->body_len, p->chat, p->prio, p->deadline_ms, &p->req, &p->e);
 }
 
+/* Token replay, once the request is prepared: what it asked for, if it
+ * can have it. A resumed run continues where the gateway's tokens end,
+ * with the id, created and seed of the run it continues; its stream does
+ * not open with the role again. Tool calls, reasoning, log-probabilities
+ * and grammars keep state this does not restore (their parsers, the
+ * matcher): such a request cannot be resumed, and its gateway is told so.
+ * False for a resume this request cannot have. */
+static bool replay_ready(wreq *r, wprep *p)
+{
+    const rt_engine_req *q = &p->req;
+    r->replay_off = !q->q.stream         ? "not streamed"
+                    : q->q.tools         ? "tool calls"
+                    : q->reasoning       ? "reasoning"
+                    : q->q.logprobs      ? "logprobs"
+                    : q->run.grammar     ? "grammar"
+                                         : NULL;
+    if (!r->replay_info && !p->resume)
+        r->replay_off = NULL;
+    if (r->replay_off) {
+        r->replay_info = false;
+        return !p->resume;
+    }
+    if (p->resume) {
+        p->req.run.resume = p->resume;
+        p->req.run.n_resume = p->n_resume;
+        p->req.run.sampling.seed = p->resume_seed;
+        r->sent_first = true;
+    }
+    r->seed = p->req.run.sampling.seed;
+    return true;
+}
+
 /* Loop: queues a prepared request, or says why it cannot run. */
 static void submit_prepared(gw_worker *w, wprep *p)
 {
@@ -633,6 +699,9 @@ static void submit_prepared(gw_worker *w, wprep *p)
     int retry = 0;
     if (p->rc) {
         retry = rt_engine_retry_after(w->engine, &p->e, p->prio);
+    } else if (!replay_ready(r, p)) {
+        rt_oai_error_set(&p->e, 400, "invalid_request_error", NULL, "resume_refused",
+                         "x-infergate-resume: this request cannot be resumed (%s)", r->replay_off);
     } else {
         r->stream_mode = p->req.q.stream;
         r->include_usage = p->req.q.include_usage;
@@ -666,10 +735,47 @@ static void on_prepared(void *ud, gw_offload_job *job, bool ran)
     wreq_maybe_free(r);
 }
 
-/* The request's loop state and its job for the offload thread; false when
- * out of memory. */
-static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat,
-                        rt_priority pr, int64_t deadline, uint32_t prompt_bytes)
+/* x-infergate-resume: "ID CREATED SEED[ T1,T2,...]", the run a resumed
+ * request continues (its response's id and created, its seed) and the
+ * tokens it had generated. Only a gateway sends it (the worker's socket is
+ * the gateway's; a gateway takes it from no client, only from a peer
+ * region over verified TLS). 0, or -EINVAL for a malformed one, -ENOMEM. */
+static int resume_parse(const char *v, wreq *r, wprep *p)
+{
+    char cid[sizeof(r->cid)];
+    long created;
+    unsigned long long seed;
+    int at = 0;
+    if (sscanf(v, "%39s %ld %llu%n", cid, &created, &seed, &at) != 3 || (v[at] && v[at] != ' '))
+        return -EINVAL;
+    const char *t = v + at + (v[at] == ' ');
+    int cap = 1;
+    for (const char *c = t; *c; c++)
+        cap += *c == ',';
+    if (!(p->resume = malloc((size_t)cap * sizeof(int32_t))))
+        return -ENOMEM;
+    for (; *t;) { /* no tokens: it failed before its first */
+        char *end;
+        errno = 0;
+        long x = strtol(t, &end, 10);
+        if (end == t || errno || x < 0 || x > INT32_MAX || (*end && *end != ','))
+            return -EINVAL;
+        p->resume[p->n_resume++] = (int32_t)x;
+        if (!*end)
+            break;
+        if (!*(t = end + 1))
+            return -EINVAL;
+    }
+    snprintf(r->cid, sizeof(r->cid), "%s", cid);
+    r->created = created;
+    p->resume_seed = seed;
+    return 0;
+}
+
+/* The request's loop state and its job for the offload thread; 0, or
+ * -ENOMEM, -EINVAL (a malformed x-infergate-resume). */
+static int new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat,
+                       rt_priority pr, int64_t deadline, uint32_t prompt_bytes)
 {
     wreq *r = calloc(1, sizeof(*r));
     wprep *p = calloc(1, sizeof(*p));
@@ -678,7 +784,7 @@ static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *
         free(r);
         free(p);
         free(body);
-        return false;
+        return -ENOMEM;
     }
     if (req->body_len)
         memcpy(body, req->body, req->body_len);
@@ -688,7 +794,20 @@ static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *
     r->prompt_bytes = prompt_bytes;
     r->preparing = true;
     rt_engine_response_id(w->engine, chat, r->cid, sizeof(r->cid), &r->created);
-    *p = (wprep){.r = r,
+    r->replay_info = gw_http_header_get(req, "x-infergate-replay") != NULL;
+    const char *resume = gw_http_header_get(req, "x-infergate-resume");
+    int rc = resume ? resume_parse(resume, r, p) : 0;
+    if (rc) {
+        free(p->resume);
+        free(r);
+        free(p);
+        free(body);
+        return rc;
+    }
+    *p = (wprep){.resume = p->resume,
+                 .n_resume = p->n_resume,
+                 .resume_seed = p->resume_seed,
+                 .r = r,
                  .engine = w->engine,
                  .chat = chat,
                  .body = body,
@@ -697,7 +816,7 @@ static bool new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *
                  .deadline_ms = deadline};
     gw_http_set_user(s, r);
     gw_offload_submit(w->prep, &p->job, pr == RT_PRIO_INTERACTIVE);
-    return true;
+    return 0;
 }
 
 static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat)
@@ -720,10 +839,15 @@ static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_req
     }
     gw_prefix_chain c;
     gw_prefix_chain_of(req->body, req->body_len, &c);
-    if (!new_request(w, s, req, chat, pr, deadline, c.n ? c.end[c.n - 1] : 0)) {
+    int rc = new_request(w, s, req, chat, pr, deadline, c.n ? c.end[c.n - 1] : 0);
+    if (rc) {
         rt_engine_release(w->engine, pr);
-        rt_engine_error_oom(&e);
-        respond_error_after(s, &e, 1);
+        if (rc == -EINVAL)
+            rt_oai_error_set(&e, 400, "invalid_request_error", NULL, "bad_resume",
+                             "x-infergate-resume must be 'ID CREATED SEED TOKEN,TOKEN,...'");
+        else
+            rt_engine_error_oom(&e);
+        respond_error_after(s, &e, rc == -EINVAL ? 0 : 1);
         return;
     }
     gw_prefix_set_add(&w->prefixes, &c);

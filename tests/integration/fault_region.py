@@ -21,6 +21,11 @@ accident, chosen by the request's prompt:
   "tail"   200 text/event-stream whose last event lacks its blank line
   "error"  200 text/event-stream: one event, then an error event, then a
            clean end (a region whose worker's model failed mid-stream)
+  a list of token ids, with a script set (replay_script = (run, data)):
+           200 text/event-stream with x-infergate-replay: run, the data
+           (a real worker's first events, token tags included), then
+           RST_STREAM: a region that dies mid-stream, which its origin
+           resumes elsewhere by token replay
   other    a 200 completion
 
 It answers PINGs (h2 does), counts the requests it got and keeps the
@@ -65,6 +70,7 @@ class FaultRegion:
         self.paths = []
         self.requests = []
         self.residency = []
+        self.replay_script = None
         self.lock = threading.Lock()
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -117,6 +123,12 @@ class FaultRegion:
             conn.close_connection(last_stream_id=max(sid - 2, 0))
         elif prompt == "refuse":
             conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+        elif isinstance(prompt, list) and self.replay_script:
+            run, data = self.replay_script
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream"),
+                                    ("x-infergate-replay", run)])
+            conn.send_data(sid, data)
+            conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
         elif prompt == "split":
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
             conn.send_data(sid, EVENT + EVENT[:40])

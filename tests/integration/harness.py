@@ -3,6 +3,7 @@ infergate processes, and curl as the HTTP client. Standard library only.
 Every wait is bounded; every process started is killed at exit."""
 import atexit
 import fcntl
+import http.client
 import json
 import os
 import random
@@ -130,6 +131,29 @@ def parse_curl(out, rc=0, err=b""):
             k, v = l.split(":", 1)
             hdrs[k.strip().lower()] = v.strip()
     return status, hdrs, body
+
+
+def stream_post(port, path, body, headers=None, on_event=None, timeout=120):
+    """POSTs body (JSON) to 127.0.0.1:port over HTTP/1.1 and reads the SSE
+    answer line by line, calling on_event(n, response) after its n-th data
+    event. Returns (status, headers dict, raw body)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"content-type": "application/json"}
+    h.update(headers or {})
+    c.request("POST", path, json.dumps(body), h)
+    r = c.getresponse()
+    raw, n = b"", 0
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        raw += line
+        if line.startswith(b"data: "):
+            n += 1
+            if on_event:
+                on_event(n, r)
+    c.close()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, raw
 
 
 def wait_until(pred, timeout, what, interval=0.1):

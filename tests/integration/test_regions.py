@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from delay_relay import DelayRelay
 from fault_region import EVENT, FaultRegion
-from harness import INFERGATE, Checks, free_port, gen_model, spawn, tmpdir, wait_until
+from harness import INFERGATE, Checks, curl, free_port, gen_model, spawn, tmpdir, wait_until
 
 if not os.path.exists("/usr/bin/redis-server"):
     print("redis-server not installed: skipping")
@@ -629,6 +629,32 @@ try:
         return s, h, b, fault.requests[before:] == [fault_kind], table("eu1")["fk1"]["consecutive_failures"]
 
     t.ok(fk_ok() == 200, "fk1 answers")
+    # Token replay (issue 32): fk1 plays a region that dies mid-stream
+    # after a real worker's first events (tags and run included); eu1
+    # resumes the stream at us1 from the tokens delivered, and the client's
+    # text equals the unbroken answer's, under one id, no tag leaked.
+    body = {"model": "m", "prompt": [2, 6, 9], "max_tokens": 60, "temperature": 0, "stream": True}
+    s, h, ref = curl("http://localhost/v1/completions", unix=os.path.join(d, "run-eu1", "worker-0.sock"),
+                     data=body, headers=["x-infergate-replay: 1"])
+    ref_events = [e + b"\n\n" for e in ref.split(b"\n\n") if e]
+    fault.replay_script = (h.get("x-infergate-replay"), b"".join(ref_events[:12]))
+
+    def texts(raw):
+        evs = [json.loads(e[e.index(b"data: {") + 6:]) for e in raw.split(b"\n\n") if b"data: {" in e]
+        return "".join(e["choices"][0]["text"] for e in evs if e.get("choices")), evs
+
+    s2, h2_, b2 = request("eu1", "cheap", body=body)
+    text0, _ = texts(ref)
+    text1, evs1 = texts(b2)
+    t.ok(s == 200 and s2 == 200 and h2_.get("x-infergate-region") == "fk1" and b": ig" not in b2 and
+         b2.endswith(b"data: [DONE]\n\n") and len({e["id"] for e in evs1}) == 1 and not
+         any("error" in e for e in evs1) and text1 == text0 and text0,
+         "a stream whose region dies mid-stream goes on at the next region by token replay: one id, the unbroken "
+         "text (%d %d %d vs %d chars, %r)" % (s, s2, len(text1), len(text0), b2[-160:]))
+    t.ok(re.search(r'event=replay request=\S+ from="region fk1" to="region us1" tokens=\d+',
+                   open(os.path.join(d, "eu1.log")).read()) is not None, "eu1 replayed it at us1 (logged)")
+    fault.replay_script = None
+    t.ok(fk_ok() == 200, "fk1 answers after the replay")
     s, h, b, only, _ = via_fk1("504")
     t.ok(s == 504 and only, "a region's 504 is not retried elsewhere (%d %s)" % (s, b[:200]))
     t.ok(fk_ok() == 200, "fk1 answers again")

@@ -265,6 +265,8 @@ static void check_default_limits(const gw_config *c)
     assert_int_equal(c->routing.ping_interval_ms, 250);
     assert_true(c->routing.retry_budget == 0.2);
     assert_true(c->routing.spread);
+    assert_true(c->routing.replay);
+    assert_int_equal(c->routing.replay_max, 2);
 }
 
 static void check_default_worker(const gw_worker_cfg *w, const char *model, const char *name)
@@ -707,6 +709,8 @@ static const struct {
      "bad.yaml:1: routing.ping_interval_ms: must be a whole number from 50"},
     {"routing: {retry_budget: 1.5}\n", "bad.yaml:1: routing.retry_budget: must be a number from 0 to 1"},
     {"routing: {retry: 1}\n", "bad.yaml:1: routing.retry: unknown key"},
+    {"routing: {replay_max: 17}\n", "bad.yaml:1: routing.replay_max: must be a whole number from 0 to 16"},
+    {"routing: {replay: maybe}\n", "bad.yaml:1: routing.replay: must be true or false"},
     {"peers:\n  - {name: us, endpoint: \"tcp:127.0.0.1:1\"}\n", "bad.yaml:2: peers: needs a region section"},
     {"region: {name: eu}\npeers:\n  - {name: us}\n", "bad.yaml:3: peers[0].endpoint: required"},
     {"region: {name: eu}\npeers:\n  - {endpoint: \"tcp:127.0.0.1:1\"}\n",

@@ -341,6 +341,42 @@ static void test_penalties(void **state)
     rt_sampler_free(s);
 }
 
+/* A sampler resumed from a run's first tokens (token replay) picks what
+ * the run picked next: penalties counted, the generator past one draw a
+ * token; a greedy one draws nothing to skip. */
+static void test_resume(void **state)
+{
+    (void)state;
+    enum { N = 16, STEPS = 40, CUT = 17 };
+    float logits[STEPS][N];
+    rng_state = 11;
+    for (int i = 0; i < STEPS; i++)
+        for (int j = 0; j < N; j++)
+            logits[i][j] = (float)(rnd() % 1000) / 400.0f;
+    for (int greedy = 0; greedy < 2; greedy++) {
+        rt_sampler_params p;
+        rt_sampler_params_default(&p);
+        p.temperature = greedy ? 0.0f : 0.9f;
+        p.top_p = 0.95f;
+        p.seed = 1234;
+        p.frequency_penalty = 0.4f;
+        p.presence_penalty = 0.2f;
+        rt_sampler *a = rt_sampler_new(&p, N), *b = rt_sampler_new(&p, N);
+        int32_t toks[STEPS];
+        for (int i = 0; i < STEPS; i++) {
+            toks[i] = draw(a, logits[i], N);
+            rt_sampler_accept(a, toks[i]);
+        }
+        rt_sampler_resume(b, toks, CUT);
+        for (int i = CUT; i < STEPS; i++) {
+            assert_int_equal(draw(b, logits[i], N), toks[i]);
+            rt_sampler_accept(b, toks[i]);
+        }
+        rt_sampler_free(a);
+        rt_sampler_free(b);
+    }
+}
+
 static void test_distribution(void **state)
 {
     (void)state;
@@ -702,6 +738,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_greedy),
+        cmocka_unit_test(test_resume),
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_filters),
         cmocka_unit_test(test_nucleus_ties),

@@ -545,6 +545,28 @@ static void test_bad_sampling_refused(void **state)
     rt_sched_free(s);
 }
 
+/* A resumed request (token replay) is checked at submission: its tokens
+ * in the vocabulary, fewer than max_tokens, no grammar; one that passes
+ * counts them as generated. */
+static void test_resume_checked(void **state)
+{
+    rt_sched *s = sched_new(2, 2, 0);
+    int32_t prompt[] = {1, 2, 3}, resume[] = {4, 5, 512};
+    rt_sched_req r = {.prompt = prompt, .n_prompt = 3, .max_tokens = 3, .cb = on_event,
+                      .resume = resume, .n_resume = 3};
+    rt_sampler_params_default(&r.sampling);
+    uint64_t id;
+    assert_int_equal(rt_sched_submit(s, &r, &id), -EINVAL); /* as many as max_tokens */
+    r.max_tokens = 4;
+    assert_int_equal(rt_sched_submit(s, &r, &id), -EINVAL); /* 512: past the vocabulary */
+    resume[2] = 6;
+    r.ignore_eos = true;
+    assert_int_equal(rt_sched_submit(s, &r, &id), 0);
+    assert_true(wait_seen(false, 1));
+    assert_string_equal(seen.reason[0], "length");
+    rt_sched_free(s);
+}
+
 /* A held request is left out of the batches, its sequence kept, until
  * released: a short request held finishes after a long one that was not,
  * and nothing of it comes while it is held. */
@@ -588,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_admission_counts_promised_blocks),
         cmocka_unit_test(test_interactive_prefill_first),
         cmocka_unit_test(test_bad_sampling_refused),
+        cmocka_unit_test(test_resume_checked),
         cmocka_unit_test(test_preempted_batch_stays_behind),
         cmocka_unit_test(test_deadline_after_preemption),
         cmocka_unit_test(test_deadline_during_prefill),
