@@ -37,6 +37,7 @@
  *       slo_ms: 200             # cost policy bound; default: routing.slo_ms
  *       max_price: 2.5          # per million output tokens; default: no cap
  *       priority: interactive   # interactive: x-infergate-priority decides; batch: every request is batch
+ *       weight: 1               # its share of a worker against other tenants' (0.001 to 1e6)
  *   limits:
  *     max_body_bytes: 1048576
  *     max_header_bytes: 65536
@@ -142,7 +143,13 @@ typedef struct gw_tenant_cfg {
     double slo_ms;          /* 0: routing.slo_ms */
     double max_price;       /* per million output tokens; 0: no cap */
     bool batch_only;        /* priority: batch, whatever the request asks */
+    /* Its share of a worker's tokens and slots against the other tenants'
+     * there (runtime/sched.h's fair share); 1 unless set. Reloads. */
+    double weight;
 } gw_tenant_cfg;
+
+#define GW_TENANT_WEIGHT_MIN 1e-3 /* the scheduler's range (RT_SCHED_WEIGHT_MIN, _MAX) */
+#define GW_TENANT_WEIGHT_MAX 1e6
 
 typedef struct gw_limits_cfg {
     size_t max_body_bytes, max_header_bytes, stream_buffer_bytes;

@@ -320,6 +320,7 @@ static void test_defaults(void **state)
     assert_int_equal(c->tenants[0].policy, GW_POLICY_DEFAULT);
     assert_true(c->tenants[0].slo_ms == 0 && c->tenants[0].max_price == 0);
     assert_false(c->tenants[0].batch_only);
+    assert_true(c->tenants[0].weight == 1);
     gw_config_free(c);
 
     /* A region alone: no Redis, no peers, price 0; stale_after follows heartbeat_ms. */
@@ -350,6 +351,7 @@ static const char routing_yaml[] =
     "    slo_ms: 120.5\n"
     "    max_price: 2.5\n"
     "    priority: batch\n"
+    "    weight: 2.5\n"
     "region:\n"
     "  name: eu-west.1\n"
     "  endpoint: \"tls:10.0.0.5:8443\"\n"
@@ -398,6 +400,7 @@ static void test_routing_full(void **state)
     assert_int_equal(t->policy, GW_POLICY_COST);
     assert_true(t->slo_ms == 120.5);
     assert_true(t->max_price == 2.5);
+    assert_true(t->weight == 2.5);
     assert_true(t->batch_only);
 
     assert_string_equal(c->region.name, "eu-west.1");
@@ -716,6 +719,9 @@ static const struct {
     {TEN_A "    slo_ms: fast\n", "bad.yaml:4: tenants[0].slo_ms: must be a number from 0"},
     {TEN_A "    max_price: -1\n", "bad.yaml:4: tenants[0].max_price: must be a number from 0"},
     {TEN_A "    priority: urgent\n", "bad.yaml:4: tenants[0].priority: must be interactive or batch"},
+    {TEN_A "    weight: 0\n", "bad.yaml:4: tenants[0].weight: must be a number from 0.001 to 1e+06"},
+    {TEN_A "    weight: 2000000\n", "bad.yaml:4: tenants[0].weight: must be a number from 0.001 to 1e+06"},
+    {TEN_A "    weight: heavy\n", "bad.yaml:4: tenants[0].weight: must be a number"},
 };
 
 static void test_broken(void **state)
