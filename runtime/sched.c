@@ -1184,7 +1184,10 @@ static bool est_room(rt_sched *s, int n)
 
 /* The TTFT estimate (sched_est.h) for an interactive request joining now:
  * behind the running requests and the interactive ones waiting (batch
- * ones wait behind it), the inbox's included. */
+ * ones wait behind it), the inbox's included. In arrival order, as if one
+ * tenant sent them all: fair share lets another tenant's request pass
+ * them, so for it this is an upper bound (routing knows no tenant's place
+ * in a worker's queue). */
 static void update_estimate(rt_sched *s, double now)
 {
     if (now - s->est_t < EST_EVERY_S || !s->est_run)

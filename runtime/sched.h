@@ -27,7 +27,7 @@
  * a tenant), and prompt chunks share each step's budget in the same order.
  * A tenant that comes back after an absence starts level with the least
  * of those present, with no credit for its idle time (its debt, if it had
- * one, is kept). Work conserving: with one tenant present it gets every
+ * one, is kept while others are present). Work conserving: with one tenant present it gets every
  * slot. When the slots are full, a waiting request whose tenant holds
  * fewer slots per weight than another takes one from it (the youngest of
  * that tenant's requests of its own priority or lower, recomputed in its
