@@ -32,20 +32,15 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_prefix import pct  # noqa: E402
+
 KEY_A, KEY_B = "ig-bench-fair-tenant-a", "ig-bench-fair-tenant-b"
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * p / 100.0
-    f = int(k)
-    return xs[f] if f + 1 >= len(xs) else xs[f] + (xs[f + 1] - xs[f]) * (k - f)
 
 
 def key_hash(infergate, k):

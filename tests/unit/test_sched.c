@@ -652,30 +652,28 @@ static void test_fair_weights_3_to_1(void **state)
 
 /* Work conserving: a tenant alone takes every slot; beside a tenant with
  * one long request, it takes all the others. */
-static void test_fair_lone_tenant_takes_all(void **state)
+/* Tenant a's 8 requests on four slots, queued while the gate request (of
+ * gate_tenant, gate_tokens long) holds the compute thread: the most of a's
+ * that ran at once. */
+static int most_at_once(const char *gate_tenant, int gate_tokens)
 {
     rt_sched *s = sched_new(4, 16, 0);
     fair.n = 8;
-    assert_int_equal(submit(s, GATE, 4, 2, RT_PRIO_INTERACTIVE), 0);
+    assert_int_equal(submit_for(s, GATE, 4, gate_tokens, RT_PRIO_INTERACTIVE, gate_tenant, 1), 0);
     assert_true(wait_seen(true, 0));
     for (int k = 0; k < 8; k++)
         assert_int_equal(submit_for(s, FAIR_TAG + k, 4, 6, RT_PRIO_INTERACTIVE, "a", 1), 0);
     open_gate();
     assert_true(wait_seen(false, 9));
-    assert_int_equal(fair.most_open[1], 4);
     rt_sched_free(s);
+    return fair.most_open[1];
+}
 
-    s = sched_new(4, 16, 0);
-    fair.n = 8;
-    assert_int_equal(submit_for(s, GATE, 4, 40, RT_PRIO_INTERACTIVE, "b", 1), 0);
-    assert_true(wait_seen(true, 0));
-    for (int k = 0; k < 8; k++)
-        assert_int_equal(submit_for(s, FAIR_TAG + k, 4, 6, RT_PRIO_INTERACTIVE, "a", 1), 0);
-    open_gate();
-    assert_true(wait_seen(false, 9));
-    assert_int_equal(fair.most_open[1], 3);
-    assert_int_equal(seen.order[8], GATE);
-    rt_sched_free(s);
+static void test_fair_lone_tenant_takes_all(void **state)
+{
+    assert_int_equal(most_at_once("a", 2), 4);
+    assert_int_equal(most_at_once("b", 40), 3);
+    assert_int_equal(seen.order[8], GATE); /* b's one long request ran beside them */
 }
 
 /* Priority first: a tenant's interactive request starts before another
