@@ -9,6 +9,7 @@
 #include "runtime/tokenizer.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <libgen.h>
 #include <math.h>
 #include <stdio.h>
@@ -685,8 +686,9 @@ static int event_error(const rt_sched_event *ev, rt_oai_error *err, bool *device
     }
 }
 
-/* Waits for the queue to fill, at most timeout_ms (-1: for ever); takes it. */
-static rt_engine_qev *take_events(rt_engine *e, int timeout_ms)
+/* Waits for the queue to fill, at most timeout_ms (-1: for ever); takes
+ * its first max events. */
+static rt_engine_qev *take_events(rt_engine *e, int timeout_ms, int max)
 {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
@@ -701,16 +703,28 @@ static rt_engine_qev *take_events(rt_engine *e, int timeout_ms)
     while (!e->head && timeout_ms != 0 && rc == 0)
         rc = timeout_ms < 0 ? pthread_cond_wait(&e->cv, &e->mu)
                             : pthread_cond_timedwait(&e->cv, &e->mu, &until);
-    rt_engine_qev *q = e->head;
-    e->head = e->tail = NULL;
+    rt_engine_qev *q = e->head, *last = q;
+    for (int n = 1; last && n < max; n++)
+        last = last->next;
+    if (last && last->next) {
+        e->head = last->next;
+        last->next = NULL;
+    } else {
+        e->head = e->tail = NULL;
+    }
     pthread_mutex_unlock(&e->mu);
     return q;
 }
 
 int rt_engine_poll(rt_engine *e, int timeout_ms, rt_engine_event_fn fn, void *arg)
 {
+    return rt_engine_poll_max(e, timeout_ms, INT_MAX, fn, arg);
+}
+
+int rt_engine_poll_max(rt_engine *e, int timeout_ms, int max, rt_engine_event_fn fn, void *arg)
+{
     int n = 0;
-    for (rt_engine_qev *q = take_events(e, timeout_ms), *next; q; q = next) {
+    for (rt_engine_qev *q = take_events(e, timeout_ms, max > 0 ? max : 1), *next; q; q = next) {
         next = q->next;
         ereq *r = q->r;
         const bool final = q->ev.kind != RT_EV_TEXT;

@@ -191,6 +191,11 @@ void rt_engine_set_wake(rt_engine *e, void (*fn)(void *arg), void *arg);
 /* Delivers the queued events to fn, in order, having waited up to
  * timeout_ms (-1: for ever; 0: not at all) for the first. Returns how many. */
 int rt_engine_poll(rt_engine *e, int timeout_ms, rt_engine_event_fn fn, void *arg);
+/* As rt_engine_poll, but at most max (> 0) of them; the rest stay queued,
+ * in order, for the next call. An event loop takes its events in such
+ * slices so that its sockets and timers get their turn between them: the
+ * compute thread can queue events faster than a loop formats them. */
+int rt_engine_poll_max(rt_engine *e, int timeout_ms, int max, rt_engine_event_fn fn, void *arg);
 
 /* The scheduler's figures, requests admitted and not yet submitted
  * counted as queued; zeros before start and after stop. */

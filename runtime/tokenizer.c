@@ -306,8 +306,9 @@ static const pre_family k_pre[] = {
      true,
      true,
      {"llama3", "llama-bpe", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", NULL}},
-    /* Smaug splits as Llama 3 but keeps GPT-2's merges and BOS defaults */
-    {"smaug", {RE_LLAMA3, NULL}, false, false, {"smaug-bpe", NULL}},
+    /* Smaug splits as Llama 3 but keeps GPT-2's merges and BOS defaults;
+     * so does DBRX's cl100k vocabulary, which Phi-4's files name */
+    {"smaug", {RE_LLAMA3, NULL}, false, false, {"smaug-bpe", "dbrx", NULL}},
     {"qwen2", {RE_QWEN2, NULL}, false, false, {"qwen2", "deepseek-r1-qwen", "megrez", NULL}},
     {"gpt2",
      {RE_GPT2, NULL},

@@ -48,6 +48,7 @@
  *     stream_buffer_bytes: 1048576
  *     conn_buffer_bytes: 16777216  # response bytes one connection's streams hold (>= stream_buffer_bytes)
  *     buffer_bytes: 268435456      # response bytes all connections hold (>= conn_buffer_bytes)
+ *     min_read_rate_bytes: 4096    # a connection holding half conn_buffer_bytes reads this a second, or goes
  *     response_timeout_ms: 600000  # longest a worker's or region's response may stand still
  *                           # (no headers yet, or no more body): then 504 (not retried), or an
  *                           # error event mid-stream; 0: none. 600 s is the OpenAI SDK's own
@@ -154,6 +155,8 @@ typedef struct gw_tenant_cfg {
 typedef struct gw_limits_cfg {
     size_t max_body_bytes, max_header_bytes, stream_buffer_bytes;
     size_t conn_buffer_bytes, buffer_bytes; /* response bytes held per connection, per gateway */
+    size_t min_read_rate_bytes; /* a connection holding half its conn_buffer_bytes reads at least this a
+                                   second, over idle_timeout_ms, or is closed; 0: no bound */
     uint32_t max_concurrent_streams;
     int max_connections, header_timeout_ms, idle_timeout_ms;
     int response_timeout_ms; /* 0: none */

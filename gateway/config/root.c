@@ -26,6 +26,7 @@ int gw_cfg_root_init(gw_config *c)
     l->stream_buffer_bytes = 1048576;
     l->conn_buffer_bytes = 16777216;
     l->buffer_bytes = 268435456;
+    l->min_read_rate_bytes = 4096;
     l->response_timeout_ms = 600000;
     c->drain_grace_s = 30;
     c->stats_interval_ms = 250;
@@ -36,14 +37,27 @@ int gw_cfg_root_init(gw_config *c)
 
 static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
 {
-    enum { K_BODY, K_HDR, K_STREAMS, K_CONNS, K_HDR_TO, K_IDLE_TO, K_BUF, K_RESP_TO, K_CONN_BUF, K_ALL_BUF, K_N };
+    enum {
+        K_BODY,
+        K_HDR,
+        K_STREAMS,
+        K_CONNS,
+        K_HDR_TO,
+        K_IDLE_TO,
+        K_BUF,
+        K_RESP_TO,
+        K_CONN_BUF,
+        K_ALL_BUF,
+        K_READ_RATE,
+        K_N
+    };
     static const char *const keys[K_N] = {
         "max_body_bytes",    "max_header_bytes", "max_concurrent_streams", "max_connections",
         "header_timeout_ms", "idle_timeout_ms",  "stream_buffer_bytes",    "response_timeout_ms",
-        "conn_buffer_bytes", "buffer_bytes"};
-    static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096, 0, 4096, 4096};
-    static const long long hi[K_N] = {GW_WORKER_MAX_BODY, 1 << 24,  INT_MAX,  INT_MAX,  86400000,
-                                      86400000,           1LL << 30, 86400000, 1LL << 34, 1LL << 40};
+        "conn_buffer_bytes", "buffer_bytes",     "min_read_rate_bytes"};
+    static const long long lo[K_N] = {1, 1024, 1, 1, 1, 1, 4096, 0, 4096, 4096, 0};
+    static const long long hi[K_N] = {GW_WORKER_MAX_BODY, 1 << 24,  INT_MAX,  INT_MAX,    86400000,  86400000,
+                                      1LL << 30,          86400000, 1LL << 34, 1LL << 40, 1LL << 34};
     yaml_node_t *v[K_N];
     int rc = gw_cfg_map_take(p, n, "limits", keys, K_N, v);
     if (rc)
@@ -85,6 +99,9 @@ static int parse_limits(cfg_parser *p, const yaml_node_t *n, gw_limits_cfg *l)
             break;
         case K_ALL_BUF:
             l->buffer_bytes = (size_t)x;
+            break;
+        case K_READ_RATE:
+            l->min_read_rate_bytes = (size_t)x;
             break;
         }
     }

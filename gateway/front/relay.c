@@ -238,13 +238,25 @@ static int sse_write(gw_front_req *p, const uint8_t *data, size_t len)
         return sse_hold(p, data, len);
     if (cut == 0 || len - cut > hold_max)
         cut = len; /* no event boundary within reach: pass it all */
+    int rc;
     if (p->hold_len) {
-        int rc = gw_http_write(p->stream, p->hold, p->hold_len);
-        if (rc)
-            return rc;
-        p->hold_len = 0;
+        /* The held start of an event and its rest in one write: in two, a
+         * bound met between them left half an event before the error
+         * event (client_too_slow), which the client read as broken JSON. */
+        uint8_t *buf = p->hold_len + cut <= SSE_HOLD_MAX ? p->hold : gw_mem_alloc(p->hold_len + cut);
+        if (!buf)
+            return -ENOMEM;
+        if (buf != p->hold)
+            memcpy(buf, p->hold, p->hold_len);
+        memcpy(buf + p->hold_len, data, cut);
+        rc = gw_http_write(p->stream, buf, p->hold_len + cut);
+        if (buf != p->hold)
+            gw_mem_free(buf);
+        if (!rc)
+            p->hold_len = 0;
+    } else {
+        rc = gw_http_write(p->stream, data, cut);
     }
-    int rc = gw_http_write(p->stream, data, cut);
     return rc || cut == len ? rc : sse_hold(p, data + cut, len - cut);
 }
 

@@ -139,6 +139,16 @@ void gw_serve_reload(gw_serve *g)
             c->limits.stream_buffer_bytes, g->up_window, 4 * (size_t)g->up_window);
         c->limits.stream_buffer_bytes = 4 * (size_t)g->up_window;
     }
+    if (gw_serve_conn_window(&c->limits) < g->up_window) {
+        const size_t need = 2 * (size_t)c->limits.max_concurrent_streams * g->up_window;
+        fprintf(stderr,
+                "infergate: reload: conn_buffer_bytes %zu is below 2 x max_concurrent_streams x the upstream "
+                "window of %u bytes set at start; keeping %zu until a restart\n",
+                c->limits.conn_buffer_bytes, g->up_window, need);
+        c->limits.conn_buffer_bytes = need;
+        if (c->limits.buffer_bytes < need)
+            c->limits.buffer_bytes = need;
+    }
     gw_http_limits l;
     gw_serve_http_limits(g, c, true, &l);
     gw_http_server_set_limits(g->http, &l);

@@ -198,8 +198,11 @@ void gw_front_on_refused(void *ud, int status, const char *method, const char *p
     gw_serve *g = ud;
     const char *cut = status == GW_HTTP_CUT_HEADER_TIMEOUT ? "header_timeout"
                       : status == GW_HTTP_CUT_CALM         ? "enhance_your_calm"
+                      : status == GW_HTTP_CUT_SLOW         ? "min_read_rate"
                                                            : NULL;
-    const char *h2_error = status == 0 ? "REFUSED_STREAM" : status == GW_HTTP_CUT_CALM ? "ENHANCE_YOUR_CALM" : NULL;
+    const char *h2_error = status == 0                                               ? "REFUSED_STREAM"
+                           : status == GW_HTTP_CUT_CALM || status == GW_HTTP_CUT_SLOW ? "ENHANCE_YOUR_CALM"
+                                                                                      : NULL;
     char labels[32];
     if (status > 0)
         snprintf(labels, sizeof(labels), "status=\"%d\"", status);

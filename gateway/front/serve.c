@@ -170,6 +170,12 @@ static rlim_t raise_fd_limit(void)
     return rl.rlim_cur;
 }
 
+size_t gw_serve_conn_window(const gw_limits_cfg *l)
+{
+    const size_t w = l->conn_buffer_bytes / (2 * (size_t)(l->max_concurrent_streams ? l->max_concurrent_streams : 1));
+    return w < 1024 ? 1024 : w;
+}
+
 /* The HTTP server's limits from c. `said`: the cut to the file limit was
  * already said at start (a reload says it again only if it moves). */
 void gw_serve_http_limits(const gw_serve *g, const gw_config *c, bool said, gw_http_limits *l)
@@ -181,6 +187,7 @@ void gw_serve_http_limits(const gw_serve *g, const gw_config *c, bool said, gw_h
     l->max_stream_buffer = c->limits.stream_buffer_bytes;
     l->max_conn_buffer = c->limits.conn_buffer_bytes;
     l->max_buffer = c->limits.buffer_bytes;
+    l->min_read_rate = c->limits.min_read_rate_bytes;
     l->idle_timeout_ms = c->limits.idle_timeout_ms;
     l->header_timeout_ms = c->limits.header_timeout_ms;
     l->max_connections = c->limits.max_connections;
@@ -396,6 +403,13 @@ static int start(gw_serve *g, const char *exe, char *err, size_t err_len)
      * at 4 x this window at least (gw_serve_reload). */
     if (uo.stream_window > g->cfg->limits.stream_buffer_bytes / 4)
         uo.stream_window = (uint32_t)(g->cfg->limits.stream_buffer_bytes / 4);
+    /* So for a connection: every stream it may open with its whole window
+     * on the way must fit in half of conn_buffer_bytes, or a connection of
+     * many slowly read streams is cut (250 streams x 256 KiB was four times
+     * the default bound). With the defaults, 16 MiB / (2 x 256) = 32 KiB. */
+    const size_t per_conn = gw_serve_conn_window(&g->cfg->limits);
+    if (uo.stream_window > per_conn)
+        uo.stream_window = (uint32_t)per_conn;
     g->up_window = uo.stream_window;
     g->fd_limit = raise_fd_limit();
     gw_http_limits lim;

@@ -73,6 +73,10 @@ const gw_tenant_cfg *gw_serve_tenant_cfg(const gw_serve *g, const char *name);
 /* serve.c: the HTTP server's limits from config c (the file limit may cut
  * max_connections; said is whether that was said already, at start). */
 void gw_serve_http_limits(const gw_serve *g, const gw_config *c, bool said, gw_http_limits *l);
+/* The upstream stream window at which every stream of a client connection
+ * (max_concurrent_streams) may have its window on the way and still fit in
+ * half of conn_buffer_bytes; at least 1 KiB. */
+size_t gw_serve_conn_window(const gw_limits_cfg *l);
 /* regions.c: cross-region routing state. */
 int gw_regions_start(gw_serve *g, char *err, size_t err_len);
 void gw_regions_stop(gw_serve *g);

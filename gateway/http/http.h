@@ -91,6 +91,13 @@ typedef struct gw_http_limits {
                                         idle_timeout_ms); -1: never (a worker, whose one
                                         client, its gateway, bounds its own clients and
                                         cancels what they leave) */
+    size_t min_read_rate;            /* HTTP/2: bytes a second that a connection holding half its
+                                        max_conn_buffer (gw_http_full's sense) must read, taken over
+                                        idle_timeout_ms; slower, it is closed (GOAWAY
+                                        ENHANCE_YOUR_CALM, on_refused GW_HTTP_CUT_SLOW): a byte a
+                                        second per stream moves every stream's timer on, and held
+                                        the bound for as long as the client liked. 0 (the
+                                        default): no bound */
     int idle_timeout_ms;             /* close a connection with no streams after this (default 120000);
                                         also bounds an HTTP/1.x keep-alive wait, a pause inside a
                                         request body (408), a peer that stops reading, and an
@@ -116,6 +123,9 @@ void gw_http_limits_default(gw_http_limits *l);
  * max_header_list). */
 #define GW_HTTP_CUT_HEADER_TIMEOUT (-1)
 #define GW_HTTP_CUT_CALM (-2)
+/* An HTTP/2 connection that held half its max_conn_buffer and read slower
+ * than min_read_rate (GOAWAY ENHANCE_YOUR_CALM). */
+#define GW_HTTP_CUT_SLOW (-3)
 
 typedef struct gw_http_handler {
     /* A complete request. The request and its strings live until on_close. */

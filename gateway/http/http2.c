@@ -9,6 +9,7 @@
  * gateway/http/http_internal.h for ownership and the rules on which calls
  * may happen where. */
 #include "gateway/http/http_internal.h"
+#include "gateway/base/clock.h"
 #include "gateway/base/mem.h"
 
 #include <errno.h>
@@ -48,6 +49,53 @@ static void held_add(gw_http_stream *s, ptrdiff_t n)
         srv->h2_sweep_due = c->writable_due = true;
 }
 
+/* n response bytes went out (the client's window let them). A connection
+ * holding half its bound must move min_read_rate bytes a second, over each
+ * idle_timeout_ms it holds it; one that trickles keeps every stream's
+ * timer going, and the memory for as long as it likes. Cut from
+ * conn_settle, outside nghttp2. */
+static void slow_read_check(gw_http_conn *c, size_t n)
+{
+    const gw_http_limits *l = &c->srv->limits;
+    if (!l->min_read_rate || c->goaway || c->h2_slow_cut)
+        return;
+    if (!gw_conn_full(c)) {
+        c->h2_slow_since_ms = 0;
+        return;
+    }
+    const int64_t now = gw_mono_coarse_ms();
+    if (!c->h2_slow_since_ms) {
+        c->h2_slow_since_ms = now;
+        c->h2_slow_read = 0;
+        return;
+    }
+    c->h2_slow_read += n;
+    const int64_t ms = now - c->h2_slow_since_ms;
+    if (ms < l->idle_timeout_ms)
+        return;
+    if ((double)c->h2_slow_read * 1000.0 < (double)l->min_read_rate * (double)ms) {
+        c->h2_slow_cut = true;
+        return;
+    }
+    c->h2_slow_since_ms = now;
+    c->h2_slow_read = 0;
+}
+
+static void slow_read_cut(gw_http_conn *c)
+{
+    c->h2_slow_cut = false;
+    fprintf(stderr,
+            "http2: a connection holding %zu response bytes read %zu in %.1f s, below min_read_rate (%zu bytes "
+            "a second): closed (ENHANCE_YOUR_CALM)\n",
+            c->h2_out_held, c->h2_slow_read, (double)(gw_mono_coarse_ms() - c->h2_slow_since_ms) / 1e3,
+            c->srv->limits.min_read_rate);
+    c->goaway = true;
+    gw_server_refused(c->srv, GW_HTTP_CUT_SLOW, NULL, "HTTP/2");
+    if (nghttp2_session_terminate_session(c->ngh, NGHTTP2_ENHANCE_YOUR_CALM))
+        c->broken = true;
+    gw_conn_set_timer(c, GW_HTTP_LINGER_MS); /* for the GOAWAY to go out */
+}
+
 /* The stream's output is dropped (closed, or its connection going). */
 static void held_drop(gw_http_stream *s)
 {
@@ -67,8 +115,10 @@ static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size
     size_t n = have < len ? have : len;
     if (n && evbuffer_remove(s->out, buf, n) != (int)n)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-    if (n)
+    if (n) {
         held_add(s, -(ptrdiff_t)n);
+        slow_read_check(s->conn, n);
+    }
     /* Output moved: what is left (held by the peer's window) gets a new
      * bound; with nothing left there is none. */
     if (n && have > n)
@@ -298,6 +348,11 @@ static void conn_settle(gw_http_conn *c, int rc)
     }
     gw_conn_flush_closed(c);
     conn_notify_writable(c);
+    if (c->h2_slow_cut) {
+        slow_read_cut(c);
+        if (!c->broken && conn_send(c))
+            c->broken = true;
+    }
     if (c->broken) {
         gw_conn_free(c);
         return;

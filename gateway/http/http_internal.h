@@ -211,6 +211,9 @@ struct gw_http_conn {
     int64_t h2_reset_ms;    /* HTTP/2: when h2_reset_debt was last refilled */
     int32_t h2_last_id;     /* HTTP/2: the highest stream id of the client's HEADERS */
     size_t h2_out_held;     /* HTTP/2: response bytes its streams hold (their `out`), max_conn_buffer */
+    int64_t h2_slow_since_ms; /* HTTP/2: since when it holds half its bound (min_read_rate), 0: it does not */
+    size_t h2_slow_read;      /* HTTP/2: response bytes that went out since then */
+    bool h2_slow_cut;         /* HTTP/2: read below min_read_rate: to be cut once nghttp2 is out of the way */
     bool h2_sweep_due;      /* HTTP/2: h2_out_held fell to half its bound: full streams may go on */
     int32_t h2_refused[8];  /* HTTP/2: the latest streams nghttp2 refused before they were made */
     uint8_t h2_refused_next;

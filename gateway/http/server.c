@@ -140,8 +140,11 @@ const char *gw_http_date(gw_http_server *srv)
         return srv->date;
     srv->date_sec = tv.tv_sec;
     gmtime_r(&srv->date_sec, &tm);
-    snprintf(srv->date, sizeof(srv->date), "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday % 7],
-             tm.tm_mday, months[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    /* gmtime_r's fields fit (a year past 9999 would not: left to the clock) */
+    int n = snprintf(srv->date, sizeof(srv->date), "%s, %02d %s %04d %02d:%02d:%02d GMT", days[tm.tm_wday % 7],
+                     tm.tm_mday, months[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    if (n < 0 || (size_t)n >= sizeof(srv->date))
+        srv->date[0] = '\0';
     return srv->date;
 }
 
@@ -452,6 +455,7 @@ void gw_http_server_set_limits(gw_http_server *srv, const gw_http_limits *limits
     if (l->max_buffer)
         srv->limits.max_buffer = l->max_buffer;
     srv->limits.window_timeout_ms = l->window_timeout_ms;
+    srv->limits.min_read_rate = l->min_read_rate;
     if (l->idle_timeout_ms > 0)
         srv->limits.idle_timeout_ms = l->idle_timeout_ms;
     if (l->header_timeout_ms > 0)

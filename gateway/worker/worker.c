@@ -55,6 +55,7 @@ struct gw_worker {
     rt_engine *engine;
     struct event_base *base;
     struct event *notify, *sigterm, *sigint, *drain_timer;
+    struct event *more; /* zero timer: the engine's next slice of events, after the sockets' turn */
     gw_http_server *http;
     gw_offload *prep; /* the engine prepares requests there, off the loop */
     double drain_deadline;
@@ -535,10 +536,21 @@ static void handle_event(void *arg, const rt_engine_event *e)
     wreq_maybe_free(r);
 }
 
+/* Events a loop callback takes from the engine at most. The compute thread
+ * can queue them faster than the loop formats them (a step of 256
+ * sequences with top_logprobs is 256 JSON chunks): taken all at once, the
+ * loop fell seconds behind its sockets, so that its gateway's new
+ * connections timed out unanswered and its stats went stale. */
+#define W_POLL_SLICE 64
+
 static void on_notify(evutil_socket_t fd, short what, void *arg)
 {
     gw_worker *w = arg;
-    rt_engine_poll(w->engine, 0, handle_event, w);
+    static const struct timeval now = {0, 0};
+    /* A timer, not event_active: libevent runs what is activated during
+     * its pass in the same pass, before it polls the sockets again. */
+    if (rt_engine_poll_max(w->engine, 0, W_POLL_SLICE, handle_event, w) == W_POLL_SLICE)
+        evtimer_add(w->more, &now);
 }
 
 static void wake(void *arg)
@@ -900,7 +912,7 @@ gw_worker *gw_worker_new(rt_engine *e, const gw_worker_opts *o, char *err, size_
     w->base = event_base_new();
     gw_http_handler h = {.on_request = on_request, .on_close = on_close, .on_writable = on_writable};
     if (!w->base || !(w->http = gw_http_server_new(w->base, &o->limits, &h, w)) ||
-        !(w->notify = event_new(w->base, -1, 0, on_notify, w))) {
+        !(w->notify = event_new(w->base, -1, 0, on_notify, w)) || !(w->more = evtimer_new(w->base, on_notify, w))) {
         snprintf(err, err_len, "out of memory");
         goto fail;
     }
@@ -950,6 +962,8 @@ void gw_worker_free(gw_worker *w)
     rt_engine_set_wake(w->engine, NULL, NULL);
     if (w->notify)
         event_free(w->notify);
+    if (w->more)
+        event_free(w->more);
     if (w->sigterm)
         event_free(w->sigterm);
     if (w->sigint)

@@ -291,6 +291,22 @@ static void test_run_to_the_end(void **state)
     run_to_end(&again);
     assert_int_equal(again.text_len, s.text_len);
     assert_memory_equal(again.text, s.text, s.text_len);
+
+    /* Taken in slices (rt_engine_poll_max): at most 3 events a call, the
+     * rest kept in order for the next. */
+    seen sliced = {0};
+    submit_body(body, &sliced, &n_prompt);
+    double until = gw_mono_s() + 60;
+    int calls = 0;
+    while (sliced.n_final == 0 && gw_mono_s() < until) {
+        int n = rt_engine_poll_max(engine, 1000, 3, on_event, &sliced);
+        assert_true(n >= 0 && n <= 3);
+        calls += n > 0;
+    }
+    assert_int_equal(sliced.n_final, 1);
+    assert_true(calls >= 3); /* 8 events */
+    assert_int_equal(sliced.text_len, s.text_len);
+    assert_memory_equal(sliced.text, s.text, s.text_len);
 }
 
 /* A cancelled request still has its final event. */

@@ -71,6 +71,8 @@ HARNESS_SETUP(setup, start, .max_concurrent_streams = 100)
 HARNESS_SETUP(setup_header_timeout, start, .header_timeout_ms = 200, .idle_timeout_ms = 60000)
 HARNESS_SETUP(setup_buffers, start, .max_stream_buffer = 128 << 10, .max_conn_buffer = 256 << 10,
               .max_buffer = 320 << 10)
+HARNESS_SETUP(setup_min_read_rate, start, .max_stream_buffer = 128 << 10, .max_conn_buffer = 256 << 10,
+              .max_buffer = 1 << 20, .idle_timeout_ms = 1000, .min_read_rate = 1 << 20)
 
 static void put_frame(uint8_t *b, size_t len, int type, int flags, int32_t id)
 {
@@ -522,6 +524,51 @@ static void test_held_bytes_bounded(void **state)
     raw_close(c[1]);
 }
 
+/* A connection that holds half its bound and reads a few bytes at a time
+ * (every stream's timer kept going) is closed once it has read below
+ * min_read_rate for idle_timeout_ms: GOAWAY ENHANCE_YOUR_CALM, reported as
+ * GW_HTTP_CUT_SLOW. One holding the same bytes that reads them at once is
+ * not. */
+static void test_min_read_rate(void **state)
+{
+    tsrv *t = *state;
+    rawc *c[2];
+    for (int k = 0; k < 2; k++) {
+        c[k] = raw_open_window(t, 0);
+        for (int i = 0; i < 6; i++)
+            send_request(c[k], 1 + 2 * i, "/paced", FL_END_STREAM);
+        want_requests = 6 * (k + 1);
+        assert_true(run_until(t, requests_in, NULL));
+        run_for(t, 100);
+        assert_true(gw_conn_full(t->srv->conns));
+        if (k == 1)
+            break;
+        /* c[0]: 16 bytes of window on stream 1 every 50 ms, for 4 s at most */
+        const uint8_t wu[4] = {0, 0, 0, 16};
+        for (int n = 0; n < 80 && !c[0]->goaway && !c[0]->eof; n++) {
+            send_frame(c[0], 8 /* WINDOW_UPDATE */, 0, 1, wu, 4);
+            run_for(t, 50);
+            raw_read(c[0]);
+        }
+        assert_true(run_until(t, got_goaway, c[0]));
+        assert_true(c[0]->goaway);
+        assert_int_equal(c[0]->goaway_err, NGHTTP2_ENHANCE_YOUR_CALM);
+        assert_int_equal(n_refused, 1);
+        assert_int_equal(refused_status[0], GW_HTTP_CUT_SLOW);
+    }
+    /* c[1]: the same bytes held, the windows then opened wide: every answer whole */
+    const uint8_t iw[6] = {0, 4, 0x7f, 0xff, 0xff, 0xff};
+    const uint8_t big[4] = {0x7f, 0xff - 1, 0xff, 0xff};
+    send_frame(c[1], F_SETTINGS, 0, 0, iw, 6);
+    send_frame(c[1], 8 /* WINDOW_UPDATE */, 0, 0, big, 4);
+    want_ended = 6;
+    assert_true(run_until(t, got_ended, c[1]));
+    assert_false(c[1]->goaway);
+    assert_int_equal(n_refused, 1);
+    raw_close(c[0]);
+    raw_close(c[1]);
+}
+
 /* ---- header timeout ---- */
 
 static bool refused_reach(tsrv *t, void *arg)
@@ -590,6 +637,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_preface_timeout_reported, setup_header_timeout, harness_teardown),
         cmocka_unit_test_setup_teardown(test_h1_head_timeout_reported, setup_header_timeout, harness_teardown),
         cmocka_unit_test_setup_teardown(test_held_bytes_bounded, setup_buffers, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_min_read_rate, setup_min_read_rate, harness_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -690,6 +690,11 @@ static void test_bpe_pretokenizers(void **state)
     expect_ids(t, "I'M", false, false, l3c, 2);
     expect_ids(t, "zzz", false, false, g2c, 3);
     rt_tokenizer_free(t);
+    t = bpe_tok(v, "dbrx"); /* Phi-4's files: cl100k, split as Smaug's */
+    assert_string_equal(rt_tokenizer_pre(t), "smaug");
+    assert_false(rt_tokenizer_pre_fallback(t));
+    expect_ids(t, "I'M", false, false, l3c, 2);
+    rt_tokenizer_free(t);
 
     /* no pre at all is GPT-2's; an unknown one falls back to it and says so */
     t = bpe_tok(v, NULL);
