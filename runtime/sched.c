@@ -697,18 +697,20 @@ static bool preemption_makes_room(const rt_sched *s, int blocks, int promised)
     return n < s->o.max_seqs && (n == 0 || blocks + promised + n <= free_blocks);
 }
 
-/* For waiting request r, when the slots or the KV room are short: the
- * running request to give way to it for fair share, or -1. It is the
- * youngest request, of r's priority or lower (a batch one not admitted
- * after a long wait), of the tenant holding the most slots per weight,
- * provided r's tenant, given the slot, holds no more per weight than that
- * one keeps (so slots never swing back and forth), and its blocks make
- * room for r's. */
+/* Whether running request c may give way to waiting r for fair share:
+ * another tenant's, of r's priority or lower (a batch one not admitted
+ * after a long wait). */
 static bool may_give_way(const rt_sched *s, const sreq *c, const sreq *r)
 {
     return c->tn != r->tn && c->prio >= r->prio && (c->prio == RT_PRIO_INTERACTIVE || gives_way_first(s, c));
 }
 
+/* For waiting request r, when the slots or the KV room are short: the
+ * running request to give way to it for fair share, or -1. It is the
+ * youngest of those that may (may_give_way) of the tenant holding the most
+ * slots per weight, provided r's tenant, given the slot, holds no more per
+ * weight than that one keeps (so slots never swing back and forth), and
+ * its blocks make room for r's. */
 static int fair_victim(const rt_sched *s, const sreq *r, int blocks, int promised)
 {
     const tenant *most = NULL;
