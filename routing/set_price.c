@@ -1,6 +1,7 @@
 /* `infergate region set-price` (routing/sync.h): the price override
  * written and announced over a blocking connection of its own, for the
- * command line (the gateway's sync is asynchronous and reads it back). */
+ * command line (the gateway's sync is asynchronous and reads it back);
+ * that connection is `infergate usage`'s too (usage.c). */
 #define _GNU_SOURCE
 #include "routing/sync_internal.h"
 
@@ -8,8 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static int blocking_command(redisContext *c, const char *addr, int argc, const char **argv,
-                            long long *integer, char *err, size_t err_len)
+int route_sync__blocking_command(redisContext *c, const char *addr, int argc, const char **argv,
+                                 long long *integer, char *err, size_t err_len)
 {
     redisReply *r = redisCommandArgv(c, argc, argv, NULL);
     if (!r) {
@@ -29,6 +30,57 @@ static int blocking_command(redisContext *c, const char *addr, int argc, const c
     return rc;
 }
 
+/* The command line's connection: o checked, connected, AUTH and SELECT
+ * done. */
+redisContext *route_sync__blocking_open(const route_sync_opts *o, char *addr, int *rc, char *err,
+                                        size_t err_len)
+{
+    if (!o->host || !*o->host || o->port < 1 || o->port > 65535) {
+        snprintf(err, err_len, "a Redis address HOST:PORT is needed");
+        return *rc = -EINVAL, NULL;
+    }
+    if (!o->cluster || !route_sync__name_ok(o->cluster)) {
+        snprintf(err, err_len, "cluster name '%s' must be 1-63 of [A-Za-z0-9._-]",
+                 o->cluster ? o->cluster : "");
+        return *rc = -EINVAL, NULL;
+    }
+    if (o->db < 0) {
+        snprintf(err, err_len, "redis db %d is negative", o->db);
+        return *rc = -EINVAL, NULL;
+    }
+    route_sync__format_addr(addr, SYNC_ADDR_MAX, o->host, o->port);
+    int ms = o->command_timeout_ms > 2000 ? o->command_timeout_ms : 2000;
+    struct timeval tv = route_sync__ms_tv(ms);
+    redisContext *c = redisConnectWithTimeout(o->host, o->port, tv);
+    if (!c) {
+        snprintf(err, err_len, "cannot reach Redis at %s: out of memory", addr);
+        return *rc = -ENOMEM, NULL;
+    }
+    *rc = 0;
+    char db[16];
+    snprintf(db, sizeof(db), "%d", o->db);
+    if (c->err) {
+        snprintf(err, err_len, "cannot reach Redis at %s: %s", addr, c->errstr);
+        *rc = -ECONNREFUSED;
+    } else if (redisSetTimeout(c, tv) != REDIS_OK) {
+        snprintf(err, err_len, "cannot reach Redis at %s: %s", addr, c->errstr);
+        *rc = -EIO;
+    }
+    if (!*rc && o->password && *o->password) {
+        const char *argv[] = {"AUTH", o->password};
+        *rc = route_sync__blocking_command(c, addr, 2, argv, NULL, err, err_len);
+    }
+    if (!*rc && o->db != 0) {
+        const char *argv[] = {"SELECT", db};
+        *rc = route_sync__blocking_command(c, addr, 2, argv, NULL, err, err_len);
+    }
+    if (*rc) {
+        redisFree(c);
+        return NULL;
+    }
+    return c;
+}
+
 int route_set_price(const route_sync_opts *o, const char *region, double input, double output, char *err,
                     size_t err_len)
 {
@@ -42,60 +94,21 @@ int route_set_price(const route_sync_opts *o, const char *region, double input, 
         snprintf(err, err_len, "prices must be numbers from 0 to %g", ROUTE_MAX_PRICE);
         return -EINVAL;
     }
-    if (!o->host || !*o->host || o->port < 1 || o->port > 65535) {
-        snprintf(err, err_len, "a Redis address HOST:PORT is needed");
-        return -EINVAL;
-    }
-    if (!o->cluster || !route_sync__name_ok(o->cluster)) {
-        snprintf(err, err_len, "cluster name '%s' must be 1-63 of [A-Za-z0-9._-]",
-                 o->cluster ? o->cluster : "");
-        return -EINVAL;
-    }
-    if (o->db < 0) {
-        snprintf(err, err_len, "redis db %d is negative", o->db);
-        return -EINVAL;
-    }
     char addr[SYNC_ADDR_MAX];
-    route_sync__format_addr(addr, sizeof(addr), o->host, o->port);
-    int ms = o->command_timeout_ms > 2000 ? o->command_timeout_ms : 2000;
-    struct timeval tv = route_sync__ms_tv(ms);
-    redisContext *c = redisConnectWithTimeout(o->host, o->port, tv);
-    if (!c) {
-        snprintf(err, err_len, "cannot reach Redis at %s: out of memory", addr);
-        return -ENOMEM;
-    }
     int rc = 0;
-    if (c->err) {
-        snprintf(err, err_len, "cannot reach Redis at %s: %s", addr, c->errstr);
-        rc = -ECONNREFUSED;
-        goto out;
-    }
-    if (redisSetTimeout(c, tv) != REDIS_OK) {
-        snprintf(err, err_len, "cannot reach Redis at %s: %s", addr, c->errstr);
-        rc = -EIO;
-        goto out;
-    }
-    char db[16], in[32], out_s[32], pkey[SYNC_KEY_MAX], rkey[SYNC_KEY_MAX], channel[SYNC_KEY_MAX];
-    snprintf(db, sizeof(db), "%d", o->db);
+    redisContext *c = route_sync__blocking_open(o, addr, &rc, err, err_len);
+    if (!c)
+        return rc;
+    char in[32], out_s[32], pkey[SYNC_KEY_MAX], rkey[SYNC_KEY_MAX], channel[SYNC_KEY_MAX];
     snprintf(in, sizeof(in), "%.17g", input);
     snprintf(out_s, sizeof(out_s), "%.17g", output);
     snprintf(pkey, sizeof(pkey), "infergate:%s:price:%s", o->cluster, region);
     snprintf(rkey, sizeof(rkey), "infergate:%s:region:%s", o->cluster, region);
     snprintf(channel, sizeof(channel), "infergate:%s:events", o->cluster);
-    if (o->password && *o->password) {
-        const char *argv[] = {"AUTH", o->password};
-        if ((rc = blocking_command(c, addr, 2, argv, NULL, err, err_len)))
-            goto out;
-    }
-    if (o->db != 0) {
-        const char *argv[] = {"SELECT", db};
-        if ((rc = blocking_command(c, addr, 2, argv, NULL, err, err_len)))
-            goto out;
-    }
     long long exists = 0;
     {
         const char *argv[] = {"EXISTS", rkey};
-        if ((rc = blocking_command(c, addr, 2, argv, &exists, err, err_len)))
+        if ((rc = route_sync__blocking_command(c, addr, 2, argv, &exists, err, err_len)))
             goto out;
     }
     {
@@ -106,16 +119,16 @@ int route_set_price(const route_sync_opts *o, const char *region, double input, 
         route_auth_sign(&o->auth, "price", o->cluster, region, names, values, NULL, 2, auth);
         const char *multi[] = {"MULTI"}, *del[] = {"DEL", pkey}, *exec[] = {"EXEC"},
                    *hset[] = {"HSET", pkey, "input", in, "output", out_s, ROUTE_AUTH_FIELD, auth};
-        if ((rc = blocking_command(c, addr, 1, multi, NULL, err, err_len)) ||
-            (rc = blocking_command(c, addr, 2, del, NULL, err, err_len)) ||
-            (rc = blocking_command(c, addr, o->auth.n ? 8 : 6, hset, NULL, err, err_len)) ||
-            (rc = blocking_command(c, addr, 1, exec, NULL, err, err_len)))
+        if ((rc = route_sync__blocking_command(c, addr, 1, multi, NULL, err, err_len)) ||
+            (rc = route_sync__blocking_command(c, addr, 2, del, NULL, err, err_len)) ||
+            (rc = route_sync__blocking_command(c, addr, o->auth.n ? 8 : 6, hset, NULL, err, err_len)) ||
+            (rc = route_sync__blocking_command(c, addr, 1, exec, NULL, err, err_len)))
             goto out;
     }
     {
         /* After the write, so a reader told of it reads the new price. */
         const char *argv[] = {"PUBLISH", channel, region};
-        if ((rc = blocking_command(c, addr, 3, argv, NULL, err, err_len)))
+        if ((rc = route_sync__blocking_command(c, addr, 3, argv, NULL, err, err_len)))
             goto out;
     }
     if (!exists)

@@ -13,6 +13,11 @@
  *                                       the record's price for every reader, and
  *                                       the owner publishes it as its own
  *   infergate:<cluster>:events          pub/sub: the name of a region that changed
+ *   infergate:<cluster>:spend:<tenant>:day:<YYYY-MM-DD>  hash of a tenant's totals that
+ *   infergate:<cluster>:spend:<tenant>:month:<YYYY-MM>   UTC day / month (route_spend_fields),
+ *                                       TTL 3 / 70 days (route_sync_spend_add)
+ *   infergate:<cluster>:usage:<YYYY-MM-DD>  hash "<field>|<region>|<tenant>|<model>": the day's
+ *                                       breakdown (`infergate usage`), TTL 400 days
  *
  * Every heartbeat this gateway writes its record (HSET + PEXPIRE in one
  * MULTI), removes the entries of its region's other gateways that stopped
@@ -31,6 +36,7 @@
  * sync_write.c (the local record, the heartbeat write, announcements),
  * sync_read.c (peers' records: announced and full reads, merged through
  * routing/instance.h), sync_limit.c (the fleet-wide rate limit),
+ * sync_spend.c (spend and budgets' totals), usage.c (their blocking read),
  * set_price.c (route_set_price, blocking); their shared state is
  * sync_internal.h. */
 #ifndef ROUTE_SYNC_H
@@ -120,6 +126,60 @@ int route_sync_refund(route_sync *s, const char *key, double rate, double burst,
  * completion ran longer than charged for); the bucket may go into debt,
  * and the next requests wait. Fire and forget, as route_sync_refund. */
 int route_sync_charge(route_sync *s, const char *key, double rate, double burst, double amount);
+
+/* Spend (issue 31): what requests cost, their tokens and emissions, added
+ * up per tenant for its budget and per tenant, model and region for
+ * `infergate usage`. Amounts are in route_spend_fields' order. */
+enum {
+    ROUTE_SPEND_COST,       /* in the prices' currency */
+    ROUTE_SPEND_PROMPT,     /* tokens */
+    ROUTE_SPEND_COMPLETION, /* tokens */
+    ROUTE_SPEND_GCO2E,
+    ROUTE_SPEND_ENERGY_WH,
+    ROUTE_SPEND_REQUESTS,
+    ROUTE_SPEND_N
+};
+/* Their names in Redis' hashes: cost prompt_tokens completion_tokens gco2e
+ * energy_wh requests. */
+extern const char *const route_spend_fields[ROUTE_SPEND_N];
+
+typedef struct route_spend {
+    const char *tenant; /* 1-64 of [A-Za-z0-9._-] */
+    const char *model;  /* at most 256 bytes; "": "-" */
+    const char *region; /* a region name; "": "-" */
+    const char *day;    /* "YYYY-MM-DD", UTC: the day (and month) it is counted in */
+    double v[ROUTE_SPEND_N];
+} route_spend;
+
+/* Whether day is "YYYY-MM-DD" (digits and dashes; the calendar unchecked). */
+bool route_spend_day_ok(const char *day);
+
+/* result 0 with the tenant's cost that day and that month after the
+ * operation, or -ENOTCONN (Redis away, missed the deadline, or answered an
+ * error: then nothing is known of whether an addition was applied). Never
+ * runs inside the call that asked, nor after route_sync_spend_cancel(ud). */
+typedef void (*route_spend_cb)(void *ud, int result, double day_cost, double month_cost);
+/* Adds a's amounts to its tenant's day and month totals and to the day's
+ * breakdown, in one atomic script (EVAL). 0 when sent (cb, if any, says
+ * how it went), -ENOTCONN at once when not connected, -EINVAL for a
+ * malformed name, day or a non-finite amount, -ENOMEM. */
+int route_sync_spend_add(route_sync *s, const route_spend *a, route_spend_cb cb, void *ud);
+/* Reads tenant's cost the day `day` and its month; returns as
+ * route_sync_spend_add (cb required). */
+int route_sync_spend_read(route_sync *s, const char *tenant, const char *day, route_spend_cb cb, void *ud);
+/* Forgets the callbacks still pending for ud. */
+void route_sync_spend_cancel(route_sync *s, void *ud);
+
+/* `infergate usage`: one amount of the breakdown (the day, which amount,
+ * region, tenant, model: "-" when none). */
+typedef void (*route_usage_cb)(void *ud, const char *day, int field, const char *region, const char *tenant,
+                               const char *model, double value);
+/* Reads the breakdown of each UTC day from `from` to `to` (both
+ * "YYYY-MM-DD", at most 400 days) over a blocking connection of its own,
+ * calling cb per amount (tenant: only that tenant's, or NULL for all).
+ * 0 or -errno, err filled. */
+int route_usage_read(const route_sync_opts *o, const char *from, const char *to, const char *tenant,
+                     route_usage_cb cb, void *ud, char *err, size_t err_len);
 
 /* `infergate region set-price`: writes the price override (signed with
  * o->auth's first key; -EINVAL without one: the gateways would ignore it)

@@ -126,6 +126,8 @@ static void on_req_reply(redisAsyncContext *ac, void *r, void *privdata)
         }
         if (q->kind == REQ_LIMIT)
             route_sync__limit_answer(q, -ENOTCONN, 0);
+        if (q->kind == REQ_SPEND)
+            route_sync__spend_answer_lost(q);
         if (q->kind == REQ_SCAN)
             s->scan_active = false;
         route_sync__req_free(q);
@@ -145,6 +147,9 @@ static void on_req_reply(redisAsyncContext *ac, void *r, void *privdata)
     case REQ_LIMIT:
         if (route_sync__on_limit(s, q, reply))
             return;
+        break;
+    case REQ_SPEND:
+        route_sync__on_spend(s, q, reply);
         break;
     }
     route_sync__req_free(q);

@@ -70,7 +70,7 @@ typedef struct sync_conn {
     struct event *retry_ev; /* reconnect after back-off */
 } sync_conn;
 
-enum req_kind { REQ_WRITE, REQ_READ, REQ_SCAN, REQ_LIMIT };
+enum req_kind { REQ_WRITE, REQ_READ, REQ_SCAN, REQ_LIMIT, REQ_SPEND };
 
 typedef struct sync_req {
     route_sync *s;
@@ -94,6 +94,11 @@ typedef struct sync_req {
     char key[SYNC_PREFIX_MAX + SYNC_LIMIT_KEY_MAX + 1];
     char key_last[SYNC_PREFIX_MAX + SYNC_LIMIT_KEY_MAX + 1]; /* the server time key[] was written */
     char args[4][32]; /* rate, burst, cost, force */
+    /* REQ_SPEND: key and key_last are the tenant's day and month totals */
+    route_spend_cb spend_cb;                     /* NULL once cancelled */
+    char spend_key[SYNC_PREFIX_MAX + 16];        /* the day's breakdown */
+    char spend_field[ROUTE_NAME_MAX + 72 + 260]; /* "region|tenant|model" */
+    char spend_args[ROUTE_SPEND_N][32];
 } sync_req;
 
 struct route_sync {
@@ -222,5 +227,21 @@ extern const char route_sync__gcra_lua[]; /* loaded by SCRIPT LOAD at connect */
 void route_sync__limit_answer(sync_req *q, int result, int retry_after_ms);
 /* true when q was re-sent (and is still in flight). */
 bool route_sync__on_limit(route_sync *s, sync_req *q, redisReply *r);
+
+/* ---- sync_spend.c: REQ_SPEND ---- */
+
+void route_sync__on_spend(route_sync *s, sync_req *q, redisReply *r);
+/* q's answer when its reply never comes (connection lost, deadline). */
+void route_sync__spend_answer_lost(sync_req *q);
+
+/* ---- set_price.c: the command line's blocking connection ---- */
+
+/* Connects to o's Redis (AUTH, SELECT done) with its own timeout; NULL and
+ * *rc, err set on failure. addr (SYNC_ADDR_MAX) gets the address, for
+ * messages. */
+redisContext *route_sync__blocking_open(const route_sync_opts *o, char *addr, int *rc, char *err,
+                                        size_t err_len);
+int route_sync__blocking_command(redisContext *c, const char *addr, int argc, const char **argv,
+                                 long long *integer, char *err, size_t err_len);
 
 #endif

@@ -26,6 +26,8 @@ static void usage(FILE *f)
                "                        make a tenant API key and its SHA-256 for the config\n"
                "  region set-price REGION --input X --output Y [--redis HOST:PORT --cluster NAME ...]\n"
                "                        change a region's price for the whole fleet (through Redis)\n"
+               "  usage [--tenant T] [--since YYYY-MM-DD] [--redis HOST:PORT | --config FILE ...]\n"
+               "                        print tokens, spend and gCO2e by tenant, model and region\n"
                "\n"
                "`infergate <command> --help` describes each command.\n");
 }
@@ -49,6 +51,8 @@ int main(int argc, char **argv)
         return gw_cmd_key(argc - 1, argv + 1);
     if (!strcmp(cmd, "region"))
         return gw_cmd_region(argc - 1, argv + 1);
+    if (!strcmp(cmd, "usage"))
+        return gw_cmd_usage(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

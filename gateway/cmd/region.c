@@ -65,17 +65,82 @@ static int parse_redis_addr(const char *s, char *buf, size_t buf_len, const char
     return 0;
 }
 
+void gw_cli_redis_init(gw_cli_redis *r)
+{
+    memset(r, 0, sizeof(*r));
+    route_sync_opts_default(&r->o);
+    r->o.password = getenv("INFERGATE_REDIS_PASSWORD");
+}
+
+int gw_cli_redis_option(gw_cli_redis *r, const char *cmd, const char *a, const char *v)
+{
+    long n;
+    if (!strcmp(a, "--redis")) {
+        if (parse_redis_addr(v, r->addr, sizeof(r->addr), &r->o.host, &r->o.port)) {
+            fprintf(stderr, "%s: --redis: '%s' is not HOST:PORT\n", cmd, v);
+            return -1;
+        }
+        r->has_redis = true;
+    } else if (!strcmp(a, "--password")) {
+        r->o.password = v;
+        r->has_password = true;
+    } else if (!strcmp(a, "--db")) {
+        if (gw_parse_int(v, 0, 1000000, &n)) {
+            fprintf(stderr, "%s: --db: '%s' is not a database number\n", cmd, v);
+            return -1;
+        }
+        r->o.db = (int)n;
+        r->has_db = true;
+    } else if (!strcmp(a, "--cluster")) {
+        r->o.cluster = v;
+        r->has_cluster = true;
+    } else if (!strcmp(a, "--config")) {
+        r->config = v;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+int gw_cli_redis_config(gw_cli_redis *r, const char *cmd, gw_config **cfg)
+{
+    char err[512];
+    *cfg = NULL;
+    if (!r->config)
+        return 0;
+    if (gw_config_load(r->config, cfg, err, sizeof(err))) {
+        fprintf(stderr, "%s: %s\n", cmd, err);
+        return 1;
+    }
+    const gw_config *c = *cfg;
+    if (!r->has_redis && !c->redis.address) {
+        fprintf(stderr, "%s: %s has no redis address (give --redis)\n", cmd, r->config);
+        gw_config_free(*cfg);
+        *cfg = NULL;
+        return 1;
+    }
+    if (!r->has_redis) {
+        r->o.host = c->redis.host;
+        r->o.port = c->redis.port;
+    }
+    if (!r->has_password && c->redis.password)
+        r->o.password = c->redis.password;
+    if (!r->has_db)
+        r->o.db = c->redis.db;
+    if (c->redis.address)
+        r->o.command_timeout_ms = c->redis.timeout_ms;
+    if (!r->has_cluster)
+        r->o.cluster = c->cluster;
+    return 0;
+}
+
 static int set_price(int argc, char **argv)
 {
-    route_sync_opts o;
-    route_sync_opts_default(&o);
-    o.password = getenv("INFERGATE_REDIS_PASSWORD");
+    gw_cli_redis rd;
+    gw_cli_redis_init(&rd);
     const char *region = NULL;
     double input = -1, output = -1;
     bool has_in = false, has_out = false;
-    char addr[300];
-    const char *config = NULL;
-    bool has_redis = false, has_password = false, has_db = false, has_cluster = false;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -112,27 +177,9 @@ static int set_price(int argc, char **argv)
                 output = d;
                 has_out = true;
             }
-        } else if (!strcmp(a, "--redis")) {
-            if (parse_redis_addr(v, addr, sizeof(addr), &o.host, &o.port)) {
-                fprintf(stderr, "infergate region set-price: --redis: '%s' is not HOST:PORT\n", v);
+        } else if ((n = gw_cli_redis_option(&rd, "infergate region set-price", a, v)) != 0) {
+            if (n < 0)
                 return 2;
-            }
-            has_redis = true;
-        } else if (!strcmp(a, "--password")) {
-            o.password = v;
-            has_password = true;
-        } else if (!strcmp(a, "--db")) {
-            if (gw_parse_int(v, 0, 1000000, &n)) {
-                fprintf(stderr, "infergate region set-price: --db: '%s' is not a database number\n", v);
-                return 2;
-            }
-            o.db = (int)n;
-            has_db = true;
-        } else if (!strcmp(a, "--cluster")) {
-            o.cluster = v;
-            has_cluster = true;
-        } else if (!strcmp(a, "--config")) {
-            config = v;
         } else {
             fprintf(stderr, "infergate region set-price: unknown option '%s'\n\n", a);
             region_usage(stderr);
@@ -146,33 +193,12 @@ static int set_price(int argc, char **argv)
     }
     char err[512];
     gw_config *cfg = NULL;
-    if (config) {
-        int rc = gw_config_load(config, &cfg, err, sizeof(err));
-        if (rc) {
-            fprintf(stderr, "infergate region set-price: %s\n", err);
-            return 1;
-        }
-        if (!has_redis && !cfg->redis.address) {
-            fprintf(stderr, "infergate region set-price: %s has no redis address (give --redis)\n", config);
-            gw_config_free(cfg);
-            return 1;
-        }
-        if (!has_redis) {
-            o.host = cfg->redis.host;
-            o.port = cfg->redis.port;
-        }
-        if (!has_password && cfg->redis.password)
-            o.password = cfg->redis.password;
-        if (!has_db)
-            o.db = cfg->redis.db;
-        if (cfg->redis.address)
-            o.command_timeout_ms = cfg->redis.timeout_ms;
-        if (!has_cluster)
-            o.cluster = cfg->cluster;
-        /* the config loader checked them */
+    if (gw_cli_redis_config(&rd, "infergate region set-price", &cfg))
+        return 1;
+    route_sync_opts o = rd.o;
+    if (cfg) /* the config loader checked them */
         route_auth_keys_set(&o.auth, (const char *const *)cfg->redis.record_keys, cfg->redis.n_record_keys,
                             err, sizeof(err));
-    }
     const char *env_key = getenv("INFERGATE_RECORD_KEY");
     if (!o.auth.n && env_key && route_auth_keys_set(&o.auth, &env_key, 1, err, sizeof(err))) {
         fprintf(stderr, "infergate region set-price: INFERGATE_RECORD_KEY: %s\n", err);

@@ -38,6 +38,8 @@
  *       max_price: 2.5          # per million output tokens; default: no cap
  *       priority: interactive   # interactive: x-infergate-priority decides; batch: every request is batch
  *       weight: 1               # its share of a worker against other tenants' (0.001 to 1e6)
+ *       budget: {daily: 5, monthly: 100}  # spend per UTC day / month in the prices' currency (either
+ *                               # may be left out); at it: 429 insufficient_quota (front/spend.h)
  *   limits:
  *     max_body_bytes: 1048576
  *     max_header_bytes: 65536
@@ -147,6 +149,7 @@ typedef struct gw_tenant_cfg {
     /* Its share of a worker's tokens and slots against the other tenants'
      * there (runtime/sched.h's fair share); 1 unless set. Reloads. */
     double weight;
+    double budget_daily, budget_monthly; /* spend per UTC day / month; 0: none */
 } gw_tenant_cfg;
 
 #define GW_TENANT_WEIGHT_MIN 1e-3 /* the scheduler's range (RT_SCHED_WEIGHT_MIN, _MAX) */

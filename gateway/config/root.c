@@ -168,19 +168,28 @@ static int parse_runtime_dir(cfg_parser *p, const yaml_node_t *n, gw_config *c)
 }
 
 /* Without a region this gateway has no tags to hold a tenant's requests
- * to: they would be served here whatever it asked. tenants is the parsed
- * section's node (NULL when there is none). */
+ * to: they would be served here whatever it asked; nor a price, so a
+ * budget would never be reached. tenants is the parsed section's node
+ * (NULL when there is none). */
 static int check_no_residency(cfg_parser *p, const yaml_node_t *tenants, const gw_config *c)
 {
-    for (int i = 0; i < c->n_tenants; i++)
-        if (c->tenants[i].n_residency > 0) {
-            char tp[CFG_PATH_MAX], rp[CFG_PATH_MAX];
-            gw_cfg_path_idx(tp, "tenants", i);
-            gw_cfg_path_key(rp, tp, "residency");
-            const yaml_node_t *item = yaml_document_get_node(p->doc, tenants->data.sequence.items.start[i]);
-            return gw_cfg_perr(p, gw_cfg_map_value(p, item, "residency"), rp,
-                               "residency needs a region section: its tags say where this gateway may serve");
-        }
+    for (int i = 0; i < c->n_tenants; i++) {
+        const gw_tenant_cfg *t = &c->tenants[i];
+        const char *key = t->n_residency > 0                             ? "residency"
+                          : t->budget_daily > 0 || t->budget_monthly > 0 ? "budget"
+                                                                         : NULL;
+        if (!key)
+            continue;
+        char tp[CFG_PATH_MAX], rp[CFG_PATH_MAX];
+        gw_cfg_path_idx(tp, "tenants", i);
+        gw_cfg_path_key(rp, tp, key);
+        const yaml_node_t *item = yaml_document_get_node(p->doc, tenants->data.sequence.items.start[i]);
+        return gw_cfg_perr(p, gw_cfg_map_value(p, item, key), rp, "%s",
+                           key[0] == 'r'
+                               ? "residency needs a region section: its tags say where this gateway may serve"
+                               : "a budget needs a region section: its price is what requests cost "
+                                 "(without one every request costs 0)");
+    }
     return 0;
 }
 

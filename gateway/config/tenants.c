@@ -76,6 +76,31 @@ static bool valid_tenant_name(const char *s)
            strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == n;
 }
 
+/* budget: {daily: X, monthly: Y}, in the regions' prices' currency; either
+ * may be left out (no bound for that period), not both: an empty budget
+ * is more likely a mistake than a wish. */
+static int parse_budget(cfg_parser *p, const yaml_node_t *n, const char *path, gw_tenant_cfg *t)
+{
+    static const char *const keys[] = {"daily", "monthly"};
+    double *out[] = {&t->budget_daily, &t->budget_monthly};
+    yaml_node_t *v[2];
+    char kp[CFG_PATH_MAX];
+    int rc = gw_cfg_map_take(p, n, path, keys, 2, v);
+    if (rc)
+        return rc;
+    if (!v[0] && !v[1])
+        return gw_cfg_perr(p, n, path, "needs daily, monthly or both");
+    for (int k = 0; k < 2; k++) {
+        if (!v[k])
+            continue;
+        if ((rc = gw_cfg_num(p, v[k], (gw_cfg_path_key(kp, path, keys[k]), kp), 1e12, out[k])))
+            return rc;
+        if (!(*out[k] > 0))
+            return gw_cfg_perr(p, v[k], kp, "must be a number > 0 (leave it out for no budget)");
+    }
+    return 0;
+}
+
 static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, gw_tenant_cfg *t)
 {
     enum {
@@ -91,11 +116,12 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
         K_PRICE,
         K_PRIO,
         K_WEIGHT,
+        K_BUDGET,
         K_N
     };
-    static const char *const keys[K_N] = {"name",      "keys",   "models", "rps",       "tpm",     "admin",
-                                          "residency", "policy", "slo_ms", "max_price", "priority",
-                                          "weight"};
+    static const char *const keys[K_N] = {"name",      "keys",   "models", "rps",       "tpm",      "admin",
+                                          "residency", "policy", "slo_ms", "max_price", "priority", "weight",
+                                          "budget"};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
@@ -159,6 +185,8 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
             rc = gw_cfg_perr(p, v[K_WEIGHT], kp, "must be a number from %g to %g", GW_TENANT_WEIGHT_MIN,
                              GW_TENANT_WEIGHT_MAX);
     }
+    if (!rc && v[K_BUDGET])
+        rc = parse_budget(p, v[K_BUDGET], (gw_cfg_path_key(kp, path, "budget"), kp), t);
     return rc;
 }
 

@@ -11,6 +11,7 @@
 #include "routing/router.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,15 @@ static bool try_next(gw_front_req *p)
             continue;
         p->probe = probe;
         p->probe_claim = probe ? route_region_probe_claim(r) : 0;
+        double worst = gw_front_worst_cost(p, r->rec.price_in, r->rec.price_out);
+        if (p->max_cost > 0 && worst > p->max_cost) {
+            if (probe && !r->local)
+                route_region_release_probe(r, p->probe_claim);
+            p->probe = false;
+            if (!p->cost_skipped++ || worst < p->min_worst)
+                p->min_worst = worst;
+            continue;
+        }
         if (r->local) {
             int w = gw_supervisor_pick(g->sup, p->model, p->remote ? -1 : p->worker);
             if (w < 0)
@@ -116,10 +126,44 @@ static bool try_next(gw_front_req *p)
             p->worker = -1;
         }
         snprintf(p->region, sizeof(p->region), "%s", r->rec.name);
+        p->price_in = r->rec.price_in;
+        p->price_out = r->rec.price_out;
         gw_front_send_upstream(p);
         return true;
     }
     return false;
+}
+
+/* x-infergate-max-cost: the most the request may cost, into p->max_cost;
+ * false (answered 400) when malformed. */
+static bool read_max_cost(gw_front_req *p)
+{
+    const char *h = gw_http_header_get(p->req, "x-infergate-max-cost");
+    if (!h)
+        return true;
+    char *end;
+    double v = strtod(h, &end);
+    if (end == h || *end || !(v > 0) || !isfinite(v)) {
+        gw_front_respond(p, 400, "invalid_request_error", "bad_max_cost", NULL, 0,
+                         "x-infergate-max-cost must be a positive amount, in the prices' currency");
+        return false;
+    }
+    p->max_cost = v;
+    return true;
+}
+
+/* 400 max_cost_exceeded: the request's worst case is over its
+ * x-infergate-max-cost at the price of every region that could serve it
+ * (the cheapest of them: worst). */
+static void respond_over_max_cost(gw_front_req *p, double worst)
+{
+    gw_front_respond(
+        p, 400, "invalid_request_error", "max_cost_exceeded", NULL, 0,
+        "the worst case of this request (%.0f prompt and %.0f completion tokens) costs %.6g at the "
+        "price of %s, over its x-infergate-max-cost of %.6g",
+        p->charged - p->charged_completion, p->charged_completion, worst,
+        p->cost_skipped > 1 ? "the cheapest region that could serve it" : "the region that would serve it",
+        p->max_cost);
 }
 
 /* Local workers only (no region section, or a request forwarded to us);
@@ -127,6 +171,8 @@ static bool try_next(gw_front_req *p)
 void gw_front_dispatch(gw_front_req *p)
 {
     gw_serve *g = p->g;
+    if (!read_max_cost(p))
+        return;
     g->retry_tokens += g->cfg->routing.retry_budget;
     if (g->retry_tokens > RETRY_TOKENS_MAX)
         g->retry_tokens = RETRY_TOKENS_MAX;
@@ -158,6 +204,14 @@ void gw_front_dispatch(gw_front_req *p)
         }
         if (g->cfg->region.name)
             snprintf(p->region, sizeof(p->region), "%s", g->cfg->region.name);
+        p->price_in = g->cfg->region.price_in; /* 0 without a region section */
+        p->price_out = g->cfg->region.price_out;
+        double worst = gw_front_worst_cost(p, p->price_in, p->price_out);
+        if (p->max_cost > 0 && worst > p->max_cost) {
+            p->cost_skipped = 1;
+            respond_over_max_cost(p, worst);
+            return;
+        }
         p->worker = gw_supervisor_pick(g->sup, p->model, -1);
         if (p->worker < 0) {
             gw_front_respond(p, 503, "server_error", "no_worker_ready", NULL, 1,
@@ -230,7 +284,11 @@ void gw_front_dispatch(gw_front_req *p)
         return;
     }
     p->cand = 0;
-    if (!try_next(p))
+    if (try_next(p))
+        return;
+    if (p->cost_skipped)
+        respond_over_max_cost(p, p->min_worst);
+    else
         gw_front_respond(p, 503, "server_error", "no_worker_ready", NULL, 1,
                          "no region has a ready worker for '%s'", p->model);
 }

@@ -36,7 +36,7 @@ static void limit_local(gw_front_req *p)
                          "tenant '%s' is over its request or token rate; retry in %d s", p->tenant, retry);
         return;
     }
-    gw_front_dispatch(p);
+    gw_front_budget(p);
 }
 
 static void on_shared_limit(void *ud, int result, int retry_after_ms);
@@ -62,7 +62,7 @@ static void limit_shared(gw_front_req *p, int stage)
         limit_local(p); /* Redis went away between the check and now */
         return;
     }
-    gw_front_dispatch(p);
+    gw_front_budget(p);
 }
 
 static void on_shared_limit(void *ud, int result, int retry_after_ms)

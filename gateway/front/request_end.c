@@ -145,6 +145,7 @@ static void finish_log(gw_front_req *p, bool complete)
     double tpot = p->sse && tokens > 1 ? (p->t_last - p->t_first) / (tokens - 1) : -1;
     char target[96];
     target_name(p, target, sizeof(target));
+    gw_front_spend_count(p, tokens);
 
     /* A line is queued whole at the fflush, and written by the log's
      * thread (gateway/front/access_log.h). */
@@ -163,6 +164,8 @@ static void finish_log(gw_front_req *p, bool complete)
         json_field_str(f, "route", gw_front_route_said(p, route, sizeof(route)));
         fprintf(f, ",\"status\":%d,\"bytes\":%zu,\"ttft_ms\":%.3f,\"duration_ms\":%.3f,\"tokens\":%d,\"tries\":%d",
                 p->status, p->bytes_out, ttft >= 0 ? ttft * 1e3 : -1.0, dur * 1e3, tokens, p->tries);
+        if (p->spend_counted)
+            fprintf(f, ",\"cost\":%.9g", p->cost);
         if (p->error_kind)
             json_field_str(f, "upstream_error", p->error_kind);
         if (p->responded)
@@ -234,6 +237,7 @@ void gw_front_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
         return;
     p->stream = NULL;
     gw_front_limit_cancel(p);
+    gw_front_budget_cancel(p);
     if (p->up) {
         /* The client went away: the worker stops generating for it. */
         gw_upstream_cancel(p->up);

@@ -3,6 +3,7 @@
  * from gw_front_on_request to gw_front_on_close, through:
  *   endpoints.c    its id, who sends it (auth), the endpoint table, /v1/models
  *   limits.c       its tenant's rates: fleet-wide through Redis, else local
+ *   spend.c        its tenant's budget, and what it cost (front/spend.h)
  *   dispatch.c     where it goes (a local worker or the routing decision's
  *                  regions), and failover
  *   relay.c        the upstream stream: the request out, the answer back
@@ -76,6 +77,14 @@ struct gw_front_req {
      * until said: what the prompt's estimate is corrected to. */
     int prompt_tokens;
     bool charged_shared;       /* taken from the fleet-wide (Redis) bucket, not the local one */
+    bool budget_pending;       /* waiting for the fleet's spend, for the tenant's budget (spend.c) */
+    bool spend_counted;        /* its cost was counted (spend.c): the log says it */
+    double price_in, price_out; /* the serving region's, per million tokens, when it was chosen */
+    double max_cost;            /* x-infergate-max-cost; 0: none */
+    int cost_skipped;           /* candidates passed over: their worst case was over max_cost */
+    double min_worst;           /* the least worst case of those */
+    double cost;                /* what it cost, once counted */
+    double energy_wh, gco2e;    /* its energy and emissions estimates; 0 unless set */
     /* SSE: the bytes after the last whole event, held back (relay.c) */
     uint8_t *hold;
     size_t hold_len;
@@ -112,6 +121,11 @@ static inline char *gw_front_put_int(char *o, int v)
  * that cannot be queued resets the stream. */
 void gw_front_respond(gw_front_req *p, int status, const char *type, const char *code, const char *param,
                       int retry_after, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+/* As gw_front_respond (no param), with x-should-retry: false: the OpenAI
+ * SDKs retry a 429 unless told not to, and what it says (an exhausted
+ * budget) does not pass within their retries. */
+void gw_front_respond_final(gw_front_req *p, int status, const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* 405, naming the methods the path takes (RFC 9110 15.5.6) in allow. */
 void gw_front_respond_not_allowed(gw_front_req *p, const char *allow);
 /* A body of this content type, copied. */
@@ -149,6 +163,21 @@ void gw_front_limit_cancel(gw_front_req *p);
  * -1 when they were not counted. The prompt's estimate is corrected to
  * p->prompt_tokens when the worker said it. */
 void gw_front_limit_settle(gw_front_req *p, double now, int tokens);
+
+/* ---- spend.c: spend and budgets (front/spend.h) ---- */
+
+/* Holds the request's tenant to its budget (the fleet's spend read from
+ * Redis first while connected; the request waits, p->budget_pending):
+ * then dispatches it, or answers 429 insufficient_quota. */
+void gw_front_budget(gw_front_req *p);
+/* The client left: a read of the fleet's spend still out is let go. */
+void gw_front_budget_cancel(gw_front_req *p);
+/* Counts a served request's cost, tokens (tokens: the completion's, -1
+ * when not counted), energy and gCO2e, at the price it was sent at. */
+void gw_front_spend_count(gw_front_req *p, int tokens);
+/* The request's worst case at these prices: the prompt and completion
+ * tokens its tenant was charged for (gw_front_limit's estimate). */
+double gw_front_worst_cost(const gw_front_req *p, double price_in, double price_out);
 
 /* ---- dispatch.c: where it goes, and failover ---- */
 

@@ -48,6 +48,17 @@ void gw_front_respond(gw_front_req *p, int status, const char *type, const char 
     respond_with(p, status, retry_after > 0 ? &h : NULL, type, code, param, msg);
 }
 
+void gw_front_respond_final(gw_front_req *p, int status, const char *type, const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    const gw_http_header h = {"x-should-retry", "false"};
+    respond_with(p, status, &h, type, code, NULL, msg);
+}
+
 void gw_front_respond_not_allowed(gw_front_req *p, const char *allow)
 {
     char msg[96];

@@ -8,6 +8,7 @@
 #include "gateway/front/access_log.h"
 #include "gateway/base/clock.h"
 #include "gateway/front/serve_internal.h"
+#include "gateway/front/spend.h"
 
 #include "runtime/model_gen.h"
 
@@ -292,6 +293,7 @@ static void serve_dispose(gw_serve *g)
     if (g->pool)
         gw_upstream_pool_free(g->pool);
     gw_tenants_free(g->tenants);
+    gw_spend_free(g->spend);
     gw_metrics_free(g->metrics);
     gw_alog_close(g->alog, 2000);
     struct event *evs[] = {g->sigterm, g->sigint, g->sighup, g->sigusr1, g->drain_timer};
@@ -389,6 +391,10 @@ static int prepare(gw_serve *g, const char *listen, char exe[PATH_MAX])
 static int start(gw_serve *g, const char *exe, char *err, size_t err_len)
 {
     g->base = event_base_new();
+    if (!g->base || !(g->spend = gw_spend_new(g))) {
+        fprintf(stderr, "infergate: out of memory\n");
+        return -1;
+    }
     gw_upstream_opts uo;
     gw_upstream_opts_default(&uo);
     /* Mutual TLS to other regions: our client certificate, their CA. */

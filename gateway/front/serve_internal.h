@@ -41,6 +41,7 @@ typedef struct gw_serve {
     struct event *sigterm, *sigint, *sighup, *sigusr1, *drain_timer, *metrics_timer;
     route_table *table; /* NULL without a region section: local workers only */
     route_sync *sync;   /* NULL without Redis */
+    struct gw_spend *spend; /* spend and budgets (front/spend.h) */
     struct event *heartbeat, *rtt_timer;
     struct gw_route_events *events; /* with a table: routing events logged (route_events.h) */
     double est_bias_ms; /* gw_regions_note_ttft: measured TTFT - the workers' estimate, smoothed */

@@ -43,6 +43,27 @@ int gw_serve_metrics_init(gw_metrics *m)
         "frame or a header block) not complete within header_timeout_ms; status=\"enhance_your_calm\": "
         "HTTP/2 connections closed for a flood (rapid reset, a header block decoding past twice the limit).",
         NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_spend_total", GW_COUNTER,
+                              "What requests cost (the serving region's price per million input and output "
+                              "tokens times their usage; 0 without a region section), by tenant, model and "
+                              "region, counted where they came in.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_tokens_total", GW_COUNTER,
+                              "Tokens of the requests counted in infergate_spend_total, by kind (prompt or "
+                              "completion).",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_spend_gco2e_total", GW_COUNTER,
+                              "Estimated grams of CO2e of the requests counted in infergate_spend_total.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_spend_energy_wh_total", GW_COUNTER,
+                              "Estimated energy (Wh) of the requests counted in infergate_spend_total.", NULL,
+                              0);
+    rc |= gw_metrics_describe(m, "infergate_budget_spend", GW_GAUGE,
+                              "A tenant's spend this UTC day or month (period) as its budget saw it at its "
+                              "last request: the fleet's figure and what this gateway has not sent yet.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_budget", GW_GAUGE, "A tenant's budget for the period (its config).",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
                               0);

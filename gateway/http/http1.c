@@ -310,8 +310,21 @@ static void h1_shut(gw_http_conn *c)
  * sent ends in a TCP reset, not a FIN. An HTTP/1.0 body is delimited by
  * the close, so a FIN would make a cut body look whole (and a proxy in
  * front, nginx's HTTP/1.0 upstreams, pass it on as such). */
+/* Its output counts in the bytes the server holds for slow readers
+ * (max_buffer), as HTTP/2 streams' do: a thousand HTTP/1 clients that stop
+ * reading held a stream's bound each, outside every other. */
+static void h1_out_cb(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+    gw_conn_held_add(arg, (ptrdiff_t)info->n_added - (ptrdiff_t)info->n_deleted);
+}
+
 static void h1_closing(gw_http_conn *c)
 {
+    if (c->h1.out_cb) {
+        evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->h1.out_cb);
+        c->h1.out_cb = NULL;
+        gw_conn_held_add(c, -(ptrdiff_t)c->h2_out_held);
+    }
     gw_http_stream *s = c->h1.cur;
     if (!s || !s->resp_started || (s->resp_ended && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0))
         return;
@@ -351,7 +364,7 @@ static void h1_run(gw_http_conn *c)
                 gw_conn_free(c);
                 return;
             }
-            if (s->above_half && !s->resp_ended && left <= half) {
+            if (s->above_half && !s->resp_ended && left <= half && !gw_http_full(s)) {
                 s->above_half = false;
                 gw_stream_writable(s);
                 break;
@@ -596,6 +609,8 @@ void gw_h1_start(gw_http_conn *c)
 {
     c->proto = &h1_proto;
     c->h1.state = GW_H1_IDLE;
+    /* no memory for the entry: its output goes uncounted, as before */
+    c->h1.out_cb = evbuffer_add_cb(bufferevent_get_output(c->bev), h1_out_cb, c);
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     h1_set_bounds(c);
     h1_run(c);

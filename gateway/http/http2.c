@@ -38,15 +38,10 @@
 static void held_add(gw_http_stream *s, ptrdiff_t n)
 {
     gw_http_conn *c = s->conn;
-    gw_http_server *srv = c->srv;
-    const size_t srv_half = srv->limits.max_buffer / 2;
-    const bool conn_over = gw_conn_full(c), srv_over = srv->h2_out_held > srv_half;
-    c->h2_out_held += (size_t)n;
-    srv->h2_out_held += (size_t)n;
-    if (conn_over && !gw_conn_full(c))
+    if (gw_conn_held_add(c, n))
         c->h2_sweep_due = c->writable_due = true;
-    if (srv_over && srv->h2_out_held <= srv_half)
-        srv->h2_sweep_due = c->writable_due = true;
+    if (c->srv->h2_sweep_due)
+        c->writable_due = true; /* swept by conn_notify_writable, or the server's event if first */
 }
 
 /* n response bytes went out (the client's window let them). A connection
@@ -297,15 +292,6 @@ static int conn_send(gw_http_conn *c)
     return 0;
 }
 
-/* A full stream that no longer is: on_writable. */
-static void sweep_stream(gw_http_stream *s)
-{
-    if (s->above_half && !gw_http_full(s)) {
-        s->above_half = false;
-        gw_stream_writable(s);
-    }
-}
-
 /* on_writable for the streams whose buffer fell while nghttp2 sent, and,
  * when the connection's or the server's held bytes fell to half their
  * bound, for every stream they held back (the server's: on every
@@ -323,9 +309,9 @@ static void conn_notify_writable(gw_http_conn *c)
             /* Full again (a stream told before it wrote): told later. */
             s->writable_due = false;
             s->above_half = true;
-            sweep_stream(s);
+            gw_stream_sweep(s);
         } else if (sweep) {
-            sweep_stream(s);
+            gw_stream_sweep(s);
         }
     }
     gw_http_server *srv = c->srv;
@@ -333,7 +319,7 @@ static void conn_notify_writable(gw_http_conn *c)
         srv->h2_sweep_due = false;
         for (gw_http_conn *o = srv->conns; o; o = o->next)
             for (gw_http_stream *s = o->dead ? NULL : o->streams; s; s = s->next)
-                sweep_stream(s);
+                gw_stream_sweep(s);
     }
 }
 

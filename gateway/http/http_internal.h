@@ -174,6 +174,7 @@ typedef struct gw_h1 {
     gw_h1_chunk_state chunk;
     uint64_t body_left; /* content-length bytes, or bytes of the current chunk, still to come */
     size_t trailer_bytes;
+    struct evbuffer_cb_entry *out_cb; /* counts its output in the held bytes (gw_conn_held_add) */
 } gw_h1;
 
 struct gw_http_conn {
@@ -241,8 +242,10 @@ struct gw_http_server {
     gw_http_conn *conns;
     size_t n_conns;
     size_t active_streams;
-    size_t h2_out_held;             /* HTTP/2 response bytes all streams hold (max_buffer) */
+    size_t h2_out_held;             /* response bytes all connections hold (max_buffer): HTTP/2
+                                       streams' `out`, HTTP/1 connections' output */
     bool h2_sweep_due;              /* h2_out_held fell to half max_buffer: full streams may go on */
+    struct event *sweep_ev;         /* runs that sweep when HTTP/1 output made it due */
     bool draining;                  /* gw_http_server_drain: no new requests */
     int port;                       /* of the last TCP listener, 0 if none */
     int n_listeners_added;
@@ -293,6 +296,14 @@ void gw_stream_closed(gw_http_stream *s, bool finished);
 void gw_conn_flush_closed(gw_http_conn *c);
 /* Calls on_writable for `s` if the application should still hear it. */
 void gw_stream_writable(gw_http_stream *s);
+/* A full stream that no longer is (gw_http_full): on_writable. */
+void gw_stream_sweep(gw_http_stream *s);
+/* Response bytes the connection took (n > 0) or gave back (n < 0), on its
+ * count and the server's (max_conn_buffer, max_buffer); when the server's
+ * falls to half its bound, the streams it held back on every connection
+ * are swept. True when the connection's count fell from over half its
+ * bound to below (its own full streams may go on). */
+bool gw_conn_held_add(gw_http_conn *c, ptrdiff_t n);
 /* Closes every stream (on_close unfinished) and frees the connection. */
 void gw_conn_free(gw_http_conn *c);
 void gw_conn_schedule_send(gw_http_conn *c);

@@ -273,6 +273,44 @@ void gw_stream_writable(gw_http_stream *s)
         srv->handler.on_writable(srv->ud, s, s->user);
 }
 
+void gw_stream_sweep(gw_http_stream *s)
+{
+    if (s->above_half && !gw_http_full(s)) {
+        s->above_half = false;
+        gw_stream_writable(s);
+    }
+}
+
+static void server_sweep(gw_http_server *srv)
+{
+    if (!srv->h2_sweep_due)
+        return;
+    srv->h2_sweep_due = false;
+    for (gw_http_conn *o = srv->conns; o; o = o->next)
+        for (gw_http_stream *s = o->dead ? NULL : o->streams; s; s = s->next)
+            gw_stream_sweep(s);
+}
+
+static void on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+    server_sweep(arg);
+}
+
+bool gw_conn_held_add(gw_http_conn *c, ptrdiff_t n)
+{
+    gw_http_server *srv = c->srv;
+    const size_t srv_half = srv->limits.max_buffer / 2;
+    const bool conn_over = gw_conn_full(c), srv_over = srv->h2_out_held > srv_half;
+    c->h2_out_held += (size_t)n;
+    srv->h2_out_held += (size_t)n;
+    if (srv_over && srv->h2_out_held <= srv_half) {
+        srv->h2_sweep_due = true;
+        if (srv->sweep_ev)
+            event_active(srv->sweep_ev, EV_TIMEOUT, 0);
+    }
+    return conn_over && !gw_conn_full(c);
+}
+
 /* ---- connections ---- */
 
 void gw_conn_free(gw_http_conn *c)
@@ -484,7 +522,7 @@ gw_http_server *gw_http_server_new(struct event_base *base, const gw_http_limits
     gw_http_server_set_limits(srv, limits);
     srv->handler = *handler;
     srv->ud = ud;
-    if (gw_h2_server_init(srv)) {
+    if (!(srv->sweep_ev = event_new(base, -1, 0, on_sweep, srv)) || gw_h2_server_init(srv)) {
         gw_http_server_free(srv);
         return NULL;
     }
@@ -570,6 +608,8 @@ void gw_http_server_free(gw_http_server *srv)
     while (srv->conns)
         gw_conn_free(srv->conns);
     gw_h2_server_dispose(srv);
+    if (srv->sweep_ev)
+        event_free(srv->sweep_ev);
     free(srv);
 }
 

@@ -355,6 +355,37 @@ except AssertionError:
 # --- cost policy: the cheapest region within the SLO, following a price change ---
 got = {served_by(n, "cheap") for n in names}
 t.ok(got == {"us1"}, "cost: every region sends the cost tenant to us1, the cheapest (%s)" % got)
+
+
+# --- spend: a request eu1 sends to us1 costs us1's price, counted once: by eu1, where it came in ---
+def spend_metric(n, tenant, region):
+    m = re.search(r'^infergate_spend_total\{tenant="%s",model="m",region="%s"\} (\S+)$' % (tenant, region),
+                  request(n, "ops", path="/metrics")[2].decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+spent_eu, spent_us = spend_metric("eu1", "cheap", "us1"), spend_metric("us1", "cheap", "us1")
+s, h, b = request("eu1", "cheap")
+u = json.loads(b)["usage"] if s == 200 else {"prompt_tokens": 0, "completion_tokens": 0}
+cost = (u["prompt_tokens"] * prices["us1"][0] + u["completion_tokens"] * prices["us1"][1]) / 1e6
+counted = wait_until(lambda: spend_metric("eu1", "cheap", "us1") - spent_eu > 0, 5, "eu1 counts the spend") and \
+    spend_metric("eu1", "cheap", "us1") - spent_eu
+t.ok(s == 200 and h.get("x-infergate-region") == "us1" and abs(counted - cost) < 1e-12 and
+     spend_metric("us1", "cheap", "us1") == spent_us,
+     "spend: eu1 counts %.9f for the request us1 served (its usage at us1's price: %.9f); us1 counts none of it"
+     % (counted, cost))
+# x-infergate-max-cost: the worst case is the estimate the tenant is charged
+# (body bytes / 4, and max_tokens 2) at each candidate's price; eu1 (3 per
+# million) is over 2.5 x that, ap1 (2) and us1 (1) under it
+body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 2, "temperature": 0}
+worst = (len(json.dumps(body)) / 4 + 2) / 1e6
+s, h, b = request("eu1", "open", body=body, headers={"x-infergate-max-cost": "%.12f" % (2.5 * worst)})
+t.ok(s == 200 and h.get("x-infergate-region") in ("ap1", "us1"),
+     "max cost: eu1, over it at its own price, passes the request to a cheaper region (%d, %s)"
+     % (s, h.get("x-infergate-region")))
+s, h, b = request("eu1", "open", body=body, headers={"x-infergate-max-cost": "%.12f" % (0.5 * worst)})
+t.ok(s == 400 and json.loads(b)["error"]["code"] == "max_cost_exceeded",
+     "max cost: under every region's worst case, 400 max_cost_exceeded: %s" % b[:200])
 r = subprocess.run([INFERGATE, "region", "set-price", "us1", "--input", "9", "--output", "9", "--redis",
                     "127.0.0.1:%d" % redis_port, "--cluster", "t%d" % redis_port], capture_output=True, text=True,
                    env=dict(os.environ, INFERGATE_RECORD_KEY=FLEET_KEY))

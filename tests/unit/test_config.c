@@ -319,6 +319,7 @@ static void test_defaults(void **state)
     assert_int_equal(c->tenants[0].n_residency, 0);
     assert_int_equal(c->tenants[0].policy, GW_POLICY_DEFAULT);
     assert_true(c->tenants[0].slo_ms == 0 && c->tenants[0].max_price == 0);
+    assert_true(c->tenants[0].budget_daily == 0 && c->tenants[0].budget_monthly == 0);
     assert_false(c->tenants[0].batch_only);
     assert_true(c->tenants[0].weight == 1);
     gw_config_free(c);
@@ -352,6 +353,7 @@ static const char routing_yaml[] =
     "    max_price: 2.5\n"
     "    priority: batch\n"
     "    weight: 2.5\n"
+    "    budget: {daily: 5, monthly: 100.5}\n"
     "region:\n"
     "  name: eu-west.1\n"
     "  endpoint: \"tls:10.0.0.5:8443\"\n"
@@ -401,6 +403,7 @@ static void test_routing_full(void **state)
     assert_true(t->slo_ms == 120.5);
     assert_true(t->max_price == 2.5);
     assert_true(t->weight == 2.5);
+    assert_true(t->budget_daily == 5 && t->budget_monthly == 100.5);
     assert_true(t->batch_only);
 
     assert_string_equal(c->region.name, "eu-west.1");
@@ -722,6 +725,17 @@ static const struct {
     {TEN_A "    weight: 0\n", "bad.yaml:4: tenants[0].weight: must be a number from 0.001 to 1e+06"},
     {TEN_A "    weight: 2000000\n", "bad.yaml:4: tenants[0].weight: must be a number from 0.001 to 1e+06"},
     {TEN_A "    weight: heavy\n", "bad.yaml:4: tenants[0].weight: must be a number"},
+    {TEN_A "    budget: {daily: 5}\n", "bad.yaml:4: tenants[0].budget: a budget needs a region section: its "
+                                       "price is what requests cost"},
+    {"region: {name: eu}\n" TEN_A "    budget: {}\n",
+     "bad.yaml:5: tenants[0].budget: needs daily, monthly or both"},
+    {"region: {name: eu}\n" TEN_A "    budget: 5\n", "bad.yaml:5: tenants[0].budget: must be a map"},
+    {"region: {name: eu}\n" TEN_A "    budget: {daily: 0}\n",
+     "bad.yaml:5: tenants[0].budget.daily: must be a number > 0 (leave it out for no budget)"},
+    {"region: {name: eu}\n" TEN_A "    budget: {monthly: -2}\n",
+     "bad.yaml:5: tenants[0].budget.monthly: must be a number from 0"},
+    {"region: {name: eu}\n" TEN_A "    budget: {weekly: 3}\n",
+     "bad.yaml:5: tenants[0].budget.weekly: unknown key"},
 };
 
 static void test_broken(void **state)

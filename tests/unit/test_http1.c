@@ -14,6 +14,10 @@ HARNESS_SETUP(setup_small, harness_new_tcp, .max_body = 100000, .max_header_list
               .max_stream_buffer = 256 << 10)
 HARNESS_SETUP(setup_timeouts, harness_new_tcp, .header_timeout_ms = 200, .idle_timeout_ms = 300)
 HARNESS_SETUP(setup_two_conns, harness_new_tcp, .max_connections = 2)
+/* Four streams of /paced (64 KiB writes) fill half the server's bound
+ * between them and stay within the whole: 320 + 320 + 192 + 192 KiB. */
+HARNESS_SETUP(setup_held, harness_new_tcp, .max_stream_buffer = 512 << 10, .max_conn_buffer = 512 << 10,
+              .max_buffer = 1 << 20)
 
 /* ---- with curl ---- */
 
@@ -474,6 +478,42 @@ static void test_slow_reader(void **state)
     close(fd);
 }
 
+static bool four_requests(tsrv *t, void *arg)
+{
+    return t->n_request >= 4;
+}
+
+/* HTTP/1 output counts in the bytes the server holds (max_buffer), as
+ * HTTP/2 streams' does: four clients that do not read hold back their
+ * producers once the server holds half its bound, not a stream's bound
+ * each outside it; nothing is cut, and each answer arrives whole once
+ * read. */
+static void test_held_bytes_bounded(void **state)
+{
+    tsrv *t = *state;
+    static const char req[] = "GET /paced HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    int fd[4];
+    for (int i = 0; i < 4; i++) {
+        fd[i] = raw_connect(t, 4096);
+        raw_send(fd[i], req, sizeof(req) - 1);
+    }
+    assert_true(run_until(t, four_requests, NULL));
+    run_for(t, 200);
+    assert_true(t->srv->h2_out_held > t->lim.max_buffer / 2);
+    assert_true(t->srv->h2_out_held <= t->lim.max_buffer);
+    assert_int_equal(t->n_unfinished, 0);
+    for (int i = 0; i < 4; i++) {
+        size_t len;
+        char *got = raw_read_all(t, fd[i], PACED + 65536, &len);
+        assert_true(len > PACED);
+        assert_non_null(strstr(got, "HTTP/1.1 200"));
+        free(got);
+        close(fd[i]);
+    }
+    assert_int_equal(t->n_unfinished, 0);
+    assert_int_equal(t->srv->h2_out_held, 0);
+}
+
 /* HTTP/1.0: a response cut short (the same reset) was delimited by the
  * close, so a FIN read as the whole body; the close is now a reset. */
 static void test_http10_cut_is_reset(void **state)
@@ -657,6 +697,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_head, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_body_too_large, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_reset, setup, harness_teardown),
+        cmocka_unit_test_setup_teardown(test_held_bytes_bounded, setup_held, harness_teardown),
         cmocka_unit_test_setup_teardown(test_http10_cut_is_reset, setup, harness_teardown),
         cmocka_unit_test_setup_teardown(test_paced, setup_small, harness_teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup_small, harness_teardown),
