@@ -27,6 +27,18 @@
 #define EST_EVERY_S 0.05   /* the TTFT estimate is refreshed at most this often */
 #define EST_MAX_WORK 200000 /* sequence-steps of replay per estimate, at most */
 
+/* A tenant with requests here (or a debt: see sweep_tenants). Compute
+ * thread only, but for the one a submitted request brings, which is its
+ * own until intake links it or finds the tenant's. */
+typedef struct tenant tenant;
+struct tenant {
+    tenant *next;
+    char name[RT_SCHED_TENANT_MAX + 1];
+    double weight;
+    double vt;     /* tokens computed for it / weight: the least goes next */
+    int n_present; /* its requests waiting or running */
+};
+
 typedef struct sreq sreq;
 struct sreq {
     sreq *next; /* in inbox or a waiting queue */
@@ -72,6 +84,9 @@ struct sreq {
     int64_t deadline_ms;
     rt_seq *seq;
     double t_submit, t_admit, t_last;
+    tenant *tn;  /* linked at intake; before, the request's own (tn_own) */
+    bool tn_own;
+    int n_charged; /* positions its tenant was charged for: a recompute is not charged again */
 };
 
 typedef struct queue {
@@ -105,6 +120,8 @@ struct rt_sched {
     int n_running;
     rt_batch_entry *batch;
     int *take;
+    int *order; /* running indices, the prefill passes' order (fair_order) */
+    tenant *tenants; /* those with requests here, and those in debt */
     float *logits;
     int32_t *sampled; /* the token drawn from each batch entry's logits */
     double rate_t0;
@@ -199,6 +216,10 @@ static sreq *q_pop(queue *q)
 
 static void sreq_free(sreq *r)
 {
+    if (r->tn_own)
+        free(r->tn);
+    else if (r->tn)
+        r->tn->n_present--;
     rt_seq_free(r->seq);
     rt_gmatch_free(r->gm);
     free(r->gmask);
@@ -270,9 +291,20 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     for (int i = 0; i < r->n_resume; i++)
         if (r->resume[i] < 0 || r->resume[i] >= s->n_vocab)
             return -EINVAL;
+    const char *tname = r->tenant ? r->tenant : "";
+    if (strlen(tname) > RT_SCHED_TENANT_MAX ||
+        !(r->weight == 0 || (r->weight >= RT_SCHED_WEIGHT_MIN && r->weight <= RT_SCHED_WEIGHT_MAX)))
+        return -EINVAL;
     sreq *q = calloc(1, sizeof(*q));
     if (!q)
         return -ENOMEM;
+    if (!(q->tn = calloc(1, sizeof(*q->tn)))) {
+        free(q);
+        return -ENOMEM;
+    }
+    q->tn_own = true;
+    strcpy(q->tn->name, tname);
+    q->tn->weight = r->weight > 0 ? r->weight : 1;
     q->tokens = malloc((size_t)(r->n_prompt + max_new) * sizeof(int32_t));
     q->stop = rt_stop_new(r->stops, r->n_stops);
     q->sampling = r->sampling;
@@ -427,15 +459,133 @@ static void apply_holds(rt_sched *s, const uint64_t *ops, int n)
     }
 }
 
+/* ---- fair share between tenants (see sched.h) ---- */
+
+/* The least virtual time of the tenants with requests here but `but`;
+ * -1 when there is none. */
+static double least_vt(const rt_sched *s, const tenant *but)
+{
+    double v = -1;
+    for (const tenant *t = s->tenants; t; t = t->next)
+        if (t != but && t->n_present > 0 && (v < 0 || t->vt < v))
+            v = t->vt;
+    return v;
+}
+
+/* Forgets the tenants with no request here whose return would start them
+ * level with the least present anyway (no debt), and all of them when
+ * none is present: the table holds the present and the indebted. */
+static void sweep_tenants(rt_sched *s)
+{
+    double least = least_vt(s, NULL);
+    for (tenant **pp = &s->tenants; *pp;) {
+        tenant *t = *pp;
+        if (t->n_present == 0 && (least < 0 || t->vt <= least)) {
+            *pp = t->next;
+            free(t);
+        } else {
+            pp = &t->next;
+        }
+    }
+}
+
+/* Gives r, new, the table's entry for its tenant (its own becomes it when
+ * there is none), with the weight r brought. A tenant coming back starts
+ * level with the least present: no credit for its idle time. */
+static void link_tenant(rt_sched *s, sreq *r)
+{
+    tenant *own = r->tn, *t = s->tenants;
+    while (t && strcmp(t->name, own->name))
+        t = t->next;
+    if (t) {
+        t->weight = own->weight;
+        free(own);
+    } else {
+        t = own;
+        t->next = s->tenants;
+        s->tenants = t;
+    }
+    r->tn = t;
+    r->tn_own = false;
+    if (t->n_present++ == 0) {
+        double least = least_vt(s, t);
+        if (least > t->vt)
+            t->vt = least;
+    }
+}
+
+/* Charges r's tenant for the positions [from, to) a step computed, less
+ * those it computed before a preemption. */
+static void charge(sreq *r, int from, int to)
+{
+    if (from < r->n_charged)
+        from = r->n_charged;
+    if (to > from) {
+        r->tn->vt += (to - from) / r->tn->weight;
+        r->n_charged = to;
+    }
+}
+
+/* The request to admit next from q: the first of the tenant with the least
+ * virtual time; *prev is the one before it (NULL: the head). */
+static sreq *fair_pick(queue *q, sreq **prev)
+{
+    sreq *best = q->head, *p = NULL;
+    *prev = NULL;
+    for (sreq *r = q->head; r; p = r, r = r->next)
+        if (r->tn->vt < best->tn->vt) {
+            best = r;
+            *prev = p;
+        }
+    return best;
+}
+
+static void q_remove(queue *q, sreq *prev, sreq *r)
+{
+    if (!prev) {
+        q_pop(q);
+        return;
+    }
+    prev->next = r->next;
+    if (q->tail == r)
+        q->tail = prev;
+    q->n--;
+}
+
+/* Slots tenant t holds, plus `extra`, per weight. */
+static double slots_per_weight(const rt_sched *s, const tenant *t, int extra)
+{
+    int n = extra;
+    for (int i = 0; i < s->n_running; i++)
+        n += s->running[i]->tn == t;
+    return n / t->weight;
+}
+
+/* s->order: the running requests' indices by their tenant's virtual time,
+ * least first, in admission order within a tenant. */
+static void fair_order(rt_sched *s)
+{
+    for (int i = 0; i < s->n_running; i++) {
+        double vt = s->running[i]->tn->vt;
+        int j = i;
+        for (; j > 0 && s->running[s->order[j - 1]]->tn->vt > vt; j--)
+            s->order[j] = s->order[j - 1];
+        s->order[j] = i;
+    }
+}
+
 /* Moves new requests in, applies cancellations, drops the requests whose
  * deadline passed before their first token, waiting or prefilling: a long
  * prompt's prefill runs for many steps. */
 static void intake(rt_sched *s)
 {
+    sweep_tenants(s);
     pthread_mutex_lock(&s->mu);
     sreq *r;
-    while ((r = q_pop(&s->inbox)))
+    while ((r = q_pop(&s->inbox))) {
+        link_tenant(s, r);
         q_push(&s->waiting[r->prio], r);
+    }
     /* The list is taken whole (rt_sched_cancel starts another): a copy
      * that could not be made left the cancellations pending, and the
      * loop spinning on them until memory came back. */
@@ -576,6 +726,48 @@ static bool preemption_makes_room(const rt_sched *s, int blocks, int promised)
     return n < s->o.max_seqs && (n == 0 || blocks + promised + n <= free_blocks);
 }
 
+/* Whether running request c may give way to waiting r for fair share:
+ * another tenant's, of r's priority or lower (a batch one not admitted
+ * after a long wait). */
+static bool may_give_way(const rt_sched *s, const sreq *c, const sreq *r)
+{
+    return c->tn != r->tn && c->prio >= r->prio && (c->prio == RT_PRIO_INTERACTIVE || gives_way_first(s, c));
+}
+
+/* For waiting request r, when the slots or the KV room are short: the
+ * running request to give way to it for fair share, or -1. It is the
+ * youngest of those that may (may_give_way) of the tenant holding the most
+ * slots per weight, provided r's tenant, given the slot, holds no more per
+ * weight than that one keeps (so slots never swing back and forth), and
+ * its blocks make room for r's. */
+static int fair_victim(const rt_sched *s, const sreq *r, int blocks, int promised)
+{
+    const tenant *most = NULL;
+    double most_spw = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        const sreq *c = s->running[i];
+        if (!may_give_way(s, c, r) || c->tn == most)
+            continue;
+        double spw = slots_per_weight(s, c->tn, -1);
+        if (!most || spw > most_spw) {
+            most = c->tn;
+            most_spw = spw;
+        }
+    }
+    if (!most || slots_per_weight(s, r->tn, 1) > most_spw)
+        return -1;
+    int v = -1;
+    for (int i = 0; i < s->n_running; i++) {
+        const sreq *c = s->running[i];
+        if (c->tn == most && may_give_way(s, c, r) && (v < 0 || c->t_submit >= s->running[v]->t_submit))
+            v = i;
+    }
+    const sreq *c = s->running[v];
+    int n = s->n_running - 1, free_blocks = rt_kv_blocks_free(s->kv) + rt_seq_blocks_freeable(c->seq);
+    promised -= rt_seq_blocks_needed(c->seq, c->n_tokens - c->n_done);
+    return n > 0 && blocks + promised + n > free_blocks ? -1 : v;
+}
+
 static int promised_blocks(const rt_sched *s)
 {
     int promised = 0;
@@ -632,19 +824,36 @@ static void admit(rt_sched *s)
 {
     int admitted[2] = {0, 0}, promised = promised_blocks(s);
     double now = gw_mono_s();
+    /* the request a preemption made room for: the next one picked could be
+     * the one that gave way, and the two swap places for ever */
+    sreq *made_room_for = NULL;
     for (;;) {
         queue *q = next_queue(s, now);
-        sreq *r = q->head;
-        if (!r)
+        sreq *prev = NULL, *r = q->head;
+        if (made_room_for) {
+            r = made_room_for;
+            q = &s->waiting[r->prio];
+            for (sreq *p = q->head; p != r; p = p->next)
+                prev = p;
+        } else if (!r) {
             break;
+        } else if (q != &s->waiting[RT_PRIO_BATCH] || !aged(s, r, now)) {
+            /* an aged batch request goes first whatever its tenant: aging
+             * is what keeps batch work from starving */
+            r = fair_pick(q, &prev);
+        }
+        made_room_for = NULL;
         int blocks = blocks_for(s, r->n_tokens);
         if (s->n_running >= s->o.max_seqs ||
             (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)) {
             int v = r->prio == RT_PRIO_INTERACTIVE ? youngest(s, true) : -1;
             if (v < 0 || !preemption_makes_room(s, blocks, promised))
+                v = fair_victim(s, r, blocks, promised);
+            if (v < 0)
                 break;
             preempt_at(s, v);
             promised = promised_blocks(s);
+            made_room_for = r;
             continue;
         }
         /* kept across a preemption, with the counts penalties read */
@@ -652,7 +861,7 @@ static void admit(rt_sched *s)
             (r->logprobs && !r->lp_row && !(r->lp_row = malloc((size_t)s->n_vocab * sizeof(float)))) ||
             (r->grammar && !r->gm &&
              (!(r->gm = rt_gmatch_new(r->grammar)) || !(r->gmask = malloc(mask_bytes(s)))))) {
-            q_pop(q);
+            q_remove(q, prev, r);
             admitted[r->prio]++; /* out of the queue all the same */
             finish_error(s, r, -ENOMEM);
             continue;
@@ -660,7 +869,7 @@ static void admit(rt_sched *s)
         r->seq = rt_seq_new(s->kv, r->n_prompt + r->max_new);
         if (!r->seq)
             break;
-        q_pop(q);
+        q_remove(q, prev, r);
         r->waited_s += now - r->t_queued;
         reuse_prefix(s, r);
         r->t_admit = gw_mono_s();
@@ -731,8 +940,10 @@ static int build_batch(rt_sched *s)
         for (int i = 0; i < s->n_running; i++)
             n_dec += decoding(s->running[i]) && !s->running[i]->held;
         int budget = prefill_budget(s, n_dec) + n_dec, n = 0, blocks = 0;
+        fair_order(s);
         for (int pass = 0; pass < 3; pass++) {
-            for (int i = 0; i < s->n_running; i++) {
+            for (int k = 0; k < s->n_running; k++) {
+                int i = s->order[k];
                 sreq *r = s->running[i];
                 int remaining = r->n_tokens - r->n_done;
                 if (r->held || batch_pass(s, r, now) != pass)
@@ -974,6 +1185,7 @@ static int step(rt_sched *s)
             s->running[s->take[i]] = NULL;
             continue;
         }
+        charge(r, r->n_done, r->n_done + s->batch[i].n_tokens);
         r->n_done += s->batch[i].n_tokens;
         rt_seq_cache_blocks(r->seq, r->tokens);
         if (s->batch[i].logits && advance(s, r, s->sampled[i], now))
@@ -1021,7 +1233,10 @@ static bool est_room(rt_sched *s, int n)
 
 /* The TTFT estimate (sched_est.h) for an interactive request joining now:
  * behind the running requests and the interactive ones waiting (batch
- * ones wait behind it), the inbox's included. */
+ * ones wait behind it), the inbox's included. In arrival order, as if one
+ * tenant sent them all: fair share lets another tenant's request pass
+ * them, so for it this is an upper bound (routing knows no tenant's place
+ * in a worker's queue). */
 static void update_estimate(rt_sched *s, double now)
 {
     if (now - s->est_t < EST_EVERY_S || !s->est_run)
@@ -1150,11 +1365,12 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->running = calloc((size_t)cap, sizeof(sreq *));
     s->batch = calloc((size_t)cap, sizeof(rt_batch_entry));
     s->take = calloc((size_t)cap, sizeof(int));
+    s->order = calloc((size_t)cap, sizeof(int));
     s->logits = malloc((size_t)cap * s->n_vocab * sizeof(float));
     s->sampled = calloc((size_t)cap, sizeof(int32_t));
     s->est_run = calloc((size_t)cap, sizeof(rt_est_seq));
     s->gen_frac = 1;
-    if (!s->running || !s->batch || !s->take || !s->logits || !s->sampled || !s->est_run) {
+    if (!s->running || !s->batch || !s->take || !s->order || !s->logits || !s->sampled || !s->est_run) {
         snprintf(err, err_len, "out of memory for %d sequences", cap);
         goto fail;
     }
@@ -1189,6 +1405,7 @@ fail:
     free(s->running);
     free(s->batch);
     free(s->take);
+    free(s->order);
     free(s->logits);
     free(s->sampled);
     rt_kv_free(s->kv);
@@ -1217,8 +1434,14 @@ void rt_sched_free(rt_sched *s)
     free(s->running);
     free(s->batch);
     free(s->take);
+    free(s->order);
     free(s->logits);
     free(s->sampled);
+    while (s->tenants) {
+        tenant *t = s->tenants;
+        s->tenants = t->next;
+        free(t);
+    }
     rt_kv_free(s->kv);
     free(s);
 }

@@ -17,6 +17,24 @@
  * finds no slot or room takes them from the youngest running batch
  * request (the same kind), which is recomputed in its turn.
  *
+ * Fair share between tenants (weighted fair queuing). Each request names
+ * the tenant it is served for, with that tenant's weight. A tenant is
+ * charged every token a step computes for it, prompt (prefill chunks and
+ * recomputes) and generated alike, divided by its weight: its virtual
+ * time. Priority comes first: the interactive queue is admitted from before
+ * the batch one (aging as above); within the queue chosen, the waiting
+ * request of the tenant with the least virtual time goes next (FIFO within
+ * a tenant), and prompt chunks share each step's budget in the same order.
+ * A tenant that comes back after an absence starts level with the least
+ * of those present, with no credit for its idle time (its debt, if it had
+ * one, is kept while others are present). Work conserving: with one tenant present it gets every
+ * slot. When the slots are full, a waiting request whose tenant holds
+ * fewer slots per weight than another takes one from it (the youngest of
+ * that tenant's requests of its own priority or lower, recomputed in its
+ * turn) as long as, slots divided by weight, it still holds no more than
+ * the tenant it took from: otherwise a tenant with every slot would hold
+ * them until its streams end, and a newcomer would wait for that.
+ *
  * Threads: submit, cancel and stats may be called from any thread. Event
  * callbacks run on the compute thread (save the final errors rt_sched_free
  * gives requests it finds not yet taken in, on its caller's); they must not
@@ -122,9 +140,19 @@ typedef struct rt_sched_req {
      * Not with a grammar (-EINVAL). */
     const int32_t *resume;
     int n_resume;
+    /* The tenant it is served for (copied; NULL or "": the nameless one;
+     * at most RT_SCHED_TENANT_MAX bytes), and its weight (RT_SCHED_WEIGHT_MIN
+     * to _MAX; 0: 1; else -EINVAL). The last request's weight is the
+     * tenant's. */
+    const char *tenant;
+    double weight;
     rt_sched_cb cb;
     void *user;
 } rt_sched_req;
+
+#define RT_SCHED_TENANT_MAX 64
+#define RT_SCHED_WEIGHT_MIN 1e-3
+#define RT_SCHED_WEIGHT_MAX 1e6
 
 /* Starts the compute thread. NULL with err filled on failure. */
 rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t err_len);
@@ -134,7 +162,7 @@ void rt_sched_free(rt_sched *s);
 /* 0 and *id; -EAGAIN the queue of the request's priority is full; -E2BIG
  * prompt plus max_tokens beyond the context length; -ENOSPC the prompt
  * (plus max_tokens) could never fit the KV pool; -EINVAL empty prompt,
- * bad token or sampling parameters (rt_sampler_params_ok); -ENOMEM; -ESHUTDOWN. On failure no event will
+ * bad token, tenant name or weight, or sampling parameters (rt_sampler_params_ok); -ENOMEM; -ESHUTDOWN. On failure no event will
  * come. */
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id);
 /* deadline_ms is epoch milliseconds (gw_epoch_ms, gateway/base/clock.h): a

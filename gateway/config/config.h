@@ -39,6 +39,7 @@
  *       slo_ms: 200             # cost policy bound; default: routing.slo_ms
  *       max_price: 2.5          # per million tokens, both prices (routing/router.h); default: no cap
  *       priority: interactive   # interactive: x-infergate-priority decides; batch: every request is batch
+ *       weight: 1               # its share of a worker against other tenants' (0.001 to 1e6)
  *       budget: {daily: 5, monthly: 100}  # spend per UTC day / month in the prices' currency (either
  *                               # may be left out); at it: 429 insufficient_quota (front/spend.h)
  *       primary: [onprem, reserved]  # policy primary: this tenant's preferred regions; default routing.primary
@@ -169,11 +170,17 @@ typedef struct gw_tenant_cfg {
     double slo_ms;          /* 0: routing.slo_ms */
     double max_price;       /* per million of a request's tokens (routing/router.h); 0: no cap */
     bool batch_only;        /* priority: batch, whatever the request asks */
+    /* Its share of a worker's tokens and slots against the other tenants'
+     * there (runtime/sched.h's fair share); 1 unless set. Reloads. */
+    double weight;
     double budget_daily, budget_monthly; /* spend per UTC day / month; 0: none */
     char **primary;         /* policy primary: this tenant's preferred regions, in order; NULL: routing.primary */
     int n_primary;
     unsigned allow_policies; /* bit (1 << gw_route_policy) for each x-infergate-policy value allowed */
 } gw_tenant_cfg;
+
+#define GW_TENANT_WEIGHT_MIN 1e-3 /* the scheduler's range (RT_SCHED_WEIGHT_MIN, _MAX) */
+#define GW_TENANT_WEIGHT_MAX 1e6
 
 typedef struct gw_limits_cfg {
     size_t max_body_bytes, max_header_bytes, stream_buffer_bytes;

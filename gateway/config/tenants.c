@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 
 #include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +134,7 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
         K_SLO,
         K_PRICE,
         K_PRIO,
+        K_WEIGHT,
         K_BUDGET,
         K_PRIMARY,
         K_ALLOW,
@@ -140,7 +142,7 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
     };
     static const char *const keys[K_N] = {"name",     "keys",     "models",  "rps",          "tpm",
                                           "admin",    "residency", "policy", "slo_ms",       "max_price",
-                                          "priority", "budget",   "primary", "allow_policies"};
+                                          "priority", "weight",   "budget",  "primary",      "allow_policies"};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, path, keys, K_N, v);
@@ -196,6 +198,15 @@ static int parse_tenant(cfg_parser *p, const yaml_node_t *n, const char *path, g
         free(s);
         if (rc)
             return rc;
+    }
+    t->weight = 1;
+    if (!rc && v[K_WEIGHT]) {
+        gw_cfg_path_key(kp, path, "weight");
+        if ((rc = gw_cfg_num(p, v[K_WEIGHT], kp, DBL_MAX, &t->weight)))
+            return rc;
+        if (t->weight < GW_TENANT_WEIGHT_MIN || t->weight > GW_TENANT_WEIGHT_MAX)
+            rc = gw_cfg_perr(p, v[K_WEIGHT], kp, "must be a number from %g to %g", GW_TENANT_WEIGHT_MIN,
+                             GW_TENANT_WEIGHT_MAX);
     }
     if (!rc && v[K_BUDGET])
         rc = parse_budget(p, v[K_BUDGET], (gw_cfg_path_key(kp, path, "budget"), kp), t);

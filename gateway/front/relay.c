@@ -462,7 +462,15 @@ void gw_front_send_upstream(gw_front_req *p)
         h[n++] = (gw_http_header){"x-infergate-deadline-ms", v};
     n += gw_front_replay_headers(p, h + n);
     const char *target;
-    char target_buf[GW_TARGET_MAX];
+    char target_buf[GW_TARGET_MAX], weight[32];
+    /* A local worker shares itself among tenants by weight (sched.h); the
+     * tenant and its weight are this gateway's, never the client's. A
+     * receiving gateway uses its own tenant's weight. */
+    const gw_tenant_cfg *tc = !p->remote && p->tenant[0] ? gw_serve_tenant_cfg(g, p->tenant) : NULL;
+    if (tc && tc->weight > 0) {
+        snprintf(weight, sizeof(weight), "%.17g", tc->weight);
+        h[n++] = (gw_http_header){"x-infergate-tenant-weight", weight};
+    }
     if (p->remote) {
         /* The receiving gateway serves it itself: one hop, never more. */
         h[n++] = (gw_http_header){"x-infergate-hop", "1"};

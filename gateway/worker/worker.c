@@ -639,6 +639,8 @@ typedef struct wprep {
     int32_t *resume; /* x-infergate-resume's tokens (resume_parse) */
     int n_resume;
     uint64_t resume_seed;
+    char tenant[RT_SCHED_TENANT_MAX + 1]; /* the scheduler's fair share: "" none */
+    double weight;
     int rc; /* rt_engine_prepare's; e says why */
     rt_engine_req req;
     rt_oai_error e;
@@ -714,6 +716,8 @@ static void submit_prepared(gw_worker *w, wprep *p)
             respond_error_after(r->stream, &p->e, 1);
             return;
         }
+        p->req.run.tenant = p->tenant;
+        p->req.run.weight = p->weight;
         if (rt_engine_submit(w->engine, &p->req, r, &r->id, &p->e, &retry) == 0) {
             r->submitted = true;
             return;
@@ -775,7 +779,8 @@ static int resume_parse(const char *v, wreq *r, wprep *p)
 /* The request's loop state and its job for the offload thread; 0, or
  * -ENOMEM, -EINVAL (a malformed x-infergate-resume). */
 static int new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat,
-                       rt_priority pr, int64_t deadline, uint32_t prompt_bytes)
+                       rt_priority pr, int64_t deadline, uint32_t prompt_bytes, const char *tenant,
+                       double weight)
 {
     wreq *r = calloc(1, sizeof(*r));
     wprep *p = calloc(1, sizeof(*p));
@@ -813,10 +818,32 @@ static int new_request(gw_worker *w, gw_http_stream *s, const gw_http_request *r
                  .body = body,
                  .body_len = req->body_len,
                  .prio = pr,
-                 .deadline_ms = deadline};
+                 .deadline_ms = deadline,
+                 .weight = weight};
+    snprintf(p->tenant, sizeof(p->tenant), "%s", tenant);
     gw_http_set_user(s, r);
     gw_offload_submit(w->prep, &p->job, pr == RT_PRIO_INTERACTIVE);
     return 0;
+}
+
+/* The tenant the gateway serves the request for, and its weight, for the
+ * scheduler's fair share (none: the nameless tenant, weight 1). False when
+ * either is malformed. */
+static bool tenant_of(const gw_http_request *req, const char **tenant, double *weight)
+{
+    const char *t = gw_http_header_get(req, "x-infergate-tenant");
+    const char *v = gw_http_header_get(req, "x-infergate-tenant-weight");
+    *tenant = t ? t : "";
+    *weight = 1;
+    if (v) {
+        char *end = (char *)v;
+        errno = 0;
+        *weight = strspn(v, "0123456789.eE+-") == strlen(v) ? strtod(v, &end) : -1;
+        if (errno || end == v || *end)
+            return false;
+    }
+    return strlen(*tenant) <= RT_SCHED_TENANT_MAX && *weight >= RT_SCHED_WEIGHT_MIN &&
+           *weight <= RT_SCHED_WEIGHT_MAX;
 }
 
 static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_request *req, bool chat)
@@ -832,6 +859,16 @@ static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_req
         return;
     }
     rt_priority pr = prio && !strcmp(prio, "batch") ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE;
+    const char *tenant;
+    double weight;
+    if (!tenant_of(req, &tenant, &weight)) {
+        rt_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL,
+                         "x-infergate-tenant must be at most %d bytes, and x-infergate-tenant-weight a "
+                         "number from %g to %g",
+                         RT_SCHED_TENANT_MAX, RT_SCHED_WEIGHT_MIN, RT_SCHED_WEIGHT_MAX);
+        respond_error(s, &e);
+        return;
+    }
     int retry;
     if (rt_engine_admit(w->engine, pr, deadline, &e, &retry)) {
         respond_error_after(s, &e, retry);
@@ -839,7 +876,7 @@ static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_req
     }
     gw_prefix_chain c;
     gw_prefix_chain_of(req->body, req->body_len, &c);
-    int rc = new_request(w, s, req, chat, pr, deadline, c.n ? c.end[c.n - 1] : 0);
+    int rc = new_request(w, s, req, chat, pr, deadline, c.n ? c.end[c.n - 1] : 0, tenant, weight);
     if (rc) {
         rt_engine_release(w->engine, pr);
         if (rc == -EINVAL)

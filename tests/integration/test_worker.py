@@ -370,6 +370,15 @@ s, _, _ = post("/v1/completions", body(prompts[0]), headers=["x-infergate-deadli
                                                                "x-infergate-priority: batch"])
 t.ok(s == 200, "deadline in the future and batch priority -> 200")
 
+# --- the tenant the gateway serves a request for, and its weight (fair share) ---
+s, _, b = post("/v1/completions", body(prompts[0]), headers=["x-infergate-tenant: acme",
+                                                               "x-infergate-tenant-weight: 2.5"])
+t.ok(s == 200 and json.loads(b)["choices"][0]["text"] == alone[0], "a tenant and its weight -> 200, the same answer")
+bad = [post("/v1/completions", body(prompts[0]), headers=h)[0]
+       for h in (["x-infergate-tenant-weight: 0"], ["x-infergate-tenant-weight: heavy"],
+                 ["x-infergate-tenant-weight: 1e9"], ["x-infergate-tenant: " + "t" * 65])]
+t.ok(bad == [400] * 4, "a weight out of 0.001..1e6 or not a number, or a tenant name past 64 bytes -> 400: %s" % bad)
+
 # --- a slower model for long-lived streams: cancellation and the queue limit ---
 slow = gen_model(os.path.join(d, "slow.gguf"), dim=512, layers=8, heads=8, kv_heads=4, ffn=1024, vocab=512,
                  ctx=2048, type="q8_0", seed=5)

@@ -323,6 +323,7 @@ static void test_defaults(void **state)
     assert_true(c->tenants[0].slo_ms == 0 && c->tenants[0].max_price == 0);
     assert_true(c->tenants[0].budget_daily == 0 && c->tenants[0].budget_monthly == 0);
     assert_false(c->tenants[0].batch_only);
+    assert_true(c->tenants[0].weight == 1);
     gw_config_free(c);
 
     /* A region alone: no Redis, no peers, price 0; stale_after follows heartbeat_ms. */
@@ -353,6 +354,7 @@ static const char routing_yaml[] =
     "    slo_ms: 120.5\n"
     "    max_price: 2.5\n"
     "    priority: batch\n"
+    "    weight: 2.5\n"
     "    budget: {daily: 5, monthly: 100.5}\n"
     "region:\n"
     "  name: eu-west.1\n"
@@ -402,6 +404,7 @@ static void test_routing_full(void **state)
     assert_int_equal(t->policy, GW_POLICY_COST);
     assert_true(t->slo_ms == 120.5);
     assert_true(t->max_price == 2.5);
+    assert_true(t->weight == 2.5);
     assert_true(t->budget_daily == 5 && t->budget_monthly == 100.5);
     assert_true(t->batch_only);
 
@@ -738,6 +741,9 @@ static const struct {
     {TEN_A "    slo_ms: fast\n", "bad.yaml:4: tenants[0].slo_ms: must be a number from 0"},
     {TEN_A "    max_price: -1\n", "bad.yaml:4: tenants[0].max_price: must be a number from 0"},
     {TEN_A "    priority: urgent\n", "bad.yaml:4: tenants[0].priority: must be interactive or batch"},
+    {TEN_A "    weight: 0\n", "bad.yaml:4: tenants[0].weight: must be a number from 0.001 to 1e+06"},
+    {TEN_A "    weight: 2000000\n", "bad.yaml:4: tenants[0].weight: must be a number from 0.001 to 1e+06"},
+    {TEN_A "    weight: heavy\n", "bad.yaml:4: tenants[0].weight: must be a number"},
     {TEN_A "    budget: {daily: 5}\n", "bad.yaml:4: tenants[0].budget: a budget needs a region section: its "
                                        "price is what requests cost"},
     {"region: {name: eu}\n" TEN_A "    budget: {}\n",

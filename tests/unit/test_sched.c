@@ -42,6 +42,36 @@ static struct {
 
 enum { GATE = 100 }; /* the tag of the gate request */
 
+/* Fair share: requests tagged FAIR_TAG x g + k count for group g (1..3):
+ * its tokens, its finals, and the tokens of every group when group g's
+ * last request (of `fair.n`) ended first; and, by group, how many had a
+ * first token and no final yet, at most. */
+enum { FAIR_TAG = 1000 };
+static struct {
+    int n;
+    long tokens[4], at_first_done[4];
+    int done[4], open[4], most_open[4];
+    bool first_done;
+} fair;
+
+static void fair_count(int tag, const rt_sched_event *ev)
+{
+    int g = tag / FAIR_TAG;
+    if (g < 1 || g > 3)
+        return;
+    bool token = ev->kind == RT_EV_TEXT || (ev->kind == RT_EV_DONE && ev->completion_tokens > 0);
+    fair.tokens[g] += token;
+    if (token && ev->completion_tokens == 1 && ++fair.open[g] > fair.most_open[g])
+        fair.most_open[g] = fair.open[g];
+    if (ev->kind == RT_EV_TEXT)
+        return;
+    fair.open[g]--;
+    if (++fair.done[g] == fair.n && !fair.first_done) {
+        fair.first_done = true;
+        memcpy(fair.at_first_done, fair.tokens, sizeof(fair.tokens));
+    }
+}
+
 static void on_event(void *user, const rt_sched_event *ev)
 {
     int tag = (int)(intptr_t)user;
@@ -53,6 +83,7 @@ static void on_event(void *user, const rt_sched_event *ev)
         while (seen.opens == opens)
             pthread_cond_wait(&seen.cv, &seen.mu);
     }
+    fair_count(tag, ev);
     if (ev->kind != RT_EV_TEXT) {
         if (seen.finals < 16) {
             seen.order[seen.finals] = tag;
@@ -71,6 +102,7 @@ static void seen_reset(void)
     seen.gate_at = 1;
     seen.gate_events = 0;
     seen.finals = 0;
+    memset(&fair, 0, sizeof(fair));
     pthread_mutex_unlock(&seen.mu);
 }
 
@@ -109,7 +141,8 @@ static void gate_again(int at)
     pthread_mutex_unlock(&seen.mu);
 }
 
-static int submit(rt_sched *s, int tag, int n_prompt, int max_tokens, rt_priority prio)
+static int submit_for(rt_sched *s, int tag, int n_prompt, int max_tokens, rt_priority prio, const char *tenant,
+                      double weight)
 {
     int32_t prompt[500];
     assert_true(n_prompt <= 500);
@@ -121,6 +154,8 @@ static int submit(rt_sched *s, int tag, int n_prompt, int max_tokens, rt_priorit
         .max_tokens = max_tokens,
         .ignore_eos = true,
         .priority = prio,
+        .tenant = tenant,
+        .weight = weight,
         .cb = on_event,
         .user = (void *)(intptr_t)tag,
     };
@@ -128,6 +163,11 @@ static int submit(rt_sched *s, int tag, int n_prompt, int max_tokens, rt_priorit
     r.sampling.temperature = 0;
     uint64_t id;
     return rt_sched_submit(s, &r, &id);
+}
+
+static int submit(rt_sched *s, int tag, int n_prompt, int max_tokens, rt_priority prio)
+{
+    return submit_for(s, tag, n_prompt, max_tokens, prio, NULL, 0);
 }
 
 static int batch_max_wait_ms = -1; /* the next sched_new's, when >= 0 */
@@ -597,6 +637,126 @@ static void test_hold_pauses(void **state)
     rt_sched_free(s);
 }
 
+/* Tenants a and b (weights wa, wb) each have n requests queued while the
+ * gate holds the compute thread, four slots between them: until one has
+ * all its requests done, each is served tokens in proportion to its
+ * weight. */
+static void fair_ratio(double wa, double wb, double want)
+{
+    enum { N = 24 };
+    rt_sched *s = sched_new(4, 2 * N, 0);
+    fair.n = N;
+    assert_int_equal(submit(s, GATE, 4, 2, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(true, 0));
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(submit_for(s, FAIR_TAG + k, 4, 8, RT_PRIO_INTERACTIVE, "a", wa), 0);
+        assert_int_equal(submit_for(s, 2 * FAIR_TAG + k, 4, 8, RT_PRIO_INTERACTIVE, "b", wb), 0);
+    }
+    open_gate();
+    assert_true(wait_seen(false, 2 * N + 1));
+    double ratio = (double)fair.at_first_done[1] / (double)fair.at_first_done[2];
+    fprintf(stderr, "weights %g:%g: tokens %ld:%ld while both had work, ratio %.2f\n", wa, wb,
+            fair.at_first_done[1], fair.at_first_done[2], ratio);
+    assert_true(ratio > want * 0.8 && ratio < want * 1.25);
+    assert_int_equal(fair.tokens[1] + fair.tokens[2], 2 * N * 8);
+    rt_sched_free(s);
+}
+
+static void test_fair_equal_weights(void **state)
+{
+    fair_ratio(1, 1, 1);
+}
+
+static void test_fair_weights_3_to_1(void **state)
+{
+    fair_ratio(3, 1, 3);
+}
+
+/* Work conserving: a tenant alone takes every slot; beside a tenant with
+ * one long request, it takes all the others. */
+/* Tenant a's 8 requests on four slots, queued while the gate request (of
+ * gate_tenant, gate_tokens long) holds the compute thread: the most of a's
+ * that ran at once. */
+static int most_at_once(const char *gate_tenant, int gate_tokens)
+{
+    rt_sched *s = sched_new(4, 16, 0);
+    fair.n = 8;
+    assert_int_equal(submit_for(s, GATE, 4, gate_tokens, RT_PRIO_INTERACTIVE, gate_tenant, 1), 0);
+    assert_true(wait_seen(true, 0));
+    for (int k = 0; k < 8; k++)
+        assert_int_equal(submit_for(s, FAIR_TAG + k, 4, 6, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    open_gate();
+    assert_true(wait_seen(false, 9));
+    rt_sched_free(s);
+    return fair.most_open[1];
+}
+
+static void test_fair_lone_tenant_takes_all(void **state)
+{
+    assert_int_equal(most_at_once("a", 2), 4);
+    assert_int_equal(most_at_once("b", 40), 3);
+    assert_int_equal(seen.order[8], GATE); /* b's one long request ran beside them */
+}
+
+/* Priority first: a tenant's interactive request starts before another
+ * tenant's batch ones, though they came first and both tenants are new. */
+static void test_fair_priority_first(void **state)
+{
+    rt_sched *s = sched_new(1, 4, 0);
+    assert_int_equal(submit_for(s, GATE, 4, 2, RT_PRIO_INTERACTIVE, "x", 1), 0);
+    assert_true(wait_seen(true, 0));
+    assert_int_equal(submit_for(s, 1, 4, 2, RT_PRIO_BATCH, "b", 5), 0);
+    assert_int_equal(submit_for(s, 2, 4, 2, RT_PRIO_BATCH, "b", 5), 0);
+    assert_int_equal(submit_for(s, 3, 4, 2, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    open_gate();
+    assert_true(wait_seen(false, 4));
+    assert_int_equal(seen.order[1], 3);
+    assert_int_equal(seen.order[2], 1);
+    assert_int_equal(seen.order[3], 2);
+    rt_sched_free(s);
+}
+
+/* Tenant a holds every slot with long requests; b's one request does not
+ * wait for them to end: the youngest of a's gives way (one preemption), b
+ * ends first, and a's all end too. */
+static void test_fair_newcomer_gets_a_slot(void **state)
+{
+    rt_sched *s = sched_new(4, 8, 0);
+    assert_int_equal(submit_for(s, GATE, 4, 60, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    assert_true(wait_seen(true, 0));
+    for (int k = 1; k <= 3; k++)
+        assert_int_equal(submit_for(s, k, 4, 60, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    gate_again(5); /* the three are in and decoding */
+    assert_true(wait_seen(true, 0));
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.running, 4);
+    assert_int_equal(submit_for(s, 9, 4, 2, RT_PRIO_INTERACTIVE, "b", 1), 0);
+    open_gate();
+    assert_true(wait_seen(false, 5));
+    assert_int_equal(seen.order[0], 9);
+    for (int k = 1; k < 5; k++)
+        assert_string_equal(seen.reason[k], "length");
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.preemptions, 1);
+    rt_sched_free(s);
+}
+
+/* A tenant name past RT_SCHED_TENANT_MAX, or a weight out of range, is
+ * refused. */
+static void test_fair_bad_tenant_refused(void **state)
+{
+    rt_sched *s = sched_new(1, 4, 0);
+    char longname[RT_SCHED_TENANT_MAX + 2];
+    memset(longname, 'x', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = '\0';
+    assert_int_equal(submit_for(s, 1, 4, 2, RT_PRIO_INTERACTIVE, longname, 1), -EINVAL);
+    assert_int_equal(submit_for(s, 1, 4, 2, RT_PRIO_INTERACTIVE, "a", -1), -EINVAL);
+    assert_int_equal(submit_for(s, 1, 4, 2, RT_PRIO_INTERACTIVE, "a", 1e-9), -EINVAL);
+    assert_int_equal(submit_for(s, 1, 4, 2, RT_PRIO_INTERACTIVE, "a", 2e6), -EINVAL);
+    rt_sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -615,6 +775,12 @@ int main(void)
         cmocka_unit_test(test_deadline_after_preemption),
         cmocka_unit_test(test_deadline_during_prefill),
         cmocka_unit_test(test_hold_pauses),
+        cmocka_unit_test(test_fair_equal_weights),
+        cmocka_unit_test(test_fair_weights_3_to_1),
+        cmocka_unit_test(test_fair_lone_tenant_takes_all),
+        cmocka_unit_test(test_fair_priority_first),
+        cmocka_unit_test(test_fair_newcomer_gets_a_slot),
+        cmocka_unit_test(test_fair_bad_tenant_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,221 @@
+#!/usr/bin/python3
+"""Noisy neighbour (issue 31 item 4): fair share between tenants inside one
+worker, through `infergate serve` and its CPU worker.
+
+Tenant A keeps --streams requests open (a closed loop: each stream sends its
+next request when the last ends; a prompt of --prompt words, --gen-a answer
+tokens, ignore_eos); tenant B sends one request at a time (--gen-b answer
+tokens, streamed). Both weigh 1. Four phases of --seconds each, one after
+the other on one gateway and worker (--max-seqs slots), --rounds times
+over (tokens/s averaged over the rounds, TTFTs pooled):
+
+  b-alone    B alone: B's time to first token (TTFT)
+  a-alone    A alone: the tokens/s the worker gives A
+  a+b        both: B's TTFT, and A's and B's tokens/s
+  a+b-same   both, B's requests sent with A's key (one tenant: the
+             scheduler's order without fair share, for comparison)
+
+Reported: B's TTFT p50/p99 alone, with A, and as A's own (the targets: p99
+with A within 2x of alone; tokens/s with B within 10% of A alone). Tokens
+are counted from the answers' usage, for requests ending in the phase's
+window (the first 20% of each phase is a warm-up, not counted).
+
+Clients are Python threads over HTTP/1.1 (http.client).
+
+  /usr/bin/python3 bench/bench_fair.py --infergate build/infergate \\
+      [--streams 64] [--seconds 20] [--rounds 2] [--max-seqs 32] [--threads 2] [--prompt 48] [--gen-a 64] \
+      [--gen-b 8]
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_prefix import pct  # noqa: E402
+
+KEY_A, KEY_B = "ig-bench-fair-tenant-a", "ig-bench-fair-tenant-b"
+
+
+def key_hash(infergate, k):
+    out = subprocess.run([infergate, "key", "hash", k], capture_output=True, text=True, check=True).stdout
+    return re.search(r"[0-9a-f]{64}", out).group(0)
+
+
+def request(port, key, prompt, gen, stream):
+    """One completion: (ttft_s or None, completion tokens, prompt tokens, end time)."""
+    body = {"model": "m", "prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.monotonic()
+    c.request("POST", "/v1/completions", json.dumps(body),
+              {"content-type": "application/json", "authorization": "Bearer " + key})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError("status %d: %s" % (r.status, r.read()[:300]))
+    ttft, tokens, prompt_tokens = None, 0, 0
+    if not stream:
+        u = json.loads(r.read())["usage"]
+        tokens, prompt_tokens = u["completion_tokens"], u["prompt_tokens"]
+    else:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                tokens, prompt_tokens = ev["usage"]["completion_tokens"], ev["usage"]["prompt_tokens"]
+            if ttft is None and any(ch.get("text") for ch in ev.get("choices") or []):
+                ttft = time.monotonic() - t0
+    c.close()
+    return ttft, tokens, prompt_tokens, time.monotonic()
+
+
+def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b):
+    """Runs A's streams (if any) and B's loop (if b_key) for `seconds`:
+    B's TTFTs, and the tokens of A and B ending in the window."""
+    t_start = time.monotonic()
+    t_from, t_end = t_start + 0.2 * seconds, t_start + seconds
+    lock = threading.Lock()
+    out = {"a": 0, "b": 0, "prompts": 0, "ttft": [], "errors": []}
+
+    def loop(who, key, prompt, gen, stream):
+        try:
+            i = 0
+            while time.monotonic() < t_end:
+                ttft, n, n_prompt, t = request(port, key, "%s %d %s" % (who, i, prompt), gen, stream)
+                i += 1
+                with lock:
+                    if t_from <= t <= t_end:
+                        out[who] += n
+                        out["prompts"] += n_prompt
+                        if who == "b":
+                            out["ttft"].append(ttft)
+        except Exception as e:  # reported after the phase
+            out["errors"].append(repr(e))
+
+    th = [threading.Thread(target=loop, args=("a", KEY_A, prompt_a, gen_a, False)) for _ in range(streams)]
+    if b_key:
+        th.append(threading.Thread(target=loop, args=("b", b_key, prompt_b, gen_b, True)))
+    for x in th:
+        x.start()
+    for x in th:
+        x.join()
+    if out["errors"]:
+        raise RuntimeError("; ".join(out["errors"][:3]))
+    window = t_end - t_from
+    return {"ttft": out["ttft"], "a_tps": out["a"] / window, "b_tps": out["b"] / window,
+            "p_tps": out["prompts"] / window}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--infergate", default="build/infergate")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--max-seqs", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=48, help="prompt words (each request's begins differently)")
+    ap.add_argument("--gen-a", type=int, default=64)
+    ap.add_argument("--gen-b", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2, help="the four phases, this many times over (the machine's "
+                    "load drifts: rounds interleave the phases compared)")
+    a = ap.parse_args()
+
+    d = tempfile.mkdtemp(prefix="infergate-bench-fair-")
+    model = a.model or os.path.join(d, "m.gguf")
+    if not a.model:
+        subprocess.run([a.infergate, "model", "gen", "--out", model, "--dim", "256", "--layers", "4", "--heads", "8",
+                        "--kv-heads", "4", "--ffn", "768", "--vocab", "1024", "--ctx", "2048", "--type", "q8_0"],
+                       check=True, capture_output=True)
+    port = 20000 + os.getpid() % 20000
+    cfg = os.path.join(d, "gateway.yaml")
+    open(cfg, "w").write("""
+listen:
+  - address: "127.0.0.1:%d"
+workers:
+  - model: "%s"
+    name: m
+    threads: %d
+    max_seqs: %d
+    max_queue: %d
+tenants:
+  - name: a
+    keys: ["%s"]
+  - name: b
+    keys: ["%s"]
+limits:
+  max_concurrent_streams: 1024
+logging:
+  access_log: "off"
+runtime_dir: "%s"
+""" % (port, model, a.threads, a.max_seqs, 2 * a.streams, key_hash(a.infergate, KEY_A), key_hash(a.infergate, KEY_B),
+       os.path.join(d, "run")))
+    log = open(os.path.join(d, "gateway.log"), "wb")
+    g = subprocess.Popen([a.infergate, "serve", "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
+    words = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+             "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+    prompt = " ".join(words[i % len(words)] for i in range(a.prompt))
+    try:
+        for _ in range(900):
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                c.request("GET", "/readyz")
+                r = c.getresponse()
+                if r.status == 200 and json.loads(r.read()).get("workers_ready") == 1:
+                    break
+            except (OSError, ValueError):
+                pass
+            if g.poll() is not None:
+                raise RuntimeError("gateway exited: " + open(os.path.join(d, "gateway.log")).read()[-2000:])
+            time.sleep(0.1)
+        prompt_tokens = request(port, KEY_B, prompt, 4, True)[2]  # and a warm-up
+        res = {}
+        for _ in range(a.rounds):
+            for name, streams, b_key in (("b-alone", 0, KEY_B), ("a-alone", a.streams, None),
+                                         ("a+b", a.streams, KEY_B), ("a+b-same", a.streams, KEY_A)):
+                r = phase(port, streams, b_key, a.seconds, prompt, prompt, a.gen_a, a.gen_b)
+                if name in res:
+                    for k in ("a_tps", "b_tps", "p_tps"):
+                        res[name][k] = (res[name][k] + r[k]) / 2 if a.rounds > 1 else r[k]
+                    res[name]["ttft"] += r["ttft"]
+                else:
+                    res[name] = r
+    finally:
+        g.terminate()
+        g.wait(timeout=60)
+        subprocess.run(["rm", "-rf", d])
+
+    print("worker: %s model dim 256, 4 layers, q8_0; --threads %d, max_seqs %d; A: %d streams, prompt %d words "
+          "(%d tokens), %d tokens each (not streamed); B: one request at a time, streamed, the same prompt, %d tokens; "
+          "%.0f s a phase, %d rounds"
+          % ("generated" if not a.model else a.model, a.threads, a.max_seqs, a.streams, a.prompt, prompt_tokens,
+             a.gen_a, a.gen_b,
+             a.seconds, a.rounds))
+    print("load average %s" % open("/proc/loadavg").read().split()[:3])
+    print("%-10s %6s %9s %9s %9s %9s %9s %13s" % ("phase", "B reqs", "B p50 ms", "B p99 ms", "A tok/s", "B tok/s",
+                                                 "all tok/s", "+prompts tok/s"))
+    for name, r in res.items():
+        t = r["ttft"]
+        print("%-10s %6d %9.1f %9.1f %9.1f %9.1f %9.1f %13.1f"
+              % (name, len(t), pct(t, 50) * 1e3 if t else float("nan"), pct(t, 99) * 1e3 if t else float("nan"),
+                 r["a_tps"], r["b_tps"], r["a_tps"] + r["b_tps"], r["a_tps"] + r["b_tps"] + r["p_tps"]))
+    alone, both = res["b-alone"]["ttft"], res["a+b"]["ttft"]
+    aa, ab = res["a-alone"], res["a+b"]
+    print("B's TTFT p99 with A / alone: %.2fx (target <= 2); generated tokens/s with B / A alone: %.3f "
+          "(target >= 0.9); with prompt tokens: %.3f"
+          % (pct(both, 99) / pct(alone, 99), (ab["a_tps"] + ab["b_tps"]) / aa["a_tps"],
+             (ab["a_tps"] + ab["b_tps"] + ab["p_tps"]) / (aa["a_tps"] + aa["p_tps"])))
+
+
+if __name__ == "__main__":
+    main()
