@@ -242,6 +242,19 @@ void gw_metrics_add(gw_metrics *m, const char *name, const char *labels, double 
         s->value += v;
 }
 
+double gw_metrics_sum(gw_metrics *m, const char *name, const char *prefix)
+{
+    family *f = find_family(m, name);
+    if (!f || f->type == GW_HISTOGRAM)
+        return 0;
+    size_t n = strlen(prefix);
+    double sum = 0;
+    for (size_t i = 0; i < f->n; i++)
+        if (!strncmp(f->s[i]->labels, prefix, n))
+            sum += f->s[i]->value;
+    return sum;
+}
+
 void gw_metrics_count_to(gw_metrics *m, const char *name, const char *labels, double total)
 {
     family *f;

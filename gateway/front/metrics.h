@@ -37,6 +37,10 @@ void gw_metrics_count_to(gw_metrics *m, const char *name, const char *labels, do
 /* Removes every series of a gauge family (e.g. per-worker gauges before
  * they are set again). */
 void gw_metrics_clear(gw_metrics *m, const char *name);
+/* The sum of a counter's or gauge's series whose labels begin with prefix
+ * (e.g. `tenant="acme",`; "" for all); 0 for an unknown family. For the
+ * dashboard, which shows what /metrics counts. */
+double gw_metrics_sum(gw_metrics *m, const char *name, const char *prefix);
 
 /* Escapes a label value (\\, \", \n) into buf; truncates to cap-1 bytes. */
 void gw_metrics_escape(const char *value, char *buf, size_t cap);

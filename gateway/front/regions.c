@@ -509,6 +509,49 @@ static void html(FILE *f, const char *s)
 }
 
 /* The same table as a page that refreshes itself: no scripts, no assets. */
+/* One budget cell: what the tenant has spent of it this period, as its
+ * last request saw the fleet's figure. */
+static void budget_cell(FILE *f, gw_serve *g, const char *t, const char *period, double budget)
+{
+    if (!(budget > 0)) {
+        fprintf(f, "<td>—</td>");
+        return;
+    }
+    char labels[2 * GW_TENANT_NAME_MAX + 40];
+    snprintf(labels, sizeof(labels), "tenant=\"%s\",period=\"%s\"", t, period);
+    double used = gw_metrics_sum(g->metrics, "infergate_budget_spend", labels);
+    fprintf(f, "<td class=%s>%.4g / %.4g (%.0f%%)</td>", used >= budget ? "bad" : "ok", used, budget,
+            100.0 * used / budget);
+}
+
+/* The tenants: what this gateway counted for each since it started
+ * (/metrics' figures), and their budgets' use. */
+static void dashboard_tenants(gw_serve *g, FILE *f)
+{
+    if (!g->cfg->n_tenants)
+        return;
+    fprintf(f, "<h2>tenants</h2><table><tr><th>tenant</th><th>spend</th><th>tokens</th><th>gCO2e</th>"
+               "<th>budget today</th><th>budget this month</th></tr>");
+    for (int i = 0; i < g->cfg->n_tenants; i++) {
+        const gw_tenant_cfg *tc = gw_serve_tenant_cfg(g, g->cfg->tenants[i].name);
+        if (!tc)
+            continue;
+        char t[2 * GW_TENANT_NAME_MAX + 1], prefix[2 * GW_TENANT_NAME_MAX + 16];
+        gw_metrics_escape(tc->name, t, sizeof(t));
+        snprintf(prefix, sizeof(prefix), "tenant=\"%s\",", t);
+        fprintf(f, "<tr><td>");
+        html(f, tc->name);
+        fprintf(f, "</td><td>%.4g</td><td>%.0f</td><td>%.4g</td>", gw_metrics_sum(g->metrics, "infergate_spend_total", prefix),
+                gw_metrics_sum(g->metrics, "infergate_tokens_total", prefix),
+                gw_metrics_sum(g->metrics, "infergate_gco2e_total", prefix));
+        budget_cell(f, g, t, "day", tc->budget_daily);
+        budget_cell(f, g, t, "month", tc->budget_monthly);
+        fprintf(f, "</tr>");
+    }
+    fprintf(f, "</table><p>spend, tokens and gCO2e: counted by this gateway since it started (the requests "
+               "that came in here); budgets: the fleet's figure as the tenant's last request saw it</p>");
+}
+
 char *gw_regions_dashboard(gw_serve *g, size_t *len)
 {
     char *buf = NULL;
@@ -565,7 +608,9 @@ char *gw_regions_dashboard(gw_serve *g, size_t *len)
         }
         fprintf(f, "</td><td>%.1f</td></tr>", (double)(wall - r->rec.updated_ms) / 1000.0);
     }
-    fprintf(f, "</table></body></html>\n");
+    fprintf(f, "</table>");
+    dashboard_tenants(g, f);
+    fprintf(f, "</body></html>\n");
     if (fclose(f)) {
         free(buf);
         return NULL;

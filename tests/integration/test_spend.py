@@ -244,6 +244,16 @@ t.ok(close(metric("b", "infergate_budget", tenant="capped", period="day"), CAPPE
      "gateway b's infergate_budget_spend{tenant=capped,period=day} %.6f against infergate_budget %g"
      % (used, CAPPED_DAILY))
 
+# The dashboard (issue 31 item 5): each tenant's spend here and its
+# budget's use, the capped tenant's day at its budget.
+st, _, page = curl("http://127.0.0.1:%d/dashboard?key=%s" % (port["b"], keys["ops"]), http="--http1.1")
+page = page.decode()
+row = page[page.find("<td>capped</td>"):][:400]
+pcts = [int(x) for x in re.findall(r"\((\d+)%\)", row)]
+t.ok(st == 200 and "<h2>tenants</h2>" in page and "<td>capped</td>" in row and "class=bad>" in row
+     and pcts and pcts[0] >= 100,
+     "the dashboard's tenants table shows capped's spend and its day's budget used (%d): %s" % (st, row[:200]))
+
 # --- 4. the budget survives a restart; a reload moves it ---
 stop(gws["a"])
 start("a")

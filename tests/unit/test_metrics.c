@@ -128,6 +128,22 @@ static void test_count_to(void **state)
     gw_metrics_free(m);
 }
 
+/* gw_metrics_sum: the series whose labels begin with a prefix, added up
+ * (the dashboard's per-tenant figures). */
+static void test_sum(void **state)
+{
+    gw_metrics *m = gw_metrics_new(100);
+    assert_non_null(m);
+    assert_int_equal(gw_metrics_describe(m, "spend_total", GW_COUNTER, "Spend.", NULL, 0), 0);
+    gw_metrics_add(m, "spend_total", "tenant=\"a\",model=\"x\"", 1.5);
+    gw_metrics_add(m, "spend_total", "tenant=\"a\",model=\"y\"", 2);
+    gw_metrics_add(m, "spend_total", "tenant=\"ab\",model=\"x\"", 4);
+    assert_true(gw_metrics_sum(m, "spend_total", "tenant=\"a\",") == 3.5);
+    assert_true(gw_metrics_sum(m, "spend_total", "") == 7.5);
+    assert_true(gw_metrics_sum(m, "nothing_total", "") == 0);
+    gw_metrics_free(m);
+}
+
 static void test_numbers(void **state)
 {
     gw_metrics *m = gw_metrics_new(100);
@@ -297,7 +313,7 @@ static void test_many_series(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_render),      cmocka_unit_test(test_count_to),
+        cmocka_unit_test(test_render),      cmocka_unit_test(test_count_to),      cmocka_unit_test(test_sum),
         cmocka_unit_test(test_numbers),     cmocka_unit_test(test_escape),
         cmocka_unit_test(test_cap),         cmocka_unit_test(test_describe_errors),
         cmocka_unit_test(test_many_series),
