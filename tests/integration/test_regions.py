@@ -5,9 +5,6 @@ delay_relay.py) so that their RTTs differ, over mutual TLS with a CA made
 here. Checks latency and cost routing, price changes, residency, a region
 that stands still (the response timeout), gateway death, Redis outages and
 the fleet-wide rate limit."""
-import hashlib
-import hmac
-import http.client
 import json
 import os
 import random
@@ -21,6 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from delay_relay import DelayRelay
 from fault_region import EVENT, FaultRegion
+import harness
 from harness import INFERGATE, Checks, curl, free_port, gen_model, spawn, tmpdir, wait_until
 
 if not os.path.exists("/usr/bin/redis-server"):
@@ -101,10 +99,7 @@ FLEET_KEY = "test-fleet-key-0123456789abcdef-0123456789"
 
 
 def fleet_auth(kind, region, fields):
-    ns = lambda b: b"%d:%s," % (len(b), b)
-    msg = ns(b"infergate-record-v1") + ns(kind.encode()) + ns(("t%d" % redis_port).encode()) + ns(region.encode())
-    msg += b"".join(ns(k.encode()) + ns(v.encode()) for k, v in sorted(fields.items()))
-    return "v1:" + hmac.new(FLEET_KEY.encode(), msg, hashlib.sha256).hexdigest()
+    return harness.fleet_auth(FLEET_KEY, "t%d" % redis_port, kind, region, fields)
 
 
 certs = {n: region_cert(n) for n in names}
@@ -172,20 +167,7 @@ for n in names:
 
 def request(n, tenant, path="/v1/completions", body=None, headers=None, timeout=30):
     """One request entering region n: (status, response headers, body)."""
-    c = http.client.HTTPConnection("127.0.0.1", port[n], timeout=timeout)
-    h = {"authorization": "Bearer " + keys[tenant], "content-type": "application/json"}
-    h.update(headers or {})
-    try:
-        if body is None and path.startswith("/v1/completions"):
-            body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 2, "temperature": 0}
-        c.request("POST" if body is not None else "GET", path, json.dumps(body) if body is not None else None, h)
-        r = c.getresponse()
-        data = r.read()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
-    except OSError as e:
-        return 0, {}, str(e).encode()
-    finally:
-        c.close()
+    return harness.http_request(port[n], keys[tenant], path, body, headers, timeout)
 
 
 def logged(n, headers):

@@ -480,6 +480,19 @@ static bool requests_in(tsrv *t, void *arg)
     return t->n_request >= want_requests;
 }
 
+/* A connection with windows of 0 and six /paced requests on it, run until
+ * the server has had `requests` in all, and a little after. */
+static rawc *open_paced(tsrv *t, int requests)
+{
+    rawc *c = raw_open_window(t, 0);
+    for (int i = 0; i < 6; i++)
+        send_request(c, 1 + 2 * i, "/paced", FL_END_STREAM);
+    want_requests = requests;
+    assert_true(run_until(t, requests_in, NULL));
+    run_for(t, 100);
+    return c;
+}
+
 /* Two connections whose client opens no window, each with six /paced
  * streams (8 MiB each, written while not gw_http_full): what the server
  * holds stays within max_conn_buffer per connection and max_buffer in
@@ -492,12 +505,7 @@ static void test_held_bytes_bounded(void **state)
     tsrv *t = *state;
     rawc *c[2];
     for (int k = 0; k < 2; k++) {
-        c[k] = raw_open_window(t, 0);
-        for (int i = 0; i < 6; i++)
-            send_request(c[k], 1 + 2 * i, "/paced", FL_END_STREAM);
-        want_requests = 6 * (k + 1);
-        assert_true(run_until(t, requests_in, NULL));
-        run_for(t, 100);
+        c[k] = open_paced(t, 6 * (k + 1));
     }
     const gw_http_limits *lim = &t->lim;
     assert_true(t->srv->h2_out_held <= lim->max_buffer);
@@ -534,12 +542,7 @@ static void test_min_read_rate(void **state)
     tsrv *t = *state;
     rawc *c[2];
     for (int k = 0; k < 2; k++) {
-        c[k] = raw_open_window(t, 0);
-        for (int i = 0; i < 6; i++)
-            send_request(c[k], 1 + 2 * i, "/paced", FL_END_STREAM);
-        want_requests = 6 * (k + 1);
-        assert_true(run_until(t, requests_in, NULL));
-        run_for(t, 100);
+        c[k] = open_paced(t, 6 * (k + 1));
         assert_true(gw_conn_full(t->srv->conns));
         if (k == 1)
             break;
