@@ -45,13 +45,19 @@ static int32_t *encode(const rt_tokenizer *tok, const char *src, size_t len, boo
 
 /* One message as Hugging Face's apply_chat_template gives it to the
  * template: role, content (null for an assistant's turn of tool calls
- * alone), and tool_calls, tool_call_id and name where it has them. */
-static json_t *message_var(const rt_oai_request *q, int i)
+ * alone), and tool_calls, tool_call_id and name where it has them.
+ * Harmony's (gpt-oss's) published template asks whether a text is `in`
+ * such a turn's content, which fails on null, in jinja2 as here; the
+ * SDKs send null for that turn, so an agent's second request was a 400.
+ * For that template the content is "" instead, which it reads as none. */
+static json_t *message_var(const rt_oai_request *q, int i, bool empty_not_null)
 {
     const rt_oai_message *m = &q->messages[i];
     const rt_oai_msg_extra *x = q->extra ? &q->extra[i] : NULL;
     json_t *o = json_pack("{s:s, s:o}", "role", m->role, "content",
-                          m->content ? json_string(m->content) : json_null());
+                          m->content ? json_string(m->content)
+                          : empty_not_null && x && x->tool_calls ? json_string("")
+                                                                 : json_null());
     bool ok = o != NULL;
     if (ok && x && x->tool_calls)
         ok = json_object_set(o, "tool_calls", x->tool_calls) == 0;
@@ -68,15 +74,16 @@ static json_t *message_var(const rt_oai_request *q, int i)
  * tools, chat_template_kwargs' entries), as Hugging Face's
  * apply_chat_template passes them; their strings are plain text in the
  * prompt. NULL when out of memory. */
-static json_t *client_vars(const rt_oai_request *q)
+static json_t *client_vars(const rt_engine *e, const rt_oai_request *q)
 {
+    const bool harmony = e->tc_format == RT_TC_HARMONY;
     json_t *vars = q->template_kwargs ? json_deep_copy(q->template_kwargs) : json_object();
     json_t *msgs = json_array();
     bool ok = vars && msgs && json_object_set(vars, "messages", msgs) == 0;
     if (ok && q->tools)
         ok = json_object_set(vars, "tools", q->tools) == 0;
     for (int i = 0; ok && i < q->n_messages; i++)
-        ok = json_array_append_new(msgs, message_var(q, i)) == 0;
+        ok = json_array_append_new(msgs, message_var(q, i, harmony)) == 0;
     json_decref(msgs);
     if (!ok) {
         json_decref(vars);
@@ -99,7 +106,7 @@ static json_t *model_vars(const rt_engine *e)
 static int render_jinja(const rt_engine *e, const rt_oai_request *q, char **text, rt_text_span **plain,
                         int *n_plain, rt_oai_error *err)
 {
-    json_t *cv = client_vars(q), *mv = model_vars(e);
+    json_t *cv = client_vars(e, q), *mv = model_vars(e);
     char why[256];
     rt_jinja_output out;
     const rt_jinja *t = (q->tools && e->tmpl_tools) || !e->tmpl ? e->tmpl_tools : e->tmpl;

@@ -264,4 +264,12 @@ args = "".join(p["function"].get("arguments") or "" for p in pieces)
 t.ok(len(pieces) >= 2 and pieces[0].get("id") and pieces[0]["function"].get("name") == calls[0]["function"]["name"]
      and args == calls[0]["function"]["arguments"] and chunks[-1].get("finish_reason") == "tool_calls",
      "harmony streamed: the call's head, then its arguments in pieces, the same call; finish tool_calls")
+# The history as the SDKs send it: the assistant's turn of tool calls with
+# content null (the template reads it as "", which it takes for none).
+with_null = dict(call, messages=[dict(m, content=None) if m.get("tool_calls") else m for m in call["messages"]])
+s3, _, b3 = curl(URL + "/v1/chat/completions", data=with_null)
+ch3 = json.loads(b3)["choices"][0] if s3 == 200 else {}
+strip = lambda c: [(x["function"]["name"], x["function"]["arguments"]) for x in (c.get("message") or {}).get("tool_calls") or []]
+t.ok(s3 == 200 and strip(ch3) == strip(ch) and strip(ch),
+     "harmony: a tool-call turn with content null renders as with \"\", the same call (%d %s)" % (s3, b3[:200]))
 t.finish()
