@@ -87,8 +87,8 @@ redisContext *route_sync__blocking_open(const route_sync_opts *o, char *addr, in
 /* The fields of the override hash another command wrote, to keep. A
  * concurrent set-price and set-carbon may lose one of the two writes:
  * operators' commands, not a hot path. */
-#define OVERRIDE_FIELDS 3
-static const char *const override_names[OVERRIDE_FIELDS] = {"input", "output", "carbon"};
+#define OVERRIDE_FIELDS 4
+static const char *const override_names[OVERRIDE_FIELDS] = {"input", "output", "carbon", "drain"};
 
 static int read_override(redisContext *c, const char *addr, const char *pkey, char vals[][32], char *err,
                          size_t err_len)
@@ -201,5 +201,12 @@ int route_set_carbon(const route_sync_opts *o, const char *region, double carbon
     }
     char vals[OVERRIDE_FIELDS][32] = {{0}};
     snprintf(vals[2], sizeof(vals[2]), "%.17g", carbon);
+    return set_override(o, region, vals, err, err_len);
+}
+
+int route_set_drain(const route_sync_opts *o, const char *region, bool drained, char *err, size_t err_len)
+{
+    char vals[OVERRIDE_FIELDS][32] = {{0}};
+    snprintf(vals[3], sizeof(vals[3]), "%d", drained ? 1 : 0);
     return set_override(o, region, vals, err, err_len);
 }

@@ -195,5 +195,11 @@ int route_set_price(const route_sync_opts *o, const char *region, double input, 
  * on the same terms as route_set_price (each keeps the other's fields).
  * It overrides the record's carbon for every reader. */
 int route_set_carbon(const route_sync_opts *o, const char *region, double carbon, char *err, size_t err_len);
+/* `infergate region drain|undrain`: the hash's drain field, 1 or 0, on the
+ * same terms. A drained region is published unhealthy and draining by its
+ * own gateway, and taken so by every peer as soon as the announcement
+ * reaches it: no new request goes there, its streams finish, no process
+ * exits. */
+int route_set_drain(const route_sync_opts *o, const char *region, bool drained, char *err, size_t err_len);
 
 #endif

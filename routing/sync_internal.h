@@ -138,6 +138,7 @@ struct route_sync {
     double override_in, override_out;
     bool has_carbon_override; /* `region set-carbon`: the price hash's carbon field */
     double override_carbon;
+    bool override_drain; /* `region drain`: the price hash's drain field is 1 */
     bool has_announced;
     route_record announced; /* what peers were last told about */
 
@@ -224,6 +225,8 @@ bool route_sync__price_parse(route_sync *s, const char *region, const redisReply
 /* The same hash's carbon field (gCO2e/kWh, `infergate region set-carbon`),
  * on the same terms. */
 bool route_sync__carbon_parse(route_sync *s, const char *region, const redisReply *r, double *carbon);
+/* Whether a proved override hash (HGETALL reply) drains region. */
+bool route_sync__drain_parse(route_sync *s, const char *region, const redisReply *r);
 
 /* ---- sync_limit.c: REQ_LIMIT ---- */
 

@@ -101,6 +101,19 @@ bool route_sync__carbon_parse(route_sync *s, const char *region, const redisRepl
     return false;
 }
 
+bool route_sync__drain_parse(route_sync *s, const char *region, const redisReply *r)
+{
+    if (!override_proved(s, region, r))
+        return false;
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const redisReply *k = r->element[i], *v = r->element[i + 1];
+        if (k->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING && k->len == 5 &&
+            !memcmp(k->str, "drain", 5))
+            return v->len == 1 && v->str[0] == '1';
+    }
+    return false;
+}
+
 /* Parses {input, output} of a price hash. false when absent, malformed or
  * not proved by a fleet key. */
 bool route_sync__price_parse(route_sync *s, const char *region, const redisReply *r, double *in, double *out)
@@ -301,6 +314,10 @@ void route_sync__on_read(route_sync *s, sync_req *q, redisReply *r)
     double carbon;
     if (route_sync__carbon_parse(s, q->name, price, &carbon))
         rec.carbon = carbon;
+    if (route_sync__drain_parse(s, q->name, price)) {
+        rec.healthy = false;
+        rec.draining = true;
+    }
     route_region *cur = route_table_find(s->table, q->name);
     if (cur && (cur->local || record_equal(&cur->rec, &rec)))
         return;

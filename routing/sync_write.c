@@ -86,6 +86,10 @@ static void local_effective(const route_sync *s, route_record *out)
     }
     if (s->has_carbon_override)
         out->carbon = s->override_carbon;
+    if (s->override_drain) {
+        out->healthy = false;
+        out->draining = true;
+    }
 }
 
 static void local_to_table(route_sync *s)
@@ -105,9 +109,12 @@ void route_sync__apply_own_override(route_sync *s, const redisReply *price)
     bool has = route_sync__price_parse(s, s->local.name, price, &in, &out);
     double carbon = 0;
     bool has_c = route_sync__carbon_parse(s, s->local.name, price, &carbon);
+    bool drain = route_sync__drain_parse(s, s->local.name, price);
     if (has == s->has_override && (!has || (in == s->override_in && out == s->override_out)) &&
-        has_c == s->has_carbon_override && (!has_c || carbon == s->override_carbon))
+        has_c == s->has_carbon_override && (!has_c || carbon == s->override_carbon) &&
+        drain == s->override_drain)
         return;
+    s->override_drain = drain;
     s->has_carbon_override = has_c;
     s->override_carbon = carbon;
     s->has_override = has;
@@ -329,7 +336,7 @@ void route_sync_set_local(route_sync *s, const route_record *rec)
     }
     bool had = s->has_local;
     if (had && strcmp(rec->name, s->local.name)) {
-        s->has_override = s->has_carbon_override = false; /* another region's price */
+        s->has_override = s->has_carbon_override = s->override_drain = false; /* another region's price */
         s->has_announced = false;
         s->n_sib = 0; /* another region's gateways */
     }

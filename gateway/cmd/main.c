@@ -30,6 +30,8 @@ static void usage(FILE *f)
                "                        print tokens, spend and gCO2e by tenant, model and region\n"
                "  region set-carbon REGION --carbon G [--redis HOST:PORT --cluster NAME ...]\n"
                "                        its grid carbon intensity (gCO2e/kWh), the same way\n"
+               "  region drain|undrain REGION [--redis HOST:PORT --cluster NAME ...]\n"
+               "                        no new requests to a region (its streams finish), and back\n"
                "\n"
                "`infergate <command> --help` describes each command.\n");
 }

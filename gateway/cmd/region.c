@@ -1,7 +1,8 @@
 /* `infergate region`: operator commands on the fleet's shared state in
  * Redis. `region set-price` writes a region's run-time price and
- * `region set-carbon` its grid carbon intensity, which every gateway
- * applies within a second (routing/sync.h: the override key and its
+ * `region set-carbon` its grid carbon intensity, and `region drain|undrain`
+ * takes a region out of routing and back, which every gateway applies
+ * within a second (routing/sync.h: the override key and its
  * announcement). */
 #include "gateway/cmd/cli.h"
 #include "gateway/base/num.h"
@@ -18,10 +19,13 @@ static void region_usage(FILE *f)
 {
     fprintf(f, "usage: infergate region set-price REGION --input X --output Y [options]\n"
                "       infergate region set-carbon REGION --carbon G [options]\n"
+               "       infergate region drain|undrain REGION [options]\n"
                "\n"
                "Sets REGION's price per million input and output tokens, or its grid carbon intensity\n"
                "in gCO2e/kWh, for every gateway of the cluster (it overrides the figure in that\n"
-               "region's config, or its carbon_source, until set again).\n"
+               "region's config, or its carbon_source, until set again). drain stops new requests\n"
+               "going to REGION, from every gateway, its own included, while what it serves finishes\n"
+               "and its processes run on; undrain ends that.\n"
                "\n"
                "options:\n"
                "  --redis HOST:PORT   Redis server (default 127.0.0.1:6379; [v6addr]:PORT for IPv6)\n"
@@ -137,9 +141,14 @@ int gw_cli_redis_config(gw_cli_redis *r, const char *cmd, gw_config **cfg)
     return 0;
 }
 
-static int set_figure(int argc, char **argv, bool carbon)
+/* What a command sets: the price, the carbon intensity, or the drain. */
+typedef enum { SET_PRICE, SET_CARBON, SET_DRAIN, SET_UNDRAIN } set_kind;
+
+static int set_figure(int argc, char **argv, set_kind kind)
 {
-    const char *cmd = carbon ? "set-carbon" : "set-price";
+    static const char *const names[] = {"set-price", "set-carbon", "drain", "undrain"};
+    const char *cmd = names[kind];
+    const bool carbon = kind == SET_CARBON;
     char cmd_name[64];
     snprintf(cmd_name, sizeof(cmd_name), "infergate region %s", cmd);
     gw_cli_redis rd;
@@ -176,7 +185,7 @@ static int set_figure(int argc, char **argv, bool carbon)
                 return 2;
             }
             has_carbon = true;
-        } else if (!carbon && (!strcmp(a, "--input") || !strcmp(a, "--output"))) {
+        } else if (kind == SET_PRICE && (!strcmp(a, "--input") || !strcmp(a, "--output"))) {
             double d;
             if (gw_parse_float(v, &d) || d < 0) {
                 fprintf(stderr, "infergate region %s: %s: '%s' is not a price (a number >= 0)\n", cmd, a,
@@ -199,9 +208,9 @@ static int set_figure(int argc, char **argv, bool carbon)
             return 2;
         }
     }
-    if (!region || (carbon ? !has_carbon : !has_in || !has_out)) {
-        fprintf(stderr, "infergate region %s: REGION and %s are needed\n\n", cmd,
-                carbon ? "--carbon" : "--input and --output");
+    if (!region || (kind == SET_CARBON && !has_carbon) || (kind == SET_PRICE && (!has_in || !has_out))) {
+        fprintf(stderr, "infergate region %s: REGION%s are needed\n\n", cmd,
+                kind == SET_CARBON ? " and --carbon" : kind == SET_PRICE ? " and --input and --output" : "");
         region_usage(stderr);
         return 2;
     }
@@ -225,8 +234,9 @@ static int set_figure(int argc, char **argv, bool carbon)
         gw_config_free(cfg);
         return 1;
     }
-    int rc = carbon ? route_set_carbon(&o, region, intensity, err, sizeof(err))
-                    : route_set_price(&o, region, input, output, err, sizeof(err));
+    int rc = kind == SET_CARBON  ? route_set_carbon(&o, region, intensity, err, sizeof(err))
+             : kind == SET_PRICE ? route_set_price(&o, region, input, output, err, sizeof(err))
+                                 : route_set_drain(&o, region, kind == SET_DRAIN, err, sizeof(err));
     memset(&o.auth, 0, sizeof(o.auth));
     if (rc) {
         fprintf(stderr, "infergate region %s: %s\n", cmd, err);
@@ -235,7 +245,11 @@ static int set_figure(int argc, char **argv, bool carbon)
     }
     if (err[0])
         fprintf(stderr, "infergate region %s: warning: %s\n", cmd, err);
-    if (carbon)
+    if (kind == SET_DRAIN || kind == SET_UNDRAIN)
+        printf("region %s (cluster %s): %s\n", region, o.cluster,
+               kind == SET_DRAIN ? "drained: no new requests go there; its streams finish"
+                                 : "undrained: it takes requests again");
+    else if (carbon)
         printf("region %s (cluster %s): carbon intensity %g gCO2e/kWh\n", region, o.cluster, intensity);
     else
         printf("region %s (cluster %s): input %g, output %g per million tokens\n", region, o.cluster, input,
@@ -251,7 +265,9 @@ int gw_cmd_region(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "set-price") || !strcmp(argv[1], "set-carbon"))
-        return set_figure(argc - 1, argv + 1, argv[1][4] == 'c');
+        return set_figure(argc - 1, argv + 1, argv[1][4] == 'c' ? SET_CARBON : SET_PRICE);
+    if (!strcmp(argv[1], "drain") || !strcmp(argv[1], "undrain"))
+        return set_figure(argc - 1, argv + 1, argv[1][0] == 'd' ? SET_DRAIN : SET_UNDRAIN);
     fprintf(stderr, "infergate region: unknown command '%s'\n\n", argv[1]);
     region_usage(stderr);
     return 2;

@@ -235,6 +235,44 @@ moved = wait_until(lambda: served_by("green") == "gw1", 5, "own region's set-car
 took = time.monotonic() - t0
 t.ok(moved, "set-carbon on the gateway's own region applies too (%.2f s after)" % took)
 t.ok(table()["gw1"]["carbon"] == 10, "/v1/regions shows gw1's carbon: %s" % table()["gw1"].get("carbon"))
+
+# --- drain through Redis (issue 32 point 3): no new request goes to a
+# drained region, from any gateway, its own included; nothing fails, no
+# process exits; undrain brings it back. The times are printed, not
+# asserted (a loaded machine). ---
+
+
+def region_cmd(*args):
+    r = subprocess.run([INFERGATE, "region"] + list(args) + ["--redis", "127.0.0.1:%d" % redis_port, "--cluster",
+                       CLUSTER], capture_output=True, text=True,
+                       env=dict(os.environ, INFERGATE_RECORD_KEY=FLEET_KEY), timeout=30)
+    t.ok(r.returncode == 0, "region %s: %s%s" % (" ".join(args), r.stdout.strip(), r.stderr.strip()))
+    return time.monotonic()
+
+
+def moved_off(tenant, drained, seen):
+    x = served_by(tenant)
+    seen.append(x)
+    return x != drained
+
+
+for tenant, drained in (("rented", "pb"), ("green", "gw1")):
+    before = served_by(tenant)
+    seen = []
+    t0 = region_cmd("drain", drained)
+    moved = wait_until(lambda: moved_off(tenant, drained, seen), 5, "off drained %s" % drained, interval=0.02)
+    took = time.monotonic() - t0
+    after = [served_by(tenant) for _ in range(5)]
+    print("# drain: %s's requests left %s %.2f s after region drain" % (tenant, drained, took))
+    t.ok(before == drained and moved and drained not in after and all(not x.startswith("status") for x in seen + after),
+         "region drain %s: %s's requests go elsewhere (%.2f s after), none fails: %s"
+         % (drained, tenant, took, after))
+    row = table().get(drained, {})
+    t.ok(row.get("draining") is True and gw.poll() is None,
+         "/v1/regions shows %s draining, and no process exited: %s" % (drained, row.get("draining")))
+    t0 = region_cmd("undrain", drained)
+    back = wait_until(lambda: served_by(tenant) == drained, 10, "back to %s" % drained, interval=0.05)
+    t.ok(back, "region undrain %s: %s's requests return (%.2f s after)" % (drained, tenant, time.monotonic() - t0))
 # the carbon_source file: an override stands over it, so drop gw1's override first
 subprocess.run(["redis-cli", "-p", str(redis_port), "DEL", "infergate:%s:price:gw1" % CLUSTER], capture_output=True)
 subprocess.run(["redis-cli", "-p", str(redis_port), "PUBLISH", "infergate:%s:events" % CLUSTER, "gw1"],
