@@ -389,8 +389,15 @@ static int put_pattern(sc *c, const char *re, const char *path)
         default:
             if ((unsigned char)ch < 0x20)
                 return refuse(c, path, "a 'pattern' with a control character");
-            put_literal(c->out, &re[i], 1);
+            /* one character, all its UTF-8 bytes in one literal: a byte
+             * alone is no text, and a quantifier repeats the character
+             * (jansson gave us well-formed UTF-8) */
+            size_t k = (unsigned char)ch < 0xc0 ? 1 : (unsigned char)ch < 0xe0 ? 2 : (unsigned char)ch < 0xf0 ? 3 : 4;
+            if (i + k > n - 1)
+                k = n - 1 - i;
+            put_literal(c->out, &re[i], k);
             puts_(c->out, " ");
+            i += k - 1;
         }
     }
     if (depth)

@@ -121,6 +121,10 @@ SCHEMAS = [
     {"type": "object", "properties": {"p": {"type": "string", "pattern": "^[ -~]{1,8}$"},
                                       "b": {"type": "string", "pattern": "^[\\\\a]{2,6}$"}},
      "required": ["p", "b"], "additionalProperties": False},
+    # a pattern's character past ASCII is one character (a CI fuzz find: its
+    # bytes were written one literal each, no UTF-8, and {2} repeated a byte)
+    {"type": "object", "properties": {"w": {"type": "string", "pattern": "^\u0764{2}[a-c]\u00e9$"}},
+     "required": ["w"], "additionalProperties": False},
 ]
 # maxProperties is not enforced: that schema is for the refusal checks
 REFUSE_ONLY = {11}
