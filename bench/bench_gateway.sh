@@ -181,24 +181,32 @@ taskset -c 1 haproxy -f "$TMP/haproxy.cfg" -db >"$TMP/haproxy.log" 2>&1 &
 H_PID=$!
 PIDS+=("$H_PID")
 
-# D: B with token replay off (its own worker and runtime directory).
+# B's configuration on another port and runtime directory, with more YAML
+# if given: $TMP/gateway-NAME.yaml.
+gateway_config() { # NAME PORT [YAML]
+    sed -e "s/127.0.0.1:$P2/127.0.0.1:$2/" -e "s|$TMP/run|$TMP/run-$1|" "$TMP/gateway.yaml" >"$TMP/gateway-$1.yaml"
+    if [ -n "${3:-}" ]; then printf '%s\n' "$3" >>"$TMP/gateway-$1.yaml"; fi
+    mkdir -p "$TMP/run-$1"
+}
+start_gateway() { # NAME BIN -> STARTED: its pid
+    taskset -c 1 "$2" serve --config "$TMP/gateway-$1.yaml" >"$TMP/gateway-$1.log" 2>&1 &
+    STARTED=$!
+    PIDS+=("$STARTED")
+}
+REPLAY_OFF=$'routing:\n  replay: false'
+# D: B with token replay off (its own worker).
 D_PID=""
 if [ "$REPLAY_AB" = 1 ]; then
-    { sed -e "s/127.0.0.1:$P2/127.0.0.1:$P4/" -e "s|$TMP/run|$TMP/run-d|" "$TMP/gateway.yaml"
-        printf 'routing:\n  replay: false\n'; } >"$TMP/gateway-d.yaml"
-    mkdir -p "$TMP/run-d"
-    taskset -c 1 "$BIN" serve --config "$TMP/gateway-d.yaml" >"$TMP/gateway-d.log" 2>&1 &
-    D_PID=$!
-    PIDS+=("$D_PID")
+    gateway_config d "$P4" "$REPLAY_OFF"
+    start_gateway d "$BIN"
+    D_PID=$STARTED
 fi
 # E: B's configuration, another build.
 E_PID=""
 if [ -n "$BIN_E" ]; then
-    sed -e "s/127.0.0.1:$P2/127.0.0.1:$P8/" -e "s|$TMP/run|$TMP/run-e|" "$TMP/gateway.yaml" >"$TMP/gateway-e.yaml"
-    mkdir -p "$TMP/run-e"
-    taskset -c 1 "$BIN_E" serve --config "$TMP/gateway-e.yaml" >"$TMP/gateway-e.log" 2>&1 &
-    E_PID=$!
-    PIDS+=("$E_PID")
+    gateway_config e "$P8"
+    start_gateway e "$BIN_E"
+    E_PID=$STARTED
 fi
 
 wait_ready() { # URL NAME LOG
@@ -215,28 +223,26 @@ wait_ready() { # URL NAME LOG
 wait_ready "http://127.0.0.1:$P1/health" worker "$TMP/worker.log"
 wait_ready "http://127.0.0.1:$P2/readyz" gateway "$TMP/gateway.log"
 wait_ready "http://127.0.0.1:$P3/health" haproxy "$TMP/haproxy.log"
-GW_WORKER=$(pgrep -P "$G_PID" | head -1)
-if [ -z "$GW_WORKER" ]; then
-    echo "cannot find the gateway's worker process" >&2
-    exit 1
-fi
+worker_of_gateway() { # PID NAME -> FOUND: the worker it started
+    FOUND=$(pgrep -P "$1" | head -1)
+    if [ -z "$FOUND" ]; then
+        echo "cannot find the $2's worker process" >&2
+        exit 1
+    fi
+}
+worker_of_gateway "$G_PID" gateway
+GW_WORKER=$FOUND
 D_WORKER=""
 if [ -n "$D_PID" ]; then
     wait_ready "http://127.0.0.1:$P4/readyz" "gateway D (replay off)" "$TMP/gateway-d.log"
-    D_WORKER=$(pgrep -P "$D_PID" | head -1)
-    if [ -z "$D_WORKER" ]; then
-        echo "cannot find gateway D's worker process" >&2
-        exit 1
-    fi
+    worker_of_gateway "$D_PID" "gateway D"
+    D_WORKER=$FOUND
 fi
 E_WORKER=""
 if [ -n "$E_PID" ]; then
     wait_ready "http://127.0.0.1:$P8/readyz" "gateway E (--compare-bin)" "$TMP/gateway-e.log"
-    E_WORKER=$(pgrep -P "$E_PID" | head -1)
-    if [ -z "$E_WORKER" ]; then
-        echo "cannot find gateway E's worker process" >&2
-        exit 1
-    fi
+    worker_of_gateway "$E_PID" "gateway E"
+    E_WORKER=$FOUND
 fi
 
 cpu_s() { # PID -> user+system CPU seconds (fields 14 and 15 of /proc/PID/stat)
@@ -325,16 +331,10 @@ if [ "$CALLGRIND" = 1 ]; then
         echo "callgrind: valgrind is not installed (apt-get install -y valgrind), skipped" >&2
     else
         read -r P5 P6 P7 P9 <<<"$($PY "$HELPER" ports 4)"
-        sed -e "s/127.0.0.1:$P2/127.0.0.1:$P9/" -e "s|$TMP/run|$TMP/run-cge|" "$TMP/gateway.yaml" >"$TMP/gateway-cge.yaml"
-        mkdir -p "$TMP/run-cge"
-        sed -e "s/127.0.0.1:$P2/127.0.0.1:$P5/" -e "s|$TMP/run|$TMP/run-cg|" "$TMP/gateway.yaml" >"$TMP/gateway-cg.yaml"
-        mkdir -p "$TMP/run-cg"
+        gateway_config cg "$P5"
+        gateway_config cgd "$P7" "$REPLAY_OFF"
+        gateway_config cge "$P9"
         sed -e "s/127.0.0.1:$P3 /127.0.0.1:$P6 /" "$TMP/haproxy.cfg" >"$TMP/haproxy-cg.cfg"
-        if [ "$REPLAY_AB" = 1 ]; then
-            sed -e "s/127.0.0.1:$P4/127.0.0.1:$P7/" -e "s|$TMP/run-d|$TMP/run-cgd|" "$TMP/gateway-d.yaml" \
-                >"$TMP/gateway-cgd.yaml"
-            mkdir -p "$TMP/run-cgd"
-        fi
         cg_one() { # NAME KIND N PORT READY-PATH CMD...
             local name=$1 kind=$2 n=$3 port=$4 ready=$5 vp ok=0
             shift 5
