@@ -81,7 +81,7 @@ while [ $# -gt 0 ]; do
     --cg-requests) CG_N=$2; shift 2 ;;
     --cg-stream-requests) CG_NS=$2; shift 2 ;;
     --compare-bin) BIN_E=$(readlink -f "$2"); shift 2 ;;
-    -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
     esac
 done
