@@ -8,13 +8,18 @@ Subcommands:
                                h2load req/s and counters, p50/p99 latency from
                                the per-request log, plus the k=v fields given
                                (server, kind, rep, CPU figures)
-  ttft --direct PORT --gateway PORT [--samples N] [--warmup N] [--out FILE]
-                               sequential streamed completions, alternating
-                               direct / gateway, time to the first DATA frame
+  ttft --direct PORT --gateway PORT [--noreplay PORT] [--gateway2 PORT] [--haproxy PORT]
+       [--samples N] [--warmup N] [--out FILE]
+                               sequential streamed completions, the paths
+                               taking turns, time to the first DATA frame
                                that carries a token event
   cgtop ANNOTATE.txt N NAME [ROOT]
                                instructions per request and top inclusive
                                costs from callgrind_annotate --inclusive=yes
+  cgdiff B.txt D.txt N ROOT KIND
+                               the functions whose own (exclusive)
+                               instructions per request differ most between
+                               two callgrind_annotate listings (B and D, E and B)
   table RESULTS.jsonl TTFT.json [k=v...]
                                the Markdown table for bench/RESULTS.md
 
@@ -179,6 +184,8 @@ def cmd_ttft(args):
     ap = argparse.ArgumentParser(prog="bench_gateway.py ttft")
     ap.add_argument("--direct", type=int, required=True)
     ap.add_argument("--gateway", type=int, required=True)
+    ap.add_argument("--noreplay", type=int, help="also a gateway with routing.replay: false")
+    ap.add_argument("--gateway2", type=int, help="also the gateway run by another build")
     ap.add_argument("--haproxy", type=int, help="also HAProxy, the reference for one proxy hop")
     ap.add_argument("--samples", type=int, default=500)
     ap.add_argument("--warmup", type=int, default=20)
@@ -188,6 +195,10 @@ def cmd_ttft(args):
     body = json.dumps({"model": "m", "prompt": [1, 5, 6], "max_tokens": a.max_tokens, "temperature": 0,
                        "stream": True}, separators=(",", ":")).encode()
     ports = {"direct": a.direct, "gateway": a.gateway}
+    if a.gateway2:
+        ports["gateway2"] = a.gateway2
+    if a.noreplay:
+        ports["noreplay"] = a.noreplay
     if a.haproxy:
         ports["haproxy"] = a.haproxy
     sides = list(ports)
@@ -220,11 +231,9 @@ def cmd_ttft(args):
     print(text)
 
 
-def cmd_cgtop(args):
-    """Instructions per request and the top inclusive costs from a
-    `callgrind_annotate --inclusive=yes` listing."""
-    path, n, name = args[0], int(args[1]), args[2]
-    root = args[3].rstrip("/") + "/" if len(args) > 3 else ""
+def read_annotate(path):
+    """(total, [(instructions, function, object)]) of a callgrind_annotate
+    listing, in its order."""
     total, rows = None, []
     line_re = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S.*?)(?: \[(.*)\])?$")
     with open(path) as f:
@@ -237,10 +246,19 @@ def cmd_cgtop(args):
                 total = ir
                 continue
             rows.append((ir, fn, obj))
+    return total, rows
+
+
+def cmd_cgtop(args):
+    """Instructions per request and the top inclusive costs from a
+    `callgrind_annotate --inclusive=yes` listing."""
+    path, n, name = args[0], int(args[1]), args[2]
+    root = args[3].rstrip("/") + "/" if len(args) > 3 else ""
+    total, rows = read_annotate(path)
     if not total:
         print("%s: no callgrind totals in %s" % (name, path))
         return
-    print("%s: %.1fk instructions per request (%d requests)" % (name, total / n / 1e3, n))
+    print("%s: %.2fk instructions per request (%d requests)" % (name, total / n / 1e3, n))
     if name != "gateway":
         return
     # The frames every event passes through say nothing; unnamed addresses
@@ -266,10 +284,47 @@ def cmd_cgtop(args):
         shown += 1
 
 
+def cmd_cgdiff(args):
+    """Where one listing's extra instructions go: own (exclusive) cost per
+    request of each function in X and Y, the largest differences first."""
+    pb, pd, n, root, kind = args[0], args[1], int(args[2]), args[3].rstrip("/") + "/", args[4]
+    tb, rb = read_annotate(pb)
+    td, rd = read_annotate(pd)
+    if not tb or not td:
+        print("cgdiff: no callgrind totals in %s or %s" % (pb, pd))
+        return
+
+    def by_fn(rows):
+        out = {}
+        for ir, fn, obj in rows:
+            # one function can be listed by absolute and by relative path
+            key = fn[len(root):] if fn.startswith(root) else fn
+            if key.startswith("???:"):
+                key = "%s (%s)" % (key[4:], os.path.basename(obj))
+            out[key] = out.get(key, 0) + ir
+        return out
+
+    b, d = by_fn(rb), by_fn(rd)
+    # The frames on the stack when the counters were zeroed and dumped
+    # (main, the event loop) carry about the whole total: none of it their own.
+    keys = [k for k in set(b) | set(d) if b.get(k, 0) < 0.9 * tb and d.get(k, 0) < 0.9 * td]
+    diff = sorted(((b.get(k, 0) - d.get(k, 0), k) for k in keys), key=lambda x: -abs(x[0]))
+    print("cgdiff (%s): %.2fk against %.2fk instructions per request, %+.2fk (%+.1f%%); "
+          "own cost per request, largest differences:" %
+          (kind, tb / n / 1e3, td / n / 1e3, (tb - td) / n / 1e3, 100.0 * (tb - td) / td))
+    for delta, k in diff[:16]:
+        if abs(delta) < abs(tb - td) * 0.01 and abs(delta) < n * 5:
+            break
+        print("  %+8.0f/req  %8.0f against %8.0f  %s" % (delta / n, b.get(k, 0) / n, d.get(k, 0) / n, k))
+
+
 # ---------------------------------------------------------------------- table
 
-SERVERS = (("A", "direct"), ("B", "gateway"), ("C", "haproxy"))
-KINDS = (("models", "`GET /v1/models`"), ("completion", "`POST /v1/completions` max_tokens 1"))
+SERVERS = (("A", "direct"), ("B", "gateway"), ("E", "gateway2"), ("D", "noreplay"), ("C", "haproxy"))
+KINDS = (("models", "`GET /v1/models`"), ("completion", "`POST /v1/completions` max_tokens 1"),
+         ("stream", "`POST /v1/completions` max_tokens 16, stream"))
+SERVER_NAMES = {"direct": "direct", "gateway": "gateway", "noreplay": "gateway, replay off", "haproxy": "haproxy",
+                "gateway2": "gateway, --compare-bin"}
 
 
 def med_range(vals, fmt):
@@ -303,10 +358,12 @@ def cmd_table(args):
     out = []
     out.append("### Gateway overhead (h2load, 16 connections x 10 streams, loopback) — %s" % meta.get("date", ""))
     out.append("")
+    ab = any(r.get("server") == "noreplay" for r in recs)
+    have = [letter for letter, server in SERVERS if any(r.get("server") == server for r in recs)]
     out.append("commit `%s`, %s CPUs (%s); h2load on core 0, proxies and workers on core 1; "
-               "HAProxy %s; %s repetitions per point, alternating A B C, median (min–max)." %
+               "HAProxy %s; %s repetitions per point, alternating %s, median (min–max)." %
                (meta.get("commit", "?"), meta.get("nproc", "?"), meta.get("cpu", "?"), meta.get("haproxy", "?"),
-                meta.get("reps", "?")))
+                meta.get("reps", "?"), " ".join(have)))
     out.append("")
     out.append("```")
     out.append(meta.get("command", ""))
@@ -323,7 +380,7 @@ def cmd_table(args):
                 sum(int(x or 0) for x in sel(server, kind, "errored"))
             cut = sum(int(x or 0) for x in sel(server, kind, "cut_at_end"))
             out.append("| %s | %s %s | %s | %s | %s | %s | %s | %d / %d / %d |" % (
-                kname, letter, server, med_range(sel(server, kind, "rps"), "%.0f"),
+                kname, letter, SERVER_NAMES[server], med_range(sel(server, kind, "rps"), "%.0f"),
                 med_range(sel(server, kind, "p50_us"), "%.0f"), med_range(sel(server, kind, "p99_us"), "%.0f"),
                 med_range(sel(server, kind, "proxy_us_per_req"), "%.1f") if server != "direct" else "–",
                 med_range(sel(server, kind, "worker_us_per_req"), "%.1f"), bad, failed, cut))
@@ -341,7 +398,7 @@ def cmd_table(args):
         ratio, add99g, add99h, add50g, add50h = [], [], [], [], []
         for rep in reps:
             by = {r["server"]: r for r in recs if r.get("kind") == kind and r.get("rep") == rep}
-            if not all(s in by for _, s in SERVERS):
+            if not all(s in by for s in ("direct", "gateway", "haproxy")):
                 continue
             d, g, h = by["direct"], by["gateway"], by["haproxy"]
             ratio.append(g["rps"] / h["rps"] if h["rps"] else float("nan"))
@@ -353,6 +410,8 @@ def cmd_table(args):
             out.append("| %s | %s | %s | %s | %s | %s |" % (
                 kname, med_range(ratio, "%.2f"), med_range(add99g, "%+.0f"), med_range(add99h, "%+.0f"),
                 med_range(add50g, "%+.0f"), med_range(add50h, "%+.0f")))
+    if ab:
+        out.extend(replay_ab_table(recs))
     if ttft:
         out.append("")
         out.append("Streamed completion (max_tokens %d, tiny model), time to first token, %d sequential requests "
@@ -363,20 +422,91 @@ def cmd_table(args):
         for side in ttft["sides"]:
             d = ttft[side]
             added = ("%+.0f | %+.0f" % (d["added_p50_us"], d["added_p99_us"])) if side != "direct" else "– | –"
-            out.append("| %s | %.0f | %.0f | %s | %d |" % (side, d["p50_us"], d["p99_us"], added,
-                                                          ttft["errors"][side]))
-    if "cg_gateway" in meta and "cg_haproxy" in meta:
+            out.append("| %s | %.0f | %.0f | %s | %d |" % (SERVER_NAMES.get(side, side), d["p50_us"], d["p99_us"],
+                                                          added, ttft["errors"][side]))
+        if "noreplay" in ttft:
+            out.append("")
+            out.append("TTFT p50, gateway less gateway with replay off: %+.0f µs (p99 %+.0f µs)." % (
+                ttft["gateway"]["p50_us"] - ttft["noreplay"]["p50_us"],
+                ttft["gateway"]["p99_us"] - ttft["noreplay"]["p99_us"]))
+    if "cg_completion_noreplay" in meta:
+        out.extend(callgrind_ab_table(meta))
+    elif "cg_completion_gateway" in meta and "cg_completion_haproxy" in meta:
         out.append("")
         out.append("Instructions per completion under callgrind (%s requests at 16x10, workers native): "
-                   "gateway %s, HAProxy %s." % (meta.get("cg_n", "?"), meta["cg_gateway"], meta["cg_haproxy"]))
+                   "gateway %s, HAProxy %s." % (meta.get("cg_n_completion", "?"), meta["cg_completion_gateway"],
+                                                meta["cg_completion_haproxy"]))
     print("\n".join(out))
+
+
+def replay_ab_table(recs):
+    """B (replay on) against D (replay off), per repetition, then medians:
+    what the bookkeeping costs the proxy and the worker (and E, another
+    build, against B and D)."""
+    out = ["", "Token replay's bookkeeping: B (replay on, the default) against D (`routing: {replay: false}`), "
+           "ratios per repetition (the two ran back to back), median (min–max):", "",
+           "| request | pair | X / Y req/s | X − Y proxy CPU µs/req | X / Y proxy CPU | X / Y worker CPU | "
+           "X − Y p50 µs |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for x, y in (("gateway", "noreplay"), ("gateway2", "noreplay"), ("gateway2", "gateway")):
+        out.extend(pair_rows(recs, x, y))
+    return out
+
+
+def pair_rows(recs, x, y):
+    letter = dict((s, l) for l, s in SERVERS)
+    out = []
+    for kind, kname in KINDS:
+        reps = sorted({r.get("rep") for r in recs if r.get("kind") == kind})
+        rps, dcpu, rcpu, rwork, d50 = [], [], [], [], []
+        for rep in reps:
+            by = {r["server"]: r for r in recs if r.get("kind") == kind and r.get("rep") == rep}
+            if x not in by or y not in by:
+                continue
+            b, d = by[x], by[y]
+            rps.append(b["rps"] / d["rps"] if d["rps"] else float("nan"))
+            if "proxy_us_per_req" in b and "proxy_us_per_req" in d:
+                dcpu.append(b["proxy_us_per_req"] - d["proxy_us_per_req"])
+                rcpu.append(b["proxy_us_per_req"] / d["proxy_us_per_req"] if d["proxy_us_per_req"] else float("nan"))
+            if b.get("worker_us_per_req") and d.get("worker_us_per_req"):
+                rwork.append(b["worker_us_per_req"] / d["worker_us_per_req"])
+            d50.append(b["p50_us"] - d["p50_us"])
+        if rps:
+            out.append("| %s | %s / %s | %s | %s | %s | %s | %s |" % (
+                kname, letter[x], letter[y], med_range(rps, "%.3f"), med_range(dcpu, "%+.1f"), med_range(rcpu, "%.3f"),
+                med_range(rwork, "%.3f"), med_range(d50, "%+.0f")))
+    return out
+
+
+def callgrind_ab_table(meta):
+    def kilo(v):
+        try:
+            return float(v.rstrip("k"))
+        except (AttributeError, ValueError):
+            return float("nan")
+
+    e_on = any(k.endswith("_gateway2") for k in meta)
+    out = ["", "Instructions per request under callgrind (thousands; 16x10, the proxy under callgrind, "
+           "its worker native; the counters zeroed once ready):", "",
+           "| request | requests | B gateway | %sD gateway, replay off | C HAProxy | B / D | %sB / C | D / C |" %
+           ("E gateway, --compare-bin | " if e_on else "", "E / D | E / B | " if e_on else ""),
+           "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if e_on else "")]
+    for kind, kname in KINDS:
+        b, e, d, c = (kilo(meta.get("cg_%s_%s" % (kind, s))) for s in ("gateway", "gateway2", "noreplay", "haproxy"))
+        if b != b and d != d:
+            continue
+        out.append("| %s | %s | %.2f | %s%.2f | %.2f | %.3f | %s%.2f | %.2f |" % (
+            kname, meta.get("cg_n_" + kind, "?"), b, ("%.2f | " % e) if e_on else "", d, c, b / d,
+            ("%.3f | %.3f | " % (e / d, e / b)) if e_on else "", b / c, d / c))
+    return out
 
 
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     cmd, args = sys.argv[1], sys.argv[2:]
-    fn = {"ports": cmd_ports, "run": cmd_run, "ttft": cmd_ttft, "table": cmd_table, "cgtop": cmd_cgtop}.get(cmd)
+    fn = {"ports": cmd_ports, "run": cmd_run, "ttft": cmd_ttft, "table": cmd_table, "cgtop": cmd_cgtop,
+          "cgdiff": cmd_cgdiff}.get(cmd)
     if fn is None:
         sys.exit("unknown subcommand %r\n%s" % (cmd, __doc__))
     fn(args)
