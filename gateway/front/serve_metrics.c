@@ -59,12 +59,6 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "Tokens of the requests counted in infergate_spend_total, by kind (prompt or "
                               "completion).",
                               NULL, 0);
-    rc |= gw_metrics_describe(m, "infergate_spend_gco2e_total", GW_COUNTER,
-                              "Estimated grams of CO2e of the requests counted in infergate_spend_total.",
-                              NULL, 0);
-    rc |= gw_metrics_describe(m, "infergate_spend_energy_wh_total", GW_COUNTER,
-                              "Estimated energy (Wh) of the requests counted in infergate_spend_total.", NULL,
-                              0);
     rc |= gw_metrics_describe(m, "infergate_budget_spend", GW_GAUGE,
                               "A tenant's spend this UTC day or month (period) as its budget saw it at its "
                               "last request: the fleet's figure and what this gateway has not sent yet.",
@@ -72,12 +66,13 @@ int gw_serve_metrics_init(gw_metrics *m)
     rc |= gw_metrics_describe(m, "infergate_budget", GW_GAUGE, "A tenant's budget for the period (its config).",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_energy_wh_total", GW_COUNTER,
-                              "Energy estimated for the requests local workers served (Wh: the worker's "
-                              "power draw shared among its running sequences), by tenant and region.",
+                              "Energy estimated for the requests that came in here (Wh: the serving "
+                              "worker's power draw shared among its running sequences, as the serving "
+                              "region measured it), by tenant and serving region.",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_gco2e_total", GW_COUNTER,
-                              "Emissions estimated for them (gCO2e: energy x the region's grid carbon "
-                              "intensity), by tenant and region.",
+                              "Emissions estimated for them (gCO2e: energy x the serving region's grid "
+                              "carbon intensity), by tenant and serving region.",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,

@@ -411,7 +411,7 @@ static void st_error(void *ud, gw_upstream_error e, bool responded)
     stats_done(w);
 }
 
-static const gw_upstream_cbs stats_cbs = {st_response, st_data, st_end, st_error};
+static const gw_upstream_cbs stats_cbs = {st_response, st_data, st_end, st_error, NULL};
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
