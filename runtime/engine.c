@@ -503,8 +503,8 @@ void rt_engine_describe(const rt_engine *e, char *buf, size_t len)
 
 /* ---- admission and submission ---- */
 
-int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, rt_oai_error *err,
-                    int *retry_after_s)
+int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, const char *tenant, double weight,
+                    rt_oai_error *err, int *retry_after_s)
 {
     *retry_after_s = 0;
     if (rt_engine_deadline_passed(deadline_ms)) {
@@ -513,7 +513,8 @@ int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, rt_oai_
     }
     /* A request being prepared counts against its priority's queue limit:
      * past it, it is turned away before its body costs a parse. */
-    if (!e->sched || e->admitted[prio] >= rt_sched_room(e->sched, prio)) {
+    if (!e->sched || (e->admitted[prio] >= rt_sched_room(e->sched, prio) &&
+                      !rt_sched_may_push_out(e->sched, prio, tenant, weight))) {
         error_queue_full(err);
         *retry_after_s = time_to_room(e, prio);
         return -EAGAIN;
@@ -672,6 +673,11 @@ static int event_error(const rt_sched_event *ev, rt_oai_error *err, bool *device
     case -ETIMEDOUT:
         rt_engine_error_deadline(err);
         return 0;
+    case -EAGAIN: /* pushed out of the full queue by another tenant's request (sched.h) */
+        rt_oai_error_set(err, 429, "rate_limit_error", NULL, "queue_full",
+                         "the worker's queue is full, and this request's place went to another tenant's; "
+                         "retry shortly");
+        return 1;
     case -ENOMEM:
         rt_oai_error_set(err, 503, "server_error", NULL, NULL, "out of memory while running the model");
         return 1;
@@ -758,6 +764,11 @@ int rt_engine_poll_max(rt_engine *e, int timeout_ms, int max, rt_engine_event_fn
 }
 
 /* ---- figures ---- */
+
+int rt_engine_tenants(rt_engine *e, rt_sched_tenant_stats *out, int max)
+{
+    return e->sched ? rt_sched_tenants(e->sched, out, max) : 0;
+}
 
 void rt_engine_stats(rt_engine *e, rt_sched_stats *st)
 {

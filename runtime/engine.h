@@ -145,13 +145,15 @@ void rt_engine_req_dispose(rt_engine_req *req);
 
 /* ---- admission, running, events (owner thread) ---- */
 
-/* Before a body is prepared: whether a request of priority prio may still
- * come in, so that one turned away costs no parse. 0: it is counted as
- * queued (rt_engine_stats) until rt_engine_release. -ETIMEDOUT: deadline_ms
- * has passed (504); -EAGAIN: the queue is full (429). *err and
+/* Before a body is prepared: whether a request of priority prio (of
+ * tenant, with its weight: NULL and 0 for none, as rt_sched_req's) may
+ * still come in, so that one turned away costs no parse. 0: it is counted
+ * as queued (rt_engine_stats) until rt_engine_release. -ETIMEDOUT:
+ * deadline_ms has passed (504); -EAGAIN: the queue is full and the tenant
+ * may not push another's request out (429; rt_sched_room). *err and
  * *retry_after_s (seconds for Retry-After, 0: none) say so. */
-int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, rt_oai_error *err,
-                    int *retry_after_s);
+int rt_engine_admit(rt_engine *e, rt_priority prio, int64_t deadline_ms, const char *tenant, double weight,
+                    rt_oai_error *err, int *retry_after_s);
 void rt_engine_release(rt_engine *e, rt_priority prio);
 
 /* Queues req (which may be disposed on return). 0 and *id; or with *err and
@@ -201,6 +203,9 @@ int rt_engine_poll_max(rt_engine *e, int timeout_ms, int max, rt_engine_event_fn
 /* The scheduler's figures, requests admitted and not yet submitted
  * counted as queued; zeros before start and after stop. */
 void rt_engine_stats(rt_engine *e, rt_sched_stats *st);
+/* The scheduler's figures per tenant (rt_sched_tenants); 0 before start
+ * and after stop. */
+int rt_engine_tenants(rt_engine *e, rt_sched_tenant_stats *out, int max);
 /* An id for the response object ("chatcmpl-..." or "cmpl-...", unique
  * across workers and restarts) and its "created". */
 void rt_engine_response_id(rt_engine *e, bool chat, char *id, size_t id_len, long *created);

@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,11 +38,42 @@ struct tenant {
     double weight;
     double vt;     /* tokens computed for it / weight: the least goes next */
     int n_present; /* its requests waiting or running */
+    /* what rt_sched_tenants has not counted yet (publish_tenants) */
+    uint64_t tokens_new, preempted_new;
 };
 
+/* A tenant's reported figures (rt_sched_tenants), kept past its requests;
+ * under mu. */
+typedef struct tfig {
+    rt_sched_tenant_stats st;
+    double active; /* when it last had requests here (gw_mono_s) */
+} tfig;
+
 typedef struct sreq sreq;
+
+/* A tenant's requests waiting that were never admitted, per priority: the
+ * queue's fair bound (sched.h). Under mu; the compute thread's `tenant` is
+ * another table. Kept while it has such requests. */
+typedef struct qtenant qtenant;
+struct qtenant {
+    qtenant *next;
+    char name[RT_SCHED_TENANT_MAX + 1];
+    double weight; /* the last request's */
+    int n_fresh[2];
+    sreq *oldest[2], *youngest[2]; /* those requests, in submission order (sreq.fprev, fnext) */
+};
+
+/* Where a request stands with the queue's bound. FRESH until the compute
+ * thread admits or drops it (TAKEN) or a submit pushes it out (EVICTED);
+ * whichever comes first wins the compare-and-swap. */
+enum { Q_FRESH, Q_TAKEN, Q_EVICTED };
+
 struct sreq {
     sreq *next; /* in inbox or a waiting queue */
+    /* The queue's bound, under mu: its tenant's entry and place in it while FRESH. */
+    _Atomic int qstate;
+    qtenant *qt;
+    sreq *fprev, *fnext;
     uint64_t id;
     rt_sched_cb cb;
     void *user;
@@ -114,6 +146,9 @@ struct rt_sched {
     uint64_t *holds; /* ids to hold, or to release (| HOLD_RELEASE), in the order asked */
     int n_holds, cap_holds;
     int n_waiting[2]; /* inbox + waiting queue of each priority, for -EAGAIN */
+    qtenant *qtenants; /* the queue's fair bound */
+    tfig figs[RT_SCHED_TENANT_FIGS];
+    int n_figs;
     rt_sched_stats stats;
 
     /* compute thread only */
@@ -163,12 +198,146 @@ static int room(const rt_sched *s, int prio)
     return n > 0 ? n : 0;
 }
 
+/* ---- the queue's fair bound (see sched.h; under mu) ---- */
+
+static qtenant *qt_find(const rt_sched *s, const char *name)
+{
+    qtenant *t = s->qtenants;
+    while (t && strcmp(t->name, name))
+        t = t->next;
+    return t;
+}
+
+/* Under mu: tenant name's figures, made (or recycled from the one idle
+ * longest: nothing running or queued, and not active at `now`) when it
+ * has none; NULL when every one is busy. */
+static tfig *fig_of(rt_sched *s, const char *name, double now)
+{
+    tfig *idle = NULL;
+    for (int i = 0; i < s->n_figs; i++) {
+        tfig *f = &s->figs[i];
+        if (!strcmp(f->st.name, name))
+            return f;
+        if (!f->st.running && !f->st.queued && f->active < now && (!idle || f->active < idle->active))
+            idle = f;
+    }
+    tfig *f = s->n_figs < RT_SCHED_TENANT_FIGS ? &s->figs[s->n_figs++] : idle;
+    if (f) {
+        memset(f, 0, sizeof(*f));
+        snprintf(f->st.name, sizeof(f->st.name), "%s", name);
+        f->active = now;
+    }
+    return f;
+}
+
+/* With prio's queue full: the tenant that gives a place to a request of
+ * tenant `name` (weight w), the one whose never-admitted requests of prio
+ * are the most per weight, when it has more than that tenant would have
+ * with the request (so places never swing back and forth); else NULL. */
+static qtenant *qt_fattest(const rt_sched *s, const char *name, double w, int prio)
+{
+    const qtenant *own = qt_find(s, name);
+    double have = (own ? own->n_fresh[prio] : 0) + 1;
+    qtenant *most = NULL;
+    for (qtenant *t = s->qtenants; t; t = t->next)
+        if (t != own && t->n_fresh[prio] > 0 &&
+            (!most || t->n_fresh[prio] / t->weight > most->n_fresh[prio] / most->weight))
+            most = t;
+    return most && most->n_fresh[prio] / most->weight > have / w ? most : NULL;
+}
+
+static void qt_link(qtenant *t, sreq *r, int prio)
+{
+    r->qt = t;
+    r->fnext = NULL;
+    r->fprev = t->youngest[prio];
+    if (r->fprev)
+        r->fprev->fnext = r;
+    else
+        t->oldest[prio] = r;
+    t->youngest[prio] = r;
+    t->n_fresh[prio]++;
+}
+
+/* r leaves its tenant's never-admitted requests; the entry goes with its last. */
+static void qt_unlink(rt_sched *s, sreq *r)
+{
+    qtenant *t = r->qt;
+    if (!t)
+        return;
+    int prio = r->prio;
+    if (r->fprev)
+        r->fprev->fnext = r->fnext;
+    else
+        t->oldest[prio] = r->fnext;
+    if (r->fnext)
+        r->fnext->fprev = r->fprev;
+    else
+        t->youngest[prio] = r->fprev;
+    r->qt = NULL;
+    if (--t->n_fresh[prio] + t->n_fresh[1 - prio] > 0)
+        return;
+    for (qtenant **pp = &s->qtenants; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            free(t);
+            return;
+        }
+}
+
+/* The youngest never-admitted request of tenant t and prio gives its place:
+ * it is answered -EAGAIN by the compute thread when next seen. True when
+ * one did (the compute thread may have taken them all meanwhile). */
+static bool push_out(rt_sched *s, qtenant *t, int prio)
+{
+    for (sreq *v = t->youngest[prio]; v; v = v->fprev) {
+        int st = Q_FRESH;
+        if (atomic_compare_exchange_strong(&v->qstate, &st, Q_EVICTED)) {
+            tfig *f = fig_of(s, t->name, gw_mono_s());
+            if (f)
+                f->st.pushed_out++;
+            qt_unlink(s, v);
+            s->n_waiting[prio]--;
+            s->stats.pushed_out++;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The compute thread takes waiting request r out of the bound, admitted
+ * or dropped. False when a submit pushed it out first: it is then answered
+ * -EAGAIN, its counts already taken off. */
+static bool take_fresh(rt_sched *s, sreq *r)
+{
+    int st = Q_FRESH;
+    if (atomic_compare_exchange_strong(&r->qstate, &st, Q_TAKEN)) {
+        pthread_mutex_lock(&s->mu);
+        qt_unlink(s, r);
+        pthread_mutex_unlock(&s->mu);
+        return true;
+    }
+    return st != Q_EVICTED;
+}
+
 int rt_sched_room(rt_sched *s, rt_priority p)
 {
     pthread_mutex_lock(&s->mu);
     int n = room(s, p == RT_PRIO_BATCH ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE);
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+bool rt_sched_may_push_out(rt_sched *s, rt_priority p, const char *tname, double weight)
+{
+    const char *name = tname ? tname : "";
+    if (strlen(name) > RT_SCHED_TENANT_MAX)
+        return false;
+    pthread_mutex_lock(&s->mu);
+    bool may = !s->stopping && qt_fattest(s, name, weight > 0 ? weight : 1,
+                                          p == RT_PRIO_BATCH ? RT_PRIO_BATCH : RT_PRIO_INTERACTIVE);
+    pthread_mutex_unlock(&s->mu);
+    return may;
 }
 
 /* The defaults of the options an operator sets are the table's. */
@@ -336,18 +505,34 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     q->cb = r->cb;
     q->user = r->user;
     q->t_submit = q->t_queued = gw_mono_s();
+    atomic_init(&q->qstate, Q_FRESH);
+    qtenant *spare = calloc(1, sizeof(*spare)); /* its tenant's entry, if it has none yet */
 
     pthread_mutex_lock(&s->mu);
     int rc = 0;
+    qtenant *fat, *qt = qt_find(s, tname);
     if (s->stopping)
         rc = -ESHUTDOWN;
-    else if (room(s, q->prio) == 0)
+    else if (!qt && !spare)
+        rc = -ENOMEM;
+    else if (room(s, q->prio) == 0 &&
+             (!(fat = qt_fattest(s, tname, q->tn->weight, q->prio)) || !push_out(s, fat, q->prio)))
         rc = -EAGAIN;
     if (rc) {
         pthread_mutex_unlock(&s->mu);
+        free(spare);
         sreq_free(q);
         return rc;
     }
+    if (!qt) {
+        qt = spare;
+        spare = NULL;
+        strcpy(qt->name, tname);
+        qt->next = s->qtenants;
+        s->qtenants = qt;
+    }
+    qt->weight = q->tn->weight;
+    qt_link(qt, q, q->prio);
     q->id = ++s->next_id;
     *id = q->id;
     q_push(&s->inbox, q);
@@ -355,6 +540,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     count_queued(s);
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    free(spare);
     return 0;
 }
 
@@ -528,6 +714,7 @@ static void charge(sreq *r, int from, int to)
         from = r->n_charged;
     if (to > from) {
         r->tn->vt += (to - from) / r->tn->weight;
+        r->tn->tokens_new += (uint64_t)(to - from);
         r->n_charged = to;
     }
 }
@@ -623,12 +810,15 @@ static void intake(rt_sched *s)
     for (int p = 0; p < 2; p++) {
         queue keep = {0};
         while ((r = q_pop(&s->waiting[p]))) {
-            if (n_cancels && take_cancel(ids, n_cancels, r->id)) {
-                finish_error(s, r, -ECANCELED);
-                dropped[p]++;
-            } else if (past_deadline(r, now)) {
-                finish_error(s, r, -ETIMEDOUT);
-                dropped[p]++;
+            const int err = n_cancels && take_cancel(ids, n_cancels, r->id) ? -ECANCELED
+                            : past_deadline(r, now)                         ? -ETIMEDOUT
+                                                                            : 0;
+            if (atomic_load(&r->qstate) == Q_EVICTED) {
+                finish_error(s, r, -EAGAIN); /* its place went to another tenant's request */
+            } else if (err) {
+                bool mine = take_fresh(s, r);
+                dropped[p] += mine;
+                finish_error(s, r, mine ? err : -EAGAIN);
             } else {
                 q_push(&keep, r);
             }
@@ -849,17 +1039,29 @@ static void admit(rt_sched *s)
             r = fair_pick(q, &prev);
         }
         made_room_for = NULL;
+        if (atomic_load(&r->qstate) == Q_EVICTED) { /* pushed out since intake */
+            q_remove(q, prev, r);
+            finish_error(s, r, -EAGAIN);
+            continue;
+        }
         int blocks = blocks_for(s, r->n_tokens);
         if (s->n_running >= s->o.max_seqs ||
             (blocks + promised + s->n_running > rt_kv_blocks_free(s->kv) && s->n_running > 0)) {
             int v = r->prio == RT_PRIO_INTERACTIVE ? youngest(s, true) : -1;
-            if (v < 0 || !preemption_makes_room(s, blocks, promised))
+            bool for_share = v < 0 || !preemption_makes_room(s, blocks, promised);
+            if (for_share)
                 v = fair_victim(s, r, blocks, promised);
             if (v < 0)
                 break;
+            s->running[v]->tn->preempted_new += for_share;
             preempt_at(s, v);
             promised = promised_blocks(s);
             made_room_for = r;
+            continue;
+        }
+        if (!take_fresh(s, r)) { /* a submit pushed it out just now */
+            q_remove(q, prev, r);
+            finish_error(s, r, -EAGAIN);
             continue;
         }
         /* kept across a preemption, with the counts penalties read */
@@ -900,14 +1102,49 @@ static void admit(rt_sched *s)
     }
 }
 
-/* The youngest running batch request not admitted after a long wait, or
- * the youngest of all where there is none, gives its blocks back and waits at the head of its
- * queue to be recomputed from its tokens. Batch first: an interactive
- * request admitted after long batch jobs should not be the one that waits
- * again. */
+/* KV blocks tenant t's running requests hold, per weight. */
+static double blocks_per_weight(const rt_sched *s, const tenant *t)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->tn == t)
+            n += rt_seq_blocks(s->running[i]->seq);
+    return n / t->weight;
+}
+
+/* The youngest running request of the tenant holding the most KV blocks
+ * per weight: the pool is what ran short, so its heaviest user gives. */
+static int youngest_of_heaviest(const rt_sched *s)
+{
+    const tenant *most = NULL;
+    double most_bpw = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        const tenant *t = s->running[i]->tn;
+        double bpw = t == most ? most_bpw : blocks_per_weight(s, t);
+        if (!most || bpw > most_bpw) {
+            most = t;
+            most_bpw = bpw;
+        }
+    }
+    int v = -1;
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->tn == most && (v < 0 || s->running[i]->t_submit >= s->running[v]->t_submit))
+            v = i;
+    return v;
+}
+
+/* The KV pool ran dry. The youngest running batch request not admitted
+ * after a long wait gives its blocks back and waits at the head of its
+ * queue to be recomputed from its tokens; where there is none, the
+ * youngest of the tenant holding the most blocks per weight (with one
+ * tenant, the youngest of all). Batch first: an interactive request
+ * admitted after long batch jobs should not be the one that waits again;
+ * then by tenant: a tenant's long contexts should not cost another's
+ * stream its place. */
 static void preempt_youngest(rt_sched *s)
 {
-    preempt_at(s, youngest(s, false));
+    int v = youngest(s, true);
+    preempt_at(s, v >= 0 ? v : youngest_of_heaviest(s));
 }
 
 static int prefill_budget(const rt_sched *s, int n_dec)
@@ -1316,11 +1553,49 @@ static void update_estimate(rt_sched *s, double now)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Under mu: the tenants' figures as of this step. */
+static void publish_tenants(rt_sched *s, double now)
+{
+    /* those present are active now, so that no newcomer's takes their place */
+    for (int i = 0; i < s->n_figs; i++) {
+        tfig *f = &s->figs[i];
+        f->st.running = f->st.queued = 0;
+        for (const tenant *t = s->tenants; t; t = t->next)
+            if (t->n_present > 0 && !strcmp(t->name, f->st.name))
+                f->active = now;
+    }
+    for (tenant *t = s->tenants; t; t = t->next) {
+        tfig *f = t->n_present > 0 || t->tokens_new || t->preempted_new ? fig_of(s, t->name, now) : NULL;
+        if (!f)
+            continue;
+        int running = 0;
+        for (int i = 0; i < s->n_running; i++)
+            running += s->running[i]->tn == t;
+        f->st.weight = t->weight;
+        f->st.running = running;
+        f->st.queued = t->n_present - running;
+        f->st.tokens += t->tokens_new;
+        f->st.preempted += t->preempted_new;
+        t->tokens_new = t->preempted_new = 0;
+    }
+}
+
+int rt_sched_tenants(rt_sched *s, rt_sched_tenant_stats *out, int max)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_figs < max ? s->n_figs : max;
+    for (int i = 0; i < n; i++)
+        out[i] = s->figs[i].st;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 static void publish_stats(rt_sched *s)
 {
     double now = gw_mono_s();
     update_estimate(s, now);
     pthread_mutex_lock(&s->mu);
+    publish_tenants(s, now);
     rt_sched_stats *st = &s->stats;
     st->running = s->n_running;
     st->kv_blocks_free = rt_kv_blocks_free(s->kv);
@@ -1490,6 +1765,11 @@ void rt_sched_free(rt_sched *s)
     while (s->tenants) {
         tenant *t = s->tenants;
         s->tenants = t->next;
+        free(t);
+    }
+    while (s->qtenants) { /* the requests it listed are gone */
+        qtenant *t = s->qtenants;
+        s->qtenants = t->next;
         free(t);
     }
     rt_kv_free(s->kv);

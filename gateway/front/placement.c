@@ -478,10 +478,12 @@ static double worker_watts(gw_serve *g, const gw_worker_info *w)
     return 0;
 }
 
-void gw_placement_energy(gw_front_req *p, double dur_s)
+/* What a local worker's share of p's time here cost: 0 when a local
+ * worker did not serve it, or its power is not known. */
+static void local_energy(gw_front_req *p, double dur_s, double *wh, double *gco2e)
 {
     gw_serve *g = p->g;
-    p->energy_wh = p->gco2e = 0;
+    *wh = *gco2e = 0;
     if (!g->placement || p->remote || p->worker < 0 || p->worker >= gw_supervisor_count(g->sup) || !(dur_s > 0))
         return;
     const gw_worker_info *w = gw_supervisor_worker(g->sup, p->worker);
@@ -495,12 +497,73 @@ void gw_placement_energy(gw_front_req *p, double dur_s)
      * nobody's; a request's share of a batch's prefill is not weighed by
      * its tokens. */
     int sharing = w->running > 0 ? w->running : 1;
-    p->energy_wh = watts * dur_s / sharing / 3600.0;
-    double intensity = gw_placement_region_carbon(g, g->cfg->region.name);
-    p->gco2e = p->energy_wh * intensity / 1000.0;
+    *wh = watts * dur_s / sharing / 3600.0;
+    *gco2e = *wh * gw_placement_region_carbon(g, g->cfg->region.name) / 1000.0;
+}
+
+int gw_placement_energy_trailer(gw_front_req *p, char *buf, size_t n)
+{
+    double wh, gco2e;
+    local_energy(p, gw_mono_s() - p->t_start, &wh, &gco2e);
+    if (!(wh > 0))
+        return -1;
+    int len = snprintf(buf, n, "%.9g %.9g", wh, gco2e);
+    return len > 0 && (size_t)len < n ? 0 : -1;
+}
+
+const char *gw_energy_parse(const char *v, double *wh, double *gco2e)
+{
+    char buf[64];
+    size_t len = strlen(v);
+    const char *sp = memchr(v, ' ', len);
+    if (!sp || len >= sizeof(buf))
+        return "not two numbers (\"WH GCO2E\")";
+    memcpy(buf, v, len + 1);
+    buf[sp - v] = '\0';
+    double a, b;
+    if (!route_number_parse(buf, GW_ENERGY_MAX_WH, &a) ||
+        !route_number_parse(buf + (sp - v) + 1, GW_ENERGY_MAX_WH * ROUTE_MAX_CARBON / 1000.0, &b))
+        return "a number out of range";
+    *wh = a;
+    *gco2e = b;
+    return NULL;
+}
+
+void gw_placement_energy_said(gw_front_req *p, const gw_http_header *hs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double wh, gco2e;
+        if (strcmp(hs[i].name, "x-infergate-energy"))
+            continue;
+        const char *why = gw_energy_parse(hs[i].value, &wh, &gco2e);
+        if (why) {
+            fprintf(stderr, "infergate: region %s: x-infergate-energy '%.64s' not taken: %s\n", p->region,
+                    hs[i].value, why);
+            return;
+        }
+        /* a try replayed elsewhere mid-stream said nothing: this adds the last one's */
+        p->energy_wh += wh;
+        p->gco2e += gco2e;
+        return;
+    }
+}
+
+void gw_placement_energy(gw_front_req *p, double dur_s)
+{
+    gw_serve *g = p->g;
+    /* a forwarded request's energy went back to its origin in the trailer */
+    if (!g->placement || p->forwarded)
+        return;
+    double wh, gco2e;
+    local_energy(p, dur_s, &wh, &gco2e);
+    p->energy_wh += wh;
+    p->gco2e += gco2e;
+    if (!(p->energy_wh > 0))
+        return;
+    const char *served_by = p->remote ? p->region : g->cfg->region.name;
     char tenant[2 * GW_TENANT_NAME_MAX + 1], region[2 * ROUTE_NAME_MAX + 1], labels[300];
     gw_metrics_escape(p->tenant[0] ? p->tenant : "-", tenant, sizeof(tenant));
-    gw_metrics_escape(g->cfg->region.name ? g->cfg->region.name : "-", region, sizeof(region));
+    gw_metrics_escape(served_by && served_by[0] ? served_by : "-", region, sizeof(region));
     snprintf(labels, sizeof(labels), "tenant=\"%s\",region=\"%s\"", tenant, region);
     gw_metrics_add(g->metrics, "infergate_energy_wh_total", labels, p->energy_wh);
     if (p->gco2e > 0)

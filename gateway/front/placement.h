@@ -48,10 +48,26 @@ const char *gw_carbon_parse(const char *buf, size_t n, bool http, double *out);
 /* A region (p->remote, else this one) answered p 429: the primary policy
  * spills from it for primary_hold_ms. */
 void gw_placement_note_busy(gw_front_req *p);
-/* At the request's end (dur_s: its time here): p->energy_wh and p->gco2e
- * for a request a local worker served, and their counters per tenant and
- * region. 0 and 0 for one served elsewhere (that region's gateway counts
- * it) or by a worker whose power is not known. */
+/* A request's energy said by a peer, at most (Wh). */
+#define GW_ENERGY_MAX_WH 1e6
+/* At the request's end (dur_s: its time here), at the gateway it came in
+ * to: p->energy_wh and p->gco2e, and their counters per tenant and the
+ * region that served it. A local worker's share of its time here (its
+ * power, the region's intensity), or what the serving region said in its
+ * answer's x-infergate-energy trailer (gw_placement_energy_said); 0 and 0
+ * when neither is known. Nothing for a forwarded request: the trailer
+ * took its figures to its origin, which counts them. */
 void gw_placement_energy(gw_front_req *p, double dur_s);
+/* A forwarded request served here, at its end: its energy as the
+ * x-infergate-energy trailer's value, "WH GCO2E" (into buf, n bytes). 0,
+ * or -1 when not known (no power figure, not served by a local worker). */
+int gw_placement_energy_trailer(gw_front_req *p, char *buf, size_t n);
+/* The trailers of a region's answer to p: its x-infergate-energy added to
+ * p's figures (a malformed one is logged and left out). */
+void gw_placement_energy_said(gw_front_req *p, const gw_http_header *hs, size_t n);
+/* x-infergate-energy's value: two decimal numbers and one space between,
+ * Wh (0 to GW_ENERGY_MAX_WH) and gCO2e (0 to that at ROUTE_MAX_CARBON).
+ * NULL when taken, else why not. */
+const char *gw_energy_parse(const char *v, double *wh, double *gco2e);
 
 #endif

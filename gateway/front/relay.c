@@ -361,10 +361,16 @@ static void up_end(void *ud)
         note_upstream_error(p, "stream_error");
         gw_front_region_failed(p);
     }
+    /* A forwarded request's energy goes back to its origin, which counts
+     * it (placement.h): only here are the worker and its share known. */
+    char energy[64];
+    gw_http_header tr = {"x-infergate-energy", energy};
+    bool said = p->forwarded && p->stream && !gw_placement_energy_trailer(p, energy, sizeof(energy));
     /* An upstream that ends without a blank line: its last bytes go as they are. */
     if (p->stream &&
         ((p->hold_len && gw_http_write(p->stream, p->hold, p->hold_len)) ||
-         (p->rbuf_len && gw_http_write(p->stream, p->rbuf, p->rbuf_len)) || gw_http_end(p->stream)))
+         (p->rbuf_len && gw_http_write(p->stream, p->rbuf, p->rbuf_len)) ||
+         (said ? gw_http_end_trailers(p->stream, &tr, 1) : gw_http_end(p->stream))))
         gw_http_reset(p->stream);
     p->hold_len = 0;
     p->rbuf_len = 0;
@@ -441,7 +447,15 @@ static void cut_stream(gw_front_req *p, bool stalled)
     gw_http_reset(p->stream);
 }
 
-static const gw_upstream_cbs up_cbs = {up_response, up_data, up_end, up_error};
+/* A region's answer ends with what its serving cost in energy. */
+static void up_trailers(void *ud, const gw_http_header *hs, size_t n)
+{
+    gw_front_req *p = ud;
+    if (p->remote)
+        gw_placement_energy_said(p, hs, n);
+}
+
+static const gw_upstream_cbs up_cbs = {up_response, up_data, up_end, up_error, up_trailers};
 
 void gw_front_send_upstream(gw_front_req *p)
 {

@@ -59,12 +59,6 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "Tokens of the requests counted in infergate_spend_total, by kind (prompt or "
                               "completion).",
                               NULL, 0);
-    rc |= gw_metrics_describe(m, "infergate_spend_gco2e_total", GW_COUNTER,
-                              "Estimated grams of CO2e of the requests counted in infergate_spend_total.",
-                              NULL, 0);
-    rc |= gw_metrics_describe(m, "infergate_spend_energy_wh_total", GW_COUNTER,
-                              "Estimated energy (Wh) of the requests counted in infergate_spend_total.", NULL,
-                              0);
     rc |= gw_metrics_describe(m, "infergate_budget_spend", GW_GAUGE,
                               "A tenant's spend this UTC day or month (period) as its budget saw it at its "
                               "last request: the fleet's figure and what this gateway has not sent yet.",
@@ -72,12 +66,13 @@ int gw_serve_metrics_init(gw_metrics *m)
     rc |= gw_metrics_describe(m, "infergate_budget", GW_GAUGE, "A tenant's budget for the period (its config).",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_energy_wh_total", GW_COUNTER,
-                              "Energy estimated for the requests local workers served (Wh: the worker's "
-                              "power draw shared among its running sequences), by tenant and region.",
+                              "Energy estimated for the requests that came in here (Wh: the serving "
+                              "worker's power draw shared among its running sequences, as the serving "
+                              "region measured it), by tenant and serving region.",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_gco2e_total", GW_COUNTER,
-                              "Emissions estimated for them (gCO2e: energy x the region's grid carbon "
-                              "intensity), by tenant and region.",
+                              "Emissions estimated for them (gCO2e: energy x the serving region's grid "
+                              "carbon intensity), by tenant and serving region.",
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_workers_up", GW_GAUGE, "Workers ready to serve.", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_queue_depth", GW_GAUGE, "Requests waiting in each worker.", NULL,
@@ -102,6 +97,27 @@ int gw_serve_metrics_init(gw_metrics *m)
                               NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_kv_blocks_cached", GW_GAUGE,
                               "KV blocks in each worker's prefix cache (in use or evictable).", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_tenant_weight", GW_GAUGE,
+                              "Each tenant's weight in each worker's fair share, as its last request "
+                              "brought it.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_tenant_running", GW_GAUGE,
+                              "Sequence slots each tenant holds in each worker.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_tenant_queued", GW_GAUGE,
+                              "Requests of each tenant waiting in each worker.", NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_tenant_tokens_total", GW_COUNTER,
+                              "Tokens each worker computed for each tenant (prompt and generated, what "
+                              "its fair share charges: a recompute is not counted again), since the "
+                              "worker started.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_tenant_preemptions_total", GW_COUNTER,
+                              "Requests of each tenant that gave their slot to another tenant's (fair "
+                              "share), since the worker started.",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_tenant_pushed_out_total", GW_COUNTER,
+                              "Requests of each tenant that gave their place in a worker's full queue to "
+                              "another tenant's (answered 429), since the worker started.",
+                              NULL, 0);
     rc |= gw_metrics_describe(
         m, "infergate_access_log_dropped_total", GW_COUNTER,
         "Access log lines dropped: its reader fell a megabyte behind, or a write failed.", NULL, 0);
@@ -128,6 +144,23 @@ static void worker_prefix_metrics(gw_metrics *m, const char *labels, const gw_wo
     gw_metrics_set(m, "infergate_worker_kv_blocks_cached", labels, w->kv_blocks_cached);
 }
 
+/* Each tenant's share of the worker (runtime/sched.h). */
+static void worker_tenant_metrics(gw_metrics *m, const char *labels, const gw_worker_info *w)
+{
+    for (int k = 0; k < w->n_tenants; k++) {
+        const gw_worker_tenant *t = &w->tenants[k];
+        char name[2 * sizeof(t->name)], l[600];
+        gw_metrics_escape(t->name[0] ? t->name : "-", name, sizeof(name));
+        snprintf(l, sizeof(l), "%s,tenant=\"%s\"", labels, name);
+        gw_metrics_set(m, "infergate_worker_tenant_weight", l, t->weight);
+        gw_metrics_set(m, "infergate_worker_tenant_running", l, t->running);
+        gw_metrics_set(m, "infergate_worker_tenant_queued", l, t->queued);
+        gw_metrics_count_to(m, "infergate_worker_tenant_tokens_total", l, t->tokens);
+        gw_metrics_count_to(m, "infergate_worker_tenant_preemptions_total", l, t->preempted);
+        gw_metrics_count_to(m, "infergate_worker_tenant_pushed_out_total", l, t->pushed_out);
+    }
+}
+
 void gw_serve_metrics_workers(gw_serve *g)
 {
     gw_metrics *m = g->metrics;
@@ -137,6 +170,9 @@ void gw_serve_metrics_workers(gw_serve *g)
     gw_metrics_clear(m, "infergate_worker_kv_blocks_free");
     gw_metrics_clear(m, "infergate_worker_prefix_cache_hit_ratio");
     gw_metrics_clear(m, "infergate_worker_kv_blocks_cached");
+    gw_metrics_clear(m, "infergate_worker_tenant_weight");
+    gw_metrics_clear(m, "infergate_worker_tenant_running");
+    gw_metrics_clear(m, "infergate_worker_tenant_queued");
     for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
         const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
         char model[128], device[128], labels[320];
@@ -150,6 +186,7 @@ void gw_serve_metrics_workers(gw_serve *g)
         if (w->ready) {
             gw_metrics_set(m, "infergate_worker_kv_blocks_free", labels, w->kv_blocks_free);
             worker_prefix_metrics(m, labels, w);
+            worker_tenant_metrics(m, labels, w);
         }
         gw_metrics_count_to(m, "infergate_worker_restarts_total", labels, w->restarts);
     }

@@ -280,8 +280,6 @@ static void count_metrics(gw_front_req *p, const char *tenant, const double *v)
     gw_metrics *mx = p->g->metrics;
     int n = snprintf(labels, sizeof(labels), "tenant=\"%s\",model=\"%s\",region=\"%s\"", t, m, r);
     gw_metrics_add(mx, "infergate_spend_total", labels, v[ROUTE_SPEND_COST]);
-    gw_metrics_add(mx, "infergate_spend_gco2e_total", labels, v[ROUTE_SPEND_GCO2E]);
-    gw_metrics_add(mx, "infergate_spend_energy_wh_total", labels, v[ROUTE_SPEND_ENERGY_WH]);
     snprintf(labels + n, sizeof(labels) - (size_t)n, ",kind=\"prompt\"");
     gw_metrics_add(mx, "infergate_tokens_total", labels, v[ROUTE_SPEND_PROMPT]);
     snprintf(labels + n, sizeof(labels) - (size_t)n, ",kind=\"completion\"");

@@ -260,6 +260,15 @@ int gw_http_begin_length(gw_http_stream *s, int status, const gw_http_header *he
                          uint64_t length);
 int gw_http_write(gw_http_stream *s, const void *data, size_t len);
 int gw_http_end(gw_http_stream *s);
+/* Trailer fields a response may end with, at most. */
+#define GW_HTTP_MAX_TRAILERS 4
+/* gw_http_end, with trailer fields after the body (RFC 9110 6.5): at most
+ * GW_HTTP_MAX_TRAILERS, lower-case names, no pseudo-headers; copied. Over
+ * HTTP/2 only: an HTTP/1.x response ends without them (a chunked trailer
+ * reaches only a client that asked with TE: trailers, and what this server
+ * says in them is for its HTTP/2 peers). gw_http_end's return codes, and
+ * -EINVAL for trailers it does not take, -ENOMEM. */
+int gw_http_end_trailers(gw_http_stream *s, const gw_http_header *trailers, size_t n);
 /* Bytes written but not yet sent to the peer: on HTTP/2 what waits in the
  * stream's own buffer; on HTTP/1.x all that waits in the connection's
  * output (the response head and chunk framing included). */

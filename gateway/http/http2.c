@@ -98,6 +98,21 @@ static void held_drop(gw_http_stream *s)
         held_add(s, -(ptrdiff_t)evbuffer_get_length(s->out));
 }
 
+/* The trailer fields gw_http_end_trailers gave, as the HEADERS frame that
+ * ends the stream (nghttp2 copies them). 0, or nghttp2's error: the
+ * stream then ends on its last DATA, without them. */
+static int submit_trailers(gw_http_stream *s)
+{
+    nghttp2_nv nv[GW_HTTP_MAX_TRAILERS];
+    for (size_t i = 0; i < s->n_trailers; i++) {
+        const char *name = s->trailers[2 * i], *value = s->trailers[2 * i + 1];
+        /* never indexed: a trailer says what one response came to */
+        nv[i] = (nghttp2_nv){(uint8_t *)name, (uint8_t *)value, strlen(name), strlen(value),
+                             NGHTTP2_NV_FLAG_NO_INDEX};
+    }
+    return nghttp2_submit_trailer(s->conn->ngh, s->id, nv, s->n_trailers);
+}
+
 static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
                             nghttp2_data_source *src, void *ud)
 {
@@ -120,8 +135,12 @@ static ssize_t data_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size
         gw_h2_stream_due_output(s);
     else if (n)
         s->due_ms = 0;
-    if (s->resp_ended && n == have)
+    if (s->resp_ended && n == have) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
+        /* nghttp2 lets the read callback submit the trailers that end it */
+        if (s->n_trailers && !submit_trailers(s))
+            *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    }
     /* on_writable may not run inside nghttp2: conn_settle calls it. */
     if (s->above_half && !gw_http_full(s)) {
         s->above_half = false;

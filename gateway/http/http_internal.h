@@ -108,6 +108,10 @@ struct gw_http_stream {
     gw_http_request req;
 
     struct evbuffer *out; /* HTTP/2: response bytes not yet given to nghttp2 */
+    /* gw_http_end_trailers' fields (name, value, ...; in the arena), sent
+     * after the last DATA over HTTP/2 */
+    const char *trailers[2 * GW_HTTP_MAX_TRAILERS];
+    size_t n_trailers;
 };
 
 /* A protocol's side of a connection and its streams: the table the core

@@ -747,6 +747,25 @@ int gw_http_end(gw_http_stream *s)
     return s->conn->proto->end(s);
 }
 
+int gw_http_end_trailers(gw_http_stream *s, const gw_http_header *trailers, size_t n)
+{
+    int rc = stream_check(s);
+    if (rc)
+        return rc;
+    if (n > GW_HTTP_MAX_TRAILERS || (n && !trailers) || !s->resp_started || s->resp_ended)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        const char *name = trailers[i].name, *value = trailers[i].value;
+        if (!name[0] || name[0] == ':' || !value)
+            return -EINVAL;
+        if (!(s->trailers[2 * i] = gw_arena_strndup(&s->arena, name, strlen(name))) ||
+            !(s->trailers[2 * i + 1] = gw_arena_strndup(&s->arena, value, strlen(value))))
+            return -ENOMEM;
+    }
+    s->n_trailers = n;
+    return gw_http_end(s);
+}
+
 size_t gw_http_pending(const gw_http_stream *s)
 {
     return s->conn->proto->pending(s);

@@ -57,6 +57,7 @@ typedef struct sworker {
     double picked_ms; /* their prefill, as expected when they were sent (cache-aware picks) */
     bool hang_killed; /* SIGKILLed for answering no stats */
     uint64_t *prefixes; /* info.prefixes' storage (PREFIXES_MAX) */
+    gw_worker_tenant *tenants; /* info.tenants' (GW_WORKER_TENANTS) */
 } sworker;
 
 struct gw_supervisor {
@@ -338,6 +339,29 @@ static void take_prefixes(sworker *w, json_t *a)
     w->info.prefixes = w->prefixes;
 }
 
+/* The stats' "tenants": entries with a name that fits, GW_WORKER_TENANTS at most. */
+static void take_tenants(sworker *w, json_t *a)
+{
+    w->info.n_tenants = 0;
+    if (!json_is_array(a) || (!w->tenants && !(w->tenants = calloc(GW_WORKER_TENANTS, sizeof(*w->tenants)))))
+        return;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *e = json_array_get(a, i);
+        const char *name = json_string_value(json_object_get(e, "name"));
+        if (!name || strlen(name) >= sizeof(w->tenants[0].name) || w->info.n_tenants == GW_WORKER_TENANTS)
+            continue;
+        gw_worker_tenant *t = &w->tenants[w->info.n_tenants++];
+        snprintf(t->name, sizeof(t->name), "%s", name);
+        t->weight = json_number_value(json_object_get(e, "weight"));
+        t->running = (int)json_integer_value(json_object_get(e, "running"));
+        t->queued = (int)json_integer_value(json_object_get(e, "queued"));
+        t->tokens = (double)json_integer_value(json_object_get(e, "tokens"));
+        t->preempted = (double)json_integer_value(json_object_get(e, "preempted"));
+        t->pushed_out = (double)json_integer_value(json_object_get(e, "pushed_out"));
+    }
+    w->info.tenants = w->tenants;
+}
+
 static void stats_done(sworker *w)
 {
     w->stats_req = NULL;
@@ -367,6 +391,7 @@ static void stats_done(sworker *w)
     i->est_prompt_tokens = (int)json_integer_value(json_object_get(o, "est_prompt_tokens"));
     i->prompt_bytes_per_token = json_number_value(json_object_get(o, "prompt_bytes_per_token"));
     take_prefixes(w, json_object_get(o, "prefix_hashes"));
+    take_tenants(w, json_object_get(o, "tenants"));
     json_decref(o);
     if (!i->ready)
         log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,
@@ -411,7 +436,7 @@ static void st_error(void *ud, gw_upstream_error e, bool responded)
     stats_done(w);
 }
 
-static const gw_upstream_cbs stats_cbs = {st_response, st_data, st_end, st_error};
+static const gw_upstream_cbs stats_cbs = {st_response, st_data, st_end, st_error, NULL};
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -732,6 +757,7 @@ void gw_supervisor_free(gw_supervisor *s)
             unlink(w->sock_path);
         free(w->stats_buf);
         free(w->prefixes);
+        free(w->tenants);
         free(w->device);
         free(w->sock_path);
         free(w->target);

@@ -17,6 +17,16 @@ typedef struct gw_upstream_pool gw_upstream_pool;
 typedef struct gw_config gw_config;
 typedef struct gw_supervisor gw_supervisor;
 
+/* A tenant's share of a worker, as its stats said (runtime/sched.h's
+ * rt_sched_tenant_stats): counts since the worker started. */
+typedef struct gw_worker_tenant {
+    char name[65];
+    double weight;
+    int running, queued;
+    double tokens, preempted, pushed_out;
+} gw_worker_tenant;
+#define GW_WORKER_TENANTS 64 /* kept per worker, at most (RT_SCHED_TENANT_FIGS) */
+
 typedef struct gw_worker_info {
     int index;
     const char *model;  /* model id */
@@ -47,6 +57,9 @@ typedef struct gw_worker_info {
     /* the first GW_PREFIX_RECENT of them as reported: most recently used first */
     const uint64_t *recent;
     int n_recent;
+    /* its tenants' shares, valid until its next stats */
+    const gw_worker_tenant *tenants;
+    int n_tenants;
 } gw_worker_info;
 
 /* Workers run as `exe worker ...`, exe being this process's own binary.

@@ -195,9 +195,11 @@ static gw_upstream_req *req_of(nghttp2_session *ngh, int32_t id)
 static int on_begin_headers_cb(nghttp2_session *ngh, const nghttp2_frame *frame, void *ud)
 {
     gw_upstream_req *r = req_of(ngh, frame->hd.stream_id);
-    if (r && !r->responded && frame->hd.type == NGHTTP2_HEADERS) {
-        r->hlen = r->n_h = 0; /* a final response after 1xx starts afresh */
-        r->status = 0;
+    if (r && frame->hd.type == NGHTTP2_HEADERS) {
+        /* a final response after 1xx starts afresh, as do trailers */
+        r->hlen = r->n_h = 0;
+        if (!r->responded)
+            r->status = 0;
     }
     return 0;
 }
@@ -206,9 +208,10 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
                         const uint8_t *value, size_t valuelen, uint8_t flags, void *ud)
 {
     gw_upstream_req *r;
-    if (frame->hd.type != NGHTTP2_HEADERS || !(r = req_of(ngh, frame->hd.stream_id)) || r->responded)
-        return 0; /* trailers are dropped */
-    if (namelen == 7 && !memcmp(name, ":status", 7)) {
+    if (frame->hd.type != NGHTTP2_HEADERS || !(r = req_of(ngh, frame->hd.stream_id)) ||
+        (r->responded && !r->cbs.on_trailers))
+        return 0; /* trailers nobody reads are dropped */
+    if (!r->responded && namelen == 7 && !memcmp(name, ":status", 7)) {
         /* nghttp2 checked it is three digits */
         r->status = valuelen == 3 ? (value[0] - '0') * 100 + (value[1] - '0') * 10 + (value[2] - '0') : 0;
         return 0;
@@ -241,12 +244,15 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     return 0;
 }
 
-static void response_deliver(gw_upstream_req *r)
+/* The fields gathered in r->hbuf, in stack (cap entries) or, past it,
+ * allocated (freed by the caller when it is not stack); NULL when out of
+ * memory (r failed). */
+static gw_http_header *fields_of(gw_upstream_req *r, gw_http_header *stack, size_t cap)
 {
-    gw_http_header stack[32], *h = stack;
-    if (r->n_h > sizeof(stack) / sizeof(stack[0]) && !(h = malloc(r->n_h * sizeof(*h)))) {
+    gw_http_header *h = stack;
+    if (r->n_h > cap && !(h = malloc(r->n_h * sizeof(*h)))) {
         req_fail(r, GW_UP_NOMEM, NGHTTP2_INTERNAL_ERROR);
-        return;
+        return NULL;
     }
     const char *s = r->hbuf;
     for (size_t i = 0; i < r->n_h; i++) {
@@ -255,9 +261,20 @@ static void response_deliver(gw_upstream_req *r)
         h[i].value = s;
         s += strlen(s) + 1;
     }
+    return h;
+}
+
+/* The response's head (trailers: its end's fields) to the caller. */
+static void fields_deliver(gw_upstream_req *r, bool trailers)
+{
+    gw_http_header stack[32], *h = fields_of(r, stack, sizeof(stack) / sizeof(stack[0]));
+    if (!h)
+        return;
     r->responded = true;
     up_req_progress(r);
-    if (r->cbs.on_response)
+    if (trailers)
+        r->cbs.on_trailers(r->ud, h, r->n_h);
+    else if (r->cbs.on_response)
         r->cbs.on_response(r->ud, r->status, h, r->n_h);
     if (h != stack)
         free(h);
@@ -326,9 +343,13 @@ static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, vo
     if (!r)
         return 0;
     bool end = frame->hd.flags & NGHTTP2_FLAG_END_STREAM;
-    if (frame->hd.type == NGHTTP2_HEADERS && !r->responded) {
+    if (frame->hd.type == NGHTTP2_HEADERS && r->responded && r->cbs.on_trailers) {
+        fields_deliver(r, true);
+        if (r->state != UP_RS_OPEN)
+            return 0; /* cancelled from on_trailers */
+    } else if (frame->hd.type == NGHTTP2_HEADERS && !r->responded) {
         if (r->status >= 200) {
-            response_deliver(r);
+            fields_deliver(r, false);
             if (r->state != UP_RS_OPEN)
                 return 0; /* cancelled from on_response */
         } else if (r->status >= 100 && !end) {

@@ -71,6 +71,9 @@ typedef struct gw_upstream_cbs {
     void (*on_end)(void *ud);
     /* The request failed; `responded` says whether on_response had come. */
     void (*on_error)(void *ud, gw_upstream_error err, bool responded);
+    /* May be NULL (trailers are then dropped): the response's trailer
+     * fields, after its last on_data and just before on_end. */
+    void (*on_trailers)(void *ud, const gw_http_header *trailers, size_t n);
 } gw_upstream_cbs;
 
 /* NULL on failure (err filled: e.g. a bad CA or certificate file). */

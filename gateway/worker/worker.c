@@ -855,7 +855,7 @@ static void handle_completion(gw_worker *w, gw_http_stream *s, const gw_http_req
         return;
     }
     int retry;
-    if (rt_engine_admit(w->engine, pr, deadline, &e, &retry)) {
+    if (rt_engine_admit(w->engine, pr, deadline, tenant, weight, &e, &retry)) {
         respond_error_after(s, &e, retry);
         return;
     }
@@ -895,6 +895,21 @@ static json_t *prefix_hashes(gw_worker *w, const rt_sched_stats *st)
     return a;
 }
 
+/* The scheduler's share of the worker per tenant (runtime/sched.h). */
+static json_t *tenants_json(gw_worker *w)
+{
+    rt_sched_tenant_stats ts[RT_SCHED_TENANT_FIGS];
+    int n = rt_engine_tenants(w->engine, ts, RT_SCHED_TENANT_FIGS);
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        json_array_append_new(a, json_pack("{s:s, s:f, s:i, s:i, s:I, s:I, s:I}", "name", ts[i].name,
+                                           "weight", ts[i].weight, "running", ts[i].running, "queued",
+                                           ts[i].queued, "tokens", (json_int_t)ts[i].tokens, "preempted",
+                                           (json_int_t)ts[i].preempted, "pushed_out",
+                                           (json_int_t)ts[i].pushed_out));
+    return a;
+}
+
 static void handle_stats(gw_worker *w, gw_http_stream *s)
 {
     rt_sched_stats st;
@@ -916,6 +931,7 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
     /* What routing ranks this worker by, and the rates it comes from
      * (runtime/sched_est.h). */
     if (o) {
+        json_object_set_new(o, "pushed_out", json_integer((json_int_t)st.pushed_out));
         json_object_set_new(o, "est_ttft_ms", json_real(st.est_ttft_ms));
         json_object_set_new(o, "prompt_tokens_ahead", json_integer(st.prompt_tokens_ahead));
         json_object_set_new(o, "est_prompt_tokens", json_integer(st.est_prompt_tokens));
@@ -943,6 +959,8 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
         json_object_set_new(o, "prefix_hashes", prefix_hashes(w, &st));
     if (o)
         json_object_set_new(o, "prompt_bytes_per_token", json_real(w->bytes_per_token));
+    if (o)
+        json_object_set_new(o, "tenants", tenants_json(w));
     /* On a GPU: which one (the MIG slice, if any) and its memory. */
     if (o && strcmp(dev.kind, "cpu") != 0) {
         json_t *d =

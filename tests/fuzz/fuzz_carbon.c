@@ -1,6 +1,8 @@
 /* libFuzzer target for a region's carbon_source answer
  * (gateway/front/placement.c, gw_carbon_parse): whoever serves the URL or
- * writes the file chooses its bytes, and the figure steers routing.
+ * writes the file chooses its bytes, and the figure steers routing; and,
+ * on the same bytes, a peer region's x-infergate-energy trailer
+ * (gw_energy_parse).
  *
  * The first byte chooses the form (odd: an HTTP/1.x answer, even: a file's
  * bytes); the rest is the answer, not NUL-terminated. A figure taken is
@@ -38,5 +40,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     else
         FUZZ_CHECK(isfinite(v) && v >= 0 && v <= ROUTE_MAX_CARBON && n <= GW_CARBON_BODY_MAX);
     free(buf);
+    /* The same bytes as a peer region's x-infergate-energy trailer
+     * (gw_energy_parse): two numbers in range, or why not. */
+    char *v = malloc(n + 1);
+    if (!v)
+        return 0;
+    memcpy(v, data + 1, n);
+    v[n] = '\0';
+    double wh = -1, gco2e = -1;
+    why = gw_energy_parse(v, &wh, &gco2e);
+    if (why)
+        FUZZ_CHECK(*why);
+    else
+        FUZZ_CHECK(isfinite(wh) && isfinite(gco2e) && wh >= 0 && gco2e >= 0 && wh <= GW_ENERGY_MAX_WH);
+    free(v);
     return 0;
 }

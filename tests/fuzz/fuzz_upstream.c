@@ -5,10 +5,11 @@
  * which three requests were sent, each used as a caller would: one
  * consumes every piece and, if it fails, is sent again to a target that
  * does not exist; one uploads a body larger than the initial window and
- * cancels after a little data without consuming it; one cancels from
- * inside on_response. Then the server end is closed, and every request
- * must have had exactly one final callback (or have been cancelled), in
- * order, and the connection must be gone.
+ * cancels after a little data without consuming it (or at its trailers);
+ * one cancels from inside on_response. Trailers are read whole. Then the
+ * server end is closed, and every request must have had exactly one final
+ * callback (or have been cancelled), in order, and the connection must be
+ * gone.
  *
  * Build: cmake -B build-fuzz -DCMAKE_C_COMPILER=clang -DINFERGATE_FUZZ=ON
  *        && cmake --build build-fuzz --target fuzz_upstream
@@ -106,7 +107,22 @@ static void on_error(void *ud, gw_upstream_error e, bool responded)
     finish(f);
 }
 
-static const gw_upstream_cbs cbs = {on_response, on_data, on_end, on_error};
+/* Trailers come after the response, before its end, and read whole; mode
+ * 2 already cancelled in on_response, so mode 1 cancels here. */
+static void on_trailers(void *ud, const gw_http_header *h, size_t n)
+{
+    freq *f = ud;
+    if (f->done || !f->responded)
+        abort();
+    for (size_t i = 0; i < n; i++)
+        f->sum += (unsigned)strlen(h[i].name) + (unsigned)strlen(h[i].value);
+    if (f->mode == 1) {
+        gw_upstream_cancel(f->r);
+        finish(f);
+    }
+}
+
+static const gw_upstream_cbs cbs = {on_response, on_data, on_end, on_error, on_trailers};
 
 static void init(void)
 {

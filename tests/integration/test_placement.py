@@ -303,15 +303,24 @@ open(carbon_file, "w").write("60\n")
 t.ok(wait_until(lambda: solo_carbon() == 60, 10, "solo reads the file again"), "and reads it again each poll")
 
 # --- energy and gCO2e per request (gw1's worker: power_watts 50) ---
+def energy_metrics():
+    m = request("ops", path="/metrics")[2].decode()
+    got = [re.search(r'^infergate_%s_total\{tenant="strict",region="gw1"\} (\S+)$' % k, m, re.M)
+           for k in ("energy_wh", "gco2e")]
+    return [float(g.group(1)) if g else 0.0 for g in got], m
+
+
+before, _ = energy_metrics()
 s, hd, _ = request("strict", body={"model": "m", "prompt": [1, 5, 7], "max_tokens": 8, "temperature": 0})
 line = logged(hd)
 t.ok(s == 200 and hd.get("x-infergate-region") == "gw1" and line and line.get("energy_wh", 0) > 0
      and abs(line["gco2e"] - line["energy_wh"] * 123.5 / 1000) < 1e-9,
      "the access log has the request's energy and gCO2e (energy x gw1's intensity): %s" % line)
-m = request("ops", path="/metrics")[2].decode()
-t.ok(re.search(r'^infergate_energy_wh_total\{tenant="strict",region="gw1"\} \S+', m, re.M)
-     and re.search(r'^infergate_gco2e_total\{tenant="strict",region="gw1"\} \S+', m, re.M),
-     "/metrics counts energy and gCO2e per tenant and region")
+after, m = energy_metrics()
+t.ok(line and all(abs(after[i] - before[i] - line[k]) <= 1e-5 * line[k] for i, k in enumerate(("energy_wh", "gco2e")))
+     and "infergate_spend_energy_wh_total" not in m and "infergate_spend_gco2e_total" not in m,
+     "/metrics counts the logged energy and gCO2e per tenant and region, in one set of metrics (%s -> %s)"
+     % (before, after))
 
 
 # --- primary: gw1's queue grows past the SLO, traffic spills to pa, then comes back once ---

@@ -55,6 +55,7 @@ wait_until(redis_up, 20, "redis-server")
 names = ["eu1", "us1", "ap1"]
 tags = {"eu1": ["eu"], "us1": ["us"], "ap1": ["us", "ap"]}
 prices = {"eu1": (3.0, 3.0), "us1": (1.0, 1.0), "ap1": (2.0, 2.0)}
+carbons = {"eu1": 100, "us1": 300, "ap1": 200}  # gCO2e/kWh
 # one-way delays between pairs (ms): RTTs of about 4, 120 and 240 ms — gaps
 # wide enough that a loaded machine's (or a sanitizer build's) scheduling
 # noise cannot reorder them
@@ -103,11 +104,13 @@ workers:
     threads: 1
     max_seqs: 2
     max_queue: 64
+    power_watts: 40
 region:
   name: %(name)s
   endpoint: "tls:127.0.0.1:%(peer)d"
   tags: [%(tags)s]
   price: {input: %(pin)s, output: %(pout)s}
+  carbon: %(carbon)s
 cluster: t%(redis)d
 redis: {address: "127.0.0.1:%(redis)d", record_keys: ["%(fleet_key)s"]}
 routing:
@@ -135,7 +138,8 @@ drain_grace_s: 5
 runtime_dir: "%(run)s"
 """ % dict(port=port[n], peer=peer_port[n], crt=crt, key=key, ca=ca, model=model, name=n,
            others=", ".join(m for m in names if m != n),
-           tags=", ".join(tags[n]), pin=prices[n][0], pout=prices[n][1], redis=redis_port, peers=peers,
+           tags=", ".join(tags[n]), pin=prices[n][0], pout=prices[n][1], carbon=carbons[n], redis=redis_port,
+           peers=peers,
            h_open=hashes["open"], h_us=hashes["usonly"], h_eu=hashes["euonly"], h_cheap=hashes["cheap"],
            h_lim=hashes["limited"], h_ops=hashes["ops"], log=os.path.join(d, n + ".access.log"),
            run=os.path.join(d, "run-" + n), resp_to=resp_to, fleet_key=FLEET_KEY)
@@ -329,7 +333,14 @@ def spend_metric(n, tenant, region):
     return float(m.group(1)) if m else 0.0
 
 
+def energy_metric(n, tenant, region):
+    m = re.search(r'^infergate_energy_wh_total\{tenant="%s",region="%s"\} (\S+)$' % (tenant, region),
+                  request(n, "ops", path="/metrics")[2].decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 spent_eu, spent_us = spend_metric("eu1", "cheap", "us1"), spend_metric("us1", "cheap", "us1")
+wh_eu, wh_us = energy_metric("eu1", "cheap", "us1"), energy_metric("us1", "cheap", "us1")
 s, h, b = request("eu1", "cheap")
 u = json.loads(b)["usage"] if s == 200 else {"prompt_tokens": 0, "completion_tokens": 0}
 cost = (u["prompt_tokens"] * prices["us1"][0] + u["completion_tokens"] * prices["us1"][1]) / 1e6
@@ -339,6 +350,17 @@ t.ok(s == 200 and h.get("x-infergate-region") == "us1" and abs(counted - cost) <
      spend_metric("us1", "cheap", "us1") == spent_us,
      "spend: eu1 counts %.9f for the request us1 served (its usage at us1's price: %.9f); us1 counts none of it"
      % (counted, cost))
+# its energy: measured at us1 (its worker, its intensity), sent back in the
+# answer's trailer, and counted once, by eu1, as us1's
+line_eu, line_us = logged("eu1", h), logged("us1", h)
+wh = (line_eu or {}).get("energy_wh", 0)
+m_us = request("us1", "ops", path="/metrics")[2].decode()
+t.ok(wh > 0 and abs(line_eu["gco2e"] - wh * carbons["us1"] / 1000) <= 1e-5 * line_eu["gco2e"]
+     and abs(energy_metric("eu1", "cheap", "us1") - wh_eu - wh) <= 1e-5 * wh
+     and line_us is not None and "energy_wh" not in line_us and energy_metric("us1", "cheap", "us1") == wh_us
+     and "infergate_spend_energy_wh_total" not in m_us,
+     "energy: eu1 logs and counts %.3g Wh (%.3g gCO2e at us1's intensity) for the request us1 served; us1 "
+     "neither: %s / %s" % (wh, (line_eu or {}).get("gco2e", 0), line_eu, line_us))
 # x-infergate-max-cost: the worst case is the estimate the tenant is charged
 # (body bytes / 4, and max_tokens 2) at each candidate's price; eu1 (3 per
 # million) is over 2.5 x that, ap1 (2) and us1 (1) under it

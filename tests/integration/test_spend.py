@@ -70,7 +70,7 @@ names = ["a", "b"]
 port = {n: free_port() for n in names}
 
 
-def config(n, capped_daily=CAPPED_DAILY):
+def config(n, capped_daily=CAPPED_DAILY, open_weight=1):
     return """
 listen: [{address: "127.0.0.1:%(port)d"}]
 workers: [{model: "%(model)s", name: m, threads: 1, max_seqs: 4}]
@@ -81,7 +81,7 @@ cluster: %(cluster)s
 redis: {address: "127.0.0.1:%(redis)d", record_keys: ["%(fleet)s"], timeout_ms: 300}
 routing: {heartbeat_ms: 200, stale_after_ms: 1000}
 tenants:
-  - {name: open, keys: ["%(h_open)s"]}
+  - {name: open, keys: ["%(h_open)s"], weight: %(ow)s}
   - {name: capped, keys: ["%(h_capped)s"], budget: {daily: %(capped)s}}
   - {name: outage, keys: ["%(h_outage)s"], budget: {daily: %(outage)s, monthly: 1000}}
   - {name: ops, keys: ["%(h_ops)s"], admin: true}
@@ -90,7 +90,7 @@ runtime_dir: "%(run)s"
 """ % dict(port=port[n], model=model, pin=PRICE_IN, pout=PRICE_OUT, cluster=CLUSTER, redis=redis_port,
            fleet=FLEET_KEY, h_open=hashes["open"], h_capped=hashes["capped"], h_outage=hashes["outage"],
            h_ops=hashes["ops"], capped=capped_daily, outage=OUTAGE_DAILY, log=os.path.join(d, n + ".access.log"),
-           run=os.path.join(d, "run-" + n))
+           run=os.path.join(d, "run-" + n), ow=open_weight)
 
 
 cfg = {n: os.path.join(d, n + ".yaml") for n in names}
@@ -272,10 +272,28 @@ start("a")
 st, err, _, _ = ask("a", "capped", 0)
 t.ok(st == 429 and err and err.get("code") == "insufficient_quota",
      "gateway a restarted: capped still refused (the day's spend read from Redis): %d" % st)
-open(cfg["a"], "w").write(config("a", capped_daily=CAPPED_DAILY * 10))
+
+
+def open_weight():
+    """Tenant open's weight as gateway a's worker last received it: its
+    /internal/stats, and the gateway's /metrics from them."""
+    s_, _, b_ = curl("http://localhost/internal/stats", unix=os.path.join(d, "run-a", "worker-0.sock"), timeout=5)
+    w = [x["weight"] for x in json.loads(b_).get("tenants", []) if x["name"] == "open"] if s_ == 200 else []
+    return w[0] if w else None, metric("a", "infergate_worker_tenant_weight", tenant="open")
+
+
+ask("a", "open", 0)
+before = wait_until(lambda: (lambda w: w if w[0] == 1 and w[1] == 1 else None)(open_weight()), 10,
+                    "open's weight 1 at the worker")
+open(cfg["a"], "w").write(config("a", capped_daily=CAPPED_DAILY * 10, open_weight=2.5))
 gws["a"].send_signal(signal.SIGHUP)
 ok = wait_until(lambda: ask("a", "capped", 1)[0] == 200, 10, "reloaded budget admits")
 t.ok(ok, "a reload raising capped's daily budget admits it again at gateway a")
+ask("a", "open", 1)
+after = wait_until(lambda: (lambda w: w if w[0] == 2.5 and w[1] == 2.5 else None)(open_weight()), 10,
+                   "open's new weight at the worker")
+t.ok(before and after, "a reload changing open's weight 1 -> 2.5 reaches the worker (its stats %s -> %s, "
+     "the gateway's infergate_worker_tenant_weight %s -> %s)" % (before[0], after[0], before[1], after[1]))
 st, err, _, _ = ask("b", "capped", 1)
 t.ok(st == 429, "gateway b (not reloaded) still refuses capped: %d" % st)
 

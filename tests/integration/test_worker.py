@@ -402,6 +402,17 @@ t.ok(s == 429 and 1 <= int(h.get("retry-after", "0")) <= 60 and json.loads(b)["e
      "queue full -> 429 with Retry-After")
 s, h, b = post("/v1/completions", b'{"model": "m", "prompt": [1, 2', sock=sock2)
 t.ok(s == 429 and "retry-after" in h, "queue full: a request is turned away before its body is parsed: %d" % s)
+# The queue's fair share: the six are the nameless tenant's; another
+# tenant's request takes the place of its youngest queued one, answered 429.
+other = popen_post("/v1/completions", long_body(3), sock=sock2, extra=["-H", "x-infergate-tenant: other"])
+gone = wait_until(lambda: [pr for pr in long_reqs if pr.poll() is not None], 15, "a queued request pushed out")
+out = gone[0].communicate(timeout=10)[0] if gone else b""
+st = stats(sock2)
+t.ok(len(gone) == 1 and out.startswith(b"HTTP/2 429") and b"another tenant" in out and other.poll() is None
+     and st and st["pushed_out"] == 1 and st["queued"] == 2,
+     "queue full: another tenant's request takes the youngest queued one's place (429 to it); pushed_out %s"
+     % (st and st["pushed_out"]))
+long_reqs.append(other)
 
 for pr in long_reqs:
     pr.kill()

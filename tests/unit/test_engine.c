@@ -397,12 +397,12 @@ static void test_admission(void **state)
     rt_oai_error e;
     int retry;
     /* max_seqs 1 and max_queue 1: room for two */
-    assert_int_equal(rt_engine_admit(engine, RT_PRIO_INTERACTIVE, 0, &e, &retry), 0);
-    assert_int_equal(rt_engine_admit(engine, RT_PRIO_INTERACTIVE, 0, &e, &retry), 0);
+    assert_int_equal(rt_engine_admit(engine, RT_PRIO_INTERACTIVE, 0, NULL, 0, &e, &retry), 0);
+    assert_int_equal(rt_engine_admit(engine, RT_PRIO_INTERACTIVE, 0, NULL, 0, &e, &retry), 0);
     rt_sched_stats st;
     rt_engine_stats(engine, &st);
     assert_int_equal(st.queued, 2); /* admitted, not yet submitted, count as queued */
-    assert_int_equal(rt_engine_admit(engine, RT_PRIO_INTERACTIVE, 0, &e, &retry), -EAGAIN);
+    assert_int_equal(rt_engine_admit(engine, RT_PRIO_INTERACTIVE, 0, NULL, 0, &e, &retry), -EAGAIN);
     assert_error(&e, 429, "rate_limit_error", NULL, "queue_full");
     assert_in_range(retry, 1, 60);
     assert_int_equal(rt_engine_retry_after(engine, &e, RT_PRIO_INTERACTIVE), retry);
@@ -411,7 +411,8 @@ static void test_admission(void **state)
     rt_engine_stats(engine, &st);
     assert_int_equal(st.queued, 0);
 
-    assert_int_equal(rt_engine_admit(engine, RT_PRIO_BATCH, gw_epoch_ms() - 1000, &e, &retry), -ETIMEDOUT);
+    assert_int_equal(rt_engine_admit(engine, RT_PRIO_BATCH, gw_epoch_ms() - 1000, NULL, 0, &e, &retry),
+                     -ETIMEDOUT);
     assert_error(&e, 504, "timeout_error", NULL, "deadline_exceeded");
     assert_int_equal(retry, 0);
 

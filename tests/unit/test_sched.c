@@ -38,6 +38,7 @@ static struct {
     int finals;
     int order[16]; /* request tags in the order their final event came */
     const char *reason[16];
+    int error[16]; /* an ERROR's */
 } seen = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 enum { GATE = 100 }; /* the tag of the gate request */
@@ -88,6 +89,7 @@ static void on_event(void *user, const rt_sched_event *ev)
         if (seen.finals < 16) {
             seen.order[seen.finals] = tag;
             seen.reason[seen.finals] = ev->kind == RT_EV_DONE ? ev->finish_reason : "error";
+            seen.error[seen.finals] = ev->kind == RT_EV_ERROR ? ev->error : 0;
         }
         seen.finals++;
         pthread_cond_broadcast(&seen.cv);
@@ -757,6 +759,99 @@ static void test_fair_bad_tenant_refused(void **state)
     rt_sched_free(s);
 }
 
+/* How request `tag` ended: its finish reason, or "error" (*error set). */
+static const char *ended(int tag, int *error)
+{
+    for (int i = 0; i < seen.finals && i < 16; i++)
+        if (seen.order[i] == tag) {
+            *error = seen.error[i];
+            return seen.reason[i];
+        }
+    return "none";
+}
+
+/* The queue's fair bound: tenant a fills the queue (4) while the gate
+ * request holds the only slot; a's fifth is refused, but b's requests
+ * take the places of a's youngest while a, with them, still holds more
+ * per weight: two here (a 4:0, then 3:1; at 2:2 b's third is refused).
+ * Those two of a's end -EAGAIN, the others run. With weights, a tenant of
+ * a quarter of a's weight takes none from a's 4 (4 / 1 > 1 / 0.25 is false). */
+static void test_fair_queue_push_out(void **state)
+{
+    rt_sched *s = sched_new(1, 4, 0);
+    assert_int_equal(submit_for(s, GATE, 4, 2, RT_PRIO_INTERACTIVE, "x", 1), 0);
+    assert_true(wait_seen(true, 0));
+    for (int k = 1; k <= 4; k++)
+        assert_int_equal(submit_for(s, k, 4, 2, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    assert_int_equal(submit_for(s, 5, 4, 2, RT_PRIO_INTERACTIVE, "a", 1), -EAGAIN);
+    assert_false(rt_sched_may_push_out(s, RT_PRIO_INTERACTIVE, "a", 1));
+    assert_false(rt_sched_may_push_out(s, RT_PRIO_INTERACTIVE, "c", 0.25));
+    assert_int_equal(submit_for(s, 6, 4, 2, RT_PRIO_INTERACTIVE, "c", 0.25), -EAGAIN);
+    assert_true(rt_sched_may_push_out(s, RT_PRIO_INTERACTIVE, "b", 1));
+    assert_false(rt_sched_may_push_out(s, RT_PRIO_BATCH, "b", 1)); /* the batch queue is its own */
+    assert_int_equal(submit_for(s, 9, 4, 2, RT_PRIO_INTERACTIVE, "b", 1), 0);
+    assert_int_equal(submit_for(s, 10, 4, 2, RT_PRIO_INTERACTIVE, "b", 1), 0);
+    assert_int_equal(submit_for(s, 11, 4, 2, RT_PRIO_INTERACTIVE, "b", 1), -EAGAIN);
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.queued, 4);
+    assert_int_equal(st.pushed_out, 2);
+    open_gate();
+    assert_true(wait_seen(false, 7));
+    int err = 0;
+    for (int k = 3; k <= 4; k++) {
+        assert_string_equal(ended(k, &err), "error");
+        assert_int_equal(err, -EAGAIN);
+    }
+    const int ran[] = {GATE, 1, 2, 9, 10};
+    for (size_t i = 0; i < sizeof(ran) / sizeof(ran[0]); i++)
+        assert_string_equal(ended(ran[i], &err), "length");
+    rt_sched_get_stats(s, &st);
+    assert_int_equal(st.queued, 0);
+    rt_sched_free(s);
+}
+
+/* The KV pool runs dry (8 blocks; four streams of 64 positions want 16):
+ * tenant a holds three of the four sequences, b one, b's the youngest. The
+ * sequences that give their blocks back are a's (the tenant holding the
+ * most blocks per weight), so b's stream ends among the first two; by age
+ * alone b's went first. The tenants' figures count what each was charged,
+ * and no slot was taken for fair share. */
+static void test_fair_kv_dry_preempts_heaviest(void **state)
+{
+    rt_sched *s = sched_new(4, 8, 8);
+    assert_int_equal(submit_for(s, GATE, 4, 60, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    assert_true(wait_seen(true, 0));
+    for (int k = 1; k <= 2; k++)
+        assert_int_equal(submit_for(s, k, 4, 60, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    assert_int_equal(submit_for(s, 9, 4, 60, RT_PRIO_INTERACTIVE, "b", 1), 0);
+    open_gate();
+    assert_true(wait_seen(false, 4));
+    assert_true(seen.order[0] == 9 || seen.order[1] == 9);
+    for (int k = 0; k < 4; k++)
+        assert_string_equal(seen.reason[k], "length");
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_true(st.preemptions >= 2);
+    rt_sched_tenant_stats ts[RT_SCHED_TENANT_FIGS];
+    int n = 0;
+    for (int i = 0; i < 500; i++) { /* published after the step that ended the last one */
+        n = rt_sched_tenants(s, ts, RT_SCHED_TENANT_FIGS);
+        if (n == 2 && ts[0].running + ts[1].running == 0)
+            break;
+        usleep(10000);
+    }
+    assert_int_equal(n, 2);
+    for (int i = 0; i < n; i++) {
+        bool a = !strcmp(ts[i].name, "a");
+        assert_true(a || !strcmp(ts[i].name, "b"));
+        assert_true(ts[i].weight == 1 && ts[i].queued == 0 && ts[i].preempted == 0 && ts[i].pushed_out == 0);
+        /* each request's prompt and answer but its last token, its recomputes not charged again */
+        assert_int_equal(ts[i].tokens, (a ? 3 : 1) * (4 + 60 - 1));
+    }
+    rt_sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -781,6 +876,8 @@ int main(void)
         cmocka_unit_test(test_fair_priority_first),
         cmocka_unit_test(test_fair_newcomer_gets_a_slot),
         cmocka_unit_test(test_fair_bad_tenant_refused),
+        cmocka_unit_test(test_fair_queue_push_out),
+        cmocka_unit_test(test_fair_kv_dry_preempts_heaviest),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -144,6 +144,14 @@ static void srv_on_request(void *ud, gw_http_stream *s, const gw_http_request *r
         assert_non_null(ss->ev);
         struct timeval tv = {0, ss->mode == 'd' ? 50000 : 2000};
         assert_int_equal(event_add(ss->ev, &tv), 0);
+    } else if (!strcmp(p, "/trailers")) {
+        /* a body, then two trailer fields */
+        gw_http_header tr[] = {{"x-energy", "1.5 2"}, {"x-two", "b"}};
+        assert_int_equal(gw_http_begin(s, 200, h, 2), 0);
+        assert_int_equal(gw_http_write(s, "body\n", 5), 0);
+        assert_int_equal(gw_http_end_trailers(s, tr, GW_HTTP_MAX_TRAILERS + 1), -EINVAL);
+        assert_int_equal(gw_http_end_trailers(s, tr, 2), 0);
+        assert_int_equal(gw_http_end_trailers(s, tr, 2), -EINVAL); /* ended already */
     } else if (!strcmp(p, "/hang")) {
         /* never answered */
     } else {
@@ -224,6 +232,8 @@ typedef struct creq {
     bool hold;               /* do not consume: the flow-control test */
     bool cancel_in_response; /* cancel from inside on_response */
     char x_test[16];
+    char trailers[64]; /* "name=value;" each, as on_trailers gave them */
+    size_t len_at_trailers;
     uint8_t *body;
     size_t len, cap, unconsumed;
     /* on_error sends this instead (a caller's retry) */
@@ -312,7 +322,20 @@ static void c_on_error(void *ud, gw_upstream_error e, bool responded)
     }
 }
 
-static const gw_upstream_cbs cbs = {c_on_response, c_on_data, c_on_end, c_on_error};
+static void c_on_trailers(void *ud, const gw_http_header *h, size_t n)
+{
+    creq *c = ud;
+    assert_false(c->t->in_api);
+    assert_false(creq_done(c));
+    assert_int_equal(c->n_response, 1);
+    assert_int_equal(c->trailers[0], '\0'); /* once */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)snprintf(c->trailers + k, sizeof(c->trailers) - k, "%s=%s;", h[i].name, h[i].value);
+    c->len_at_trailers = c->len;
+}
+
+static const gw_upstream_cbs cbs = {c_on_response, c_on_data, c_on_end, c_on_error, c_on_trailers};
 
 static void send_req(tctx *t, creq *c, const char *target, const char *method, const char *path,
                      const gw_http_header *h, size_t nh, const void *body, size_t len)
@@ -395,6 +418,19 @@ static void test_get_unix(void **state)
     get_hello(t, t->unix_target);
     assert_string_equal(t->authority, "localhost");
     assert_int_equal(t->n_finished, 1);
+}
+
+/* A response's trailers come after its whole body, before its end. */
+static void test_trailers(void **state)
+{
+    tctx *t = *state;
+    creq c = {0};
+    send_req(t, &c, t->unix_target, "GET", "/trailers", NULL, 0, NULL, 0);
+    wait_done(t, &c);
+    expect_ok(&c, 200, "body\n");
+    assert_string_equal(c.trailers, "x-energy=1.5 2;x-two=b;");
+    assert_int_equal(c.len_at_trailers, 5);
+    free(c.body);
 }
 
 static void test_get_tcp(void **state)
@@ -1520,6 +1556,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_get_unix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_tcp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trailers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_post_unix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_post_tcp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_early_response, setup, teardown),
