@@ -23,14 +23,13 @@
 #include "gateway/front/request_internal.h"
 
 #include "gateway/base/mem.h"
+#include "gateway/base/replay_wire.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TAG ": ig "
-#define TAG_LEN (sizeof(TAG) - 1)
 #define RBUF_MAX (256 * 1024) /* an event longer than this (no blank line) passes on unread */
 /* x-infergate-resume's bound: the next hop's head must fit its
  * limits.max_header_bytes (64 KiB by default) with the rest. ~8,000 tokens. */
@@ -98,20 +97,12 @@ bool gw_front_replay_same_run(const gw_front_req *p, const gw_http_header *hs, s
     return false;
 }
 
-/* One tag line (": ig TOKEN[ end]", without its newline). */
-static int note_tag(gw_front_req *p, const uint8_t *line, size_t len)
+/* The scan's callbacks (gateway/base/replay_wire.h): a token delivered, and
+ * the bytes that go to the client. */
+static int note_tag(void *ud, int32_t t, bool end)
 {
-    char buf[32];
-    if (len - TAG_LEN >= sizeof(buf))
-        return -EPROTO;
-    memcpy(buf, line + TAG_LEN, len - TAG_LEN);
-    buf[len - TAG_LEN] = '\0';
-    char *end;
-    long t = strtol(buf, &end, 10);
-    if (end == buf || t < 0 || t > INT32_MAX || (*end && strcmp(end, " end")))
-        return -EPROTO;
-    if (*end)
-        p->replay_end = true;
+    gw_front_req *p = ud;
+    (void)end; /* the scan keeps p->replay_end */
     if (p->n_rtoks == p->cap_rtoks) {
         int cap = p->cap_rtoks ? p->cap_rtoks * 2 : 256;
         int32_t *nt = gw_mem_realloc(p->rtoks, (size_t)cap * sizeof(int32_t));
@@ -120,8 +111,13 @@ static int note_tag(gw_front_req *p, const uint8_t *line, size_t len)
         p->rtoks = nt;
         p->cap_rtoks = cap;
     }
-    p->rtoks[p->n_rtoks++] = (int32_t)t;
+    p->rtoks[p->n_rtoks++] = t;
     return 0;
+}
+
+static int pass_on(void *ud, const uint8_t *b, size_t len)
+{
+    return gw_http_write(((gw_front_req *)ud)->stream, b, len);
 }
 
 static int rbuf_add(gw_front_req *p, const uint8_t *data, size_t len)
@@ -141,60 +137,16 @@ static int rbuf_add(gw_front_req *p, const uint8_t *data, size_t len)
     return 0;
 }
 
-/* Whole events of b[0..len) go to the client, tag lines read and left
- * out (a run that can be resumed: p->replay_run; a forwarded request's
- * tags pass on through relay.c's hold instead); *used: the bytes of whole
- * events. 1 for an error event from the upstream (not written: the caller
- * replays instead), else 0 or the write's error. */
-static int pass_events(gw_front_req *p, const uint8_t *b, size_t len, size_t *used)
-{
-    size_t from = 0, at = 0; /* from: what is not written yet; at: the event being read */
-    *used = 0;
-    for (;;) {
-        const uint8_t *blank = NULL;
-        for (size_t i = at; i + 1 < len && !blank; i++)
-            if (b[i] == '\n' && b[i + 1] == '\n')
-                blank = b + i;
-        if (!blank)
-            break;
-        size_t end = (size_t)(blank - b) + 2;
-        if (end - at > TAG_LEN && !memcmp(b + at, TAG, TAG_LEN)) {
-            const uint8_t *nl = memchr(b + at, '\n', end - at);
-            int rc = note_tag(p, b + at, (size_t)(nl - (b + at)));
-            if (rc)
-                return rc;
-            if (at > from && (rc = gw_http_write(p->stream, b + from, at - from)))
-                return rc;
-            /* a tag alone (a token whose text is held back) is an event of its own */
-            from = (size_t)(nl - b) + 1 == end - 1 ? end : (size_t)(nl - b) + 1;
-        } else if (!p->replay_end && end - at > 14 && !memcmp(b + at, "data: {\"error\"", 14)) {
-            /* the worker (or a peer region) failed in-band: replayed, not passed on */
-            if (at > from) {
-                int rc = gw_http_write(p->stream, b + from, at - from);
-                if (rc)
-                    return rc;
-            }
-            *used = at;
-            return 1;
-        }
-        at = end;
-    }
-    if (at > from) {
-        int rc = gw_http_write(p->stream, b + from, at - from);
-        if (rc)
-            return rc;
-    }
-    *used = at;
-    return 0;
-}
-
 int gw_front_replay_write(gw_front_req *p, const uint8_t *data, size_t len)
 {
+    static const gw_replay_scan_cbs cbs = {pass_on, note_tag};
+    size_t seen = p->rbuf_len, used;
     int rc = rbuf_add(p, data, len);
     if (rc)
         return rc;
-    size_t used;
-    rc = pass_events(p, p->rbuf, p->rbuf_len, &used);
+    /* whole events to the client, tag lines read and left out; an error
+     * event (1) is not written: the caller replays instead */
+    rc = gw_replay_scan(p->rbuf, p->rbuf_len, seen, &p->replay_end, &cbs, p, &used);
     memmove(p->rbuf, p->rbuf + used, p->rbuf_len - used);
     p->rbuf_len -= used;
     if (rc == 0 && p->rbuf_len > RBUF_MAX) { /* no event boundary within reach */

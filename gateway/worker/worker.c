@@ -7,6 +7,7 @@
 #include "gateway/base/clock.h"
 #include "gateway/base/offload.h"
 #include "gateway/base/prefix.h"
+#include "gateway/base/replay_wire.h"
 #include "gateway/worker/logprobs.h"
 #include "runtime/reasoning.h"
 
@@ -442,9 +443,8 @@ static bool write_calls(wreq *r)
  * read. "end": the answer is complete, nothing is left to resume. */
 static bool tag_token(wreq *r, int32_t token, bool alone, bool end)
 {
-    char line[48];
-    int n = snprintf(line, sizeof(line), ": ig %d%s\n%s", (int)token, end ? " end" : "", alone ? "\n" : "");
-    if (!r->replay_info || out_write(r, line, (size_t)n))
+    char line[GW_REPLAY_TAG_MAX];
+    if (!r->replay_info || out_write(r, line, gw_replay_tag_format(line, token, end, alone)))
         return true;
     abandon(r);
     return false;
@@ -739,40 +739,25 @@ static void on_prepared(void *ud, gw_offload_job *job, bool ran)
     wreq_maybe_free(r);
 }
 
-/* x-infergate-resume: "ID CREATED SEED[ T1,T2,...]", the run a resumed
- * request continues (its response's id and created, its seed) and the
- * tokens it had generated. Only a gateway sends it (the worker's socket is
- * the gateway's; a gateway takes it from no client, only from a peer
- * region over verified TLS). 0, or -EINVAL for a malformed one, -ENOMEM. */
+/* x-infergate-resume (gateway/base/replay_wire.h): the run a resumed
+ * request continues and the tokens it had generated. Only a gateway sends
+ * it (the worker's socket is the gateway's; a gateway takes it from no
+ * client, only from a peer region over verified TLS). 0, or -EINVAL for a
+ * malformed one, -ENOMEM. */
 static int resume_parse(const char *v, wreq *r, wprep *p)
 {
-    char cid[sizeof(r->cid)];
-    long created;
-    unsigned long long seed;
-    int at = 0;
-    if (sscanf(v, "%39s %ld %llu%n", cid, &created, &seed, &at) != 3 || (v[at] && v[at] != ' '))
-        return -EINVAL;
-    const char *t = v + at + (v[at] == ' ');
-    int cap = 1;
-    for (const char *c = t; *c; c++)
-        cap += *c == ',';
-    if (!(p->resume = malloc((size_t)cap * sizeof(int32_t))))
+    gw_replay_resume x;
+    int rc = gw_replay_resume_parse(v, &x);
+    if (rc)
+        return rc;
+    /* a resume with no tokens still resumes: the run failed before its first */
+    p->resume = x.tokens ? x.tokens : malloc(sizeof(int32_t));
+    if (!p->resume)
         return -ENOMEM;
-    for (; *t;) { /* no tokens: it failed before its first */
-        char *end;
-        errno = 0;
-        long x = strtol(t, &end, 10);
-        if (end == t || errno || x < 0 || x > INT32_MAX || (*end && *end != ','))
-            return -EINVAL;
-        p->resume[p->n_resume++] = (int32_t)x;
-        if (!*end)
-            break;
-        if (!*(t = end + 1))
-            return -EINVAL;
-    }
-    snprintf(r->cid, sizeof(r->cid), "%s", cid);
-    r->created = created;
-    p->resume_seed = seed;
+    p->n_resume = x.n_tokens;
+    snprintf(r->cid, sizeof(r->cid), "%s", x.id);
+    r->created = x.created;
+    p->resume_seed = x.seed;
     return 0;
 }
 

@@ -104,6 +104,32 @@ def stop(p, timeout=30):
         return None
 
 
+def test_ca(d):
+    """A CA made in d for mutual TLS between regions: the path of its
+    certificate, and a function NAME -> (cert, key) that makes a
+    certificate it signs for NAME (CN), for server and client use on
+    127.0.0.1 and localhost."""
+    def sh(*args):
+        subprocess.run(args, check=True, capture_output=True, timeout=60)
+
+    ca_key, ca = os.path.join(d, "ca.key"), os.path.join(d, "ca.pem")
+    sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+       "-subj", "/CN=infergate test CA", "-keyout", ca_key, "-out", ca)
+    ext = os.path.join(d, "ext.cnf")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+
+    def region_cert(name):
+        key, csr, crt = (os.path.join(d, name + s) for s in (".key", ".csr", ".pem"))
+        sh("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
+           "/CN=" + name, "-keyout", key, "-out", csr)
+        sh("openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
+           "-extfile", ext, "-out", crt)
+        return crt, key
+
+    return ca, region_cert
+
+
 def curl(url, *extra, unix=None, http="--http2-prior-knowledge", data=None, headers=(), timeout=60, check=False):
     """Runs curl; returns (status, headers dict, body bytes)."""
     args = ["curl", "-sS", http, "--max-time", str(timeout), "-D", "-", url]

@@ -16,7 +16,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import INFERGATE, Checks, free_port, gen_model, spawn, stop, tmpdir, wait_until
+from harness import INFERGATE, Checks, free_port, gen_model, spawn, stop, tmpdir, test_ca, wait_until
 
 if not os.path.exists("/usr/bin/redis-server"):
     print("redis-server not installed: skipping")
@@ -29,24 +29,7 @@ model = gen_model(os.path.join(d, "m.gguf"), dim=256, layers=4, heads=4, kv_head
                   type="q8_0", seed=5)
 
 
-def sh(*args):
-    subprocess.run(args, check=True, capture_output=True, timeout=60)
-
-
-ca_key, ca = os.path.join(d, "ca.key"), os.path.join(d, "ca.pem")
-sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
-   "-subj", "/CN=infergate test CA", "-keyout", ca_key, "-out", ca)
-ext = os.path.join(d, "ext.cnf")
-open(ext, "w").write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
-
-
-def region_cert(name):
-    key, csr, crt = (os.path.join(d, name + s) for s in (".key", ".csr", ".pem"))
-    sh("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
-       "/CN=" + name, "-keyout", key, "-out", csr)
-    sh("openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
-       "-extfile", ext, "-out", crt)
-    return crt, key
+ca, region_cert = test_ca(d)
 
 
 redis_port = free_port()
