@@ -795,11 +795,13 @@ static void intake(rt_sched *s)
     free(holds);
 
     int64_t now = gw_epoch_ms();
+    int cancelled = 0;
     for (int i = 0; i < s->n_running; i++) {
         sreq *q = s->running[i];
         const int err = n_cancels && take_cancel(ids, n_cancels, q->id) ? -ECANCELED
                         : past_deadline(q, now)                         ? -ETIMEDOUT
                                                                         : 0;
+        cancelled += err == -ECANCELED;
         if (err) {
             finish_error(s, q, err);
             s->running[i] = NULL;
@@ -818,6 +820,7 @@ static void intake(rt_sched *s)
             } else if (err) {
                 bool mine = take_fresh(s, r);
                 dropped[p] += mine;
+                cancelled += err == -ECANCELED;
                 finish_error(s, r, mine ? err : -EAGAIN);
             } else {
                 q_push(&keep, r);
@@ -826,10 +829,11 @@ static void intake(rt_sched *s)
         s->waiting[p] = keep;
     }
     free(ids);
-    if (dropped[0] || dropped[1]) {
+    if (dropped[0] || dropped[1] || cancelled) {
         pthread_mutex_lock(&s->mu);
         s->n_waiting[0] -= dropped[0];
         s->n_waiting[1] -= dropped[1];
+        s->stats.requests_cancelled += (uint64_t)cancelled;
         count_queued(s);
         pthread_mutex_unlock(&s->mu);
     }

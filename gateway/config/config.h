@@ -107,6 +107,12 @@
  *                               # from the tokens delivered (token replay); false: it ends with an error event
  *     replay_max: 2             # replays of one request, at most (0-16; 0 is replay: false); each spends
  *                               # a retry from retry_budget too
+ *     hedge: false              # a short answer not streamed that is late gets a second copy elsewhere
+ *                               # (hedged request); the first whole answer wins, the other is cancelled
+ *     hedge_max_tokens: 64      # short: max_tokens at most this (1-1000000; unset: 256 chat, 16 else)
+ *     hedge_delay_ms: 0         # the copy goes after this (0-600000); 0: the first target's p95 of
+ *                               # recent such answers (no copy before it has 8 of them)
+ *     hedge_share: 0.05         # hedges per eligible request, at most (0-1; a token bucket)
  *   peers:                      # static peers / endpoint overrides (e.g. a private link); needs `region`
  *     - name: us-east           # required, not this region
  *       endpoint: "tls:10.1.0.5:8443"  # required
@@ -230,6 +236,10 @@ typedef struct gw_routing_cfg {
     double retry_budget;
     bool replay;    /* mid-stream failover by token replay (gateway/front/replay.c) */
     int replay_max; /* replays of one request, at most */
+    /* Hedged requests (gateway/front/hedge.c) */
+    bool hedge;
+    int hedge_max_tokens, hedge_delay_ms; /* delay 0: the first target's recent p95 */
+    double hedge_share;
 } gw_routing_cfg;
 
 typedef struct gw_peer_cfg {
@@ -283,8 +293,8 @@ void gw_config_free(gw_config *c);
  * region, cluster, redis, routing timings, peers, logging,
  * stats_interval_ms, runtime_dir) that differ in c: their names,
  * comma-separated, in out; returns how many. Tenants, limits, routing
- * policy, slo_ms, retry_budget, drain_grace_s and worker_hang_timeout_s
- * reload. */
+ * policy, slo_ms, retry_budget, hedging, drain_grace_s and
+ * worker_hang_timeout_s reload. */
 int gw_config_restart_diff(const gw_config *run, const gw_config *c, char *out, size_t len);
 /* Whether a and b name the same peer_tls files. */
 bool gw_config_peer_tls_eq(const gw_config *a, const gw_config *b);

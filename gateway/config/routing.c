@@ -45,7 +45,9 @@ int gw_cfg_routing_init(gw_config *c)
                                   .primary_return = 0.8,
                                   .primary_hold_ms = 3000,
                                   .replay = true,
-                                  .replay_max = 2};
+                                  .replay_max = 2,
+                                  .hedge_max_tokens = 64,
+                                  .hedge_share = 0.05};
     c->region.carbon_poll_ms = 60000;
     return (c->cluster = strdup("default")) ? 0 : -ENOMEM;
 }
@@ -282,6 +284,27 @@ static int parse_redis(cfg_parser *p, const yaml_node_t *n, gw_redis_cfg *r)
     return parse_record_keys(p, n, v[K_KEYS], r);
 }
 
+/* Hedged requests: hedge, hedge_max_tokens, hedge_delay_ms, hedge_share
+ * (v[0..3], each NULL when not given). */
+static int parse_hedge(cfg_parser *p, yaml_node_t *const *v, gw_routing_cfg *r)
+{
+    long long x;
+    int rc;
+    if (v[0] && (rc = gw_cfg_bool(p, v[0], "routing.hedge", &r->hedge)))
+        return rc;
+    if (v[1]) {
+        if ((rc = gw_cfg_int(p, v[1], "routing.hedge_max_tokens", 1, 1000000, &x)))
+            return rc;
+        r->hedge_max_tokens = (int)x;
+    }
+    if (v[2]) {
+        if ((rc = gw_cfg_int(p, v[2], "routing.hedge_delay_ms", 0, 600000, &x)))
+            return rc;
+        r->hedge_delay_ms = (int)x;
+    }
+    return v[3] ? gw_cfg_num(p, v[3], "routing.hedge_share", 1, &r->hedge_share) : 0;
+}
+
 static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
 {
     enum {
@@ -301,13 +324,17 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         K_RETURN,
         K_CACHE_AWARE,
         K_REPLAY,
+        K_HEDGE,
+        K_HEDGE_TOKENS,
+        K_HEDGE_DELAY,
+        K_HEDGE_SHARE,
         K_N
     };
     static const char *const keys[K_N] = {
         "policy",        "slo_ms",       "heartbeat_ms",     "stale_after_ms",  "eject_after",
         "eject_base_ms", "eject_max_ms", "ping_interval_ms", "primary_hold_ms", "replay_max",
         "retry_budget",  "spread",       "primary",          "primary_return",  "cache_aware",
-        "replay"};
+        "replay",        "hedge",        "hedge_max_tokens", "hedge_delay_ms",  "hedge_share"};
     static const long long lo[K_N] = {[K_HB] = 50,     [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1,
                                       [K_EJ_MAX] = 1, [K_PING] = 50,  [K_HOLD] = 0,     [K_REPLAY_MAX] = 0};
     static const long long hi[K_N] = {[K_HB] = 60000,        [K_STALE] = 3600000,   [K_EJ_AFTER] = 1000,
@@ -346,6 +373,8 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         return gw_cfg_perr(p, v[K_POLICY], "routing.policy",
                            "primary needs routing.primary: the preferred regions, in order");
     if (v[K_REPLAY] && (rc = gw_cfg_bool(p, v[K_REPLAY], "routing.replay", &r->replay)))
+        return rc;
+    if ((rc = parse_hedge(p, v + K_HEDGE, r)))
         return rc;
     for (int k = K_HB; k <= K_REPLAY_MAX; k++) {
         long long x;

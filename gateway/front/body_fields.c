@@ -299,9 +299,10 @@ static int integral_real(const uint8_t *text, size_t len, long long *v)
     return 1;
 }
 
-enum { F_NONE, F_MODEL, F_MAX_TOKENS, F_MAX_COMPLETION_TOKENS, F_PROMPT };
+enum { F_NONE, F_MODEL, F_MAX_TOKENS, F_MAX_COMPLETION_TOKENS, F_PROMPT, F_STREAM };
 
-static const char *const field_names[] = {NULL, "model", "max_tokens", "max_completion_tokens", "prompt"};
+static const char *const field_names[] = {NULL,     "model", "max_tokens", "max_completion_tokens",
+                                          "prompt", "stream"};
 
 static int field_of(const char *k, size_t len)
 {
@@ -309,7 +310,7 @@ static int field_of(const char *k, size_t len)
     case 5:
         return memcmp(k, "model", 5) ? F_NONE : F_MODEL;
     case 6:
-        return memcmp(k, "prompt", 6) ? F_NONE : F_PROMPT;
+        return !memcmp(k, "prompt", 6) ? F_PROMPT : !memcmp(k, "stream", 6) ? F_STREAM : F_NONE;
     case 10:
         return memcmp(k, "max_tokens", 10) ? F_NONE : F_MAX_TOKENS;
     case 21:
@@ -377,6 +378,7 @@ value:
     case 'n':
         if (s.end - s.p < 4 || memcmp(s.p, *s.p == 't' ? "true" : "null", 4))
             return fail(&s, "invalid literal");
+        out->stream |= field == F_STREAM && *s.p == 't';
         s.p += 4;
         goto after_scalar;
     case 'f':

@@ -1,6 +1,6 @@
 /* The few JSON fields the gateway reads on its request path, without
- * building a document: `model` and the token limit of a completion
- * request body (a strict, allocation-free scan of the whole body), and
+ * building a document: `model`, the token limit and `stream` of a
+ * completion request body (a strict, allocation-free scan of the whole body), and
  * usage.completion_tokens of a response as its bytes stream by (a search
  * that survives the key being split between two chunks).
  *
@@ -33,6 +33,7 @@ typedef struct gw_body_fields {
     /* integers anywhere in a top-level "prompt" array: token ids (one
      * token each, whatever their digits' length) */
     long long prompt_ids;
+    bool stream; /* the top-level "stream" is true */
 } gw_body_fields;
 
 /* Scans a request body that must be one JSON object. 0 with *out filled,

@@ -436,6 +436,17 @@ bool gw_front_retry(gw_front_req *p, bool region_at_fault)
     return false;
 }
 
+bool gw_front_send_next(gw_front_req *p)
+{
+    int other = !p->remote && p->worker >= 0 && p->local_tries < MAX_TRIES ? pick_local(p, p->worker) : -1;
+    if (other >= 0) {
+        p->worker = other;
+        gw_front_send_upstream(p);
+        return true;
+    }
+    return p->route.n && try_next(p);
+}
+
 /* A local worker too small for the request (its 503 kv_cache_too_small)
  * hands it to a sibling with a larger cache, once: one the same size
  * would say the same, and other regions' workers, as a rule, too. */

@@ -268,6 +268,9 @@ static void handle_completion(gw_front_req *p, gw_tenant *t)
         return;
     }
     memcpy(p->model, f.model, f.model_len + 1);
+    p->completion = true;
+    p->stream_asked = f.stream;
+    p->max_tokens = f.max_tokens;
 
     if (t && !gw_tenant_allows_model(t, p->model)) {
         gw_front_respond(p, 403, "permission_error", "model_not_allowed", "model", 0,

@@ -65,6 +65,8 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
         resumed_response(p, status, hs, n);
         return;
     }
+    if (p->hedge && gw_front_hedge_primary_answered(p, status))
+        return; /* it failed, and the hedge out goes on in its place */
     /* A region's 503 (no worker ready, draining) or 502 (its worker failed
      * before answering, already retried there) is worth the next region;
      * so is its 401/403 (it does not take our certificate),
@@ -398,6 +400,8 @@ static void up_error(void *ud, gw_upstream_error e, bool responded)
     note_upstream_error(p, gw_upstream_error_name(e));
     if (!p->stream)
         return;
+    if (!responded && p->hedge && gw_front_hedge_primary_failed(p, e != GW_UP_REFUSED))
+        return;
     if (!responded && !p->resuming) {
         /* A stalled target had the request all along: another try would
          * double the wait, and a request that wedges a worker could wedge
@@ -455,7 +459,7 @@ static void up_trailers(void *ud, const gw_http_header *hs, size_t n)
         gw_placement_energy_said(p, hs, n);
 }
 
-static const gw_upstream_cbs up_cbs = {up_response, up_data, up_end, up_error, up_trailers};
+const gw_upstream_cbs gw_front_up_cbs = {up_response, up_data, up_end, up_error, up_trailers};
 
 void gw_front_send_upstream(gw_front_req *p)
 {
@@ -509,14 +513,18 @@ void gw_front_send_upstream(gw_front_req *p)
     p->tries++;
     p->local_tries += !p->remote;
     p->t_sent = gw_mono_s();
-    p->up =
-        gw_upstream_send(g->pool, target, r->method, r->path, p->remote ? p->remote->rec.name : "localhost",
-                         h, n, r->body, r->body_len, &up_cbs, p);
+    const gw_upstream_cbs *cbs = &gw_front_up_cbs;
+    void *ud = p;
+    bool copy = p->hedge && gw_front_hedge_sending(p, &cbs, &ud);
+    p->up = gw_upstream_send(g->pool, target, r->method, r->path, p->remote ? p->remote->rec.name : "localhost",
+                             h, n, r->body, r->body_len, cbs, ud);
     /* A target the pool cannot use (a peer's record with an endpoint it
      * cannot parse) or no memory: as a failed connect, the region is told
-     * and the next candidate tried. */
-    if (!p->up)
+     * and the next candidate tried (a hedge's copy is let go: hedge.c). */
+    if (!p->up && !copy)
         up_error(p, GW_UP_CONNECT, false);
+    else if (p->up && p->tries == 1)
+        gw_front_hedge_arm(p);
 }
 
 void gw_front_on_writable(void *ud, gw_http_stream *s, void *stream_ud)

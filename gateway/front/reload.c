@@ -167,6 +167,7 @@ void gw_serve_reload(gw_serve *g)
     g->cfg->routing.spread = c->routing.spread;
     g->cfg->routing.replay = c->routing.replay;
     g->cfg->routing.replay_max = c->routing.replay_max;
+    gw_front_hedge_reload(g, &c->routing);
     /* Retries turned off end the saved ones; turned on, they start with
      * the few a start has. */
     if (c->routing.retry_budget <= 0)

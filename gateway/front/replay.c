@@ -171,8 +171,7 @@ int gw_front_replay_write(gw_front_req *p, const uint8_t *data, size_t len)
     return rc;
 }
 
-/* "region NAME" or "worker N", for the log. */
-static const char *target_said(const gw_front_req *p, char *buf, size_t cap)
+const char *gw_front_target_said(const gw_front_req *p, char *buf, size_t cap)
 {
     if (p->remote)
         snprintf(buf, cap, "region %s", p->region);
@@ -218,10 +217,10 @@ bool gw_front_replay(gw_front_req *p)
         p->sse_error = false; /* an error event replayed is no part of the answer */
         gw_usage_scan_init(&p->usage);
         char from[ROUTE_NAME_MAX + 16], to[ROUTE_NAME_MAX + 16];
-        target_said(p, from, sizeof(from));
+        gw_front_target_said(p, from, sizeof(from));
         if (gw_front_retry(p, false)) { /* the region was told it failed */
             fprintf(stderr, "infergate: event=replay request=%s from=\"%s\" to=\"%s\" tokens=%d\n", p->id,
-                    from, target_said(p, to, sizeof(to)), p->n_rtoks);
+                    from, gw_front_target_said(p, to, sizeof(to)), p->n_rtoks);
             gw_metrics_add(p->g->metrics, "infergate_replays_total", "outcome=\"resumed\"", 1);
             return true;
         }

@@ -176,6 +176,8 @@ static void finish_log(gw_front_req *p, bool complete)
             fprintf(f, ",\"energy_wh\":%.6g,\"gco2e\":%.6g", p->energy_wh, p->gco2e);
         if (p->error_kind)
             json_field_str(f, "upstream_error", p->error_kind);
+        if (gw_front_hedge_said(p))
+            json_field_str(f, "hedge", gw_front_hedge_said(p));
         if (p->responded)
             fprintf(f, ",\"complete\":%s", complete ? "true" : "false");
         fputs("}\n", f);
@@ -199,6 +201,7 @@ static void req_free(gw_front_req *p)
 {
     gw_mem_free(p->hold);
     gw_front_replay_free(p);
+    gw_front_hedge_free(p);
     gw_mem_free(p);
 }
 
@@ -254,6 +257,7 @@ void gw_front_on_close(void *ud, gw_http_stream *s, void *stream_ud, bool finish
         if (!p->status || p->responded)
             p->error_kind = "client_closed";
     }
+    gw_front_hedge_stop(p);
     /* A probe the client left before its answer says nothing of the
      * region: the next request probes, now rather than after
      * probe_timeout_ms. */

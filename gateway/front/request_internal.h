@@ -113,6 +113,11 @@ struct gw_front_req {
     uint8_t *rbuf; /* what came of an event not yet whole */
     size_t rbuf_len, rbuf_cap;
     char *resume_hdr; /* x-infergate-resume, as last sent */
+    /* Hedging (hedge.c): the body's max_tokens (-1: not given) and stream,
+     * read for completions only (completion) */
+    bool completion, stream_asked;
+    long long max_tokens;
+    struct gw_front_hedge *hedge; /* NULL: not hedgeable */
 };
 
 /* Whether the request's path, before any query, is path. */
@@ -219,6 +224,10 @@ int gw_front_need_tags(gw_front_req *p, const gw_tenant_cfg *tc, char *buf, size
  * when it was not (then the caller answers). region_at_fault: the remote
  * region tried is told it failed. */
 bool gw_front_retry(gw_front_req *p, bool region_at_fault);
+/* Sends the request to the next target as failover chooses it (a sibling
+ * worker once, else the next candidate region), no retry spent; false
+ * when there is none. */
+bool gw_front_send_next(gw_front_req *p);
 /* A local worker's KV cache is too small: a sibling's larger one, once. */
 bool gw_front_retry_on_larger(gw_front_req *p);
 /* The remote region tried, NULL when local or when the table dropped it. */
@@ -230,6 +239,9 @@ void gw_front_region_failed(gw_front_req *p);
 void gw_front_probe_give_back(gw_front_req *p);
 
 /* ---- relay.c: the upstream stream ---- */
+
+/* The upstream callbacks of a request (ud: the gw_front_req). */
+extern const gw_upstream_cbs gw_front_up_cbs;
 
 /* Sends the request to p->worker, or to p->remote when set; a target that
  * cannot be used fails as a connect would (failover included). */
@@ -259,6 +271,31 @@ int gw_front_replay_write(gw_front_req *p, const uint8_t *data, size_t len);
  * cannot be. */
 bool gw_front_replay(gw_front_req *p);
 void gw_front_replay_free(gw_front_req *p);
+/* "region NAME" or "worker N": the target tried, for the log. */
+const char *gw_front_target_said(const gw_front_req *p, char *buf, size_t cap);
+
+/* ---- hedge.c: hedged requests ---- */
+
+/* After the first try went out: a short answer not streamed, with
+ * routing.hedge on, gets a second copy if it has not answered after the
+ * delay (the copy is sent by gw_front_send_next, with hedge.c's callbacks). */
+void gw_front_hedge_arm(gw_front_req *p);
+/* Whether gw_front_send_upstream is sending the copy: then its callbacks
+ * are *cbs, with *ud. */
+bool gw_front_hedge_sending(gw_front_req *p, const gw_upstream_cbs **cbs, void **ud);
+/* The try out answered status (relay.c, first thing): true when it failed
+ * and the copy out takes its place (the caller returns); false to go on
+ * (a copy out lost: cancelled). */
+bool gw_front_hedge_primary_answered(gw_front_req *p, int status);
+/* The try out failed before answering (p->up gone): true when the copy
+ * out takes its place; at_fault: its region is told it failed. */
+bool gw_front_hedge_primary_failed(gw_front_req *p, bool at_fault);
+/* The client left: a copy out is cancelled. */
+void gw_front_hedge_stop(gw_front_req *p);
+void gw_front_hedge_free(gw_front_req *p);
+/* What became of the hedge, for the log ("won_hedge", "suppressed", ...);
+ * NULL when none was due. */
+const char *gw_front_hedge_said(const gw_front_req *p);
 
 /* ---- request_end.c ---- */
 

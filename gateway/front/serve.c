@@ -290,6 +290,7 @@ static void serve_dispose(gw_serve *g)
         gw_http_server_free(g->http);
     gw_regions_stop(g);
     gw_placement_stop(g);
+    gw_front_hedges_free(g);
     if (g->sup)
         gw_supervisor_free(g->sup);
     if (g->pool)

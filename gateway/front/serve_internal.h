@@ -50,6 +50,7 @@ typedef struct gw_serve {
     double est_err_ms[15]; /* its last samples (a ring; est_err_n of them so far): the bias is their median */
     unsigned est_err_n;
     unsigned long long fd_limit; /* the open-file limit, raised at start (0: unknown) */
+    struct gw_hedges *hedges; /* hedge.c's bucket and answer times; NULL until a request may be hedged */
     double retry_tokens; /* retry budget: each request adds routing.retry_budget, a retry takes 1;
                           * starts at GW_RETRY_TOKENS_START where the budget is not 0 */
     bool draining;
@@ -72,6 +73,10 @@ void gw_front_on_writable(void *ud, gw_http_stream *s, void *stream_ud);
  * the drain grace and TLS certificates change; the rest stays as started
  * (said when it differs). A config that does not load changes nothing. */
 void gw_serve_reload(gw_serve *g);
+/* hedge.c: a reload's hedge keys (a changed share or switch starts the
+ * hedge bucket empty). */
+void gw_front_hedge_reload(gw_serve *g, const gw_routing_cfg *r);
+void gw_front_hedges_free(gw_serve *g);
 /* A tenant's config as last loaded (a reload's, else the start's); NULL
  * when no tenant has that name. */
 const gw_tenant_cfg *gw_serve_tenant_cfg(const gw_serve *g, const char *name);

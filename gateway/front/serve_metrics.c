@@ -50,6 +50,12 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "from the tokens delivered (token replay), or refused (routing.replay off, "
                               "replay_max or the retry budget spent, a request that cannot be resumed).",
                               NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_hedges_total", GW_COUNTER,
+                              "Hedged requests (routing.hedge), by outcome: sent (a second copy went out), "
+                              "won_hedge, won_primary (the copy that answered first), failed (one copy failed "
+                              "while the other was out: it went on alone), cancelled (copies reset: the loser, "
+                              "or both when the client left), suppressed (due, but past routing.hedge_share).",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_spend_total", GW_COUNTER,
                               "What requests cost (the serving region's price per million input and output "
                               "tokens times their usage; 0 without a region section), by tenant, model and "

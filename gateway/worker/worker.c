@@ -933,6 +933,7 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
     if (o) {
         json_object_set_new(o, "pushed_out", json_integer((json_int_t)st.pushed_out));
         json_object_set_new(o, "est_ttft_ms", json_real(st.est_ttft_ms));
+        json_object_set_new(o, "requests_cancelled", json_integer((json_int_t)st.requests_cancelled));
         json_object_set_new(o, "prompt_tokens_ahead", json_integer(st.prompt_tokens_ahead));
         json_object_set_new(o, "est_prompt_tokens", json_integer(st.est_prompt_tokens));
         json_object_set_new(o, "step_base_ms", json_real(st.step_base_ms));

@@ -88,6 +88,7 @@ static void check_fields(const uint8_t *data, size_t size)
     if (!integral(json_object_get(o, "max_completion_tokens"), &want))
         integral(json_object_get(o, "max_tokens"), &want);
     FUZZ_CHECK(f.max_tokens == want);
+    FUZZ_CHECK(f.stream == json_is_true(json_object_get(o, "stream")));
     json_t *pr = json_object_get(o, "prompt");
     FUZZ_CHECK(f.prompt_ids == (json_is_array(pr) || json_is_object(pr) ? integers_in(pr) : 0));
     json_decref(o);

@@ -67,6 +67,7 @@ static void assert_like_jansson(const char *body, size_t len)
     if (!integral(json_object_get(o, "max_completion_tokens"), &want))
         integral(json_object_get(o, "max_tokens"), &want);
     assert_int_equal(f.max_tokens, want);
+    assert_int_equal(f.stream, json_is_true(json_object_get(o, "stream")));
     json_decref(o);
 }
 
@@ -241,6 +242,36 @@ static void test_duplicates(void **state)
     assert_int_equal(scan("{\"prompt\":1,\"prompt\":2,\"model\":\"m\"}", &f, err, sizeof(err)), 0);
     assert_int_equal(scan("{\"x\":{\"model\":1,\"model\":2},\"model\":\"m\"}", &f, err, sizeof(err)), 0);
     assert_string_equal(f.model, "m");
+}
+
+/* stream, read for hedging (front/hedge.c): true only as the top-level literal */
+static void test_stream(void **state)
+{
+    static const struct {
+        const char *body;
+        bool stream;
+    } cases[] = {
+        {"{\"model\":\"m\",\"stream\":true}", true},
+        {"{\"stream\" : true ,\"model\":\"m\"}", true},
+        {"{\"model\":\"m\",\"stream\":false}", false},
+        {"{\"model\":\"m\",\"stream\":null}", false},
+        {"{\"model\":\"m\",\"stream\":\"true\"}", false},
+        {"{\"model\":\"m\",\"stream\":1}", false},
+        {"{\"model\":\"m\",\"x\":{\"stream\":true}}", false},
+        {"{\"model\":\"m\",\"stre\\u0061m\":true}", true},
+        {"{\"model\":\"m\",\"stream_options\":{\"include_usage\":true}}", false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        gw_body_fields f;
+        char err[128];
+        assert_int_equal(scan(cases[i].body, &f, err, sizeof(err)), 0);
+        assert_int_equal(f.stream, cases[i].stream);
+        assert_like_jansson(cases[i].body, strlen(cases[i].body));
+    }
+    gw_body_fields f;
+    char err[128];
+    assert_int_equal(scan("{\"stream\":true,\"stream\":false}", &f, err, sizeof(err)), -EINVAL);
+    assert_non_null(strstr(err, "duplicate key 'stream'"));
 }
 
 static void test_malformed(void **state)
@@ -564,6 +595,7 @@ int main(void)
         cmocka_unit_test(test_model_values),
         cmocka_unit_test(test_model_length),
         cmocka_unit_test(test_duplicates),
+        cmocka_unit_test(test_stream),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_nul_after_scalar),
         cmocka_unit_test(test_truncation),

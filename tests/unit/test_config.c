@@ -267,6 +267,10 @@ static void check_default_limits(const gw_config *c)
     assert_true(c->routing.spread);
     assert_true(c->routing.replay);
     assert_int_equal(c->routing.replay_max, 2);
+    assert_false(c->routing.hedge);
+    assert_int_equal(c->routing.hedge_max_tokens, 64);
+    assert_int_equal(c->routing.hedge_delay_ms, 0);
+    assert_true(c->routing.hedge_share == 0.05);
 }
 
 static void check_default_worker(const gw_worker_cfg *w, const char *model, const char *name)
@@ -335,6 +339,14 @@ static void test_defaults(void **state)
     assert_null(c->redis.address);
     assert_int_equal(c->routing.heartbeat_ms, 200);
     assert_int_equal(c->routing.stale_after_ms, 600);
+    gw_config_free(c);
+
+    /* Hedging needs no region: local workers hedge among themselves. */
+    c = load_ok("routing: {hedge: true, hedge_max_tokens: 32, hedge_delay_ms: 150, hedge_share: 0.5}\n");
+    assert_true(c->routing.hedge);
+    assert_int_equal(c->routing.hedge_max_tokens, 32);
+    assert_int_equal(c->routing.hedge_delay_ms, 150);
+    assert_true(c->routing.hedge_share == 0.5);
     gw_config_free(c);
 }
 
@@ -714,6 +726,11 @@ static const struct {
     {"routing: {retry: 1}\n", "bad.yaml:1: routing.retry: unknown key"},
     {"routing: {replay_max: 17}\n", "bad.yaml:1: routing.replay_max: must be a whole number from 0 to 16"},
     {"routing: {replay: maybe}\n", "bad.yaml:1: routing.replay: must be true or false"},
+    {"routing: {hedge: 1}\n", "bad.yaml:1: routing.hedge: must be true or false"},
+    {"routing: {hedge_max_tokens: 0}\n",
+     "bad.yaml:1: routing.hedge_max_tokens: must be a whole number from 1 to 1000000"},
+    {"routing: {hedge_delay_ms: -1}\n", "bad.yaml:1: routing.hedge_delay_ms: must be a whole number from 0"},
+    {"routing: {hedge_share: 1.5}\n", "bad.yaml:1: routing.hedge_share: must be a number from 0 to 1"},
     {"peers:\n  - {name: us, endpoint: \"tcp:127.0.0.1:1\"}\n", "bad.yaml:2: peers: needs a region section"},
     {"region: {name: eu}\npeers:\n  - {name: us}\n", "bad.yaml:3: peers[0].endpoint: required"},
     {"region: {name: eu}\npeers:\n  - {endpoint: \"tcp:127.0.0.1:1\"}\n",
