@@ -35,7 +35,7 @@ listen:
 workers:
   - {model: "%s", name: m, threads: 1, max_seqs: 4}
   - {model: "%s", name: m, threads: 1, max_seqs: 4}
-routing: {cache_aware: false, hedge: %s, hedge_delay_ms: 150, hedge_max_tokens: 32, hedge_share: %s}
+routing: {cache_aware: false, hedge: %s, hedge_delay_ms: 40, hedge_max_tokens: 32, hedge_share: %s}
 logging: {access_log: "%s"}
 stats_interval_ms: 100
 runtime_dir: "%s"
