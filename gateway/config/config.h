@@ -107,6 +107,11 @@
  *                               # from the tokens delivered (token replay); false: it ends with an error event
  *     replay_max: 2             # replays of one request, at most (0-16; 0 is replay: false); each spends
  *                               # a retry from retry_budget too
+ *     health_check_ms: 0        # active health checks: a one-token request to each peer region and
+ *                               # local worker this often (0: off, else 100-3600000); reloads
+ *     health_check_timeout_ms: 5000  # a check not answered within this fails (50-600000)
+ *     health_check_failures: 2  # checks failed in a row that eject the region or worker (1-100)
+ *     health_check_successes: 2 # checks passed in a row that bring it back (1-100)
  *   peers:                      # static peers / endpoint overrides (e.g. a private link); needs `region`
  *     - name: us-east           # required, not this region
  *       endpoint: "tls:10.1.0.5:8443"  # required
@@ -230,6 +235,11 @@ typedef struct gw_routing_cfg {
     double retry_budget;
     bool replay;    /* mid-stream failover by token replay (gateway/front/replay.c) */
     int replay_max; /* replays of one request, at most */
+    /* Active health checks (gateway/front/health.h): every health_check_ms
+     * (0: off) a one-token request to each peer region and local worker;
+     * one not answered within health_check_timeout_ms fails; failures in a
+     * row eject, successes in a row return. */
+    int health_check_ms, health_check_timeout_ms, health_check_failures, health_check_successes;
 } gw_routing_cfg;
 
 typedef struct gw_peer_cfg {

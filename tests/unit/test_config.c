@@ -267,6 +267,10 @@ static void check_default_limits(const gw_config *c)
     assert_true(c->routing.spread);
     assert_true(c->routing.replay);
     assert_int_equal(c->routing.replay_max, 2);
+    assert_int_equal(c->routing.health_check_ms, 0); /* off */
+    assert_int_equal(c->routing.health_check_timeout_ms, 5000);
+    assert_int_equal(c->routing.health_check_failures, 2);
+    assert_int_equal(c->routing.health_check_successes, 2);
 }
 
 static void check_default_worker(const gw_worker_cfg *w, const char *model, const char *name)
@@ -380,6 +384,10 @@ static const char routing_yaml[] =
     "  ping_interval_ms: 300\n"
     "  retry_budget: 0.1\n"
     "  spread: false\n"
+    "  health_check_ms: 2000\n"
+    "  health_check_timeout_ms: 700\n"
+    "  health_check_failures: 3\n"
+    "  health_check_successes: 4\n"
     "peers:\n"
     "  - name: us-east\n"
     "    endpoint: \"tcp:localhost:9443\"\n"
@@ -434,6 +442,10 @@ static void test_routing_full(void **state)
     assert_int_equal(c->routing.ping_interval_ms, 300);
     assert_true(c->routing.retry_budget == 0.1);
     assert_false(c->routing.spread);
+    assert_int_equal(c->routing.health_check_ms, 2000);
+    assert_int_equal(c->routing.health_check_timeout_ms, 700);
+    assert_int_equal(c->routing.health_check_failures, 3);
+    assert_int_equal(c->routing.health_check_successes, 4);
     assert_int_equal(c->n_peers, 2);
     assert_string_equal(c->peers[0].name, "us-east");
     assert_string_equal(c->peers[0].endpoint, "tcp:localhost:9443");
@@ -714,6 +726,17 @@ static const struct {
     {"routing: {retry: 1}\n", "bad.yaml:1: routing.retry: unknown key"},
     {"routing: {replay_max: 17}\n", "bad.yaml:1: routing.replay_max: must be a whole number from 0 to 16"},
     {"routing: {replay: maybe}\n", "bad.yaml:1: routing.replay: must be true or false"},
+    {"routing: {health_check_ms: 50}\n",
+     "bad.yaml:1: routing.health_check_ms: must be 0 (off) or from 100 to 3600000"},
+    {"routing: {health_check_ms: -1}\n",
+     "bad.yaml:1: routing.health_check_ms: must be a whole number from 0 to 3600000"},
+    {"routing: {health_check_timeout_ms: 10}\n",
+     "bad.yaml:1: routing.health_check_timeout_ms: must be a whole number from 50 to 600000"},
+    {"routing: {health_check_failures: 0}\n",
+     "bad.yaml:1: routing.health_check_failures: must be a whole number from 1 to 100"},
+    {"routing: {health_check_successes: 101}\n",
+     "bad.yaml:1: routing.health_check_successes: must be a whole number from 1 to 100"},
+    {"routing: {health_check: 1}\n", "bad.yaml:1: routing.health_check: unknown key"},
     {"peers:\n  - {name: us, endpoint: \"tcp:127.0.0.1:1\"}\n", "bad.yaml:2: peers: needs a region section"},
     {"region: {name: eu}\npeers:\n  - {name: us}\n", "bad.yaml:3: peers[0].endpoint: required"},
     {"region: {name: eu}\npeers:\n  - {endpoint: \"tcp:127.0.0.1:1\"}\n",
