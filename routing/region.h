@@ -159,6 +159,10 @@ typedef struct route_region {
     int64_t ejected_until_ms;
     bool probing;
     int64_t busy_ms; /* its last 429 (route_region_note_busy); 0: none */
+    /* Active health checks (route_region_report_check): the consecutive
+     * checks failed and passed, and whether the checks ejected it. */
+    int check_failures, check_successes;
+    bool check_down;
 } route_region;
 
 typedef struct route_table route_table;
@@ -271,6 +275,23 @@ void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_m
  * was claimed again is the new claim's to decide, and this outcome only
  * counts, as any other request's. */
 void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms, uint64_t claim);
+/* The outcome of an active health check (a one-token request this
+ * gateway sends on its own, gateway/front/health.h): another input to the
+ * same ejection state as requests' outcomes, with thresholds of its own.
+ * `failures` consecutive failed checks eject the region (counted in
+ * ejections, as any ejection) and keep it out, with no probe request,
+ * until `successes` consecutive checks pass; that return ends the
+ * ejection as a probe's success does. A check's success does not end an
+ * ejection that requests' failures began (a region may answer a one-token
+ * request and fail real ones): the probe request decides that one. Check
+ * outcomes leave consecutive_failures alone. failures and successes < 1
+ * are taken as 1. */
+void route_region_report_check(route_table *t, route_region *r, bool ok, int failures, int successes,
+                               int64_t now_ms);
+/* Checks turned off: a region the checks ejected is usable again, as if
+ * they had passed; their counts start over. */
+void route_region_check_reset(route_region *r);
+
 /* Heartbeat fresh: the record was received within stale_after_ms (<= 0:
  * never stale). The local region is always fresh. */
 bool route_region_fresh(const route_table *t, const route_region *r, int64_t now_ms);

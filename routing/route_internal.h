@@ -80,6 +80,8 @@ enum { ROUTE__USABLE, ROUTE__EJECTED, ROUTE__PROBE };
 
 static inline int route__ejection_state(const route_region *r, int64_t now_ms)
 {
+    if (r->check_down) /* out until its checks pass: they are its probes */
+        return ROUTE__EJECTED;
     if (r->ejected_until_ms == 0)
         return ROUTE__USABLE;
     if (now_ms < r->ejected_until_ms)

@@ -328,6 +328,45 @@ void route_region_report(route_table *t, route_region *r, bool ok, int64_t now_m
         eject(t, r, now_ms);
 }
 
+static void end_ejection(route_region *r)
+{
+    r->probing = false;
+    r->ejections = 0;
+    r->ejected_until_ms = 0;
+}
+
+void route_region_report_check(route_table *t, route_region *r, bool ok, int failures, int successes,
+                               int64_t now_ms)
+{
+    if (!route__slot(r)->in_use)
+        return;
+    if (!ok) {
+        r->check_successes = 0;
+        if (r->check_failures < INT_MAX)
+            r->check_failures++;
+        if (!r->check_down && r->check_failures >= (failures > 0 ? failures : 1)) {
+            r->check_down = true;
+            eject(t, r, now_ms); /* counted and logged as any ejection */
+        }
+        return;
+    }
+    r->check_failures = 0;
+    if (r->check_successes < INT_MAX)
+        r->check_successes++;
+    if (r->check_down && r->check_successes >= (successes > 0 ? successes : 1)) {
+        r->check_down = false;
+        end_ejection(r);
+    }
+}
+
+void route_region_check_reset(route_region *r)
+{
+    if (r->check_down)
+        end_ejection(r);
+    r->check_down = false;
+    r->check_failures = r->check_successes = 0;
+}
+
 void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t now_ms, uint64_t claim)
 {
     /* counted as any outcome (while ejected, that only counts); then, if
@@ -338,9 +377,7 @@ void route_region_report_probe(route_table *t, route_region *r, bool ok, int64_t
     if (!probing)
         return;
     if (ok) {
-        r->probing = false;
-        r->ejections = 0;
-        r->ejected_until_ms = 0;
+        end_ejection(r);
     } else {
         eject(t, r, now_ms);
     }

@@ -113,6 +113,11 @@
  *     hedge_delay_ms: 0         # the copy goes after this (0-600000); 0: the first target's p95 of
  *                               # recent such answers (no copy before it has 8 of them)
  *     hedge_share: 0.05         # hedges per eligible request, at most (0-1; a token bucket)
+ *     health_check_ms: 0        # active health checks: a one-token request to each peer region and
+ *                               # local worker this often (0: off, else 100-3600000); reloads
+ *     health_check_timeout_ms: 5000  # a check not answered within this fails (50-600000)
+ *     health_check_failures: 2  # checks failed in a row that eject the region or worker (1-100)
+ *     health_check_successes: 2 # checks passed in a row that bring it back (1-100)
  *   peers:                      # static peers / endpoint overrides (e.g. a private link); needs `region`
  *     - name: us-east           # required, not this region
  *       endpoint: "tls:10.1.0.5:8443"  # required
@@ -240,6 +245,11 @@ typedef struct gw_routing_cfg {
     bool hedge;
     int hedge_max_tokens, hedge_delay_ms; /* delay 0: the first target's recent p95 */
     double hedge_share;
+    /* Active health checks (gateway/front/health.h): every health_check_ms
+     * (0: off) a one-token request to each peer region and local worker;
+     * one not answered within health_check_timeout_ms fails; failures in a
+     * row eject, successes in a row return. */
+    int health_check_ms, health_check_timeout_ms, health_check_failures, health_check_successes;
 } gw_routing_cfg;
 
 typedef struct gw_peer_cfg {

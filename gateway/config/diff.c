@@ -55,7 +55,8 @@ static bool redis_eq(const gw_redis_cfg *a, const gw_redis_cfg *b)
 
 /* The routing settings fixed at start; policy, slo_ms, spread,
  * cache_aware, retry_budget, replay, replay_max and the hedge keys are
- * read per request and reload. */
+ * read per request and reload, and so do the health_check keys (read at
+ * each check). */
 static bool routing_fixed_eq(const gw_routing_cfg *a, const gw_routing_cfg *b)
 {
     return a->heartbeat_ms == b->heartbeat_ms && a->stale_after_ms == b->stale_after_ms &&

@@ -47,7 +47,10 @@ int gw_cfg_routing_init(gw_config *c)
                                   .replay = true,
                                   .replay_max = 2,
                                   .hedge_max_tokens = 64,
-                                  .hedge_share = 0.05};
+                                  .hedge_share = 0.05,
+                                  .health_check_timeout_ms = 5000,
+                                  .health_check_failures = 2,
+                                  .health_check_successes = 2};
     c->region.carbon_poll_ms = 60000;
     return (c->cluster = strdup("default")) ? 0 : -ENOMEM;
 }
@@ -318,6 +321,10 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         K_PING,
         K_HOLD,
         K_REPLAY_MAX,
+        K_HC,
+        K_HC_TIMEOUT,
+        K_HC_FAILURES,
+        K_HC_SUCCESSES,
         K_RETRY,
         K_SPREAD,
         K_PRIMARY,
@@ -333,17 +340,24 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
     static const char *const keys[K_N] = {
         "policy",        "slo_ms",       "heartbeat_ms",     "stale_after_ms",  "eject_after",
         "eject_base_ms", "eject_max_ms", "ping_interval_ms", "primary_hold_ms", "replay_max",
+        "health_check_ms", "health_check_timeout_ms", "health_check_failures", "health_check_successes",
         "retry_budget",  "spread",       "primary",          "primary_return",  "cache_aware",
         "replay",        "hedge",        "hedge_max_tokens", "hedge_delay_ms",  "hedge_share"};
     static const long long lo[K_N] = {[K_HB] = 50,     [K_STALE] = 50, [K_EJ_AFTER] = 0, [K_EJ_BASE] = 1,
-                                      [K_EJ_MAX] = 1, [K_PING] = 50,  [K_HOLD] = 0,     [K_REPLAY_MAX] = 0};
+                                      [K_EJ_MAX] = 1, [K_PING] = 50,  [K_HOLD] = 0,     [K_REPLAY_MAX] = 0,
+                                      [K_HC] = 0,     [K_HC_TIMEOUT] = 50, [K_HC_FAILURES] = 1,
+                                      [K_HC_SUCCESSES] = 1};
     static const long long hi[K_N] = {[K_HB] = 60000,        [K_STALE] = 3600000,   [K_EJ_AFTER] = 1000,
                                       [K_EJ_BASE] = 3600000, [K_EJ_MAX] = 86400000, [K_PING] = 60000,
-                                      [K_HOLD] = 3600000,    [K_REPLAY_MAX] = 16};
+                                      [K_HOLD] = 3600000,    [K_REPLAY_MAX] = 16,   [K_HC] = 3600000,
+                                      [K_HC_TIMEOUT] = 600000, [K_HC_FAILURES] = 100, [K_HC_SUCCESSES] = 100};
     int *ints[K_N] = {[K_HB] = &r->heartbeat_ms,       [K_STALE] = &r->stale_after_ms,
                       [K_EJ_AFTER] = &r->eject_after,  [K_EJ_BASE] = &r->eject_base_ms,
                       [K_EJ_MAX] = &r->eject_max_ms,   [K_PING] = &r->ping_interval_ms,
-                      [K_HOLD] = &r->primary_hold_ms, [K_REPLAY_MAX] = &r->replay_max};
+                      [K_HOLD] = &r->primary_hold_ms, [K_REPLAY_MAX] = &r->replay_max,
+                      [K_HC] = &r->health_check_ms,   [K_HC_TIMEOUT] = &r->health_check_timeout_ms,
+                      [K_HC_FAILURES] = &r->health_check_failures,
+                      [K_HC_SUCCESSES] = &r->health_check_successes};
     yaml_node_t *v[K_N];
     char kp[CFG_PATH_MAX];
     int rc = gw_cfg_map_take(p, n, "routing", keys, K_N, v);
@@ -376,7 +390,7 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         return rc;
     if ((rc = parse_hedge(p, v + K_HEDGE, r)))
         return rc;
-    for (int k = K_HB; k <= K_REPLAY_MAX; k++) {
+    for (int k = K_HB; k <= K_HC_SUCCESSES; k++) {
         long long x;
         if (!v[k])
             continue;
@@ -394,6 +408,9 @@ static int parse_routing(cfg_parser *p, const yaml_node_t *n, gw_routing_cfg *r)
         return gw_cfg_perr(p, v[K_STALE], "routing.stale_after_ms",
                            "not more than twice heartbeat_ms (%d): live records would go stale between reads",
                            r->heartbeat_ms);
+    if (r->health_check_ms > 0 && r->health_check_ms < 100)
+        /* one check in flight per target: more often is load, not news */
+        return gw_cfg_perr(p, v[K_HC], "routing.health_check_ms", "must be 0 (off) or from 100 to 3600000");
     if (r->eject_max_ms < r->eject_base_ms)
         return gw_cfg_perr(p, v[K_EJ_MAX] ? v[K_EJ_MAX] : v[K_EJ_BASE],
                            v[K_EJ_MAX] ? "routing.eject_max_ms" : "routing.eject_base_ms",

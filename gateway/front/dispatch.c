@@ -5,6 +5,7 @@
  * on, to a sibling worker or the next candidate, while the retry budget
  * lasts; a remote region hears how each request it took went, which is
  * what ejects it. */
+#include "gateway/front/health.h"
 #include "gateway/front/placement.h"
 #include "gateway/front/request_internal.h"
 
@@ -232,6 +233,12 @@ void gw_front_dispatch(gw_front_req *p)
     gw_serve *g = p->g;
     if (gw_front_replay_refuse_client(p) || !read_max_cost(p))
         return;
+    if (!p->forwarded && gw_http_header_get(p->req, GW_HEALTH_HEADER)) {
+        gw_front_respond(p, 400, "invalid_request_error", "internal_header", NULL, 0,
+                         GW_HEALTH_HEADER " is the gateways' own header (active health checks): only a peer "
+                         "region may send it");
+        return;
+    }
     g->retry_tokens += g->cfg->routing.retry_budget;
     if (g->retry_tokens > RETRY_TOKENS_MAX)
         g->retry_tokens = RETRY_TOKENS_MAX;

@@ -7,6 +7,7 @@
 #include "gateway/front/request_internal.h"
 
 #include "gateway/front/body_fields.h"
+#include "gateway/front/health.h"
 #include "gateway/base/mem.h"
 
 #include "routing/router.h"
@@ -103,6 +104,7 @@ static void accept_forwarded(gw_front_req *p)
 {
     const char *tenant = gw_http_header_get(p->req, "x-infergate-tenant");
     p->forwarded = true;
+    p->health_check = gw_http_header_get(p->req, GW_HEALTH_HEADER) != NULL;
     if (tenant && strlen(tenant) < sizeof(p->tenant))
         snprintf(p->tenant, sizeof(p->tenant), "%s", tenant);
 }

@@ -2,6 +2,7 @@
  * (from the config and its workers' load), the Redis sync that shares it,
  * RTT to every peer from PINGs on the pooled connections, and the routing
  * table as JSON (/v1/regions) and as a page for operators (/dashboard). */
+#include "gateway/front/health.h"
 #include "gateway/front/placement.h"
 #include "gateway/front/serve_internal.h"
 #include "gateway/front/route_events.h"
@@ -469,6 +470,8 @@ static json_t *region_json(gw_serve *g, route_region *r, int64_t now, int64_t wa
         json_object_set_new(o, "carbon", json_real(r->rec.carbon));
         /* prompt prefixes its record carries (issue 30) */
         json_object_set_new(o, "prefixes", json_integer(r->rec.n_prefixes));
+        /* its active health checks (front/health.h; null: off) */
+        json_object_set_new(o, "check", gw_health_region_json(g, r));
     } else {
         json_decref(load);
     }

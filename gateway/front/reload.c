@@ -168,6 +168,10 @@ void gw_serve_reload(gw_serve *g)
     g->cfg->routing.replay = c->routing.replay;
     g->cfg->routing.replay_max = c->routing.replay_max;
     gw_front_hedge_reload(g, &c->routing);
+    g->cfg->routing.health_check_ms = c->routing.health_check_ms; /* read at each check (front/health.c) */
+    g->cfg->routing.health_check_timeout_ms = c->routing.health_check_timeout_ms;
+    g->cfg->routing.health_check_failures = c->routing.health_check_failures;
+    g->cfg->routing.health_check_successes = c->routing.health_check_successes;
     /* Retries turned off end the saved ones; turned on, they start with
      * the few a start has. */
     if (c->routing.retry_budget <= 0)

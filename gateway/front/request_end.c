@@ -134,6 +134,10 @@ static void finish_log(gw_front_req *p, bool complete)
         return;
     p->logged = true;
     gw_serve *g = p->g;
+    if (p->health_check) { /* a peer's check: no tenant's request, out of the log and request figures */
+        gw_metrics_add(g->metrics, "infergate_health_checks_served_total", "", 1);
+        return;
+    }
     double now = gw_mono_s(), dur = now - p->t_start;
     double ttft = p->t_first > 0 ? p->t_first - p->t_start : -1;
     /* Without a usage object, tokens are counted in events: one each but

@@ -44,6 +44,7 @@ struct gw_front_req {
     bool cut;                    /* the upstream failed after the status went out */
     bool stalled;                /* answered 504: the upstream held it response_timeout_ms, unanswered */
     bool forwarded;              /* came from a peer region: served here, never forwarded again */
+    bool health_check;           /* a peer's active health check (front/health.h): no tenant's request */
     bool limit_pending;          /* waiting for the shared rate limit's answer */
     int limit_stage;             /* LIMIT_RPS or LIMIT_TPM (limits.c) */
     route_decision route;        /* candidate regions, in order */

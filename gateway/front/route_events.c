@@ -87,9 +87,13 @@ static void region_changed(gw_serve *g, const route_region *r, seen_region *s, c
 {
     if (r->ejections > s->ejections) {
         /* counted even when the ejection ended between two polls */
-        fprintf(stderr, "infergate: event=region_ejected region=%s failures=%d ejections=%d for_ms=%lld\n",
-                r->rec.name, r->consecutive_failures, r->ejections,
-                (long long)(r->ejected_until_ms > now ? r->ejected_until_ms - now : 0));
+        if (r->check_down) /* by its health checks (front/health.h): out until they pass */
+            fprintf(stderr, "infergate: event=region_ejected region=%s failures=%d ejections=%d by=check\n",
+                    r->rec.name, r->check_failures, r->ejections);
+        else
+            fprintf(stderr, "infergate: event=region_ejected region=%s failures=%d ejections=%d for_ms=%lld\n",
+                    r->rec.name, r->consecutive_failures, r->ejections,
+                    (long long)(r->ejected_until_ms > now ? r->ejected_until_ms - now : 0));
         count(g, "region_ejected");
     }
     s->ejections = r->ejections;

@@ -4,7 +4,9 @@
  *   redis_lost (error), redis_regained (after_ms);
  *   region_joined, region_gone (left the table: silent too long);
  *   region_stale (age_ms): out of the candidates for its record's age
- *   (route_region_current), region_ejected (failures, ejections, for_ms),
+ *   (route_region_current), region_ejected (failures, ejections, for_ms;
+ *   or failures, ejections, by=check: by its active health checks, out
+ *   until they pass),
  *   region_unhealthy, region_drained (its gateway drains),
  *   region_returned (was: stale|ejected|unhealthy|drained): usable again;
  *   region_held_by_ping (age_ms, redis: ok|away): its record is stale

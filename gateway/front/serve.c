@@ -4,6 +4,7 @@
  * tenants, keys and limits (reload.c); SIGTERM drains (stop accepting,
  * finish in-flight streams up to a grace period, stop the workers). The
  * command line is gateway/cmd/serve.c's; each request, request_internal.h's. */
+#include "gateway/front/health.h"
 #include "gateway/front/placement.h"
 #include "gateway/front/serve.h"
 #include "gateway/front/access_log.h"
@@ -288,6 +289,7 @@ static void serve_dispose(gw_serve *g)
 {
     if (g->http)
         gw_http_server_free(g->http);
+    gw_health_stop(g);
     gw_regions_stop(g);
     gw_placement_stop(g);
     gw_front_hedges_free(g);
@@ -462,6 +464,10 @@ static int start(gw_serve *g, const char *exe, char *err, size_t err_len)
         fprintf(stderr, "infergate: placement: %s\n", err);
         return -1;
     }
+    if (gw_health_start(g, err, err_len)) {
+        fprintf(stderr, "infergate: health checks: %s\n", err);
+        return -1;
+    }
     print_ready(g);
     return 0;
 }
@@ -475,6 +481,7 @@ static void stop(gw_serve *g)
 {
     gw_http_server_free(g->http);
     g->http = NULL;
+    gw_health_stop(g);
     gw_regions_stop(g);
     gw_placement_stop(g);
     gw_supervisor_stop(g->sup);

@@ -46,6 +46,7 @@ typedef struct gw_serve {
     struct event *heartbeat, *rtt_timer;
     struct gw_route_events *events; /* with a table: routing events logged (route_events.h) */
     struct gw_placement *placement; /* policies by intent, carbon, energy (placement.h) */
+    struct gw_health *health;       /* active health checks (health.h) */
     double est_bias_ms; /* gw_regions_note_ttft: measured TTFT - the workers' estimate, as a median */
     double est_err_ms[15]; /* its last samples (a ring; est_err_n of them so far): the bias is their median */
     unsigned est_err_n;

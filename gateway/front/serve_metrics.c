@@ -56,6 +56,24 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "while the other was out: it went on alone), cancelled (copies reset: the loser, "
                               "or both when the client left), suppressed (due, but past routing.hedge_share).",
                               NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_health_checks_total", GW_COUNTER,
+                              "Active health checks (routing.health_check_ms) by target (worker-N, "
+                              "region-NAME) and outcome: ok, fail, or busy (a 429, a refused stream, a "
+                              "timeout while the target was plainly busy: counted neither way).",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_health_ejections_total", GW_COUNTER,
+                              "Targets ejected by their health checks (health_check_failures failed in a row).",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_health_returns_total", GW_COUNTER,
+                              "Targets the health checks had ejected, back (health_check_successes passed in a "
+                              "row).",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_health_checks_served_total", GW_COUNTER,
+                              "Peer regions' health checks this gateway answered (kept out of the access log "
+                              "and the request metrics).",
+                              NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_check_down", GW_GAUGE,
+                              "1 for a worker its health checks ejected (not picked until they pass).", NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_spend_total", GW_COUNTER,
                               "What requests cost (the serving region's price per million input and output "
                               "tokens times their usage; 0 without a region section), by tenant, model and "
@@ -195,6 +213,7 @@ void gw_serve_metrics_workers(gw_serve *g)
             worker_tenant_metrics(m, labels, w);
         }
         gw_metrics_count_to(m, "infergate_worker_restarts_total", labels, w->restarts);
+        gw_metrics_set(m, "infergate_worker_check_down", labels, w->check_down);
     }
     if (g->alog)
         gw_metrics_count_to(m, "infergate_access_log_dropped_total", "", (double)gw_alog_dropped(g->alog));

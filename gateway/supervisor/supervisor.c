@@ -56,6 +56,7 @@ typedef struct sworker {
     int picked;       /* requests sent since the last stats */
     double picked_ms; /* their prefill, as expected when they were sent (cache-aware picks) */
     bool hang_killed; /* SIGKILLed for answering no stats */
+    bool stats_ready; /* stats answered recently: ready unless its health checks say down */
     uint64_t *prefixes; /* info.prefixes' storage (PREFIXES_MAX) */
     gw_worker_tenant *tenants; /* info.tenants' (GW_WORKER_TENANTS) */
 } sworker;
@@ -93,12 +94,27 @@ void gw_supervisor_on_stats(gw_supervisor *s, void (*fn)(void *ud), void *ud)
     s->on_stats_ud = ud;
 }
 
-static void set_ready(sworker *w, bool ready)
+/* Ready: its stats say so, and its health checks do not say down. */
+static void update_ready(sworker *w)
 {
     bool was = w->info.ready;
-    w->info.ready = ready;
-    if (was != ready && w->sup->on_ready_change)
+    w->info.ready = w->stats_ready && !w->info.check_down;
+    if (was != w->info.ready && w->sup->on_ready_change)
         w->sup->on_ready_change(w->sup->on_ready_ud);
+}
+
+static void set_ready(sworker *w, bool ready)
+{
+    w->stats_ready = ready;
+    update_ready(w);
+}
+
+void gw_supervisor_set_check_down(gw_supervisor *s, int i, bool down)
+{
+    if (i < 0 || i >= s->n)
+        return;
+    s->w[i].info.check_down = down;
+    update_ready(&s->w[i]);
 }
 
 /* The stats interval, and how long a worker may go without answering. */
@@ -241,7 +257,9 @@ static int spawn(sworker *w)
     if (gw_upstream_expect_pid(s->pool, w->target, (int)pid))
         log_line("worker %d: out of memory noting its pid: its socket's peer goes unchecked", w->info.index);
     w->info.pid = pid;
-    w->info.ready = false;
+    w->info.ready = w->stats_ready = false;
+    w->info.answered = w->info.check_down = false; /* a new process: its checks start over */
+    w->info.tokens_generated = 0;
     w->started_at = gw_mono_s();
     w->last_stats = 0;
     w->asked_at = 0;
@@ -390,10 +408,12 @@ static void stats_done(sworker *w)
     i->kv_blocks_cached = (int)json_integer_value(json_object_get(o, "kv_blocks_cached"));
     i->est_prompt_tokens = (int)json_integer_value(json_object_get(o, "est_prompt_tokens"));
     i->prompt_bytes_per_token = json_number_value(json_object_get(o, "prompt_bytes_per_token"));
+    i->tokens_generated = (double)json_integer_value(json_object_get(o, "tokens_generated"));
+    i->answered = i->pid != 0;
     take_prefixes(w, json_object_get(o, "prefix_hashes"));
     take_tenants(w, json_object_get(o, "tenants"));
     json_decref(o);
-    if (!i->ready)
+    if (!w->stats_ready)
         log_line("worker %d (model %s, device %s, pid %d) is ready", i->index, w->cfg->name, w->device,
                  (int)i->pid);
     w->last_stats = gw_mono_s();
@@ -460,7 +480,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             kill(w->info.pid, SIGKILL);
             w->hang_killed = true;
         }
-        if (w->info.ready && now - w->last_stats > stale_s(s)) {
+        if (w->stats_ready && now - w->last_stats > stale_s(s)) {
             log_line("worker %d (pid %d) has not answered stats for %.1f s: not ready", i, (int)w->info.pid,
                      now - w->last_stats);
             set_ready(w, false);

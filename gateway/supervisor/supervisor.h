@@ -33,7 +33,12 @@ typedef struct gw_worker_info {
     const char *device; /* "cpu" or a GPU / MIG UUID */
     const char *target; /* "unix:/path" for the upstream pool */
     pid_t pid;          /* 0 while not running */
-    bool ready;         /* stats answered recently */
+    bool ready;         /* stats answered recently, and not ejected by its health checks */
+    /* Has answered stats since it was started (a health check's target:
+     * one still loading its model is not failing), and its health checks
+     * ejected it (gw_supervisor_set_check_down). */
+    bool answered, check_down;
+    double tokens_generated; /* tokens it has generated since its start, by its last stats */
     int restarts;
     int queued, running, max_seqs, kv_blocks_free, kv_blocks_total;
     double ttft_ewma_ms, tpot_ewma_ms, tokens_per_s;
@@ -90,6 +95,12 @@ void gw_supervisor_on_ready_change(gw_supervisor *s, void (*fn)(void *ud), void 
  * stats interval, per worker), once its figures are updated: what routes
  * by them reads them then, not up to a heartbeat later. */
 void gw_supervisor_on_stats(gw_supervisor *s, void (*fn)(void *ud), void *ud);
+
+/* The active health checks (gateway/front/health.h) eject worker i
+ * (down) or bring it back: while down it is not ready (no request is
+ * picked for it, the region's record counts it out), whatever its stats
+ * say. A restarted worker starts up. */
+void gw_supervisor_set_check_down(gw_supervisor *s, int i, bool down);
 
 int gw_supervisor_count(const gw_supervisor *s);
 const gw_worker_info *gw_supervisor_worker(const gw_supervisor *s, int i);

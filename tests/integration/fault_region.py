@@ -28,6 +28,11 @@ accident, chosen by the request's prompt:
            resumes elsewhere by token replay
   other    a 200 completion
 
+With fail_status set (e.g. 500), it answers every completion with that
+status, as a region whose workers all fail while it takes connections and
+answers PINGs. Gateways' active health checks (x-infergate-health-check)
+are counted in checks, not kept in requests.
+
 It answers PINGs (h2 does), counts the requests it got and keeps the
 x-infergate-residency each carried (residency). On a Unix socket (unix=PATH)
 it plays a worker that took another's socket: /internal/stats gets a ready
@@ -71,6 +76,8 @@ class FaultRegion:
         self.requests = []
         self.residency = []
         self.replay_script = None
+        self.fail_status = None
+        self.checks = 0
         self.lock = threading.Lock()
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -85,7 +92,7 @@ class FaultRegion:
                 self.connections += 1
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
-    def _answer(self, conn, sid, body, residency, path):
+    def _answer(self, conn, sid, body, residency, path, check=False):
         with self.lock:
             self.paths.append(path)
         if path == "/internal/stats":
@@ -100,9 +107,14 @@ class FaultRegion:
         except ValueError:
             prompt = ""
         with self.lock:
-            self.requests.append(prompt)
-            self.residency.append(residency)
-        if prompt in ("502", "504", "421", "429"):
+            if check:
+                self.checks += 1
+            else:
+                self.requests.append(prompt)
+                self.residency.append(residency)
+        if self.fail_status:
+            prompt = str(self.fail_status)
+        if prompt in ("502", "504", "421", "429") or self.fail_status:
             msg = json.dumps({"error": {"message": "fault " + prompt, "type": "server_error", "param": None,
                                         "code": "fault"}}).encode()
             conn.send_headers(sid, [(":status", prompt), ("content-type", "application/json"),
@@ -144,7 +156,7 @@ class FaultRegion:
     def _serve(self, c):
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         conn.initiate_connection()
-        bodies, residency, paths = {}, {}, {}
+        bodies, residency, paths, checks = {}, {}, {}, {}
         try:
             if self.tls:
                 c.settimeout(10)
@@ -161,13 +173,15 @@ class FaultRegion:
                         bodies[ev.stream_id] = b""
                         residency[ev.stream_id] = dict(ev.headers).get("x-infergate-residency")
                         paths[ev.stream_id] = dict(ev.headers).get(":path")
+                        checks[ev.stream_id] = "x-infergate-health-check" in dict(ev.headers)
                     elif isinstance(ev, h2.events.DataReceived):
                         bodies[ev.stream_id] = bodies.get(ev.stream_id, b"") + ev.data
                         conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     elif isinstance(ev, h2.events.StreamEnded):
                         hang |= self._answer(conn, ev.stream_id, bodies.pop(ev.stream_id, b""),
                                              residency.pop(ev.stream_id, None),
-                                             paths.pop(ev.stream_id, None)) == "hang"
+                                             paths.pop(ev.stream_id, None),
+                                             checks.pop(ev.stream_id, False)) == "hang"
                 c.sendall(conn.data_to_send())
                 for _ in range(200 if hang else 0):  # wedged: read nothing, answer nothing
                     if self.stopped:

@@ -13,10 +13,16 @@ answering every request. Checks:
   - x-infergate-policy: allowed (tenant's allow_policies), refused (403),
     malformed (400); the intent shows in x-infergate-route, the access log
     and /v1/regions' last decisions;
-  - energy and gCO2e per request: access log and /metrics."""
+  - energy and gCO2e per request: access log and /metrics;
+  - active health checks (issue 32 point 4): a region (pf, a stand-in) that
+    takes connections and answers PINGs but fails every completion is
+    ejected by gw1's checks alone, with no user request sent its way, and
+    returns when it heals; gw1's own worker, stopped (SIGSTOP), is ejected
+    by its checks and returns on SIGCONT."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -105,6 +111,10 @@ routing:
   heartbeat_ms: 200
   stale_after_ms: 4000  # the records of pa and pb are kept by redis-cli runs, slow on a loaded machine
   ping_interval_ms: 100
+  health_check_ms: 300
+  health_check_timeout_ms: 2000
+  health_check_failures: 2
+  health_check_successes: 2
 tenants:
   - {name: open, keys: ["%(h_open)s"], allow_policies: [carbon, latency]}
   - {name: strict, keys: ["%(h_strict)s"]}
@@ -134,7 +144,7 @@ stop_records = threading.Event()
 
 def keep_records():
     while not stop_records.is_set():
-        for name, extra in fields.items():
+        for name, extra in list(fields.items()):  # the health checks' part adds pf
             f = dict(endpoint="tcp:127.0.0.1:%d" % fakes[name].port, models="m", price_in="1", price_out="1",
                      healthy="1", ttft_ms="5", **extra)
             f["updated_ms"] = str(int(time.time() * 1000))
@@ -403,6 +413,94 @@ st = primary_state()
 t.ok(after == ["gw1"] * 20, "and keeps it: %s" % after)
 t.ok(st.get("switches", 0) - base == 2 and st.get("current") == "gw1",
      "exactly two switches (spill, return): no flapping: %s" % st)
+
+# --- active health checks (issue 32 point 4) ---
+# pf takes connections and answers PINGs but fails every completion (500).
+# No user request goes its way: gw1's checks alone must eject it. With the
+# lowest carbon of all it would be the green tenant's first choice.
+def soon(pred, timeout, what):
+    try:
+        return wait_until(pred, timeout, what, interval=0.05)
+    except AssertionError:
+        return False
+
+
+def gw1_log():
+    return open(os.path.join(d, "gw1.log")).read()
+
+
+s, _, b = request("open", headers={"x-infergate-health-check": "1"})
+t.ok(s == 400 and b"internal_header" in b, "a client's x-infergate-health-check is refused (400): %d %s" % (s, b[:160]))
+pf = FaultRegion()
+pf.fail_status = 500
+fakes["pf"] = pf
+fields["pf"] = {"carbon": "1"}
+row = {}
+
+
+def pf_row():
+    row.clear()
+    row.update(table().get("pf", {}))
+    return row
+
+
+t0 = time.monotonic()
+ejected = soon(lambda: pf_row().get("ejected") is True, 30, "pf ejected by its checks")
+print("# health: pf ejected %.2f s after its record was written" % (time.monotonic() - t0))
+logged_eject = soon(lambda: re.search(r"event=region_ejected region=pf failures=\d+ ejections=1 by=check", gw1_log()),
+                    5, "the ejection logged")
+t.ok(ejected and logged_eject and pf.checks >= 2 and not pf.requests,
+     "a region that takes connections but fails every request is ejected by the checks alone, no user request "
+     "sent to it (%d checks, %d requests): %s" % (pf.checks, len(pf.requests), row.get("check")))
+check = row.get("check") or {}
+t.ok(check.get("state") == "ejected" and check.get("last") == "status 500" and check.get("failures", 0) >= 2,
+     "/v1/regions shows its checks: %s" % check)
+# prompts no region holds: a held prefix may put gw1 first among near-equal regions
+s, hd, _ = request("green", body={"model": "m", "prompt": "while pf is out", "max_tokens": 2})
+t.ok(s == 200 and hd.get("x-infergate-region") not in (None, "pf") and not pf.requests,
+     "the green tenant's request (pf first by carbon) goes elsewhere: %d %s" % (s, hd.get("x-infergate-region")))
+m = request("ops", path="/metrics")[2].decode()
+t.ok(re.search(r'^infergate_health_checks_total\{target="region-pf",outcome="fail"\} [1-9]', m, re.M)
+     and re.search(r'^infergate_health_ejections_total\{target="region-pf"\} 1$', m, re.M)
+     and re.search(r'^infergate_health_checks_total\{target="worker-0",outcome="ok"\} [1-9]', m, re.M)
+     and re.search(r'^infergate_health_checks_total\{target="region-pa",outcome="ok"\} [1-9]', m, re.M),
+     "/metrics counts the checks by target and outcome, and the ejection")
+t.ok(not any('"request_id":"health-' in l for l in open(os.path.join(d, "access.log"))),
+     "no check is in the access log")
+pf.fail_status = None
+t0 = time.monotonic()
+back = soon(lambda: pf_row().get("ejected") is False and (row.get("check") or {}).get("state") == "passing", 30,
+            "pf back")
+print("# health: pf back %.2f s after it healed" % (time.monotonic() - t0))
+t.ok(back and soon(lambda: "event=region_returned region=pf was=ejected" in gw1_log(), 5, "return logged"),
+     "healed, it passes its checks and returns (logged): %s" % row.get("check"))
+s, hd, _ = request("green", body={"model": "m", "prompt": "pf is back", "max_tokens": 2})
+t.ok(s == 200 and hd.get("x-infergate-region") == "pf" and len(pf.requests) == 1,
+     "and takes the green tenant's request again: %d %s (%s)%s" % (s, hd.get("x-infergate-region"),
+     hd.get("x-infergate-route"), "" if hd.get("x-infergate-region") == "pf" else json.dumps(table())[:3000]))
+del fields["pf"]
+
+# gw1's worker stopped: it takes connections and answers nothing. Its
+# checks eject it, gw1's record says unhealthy and its traffic goes to the
+# next of the primary list; SIGCONT, and it returns.
+wpid = int(re.findall(r"worker 0 \(model \w+, device \w+\) started: pid (\d+)", gw1_log())[-1])
+os.kill(wpid, signal.SIGSTOP)
+try:
+    t0 = time.monotonic()
+    down = soon(lambda: "event=worker_ejected worker=0 model=m by=check" in gw1_log(), 30, "worker 0 ejected")
+    print("# health: worker 0 ejected %.2f s after SIGSTOP" % (time.monotonic() - t0))
+    moved = soon(lambda: served_by("strict", timeout=10) in ("pa", "pb"), 10, "traffic off gw1")
+finally:
+    os.kill(wpid, signal.SIGCONT)
+t.ok(down and moved, "a local worker that answers nothing is ejected by its checks and its traffic moves (%s)"
+     % moved)
+back = soon(lambda: "event=worker_returned worker=0 model=m by=check" in gw1_log(), 30, "worker 0 back")
+t.ok(back and soon(lambda: served_by("strict", timeout=10) == "gw1", 30, "traffic back at gw1"),
+     "resumed, it passes its checks and takes its traffic again")
+m = request("ops", path="/metrics")[2].decode()
+t.ok(re.search(r'^infergate_health_ejections_total\{target="worker-0"\} 1$', m, re.M)
+     and re.search(r'^infergate_worker_check_down\{worker="0",[^}]*\} 0$', m, re.M),
+     "/metrics counts the worker's ejection, and shows it back")
 
 stop_records.set()
 # a drain and a clean exit (under the sanitizer build: nothing leaked, nothing misused)

@@ -89,7 +89,7 @@ def fleet_auth(kind, region, fields):
 certs = {n: region_cert(n) for n in names}
 
 
-def config(n, resp_to=600000):
+def config(n, resp_to=600000, health_check_ms=0):
     peers = "\n".join('  - {name: %s, endpoint: "tls:127.0.0.1:%d"}' % (m, relays[(n, m)].port)
                       for m in names if m != n)
     crt, key = certs[n]
@@ -122,6 +122,7 @@ routing:
   eject_after: 2
   eject_base_ms: 3000
   retry_budget: 0.5
+  health_check_ms: %(hc)d
 peers:
 %(peers)s
 peer_tls: {ca: "%(ca)s", cert: "%(crt)s", key: "%(key)s"}
@@ -142,7 +143,7 @@ runtime_dir: "%(run)s"
            peers=peers,
            h_open=hashes["open"], h_us=hashes["usonly"], h_eu=hashes["euonly"], h_cheap=hashes["cheap"],
            h_lim=hashes["limited"], h_ops=hashes["ops"], log=os.path.join(d, n + ".access.log"),
-           run=os.path.join(d, "run-" + n), resp_to=resp_to, fleet_key=FLEET_KEY)
+           run=os.path.join(d, "run-" + n), resp_to=resp_to, fleet_key=FLEET_KEY, hc=health_check_ms)
 
 
 gws = {}
@@ -720,9 +721,9 @@ def worker_pid(n):
     return int(pids[-1])
 
 
-def reload_eu1(resp_to):
+def reload_eu1(resp_to, health_check_ms=0):
     before = open(os.path.join(d, "eu1.log")).read().count("reloaded")
-    open(os.path.join(d, "eu1.yaml"), "w").write(config("eu1", resp_to))
+    open(os.path.join(d, "eu1.yaml"), "w").write(config("eu1", resp_to, health_check_ms))
     gws["eu1"].send_signal(signal.SIGHUP)
     wait_until(lambda: open(os.path.join(d, "eu1.log")).read().count("reloaded") > before, 10, "eu1 reloaded")
 
@@ -745,6 +746,27 @@ reload_eu1(600000)
 wait_until(lambda: served_by("eu1", "usonly", timeout=3) == "ap1", 30, "ap1 serves again once thawed")
 t.ok("certificates updated, peer_tls's too" in open(os.path.join(d, "eu1.log")).read(),
      "a reload reads peer_tls's certificate and key again, as the listeners' (renewed in place)")
+
+# --- active health checks (issue 32 point 4), turned on and off by reload ---
+# eu1 checks us1 and ap1 over mutual TLS as forwarded one-token requests;
+# the peers serve them and keep them out of their access logs.
+reload_eu1(600000, health_check_ms=200)
+
+
+def checks_pass():
+    tb = table("eu1")
+    return all((tb.get(n_, {}).get("check") or {}).get("state") == "passing" for n_ in ("us1", "ap1"))
+
+
+passing = wait_until(checks_pass, 30, "eu1's checks of us1 and ap1 pass")
+served = metric("us1", "infergate_health_checks_served_total")
+t.ok(passing and served > 0 and table("eu1")["eu1"].get("check") is None,
+     "a reload turns the checks on: eu1 checks its peers (not itself) and us1 served %d of them" % served)
+t.ok(not any('"request_id":"health-' in l for n_ in names for l in open(os.path.join(d, n_ + ".access.log"))),
+     "the peers keep the checks out of their access logs")
+reload_eu1(600000)
+t.ok(wait_until(lambda: "health checks off" in log_of("eu1") and table("eu1")["us1"].get("check") is None, 10,
+                "checks off"), "a reload turns them off")
 
 # --- a restarted worker has no estimates yet: its region keeps its last ones ---
 # (averaged in as 0, they made a region of fresh workers look free)

@@ -271,6 +271,10 @@ static void check_default_limits(const gw_config *c)
     assert_int_equal(c->routing.hedge_max_tokens, 64);
     assert_int_equal(c->routing.hedge_delay_ms, 0);
     assert_true(c->routing.hedge_share == 0.05);
+    assert_int_equal(c->routing.health_check_ms, 0); /* off */
+    assert_int_equal(c->routing.health_check_timeout_ms, 5000);
+    assert_int_equal(c->routing.health_check_failures, 2);
+    assert_int_equal(c->routing.health_check_successes, 2);
 }
 
 static void check_default_worker(const gw_worker_cfg *w, const char *model, const char *name)
@@ -392,6 +396,10 @@ static const char routing_yaml[] =
     "  ping_interval_ms: 300\n"
     "  retry_budget: 0.1\n"
     "  spread: false\n"
+    "  health_check_ms: 2000\n"
+    "  health_check_timeout_ms: 700\n"
+    "  health_check_failures: 3\n"
+    "  health_check_successes: 4\n"
     "peers:\n"
     "  - name: us-east\n"
     "    endpoint: \"tcp:localhost:9443\"\n"
@@ -446,6 +454,10 @@ static void test_routing_full(void **state)
     assert_int_equal(c->routing.ping_interval_ms, 300);
     assert_true(c->routing.retry_budget == 0.1);
     assert_false(c->routing.spread);
+    assert_int_equal(c->routing.health_check_ms, 2000);
+    assert_int_equal(c->routing.health_check_timeout_ms, 700);
+    assert_int_equal(c->routing.health_check_failures, 3);
+    assert_int_equal(c->routing.health_check_successes, 4);
     assert_int_equal(c->n_peers, 2);
     assert_string_equal(c->peers[0].name, "us-east");
     assert_string_equal(c->peers[0].endpoint, "tcp:localhost:9443");
@@ -731,6 +743,17 @@ static const struct {
      "bad.yaml:1: routing.hedge_max_tokens: must be a whole number from 1 to 1000000"},
     {"routing: {hedge_delay_ms: -1}\n", "bad.yaml:1: routing.hedge_delay_ms: must be a whole number from 0"},
     {"routing: {hedge_share: 1.5}\n", "bad.yaml:1: routing.hedge_share: must be a number from 0 to 1"},
+    {"routing: {health_check_ms: 50}\n",
+     "bad.yaml:1: routing.health_check_ms: must be 0 (off) or from 100 to 3600000"},
+    {"routing: {health_check_ms: -1}\n",
+     "bad.yaml:1: routing.health_check_ms: must be a whole number from 0 to 3600000"},
+    {"routing: {health_check_timeout_ms: 10}\n",
+     "bad.yaml:1: routing.health_check_timeout_ms: must be a whole number from 50 to 600000"},
+    {"routing: {health_check_failures: 0}\n",
+     "bad.yaml:1: routing.health_check_failures: must be a whole number from 1 to 100"},
+    {"routing: {health_check_successes: 101}\n",
+     "bad.yaml:1: routing.health_check_successes: must be a whole number from 1 to 100"},
+    {"routing: {health_check: 1}\n", "bad.yaml:1: routing.health_check: unknown key"},
     {"peers:\n  - {name: us, endpoint: \"tcp:127.0.0.1:1\"}\n", "bad.yaml:2: peers: needs a region section"},
     {"region: {name: eu}\npeers:\n  - {name: us}\n", "bad.yaml:3: peers[0].endpoint: required"},
     {"region: {name: eu}\npeers:\n  - {endpoint: \"tcp:127.0.0.1:1\"}\n",

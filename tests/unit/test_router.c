@@ -924,6 +924,69 @@ static void test_cost_policy(void **state)
 
 /* ---- ejection ---- */
 
+/* Active health checks feed the same ejection: failures in a row eject
+ * (no probe request while they keep failing, whatever the back-off),
+ * successes in a row return; a check's success does not end an ejection
+ * requests' failures began, and checks leave requests' count alone. */
+static void test_check_ejection(void **state)
+{
+    (void)state;
+    route_table_opts o = opts;
+    o.stale_after_ms = 0;
+    route_table *t = route_table_new(&o, 16);
+    int64_t now = 100000;
+    route_record a = mk("a", "m", "", 1, 10), b = mk("b", "m", "", 1, 10);
+    add(t, &a, 5, now);
+    add(t, &b, 25, now);
+    route_region *ra = route_table_find(t, "a");
+    route_decision d;
+    route_query q = query("m", now);
+
+    route_region_report_check(t, ra, false, 2, 2, now);
+    assert_false(route_region_ejected(ra, now));
+    assert_int_equal(ra->consecutive_failures, 0);
+    route_region_report_check(t, ra, true, 2, 2, now); /* a pass breaks the streak */
+    route_region_report_check(t, ra, false, 2, 2, now);
+    assert_false(route_region_ejected(ra, now));
+    route_region_report_check(t, ra, false, 2, 2, now);
+    assert_true(ra->check_down && route_region_ejected(ra, now));
+    assert_int_equal(ra->ejections, 1);
+    /* long past the back-off: still out, and no probe to claim */
+    q.now_ms = now + 100000;
+    assert_int_equal(route_decide(t, &q, &d), 1);
+    assert_string_equal(cand(&d, 0), "b");
+    assert_false(d.probe);
+    assert_false(route_region_take_probe(ra, q.now_ms));
+    route_region_report_check(t, ra, true, 2, 2, q.now_ms);
+    assert_true(route_region_ejected(ra, q.now_ms));
+    route_region_report_check(t, ra, true, 2, 2, q.now_ms);
+    assert_false(ra->check_down || route_region_ejected(ra, q.now_ms));
+    assert_int_equal(ra->ejections, 0);
+    assert_int_equal(route_decide(t, &q, &d), 2);
+    assert_string_equal(cand(&d, 0), "a");
+
+    /* Ejected by requests: passing checks do not end it; the probe does. */
+    int64_t t1 = q.now_ms;
+    for (int i = 0; i < 3; i++)
+        route_region_report(t, ra, false, t1);
+    assert_true(route_region_ejected(ra, t1));
+    for (int i = 0; i < 5; i++)
+        route_region_report_check(t, ra, true, 2, 2, t1);
+    assert_true(route_region_ejected(ra, t1));
+    assert_int_equal(ra->consecutive_failures, 3);
+    assert_true(route_region_take_probe(ra, t1 + 1000));
+    route_region_report_probe(t, ra, true, t1 + 1000, route_region_probe_claim(ra));
+    assert_false(route_region_ejected(ra, t1 + 1000));
+    /* Checks turned off: what they ejected comes back, counts start over. */
+    route_region_report_check(t, ra, false, 1, 1, t1 + 1000);
+    assert_true(route_region_ejected(ra, t1 + 1000));
+    route_region_check_reset(ra);
+    assert_false(route_region_ejected(ra, t1 + 1000));
+    assert_int_equal(ra->check_failures, 0);
+    route_table_free(t);
+}
+
+
 static void test_ejection(void **state)
 {
     route_table_opts o = opts;
@@ -1812,6 +1875,7 @@ int main(void)
         cmocka_unit_test(test_rtt_moves),
         cmocka_unit_test(test_cost_policy),
         cmocka_unit_test(test_ejection),
+        cmocka_unit_test(test_check_ejection),
         cmocka_unit_test(test_local),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_allows),
