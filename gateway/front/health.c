@@ -155,7 +155,7 @@ static void on_error(void *ud, gw_upstream_error e, bool responded)
     finish(ud, e == GW_UP_REFUSED ? OUT_BUSY : OUT_FAIL, gw_upstream_error_name(e));
 }
 
-static const gw_upstream_cbs check_cbs = {on_response, on_data, on_end, on_error};
+static const gw_upstream_cbs check_cbs = {on_response, on_data, on_end, on_error, NULL}; /* a check has no energy to count */
 
 /* No answer within the timeout: failing, unless the target was busy. */
 static void timed_out(gw_health *h, check *c)
