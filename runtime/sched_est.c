@@ -3,11 +3,15 @@
 #include "runtime/sched_est.h"
 
 #include <limits.h>
+#include <stddef.h>
 
 #define PREFILL_MIN 16 /* prompt tokens per step at least, while others decode */
 /* Weight of a step seen n steps ago: 0.995^n, a memory of about 200
  * steps (a fraction of a second busy, the last load when idle). */
 #define FIT_DECAY 0.995
+/* A class's mean follows its last ~10 steps: a size seen rarely (a
+ * prompt's chunks while others decode) keeps its figure between times. */
+#define CLASS_ALPHA 0.1
 
 /* Prompt tokens a step may carry besides its decodes. While sequences are
  * decoding, prefill is spread over the steps — a little more than one
@@ -26,10 +30,52 @@ int rt_sched_prefill_budget(int max_batch_tokens, int n_dec)
     return b < all ? b : all;
 }
 
+static int class_of(int tokens)
+{
+    int c = 0;
+    while (tokens > 1 && c < RT_STEP_CLASSES - 1) {
+        tokens >>= 1;
+        c++;
+    }
+    return c;
+}
+
+static void class_add(rt_step_class *c, int tokens, double ms)
+{
+    double a = c->steps * CLASS_ALPHA < 1 ? 1.0 / (double)(c->steps + 1) : CLASS_ALPHA;
+    c->n += a * (tokens - c->n);
+    c->ms += a * (ms - c->ms);
+    c->steps++;
+}
+
+double rt_step_fit_ms(const rt_step_fit *f, int tokens)
+{
+    const rt_step_class *lo = NULL, *hi = NULL; /* the nearest classes seen below and above */
+    for (int i = 0; i < RT_STEP_CLASSES; i++) {
+        const rt_step_class *c = &f->cls[i];
+        if (!c->steps)
+            continue;
+        if (c->n <= tokens)
+            lo = c;
+        else if (!hi)
+            hi = c;
+    }
+    if (lo && hi)
+        return lo->ms + (hi->ms - lo->ms) * (tokens - lo->n) / (hi->n - lo->n);
+    if (lo) /* past the largest: the line's slope from there */
+        return lo->ms + f->token_ms * (tokens - lo->n);
+    if (hi) { /* below the smallest: its cost less the line's slope, never below proportional */
+        double down = hi->ms - f->token_ms * (hi->n - tokens), prop = hi->ms * tokens / hi->n;
+        return down > prop ? down : prop;
+    }
+    return f->base_ms + f->token_ms * tokens;
+}
+
 void rt_step_fit_add(rt_step_fit *f, int tokens, double ms)
 {
     if (!(ms >= 0) || tokens < 1)
         return;
+    class_add(&f->cls[class_of(tokens)], tokens, ms);
     double n = tokens;
     f->s0 = f->s0 * FIT_DECAY + 1;
     f->s1 = f->s1 * FIT_DECAY + n;
