@@ -281,11 +281,12 @@ for _ in range(15):  # the worker learns its step times, the prompts' length, th
 # stats every 250 ms, the record every heartbeat): short ones came and went
 # between two records, and a probe met a queue the record never showed.
 levels = [("idle", 0, 0), ("busy", 1, 300), ("flooded", 6, 700)]
+PROBES = 11  # per level: a median of 7 moved with one noisy probe on a loaded machine
 for level, n_bg, bg_tokens in levels:
     bg = Background(n_bg, bg_tokens) if n_bg else None
-    time.sleep(2.0 if n_bg else 0.6)
+    time.sleep(1.0 if n_bg else 0.6)
     pairs, client = [], []
-    for i in range(7):
+    for i in range(PROBES):
         e = est_ms()
         rid = "probe-%s-%d" % (level, i)
         got, _ = stream_ttft("home", 1, rid)
@@ -307,7 +308,7 @@ for level, n_bg, bg_tokens in levels:
     # other builds single requests' TTFTs scatter by more than that on
     # their own: the test holds the medians to a factor of 2.5 and prints
     # the figures (bench/RESULTS.md has them).
-    t.ok(len(pairs) == 7 and 0.4 <= med_e / med_m <= 2.5, "%s: the region's TTFT estimate follows the TTFT "
+    t.ok(len(pairs) == PROBES and 0.4 <= med_e / med_m <= 2.5, "%s: the region's TTFT estimate follows the TTFT "
          "measured (medians %.0f / %.0f ms)" % (level, med_e, med_m))
 
 # --- a fivefold RTT rise, seen within a second ---
