@@ -69,6 +69,10 @@ typedef struct rt_sched_opts {
      * A model with sliding-window layers runs without, and says so on
      * stderr at start. */
     bool prefix_cache;
+    /* Grammar masks computed on a thread of their own while the forward
+     * pass runs: -1 where the model runs off the CPU (the default), 1
+     * always (tests), 0 never. */
+    int overlap_masks;
 } rt_sched_opts;
 
 void rt_sched_opts_default(rt_sched_opts *o);

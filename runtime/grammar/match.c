@@ -92,7 +92,9 @@ static void pool_reset(npool *p, bool release)
     }
 }
 
-/* Node makers: the matcher interns, a precompute or a try allocates. */
+/* Node makers: a matcher, its tries and the precomputes all intern, so a
+ * set's size is its number of distinct stacks wherever it is computed
+ * (the bound MAX_STACKS must cut the same sets in a try as in accept). */
 typedef struct maker {
     npool pool;
     gnode **table; /* intern table, or NULL */
@@ -416,8 +418,16 @@ static gpos *compute_pos(rt_grammar *g, const pkey *key)
             continue;
         }
         uint32_t to = dfa_next(g, d, st[dep - 1], nd->byte);
-        if (to == UNKNOWN)
+        if (to == UNKNOWN && d->mk.oom)
             goto fail;
+        if (to == UNKNOWN) {
+            /* past MAX_STACKS (or the automaton's room): every token
+             * from here is tried against the real stack */
+            for (uint32_t j = i; j < nd->end; j++)
+                tl_add_node_tokens(v, j, &unc);
+            i = nd->end;
+            continue;
+        }
         st[dep] = to;
         const dstate *x = d->states[to];
         sent[dep] = sent[dep - 1] || x->popped;
@@ -532,12 +542,15 @@ rt_gmatch *rt_gmatch_new(rt_grammar *g)
     m->words = ((size_t)g->v->n_vocab + 31) / 32;
     m->mk.table_cap = 4096;
     m->mk.table = calloc(m->mk.table_cap, sizeof(gnode *));
-    if (!m->mk.table) {
+    m->tmp.table_cap = 1024;
+    m->tmp.table = calloc(m->tmp.table_cap, sizeof(gnode *));
+    if (!m->mk.table || !m->tmp.table) {
         rt_gmatch_free(m);
         return NULL;
     }
     for (uint32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1]; a++)
         expand(g, &m->mk, g->alts[a], NULL, &m->state, 0);
+    m->state.overflow = false; /* cut, as run_stack cuts */
     if (m->mk.oom) {
         rt_gmatch_free(m);
         return NULL;
@@ -552,6 +565,7 @@ void rt_gmatch_free(rt_gmatch *m)
     for (int i = 0; i < N_CACHED; i++)
         free(m->cache[i].mask);
     free(m->mk.table);
+    free(m->tmp.table);
     pool_reset(&m->mk.pool, true);
     pool_reset(&m->tmp.pool, true);
     rt_grammar_free(m->g);
@@ -568,8 +582,13 @@ bool rt_gmatch_must_end(const rt_gmatch *m)
     return m->ended || (has(&m->state, ACCEPT) && !alive(&m->state));
 }
 
-/* Whether the token's text can follow the one stack s. */
-static bool try_token(rt_gmatch *m, gnode *s, const char *text, uint32_t len)
+/* Runs the text through the one stack s into *out (nodes made by mk): false
+ * when it cannot follow s. Every set before the last byte must go on and
+ * stay within MAX_STACKS; the last may be the grammar's end, and is cut
+ * to MAX_STACKS (its stacks are all live parses: the answer stays in the
+ * language, a part of it out of reach). The one rule for a try and for
+ * accept, so the mask allows exactly what accept takes. */
+static bool run_stack(const rt_grammar *g, maker *mk, gnode *s, const char *text, uint32_t len, gset *out)
 {
     gset a, b;
     a.n = 1;
@@ -577,14 +596,29 @@ static bool try_token(rt_gmatch *m, gnode *s, const char *text, uint32_t len)
     a.overflow = false;
     gset *cur = &a, *nxt = &b;
     for (uint32_t i = 0; i < len; i++) {
-        advance(m->g, &m->tmp, cur, (uint8_t)text[i], nxt);
-        if (!alive(nxt))
+        advance(g, mk, cur, (uint8_t)text[i], nxt);
+        bool last = i + 1 == len;
+        if (mk->oom || !(alive(nxt) || (last && has(nxt, ACCEPT))) || (!last && nxt->overflow))
             return false;
         gset *t = cur;
         cur = nxt;
         nxt = t;
     }
+    *out = *cur;
     return true;
+}
+
+static void maker_clear(maker *mk)
+{
+    pool_reset(&mk->pool, false);
+    memset(mk->table, 0, mk->table_cap * sizeof(gnode *));
+    mk->table_n = 0;
+}
+
+static bool try_token(rt_gmatch *m, gnode *s, const char *text, uint32_t len)
+{
+    gset out;
+    return run_stack(m->g, &m->tmp, s, text, len, &out);
 }
 
 static void set_bit(uint32_t *mask, int32_t t)
@@ -613,7 +647,7 @@ static int compute_mask(rt_gmatch *m, uint32_t *mask)
                 set_bit(mask, p->acc_list[k]);
             any = any || p->n_acc > 0;
         }
-        pool_reset(&m->tmp.pool, false);
+        maker_clear(&m->tmp);
         for (uint32_t k = 0; k < p->n_unc; k++) {
             int32_t t = p->uncertain[k];
             if ((mask[t >> 5] >> (t & 31)) & 1)
@@ -682,20 +716,22 @@ int rt_gmatch_accept(rt_gmatch *m, int32_t tok)
         }
     if (!v->text[tok])
         return -EINVAL;
-    gset a = m->state, b;
-    gset *cur = &a, *nxt = &b;
-    for (uint32_t i = 0; i < v->len[tok]; i++) {
-        advance(m->g, &m->mk, cur, (uint8_t)v->text[tok][i], nxt);
-        if (m->mk.oom)
-            return -ENOMEM;
-        if (!alive(nxt) && !(i + 1 == v->len[tok] && has(nxt, ACCEPT)))
-            return -EINVAL;
-        if (nxt->overflow)
-            return -EINVAL;
-        gset *t = cur;
-        cur = nxt;
-        nxt = t;
+    gset next = {.n = 0}, one;
+    bool any = false;
+    for (int i = 0; i < m->state.n; i++) {
+        gnode *s = m->state.v[i];
+        if (s == ACCEPT || s == SENT || !run_stack(m->g, &m->mk, s, v->text[tok], v->len[tok], &one)) {
+            if (m->mk.oom)
+                return -ENOMEM;
+            continue;
+        }
+        any = true;
+        for (int k = 0; k < one.n; k++)
+            set_add(&next, one.v[k]);
     }
-    m->state = *cur;
+    if (!any)
+        return -EINVAL;
+    next.overflow = false; /* cut: see run_stack */
+    m->state = next;
     return 0;
 }

@@ -227,6 +227,92 @@ static int put_format(sc *c, const char *fmt, const char *path)
     return 0;
 }
 
+static int by_text(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Bytes of the UTF-8 character that starts with byte c. */
+static size_t char_len(unsigned char c)
+{
+    return c < 0xc0 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+}
+
+#define ENUM_MAX_NEST 32 /* prefix groups within groups; the GBNF parser's bound is 100 */
+
+/* The sorted texts t[0..n), all beginning with their first `at` bytes
+ * (written already), as a prefix tree: their longest common prefix, then
+ * each group of texts sharing the next character, the group's own tree.
+ * An enum written as alternatives puts one parse stack per value in the
+ * matcher's state, past its bound for a few hundred values. */
+static int put_enum_tree(sc *c, char **t, size_t n, size_t at, int nest, const char *path)
+{
+    if (nest > ENUM_MAX_NEST)
+        return refuse(c, path, "an 'enum' whose values share prefixes more than %d deep", ENUM_MAX_NEST);
+    size_t common = strlen(t[0] + at);
+    for (size_t i = 1; i < n; i++) {
+        size_t k = 0;
+        while (k < common && t[i][at + k] == t[0][at + k])
+            k++;
+        common = k;
+    }
+    while (common && ((unsigned char)t[0][at + common] & 0xc0) == 0x80)
+        common--; /* never within a character */
+    if (common) {
+        put_literal(c->out, t[0] + at, common);
+        puts_(c->out, " ");
+        at += common;
+    }
+    /* sorted: a text that ends here is first */
+    bool optional = t[0][at] == '\0';
+    size_t i = optional ? 1 : 0;
+    if (i == n)
+        return 0;
+    puts_(c->out, "(");
+    for (bool first = true; i < n; first = false) {
+        size_t cl = char_len((unsigned char)t[i][at]), j = i + 1;
+        while (j < n && !strncmp(t[j] + at, t[i] + at, cl))
+            j++;
+        if (!first)
+            puts_(c->out, " | ");
+        if (put_enum_tree(c, t + i, j - i, at, nest + 1, path))
+            return c->rc;
+        i = j;
+    }
+    puts_(c->out, optional ? ")?" : ")");
+    return 0;
+}
+
+static int put_enum(sc *c, const json_t *v, const char *path)
+{
+    size_t n = json_array_size(v), k = 0;
+    char **t = calloc(n, sizeof(*t));
+    if (!t)
+        return refuse(c, path, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        if (!(t[i] = json_dumps(json_array_get(v, i), JSON_COMPACT | JSON_ENCODE_ANY)))
+            rc = refuse(c, path, "a value that cannot be written as JSON");
+    if (!rc) {
+        qsort(t, n, sizeof(*t), by_text);
+        for (size_t i = 0; i < n; i++) { /* repeated values once */
+            char *x = t[i];
+            t[i] = NULL;
+            if (k && !strcmp(t[k - 1], x))
+                free(x);
+            else
+                t[k++] = x;
+        }
+        puts_(c->out, "(");
+        rc = put_enum_tree(c, t, k, 0, 0, path);
+        puts_(c->out, ")");
+    }
+    for (size_t i = 0; i < n; i++)
+        free(t[i]);
+    free(t);
+    return rc;
+}
+
 /* A pattern, anchored ^...$, as the string's content: characters and
  * escapes as GBNF, its own " and \ written as JSON escapes. */
 static int put_pattern(sc *c, const char *re, const char *path)
@@ -990,13 +1076,7 @@ static int put_schema_body(sc *c, const json_t *s, const char *path)
     if ((v = json_object_get(s, "enum"))) {
         if (!json_is_array(v) || json_array_size(v) == 0)
             return refuse(c, path, "'enum' must be a non-empty array");
-        for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i)
-                puts_(c->out, " | ");
-            if (put_json_literal(c, json_array_get(v, i), path))
-                return c->rc;
-        }
-        return 0;
+        return put_enum(c, v, path);
     }
     if ((v = json_object_get(s, "anyOf")))
         return put_alternatives(c, v, "anyOf", path);

@@ -125,6 +125,12 @@ SCHEMAS = [
     # bytes were written one literal each, no UTF-8, and {2} repeated a byte)
     {"type": "object", "properties": {"w": {"type": "string", "pattern": "^\u0764{2}[a-c]\u00e9$"}},
      "required": ["w"], "additionalProperties": False},
+    # an enum of 300 values, prefixes shared (country-code-like) and UTF-8: one
+    # parse stack per value passed the matcher's bound, and the mask allowed
+    # tokens accept refused (enums are now written as prefix trees)
+    {"type": "object", "properties": {"c": {"enum": ["%s%s" % (a, b) for a in "ABCDEFGHIJKLMNOPQRSTU" for b in "abcdefghijklmn"]
+                                            + ["é", "éa", "eé", 1, 12, 1.5, None, "A"]}},
+     "required": ["c"], "additionalProperties": False},
 ]
 # maxProperties is not enforced: that schema is for the refusal checks
 REFUSE_ONLY = {11}
