@@ -1147,8 +1147,7 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
                          .token = t,
                          .finish_reason = reason,
                          .lp_ready = r->lp_row ? lp_ready(s, r, len, reason != NULL, matched) : 0,
-                         .logprobs = r->lp_row ? &r->lp : NULL,
-                         .ttft_ms = r->n_gen == 1 ? (now - r->t_submit) * 1e3 : 0};
+                         .logprobs = r->lp_row ? &r->lp : NULL};
     emit(r, &ev);
     if (reason) {
         if (r->max_new > 0)

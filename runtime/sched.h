@@ -109,10 +109,6 @@ typedef struct rt_sched_event {
     /* Of prompt_tokens, those whose KV came from the prefix cache (in the
      * admission that computed the prompt). */
     int cached_tokens;
-    /* With a request's first token: ms from its submission to the token
-     * (queue and prefill, what the TTFT estimate forecasts); else 0, as for
-     * a resumed request's first new token. */
-    double ttft_ms;
     int error; /* RT_EV_ERROR: -ETIMEDOUT deadline passed before the first token, -ECANCELED, -ENOMEM,
                 * -ENOTRECOVERABLE (the device is lost), -EIO */
 } rt_sched_event;

@@ -69,19 +69,15 @@ static int cmp_ms(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The median of the last BIAS_SAMPLES, not their EWMA: on a loaded host
- * one request's hops scatter several times over, and a few slow first
- * requests (a cold start) held an EWMA tens of ms off for dozens of
- * requests after. The hops are measured as such (the gateway's TTFT less
- * the worker's own), from every stream: learnt as measured TTFT less the
- * estimate, from requests to idle workers only, the bias took in the
- * estimate's own error and the scatter of an idle worker's step, and a
- * busy worker's estimate of 10 ms read 30-60. */
-void gw_regions_note_hops(gw_serve *g, double hops_ms)
+/* The median of the last BIAS_SAMPLES errors, not their EWMA: on a loaded
+ * host one request's TTFT scatters several times over, and a few slow
+ * first requests (a cold start) held an EWMA's bias tens of ms off for
+ * dozens of requests after. */
+void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms)
 {
-    if (!(hops_ms > -ROUTE_MAX_MS && hops_ms < ROUTE_MAX_MS))
+    if (!(est_ms > 0 && measured_ms >= 0 && measured_ms < ROUTE_MAX_MS))
         return;
-    g->est_err_ms[g->est_err_n++ % BIAS_SAMPLES] = hops_ms > 0 ? hops_ms : 0;
+    g->est_err_ms[g->est_err_n++ % BIAS_SAMPLES] = measured_ms - est_ms;
     size_t n = g->est_err_n < BIAS_SAMPLES ? g->est_err_n : BIAS_SAMPLES;
     double s[BIAS_SAMPLES];
     memcpy(s, g->est_err_ms, n * sizeof(s[0]));

@@ -153,10 +153,6 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
                 out[k++] = hs[i];
                 prompt_said = true;
             }
-        } else if (!strcmp(hs[i].name, "x-infergate-worker-ttft") && !p->remote) {
-            char *end;
-            double v = strtod(hs[i].value, &end);
-            p->worker_ttft_ms = !*end && v > 0 && v < ROUTE_MAX_MS ? v : 0;
         } else if (!strcmp(hs[i].name, "content-length") && strlen(hs[i].value) <= 18 &&
                    strspn(hs[i].value, "0123456789") == strlen(hs[i].value) && hs[i].value[0]) {
             length = strtoll(hs[i].value, NULL, 10);
@@ -317,10 +313,9 @@ static void up_data(void *ud, const uint8_t *data, size_t len)
     double now = gw_mono_s();
     if (!p->t_first) {
         p->t_first = now;
-        /* an event stream's first data is its first token: its time here
-         * less the worker's own is what the hops added */
-        if (p->sse && p->worker_ttft_ms > 0)
-            gw_regions_note_hops(p->g, (now - p->t_sent) * 1e3 - p->worker_ttft_ms);
+        /* an event stream's first data is its first token */
+        if (p->sse && p->est_at_send > 0)
+            gw_regions_note_ttft(p->g, p->est_at_send, (now - p->t_sent) * 1e3);
     }
     p->t_last = now;
     if (p->sse)
@@ -487,7 +482,16 @@ void gw_front_send_upstream(gw_front_req *p)
     } else {
         target = gw_supervisor_worker(g->sup, p->worker)->target;
     }
-    p->worker_ttft_ms = 0;
+    /* Sent to a worker idle as last seen: its TTFT is the worker's
+     * estimate plus what the estimate leaves out (hops, tokenizing,
+     * hand-offs), which gw_regions_note_ttft learns. Not from a queue: an
+     * estimate too low under load, learnt as a bias, kept an idle region
+     * looking loaded to peers. Nor beside a running request: its estimate
+     * is up to a stats interval old, and a stream that ended meanwhile
+     * (a client sending its next request as the last ends) taught a bias
+     * of minus the whole wait it had meant, which halved the busy estimate. */
+    const gw_worker_info *wi = p->remote ? NULL : gw_supervisor_worker(g->sup, p->worker);
+    p->est_at_send = wi && wi->queued == 0 && wi->running == 0 ? wi->est_ttft_ms : 0;
     p->tries++;
     p->local_tries += !p->remote;
     p->t_sent = gw_mono_s();

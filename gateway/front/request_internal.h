@@ -63,7 +63,7 @@ struct gw_front_req {
     double max_price;
     char region[ROUTE_NAME_MAX]; /* the region that answers */
     const char *error_kind; /* upstream failure, for the log */
-    double worker_ttft_ms;  /* a local worker's x-infergate-worker-ttft on this try; else 0 */
+    double est_at_send;     /* sent to a local worker with a free slot: its TTFT estimate then (ms); else 0 */
     size_t bytes_out, unconsumed;
     double t_start, t_first, t_last;
     double t_sent; /* when the last try went out: what hangup_tokens counts from */

@@ -46,7 +46,7 @@ typedef struct gw_serve {
     struct event *heartbeat, *rtt_timer;
     struct gw_route_events *events; /* with a table: routing events logged (route_events.h) */
     struct gw_placement *placement; /* policies by intent, carbon, energy (placement.h) */
-    double est_bias_ms; /* gw_regions_note_hops: TTFT here - TTFT in the worker, as a median */
+    double est_bias_ms; /* gw_regions_note_ttft: measured TTFT - the workers' estimate, as a median */
     double est_err_ms[15]; /* its last samples (a ring; est_err_n of them so far): the bias is their median */
     unsigned est_err_n;
     unsigned long long fd_limit; /* the open-file limit, raised at start (0: unknown) */
@@ -103,12 +103,12 @@ const char *gw_regions_target(const gw_serve *g, const route_region *r, char *bu
 /* A reload: the fleet keys of c (a rotation) from now on. */
 void gw_regions_reload(gw_serve *g, const gw_config *c);
 char *gw_regions_json(gw_serve *g, size_t *len);
-/* A streamed request served by a local worker got its first token here
- * hops_ms later than in the worker's engine (x-infergate-worker-ttft):
- * what the workers' estimates leave out (the hops to the worker and back,
- * parsing, tokenizing, thread hand-offs), learnt as the median of the last
- * 15 and added to the estimates this region publishes. */
-void gw_regions_note_hops(gw_serve *g, double hops_ms);
+/* A streamed request served here got its first token measured_ms after it
+ * was sent to a worker idle as last seen whose estimate then said est_ms:
+ * what the estimate leaves out (the hops, tokenizing) is learnt (the
+ * median of the last 15 such errors) and added to the one this region
+ * publishes. */
+void gw_regions_note_ttft(gw_serve *g, double est_ms, double measured_ms);
 char *gw_regions_dashboard(gw_serve *g, size_t *len);
 
 /* serve_metrics.c: declares the metric families (once at start); 0 or

@@ -183,31 +183,22 @@ static bool append_text(wreq *r, const char *p, size_t n)
  * them to the tenant's tokens per minute, stream or not, usage asked for
  * or not. */
 #define PROMPT_TOKENS_HEADER "x-infergate-prompt-tokens"
-/* The request's TTFT in the engine (ms from its submission), in the
- * stream's headers, which go with the first token: the gateway takes its
- * own TTFT less this as what the hops add to the workers' estimates. */
-#define WORKER_TTFT_HEADER "x-infergate-worker-ttft"
 
-static bool begin_stream(wreq *r, int prompt_tokens, double ttft_ms)
+static bool begin_stream(wreq *r, int prompt_tokens)
 {
     if (r->begun)
         return true;
-    char n[16], replay[96], ttft[32];
+    char n[16], replay[96];
     snprintf(n, sizeof(n), "%d", prompt_tokens);
-    snprintf(ttft, sizeof(ttft), "%.3f", ttft_ms);
     if (r->replay_off)
         snprintf(replay, sizeof(replay), "off %s", r->replay_off);
     else
         snprintf(replay, sizeof(replay), "%s %ld %llu", r->cid, r->created, (unsigned long long)r->seed);
-    gw_http_header h[5] = {{"content-type", "text/event-stream"},
-                           {"cache-control", "no-cache"},
-                           {PROMPT_TOKENS_HEADER, n}};
-    size_t k = 3;
-    if (r->replay_info || r->replay_off)
-        h[k++] = (gw_http_header){"x-infergate-replay", replay};
-    if (ttft_ms > 0)
-        h[k++] = (gw_http_header){WORKER_TTFT_HEADER, ttft};
-    if (gw_http_begin(r->stream, 200, h, k))
+    gw_http_header h[] = {{"content-type", "text/event-stream"},
+                          {"cache-control", "no-cache"},
+                          {PROMPT_TOKENS_HEADER, n},
+                          {"x-infergate-replay", replay}};
+    if (gw_http_begin(r->stream, 200, h, r->replay_info || r->replay_off ? 4 : 3))
         return false;
     r->begun = true;
     return true;
@@ -461,7 +452,7 @@ static bool tag_token(wreq *r, int32_t token, bool alone, bool end)
 
 static void handle_stream_event(wreq *r, const rt_sched_event *ev)
 {
-    if (!begin_stream(r, ev->prompt_tokens, ev->ttft_ms)) {
+    if (!begin_stream(r, ev->prompt_tokens)) {
         abandon(r);
         return;
     }
