@@ -9,9 +9,6 @@
 /* Weight of a step seen n steps ago: 0.995^n, a memory of about 200
  * steps (a fraction of a second busy, the last load when idle). */
 #define FIT_DECAY 0.995
-/* A class's mean follows its last ~10 steps: a size seen rarely (a
- * prompt's chunks while others decode) keeps its figure between times. */
-#define CLASS_ALPHA 0.1
 
 /* Prompt tokens a step may carry besides its decodes. While sequences are
  * decoding, prefill is spread over the steps — a little more than one
@@ -40,11 +37,27 @@ static int class_of(int tokens)
     return c;
 }
 
-static void class_add(rt_step_class *c, int tokens, double ms)
+/* Every class's weights age with every step, as the line's do (a memory of
+ * about 200 steps), but its means stand while it sees none: a size seen
+ * rarely (a prompt's chunks while others decode) keeps its last figure,
+ * and its next steps replace it at once. A memory of its own ~10 steps
+ * made the decodes' figure, the bulk of a flooded worker's estimate, follow
+ * a single slow step (an estimate 6 of 7 times further off, flooded). */
+static void class_add(rt_step_fit *f, int tokens, double ms)
 {
-    double a = c->steps * CLASS_ALPHA < 1 ? 1.0 / (double)(c->steps + 1) : CLASS_ALPHA;
-    c->n += a * (tokens - c->n);
-    c->ms += a * (ms - c->ms);
+    for (int i = 0; i < RT_STEP_CLASSES; i++) {
+        rt_step_class *c = &f->cls[i];
+        bool gone = c->w < 1e-30; /* no denormals: the means stand all the same */
+        c->w = gone ? 0 : c->w * FIT_DECAY;
+        c->wn = gone ? 0 : c->wn * FIT_DECAY;
+        c->wms = gone ? 0 : c->wms * FIT_DECAY;
+    }
+    rt_step_class *c = &f->cls[class_of(tokens)];
+    c->w += 1;
+    c->wn += tokens;
+    c->wms += ms;
+    c->n = c->wn / c->w;
+    c->ms = c->wms / c->w;
     c->steps++;
 }
 
@@ -75,7 +88,7 @@ void rt_step_fit_add(rt_step_fit *f, int tokens, double ms)
 {
     if (!(ms >= 0) || tokens < 1)
         return;
-    class_add(&f->cls[class_of(tokens)], tokens, ms);
+    class_add(f, tokens, ms);
     double n = tokens;
     f->s0 = f->s0 * FIT_DECAY + 1;
     f->s1 = f->s1 * FIT_DECAY + n;

@@ -29,8 +29,9 @@
 #define RT_STEP_CLASSES 16 /* 1, 2-3, 4-7, ..., 32768 and more */
 
 typedef struct rt_step_class {
-    double n, ms; /* recent mean tokens and milliseconds of its steps (EWMA) */
-    long steps;   /* seen; 0: no figure */
+    double w, wn, wms; /* its steps' weights (as the line's), and weighted tokens and milliseconds */
+    double n, ms;      /* their weighted means */
+    long steps;        /* seen; 0: no figure */
 } rt_step_class;
 
 typedef struct rt_step_fit {
