@@ -120,6 +120,10 @@ struct sreq {
     double t_submit, t_admit, t_last;
     tenant *tn;  /* linked at intake; before, the request's own (tn_own) */
     bool tn_own;
+    /* INFERGATE_EST_TRACE: the estimate published when it was submitted,
+     * the replay's for it when the compute thread took it in, and the
+     * steps' real and fitted time then (see trace_first) */
+    double tr_pub, tr_fresh, tr_real0, tr_pred0, t_intake;
     int n_charged; /* positions its tenant was charged for: a recompute is not charged again */
 };
 
@@ -175,7 +179,12 @@ struct rt_sched {
     double gen_frac;        /* of max_new, what finished requests generated (stop before length) */
     rt_est_seq *est_run, *est_q;
     int est_q_cap;
+    bool trace;                    /* INFERGATE_EST_TRACE set: one line per request's first token */
+    double tr_real_ms, tr_pred_ms; /* every step's time, and the fit's for it before it was added */
 };
+
+static void trace_intake(rt_sched *s);
+static void trace_first(const rt_sched *s, const sreq *r, double now);
 
 /* Mirrors the waiting counts into the stats; call with mu held. */
 static void count_queued(rt_sched *s)
@@ -535,6 +544,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     qt_link(qt, q, q->prio);
     q->id = ++s->next_id;
     *id = q->id;
+    q->tr_pub = s->stats.est_ttft_ms;
     q_push(&s->inbox, q);
     s->n_waiting[q->prio]++;
     count_queued(s);
@@ -837,6 +847,8 @@ static void intake(rt_sched *s)
         count_queued(s);
         pthread_mutex_unlock(&s->mu);
     }
+    if (s->trace)
+        trace_intake(s);
 }
 
 static bool waited_long(const rt_sched *s, double waited_s)
@@ -1223,6 +1235,7 @@ static void update_stats_token(rt_sched *s, sreq *r, double now)
     pthread_mutex_lock(&s->mu);
     rt_sched_stats *st = &s->stats;
     if (r->n_gen == 1) {
+        trace_first(s, r, now);
         double ttft = (now - r->t_submit) * 1e3, prefill = (now - r->t_admit) * 1e3;
         st->ttft_ewma_ms = st->ttft_ewma_ms ? st->ttft_ewma_ms + EWMA_ALPHA * (ttft - st->ttft_ewma_ms) : ttft;
         st->prefill_ewma_ms =
@@ -1396,8 +1409,13 @@ static bool advance(rt_sched *s, sreq *r, int32_t t, double now)
  * half of what its requests waited. */
 static void fit_close(rt_sched *s, double now)
 {
-    if (s->fit_t0 > 0 && now >= s->fit_t0)
+    if (s->fit_t0 > 0 && now >= s->fit_t0) {
+        if (s->trace) {
+            s->tr_real_ms += (now - s->fit_t0) * 1e3;
+            s->tr_pred_ms += rt_step_fit_ms(&s->fit, s->fit_tokens);
+        }
         rt_step_fit_add(&s->fit, s->fit_tokens, (now - s->fit_t0) * 1e3);
+    }
     s->fit_t0 = 0;
 }
 
@@ -1515,6 +1533,36 @@ static bool est_room(rt_sched *s, int n)
     return true;
 }
 
+/* The replay's input: est_run gets the running requests, est_q the
+ * interactive ones waiting ahead of `until` (NULL: all of them and the
+ * inbox's, which come next). Returns est_q's count; *n_run and *ahead (the
+ * prompt tokens still to compute) are set. */
+static int est_fill(rt_sched *s, const sreq *until, int *n_run, long *ahead)
+{
+    int n_q = 0;
+    *ahead = 0;
+    *n_run = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        s->est_run[*n_run] = est_seq_of(s, s->running[i]);
+        *ahead += s->est_run[(*n_run)++].prefill_left;
+    }
+    for (const sreq *r = s->waiting[0].head; r && r != until && est_room(s, n_q + 1); r = r->next) {
+        s->est_q[n_q] = est_seq_of(s, r);
+        *ahead += s->est_q[n_q++].prefill_left;
+    }
+    if (until)
+        return n_q;
+    pthread_mutex_lock(&s->mu);
+    for (const sreq *r = s->inbox.head; r; r = r->next) {
+        if (r->prio != RT_PRIO_INTERACTIVE || !est_room(s, n_q + 1))
+            continue;
+        s->est_q[n_q] = est_seq_of(s, r);
+        *ahead += s->est_q[n_q++].prefill_left;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n_q;
+}
+
 /* The TTFT estimate (sched_est.h) for an interactive request joining now:
  * behind the running requests and the interactive ones waiting (batch
  * ones wait behind it), the inbox's included. In arrival order, as if one
@@ -1526,24 +1574,9 @@ static void update_estimate(rt_sched *s, double now)
     if (now - s->est_t < EST_EVERY_S || !s->est_run)
         return;
     s->est_t = now;
-    int n_run = 0, n_q = 0;
-    long ahead = 0;
-    for (int i = 0; i < s->n_running; i++) {
-        s->est_run[n_run] = est_seq_of(s, s->running[i]);
-        ahead += s->est_run[n_run++].prefill_left;
-    }
-    for (const sreq *r = s->waiting[0].head; r && est_room(s, n_q + 1); r = r->next) {
-        s->est_q[n_q] = est_seq_of(s, r);
-        ahead += s->est_q[n_q++].prefill_left;
-    }
-    pthread_mutex_lock(&s->mu);
-    for (const sreq *r = s->inbox.head; r; r = r->next) {
-        if (r->prio != RT_PRIO_INTERACTIVE || !est_room(s, n_q + 1))
-            continue;
-        s->est_q[n_q] = est_seq_of(s, r);
-        ahead += s->est_q[n_q++].prefill_left;
-    }
-    pthread_mutex_unlock(&s->mu);
+    int n_run;
+    long ahead;
+    int n_q = est_fill(s, NULL, &n_run, &ahead);
     int prompt = s->prompt_ewma >= 1 ? (int)(s->prompt_ewma + 0.5) : 1;
     double est = rt_est_ttft(&s->fit, s->o.max_seqs, s->o.max_batch_tokens, s->est_run, n_run, s->est_q, n_q,
                              prompt, EST_MAX_WORK);
@@ -1592,6 +1625,42 @@ int rt_sched_tenants(rt_sched *s, rt_sched_tenant_stats *out, int max)
         out[i] = s->figs[i].st;
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+/* INFERGATE_EST_TRACE: the interactive requests intake just took in get
+ * the replay's estimate for their own prompt behind what is ahead of them
+ * now, and the step clocks (trace_first prints them at the first token). */
+static void trace_intake(rt_sched *s)
+{
+    double now = gw_mono_s();
+    for (sreq *r = s->waiting[0].head; r; r = r->next) {
+        if (r->t_intake > 0)
+            continue;
+        int n_run;
+        long ahead;
+        int n_q = est_fill(s, r, &n_run, &ahead);
+        r->t_intake = now;
+        r->tr_real0 = s->tr_real_ms;
+        r->tr_pred0 = s->tr_pred_ms;
+        r->tr_fresh = rt_est_ttft(&s->fit, s->o.max_seqs, s->o.max_batch_tokens, s->est_run, n_run, s->est_q,
+                                  n_q, est_seq_of(s, r).prefill_left, EST_MAX_WORK);
+    }
+}
+
+/* One line per interactive request's first token: what was estimated for
+ * it (published at submission, replayed at intake) against its TTFT, and
+ * where the difference lies: the steps' real time against the fit's. */
+static void trace_first(const rt_sched *s, const sreq *r, double now)
+{
+    if (!s->trace || r->t_intake <= 0)
+        return;
+    fprintf(stderr,
+            "est_trace id=%llu max_new=%d prompt=%d cached=%d pub=%.1f fresh=%.1f ttft=%.1f intake=%.1f wait=%.1f "
+            "prefill=%.1f steps=%.1f fitted=%.1f base=%.3f per_token=%.4f\n",
+            (unsigned long long)r->id, r->max_new, r->n_prompt, r->n_cached, r->tr_pub, r->tr_fresh,
+            (now - r->t_submit) * 1e3, (r->t_intake - r->t_submit) * 1e3, (r->t_admit - r->t_submit) * 1e3,
+            (now - r->t_admit) * 1e3, s->tr_real_ms - r->tr_real0, s->tr_pred_ms - r->tr_pred0, s->fit.base_ms,
+            s->fit.token_ms);
 }
 
 static void publish_stats(rt_sched *s)
@@ -1693,6 +1762,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->est_run = calloc((size_t)cap, sizeof(rt_est_seq));
     s->masking = calloc((size_t)cap, sizeof(sreq *));
     s->gen_frac = 1;
+    s->trace = getenv("INFERGATE_EST_TRACE") != NULL;
     rt_device_info dev;
     rt_model_device_info(m, &dev);
     s->overlap_masks = o->overlap_masks > 0 || (o->overlap_masks < 0 && strcmp(dev.kind, "cpu"));

@@ -3,6 +3,7 @@
 #include "runtime/sched_est.h"
 
 #include <limits.h>
+#include <stddef.h>
 
 #define PREFILL_MIN 16 /* prompt tokens per step at least, while others decode */
 /* Weight of a step seen n steps ago: 0.995^n, a memory of about 200
@@ -26,10 +27,68 @@ int rt_sched_prefill_budget(int max_batch_tokens, int n_dec)
     return b < all ? b : all;
 }
 
+static int class_of(int tokens)
+{
+    int c = 0;
+    while (tokens > 1 && c < RT_STEP_CLASSES - 1) {
+        tokens >>= 1;
+        c++;
+    }
+    return c;
+}
+
+/* Every class's weights age with every step, as the line's do (a memory of
+ * about 200 steps), but its means stand while it sees none: a size seen
+ * rarely (a prompt's chunks while others decode) keeps its last figure,
+ * and its next steps replace it at once. A memory of its own ~10 steps
+ * made the decodes' figure, the bulk of a flooded worker's estimate, follow
+ * a single slow step (an estimate 6 of 7 times further off, flooded). */
+static void class_add(rt_step_fit *f, int tokens, double ms)
+{
+    for (int i = 0; i < RT_STEP_CLASSES; i++) {
+        rt_step_class *c = &f->cls[i];
+        bool gone = c->w < 1e-30; /* no denormals: the means stand all the same */
+        c->w = gone ? 0 : c->w * FIT_DECAY;
+        c->wn = gone ? 0 : c->wn * FIT_DECAY;
+        c->wms = gone ? 0 : c->wms * FIT_DECAY;
+    }
+    rt_step_class *c = &f->cls[class_of(tokens)];
+    c->w += 1;
+    c->wn += tokens;
+    c->wms += ms;
+    c->n = c->wn / c->w;
+    c->ms = c->wms / c->w;
+    c->steps++;
+}
+
+double rt_step_fit_ms(const rt_step_fit *f, int tokens)
+{
+    const rt_step_class *lo = NULL, *hi = NULL; /* the nearest classes seen below and above */
+    for (int i = 0; i < RT_STEP_CLASSES; i++) {
+        const rt_step_class *c = &f->cls[i];
+        if (!c->steps)
+            continue;
+        if (c->n <= tokens)
+            lo = c;
+        else if (!hi)
+            hi = c;
+    }
+    if (lo && hi)
+        return lo->ms + (hi->ms - lo->ms) * (tokens - lo->n) / (hi->n - lo->n);
+    if (lo) /* past the largest: the line's slope from there */
+        return lo->ms + f->token_ms * (tokens - lo->n);
+    if (hi) { /* below the smallest: its cost less the line's slope, never below proportional */
+        double down = hi->ms - f->token_ms * (hi->n - tokens), prop = hi->ms * tokens / hi->n;
+        return down > prop ? down : prop;
+    }
+    return f->base_ms + f->token_ms * tokens;
+}
+
 void rt_step_fit_add(rt_step_fit *f, int tokens, double ms)
 {
     if (!(ms >= 0) || tokens < 1)
         return;
+    class_add(f, tokens, ms);
     double n = tokens;
     f->s0 = f->s0 * FIT_DECAY + 1;
     f->s1 = f->s1 * FIT_DECAY + n;

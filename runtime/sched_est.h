@@ -15,19 +15,35 @@
 
 #include <stdbool.h>
 
-/* Step duration ~ base_ms + token_ms x tokens in the step, fitted by
- * exponentially weighted least squares over recent steps. */
+/* A step's duration against its size (tokens in the step). A step's cost
+ * is no line: below some size a step costs about the same whatever it
+ * carries (reading the weights), above it grows with the tokens, and a
+ * kernel's efficiency changes with the batch's shape. A line fitted
+ * across decode steps of 1-2 tokens and whole prompts of hundreds put the
+ * mid-sized steps of chunked prefill (a few decodes and 16 prompt tokens)
+ * at a fraction of their cost. So each class of sizes (powers of two)
+ * keeps its own recent mean size and time, and a size between two classes
+ * seen is interpolated between them; a line (base_ms + token_ms x tokens,
+ * exponentially weighted least squares over recent steps) extends past
+ * the smallest and largest classes seen. */
+#define RT_STEP_CLASSES 16 /* 1, 2-3, 4-7, ..., 32768 and more */
+
+typedef struct rt_step_class {
+    double w, wn, wms; /* its steps' weights (as the line's), and weighted tokens and milliseconds */
+    double n, ms;      /* their weighted means */
+    long steps;        /* seen; 0: no figure */
+} rt_step_class;
+
 typedef struct rt_step_fit {
     double s0, s1, s2, sy, s1y; /* weighted sums of 1, n, n^2, y, n*y */
-    double base_ms, token_ms;   /* the fit; 0 and 0 until a step is seen */
+    double base_ms, token_ms;   /* the line; 0 and 0 until a step is seen */
     long steps;
+    rt_step_class cls[RT_STEP_CLASSES];
 } rt_step_fit;
 
 void rt_step_fit_add(rt_step_fit *f, int tokens, double ms);
-static inline double rt_step_fit_ms(const rt_step_fit *f, int tokens)
-{
-    return f->base_ms + f->token_ms * tokens;
-}
+/* The expected duration of a step of `tokens` tokens; 0 before any step. */
+double rt_step_fit_ms(const rt_step_fit *f, int tokens);
 
 /* Prompt tokens a step may carry besides n_dec decodes (the scheduler's
  * policy, here so that the replay follows the same one). */

@@ -100,6 +100,67 @@ static void test_fit_recovers_a_line(void **state)
     assert_true(g.token_ms == 0 && g.base_ms > 0);
 }
 
+/* A CPU-like step cost: flat while the weights' reading dominates, then
+ * growing, and cheaper per token in big prompt chunks than in small ones. */
+static double curved_ms(int n)
+{
+    return n <= 8 ? 0.5 : n <= 64 ? 0.5 + 0.25 * (n - 8) : 14.5 + 0.02 * (n - 64);
+}
+
+/* Steps of 1, 17 and 256 tokens only (decodes, one decode with a 16-token
+ * prompt chunk, a whole prompt): each size's cost is what was measured
+ * for it, where the line through all of them misses the middle one. */
+static void test_mid_sizes_measured(void **state)
+{
+    (void)state;
+    rt_step_fit f = {0};
+    for (int i = 0; i < 600; i++) {
+        int n = i % 40 == 0 ? 256 : i % 3 == 0 ? 17 : 1;
+        rt_step_fit_add(&f, n, curved_ms(n));
+    }
+    for (int n = 1; n <= 256; n *= 16)
+        assert_true(fabs(rt_step_fit_ms(&f, n + (n == 16)) - curved_ms(n + (n == 16))) < 1e-9);
+    assert_true(fabs(f.base_ms + f.token_ms * 17 - curved_ms(17)) > 0.25 * curved_ms(17));
+    /* between and past the sizes seen: interpolated, then the line's slope */
+    double mid = rt_step_fit_ms(&f, 100);
+    assert_true(mid > curved_ms(17) && mid < curved_ms(256));
+    assert_true(fabs(rt_step_fit_ms(&f, 512) - (curved_ms(256) + f.token_ms * 256)) < 1e-9);
+    /* below the smallest seen: never more than its cost, never below proportional */
+    rt_step_fit g = {0};
+    for (int i = 0; i < 20; i++)
+        rt_step_fit_add(&g, 256, curved_ms(256));
+    double one = rt_step_fit_ms(&g, 1);
+    assert_true(one >= curved_ms(256) / 256 - 1e-12 && one <= curved_ms(256));
+    /* a size whose steps slow down (the machine loaded) follows, over the line's memory */
+    for (int i = 0; i < 600; i++)
+        rt_step_fit_add(&f, 17, 2 * curved_ms(17));
+    assert_true(fabs(rt_step_fit_ms(&f, 17) - 2 * curved_ms(17)) < 0.05 * curved_ms(17));
+}
+
+/* The busy case in structure: one sequence decoding, a new prompt of 256
+ * goes in 16-token chunks beside it (the prefill budget), so its first
+ * token comes after 16 steps of 17 tokens, at what such a step costs. */
+static void test_busy_is_chunks_times_mixed_steps(void **state)
+{
+    (void)state;
+    rt_step_fit f = {0};
+    for (int i = 0; i < 600; i++) {
+        int n = i % 40 == 0 ? 256 : i % 3 == 0 ? 17 : 1;
+        rt_step_fit_add(&f, n, curved_ms(n));
+    }
+    rt_est_seq run[MAX_SEQS] = {{0, 1000}};
+    double busy = rt_est_ttft(&f, 2, 512, run, 1, NULL, 0, 256, 100000);
+    assert_true(rt_sched_prefill_budget(512, 1) == 16);
+    assert_true(fabs(busy - 16 * curved_ms(17)) < 1e-9);
+    /* flooded, in structure: slots decoding 300 and 600 more, one request
+     * (256 + 100) waiting ahead. 300 steps of two decodes free a slot; the
+     * one ahead prefills in 16 chunks beside the other's decodes, decodes
+     * its 100 beside it, and only then ours goes in, in 16 chunks. */
+    rt_est_seq full[MAX_SEQS] = {{0, 300}, {0, 600}}, q[1] = {{256, 100}};
+    double flood = rt_est_ttft(&f, 2, 512, full, 2, q, 1, 256, 100000);
+    assert_true(fabs(flood - (400 * rt_step_fit_ms(&f, 2) + 32 * curved_ms(17))) < 1e-9);
+}
+
 static void test_nothing_measured(void **state)
 {
     (void)state;
@@ -177,7 +238,8 @@ static void test_work_bound(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fit_recovers_a_line),  cmocka_unit_test(test_nothing_measured),
+        cmocka_unit_test(test_fit_recovers_a_line),  cmocka_unit_test(test_mid_sizes_measured),
+        cmocka_unit_test(test_busy_is_chunks_times_mixed_steps), cmocka_unit_test(test_nothing_measured),
         cmocka_unit_test(test_by_hand),              cmocka_unit_test(test_matches_step_by_step),
         cmocka_unit_test(test_grows_with_the_queue), cmocka_unit_test(test_work_bound),
     };
