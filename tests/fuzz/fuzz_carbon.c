@@ -42,17 +42,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(buf);
     /* The same bytes as a peer region's x-infergate-energy trailer
      * (gw_energy_parse): two numbers in range, or why not. */
-    char *v = malloc(n + 1);
-    if (!v)
+    char *t = malloc(n + 1);
+    if (!t)
         return 0;
-    memcpy(v, data + 1, n);
-    v[n] = '\0';
+    memcpy(t, data + 1, n);
+    t[n] = '\0';
     double wh = -1, gco2e = -1;
-    why = gw_energy_parse(v, &wh, &gco2e);
+    why = gw_energy_parse(t, &wh, &gco2e);
     if (why)
         FUZZ_CHECK(*why);
     else
         FUZZ_CHECK(isfinite(wh) && isfinite(gco2e) && wh >= 0 && gco2e >= 0 && wh <= GW_ENERGY_MAX_WH);
-    free(v);
+    free(t);
     return 0;
 }
