@@ -89,7 +89,7 @@ def fleet_auth(kind, region, fields):
 certs = {n: region_cert(n) for n in names}
 
 
-def config(n, resp_to=600000, health_check_ms=0):
+def config(n, resp_to=600000, health_check_ms=0, hedge=False):
     peers = "\n".join('  - {name: %s, endpoint: "tls:127.0.0.1:%d"}' % (m, relays[(n, m)].port)
                       for m in names if m != n)
     crt, key = certs[n]
@@ -123,6 +123,10 @@ routing:
   eject_base_ms: 3000
   retry_budget: 0.5
   health_check_ms: %(hc)d
+  hedge: %(hedge)s
+  hedge_delay_ms: 100
+  hedge_max_tokens: 32
+  hedge_share: 1
 peers:
 %(peers)s
 peer_tls: {ca: "%(ca)s", cert: "%(crt)s", key: "%(key)s"}
@@ -143,7 +147,8 @@ runtime_dir: "%(run)s"
            peers=peers,
            h_open=hashes["open"], h_us=hashes["usonly"], h_eu=hashes["euonly"], h_cheap=hashes["cheap"],
            h_lim=hashes["limited"], h_ops=hashes["ops"], log=os.path.join(d, n + ".access.log"),
-           run=os.path.join(d, "run-" + n), resp_to=resp_to, fleet_key=FLEET_KEY, hc=health_check_ms)
+           run=os.path.join(d, "run-" + n), resp_to=resp_to, fleet_key=FLEET_KEY, hc=health_check_ms,
+           hedge="true" if hedge else "false")
 
 
 gws = {}
@@ -721,9 +726,9 @@ def worker_pid(n):
     return int(pids[-1])
 
 
-def reload_eu1(resp_to, health_check_ms=0):
+def reload_eu1(resp_to, health_check_ms=0, hedge=False):
     before = open(os.path.join(d, "eu1.log")).read().count("reloaded")
-    open(os.path.join(d, "eu1.yaml"), "w").write(config("eu1", resp_to, health_check_ms))
+    open(os.path.join(d, "eu1.yaml"), "w").write(config("eu1", resp_to, health_check_ms, hedge))
     gws["eu1"].send_signal(signal.SIGHUP)
     wait_until(lambda: open(os.path.join(d, "eu1.log")).read().count("reloaded") > before, 10, "eu1 reloaded")
 
@@ -767,6 +772,35 @@ t.ok(not any('"request_id":"health-' in l for n_ in names for l in open(os.path.
 reload_eu1(600000)
 t.ok(wait_until(lambda: "health checks off" in log_of("eu1") and table("eu1")["us1"].get("check") is None, 10,
                 "checks off"), "a reload turns them off")
+
+# --- hedged requests (issue 32 point 2): a slow region loses to the hedge ---
+# eu1 sends the cost tenant to us1, the cheapest; with us1 behind 600 ms
+# relays each way (within the tenant's 2 s SLO) and hedging on, the copy
+# that goes 100 ms later to the next region answers first, and us1's copy
+# is reset.
+def hedges(n):
+    text = request(n, "ops", path="/metrics")[2].decode()
+    return {k: float(v) for k, v in re.findall(r'^infergate_hedges_total\{outcome="(\w+)"\} (\S+)$', text, re.M)}
+
+
+reload_eu1(600000, hedge=True)
+relays[("eu1", "us1")].set_delay(600)
+relays[("us1", "eu1")].set_delay(600)
+try:
+    h0 = hedges("eu1")
+    t0 = time.time()
+    s, h, b = request("eu1", "cheap", body={"model": "m", "prompt": [1, 5, 7, 9], "max_tokens": 8, "temperature": 0})
+    took = time.time() - t0
+    h1 = wait_until(lambda: (lambda x: x if x.get("cancelled", 0) > h0.get("cancelled", 0) else None)(hedges("eu1")),
+                    10, "the losing copy cancelled")
+    t.ok(s == 200 and h.get("x-infergate-region") not in (None, "us1") and
+         h1.get("won_hedge", 0) == h0.get("won_hedge", 0) + 1 and h1.get("sent", 0) == h0.get("sent", 0) + 1,
+         "a slow region (600 ms relays) loses to the hedge: answered by %s in %.2f s, us1's copy cancelled (%r)"
+         % (h.get("x-infergate-region"), took, h1))
+finally:
+    relays[("eu1", "us1")].set_delay(250)
+    relays[("us1", "eu1")].set_delay(250)
+    reload_eu1(600000)
 
 # --- a restarted worker has no estimates yet: its region keeps its last ones ---
 # (averaged in as 0, they made a region of fresh workers look free)
