@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "tests/unit/model_harness.h"
 #include "runtime/grammar/grammar.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
@@ -26,8 +27,8 @@
 #define N_REQ 6
 #define MAX_GEN 48
 
-static char dir[64], path[96];
-static rt_model *model;
+static tiny_model tm;
+static rt_model *model; /* tm.model */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -144,39 +145,16 @@ static void test_overlap_same_answers(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/infergate-test-mask-XXXXXX");
-    if (!mkdtemp(dir))
+    if (tiny_model_open(&tm, "mask", 512, 5, 2))
         return -1;
-    snprintf(path, sizeof(path), "%s/m.gguf", dir);
-    rt_gen_params p;
-    rt_gen_params_default(&p);
-    p.dim = 64;
-    p.layers = 2;
-    p.heads = 4;
-    p.kv_heads = 2;
-    p.ffn = 128;
-    p.vocab = 512;
-    p.ctx = 512;
-    p.seed = 5;
-    char err[256];
-    if (rt_model_gen(&p, path, err, sizeof(err))) {
-        fprintf(stderr, "gen: %s\n", err);
-        return -1;
-    }
-    rt_model_opts o = {.n_threads = 2};
-    if (rt_model_load(path, &o, &model, err, sizeof(err))) {
-        fprintf(stderr, "load: %s\n", err);
-        return -1;
-    }
+    model = tm.model;
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    rt_model_free(model);
-    unlink(path);
-    rmdir(dir);
+    tiny_model_close(&tm);
     return 0;
 }
 

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/unit/model_harness.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
 #include "runtime/sched.h"
@@ -26,45 +27,22 @@
 
 enum { BT = 16, VOCAB = 512, MAXT = 256 };
 
-static char dir[64], path[96];
-static rt_model *model;
+static tiny_model tm;
+static rt_model *model; /* tm.model */
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/infergate-test-prefix-XXXXXX");
-    if (!mkdtemp(dir))
+    if (tiny_model_open(&tm, "prefix", VOCAB, 7, 1))
         return -1;
-    snprintf(path, sizeof(path), "%s/m.gguf", dir);
-    rt_gen_params p;
-    rt_gen_params_default(&p);
-    p.dim = 64;
-    p.layers = 2;
-    p.heads = 4;
-    p.kv_heads = 2;
-    p.ffn = 128;
-    p.vocab = VOCAB;
-    p.ctx = 512;
-    p.seed = 7;
-    char err[256];
-    if (rt_model_gen(&p, path, err, sizeof(err))) {
-        fprintf(stderr, "gen: %s\n", err);
-        return -1;
-    }
-    rt_model_opts o = {.n_threads = 1};
-    if (rt_model_load(path, &o, &model, err, sizeof(err))) {
-        fprintf(stderr, "load: %s\n", err);
-        return -1;
-    }
+    model = tm.model;
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    rt_model_free(model);
-    unlink(path);
-    rmdir(dir);
+    tiny_model_close(&tm);
     return 0;
 }
 
@@ -262,7 +240,7 @@ static void test_windowed_model_refused(void **state)
 {
     (void)state;
     char p2[128], err[256], why[256];
-    snprintf(p2, sizeof(p2), "%s/w.gguf", dir);
+    snprintf(p2, sizeof(p2), "%s/w.gguf", tm.dir);
     rt_gen_params p;
     rt_gen_params_default(&p);
     p.arch = "gemma3";

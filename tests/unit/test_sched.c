@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/unit/model_harness.h"
 #include "gateway/base/clock.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
@@ -24,8 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static char dir[64], path[96];
-static rt_model *model;
+static tiny_model tm;
+static rt_model *model; /* tm.model */
 
 /* What the callbacks saw, under mu. The gate request's gate_at-th event
  * holds the compute thread until open_gate; gate_again arms it for a later
@@ -205,38 +206,17 @@ static rt_sched *sched_new(int max_seqs, int max_queue, int kv_blocks)
 
 static int setup(void **state)
 {
-    snprintf(dir, sizeof(dir), "/tmp/infergate-test-sched-XXXXXX");
-    if (!mkdtemp(dir))
+    (void)state;
+    if (tiny_model_open(&tm, "sched", 512, 11, 1))
         return -1;
-    snprintf(path, sizeof(path), "%s/m.gguf", dir);
-    rt_gen_params p;
-    rt_gen_params_default(&p);
-    p.dim = 64;
-    p.layers = 2;
-    p.heads = 4;
-    p.kv_heads = 2;
-    p.ffn = 128;
-    p.vocab = 512;
-    p.ctx = 512;
-    p.seed = 11;
-    char err[256];
-    if (rt_model_gen(&p, path, err, sizeof(err))) {
-        fprintf(stderr, "gen: %s\n", err);
-        return -1;
-    }
-    rt_model_opts o = {.n_threads = 1};
-    if (rt_model_load(path, &o, &model, err, sizeof(err))) {
-        fprintf(stderr, "load: %s\n", err);
-        return -1;
-    }
+    model = tm.model;
     return 0;
 }
 
 static int teardown(void **state)
 {
-    rt_model_free(model);
-    unlink(path);
-    rmdir(dir);
+    (void)state;
+    tiny_model_close(&tm);
     return 0;
 }
 
