@@ -186,6 +186,31 @@ static double fma_peak_gflops(void)
     return p512 > p256 ? p512 : p256;
 }
 
+/* A pool of TY_POOL_MIB (and a margin) of copies of an n_out x n_in
+ * matrix for each type that the table runs (have[i]: a file type, or a
+ * packed one whose packed gemm the table has); 1 when out of memory. */
+static int type_pools(const kn_ops *ops, const kn_type *tys, int nt, int n_out, int n_in, uint8_t **pool,
+                      bool *have)
+{
+    const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
+    for (int ti = 0; ti < nt; ti++) {
+        const kn_type t = tys[ti];
+        have[ti] = !kn_type_packed(t) || (kn_pack_bytes(kn_unpacked_type(t), 16, n_in) > 0 &&
+                                          ops->gemm_packed[kn_unpacked_type(t)] != NULL);
+        if (!have[ti])
+            continue;
+        const size_t mat = mat_bytes_of(t, n_out, n_in);
+        const int n_mats = (int)(pool_bytes / mat);
+        if ((pool[ti] = aligned_alloc(64, pool_bytes + (64 << 20))) == NULL)
+            return 1;
+        if (kn_type_packed(t))
+            fill_pool_packed(pool[ti], (size_t)n_mats * mat, t, n_out, n_in);
+        else
+            fill_pool(pool[ti], (size_t)n_mats * mat, t);
+    }
+    return 0;
+}
+
 static int bench_types(int reps)
 {
     /* each type as it is in the file, then packed where the table has a
@@ -210,21 +235,8 @@ static int bench_types(int reps)
     double mv[NT][MAX_REPS], mm[NT][MAX_REPS], fl[NT][MAX_REPS], peak[MAX_REPS];
     bool have[NT];
     uint8_t *pool[NT] = {0};
-    for (int ti = 0; ti < NT; ti++) {
-        const kn_type t = tys[ti];
-        have[ti] = !kn_type_packed(t) || (kn_pack_bytes(kn_unpacked_type(t), 16, TY_N_IN) > 0 &&
-                                          kn_ctx_ops(ctx)->gemm_packed[kn_unpacked_type(t)] != NULL);
-        if (!have[ti])
-            continue;
-        const size_t mat = mat_bytes_of(t, TY_N_OUT, TY_N_IN);
-        const int n_mats = (int)(pool_bytes / mat);
-        if ((pool[ti] = aligned_alloc(64, pool_bytes + (64 << 20))) == NULL)
-            return 1;
-        if (kn_type_packed(t))
-            fill_pool_packed(pool[ti], (size_t)n_mats * mat, t, TY_N_OUT, TY_N_IN);
-        else
-            fill_pool(pool[ti], (size_t)n_mats * mat, t);
-    }
+    if (type_pools(kn_ctx_ops(ctx), tys, NT, TY_N_OUT, TY_N_IN, pool, have))
+        return 1;
     /* Every type once per repetition, one after another, so that each
      * type's median is taken over the same stretches of a shared
      * machine's load as the others'. */
@@ -319,20 +331,8 @@ static int bench_mxfp4(int reps)
     double mv[NT][MAX_REPS], mm[NT][MAX_REPS];
     bool have[NT];
     uint8_t *pool[NT] = {0};
-    for (int ti = 0; ti < NT; ti++) {
-        const kn_type t = tys[ti], base = kn_unpacked_type(t);
-        have[ti] = !kn_type_packed(t) || kn_ctx_ops(ctx)->gemm_packed[base] != NULL ||
-                   (base == KN_TYPE_Q4_0 && kn_ctx_ops(ctx)->gemm_q4_0_p16 != NULL);
-        if (!have[ti])
-            continue;
-        const size_t mat = mat_bytes_of(t, MX_N, MX_N);
-        if ((pool[ti] = aligned_alloc(64, pool_bytes + (64 << 20))) == NULL)
-            return 1;
-        if (kn_type_packed(t))
-            fill_pool_packed(pool[ti], pool_bytes / mat * mat, t, MX_N, MX_N);
-        else
-            fill_pool(pool[ti], pool_bytes / mat * mat, t);
-    }
+    if (type_pools(kn_ctx_ops(ctx), tys, NT, MX_N, MX_N, pool, have))
+        return 1;
     for (int r = 0; r < reps; r++)
         for (int ti = 0; ti < NT; ti++) {
             if (!have[ti])
@@ -358,7 +358,7 @@ static int bench_mxfp4(int reps)
         }
     printf("## MXFP4 (%s backend, %dx%d, 1 thread, thread CPU time, median of %d runs)\n\n", kn_ctx_ops(ctx)->name,
            MX_N, MX_N, reps);
-    printf("| type | bits/weight | matvec GB/s | matvec tok-equivalent us | %d rows GFLOP/s |\n|---|---|---|---|---|\n",
+    printf("| type | bits/weight | matvec GB/s | matvec us | %d rows GFLOP/s |\n|---|---|---|---|---|\n",
            MX_ROWS);
     for (int ti = 0; ti < NT; ti++) {
         if (!have[ti])
