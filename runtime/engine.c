@@ -572,8 +572,9 @@ static void refusal(rt_engine *e, int rc, const rt_engine_req *req, rt_oai_error
             rt_oai_error_set(err, 400, "invalid_request_error", NULL, "resume_refused",
                              "x-infergate-resume: this request cannot be resumed (%s)",
                              rc == -EILSEQ    ? "a resumed token is not in the grammar's language"
-                             : rc == -ENOTSUP ? "log-probabilities of resumed tokens whose text was held back"
-                                              : "the resumed tokens had ended the answer, or are out of range");
+                             : rc == -ENOTSUP ? "the log-probabilities of resumed tokens whose text was held "
+                                                "back went with the failed run"
+                                              : "the resumed tokens had ended the answer or are out of range");
             break;
         }
         /* fall through */

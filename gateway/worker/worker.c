@@ -680,7 +680,8 @@ static int resumed_text(void *ud, const char *text, size_t len)
     const char *content, *reasoning;
     size_t content_len, reasoning_len;
     r->mute = true;
-    bool ok = split(r, text, len, false, &reasoning, &reasoning_len, &content, &content_len) && write_calls(r);
+    bool ok =
+        split(r, text, len, false, &reasoning, &reasoning_len, &content, &content_len) && write_calls(r);
     r->mute = false;
     return ok ? 0 : -ENOMEM;
 }

@@ -175,7 +175,7 @@ try:
                {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 300,
                 "temperature": 0.8, "seed": 7, "stream": True, "stream_options": usage}, 10)
     chat = [{"role": "user", "content": "hello there"}]
-    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 120, "maxLength": 160}},
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 200, "maxLength": 240}},
               "required": ["a"], "additionalProperties": False}
     check_chunks("grammar (json_schema)", "/v1/chat/completions",
                  {"model": "m", "messages": chat, "max_tokens": 300, "temperature": 0, "stream": True,
@@ -189,7 +189,7 @@ try:
                  evs[-1]["choices"][0]["finish_reason"] == "tool_calls")
     check_chunks("reasoning (<think>)", "/v1/chat/completions",
                  {"model": "r", "messages": chat, "max_tokens": 300, "temperature": 0, "stream": True,
-                  "grammar": 'root ::= [a-z ]{60,80} "</think>" "\\n\\n" [a-z ]{60,80}'},
+                  "grammar": 'root ::= [a-z ]{100,120} "</think>" "\\n\\n" [a-z ]{100,120}'},
                  30, lambda evs: any(deltas(evs, "reasoning_content")) and any(deltas(evs, "content")))
     check_chunks("logprobs (top_logprobs 2)", "/v1/chat/completions",
                  {"model": "m", "messages": chat, "max_tokens": 200, "temperature": 0.7, "seed": 3,
