@@ -565,6 +565,19 @@ static void refusal(rt_engine *e, int rc, const rt_engine_req *req, rt_oai_error
                 pool, n_prompt, req->run.max_tokens);
         break;
     }
+    case -EILSEQ:
+    case -ENOTSUP:
+    case -EINVAL:
+        if (req->run.n_resume) {
+            rt_oai_error_set(err, 400, "invalid_request_error", NULL, "resume_refused",
+                             "x-infergate-resume: this request cannot be resumed (%s)",
+                             rc == -EILSEQ    ? "a resumed token is not in the grammar's language"
+                             : rc == -ENOTSUP ? "the log-probabilities of resumed tokens whose text was held "
+                                                "back went with the failed run"
+                                              : "the resumed tokens had ended the answer or are out of range");
+            break;
+        }
+        /* fall through */
     default:
         rt_oai_error_set(err, 503, "server_error", NULL, NULL, "cannot queue the request (%s)",
                          strerror(-rc));

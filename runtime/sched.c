@@ -422,24 +422,46 @@ static int blocks_for(const rt_sched *s, int n_tokens)
 
 /* ---- submission (any thread) ---- */
 
+static int lp_ready(const rt_sched *s, sreq *r, size_t out, bool done, bool matched);
+static size_t mask_bytes(const rt_sched *s);
+
 /* A resumed request's tokens, as if generated here (a recompute after a
  * preemption, which admission makes of it): their text goes through the
  * stop strings, and what those let out is dropped, the client having had
  * it; a tail they hold back is held as an unbroken run held it. The
- * sampler is brought to the same point at admission (new_sampler). */
-static int resume_text(const rt_sched *s, sreq *q, const int32_t *toks, int n)
+ * grammar's matcher moves past them as it did while they were generated,
+ * and the log-probabilities' count of tokens sent is where it was. The
+ * sampler is brought to the same point at admission (new_sampler). 0;
+ * -EINVAL where that run had ended (a stop string, the grammar complete),
+ * -EILSEQ for a token the grammar refuses, -ENOTSUP for log-probabilities
+ * of tokens whose text was held back (they went with the failed run);
+ * -ENOMEM. */
+static int resume_text(const rt_sched *s, sreq *q, const rt_sched_req *r)
 {
+    const int32_t *toks = r->resume;
+    const int n = r->n_resume;
+    if (q->grammar && (!(q->gm = rt_gmatch_new(q->grammar)) || !(q->gmask = malloc(mask_bytes(s)))))
+        return -ENOMEM;
     for (int i = 0; i < n; i++) {
         size_t len = 0;
         const char *piece = rt_tokenizer_piece(s->tok, toks[i], &len);
         if (piece && len > 0 && rt_stop_feed(q->stop, piece, len))
             /* a stop string in text already sent: that stream had ended */
             return rt_stop_error(q->stop) ? -ENOMEM : -EINVAL;
-        (void)rt_stop_take(q->stop, false, &len);
+        const char *text = rt_stop_take(q->stop, false, &len);
+        int trc = r->resumed_text ? r->resumed_text(r->resumed_ud, text ? text : "", text ? len : 0) : 0;
+        if (trc)
+            return trc;
+        int grc = q->gm ? rt_gmatch_accept(q->gm, toks[i]) : 0;
+        if (grc)
+            return grc == -EINVAL ? -EILSEQ : grc;
+        if (q->gm && rt_gmatch_must_end(q->gm))
+            return -EINVAL;
         q->tokens[q->n_tokens++] = toks[i];
+        q->n_gen = i + 1;
+        (void)lp_ready(s, q, len, false, false);
     }
-    q->n_gen = n;
-    return 0;
+    return q->logprobs && q->lp_ready < n ? -ENOTSUP : 0;
 }
 
 int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
@@ -469,8 +491,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
         max_new = (int)(pool_tokens - r->n_prompt);
     }
 
-    if (!rt_sampler_params_ok(&r->sampling, s->n_vocab) || r->n_resume < 0 || r->n_resume >= max_new ||
-        (r->n_resume && r->grammar))
+    if (!rt_sampler_params_ok(&r->sampling, s->n_vocab) || r->n_resume < 0 || r->n_resume >= max_new)
         return -EINVAL;
     for (int i = 0; i < r->n_resume; i++)
         if (r->resume[i] < 0 || r->resume[i] >= s->n_vocab)
@@ -502,7 +523,7 @@ int rt_sched_submit(rt_sched *s, const rt_sched_req *r, uint64_t *id)
     }
     memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
     q->n_tokens = q->n_prompt = r->n_prompt;
-    int rrc = r->n_resume ? resume_text(s, q, r->resume, r->n_resume) : 0;
+    int rrc = r->n_resume ? resume_text(s, q, r) : 0;
     if (rrc) {
         sreq_free(q);
         return rrc;

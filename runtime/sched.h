@@ -152,10 +152,21 @@ typedef struct rt_sched_req {
      * the tokens it had generated, copied. They are computed with the
      * prompt and count as generated (max_tokens, completion_tokens), the
      * sampler and the stop strings are put where an unbroken run would have
-     * them, and their text, which the client has had, is not sent again.
-     * Not with a grammar (-EINVAL). */
+     * them, the grammar's matcher moved past them, and their text, which
+     * the client has had, is not sent again. -EINVAL where they had ended
+     * the answer, -EILSEQ for one the grammar refuses, -ENOTSUP with
+     * logprobs when the stop strings held back the text of some of them
+     * (their log-probabilities went with the failed run). */
     const int32_t *resume;
     int n_resume;
+    /* When not NULL: called with each resumed token's text as the stop
+     * strings let it out ("" where they hold it back), as an unbroken run's
+     * events carried it, on the submitting thread within rt_sched_submit:
+     * the caller's parsers of the answer (tool calls, reasoning) are
+     * brought to where they were. Nonzero (-ENOMEM) fails the submission
+     * with that code. */
+    int (*resumed_text)(void *ud, const char *text, size_t len);
+    void *resumed_ud;
     /* The tenant it is served for (copied; NULL or "": the nameless one;
      * at most RT_SCHED_TENANT_MAX bytes), and its weight (RT_SCHED_WEIGHT_MIN
      * to _MAX; 0: 1; else -EINVAL). The last request's weight is the

@@ -15,11 +15,12 @@
  * to its worker, whose tags and x-infergate-replay pass back unread, so
  * the origin replays. The body is never touched.
  *
+ * Requests with tools, reasoning, logprobs or a grammar resume alike: the
+ * worker rebuilds their parsers' and matcher's state from the tokens.
  * Not replayed: answers not streamed (nothing went out before a failure,
- * so dispatch.c's retry sends them again whole), and requests whose
- * parsers or grammar hold state the worker does not restore (tool calls,
- * reasoning, logprobs, grammars): their worker answers x-infergate-replay
- * "off WHY", and a failure ends their stream as before, logged. */
+ * so dispatch.c's retry sends them again whole; their worker answers
+ * x-infergate-replay "off WHY"), and a failure after the last token's tag:
+ * it ends the stream as before, logged. */
 #include "gateway/front/request_internal.h"
 
 #include "gateway/base/mem.h"

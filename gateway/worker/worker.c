@@ -36,6 +36,7 @@ struct wreq {
     bool submitted, final_seen, begun, sent_first;
     bool chat, stream_mode, include_usage, logprobs;
     bool held;   /* its sequence is paused (rt_engine_hold) until its reader catches up */
+    bool mute;   /* a resumed run's tokens go through the parsers: nothing is sent */
     /* Token replay (the gateway's, gateway/front/replay.c): each event
      * carries its token's id in a comment line, which the gateway reads
      * and strips; the response's x-infergate-replay says the id, created
@@ -275,6 +276,10 @@ static void on_writable(void *ud, gw_http_stream *s, void *stream_ud)
  * passes the per-stream bound (push_back) loses it, and so its request. */
 static bool write_sse(wreq *r, char *ev, size_t len)
 {
+    if (r->mute) {
+        free(ev);
+        return ev != NULL;
+    }
     if (!ev || !out_write(r, ev, len)) {
         free(ev);
         abandon(r);
@@ -470,11 +475,13 @@ static void handle_stream_event(wreq *r, const rt_sched_event *ev)
         abandon(r);
         return;
     }
+    /* the tag opens the token's first event: the gateway that has read it
+     * has had the text of every token before */
+    if (!tag_token(r, ev->token, !len && !reasoning_len, ev->kind == RT_EV_DONE))
+        return;
     const rt_oai_head h = head_of(r);
     char *rc = reasoning_len ? rt_oai_reasoning_chunk_sse(&h, reasoning, reasoning_len, &n) : NULL;
     if (reasoning_len && !write_sse(r, rc, n))
-        return;
-    if (!tag_token(r, ev->token, !len, ev->kind == RT_EV_DONE))
         return;
     if (len && !write_chunk(r, false, text, len, NULL, NULL))
         return;
@@ -662,22 +669,34 @@ static void prepare(gw_offload_job *job)
         rt_engine_prepare(p->engine, p->body, p->body_len, p->chat, p->prio, p->deadline_ms, &p->req, &p->e);
 }
 
+/* A resumed run's tokens' text, as the unbroken run's events carried it
+ * (rt_sched_req.resumed_text): through the parsers of tool calls and
+ * reasoning as those events took it, with what went out then marked sent
+ * (the calls' heads and arguments) and nothing written, so that the next
+ * event goes on with exactly the chunks the unbroken run sent next. */
+static int resumed_text(void *ud, const char *text, size_t len)
+{
+    wreq *r = ud;
+    const char *content, *reasoning;
+    size_t content_len, reasoning_len;
+    r->mute = true;
+    bool ok =
+        split(r, text, len, false, &reasoning, &reasoning_len, &content, &content_len) && write_calls(r);
+    r->mute = false;
+    return ok ? 0 : -ENOMEM;
+}
+
 /* Token replay, once the request is prepared: what it asked for, if it
  * can have it. A resumed run continues where the gateway's tokens end,
  * with the id, created and seed of the run it continues; its stream does
- * not open with the role again. Tool calls, reasoning, log-probabilities
- * and grammars keep state this does not restore (their parsers, the
- * matcher): such a request cannot be resumed, and its gateway is told so.
- * False for a resume this request cannot have. */
+ * not open with the role again, its parsers and grammar matcher are where
+ * the tokens left them (resumed_text; the scheduler's resume_text), and
+ * its call ids, made of the id, are the same. Only a streamed answer is
+ * resumed (one not streamed is sent again whole), and its gateway is told
+ * so. False for a resume this request cannot have. */
 static bool replay_ready(wreq *r, wprep *p)
 {
-    const rt_engine_req *q = &p->req;
-    r->replay_off = !q->q.stream         ? "not streamed"
-                    : q->q.tools         ? "tool calls"
-                    : q->reasoning       ? "reasoning"
-                    : q->q.logprobs      ? "logprobs"
-                    : q->run.grammar     ? "grammar"
-                                         : NULL;
+    r->replay_off = !p->req.q.stream ? "not streamed" : NULL;
     if (!r->replay_info && !p->resume)
         r->replay_off = NULL;
     if (r->replay_off) {
@@ -688,6 +707,8 @@ static bool replay_ready(wreq *r, wprep *p)
         p->req.run.resume = p->resume;
         p->req.run.n_resume = p->n_resume;
         p->req.run.sampling.seed = p->resume_seed;
+        p->req.run.resumed_text = resumed_text;
+        p->req.run.resumed_ud = r;
         r->sent_first = true;
     }
     r->seed = p->req.run.sampling.seed;

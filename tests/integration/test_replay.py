@@ -5,7 +5,13 @@ text repeated or missing: with greedy or seeded sampling (penalties too)
 the text equals an unbroken run's. The gateway's tags (": ig TOKEN") never
 reach the client. A non-streamed answer whose worker dies is sent again
 whole. A client may not send the internal headers. routing.replay: false
-(reloaded) ends such a stream with the error event, as before."""
+(reloaded) ends such a stream with the error event, as before.
+
+Requests whose answers keep state over their tokens resume too, chunk for
+chunk as an unbroken run sends them (every event equal, one id): a grammar
+(json_schema), a tool call (tool_choice required: its deltas, index and
+id), reasoning (DeepSeek-R1's template: reasoning_content, then content)
+and logprobs (top_logprobs too)."""
 import json
 import os
 import re
@@ -22,6 +28,9 @@ d = tmpdir()
 # Slow enough on one thread (a few ms a token) to kill a worker mid-stream.
 model = gen_model(os.path.join(d, "m.gguf"), dim=512, layers=8, heads=8, kv_heads=8, ffn=1024, vocab=512, ctx=1024,
                   type="q8_0", seed=5)
+# a thinking model's template: the prompt opens <think>
+R1 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "templates",
+                  "deepseek-r1-distill-qwen-32b.jinja")
 port = free_port()
 cfg = os.path.join(d, "gateway.yaml")
 CFG = """
@@ -30,6 +39,8 @@ listen:
 workers:
   - {model: "%s", name: m, threads: 1, max_seqs: 4}
   - {model: "%s", name: m, threads: 1, max_seqs: 4}
+  - {model: "%s", name: r, threads: 1, max_seqs: 2, chat_template: "%s"}
+  - {model: "%s", name: r, threads: 1, max_seqs: 2, chat_template: "%s"}
 routing: {retry_budget: 1, replay: %s}
 stats_interval_ms: 100
 runtime_dir: "%s"
@@ -37,7 +48,8 @@ runtime_dir: "%s"
 
 
 def write_cfg(replay):
-    open(cfg, "w").write(CFG % (port, model, model, "true" if replay else "false", os.path.join(d, "run")))
+    open(cfg, "w").write(CFG % (port, model, model, model, R1, model, R1, "true" if replay else "false",
+                                os.path.join(d, "run")))
 
 
 write_cfg(True)
@@ -47,11 +59,11 @@ g = spawn([INFERGATE, "serve", "--config", cfg], log_path)
 
 def ready():
     s, _, b = curl("http://127.0.0.1:%d/readyz" % port, http="--http1.1", timeout=2)
-    return s == 200 and json.loads(b)["workers_ready"] == 2
+    return s == 200 and json.loads(b)["workers_ready"] == 4
 
 
 def worker_pid(i):
-    found = re.findall(r"worker %d \(model m, device \w+\) started: pid (\d+)" % i, open(log_path).read())
+    found = re.findall(r"worker %d \(model \w+, device \w+\) started: pid (\d+)" % i, open(log_path).read())
     return int(found[-1])
 
 
@@ -101,9 +113,56 @@ def check_case(name, path, body, kill_after):
     wait_until(ready, 60, "the killed worker back")
 
 
+def n_replays():
+    return len(re.findall(r"event=replay request=", open(log_path).read()))
+
+
+def check_chunks(name, path, body, kill_after, want):
+    """A request whose answer keeps state over its tokens, killed after
+    kill_after events: resumed, its events equal an unbroken run's one for
+    one; want(events) says the unbroken answer is of the kind tested."""
+    s0, _, raw0 = stream(path, body)
+    ev0, done0 = sse_events(raw0)
+    wait_until(ready, 60, "the workers ready")
+    before = n_replays()
+    s1, _, raw1 = stream(path, body, kill_after)
+    try:
+        ev1, done1 = sse_events(raw1)
+    except (AssertionError, ValueError) as e:
+        ev1, done1 = [], False
+        print("%s: %s: %r" % (name, e, raw1[-400:]))
+    t.ok(s0 == s1 == 200 and done0 and want(ev0) and len(ev0) > kill_after,
+         "%s: the unbroken answer is of its kind (%d events)" % (name, len(ev0)))
+    t.ok(n_replays() == before + 1 and done1 and b": ig" not in raw1,
+         "%s: killed after %d events, the stream was resumed (%d replays)" % (name, kill_after,
+                                                                             n_replays() - before))
+    if n_replays() != before + 1:
+        print("\n".join([x for x in open(log_path).read().splitlines() if "replay" in x or "worker" in x][-8:]))
+    one_id = len({e.get("id") for e in ev1}) == 1
+    ev0, ev1 = same_run(ev0), same_run(ev1)
+    diff = [i for i in range(max(len(ev0), len(ev1))) if ev0[i:i + 1] != ev1[i:i + 1]]
+    t.ok(not diff and one_id,
+         "%s: the resumed events equal the unbroken run's, one id (first difference at %s: %s vs %s)"
+         % (name, diff[:1], ev0[diff[0]:diff[0] + 1] if diff else "", ev1[diff[0]:diff[0] + 1] if diff else ""))
+    wait_until(ready, 60, "the killed worker back")
+
+
+def same_run(evs):
+    """Events with their run's id and created (and so the tool calls' ids,
+    made of it) written the same for every run."""
+    if not evs:
+        return evs
+    uniq = evs[0]["id"].split("-", 1)[1]
+    return [json.loads(json.dumps(dict(e, created=0)).replace(uniq, "ID")) for e in evs]
+
+
+def deltas(evs, key):
+    return [e["choices"][0]["delta"].get(key) for e in evs if e.get("choices")]
+
+
 try:
-    wait_until(lambda: ready() or g.poll() is not None, 90, "gateway ready with 2 workers")
-    t.ok(g.poll() is None, "gateway with two workers started")
+    wait_until(lambda: ready() or g.poll() is not None, 90, "gateway ready with 4 workers")
+    t.ok(g.poll() is None, "gateway with four workers started")
     usage = {"include_usage": True}
     check_case("completion, greedy", "/v1/completions",
                {"model": "m", "prompt": [1, 5, 7], "max_tokens": 300, "temperature": 0, "stream": True,
@@ -115,6 +174,30 @@ try:
     check_case("chat, seeded", "/v1/chat/completions",
                {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 300,
                 "temperature": 0.8, "seed": 7, "stream": True, "stream_options": usage}, 10)
+    chat = [{"role": "user", "content": "hello there"}]
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 350, "maxLength": 400}},
+              "required": ["a"], "additionalProperties": False}
+    check_chunks("grammar (json_schema)", "/v1/chat/completions",
+                 {"model": "m", "messages": chat, "max_tokens": 400, "temperature": 0, "stream": True,
+                  "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
+                 8, lambda evs: json.loads("".join(x or "" for x in deltas(evs, "content")))["a"])
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]
+    check_chunks("tool call (tool_choice required)", "/v1/chat/completions",
+                 {"model": "m", "messages": chat, "max_tokens": 400, "temperature": 0, "stream": True,
+                  "tools": tools, "tool_choice": "required"},
+                 15, lambda evs: any(deltas(evs, "tool_calls")) and
+                 evs[-1]["choices"][0]["finish_reason"] == "tool_calls")
+    check_chunks("reasoning (<think>)", "/v1/chat/completions",
+                 {"model": "r", "messages": chat, "max_tokens": 400, "temperature": 0, "stream": True,
+                  "grammar": 'root ::= [a-z ]{180,200} "</think>" "\\n\\n" [a-z ]{150,180}'},
+                 8, lambda evs: any(deltas(evs, "reasoning_content")) and any(deltas(evs, "content")))
+    # ASCII only: a token that ends within a UTF-8 character has its text
+    # held back, and its log-probabilities with it; a cut there is refused
+    # (they went with the failed run)
+    check_chunks("logprobs (top_logprobs 2)", "/v1/chat/completions",
+                 {"model": "m", "messages": chat, "max_tokens": 400, "temperature": 0.7, "seed": 3,
+                  "stream": True, "logprobs": True, "top_logprobs": 2, "grammar": "root ::= [a-z ]{500,560}"},
+                 8, lambda evs: all(e["choices"][0].get("logprobs") for e in evs[1:-1] if e.get("choices")))
     log = open(log_path).read()
     t.ok(len(re.findall(r"event=replay request=\S+ from=\"worker \d\" to=\"worker \d\" tokens=\d+", log)) >= 3,
          "each replay logged with its tokens")
@@ -148,13 +231,16 @@ try:
     # The worker's side of the header (only a gateway reaches its socket).
     sock = os.path.join(d, "run", "worker-1.sock")
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    # a letter's token, read from its tag
+    s, _, b = curl("http://localhost/v1/completions", unix=sock, headers=["x-infergate-replay: 1"],
+                   data={"model": "m", "prompt": "a", "stream": True, "max_tokens": 1, "grammar": "root ::= [a-z]"})
+    NOT_DIGIT = int(re.search(rb": ig (\d+)", b).group(1))
     for h, body, code in (
             ("x-infergate-resume: cmpl-x 1 1 1,2,", {"model": "m", "prompt": "a", "stream": True}, "bad_resume"),
             ("x-infergate-resume: cmpl-x 1", {"model": "m", "prompt": "a", "stream": True}, "bad_resume"),
-            ("x-infergate-resume: chatcmpl-x 1 1 5", {"model": "m", "messages": [{"role": "user", "content": "a"}],
-                                                      "tools": tools, "stream": True}, "resume_refused"),
-            ("x-infergate-resume: chatcmpl-x 1 1 5", {"model": "m", "messages": [{"role": "user", "content": "a"}],
-                                                      "logprobs": True, "stream": True}, "resume_refused"),
+            # a token the grammar refuses: the resume cannot go on
+            ("x-infergate-resume: cmpl-x 1 1 %d" % NOT_DIGIT, {"model": "m", "prompt": "a", "stream": True,
+                                                               "grammar": "root ::= [0-9]+"}, "resume_refused"),
             ("x-infergate-resume: cmpl-x 1 1 5", {"model": "m", "prompt": "a"}, "resume_refused")):
         path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         s, _, b = curl("http://localhost" + path, unix=sock, data=body, headers=[h])

@@ -568,8 +568,8 @@ static void test_bad_sampling_refused(void **state)
 }
 
 /* A resumed request (token replay) is checked at submission: its tokens
- * in the vocabulary, fewer than max_tokens, no grammar; one that passes
- * counts them as generated. */
+ * in the vocabulary, fewer than max_tokens; one that passes counts them as
+ * generated. */
 static void test_resume_checked(void **state)
 {
     rt_sched *s = sched_new(2, 2, 0);
@@ -586,6 +586,37 @@ static void test_resume_checked(void **state)
     assert_int_equal(rt_sched_submit(s, &r, &id), 0);
     assert_true(wait_seen(false, 1));
     assert_string_equal(seen.reason[0], "length");
+    rt_sched_free(s);
+}
+
+static int resumed_calls;
+static int count_resumed(void *ud, const char *text, size_t len)
+{
+    (void)text;
+    (void)len;
+    resumed_calls++;
+    return ud ? -ENOMEM : 0;
+}
+
+/* Each resumed token's text goes to resumed_text at submission, once,
+ * in order (the worker's parsers); an error there fails the submission. */
+static void test_resume_text_each(void **state)
+{
+    rt_sched *s = sched_new(2, 2, 0);
+    int32_t prompt[] = {1, 2, 3}, resume[] = {4, 5, 6};
+    int fail;
+    rt_sched_req r = {.prompt = prompt, .n_prompt = 3, .max_tokens = 5, .cb = on_event, .resume = resume,
+                      .n_resume = 3, .resumed_text = count_resumed, .resumed_ud = &fail, .ignore_eos = true};
+    rt_sampler_params_default(&r.sampling);
+    uint64_t id;
+    resumed_calls = 0;
+    assert_int_equal(rt_sched_submit(s, &r, &id), -ENOMEM);
+    assert_int_equal(resumed_calls, 1);
+    resumed_calls = 0;
+    r.resumed_ud = NULL;
+    assert_int_equal(rt_sched_submit(s, &r, &id), 0);
+    assert_int_equal(resumed_calls, 3);
+    assert_true(wait_seen(false, 1));
     rt_sched_free(s);
 }
 
@@ -846,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_interactive_prefill_first),
         cmocka_unit_test(test_bad_sampling_refused),
         cmocka_unit_test(test_resume_checked),
+        cmocka_unit_test(test_resume_text_each),
         cmocka_unit_test(test_preempted_batch_stays_behind),
         cmocka_unit_test(test_deadline_after_preemption),
         cmocka_unit_test(test_deadline_during_prefill),
