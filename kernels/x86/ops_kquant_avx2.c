@@ -418,43 +418,100 @@ KQ_INLINE int32_t kl_xsum(__m256i xv)
     return _mm_cvtsi128_si32(h);
 }
 
-KQ_INLINE void kl_gemm(kn_type t, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
-                       float *y, size_t ys)
+/* The activation terms of a block: its scale, and its quant sum as a float
+ * (for Q4_1's and Q5_1's min). Looked up in tab when the call filled one,
+ * else computed where they are needed. */
+KQ_INLINE void kl_xterms(const kn_block_q8_0 *xb, const float *tab, size_t at, bool has_min, float *dx,
+                         float *xsf)
+{
+    if (tab != NULL) {
+        *dx = tab[2 * at];
+        *xsf = tab[2 * at + 1];
+        return;
+    }
+    *dx = kn_x86_f16_table[xb->d];
+    *xsf = has_min ? (float)kl_xsum(_mm256_loadu_si256((const __m256i *)xb->qs)) : 0.0f;
+}
+
+/* (row, block) pairs of activation terms a call computes once for all its
+ * weight rows: the quant sum cost as much as the dot itself when every
+ * weight row took it again. 32 KiB on the stack. */
+#define KL_TAB 4096
+
+/* WR (1 or 2) weight rows from wr against rn activation rows from x: both
+ * rows' chains in flight at once, and each activation load serves both. */
+KQ_INLINE void kl_pass(kn_type t, int WR, const char *wr, size_t ws, bool pf_next, const char *x, size_t xs,
+                       int rn, int nb, const float *tab, float *y, size_t ys)
 {
     const bool signed_q = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL || t == KN_TYPE_MXFP4;
     const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
     const size_t bb = kn_type_block_bytes(t);
-    const int nb = n / 32;
-    __m256 f[KQ_ROWS];
-    float g[KQ_ROWS];
-    for (int r0 = 0; r0 < nr; r0 += KQ_ROWS) {
-        const int rn = nr - r0 < KQ_ROWS ? nr - r0 : KQ_ROWS;
-        for (int o = 0; o < n_w; o++) {
-            const char *wr = (const char *)w + (size_t)o * ws;
-            for (int r = 0; r < rn; r++) {
-                f[r] = _mm256_setzero_ps();
-                g[r] = 0.0f;
-            }
-            for (int ib = 0; ib < nb; ib++) {
-                float d, m = 0.0f;
-                if (o + 1 < n_w && ib % 4 == 0)
-                    _mm_prefetch(wr + ws + (size_t)ib * bb, _MM_HINT_T0);
-                const __m256i q = kl_unpack(t, wr, ib, &d, &m);
-                const __m256i aq = signed_q ? _mm256_sign_epi8(q, q) : q;
-                for (int r = 0; r < rn; r++) {
-                    const kn_block_q8_0 *xb = (const kn_block_q8_0 *)((const char *)xq + (size_t)(r0 + r) * xs) + ib;
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
-                    const __m256i p = _mm256_maddubs_epi16(aq, signed_q ? _mm256_sign_epi8(xv, q) : xv);
-                    const __m256i acc = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-                    const float dx = kn_x86_f16_table[xb->d];
-                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * dx), f[r]);
-                    if (has_min)
-                        g[r] += (float)kl_xsum(xv) * (m * dx);
-                }
-            }
-            for (int r = 0; r < rn; r++)
-                y[(size_t)(r0 + r) * ys + o] = hsum256(f[r]) + g[r];
+    __m256 f[2][KQ_ROWS];
+    float g[2][KQ_ROWS];
+    for (int r = 0; r < rn; r++)
+#pragma GCC unroll 2
+        for (int o = 0; o < WR; o++) {
+            f[o][r] = _mm256_setzero_ps();
+            g[o][r] = 0.0f;
         }
+    for (int ib = 0; ib < nb; ib++) {
+        float d[2], m[2] = {0.0f, 0.0f};
+        __m256i q[2], aq[2];
+#pragma GCC unroll 2
+        for (int o = 0; o < WR; o++) {
+            const char *wo = wr + (size_t)o * ws;
+            if (pf_next && ib % 4 == 0)
+                _mm_prefetch(wo + (size_t)WR * ws + (size_t)ib * bb, _MM_HINT_T0);
+            q[o] = kl_unpack(t, wo, ib, &d[o], &m[o]);
+            aq[o] = signed_q ? _mm256_sign_epi8(q[o], q[o]) : q[o];
+        }
+        for (int r = 0; r < rn; r++) {
+            const kn_block_q8_0 *xb = (const kn_block_q8_0 *)(x + (size_t)r * xs) + ib;
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
+            float dx, xsf;
+            kl_xterms(xb, tab, (size_t)r * nb + ib, has_min, &dx, &xsf);
+#pragma GCC unroll 2
+            for (int o = 0; o < WR; o++) {
+                const __m256i p = _mm256_maddubs_epi16(aq[o], signed_q ? _mm256_sign_epi8(xv, q[o]) : xv);
+                const __m256i acc = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+                f[o][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d[o] * dx), f[o][r]);
+                if (has_min)
+                    g[o][r] += xsf * (m[o] * dx);
+            }
+        }
+    }
+    for (int r = 0; r < rn; r++)
+#pragma GCC unroll 2
+        for (int o = 0; o < WR; o++)
+            y[(size_t)r * ys + o] = hsum256(f[o][r]) + g[o][r];
+}
+
+KQ_INLINE void kl_gemm(kn_type t, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
+                       float *y, size_t ys)
+{
+    const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
+    const int nb = n / 32;
+    /* as many activation rows a chunk as the table holds whole (rows too
+     * long for one leave it unused) */
+    const int fit = nb > 0 ? KL_TAB / nb : KQ_ROWS, rmax = fit < 1 ? KQ_ROWS : fit < KQ_ROWS ? fit : KQ_ROWS;
+    float tab[2 * KL_TAB];
+    for (int r0 = 0; r0 < nr; r0 += rmax) {
+        const int rn = nr - r0 < rmax ? nr - r0 : rmax;
+        const char *x = (const char *)xq + (size_t)r0 * xs;
+        if (fit >= 1)
+            for (int r = 0; r < rn; r++)
+                for (int ib = 0; ib < nb; ib++) {
+                    const kn_block_q8_0 *xb = (const kn_block_q8_0 *)(x + (size_t)r * xs) + ib;
+                    kl_xterms(xb, NULL, 0, has_min, &tab[2 * ((size_t)r * nb + ib)],
+                              &tab[2 * ((size_t)r * nb + ib) + 1]);
+                }
+        const float *tp = fit >= 1 ? tab : NULL;
+        float *yr = y + (size_t)r0 * ys;
+        int o = 0;
+        for (; o + 2 <= n_w; o += 2)
+            kl_pass(t, 2, (const char *)w + (size_t)o * ws, ws, o + 2 < n_w, x, xs, rn, nb, tp, yr + o, ys);
+        if (o < n_w)
+            kl_pass(t, 1, (const char *)w + (size_t)o * ws, ws, false, x, xs, rn, nb, tp, yr + o, ys);
     }
 }
 
