@@ -572,7 +572,8 @@ KQ_INLINE void km_tile(bool q5, const char *w, size_t ws, int n_t, const void *x
     for (int j = 0; j < 8; j++) /* missing rows repeat row 0, unstored */
         wr[j] = w + (size_t)(j < n_t ? j : 0) * ws;
     const size_t bb = q5 ? sizeof(kn_block_q5_1) : sizeof(kn_block_q4_1);
-    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i keep =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n_t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 f[KM_KMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < K; r++)
@@ -594,10 +595,10 @@ KQ_INLINE void km_tile(bool q5, const char *w, size_t ws, int n_t, const void *x
             memcpy(&mh[j], wr[j] + (size_t)ib * bb + 2, 2);
         }
         const float *T = kn_x86_f16_table;
-        const __m256 dwv = _mm256_setr_ps(T[dh[0]], T[dh[1]], T[dh[2]], T[dh[3]], T[dh[4]], T[dh[5]], T[dh[6]],
-                                          T[dh[7]]);
-        const __m256 mwv = _mm256_setr_ps(T[mh[0]], T[mh[1]], T[mh[2]], T[mh[3]], T[mh[4]], T[mh[5]], T[mh[6]],
-                                          T[mh[7]]);
+        const __m256 dwv =
+            _mm256_setr_ps(T[dh[0]], T[dh[1]], T[dh[2]], T[dh[3]], T[dh[4]], T[dh[5]], T[dh[6]], T[dh[7]]);
+        const __m256 mwv =
+            _mm256_setr_ps(T[mh[0]], T[mh[1]], T[mh[2]], T[mh[3]], T[mh[4]], T[mh[5]], T[mh[6]], T[mh[7]]);
 #pragma GCC unroll 8
         for (int r = 0; r < K; r++) {
             const kn_block_q8_0 *xb = (const kn_block_q8_0 *)((const char *)xq + (size_t)r * xs) + ib;
@@ -611,8 +612,9 @@ KQ_INLINE void km_tile(bool q5, const char *w, size_t ws, int n_t, const void *x
                     _mm256_set1_epi16(1));
             const __m256i v = km_reduce(c[0], c[1], c[2], c[3]);
             const __m256 dx = _mm256_set1_ps(a->dx[r][b]);
-            const __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dwv, dx)),
-                                           _mm256_mul_ps(_mm256_set1_ps(a->xsf[r][b]), _mm256_mul_ps(mwv, dx)));
+            const __m256 t =
+                _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dwv, dx)),
+                              _mm256_mul_ps(_mm256_set1_ps(a->xsf[r][b]), _mm256_mul_ps(mwv, dx)));
             f[r] = _mm256_add_ps(f[r], t);
         }
     }
@@ -632,8 +634,8 @@ KQ_INLINE void km_run(bool q5, const void *w, size_t ws, int n_w, const void *xq
                 kl_xterms((const kn_block_q8_0 *)((const char *)xq + (size_t)r * xs) + b0 + b, NULL, 0, true,
                           &a.dx[r][b], &a.xsf[r][b]);
         for (int o0 = 0; o0 < n_w; o0 += 8)
-            km_tile(q5, (const char *)w + (size_t)o0 * ws, ws, n_w - o0 < 8 ? n_w - o0 : 8, xq, xs, K, b0, ns, &a,
-                    y + o0, ys);
+            km_tile(q5, (const char *)w + (size_t)o0 * ws, ws, n_w - o0 < 8 ? n_w - o0 : 8, xq, xs, K, b0, ns,
+                    &a, y + o0, ys);
     }
 }
 
