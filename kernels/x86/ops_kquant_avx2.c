@@ -544,10 +544,20 @@ KQ_INLINE void km_wpair(bool q5, const char *a, const char *b, int ib, __m256i *
                                               _mm_loadu_si128((const __m128i *)qb), 1);
     *lo = _mm256_and_si256(t, _mm256_set1_epi8(0x0f));
     *hi = _mm256_and_si256(_mm256_srli_epi16(t, 4), _mm256_set1_epi8(0x0f));
-    if (q5) {
-        const __m256i ha = kl_bits5(a5->qh), hb = kl_bits5(b5->qh);
-        *lo = _mm256_or_si256(*lo, _mm256_permute2x128_si256(ha, hb, 0x20));
-        *hi = _mm256_or_si256(*hi, _mm256_permute2x128_si256(ha, hb, 0x31));
+    if (q5) { /* both rows' fifth bits spread to bytes 0x10 or 0 at once */
+        uint32_t ha, hb;
+        memcpy(&ha, a5->qh, 4);
+        memcpy(&hb, b5->qh, 4);
+        const __m256i h = _mm256_set1_epi64x((long long)((uint64_t)hb << 32 | ha));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+        const __m256i sl = _mm256_shuffle_epi8(
+            h, _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0404040404040404ll, 0x0505050505050505ll));
+        const __m256i sh =
+            _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0x0202020202020202ll, 0x0303030303030303ll,
+                                                      0x0606060606060606ll, 0x0707070707070707ll));
+        const __m256i x10 = _mm256_set1_epi8(0x10);
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sl, bit), bit), x10));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sh, bit), bit), x10));
     }
 }
 
