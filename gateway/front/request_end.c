@@ -51,15 +51,18 @@ static void json_field_str(FILE *f, const char *k, const char *v)
 }
 
 /* x-infergate-route and the log's route: the decision's reason is about
- * its first choice; a request that failed over says so, or the header
- * described one region and x-infergate-region named another. */
+ * its first choice; a request that failed over, or whose hedged copy
+ * answered first, says so, or the header described one region and
+ * x-infergate-region named another. */
 const char *gw_front_route_said(const gw_front_req *p, char *buf, size_t n)
 {
     if (!p->route.n)
         return "";
     if (p->cand <= 1)
         return p->route.reason;
-    snprintf(buf, n, "failover to candidate %d of %d; first choice %.63s: %.159s", p->cand, p->route.n,
+    const char *hedge = gw_front_hedge_said(p);
+    snprintf(buf, n, "%s candidate %d of %d; first choice %.63s: %.159s",
+             hedge && !strcmp(hedge, "won_hedge") ? "hedged copy to" : "failover to", p->cand, p->route.n,
              p->route.cand[0]->rec.name, p->route.reason);
     return buf;
 }

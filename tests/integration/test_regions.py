@@ -794,9 +794,10 @@ try:
     h1 = wait_until(lambda: (lambda x: x if x.get("cancelled", 0) > h0.get("cancelled", 0) else None)(hedges("eu1")),
                     10, "the losing copy cancelled")
     t.ok(s == 200 and h.get("x-infergate-region") not in (None, "us1") and
-         h1.get("won_hedge", 0) == h0.get("won_hedge", 0) + 1 and h1.get("sent", 0) == h0.get("sent", 0) + 1,
-         "a slow region (600 ms relays) loses to the hedge: answered by %s in %.2f s, us1's copy cancelled (%r)"
-         % (h.get("x-infergate-region"), took, h1))
+         h1.get("won_hedge", 0) == h0.get("won_hedge", 0) + 1 and h1.get("sent", 0) == h0.get("sent", 0) + 1 and
+         h.get("x-infergate-route", "").startswith("hedged copy to candidate 2 of "),
+         "a slow region (600 ms relays) loses to the hedge: answered by %s in %.2f s, us1's copy cancelled (%r); "
+         "route: %s" % (h.get("x-infergate-region"), took, h1, h.get("x-infergate-route")))
 finally:
     relays[("eu1", "us1")].set_delay(250)
     relays[("us1", "eu1")].set_delay(250)
