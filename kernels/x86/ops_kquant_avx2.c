@@ -561,15 +561,6 @@ KQ_INLINE void km_wpair(bool q5, const char *a, const char *b, int ib, __m256i *
     }
 }
 
-/* c_p holds partial sums of rows p (low half) and p + 4 (high half); lane
- * j of the result is row j's total. */
-KQ_INLINE __m256i km_reduce(__m256i c0, __m256i c1, __m256i c2, __m256i c3)
-{
-    const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(c0, c1), _mm256_unpackhi_epi32(c0, c1));
-    const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(c2, c3), _mm256_unpackhi_epi32(c2, c3));
-    return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
-}
-
 /* n_t (<= 8) weight rows from w against K activation rows, blocks
  * [b0, b0 + ns); y row r gets (past the first segment, continues) the n_t
  * sums. */
@@ -620,7 +611,7 @@ KQ_INLINE void km_tile(bool q5, const char *w, size_t ws, int n_t, const void *x
                 c[p] = _mm256_madd_epi16(
                     _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xl), _mm256_maddubs_epi16(hi[p], xh)),
                     _mm256_set1_epi16(1));
-            const __m256i v = km_reduce(c[0], c[1], c[2], c[3]);
+            const __m256i v = x86_reduce8(c[0], c[1], c[2], c[3]);
             const __m256 dx = _mm256_set1_ps(a->dx[r][b]);
             const __m256 t =
                 _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dwv, dx)),
