@@ -3,10 +3,11 @@
  * at prefill width (64 rows: bound by arithmetic), at 1 and 2 threads, with
  * the scalar reference at one point for scale. Prints a Markdown table.
  *
- *   bench_kernels [--reps N] [--pool-mib M] [--types]
+ *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4]
  *
  * --types instead compares every weight type with Q8_0 and Q4_0 (see
- * bench_types).
+ * bench_types); --mxfp4 MXFP4's gemm over rows as they lie and over packed
+ * rows with IQ4_NL and Q4_0 in thread CPU time (see bench_mxfp4).
  *
  * "cold" matvec cycles through copies of the matrix filling a pool far larger
  * than the last-level cache, as decode does through a model's layers, for one
@@ -21,6 +22,7 @@
 
 #include <immintrin.h>
 #include <stdbool.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +186,31 @@ static double fma_peak_gflops(void)
     return p512 > p256 ? p512 : p256;
 }
 
+/* A pool of TY_POOL_MIB (and a margin) of copies of an n_out x n_in
+ * matrix for each type that the table runs (have[i]: a file type, or a
+ * packed one whose packed gemm the table has); 1 when out of memory. */
+static int type_pools(const kn_ops *ops, const kn_type *tys, int nt, int n_out, int n_in, uint8_t **pool,
+                      bool *have)
+{
+    const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
+    for (int ti = 0; ti < nt; ti++) {
+        const kn_type t = tys[ti];
+        have[ti] = !kn_type_packed(t) || (kn_pack_bytes(kn_unpacked_type(t), 16, n_in) > 0 &&
+                                          ops->gemm_packed[kn_unpacked_type(t)] != NULL);
+        if (!have[ti])
+            continue;
+        const size_t mat = mat_bytes_of(t, n_out, n_in);
+        const int n_mats = (int)(pool_bytes / mat);
+        if ((pool[ti] = aligned_alloc(64, pool_bytes + (64 << 20))) == NULL)
+            return 1;
+        if (kn_type_packed(t))
+            fill_pool_packed(pool[ti], (size_t)n_mats * mat, t, n_out, n_in);
+        else
+            fill_pool(pool[ti], (size_t)n_mats * mat, t);
+    }
+    return 0;
+}
+
 static int bench_types(int reps)
 {
     /* each type as it is in the file, then packed where the table has a
@@ -208,21 +235,8 @@ static int bench_types(int reps)
     double mv[NT][MAX_REPS], mm[NT][MAX_REPS], fl[NT][MAX_REPS], peak[MAX_REPS];
     bool have[NT];
     uint8_t *pool[NT] = {0};
-    for (int ti = 0; ti < NT; ti++) {
-        const kn_type t = tys[ti];
-        have[ti] = !kn_type_packed(t) || (kn_pack_bytes(kn_unpacked_type(t), 16, TY_N_IN) > 0 &&
-                                          kn_ctx_ops(ctx)->gemm_packed[kn_unpacked_type(t)] != NULL);
-        if (!have[ti])
-            continue;
-        const size_t mat = mat_bytes_of(t, TY_N_OUT, TY_N_IN);
-        const int n_mats = (int)(pool_bytes / mat);
-        if ((pool[ti] = aligned_alloc(64, pool_bytes + (64 << 20))) == NULL)
-            return 1;
-        if (kn_type_packed(t))
-            fill_pool_packed(pool[ti], (size_t)n_mats * mat, t, TY_N_OUT, TY_N_IN);
-        else
-            fill_pool(pool[ti], (size_t)n_mats * mat, t);
-    }
+    if (type_pools(kn_ctx_ops(ctx), tys, NT, TY_N_OUT, TY_N_IN, pool, have))
+        return 1;
     /* Every type once per repetition, one after another, so that each
      * type's median is taken over the same stretches of a shared
      * machine's load as the others'. */
@@ -279,20 +293,106 @@ static int bench_types(int reps)
     return 0;
 }
 
+/* ---- --mxfp4: MXFP4 as it lies (the AVX2 gemm, before its packed layout)
+ * and packed, against IQ4_NL and Q4_0 packed and as they lie -------------
+ * gpt-oss-20b's expert shape (2880 x 2880). Decode: the matvec of one row
+ * over a pool of copies (TY_POOL_MIB), as weight GB/s; prefill: 128 rows
+ * against one matrix, as GFLOP/s. One thread, timed in the thread's CPU
+ * time (the context's only thread is the caller), every configuration once
+ * per repetition in turn, so a shared machine's load neither counts nor
+ * falls on one of them more than the others; medians. */
+#define MX_N 2880
+#define MX_ROWS 128
+
+static double thread_cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int bench_mxfp4(int reps)
+{
+    static const kn_type files[] = {KN_TYPE_MXFP4, KN_TYPE_IQ4_NL, KN_TYPE_Q4_0};
+    enum { NT = 6 };
+    kn_type tys[NT];
+    for (int i = 0; i < 3; i++) {
+        tys[2 * i] = files[i];
+        tys[2 * i + 1] = kn_packed_type(files[i]);
+    }
+    const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
+    kn_ctx *ctx = kn_ctx_new(1, KN_BACKEND_AUTO);
+    float *x = malloc((size_t)MX_ROWS * MX_N * sizeof(float));
+    float *y = aligned_alloc(64, (size_t)MX_ROWS * MX_N * sizeof(float));
+    if (!ctx || !x || !y)
+        return 1;
+    for (int i = 0; i < MX_ROWS * MX_N; i++)
+        x[i] = bench_frand(&rng_state);
+    double mv[NT][MAX_REPS], mm[NT][MAX_REPS];
+    bool have[NT];
+    uint8_t *pool[NT] = {0};
+    if (type_pools(kn_ctx_ops(ctx), tys, NT, MX_N, MX_N, pool, have))
+        return 1;
+    for (int r = 0; r < reps; r++)
+        for (int ti = 0; ti < NT; ti++) {
+            if (!have[ti])
+                continue;
+            const kn_type t = tys[ti];
+            const size_t mat = mat_bytes_of(t, MX_N, MX_N);
+            const int n_mats = (int)(pool_bytes / mat);
+            double t0 = thread_cpu_now();
+            int passes = 0;
+            do {
+                for (int m = 0; m < n_mats; m++)
+                    kn_matmul(ctx, pool[ti] + (size_t)m * mat, t, MX_N, MX_N, x, 1, y);
+                passes++;
+            } while (thread_cpu_now() - t0 < 0.1);
+            mv[ti][r] = (double)mat * n_mats * passes / (thread_cpu_now() - t0);
+            int calls = 0;
+            t0 = thread_cpu_now();
+            do {
+                kn_matmul(ctx, pool[ti], t, MX_N, MX_N, x, MX_ROWS, y);
+                calls++;
+            } while (thread_cpu_now() - t0 < 0.1 || calls < 3);
+            mm[ti][r] = 2.0 * MX_ROWS * MX_N * MX_N * calls / (thread_cpu_now() - t0);
+        }
+    printf("## MXFP4 (%s backend, %dx%d, 1 thread, thread CPU time, median of %d runs)\n\n", kn_ctx_ops(ctx)->name,
+           MX_N, MX_N, reps);
+    printf("| type | bits/weight | matvec GB/s | matvec us | %d rows GFLOP/s |\n|---|---|---|---|---|\n",
+           MX_ROWS);
+    for (int ti = 0; ti < NT; ti++) {
+        if (!have[ti])
+            continue;
+        const kn_type t = tys[ti], base = kn_unpacked_type(t);
+        const double v = bench_median(mv[ti], reps), m = bench_median(mm[ti], reps);
+        printf("| %s | %.2f | %.2f | %.0f | %.1f |\n", kn_type_name(t),
+               8.0 * kn_type_block_bytes(base) / kn_type_block_elems(base), v / 1e9,
+               1e6 * (double)mat_bytes_of(t, MX_N, MX_N) / v, m / 1e9);
+    }
+    kn_ctx_free(ctx);
+    free(y);
+    free(x);
+    for (int ti = 0; ti < NT; ti++)
+        free(pool[ti]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int reps = 5;
     size_t pool_mib = 1024;
-    bool by_type = false;
+    bool by_type = false, mxfp4 = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--types") == 0)
             by_type = true;
+        else if (strcmp(argv[i], "--mxfp4") == 0)
+            mxfp4 = true;
         else if (strcmp(argv[i], "--pool-mib") == 0 && i + 1 < argc)
             pool_mib = (size_t)atol(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M] [--types]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4]\n", argv[0]);
             return 2;
         }
     }
@@ -306,6 +406,8 @@ int main(int argc, char **argv)
     }
     if (by_type)
         return bench_types(reps);
+    if (mxfp4)
+        return bench_mxfp4(reps);
     const size_t pool_bytes = pool_mib << 20;
     uint8_t *pool = aligned_alloc(64, pool_bytes);
     kn_ctx *ctx[2] = {kn_ctx_new(1, KN_BACKEND_AUTO), kn_ctx_new(2, KN_BACKEND_AUTO)};

@@ -164,7 +164,7 @@ void kn_pack_q4_0(const void *w, int n_out, int n_in, void *dst);
  * rows, with their scales unpacked to bytes or halves beside them (the
  * layouts are described in kn_pack.c). Q8_0 and Q4_0 as kn_pack_q8_0 and
  * kn_pack_q4_0. kn_pack_bytes is 0 for a type without a packed layout (the
- * float types, and MXFP4 for now) or sizes that are not whole blocks. */
+ * float types) or sizes that are not whole blocks. */
 size_t kn_pack_bytes(kn_type t, int n_out, int n_in);
 void kn_pack(kn_type t, const void *w, int n_out, int n_in, void *dst);
 

@@ -12,8 +12,9 @@
 #include <string.h>
 
 /* One row's super-block or block, decoded: u the unsigned quant of each
- * element (the index of IQ4_NL's and IQ4_XS's level), sc and mn the group
- * scales and mins as the layout stores them, d and m the halves. */
+ * element (the index of IQ4_NL's, IQ4_XS's and MXFP4's level), sc and mn
+ * the group scales and mins as the layout stores them, d and m the halves
+ * (MXFP4: d its E8M0 exponent byte). */
 typedef struct kp_rowblock {
     uint8_t u[KN_QK_K];
     uint8_t sc[16], mn[16];
@@ -103,6 +104,11 @@ static void decode_legacy(kn_type t, const void *blk, kp_rowblock *r)
     case KN_TYPE_Q5_1: {
         const kn_block_q5_1 *b = blk;
         qs = b->qs, qh = b->qh, r->d = b->d, r->m = b->m;
+        break;
+    }
+    case KN_TYPE_MXFP4: {
+        const kn_block_mxfp4 *b = blk;
+        qs = b->qs, r->d = b->e;
         break;
     }
     default: { /* IQ4_NL */
@@ -247,7 +253,11 @@ static void pack_super(kn_type t, const kp_rowblock *rb, uint8_t *dst)
 /* One 32-element block's scales (sc) and quants (q) from 16 decoded rows. */
 static void pack_legacy(kn_type t, const kp_rowblock *rb, uint8_t *sc, uint8_t *q)
 {
-    put_halves(sc, rb, false);
+    if (t == KN_TYPE_MXFP4) /* the exponent bytes as they are: 2^-128..2^127 fits no half */
+        for (int j = 0; j < 16; j++)
+            sc[j] = (uint8_t)rb[j].d;
+    else
+        put_halves(sc, rb, false);
     if (t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1)
         put_halves(sc + 32, rb, true);
     const bool q5 = t == KN_TYPE_Q5_0 || t == KN_TYPE_Q5_1;
@@ -307,6 +317,9 @@ static bool pack_shape(kn_type t, kp_shape *s)
         return true;
     case KN_TYPE_IQ4_NL:
         *s = (kp_shape){32, KN_PL_SCALE_D, KN_PL_QUANT_4};
+        return true;
+    case KN_TYPE_MXFP4:
+        *s = (kp_shape){32, KN_PL_SCALE_E8, KN_PL_QUANT_4};
         return true;
     default:
         return false;

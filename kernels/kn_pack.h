@@ -35,17 +35,19 @@
  *             bits in bits 6 and 7 of vector 3c + 2: six quads a shift or
  *             a mask away, two an or of two.
  *
- * The 32-element types (Q4_1, Q5_0, Q5_1, IQ4_NL) as kn_pack_q4_0 lays out
- * Q4_0: a group holds first its blocks' scales, KN_PL_*_SCALE bytes a block
- * (16 halves of d, then for Q4_1 and Q5_1 16 halves of m), padded to whole
+ * The 32-element types (Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4) as kn_pack_q4_0
+ * lays out Q4_0: a group holds first its blocks' scales, KN_PL_*_SCALE bytes
+ * a block (16 halves of d, then for Q4_1 and Q5_1 16 halves of m; MXFP4's
+ * 16 E8M0 exponent bytes, whose 2^-128..2^127 no half holds), padded to whole
  * cache lines, then its blocks' quants, KN_PL_*_QUANT bytes a block: 4
  * vectors, vector k with quad k in its low nibbles and quad 4 + k in its
- * high ones (Q4_0's byte order: element i and i + 16 share a byte). Q5_0
- * and Q5_1 have a fifth vector, and their bits otherwise placed: vector k
- * holds quad k's 5 bits in bits 0-4 and quad 4 + k's low 3 in bits 5-7, the
- * fifth vector quad 4 + k's top 2 in bits 2k..2k+1, so that every quad is
- * a mask or two bit-field moves away (the 8 quads' hbit masks, added by
- * mask, cost Q5_1's decode a quarter of its speed). */
+ * high ones (Q4_0's byte order: element i and i + 16 share a byte; IQ4_NL's
+ * and MXFP4's the index of the level). Q5_0 and Q5_1 have a fifth vector,
+ * and their bits otherwise placed: vector k holds quad k's 5 bits in bits
+ * 0-4 and quad 4 + k's low 3 in bits 5-7, the fifth vector quad 4 + k's top
+ * 2 in bits 2k..2k+1, so that every quad is a mask or two bit-field moves
+ * away (the 8 quads' hbit masks, added by mask, cost Q5_1's decode a
+ * quarter of its speed). */
 #ifndef KN_PACK_H
 #define KN_PACK_H
 
@@ -85,6 +87,7 @@
 /* The 32-element types: a block's scales and quants. */
 #define KN_PL_SCALE_D 32   /* d only (Q5_0, IQ4_NL) */
 #define KN_PL_SCALE_DM 64  /* d, then m (Q4_1, Q5_1) */
+#define KN_PL_SCALE_E8 16  /* the exponent bytes (MXFP4) */
 #define KN_PL_QUANT_4 256  /* nibbles */
 #define KN_PL_QUANT_5 320  /* 5 vectors */
 

@@ -99,6 +99,7 @@ static const char *const packed_names[KN_TYPE_COUNT] = {
     KN_PACKED_NAME(Q5_0, q5_0),  KN_PACKED_NAME(Q5_1, q5_1),     KN_PACKED_NAME(IQ4_NL, iq4_nl),
     KN_PACKED_NAME(Q2_K, q2_K),  KN_PACKED_NAME(Q3_K, q3_K),     KN_PACKED_NAME(Q4_K, q4_K),
     KN_PACKED_NAME(Q5_K, q5_K),  KN_PACKED_NAME(Q6_K, q6_K),     KN_PACKED_NAME(IQ4_XS, iq4_xs),
+    KN_PACKED_NAME(MXFP4, mxfp4),
 #undef KN_PACKED_NAME
 };
 

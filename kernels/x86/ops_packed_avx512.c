@@ -1,5 +1,5 @@
 /* kernels/x86: the packed gemms of the K-quants (Q2_K..Q6_K), IQ4_XS and
- * the 32-element types Q4_1, Q5_0, Q5_1 and IQ4_NL on AVX-512 VNNI, over
+ * the 32-element types Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 on AVX-512 VNNI, over
  * rows that kn_pack laid out 16 to a group (kn_pack.h): lane j of every
  * vector is weight row j, so one vpdpbusd of a quad vector (4 quants of
  * each of the 16 rows, unsigned bytes) against the activations' matching
@@ -14,7 +14,7 @@
  * sums), then (float)isum * (d * dx) - (float)msum * (dmin * dx) added to
  * the row's running sum; a 32-element block's sumi and quant sum likewise.
  * Where a type's quants carry an offset (Q3_K's 4, Q6_K's 32, IQ4_XS's
- * levels and IQ4_NL's moved up by 128 to be unsigned, Q5_0's 16), the
+ * levels, IQ4_NL's and MXFP4's moved up by 128 to be unsigned, Q5_0's 16), the
  * offset times the group sums comes off the exact integer first. So every
  * row's result has the bits of the reference dot, whatever its batch.
  * Built with -ffp-contract=off: no multiply-add may fuse.
@@ -442,11 +442,13 @@ KP_TYPE(Q6_K, q6_K)
 KP_TYPE(IQ4_XS, iq4_xs)
 #undef KP_TYPE
 
-/* ---- the 32-element types: Q4_1, Q5_0, Q5_1, IQ4_NL against Q8_0 ---------------
+/* ---- the 32-element types: Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 against Q8_0 --------
  * kn_pack_q4_0's scheme (a group's block scales first, then its blocks'
  * quants): per block and activation row, sumi by 8 vpdpbusd (less the
  * offset times the activation block's quant sum, xs), then
- * (float)sumi * (d * dx) + (float)xs * (m * dx) as the reference. */
+ * (float)sumi * (d * dx) + (float)xs * (m * dx) as the reference. MXFP4's
+ * d is made from its exponent byte in integer lanes, exactly as
+ * kn_e8m0_half makes it, subnormal 2^-128 and 2^-127 included. */
 
 #define KL_KMAX 16
 #define KL_X(k) ((const kn_block_q8_0 *)((const char *)xq + (size_t)(k)*xs))
@@ -459,7 +461,23 @@ typedef struct kl_act {
 
 KP_INLINE size_t kl_scale_bytes(kn_type t)
 {
-    return t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1 ? KN_PL_SCALE_DM : KN_PL_SCALE_D;
+    return t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1 ? KN_PL_SCALE_DM
+           : t == KN_TYPE_MXFP4                   ? KN_PL_SCALE_E8
+                                                  : KN_PL_SCALE_D;
+}
+
+/* The 16 rows' d of a block: halves, or MXFP4's 2^(e - 128) from its
+ * exponent bytes (the bits (e - 1) << 23, or for e < 2 the subnormal
+ * 0x00200000 << e). */
+KP_INLINE __m512 kl_scale(kn_type t, const uint8_t *sc)
+{
+    if (t != KN_TYPE_MXFP4)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __mmask16 tiny = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(tiny, normal, sub));
 }
 
 KP_INLINE size_t kl_quant_bytes(kn_type t)
@@ -470,9 +488,10 @@ KP_INLINE size_t kl_quant_bytes(kn_type t)
 /* One block's 8 quad vectors, unsigned. */
 KP_INLINE void kl_unpack(kn_type t, const uint8_t *q, __m512i *w)
 {
-    if (t == KN_TYPE_IQ4_NL) {
+    if (t == KN_TYPE_IQ4_NL || t == KN_TYPE_MXFP4) {
+        const int8_t *levels = t == KN_TYPE_MXFP4 ? kn_mxfp4_values : kn_iq4nl_values;
         const __m512i lut = _mm512_broadcast_i32x4(
-            _mm_add_epi8(_mm_loadu_si128((const __m128i *)kn_iq4nl_values), _mm_set1_epi8((char)0x80)));
+            _mm_add_epi8(_mm_loadu_si128((const __m128i *)levels), _mm_set1_epi8((char)0x80)));
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             const __m512i v = kp_load(q + 64 * k);
@@ -504,7 +523,7 @@ KP_INLINE void kl_tile(kn_type t, const uint8_t *sc, const uint8_t *q, size_t gr
                        const void *xq, size_t xs, int K, int b0, int ns, const kl_act *a, float *y, size_t ys)
 {
     const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
-    const bool has_off = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL;
+    const bool has_off = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL || t == KN_TYPE_MXFP4;
     const size_t sb = kl_scale_bytes(t), qb = kl_quant_bytes(t);
     const __mmask16 keep = (__mmask16)((1u << n_t) - 1);
     __m512 f[KL_KMAX];
@@ -519,7 +538,7 @@ KP_INLINE void kl_tile(kn_type t, const uint8_t *sc, const uint8_t *q, size_t gr
         for (size_t l = 0; l < qb; l += 64)
             _mm_prefetch(ahead + l, _MM_HINT_T0);
         _mm_prefetch(x86_p16_ahead((const char *)sc, ib, 16, nb, sb, group_bytes), _MM_HINT_T0);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)ib * sb)));
+        const __m512 d = kl_scale(t, sc + (size_t)ib * sb);
         const __m512 m = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)ib * sb + 32)))
                                  : d;
         __m512i w[8];
@@ -566,7 +585,7 @@ KP_INLINE void kl_run(kn_type t, const void *w, int n_w, const void *xq, size_t 
 {
     const size_t sb = kl_scale_bytes(t), qb = kl_quant_bytes(t);
     const size_t quants_at = ((size_t)nb * sb + 63) & ~(size_t)63, gb = quants_at + (size_t)nb * qb;
-    const int off = t == KN_TYPE_Q5_0 ? 16 : t == KN_TYPE_IQ4_NL ? 128 : 0;
+    const int off = t == KN_TYPE_Q5_0 ? 16 : t == KN_TYPE_IQ4_NL || t == KN_TYPE_MXFP4 ? 128 : 0;
     kl_act a;
     for (int b0 = 0; b0 < nb; b0 += KL_SEG) {
         const int ns = nb - b0 < KL_SEG ? nb - b0 : KL_SEG;
@@ -632,6 +651,7 @@ KL_TYPE(Q4_1, q4_1)
 KL_TYPE(Q5_0, q5_0)
 KL_TYPE(Q5_1, q5_1)
 KL_TYPE(IQ4_NL, iq4_nl)
+KL_TYPE(MXFP4, mxfp4)
 #undef KL_TYPE
 
 void kn_x86_packed_fill(kn_ops *ops)
@@ -650,6 +670,7 @@ void kn_x86_packed_fill(kn_ops *ops)
     KP_SET(Q5_0, q5_0)
     KP_SET(Q5_1, q5_1)
     KP_SET(IQ4_NL, iq4_nl)
+    KP_SET(MXFP4, mxfp4)
 #undef KP_SET
 }
 

@@ -277,6 +277,55 @@ static void test_batch_matches_alone(void **state)
     }
 }
 
+/* gpt-oss's MXFP4 experts (its quantized files' type for them) through the
+ * fast tables' kernels, the packed prefill gemm where the CPU has one,
+ * give the scalar reference's greedy tokens: a prompt prefilled whole,
+ * then one token a step. */
+static void test_gpt_oss_mxfp4_greedy(void **state)
+{
+    (void)state;
+    enum { N_GEN = 24 };
+    char path[128], err[256];
+    path_of(path, sizeof(path), "gpt-oss", KN_TYPE_Q8_0);
+    rt_gguf *g = NULL;
+    assert_int_equal(rt_gguf_open(path, &g, err, sizeof(err)), 0);
+    const rt_gguf_tensor *gate = rt_gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight");
+    assert_non_null(gate);
+    assert_int_equal(gate->type, KN_TYPE_MXFP4);
+    rt_gguf_free(g);
+    int32_t toks[2][N_GEN];
+    const char *backend = NULL;
+    for (int k = 0; k < 2; k++) {
+        rt_model *m = load(path, k == 0, 2);
+        const int V = rt_model_hparams(m)->n_vocab;
+        if (k == 1)
+            backend = rt_model_backend_name(m);
+        rt_kv *kv = rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
+        assert_non_null(kv);
+        rt_seq *s = rt_seq_new(kv, 64);
+        float *logits = malloc((size_t)V * sizeof(float));
+        rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
+        assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        for (int i = 0; i < N_GEN; i++) {
+            toks[k][i] = argmax(logits, V);
+            e = (rt_batch_entry){.seq = s, .tokens = &toks[k][i], .n_tokens = 1, .logits = logits};
+            assert_int_equal(rt_model_forward(m, &e, 1), 0);
+        }
+        free(logits);
+        rt_seq_free(s);
+        rt_kv_free(kv);
+        rt_model_free(m);
+    }
+    const kn_ops *best = kn_ops_best();
+    printf("# gpt-oss MXFP4 experts: %d greedy tokens on %s (%s) = the reference's\n", N_GEN, backend,
+           best->gemm_packed[KN_TYPE_MXFP4] ? "packed MXFP4 gemm" : "MXFP4 dots");
+    assert_memory_equal(toks[0], toks[1], sizeof(toks[0]));
+    int changes = 0; /* not one token repeated: the experts' products decide them */
+    for (int i = 1; i < N_GEN; i++)
+        changes += toks[0][i] != toks[0][i - 1];
+    assert_true(changes >= N_GEN / 4);
+}
+
 /* Sliding-window layers keep their window only: a Gemma-2-shaped model
  * (every other layer slides, window 8) decoding 4k positions holds the
  * global layers' blocks for all of them and a few of the others', and the
@@ -482,6 +531,7 @@ int main(void)
         cmocka_unit_test(test_fast_matches_reference),
         cmocka_unit_test(test_chunked_prefill_matches),
         cmocka_unit_test(test_batch_matches_alone),
+        cmocka_unit_test(test_gpt_oss_mxfp4_greedy),
         cmocka_unit_test(test_window_blocks),
         cmocka_unit_test(test_window_semantics),
         cmocka_unit_test(test_refusals),

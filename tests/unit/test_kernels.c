@@ -1558,11 +1558,10 @@ static void test_gemm_packed(void **state)
                 packed_case(fast[k], (kn_type)t);
                 ran++;
             }
-    /* the generic entry knows every quantized type, and no float one
-     * (MXFP4 aside: its matrices are multiplied as they lie, for now) */
+    /* the generic entry knows every quantized type, and no float one */
     for (uint32_t t = 0; t < KN_TYPE_COUNT; t++) {
         const kn_type_traits *tt = kn_type_traits_of(t);
-        if (tt == NULL || t == KN_TYPE_Q8_K || t == KN_TYPE_MXFP4)
+        if (tt == NULL || t == KN_TYPE_Q8_K)
             continue;
         assert_true((kn_pack_bytes((kn_type)t, 17, 512) > 0) == (tt->block_elems > 1));
         if (tt->block_elems > 1) {
@@ -1573,6 +1572,135 @@ static void test_gemm_packed(void **state)
     }
     if (ran == 0)
         skip();
+}
+
+/* MXFP4's exponent covers 2^-128..2^127 (kn_e8m0_half), past any half:
+ * blocks with every exponent, the subnormal 0 and 1 and the largest
+ * included, against activation blocks whose scales run from subnormal
+ * halves to 2^15, so that products underflow to subnormals and zero and
+ * overflow to infinities. The packed gemm gives the reference's bits (two
+ * NaNs, from infinities of both signs, count as equal); the AVX2 dot and
+ * gemm, which sum in another order, are within a rounding of the
+ * magnitudes wherever the reference's sum stays far from overflow. */
+static bool mxfp4_same(float a, float b)
+{
+    return bits_of(a) == bits_of(b) || (isnan(a) && isnan(b));
+}
+
+static void mxfp4_extremes_case(int nb, int *n_checked)
+{
+    enum { NW = 19, NR = 11 };
+    static const uint8_t special[] = {0, 1, 2, 3, 100, 126, 127, 128, 129, 200, 253, 254, 255};
+    const kn_ops *ref = kn_ops_ref(), *fast[5];
+    const int nf = fast_tables(fast), n = 32 * nb;
+    const size_t ws = (size_t)nb * sizeof(kn_block_mxfp4), xs = (size_t)nb * sizeof(kn_block_q8_0), ys = NW + 2;
+    kn_block_mxfp4 *w = malloc(NW * ws);
+    kn_block_q8_0 *x = malloc(NR * xs);
+    uint8_t *packed = malloc(kn_pack_bytes(KN_TYPE_MXFP4, NW, n));
+    float *want = malloc(NR * ys * sizeof(float)), *got = malloc(NR * ys * sizeof(float));
+    double *bound = malloc(NR * ys * sizeof(double));
+    assert_true(w && x && packed && want && got && bound);
+    for (int o = 0; o < NW; o++)
+        for (int b = 0; b < nb; b++) {
+            kn_block_mxfp4 *blk = w + (size_t)o * nb + b;
+            /* rows 0-12 one special exponent throughout, the rest any */
+            blk->e = o < (int)sizeof(special) ? special[o] : (uint8_t)rnd32();
+            for (int i = 0; i < 16; i++)
+                blk->qs[i] = o == 5 ? 0 : (uint8_t)rnd32();
+        }
+    for (int r = 0; r < NR; r++)
+        for (int b = 0; b < nb; b++) {
+            kn_block_q8_0 *blk = x + (size_t)r * nb + b;
+            /* exponent fields 0 (subnormal) .. 29 (2^14), any mantissa */
+            blk->d = (uint16_t)((rnd32() % 30) << 10 | (rnd32() & 0x3ff));
+            for (int i = 0; i < 32; i++)
+                blk->qs[i] = (int8_t)(r == 3 ? 0 : (int)(rnd32() % 255) - 127);
+        }
+    for (int r = 0; r < NR; r++)
+        for (int o = 0; o < NW; o++) {
+            ref->dot[KN_TYPE_MXFP4](w + (size_t)o * nb, x + (size_t)r * nb, xs, 1, n, &want[r * ys + o]);
+            double s = 0;
+            for (int b = 0; b < nb; b++) {
+                const kn_block_mxfp4 *wb = w + (size_t)o * nb + b;
+                const kn_block_q8_0 *xb = x + (size_t)r * nb + b;
+                int sumi = 0;
+                for (int i = 0; i < 32; i++)
+                    sumi += abs(kn_mxfp4_values[i < 16 ? wb->qs[i] & 0xf : wb->qs[i - 16] >> 4] * xb->qs[i]);
+                const float dd = kn_e8m0_half(wb->e) * kn_fp16_to_fp32(xb->d); /* as both round it */
+                s += isinf(dd) ? INFINITY : sumi * (double)dd;
+            }
+            bound[r * ys + o] = s;
+        }
+    kn_pack(KN_TYPE_MXFP4, w, NW, n, packed);
+    for (int k = 0; k < nf; k++) {
+        const kn_ops *ops = fast[k];
+        if (ops->gemm_packed[KN_TYPE_MXFP4] != NULL) {
+            for (int nr = 1; nr <= NR; nr += 3) {
+                for (size_t i = 0; i < NR * ys; i++)
+                    got[i] = -7.0f;
+                ops->gemm_packed[KN_TYPE_MXFP4](packed, NW, x, xs, nr, n, got, ys);
+                for (int r = 0; r < NR; r++)
+                    for (int o = 0; o < (int)ys; o++) {
+                        const float v = got[r * ys + o];
+                        if (r >= nr || o >= NW) {
+                            assert_true(v == -7.0f);
+                            continue;
+                        }
+                        if (!mxfp4_same(v, want[r * ys + o])) {
+                            print_error("mxfp4 extremes packed [%s] nb=%d rows %d: row %d column %d (e %d): "
+                                        "%.9g, reference %.9g\n",
+                                        ops->name, nb, nr, r, o, w[(size_t)o * nb].e, (double)v,
+                                        (double)want[r * ys + o]);
+                            fail();
+                        }
+                        (*n_checked)++;
+                    }
+            }
+        }
+        /* the dot (decode) and the unpacked gemm */
+        for (int o = 0; o < NW; o++) {
+            float d[NR];
+            ops->dot[KN_TYPE_MXFP4](w + (size_t)o * nb, x, xs, NR, n, d);
+            ops->gemm[KN_TYPE_MXFP4](w + (size_t)o * nb, ws, 1, x, xs, NR, n, got + o, ys);
+            for (int r = 0; r < NR; r++) {
+                const double b = bound[r * ys + o], want_v = want[r * ys + o];
+                for (int which = 0; which < 2; which++) {
+                    const float v = which ? got[r * ys + o] : d[r];
+                    /* near overflow another order may round to infinity */
+                    if (!mxfp4_same(v, want[r * ys + o]) && b <= 1e37 && !(fabs(v - want_v) <= 1e-5 * b + 1e-40)) {
+                        print_error("mxfp4 extremes %s [%s] nb=%d: row %d column %d (e %d): %.9g, reference %.9g\n",
+                                    which ? "gemm" : "dot", ops->name, nb, r, o, w[(size_t)o * nb].e, (double)v,
+                                    want_v);
+                        fail();
+                    }
+                    (*n_checked)++;
+                }
+            }
+        }
+    }
+    free(bound);
+    free(got);
+    free(want);
+    free(packed);
+    free(x);
+    free(w);
+}
+
+static void test_mxfp4_extremes(void **state)
+{
+    (void)state;
+    const kn_ops *fast[5];
+    fast_tables_or_skip(fast);
+    /* the exponent bytes as the reference reads them: both subnormals, the
+     * normal range's ends */
+    assert_true(kn_e8m0_half(0) == ldexpf(1.0f, -128) && kn_e8m0_half(1) == ldexpf(1.0f, -127));
+    assert_true(kn_e8m0_half(2) == ldexpf(1.0f, -126) && kn_e8m0_half(255) == ldexpf(1.0f, 127));
+    seed(4242);
+    int checked = 0;
+    const int nbs[] = {1, 2, 5, 33};
+    for (int i = 0; i < 4; i++)
+        mxfp4_extremes_case(nbs[i], &checked);
+    assert_true(checked > 0);
 }
 
 /* kn_matmul on every type, through a context of each backend and two
@@ -2367,6 +2495,7 @@ int main(void)
         cmocka_unit_test(test_gemm_legacy_long_rows),
         cmocka_unit_test(test_matmul_types),
         cmocka_unit_test(test_gemm_packed),
+        cmocka_unit_test(test_mxfp4_extremes),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_kv_ops),
         cmocka_unit_test(test_matmul),
