@@ -260,12 +260,19 @@ static void pack_legacy(kn_type t, const kp_rowblock *rb, uint8_t *sc, uint8_t *
         put_halves(sc, rb, false);
     if (t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1)
         put_halves(sc + 32, rb, true);
+    const bool q5 = t == KN_TYPE_Q5_0 || t == KN_TYPE_Q5_1;
     for (int k = 0; k < 4; k++)
         for (int j = 0; j < 16; j++)
-            for (int e = 0; e < 4; e++)
-                q[64 * k + 4 * j + e] = (uint8_t)((rb[j].u[4 * k + e] & 0xf) | (rb[j].u[16 + 4 * k + e] & 0xf) << 4);
-    if (t == KN_TYPE_Q5_0 || t == KN_TYPE_Q5_1)
-        put_hbit(q + KN_PL_QUANT_4, rb, 8, 4);
+            for (int e = 0; e < 4; e++) {
+                const int lo = rb[j].u[4 * k + e], hi = rb[j].u[16 + 4 * k + e];
+                /* Q5: quad k whole in bits 0-4, quad 4 + k's low 3 bits
+                 * above it, its top 2 bits in the fifth vector's field k */
+                q[64 * k + 4 * j + e] =
+                    q5 ? (uint8_t)((lo & 0x1f) | (hi & 7) << 5) : (uint8_t)((lo & 0xf) | (hi & 0xf) << 4);
+                if (q5)
+                    q[KN_PL_QUANT_4 + 4 * j + e] =
+                        (uint8_t)((k == 0 ? 0 : q[KN_PL_QUANT_4 + 4 * j + e]) | (hi >> 3 & 3) << (2 * k));
+            }
 }
 
 /* ---- the generic entry -------------------------------------------------------- */

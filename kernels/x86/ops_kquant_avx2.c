@@ -418,44 +418,267 @@ KQ_INLINE int32_t kl_xsum(__m256i xv)
     return _mm_cvtsi128_si32(h);
 }
 
-KQ_INLINE void kl_gemm(kn_type t, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
-                       float *y, size_t ys)
+/* The activation terms of a block: its scale, and its quant sum as a float
+ * (for Q4_1's and Q5_1's min). Looked up in tab when the call filled one,
+ * else computed where they are needed. */
+KQ_INLINE void kl_xterms(const kn_block_q8_0 *xb, const float *tab, size_t at, bool has_min, float *dx,
+                         float *xsf)
+{
+    if (tab != NULL) {
+        *dx = tab[2 * at];
+        *xsf = tab[2 * at + 1];
+        return;
+    }
+    *dx = kn_x86_f16_table[xb->d];
+    *xsf = has_min ? (float)kl_xsum(_mm256_loadu_si256((const __m256i *)xb->qs)) : 0.0f;
+}
+
+/* (row, block) pairs of activation terms a call computes once for all its
+ * weight rows: the quant sum cost as much as the dot itself when every
+ * weight row took it again. 32 KiB on the stack. */
+#define KL_TAB 4096
+
+/* WR (1 or 2) weight rows from wr against rn activation rows from x: both
+ * rows' chains in flight at once, and each activation load serves both. */
+KQ_INLINE void kl_pass(kn_type t, int WR, const char *wr, size_t ws, bool pf_next, const char *x, size_t xs,
+                       int rn, int nb, const float *tab, float *y, size_t ys)
 {
     const bool signed_q = t == KN_TYPE_Q5_0 || t == KN_TYPE_IQ4_NL || t == KN_TYPE_MXFP4;
     const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
     const size_t bb = kn_type_block_bytes(t);
-    const int nb = n / 32;
-    __m256 f[KQ_ROWS];
-    float g[KQ_ROWS];
-    for (int r0 = 0; r0 < nr; r0 += KQ_ROWS) {
-        const int rn = nr - r0 < KQ_ROWS ? nr - r0 : KQ_ROWS;
-        for (int o = 0; o < n_w; o++) {
-            const char *wr = (const char *)w + (size_t)o * ws;
-            for (int r = 0; r < rn; r++) {
-                f[r] = _mm256_setzero_ps();
-                g[r] = 0.0f;
+    __m256 f[2][KQ_ROWS];
+    float g[2][KQ_ROWS];
+    for (int r = 0; r < rn; r++)
+#pragma GCC unroll 2
+        for (int o = 0; o < WR; o++) {
+            f[o][r] = _mm256_setzero_ps();
+            g[o][r] = 0.0f;
+        }
+    for (int ib = 0; ib < nb; ib++) {
+        float d[2], m[2] = {0.0f, 0.0f};
+        __m256i q[2], aq[2];
+#pragma GCC unroll 2
+        for (int o = 0; o < WR; o++) {
+            const char *wo = wr + (size_t)o * ws;
+            if (pf_next && ib % 4 == 0)
+                _mm_prefetch(wo + (size_t)WR * ws + (size_t)ib * bb, _MM_HINT_T0);
+            q[o] = kl_unpack(t, wo, ib, &d[o], &m[o]);
+            aq[o] = signed_q ? _mm256_sign_epi8(q[o], q[o]) : q[o];
+        }
+        for (int r = 0; r < rn; r++) {
+            const kn_block_q8_0 *xb = (const kn_block_q8_0 *)(x + (size_t)r * xs) + ib;
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
+            float dx, xsf;
+            kl_xterms(xb, tab, (size_t)r * nb + ib, has_min, &dx, &xsf);
+#pragma GCC unroll 2
+            for (int o = 0; o < WR; o++) {
+                const __m256i p = _mm256_maddubs_epi16(aq[o], signed_q ? _mm256_sign_epi8(xv, q[o]) : xv);
+                const __m256i acc = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+                f[o][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d[o] * dx), f[o][r]);
+                if (has_min)
+                    g[o][r] += xsf * (m[o] * dx);
             }
-            for (int ib = 0; ib < nb; ib++) {
-                float d, m = 0.0f;
-                if (o + 1 < n_w && ib % 4 == 0)
-                    _mm_prefetch(wr + ws + (size_t)ib * bb, _MM_HINT_T0);
-                const __m256i q = kl_unpack(t, wr, ib, &d, &m);
-                const __m256i aq = signed_q ? _mm256_sign_epi8(q, q) : q;
-                for (int r = 0; r < rn; r++) {
-                    const kn_block_q8_0 *xb = (const kn_block_q8_0 *)((const char *)xq + (size_t)(r0 + r) * xs) + ib;
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
-                    const __m256i p = _mm256_maddubs_epi16(aq, signed_q ? _mm256_sign_epi8(xv, q) : xv);
-                    const __m256i acc = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-                    const float dx = kn_x86_f16_table[xb->d];
-                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d * dx), f[r]);
-                    if (has_min)
-                        g[r] += (float)kl_xsum(xv) * (m * dx);
-                }
-            }
-            for (int r = 0; r < rn; r++)
-                y[(size_t)(r0 + r) * ys + o] = hsum256(f[r]) + g[r];
         }
     }
+    for (int r = 0; r < rn; r++)
+#pragma GCC unroll 2
+        for (int o = 0; o < WR; o++)
+            y[(size_t)r * ys + o] = hsum256(f[o][r]) + g[o][r];
+}
+
+KQ_INLINE void kl_gemm(kn_type t, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
+                       float *y, size_t ys)
+{
+    const bool has_min = t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
+    const int nb = n / 32;
+    /* as many activation rows a chunk as the table holds whole (rows too
+     * long for one leave it unused) */
+    const int fit = nb > 0 ? KL_TAB / nb : KQ_ROWS, rmax = fit < 1 ? KQ_ROWS : fit < KQ_ROWS ? fit : KQ_ROWS;
+    float tab[2 * KL_TAB];
+    for (int r0 = 0; r0 < nr; r0 += rmax) {
+        const int rn = nr - r0 < rmax ? nr - r0 : rmax;
+        const char *x = (const char *)xq + (size_t)r0 * xs;
+        if (fit >= 1)
+            for (int r = 0; r < rn; r++)
+                for (int ib = 0; ib < nb; ib++) {
+                    const kn_block_q8_0 *xb = (const kn_block_q8_0 *)(x + (size_t)r * xs) + ib;
+                    kl_xterms(xb, NULL, 0, has_min, &tab[2 * ((size_t)r * nb + ib)],
+                              &tab[2 * ((size_t)r * nb + ib) + 1]);
+                }
+        const float *tp = fit >= 1 ? tab : NULL;
+        float *yr = y + (size_t)r0 * ys;
+        int o = 0;
+        for (; o + 2 <= n_w; o += 2)
+            kl_pass(t, 2, (const char *)w + (size_t)o * ws, ws, o + 2 < n_w, x, xs, rn, nb, tp, yr + o, ys);
+        if (o < n_w)
+            kl_pass(t, 1, (const char *)w + (size_t)o * ws, ws, false, x, xs, rn, nb, tp, yr + o, ys);
+    }
+}
+
+/* ---- Q4_1 and Q5_1: eight weight rows a tile, as Q4_0's mv path --------------
+ * (qdot_x86.h) lays them out: rows p and p + 4 share a register, their
+ * elements 0..15 in one and 16..31 in another, against the activation
+ * block's halves broadcast; four such partial-sum vectors reduce to the
+ * eight rows' block sums, and the float work is done once for eight rows:
+ * (float)sumi * (d * dx) + (float)xs * (m * dx), each rounded, added in
+ * block order, the reference's steps, so these gemms give its bits. The
+ * quants (at most 31) are the unsigned side of vpmaddubsw: four products
+ * of at most 31 * 128 fit an int16 lane. One load and unpacking of the
+ * weights serves up to KM_KMAX activation rows. */
+#define KM_KMAX 8
+#define KM_SEG 128
+
+typedef struct km_act {
+    float dx[KM_KMAX][KM_SEG];
+    float xsf[KM_KMAX][KM_SEG];
+} km_act;
+
+/* Block ib of weight rows a and b (row starts): lo holds elements 0..15
+ * of a then of b, hi elements 16..31, as unsigned bytes. */
+KQ_INLINE void km_wpair(bool q5, const char *a, const char *b, int ib, __m256i *lo, __m256i *hi)
+{
+    const kn_block_q5_1 *a5 = (const kn_block_q5_1 *)a + ib, *b5 = (const kn_block_q5_1 *)b + ib;
+    const uint8_t *qa = q5 ? a5->qs : ((const kn_block_q4_1 *)a + ib)->qs;
+    const uint8_t *qb = q5 ? b5->qs : ((const kn_block_q4_1 *)b + ib)->qs;
+    const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qa)),
+                                              _mm_loadu_si128((const __m128i *)qb), 1);
+    *lo = _mm256_and_si256(t, _mm256_set1_epi8(0x0f));
+    *hi = _mm256_and_si256(_mm256_srli_epi16(t, 4), _mm256_set1_epi8(0x0f));
+    if (q5) { /* both rows' fifth bits spread to bytes 0x10 or 0 at once */
+        uint32_t ha, hb;
+        memcpy(&ha, a5->qh, 4);
+        memcpy(&hb, b5->qh, 4);
+        const __m256i h = _mm256_set1_epi64x((long long)((uint64_t)hb << 32 | ha));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+        const __m256i sl = _mm256_shuffle_epi8(
+            h, _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0404040404040404ll, 0x0505050505050505ll));
+        const __m256i sh =
+            _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0x0202020202020202ll, 0x0303030303030303ll,
+                                                      0x0606060606060606ll, 0x0707070707070707ll));
+        const __m256i x10 = _mm256_set1_epi8(0x10);
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sl, bit), bit), x10));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sh, bit), bit), x10));
+    }
+}
+
+/* n_t (<= 8) weight rows from w against K activation rows, blocks
+ * [b0, b0 + ns); y row r gets (past the first segment, continues) the n_t
+ * sums. */
+KQ_INLINE void km_tile(bool q5, const char *w, size_t ws, int n_t, const void *xq, size_t xs, int K, int b0,
+                       int ns, const km_act *a, float *y, size_t ys)
+{
+    const char *wr[8];
+    uint16_t dh[8], mh[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) /* missing rows repeat row 0, unstored */
+        wr[j] = w + (size_t)(j < n_t ? j : 0) * ws;
+    const size_t bb = q5 ? sizeof(kn_block_q5_1) : sizeof(kn_block_q4_1);
+    const __m256i keep =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n_t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 f[KM_KMAX];
+#pragma GCC unroll 8
+    for (int r = 0; r < K; r++)
+        f[r] = b0 > 0 ? _mm256_maskload_ps(y + (size_t)r * ys, keep) : _mm256_setzero_ps();
+    for (int b = 0; b < ns; b++) {
+        const int ib = b0 + b;
+        /* the next tile's rows, at the same place (about one a line) */
+        if ((ib & 1) == 0)
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                _mm_prefetch(wr[j] + 8 * ws + (size_t)ib * bb, _MM_HINT_T0);
+        __m256i lo[4], hi[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++)
+            km_wpair(q5, wr[p], wr[p + 4], ib, &lo[p], &hi[p]);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) { /* d and m lead both blocks */
+            memcpy(&dh[j], wr[j] + (size_t)ib * bb, 2);
+            memcpy(&mh[j], wr[j] + (size_t)ib * bb + 2, 2);
+        }
+        const float *T = kn_x86_f16_table;
+        const __m256 dwv =
+            _mm256_setr_ps(T[dh[0]], T[dh[1]], T[dh[2]], T[dh[3]], T[dh[4]], T[dh[5]], T[dh[6]], T[dh[7]]);
+        const __m256 mwv =
+            _mm256_setr_ps(T[mh[0]], T[mh[1]], T[mh[2]], T[mh[3]], T[mh[4]], T[mh[5]], T[mh[6]], T[mh[7]]);
+#pragma GCC unroll 8
+        for (int r = 0; r < K; r++) {
+            const kn_block_q8_0 *xb = (const kn_block_q8_0 *)((const char *)xq + (size_t)r * xs) + ib;
+            const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb->qs));
+            const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb->qs + 16)));
+            __m256i c[4];
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                c[p] = _mm256_madd_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xl), _mm256_maddubs_epi16(hi[p], xh)),
+                    _mm256_set1_epi16(1));
+            const __m256i v = x86_reduce8(c[0], c[1], c[2], c[3]);
+            const __m256 dx = _mm256_set1_ps(a->dx[r][b]);
+            const __m256 t =
+                _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dwv, dx)),
+                              _mm256_mul_ps(_mm256_set1_ps(a->xsf[r][b]), _mm256_mul_ps(mwv, dx)));
+            f[r] = _mm256_add_ps(f[r], t);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < K; r++)
+        _mm256_maskstore_ps(y + (size_t)r * ys, keep, f[r]);
+}
+
+KQ_INLINE void km_run(bool q5, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int K, int nb,
+                      float *y, size_t ys)
+{
+    km_act a;
+    for (int b0 = 0; b0 < nb; b0 += KM_SEG) {
+        const int ns = nb - b0 < KM_SEG ? nb - b0 : KM_SEG;
+        for (int r = 0; r < K; r++)
+            for (int b = 0; b < ns; b++)
+                kl_xterms((const kn_block_q8_0 *)((const char *)xq + (size_t)r * xs) + b0 + b, NULL, 0, true,
+                          &a.dx[r][b], &a.xsf[r][b]);
+        for (int o0 = 0; o0 < n_w; o0 += 8)
+            km_tile(q5, (const char *)w + (size_t)o0 * ws, ws, n_w - o0 < 8 ? n_w - o0 : 8, xq, xs, K, b0, ns,
+                    &a, y + o0, ys);
+    }
+}
+
+/* Batches cut into even chunks of at most KM_KMAX rows, K a constant in
+ * each call so that the accumulators stay in registers. */
+KQ_INLINE void km_gemm(bool q5, const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
+                       float *y, size_t ys)
+{
+    for (int r = 0; r < nr;) {
+        const int rest = nr - r, chunks = (rest + KM_KMAX - 1) / KM_KMAX;
+        const int K = (rest + chunks - 1) / chunks;
+        const char *xr = (const char *)xq + (size_t)r * xs;
+        float *yr = y + (size_t)r * ys;
+        switch (K) {
+#define KM_CASE(k)                                                                                           \
+    case k:                                                                                                  \
+        km_run(q5, w, ws, n_w, xr, xs, k, n / 32, yr, ys);                                                   \
+        break;
+            KM_CASE(1)
+            KM_CASE(2)
+            KM_CASE(3)
+            KM_CASE(4)
+            KM_CASE(5)
+            KM_CASE(6)
+            KM_CASE(7)
+            KM_CASE(8)
+#undef KM_CASE
+        }
+        r += K;
+    }
+}
+
+static void avx2_gemm_q4_1_mv(const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
+                              float *y, size_t ys)
+{
+    km_gemm(false, w, ws, n_w, xq, xs, nr, n, y, ys);
+}
+
+static void avx2_gemm_q5_1_mv(const void *w, size_t ws, int n_w, const void *xq, size_t xs, int nr, int n,
+                              float *y, size_t ys)
+{
+    km_gemm(true, w, ws, n_w, xq, xs, nr, n, y, ys);
 }
 
 #define KL_TYPE(T, tn)                                                                                       \
@@ -586,6 +809,8 @@ void kn_x86_kquant_fill(kn_ops *ops)
     KQ_SET(BF16, bf16)
 #undef KQ_SET
     ops->gemm[KN_TYPE_F16] = avx2_gemm_f16;
+    ops->gemm[KN_TYPE_Q4_1] = avx2_gemm_q4_1_mv;
+    ops->gemm[KN_TYPE_Q5_1] = avx2_gemm_q5_1_mv;
 }
 
 #endif

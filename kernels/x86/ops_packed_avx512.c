@@ -500,19 +500,22 @@ KP_INLINE void kl_unpack(kn_type t, const uint8_t *q, __m512i *w)
         }
         return;
     }
+    if (t == KN_TYPE_Q5_0 || t == KN_TYPE_Q5_1) {
+        /* quad k is a mask away, quad 4 + k two fields put together */
+        const __m512i h = kp_load(q + KN_PL_QUANT_4);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m512i v = kp_load(q + 64 * k);
+            w[k] = _mm512_and_si512(v, _mm512_set1_epi8(0x1f));
+            w[4 + k] = _mm512_or_si512(kp_gf(v, kp_gf_move(0, 3, 5)), kp_gf(h, kp_gf_move(3, 2, 2 * k)));
+        }
+        return;
+    }
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         const __m512i v = kp_load(q + 64 * k);
         w[k] = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
         w[4 + k] = kp_gf(v, kp_gf_move(0, 4, 4));
-    }
-    if (t == KN_TYPE_Q5_0 || t == KN_TYPE_Q5_1) {
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            uint64_t m;
-            memcpy(&m, q + KN_PL_QUANT_4 + 8 * i, 8);
-            w[i] = _mm512_mask_add_epi8(w[i], (__mmask64)m, w[i], _mm512_set1_epi8(16));
-        }
     }
 }
 

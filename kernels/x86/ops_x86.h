@@ -54,6 +54,16 @@ static inline float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* The 256-bit mv tiles' lane sum (qdot_x86.h's Q4_0 and Q8_0, Q4_1 and
+ * Q5_1 in ops_kquant_avx2.c): c_p holds partial sums of tile rows p (low
+ * half) and p + 4 (high half); lane j of the result is row j's total. */
+static inline __m256i x86_reduce8(__m256i c0, __m256i c1, __m256i c2, __m256i c3)
+{
+    const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(c0, c1), _mm256_unpackhi_epi32(c0, c1));
+    const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(c2, c3), _mm256_unpackhi_epi32(c2, c3));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+}
+
 /* For prefetching a packed Q8_0 group (kn_pack_q8_0): block ib + ahead of
  * the run at `base` (the group's scales or its quants, blocks `unit` bytes
  * apart); past the group's end, the same run of the next group. */

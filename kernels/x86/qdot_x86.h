@@ -362,15 +362,6 @@ QD_INLINE __m256i qm_pairdot(bool q4, __m256i lo, __m256i hi, __m256i xl, __m256
 #endif
 }
 
-/* c_p holds partial sums of tile rows p (low half) and p + 4 (high half);
- * lane j of the result is row j's total. */
-QD_INLINE __m256i qm_reduce(__m256i c0, __m256i c1, __m256i c2, __m256i c3)
-{
-    const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(c0, c1), _mm256_unpackhi_epi32(c0, c1));
-    const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(c2, c3), _mm256_unpackhi_epi32(c2, c3));
-    return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
-}
-
 /* n_t (<= 8) weight rows from w against K activation rows, blocks
  * [b0, b0 + ns); y row r gets (or, past the first segment, continues) the
  * n_t sums. */
@@ -410,7 +401,7 @@ QD_INLINE void qm_tile(const char *w, size_t ws, int n_t, bool q4, const void *x
             const kn_block_q8_0 *xb = QD_X(r) + ib;
             const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb->qs));
             const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb->qs + 16)));
-            __m256i v = qm_reduce(qm_pairdot(q4, lo[0], hi[0], xl, xh), qm_pairdot(q4, lo[1], hi[1], xl, xh),
+            __m256i v = x86_reduce8(qm_pairdot(q4, lo[0], hi[0], xl, xh), qm_pairdot(q4, lo[1], hi[1], xl, xh),
                                   qm_pairdot(q4, lo[2], hi[2], xl, xh), qm_pairdot(q4, lo[3], hi[3], xl, xh));
             v = _mm256_add_epi32(v, _mm256_set1_epi32(a->corr[r][b]));
             f[r] = qx_accum(f[r], v, _mm256_mul_ps(dwv, _mm256_set1_ps(a->dx[r][b])));

@@ -1405,6 +1405,75 @@ static void test_gemm_types(void **state)
     gemm_types_case(KN_TYPE_F16);
 }
 
+/* The 32-element types' gemms on rows long enough that the activation
+ * terms they compute once per call come in chunks of rows (131 blocks) or
+ * no longer fit their table at all (4097 blocks): against the reference
+ * dot (Q4_1 and Q5_1 bit for bit), and each row's bits those of its row
+ * alone. */
+static void test_gemm_legacy_long_rows(void **state)
+{
+    (void)state;
+    const kn_ops *fast[5];
+    int nf = fast_tables_or_skip(fast);
+    const kn_type types[] = {KN_TYPE_Q4_1, KN_TYPE_Q5_1, KN_TYPE_Q5_0, KN_TYPE_IQ4_NL};
+    const int nbs[] = {131, 4097}, nrs[] = {70, 3};
+    enum { NW = 3, MAXR = 70 };
+    for (int ti = 0; ti < 4; ti++)
+        for (int ni = 0; ni < 2; ni++) {
+            const kn_type t = types[ti];
+            const int n = 32 * nbs[ni], nr = nrs[ni];
+            const size_t ws = kn_row_bytes(t, n), xs = kn_row_bytes(KN_TYPE_Q8_0, n) + 2;
+            uint8_t *w = malloc(NW * ws), *xa = malloc((size_t)nr * xs);
+            float *f = malloc((size_t)n * sizeof(float)), *want = malloc(MAXR * NW * sizeof(float));
+            float *got = malloc(MAXR * NW * sizeof(float)), *alone = malloc(MAXR * NW * sizeof(float));
+            float *wd = malloc((size_t)n * sizeof(float)), *wm = malloc((size_t)NW * n * sizeof(float));
+            double mag[MAXR * NW];
+            assert_true(w && xa && f && want && got && alone && wd && wm);
+            seed(900 + t);
+            for (int o = 0; o < NW; o++) {
+                fill(f, n, 1.0f);
+                kn_quantize_row(t, f, w + o * ws, n);
+                weight_mag(t, w + o * ws, n, wd, wm + (size_t)o * n);
+            }
+            for (int r = 0; r < nr; r++) {
+                fill(f, n, 2.0f);
+                kn_quantize_row(KN_TYPE_Q8_0, f, xa + r * xs, n);
+                kn_dequantize_row(KN_TYPE_Q8_0, xa + r * xs, f, n);
+                for (int o = 0; o < NW; o++) {
+                    kn_ops_ref()->dot[t](w + o * ws, xa + r * xs, xs, 1, n, &want[r * NW + o]);
+                    mag[r * NW + o] = 0;
+                    for (int i = 0; i < n; i++)
+                        mag[r * NW + o] += (double)wm[(size_t)o * n + i] * fabs(f[i]);
+                }
+            }
+            for (int k = 0; k < nf; k++) {
+                kn_gemm_fn g = fast[k]->gemm[t];
+                if (g == NULL)
+                    continue;
+                g(w, ws, NW, xa, xs, nr, n, got, NW);
+                for (int r = 0; r < nr; r++) {
+                    g(w, ws, NW, xa + r * xs, xs, 1, n, alone + r * NW, NW);
+                    for (int o = 0; o < NW; o++) {
+                        check_close(got[r * NW + o], want[r * NW + o], 1e-5 * mag[r * NW + o] + 1e-30, "gemm",
+                                    fast[k]->name, n, r * 100 + o);
+                        assert_true(bits_of(got[r * NW + o]) == bits_of(alone[r * NW + o]));
+                        /* Q4_1's and Q5_1's take the reference's steps */
+                        if (t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1)
+                            assert_true(bits_of(got[r * NW + o]) == bits_of(want[r * NW + o]));
+                    }
+                }
+            }
+            free(wm);
+            free(wd);
+            free(alone);
+            free(got);
+            free(want);
+            free(f);
+            free(xa);
+            free(w);
+        }
+}
+
 /* Every quantized type's packed gemm (kn_pack, gemm_packed) against the
  * reference dot, bit for bit: row counts that end inside a 16-row group,
  * batches of 1 to 70 rows (every chunking of the activation rows), rows of
@@ -2423,6 +2492,7 @@ int main(void)
         cmocka_unit_test(test_gemm_q4_0),
         cmocka_unit_test(test_quantize_new_acts_exact),
         cmocka_unit_test(test_gemm_types),
+        cmocka_unit_test(test_gemm_legacy_long_rows),
         cmocka_unit_test(test_matmul_types),
         cmocka_unit_test(test_gemm_packed),
         cmocka_unit_test(test_mxfp4_extremes),
