@@ -294,7 +294,7 @@ for level, n_bg, bg_tokens in levels:
     # their own: the test holds the medians to a factor of 2.5 and prints
     # the figures (bench/RESULTS.md has them).
     t.ok(len(pairs) == PROBES and 0.4 <= med_e / med_m <= 2.5, "%s: the region's TTFT estimate follows the TTFT "
-         "measured (medians %.0f / %.0f ms)" % (level, med_e, med_m))
+         "measured (medians %.0f / %.0f ms, %d of %d probes)" % (level, med_e, med_m, len(pairs), PROBES))
 
 # With INFERGATE_EST_TRACE set, a's worker wrote an est_trace line at each
 # request's first token (runtime/sched.c): for the probes (max_tokens 1),
