@@ -1587,6 +1587,9 @@ static void update_estimate(rt_sched *s, double now)
     st->est_prompt_tokens = prompt;
     st->step_base_ms = s->fit.base_ms;
     st->step_token_ms = s->fit.token_ms;
+    const int full = rt_sched_prefill_budget(s->o.max_batch_tokens, 0);
+    const double full_ms = rt_step_fit_ms(&s->fit, full);
+    st->prefill_tokens_per_s = full_ms > 0 ? full * 1000.0 / full_ms : 0;
     pthread_mutex_unlock(&s->mu);
 }
 

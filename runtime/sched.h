@@ -230,6 +230,13 @@ typedef struct rt_sched_stats {
     int prompt_tokens_ahead;
     int est_prompt_tokens;
     double step_base_ms, step_token_ms;
+    /* Prompt tokens a second in a step of a whole prefill budget, as
+     * measured at that size (rt_step_fit_ms): what routing weighs a
+     * prompt's prefill by. Not 1/step_token_ms: a line's slope fitted
+     * over steps of every size moved 2x between two workers of one model
+     * on one CPU, and sessions with it (test_worker_affinity). 0 before
+     * the first step. */
+    double prefill_tokens_per_s;
     /* Prefix cache. Tokens admitted sequences had to compute before their
      * next token (prompts, and what a preempted one recomputes) and those
      * they took from the cache instead; the blocks cached, and of them

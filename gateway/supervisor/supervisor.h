@@ -47,6 +47,9 @@ typedef struct gw_worker_info {
      * joining now waits (runtime/sched_est.h; 0 until it has run a step),
      * the prompt tokens ahead of it, and the prefill rate measured. */
     double est_ttft_ms, prefill_tokens_per_s;
+    /* device, backend and threads as the worker states them: workers of
+     * one class have their prefill rates pooled ("" until its stats) */
+    char rate_class[384];
     int prompt_tokens_ahead;
     /* prefix cache: prompt tokens computed and taken from it since the
      * worker started, and the KV blocks it holds */

@@ -937,8 +937,13 @@ static void handle_stats(gw_worker *w, gw_http_stream *s)
         json_object_set_new(o, "prompt_tokens_ahead", json_integer(st.prompt_tokens_ahead));
         json_object_set_new(o, "est_prompt_tokens", json_integer(st.est_prompt_tokens));
         json_object_set_new(o, "step_base_ms", json_real(st.step_base_ms));
-        json_object_set_new(o, "prefill_tokens_per_s",
-                            json_real(st.step_token_ms > 0 ? 1000.0 / st.step_token_ms : 0));
+        json_object_set_new(o, "prefill_tokens_per_s", json_real(st.prefill_tokens_per_s));
+        /* workers of one class run a model at one speed: the gateway pools
+         * their measured rates (gw_supervisor's ms_per_byte) */
+        char cls[sizeof(dev.kind) + sizeof(dev.name) + sizeof(dev.mig_profile) + 48];
+        snprintf(cls, sizeof(cls), "%s/%s/%s/%s/%d", dev.kind, dev.name, dev.mig_profile,
+                 rt_model_backend_name(m), rt_model_threads(m));
+        json_object_set_new(o, "rate_class", json_string(cls));
         json_object_set_new(o, "decode_step_ms",
                             json_real(st.step_base_ms + st.step_token_ms * (st.running > 0 ? st.running : 1)));
     }

@@ -60,6 +60,15 @@ def stats(w):
     return json.loads(b) if s == 200 else {}
 
 
+def gateway_queue(w):
+    """Worker w's queue as the gateway last heard it (its /metrics)."""
+    _, _, b = curl(url + "/metrics", timeout=10)
+    for line in b.decode().splitlines():
+        if line.startswith("infergate_worker_queue_depth{") and 'worker="%d"' % w in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0
+
+
 def settle():
     """Until both workers are idle and have reported it (two stats intervals)."""
     wait_until(lambda: all(stats(w).get("running") == 0 and stats(w).get("queued") == 0 for w in (0, 1)), 120,
@@ -139,6 +148,8 @@ try:
     try:
         wait_until(lambda: stats(wa).get("queued", 0) >= 6 and stats(wa).get("est_ttft_ms", 0) > 1000, 60,
                    "the flood queued on worker %d" % wa)
+        # and the gateway has seen it (its stats poll can lag a loaded worker)
+        wait_until(lambda: gateway_queue(wa) >= 6, 60, "the gateway sees the flood on worker %d" % wa)
     except AssertionError:
         print(stats(wa), [p.poll() for p in flood], flood[0].communicate(timeout=30)[0][-300:])
         raise
