@@ -11,7 +11,8 @@
 #
 # Usage: tests/fuzz/smoke.sh [TARGET...]   (default: every fuzz_*.c)
 # Environment: FUZZ_BUILD (build folder, default build-fuzz), FUZZ_SECONDS
-# (per target, default 30), FUZZ_JOBS (targets at once, default 2),
+# (per target, default 15: the seed corpus is replayed whole first, whatever
+# the time, and the step checks it was), FUZZ_JOBS (targets at once, default 2),
 # FUZZ_TIMEOUT (seconds one input may take, default 20), FUZZ_CMAKE_ARGS
 # (more -D options for the build).
 set -euo pipefail
@@ -19,7 +20,7 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 fuzz_dir=$src/tests/fuzz
 build=${FUZZ_BUILD:-$src/build-fuzz}
-secs=${FUZZ_SECONDS:-30}
+secs=${FUZZ_SECONDS:-15}
 jobs=${FUZZ_JOBS:-2}
 per_input=${FUZZ_TIMEOUT:-20}
 # A run past this is a hang the per-input timeout did not catch.
@@ -132,6 +133,8 @@ for t in "${targets[@]}"; do
     # a report libFuzzer ended on without a failing status is still one
     grep -qE '^==[0-9]+==ERROR|^SUMMARY: |runtime error:|ERROR: libFuzzer' "$log" && ok=0
     grep -q '^Done [0-9]* runs' "$log" || ok=0
+    # every seed ran (libFuzzer says INITED once the corpus is replayed)
+    grep -qE '^#[0-9]+[[:space:]]+INITED' "$log" || ok=0
     last=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1)
     cov=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$last")
     ft=$(sed -n 's/.*ft: \([0-9]*\).*/\1/p' <<<"$last")

@@ -16,6 +16,19 @@ import time
 
 INFERGATE = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("INFERGATE", "build/infergate")
 _procs = []
+_t0 = time.monotonic()  # checks print their time from here: where a slow test spends it
+
+
+def scaled(var, default):
+    """A count or duration a test may take smaller where it runs slower
+    (the ASan build sets these in tests/CMakeLists.txt); printed, so the
+    output says what ran."""
+    v = os.environ.get(var)
+    if v is None:
+        return default
+    v = type(default)(v)
+    print("# %s=%s (default %s)" % (var, v, default), flush=True)
+    return v
 
 
 def _cleanup():
@@ -216,12 +229,13 @@ class Checks:
         self.passed = self.failed = 0
 
     def ok(self, cond, what):
+        at = " [%.1fs]" % (time.monotonic() - _t0)
         if cond:
             self.passed += 1
-            print("ok   - " + what, flush=True)
+            print("ok   - " + what + at, flush=True)
         else:
             self.failed += 1
-            print("FAIL - " + what, flush=True)
+            print("FAIL - " + what + at, flush=True)
         return cond
 
     def finish(self):
