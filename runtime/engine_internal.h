@@ -13,7 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#define RT_ENGINE_WARNING_MAX 384
+#define RT_ENGINE_WARNING_MAX 512
 #define RT_ENGINE_GRAMMARS 16
 
 typedef struct rt_engine_qev rt_engine_qev;

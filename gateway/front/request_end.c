@@ -87,7 +87,7 @@ static struct {
     bool valid;
     int status;
     char model[GW_BODY_MODEL_MAX], tenant[GW_TENANT_NAME_MAX + 1], target[96];
-    char labels[400];       /* model, tenant, status, target */
+    char labels[512];       /* model, tenant, status, target */
     char model_labels[180]; /* model only */
 } last_labels;
 

@@ -277,8 +277,9 @@ static void on_writable(void *ud, gw_http_stream *s, void *stream_ud)
 static bool write_sse(wreq *r, char *ev, size_t len)
 {
     if (r->mute) {
+        bool made = ev != NULL;
         free(ev);
-        return ev != NULL;
+        return made;
     }
     if (!ev || !out_write(r, ev, len)) {
         free(ev);

@@ -1455,7 +1455,7 @@ static void test_prune(void **state)
      * up, the table gives it out. The old decision's candidate there is no
      * longer the region it was, nor is one back under the same name. */
     for (int i = 0; i < 13; i++) {
-        char name[16];
+        char name[24];
         snprintf(name, sizeof(name), "filler-%d", i);
         route_record f = mk(name, "m", "eu", 1, 10);
         add(t, &f, 5, 62000);
