@@ -3,10 +3,16 @@
 # "CUDA"): the machine, every unit test binary (test_cuda_kernels among them),
 # bench_cuda, a CUDA worker end to end (generate on cpu and cuda, then a
 # worker serving streamed and whole completions over h2c), and
-# tests/integration/test_worker.py with CUDA workers.
+# tests/integration/test_worker.py with CUDA workers, and every architecture
+# of `infergate model gen --arch` on the GPU against the CPU (step arch:
+# the logits of a short and a long prompt, cosine >= 0.9999 with an F16 KV
+# cache, one line per architecture; any miss fails the script).
 #
-#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e worker"] [--reps N]
+#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e worker arch"] [--reps N]
+#                      [--devices "cpu cuda"]
 #
+# --devices: the reference device and the one checked against it in step
+# arch ("cpu cpu" runs the step's CPU half on a machine without a GPU).
 # DIR holds the binaries and the CUDA plugin they load from their own folder
 # (default .gpu/bin, made by bench/gpu_pack.sh, with their libraries in
 # DIR/../lib). Logs go to $OUT (default /tmp/gpu-check):
@@ -16,14 +22,16 @@
 # prints a summary table last.
 set -u
 bin=.gpu/bin
-steps="env unit cuda bench e2e worker"
+steps="env unit cuda bench e2e worker arch"
 reps=7
+devices="cpu cuda"
 while [ $# -gt 0 ]; do
     case "$1" in
     --bin) bin=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
-    *) echo "usage: $0 [--bin DIR] [--steps LIST] [--reps N]" >&2; exit 2 ;;
+    --devices) devices=$2; shift 2 ;;
+    *) echo "usage: $0 [--bin DIR] [--steps LIST] [--reps N] [--devices \"REF DEV\"]" >&2; exit 2 ;;
     esac
 done
 dest=${OUT:-/tmp/gpu-check}
@@ -34,7 +42,62 @@ cublas=$(ldconfig -p | awk '/libcublas.so.13 / { print $NF; exit }')
 [ -n "$cublas" ] || cublas=$(find / -name 'libcublas.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
 export LD_LIBRARY_PATH="$bin/../lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 summary=()
+failed=0
 note() { summary+=("$(printf '%-28s %s' "$1" "$2")"); }
+
+# The architectures of step arch (every name of `model gen --arch`), then
+# their `model gen` options: Q8_0 weights, gpt-oss's experts in MXFP4. Sliding
+# windows of 32 positions, so that both prompts pass the window; phi3 with
+# a context of 256 (original 64) turns the long prompt by its long factors
+# and the short one by its short ones.
+arch_cases=(
+    "llama" "qwen2" "qwen3" "qwen3moe --experts 8 --experts-used 2" "mixtral --experts 4 --experts-used 2"
+    "gemma2 --swa 32" "gemma3 --swa 32" "phi3 --swa 32 --ctx 256" "gpt-oss --experts 4 --experts-used 2 --swa 32"
+    "granite" "granitemoe" "olmo2" "smollm3" "mistral3"
+)
+
+# cosine of two files of one number a line; "nan" when either is empty
+cosine() {
+    paste "$1" "$2" | awk '{ d += $1 * $2; a += $1 * $1; b += $2 * $2; n++ }
+        END { if (n == 0 || a == 0 || b == 0) print "nan"; else printf "%.7f\n", d / sqrt(a * b) }'
+}
+
+# One architecture on the two devices: prompts of 48 and 200 tokens (the
+# attention kernel splits the keys of the short one, not of the long
+# one), the logits after each prompt and 16 greedy tokens. Prints its line;
+# returns 1 when a cosine is under 0.9999 or a run failed.
+arch_check() { # name gen-options...
+    local name=$1; shift
+    local ref=${devices%% *} dev=${devices##* } m="$out/arch-$name.gguf" line="" bad=0
+    if ! "$bin/infergate" model gen --arch "$name" "$@" --out "$m" >"$out/arch-$name.log" 2>&1; then
+        printf '%-10s FAIL: model gen (see arch-%s.log)\n' "$name" "$name"
+        return 1
+    fi
+    for len in 48 200; do
+        local prompt
+        prompt=$(seq -s, 300 $((300 + len - 1)))
+        for d in $ref $dev; do
+            timeout 120 "$bin/infergate" generate --model "$m" --prompt-tokens "$prompt" -n 16 --ignore-eos \
+                --show-tokens --device "$d" --dump-logits "$out/arch-$name-$len-$d.logits" \
+                >"$out/arch-$name-$len-$d.txt" 2>&1 || echo "exit $?" >>"$out/arch-$name-$len-$d.txt"
+        done
+        local cos same
+        cos=$(cosine "$out/arch-$name-$len-$ref.logits" "$out/arch-$name-$len-$dev.logits" 2>/dev/null || echo nan)
+        if diff -q <(grep '^tokens:' "$out/arch-$name-$len-$ref.txt") <(grep '^tokens:' "$out/arch-$name-$len-$dev.txt") \
+            >/dev/null 2>&1 && grep -q '^tokens:' "$out/arch-$name-$len-$dev.txt"; then
+            same="same"
+        else
+            same="differ"
+        fi
+        awk -v c="$cos" 'BEGIN { exit !(c + 0 >= 0.9999 && c != "nan") }' || bad=1
+        line+=" prompt $len: cosine $cos, 16 greedy tokens $same;"
+    done
+    printf '%-10s %s%s\n' "$name" "$([ $bad = 0 ] && echo ok || echo FAIL)" "$line"
+    if [ $bad != 0 ]; then
+        for f in "$out"/arch-"$name"-*-"$dev".txt; do tail -3 "$f" | sed "s|^|    $(basename "$f"): |"; done
+    fi
+    return $bad
+}
 
 run_step() { # name limit_s cmd...
     local name=$1 limit=$2; shift 2
@@ -104,11 +167,27 @@ for step in $steps; do
         wrc=$?
         note "e2e worker" "whole=$(wc -c <"$out/worker_whole.json")B stream=$(grep -c '^data:' "$out/worker_stream.txt") events, exit=$wrc"
         ;;
+    arch)
+        # every architecture's logits on the GPU against the CPU's
+        n_bad=0
+        for case in "${arch_cases[@]}"; do
+            # shellcheck disable=SC2086
+            arch_check $case >"$out/arch-line.txt" || n_bad=$((n_bad + 1))
+            tee -a "$out/arch.log" <"$out/arch-line.txt"
+        done
+        if [ $n_bad = 0 ]; then
+            note "arch $devices" "ok (${#arch_cases[@]} architectures)"
+        else
+            note "arch $devices" "FAIL: $n_bad of ${#arch_cases[@]} architectures"
+            failed=1
+        fi
+        ;;
     esac
 done
 printf '%s\n' "${summary[@]}" >"$out/summary.txt"
 tar czf "$dest/logs.tgz" -C "$out" .
-cp "$out"/summary.txt "$out"/bench_cuda.log "$out"/test_cuda_kernels.log "$dest/" 2>/dev/null
+cp "$out"/summary.txt "$out"/bench_cuda.log "$out"/test_cuda_kernels.log "$out"/arch.log "$dest/" 2>/dev/null
 rm -rf "$out"
 echo "== gpu_check summary (logs in $dest)"
 printf '%s\n' "${summary[@]}"
+exit $failed

@@ -167,23 +167,29 @@ static const int8_t kn_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, 
 /* E2M1's 16 values, doubled to integers (ggml's kvalues_mxfp4). */
 static const int8_t kn_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-/* 2^(e - 128), the half of E8M0's 2^(e - 127), exactly (ggml's
- * GGML_E8M0_TO_FP32_HALF: e 0 and 1 are subnormal floats). */
-static inline float kn_e8m0_half(uint8_t e)
-{
-    union {
-        uint32_t u;
-        float f;
-    } v = {.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
-    return v.f;
-}
-
 /* The helpers below run on the host and, in kernels/cuda, on the device. */
 #ifdef __CUDACC__
 #define KN_HD __host__ __device__
 #else
 #define KN_HD
 #endif
+
+/* 2^(e - 128), the half of E8M0's 2^(e - 127), exactly (ggml's
+ * GGML_E8M0_TO_FP32_HALF: e 0 and 1 are subnormal floats). */
+static inline KN_HD float kn_e8m0_half(uint8_t e)
+{
+    const uint32_t u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = u;
+    return v.f;
+#endif
+}
 
 /* Q4_K and Q5_K: the 6-bit scale and min of group j < 8 from the 12 bytes.
  * Groups 0-3: the low 6 bits of bytes j (scale) and j + 4 (min); groups

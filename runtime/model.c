@@ -586,8 +586,8 @@ static int rope_factors(loader *ld, const char *name, float **out)
  * rope_freqs.weight's factors, Llama 3.1 and later), the sliding layers'
  * own base where the family has one (unscaled), and LongRoPE's long
  * factors (rope_factors_long / _short.weight, Phi-3) for sequences past the
- * original context. *has_factors reports any factor tensor. */
-static int rope_frequencies(loader *ld, bool *has_factors)
+ * original context. */
+static int rope_frequencies(loader *ld)
 {
     rt_model *m = ld->m;
     rt_hparams *hp = &m->hp;
@@ -597,7 +597,6 @@ static int rope_frequencies(loader *ld, bool *has_factors)
         (rc = rope_factors(ld, "rope_factors_long.weight", &lng)) ||
         (rc = rope_factors(ld, "rope_factors_short.weight", &shrt)))
         goto out;
-    *has_factors = factors || lng || shrt;
     if (lng || shrt)
         hp->rope_scaling = RT_ROPE_SCALING_LONGROPE;
     const bool no_mscale = (m->arch->flags & RT_ARCH_YARN_NO_MSCALE) != 0;
@@ -706,30 +705,18 @@ static void count_bytes(rt_model *m)
 
 /* What the CUDA forward pass does not do yet, or NULL: it runs the llama
  * and qwen2 shapes (RoPE by base alone, dense SiLU FFNs, Q/K/V biases). */
-static const char *cuda_gap(const rt_model *m, bool rope_factors)
+/* What the CUDA plugin does not run (the CPU runs it all), checked before
+ * any device is opened, so that the refusal reads the same on a machine
+ * without one. The plugin's attention keeps a head's query and sums in
+ * registers: up to 256 dimensions. */
+static const char *cuda_gap(const rt_model *m)
 {
-    const rt_hparams *hp = &m->hp;
-    if (rope_factors)
-        return "RoPE frequency factors (rope_freqs.weight)";
-    if (hp->rope_scaling == RT_ROPE_SCALING_YARN)
-        return "RoPE YaRN scaling";
-    if (hp->rope_scale != 1.0f)
-        return "RoPE linear scaling";
-    if (hp->n_expert > 0)
-        return "mixture-of-experts layers";
-    if (hp->n_swa > 0 || hp->attn_softcap > 0 || hp->final_softcap > 0 || hp->embd_scale != 1.0f ||
-        hp->residual_scale != 1.0f || hp->logit_scale != 1.0f || hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim) ||
-        m->arch->act != RT_ACT_SILU || m->arch->qk_norm != RT_QK_NORM_NONE ||
-        (m->arch->flags & (RT_ARCH_POST_NORMS | RT_ARCH_NO_PRE_NORM | RT_ARCH_SINKS)) || m->output_bias)
-        return "this architecture's layers";
-    for (int l = 0; l < hp->n_layer; l++)
-        if (m->layers[l].bo || m->layers[l].b_gate || m->layers[l].b_up || m->layers[l].b_down ||
-            m->layers[l].rope != RT_ROPE_MAIN)
-            return "this architecture's layers";
+    if (m->hp.head_dim > 256)
+        return "attention heads wider than 256 dimensions";
     return NULL;
 }
 
-static int bind_model(rt_model *m, bool *rope_factors, char *err, size_t err_len)
+static int bind_model(rt_model *m, char *err, size_t err_len)
 {
     const rt_hparams *hp = &m->hp;
     loader ld = {m, m->gguf, calloc((size_t)rt_gguf_n_tensors(m->gguf) + 1, 1), err, err_len};
@@ -744,7 +731,7 @@ static int bind_model(rt_model *m, bool *rope_factors, char *err, size_t err_len
         goto out;
     if ((rc = ld_vector(&ld, "output_norm.weight", hp->n_embd, true, &m->output_norm)) < 0 ||
         (rc = ld_vector(&ld, "output.bias", hp->n_vocab, false, &m->output_bias)) < 0 ||
-        (rc = rope_frequencies(&ld, rope_factors)) < 0 || (rc = bind_layers(&ld)) < 0 ||
+        (rc = rope_frequencies(&ld)) < 0 || (rc = bind_layers(&ld)) < 0 ||
         (rc = check_all_used(&ld)) < 0)
         goto out;
 out:
@@ -778,8 +765,7 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
         goto fail;
     const rt_hparams *hp = &m->hp;
     m->arch = rt_arch_find(hp->arch);
-    bool rope_factors = false;
-    if ((rc = bind_model(m, &rope_factors, err, err_len)) < 0)
+    if ((rc = bind_model(m, err, err_len)) < 0)
         goto fail;
     if ((rc = rt_tokenizer_load(m->gguf, &m->tok, err, err_len)) < 0)
         goto fail;
@@ -799,7 +785,7 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
     /* The CUDA forward pass turns positions by base alone (its angle table
      * is built on the device) and runs the llama shapes: other models run
      * on the CPU only until it learns them. */
-    const char *gap = cuda ? cuda_gap(m, rope_factors) : NULL;
+    const char *gap = cuda ? cuda_gap(m) : NULL;
     if (gap) {
         rc = ERR("%s: not supported on cuda yet (run this model with device cpu)", gap);
         goto fail;

@@ -8,6 +8,7 @@
  * per token in expert order: a token's result does not depend on its
  * batch. A shared expert, where a file has one, adds every token's dense
  * FFN. */
+#include "kernels/kn_moe_route.h"
 #include "runtime/model_internal.h"
 
 #include <errno.h>
@@ -37,47 +38,11 @@ int rt_moe_reserve(rt_model *m, int T)
     return 0;
 }
 
-/* The k largest of n logits into pick (largest first; the lower index
- * first among equals), by selection: k and n are small. */
-static void top_k(const float *x, int n, int k, int32_t *pick)
-{
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < n; e++) {
-            bool taken = false;
-            for (int i = 0; i < j && !taken; i++)
-                taken = pick[i] == e;
-            if (!taken && (best < 0 || x[e] > x[best]))
-                best = e;
-        }
-        pick[j] = best;
-    }
-}
-
 /* One token's experts and weights from its router logits. */
 static void route(const rt_model *m, const float *logits, int32_t *pick, float *w)
 {
-    const rt_hparams *hp = &m->hp;
-    const int n = hp->n_expert, k = hp->n_expert_used;
-    top_k(logits, n, k, pick); /* softmax keeps the order */
-    float mx = logits[pick[0]];
-    if (m->arch->gating == RT_GATING_SOFTMAX_TOPK) {
-        float sum = 0.0f;
-        for (int j = 0; j < k; j++)
-            sum += w[j] = expf(logits[pick[j]] - mx);
-        for (int j = 0; j < k; j++)
-            w[j] /= sum;
-        return;
-    }
-    float sum = 0.0f;
-    for (int e = 0; e < n; e++)
-        sum += expf(logits[e] - mx);
-    float chosen = 0.0f;
-    for (int j = 0; j < k; j++)
-        chosen += w[j] = expf(logits[pick[j]] - mx) / sum;
-    if (m->arch->flags & RT_ARCH_MOE_NORM_W)
-        for (int j = 0; j < k; j++)
-            w[j] /= chosen;
+    kn_moe_route(logits, m->hp.n_expert, m->hp.n_expert_used, m->arch->gating == RT_GATING_SOFTMAX_TOPK,
+                 (m->arch->flags & RT_ARCH_MOE_NORM_W) != 0, pick, w);
 }
 
 int rt_moe_ffn(rt_model *m, int l, const float *x, int T, float *y)

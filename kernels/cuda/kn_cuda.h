@@ -135,7 +135,7 @@ typedef struct kn_cuda_weight {
 } kn_cuda_weight;
 
 /* True for the types whose device layout is their GGUF rows as they are
- * (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS, BF16; rows a multiple of
+ * (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS, BF16, MXFP4; rows a multiple of
  * 32 elements): the matvec, the GEMM's dequantization and the embedding
  * decode their blocks where they lie (kn_cuda_blocks.cuh), against F32
  * activations. */
@@ -195,6 +195,17 @@ int kn_cuda_silu_mul(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, i
 int kn_cuda_rmsnorm_q8(kn_cuda *c, float *d_y, const float *d_x, const float *d_g, int n_rows, int n, float eps,
                        void *d_xq);
 int kn_cuda_silu_mul_q8(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, int n, void *d_xq);
+/* The FFN gates of kernels/kn_ctx.c: gate = act(gate) * up. */
+typedef enum kn_cuda_act {
+    KN_CUDA_ACT_SILU = 0,
+    KN_CUDA_ACT_GELU,       /* tanh approximation, as kn_gelu_mul */
+    KN_CUDA_ACT_SWIGLU_OAI, /* gpt-oss's clamped SwiGLU, as kn_swiglu_oai (alpha 1.702, limit 7) */
+} kn_cuda_act;
+/* As kn_cuda_silu_mul_q8 with the activation act. */
+int kn_cuda_glu_q8(kn_cuda *c, kn_cuda_act act, float *d_gate, const float *d_up, int n_rows, int n, void *d_xq);
+/* x = x * scale, then cap * tanh(x / cap) when cap > 0 (embedding and
+ * residual multipliers, the logits' divisor and soft-cap). */
+int kn_cuda_scale_softcap(kn_cuda *c, float *d_x, size_t n, float scale, float cap);
 /* y += x, n floats */
 int kn_cuda_add(kn_cuda *c, float *d_y, const float *d_x, size_t n);
 /* x[r] += b for every row */
@@ -212,6 +223,14 @@ int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, int rope_di
                        float *d_cs);
 int kn_cuda_rope(kn_cuda *c, float *d_x, const float *d_cs, int n_rows, int n_heads, int head_dim,
                  int rope_dim, bool neox);
+/* The table of a RoPE given as its host-built inverse frequencies (runtime's
+ * rt_rope: scaled, with rope_freqs factors, in double, rope_dim / 2 of
+ * them): angle pos * inv[i] in double, cos and sin then times mscale. With
+ * d_alt (per row, 0 or 1) rows whose flag is 1 turn by inv_alt and
+ * mscale_alt instead (LongRoPE's long factors for some sequences). */
+int kn_cuda_rope_table_freqs(kn_cuda *c, const int32_t *d_pos, const int32_t *d_alt, int n_rows, int rope_dim,
+                             const double *d_inv, float mscale, const double *d_inv_alt, float mscale_alt,
+                             float *d_cs);
 
 /* RoPE of a step's Q (in place) and K, and the store of its K and V rows
  * into the cache, in one launch: the same numbers as kn_cuda_rope on d_q and
@@ -251,6 +270,13 @@ typedef struct kn_cuda_attn {
     int block_tokens;
     int n_head, n_kv_head, head_dim; /* head_dim even, at most 256 */
     float scale;
+    /* Optional, 0 / NULL for none: a sliding window (a token at pos sees
+     * [pos - window + 1, pos]: the table entries below it are never read),
+     * a soft-cap of the scaled scores (cap * tanh(s / cap)), and a logit
+     * per head that takes part in every softmax without a value (sinks). */
+    int window;
+    float softcap;
+    const float *d_sinks;
 } kn_cuda_attn;
 
 /* Causal attention of each token over its sequence's cache, prefill chunks
@@ -259,6 +285,33 @@ typedef struct kn_cuda_attn {
  * the parts (flash-decoding), so one token still fills the device. */
 int kn_cuda_attention(kn_cuda *c, const kn_cuda_attn *a);
 int kn_cuda_attention_reserve(kn_cuda *c, int n_tokens, int n_head, int head_dim);
+
+/* ---- mixture of experts ----
+ * A step's experts are chosen on the device, so that a recorded step stays
+ * valid whatever the router picks: route, group the (token, slot) pairs by
+ * expert, multiply each expert's rows together, and sum back per token. */
+
+/* Per token: the k experts of its n router logits and their weights,
+ * exactly as kernels/kn_moe_route.h (the CPU's code). n <= 256. */
+int kn_cuda_moe_route(kn_cuda *c, const float *d_logits, int n_tokens, int n_expert, int k, bool softmax_topk,
+                      bool norm_w, int32_t *d_pick, float *d_w);
+/* The n_pairs entries of d_pick (token * k + slot) grouped by expert, in
+ * pair order within an expert: d_off (n_expert + 1) where each expert's
+ * group starts, d_rows[g] the pair at grouped place g, d_inv[pair] its
+ * place. */
+int kn_cuda_moe_group(kn_cuda *c, const int32_t *d_pick, int n_pairs, int n_expert, int32_t *d_off,
+                      int32_t *d_rows, int32_t *d_inv);
+/* Grouped products: w holds n_expert matrices of w->n_out / n_expert rows
+ * one after the other (a 3D ffn_*_exps tensor); grouped row g, of expert e,
+ * gets d_y[g] = W_e . x + d_bias[e] (d_bias optional, n_out / n_expert per
+ * expert), where x is row d_rows[g] / x_div of d_x (x_div > 0: the token
+ * of a pair) or row g itself (x_div 0). Each expert's weights are read for
+ * its rows together; an expert no row chose is not read. F32 activations. */
+int kn_cuda_moe_matmul(kn_cuda *c, const kn_cuda_weight *w, int n_expert, const float *d_x, int x_div,
+                       const int32_t *d_rows, const int32_t *d_off, const float *d_bias, float *d_y);
+/* d_y[t] += sum over slots j of d_w[t * k + j] * d_ye[d_inv[t * k + j]], rows of n. */
+int kn_cuda_moe_combine(kn_cuda *c, float *d_y, const float *d_ye, const float *d_w, const int32_t *d_inv,
+                        int n_tokens, int k, int n);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,9 @@
  * token sees its own prefix) and decode. When a step has few tokens —
  * decode at small batch — the keys of each token are split over several
  * blocks and a second kernel merges the parts (flash-decoding), so that one
- * token still occupies the whole device. */
+ * token still occupies the whole device. Sliding windows, soft-capped
+ * scores and attention sinks (kn_cuda_attn) are the CPU's
+ * kn_attention_ex's. */
 #include "kernels/cuda/kn_cuda_internal.cuh"
 
 #define ATTN_WARPS 4
@@ -28,9 +30,11 @@ __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn 
     const int kvh = h / (a.n_head / a.n_kv_head);
     const size_t kv_dim = (size_t)a.n_kv_head * hd;
     const int n_keys = a.d_pos[t] + 1;
+    /* a sliding window's first key; the table holds nothing below it */
+    const int lo = a.window > 0 && n_keys - a.window > 0 ? n_keys - a.window : 0;
     const int32_t *table = a.d_tables + a.d_table_off[a.d_tok_seq[t]];
-    const int per = (n_keys + n_split - 1) / n_split;
-    const int p_begin = split * per;
+    const int per = (n_keys - lo + n_split - 1) / n_split;
+    const int p_begin = lo + split * per;
     const int p_end = min(n_keys, p_begin + per);
 
     float2 q[NP], acc[NP];
@@ -84,6 +88,8 @@ __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn 
 #pragma unroll
         for (int k = 0; k < ATTN_KEYS; k++) {
             sc[k] *= a.scale;
+            if (a.softcap > 0.0f)
+                sc[k] = a.softcap * tanhf(sc[k] / a.softcap);
             if (base[k])
                 mx = fmaxf(mx, sc[k]);
         }
@@ -142,7 +148,10 @@ __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn 
     }
     const size_t th = (size_t)t * a.n_head + h;
     if (n_split == 1) {
-        /* Every token sees at least itself: L > 0. */
+        /* Every token sees at least itself: L > 0. A sink adds to the sum
+         * only (M is finite: the token's own key). */
+        if (a.d_sinks)
+            L += expf(a.d_sinks[h] - M);
         float *out = a.d_out + th * hd;
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float num = 0.0f;
@@ -173,7 +182,7 @@ __global__ void __launch_bounds__(ATTN_WARPS *KN_WARP) attn_kernel(kn_cuda_attn 
  * leaves the weights in shared memory; then each thread sums its dimensions
  * over the splits with all loads in flight. */
 __global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, int hd,
-                                  float *__restrict__ out)
+                                  const float *__restrict__ sinks, int n_head, float *__restrict__ out)
 {
     static_assert(ATTN_MAX_SPLIT <= KN_WARP, "one lane per split");
     kn_pdl_begin();
@@ -190,7 +199,7 @@ __global__ void attn_merge_kernel(const float *__restrict__ part, int n_split, i
         if (s < ATTN_MAX_SPLIT)
             wgt[s] = w;
         if (s == 0)
-            l_sum = L;
+            l_sum = sinks ? L + expf(sinks[th % n_head] - M) : L;
     }
     __syncthreads();
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -233,7 +242,7 @@ extern "C" int kn_cuda_attention(kn_cuda *c, const kn_cuda_attn *a)
 {
     if (a->n_tokens < 0 || a->n_head <= 0 || a->n_kv_head <= 0 || a->n_head % a->n_kv_head != 0 ||
         a->head_dim <= 0 || a->head_dim % 2 != 0 || a->head_dim > ATTN_MAX_HD || a->block_tokens <= 0 ||
-        a->n_head > 65535)
+        a->n_head > 65535 || a->window < 0)
         return KN_CUDA_EINVAL(c, "attention: unsupported shape (head_dim must be even and at most 256)");
     if (a->n_tokens == 0)
         return 0;
@@ -252,7 +261,7 @@ extern "C" int kn_cuda_attention(kn_cuda *c, const kn_cuda_attn *a)
     KN_CUDA_LAUNCHED(c);
     if (n_split > 1) {
         kn_cuda__launch(c, a->n_tokens * a->n_head, 128, 0, attn_merge_kernel, part, n_split, a->head_dim,
-                        a->d_out);
+                        a->d_sinks, a->n_head, a->d_out);
         KN_CUDA_LAUNCHED(c);
     }
     return 0;

@@ -1,5 +1,5 @@
 /* kernels/cuda: the weight types kept on the device as their GGUF blocks
- * (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS, BF16): a device function
+ * (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS, BF16, MXFP4): a device function
  * that turns 32 consecutive elements of a row (a "unit": a 32-element
  * block, or an eighth of a K-quant super-block) into floats, operation for
  * operation as kernels/kn_quants.c's reference dequantizers. The decode
@@ -13,6 +13,9 @@
 /* IQ4_NL's and IQ4_XS's levels (kernels/quant_blocks.h's kn_iq4nl_values). */
 __constant__ static const int8_t kn_dev_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                             1,    13,   25,  38,  53,  69,  89,  113};
+
+/* E2M1's levels, doubled (kernels/quant_blocks.h's kn_mxfp4_values). */
+__constant__ static const int8_t kn_dev_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* A little-endian half at p (2-byte aligned: every block is, and so is
  * every half in it). */
@@ -62,6 +65,16 @@ __device__ __forceinline__ void kn_dq_unit(kn_type t, const uint8_t *__restrict_
         for (int j = 0; j < 16; j++) {
             v[j] = d * kn_dev_iq4nl_values[b->qs[j] & 0xf];
             v[j + 16] = d * kn_dev_iq4nl_values[b->qs[j] >> 4];
+        }
+        return;
+    }
+    case KN_TYPE_MXFP4: { /* the exponent exactly as kn_e8m0_half makes it, subnormals included */
+        const kn_block_mxfp4 *b = (const kn_block_mxfp4 *)row + u;
+        const float d = kn_e8m0_half(b->e);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            v[j] = d * kn_dev_mxfp4_values[b->qs[j] & 0xf];
+            v[j + 16] = d * kn_dev_mxfp4_values[b->qs[j] >> 4];
         }
         return;
     }

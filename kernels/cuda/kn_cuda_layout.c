@@ -49,6 +49,7 @@ bool kn_cuda_raw_layout(kn_type type)
     case KN_TYPE_Q6_K:
     case KN_TYPE_IQ4_XS:
     case KN_TYPE_BF16:
+    case KN_TYPE_MXFP4:
         return true;
     default:
         return false;

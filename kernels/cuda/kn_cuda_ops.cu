@@ -126,23 +126,42 @@ extern "C" int kn_cuda_softmax(kn_cuda *c, float *d_x, int n_rows, int n)
 
 /* ---- element-wise ---- */
 
+/* act(g) * u as kernels/kn_ctx.c's gates compute it. */
+__device__ __forceinline__ float glu(kn_cuda_act act, float g, float u)
+{
+    switch (act) {
+    case KN_CUDA_ACT_GELU: {
+        const float c = 0.79788456080286535588f; /* sqrt(2 / pi) */
+        return 0.5f * g * (1.0f + tanhf(c * g * (1.0f + 0.044715f * g * g))) * u;
+    }
+    case KN_CUDA_ACT_SWIGLU_OAI: {
+        const float alpha = 1.702f, limit = 7.0f;
+        const float x = g < limit ? g : limit;
+        const float y = u < -limit ? -limit : u > limit ? limit : u;
+        return x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
+    }
+    default:
+        return g / (1.0f + expf(-g)) * u;
+    }
+}
+
 /* With q, the result is also quantized to Q8_0 as in rmsnorm_kernel (the
  * blocks of 256 threads hold whole 32-blocks when n % 32 == 0). */
-__global__ void silu_mul_kernel(float *gate, const float *__restrict__ up, size_t n, int8_t *__restrict__ q,
-                                kn_q8_meta *__restrict__ meta)
+__global__ void silu_mul_kernel(kn_cuda_act act, float *gate, const float *__restrict__ up, size_t n,
+                                int8_t *__restrict__ q, kn_q8_meta *__restrict__ meta)
 {
     kn_pdl_begin();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return; /* with q, whole warps leave together */
-    const float g = gate[i];
-    const float r = g / (1.0f + expf(-g)) * up[i];
+    const float r = glu(act, gate[i], up[i]);
     gate[i] = r;
     if (q)
         kn_q8_store_warp(r, i / 32, q, meta);
 }
 
-extern "C" int kn_cuda_silu_mul_q8(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, int n, void *d_xq)
+extern "C" int kn_cuda_glu_q8(kn_cuda *c, kn_cuda_act act, float *d_gate, const float *d_up, int n_rows, int n,
+                              void *d_xq)
 {
     if (n_rows < 0 || n < 0)
         return KN_CUDA_EINVAL(c, "silu_mul: bad shape");
@@ -151,8 +170,32 @@ extern "C" int kn_cuda_silu_mul_q8(kn_cuda *c, float *d_gate, const float *d_up,
     const size_t total = (size_t)n_rows * n;
     if (total == 0)
         return 0;
-    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, silu_mul_kernel, d_gate, d_up, total,
+    kn_cuda__launch(c, kn_cuda__blocks(total, 256), 256, 0, silu_mul_kernel, act, d_gate, d_up, total,
                     (int8_t *)d_xq, d_xq ? kn_q8_meta_of(d_xq, n_rows, n) : (kn_q8_meta *)NULL);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
+}
+
+extern "C" int kn_cuda_silu_mul_q8(kn_cuda *c, float *d_gate, const float *d_up, int n_rows, int n, void *d_xq)
+{
+    return kn_cuda_glu_q8(c, KN_CUDA_ACT_SILU, d_gate, d_up, n_rows, n, d_xq);
+}
+
+__global__ void scale_softcap_kernel(float *x, size_t n, float scale, float cap)
+{
+    kn_pdl_begin();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const float z = x[i] * scale;
+    x[i] = cap > 0.0f ? cap * tanhf(z / cap) : z;
+}
+
+extern "C" int kn_cuda_scale_softcap(kn_cuda *c, float *d_x, size_t n, float scale, float cap)
+{
+    if (n == 0)
+        return 0;
+    kn_cuda__launch(c, kn_cuda__blocks(n, 256), 256, 0, scale_softcap_kernel, d_x, n, scale, cap);
     KN_CUDA_LAUNCHED(c);
     return 0;
 }
@@ -305,6 +348,43 @@ __global__ void rope_table_kernel(const int32_t *__restrict__ pos, int n_rows, i
     const double theta = (double)pos[r] * pow((double)freq_base, -2.0 * i / rope_dim);
     cs[r * rope_dim + 2 * i] = (float)cos(theta);
     cs[r * rope_dim + 2 * i + 1] = (float)sin(theta);
+}
+
+/* The same from a host-built table of inverse frequencies (per row, the
+ * alternative one where d_alt says so), times the RoPE's magnitude. */
+__global__ void rope_table_freqs_kernel(const int32_t *__restrict__ pos, const int32_t *__restrict__ alt,
+                                        int n_rows, int rope_dim, const double *__restrict__ inv, float mscale,
+                                        const double *__restrict__ inv_alt, float mscale_alt,
+                                        float *__restrict__ cs)
+{
+    kn_pdl_begin();
+    const int half = rope_dim / 2;
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)n_rows * half)
+        return;
+    const size_t r = k / half;
+    const int i = (int)(k % half);
+    const bool use_alt = alt && inv_alt && alt[r];
+    const double theta = (double)pos[r] * (use_alt ? inv_alt[i] : inv[i]);
+    const float m = use_alt ? mscale_alt : mscale;
+    cs[r * rope_dim + 2 * i] = (float)cos(theta) * m;
+    cs[r * rope_dim + 2 * i + 1] = (float)sin(theta) * m;
+}
+
+extern "C" int kn_cuda_rope_table_freqs(kn_cuda *c, const int32_t *d_pos, const int32_t *d_alt, int n_rows,
+                                        int rope_dim, const double *d_inv, float mscale, const double *d_inv_alt,
+                                        float mscale_alt, float *d_cs)
+{
+    if (n_rows < 0 || rope_dim < 0 || !d_inv)
+        return KN_CUDA_EINVAL(c, "rope_table_freqs: bad shape");
+    rope_dim &= ~1;
+    const size_t n = (size_t)n_rows * (rope_dim / 2);
+    if (n == 0)
+        return 0;
+    kn_cuda__launch(c, kn_cuda__blocks(n, 128), 128, 0, rope_table_freqs_kernel, d_pos, d_alt, n_rows, rope_dim,
+                    d_inv, mscale, d_inv_alt, mscale_alt, d_cs);
+    KN_CUDA_LAUNCHED(c);
+    return 0;
 }
 
 static int rope_clamp_dim(int rope_dim, int head_dim)

@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "kernels/kn.h"
+#include "kernels/kn_moe_route.h"
 #include "kernels/quant_blocks.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
@@ -227,6 +228,8 @@ static void test_layouts(void **state)
     assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_Q4_K, 3, 512), 3 * 2 * 144);
     assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_Q4_K, 3, 96), 0);
     assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_IQ4_NL, 3, 96), 3 * 3 * 18);
+    assert_true(kn_cuda_raw_layout(KN_TYPE_MXFP4));
+    assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_MXFP4, 3, 96), 3 * 3 * 17);
     assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_BF16, 3, 64), 3 * 128);
     assert_int_equal(kn_cuda_weight_bytes(KN_TYPE_BF16, 3, 33), 0);
     assert_false(kn_cuda_matmul_wants_q8(KN_TYPE_Q4_K, 1));
@@ -478,7 +481,7 @@ static void test_gemm(void **state)
  * computes (the CPU's dots quantize the activations first). */
 static const kn_type block_types[] = {KN_TYPE_Q4_1, KN_TYPE_Q5_0, KN_TYPE_Q5_1, KN_TYPE_IQ4_NL,
                                       KN_TYPE_Q2_K, KN_TYPE_Q3_K, KN_TYPE_Q4_K, KN_TYPE_Q5_K,
-                                      KN_TYPE_Q6_K, KN_TYPE_IQ4_XS, KN_TYPE_BF16};
+                                      KN_TYPE_Q6_K, KN_TYPE_IQ4_XS, KN_TYPE_BF16, KN_TYPE_MXFP4};
 #define N_BLOCK_TYPES ((int)(sizeof(block_types) / sizeof(block_types[0])))
 
 static void test_matvec_blocks(void **state)
@@ -544,6 +547,234 @@ static void test_embed_blocks(void **state)
     free(got);
     free(want);
     free(tol);
+}
+
+/* MXFP4's exponents across the whole E8M0 range (0 and 1 give subnormal
+ * scales, 254 the largest finite one), decoded by the embedding lookup:
+ * bit for bit the reference's kn_e8m0_half times each level. */
+static void test_mxfp4_extremes(void **state)
+{
+    enum { DIM = 64 };
+    static const uint8_t exps[] = {0, 1, 2, 3, 126, 127, 128, 129, 200, 253, 254};
+    enum { VOCAB = sizeof(exps) };
+    seed(15);
+    kn_block_mxfp4 rows[VOCAB][DIM / 32];
+    for (int v = 0; v < VOCAB; v++)
+        for (int b = 0; b < DIM / 32; b++) {
+            rows[v][b].e = exps[v];
+            for (int j = 0; j < 16; j++)
+                rows[v][b].qs[j] = (uint8_t)((frand() + 1.0f) * 127.9f);
+        }
+    int32_t toks[VOCAB];
+    for (int v = 0; v < VOCAB; v++)
+        toks[v] = v;
+    float *want = malloc(sizeof(float) * VOCAB * DIM), *got = malloc(sizeof(float) * VOCAB * DIM);
+    float *tol = calloc(VOCAB * DIM, sizeof(float)); /* exact */
+    for (int v = 0; v < VOCAB; v++)
+        kn_dequantize_row(KN_TYPE_MXFP4, rows[v], want + v * DIM, DIM);
+    int32_t *dt = dev_copy(toks, sizeof(toks));
+    float *dx = dev_zero(sizeof(float) * VOCAB * DIM);
+    kn_cuda_weight w;
+    CK(kn_cuda_weight_upload(kc, rows, KN_TYPE_MXFP4, VOCAB, DIM, &w));
+    CK(kn_cuda_embed(kc, &w, dt, VOCAB, dx));
+    host_copy(got, dx, sizeof(float) * VOCAB * DIM);
+    assert_close("MXFP4 exponents", got, want, tol, VOCAB * DIM);
+    kn_cuda_weight_release(kc, &w);
+    kn_cuda_release(kc, dt);
+    kn_cuda_release(kc, dx);
+    free(want);
+    free(got);
+    free(tol);
+}
+
+/* The FFN gates of the new families, the multiplier / soft-cap, and the
+ * RoPE table from host-built frequencies, against the CPU's. */
+static void test_arch_ops(void **state)
+{
+    enum { ROWS = 3, N = 320 };
+    seed(16);
+    kn_ctx *ref = kn_ctx_new(1, KN_BACKEND_REF);
+    assert_non_null(ref);
+    float g[ROWS * N], u[ROWS * N], want[ROWS * N], got[ROWS * N], tol[ROWS * N];
+    const kn_cuda_act acts[] = {KN_CUDA_ACT_GELU, KN_CUDA_ACT_SWIGLU_OAI};
+    for (int a = 0; a < 2; a++) {
+        fill(g, ROWS * N, 9.0f); /* past the clamp of 7 */
+        fill(u, ROWS * N, 9.0f);
+        memcpy(want, g, sizeof(g));
+        if (acts[a] == KN_CUDA_ACT_GELU)
+            kn_gelu_mul(ref, want, u, ROWS, N);
+        else
+            kn_swiglu_oai(ref, want, u, ROWS, N, 1.702f, 7.0f);
+        float *dg = dev_copy(g, sizeof(g)), *du = dev_copy(u, sizeof(u));
+        CK(kn_cuda_glu_q8(kc, acts[a], dg, du, ROWS, N, NULL));
+        host_copy(got, dg, sizeof(got));
+        for (int i = 0; i < ROWS * N; i++)
+            tol[i] = 4e-6f * fabsf(want[i]) + 1e-6f;
+        assert_close(acts[a] == KN_CUDA_ACT_GELU ? "gelu" : "swiglu_oai", got, want, tol, ROWS * N);
+        /* scale then soft-cap, as the logits */
+        for (int i = 0; i < ROWS * N; i++) {
+            const float z = g[i] * 0.25f;
+            want[i] = 30.0f * tanhf(z / 30.0f);
+            tol[i] = 4e-6f * fabsf(want[i]) + 1e-6f;
+        }
+        kn_cuda_upload(kc, dg, g, sizeof(g));
+        CK(kn_cuda_scale_softcap(kc, dg, ROWS * N, 0.25f, 30.0f));
+        host_copy(got, dg, sizeof(got));
+        assert_close("scale_softcap", got, want, tol, ROWS * N);
+        kn_cuda_release(kc, dg);
+        kn_cuda_release(kc, du);
+    }
+    /* RoPE by a table of frequencies, the alternative one on odd rows */
+    enum { T = 4, HEADS = 3, HD = 64, ROT = 32 };
+    double inv[ROT / 2], inv_alt[ROT / 2];
+    for (int i = 0; i < ROT / 2; i++) {
+        inv[i] = pow(10000.0, -2.0 * i / ROT) / 3.0;
+        inv_alt[i] = inv[i] / (1.0 + i);
+    }
+    const int32_t pos[T] = {0, 5, 1000, 77}, alt[T] = {0, 1, 0, 1};
+    float x[T * HEADS * HD], xw[T * HEADS * HD], xt[T * HEADS * HD], tl[T * HEADS * HD];
+    fill(x, T * HEADS * HD, 1.0f);
+    memcpy(xw, x, sizeof(x));
+    for (int t = 0; t < T; t++) {
+        kn_rope_ref(xw + t * HEADS * HD, 1, pos + t, HEADS, HD, ROT, alt[t] ? inv_alt : inv, true);
+        for (int h = 0; h < HEADS; h++)
+            for (int i = 0; i < ROT; i++)
+                xw[(t * HEADS + h) * HD + i] *= alt[t] ? 0.5f : 1.25f;
+    }
+    int32_t *dpos = dev_copy(pos, sizeof(pos)), *dalt = dev_copy(alt, sizeof(alt));
+    double *dinv = dev_copy(inv, sizeof(inv)), *dinv_alt = dev_copy(inv_alt, sizeof(inv_alt));
+    float *dcs = dev_zero(sizeof(float) * T * ROT), *dx = dev_copy(x, sizeof(x));
+    CK(kn_cuda_rope_table_freqs(kc, dpos, dalt, T, ROT, dinv, 1.25f, dinv_alt, 0.5f, dcs));
+    CK(kn_cuda_rope(kc, dx, dcs, T, HEADS, HD, ROT, true));
+    host_copy(xt, dx, sizeof(xt));
+    for (int i = 0; i < T * HEADS * HD; i++)
+        tl[i] = 2e-6f; /* the magnitude rounds in the table, the CPU's after the turn */
+    assert_close("rope_table_freqs", xt, xw, tl, T * HEADS * HD);
+    void *dev[] = {dpos, dalt, dinv, dinv_alt, dcs, dx};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        kn_cuda_release(kc, dev[i]);
+    kn_ctx_free(ref);
+}
+
+/* A mixture-of-experts layer's kernels against a host reference built
+ * from the same code (kn_moe_route.h) and the dequantized experts: the
+ * choices exactly, the grouping's invariants, the weighted sum of SiLU
+ * FFNs with biases. */
+static void check_moe(kn_type type, int T, int ne, int k, bool topk)
+{
+    enum { D = 64, FF = 96 };
+    const size_t rb_in = kn_row_bytes(type, D), rb_ff = kn_row_bytes(type, FF);
+    float *x = malloc(sizeof(float) * T * D), *logits = malloc(sizeof(float) * T * ne);
+    float *tmp = malloc(sizeof(float) * FF * D);
+    uint8_t *wg = malloc(rb_in * FF * ne), *wu = malloc(rb_in * FF * ne), *wd = malloc(rb_ff * D * ne);
+    float *gdq = malloc(sizeof(float) * ne * FF * D), *udq = malloc(sizeof(float) * ne * FF * D);
+    float *ddq = malloc(sizeof(float) * ne * D * FF), *bg = malloc(sizeof(float) * ne * FF);
+    float *bd = malloc(sizeof(float) * ne * D);
+    fill(x, (size_t)T * D, 1.0f);
+    fill(logits, (size_t)T * ne, 3.0f);
+    fill(bg, (size_t)ne * FF, 0.5f);
+    fill(bd, (size_t)ne * D, 0.5f);
+    for (int r = 0; r < ne * FF; r++) {
+        fill(tmp, D, 0.3f);
+        kn_quantize_row(type, tmp, wg + r * rb_in, D);
+        kn_dequantize_row(type, wg + r * rb_in, gdq + (size_t)r * D, D);
+        fill(tmp, D, 0.3f);
+        kn_quantize_row(type, tmp, wu + r * rb_in, D);
+        kn_dequantize_row(type, wu + r * rb_in, udq + (size_t)r * D, D);
+    }
+    for (int r = 0; r < ne * D; r++) {
+        fill(tmp, FF, 0.3f);
+        kn_quantize_row(type, tmp, wd + r * rb_ff, FF);
+        kn_dequantize_row(type, wd + r * rb_ff, ddq + (size_t)r * FF, FF);
+    }
+    int32_t *pick = malloc(sizeof(int32_t) * T * k), *got_pick = malloc(sizeof(int32_t) * T * k);
+    float *w = malloc(sizeof(float) * T * k), *got_w = malloc(sizeof(float) * T * k);
+    float *want = calloc((size_t)T * D, sizeof(float)), *got = malloc(sizeof(float) * T * D);
+    float *tol = malloc(sizeof(float) * T * D);
+    for (int t = 0; t < T; t++) {
+        kn_moe_route(logits + t * ne, ne, k, topk, !topk, pick + t * k, w + t * k);
+        for (int j = 0; j < k; j++) {
+            const int e = pick[t * k + j];
+            float h[FF];
+            for (int f = 0; f < FF; f++) {
+                double gs = bg[e * FF + f], us = 0;
+                for (int i = 0; i < D; i++) {
+                    gs += (double)gdq[((size_t)e * FF + f) * D + i] * x[t * D + i];
+                    us += (double)udq[((size_t)e * FF + f) * D + i] * x[t * D + i];
+                }
+                h[f] = (float)(gs / (1.0 + exp(-gs)) * us);
+            }
+            for (int o = 0; o < D; o++) {
+                double ys = bd[e * D + o];
+                for (int f = 0; f < FF; f++)
+                    ys += (double)ddq[((size_t)e * D + o) * FF + f] * h[f];
+                want[t * D + o] += w[t * k + j] * (float)ys;
+            }
+        }
+    }
+    kn_cuda_weight g_w, u_w, d_w;
+    CK(kn_cuda_weight_upload(kc, wg, type, ne * FF, D, &g_w));
+    CK(kn_cuda_weight_upload(kc, wu, type, ne * FF, D, &u_w));
+    CK(kn_cuda_weight_upload(kc, wd, type, ne * D, FF, &d_w));
+    float *dx = dev_copy(x, sizeof(float) * T * D), *dl = dev_copy(logits, sizeof(float) * T * ne);
+    float *dbg = dev_copy(bg, sizeof(float) * ne * FF), *dbd = dev_copy(bd, sizeof(float) * ne * D);
+    float *dw = dev_zero(sizeof(float) * T * k), *dh = dev_zero(sizeof(float) * T * k * FF);
+    float *dh2 = dev_zero(sizeof(float) * T * k * FF), *dye = dev_zero(sizeof(float) * T * k * D);
+    float *dy = dev_zero(sizeof(float) * T * D);
+    int32_t *dpick = dev_zero(sizeof(int32_t) * T * k), *doff = dev_zero(sizeof(int32_t) * (ne + 1));
+    int32_t *drows = dev_zero(sizeof(int32_t) * T * k), *dinv = dev_zero(sizeof(int32_t) * T * k);
+    CK(kn_cuda_moe_route(kc, dl, T, ne, k, topk, !topk, dpick, dw));
+    CK(kn_cuda_moe_group(kc, dpick, T * k, ne, doff, drows, dinv));
+    CK(kn_cuda_moe_matmul(kc, &g_w, ne, dx, k, drows, doff, dbg, dh));
+    CK(kn_cuda_moe_matmul(kc, &u_w, ne, dx, k, drows, doff, NULL, dh2));
+    CK(kn_cuda_glu_q8(kc, KN_CUDA_ACT_SILU, dh, dh2, T * k, FF, NULL));
+    CK(kn_cuda_moe_matmul(kc, &d_w, ne, dh, 0, drows, doff, dbd, dye));
+    CK(kn_cuda_moe_combine(kc, dy, dye, dw, dinv, T, k, D));
+    host_copy(got_pick, dpick, sizeof(int32_t) * T * k);
+    host_copy(got_w, dw, sizeof(float) * T * k);
+    host_copy(got, dy, sizeof(float) * T * D);
+    int32_t *off = malloc(sizeof(int32_t) * (ne + 1)), *rows = malloc(sizeof(int32_t) * T * k);
+    int32_t *inv = malloc(sizeof(int32_t) * T * k);
+    host_copy(off, doff, sizeof(int32_t) * (ne + 1));
+    host_copy(rows, drows, sizeof(int32_t) * T * k);
+    host_copy(inv, dinv, sizeof(int32_t) * T * k);
+    char what[64];
+    snprintf(what, sizeof(what), "moe %s, %d tokens, %d of %d experts", kn_type_name(type), T, k, ne);
+    assert_memory_equal(got_pick, pick, sizeof(int32_t) * T * k);
+    for (int i = 0; i < T * k; i++)
+        if (fabsf(got_w[i] - w[i]) > 1e-6f)
+            fail_msg("%s: weight %d is %g, want %g", what, i, got_w[i], w[i]);
+    assert_int_equal(off[0], 0);
+    assert_int_equal(off[ne], T * k);
+    for (int e = 0; e < ne; e++)
+        for (int g = off[e]; g < off[e + 1]; g++) {
+            assert_int_equal(pick[rows[g]], e);
+            assert_int_equal(inv[rows[g]], g);
+            assert_true(g == off[e] || rows[g] > rows[g - 1]); /* pair order */
+        }
+    for (int i = 0; i < T * D; i++)
+        tol[i] = 2e-5f * (1.0f + fabsf(want[i]));
+    assert_close(what, got, want, tol, (size_t)T * D);
+    kn_cuda_weight_release(kc, &g_w);
+    kn_cuda_weight_release(kc, &u_w);
+    kn_cuda_weight_release(kc, &d_w);
+    void *dev[] = {dx, dl, dbg, dbd, dw, dh, dh2, dye, dy, dpick, doff, drows, dinv};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        kn_cuda_release(kc, dev[i]);
+    void *host[] = {x, logits, tmp, wg, wu, wd, gdq, udq, ddq, bg, bd, pick, got_pick, w, got_w, want, got, tol,
+                    off, rows, inv};
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
+        free(host[i]);
+}
+
+static void test_moe(void **state)
+{
+    seed(17);
+    check_moe(KN_TYPE_F16, 1, 8, 2, false);  /* decode */
+    check_moe(KN_TYPE_Q8_0, 7, 8, 2, false); /* a few tokens: some experts share rows */
+    check_moe(KN_TYPE_Q4_0, 37, 6, 3, false);
+    check_moe(KN_TYPE_MXFP4, 5, 4, 2, true); /* gpt-oss: MXFP4, softmax over the chosen */
+    check_moe(KN_TYPE_IQ4_NL, 3, 8, 2, false);
 }
 
 static void test_rows_ops(void **state)
@@ -836,8 +1067,8 @@ static float f16_round(float v)
  * head-by-head block layout, with the same rows written (the values are
  * F16-exact, so `pool` holds the same numbers as floats). Block ids are
  * scrambled so block tables matter. */
-static void check_attention(int head_dim, int n_head, int n_kv, int bt, const int *pos0, const int *n_q,
-                            int n_seqs)
+static void check_attention_x(int head_dim, int n_head, int n_kv, int bt, const int *pos0, const int *n_q,
+                              int n_seqs, int window, float softcap, const float *sinks)
 {
     enum { N_LAYER = 2, LAYER = 1 };
     const int kv_dim = n_kv * head_dim, q_dim = n_head * head_dim;
@@ -914,7 +1145,14 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
     const float scale = 1.0f / sqrtf((float)head_dim);
     kn_ctx *ref = kn_ctx_new(1, KN_BACKEND_REF);
     assert_non_null(ref);
-    assert_int_equal(kn_attention(ref, seqs, n_seqs, n_head, n_kv, head_dim, scale), 0);
+    const kn_attn_params ap = {.n_head = n_head,
+                               .n_kv_head = n_kv,
+                               .head_dim = head_dim,
+                               .scale = scale,
+                               .softcap = softcap,
+                               .sinks = sinks,
+                               .window = window};
+    assert_int_equal(kn_attention_ex(ref, seqs, n_seqs, &ap), 0);
     kn_ctx_free(ref);
 
     uint16_t *dpool = dev_copy(pool_h, (size_t)n_pool * block_elems * sizeof(uint16_t));
@@ -927,6 +1165,7 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
     int32_t *dslots = dev_copy(slots, (size_t)T * sizeof(int32_t));
     int32_t *doff = dev_copy(table_off, (size_t)n_seqs * sizeof(int32_t));
     int32_t *dtab = dev_copy(tables, (size_t)n_blocks * sizeof(int32_t));
+    float *dsinks = sinks ? dev_copy(sinks, (size_t)n_head * sizeof(float)) : NULL;
     CK(kn_cuda_kv_store(kc, dk, dv, T, kv_dim, dslots, dpool, block_elems, k_off, v_off, bt));
     const kn_cuda_attn a = {.d_q = dq,
                             .d_out = dout,
@@ -943,13 +1182,17 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
                             .n_head = n_head,
                             .n_kv_head = n_kv,
                             .head_dim = head_dim,
-                            .scale = scale};
+                            .scale = scale,
+                            .window = window,
+                            .softcap = softcap,
+                            .d_sinks = dsinks};
     CK(kn_cuda_attention(kc, &a));
     host_copy(got, dout, (size_t)T * q_dim * sizeof(float));
     for (size_t i = 0; i < (size_t)T * q_dim; i++)
         tol[i] = 2e-5f; /* outputs are convex combinations of |v| <= 1 */
     char what[96];
-    snprintf(what, sizeof(what), "attention hd %d, %d/%d heads, %d tokens", head_dim, n_head, n_kv, T);
+    snprintf(what, sizeof(what), "attention hd %d, %d/%d heads, %d tokens, window %d, cap %g%s", head_dim, n_head,
+             n_kv, T, window, softcap, sinks ? ", sinks" : "");
     assert_close(what, got, want, tol, (size_t)T * q_dim);
 
     /* The stored rows: exactly the F16 values given. */
@@ -960,7 +1203,7 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
             fail_msg("%s: cache element %zu is %g, want %g", what, i, kn_fp16_to_fp32(back[i]), pool[i]);
     free(back);
 
-    void *dev[] = {dpool, dq, dout, dk, dv, dpos, dseq, dslots, doff, dtab};
+    void *dev[] = {dpool, dq, dout, dk, dv, dpos, dseq, dslots, doff, dtab, dsinks};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         kn_cuda_release(kc, dev[i]);
     free(blocks);
@@ -977,6 +1220,30 @@ static void check_attention(int head_dim, int n_head, int n_kv, int bt, const in
     free(pos);
     free(tok_seq);
     free(slots);
+}
+
+static void check_attention(int head_dim, int n_head, int n_kv, int bt, const int *pos0, const int *n_q,
+                            int n_seqs)
+{
+    check_attention_x(head_dim, n_head, n_kv, bt, pos0, n_q, n_seqs, 0, 0.0f, NULL);
+}
+
+/* Sliding windows, soft-capped scores and sinks (Gemma 2, gpt-oss), in
+ * the kernel's one-pass and split (flash-decoding) forms. */
+static void test_attention_swa_softcap_sinks(void **state)
+{
+    seed(18);
+    float sinks[32];
+    fill(sinks, 32, 2.0f);
+    const int pos0[] = {0, 13, 40}, n_q[] = {7, 1, 3};
+    check_attention_x(64, 6, 2, 5, pos0, n_q, 3, 9, 0.0f, NULL);
+    check_attention_x(64, 6, 2, 5, pos0, n_q, 3, 0, 0.7f, NULL);
+    check_attention_x(128, 6, 2, 5, pos0, n_q, 3, 4, 0.0f, sinks);
+    const int d0[] = {777}, d1[] = {1};
+    check_attention_x(64, 8, 8, 16, d0, d1, 1, 100, 0.7f, sinks); /* split */
+    check_attention_x(64, 32, 4, 16, d0, d1, 1, 0, 0.0f, sinks);
+    const int p0[] = {0, 5}, p1[] = {300, 60};
+    check_attention_x(64, 6, 3, 16, p0, p1, 2, 33, 0.0f, sinks); /* not split */
 }
 
 static void test_attention(void **state)
@@ -1282,9 +1549,13 @@ int main(void)
             cmocka_unit_test(test_matvec_blocks),
             cmocka_unit_test(test_gemm_blocks),
             cmocka_unit_test(test_embed_blocks),
+            cmocka_unit_test(test_mxfp4_extremes),
+            cmocka_unit_test(test_arch_ops),
+            cmocka_unit_test(test_moe),
             cmocka_unit_test(test_rope),
             cmocka_unit_test(test_rope_kv_store),
             cmocka_unit_test(test_attention),
+            cmocka_unit_test(test_attention_swa_softcap_sinks),
             cmocka_unit_test(test_model_f16_vs_f32),
             cmocka_unit_test(test_model_q8_greedy),
             cmocka_unit_test(test_model_q4_k_m),
