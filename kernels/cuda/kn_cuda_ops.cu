@@ -335,27 +335,12 @@ extern "C" int kn_cuda_embed(kn_cuda *c, const kn_cuda_weight *emb, const int32_
  * double and rounded once to float cos/sin, exactly as the CPU path does,
  * so both rotate by the same numbers at any position. */
 
+/* inv NULL: the angle of pair i is p * base^(-2i/rope_dim); else the
+ * host-built p * inv[i] (per row, inv_alt where alt says so), and cos and
+ * sin times the RoPE's magnitude. */
 __global__ void rope_table_kernel(const int32_t *__restrict__ pos, int n_rows, int rope_dim, float freq_base,
-                                  float *__restrict__ cs)
-{
-    kn_pdl_begin();
-    const int half = rope_dim / 2;
-    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= (size_t)n_rows * half)
-        return;
-    const size_t r = k / half;
-    const int i = (int)(k % half);
-    const double theta = (double)pos[r] * pow((double)freq_base, -2.0 * i / rope_dim);
-    cs[r * rope_dim + 2 * i] = (float)cos(theta);
-    cs[r * rope_dim + 2 * i + 1] = (float)sin(theta);
-}
-
-/* The same from a host-built table of inverse frequencies (per row, the
- * alternative one where d_alt says so), times the RoPE's magnitude. */
-__global__ void rope_table_freqs_kernel(const int32_t *__restrict__ pos, const int32_t *__restrict__ alt,
-                                        int n_rows, int rope_dim, const double *__restrict__ inv, float mscale,
-                                        const double *__restrict__ inv_alt, float mscale_alt,
-                                        float *__restrict__ cs)
+                                  const double *__restrict__ inv, float mscale, const int32_t *__restrict__ alt,
+                                  const double *__restrict__ inv_alt, float mscale_alt, float *__restrict__ cs)
 {
     kn_pdl_begin();
     const int half = rope_dim / 2;
@@ -365,37 +350,16 @@ __global__ void rope_table_freqs_kernel(const int32_t *__restrict__ pos, const i
     const size_t r = k / half;
     const int i = (int)(k % half);
     const bool use_alt = alt && inv_alt && alt[r];
-    const double theta = (double)pos[r] * (use_alt ? inv_alt[i] : inv[i]);
+    const double f = use_alt ? inv_alt[i] : inv ? inv[i] : pow((double)freq_base, -2.0 * i / rope_dim);
+    const double theta = (double)pos[r] * f;
     const float m = use_alt ? mscale_alt : mscale;
-    cs[r * rope_dim + 2 * i] = (float)cos(theta) * m;
+    cs[r * rope_dim + 2 * i] = (float)cos(theta) * m; /* exact when m is 1 */
     cs[r * rope_dim + 2 * i + 1] = (float)sin(theta) * m;
 }
 
-extern "C" int kn_cuda_rope_table_freqs(kn_cuda *c, const int32_t *d_pos, const int32_t *d_alt, int n_rows,
-                                        int rope_dim, const double *d_inv, float mscale, const double *d_inv_alt,
-                                        float mscale_alt, float *d_cs)
-{
-    if (n_rows < 0 || rope_dim < 0 || !d_inv)
-        return KN_CUDA_EINVAL(c, "rope_table_freqs: bad shape");
-    rope_dim &= ~1;
-    const size_t n = (size_t)n_rows * (rope_dim / 2);
-    if (n == 0)
-        return 0;
-    kn_cuda__launch(c, kn_cuda__blocks(n, 128), 128, 0, rope_table_freqs_kernel, d_pos, d_alt, n_rows, rope_dim,
-                    d_inv, mscale, d_inv_alt, mscale_alt, d_cs);
-    KN_CUDA_LAUNCHED(c);
-    return 0;
-}
-
-static int rope_clamp_dim(int rope_dim, int head_dim)
-{
-    if (rope_dim > head_dim)
-        rope_dim = head_dim;
-    return rope_dim < 0 ? 0 : rope_dim & ~1;
-}
-
-extern "C" int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, int rope_dim, float freq_base,
-                                  float *d_cs)
+static int rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, int rope_dim, float freq_base,
+                      const double *d_inv, float mscale, const int32_t *d_alt, const double *d_inv_alt,
+                      float mscale_alt, float *d_cs)
 {
     if (n_rows < 0 || rope_dim < 0)
         return KN_CUDA_EINVAL(c, "rope_table: bad shape");
@@ -403,10 +367,32 @@ extern "C" int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, 
     const size_t n = (size_t)n_rows * (rope_dim / 2);
     if (n == 0)
         return 0;
-    kn_cuda__launch(c, kn_cuda__blocks(n, 128), 128, 0, rope_table_kernel, d_pos, n_rows, rope_dim, freq_base,
-                    d_cs);
+    kn_cuda__launch(c, kn_cuda__blocks(n, 128), 128, 0, rope_table_kernel, d_pos, n_rows, rope_dim, freq_base, d_inv,
+                    mscale, d_alt, d_inv_alt, mscale_alt, d_cs);
     KN_CUDA_LAUNCHED(c);
     return 0;
+}
+
+extern "C" int kn_cuda_rope_table(kn_cuda *c, const int32_t *d_pos, int n_rows, int rope_dim, float freq_base,
+                                  float *d_cs)
+{
+    return rope_table(c, d_pos, n_rows, rope_dim, freq_base, NULL, 1.0f, NULL, NULL, 1.0f, d_cs);
+}
+
+extern "C" int kn_cuda_rope_table_freqs(kn_cuda *c, const int32_t *d_pos, const int32_t *d_alt, int n_rows,
+                                        int rope_dim, const double *d_inv, float mscale, const double *d_inv_alt,
+                                        float mscale_alt, float *d_cs)
+{
+    if (!d_inv)
+        return KN_CUDA_EINVAL(c, "rope_table_freqs: no frequencies");
+    return rope_table(c, d_pos, n_rows, rope_dim, 0.0f, d_inv, mscale, d_alt, d_inv_alt, mscale_alt, d_cs);
+}
+
+static int rope_clamp_dim(int rope_dim, int head_dim)
+{
+    if (rope_dim > head_dim)
+        rope_dim = head_dim;
+    return rope_dim < 0 ? 0 : rope_dim & ~1;
 }
 
 /* The rotation of one pair, with the roundings spelled out so that every
