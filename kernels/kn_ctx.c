@@ -12,6 +12,7 @@
  * A context serves one caller at a time. Scratch grows only when a request
  * needs more than any before, so the steady state never allocates. */
 #include "kernels/kn.h"
+#include "kernels/kn_glu.h"
 #include "kernels/quant_blocks.h"
 
 #include <errno.h>
@@ -658,11 +659,8 @@ static void gelu_item(void *arg, int r, int tid)
     const glu_job *j = arg;
     float *g = j->gate + (size_t)r * j->n;
     const float *u = j->up + (size_t)r * j->n;
-    const float c = 0.79788456080286535588f; /* sqrt(2 / pi) */
-    for (int i = 0; i < j->n; i++) {
-        const float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x))) * u[i];
-    }
+    for (int i = 0; i < j->n; i++)
+        g[i] = kn_gelu_mul_1(g[i], u[i]);
 }
 
 static void swiglu_oai_item(void *arg, int r, int tid)
@@ -671,11 +669,8 @@ static void swiglu_oai_item(void *arg, int r, int tid)
     const glu_job *j = arg;
     float *g = j->gate + (size_t)r * j->n;
     const float *u = j->up + (size_t)r * j->n;
-    for (int i = 0; i < j->n; i++) {
-        const float x = g[i] < j->limit ? g[i] : j->limit;
-        const float y = u[i] < -j->limit ? -j->limit : u[i] > j->limit ? j->limit : u[i];
-        g[i] = x / (1.0f + expf(-j->alpha * x)) * (y + 1.0f);
-    }
+    for (int i = 0; i < j->n; i++)
+        g[i] = kn_swiglu_oai_1(g[i], u[i], j->alpha, j->limit);
 }
 
 static void glu_run(kn_ctx *ctx, glu_job *j, int n_rows, void (*item)(void *, int, int))

@@ -6,6 +6,7 @@
  * to be obviously right rather than clever. */
 #include "kernels/cuda/kn_cuda_blocks.cuh"
 #include "kernels/cuda/kn_cuda_internal.cuh"
+#include "kernels/kn_glu.h"
 
 #define ROW_THREADS 256
 
@@ -126,22 +127,13 @@ extern "C" int kn_cuda_softmax(kn_cuda *c, float *d_x, int n_rows, int n)
 
 /* ---- element-wise ---- */
 
-/* act(g) * u as kernels/kn_ctx.c's gates compute it. */
+/* act(g) * u by kernels/kn_ctx.c's own definitions (kn_glu.h). */
 __device__ __forceinline__ float glu(kn_cuda_act act, float g, float u)
 {
     switch (act) {
-    case KN_CUDA_ACT_GELU: {
-        const float c = 0.79788456080286535588f; /* sqrt(2 / pi) */
-        return 0.5f * g * (1.0f + tanhf(c * g * (1.0f + 0.044715f * g * g))) * u;
-    }
-    case KN_CUDA_ACT_SWIGLU_OAI: {
-        const float alpha = 1.702f, limit = 7.0f;
-        const float x = g < limit ? g : limit;
-        const float y = u < -limit ? -limit : u > limit ? limit : u;
-        return x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
-    }
-    default:
-        return g / (1.0f + expf(-g)) * u;
+    case KN_CUDA_ACT_GELU: return kn_gelu_mul_1(g, u);
+    case KN_CUDA_ACT_SWIGLU_OAI: return kn_swiglu_oai_1(g, u, 1.702f, 7.0f); /* runtime/forward.c's */
+    default: return g / (1.0f + expf(-g)) * u;
     }
 }
 
