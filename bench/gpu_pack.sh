@@ -19,6 +19,9 @@ rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/lib"
 for b in $bins $plugins; do
     cp "$build/$b" "$dest/bin/"
+    # debug sections only: the symbols the plugin resolves in the binary stay
+    # (without this the pack passes the device tool's 64 MiB)
+    strip --strip-debug "$dest/bin/$b"
     ldd "$build/$b" | awk '/=> \// { print $3 }' | while read -r lib; do
         case "$lib" in
         */cuda*/* | */libc.so* | */libm.so* | */libdl.so* | */libpthread.so* | */librt.so* | */ld-linux*) ;;
