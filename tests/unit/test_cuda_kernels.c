@@ -1499,10 +1499,13 @@ static void test_model_batch_and_graphs(void **state)
  * forced so both see the same tokens: a prompt past the sliding window
  * (8 positions, blocks of 4, so sliding groups let blocks go), then decode
  * steps; the logits of every step at a cosine of at least 0.9999 with an
- * F16 cache. phi3's context of 64 (original 16) turns it by its long
- * factors; gpt-oss in Q8_0 has MXFP4 experts. */
+ * F16 cache and F16 weights, 0.999 quantized (the CPU quantizes the
+ * activations of its dots, the GPU's expert products take floats). phi3's
+ * context of 64 (original 16) turns it by its long factors; gpt-oss in
+ * Q8_0 has MXFP4 experts. */
 static void check_arch_gpu_vs_cpu(const char *arch, uint32_t type, int ctx)
 {
+    const double min_cos = type == KN_TYPE_F16 ? 0.9999 : 0.999;
     enum { N_IN = 20, STEPS = 10 };
     char path[128], err[512];
     snprintf(path, sizeof(path), "%s/arch-%s.gguf", dir, arch);
@@ -1552,7 +1555,7 @@ static void check_arch_gpu_vs_cpu(const char *arch, uint32_t type, int ctx)
         }
         const double c = cosine(logits[0], logits[1], V);
         worst = c < worst ? c : worst;
-        if (!(c >= 0.9999))
+        if (!(c >= min_cos))
             fail_msg("%s (%s): step %d, cosine %.7f", arch, kn_type_name(type), step, c);
         tok = argmax(logits[0], V);
     }
