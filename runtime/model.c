@@ -708,11 +708,15 @@ static void count_bytes(rt_model *m)
 /* What the CUDA plugin does not run (the CPU runs it all), checked before
  * any device is opened, so that the refusal reads the same on a machine
  * without one. The plugin's attention keeps a head's query and sums in
- * registers: up to 256 dimensions. */
+ * registers: up to 256 dimensions; its expert products decode rows 32
+ * elements at a time. */
 static const char *cuda_gap(const rt_model *m)
 {
-    if (m->hp.head_dim > 256)
+    const rt_hparams *hp = &m->hp;
+    if (hp->head_dim > 256)
         return "attention heads wider than 256 dimensions";
+    if (hp->n_expert > 0 && (hp->n_embd % 32 != 0 || hp->n_ff_exp % 32 != 0))
+        return "experts whose rows are not a multiple of 32 elements";
     return NULL;
 }
 
