@@ -4,13 +4,14 @@
 # bench_cuda, a CUDA worker end to end (generate on cpu and cuda, then a
 # worker serving streamed and whole completions over h2c), the prefix cache
 # on the GPU (bench/prefix_check.sh: the same answers with it and without,
-# cached tokens reported), tests/integration/test_worker.py with CUDA
+# cached tokens reported), the GPU's power read through NVML
+# (bench/power_check.sh), tests/integration/test_worker.py with CUDA
 # workers, and every architecture of `infergate model gen --arch` on the GPU
 # against the CPU (step arch: the logits of a short and a long prompt,
-# cosine >= 0.9999 with an F16 KV cache, one line per architecture; any
+# cosine >= 0.9999 with F16 weights and KV cache, one line per case; any
 # miss fails the script).
 #
-#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e prefix worker arch"] [--reps N]
+#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e prefix power worker arch"] [--reps N]
 #                      [--devices "cpu cuda"]
 #
 # --devices: the reference device and the one checked against it in step
@@ -25,7 +26,7 @@
 # prints a summary table last.
 set -u
 bin=.gpu/bin
-steps="env unit cuda bench e2e prefix worker arch"
+steps="env unit cuda bench e2e prefix power worker arch"
 reps=7
 devices="cpu cuda"
 while [ $# -gt 0 ]; do
@@ -135,6 +136,11 @@ for step in $steps; do
         # issue 30: the prefix cache's blocks in device memory
         run_step prefix_cache 300 bash bench/prefix_check.sh "$bin" cuda "$out/prefix"
         note "prefix cache cuda" "$(tail -1 "$out/prefix_cache.log")"
+        ;;
+    power)
+        # issue 31: a GPU worker's energy from NVML's reading, not its configured power_watts
+        run_step power_nvml 300 bash bench/power_check.sh "$bin" 0 "$out/power"
+        note "power via NVML" "$(head -1 "$out/power_nvml.log")"
         ;;
     worker)
         # tests/integration/test_worker.py with its workers on the GPU
