@@ -3,11 +3,13 @@
  * at prefill width (64 rows: bound by arithmetic), at 1 and 2 threads, with
  * the scalar reference at one point for scale. Prints a Markdown table.
  *
- *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4]
+ *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4] [--backend avx2]
  *
  * --types instead compares every weight type with Q8_0 and Q4_0 (see
  * bench_types); --mxfp4 MXFP4's gemm over rows as they lie and over packed
  * rows with IQ4_NL and Q4_0 in thread CPU time (see bench_mxfp4).
+ * --backend avx2 runs either on the AVX2 table, as a CPU without AVX-512
+ * would, on any CPU that has AVX2 (the default: the CPU's best table).
  *
  * "cold" matvec cycles through copies of the matrix filling a pool far larger
  * than the last-level cache, as decode does through a model's layers, for one
@@ -211,6 +213,9 @@ static int type_pools(const kn_ops *ops, const kn_type *tys, int nt, int n_out, 
     return 0;
 }
 
+/* The table --types and --mxfp4 run: the CPU's best, or one named. */
+static kn_backend bench_backend = KN_BACKEND_AUTO;
+
 static int bench_types(int reps)
 {
     /* each type as it is in the file, then packed where the table has a
@@ -225,7 +230,7 @@ static int bench_types(int reps)
         tys[2 * i + 1] = kn_packed_type(files[i]);
     }
     const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
-    kn_ctx *ctx = kn_ctx_new(2, KN_BACKEND_AUTO), *ctx1 = kn_ctx_new(1, KN_BACKEND_AUTO);
+    kn_ctx *ctx = kn_ctx_new(2, bench_backend), *ctx1 = kn_ctx_new(1, bench_backend);
     float *x = malloc((size_t)ROWS * TY_N_IN * sizeof(float));
     float *y = aligned_alloc(64, (size_t)ROWS * TY_N_OUT * sizeof(float));
     if (!ctx || !ctx1 || !x || !y)
@@ -321,7 +326,7 @@ static int bench_mxfp4(int reps)
         tys[2 * i + 1] = kn_packed_type(files[i]);
     }
     const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
-    kn_ctx *ctx = kn_ctx_new(1, KN_BACKEND_AUTO);
+    kn_ctx *ctx = kn_ctx_new(1, bench_backend);
     float *x = malloc((size_t)MX_ROWS * MX_N * sizeof(float));
     float *y = aligned_alloc(64, (size_t)MX_ROWS * MX_N * sizeof(float));
     if (!ctx || !x || !y)
@@ -391,8 +396,11 @@ int main(int argc, char **argv)
             mxfp4 = true;
         else if (strcmp(argv[i], "--pool-mib") == 0 && i + 1 < argc)
             pool_mib = (size_t)atol(argv[++i]);
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc && strcmp(argv[i + 1], "avx2") == 0)
+            bench_backend = KN_BACKEND_AVX2, i++;
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4] [--backend avx2]\n",
+                    argv[0]);
             return 2;
         }
     }
