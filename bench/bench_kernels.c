@@ -3,13 +3,14 @@
  * at prefill width (64 rows: bound by arithmetic), at 1 and 2 threads, with
  * the scalar reference at one point for scale. Prints a Markdown table.
  *
- *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4] [--backend avx2]
+ *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy] [--backend avx2]
  *
  * --types instead compares every weight type with Q8_0 and Q4_0 (see
  * bench_types); --mxfp4 MXFP4's gemm over rows as they lie and over packed
- * rows with IQ4_NL and Q4_0 in thread CPU time (see bench_mxfp4).
- * --backend avx2 runs either on the AVX2 table, as a CPU without AVX-512
- * would, on any CPU that has AVX2 (the default: the CPU's best table).
+ * rows with IQ4_NL and Q4_0 in thread CPU time (see bench_mxfp4); --legacy
+ * the same for every 32-element type. --backend avx2 runs any of them on
+ * the AVX2 table, as a CPU without AVX-512 would, on any CPU that has AVX2
+ * (the default: the CPU's best table).
  *
  * "cold" matvec cycles through copies of the matrix filling a pool far larger
  * than the last-level cache, as decode does through a model's layers, for one
@@ -213,7 +214,7 @@ static int type_pools(const kn_ops *ops, const kn_type *tys, int nt, int n_out, 
     return 0;
 }
 
-/* The table --types and --mxfp4 run: the CPU's best, or one named. */
+/* The table --types, --mxfp4 and --legacy run: the CPU's best, or one named. */
 static kn_backend bench_backend = KN_BACKEND_AUTO;
 
 static int bench_types(int reps)
@@ -299,7 +300,8 @@ static int bench_types(int reps)
 }
 
 /* ---- --mxfp4: MXFP4 as it lies (the AVX2 gemm, before its packed layout)
- * and packed, against IQ4_NL and Q4_0 packed and as they lie -------------
+ * and packed, against IQ4_NL and Q4_0 packed and as they lie; --legacy:
+ * every 32-element type so ---------------------------------------------------
  * gpt-oss-20b's expert shape (2880 x 2880). Decode: the matvec of one row
  * over a pool of copies (TY_POOL_MIB), as weight GB/s; prefill: 128 rows
  * against one matrix, as GFLOP/s. One thread, timed in the thread's CPU
@@ -316,12 +318,13 @@ static double thread_cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int bench_mxfp4(int reps)
+/* The types of files[] (at most 8), each as it lies and packed. */
+static int bench_mxfp4(int reps, const kn_type *files, int nf, const char *title)
 {
-    static const kn_type files[] = {KN_TYPE_MXFP4, KN_TYPE_IQ4_NL, KN_TYPE_Q4_0};
-    enum { NT = 6 };
-    kn_type tys[NT];
-    for (int i = 0; i < 3; i++) {
+    enum { NT_MAX = 16 };
+    const int NT = 2 * nf;
+    kn_type tys[NT_MAX];
+    for (int i = 0; i < nf; i++) {
         tys[2 * i] = files[i];
         tys[2 * i + 1] = kn_packed_type(files[i]);
     }
@@ -333,9 +336,9 @@ static int bench_mxfp4(int reps)
         return 1;
     for (int i = 0; i < MX_ROWS * MX_N; i++)
         x[i] = bench_frand(&rng_state);
-    double mv[NT][MAX_REPS], mm[NT][MAX_REPS];
-    bool have[NT];
-    uint8_t *pool[NT] = {0};
+    double mv[NT_MAX][MAX_REPS], mm[NT_MAX][MAX_REPS];
+    bool have[NT_MAX];
+    uint8_t *pool[NT_MAX] = {0};
     if (type_pools(kn_ctx_ops(ctx), tys, NT, MX_N, MX_N, pool, have))
         return 1;
     for (int r = 0; r < reps; r++)
@@ -361,8 +364,8 @@ static int bench_mxfp4(int reps)
             } while (thread_cpu_now() - t0 < 0.1 || calls < 3);
             mm[ti][r] = 2.0 * MX_ROWS * MX_N * MX_N * calls / (thread_cpu_now() - t0);
         }
-    printf("## MXFP4 (%s backend, %dx%d, 1 thread, thread CPU time, median of %d runs)\n\n", kn_ctx_ops(ctx)->name,
-           MX_N, MX_N, reps);
+    printf("## %s (%s backend, %dx%d, 1 thread, thread CPU time, median of %d runs)\n\n", title,
+           kn_ctx_ops(ctx)->name, MX_N, MX_N, reps);
     printf("| type | bits/weight | matvec GB/s | matvec us | %d rows GFLOP/s |\n|---|---|---|---|---|\n",
            MX_ROWS);
     for (int ti = 0; ti < NT; ti++) {
@@ -386,7 +389,7 @@ int main(int argc, char **argv)
 {
     int reps = 5;
     size_t pool_mib = 1024;
-    bool by_type = false, mxfp4 = false;
+    bool by_type = false, mxfp4 = false, legacy = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
@@ -394,12 +397,15 @@ int main(int argc, char **argv)
             by_type = true;
         else if (strcmp(argv[i], "--mxfp4") == 0)
             mxfp4 = true;
+        else if (strcmp(argv[i], "--legacy") == 0)
+            legacy = true;
         else if (strcmp(argv[i], "--pool-mib") == 0 && i + 1 < argc)
             pool_mib = (size_t)atol(argv[++i]);
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc && strcmp(argv[i + 1], "avx2") == 0)
             bench_backend = KN_BACKEND_AVX2, i++;
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4] [--backend avx2]\n",
+            fprintf(stderr,
+                    "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy] [--backend avx2]\n",
                     argv[0]);
             return 2;
         }
@@ -414,8 +420,15 @@ int main(int argc, char **argv)
     }
     if (by_type)
         return bench_types(reps);
-    if (mxfp4)
-        return bench_mxfp4(reps);
+    if (mxfp4) {
+        static const kn_type f[] = {KN_TYPE_MXFP4, KN_TYPE_IQ4_NL, KN_TYPE_Q4_0};
+        return bench_mxfp4(reps, f, 3, "MXFP4");
+    }
+    if (legacy) {
+        static const kn_type f[] = {KN_TYPE_Q4_0, KN_TYPE_Q4_1, KN_TYPE_Q5_0, KN_TYPE_Q5_1, KN_TYPE_IQ4_NL,
+                                    KN_TYPE_MXFP4};
+        return bench_mxfp4(reps, f, 6, "32-element types");
+    }
     const size_t pool_bytes = pool_mib << 20;
     uint8_t *pool = aligned_alloc(64, pool_bytes);
     kn_ctx *ctx[2] = {kn_ctx_new(1, KN_BACKEND_AUTO), kn_ctx_new(2, KN_BACKEND_AUTO)};

@@ -190,17 +190,17 @@ PA_INLINE __m256i pa_dot(kn_type t, const __m256i w[8], const __m256i a[8], cons
  * activation rows, blocks [b0, b0 + ns); y row k gets (past the first
  * segment, continues) the n_t sums. Both halves of a block in turn, so each
  * line of quants is read once. */
-PA_INLINE void pa_tile(kn_type t, const uint8_t *sc, const uint8_t *q, size_t gb, int nb, int n_t,
+PA_INLINE void pa_tile(kn_type t, int H, const uint8_t *sc, const uint8_t *q, size_t gb, int nb, int n_t,
                        const void *xq, size_t xs, int K, int b0, int ns, const pa_act *act, float *y, size_t ys)
 {
     const bool has_min = pa_has_min(t), has_off = pa_offset(t) != 0;
     const size_t sb = pa_scale_bytes(t), qb = pa_quant_bytes(t), half_sc = t == KN_TYPE_MXFP4 ? 8 : 16;
-    const int H = n_t > 8 ? 2 : 1;
     const pa_luts l = pa_luts_of(t);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i keep[2] = {_mm256_cmpgt_epi32(_mm256_set1_epi32(n_t), lane),
                              _mm256_cmpgt_epi32(_mm256_set1_epi32(n_t - 8), lane)};
     __m256 f[2][PA_KMAX];
+#pragma GCC unroll 2
     for (int h = 0; h < H; h++)
 #pragma GCC unroll 8
         for (int k = 0; k < K; k++)
@@ -212,6 +212,7 @@ PA_INLINE void pa_tile(kn_type t, const uint8_t *sc, const uint8_t *q, size_t gb
         for (size_t line = 0; line < qb; line += 64)
             _mm_prefetch(ahead + line, _MM_HINT_T0);
         _mm_prefetch(x86_p16_ahead((const char *)sc, ib, 16, nb, sb, gb), _MM_HINT_T0);
+#pragma GCC unroll 2
         for (int h = 0; h < H; h++) {
             const uint8_t *s = sc + (size_t)ib * sb + half_sc * h;
             const __m256 d = pa_scale(t, s);
@@ -231,6 +232,7 @@ PA_INLINE void pa_tile(kn_type t, const uint8_t *sc, const uint8_t *q, size_t gb
             }
         }
     }
+#pragma GCC unroll 2
     for (int h = 0; h < H; h++)
 #pragma GCC unroll 8
         for (int k = 0; k < K; k++)
@@ -267,8 +269,12 @@ PA_INLINE void pa_run(kn_type t, const void *w, int n_w, const void *xq, size_t 
             }
         for (int o0 = 0; o0 < n_w; o0 += 16) {
             const uint8_t *g = (const uint8_t *)w + (size_t)(o0 / 16) * gb;
-            pa_tile(t, g, g + quants_at, gb, nb, n_w - o0 < 16 ? n_w - o0 : 16, xq, xs, K, b0, ns, &act, y + o0,
-                    ys);
+            const int n_t = n_w - o0 < 16 ? n_w - o0 : 16;
+            /* the halves a constant in each call, so the sums stay in registers */
+            if (n_t > 8)
+                pa_tile(t, 2, g, g + quants_at, gb, nb, n_t, xq, xs, K, b0, ns, &act, y + o0, ys);
+            else
+                pa_tile(t, 1, g, g + quants_at, gb, nb, n_t, xq, xs, K, b0, ns, &act, y + o0, ys);
         }
     }
 }
