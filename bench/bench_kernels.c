@@ -3,12 +3,14 @@
  * at prefill width (64 rows: bound by arithmetic), at 1 and 2 threads, with
  * the scalar reference at one point for scale. Prints a Markdown table.
  *
- *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy] [--backend avx2]
+ *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy [--shape OUTxIN]]
+ *                 [--backend avx2]
  *
  * --types instead compares every weight type with Q8_0 and Q4_0 (see
  * bench_types); --mxfp4 MXFP4's gemm over rows as they lie and over packed
  * rows with IQ4_NL and Q4_0 in thread CPU time (see bench_mxfp4); --legacy
- * the same for every 32-element type. --backend avx2 runs any of them on
+ * the same for every 32-element type (--shape: another matrix than
+ * 2880 x 2880). --backend avx2 runs any of them on
  * the AVX2 table, as a CPU without AVX-512 would, on any CPU that has AVX2
  * (the default: the CPU's best table).
  *
@@ -308,7 +310,8 @@ static int bench_types(int reps)
  * time (the context's only thread is the caller), every configuration once
  * per repetition in turn, so a shared machine's load neither counts nor
  * falls on one of them more than the others; medians. */
-#define MX_N 2880
+/* n_out x n_in: 2880 x 2880 unless --shape OUTxIN says otherwise */
+static int mx_out = 2880, mx_in = 2880;
 #define MX_ROWS 128
 
 static double thread_cpu_now(void)
@@ -330,42 +333,42 @@ static int bench_mxfp4(int reps, const kn_type *files, int nf, const char *title
     }
     const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
     kn_ctx *ctx = kn_ctx_new(1, bench_backend);
-    float *x = malloc((size_t)MX_ROWS * MX_N * sizeof(float));
-    float *y = aligned_alloc(64, (size_t)MX_ROWS * MX_N * sizeof(float));
+    float *x = malloc((size_t)MX_ROWS * mx_in * sizeof(float));
+    float *y = aligned_alloc(64, (size_t)MX_ROWS * mx_out * sizeof(float));
     if (!ctx || !x || !y)
         return 1;
-    for (int i = 0; i < MX_ROWS * MX_N; i++)
+    for (int i = 0; i < MX_ROWS * mx_in; i++)
         x[i] = bench_frand(&rng_state);
     double mv[NT_MAX][MAX_REPS], mm[NT_MAX][MAX_REPS];
     bool have[NT_MAX];
     uint8_t *pool[NT_MAX] = {0};
-    if (type_pools(kn_ctx_ops(ctx), tys, NT, MX_N, MX_N, pool, have))
+    if (type_pools(kn_ctx_ops(ctx), tys, NT, mx_out, mx_in, pool, have))
         return 1;
     for (int r = 0; r < reps; r++)
         for (int ti = 0; ti < NT; ti++) {
             if (!have[ti])
                 continue;
             const kn_type t = tys[ti];
-            const size_t mat = mat_bytes_of(t, MX_N, MX_N);
+            const size_t mat = mat_bytes_of(t, mx_out, mx_in);
             const int n_mats = (int)(pool_bytes / mat);
             double t0 = thread_cpu_now();
             int passes = 0;
             do {
                 for (int m = 0; m < n_mats; m++)
-                    kn_matmul(ctx, pool[ti] + (size_t)m * mat, t, MX_N, MX_N, x, 1, y);
+                    kn_matmul(ctx, pool[ti] + (size_t)m * mat, t, mx_out, mx_in, x, 1, y);
                 passes++;
             } while (thread_cpu_now() - t0 < 0.1);
             mv[ti][r] = (double)mat * n_mats * passes / (thread_cpu_now() - t0);
             int calls = 0;
             t0 = thread_cpu_now();
             do {
-                kn_matmul(ctx, pool[ti], t, MX_N, MX_N, x, MX_ROWS, y);
+                kn_matmul(ctx, pool[ti], t, mx_out, mx_in, x, MX_ROWS, y);
                 calls++;
             } while (thread_cpu_now() - t0 < 0.1 || calls < 3);
-            mm[ti][r] = 2.0 * MX_ROWS * MX_N * MX_N * calls / (thread_cpu_now() - t0);
+            mm[ti][r] = 2.0 * MX_ROWS * mx_out * mx_in * calls / (thread_cpu_now() - t0);
         }
     printf("## %s (%s backend, %dx%d, 1 thread, thread CPU time, median of %d runs)\n\n", title,
-           kn_ctx_ops(ctx)->name, MX_N, MX_N, reps);
+           kn_ctx_ops(ctx)->name, mx_out, mx_in, reps);
     printf("| type | bits/weight | matvec GB/s | matvec us | %d rows GFLOP/s |\n|---|---|---|---|---|\n",
            MX_ROWS);
     for (int ti = 0; ti < NT; ti++) {
@@ -375,7 +378,7 @@ static int bench_mxfp4(int reps, const kn_type *files, int nf, const char *title
         const double v = bench_median(mv[ti], reps), m = bench_median(mm[ti], reps);
         printf("| %s | %.2f | %.2f | %.0f | %.1f |\n", kn_type_name(t),
                8.0 * kn_type_block_bytes(base) / kn_type_block_elems(base), v / 1e9,
-               1e6 * (double)mat_bytes_of(t, MX_N, MX_N) / v, m / 1e9);
+               1e6 * (double)mat_bytes_of(t, mx_out, mx_in) / v, m / 1e9);
     }
     kn_ctx_free(ctx);
     free(y);
@@ -401,11 +404,15 @@ int main(int argc, char **argv)
             legacy = true;
         else if (strcmp(argv[i], "--pool-mib") == 0 && i + 1 < argc)
             pool_mib = (size_t)atol(argv[++i]);
+        else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc &&
+                 sscanf(argv[i + 1], "%dx%d", &mx_out, &mx_in) == 2 && mx_out > 0 && mx_in > 0)
+            i++;
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc && strcmp(argv[i + 1], "avx2") == 0)
             bench_backend = KN_BACKEND_AVX2, i++;
         else {
             fprintf(stderr,
-                    "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy] [--backend avx2]\n",
+                    "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy [--shape OUTxIN]] "
+                    "[--backend avx2]\n",
                     argv[0]);
             return 2;
         }

@@ -1,6 +1,8 @@
-/* kernels/x86: the AVX2 packed gemms of the 32-element types Q4_1, Q5_0,
- * Q5_1, IQ4_NL and MXFP4 (kn_pack's layout, kn_pack.h), for CPUs without
- * the AVX-512 VBMI/GFNI ones of ops_packed_avx512.c. Built with the AVX2
+/* kernels/x86: the AVX2 packed gemms of the 32-element types Q5_0, Q5_1,
+ * IQ4_NL and MXFP4 (kn_pack's layout, kn_pack.h), for CPUs without the
+ * AVX-512 VBMI/GFNI ones of ops_packed_avx512.c. (Q4_1 keeps its gemm over
+ * the rows as they lie, ops_kquant_avx2.c: level with this one at decode,
+ * faster at prefill, bench/RESULTS.md.) Built with the AVX2
  * flags and -ffp-contract=off; installed in the AVX2 table (and so in the
  * tables copied from it), whose constructor checks the CPU. They serve
  * decode and prefill alike: a model whose table has them packs its matrices
@@ -11,8 +13,8 @@
  * the activation block's matching dword broadcast: the lanes hold the eight
  * rows' complete block sums, with no reduction across lanes.
  *
- *  - Q4_1's nibbles, Q5_0's and Q5_1's 5 bits (two shifts and masks and an
- *    or from the layout's fields) and MXFP4's doubled E2M1 levels moved up
+ *  - Q5_0's and Q5_1's 5 bits (two shifts and masks and an or from the
+ *    layout's fields) and MXFP4's doubled E2M1 levels moved up
  *    by 12 (a vpshufb of the nibbles) are the unsigned side of vpmaddubsw:
  *    quants of at most 31, so four quads' pairs (at most 4 * 2 * 31 * 128)
  *    add up in int16 before they are widened. Q5_0's 16 and MXFP4's 12
@@ -25,8 +27,8 @@
  *    widened a quad at a time.
  *
  * Each block's integer sum is exact; then (float)sumi * (d * dx) +
- * (float)xs * (m * dx), each product rounded (the min's term only for Q4_1
- * and Q5_1: the reference adds an exact 0 for the others), is added to the
+ * (float)xs * (m * dx), each product rounded (the min's term only for
+ * Q5_1: the reference adds an exact 0 for the others), is added to the
  * row's running sum in block order, as the reference does, so the results
  * are the reference's bits. MXFP4's d, 2^(e - 128), is made from its
  * exponent byte in integer lanes exactly as kn_e8m0_half makes it,
@@ -58,7 +60,7 @@ typedef struct pa_act {
 
 PA_INLINE bool pa_has_min(kn_type t)
 {
-    return t == KN_TYPE_Q4_1 || t == KN_TYPE_Q5_1;
+    return t == KN_TYPE_Q5_1;
 }
 
 PA_INLINE bool pa_q5(kn_type t)
@@ -139,11 +141,6 @@ PA_INLINE void pa_unpack(kn_type t, const pa_luts *l, const uint8_t *q, __m256i 
     for (int k = 0; k < 4; k++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * k));
         const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        if (t == KN_TYPE_Q4_1) {
-            w[k] = lo;
-            w[4 + k] = hi;
-            continue;
-        }
         w[k] = _mm256_shuffle_epi8(l->lv, lo);
         w[4 + k] = _mm256_shuffle_epi8(l->lv, hi);
         if (t == KN_TYPE_IQ4_NL) {
@@ -314,7 +311,6 @@ PA_INLINE void pa_gemm(kn_type t, const void *w, int n_w, const void *xq, size_t
     {                                                                                                        \
         pa_gemm(KN_TYPE_##T, w, n_w, xq, xs, nr, n, y, ys);                                                  \
     }
-PA_TYPE(Q4_1, q4_1)
 PA_TYPE(Q5_0, q5_0)
 PA_TYPE(Q5_1, q5_1)
 PA_TYPE(IQ4_NL, iq4_nl)
@@ -323,7 +319,6 @@ PA_TYPE(MXFP4, mxfp4)
 
 void kn_x86_packed_avx2_fill(kn_ops *ops)
 {
-    ops->gemm_packed[KN_TYPE_Q4_1] = avx2_gemm_q4_1_packed;
     ops->gemm_packed[KN_TYPE_Q5_0] = avx2_gemm_q5_0_packed;
     ops->gemm_packed[KN_TYPE_Q5_1] = avx2_gemm_q5_1_packed;
     ops->gemm_packed[KN_TYPE_IQ4_NL] = avx2_gemm_iq4_nl_packed;

@@ -17,8 +17,8 @@ void kn_x86_kquant_fill(struct kn_ops *ops);
  * Q8_0 and Q4_0 where the CPU has VBMI and GFNI too
  * (ops_packed_avx512.c). */
 void kn_x86_packed_fill(struct kn_ops *ops);
-/* Fills an AVX2 table's gemm_packed entries of the 32-element types Q4_1,
- * Q5_0, Q5_1, IQ4_NL and MXFP4 (ops_packed_avx2.c). */
+/* Fills an AVX2 table's gemm_packed entries of Q5_0, Q5_1, IQ4_NL and
+ * MXFP4 (ops_packed_avx2.c). */
 void kn_x86_packed_avx2_fill(struct kn_ops *ops);
 /* Replaces an AVX-512 table's F16 and BF16 gemms by 512-bit ones where the
  * CPU has AVX512_BF16 (ops_float_avx512.c). */
