@@ -373,7 +373,11 @@ QD_INLINE void qm_tile(const char *w, size_t ws, int n_t, bool q4, const void *x
     for (int j = 0; j < 8; j++) /* missing rows repeat row 0, unstored */
         wr[j] = w + (size_t)(j < n_t ? j : 0) * ws;
     const size_t bsz = q4 ? sizeof(kn_block_q4_0) : sizeof(kn_block_q8_0);
-    const int pf_every = q4 ? 3 : 1; /* about one prefetch per cache line */
+    /* A prefetch at most a cache line after the last (every second Q4_0
+     * block, every Q8_0 block): with one every fourth Q4_0 block (72 bytes
+     * apart: a line in nine never asked for) the AVX2 decode matvec ran at
+     * about half this speed (bench/RESULTS.md). */
+    const int pf_every = q4 ? 1 : 0;
     __m256 f[QM_KMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < K; r++)
