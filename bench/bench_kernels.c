@@ -4,14 +4,14 @@
  * the scalar reference at one point for scale. Prints a Markdown table.
  *
  *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy [--shape OUTxIN]]
- *                 [--backend avx2]
+ *                 [--backend avx2|avxvnni]
  *
  * --types instead compares every weight type with Q8_0 and Q4_0 (see
  * bench_types); --mxfp4 MXFP4's gemm over rows as they lie and over packed
  * rows with IQ4_NL and Q4_0 in thread CPU time (see bench_mxfp4); --legacy
  * the same for every 32-element type (--shape: another matrix than
- * 2880 x 2880). --backend avx2 runs any of them on
- * the AVX2 table, as a CPU without AVX-512 would, on any CPU that has AVX2
+ * 2880 x 2880). --backend avx2 (avxvnni) runs any of them on the AVX2
+ * (AVX-VNNI) table, as a CPU without AVX-512 would, on any CPU that has it
  * (the default: the CPU's best table).
  *
  * "cold" matvec cycles through copies of the matrix filling a pool far larger
@@ -409,10 +409,12 @@ int main(int argc, char **argv)
             i++;
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc && strcmp(argv[i + 1], "avx2") == 0)
             bench_backend = KN_BACKEND_AVX2, i++;
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc && strcmp(argv[i + 1], "avxvnni") == 0)
+            bench_backend = KN_BACKEND_AVXVNNI, i++;
         else {
             fprintf(stderr,
                     "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy [--shape OUTxIN]] "
-                    "[--backend avx2]\n",
+                    "[--backend avx2|avxvnni]\n",
                     argv[0]);
             return 2;
         }
