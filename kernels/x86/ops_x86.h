@@ -67,6 +67,18 @@ static inline __m256i x86_reduce8(__m256i c0, __m256i c1, __m256i c2, __m256i c3
     return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
 }
 
+/* Sum of the 32 quants of an activation block (qs: a Q8_0 block's), exact
+ * in int32: the offset tricks' correction and the mins' term. */
+static inline __attribute__((always_inline)) int32_t x86_xsum(const int8_t *qs)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+
 /* For prefetching a packed Q8_0 group (kn_pack_q8_0): block ib + ahead of
  * the run at `base` (the group's scales or its quants, blocks `unit` bytes
  * apart); past the group's end, the same run of the next group. */

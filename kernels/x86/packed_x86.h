@@ -225,17 +225,6 @@ PA_INLINE void pa_tile(kn_type t, int H, const uint8_t *sc, const uint8_t *q, si
             _mm256_maskstore_ps(y + (size_t)k * ys + 8 * h, keep[h], f[h][k]);
 }
 
-/* Sum of an activation block's 32 quants. */
-PA_INLINE int32_t pa_xsum(const kn_block_q8_0 *x)
-{
-    const __m256i v = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-    return _mm_cvtsi128_si32(h);
-}
-
 PA_INLINE void pa_run(kn_type t, const void *w, int n_w, const void *xq, size_t xs, int K, int nb, float *y,
                       size_t ys)
 {
@@ -248,7 +237,7 @@ PA_INLINE void pa_run(kn_type t, const void *w, int n_w, const void *xq, size_t 
         for (int k = 0; k < K; k++)
             for (int b = 0; b < ns; b++) {
                 const kn_block_q8_0 *xb = PA_X(k) + b0 + b;
-                const int32_t sum = terms ? pa_xsum(xb) : 0;
+                const int32_t sum = terms ? x86_xsum(xb->qs) : 0;
                 act.corr[k][b] = -pa_offset(t) * sum;
                 act.xsf[k][b] = (float)sum;
                 act.dx[k][b] = kn_x86_f16_table[xb->d];
