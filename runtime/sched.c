@@ -154,6 +154,8 @@ struct rt_sched {
     qtenant *qtenants; /* the queue's fair bound */
     tfig figs[RT_SCHED_TENANT_FIGS];
     int n_figs;
+    tfig other;      /* the figures of tenants that found none free (RT_SCHED_TENANT_OTHER) */
+    bool other_used; /* reported from then on */
     rt_sched_stats stats;
 
     /* compute thread only */
@@ -224,7 +226,7 @@ static qtenant *qt_find(const rt_sched *s, const char *name)
 
 /* Under mu: tenant name's figures, made (or recycled from the one idle
  * longest: nothing running or queued, and not active at `now`) when it
- * has none; NULL when every one is busy. */
+ * has none; s->other when every one is busy. */
 static tfig *fig_of(rt_sched *s, const char *name, double now)
 {
     tfig *idle = NULL;
@@ -236,11 +238,14 @@ static tfig *fig_of(rt_sched *s, const char *name, double now)
             idle = f;
     }
     tfig *f = s->n_figs < RT_SCHED_TENANT_FIGS ? &s->figs[s->n_figs++] : idle;
-    if (f) {
-        memset(f, 0, sizeof(*f));
-        snprintf(f->st.name, sizeof(f->st.name), "%s", name);
-        f->active = now;
+    if (!f) {
+        snprintf(s->other.st.name, sizeof(s->other.st.name), "%s", RT_SCHED_TENANT_OTHER);
+        s->other_used = true;
+        return &s->other;
     }
+    memset(f, 0, sizeof(*f));
+    snprintf(f->st.name, sizeof(f->st.name), "%s", name);
+    f->active = now;
     return f;
 }
 
@@ -307,9 +312,7 @@ static bool push_out(rt_sched *s, qtenant *t, int prio)
     for (sreq *v = t->youngest[prio]; v; v = v->fprev) {
         int st = Q_FRESH;
         if (atomic_compare_exchange_strong(&v->qstate, &st, Q_EVICTED)) {
-            tfig *f = fig_of(s, t->name, gw_mono_s());
-            if (f)
-                f->st.pushed_out++;
+            fig_of(s, t->name, gw_mono_s())->st.pushed_out++;
             qt_unlink(s, v);
             s->n_waiting[prio]--;
             s->stats.pushed_out++;
@@ -1712,6 +1715,7 @@ static void publish_tenants(rt_sched *s, double now)
             if (t->n_present > 0 && !strcmp(t->name, f->st.name))
                 f->active = now;
     }
+    s->other.st.running = s->other.st.queued = s->other.st.folded = 0;
     for (tenant *t = s->tenants; t; t = t->next) {
         tfig *f = t->n_present > 0 || t->tokens_new || t->preempted_new ? fig_of(s, t->name, now) : NULL;
         if (!f)
@@ -1719,9 +1723,12 @@ static void publish_tenants(rt_sched *s, double now)
         int running = 0;
         for (int i = 0; i < s->n_running; i++)
             running += s->running[i]->tn == t;
-        f->st.weight = t->weight;
-        f->st.running = running;
-        f->st.queued = t->n_present - running;
+        if (f == &s->other) /* its weight says nothing: its tenants' differ */
+            f->st.folded++;
+        else
+            f->st.weight = t->weight;
+        f->st.running += running;
+        f->st.queued += t->n_present - running;
         f->st.tokens += t->tokens_new;
         f->st.preempted += t->preempted_new;
         t->tokens_new = t->preempted_new = 0;
@@ -1734,6 +1741,8 @@ int rt_sched_tenants(rt_sched *s, rt_sched_tenant_stats *out, int max)
     int n = s->n_figs < max ? s->n_figs : max;
     for (int i = 0; i < n; i++)
         out[i] = s->figs[i].st;
+    if (s->other_used && n < max)
+        out[n++] = s->other.st;
     pthread_mutex_unlock(&s->mu);
     return n;
 }
