@@ -2,10 +2,12 @@
 # One call's worth of GPU checks, for the device machine (see bench/RESULTS.md,
 # "CUDA"): the machine, every unit test binary (test_cuda_kernels among them),
 # bench_cuda, a CUDA worker end to end (generate on cpu and cuda, then a
-# worker serving streamed and whole completions over h2c), and
+# worker serving streamed and whole completions over h2c), the prefix cache
+# on the GPU (bench/prefix_check.sh: the same answers with it and without,
+# cached tokens reported), and
 # tests/integration/test_worker.py with CUDA workers.
 #
-#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e worker"] [--reps N]
+#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e prefix worker"] [--reps N]
 #
 # DIR holds the binaries and the CUDA plugin they load from their own folder
 # (default .gpu/bin, made by bench/gpu_pack.sh, with their libraries in
@@ -16,7 +18,7 @@
 # prints a summary table last.
 set -u
 bin=.gpu/bin
-steps="env unit cuda bench e2e worker"
+steps="env unit cuda bench e2e prefix worker"
 reps=7
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -52,6 +54,11 @@ for step in $steps; do
           for t in curl nghttp python3 compute-sanitizer; do printf '%s: %s\n' $t "$(command -v $t)"; done;
           ldd "$bin/infergate" "$bin/test_cuda_kernels" "$bin/libinfergate_cuda.so" | grep -i 'not found'; } >"$out/env.log" 2>&1
         note env "$(nvidia-smi -L | head -1)"
+        ;;
+    prefix)
+        # issue 30: the prefix cache's blocks in device memory
+        run_step prefix_cache 300 bash bench/prefix_check.sh "$bin" cuda "$out/prefix"
+        note "prefix cache cuda" "$(tail -1 "$out/prefix_cache.log")"
         ;;
     worker)
         # tests/integration/test_worker.py with its workers on the GPU

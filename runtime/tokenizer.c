@@ -1410,14 +1410,15 @@ int rt_tokenizer_encode_spans(const rt_tokenizer *t, const char *text, size_t le
         while (next < n_plain && (plain[next].len == 0 || plain[next].off + plain[next].len <= i))
             next++;
         /* A match lies wholly in a plain span or wholly outside them; in
-         * one, only a user-defined token of a BPE vocabulary matches. A
-         * SentencePiece one stays text there: the space the encoder puts
-         * after a special token (as llama.cpp does) would change the text. */
+         * one, only a user-defined token matches (Gemma's "\n\n", Qwen3's
+         * <think>), as llama.cpp and Hugging Face split them. Not in a
+         * SentencePiece vocabulary that puts a space before each fragment:
+         * the space llama.cpp puts after one would change the text. */
         const bool in_plain = next < n_plain && plain[next].off <= i;
         const size_t stop = next == n_plain ? len
                             : in_plain      ? plain[next].off + plain[next].len
                                             : plain[next].off;
-        if (in_plain && (!t->n_user || t->kind == RT_TOK_SPM)) {
+        if (in_plain && (!t->n_user || (t->kind == RT_TOK_SPM && t->add_space_prefix))) {
             i = stop;
             continue;
         }

@@ -1,5 +1,7 @@
 /* libFuzzer target for the tokenizer: arbitrary bytes are encoded with a
- * SentencePiece vocabulary and with byte-level BPE vocabularies (llama3,
+ * SentencePiece vocabulary (with the space prefix, and without it as Gemma's,
+ * whose user-defined "\n\n" and runs of spaces are split out of any text)
+ * and with byte-level BPE vocabularies (llama3,
  * qwen2 and starcoder pre-tokenizers), without parse_special, with it, and
  * with plain spans, and decoded again. The vocabularies are written once,
  * in LLVMFuzzerInitialize, with rt_gguf_writer and opened from memory with
@@ -31,7 +33,7 @@
 #include "runtime/tokenizer.h"
 
 #define SP "\xe2\x96\x81"
-#define N_TOK 4
+#define N_TOK 5
 
 static rt_tokenizer *g_tok[N_TOK];
 
@@ -115,7 +117,7 @@ static void list_free(list *l)
 static const char *const k_specials[] = {"<|im_start|>", "<|im_end|>", "<|eot_id|>", "<|begin_of_text|>",
                                          "<|im"};
 
-static rt_tokenizer *spm(void)
+static rt_tokenizer *spm(bool gemma)
 {
     list *l = calloc(1, sizeof(*l));
     add(l, "<unk>", 0, 2);
@@ -129,6 +131,11 @@ static rt_tokenizer *spm(void)
     add(l, SP, -1, 1);
     add(l, SP SP, -2, 1);
     add(l, "<|user|>", 0, 4);
+    if (gemma) {
+        add(l, "\n\n", 0, 4);
+        add(l, "  ", 0, 4);
+        add(l, "   ", 0, 4);
+    }
     for (size_t i = 0; i < sizeof(k_specials) / sizeof(k_specials[0]); i++)
         add(l, k_specials[i], 0, 3);
     uint64_t r = 1;
@@ -158,7 +165,8 @@ static rt_tokenizer *spm(void)
         rt_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", l->score, (uint64_t)l->n) ||
         rt_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", l->type, (uint64_t)l->n) ||
         rt_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1) ||
-        rt_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2))
+        rt_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2) ||
+        (gemma && rt_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", false)))
         die("writer", "spm");
     list_free(l);
     return load(w);
@@ -236,10 +244,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    g_tok[0] = spm();
+    g_tok[0] = spm(false);
     g_tok[1] = bpe("llama3");
     g_tok[2] = bpe("qwen2");
     g_tok[3] = bpe("starcoder");
+    g_tok[4] = spm(true);
     return 0;
 }
 

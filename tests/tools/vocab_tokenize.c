@@ -5,7 +5,9 @@
  * VOCAB.json is what tests/integration/node/vocab_dump.mjs writes from a
  * model's tokenizer.json, as llama.cpp's converter writes it into a GGUF:
  * {"pre": ..., "tokens": [...], "token_type": [...], "merges": [...],
- * "eos": id}. It goes into a GGUF in memory, and the tokenizer is loaded
+ * "eos": id}, and for a SentencePiece vocabulary {"model": "llama",
+ * "scores": [...], "add_space_prefix": bool} (no pre-tokenizer, no merges:
+ * what llama.cpp's converter writes for one). It goes into a GGUF in memory, and the tokenizer is loaded
  * from that as a worker loads one. Each stdin line is a JSON string; each
  * stdout line is the JSON array of its token ids (no BOS, specials as
  * text) or {"error": ...}. Exit 2 for a bad VOCAB.json. */
@@ -41,26 +43,38 @@ static rt_tokenizer *load(const char *path)
     size_t n_tok, n_merges;
     const char **tok = strings(json_object_get(o, "tokens"), &n_tok);
     const char **merges = strings(json_object_get(o, "merges"), &n_merges);
-    json_t *types = json_object_get(o, "token_type");
+    json_t *types = json_object_get(o, "token_type"), *scores_j = json_object_get(o, "scores");
     int32_t *type = calloc(n_tok ? n_tok : 1, sizeof(*type));
+    float *scores = calloc(n_tok ? n_tok : 1, sizeof(*scores));
     const char *pre = json_string_value(json_object_get(o, "pre"));
+    const char *model = json_string_value(json_object_get(o, "model"));
+    bool spm = model && strcmp(model, "llama") == 0;
     rt_tokenizer *t = NULL;
     rt_gguf *g = NULL;
     void *mem = NULL;
     size_t mem_len;
     char err[512] = "";
-    if (!tok || !merges || !type || !pre || json_array_size(types) != n_tok) {
-        fprintf(stderr, "vocab_tokenize: %s: needs pre, tokens, token_type (as many) and merges\n", path);
+    if (!tok || !merges || !type || !scores || !pre || json_array_size(types) != n_tok ||
+        (spm && json_array_size(scores_j) != n_tok)) {
+        fprintf(stderr, "vocab_tokenize: %s: needs pre, tokens, token_type (as many) and merges; "
+                        "scores (as many) for model llama\n", path);
         goto out;
     }
-    for (size_t i = 0; i < n_tok; i++)
+    for (size_t i = 0; i < n_tok; i++) {
         type[i] = (int32_t)json_integer_value(json_array_get(types, i));
+        scores[i] = spm ? (float)json_number_value(json_array_get(scores_j, i)) : 0.0f;
+    }
     rt_gguf_writer *w = rt_gguf_writer_new();
-    if (!w || rt_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2") ||
-        rt_gguf_writer_add_str(w, "tokenizer.ggml.pre", pre) ||
-        rt_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", tok, n_tok) ||
+    int wrc = !w || rt_gguf_writer_add_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
+    if (!wrc && spm)
+        wrc = rt_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", scores, n_tok) ||
+              rt_gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix",
+                                      json_is_true(json_object_get(o, "add_space_prefix")));
+    else if (!wrc)
+        wrc = rt_gguf_writer_add_str(w, "tokenizer.ggml.pre", pre) ||
+              rt_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", merges, n_merges);
+    if (wrc || rt_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", tok, n_tok) ||
         rt_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", type, n_tok) ||
-        rt_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", merges, n_merges) ||
         rt_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id",
                                (uint32_t)json_integer_value(json_object_get(o, "eos"))) ||
         rt_gguf_writer_write_mem(w, &mem, &mem_len, err, sizeof(err)) ||
@@ -69,7 +83,7 @@ static rt_tokenizer *load(const char *path)
         t = NULL;
     }
     rt_gguf_writer_free(w);
-    if (t && rt_tokenizer_pre_fallback(t)) {
+    if (t && !spm && rt_tokenizer_pre_fallback(t)) {
         fprintf(stderr, "vocab_tokenize: %s: pre-tokenizer '%s' is not ours\n", path, pre);
         rt_tokenizer_free(t);
         t = NULL;
@@ -81,6 +95,7 @@ out:
     free(tok);
     free(merges);
     free(type);
+    free(scores);
     json_decref(o);
     return t;
 }

@@ -324,6 +324,12 @@ static void test_spm_known(void **state)
     expect_ids(t, "the world", false, false, w8, 3);
     int32_t w9[] = {id(t, SP "the")};
     assert_int_equal(rt_tokenizer_decode(t, w9, 1, true, buf, sizeof(buf)), 4); /* nothing to strip */
+    /* no space to add after it: a user-defined token is split out of plain
+     * text, as llama.cpp does for Gemma's ("\n\n", runs of spaces) */
+    int32_t w10[] = {id(t, "t"), id(t, "he"), id(t, "<|user|>"), id(t, "t"), id(t, "he")};
+    expect_ids(t, "the<|user|>the", false, false, w10, 5);
+    assert_int_equal(rt_tokenizer_decode(t, w10, 5, false, buf, sizeof(buf)), 14);
+    assert_string_equal(buf, "the<|user|>the");
     rt_tokenizer_free(t);
     vocab_free(v);
 }

