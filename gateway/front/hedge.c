@@ -217,7 +217,7 @@ static void drop_copy(struct gw_front_hedge *h, int report)
 static void promote(struct gw_front_hedge *h)
 {
     load(h->p, &h->copy);
-    gw_placement_try_begin(h->p); /* the first try's share is counted, the copy's is counted from now */
+    gw_placement_try_begin(h->p); /* the first try's share is counted; the copy's try is the request's */
     h->copy.up = NULL;
     h->promoted = true;
     h->state = H_ONE;

@@ -597,7 +597,7 @@ void gw_placement_try_begin(gw_front_req *p)
     p->etry.said = false;
     p->etry.worker = p->worker;
     snprintf(p->etry.region, sizeof(p->etry.region), "%s", p->region);
-    p->etry.t0 = gw_mono_s();
+    p->etry.t0 = p->t_sent > 0 ? p->t_sent : gw_mono_s(); /* a hedge's copy: since it was sent */
     p->etry.watts = p->etry.carbon = 0;
 }
 

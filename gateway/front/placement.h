@@ -64,8 +64,8 @@ void gw_placement_note_busy(gw_front_req *p);
  * the try's time here. Nothing is counted for a forwarded request: its
  * origin counts it.
  *
- * gw_placement_try_begin: p's try is being sent (its target set in p);
- * the one before, if still open, ends first. gw_placement_try_end: p's
+ * gw_placement_try_begin: p's try was sent at p->t_sent (its target set
+ * in p); the one before, if still open, ends first. gw_placement_try_end: p's
  * try ends now and is counted (nothing when none is open). */
 void gw_placement_try_begin(gw_front_req *p);
 void gw_placement_try_end(gw_front_req *p);
