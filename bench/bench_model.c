@@ -31,9 +31,23 @@
 
 #define MAX_REPS 15
 
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Tokens per second of wall time, and per CPU-second of the process (its
+ * compute threads together): on a shared machine the second leaves out
+ * the time others' work took the cores. */
+typedef struct rates {
+    double prefill, decode, prefill_cpu, decode_cpu;
+} rates;
+
 /* One prefill of n_prompt tokens then n_decode greedy-free decode steps
  * (the token fed back is fixed: sampling is not what is measured). */
-static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tps, double *decode_tps)
+static void run_once_rates(rt_model *m, int n_prompt, int n_decode, rates *out)
 {
     const rt_hparams *hp = rt_model_hparams(m);
     char err[256];
@@ -48,13 +62,13 @@ static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tp
     }
     for (int i = 0; i < n_prompt; i++)
         toks[i] = 3 + (i * 7919) % (hp->n_vocab - 3);
-    double t0 = bench_now();
+    double t0 = bench_now(), c0 = cpu_now();
     rt_batch_entry e = {.seq = s, .tokens = toks, .n_tokens = n_prompt, .logits = logits};
     if (rt_model_forward(m, &e, 1)) {
         fprintf(stderr, "bench_model: prefill failed\n");
         exit(1);
     }
-    double t1 = bench_now();
+    double t1 = bench_now(), c1 = cpu_now();
     for (int i = 0; i < n_decode; i++) {
         e = (rt_batch_entry){.seq = s, .tokens = &toks[i % n_prompt], .n_tokens = 1, .logits = logits};
         if (rt_model_forward(m, &e, 1)) {
@@ -62,13 +76,20 @@ static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tp
             exit(1);
         }
     }
-    double t2 = bench_now();
-    *prefill_tps = n_prompt / (t1 - t0);
-    *decode_tps = n_decode / (t2 - t1);
+    double t2 = bench_now(), c2 = cpu_now();
+    *out = (rates){n_prompt / (t1 - t0), n_decode / (t2 - t1), n_prompt / (c1 - c0), n_decode / (c2 - c1)};
     free(logits);
     free(toks);
     rt_seq_free(s);
     rt_kv_free(kv);
+}
+
+static void run_once(rt_model *m, int n_prompt, int n_decode, double *prefill_tps, double *decode_tps)
+{
+    rates r;
+    run_once_rates(m, n_prompt, n_decode, &r);
+    *prefill_tps = r.prefill;
+    *decode_tps = r.decode;
 }
 
 /* ---- --types ---- */
@@ -119,12 +140,12 @@ static int bench_all_types(rt_gen_params *gp, const char *dir, int n_prompt, int
             return 1;
         }
     }
-    double pre[N_BENCH_TYPES][MAX_REPS], dec[N_BENCH_TYPES][MAX_REPS];
+    rates rr[N_BENCH_TYPES][MAX_REPS];
     for (int t = 0; t < N_BENCH_TYPES; t++) /* warm-up: pages in, buffers at full size */
-        run_once(m[t], n_prompt, 4, &pre[t][0], &dec[t][0]);
+        run_once_rates(m[t], n_prompt, 4, &rr[t][0]);
     for (int r = 0; r < reps; r++)
         for (int t = 0; t < N_BENCH_TYPES; t++)
-            run_once(m[t], n_prompt, n_decode, &pre[t][r], &dec[t][r]);
+            run_once_rates(m[t], n_prompt, n_decode, &rr[t][r]);
 
     printf("model: dim %d, %d layers, %d heads, ffn %d, vocab %d; 2 threads (%s kernels); prompt %d tokens, "
            "decode %d tokens, %d reps, medians\n\n",
@@ -133,11 +154,15 @@ static int bench_all_types(rt_gen_params *gp, const char *dir, int n_prompt, int
     printf("| type | bits/weight | MB read/token | decode tok/s | decode GB/s | vs q8_0 | vs q4_0 | prefill tok/s "
            "| vs q8_0 | vs q4_0 |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");
-    double gbs[N_BENCH_TYPES], ptps[N_BENCH_TYPES];
+    double gbs[N_BENCH_TYPES], ptps[N_BENCH_TYPES], v[MAX_REPS];
     for (int t = 0; t < N_BENCH_TYPES; t++) {
         double bytes = (double)rt_model_bytes_per_token(m[t]);
-        ptps[t] = bench_median(pre[t], reps);
-        gbs[t] = bench_median(dec[t], reps) * bytes / 1e9;
+        for (int r = 0; r < reps; r++)
+            v[r] = rr[t][r].prefill;
+        ptps[t] = bench_median(v, reps);
+        for (int r = 0; r < reps; r++)
+            v[r] = rr[t][r].decode;
+        gbs[t] = bench_median(v, reps) * bytes / 1e9;
     }
     for (int t = 0; t < N_BENCH_TYPES; t++) {
         double bytes = (double)rt_model_bytes_per_token(m[t]);
@@ -147,6 +172,32 @@ static int bench_all_types(rt_gen_params *gp, const char *dir, int n_prompt, int
         printf("| %s | %.2f | %.1f | %.1f | %.2f | %.0f%% | %.0f%% | %.1f | %.0f%% | %.0f%% |\n",
                bench_types[t].label, bpw, bytes / 1e6, gbs[t] * 1e9 / bytes, gbs[t], 100 * gbs[t] / gbs[0],
                100 * gbs[t] / gbs[1], ptps[t], 100 * ptps[t] / ptps[0], 100 * ptps[t] / ptps[1]);
+    }
+    /* The same runs against Q4_0 (bench_types[1]) as the median of each
+     * repetition's own ratio, which compares runs seconds apart, and in
+     * CPU time: both steadier than the table above on a loaded machine. */
+    printf("\nAgainst q4_0, the median of each repetition's ratio: wall time, and the process's CPU time\n\n");
+    printf("| type | decode GB/CPU-s | decode vs q4_0 (wall) | (CPU) | prefill tok/CPU-s | prefill vs q4_0 "
+           "(wall) | (CPU) |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    const double q4_bytes = (double)rt_model_bytes_per_token(m[1]);
+    for (int t = 0; t < N_BENCH_TYPES; t++) {
+        double bytes = (double)rt_model_bytes_per_token(m[t]), col[6];
+        const double scale[6] = {bytes / 1e9, bytes / q4_bytes, bytes / q4_bytes, 1, 1, 1};
+        for (int c = 0; c < 6; c++) {
+            for (int r = 0; r < reps; r++) {
+                const rates *x = &rr[t][r], *q = &rr[1][r];
+                v[r] = c == 0   ? x->decode_cpu
+                       : c == 1 ? x->decode / q->decode
+                       : c == 2 ? x->decode_cpu / q->decode_cpu
+                       : c == 3 ? x->prefill_cpu
+                       : c == 4 ? x->prefill / q->prefill
+                                : x->prefill_cpu / q->prefill_cpu;
+            }
+            col[c] = bench_median(v, reps) * scale[c];
+        }
+        printf("| %s | %.2f | %.0f%% | %.0f%% | %.1f | %.0f%% | %.0f%% |\n", bench_types[t].label, col[0],
+               100 * col[1], 100 * col[2], col[3], 100 * col[4], 100 * col[5]);
     }
     for (int t = 0; t < N_BENCH_TYPES; t++)
         rt_model_free(m[t]);

@@ -4,10 +4,11 @@
 # bench_cuda, a CUDA worker end to end (generate on cpu and cuda, then a
 # worker serving streamed and whole completions over h2c), the prefix cache
 # on the GPU (bench/prefix_check.sh: the same answers with it and without,
-# cached tokens reported), and
+# cached tokens reported), the GPU's power read through NVML
+# (bench/power_check.sh), and
 # tests/integration/test_worker.py with CUDA workers.
 #
-#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e prefix worker"] [--reps N]
+#   bench/gpu_check.sh [--bin DIR] [--steps "env unit cuda bench e2e prefix power worker"] [--reps N]
 #
 # DIR holds the binaries and the CUDA plugin they load from their own folder
 # (default .gpu/bin, made by bench/gpu_pack.sh, with their libraries in
@@ -18,7 +19,7 @@
 # prints a summary table last.
 set -u
 bin=.gpu/bin
-steps="env unit cuda bench e2e prefix worker"
+steps="env unit cuda bench e2e prefix power worker"
 reps=7
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -59,6 +60,11 @@ for step in $steps; do
         # issue 30: the prefix cache's blocks in device memory
         run_step prefix_cache 300 bash bench/prefix_check.sh "$bin" cuda "$out/prefix"
         note "prefix cache cuda" "$(tail -1 "$out/prefix_cache.log")"
+        ;;
+    power)
+        # issue 31: a GPU worker's energy from NVML's reading, not its configured power_watts
+        run_step power_nvml 300 bash bench/power_check.sh "$bin" 0 "$out/power"
+        note "power via NVML" "$(head -1 "$out/power_nvml.log")"
         ;;
     worker)
         # tests/integration/test_worker.py with its workers on the GPU

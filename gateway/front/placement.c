@@ -4,6 +4,7 @@
  * energy. */
 #include "gateway/front/placement.h"
 
+#include "gateway/base/num.h"
 #include "gateway/front/metrics.h"
 #include "routing/router.h"
 
@@ -58,6 +59,7 @@ struct gw_placement {
     void *nvml;
     bool nvml_tried;
     int (*nvml_handle)(const char *uuid, void **dev);
+    int (*nvml_index)(unsigned index, void **dev);
     int (*nvml_power)(void *dev, unsigned *mw);
     power_cache power[MAX_POWER_WORKERS];
 };
@@ -429,25 +431,36 @@ void gw_placement_note_busy(gw_front_req *p)
 
 /* A GPU's draw through NVML, dlopened on first use (nothing to link; a
  * machine without the driver has no library and every worker falls back
- * to its power_watts). MIG instances have no reading of their own: their
- * workers use power_watts too. -1 when not measured. */
-static double nvml_watts(gw_placement *pl, const char *uuid)
+ * to its power_watts). A worker's device is a GPU UUID or a GPU index
+ * (NVML's numbering: the supervisor gives CUDA the same PCI order). MIG
+ * instances have no reading of their own: their workers use power_watts
+ * too. -1 when not measured. */
+static double nvml_watts(gw_placement *pl, const char *device)
 {
     if (!pl->nvml_tried) {
         pl->nvml_tried = true;
         pl->nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
         int (*init)(void) = pl->nvml ? (int (*)(void))dlsym(pl->nvml, "nvmlInit_v2") : NULL;
         pl->nvml_handle = pl->nvml ? (int (*)(const char *, void **))dlsym(pl->nvml, "nvmlDeviceGetHandleByUUID") : NULL;
+        pl->nvml_index = pl->nvml ? (int (*)(unsigned, void **))dlsym(pl->nvml, "nvmlDeviceGetHandleByIndex_v2") : NULL;
         pl->nvml_power = pl->nvml ? (int (*)(void *, unsigned *))dlsym(pl->nvml, "nvmlDeviceGetPowerUsage") : NULL;
-        if (!init || !pl->nvml_handle || !pl->nvml_power || init() != 0) {
+        if (!init || !pl->nvml_handle || !pl->nvml_index || !pl->nvml_power || init() != 0) {
             pl->nvml_handle = NULL;
             pl->nvml_power = NULL;
         }
     }
     void *dev;
     unsigned mw;
-    if (!pl->nvml_power || strncmp(uuid, "GPU-", 4) || pl->nvml_handle(uuid, &dev) != 0 ||
-        pl->nvml_power(dev, &mw) != 0)
+    long index;
+    if (!pl->nvml_power)
+        return -1;
+    if (!strncmp(device, "GPU-", 4)) {
+        if (pl->nvml_handle(device, &dev) != 0)
+            return -1;
+    } else if (gw_parse_int(device, 0, 1 << 20, &index) != 0 || pl->nvml_index((unsigned)index, &dev) != 0) {
+        return -1;
+    }
+    if (pl->nvml_power(dev, &mw) != 0)
         return -1;
     return mw / 1000.0;
 }

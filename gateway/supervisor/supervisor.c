@@ -240,9 +240,12 @@ static int spawn(sworker *w)
         if (s->exe_fd > 3)
             close_range(3, (unsigned)s->exe_fd - 1, 0);
         close_range((unsigned)s->exe_fd + 1, ~0U, 0);
-        if (strcmp(w->device, "cpu") != 0)
+        if (strcmp(w->device, "cpu") != 0) {
+            /* A GPU index means nvidia-smi's (and NVML's) numbering, which
+             * is PCI order; CUDA's own default puts the fastest first. */
+            setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
             setenv("CUDA_VISIBLE_DEVICES", w->device, 1);
-        else
+        } else
             unsetenv("CUDA_VISIBLE_DEVICES");
         sigset_t none;
         sigemptyset(&none);
