@@ -3,11 +3,16 @@
  * at prefill width (64 rows: bound by arithmetic), at 1 and 2 threads, with
  * the scalar reference at one point for scale. Prints a Markdown table.
  *
- *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4]
+ *   bench_kernels [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy [--shape OUTxIN]]
+ *                 [--backend avx2|avxvnni]
  *
  * --types instead compares every weight type with Q8_0 and Q4_0 (see
  * bench_types); --mxfp4 MXFP4's gemm over rows as they lie and over packed
- * rows with IQ4_NL and Q4_0 in thread CPU time (see bench_mxfp4).
+ * rows with IQ4_NL and Q4_0 in thread CPU time (see bench_mxfp4); --legacy
+ * the same for every 32-element type (--shape: another matrix than
+ * 2880 x 2880). --backend avx2 (avxvnni) runs any of them on the AVX2
+ * (AVX-VNNI) table, as a CPU without AVX-512 would, on any CPU that has it
+ * (the default: the CPU's best table).
  *
  * "cold" matvec cycles through copies of the matrix filling a pool far larger
  * than the last-level cache, as decode does through a model's layers, for one
@@ -211,6 +216,9 @@ static int type_pools(const kn_ops *ops, const kn_type *tys, int nt, int n_out, 
     return 0;
 }
 
+/* The table --types, --mxfp4 and --legacy run: the CPU's best, or one named. */
+static kn_backend bench_backend = KN_BACKEND_AUTO;
+
 static int bench_types(int reps)
 {
     /* each type as it is in the file, then packed where the table has a
@@ -225,7 +233,7 @@ static int bench_types(int reps)
         tys[2 * i + 1] = kn_packed_type(files[i]);
     }
     const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
-    kn_ctx *ctx = kn_ctx_new(2, KN_BACKEND_AUTO), *ctx1 = kn_ctx_new(1, KN_BACKEND_AUTO);
+    kn_ctx *ctx = kn_ctx_new(2, bench_backend), *ctx1 = kn_ctx_new(1, bench_backend);
     float *x = malloc((size_t)ROWS * TY_N_IN * sizeof(float));
     float *y = aligned_alloc(64, (size_t)ROWS * TY_N_OUT * sizeof(float));
     if (!ctx || !ctx1 || !x || !y)
@@ -294,14 +302,16 @@ static int bench_types(int reps)
 }
 
 /* ---- --mxfp4: MXFP4 as it lies (the AVX2 gemm, before its packed layout)
- * and packed, against IQ4_NL and Q4_0 packed and as they lie -------------
+ * and packed, against IQ4_NL and Q4_0 packed and as they lie; --legacy:
+ * every 32-element type so ---------------------------------------------------
  * gpt-oss-20b's expert shape (2880 x 2880). Decode: the matvec of one row
  * over a pool of copies (TY_POOL_MIB), as weight GB/s; prefill: 128 rows
  * against one matrix, as GFLOP/s. One thread, timed in the thread's CPU
  * time (the context's only thread is the caller), every configuration once
  * per repetition in turn, so a shared machine's load neither counts nor
  * falls on one of them more than the others; medians. */
-#define MX_N 2880
+/* n_out x n_in: 2880 x 2880 unless --shape OUTxIN says otherwise */
+static int mx_out = 2880, mx_in = 2880;
 #define MX_ROWS 128
 
 static double thread_cpu_now(void)
@@ -311,53 +321,54 @@ static double thread_cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int bench_mxfp4(int reps)
+/* The types of files[] (at most 8), each as it lies and packed. */
+static int bench_mxfp4(int reps, const kn_type *files, int nf, const char *title)
 {
-    static const kn_type files[] = {KN_TYPE_MXFP4, KN_TYPE_IQ4_NL, KN_TYPE_Q4_0};
-    enum { NT = 6 };
-    kn_type tys[NT];
-    for (int i = 0; i < 3; i++) {
+    enum { NT_MAX = 16 };
+    const int NT = 2 * nf;
+    kn_type tys[NT_MAX];
+    for (int i = 0; i < nf; i++) {
         tys[2 * i] = files[i];
         tys[2 * i + 1] = kn_packed_type(files[i]);
     }
     const size_t pool_bytes = (size_t)TY_POOL_MIB << 20;
-    kn_ctx *ctx = kn_ctx_new(1, KN_BACKEND_AUTO);
-    float *x = malloc((size_t)MX_ROWS * MX_N * sizeof(float));
-    float *y = aligned_alloc(64, (size_t)MX_ROWS * MX_N * sizeof(float));
+    kn_ctx *ctx = kn_ctx_new(1, bench_backend);
+    float *x = malloc((size_t)MX_ROWS * mx_in * sizeof(float));
+    float *y = aligned_alloc(64, (size_t)MX_ROWS * mx_out * sizeof(float));
     if (!ctx || !x || !y)
         return 1;
-    for (int i = 0; i < MX_ROWS * MX_N; i++)
+    for (int i = 0; i < MX_ROWS * mx_in; i++)
         x[i] = bench_frand(&rng_state);
-    double mv[NT][MAX_REPS], mm[NT][MAX_REPS];
-    bool have[NT];
-    uint8_t *pool[NT] = {0};
-    if (type_pools(kn_ctx_ops(ctx), tys, NT, MX_N, MX_N, pool, have))
+    double mv[NT_MAX][MAX_REPS], mm[NT_MAX][MAX_REPS];
+    bool have[NT_MAX];
+    uint8_t *pool[NT_MAX] = {0};
+    if (type_pools(kn_ctx_ops(ctx), tys, NT, mx_out, mx_in, pool, have))
         return 1;
     for (int r = 0; r < reps; r++)
         for (int ti = 0; ti < NT; ti++) {
             if (!have[ti])
                 continue;
             const kn_type t = tys[ti];
-            const size_t mat = mat_bytes_of(t, MX_N, MX_N);
+            const size_t mat = mat_bytes_of(t, mx_out, mx_in);
             const int n_mats = (int)(pool_bytes / mat);
             double t0 = thread_cpu_now();
             int passes = 0;
             do {
                 for (int m = 0; m < n_mats; m++)
-                    kn_matmul(ctx, pool[ti] + (size_t)m * mat, t, MX_N, MX_N, x, 1, y);
+                    kn_matmul(ctx, pool[ti] + (size_t)m * mat, t, mx_out, mx_in, x, 1, y);
                 passes++;
             } while (thread_cpu_now() - t0 < 0.1);
             mv[ti][r] = (double)mat * n_mats * passes / (thread_cpu_now() - t0);
             int calls = 0;
             t0 = thread_cpu_now();
             do {
-                kn_matmul(ctx, pool[ti], t, MX_N, MX_N, x, MX_ROWS, y);
+                kn_matmul(ctx, pool[ti], t, mx_out, mx_in, x, MX_ROWS, y);
                 calls++;
             } while (thread_cpu_now() - t0 < 0.1 || calls < 3);
-            mm[ti][r] = 2.0 * MX_ROWS * MX_N * MX_N * calls / (thread_cpu_now() - t0);
+            mm[ti][r] = 2.0 * MX_ROWS * mx_out * mx_in * calls / (thread_cpu_now() - t0);
         }
-    printf("## MXFP4 (%s backend, %dx%d, 1 thread, thread CPU time, median of %d runs)\n\n", kn_ctx_ops(ctx)->name,
-           MX_N, MX_N, reps);
+    printf("## %s (%s backend, %dx%d, 1 thread, thread CPU time, median of %d runs)\n\n", title,
+           kn_ctx_ops(ctx)->name, mx_out, mx_in, reps);
     printf("| type | bits/weight | matvec GB/s | matvec us | %d rows GFLOP/s |\n|---|---|---|---|---|\n",
            MX_ROWS);
     for (int ti = 0; ti < NT; ti++) {
@@ -367,7 +378,7 @@ static int bench_mxfp4(int reps)
         const double v = bench_median(mv[ti], reps), m = bench_median(mm[ti], reps);
         printf("| %s | %.2f | %.2f | %.0f | %.1f |\n", kn_type_name(t),
                8.0 * kn_type_block_bytes(base) / kn_type_block_elems(base), v / 1e9,
-               1e6 * (double)mat_bytes_of(t, MX_N, MX_N) / v, m / 1e9);
+               1e6 * (double)mat_bytes_of(t, mx_out, mx_in) / v, m / 1e9);
     }
     kn_ctx_free(ctx);
     free(y);
@@ -381,7 +392,7 @@ int main(int argc, char **argv)
 {
     int reps = 5;
     size_t pool_mib = 1024;
-    bool by_type = false, mxfp4 = false;
+    bool by_type = false, mxfp4 = false, legacy = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
@@ -389,10 +400,22 @@ int main(int argc, char **argv)
             by_type = true;
         else if (strcmp(argv[i], "--mxfp4") == 0)
             mxfp4 = true;
+        else if (strcmp(argv[i], "--legacy") == 0)
+            legacy = true;
         else if (strcmp(argv[i], "--pool-mib") == 0 && i + 1 < argc)
             pool_mib = (size_t)atol(argv[++i]);
+        else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc &&
+                 sscanf(argv[i + 1], "%dx%d", &mx_out, &mx_in) == 2 && mx_out > 0 && mx_in > 0)
+            i++;
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc && strcmp(argv[i + 1], "avx2") == 0)
+            bench_backend = KN_BACKEND_AVX2, i++;
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc && strcmp(argv[i + 1], "avxvnni") == 0)
+            bench_backend = KN_BACKEND_AVXVNNI, i++;
         else {
-            fprintf(stderr, "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--reps N] [--pool-mib M] [--types | --mxfp4 | --legacy [--shape OUTxIN]] "
+                    "[--backend avx2|avxvnni]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -406,8 +429,15 @@ int main(int argc, char **argv)
     }
     if (by_type)
         return bench_types(reps);
-    if (mxfp4)
-        return bench_mxfp4(reps);
+    if (mxfp4) {
+        static const kn_type f[] = {KN_TYPE_MXFP4, KN_TYPE_IQ4_NL, KN_TYPE_Q4_0};
+        return bench_mxfp4(reps, f, 3, "MXFP4");
+    }
+    if (legacy) {
+        static const kn_type f[] = {KN_TYPE_Q4_0, KN_TYPE_Q4_1, KN_TYPE_Q5_0, KN_TYPE_Q5_1, KN_TYPE_IQ4_NL,
+                                    KN_TYPE_MXFP4};
+        return bench_mxfp4(reps, f, 6, "32-element types");
+    }
     const size_t pool_bytes = pool_mib << 20;
     uint8_t *pool = aligned_alloc(64, pool_bytes);
     kn_ctx *ctx[2] = {kn_ctx_new(1, KN_BACKEND_AUTO), kn_ctx_new(2, KN_BACKEND_AUTO)};

@@ -38,6 +38,7 @@ struct tenant {
     double weight;
     double vt;     /* tokens computed for it / weight: the least goes next */
     int n_present; /* its requests waiting or running */
+    int est_idx;   /* its index in est_tn, as est_fill last made it */
     /* what rt_sched_tenants has not counted yet (publish_tenants) */
     uint64_t tokens_new, preempted_new;
 };
@@ -153,6 +154,8 @@ struct rt_sched {
     qtenant *qtenants; /* the queue's fair bound */
     tfig figs[RT_SCHED_TENANT_FIGS];
     int n_figs;
+    tfig other;      /* the figures of tenants that found none free (RT_SCHED_TENANT_OTHER) */
+    bool other_used; /* reported from then on */
     rt_sched_stats stats;
 
     /* compute thread only */
@@ -178,7 +181,11 @@ struct rt_sched {
     double prompt_ewma;     /* prompt tokens the requests admitted lately computed (not the prefix cache's) */
     double gen_frac;        /* of max_new, what finished requests generated (stop before length) */
     rt_est_seq *est_run, *est_q;
+    int *est_run_tn, *est_q_tn; /* their tenants: indices in est_tn */
     int est_q_cap;
+    rt_est_tenant *est_tn; /* the replay's tenants (sched_est.h) */
+    const char **est_tn_name;
+    int est_tn_cap;
     bool trace;                    /* INFERGATE_EST_TRACE set: one line per request's first token */
     double tr_real_ms, tr_pred_ms; /* every step's time, and the fit's for it before it was added */
 };
@@ -219,7 +226,7 @@ static qtenant *qt_find(const rt_sched *s, const char *name)
 
 /* Under mu: tenant name's figures, made (or recycled from the one idle
  * longest: nothing running or queued, and not active at `now`) when it
- * has none; NULL when every one is busy. */
+ * has none; s->other when every one is busy. */
 static tfig *fig_of(rt_sched *s, const char *name, double now)
 {
     tfig *idle = NULL;
@@ -231,11 +238,14 @@ static tfig *fig_of(rt_sched *s, const char *name, double now)
             idle = f;
     }
     tfig *f = s->n_figs < RT_SCHED_TENANT_FIGS ? &s->figs[s->n_figs++] : idle;
-    if (f) {
-        memset(f, 0, sizeof(*f));
-        snprintf(f->st.name, sizeof(f->st.name), "%s", name);
-        f->active = now;
+    if (!f) {
+        snprintf(s->other.st.name, sizeof(s->other.st.name), "%s", RT_SCHED_TENANT_OTHER);
+        s->other_used = true;
+        return &s->other;
     }
+    memset(f, 0, sizeof(*f));
+    snprintf(f->st.name, sizeof(f->st.name), "%s", name);
+    f->active = now;
     return f;
 }
 
@@ -302,9 +312,7 @@ static bool push_out(rt_sched *s, qtenant *t, int prio)
     for (sreq *v = t->youngest[prio]; v; v = v->fprev) {
         int st = Q_FRESH;
         if (atomic_compare_exchange_strong(&v->qstate, &st, Q_EVICTED)) {
-            tfig *f = fig_of(s, t->name, gw_mono_s());
-            if (f)
-                f->st.pushed_out++;
+            fig_of(s, t->name, gw_mono_s())->st.pushed_out++;
             qt_unlink(s, v);
             s->n_waiting[prio]--;
             s->stats.pushed_out++;
@@ -1539,68 +1547,150 @@ static rt_est_seq est_seq_of(const rt_sched *s, const sreq *r)
     return (rt_est_seq){r->n_tokens - done, left - 1}; /* the prompt's end gives one */
 }
 
-/* Room in est_q for n entries (the queue may outgrow max_queue by what is
- * in the inbox); false on no memory (the estimate then counts fewer). */
+/* Room in est_q (and est_q_tn) for n entries (the queue may outgrow
+ * max_queue by what is in the inbox); false on no memory (the estimate
+ * then counts fewer). */
 static bool est_room(rt_sched *s, int n)
 {
     if (n <= s->est_q_cap)
         return true;
     int cap = n + 16;
     rt_est_seq *q = realloc(s->est_q, (size_t)cap * sizeof(*q));
-    if (!q)
+    if (q)
+        s->est_q = q;
+    int *tn = q ? realloc(s->est_q_tn, (size_t)cap * sizeof(*tn)) : NULL;
+    if (!tn)
         return false;
-    s->est_q = q;
+    s->est_q_tn = tn;
     s->est_q_cap = cap;
     return true;
 }
 
+/* The replay's tenant for `name` (weight w): the table's (est_idx), one
+ * made for a tenant still in the inbox (level with the least present, as
+ * link_tenant will make it), or -1 on no memory. */
+static int est_tenant(rt_sched *s, int *n_tn, const char *name, double w)
+{
+    for (int i = 0; i < *n_tn; i++)
+        if (!strcmp(s->est_tn_name[i], name))
+            return i;
+    if (*n_tn == s->est_tn_cap) {
+        int cap = 2 * s->est_tn_cap + 8;
+        rt_est_tenant *t = realloc(s->est_tn, (size_t)cap * sizeof(*t));
+        if (t)
+            s->est_tn = t;
+        const char **nm = t ? realloc(s->est_tn_name, (size_t)cap * sizeof(*nm)) : NULL;
+        if (!nm)
+            return -1;
+        s->est_tn_name = nm;
+        s->est_tn_cap = cap;
+    }
+    double least = least_vt(s, NULL);
+    s->est_tn[*n_tn] = (rt_est_tenant){.vt = least > 0 ? least : 0, .weight = w > 0 ? w : 1};
+    s->est_tn_name[*n_tn] = name;
+    return (*n_tn)++;
+}
+
+/* est_tn: the tenants with requests here, with their virtual times and
+ * weights (each one's est_idx set). Returns their count; -1 on no memory. */
+static int est_tenants(rt_sched *s)
+{
+    int n_tn = 0;
+    for (tenant *t = s->tenants; t; t = t->next) {
+        t->est_idx = -1;
+        if (t->n_present > 0 && (t->est_idx = est_tenant(s, &n_tn, t->name, t->weight)) < 0)
+            return -1;
+        if (t->est_idx >= 0)
+            s->est_tn[t->est_idx].vt = t->vt;
+    }
+    return n_tn;
+}
+
+/* Adds r to est_q (its tenant in est_q_tn: tn, an index in est_tn, or -1
+ * when none was made); false when there is no room. */
+static bool est_add(rt_sched *s, int *n_q, const sreq *r, int tn, long *ahead)
+{
+    if (!est_room(s, *n_q + 1))
+        return false;
+    s->est_q[*n_q] = est_seq_of(s, r);
+    s->est_q_tn[*n_q] = tn;
+    *ahead += s->est_q[(*n_q)++].prefill_left;
+    return true;
+}
+
 /* The replay's input: est_run gets the running requests, est_q the
- * interactive ones waiting ahead of `until` (NULL: all of them and the
- * inbox's, which come next). Returns est_q's count; *n_run and *ahead (the
- * prompt tokens still to compute) are set. */
-static int est_fill(rt_sched *s, const sreq *until, int *n_run, long *ahead)
+ * interactive ones waiting that may go before `target` (NULL: all of them
+ * and the inbox's, which come next; else all but target and its tenant's
+ * after it: fair share takes a tenant's requests in order), and est_tn
+ * their tenants (*n_tn of them; -1: no memory for them). Returns est_q's
+ * count; *n_run and *ahead (the prompt tokens still to compute) are set. */
+static int est_fill(rt_sched *s, const sreq *target, int *n_run, int *n_tn, long *ahead)
 {
     int n_q = 0;
     *ahead = 0;
     *n_run = 0;
+    *n_tn = est_tenants(s);
     for (int i = 0; i < s->n_running; i++) {
+        s->est_run_tn[*n_run] = s->running[i]->tn->est_idx;
         s->est_run[*n_run] = est_seq_of(s, s->running[i]);
         *ahead += s->est_run[(*n_run)++].prefill_left;
     }
-    for (const sreq *r = s->waiting[0].head; r && r != until && est_room(s, n_q + 1); r = r->next) {
-        s->est_q[n_q] = est_seq_of(s, r);
-        *ahead += s->est_q[n_q++].prefill_left;
+    bool past = false;
+    for (const sreq *r = s->waiting[0].head; r; r = r->next) {
+        past |= r == target;
+        if (r != target && !(past && r->tn == target->tn) && !est_add(s, &n_q, r, r->tn->est_idx, ahead))
+            break;
     }
-    if (until)
+    if (target)
         return n_q;
     pthread_mutex_lock(&s->mu);
     for (const sreq *r = s->inbox.head; r; r = r->next) {
-        if (r->prio != RT_PRIO_INTERACTIVE || !est_room(s, n_q + 1))
-            continue;
-        s->est_q[n_q] = est_seq_of(s, r);
-        *ahead += s->est_q[n_q++].prefill_left;
+        int tn = *n_tn >= 0 ? est_tenant(s, n_tn, r->tn->name, r->tn->weight) : -1;
+        if (tn < 0)
+            *n_tn = -1;
+        if (r->prio == RT_PRIO_INTERACTIVE && !est_add(s, &n_q, r, tn, ahead))
+            break;
     }
     pthread_mutex_unlock(&s->mu);
     return n_q;
 }
 
+/* The replay (sched_est.h) over what est_fill gave, for a new request of
+ * `prompt` tokens of tenant tn (-1: the present one served last), in fair
+ * order; in arrival order when there was no memory for the tenants. */
+static double est_replay(rt_sched *s, int n_run, int n_q, int n_tn, int prompt, int tn)
+{
+    if (n_tn >= 0 && tn < 0) {
+        for (int t = 0; t < n_tn; t++)
+            if (tn < 0 || s->est_tn[t].vt > s->est_tn[tn].vt)
+                tn = t;
+        if (tn < 0) /* none is here: one of its own */
+            tn = est_tenant(s, &n_tn, "", 1);
+    }
+    if (n_tn < 0 || tn < 0)
+        return rt_est_ttft(&s->fit, s->o.max_seqs, s->o.max_batch_tokens, s->est_run, n_run, s->est_q, n_q, prompt,
+                           EST_MAX_WORK);
+    return rt_est_ttft_fair(&s->fit, s->o.max_seqs, s->o.max_batch_tokens, s->est_run, s->est_run_tn, n_run,
+                            s->est_q, s->est_q_tn, n_q, s->est_tn, n_tn, prompt, tn, EST_MAX_WORK);
+}
+
 /* The TTFT estimate (sched_est.h) for an interactive request joining now:
- * behind the running requests and the interactive ones waiting (batch
- * ones wait behind it), the inbox's included. In arrival order, as if one
- * tenant sent them all: fair share lets another tenant's request pass
- * them, so for it this is an upper bound (routing knows no tenant's place
- * in a worker's queue). */
+ * behind the running requests, with the interactive ones waiting (batch
+ * ones wait behind it), the inbox's included, in the order fair share
+ * takes them. Routing knows no tenant's place in a worker's queue, so
+ * the estimate is for the tenant here served last (the greatest virtual
+ * time): an upper bound for those present; a tenant with nothing here
+ * starts level with the least and goes sooner. */
 static void update_estimate(rt_sched *s, double now)
 {
     if (now - s->est_t < EST_EVERY_S || !s->est_run)
         return;
     s->est_t = now;
-    int n_run;
+    int n_run, n_tn;
     long ahead;
-    int n_q = est_fill(s, NULL, &n_run, &ahead);
+    int n_q = est_fill(s, NULL, &n_run, &n_tn, &ahead);
     int prompt = s->prompt_ewma >= 1 ? (int)(s->prompt_ewma + 0.5) : 1;
-    double est = rt_est_ttft(&s->fit, s->o.max_seqs, s->o.max_batch_tokens, s->est_run, n_run, s->est_q, n_q,
-                             prompt, EST_MAX_WORK);
+    double est = est_replay(s, n_run, n_q, n_tn, prompt, -1);
     pthread_mutex_lock(&s->mu);
     rt_sched_stats *st = &s->stats;
     st->est_ttft_ms = est;
@@ -1625,6 +1715,7 @@ static void publish_tenants(rt_sched *s, double now)
             if (t->n_present > 0 && !strcmp(t->name, f->st.name))
                 f->active = now;
     }
+    s->other.st.running = s->other.st.queued = s->other.st.folded = 0;
     for (tenant *t = s->tenants; t; t = t->next) {
         tfig *f = t->n_present > 0 || t->tokens_new || t->preempted_new ? fig_of(s, t->name, now) : NULL;
         if (!f)
@@ -1632,9 +1723,12 @@ static void publish_tenants(rt_sched *s, double now)
         int running = 0;
         for (int i = 0; i < s->n_running; i++)
             running += s->running[i]->tn == t;
-        f->st.weight = t->weight;
-        f->st.running = running;
-        f->st.queued = t->n_present - running;
+        if (f == &s->other) /* its weight says nothing: its tenants' differ */
+            f->st.folded++;
+        else
+            f->st.weight = t->weight;
+        f->st.running += running;
+        f->st.queued += t->n_present - running;
         f->st.tokens += t->tokens_new;
         f->st.preempted += t->preempted_new;
         t->tokens_new = t->preempted_new = 0;
@@ -1647,6 +1741,8 @@ int rt_sched_tenants(rt_sched *s, rt_sched_tenant_stats *out, int max)
     int n = s->n_figs < max ? s->n_figs : max;
     for (int i = 0; i < n; i++)
         out[i] = s->figs[i].st;
+    if (s->other_used && n < max)
+        out[n++] = s->other.st;
     pthread_mutex_unlock(&s->mu);
     return n;
 }
@@ -1660,14 +1756,13 @@ static void trace_intake(rt_sched *s)
     for (sreq *r = s->waiting[0].head; r; r = r->next) {
         if (r->t_intake > 0)
             continue;
-        int n_run;
+        int n_run, n_tn;
         long ahead;
-        int n_q = est_fill(s, r, &n_run, &ahead);
+        int n_q = est_fill(s, r, &n_run, &n_tn, &ahead);
         r->t_intake = now;
         r->tr_real0 = s->tr_real_ms;
         r->tr_pred0 = s->tr_pred_ms;
-        r->tr_fresh = rt_est_ttft(&s->fit, s->o.max_seqs, s->o.max_batch_tokens, s->est_run, n_run, s->est_q,
-                                  n_q, est_seq_of(s, r).prefill_left, EST_MAX_WORK);
+        r->tr_fresh = est_replay(s, n_run, n_q, n_tn, est_seq_of(s, r).prefill_left, r->tn->est_idx);
     }
 }
 
@@ -1784,13 +1879,14 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->logits = malloc((size_t)cap * s->n_vocab * sizeof(float));
     s->sampled = calloc((size_t)cap, sizeof(int32_t));
     s->est_run = calloc((size_t)cap, sizeof(rt_est_seq));
+    s->est_run_tn = calloc((size_t)cap, sizeof(int));
     s->masking = calloc((size_t)cap, sizeof(sreq *));
     s->gen_frac = 1;
     s->trace = getenv("INFERGATE_EST_TRACE") != NULL;
     rt_device_info dev;
     rt_model_device_info(m, &dev);
     s->overlap_masks = o->overlap_masks > 0 || (o->overlap_masks < 0 && strcmp(dev.kind, "cpu"));
-    if (!s->running || !s->batch || !s->take || !s->order || !s->logits || !s->sampled || !s->est_run ||
+    if (!s->running || !s->batch || !s->take || !s->order || !s->logits || !s->sampled || !s->est_run || !s->est_run_tn ||
         !s->masking) {
         snprintf(err, err_len, "out of memory for %d sequences", cap);
         goto fail;
@@ -1823,6 +1919,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     return s;
 fail:
     free(s->est_run);
+    free(s->est_run_tn);
     free(s->masking);
     free(s->running);
     free(s->batch);
@@ -1852,8 +1949,12 @@ void rt_sched_free(rt_sched *s)
     free(s->cancels);
     free(s->holds);
     free(s->est_run);
+    free(s->est_run_tn);
     free(s->masking);
     free(s->est_q);
+    free(s->est_q_tn);
+    free(s->est_tn);
+    free(s->est_tn_name);
     free(s->running);
     free(s->batch);
     free(s->take);

@@ -269,12 +269,18 @@ typedef struct rt_sched_tenant_stats {
                             (a recompute after a preemption is not charged again) */
     uint64_t preempted;  /* its requests that gave their slot to another tenant's (fair share) */
     uint64_t pushed_out; /* its requests that gave their place in the queue to another tenant's */
+    int folded;          /* RT_SCHED_TENANT_OTHER's: the tenants whose figures it holds now; else 0 */
 } rt_sched_tenant_stats;
 
 /* Tenants whose figures are kept, at most: past it, the figures of the
  * one idle longest (nothing running or queued) make room for a newcomer's,
- * and a newcomer finding none idle is not reported until one is. */
+ * and a newcomer finding none idle has its figures counted in one entry
+ * more, named RT_SCHED_TENANT_OTHER (no tenant name the gateway takes),
+ * until one is: reported once it was ever used, last, with `folded`. Fair
+ * share itself knows every tenant, however many. */
 #define RT_SCHED_TENANT_FIGS 64
+#define RT_SCHED_TENANT_OTHER "(other)"
+#define RT_SCHED_TENANT_REPORTS (RT_SCHED_TENANT_FIGS + 1) /* rt_sched_tenants' entries, at most */
 /* The tenants seen, into out (max entries): returns how many, refreshed at
  * every step. */
 int rt_sched_tenants(rt_sched *s, rt_sched_tenant_stats *out, int max);

@@ -118,15 +118,192 @@ void rt_step_fit_add(rt_step_fit *f, int tokens, double ms)
     }
 }
 
+/* The replay's state: the slots and their tenants, the queue (a taken
+ * entry's prefill_left is -1), the new request (decode_left -1 marks it),
+ * the tenants (NULL: one, in arrival order) and how many of them have
+ * requests left. */
+typedef struct replay {
+    rt_est_seq *run, *q, fresh;
+    int *run_tn, fresh_tn;
+    const int *q_tn;
+    int n, nq, qi, max_seqs, distinct, n_tn;
+    bool admitted;
+    rt_est_tenant *tn;
+} replay;
+
+/* The next request a free slot takes (an index in q, nq for the new one):
+ * the first queued of the tenant with the least virtual time (the new
+ * request last of its tenant's), or with one tenant the first queued; -1
+ * when none is left. */
+static int next_in(replay *r)
+{
+    while (r->qi < r->nq && r->q[r->qi].prefill_left < 0)
+        r->qi++;
+    int best = r->qi < r->nq ? r->qi : r->admitted ? -1 : r->nq;
+    if (best < 0 || r->distinct <= 1)
+        return best;
+    for (int i = r->qi + 1; i <= r->nq; i++) {
+        bool there = i < r->nq ? r->q[i].prefill_left >= 0 : !r->admitted;
+        int t = i < r->nq ? r->q_tn[i] : r->fresh_tn, b = best < r->nq ? r->q_tn[best] : r->fresh_tn;
+        if (there && r->tn[t].vt < r->tn[b].vt)
+            best = i;
+    }
+    return best;
+}
+
+static void admit(replay *r)
+{
+    int i;
+    while (r->n < r->max_seqs && (i = next_in(r)) >= 0) {
+        if (r->tn)
+            r->run_tn[r->n] = i < r->nq ? r->q_tn[i] : r->fresh_tn;
+        r->run[r->n++] = i < r->nq ? r->q[i] : r->fresh;
+        if (i == r->nq)
+            r->admitted = true;
+        else
+            r->q[i].prefill_left = -1;
+    }
+}
+
+static double vt_run(const replay *r, int i)
+{
+    return r->tn[r->run_tn[i]].vt;
+}
+
+/* The prompt in line for a step's budget: the first of the tenant with the
+ * least virtual time with one (fair_order in sched.c), or the first; -1
+ * when none. */
+static int prompt_in_line(const replay *r)
+{
+    int first = -1;
+    for (int i = 0; i < r->n; i++)
+        if (r->run[i].prefill_left > 0 && (first < 0 || (r->distinct > 1 && vt_run(r, i) < vt_run(r, first))))
+            first = i;
+    return first;
+}
+
+static void charge(replay *r, int i, int tokens)
+{
+    if (r->distinct > 1)
+        r->tn[r->run_tn[i]].due += tokens / r->tn[r->run_tn[i]].weight;
+}
+
 /* Drops the finished (prompt done, nothing left to generate) from the
  * slots, in order; the new request keeps its prompt until it is done. */
-static int compact(rt_est_seq *r, int n)
+static void compact(replay *r)
 {
     int k = 0;
-    for (int i = 0; i < n; i++)
-        if (r[i].prefill_left > 0 || r[i].decode_left > 0)
-            r[k++] = r[i];
-    return k;
+    for (int i = 0; i < r->n; i++) {
+        const rt_est_seq *e = &r->run[i];
+        if (e->prefill_left > 0 || e->decode_left > 0) {
+            if (r->tn)
+                r->run_tn[k] = r->run_tn[i];
+            r->run[k++] = *e;
+        } else if (r->tn && --r->tn[r->run_tn[i]].live == 0) {
+            r->distinct--;
+        }
+    }
+    r->n = k;
+}
+
+/* Each tenant is charged what the steps replayed computed for it. */
+static void settle(replay *r)
+{
+    for (int t = 0; r->distinct > 1 && t < r->n_tn; t++) {
+        r->tn[t].vt += r->tn[t].due;
+        r->tn[t].due = 0;
+    }
+}
+
+/* One step as build_batch makes it: every decode one token, then prompt
+ * chunks within the budget, in line (prompt_in_line, as of the step's
+ * start: a prompt done in this step decodes from the next); then each
+ * tenant is charged. Returns the step's tokens; *done when the new
+ * request's prompt is done. */
+static int one_step(replay *r, int budget, bool *done)
+{
+    int tokens = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->run[i].prefill_left == 0) {
+            r->run[i].decode_left--;
+            charge(r, i, 1);
+            tokens++;
+        }
+    int i;
+    while (budget > 0 && (i = prompt_in_line(r)) >= 0) {
+        rt_est_seq *e = &r->run[i];
+        int take = e->prefill_left < budget ? e->prefill_left : budget;
+        budget -= take;
+        tokens += take;
+        e->prefill_left -= take;
+        charge(r, i, take);
+        *done |= e->decode_left == -1 && e->prefill_left == 0;
+    }
+    settle(r);
+    return tokens;
+}
+
+/* Whether the prompts in the slots are all one tenant's (or none): then
+ * the line for a step's budget stays as it is while no slot frees. */
+static bool one_line(const replay *r)
+{
+    int t = -1;
+    for (int i = 0; i < r->n; i++)
+        if (r->run[i].prefill_left > 0) {
+            if (t >= 0 && r->run_tn[i] != t)
+                return false;
+            t = r->run_tn[i];
+        }
+    return true;
+}
+
+static double run_replay(replay *r, const rt_step_fit *f, int max_batch_tokens, long max_work)
+{
+    double t = 0;
+    long work = 0;
+    while (work < max_work) {
+        admit(r);
+        int n_dec = 0, min_dec = INT_MAX;
+        for (int i = 0; i < r->n; i++)
+            if (r->run[i].prefill_left == 0) {
+                n_dec++;
+                min_dec = r->run[i].decode_left < min_dec ? r->run[i].decode_left : min_dec;
+            }
+        if (r->n == 0)
+            break; /* cannot happen: the target is admitted once a slot is free */
+        int first = prompt_in_line(r);
+        int budget = rt_sched_prefill_budget(max_batch_tokens, n_dec);
+        long k = first < 0 ? min_dec : (r->run[first].prefill_left - 1) / (budget > 0 ? budget : 1);
+        if (first >= 0 && k > min_dec)
+            k = min_dec;
+        if (k >= 1 && (r->distinct <= 1 || one_line(r))) {
+            /* k steps alike: every decode one token, the first prompt in
+             * line the whole budget (no prompt completes, no slot frees
+             * before the last of them). Not with prompts of tenants to
+             * share among: the line changes as they are charged. */
+            int tokens = n_dec + (first >= 0 ? budget : 0);
+            t += (double)k * rt_step_fit_ms(f, tokens);
+            for (int i = 0; i < r->n; i++) {
+                if (r->run[i].prefill_left == 0) {
+                    r->run[i].decode_left -= (int)k;
+                    charge(r, i, (int)k);
+                } else if (i == first) {
+                    r->run[i].prefill_left -= (int)k * budget;
+                    charge(r, i, (int)k * budget);
+                }
+            }
+            settle(r);
+            work += k * r->n;
+        } else {
+            bool done = false;
+            t += rt_step_fit_ms(f, one_step(r, budget, &done));
+            if (done)
+                return t;
+            work += r->n;
+        }
+        compact(r);
+    }
+    return t;
 }
 
 double rt_est_ttft(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_est_seq *run, int n,
@@ -134,73 +311,30 @@ double rt_est_ttft(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_
 {
     if (f->steps == 0)
         return 0;
-    if (prompt < 1)
-        prompt = 1;
-    double t = 0;
-    int qi = 0;
-    bool admitted = false; /* the new request: decode_left -1 marks it */
-    long work = 0;
-    while (work < max_work) {
-        while (n < max_seqs && !admitted) {
-            if (qi < n_queued) {
-                run[n++] = queued[qi++];
-            } else {
-                admitted = true;
-                run[n++] = (rt_est_seq){prompt, -1};
-            }
-        }
-        int n_dec = 0, first = -1, min_dec = INT_MAX;
-        for (int i = 0; i < n; i++) {
-            if (run[i].prefill_left == 0) {
-                n_dec++;
-                min_dec = run[i].decode_left < min_dec ? run[i].decode_left : min_dec;
-            } else if (first < 0) {
-                first = i;
-            }
-        }
-        if (n == 0)
-            break; /* cannot happen: the target is admitted once a slot is free */
-        int budget = rt_sched_prefill_budget(max_batch_tokens, n_dec);
-        long k = first < 0 ? min_dec : (run[first].prefill_left - 1) / (budget > 0 ? budget : 1);
-        if (first >= 0 && k > min_dec)
-            k = min_dec;
-        if (k >= 1) {
-            /* k steps alike: every decode one token, the first prompt in
-             * line the whole budget (no prompt completes, no slot frees
-             * before the last of them) */
-            int tokens = n_dec + (first >= 0 ? budget : 0);
-            t += (double)k * rt_step_fit_ms(f, tokens);
-            for (int i = 0; i < n; i++) {
-                if (run[i].prefill_left == 0)
-                    run[i].decode_left -= (int)k;
-                else if (i == first)
-                    run[i].prefill_left -= (int)k * budget;
-            }
-            work += k * n;
-        } else {
-            /* one step as build_batch makes it: decodes, then prompt
-             * chunks in admission order within the budget */
-            int tokens = n_dec, left = budget;
-            bool done_target = false;
-            for (int i = 0; i < n; i++) {
-                if (run[i].prefill_left == 0) {
-                    run[i].decode_left--;
-                    continue;
-                }
-                int take = run[i].prefill_left < left ? run[i].prefill_left : left;
-                if (take <= 0)
-                    continue;
-                left -= take;
-                tokens += take;
-                run[i].prefill_left -= take;
-                done_target |= run[i].decode_left == -1 && run[i].prefill_left == 0;
-            }
-            t += rt_step_fit_ms(f, tokens);
-            if (done_target)
-                return t;
-            work += n;
-        }
-        n = compact(run, n);
+    replay r = {.run = run, .q = queued, .fresh = {prompt < 1 ? 1 : prompt, -1}, .n = n, .nq = n_queued,
+                .max_seqs = max_seqs, .distinct = 1};
+    return run_replay(&r, f, max_batch_tokens, max_work);
+}
+
+double rt_est_ttft_fair(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_est_seq *run, int *run_tn,
+                        int n, rt_est_seq *queued, const int *q_tn, int n_queued, rt_est_tenant *tenants,
+                        int n_tenants, int prompt, int tenant, long max_work)
+{
+    if (f->steps == 0)
+        return 0;
+    replay r = {.run = run, .q = queued, .fresh = {prompt < 1 ? 1 : prompt, -1}, .run_tn = run_tn,
+                .fresh_tn = tenant, .q_tn = q_tn, .n = n, .nq = n_queued, .max_seqs = max_seqs,
+                .n_tn = n_tenants, .tn = tenants};
+    for (int t = 0; t < n_tenants; t++) {
+        tenants[t].live = 0;
+        tenants[t].due = 0;
     }
-    return t;
+    tenants[tenant].live++;
+    for (int i = 0; i < n; i++)
+        tenants[run_tn[i]].live++;
+    for (int i = 0; i < n_queued; i++)
+        tenants[q_tn[i]].live++;
+    for (int t = 0; t < n_tenants; t++)
+        r.distinct += tenants[t].live > 0;
+    return run_replay(&r, f, max_batch_tokens, max_work);
 }

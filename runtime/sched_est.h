@@ -57,6 +57,15 @@ typedef struct rt_est_seq {
     int decode_left;  /* tokens to generate after the prompt's (or the next) one */
 } rt_est_seq;
 
+/* A tenant in rt_est_ttft_fair's replay: the scheduler's virtual time and
+ * weight (sched.c: tokens computed for it / weight, the least goes next). */
+typedef struct rt_est_tenant {
+    double vt;
+    double weight; /* > 0 */
+    int live;      /* scratch: its requests in the replay */
+    double due;    /* scratch: what the step being replayed charges it */
+} rt_est_tenant;
+
 /* Milliseconds until a new request with a prompt of `prompt` tokens gets
  * its first token, if it joined now behind `queued` (in admission order)
  * with `running` in the slots (decode_left >= 0; the running array holds
@@ -65,5 +74,21 @@ typedef struct rt_est_seq {
  * lower bound). 0 while the fit has seen no step. */
 double rt_est_ttft(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_est_seq *running, int n_running,
                    rt_est_seq *queued, int n_queued, int prompt, long max_work);
+
+/* rt_est_ttft in the order the scheduler's fair share between tenants
+ * takes them (sched.h): a free slot goes to the first queued request of
+ * the tenant with the least virtual time, a step's prompt tokens to the
+ * prompts of the tenants with the least first (admission order within a
+ * tenant), and each step charges every tenant the tokens it computed for
+ * it, over its weight. run_tn[i] and q_tn[i] are the tenants (indices in
+ * tenants, n_tenants entries) of running[i] and queued[i]; the new request
+ * is tenant `tenant`'s, after that tenant's queued ones. The arrays are
+ * changed (scratch). With one tenant it is rt_est_ttft.
+ * Not replayed: fair-share preemption (a tenant holding more slots per
+ * weight gives one way to another's waiting request), so with every slot
+ * held a lighter tenant's request is estimated to wait for one to free. */
+double rt_est_ttft_fair(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_est_seq *running,
+                        int *run_tn, int n_running, rt_est_seq *queued, const int *q_tn, int n_queued,
+                        rt_est_tenant *tenants, int n_tenants, int prompt, int tenant, long max_work);
 
 #endif

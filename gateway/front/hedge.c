@@ -17,6 +17,7 @@
 #include "gateway/front/request_internal.h"
 
 #include "gateway/base/mem.h"
+#include "gateway/front/placement.h"
 
 #include <event2/event.h>
 #include <stdio.h>
@@ -216,6 +217,7 @@ static void drop_copy(struct gw_front_hedge *h, int report)
 static void promote(struct gw_front_hedge *h)
 {
     load(h->p, &h->copy);
+    gw_placement_try_begin(h->p); /* the first try's share is counted; the copy's try is the request's */
     h->copy.up = NULL;
     h->promoted = true;
     h->state = H_ONE;

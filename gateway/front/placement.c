@@ -491,94 +491,161 @@ static double worker_watts(gw_serve *g, const gw_worker_info *w)
     return 0;
 }
 
-/* What a local worker's share of p's time here cost: 0 when a local
- * worker did not serve it, or its power is not known. */
-static void local_energy(gw_front_req *p, double dur_s, double *wh, double *gco2e)
+/* A local worker's draw shared among the sequences it runs: 0 when the
+ * worker is not known, or its power. */
+static double local_watts(gw_serve *g, int worker)
 {
-    gw_serve *g = p->g;
-    *wh = *gco2e = 0;
-    if (!g->placement || p->remote || p->worker < 0 || p->worker >= gw_supervisor_count(g->sup) || !(dur_s > 0))
-        return;
-    const gw_worker_info *w = gw_supervisor_worker(g->sup, p->worker);
+    if (!g->placement || worker < 0 || worker >= gw_supervisor_count(g->sup))
+        return 0;
+    const gw_worker_info *w = gw_supervisor_worker(g->sup, worker);
     double watts = worker_watts(g, w);
     if (!(watts > 0))
-        return;
+        return 0;
     /* The approximation: the worker's draw is shared evenly among the
      * sequences it runs, and the count it last reported (a stats sample,
      * at most stats_interval_ms old, this request included) stands for the
-     * whole of the request's time here. Idle draw between requests is
+     * whole of the request's time there. Idle draw between requests is
      * nobody's; a request's share of a batch's prefill is not weighed by
      * its tokens. */
-    int sharing = w->running > 0 ? w->running : 1;
-    *wh = watts * dur_s / sharing / 3600.0;
+    return watts / (w->running > 0 ? w->running : 1);
+}
+
+/* What dur_s of a local worker's share cost. */
+static void local_energy(gw_serve *g, int worker, double dur_s, double *wh, double *gco2e)
+{
+    *wh = *gco2e = 0;
+    double watts = dur_s > 0 ? local_watts(g, worker) : 0;
+    if (!(watts > 0))
+        return;
+    *wh = watts * dur_s / 3600.0;
     *gco2e = *wh * gw_placement_region_carbon(g, g->cfg->region.name) / 1000.0;
 }
 
 int gw_placement_energy_trailer(gw_front_req *p, char *buf, size_t n)
 {
     double wh, gco2e;
-    local_energy(p, gw_mono_s() - p->t_start, &wh, &gco2e);
+    local_energy(p->g, p->remote ? -1 : p->worker, gw_mono_s() - p->t_start, &wh, &gco2e);
     if (!(wh > 0))
         return -1;
     int len = snprintf(buf, n, "%.9g %.9g", wh, gco2e);
     return len > 0 && (size_t)len < n ? 0 : -1;
 }
 
-const char *gw_energy_parse(const char *v, double *wh, double *gco2e)
+int gw_placement_power_header(gw_front_req *p, char *buf, size_t n)
+{
+    double watts = p->remote ? 0 : local_watts(p->g, p->worker);
+    if (!(watts > 0))
+        return -1;
+    int len = snprintf(buf, n, "%.9g %.9g", watts, gw_placement_region_carbon(p->g, p->g->cfg->region.name));
+    return len > 0 && (size_t)len < n ? 0 : -1;
+}
+
+/* "A B": two numbers within 0..max_a and 0..max_b. */
+static const char *two_numbers(const char *v, double max_a, double max_b, double *a, double *b)
 {
     char buf[64];
     size_t len = strlen(v);
     const char *sp = memchr(v, ' ', len);
     if (!sp || len >= sizeof(buf))
-        return "not two numbers (\"WH GCO2E\")";
+        return "not two numbers (\"A B\")";
     memcpy(buf, v, len + 1);
     buf[sp - v] = '\0';
-    double a, b;
-    if (!route_number_parse(buf, GW_ENERGY_MAX_WH, &a) ||
-        !route_number_parse(buf + (sp - v) + 1, GW_ENERGY_MAX_WH * ROUTE_MAX_CARBON / 1000.0, &b))
+    double x, y;
+    if (!route_number_parse(buf, max_a, &x) || !route_number_parse(buf + (sp - v) + 1, max_b, &y))
         return "a number out of range";
-    *wh = a;
-    *gco2e = b;
+    *a = x;
+    *b = y;
     return NULL;
+}
+
+const char *gw_energy_parse(const char *v, double *wh, double *gco2e)
+{
+    return two_numbers(v, GW_ENERGY_MAX_WH, GW_ENERGY_MAX_WH * ROUTE_MAX_CARBON / 1000.0, wh, gco2e);
+}
+
+const char *gw_power_parse(const char *v, double *watts, double *carbon)
+{
+    return two_numbers(v, GW_POWER_MAX_W, ROUTE_MAX_CARBON, watts, carbon);
+}
+
+/* The value of header `name` in hs, parsed by parse into *a and *b; false
+ * when absent or malformed (logged). */
+static bool said(gw_front_req *p, const gw_http_header *hs, size_t n, const char *name,
+                 const char *(*parse)(const char *, double *, double *), double *a, double *b)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(hs[i].name, name))
+            continue;
+        const char *why = parse(hs[i].value, a, b);
+        if (why)
+            fprintf(stderr, "infergate: region %s: %s '%.64s' not taken: %s\n", p->region, name, hs[i].value, why);
+        return !why;
+    }
+    return false;
 }
 
 void gw_placement_energy_said(gw_front_req *p, const gw_http_header *hs, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        double wh, gco2e;
-        if (strcmp(hs[i].name, "x-infergate-energy"))
-            continue;
-        const char *why = gw_energy_parse(hs[i].value, &wh, &gco2e);
-        if (why) {
-            fprintf(stderr, "infergate: region %s: x-infergate-energy '%.64s' not taken: %s\n", p->region,
-                    hs[i].value, why);
-            return;
-        }
-        /* a try replayed elsewhere mid-stream said nothing: this adds the last one's */
-        p->energy_wh += wh;
-        p->gco2e += gco2e;
-        return;
+    if (p->etry.open && p->etry.remote &&
+        said(p, hs, n, "x-infergate-energy", gw_energy_parse, &p->etry.wh, &p->etry.gco2e))
+        p->etry.said = true;
+}
+
+void gw_placement_power_said(gw_front_req *p, const gw_http_header *hs, size_t n)
+{
+    double watts, carbon;
+    if (p->etry.open && p->etry.remote && said(p, hs, n, "x-infergate-power", gw_power_parse, &watts, &carbon)) {
+        p->etry.watts = watts;
+        p->etry.carbon = carbon;
     }
 }
 
-void gw_placement_energy(gw_front_req *p, double dur_s)
+void gw_placement_try_begin(gw_front_req *p)
 {
-    gw_serve *g = p->g;
-    /* a forwarded request's energy went back to its origin in the trailer */
-    if (!g->placement || p->forwarded)
+    gw_placement_try_end(p);
+    if (p->forwarded) /* its origin counts it */
         return;
-    double wh, gco2e;
-    local_energy(p, dur_s, &wh, &gco2e);
+    p->etry.open = true;
+    p->etry.remote = p->remote != NULL;
+    p->etry.said = false;
+    p->etry.worker = p->worker;
+    snprintf(p->etry.region, sizeof(p->etry.region), "%s", p->region);
+    p->etry.t0 = p->t_sent > 0 ? p->t_sent : gw_mono_s(); /* a hedge's copy: since it was sent */
+    p->etry.watts = p->etry.carbon = 0;
+}
+
+void gw_placement_try_end(gw_front_req *p)
+{
+    if (!p->etry.open)
+        return;
+    p->etry.open = false;
+    gw_serve *g = p->g;
+    double wh = 0, gco2e = 0, dur = gw_mono_s() - p->etry.t0;
+    if (!p->etry.remote) {
+        local_energy(g, p->etry.worker, dur, &wh, &gco2e);
+    } else if (p->etry.said) {
+        wh = p->etry.wh;
+        gco2e = p->etry.gco2e;
+    } else if (dur > 0) { /* cut short: the rate it said, for as long as it served */
+        wh = p->etry.watts * dur / 3600.0;
+        gco2e = wh * p->etry.carbon / 1000.0;
+    }
+    if (!g->placement || !(wh > 0))
+        return;
     p->energy_wh += wh;
     p->gco2e += gco2e;
-    if (!(p->energy_wh > 0))
-        return;
-    const char *served_by = p->remote ? p->region : g->cfg->region.name;
+    const char *served_by = p->etry.remote ? p->etry.region : g->cfg->region.name;
     char tenant[2 * GW_TENANT_NAME_MAX + 1], region[2 * ROUTE_NAME_MAX + 1], labels[300];
     gw_metrics_escape(p->tenant[0] ? p->tenant : "-", tenant, sizeof(tenant));
     gw_metrics_escape(served_by && served_by[0] ? served_by : "-", region, sizeof(region));
     snprintf(labels, sizeof(labels), "tenant=\"%s\",region=\"%s\"", tenant, region);
-    gw_metrics_add(g->metrics, "infergate_energy_wh_total", labels, p->energy_wh);
-    if (p->gco2e > 0)
-        gw_metrics_add(g->metrics, "infergate_gco2e_total", labels, p->gco2e);
+    gw_metrics_add(g->metrics, "infergate_energy_wh_total", labels, wh);
+    if (gco2e > 0)
+        gw_metrics_add(g->metrics, "infergate_gco2e_total", labels, gco2e);
+    gw_front_spend_energy(p, p->etry.region, wh, gco2e);
+}
+
+void gw_placement_energy(gw_front_req *p)
+{
+    gw_placement_try_end(p);
 }

@@ -48,26 +48,52 @@ const char *gw_carbon_parse(const char *buf, size_t n, bool http, double *out);
 /* A region (p->remote, else this one) answered p 429: the primary policy
  * spills from it for primary_hold_ms. */
 void gw_placement_note_busy(gw_front_req *p);
-/* A request's energy said by a peer, at most (Wh). */
+/* A request's energy said by a peer, at most (Wh); a request's power
+ * share said by a peer, at most (W). */
 #define GW_ENERGY_MAX_WH 1e6
-/* At the request's end (dur_s: its time here), at the gateway it came in
- * to: p->energy_wh and p->gco2e, and their counters per tenant and the
- * region that served it. A local worker's share of its time here (its
- * power, the region's intensity), or what the serving region said in its
- * answer's x-infergate-energy trailer (gw_placement_energy_said); 0 and 0
- * when neither is known. Nothing for a forwarded request: the trailer
- * took its figures to its origin, which counts them. */
-void gw_placement_energy(gw_front_req *p, double dur_s);
+#define GW_POWER_MAX_W 1e6
+/* Energy is counted per try, at the gateway the request came in to, each
+ * try's share under the region that served it (infergate_energy_wh_total,
+ * infergate_gco2e_total, spend's Redis rows) and the sum in p->energy_wh
+ * and p->gco2e (the access log). A local worker's try: its power shared
+ * among the sequences it runs x the try's time, at this region's
+ * intensity. A region's try: what its answer's x-infergate-energy trailer
+ * says; a try that ends without one (its stream cut by an error event, the
+ * region dead mid-stream, replayed elsewhere, the client gone and the
+ * stream reset) is the rate its answer's x-infergate-power header said x
+ * the try's time here. Nothing is counted for a forwarded request: its
+ * origin counts it.
+ *
+ * gw_placement_try_begin: p's try was sent at p->t_sent (its target set
+ * in p); the one before, if still open, ends first. gw_placement_try_end: p's
+ * try ends now and is counted (nothing when none is open). */
+void gw_placement_try_begin(gw_front_req *p);
+void gw_placement_try_end(gw_front_req *p);
+/* At the request's end: its open try ends (gw_placement_try_end). */
+void gw_placement_energy(gw_front_req *p);
 /* A forwarded request served here, at its end: its energy as the
  * x-infergate-energy trailer's value, "WH GCO2E" (into buf, n bytes). 0,
  * or -1 when not known (no power figure, not served by a local worker). */
 int gw_placement_energy_trailer(gw_front_req *p, char *buf, size_t n);
-/* The trailers of a region's answer to p: its x-infergate-energy added to
- * p's figures (a malformed one is logged and left out). */
+/* A forwarded request served here, as its answer starts: the rate of its
+ * energy as x-infergate-power's value, "WATTS GCO2E_PER_KWH" (its worker's
+ * draw shared among the sequences it runs, this region's intensity), which
+ * the origin counts by when no trailer comes. 0, or -1 when not known. */
+int gw_placement_power_header(gw_front_req *p, char *buf, size_t n);
+/* The trailers of a region's answer to p's open try: its
+ * x-infergate-energy is that try's energy (a malformed one is logged and
+ * left out). */
 void gw_placement_energy_said(gw_front_req *p, const gw_http_header *hs, size_t n);
+/* The headers of a region's answer to p's open try: its x-infergate-power
+ * (a malformed one is logged and left out). */
+void gw_placement_power_said(gw_front_req *p, const gw_http_header *hs, size_t n);
 /* x-infergate-energy's value: two decimal numbers and one space between,
  * Wh (0 to GW_ENERGY_MAX_WH) and gCO2e (0 to that at ROUTE_MAX_CARBON).
  * NULL when taken, else why not. */
 const char *gw_energy_parse(const char *v, double *wh, double *gco2e);
+/* x-infergate-power's value: two decimal numbers and one space between,
+ * W (0 to GW_POWER_MAX_W) and gCO2e/kWh (0 to ROUTE_MAX_CARBON). NULL
+ * when taken, else why not. */
+const char *gw_power_parse(const char *v, double *watts, double *carbon);
 
 #endif

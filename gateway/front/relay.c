@@ -61,6 +61,8 @@ static void resumed_response(gw_front_req *p, int status, const gw_http_header *
 static void up_response(void *ud, int status, const gw_http_header *hs, size_t n)
 {
     gw_front_req *p = ud;
+    if (p->remote) /* what its energy is counted by, should it end without its trailer */
+        gw_placement_power_said(p, hs, n);
     if (p->resuming) {
         resumed_response(p, status, hs, n);
         return;
@@ -132,7 +134,7 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     gw_front_region_report(p, status < 500 || too_big);
     p->responded = true;
     p->status = status;
-    gw_http_header out[12];
+    gw_http_header out[13];
     size_t k = 0;
     char worker[16];
     *gw_front_put_int(worker, p->worker) = '\0';
@@ -171,6 +173,11 @@ static void up_response(void *ud, int status, const gw_http_header *hs, size_t n
     char route[320];
     if (p->route.n)
         out[k++] = (gw_http_header){"x-infergate-route", gw_front_route_said(p, route, sizeof(route))};
+    /* Its origin counts a forwarded request's energy: by this rate, if the
+     * stream ends without its trailer (cut, the client gone). */
+    char power[64];
+    if (p->forwarded && !gw_placement_power_header(p, power, sizeof(power)))
+        out[k++] = (gw_http_header){"x-infergate-power", power};
     if (!p->stream)
         return;
     /* The length passes on, so that the client can tell a whole body from
@@ -376,6 +383,7 @@ static void up_end(void *ud)
         gw_http_reset(p->stream);
     p->hold_len = 0;
     p->rbuf_len = 0;
+    gw_placement_try_end(p);
 }
 
 /* The event that ends a stream its upstream cut (an OpenAI error object,
@@ -516,6 +524,8 @@ void gw_front_send_upstream(gw_front_req *p)
     const gw_upstream_cbs *cbs = &gw_front_up_cbs;
     void *ud = p;
     bool copy = p->hedge && gw_front_hedge_sending(p, &cbs, &ud);
+    if (!copy) /* the try before it, cut or refused, is counted first */
+        gw_placement_try_begin(p);
     p->up = gw_upstream_send(g->pool, target, r->method, r->path, p->remote ? p->remote->rec.name : "localhost",
                              h, n, r->body, r->body_len, cbs, ud);
     /* A target the pool cannot use (a peer's record with an endpoint it

@@ -153,7 +153,7 @@ static void finish_log(gw_front_req *p, bool complete)
     double tpot = p->sse && tokens > 1 ? (p->t_last - p->t_first) / (tokens - 1) : -1;
     char target[96];
     target_name(p, target, sizeof(target));
-    gw_placement_energy(p, dur);
+    gw_placement_energy(p);
     gw_front_spend_count(p, tokens);
 
     /* A line is queued whole at the fflush, and written by the log's

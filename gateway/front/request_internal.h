@@ -89,9 +89,21 @@ struct gw_front_req {
     /* The policy that routed it and who chose it ("header", "tenant",
      * "fleet"): placement.c; NULL when it was not routed. */
     const char *intent_policy, *intent_source;
-    /* Its energy (Wh) and emissions (gCO2e) estimate, set at its end
-     * (gw_placement_energy); 0 unless a local worker of known power served it. */
+    /* Its energy (Wh) and emissions (gCO2e) estimate, the sum of its
+     * tries' (gw_placement_try_end); 0 unless a worker or region of known
+     * power served it. */
     double energy_wh, gco2e;
+    /* The try out now (placement.c): what serves it and what its energy is
+     * known by, so that each try's share is counted once, under its own
+     * region, however it ends (a cut stream, a replay, a client gone). */
+    struct {
+        bool open, remote, said;
+        int worker;
+        char region[ROUTE_NAME_MAX];
+        double t0;
+        double watts, carbon; /* the region's x-infergate-power (its rate); 0: not said */
+        double wh, gco2e;     /* its x-infergate-energy trailer, once said */
+    } etry;
     /* Cache-aware choice of local worker (dispatch.c): the body's prompt-
      * prefix chain, hashed at the first choice among several workers, and
      * the session (x-infergate-session, else the body's `user`; 0: none). */
@@ -203,9 +215,15 @@ void gw_front_limit_settle(gw_front_req *p, double now, int tokens);
 void gw_front_budget(gw_front_req *p);
 /* The client left: a read of the fleet's spend still out is let go. */
 void gw_front_budget_cancel(gw_front_req *p);
-/* Counts a served request's cost, tokens (tokens: the completion's, -1
- * when not counted), energy and gCO2e, at the price it was sent at. */
+/* Counts a served request's cost and tokens (tokens: the completion's, -1
+ * when not counted), at the price it was sent at; its energy and gCO2e
+ * went in per try (gw_front_spend_energy). */
 void gw_front_spend_count(gw_front_req *p, int tokens);
+/* One try's energy and gCO2e, counted under the region that served it
+ * (region: as p->region was for that try), into the fleet's rows: a
+ * stream replayed elsewhere counts each region's share there. The tokens,
+ * cost and request go in gw_front_spend_count's row. */
+void gw_front_spend_energy(gw_front_req *p, const char *region, double wh, double gco2e);
 /* The request's worst case at these prices: the prompt and completion
  * tokens its tenant was charged for (gw_front_limit's estimate). */
 double gw_front_worst_cost(const gw_front_req *p, double price_in, double price_out);

@@ -138,6 +138,10 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "Requests of each tenant that gave their slot to another tenant's (fair "
                               "share), since the worker started.",
                               NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_worker_tenants_folded", GW_GAUGE,
+                              "Tenants each worker counts under tenant \"(other)\" now: past the 64 it "
+                              "keeps figures for, none of them idle.",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_worker_tenant_pushed_out_total", GW_COUNTER,
                               "Requests of each tenant that gave their place in a worker's full queue to "
                               "another tenant's (answered 429), since the worker started.",
@@ -171,6 +175,10 @@ static void worker_prefix_metrics(gw_metrics *m, const char *labels, const gw_wo
 /* Each tenant's share of the worker (runtime/sched.h). */
 static void worker_tenant_metrics(gw_metrics *m, const char *labels, const gw_worker_info *w)
 {
+    int folded = 0;
+    for (int k = 0; k < w->n_tenants; k++)
+        folded += w->tenants[k].folded;
+    gw_metrics_set(m, "infergate_worker_tenants_folded", labels, folded);
     for (int k = 0; k < w->n_tenants; k++) {
         const gw_worker_tenant *t = &w->tenants[k];
         char name[2 * sizeof(t->name)], l[600];
@@ -197,6 +205,7 @@ void gw_serve_metrics_workers(gw_serve *g)
     gw_metrics_clear(m, "infergate_worker_tenant_weight");
     gw_metrics_clear(m, "infergate_worker_tenant_running");
     gw_metrics_clear(m, "infergate_worker_tenant_queued");
+    gw_metrics_clear(m, "infergate_worker_tenants_folded");
     for (int i = 0; i < gw_supervisor_count(g->sup); i++) {
         const gw_worker_info *w = gw_supervisor_worker(g->sup, i);
         char model[128], device[128], labels[320];

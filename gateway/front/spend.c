@@ -300,9 +300,7 @@ void gw_front_spend_count(gw_front_req *p, int tokens)
         [ROUTE_SPEND_COST] = gw_spend_cost(p->price_in, p->price_out, prompt, completion),
         [ROUTE_SPEND_PROMPT] = prompt,
         [ROUTE_SPEND_COMPLETION] = completion,
-        [ROUTE_SPEND_GCO2E] = p->gco2e,
-        [ROUTE_SPEND_ENERGY_WH] = p->energy_wh,
-        [ROUTE_SPEND_REQUESTS] = 1,
+        [ROUTE_SPEND_REQUESTS] = 1, /* its energy went in per try (gw_front_spend_energy) */
     };
     const char *tenant = p->tenant[0] ? p->tenant : "-";
     p->cost = v[ROUTE_SPEND_COST];
@@ -317,6 +315,17 @@ void gw_front_spend_count(gw_front_req *p, int tokens)
     }
     if (p->g->sync) /* without Redis the account is all there is */
         row_add(sp, day, tenant, p->model, p->region, v);
+}
+
+void gw_front_spend_energy(gw_front_req *p, const char *region, double wh, double gco2e)
+{
+    gw_spend *sp = p->g->spend;
+    if (!sp || p->forwarded || !p->g->sync)
+        return;
+    double v[ROUTE_SPEND_N] = {[ROUTE_SPEND_GCO2E] = gco2e, [ROUTE_SPEND_ENERGY_WH] = wh};
+    char day[DAY_LEN];
+    today(day);
+    row_add(sp, day, p->tenant[0] ? p->tenant : "-", p->model, region, v);
 }
 
 /* ---- the start of a request: its tenant's budget ---- */

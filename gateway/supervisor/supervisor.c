@@ -379,6 +379,7 @@ static void take_tenants(sworker *w, json_t *a)
         t->tokens = (double)json_integer_value(json_object_get(e, "tokens"));
         t->preempted = (double)json_integer_value(json_object_get(e, "preempted"));
         t->pushed_out = (double)json_integer_value(json_object_get(e, "pushed_out"));
+        t->folded = (int)json_integer_value(json_object_get(e, "folded"));
     }
     w->info.tenants = w->tenants;
 }

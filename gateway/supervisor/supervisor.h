@@ -24,8 +24,9 @@ typedef struct gw_worker_tenant {
     double weight;
     int running, queued;
     double tokens, preempted, pushed_out;
+    int folded; /* "(other)"'s: the tenants whose figures it holds (RT_SCHED_TENANT_OTHER) */
 } gw_worker_tenant;
-#define GW_WORKER_TENANTS 64 /* kept per worker, at most (RT_SCHED_TENANT_FIGS) */
+#define GW_WORKER_TENANTS 65 /* kept per worker, at most (RT_SCHED_TENANT_REPORTS) */
 
 typedef struct gw_worker_info {
     int index;

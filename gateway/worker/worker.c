@@ -920,15 +920,18 @@ static json_t *prefix_hashes(gw_worker *w, const rt_sched_stats *st)
 /* The scheduler's share of the worker per tenant (runtime/sched.h). */
 static json_t *tenants_json(gw_worker *w)
 {
-    rt_sched_tenant_stats ts[RT_SCHED_TENANT_FIGS];
-    int n = rt_engine_tenants(w->engine, ts, RT_SCHED_TENANT_FIGS);
+    rt_sched_tenant_stats ts[RT_SCHED_TENANT_REPORTS];
+    int n = rt_engine_tenants(w->engine, ts, RT_SCHED_TENANT_REPORTS);
     json_t *a = json_array();
-    for (int i = 0; a && i < n; i++)
-        json_array_append_new(a, json_pack("{s:s, s:f, s:i, s:i, s:I, s:I, s:I}", "name", ts[i].name,
-                                           "weight", ts[i].weight, "running", ts[i].running, "queued",
-                                           ts[i].queued, "tokens", (json_int_t)ts[i].tokens, "preempted",
-                                           (json_int_t)ts[i].preempted, "pushed_out",
-                                           (json_int_t)ts[i].pushed_out));
+    for (int i = 0; a && i < n; i++) {
+        json_t *e = json_pack("{s:s, s:f, s:i, s:i, s:I, s:I, s:I}", "name", ts[i].name, "weight", ts[i].weight,
+                              "running", ts[i].running, "queued", ts[i].queued, "tokens", (json_int_t)ts[i].tokens,
+                              "preempted", (json_int_t)ts[i].preempted, "pushed_out",
+                              (json_int_t)ts[i].pushed_out);
+        if (e && !strcmp(ts[i].name, RT_SCHED_TENANT_OTHER)) /* the tenants past the figures kept */
+            json_object_set_new(e, "folded", json_integer(ts[i].folded));
+        json_array_append_new(a, e);
+    }
     return a;
 }
 

@@ -463,6 +463,7 @@ static void avx2_init(void)
 {
     f16_table_init();
     kn_x86_kquant_fill(&ops_avx2);
+    kn_x86_packed_avx2_fill(&ops_avx2);
     fill_from_ref(&ops_avx2);
 }
 

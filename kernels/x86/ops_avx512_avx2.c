@@ -42,17 +42,6 @@ enum { QZ_Q8, QZ_Q4, QZ_P16, QZ_P16_Q4 }; /* weight layouts */
 
 #define QZ_X(r) ((const kn_block_q8_0 *)((const char *)xq + (size_t)(r)*xs))
 
-/* Sum of an activation block's 32 quants. */
-QZ_INLINE int32_t qz_xsum(const kn_block_q8_0 *x)
-{
-    const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-    return _mm_cvtsi128_si32(t);
-}
-
 /* ---- mv: lanes = 16 weight rows ---------------------------------------------
  * Rows p, p + 4, p + 8, p + 12 share a register, one per 128-bit lane, as
  * their first (lo) or last (hi) 16 bytes, against the activation block's
@@ -71,7 +60,7 @@ QZ_INLINE void qz_act_fill(qz_act *a, const void *xq, size_t xs, int K, int b0, 
     for (int r = 0; r < K; r++) {
         for (int b = 0; b < ns; b++) {
             const kn_block_q8_0 *xb = QZ_X(r) + b0 + b;
-            a->corr[r][b] = -off * qz_xsum(xb);
+            a->corr[r][b] = -off * x86_xsum(xb->qs);
             a->dx[r][b] = kn_x86_f16_table[xb->d];
         }
     }

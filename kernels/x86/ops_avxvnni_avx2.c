@@ -1,11 +1,14 @@
 /* kernels: the AVX-VNNI backend. The AVX2 table with the quantized dots and
  * gemm rebuilt on vpdpbusd (unsigned x signed bytes summed straight into
  * int32 lanes), which replaces vpmaddubsw + vpmaddwd and lets Q8_0 use the
- * offset trick and the transposed gemm layout too (see qdot_x86.h).
+ * offset trick and the transposed gemm layout too (see qdot_x86.h), and so
+ * are the packed gemms of Q5_0, Q5_1, IQ4_NL and MXFP4 (packed_x86.h; built
+ * with -ffp-contract=off, as they must round as the reference).
  * Everything else is the AVX2 code. The file gets the AVX2 flags from the build; the VNNI functions
  * carry their own target attribute, and kn_ops_avxvnni() checks the CPU before
  * any of them can run. */
 #include "kernels/kn.h"
+#include "kernels/kn_pack.h"
 #include "kernels/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -13,6 +16,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels/x86/ops_x86.h"
@@ -21,6 +25,11 @@
 #define QD_FN(n) vnni_##n
 #define QD_ATTR __attribute__((target("avxvnni")))
 #include "kernels/x86/qdot_x86.h"
+
+#define PA_VNNI 1
+#define PA_FN(n) vnni_##n
+#define PA_ATTR __attribute__((target("avxvnni")))
+#include "kernels/x86/packed_x86.h"
 
 static kn_ops ops_vnni;
 static pthread_once_t ops_vnni_once = PTHREAD_ONCE_INIT;
@@ -33,6 +42,7 @@ static void ops_vnni_init(void)
     ops_vnni.dot[KN_TYPE_Q4_0] = vnni_dot_q4_0;
     ops_vnni.gemm[KN_TYPE_Q8_0] = vnni_gemm_q8_0;
     ops_vnni.gemm[KN_TYPE_Q4_0] = vnni_gemm_q4_0;
+    vnni_packed_fill(&ops_vnni);
 }
 
 const kn_ops *kn_ops_avxvnni(void)

@@ -408,16 +408,6 @@ KQ_INLINE __m256i kl_unpack(kn_type t, const void *w, int ib, float *d, float *m
     }
 }
 
-/* The activation block's quant sum. */
-KQ_INLINE int32_t kl_xsum(__m256i xv)
-{
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), _mm256_set1_epi16(1));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-    return _mm_cvtsi128_si32(h);
-}
-
 /* The activation terms of a block: its scale, and its quant sum as a float
  * (for Q4_1's and Q5_1's min). Looked up in tab when the call filled one,
  * else computed where they are needed. */
@@ -430,7 +420,7 @@ KQ_INLINE void kl_xterms(const kn_block_q8_0 *xb, const float *tab, size_t at, b
         return;
     }
     *dx = kn_x86_f16_table[xb->d];
-    *xsf = has_min ? (float)kl_xsum(_mm256_loadu_si256((const __m256i *)xb->qs)) : 0.0f;
+    *xsf = has_min ? (float)x86_xsum(xb->qs) : 0.0f;
 }
 
 /* (row, block) pairs of activation terms a call computes once for all its

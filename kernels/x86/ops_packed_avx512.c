@@ -569,17 +569,6 @@ KP_INLINE void kl_tile(kn_type t, const uint8_t *sc, const uint8_t *q, size_t gr
         _mm512_mask_storeu_ps(y + (size_t)k * ys, keep, f[k]);
 }
 
-/* Sum of an activation block's 32 quants. */
-KP_INLINE int32_t kl_xsum(const kn_block_q8_0 *x)
-{
-    const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-    return _mm_cvtsi128_si32(h);
-}
-
 KP_INLINE void kl_run(kn_type t, const void *w, int n_w, const void *xq, size_t xs, int K, int nb, float *y,
                       size_t ys)
 {
@@ -592,7 +581,7 @@ KP_INLINE void kl_run(kn_type t, const void *w, int n_w, const void *xq, size_t 
         for (int k = 0; k < K; k++)
             for (int b = 0; b < ns; b++) {
                 const kn_block_q8_0 *xb = KL_X(k) + b0 + b;
-                const int32_t sum = kl_xsum(xb);
+                const int32_t sum = x86_xsum(xb->qs);
                 a.corr[k][b] = -off * sum;
                 a.xsf[k][b] = (float)sum;
                 a.dx[k][b] = kn_x86_f16_table[xb->d];

@@ -17,6 +17,9 @@ void kn_x86_kquant_fill(struct kn_ops *ops);
  * Q8_0 and Q4_0 where the CPU has VBMI and GFNI too
  * (ops_packed_avx512.c). */
 void kn_x86_packed_fill(struct kn_ops *ops);
+/* Fills an AVX2 table's gemm_packed entries of Q5_0, Q5_1, IQ4_NL and
+ * MXFP4 (ops_packed_avx2.c). */
+void kn_x86_packed_avx2_fill(struct kn_ops *ops);
 /* Replaces an AVX-512 table's F16 and BF16 gemms by 512-bit ones where the
  * CPU has AVX512_BF16 (ops_float_avx512.c). */
 void kn_x86_float512_fill(struct kn_ops *ops);
@@ -62,6 +65,18 @@ static inline __m256i x86_reduce8(__m256i c0, __m256i c1, __m256i c2, __m256i c3
     const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(c0, c1), _mm256_unpackhi_epi32(c0, c1));
     const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(c2, c3), _mm256_unpackhi_epi32(c2, c3));
     return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+}
+
+/* Sum of the 32 quants of an activation block (qs: a Q8_0 block's), exact
+ * in int32: the offset tricks' correction and the mins' term. */
+static inline __attribute__((always_inline)) int32_t x86_xsum(const int8_t *qs)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
 }
 
 /* For prefetching a packed Q8_0 group (kn_pack_q8_0): block ib + ahead of

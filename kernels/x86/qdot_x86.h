@@ -270,17 +270,6 @@ QD_INLINE __m256 qx_accum(__m256 acc, __m256i isum, __m256 scale)
     return _mm256_add_ps(acc, t);
 }
 
-/* Sum of an activation block's 32 quants. */
-QD_INLINE int32_t qx_xsum(const kn_block_q8_0 *x)
-{
-    const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), qd_xload(x));
-    const __m256i s = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-    return _mm_cvtsi128_si32(t);
-}
-
 /* The first n (<= 8) floats at p, the rest zero; and the converse store. */
 QD_INLINE __m256 qx_loadn(const float *p, int n)
 {
@@ -373,7 +362,11 @@ QD_INLINE void qm_tile(const char *w, size_t ws, int n_t, bool q4, const void *x
     for (int j = 0; j < 8; j++) /* missing rows repeat row 0, unstored */
         wr[j] = w + (size_t)(j < n_t ? j : 0) * ws;
     const size_t bsz = q4 ? sizeof(kn_block_q4_0) : sizeof(kn_block_q8_0);
-    const int pf_every = q4 ? 3 : 1; /* about one prefetch per cache line */
+    /* A prefetch at most a cache line after the last (every second Q4_0
+     * block, every Q8_0 block): with one every fourth Q4_0 block (72 bytes
+     * apart: a line in nine never asked for) the AVX2 decode matvec ran at
+     * about half this speed (bench/RESULTS.md). */
+    const int pf_every = q4 ? 1 : 0;
     __m256 f[QM_KMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < K; r++)
@@ -423,7 +416,7 @@ QD_INLINE void qm_run(const char *w, size_t ws, int n_w, bool q4, const void *xq
         for (int r = 0; r < K; r++) {
             for (int b = 0; b < ns; b++) {
                 const kn_block_q8_0 *xb = QD_X(r) + b0 + b;
-                a.corr[r][b] = off ? -off * qx_xsum(xb) : 0;
+                a.corr[r][b] = off ? -off * x86_xsum(xb->qs) : 0;
                 a.dx[r][b] = kn_x86_f16_table[xb->d];
             }
         }

@@ -2,7 +2,7 @@
  * (gateway/front/placement.c, gw_carbon_parse): whoever serves the URL or
  * writes the file chooses its bytes, and the figure steers routing; and,
  * on the same bytes, a peer region's x-infergate-energy trailer
- * (gw_energy_parse).
+ * (gw_energy_parse) and x-infergate-power header (gw_power_parse).
  *
  * The first byte chooses the form (odd: an HTTP/1.x answer, even: a file's
  * bytes); the rest is the answer, not NUL-terminated. A figure taken is
@@ -53,6 +53,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(*why);
     else
         FUZZ_CHECK(isfinite(wh) && isfinite(gco2e) && wh >= 0 && gco2e >= 0 && wh <= GW_ENERGY_MAX_WH);
+    /* and as its x-infergate-power header (gw_power_parse) */
+    double watts = -1, carbon = -1;
+    why = gw_power_parse(t, &watts, &carbon);
+    if (why)
+        FUZZ_CHECK(*why);
+    else
+        FUZZ_CHECK(isfinite(watts) && isfinite(carbon) && watts >= 0 && watts <= GW_POWER_MAX_W && carbon >= 0 &&
+                   carbon <= ROUTE_MAX_CARBON);
     free(t);
     return 0;
 }

@@ -28,6 +28,10 @@ accident, chosen by the request's prompt:
            resumes elsewhere by token replay
   other    a 200 completion
 
+Its answers cut short ("split", "error", a replay script's) say the power
+a real region's would (x-infergate-power: POWER, 50 W at 200 gCO2e/kWh),
+by which its origin counts their energy, no trailer coming.
+
 With fail_status set (e.g. 500), it answers every completion with that
 status, as a region whose workers all fail while it takes connections and
 answers PINGs. Gateways' active health checks (x-infergate-health-check)
@@ -48,6 +52,7 @@ import h2.events
 import h2.errors
 import h2.exceptions
 
+POWER = "50 200"
 EVENT = b'data: {"id":"x","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
 
 
@@ -125,7 +130,8 @@ class FaultRegion:
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
             conn.send_data(sid, EVENT + b"data: [DONE]\n", end_stream=True)
         elif prompt == "error":
-            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream"),
+                                    ("x-infergate-power", POWER)])
             conn.send_data(sid, EVENT + b'data: {"error":{"message":"the model failed","type":"server_error",'
                            b'"param":null,"code":null}}\n\n', end_stream=True)
         elif prompt == "hang":
@@ -138,11 +144,12 @@ class FaultRegion:
         elif isinstance(prompt, list) and self.replay_script:
             run, data = self.replay_script
             conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream"),
-                                    ("x-infergate-replay", run)])
+                                    ("x-infergate-replay", run), ("x-infergate-power", POWER)])
             conn.send_data(sid, data)
             conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
         elif prompt == "split":
-            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream")])
+            conn.send_headers(sid, [(":status", "200"), ("content-type", "text/event-stream"),
+                                    ("x-infergate-power", POWER)])
             conn.send_data(sid, EVENT + EVENT[:40])
             conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
         else:

@@ -5,6 +5,7 @@ delay_relay.py) so that their RTTs differ, over mutual TLS with a CA made
 here. Checks latency and cost routing, price changes, residency, a region
 that stands still (the response timeout), gateway death, Redis outages and
 the fleet-wide rate limit."""
+import http.client
 import json
 import os
 import random
@@ -367,6 +368,90 @@ t.ok(wh > 0 and abs(line_eu["gco2e"] - wh * carbons["us1"] / 1000) <= 1e-5 * lin
      and "infergate_spend_energy_wh_total" not in m_us,
      "energy: eu1 logs and counts %.3g Wh (%.3g gCO2e at us1's intensity) for the request us1 served; us1 "
      "neither: %s / %s" % (wh, (line_eu or {}).get("gco2e", 0), line_eu, line_us))
+
+
+# An answer cut short is counted all the same, by the gateway it came in
+# to: here its client goes away mid-stream, us1's trailer never comes, and
+# eu1 counts the rate us1's answer said (x-infergate-power) for as long as
+# the stream ran, as us1's.
+def energy_by_region(n, tenant):
+    text = request(n, "ops", path="/metrics")[2].decode()
+    return {m_.group(1): float(m_.group(2)) for m_ in re.finditer(
+        r'^infergate_energy_wh_total\{tenant="%s",region="([^"]*)"\} (\S+)$' % tenant, text, re.M)}
+
+
+def energy_delta(before, after):
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def gone_mid_stream(n, tenant, events=5):
+    """A stream entering region n whose client leaves after `events` data
+    events: its response headers."""
+    c = http.client.HTTPConnection("127.0.0.1", port[n], timeout=30)
+    body = {"model": "m", "prompt": [1, 5, 7], "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    c.request("POST", "/v1/completions", json.dumps(body),
+              {"authorization": "Bearer " + keys[tenant], "content-type": "application/json"})
+    r = c.getresponse()
+    hd = {k.lower(): v for k, v in r.getheaders()}
+    seen = 0
+    while seen < events:
+        line = r.readline()
+        if not line:
+            break
+        seen += line.startswith(b"data: ")
+    c.close()
+    return hd
+
+
+before = energy_by_region("eu1", "cheap")
+h = gone_mid_stream("eu1", "cheap")
+line_eu = logged("eu1", h) or {}
+wh = line_eu.get("energy_wh", 0)
+got = energy_delta(before, energy_by_region("eu1", "cheap"))
+t.ok(h.get("x-infergate-region") == "us1" and line_eu.get("complete") is False and wh > 0
+     and abs(line_eu["gco2e"] - wh * carbons["us1"] / 1000) <= 1e-5 * line_eu["gco2e"]
+     and list(got) == ["us1"] and abs(got["us1"] - wh) <= 1e-5 * wh and "cost" in line_eu,
+     "energy: a stream whose client left mid-way is counted by eu1 as us1's (%.3g Wh, %s), its spend too: %s"
+     % (wh, got, line_eu))
+
+
+
+# What every gateway's access log says each tenant spent and used (cost,
+# energy) is what the fleet's rows in Redis hold (infergate usage).
+def logs_by_tenant():
+    out = {}
+    for n in names:
+        for l in open(os.path.join(d, n + ".access.log")):
+            e = json.loads(l)
+            o = out.setdefault(e.get("tenant") or "-", [0.0, 0.0])
+            o[0] += e.get("cost", 0)
+            o[1] += e.get("energy_wh", 0)
+    return {k: v for k, v in out.items() if v != [0.0, 0.0]}
+
+
+def usage_by_tenant():
+    r = subprocess.run([INFERGATE, "usage", "--redis", "127.0.0.1:%d" % redis_port, "--cluster", "t%d" % redis_port,
+                        "--json"], capture_output=True, text=True, timeout=30)
+    out = {}
+    for x in (json.loads(r.stdout)["rows"] if r.returncode == 0 else []):
+        o = out.setdefault(x["tenant"], [0.0, 0.0])
+        o[0] += x["cost"]
+        o[1] += x["energy_wh"]
+    return out
+
+
+def same_totals():
+    a, b = logs_by_tenant(), usage_by_tenant()
+    return set(a) == set(b) and all(abs(a[k][i] - b[k][i]) <= 1e-4 * max(a[k][i], 1e-9) for k in a for i in (0, 1))
+
+
+try:
+    agree = wait_until(same_totals, 10, "Redis's rows hold what the access logs say")
+except AssertionError:
+    agree = False
+t.ok(agree, "spend and energy by tenant: the access logs' sums %s, Redis's rows %s"
+     % (logs_by_tenant(), usage_by_tenant()))
 # x-infergate-max-cost: the worst case is the estimate the tenant is charged
 # (body bytes / 4, and max_tokens 2) at each candidate's price; eu1 (3 per
 # million) is over 2.5 x that, ap1 (2) and us1 (1) under it
@@ -586,16 +671,26 @@ try:
     e = logged("eu1", h) or {}
     t.ok(e.get("status") == 200 and e.get("complete") is False and e.get("upstream_error") == "reset",
          "the cut stream is logged as its 200, not complete: %s" % e)
+    # Its energy: fk1 said its rate (50 W at 200 gCO2e/kWh) and no trailer
+    # came; eu1 counts that rate for as long as the stream ran, as fk1's.
+    wh = e.get("energy_wh", 0)
+    t.ok(wh > 0 and abs(e["gco2e"] - wh * 0.2) <= 1e-5 * e["gco2e"],
+         "energy: the cut stream is counted at the rate fk1 said: %s" % e)
     # A stream that ends cleanly on an error event (a worker whose model
     # failed mid-stream) is passed on whole, and counts as fk1's failure.
     request("eu1", "open", headers=fk, body={"model": "m", "prompt": "hello", "max_tokens": 1})
     fails0 = table("eu1")["fk1"]["consecutive_failures"]
+    before = energy_by_region("eu1", "open")
     s, h, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "error", "stream": True}, timeout=10)
     events = [e for e in b.split(b"\n\n") if e]
     fails1 = table("eu1")["fk1"]["consecutive_failures"]
     t.ok(s == 200 and len(events) == 2 and b'"the model failed"' in events[1] and fails0 == 0 and fails1 == 1,
          "an error event mid-stream is passed on and counts against the region (failures %d -> %d)"
          % (fails0, fails1))
+    e = logged("eu1", h) or {}
+    got = energy_delta(before, energy_by_region("eu1", "open"))
+    t.ok(e.get("energy_wh", 0) > 0 and list(got) == ["fk1"] and abs(got["fk1"] - e["energy_wh"]) <= 1e-5 * got["fk1"],
+         "energy: a stream ended by an error event is counted as fk1's, in the log and /metrics (%s): %s" % (got, e))
     # A stream whose last event lacks its blank line: what was held back
     # goes out as it is, and the response ends.
     s, h, b = request("eu1", "open", headers=fk, body={"model": "m", "prompt": "tail", "stream": True}, timeout=10)
@@ -636,6 +731,7 @@ try:
         evs = [json.loads(e[e.index(b"data: {") + 6:]) for e in raw.split(b"\n\n") if b"data: {" in e]
         return "".join(e["choices"][0]["text"] for e in evs if e.get("choices")), evs
 
+    before = energy_by_region("eu1", "cheap")
     s2, h2_, b2 = request("eu1", "cheap", body=body)
     text0, _ = texts(ref)
     text1, evs1 = texts(b2)
@@ -646,6 +742,16 @@ try:
          "text (%d %d %d vs %d chars, %r)" % (s, s2, len(text1), len(text0), b2[-160:]))
     t.ok(re.search(r'event=replay request=\S+ from="region fk1" to="region us1" tokens=\d+',
                    open(os.path.join(d, "eu1.log")).read()) is not None, "eu1 replayed it at us1 (logged)")
+    # Both regions' shares count, once each, each as its own: fk1's at the
+    # rate it said, the next one's by its trailer.
+    e = logged("eu1", h2_) or {}
+    got = energy_delta(before, energy_by_region("eu1", "cheap"))
+    nxt = [r_ for r_ in got if r_ != "fk1"]
+    t.ok(len(got) == 2 and "fk1" in got and len(nxt) == 1 and abs(sum(got.values()) - e.get("energy_wh", 0))
+         <= 1e-5 * e.get("energy_wh", 1) and abs(e["gco2e"] - got["fk1"] * 0.2 - got[nxt[0]] * carbons[nxt[0]] / 1000)
+         <= 1e-5 * e["gco2e"],
+         "energy: a stream replayed mid-way counts fk1's share and %s's, the log their sum (%s): %s"
+         % (nxt, got, e))
     fault.replay_script = None
     t.ok(fk_ok() == 200, "fk1 answers after the replay")
     s, h, b, only, _ = via_fk1("504")

@@ -1574,6 +1574,80 @@ static void test_gemm_packed(void **state)
         skip();
 }
 
+/* The 32-element types' packed gemms where their integer sums are nearest
+ * the int16 steps' limits: every quant at the largest magnitude its type
+ * holds (Q5's 31, IQ4_NL's -127 and 113, MXFP4's -12 and 12; Q4_1's 15),
+ * against activation blocks of +127 throughout, -127 throughout and the two
+ * alternating, and random ones; bit for bit against the reference dot. */
+static void test_gemm_packed_limits(void **state)
+{
+    (void)state;
+    enum { NW = 19, NR = 9, NB = 3, N = 32 * NB };
+    static const kn_type types[] = {KN_TYPE_Q4_1, KN_TYPE_Q5_0, KN_TYPE_Q5_1, KN_TYPE_IQ4_NL, KN_TYPE_MXFP4};
+    /* quant bytes: index 15 twice, 0 twice, 7 twice, mixed */
+    static const uint8_t qbytes[] = {0xff, 0x00, 0x77, 0xf0, 0x0f};
+    const kn_ops *fast[5], *ref = kn_ops_ref();
+    const int nf = fast_tables_or_skip(fast);
+    const size_t xs = (size_t)NB * sizeof(kn_block_q8_0), ys = NW + 1;
+    kn_block_q8_0 x[NR * NB];
+    float want[NR * (NW + 1)], got[NR * (NW + 1)];
+    seed(777);
+    for (int r = 0; r < NR; r++)
+        for (int b = 0; b < NB; b++) {
+            kn_block_q8_0 *xb = &x[r * NB + b];
+            xb->d = r < 6 ? 0x3c00 : (uint16_t)(rnd32() & 0x7bff);
+            for (int i = 0; i < 32; i++) {
+                const int alt = i % 2 ? 127 : -127;
+                xb->qs[i] = (int8_t)(r % 3 == 0 ? 127 : r % 3 == 1 ? -127 : r < 6 ? alt : (int)(rnd32() % 255) - 127);
+            }
+        }
+    int ran = 0;
+    for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ti++) {
+        const kn_type t = types[ti];
+        const size_t bb = kn_type_block_bytes(t), ws = NB * bb;
+        uint8_t *w = malloc(NW * ws), *packed = malloc(kn_pack_bytes(t, NW, N));
+        assert_true(w && packed);
+        for (int o = 0; o < NW; o++)
+            for (int b = 0; b < NB; b++) {
+                uint8_t *blk = w + o * ws + b * bb;
+                for (size_t i = 0; i < bb; i++)
+                    blk[i] = qbytes[(o + b) % 5];
+                int d_at, m_at;
+                half_fields(t, &d_at, &m_at);
+                if (t == KN_TYPE_MXFP4)
+                    blk[0] = (uint8_t)(120 + o % 9); /* the exponent */
+                else
+                    put16(blk + d_at, o % 4 ? 0x3c00 : 0xb800);
+                if (m_at >= 0)
+                    put16(blk + m_at, o % 2 ? 0xcc00 : 0x4400);
+            }
+        for (int r = 0; r < NR; r++)
+            for (int o = 0; o < NW; o++)
+                ref->dot[t](w + o * ws, (const char *)x + r * xs, xs, 1, N, &want[r * ys + o]);
+        kn_pack(t, w, NW, N, packed);
+        for (int k = 0; k < nf; k++) {
+            if (fast[k]->gemm_packed[t] == NULL)
+                continue;
+            for (int nr = 1; nr <= NR; nr += 4) {
+                fast[k]->gemm_packed[t](packed, NW, x, xs, nr, N, got, ys);
+                for (int r = 0; r < nr; r++)
+                    for (int o = 0; o < NW; o++)
+                        if (bits_of(got[r * ys + o]) != bits_of(want[r * ys + o])) {
+                            print_error("%s packed limits [%s] rows %d: row %d column %d: %.9g, reference %.9g\n",
+                                        kn_type_name(t), fast[k]->name, nr, r, o, (double)got[r * ys + o],
+                                        (double)want[r * ys + o]);
+                            fail();
+                        }
+            }
+            ran++;
+        }
+        free(packed);
+        free(w);
+    }
+    if (ran == 0)
+        skip();
+}
+
 /* MXFP4's exponent covers 2^-128..2^127 (kn_e8m0_half), past any half:
  * blocks with every exponent, the subnormal 0 and 1 and the largest
  * included, against activation blocks whose scales run from subnormal
@@ -2495,6 +2569,7 @@ int main(void)
         cmocka_unit_test(test_gemm_legacy_long_rows),
         cmocka_unit_test(test_matmul_types),
         cmocka_unit_test(test_gemm_packed),
+        cmocka_unit_test(test_gemm_packed_limits),
         cmocka_unit_test(test_mxfp4_extremes),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_kv_ops),

@@ -863,6 +863,38 @@ static void test_fair_kv_dry_preempts_heaviest(void **state)
     rt_sched_free(s);
 }
 
+/* Past the RT_SCHED_TENANT_FIGS tenants a worker keeps figures for, none
+ * of them idle: the others' figures are counted under
+ * RT_SCHED_TENANT_OTHER, reported last with how many tenants it holds, and
+ * nothing is left out (every queued request is in some entry). */
+static void test_fair_tenants_past_the_figures(void **state)
+{
+    enum { N = RT_SCHED_TENANT_FIGS + 6 };
+    rt_sched *s = sched_new(1, N + 4, 0);
+    assert_int_equal(submit_for(s, GATE, 4, 10, RT_PRIO_INTERACTIVE, "g", 1), 0);
+    assert_true(wait_seen(true, 0));
+    for (int k = 0; k < N; k++) {
+        char name[16];
+        snprintf(name, sizeof(name), "t%d", k);
+        assert_int_equal(submit_for(s, 100 + k, 4, 2, RT_PRIO_INTERACTIVE, name, 1), 0);
+    }
+    gate_again(4); /* steps published with every one queued behind the gate's only slot */
+    assert_true(wait_seen(true, 0));
+    rt_sched_tenant_stats ts[RT_SCHED_TENANT_REPORTS];
+    int n = rt_sched_tenants(s, ts, RT_SCHED_TENANT_REPORTS);
+    assert_int_equal(n, RT_SCHED_TENANT_REPORTS);
+    assert_string_equal(ts[n - 1].name, RT_SCHED_TENANT_OTHER);
+    int queued = 0;
+    for (int i = 0; i < n; i++) {
+        queued += ts[i].queued;
+        assert_int_equal(ts[i].folded, i == n - 1 ? N + 1 - RT_SCHED_TENANT_FIGS : 0);
+    }
+    assert_int_equal(queued, N);
+    open_gate();
+    assert_true(wait_seen(false, N + 1));
+    rt_sched_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -890,6 +922,7 @@ int main(void)
         cmocka_unit_test(test_fair_bad_tenant_refused),
         cmocka_unit_test(test_fair_queue_push_out),
         cmocka_unit_test(test_fair_kv_dry_preempts_heaviest),
+        cmocka_unit_test(test_fair_tenants_past_the_figures),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,7 +1,8 @@
 /* The scheduler's TTFT estimate (runtime/sched_est.h): the step-time fit
  * recovers a linear step cost, and the replay, which jumps over runs of
  * alike steps, gives what a plain step-by-step simulation of the
- * scheduler's policy gives, on hand-worked and on random queues. */
+ * scheduler's policy gives, on hand-worked and on random queues; with
+ * tenants, in the order fair share takes them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -235,6 +236,180 @@ static void test_work_bound(void **state)
     assert_true(cut > 0 && cut <= all);
 }
 
+/* ---- fair share between tenants (rt_est_ttft_fair) ---- */
+
+/* The reference, fair: one step at a time as sched.c makes them. A free
+ * slot takes the first queued request of the tenant with the least
+ * virtual time (the new one after its tenant's); decodes, then prompt
+ * chunks by tenant virtual time as of the step's start (admission order
+ * within a tenant); each tenant charged its tokens over its weight. */
+static double reference_fair(const rt_step_fit *f, int max_seqs, int max_batch, const rt_est_seq *run0,
+                             const int *run_tn0, int n, const rt_est_seq *q0, const int *q_tn, int nq,
+                             const rt_est_tenant *tn0, int n_tn, int prompt, int tenant)
+{
+    rt_est_seq run[64], q[64];
+    int run_tn[64];
+    bool taken[65] = {0};
+    rt_est_tenant tn[8];
+    memcpy(run, run0, (size_t)n * sizeof(*run));
+    memcpy(run_tn, run_tn0, (size_t)n * sizeof(*run_tn));
+    memcpy(q, q0, (size_t)nq * sizeof(*q));
+    memcpy(tn, tn0, (size_t)n_tn * sizeof(*tn));
+    double t = 0;
+    for (;;) {
+        while (n < max_seqs) {
+            int best = -1;
+            for (int i = 0; i <= nq; i++) {
+                int ti = i < nq ? q_tn[i] : tenant;
+                if (!taken[i] && (best < 0 || tn[ti].vt < tn[best < nq ? q_tn[best] : tenant].vt))
+                    best = i;
+            }
+            if (best < 0)
+                break;
+            taken[best] = true;
+            run_tn[n] = best < nq ? q_tn[best] : tenant;
+            run[n++] = best < nq ? q[best] : (rt_est_seq){prompt, -1};
+        }
+        double vt[8], due[8] = {0};
+        for (int i = 0; i < n_tn; i++)
+            vt[i] = tn[i].vt;
+        int n_dec = 0, tokens = 0;
+        for (int i = 0; i < n; i++)
+            if (run[i].prefill_left == 0) {
+                n_dec++;
+                run[i].decode_left--;
+                due[run_tn[i]] += 1 / tn[run_tn[i]].weight;
+            }
+        int left = rt_sched_prefill_budget(max_batch, n_dec);
+        tokens = n_dec;
+        bool done = false, served[64] = {0};
+        for (;;) { /* the prompts by their tenant's virtual time at the step's start */
+            int next = -1;
+            for (int i = 0; i < n; i++)
+                if (run[i].prefill_left > 0 && !served[i] && (next < 0 || vt[run_tn[i]] < vt[run_tn[next]]))
+                    next = i;
+            if (next < 0 || left <= 0)
+                break;
+            served[next] = true;
+            int take = run[next].prefill_left < left ? run[next].prefill_left : left;
+            left -= take;
+            tokens += take;
+            run[next].prefill_left -= take;
+            due[run_tn[next]] += take / tn[run_tn[next]].weight;
+            done |= run[next].decode_left == -1 && run[next].prefill_left == 0;
+        }
+        for (int i = 0; i < n_tn; i++)
+            tn[i].vt += due[i];
+        t += rt_step_fit_ms(f, tokens);
+        if (done)
+            return t;
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (run[i].prefill_left > 0 || run[i].decode_left > 0) {
+                run_tn[k] = run_tn[i];
+                run[k++] = run[i];
+            }
+        n = k;
+    }
+}
+
+/* A light tenant's request takes the free slot before a heavy tenant's
+ * queued ones, which came first: its first token comes as if they were
+ * not there. In arrival order it waited for them. */
+static void test_fair_admission_order(void **state)
+{
+    (void)state;
+    rt_step_fit f = linear_fit(2.0, 0.5);
+    rt_est_seq run[MAX_SEQS], run2[MAX_SEQS], q[3], q2[3];
+    int run_tn[MAX_SEQS], q_tn[3] = {0, 0, 0};
+    for (int i = 0; i < MAX_SEQS - 1; i++) {
+        run[i] = run2[i] = (rt_est_seq){0, 100};
+        run_tn[i] = 0;
+    }
+    for (int i = 0; i < 3; i++)
+        q[i] = q2[i] = (rt_est_seq){200, 50};
+    rt_est_tenant tn[2] = {{.vt = 1000, .weight = 1}, {.vt = 0, .weight = 1}};
+    double fair = rt_est_ttft_fair(&f, MAX_SEQS, MAX_BATCH, run, run_tn, MAX_SEQS - 1, q, q_tn, 3, tn, 2, 10, 1,
+                                   100000000);
+    double alone = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run2, MAX_SEQS - 1, NULL, 0, 10, 100000000);
+    assert_true(fabs(fair - alone) <= 1e-9 * alone);
+    /* the old replay, arrival order: behind the three, far later */
+    for (int i = 0; i < MAX_SEQS - 1; i++)
+        run2[i] = (rt_est_seq){0, 100};
+    double arrival = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run2, MAX_SEQS - 1, q2, 3, 10, 100000000);
+    assert_true(arrival > 10 * fair);
+    /* the heavy tenant's own new request still waits behind its three */
+    for (int i = 0; i < MAX_SEQS - 1; i++)
+        run[i] = (rt_est_seq){0, 100};
+    for (int i = 0; i < 3; i++)
+        q[i] = (rt_est_seq){200, 50};
+    tn[0].vt = 1000;
+    tn[1].vt = 0;
+    double heavy = rt_est_ttft_fair(&f, MAX_SEQS, MAX_BATCH, run, run_tn, MAX_SEQS - 1, q, q_tn, 3, tn, 2, 10, 0,
+                                    100000000);
+    assert_true(fabs(heavy - arrival) <= 1e-9 * arrival);
+}
+
+/* A step's prompt budget goes to the tenant with the least virtual time
+ * first: the light tenant's 30-token prompt shares the first step with
+ * the heavy one's 200 (admitted first), and is done in it. */
+static void test_fair_prompt_order(void **state)
+{
+    (void)state;
+    rt_step_fit f = linear_fit(2.0, 0.5);
+    rt_est_seq run[MAX_SEQS] = {{200, 10}};
+    int run_tn[MAX_SEQS] = {0};
+    rt_est_tenant tn[2] = {{.vt = 10, .weight = 1}, {.vt = 0, .weight = 1}};
+    double fair = rt_est_ttft_fair(&f, MAX_SEQS, MAX_BATCH, run, run_tn, 1, NULL, NULL, 0, tn, 2, 30, 1,
+                                   100000000);
+    assert_true(fabs(fair - (2 + 0.5 * MAX_BATCH)) < 1e-9);
+}
+
+/* On random queues of up to four tenants of several weights, the replay
+ * (which jumps over steps while one tenant's prompts are in line) gives
+ * what the fair step-by-step reference gives; with one tenant, what
+ * rt_est_ttft gives. */
+static void test_fair_matches_step_by_step(void **state)
+{
+    (void)state;
+    srand(35);
+    rt_step_fit f = linear_fit(1.5, 0.07);
+    for (int trial = 0; trial < 400; trial++) {
+        int max_seqs = 1 + rand() % MAX_SEQS, max_batch = max_seqs + rand() % 200, n_tn = 1 + rand() % 4;
+        rt_est_seq run[MAX_SEQS], run_copy[MAX_SEQS], q[32], q_copy[32];
+        int run_tn[MAX_SEQS], run_tn_copy[MAX_SEQS], q_tn[32];
+        rt_est_tenant tn[4], tn_copy[4];
+        for (int i = 0; i < n_tn; i++)
+            /* weights of powers of two: the replay charges a run of alike
+             * steps at once, the reference one by one, and other weights'
+             * rounding may break a tie of virtual times otherwise */
+            tn[i] = (rt_est_tenant){.vt = rand() % 500, .weight = (double)(1 << rand() % 4) / 2};
+        int n = rand() % (max_seqs + 1), nq = rand() % 32, prompt = 1 + rand() % 600, tenant = rand() % n_tn;
+        for (int i = 0; i < n; i++) {
+            run[i] = rand() % 2 ? (rt_est_seq){0, 1 + rand() % 300} : (rt_est_seq){1 + rand() % 500, rand() % 300};
+            run_tn[i] = rand() % n_tn;
+        }
+        for (int i = 0; i < nq; i++) {
+            q[i] = (rt_est_seq){1 + rand() % 800, rand() % 300};
+            q_tn[i] = rand() % n_tn;
+        }
+        memcpy(run_copy, run, sizeof(run));
+        memcpy(run_tn_copy, run_tn, sizeof(run_tn));
+        memcpy(q_copy, q, sizeof(q));
+        memcpy(tn_copy, tn, sizeof(tn));
+        double want = reference_fair(&f, max_seqs, max_batch, run, run_tn, n, q, q_tn, nq, tn, n_tn, prompt, tenant);
+        double got = rt_est_ttft_fair(&f, max_seqs, max_batch, run_copy, run_tn_copy, n, q_copy, q_tn, nq, tn_copy,
+                                      n_tn, prompt, tenant, 100000000);
+        assert_true(fabs(got - want) <= 1e-9 * want);
+        if (n_tn == 1) {
+            memcpy(run_copy, run, sizeof(run));
+            memcpy(q_copy, q, sizeof(q));
+            double one = rt_est_ttft(&f, max_seqs, max_batch, run_copy, n, q_copy, nq, prompt, 100000000);
+            assert_true(fabs(one - want) <= 1e-9 * want);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -242,6 +417,8 @@ int main(void)
         cmocka_unit_test(test_busy_is_chunks_times_mixed_steps), cmocka_unit_test(test_nothing_measured),
         cmocka_unit_test(test_by_hand),              cmocka_unit_test(test_matches_step_by_step),
         cmocka_unit_test(test_grows_with_the_queue), cmocka_unit_test(test_work_bound),
+        cmocka_unit_test(test_fair_admission_order), cmocka_unit_test(test_fair_prompt_order),
+        cmocka_unit_test(test_fair_matches_step_by_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
