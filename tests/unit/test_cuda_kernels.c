@@ -286,8 +286,9 @@ static void assert_close(const char *what, const float *got, const float *want, 
     size_t worst = 0;
     double worst_r = 0;
     for (size_t i = 0; i < n; i++) {
-        /* d == 0 passes even where the tolerance is 0 (exact checks): 0/0 is NaN */
-        double d = fabs((double)got[i] - want[i]), r = d == 0 ? 0 : d / tol[i];
+        /* An exact match is no error, equal infinities included (inf - inf is NaN), and passes even
+         * where the tolerance is 0 (exact checks): 0/0 is NaN */
+        double d = got[i] == want[i] ? 0 : fabs((double)got[i] - want[i]), r = d == 0 ? 0 : d / tol[i];
         if (!(r <= worst_r)) { /* NaN counts as worst */
             worst_r = isnan(r) ? INFINITY : r;
             worst = i;
@@ -549,14 +550,15 @@ static void test_embed_blocks(void **state)
     free(tol);
 }
 
-/* MXFP4's exponents across the E8M0 range (0 and 1 give subnormal scales;
- * 252 is the largest whose every level is a finite float), decoded by the
- * embedding lookup: bit for bit the reference's kn_e8m0_half times each
- * level. */
+/* MXFP4's exponents across the whole E8M0 range (0 and 1 give subnormal
+ * scales; 252 is the largest whose every level is a finite float, 253 to
+ * 255 overflow the large levels to the same infinities as the reference),
+ * decoded by the embedding lookup: bit for bit the reference's
+ * kn_e8m0_half times each level. */
 static void test_mxfp4_extremes(void **state)
 {
     enum { DIM = 64 };
-    static const uint8_t exps[] = {0, 1, 2, 3, 126, 127, 128, 129, 200, 251, 252};
+    static const uint8_t exps[] = {0, 1, 2, 3, 126, 127, 128, 129, 200, 251, 252, 253, 254, 255};
     enum { VOCAB = sizeof(exps) };
     seed(15);
     kn_block_mxfp4 rows[VOCAB][DIM / 32];
