@@ -369,8 +369,9 @@ static int write_keys(gen_ctx *g)
         return rc;
     if (swa && (rc = kv_u32(g, "attention.sliding_window", (uint32_t)swa)))
         return rc;
-    if ((f & GEN_SOFTCAP) && ((rc = kv_f32(g, "attn_logit_softcapping", 50.0f)) ||
-                              (rc = kv_f32(g, "final_logit_softcapping", 30.0f))))
+    if ((f & GEN_SOFTCAP) &&
+        ((rc = kv_f32(g, "attn_logit_softcapping", p->attn_softcap > 0 ? p->attn_softcap : 50.0f)) ||
+         (rc = kv_f32(g, "final_logit_softcapping", p->final_softcap > 0 ? p->final_softcap : 30.0f))))
         return rc;
     if ((f & GEN_GEMMA3) && !p->rope_scaling &&
         ((rc = kv_str(g, "rope.scaling.type", "linear")) || (rc = kv_f32(g, "rope.scaling.factor", 8.0f))))

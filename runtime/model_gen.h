@@ -25,6 +25,7 @@ typedef struct rt_gen_params {
     const char *arch;          /* rt_gen_arch_names(); NULL: llama ("mixtral" is llama with experts) */
     int experts, experts_used; /* > 0: experts per MoE layer and used per token (0: the arch's, 8 and 2) */
     int swa;                   /* > 0: attention.sliding_window (0: the family's usual) */
+    float attn_softcap, final_softcap; /* > 0: the soft-caps of a family that has them (0: the family's) */
 } rt_gen_params;
 
 /* The --arch names, ", "-separated. */

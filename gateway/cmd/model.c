@@ -41,6 +41,8 @@ static void gen_usage(FILE *f)
             "                 granitemoe: default 8; any other becomes MoE with N > 0)\n"
             "  --experts-used K  experts each token uses (default 2)\n"
             "  --swa N        sliding window of the families that have one (default: the family's)\n"
+            "  --softcap A,F  attention and final logit soft-caps of the families that have them\n"
+            "                 (gemma2; default: the family's 50,30)\n"
             "  --seed N       weight seed (default %llu)\n"
             "  --tied         no output.weight: the embeddings are reused as the output head\n"
             "  --chat-template STR   store a chat template in tokenizer.chat_template\n",
@@ -82,7 +84,7 @@ static int cmd_gen(int argc, char **argv)
     bool pure = false;
     /* the integer options first, in opts' order: their messages name opts[c - O_DIM + 1] */
     enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FFN, O_VOCAB, O_CTX, O_EXPERTS, O_USED, O_SWA, O_TYPE, O_SEED,
-           O_TIED, O_CHAT, O_ARCH, O_PURE };
+           O_TIED, O_CHAT, O_ARCH, O_PURE, O_SOFTCAP };
     static const struct option opts[] = {
         {"out", required_argument, 0, 'o'},     {"dim", required_argument, 0, O_DIM},
         {"layers", required_argument, 0, O_LAYERS}, {"heads", required_argument, 0, O_HEADS},
@@ -92,7 +94,8 @@ static int cmd_gen(int argc, char **argv)
         {"swa", required_argument, 0, O_SWA},     {"arch", required_argument, 0, O_ARCH},
         {"type", required_argument, 0, O_TYPE},  {"seed", required_argument, 0, O_SEED},
         {"tied", no_argument, 0, O_TIED},        {"chat-template", required_argument, 0, O_CHAT},
-        {"pure", no_argument, 0, O_PURE},        {"help", no_argument, 0, 'h'},
+        {"pure", no_argument, 0, O_PURE},        {"softcap", required_argument, 0, O_SOFTCAP},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     optind = 1;
@@ -116,6 +119,16 @@ static int cmd_gen(int argc, char **argv)
         case O_TIED: p.tied = true; continue;
         case O_CHAT: p.chat_template = optarg; continue;
         case O_PURE: pure = true; continue;
+        case O_SOFTCAP: {
+            char tail;
+            if (sscanf(optarg, "%f,%f%c", &p.attn_softcap, &p.final_softcap, &tail) != 2 ||
+                !(p.attn_softcap > 0 && p.attn_softcap < 1e30f) ||
+                !(p.final_softcap > 0 && p.final_softcap < 1e30f)) {
+                fprintf(stderr, "model gen: --softcap must be two positive numbers A,F, not '%s'\n", optarg);
+                return 2;
+            }
+            continue;
+        }
         case O_TYPE:
             if (rt_ftype_from_name(optarg, &ft)) {
                 fprintf(stderr, "model gen: --type must be one of %s, not '%s'\n", rt_ftype_names(), optarg);
