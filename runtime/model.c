@@ -703,20 +703,45 @@ static void count_bytes(rt_model *m)
     }
 }
 
-/* What the CUDA forward pass does not do yet, or NULL: it runs the llama
- * and qwen2 shapes (RoPE by base alone, dense SiLU FFNs, Q/K/V biases). */
-/* What the CUDA plugin does not run (the CPU runs it all), checked before
- * any device is opened, so that the refusal reads the same on a machine
- * without one. The plugin's attention keeps a head's query and sums in
- * registers: up to 256 dimensions; its expert products decode rows 32
- * elements at a time. */
+/* What the CUDA plugin does not run (the CPU runs it all), or NULL; checked
+ * before any device is opened, so that the refusal reads the same on a
+ * machine without one. The plugin runs every family the CPU does; its
+ * limits are its kernels': the attention keeps a head's query and sums in
+ * registers as pairs of halves (an even head size up to 256) and has a grid
+ * row per head (at most 65535); the expert products decode rows 32
+ * elements at a time, in F32. The prefill GEMM dequantizes a matrix to F16,
+ * which holds every block type's values but not MXFP4's power-of-two
+ * scales (2^-127 .. 2^127: beyond 2^15 they overflow, under 2^-24 they
+ * flush to zero), so MXFP4 is taken for experts only, as gpt-oss has it. */
+static bool mxfp4_outside_experts(const rt_model *m)
+{
+    if (m->output.type == KN_TYPE_MXFP4) /* tok_embd alone is a lookup, exact in any type */
+        return true;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const rt_layer *L = &m->layers[l];
+        const rt_weight *dense[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                    L->moe ? &L->moe->router : NULL, L->moe ? &L->moe->sh_gate : NULL,
+                                    L->moe ? &L->moe->sh_up : NULL, L->moe ? &L->moe->sh_down : NULL};
+        for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
+            if (dense[i] && dense[i]->data && dense[i]->type == KN_TYPE_MXFP4)
+                return true;
+    }
+    return false;
+}
+
 static const char *cuda_gap(const rt_model *m)
 {
     const rt_hparams *hp = &m->hp;
     if (hp->head_dim > 256)
         return "attention heads wider than 256 dimensions";
+    if (hp->head_dim % 2 != 0) /* rt_hparams_from_gguf refuses it on every device today */
+        return "attention heads of an odd size";
+    if (hp->n_head > 65535)
+        return "more than 65535 attention heads";
     if (hp->n_expert > 0 && (hp->n_embd % 32 != 0 || hp->n_ff_exp % 32 != 0))
         return "experts whose rows are not a multiple of 32 elements";
+    if (mxfp4_outside_experts(m))
+        return "MXFP4 matrices outside the experts (the prefill GEMM's F16 cannot hold MXFP4's scales)";
     return NULL;
 }
 
@@ -786,9 +811,8 @@ int rt_model_load(const char *path, const rt_model_opts *opts, rt_model **out, c
         rc = ERR("device \"%s\" is neither cpu nor cuda", device);
         goto fail;
     }
-    /* The CUDA forward pass turns positions by base alone (its angle table
-     * is built on the device) and runs the llama shapes: other models run
-     * on the CPU only until it learns them. */
+    /* What the CUDA plugin's kernels cannot take is refused here, with the
+     * reason, rather than by a step that fails after the load. */
     const char *gap = cuda ? cuda_gap(m) : NULL;
     if (gap) {
         rc = ERR("%s: not supported on cuda yet (run this model with device cpu)", gap);

@@ -510,11 +510,30 @@ static void test_cuda_gap_named(void **state)
         fail_msg("%s", err);
 }
 
+/* A dense MXFP4 matrix is refused on CUDA (its prefill GEMM would take the
+ * weights as F16, which cannot hold MXFP4's scales); experts may be MXFP4. */
+static void test_cuda_gap_dense_mxfp4(void **state)
+{
+    (void)state;
+    char path[128], err[256] = "";
+    snprintf(path, sizeof(path), "%s/dense_mxfp4.gguf", dir);
+    rt_gen_params p;
+    small_params(&p, KN_TYPE_MXFP4);
+    assert_int_equal(rt_model_gen(&p, path, err, sizeof(err)), 0);
+    rt_model_opts o = {.n_threads = 1, .device = "cuda"};
+    rt_model *m = NULL;
+    assert_int_equal(rt_model_load(path, &o, &m, err, sizeof(err)), -EINVAL);
+    if (!strstr(err, "MXFP4 matrices outside the experts") || !strstr(err, "not supported on cuda yet"))
+        fail_msg("%s", err);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rope_scaling),
         cmocka_unit_test(test_cuda_gap_named),
+        cmocka_unit_test(test_cuda_gap_dense_mxfp4),
         cmocka_unit_test(test_fast_matches_reference),
         cmocka_unit_test(test_quantized_close_to_f32),
         cmocka_unit_test(test_chunked_prefill_matches),
