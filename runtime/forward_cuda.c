@@ -6,8 +6,11 @@
  * int32 metadata (token ids, positions, KV slots, block tables), runs every
  * layer on device buffers — activations never leave the device — and copies
  * back only the logits the batch asked for. The KV cache is the rt_kv pool
- * in device memory, in F16, with the CPU cache's block layout (and its
- * groups of layers where some slide).
+ * in device memory, in F16: the CPU cache's blocks, layer offsets in a block
+ * (rt_kv_layer_at) and groups of layers where some slide, but token-major
+ * within a layer's K or V (a slot's heads side by side, where the CPU keeps
+ * each head's slots together), so a pool is only read by the device that
+ * wrote it.
  *
  * Every family the loader reads runs here, by the same hparams and
  * per-layer fields the CPU's forward.c and moe.c act on (never by an
@@ -955,18 +958,23 @@ static int run_graph(rt_model *m, const rt_kv *kv, int T, int n_seqs, int n_out,
     }
     if (!g->g) {
         kn_cuda_graph *kg = NULL;
-        int rc = kn_cuda_capture_begin(c->kc);
+        int rc = kn_cuda_capture_begin(c->kc), rc_step = 0;
         if (rc == 0) {
-            rc = enqueue_step(m, kv, T, n_seqs, n_out, ML);
-            int rc2 = kn_cuda_capture_end(c->kc, &kg);
-            if (rc || rc2) {
-                kn_cuda_graph_free(kg);
-                kg = NULL;
-            }
+            rc_step = enqueue_step(m, kv, T, n_seqs, n_out, ML);
+            rc = kn_cuda_capture_end(c->kc, &kg);
         }
-        if (!kg) {
+        if (rc == 0 && rc_step) {
+            /* The recording held but the step itself failed (a kernel
+             * refused its arguments): an error of this step, which would
+             * fail as well without a graph, not a reason to give graphs up.
+             * The shape is recorded again next time. */
+            kn_cuda_graph_free(kg);
+            return rc_step;
+        }
+        if (rc) {
             /* A device that cannot record (or a kernel that refuses to be
-             * recorded) still computes: fall back to plain launches. */
+             * recorded, which invalidates the capture and so fails its end)
+             * still computes: fall back to plain launches for good. */
             fprintf(stderr, "cuda: recording a graph of %d tokens failed (%s); running without graphs\n", T,
                     kn_cuda_error(c->kc));
             kn_cuda_clear_error(c->kc);

@@ -251,7 +251,7 @@ int kn_cuda_rope_kv_store(kn_cuda *c, const kn_cuda_rope_kv *a);
 /* ---- paged KV cache in F16 and attention ----
  * The pool is blocks of block_elems halves; within a block, one layer's K
  * rows are at k_off + slot * kv_dim and its V rows at v_off + slot * kv_dim
- * (the CPU cache's layout, in halves). Token t of a step is stored at
+ * (halves; token-major, where the CPU cache is head-major). Token t of a step is stored at
  * slots[t] = block * block_tokens + slot in block. */
 int kn_cuda_kv_store(kn_cuda *c, const float *d_k, const float *d_v, int n_tokens, int kv_dim,
                      const int32_t *d_slots, uint16_t *d_pool, size_t block_elems, size_t k_off, size_t v_off,
