@@ -16,15 +16,24 @@ over (tokens/s averaged over the rounds, TTFTs pooled):
              scheduler's order without fair share, for comparison)
 
 Reported: B's TTFT p50/p99 alone, with A, and as A's own (the targets: p99
-with A within 2x of alone; tokens/s with B within 10% of A alone). Tokens
-are counted from the answers' usage, for requests ending in the phase's
-window (the first 20% of each phase is a warm-up, not counted).
+with A within 2x of alone; tokens/s with B within 10% of A alone), and A's
+time between tokens (ITL) p50/p99, from --itl-streams of A's streams,
+which are streamed (the others are not). Tokens are counted from the
+answers' usage, for requests ending in the phase's window (the first 20%
+of each phase is a warm-up, not counted).
 
-Clients are Python threads over HTTP/1.1 (http.client).
+With --old OTHER_INFERGATE (e.g. main's build), a second gateway runs that
+binary beside the first (each with its worker; the idle one waits), and
+every phase runs on the old one and then on the new one, round after
+round: the builds compared see the same load.
+
+Clients are Python threads over HTTP/1.1 (http.client). Each phase's CPU
+time (cores busy on average) is reported for the gateway process, its
+workers and this client: on a machine of few cores they share them.
 
   /usr/bin/python3 bench/bench_fair.py --infergate build/infergate \\
-      [--streams 64] [--seconds 20] [--rounds 2] [--max-seqs 32] [--threads 2] [--prompt 48] [--gen-a 64] \
-      [--gen-b 8]
+      [--old OLD/infergate] [--streams 64] [--seconds 20] [--rounds 2] [--max-seqs 32] [--threads 2] \
+      [--prompt 48] [--gen-a 64] [--gen-b 8] [--itl-streams 8] [--phases b-alone,a-alone,a+b,a+b-same]
 """
 import argparse
 import http.client
@@ -41,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefix import pct  # noqa: E402
 
 KEY_A, KEY_B = "ig-bench-fair-tenant-a", "ig-bench-fair-tenant-b"
+KEYS_AVG = ("a_tps", "b_tps", "p_tps", "cpu_gw", "cpu_worker", "cpu_client")  # averaged over the rounds
 
 
 def key_hash(infergate, k):
@@ -48,8 +58,9 @@ def key_hash(infergate, k):
     return re.search(r"[0-9a-f]{64}", out).group(0)
 
 
-def request(port, key, prompt, gen, stream):
-    """One completion: (ttft_s or None, completion tokens, prompt tokens, end time)."""
+def request(port, key, prompt, gen, stream, gaps=None):
+    """One completion: (ttft_s or None, completion tokens, prompt tokens, end time); streamed, the times
+    between its token events are appended to gaps (when given)."""
     body = {"model": "m", "prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
             "stream": stream}
     if stream:
@@ -61,7 +72,7 @@ def request(port, key, prompt, gen, stream):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError("status %d: %s" % (r.status, r.read()[:300]))
-    ttft, tokens, prompt_tokens = None, 0, 0
+    ttft, tokens, prompt_tokens, last = None, 0, 0, None
     if not stream:
         u = json.loads(r.read())["usage"]
         tokens, prompt_tokens = u["completion_tokens"], u["prompt_tokens"]
@@ -73,25 +84,52 @@ def request(port, key, prompt, gen, stream):
             ev = json.loads(line[6:])
             if ev.get("usage"):
                 tokens, prompt_tokens = ev["usage"]["completion_tokens"], ev["usage"]["prompt_tokens"]
-            if ttft is None and any(ch.get("text") for ch in ev.get("choices") or []):
-                ttft = time.monotonic() - t0
+            if any(ch.get("text") for ch in ev.get("choices") or []):
+                now = time.monotonic()
+                if ttft is None:
+                    ttft = now - t0
+                elif gaps is not None:
+                    gaps.append(now - last)
+                last = now
     c.close()
     return ttft, tokens, prompt_tokens, time.monotonic()
 
 
-def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b):
-    """Runs A's streams (if any) and B's loop (if b_key) for `seconds`:
-    B's TTFTs, and the tokens of A and B ending in the window."""
+def cpu_s(pid):
+    """CPU seconds (user + system) process pid has used; 0 once it is gone."""
+    try:
+        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def cpu_split(gw_pid):
+    """CPU seconds so far: (the gateway process, its children (the workers), this client)."""
+    kids = []
+    try:
+        for t in os.listdir("/proc/%d/task" % gw_pid):
+            kids += [int(x) for x in open("/proc/%d/task/%s/children" % (gw_pid, t)).read().split()]
+    except OSError:
+        pass
+    me = os.times()
+    return cpu_s(gw_pid), sum(cpu_s(k) for k in kids), me.user + me.system
+
+
+def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b, itl_streams, gw_pid):
+    """Runs A's streams (if any; itl_streams of them streamed) and B's loop (if b_key) for `seconds`:
+    B's TTFTs, A's times between tokens, and the tokens of A and B ending in the window."""
     t_start = time.monotonic()
     t_from, t_end = t_start + 0.2 * seconds, t_start + seconds
     lock = threading.Lock()
-    out = {"a": 0, "b": 0, "prompts": 0, "ttft": [], "errors": []}
+    out = {"a": 0, "b": 0, "prompts": 0, "ttft": [], "itl": [], "errors": []}
 
     def loop(who, key, prompt, gen, stream):
         try:
             i = 0
             while time.monotonic() < t_end:
-                ttft, n, n_prompt, t = request(port, key, "%s %d %s" % (who, i, prompt), gen, stream)
+                gaps = [] if who == "a" and stream else None
+                ttft, n, n_prompt, t = request(port, key, "%s %d %s" % (who, i, prompt), gen, stream, gaps)
                 i += 1
                 with lock:
                     if t_from <= t <= t_end:
@@ -99,45 +137,30 @@ def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b):
                         out["prompts"] += n_prompt
                         if who == "b":
                             out["ttft"].append(ttft)
+                        out["itl"] += gaps or []
         except Exception as e:  # reported after the phase
             out["errors"].append(repr(e))
 
-    th = [threading.Thread(target=loop, args=("a", KEY_A, prompt_a, gen_a, False)) for _ in range(streams)]
+    th = [threading.Thread(target=loop, args=("a", KEY_A, prompt_a, gen_a, k < itl_streams))
+          for k in range(streams)]
     if b_key:
         th.append(threading.Thread(target=loop, args=("b", b_key, prompt_b, gen_b, True)))
+    cpu0 = cpu_split(gw_pid)
     for x in th:
         x.start()
     for x in th:
         x.join()
+    cpu = [(b - a) / (time.monotonic() - t_start) for a, b in zip(cpu0, cpu_split(gw_pid))]
     if out["errors"]:
         raise RuntimeError("; ".join(out["errors"][:3]))
     window = t_end - t_from
-    return {"ttft": out["ttft"], "a_tps": out["a"] / window, "b_tps": out["b"] / window,
-            "p_tps": out["prompts"] / window}
+    return {"ttft": out["ttft"], "itl": out["itl"], "a_tps": out["a"] / window, "b_tps": out["b"] / window,
+            "p_tps": out["prompts"] / window, "cpu_gw": cpu[0], "cpu_worker": cpu[1], "cpu_client": cpu[2]}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--infergate", default="build/infergate")
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--streams", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=20)
-    ap.add_argument("--max-seqs", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt", type=int, default=48, help="prompt words (each request's begins differently)")
-    ap.add_argument("--gen-a", type=int, default=64)
-    ap.add_argument("--gen-b", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=2, help="the four phases, this many times over (the machine's "
-                    "load drifts: rounds interleave the phases compared)")
-    a = ap.parse_args()
-
-    d = tempfile.mkdtemp(prefix="infergate-bench-fair-")
-    model = a.model or os.path.join(d, "m.gguf")
-    if not a.model:
-        subprocess.run([a.infergate, "model", "gen", "--out", model, "--dim", "256", "--layers", "4", "--heads", "8",
-                        "--kv-heads", "4", "--ffn", "768", "--vocab", "1024", "--ctx", "2048", "--type", "q8_0"],
-                       check=True, capture_output=True)
-    port = 20000 + os.getpid() % 20000
+def start_gateway(infergate, d, port, model, a):
+    """`infergate serve` in d with one worker and tenants a and b, on port."""
+    os.makedirs(d)
     cfg = os.path.join(d, "gateway.yaml")
     open(cfg, "w").write("""
 listen:
@@ -158,63 +181,127 @@ limits:
 logging:
   access_log: "off"
 runtime_dir: "%s"
-""" % (port, model, a.threads, a.max_seqs, 2 * a.streams, key_hash(a.infergate, KEY_A), key_hash(a.infergate, KEY_B),
+""" % (port, model, a.threads, a.max_seqs, 2 * a.streams, key_hash(infergate, KEY_A), key_hash(infergate, KEY_B),
        os.path.join(d, "run")))
     log = open(os.path.join(d, "gateway.log"), "wb")
-    g = subprocess.Popen([a.infergate, "serve", "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
+    g = subprocess.Popen([infergate, "serve", "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(900):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/readyz")
+            r = c.getresponse()
+            if r.status == 200 and json.loads(r.read()).get("workers_ready") == 1:
+                return g
+        except (OSError, ValueError):
+            pass
+        if g.poll() is not None:
+            raise RuntimeError("gateway exited: " + open(os.path.join(d, "gateway.log")).read()[-2000:])
+        time.sleep(0.1)
+    raise RuntimeError("gateway not ready: " + open(os.path.join(d, "gateway.log")).read()[-2000:])
+
+
+def report(label, res, a):
+    """The table and the targets' ratios for one build's phases."""
+    print("%s:" % label)
+    print("%-10s %6s %9s %9s %9s %9s %9s %13s %9s %9s  %s" % ("phase", "B reqs", "B p50 ms", "B p99 ms", "A tok/s",
+                                                            "B tok/s", "all tok/s", "+prompts tok/s", "A ITL p50",
+                                                            "A ITL p99", "CPU gateway/worker/client (cores)"))
+    for name, r in res.items():
+        t, itl = r["ttft"], r["itl"]
+        print("%-10s %6d %9.1f %9.1f %9.1f %9.1f %9.1f %13.1f %9.1f %9.1f  %.2f / %.2f / %.2f"
+              % (name, len(t), pct(t, 50) * 1e3 if t else float("nan"), pct(t, 99) * 1e3 if t else float("nan"),
+                 r["a_tps"], r["b_tps"], r["a_tps"] + r["b_tps"], r["a_tps"] + r["b_tps"] + r["p_tps"],
+                 pct(itl, 50) * 1e3 if itl else float("nan"), pct(itl, 99) * 1e3 if itl else float("nan"),
+                 r["cpu_gw"], r["cpu_worker"], r["cpu_client"]))
+    if "b-alone" in res and "a+b" in res:
+        alone, both = res["b-alone"]["ttft"], res["a+b"]["ttft"]
+        print("B's TTFT p99 with A / alone: %.2fx (target <= 2), p50 %.2fx"
+              % (pct(both, 99) / pct(alone, 99), pct(both, 50) / pct(alone, 50)))
+    if "a-alone" in res and "a+b" in res:
+        aa, ab = res["a-alone"], res["a+b"]
+        print("generated tokens/s with B / A alone: %.3f (target >= 0.9); with prompt tokens: %.3f"
+              % ((ab["a_tps"] + ab["b_tps"]) / aa["a_tps"],
+                 (ab["a_tps"] + ab["b_tps"] + ab["p_tps"]) / (aa["a_tps"] + aa["p_tps"])))
+        if aa["itl"] and ab["itl"]:
+            print("A's ITL p99/p50: alone %.2f, with B %.2f"
+                  % (pct(aa["itl"], 99) / pct(aa["itl"], 50), pct(ab["itl"], 99) / pct(ab["itl"], 50)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--infergate", default="build/infergate")
+    ap.add_argument("--old", default=None, help="another infergate binary, run beside and alternated with it")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--max-seqs", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=48, help="prompt words (each request's begins differently)")
+    ap.add_argument("--gen-a", type=int, default=64)
+    ap.add_argument("--gen-b", type=int, default=8)
+    ap.add_argument("--itl-streams", type=int, default=8, help="of A's streams, those streamed (A's ITL)")
+    ap.add_argument("--phases", default="b-alone,a-alone,a+b,a+b-same")
+    ap.add_argument("--rounds", type=int, default=2, help="the phases, this many times over (the machine's "
+                    "load drifts: rounds interleave the phases compared)")
+    a = ap.parse_args()
+    phases = {"b-alone": (0, KEY_B), "a-alone": (a.streams, None), "a+b": (a.streams, KEY_B),
+              "a+b-same": (a.streams, KEY_A)}
+    wanted = a.phases.split(",")
+    for p in wanted:
+        if p not in phases:
+            ap.error("--phases: unknown phase %r (of %s)" % (p, ", ".join(phases)))
+
+    d = tempfile.mkdtemp(prefix="infergate-bench-fair-")
+    model = a.model or os.path.join(d, "m.gguf")
+    if not a.model:
+        subprocess.run([a.infergate, "model", "gen", "--out", model, "--dim", "256", "--layers", "4", "--heads", "8",
+                        "--kv-heads", "4", "--ffn", "768", "--vocab", "1024", "--ctx", "2048", "--type", "q8_0"],
+                       check=True, capture_output=True)
+    port = 20000 + os.getpid() % 20000
+    builds = [("new", a.infergate, port)] + ([("old", a.old, port + 1)] if a.old else [])
     words = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
              "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
     prompt = " ".join(words[i % len(words)] for i in range(a.prompt))
+    procs = []
     try:
-        for _ in range(900):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/readyz")
-                r = c.getresponse()
-                if r.status == 200 and json.loads(r.read()).get("workers_ready") == 1:
-                    break
-            except (OSError, ValueError):
-                pass
-            if g.poll() is not None:
-                raise RuntimeError("gateway exited: " + open(os.path.join(d, "gateway.log")).read()[-2000:])
-            time.sleep(0.1)
-        prompt_tokens = request(port, KEY_B, prompt, 4, True)[2]  # and a warm-up
-        res = {}
+        for name, binary, p in builds:
+            procs.append(start_gateway(binary, os.path.join(d, name), p, model, a))
+        pids = {name: g.pid for (name, _, _), g in zip(builds, procs)}
+        prompt_tokens = 0
+        for _, _, p in builds:
+            prompt_tokens = request(p, KEY_B, prompt, 4, True)[2]  # and a warm-up
+        res = {name: {} for name, _, _ in builds}
         for _ in range(a.rounds):
-            for name, streams, b_key in (("b-alone", 0, KEY_B), ("a-alone", a.streams, None),
-                                         ("a+b", a.streams, KEY_B), ("a+b-same", a.streams, KEY_A)):
-                r = phase(port, streams, b_key, a.seconds, prompt, prompt, a.gen_a, a.gen_b)
-                if name in res:
-                    for k in ("a_tps", "b_tps", "p_tps"):
-                        res[name][k] = (res[name][k] + r[k]) / 2 if a.rounds > 1 else r[k]
-                    res[name]["ttft"] += r["ttft"]
-                else:
-                    res[name] = r
+            for ph in wanted:
+                streams, b_key = phases[ph]
+                for name, _, p in sorted(builds, key=lambda b: b[0] != "old"):  # the old one first
+                    r = phase(p, streams, b_key, a.seconds, prompt, prompt, a.gen_a, a.gen_b, a.itl_streams,
+                              pids[name])
+                    rb = res[name]
+                    if ph in rb:
+                        for k in KEYS_AVG:
+                            rb[ph][k] += r[k] / a.rounds
+                        rb[ph]["ttft"] += r["ttft"]
+                        rb[ph]["itl"] += r["itl"]
+                    else:
+                        rb[ph] = dict(r)
+                        for k in KEYS_AVG:
+                            rb[ph][k] = r[k] / a.rounds
     finally:
-        g.terminate()
-        g.wait(timeout=60)
+        for g in procs:
+            g.terminate()
+        for g in procs:
+            g.wait(timeout=60)
         subprocess.run(["rm", "-rf", d])
 
-    print("worker: %s model dim 256, 4 layers, q8_0; --threads %d, max_seqs %d; A: %d streams, prompt %d words "
-          "(%d tokens), %d tokens each (not streamed); B: one request at a time, streamed, the same prompt, %d tokens; "
+    print("worker: %s model; --threads %d, max_seqs %d; A: %d streams (%d of them streamed), prompt %d words "
+          "(%d tokens), %d tokens each; B: one request at a time, streamed, the same prompt, %d tokens; "
           "%.0f s a phase, %d rounds"
-          % ("generated" if not a.model else a.model, a.threads, a.max_seqs, a.streams, a.prompt, prompt_tokens,
-             a.gen_a, a.gen_b,
-             a.seconds, a.rounds))
+          % ("generated (dim 256, 4 layers, q8_0)" if not a.model else a.model, a.threads, a.max_seqs, a.streams,
+             min(a.itl_streams, a.streams), a.prompt, prompt_tokens, a.gen_a, a.gen_b, a.seconds, a.rounds))
     print("load average %s" % open("/proc/loadavg").read().split()[:3])
-    print("%-10s %6s %9s %9s %9s %9s %9s %13s" % ("phase", "B reqs", "B p50 ms", "B p99 ms", "A tok/s", "B tok/s",
-                                                 "all tok/s", "+prompts tok/s"))
-    for name, r in res.items():
-        t = r["ttft"]
-        print("%-10s %6d %9.1f %9.1f %9.1f %9.1f %9.1f %13.1f"
-              % (name, len(t), pct(t, 50) * 1e3 if t else float("nan"), pct(t, 99) * 1e3 if t else float("nan"),
-                 r["a_tps"], r["b_tps"], r["a_tps"] + r["b_tps"], r["a_tps"] + r["b_tps"] + r["p_tps"]))
-    alone, both = res["b-alone"]["ttft"], res["a+b"]["ttft"]
-    aa, ab = res["a-alone"], res["a+b"]
-    print("B's TTFT p99 with A / alone: %.2fx (target <= 2); generated tokens/s with B / A alone: %.3f "
-          "(target >= 0.9); with prompt tokens: %.3f"
-          % (pct(both, 99) / pct(alone, 99), (ab["a_tps"] + ab["b_tps"]) / aa["a_tps"],
-             (ab["a_tps"] + ab["b_tps"] + ab["p_tps"]) / (aa["a_tps"] + aa["p_tps"])))
+    for name, binary, _ in sorted(builds, key=lambda b: b[0] != "old"):
+        report("%s (%s)" % (name, binary), res[name], a)
 
 
 if __name__ == "__main__":

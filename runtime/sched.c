@@ -39,6 +39,14 @@ struct tenant {
     double vt;     /* tokens computed for it / weight: the least goes next */
     int n_present; /* its requests waiting or running */
     int est_idx;   /* its index in est_tn, as est_fill last made it */
+    /* Catch-up (sched.h): the tokens computed for it lately, decayed a
+     * step at a time (RT_SCHED_RECENT_DECAY), and this step's so far; what
+     * it may still take past the step's budget (owe_tenants), and whether
+     * it was owed any as the step began (its prompts go first). */
+    double recent;
+    uint64_t used;
+    int allow;
+    bool owed;
     /* what rt_sched_tenants has not counted yet (publish_tenants) */
     uint64_t tokens_new, preempted_new;
 };
@@ -704,14 +712,16 @@ static double least_vt(const rt_sched *s, const tenant *but)
 }
 
 /* Forgets the tenants with no request here whose return would start them
- * level with the least present anyway (no debt), and all of them when
- * none is present: the table holds the present and the indebted. */
+ * level with the least present anyway (no debt) and who had no work done
+ * lately (else a tenant leaving and coming back would be owed afresh:
+ * catch-up), and all of them when none is present: the table holds the
+ * present, the indebted and the recently served. */
 static void sweep_tenants(rt_sched *s)
 {
     double least = least_vt(s, NULL);
     for (tenant **pp = &s->tenants; *pp;) {
         tenant *t = *pp;
-        if (t->n_present == 0 && (least < 0 || t->vt <= least)) {
+        if (t->n_present == 0 && (least < 0 || (t->vt <= least && t->recent < 1))) {
             *pp = t->next;
             free(t);
         } else {
@@ -754,6 +764,7 @@ static void charge(sreq *r, int from, int to)
     if (to > from) {
         r->tn->vt += (to - from) / r->tn->weight;
         r->tn->tokens_new += (uint64_t)(to - from);
+        r->tn->used += (uint64_t)(to - from);
         r->n_charged = to;
     }
 }
@@ -791,6 +802,51 @@ static double slots_per_weight(const rt_sched *s, const tenant *t, int extra)
     for (int i = 0; i < s->n_running; i++)
         n += s->running[i]->tn == t;
     return n / t->weight;
+}
+
+/* Catch-up (sched.h): sets what each tenant present is owed this step
+ * (rt_sched_owed), with n_dec sequences decoding. Returns the prompt tokens
+ * the step may carry past its budget for them (rt_sched_catchup_budget; 0
+ * with one tenant present, or none owed). */
+static int owe_tenants(rt_sched *s, int n_dec)
+{
+    double sum_recent = 0, sum_w = 0;
+    int present = 0;
+    for (const tenant *t = s->tenants; t; t = t->next)
+        if (t->n_present > 0) {
+            sum_recent += t->recent;
+            sum_w += t->weight;
+            present++;
+        }
+    int pool = present > 1 ? rt_sched_catchup_budget(s->o.max_batch_tokens, n_dec) : 0;
+    for (tenant *t = s->tenants; t; t = t->next) {
+        t->allow = pool > 0 && t->n_present > 0 ? rt_sched_owed(t->recent, t->weight, sum_recent, sum_w) : 0;
+        t->owed = t->allow > 0;
+    }
+    return pool;
+}
+
+/* The catch-up tokens a prompt of tenant t with `more` tokens still to go
+ * past its share of the budget takes from *pool: what t is still owed. */
+static int catch_up(tenant *t, int more, int *pool)
+{
+    int take = more < *pool ? more : *pool;
+    take = take < t->allow ? take : t->allow;
+    if (take <= 0)
+        return 0;
+    *pool -= take;
+    t->allow -= take;
+    return take;
+}
+
+/* A step's work done: each tenant's recent work decays and takes in what
+ * the step computed for it. */
+static void age_recent(rt_sched *s)
+{
+    for (tenant *t = s->tenants; t; t = t->next) {
+        t->recent = t->recent * RT_SCHED_RECENT_DECAY + (double)t->used;
+        t->used = 0;
+    }
 }
 
 /* s->order: the running requests' indices by their tenant's virtual time,
@@ -1214,7 +1270,9 @@ static int batch_pass(const rt_sched *s, const sreq *r, double now)
 {
     if (decoding(r))
         return 0;
-    return r->prio == RT_PRIO_INTERACTIVE || waited_long(s, r->waited_s + (now - r->t_admit)) ? 1 : 2;
+    /* within each, the prompts of tenants owed work first (catch-up) */
+    int p = r->prio == RT_PRIO_INTERACTIVE || waited_long(s, r->waited_s + (now - r->t_admit)) ? 1 : 2;
+    return 2 * p - r->tn->owed;
 }
 
 /* Fills s->batch: every decoding sequence's one token, then prompt chunks
@@ -1228,8 +1286,9 @@ static int build_batch(rt_sched *s)
         for (int i = 0; i < s->n_running; i++)
             n_dec += decoding(s->running[i]) && !s->running[i]->held;
         int budget = prefill_budget(s, n_dec) + n_dec, n = 0, blocks = 0;
+        int pool = owe_tenants(s, n_dec);
         fair_order(s);
-        for (int pass = 0; pass < 3; pass++) {
+        for (int pass = 0; pass < 5; pass++) {
             for (int k = 0; k < s->n_running; k++) {
                 int i = s->order[k];
                 sreq *r = s->running[i];
@@ -1239,6 +1298,8 @@ static int build_batch(rt_sched *s)
                 int take = remaining < budget ? remaining : budget;
                 if (pass == 0)
                     take = 1; /* decodes always run: max_batch_tokens >= max_seqs */
+                else
+                    take += catch_up(r->tn, remaining - take, &pool);
                 if (take <= 0)
                     continue;
                 budget -= take;
@@ -1523,6 +1584,7 @@ static int step(rt_sched *s)
             s->running[s->take[i]] = NULL;
     }
     compact_running(s);
+    age_recent(s);
     return n;
 }
 
@@ -1585,8 +1647,11 @@ static int est_tenant(rt_sched *s, int *n_tn, const char *name, double w)
         s->est_tn_name = nm;
         s->est_tn_cap = cap;
     }
-    double least = least_vt(s, NULL);
-    s->est_tn[*n_tn] = (rt_est_tenant){.vt = least > 0 ? least : 0, .weight = w > 0 ? w : 1};
+    double least = least_vt(s, NULL), recent = 0;
+    for (const tenant *t = s->tenants; t; t = t->next) /* kept for its recent work (sweep_tenants) */
+        if (!strcmp(t->name, name))
+            recent = t->recent;
+    s->est_tn[*n_tn] = (rt_est_tenant){.vt = least > 0 ? least : 0, .weight = w > 0 ? w : 1, .recent = recent};
     s->est_tn_name[*n_tn] = name;
     return (*n_tn)++;
 }
@@ -1600,8 +1665,10 @@ static int est_tenants(rt_sched *s)
         t->est_idx = -1;
         if (t->n_present > 0 && (t->est_idx = est_tenant(s, &n_tn, t->name, t->weight)) < 0)
             return -1;
-        if (t->est_idx >= 0)
+        if (t->est_idx >= 0) {
             s->est_tn[t->est_idx].vt = t->vt;
+            s->est_tn[t->est_idx].recent = t->recent;
+        }
     }
     return n_tn;
 }

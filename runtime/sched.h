@@ -36,6 +36,22 @@
  * the tenant it took from: otherwise a tenant with every slot would hold
  * them until its streams end, and a newcomer would wait for that.
  *
+ * Catch-up. Fair queuing alone gives a light tenant (one request at a
+ * time beside another's flood) at most about half of each step while its
+ * prompt runs, and the prefill budget that keeps streams' token times even
+ * spreads that prompt over several steps: its first token came 2-3x later
+ * than alone. Yet over the last ~100 steps it used far less than its
+ * share. So each tenant's recent work is counted (tokens computed for it,
+ * decayed by RT_SCHED_RECENT_DECAY a step), and a tenant present whose
+ * recent work is below its weight's share of all present tenants' is owed
+ * the difference (rt_sched_owed): its prompts go first, and may take up to
+ * that many tokens on top of the step's budget, within
+ * rt_sched_catchup_budget (as many again as the step holds: such a step
+ * at most doubles, and so do the decoding streams' token times for it,
+ * once per light request). With one tenant present nobody is owed and
+ * the steps are as before. A tenant that leaves is remembered while its
+ * recent work counts, so it is not owed afresh when it comes back.
+ *
  * The queue is shared the same way (longest-queue drop, as fair queuing
  * drops from the fattest flow). Each priority's queue holds max_queue
  * requests, whoever sent them: a lone tenant may fill it. When it is full,

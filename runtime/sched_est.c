@@ -27,6 +27,18 @@ int rt_sched_prefill_budget(int max_batch_tokens, int n_dec)
     return b < all ? b : all;
 }
 
+int rt_sched_catchup_budget(int max_batch_tokens, int n_dec)
+{
+    int normal = rt_sched_prefill_budget(max_batch_tokens, n_dec), room = max_batch_tokens - n_dec - normal;
+    return n_dec + normal < room ? n_dec + normal : room;
+}
+
+int rt_sched_owed(double recent, double w, double sum_recent, double sum_w)
+{
+    double owed = sum_recent * w / sum_w - recent;
+    return owed >= 1 ? (owed < INT_MAX ? (int)owed : INT_MAX) : 0;
+}
+
 static int class_of(int tokens)
 {
     int c = 0;
@@ -165,27 +177,38 @@ static void admit(replay *r)
     }
 }
 
-static double vt_run(const replay *r, int i)
+/* A prompt's place in line for a step's budget (fair_order and the passes
+ * of build_batch in sched.c): those of tenants owed work first, then by
+ * virtual time (with several tenants), then by slot. */
+static bool before(const replay *r, int i, int j)
 {
-    return r->tn[r->run_tn[i]].vt;
+    if (r->distinct > 1) {
+        const rt_est_tenant *a = &r->tn[r->run_tn[i]], *b = &r->tn[r->run_tn[j]];
+        if (a->owed != b->owed)
+            return a->owed;
+        if (a->vt != b->vt)
+            return a->vt < b->vt;
+    }
+    return i < j;
 }
 
-/* The prompt in line for a step's budget: the first of the tenant with the
- * least virtual time with one (fair_order in sched.c), or the first; -1
- * when none. */
-static int prompt_in_line(const replay *r)
+/* The prompt in line after slot prev (-1: the first); -1 when none. The
+ * order is the step's start's: a tenant's virtual time moves at its end. */
+static int prompt_after(const replay *r, int prev)
 {
-    int first = -1;
+    int next = -1;
     for (int i = 0; i < r->n; i++)
-        if (r->run[i].prefill_left > 0 && (first < 0 || (r->distinct > 1 && vt_run(r, i) < vt_run(r, first))))
-            first = i;
-    return first;
+        if (r->run[i].prefill_left > 0 && (prev < 0 || before(r, prev, i)) && (next < 0 || before(r, i, next)))
+            next = i;
+    return next;
 }
 
 static void charge(replay *r, int i, int tokens)
 {
-    if (r->distinct > 1)
+    if (r->distinct > 1) {
         r->tn[r->run_tn[i]].due += tokens / r->tn[r->run_tn[i]].weight;
+        r->tn[r->run_tn[i]].used += tokens;
+    }
 }
 
 /* Drops the finished (prompt done, nothing left to generate) from the
@@ -206,40 +229,70 @@ static void compact(replay *r)
     r->n = k;
 }
 
-/* Each tenant is charged what the steps replayed computed for it. */
-static void settle(replay *r)
+/* Each tenant is charged what the last `steps` steps (alike) computed for
+ * it, and its recent work decays and grows step by step, as sched.c's. */
+static void settle(replay *r, long steps)
 {
     for (int t = 0; r->distinct > 1 && t < r->n_tn; t++) {
-        r->tn[t].vt += r->tn[t].due;
-        r->tn[t].due = 0;
+        rt_est_tenant *e = &r->tn[t];
+        double per_step = e->used / (double)steps; /* whole: the steps were alike */
+        for (long k = 0; k < steps; k++)
+            e->recent = e->recent * RT_SCHED_RECENT_DECAY + per_step;
+        e->vt += e->due;
+        e->due = e->used = 0;
+    }
+}
+
+/* What each tenant present is owed as the step starts (sched.c's
+ * owe_tenants), when the step has catch-up tokens (pool) to give. */
+static void owe(replay *r, int pool)
+{
+    double sum_recent = 0, sum_w = 0;
+    for (int t = 0; r->distinct > 1 && t < r->n_tn; t++)
+        if (r->tn[t].live > 0) {
+            sum_recent += r->tn[t].recent;
+            sum_w += r->tn[t].weight;
+        }
+    for (int t = 0; r->distinct > 1 && t < r->n_tn; t++) {
+        rt_est_tenant *e = &r->tn[t];
+        e->allow = pool > 0 && e->live > 0 ? rt_sched_owed(e->recent, e->weight, sum_recent, sum_w) : 0;
+        e->owed = e->allow > 0;
     }
 }
 
 /* One step as build_batch makes it: every decode one token, then prompt
- * chunks within the budget, in line (prompt_in_line, as of the step's
- * start: a prompt done in this step decodes from the next); then each
- * tenant is charged. Returns the step's tokens; *done when the new
- * request's prompt is done. */
-static int one_step(replay *r, int budget, bool *done)
+ * chunks within the budget, in line (prompt_after), those of tenants owed
+ * work taking up to what they are owed of pool on top; then each tenant is
+ * charged. Returns the step's tokens; *done when the new request's prompt
+ * is done. */
+static int one_step(replay *r, int budget, int pool, bool *done)
 {
     int tokens = 0;
+    owe(r, pool);
     for (int i = 0; i < r->n; i++)
         if (r->run[i].prefill_left == 0) {
             r->run[i].decode_left--;
             charge(r, i, 1);
             tokens++;
         }
-    int i;
-    while (budget > 0 && (i = prompt_in_line(r)) >= 0) {
+    for (int i = prompt_after(r, -1); i >= 0 && (budget > 0 || pool > 0); i = prompt_after(r, i)) {
         rt_est_seq *e = &r->run[i];
         int take = e->prefill_left < budget ? e->prefill_left : budget;
         budget -= take;
+        if (r->distinct > 1 && r->tn[r->run_tn[i]].allow > 0) {
+            int *allow = &r->tn[r->run_tn[i]].allow, more = e->prefill_left - take;
+            more = more < pool ? more : pool;
+            more = more < *allow ? more : *allow;
+            pool -= more;
+            *allow -= more;
+            take += more;
+        }
         tokens += take;
         e->prefill_left -= take;
         charge(r, i, take);
         *done |= e->decode_left == -1 && e->prefill_left == 0;
     }
-    settle(r);
+    settle(r, 1);
     return tokens;
 }
 
@@ -271,16 +324,19 @@ static double run_replay(replay *r, const rt_step_fit *f, int max_batch_tokens, 
             }
         if (r->n == 0)
             break; /* cannot happen: the target is admitted once a slot is free */
-        int first = prompt_in_line(r);
         int budget = rt_sched_prefill_budget(max_batch_tokens, n_dec);
+        int pool = r->distinct > 1 ? rt_sched_catchup_budget(max_batch_tokens, n_dec) : 0;
+        owe(r, pool);
+        int first = prompt_after(r, -1);
         long k = first < 0 ? min_dec : (r->run[first].prefill_left - 1) / (budget > 0 ? budget : 1);
         if (first >= 0 && k > min_dec)
             k = min_dec;
-        if (k >= 1 && (r->distinct <= 1 || one_line(r))) {
+        if (k >= 1 && (r->distinct <= 1 || first < 0 || (pool == 0 && one_line(r)))) {
             /* k steps alike: every decode one token, the first prompt in
              * line the whole budget (no prompt completes, no slot frees
              * before the last of them). Not with prompts of tenants to
-             * share among: the line changes as they are charged. */
+             * share among (the line changes as they are charged), nor with
+             * catch-up tokens to give (what a tenant is owed changes). */
             int tokens = n_dec + (first >= 0 ? budget : 0);
             t += (double)k * rt_step_fit_ms(f, tokens);
             for (int i = 0; i < r->n; i++) {
@@ -292,11 +348,11 @@ static double run_replay(replay *r, const rt_step_fit *f, int max_batch_tokens, 
                     charge(r, i, (int)k * budget);
                 }
             }
-            settle(r);
+            settle(r, k);
             work += k * r->n;
         } else {
             bool done = false;
-            t += rt_step_fit_ms(f, one_step(r, budget, &done));
+            t += rt_step_fit_ms(f, one_step(r, budget, pool, &done));
             if (done)
                 return t;
             work += r->n;
@@ -327,7 +383,7 @@ double rt_est_ttft_fair(const rt_step_fit *f, int max_seqs, int max_batch_tokens
                 .n_tn = n_tenants, .tn = tenants};
     for (int t = 0; t < n_tenants; t++) {
         tenants[t].live = 0;
-        tenants[t].due = 0;
+        tenants[t].due = tenants[t].used = 0;
     }
     tenants[tenant].live++;
     for (int i = 0; i < n; i++)

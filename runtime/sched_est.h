@@ -49,6 +49,23 @@ double rt_step_fit_ms(const rt_step_fit *f, int tokens);
  * policy, here so that the replay follows the same one). */
 int rt_sched_prefill_budget(int max_batch_tokens, int n_dec);
 
+/* Catch-up (sched.h): the tokens computed for a tenant lately, decayed by
+ * this factor at every step (a memory of about 100 steps). */
+#define RT_SCHED_RECENT_DECAY 0.99
+
+/* Prompt tokens a step may carry past rt_sched_prefill_budget for the
+ * prompts of tenants owed work (rt_sched_owed): as many as the step holds
+ * without them (so it at most doubles, and so does the decoding streams'
+ * time for that token), within max_batch_tokens; 0 with nothing decoding,
+ * when the budget is whole already. */
+int rt_sched_catchup_budget(int max_batch_tokens, int n_dec);
+
+/* The work a tenant is owed, in whole tokens: its weight's share (w of
+ * sum_w, the weights of the tenants present) of the tokens computed lately
+ * for them all (sum_recent), less its own (recent); 0 when it has had its
+ * share, and so always for a tenant alone. */
+int rt_sched_owed(double recent, double w, double sum_recent, double sum_w);
+
 /* A request ahead in the replay: prompt tokens still to prefill and
  * tokens still to generate after the first (0 once decoding: then left
  * counts the tokens to go). */
@@ -62,8 +79,12 @@ typedef struct rt_est_seq {
 typedef struct rt_est_tenant {
     double vt;
     double weight; /* > 0 */
+    double recent; /* tokens computed for it lately (sched.c's, decayed by RT_SCHED_RECENT_DECAY a step) */
     int live;      /* scratch: its requests in the replay */
     double due;    /* scratch: what the step being replayed charges it */
+    double used;   /* scratch: the tokens computed for it in the steps being replayed */
+    int allow;     /* scratch: what it may still take past the budget in this step (rt_sched_owed) */
+    bool owed;     /* scratch: owed work at the step's start: its prompts go first */
 } rt_est_tenant;
 
 /* Milliseconds until a new request with a prompt of `prompt` tokens gets
@@ -80,8 +101,10 @@ double rt_est_ttft(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_
  * the tenant with the least virtual time, a step's prompt tokens to the
  * prompts of the tenants with the least first (admission order within a
  * tenant), and each step charges every tenant the tokens it computed for
- * it, over its weight. run_tn[i] and q_tn[i] are the tenants (indices in
- * tenants, n_tenants entries) of running[i] and queued[i]; the new request
+ * it, over its weight; the prompts of tenants owed work (rt_sched_owed, at
+ * the step's start) go first and may take rt_sched_catchup_budget's tokens
+ * on top, as the scheduler's catch-up. run_tn[i] and q_tn[i] are the
+ * tenants (indices in tenants, n_tenants entries) of running[i] and queued[i]; the new request
  * is tenant `tenant`'s, after that tenant's queued ones. The arrays are
  * changed (scratch). With one tenant it is rt_est_ttft.
  * Not replayed: fair-share preemption (a tenant holding more slots per

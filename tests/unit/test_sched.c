@@ -40,6 +40,7 @@ static struct {
     int order[16]; /* request tags in the order their final event came */
     const char *reason[16];
     int error[16]; /* an ERROR's */
+    int watch, gate_at_watch; /* the gate's events when request `watch` had its first (0: none yet) */
 } seen = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 enum { GATE = 100 }; /* the tag of the gate request */
@@ -86,6 +87,8 @@ static void on_event(void *user, const rt_sched_event *ev)
             pthread_cond_wait(&seen.cv, &seen.mu);
     }
     fair_count(tag, ev);
+    if (tag == seen.watch && !seen.gate_at_watch)
+        seen.gate_at_watch = seen.gate_events;
     if (ev->kind != RT_EV_TEXT) {
         if (seen.finals < 16) {
             seen.order[seen.finals] = tag;
@@ -105,6 +108,7 @@ static void seen_reset(void)
     seen.gate_at = 1;
     seen.gate_events = 0;
     seen.finals = 0;
+    seen.watch = seen.gate_at_watch = 0;
     memset(&fair, 0, sizeof(fair));
     pthread_mutex_unlock(&seen.mu);
 }
@@ -755,6 +759,36 @@ static void test_fair_newcomer_gets_a_slot(void **state)
     rt_sched_free(s);
 }
 
+/* Catch-up: tenant a's seven requests have decoded for 60 steps when a
+ * request with a 100-token prompt comes. The steps (the gate's tokens) until
+ * its first token: with seven decoding, a step's prompt budget is 16 tokens
+ * (7 steps); a newcomer of tenant b, owed work, takes 23 more a step (3). */
+static int steps_to_first_token(const char *tenant)
+{
+    rt_sched *s = sched_new(8, 8, 0);
+    assert_int_equal(submit_for(s, GATE, 4, 200, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    assert_true(wait_seen(true, 0));
+    for (int k = 1; k <= 6; k++)
+        assert_int_equal(submit_for(s, k, 4, 200, RT_PRIO_INTERACTIVE, "a", 1), 0);
+    gate_again(60);
+    assert_true(wait_seen(true, 0));
+    pthread_mutex_lock(&seen.mu);
+    seen.watch = 9;
+    pthread_mutex_unlock(&seen.mu);
+    assert_int_equal(submit_for(s, 9, 100, 2, RT_PRIO_INTERACTIVE, tenant, 1), 0);
+    open_gate();
+    assert_true(wait_seen(false, 1));
+    assert_int_equal(seen.order[0], 9);
+    rt_sched_free(s);
+    return seen.gate_at_watch - 60;
+}
+
+static void test_fair_catch_up(void **state)
+{
+    assert_int_equal(steps_to_first_token("a"), 7); /* one tenant: as before */
+    assert_int_equal(steps_to_first_token("b"), 3);
+}
+
 /* A tenant name past RT_SCHED_TENANT_MAX, or a weight out of range, is
  * refused. */
 static void test_fair_bad_tenant_refused(void **state)
@@ -919,6 +953,7 @@ int main(void)
         cmocka_unit_test(test_fair_lone_tenant_takes_all),
         cmocka_unit_test(test_fair_priority_first),
         cmocka_unit_test(test_fair_newcomer_gets_a_slot),
+        cmocka_unit_test(test_fair_catch_up),
         cmocka_unit_test(test_fair_bad_tenant_refused),
         cmocka_unit_test(test_fair_queue_push_out),
         cmocka_unit_test(test_fair_kv_dry_preempts_heaviest),

@@ -242,7 +242,12 @@ static void test_work_bound(void **state)
  * slot takes the first queued request of the tenant with the least
  * virtual time (the new one after its tenant's); decodes, then prompt
  * chunks by tenant virtual time as of the step's start (admission order
- * within a tenant); each tenant charged its tokens over its weight. */
+ * within a tenant); each tenant charged its tokens over its weight.
+ * Catch-up: with two tenants or more present, those owed work as the step
+ * starts (rt_sched_owed over their recent tokens) have their prompts
+ * first, and each may take up to what it is owed of
+ * rt_sched_catchup_budget's tokens on top of the budget; every tenant's
+ * recent tokens decay and grow a step at a time. */
 static double reference_fair(const rt_step_fit *f, int max_seqs, int max_batch, const rt_est_seq *run0,
                              const int *run_tn0, int n, const rt_est_seq *q0, const int *q_tn, int nq,
                              const rt_est_tenant *tn0, int n_tn, int prompt, int tenant)
@@ -270,36 +275,68 @@ static double reference_fair(const rt_step_fit *f, int max_seqs, int max_batch, 
             run_tn[n] = best < nq ? q_tn[best] : tenant;
             run[n++] = best < nq ? q[best] : (rt_est_seq){prompt, -1};
         }
-        double vt[8], due[8] = {0};
-        for (int i = 0; i < n_tn; i++)
+        double vt[8], due[8] = {0}, used[8] = {0};
+        bool present[8] = {0}, owed[8] = {0};
+        int allow[8] = {0}, n_present = 0;
+        for (int i = 0; i < n; i++)
+            present[run_tn[i]] = true;
+        for (int i = 0; i <= nq; i++)
+            if (!taken[i])
+                present[i < nq ? q_tn[i] : tenant] = true;
+        double sum_recent = 0, sum_w = 0;
+        for (int i = 0; i < n_tn; i++) {
             vt[i] = tn[i].vt;
+            n_present += present[i];
+            sum_recent += present[i] ? tn[i].recent : 0;
+            sum_w += present[i] ? tn[i].weight : 0;
+        }
         int n_dec = 0, tokens = 0;
         for (int i = 0; i < n; i++)
             if (run[i].prefill_left == 0) {
                 n_dec++;
                 run[i].decode_left--;
                 due[run_tn[i]] += 1 / tn[run_tn[i]].weight;
+                used[run_tn[i]] += 1;
             }
         int left = rt_sched_prefill_budget(max_batch, n_dec);
+        int pool = n_present > 1 ? rt_sched_catchup_budget(max_batch, n_dec) : 0;
+        for (int i = 0; i < n_tn; i++) {
+            allow[i] = pool > 0 && present[i] ? rt_sched_owed(tn[i].recent, tn[i].weight, sum_recent, sum_w) : 0;
+            owed[i] = allow[i] > 0;
+        }
         tokens = n_dec;
         bool done = false, served[64] = {0};
-        for (;;) { /* the prompts by their tenant's virtual time at the step's start */
+        for (;;) { /* the prompts: owed first, then by their tenant's virtual time at the step's start */
             int next = -1;
-            for (int i = 0; i < n; i++)
-                if (run[i].prefill_left > 0 && !served[i] && (next < 0 || vt[run_tn[i]] < vt[run_tn[next]]))
+            for (int i = 0; i < n; i++) {
+                if (run[i].prefill_left <= 0 || served[i])
+                    continue;
+                int a = run_tn[i], b = next < 0 ? 0 : run_tn[next];
+                if (next < 0 || (owed[a] && !owed[b]) || (owed[a] == owed[b] && vt[a] < vt[b]))
                     next = i;
-            if (next < 0 || left <= 0)
+            }
+            if (next < 0 || (left <= 0 && pool <= 0))
                 break;
             served[next] = true;
+            int tt = run_tn[next];
             int take = run[next].prefill_left < left ? run[next].prefill_left : left;
             left -= take;
+            int more = run[next].prefill_left - take;
+            more = more < pool ? more : pool;
+            more = more < allow[tt] ? more : allow[tt];
+            pool -= more;
+            allow[tt] -= more;
+            take += more;
             tokens += take;
             run[next].prefill_left -= take;
-            due[run_tn[next]] += take / tn[run_tn[next]].weight;
+            due[tt] += take / tn[tt].weight;
+            used[tt] += take;
             done |= run[next].decode_left == -1 && run[next].prefill_left == 0;
         }
-        for (int i = 0; i < n_tn; i++)
+        for (int i = 0; i < n_tn; i++) {
             tn[i].vt += due[i];
+            tn[i].recent = tn[i].recent * RT_SCHED_RECENT_DECAY + used[i];
+        }
         t += rt_step_fit_ms(f, tokens);
         if (done)
             return t;
@@ -310,6 +347,30 @@ static double reference_fair(const rt_step_fit *f, int max_seqs, int max_batch, 
                 run[k++] = run[i];
             }
         n = k;
+    }
+}
+
+/* Catch-up: tenant 0's seven sequences decode (the step's prompt budget is
+ * 16 tokens, and 23 more for a tenant owed work); tenant 1's new 30-token
+ * prompt, with nothing done for it lately against tenant 0's 1000 tokens,
+ * is done in one step, where without it (no recent work on either side,
+ * nobody owed) it takes two. */
+static void test_fair_catch_up(void **state)
+{
+    (void)state;
+    rt_step_fit f = linear_fit(2.0, 0.5);
+    for (int owed = 0; owed < 2; owed++) {
+        rt_est_seq run[MAX_SEQS];
+        int run_tn[MAX_SEQS];
+        for (int i = 0; i < MAX_SEQS - 1; i++) {
+            run[i] = (rt_est_seq){0, 100};
+            run_tn[i] = 0;
+        }
+        rt_est_tenant tn[2] = {{.vt = 10, .weight = 1, .recent = owed ? 1000 : 0}, {.vt = 10, .weight = 1}};
+        double got = rt_est_ttft_fair(&f, MAX_SEQS, MAX_BATCH, run, run_tn, MAX_SEQS - 1, NULL, NULL, 0, tn, 2, 30,
+                                      1, 100000000);
+        double want = owed ? 2 + 0.5 * (7 + 30) : (2 + 0.5 * (7 + 16)) + (2 + 0.5 * (7 + 14));
+        assert_true(fabs(got - want) < 1e-9);
     }
 }
 
@@ -365,10 +426,10 @@ static void test_fair_prompt_order(void **state)
     assert_true(fabs(fair - (2 + 0.5 * MAX_BATCH)) < 1e-9);
 }
 
-/* On random queues of up to four tenants of several weights, the replay
- * (which jumps over steps while one tenant's prompts are in line) gives
- * what the fair step-by-step reference gives; with one tenant, what
- * rt_est_ttft gives. */
+/* On random queues of up to four tenants of several weights and recent
+ * work (catch-up), the replay (which jumps over steps while one tenant's
+ * prompts are in line) gives what the fair step-by-step reference gives;
+ * with one tenant, what rt_est_ttft gives. */
 static void test_fair_matches_step_by_step(void **state)
 {
     (void)state;
@@ -383,7 +444,8 @@ static void test_fair_matches_step_by_step(void **state)
             /* weights of powers of two: the replay charges a run of alike
              * steps at once, the reference one by one, and other weights'
              * rounding may break a tie of virtual times otherwise */
-            tn[i] = (rt_est_tenant){.vt = rand() % 500, .weight = (double)(1 << rand() % 4) / 2};
+            tn[i] = (rt_est_tenant){.vt = rand() % 500, .weight = (double)(1 << rand() % 4) / 2,
+                                    .recent = rand() % 3 ? rand() % 2000 : 0};
         int n = rand() % (max_seqs + 1), nq = rand() % 32, prompt = 1 + rand() % 600, tenant = rand() % n_tn;
         for (int i = 0; i < n; i++) {
             run[i] = rand() % 2 ? (rt_est_seq){0, 1 + rand() % 300} : (rt_est_seq){1 + rand() % 500, rand() % 300};
@@ -418,7 +480,7 @@ int main(void)
         cmocka_unit_test(test_by_hand),              cmocka_unit_test(test_matches_step_by_step),
         cmocka_unit_test(test_grows_with_the_queue), cmocka_unit_test(test_work_bound),
         cmocka_unit_test(test_fair_admission_order), cmocka_unit_test(test_fair_prompt_order),
-        cmocka_unit_test(test_fair_matches_step_by_step),
+        cmocka_unit_test(test_fair_matches_step_by_step), cmocka_unit_test(test_fair_catch_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
