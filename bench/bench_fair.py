@@ -60,7 +60,7 @@ def key_hash(infergate, k):
 
 def request(port, key, prompt, gen, stream, gaps=None):
     """One completion: (ttft_s or None, completion tokens, prompt tokens, end time); streamed, the times
-    between its token events are appended to gaps (when given)."""
+    between its token events are appended to gaps (when given), then their mean (its TPOT) as a tuple."""
     body = {"model": "m", "prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
             "stream": stream}
     if stream:
@@ -92,6 +92,8 @@ def request(port, key, prompt, gen, stream, gaps=None):
                     gaps.append(now - last)
                 last = now
     c.close()
+    if gaps is not None and last is not None and ttft is not None and tokens > 1:
+        gaps.append(((last - t0 - ttft) / (tokens - 1),))
     return ttft, tokens, prompt_tokens, time.monotonic()
 
 
@@ -122,7 +124,7 @@ def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b, itl_s
     t_start = time.monotonic()
     t_from, t_end = t_start + 0.2 * seconds, t_start + seconds
     lock = threading.Lock()
-    out = {"a": 0, "b": 0, "prompts": 0, "ttft": [], "itl": [], "errors": []}
+    out = {"a": 0, "b": 0, "prompts": 0, "ttft": [], "itl": [], "tpot": [], "errors": []}
 
     def loop(who, key, prompt, gen, stream):
         try:
@@ -137,7 +139,8 @@ def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b, itl_s
                         out["prompts"] += n_prompt
                         if who == "b":
                             out["ttft"].append(ttft)
-                        out["itl"] += gaps or []
+                        out["itl"] += [g for g in gaps or [] if not isinstance(g, tuple)]
+                        out["tpot"] += [g[0] for g in gaps or [] if isinstance(g, tuple)]
         except Exception as e:  # reported after the phase
             out["errors"].append(repr(e))
 
@@ -154,7 +157,7 @@ def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b, itl_s
     if out["errors"]:
         raise RuntimeError("; ".join(out["errors"][:3]))
     window = t_end - t_from
-    return {"ttft": out["ttft"], "itl": out["itl"], "a_tps": out["a"] / window, "b_tps": out["b"] / window,
+    return {"ttft": out["ttft"], "itl": out["itl"], "tpot": out["tpot"], "a_tps": out["a"] / window, "b_tps": out["b"] / window,
             "p_tps": out["prompts"] / window, "cpu_gw": cpu[0], "cpu_worker": cpu[1], "cpu_client": cpu[2]}
 
 
@@ -223,8 +226,11 @@ def report(label, res, a):
               % ((ab["a_tps"] + ab["b_tps"]) / aa["a_tps"],
                  (ab["a_tps"] + ab["b_tps"] + ab["p_tps"]) / (aa["a_tps"] + aa["p_tps"])))
         if aa["itl"] and ab["itl"]:
-            print("A's ITL p99/p50: alone %.2f, with B %.2f"
-                  % (pct(aa["itl"], 99) / pct(aa["itl"], 50), pct(ab["itl"], 99) / pct(ab["itl"], 50)))
+            print("A's ITL p99/p50: alone %.2f, with B %.2f; A's TPOT (a request's mean time between tokens) "
+                  "p50 / p99 ms: alone %.1f / %.1f, with B %.1f / %.1f"
+                  % (pct(aa["itl"], 99) / pct(aa["itl"], 50), pct(ab["itl"], 99) / pct(ab["itl"], 50),
+                     pct(aa["tpot"], 50) * 1e3, pct(aa["tpot"], 99) * 1e3, pct(ab["tpot"], 50) * 1e3,
+                     pct(ab["tpot"], 99) * 1e3))
 
 
 def main():
@@ -283,6 +289,7 @@ def main():
                             rb[ph][k] += r[k] / a.rounds
                         rb[ph]["ttft"] += r["ttft"]
                         rb[ph]["itl"] += r["itl"]
+                        rb[ph]["tpot"] += r["tpot"]
                     else:
                         rb[ph] = dict(r)
                         for k in KEYS_AVG:
