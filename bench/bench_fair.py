@@ -50,7 +50,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prefix import pct  # noqa: E402
 
 KEY_A, KEY_B = "ig-bench-fair-tenant-a", "ig-bench-fair-tenant-b"
-KEYS_AVG = ("a_tps", "b_tps", "p_tps", "cpu_gw", "cpu_worker", "cpu_client")  # averaged over the rounds
+KEY_ADMIN = "ig-bench-fair-admin"  # reads /metrics
+KEYS_AVG = ("a_tps", "b_tps", "p_tps", "cpu_gw", "cpu_worker", "cpu_client", "w_tokens", "w_prompt",
+            "w_preempt")  # averaged over the rounds
 
 
 def key_hash(infergate, k):
@@ -118,6 +120,35 @@ def cpu_split(gw_pid):
     return cpu_s(gw_pid), sum(cpu_s(k) for k in kids), me.user + me.system
 
 
+def worker_counts(port):
+    """From the gateway's /metrics: the worker's tokens charged per tenant (prompt and generated, not
+    recomputes), prompt tokens it computed (recomputes included) and fair-share preemptions; {} when
+    they cannot be read."""
+    out = {}
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/metrics", headers={"authorization": "Bearer " + KEY_ADMIN})
+        r = c.getresponse()
+        text = r.read().decode()
+        if r.status != 200:
+            return {}
+    except OSError:
+        return {}
+    for line in text.splitlines():
+        m = re.match(r'(infergate_worker_tenant_tokens_total|infergate_worker_tenant_preemptions_total|'
+                     r'infergate_worker_prompt_tokens_total)\{([^}]*)\} ([0-9.e+]+)$', line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if m.group(1) == "infergate_worker_prompt_tokens_total":
+            if labels.get("source") == "computed":
+                out["prompt_computed"] = out.get("prompt_computed", 0) + float(m.group(3))
+        else:
+            k = ("tokens_" if "tokens" in m.group(1) else "preempted_") + labels.get("tenant", "")
+            out[k] = out.get(k, 0) + float(m.group(3))
+    return out
+
+
 def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b, itl_streams, gw_pid):
     """Runs A's streams (if any; itl_streams of them streamed) and B's loop (if b_key) for `seconds`:
     B's TTFTs, A's times between tokens, and the tokens of A and B ending in the window."""
@@ -148,17 +179,22 @@ def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b, itl_s
           for k in range(streams)]
     if b_key:
         th.append(threading.Thread(target=loop, args=("b", b_key, prompt_b, gen_b, True)))
-    cpu0 = cpu_split(gw_pid)
+    cpu0, w0 = cpu_split(gw_pid), worker_counts(port)
     for x in th:
         x.start()
     for x in th:
         x.join()
     cpu = [(b - a) / (time.monotonic() - t_start) for a, b in zip(cpu0, cpu_split(gw_pid))]
+    time.sleep(0.5)  # the gateway reads its workers' figures every few hundred ms
+    w1 = worker_counts(port)
+    wk = {k: (w1[k] - w0.get(k, 0)) / (time.monotonic() - 0.5 - t_start) for k in w1}
     if out["errors"]:
         raise RuntimeError("; ".join(out["errors"][:3]))
     window = t_end - t_from
     return {"ttft": out["ttft"], "itl": out["itl"], "tpot": out["tpot"], "a_tps": out["a"] / window, "b_tps": out["b"] / window,
-            "p_tps": out["prompts"] / window, "cpu_gw": cpu[0], "cpu_worker": cpu[1], "cpu_client": cpu[2]}
+            "p_tps": out["prompts"] / window, "cpu_gw": cpu[0], "cpu_worker": cpu[1], "cpu_client": cpu[2],
+            "w_tokens": wk.get("tokens_a", 0) + wk.get("tokens_b", 0), "w_prompt": wk.get("prompt_computed", 0),
+            "w_preempt": wk.get("preempted_a", 0) + wk.get("preempted_b", 0)}
 
 
 def start_gateway(infergate, d, port, model, a):
@@ -179,13 +215,16 @@ tenants:
     keys: ["%s"]
   - name: b
     keys: ["%s"]
+  - name: admin
+    keys: ["%s"]
+    admin: true
 limits:
   max_concurrent_streams: 1024
 logging:
   access_log: "off"
 runtime_dir: "%s"
 """ % (port, model, a.threads, a.max_seqs, 2 * a.streams, key_hash(infergate, KEY_A), key_hash(infergate, KEY_B),
-       os.path.join(d, "run")))
+       key_hash(infergate, KEY_ADMIN), os.path.join(d, "run")))
     log = open(os.path.join(d, "gateway.log"), "wb")
     g = subprocess.Popen([infergate, "serve", "--config", cfg], stdout=log, stderr=subprocess.STDOUT)
     for _ in range(900):
@@ -216,6 +255,12 @@ def report(label, res, a):
                  r["a_tps"], r["b_tps"], r["a_tps"] + r["b_tps"], r["a_tps"] + r["b_tps"] + r["p_tps"],
                  pct(itl, 50) * 1e3 if itl else float("nan"), pct(itl, 99) * 1e3 if itl else float("nan"),
                  r["cpu_gw"], r["cpu_worker"], r["cpu_client"]))
+    print("the worker's own counts (/metrics), per second of phase: tokens charged to tenants (prompt and generated, "
+          "no recomputes), prompt tokens computed (recomputes included), fair-share preemptions; tokens charged per "
+          "worker CPU-second")
+    for name, r in res.items():
+        print("  %-10s %9.0f %9.0f %7.1f %9.0f" % (name, r["w_tokens"], r["w_prompt"], r["w_preempt"],
+                                                 r["w_tokens"] / r["cpu_worker"] if r["cpu_worker"] else 0))
     if "b-alone" in res and "a+b" in res:
         alone, both = res["b-alone"]["ttft"], res["a+b"]["ttft"]
         print("B's TTFT p99 with A / alone: %.2fx (target <= 2), p50 %.2fx"
