@@ -771,13 +771,17 @@ static void charge(sreq *r, int from, int to)
 }
 
 /* The request to admit next from q: the first of the tenant with the least
- * virtual time; *prev is the one before it (NULL: the head). */
+ * virtual time, of the one with the least recent work per weight among
+ * those level (a tenant coming back starts level with the least: without
+ * it, it waited a step behind the other's queue); *prev is the one before
+ * it (NULL: the head). */
 static sreq *fair_pick(queue *q, sreq **prev)
 {
     sreq *best = q->head, *p = NULL;
     *prev = NULL;
     for (sreq *r = q->head; r; p = r, r = r->next)
-        if (r->tn->vt < best->tn->vt) {
+        if (rt_sched_fair_before(r->tn->vt, r->tn->recent / r->tn->weight, best->tn->vt,
+                                 best->tn->recent / best->tn->weight)) {
             best = r;
             *prev = p;
         }

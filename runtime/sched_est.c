@@ -37,6 +37,11 @@ int rt_sched_catchup_budget(int max_batch_tokens, int n_dec)
     return n_dec + normal < room ? n_dec + normal : room;
 }
 
+bool rt_sched_fair_before(double vt_a, double recent_a, double vt_b, double recent_b)
+{
+    return vt_a < vt_b || (vt_a == vt_b && recent_a < recent_b);
+}
+
 int rt_sched_owed(double recent, double w, double sum_recent, double sum_w)
 {
     double owed = sum_recent * w / sum_w - recent;
@@ -168,7 +173,8 @@ typedef struct replay {
 } replay;
 
 /* The next request a free slot takes (an index in q, nq for the new one):
- * the first queued of the tenant with the least virtual time (the new
+ * the first queued of the tenant with the least virtual time (and recent
+ * work per weight, rt_sched_fair_before) (the new
  * request last of its tenant's), or with one tenant the first queued; -1
  * when none is left. */
 static int next_in(replay *r)
@@ -181,7 +187,8 @@ static int next_in(replay *r)
     for (int i = r->qi + 1; i <= r->nq; i++) {
         bool there = i < r->nq ? r->q[i].prefill_left >= 0 : !r->admitted;
         int t = i < r->nq ? r->q_tn[i] : r->fresh_tn, b = best < r->nq ? r->q_tn[best] : r->fresh_tn;
-        if (there && r->tn[t].vt < r->tn[b].vt)
+        if (there && rt_sched_fair_before(r->tn[t].vt, r->tn[t].recent / r->tn[t].weight, r->tn[b].vt,
+                                          r->tn[b].recent / r->tn[b].weight))
             best = i;
     }
     return best;

@@ -77,6 +77,13 @@ int rt_sched_catchup_budget(int max_batch_tokens, int n_dec);
  * share, and so always for a tenant alone. */
 int rt_sched_owed(double recent, double w, double sum_recent, double sum_w);
 
+/* Whether a tenant of virtual time vt_a and recent work per weight
+ * recent_a has its waiting request admitted before one of vt_b and
+ * recent_b: the least virtual time first, and among tenants level (one
+ * coming back starts level with the least present), the one served less
+ * lately. */
+bool rt_sched_fair_before(double vt_a, double recent_a, double vt_b, double recent_b);
+
 /* A request ahead in the replay: prompt tokens still to prefill and
  * tokens still to generate after the first (0 once decoding: then left
  * counts the tokens to go). */

@@ -759,16 +759,20 @@ static void test_fair_newcomer_gets_a_slot(void **state)
     rt_sched_free(s);
 }
 
-/* Catch-up: tenant a's seven requests have decoded for 60 steps when a
- * request with a 100-token prompt comes. The steps (the gate's tokens) until
- * its first token: with seven decoding, a step's prompt budget is 16 tokens
- * (7 steps); a newcomer of tenant b, owed work, takes 23 more a step (3). */
-static int steps_to_first_token(const char *tenant)
+/* Catch-up: tenant a's seven requests (of n_a, on eight slots) have decoded
+ * for 60 steps when a request with a 100-token prompt comes. The steps (the
+ * gate's tokens) until its first token: with seven decoding, a step's prompt
+ * budget is 16 tokens (7 steps); a newcomer of tenant b, owed work, takes 23
+ * more a step (3). With every slot taken and a's requests waiting, b comes
+ * level with a (no credit for its absence) and is admitted first all the
+ * same (served less lately), taking the slot of a's youngest: 3 steps still,
+ * where it waited one more behind a's waiting request. */
+static int steps_to_first_token(const char *tenant, int n_a)
 {
     rt_sched *s = sched_new(8, 8, 0);
     assert_int_equal(submit_for(s, GATE, 4, 200, RT_PRIO_INTERACTIVE, "a", 1), 0);
     assert_true(wait_seen(true, 0));
-    for (int k = 1; k <= 6; k++)
+    for (int k = 1; k < n_a; k++)
         assert_int_equal(submit_for(s, k, 4, 200, RT_PRIO_INTERACTIVE, "a", 1), 0);
     gate_again(60);
     assert_true(wait_seen(true, 0));
@@ -785,8 +789,9 @@ static int steps_to_first_token(const char *tenant)
 
 static void test_fair_catch_up(void **state)
 {
-    assert_int_equal(steps_to_first_token("a"), 7); /* one tenant: as before */
-    assert_int_equal(steps_to_first_token("b"), 3);
+    assert_int_equal(steps_to_first_token("a", 7), 7); /* one tenant: as before */
+    assert_int_equal(steps_to_first_token("b", 7), 3);
+    assert_int_equal(steps_to_first_token("b", 10), 3);
 }
 
 /* A tenant name past RT_SCHED_TENANT_MAX, or a weight out of range, is

@@ -306,7 +306,9 @@ static double reference_fair(const rt_step_fit *f, int max_seqs, int max_batch, 
             int best = -1;
             for (int i = 0; i <= nq; i++) {
                 int ti = i < nq ? q_tn[i] : tenant;
-                if (!taken[i] && (best < 0 || tn[ti].vt < tn[best < nq ? q_tn[best] : tenant].vt))
+                const rt_est_tenant *a = &tn[ti], *b = &tn[best < 0 ? 0 : best < nq ? q_tn[best] : tenant];
+                if (!taken[i] && (best < 0 || a->vt < b->vt || (a->vt == b->vt && a->recent / a->weight <
+                                                                                      b->recent / b->weight)))
                     best = i;
             }
             if (best < 0)
