@@ -40,6 +40,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,23 @@ def phase(port, streams, b_key, seconds, prompt_a, prompt_b, gen_a, gen_b, itl_s
             "w_preempt": wk.get("preempted_a", 0) + wk.get("preempted_b", 0)}
 
 
+def free_port(taken=set()):
+    """A TCP port below the ephemeral range (the clients' thousands of connections a second leave theirs in
+    TIME_WAIT there) that nothing holds now, and not one given before."""
+    for k in range(12000):
+        port = 20000 + (os.getpid() * 7 + k) % 12000
+        if port in taken:
+            continue
+        try:
+            with socket.socket() as so:
+                so.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        taken.add(port)
+        return port
+    raise RuntimeError("no free port")
+
+
 def start_gateway(infergate, d, port, model, a):
     """`infergate serve` in d with one worker and tenants a and b, on port."""
     os.makedirs(d)
@@ -308,8 +326,7 @@ def main():
         subprocess.run([a.infergate, "model", "gen", "--out", model, "--dim", "256", "--layers", "4", "--heads", "8",
                         "--kv-heads", "4", "--ffn", "768", "--vocab", "1024", "--ctx", "2048", "--type", "q8_0"],
                        check=True, capture_output=True)
-    port = 20000 + os.getpid() % 20000
-    builds = [("new", a.infergate, port)] + ([("old", a.old, port + 1)] if a.old else [])
+    builds = [("new", a.infergate, free_port())] + ([("old", a.old, free_port())] if a.old else [])
     words = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
              "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
     prompt = " ".join(words[i % len(words)] for i in range(a.prompt))
