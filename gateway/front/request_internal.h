@@ -98,7 +98,7 @@ struct gw_front_req {
     /* The try out now (placement.c): what serves it and what its energy is
      * known by, so that each try's share is counted once, under its own
      * region, however it ends (a cut stream, a replay, a client gone). */
-    struct {
+    struct gw_front_try {
         bool open, remote, said;
         int worker;
         char region[ROUTE_NAME_MAX];
