@@ -170,14 +170,25 @@ static double vt_run(const replay *r, int i)
     return r->tn[r->run_tn[i]].vt;
 }
 
-/* The prompt in line for a step's budget: the first of the tenant with the
- * least virtual time with one (fair_order in sched.c), or the first; -1
- * when none. */
+/* Whether slot i's prompt goes before slot j's (j < i), as sched.c's
+ * goes_before: the tenant with the least virtual time, then an aged
+ * prompt, then, of two not aged, the one with fewer tokens left. */
+static bool in_line_before(const replay *r, int i, int j)
+{
+    if (r->distinct > 1 && vt_run(r, i) != vt_run(r, j))
+        return vt_run(r, i) < vt_run(r, j);
+    const rt_est_seq *a = &r->run[i], *b = &r->run[j];
+    if (a->aged != b->aged)
+        return a->aged;
+    return !a->aged && a->prefill_left < b->prefill_left;
+}
+
+/* The prompt in line for a step's budget (in_line_before); -1 when none. */
 static int prompt_in_line(const replay *r)
 {
     int first = -1;
     for (int i = 0; i < r->n; i++)
-        if (r->run[i].prefill_left > 0 && (first < 0 || (r->distinct > 1 && vt_run(r, i) < vt_run(r, first))))
+        if (r->run[i].prefill_left > 0 && (first < 0 || in_line_before(r, i, first)))
             first = i;
     return first;
 }
