@@ -7,10 +7,17 @@
  *
  *   bench_attention [--seqs S] [--ctx C] [--layers L] [--heads H]
  *                   [--kv-heads K] [--head-dim D] [--block-tokens B]
- *                   [--threads T] [--reps N] [--huge 1|0]
+ *                   [--threads T] [--reps N] [--huge 1|0] [--chunk R [--tile T]]
  *
  * Blocks are handed out in a shuffled order, as a pool looks after requests
- * have come and gone. */
+ * have come and gone.
+ *
+ * With --chunk R, a step of chunked prefill beside the decodes instead:
+ * the S sequences decoding and one more computing R prompt rows at the end
+ * of its C positions (a chat turn whose prefix was cached), F16 cache,
+ * with the query rows an item takes together (kn_attn_params.tile) at 4
+ * (the old default) against --tile T (0: the default now), alternated:
+ * wall time and the calling thread's CPU time (all of it at --threads 1). */
 #include "bench/bench_util.h"
 #include "bench/membw.h"
 #include "kernels/kn.h"
@@ -86,6 +93,87 @@ static int step(kn_ctx *ctx, const cache *c, kn_attn_seq *seqs, const float *q, 
     return 0;
 }
 
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One step of S decodes and an R-row prompt chunk (sequence S), every
+ * layer in turn, at the given tile. */
+static int chunk_step(kn_ctx *ctx, const cache *c, kn_attn_seq *seqs, const float *q, float *out, int S,
+                      int C, int R, int per_seq, int L, int H, int KH, int D, int BT, int tile)
+{
+    const kn_attn_params p = {
+        .n_head = H, .n_kv_head = KH, .head_dim = D, .scale = 1.0f / sqrtf((float)D), .tile = tile};
+    for (int l = 0; l < L; l++) {
+        const size_t k_off = (size_t)l * 2 * BT * KH * c->row;
+        for (int s = 0; s <= S; s++)
+            seqs[s] = (kn_attn_seq){.q = q + (size_t)s * H * D,
+                                    .out = out + (size_t)s * H * D,
+                                    .n_q = s < S ? 1 : R,
+                                    .pos0 = s < S ? C - 1 : C - R,
+                                    .blocks = c->tables + (size_t)s * per_seq,
+                                    .k_off = k_off,
+                                    .v_off = k_off + (size_t)BT * KH * c->row,
+                                    .block_tokens = BT,
+                                    .kv_type = c->type};
+        if (kn_attention_ex(ctx, seqs, S + 1, &p))
+            return -1;
+    }
+    return 0;
+}
+
+/* --chunk R: tile 4 against --tile, alternated (see the top). */
+static int chunk_main(int argc, char **argv, int S, int C, int R, int L, int H, int KH, int D, int BT, int T,
+                      bool huge, int reps)
+{
+    const int tile = bench_arg_int(argc, argv, "--tile", 0), per_seq = (C + BT - 1) / BT;
+    const int n_blocks = (S + 1) * per_seq, tiles[2] = {4, tile};
+    int *order = malloc((size_t)n_blocks * sizeof(int));
+    float *q = malloc((size_t)(S + R) * H * D * sizeof(float)),
+          *out = malloc((size_t)(S + R) * H * D * sizeof(float));
+    kn_attn_seq *seqs = malloc((size_t)(S + 1) * sizeof(*seqs));
+    kn_ctx *ctx = kn_ctx_new(T, KN_BACKEND_AUTO);
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    cache c;
+    if (!order || !q || !out || !seqs || !ctx || R < 1 || R > C)
+        return 1;
+    for (int i = 0; i < n_blocks; i++)
+        order[i] = (int)((uint64_t)i * 7919 % (uint64_t)n_blocks); /* scattered over the pool */
+    if (cache_init(&c, KN_TYPE_F16, S + 1, per_seq, L, KH, D, BT, order, huge, &rng))
+        return 1;
+    for (size_t i = 0; i < (size_t)(S + R) * H * D; i++)
+        q[i] = bench_frand(&rng);
+    double wall[2][MAX_REPS], cpu[2][MAX_REPS];
+    for (int r = 0; r < reps; r++)
+        for (int k = 0; k < 2; k++) {
+            double t0 = bench_now(), c0 = thread_cpu();
+            if (chunk_step(ctx, &c, seqs, q, out, S, C, R, per_seq, L, H, KH, D, BT, tiles[k]))
+                return 1;
+            cpu[k][r] = thread_cpu() - c0;
+            wall[k][r] = bench_now() - t0;
+        }
+    printf("chunked prefill attention [%s, %d threads]: %d decodes and a %d-row chunk at %d positions, "
+           "%d layers, %d/%d heads of %d, f16; median of %d\n",
+           kn_ctx_ops(ctx)->name, T, S, R, C, L, H, KH, D, reps);
+    const double w0 = bench_median(wall[0], reps), c0 = bench_median(cpu[0], reps);
+    for (int k = 0; k < 2; k++) {
+        const double w = bench_median(wall[k], reps), cp = bench_median(cpu[k], reps);
+        printf("  tile %-2d%s: %.2f ms wall (x%.2f), %.2f ms this thread's CPU (x%.2f)\n", tiles[k],
+               k && !tile ? " (default)" : "", w * 1e3, w / w0, cp * 1e3, cp / c0);
+    }
+    munmap(c.pool, c.pool_bytes);
+    free(c.tables);
+    kn_ctx_free(ctx);
+    free(seqs);
+    free(out);
+    free(q);
+    free(order);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const int S = bench_arg_int(argc, argv, "--seqs", 16), C = bench_arg_int(argc, argv, "--ctx", 192);
@@ -101,6 +189,9 @@ int main(int argc, char **argv)
         return 2;
     }
     reps = reps > MAX_REPS ? MAX_REPS : reps;
+    const int chunk = bench_arg_int(argc, argv, "--chunk", 0);
+    if (chunk > 0)
+        return chunk_main(argc, argv, S, C, chunk, L, H, KH, D, BT, T, huge, reps);
     const int per_seq = (C + BT - 1) / BT, n_blocks = S * per_seq;
     int *order = malloc((size_t)n_blocks * sizeof(int));
     float *q = malloc((size_t)S * H * D * sizeof(float)), *out = malloc((size_t)S * H * D * sizeof(float));
