@@ -86,7 +86,8 @@ double rt_est_ttft(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_
  * the tenant with the least virtual time, a step's prompt tokens to the
  * prompts of the tenants with the least first (rt_est_ttft's order within
  * a tenant, and between tenants of equal virtual times), and each step
- * charges every tenant the tokens it computed for it, over its weight. run_tn[i] and q_tn[i] are the tenants (indices in
+ * charges every tenant the tokens it computed for it, over its weight.
+ * run_tn[i] and q_tn[i] are the tenants (indices in
  * tenants, n_tenants entries) of running[i] and queued[i]; the new request
  * is tenant `tenant`'s, after that tenant's queued ones. The arrays are
  * changed (scratch). With one tenant it is rt_est_ttft.
