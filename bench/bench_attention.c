@@ -7,7 +7,7 @@
  *
  *   bench_attention [--seqs S] [--ctx C] [--layers L] [--heads H]
  *                   [--kv-heads K] [--head-dim D] [--block-tokens B]
- *                   [--threads T] [--reps N] [--huge 1|0] [--chunk R [--tile T]]
+ *                   [--threads T] [--reps N] [--huge 1|0] [--chunk R [--tile T]] [--pairs N]
  *
  * Blocks are handed out in a shuffled order, as a pool looks after requests
  * have come and gone.
@@ -17,7 +17,9 @@
  * of its C positions (a chat turn whose prefix was cached), F16 cache,
  * with the query rows an item takes together (kn_attn_params.tile) at 4
  * (the old default) against --tile T (0: the default now), alternated:
- * wall time and the calling thread's CPU time (all of it at --threads 1). */
+ * wall time and the calling thread's CPU time (all of it at --threads 1).
+ * With --pairs N, the two-row KV kernels against the one-row ones (see
+ * pairs_main). */
 #include "bench/bench_util.h"
 #include "bench/membw.h"
 #include "kernels/kn.h"
@@ -125,6 +127,65 @@ static int chunk_step(kn_ctx *ctx, const cache *c, kn_attn_seq *seqs, const floa
     return 0;
 }
 
+/* --pairs N: the two-row kernels against the one-row ones twice, on one
+ * block of 16 K and V rows of --head-dim (in L1, as attention's tiles
+ * read them), N calls each, alternated, in this thread's CPU time. */
+static int pairs_main(int N, int D, int reps)
+{
+    kn_ctx *ctx = kn_ctx_new(1, KN_BACKEND_AUTO);
+    const kn_ops *o = ctx ? kn_ctx_ops(ctx) : NULL;
+    enum { BT = 16 };
+    uint16_t *kv = malloc((size_t)BT * D * sizeof(uint16_t));
+    float *q = malloc(2 * (size_t)D * sizeof(float)), *sc = malloc(2 * BT * sizeof(float));
+    float *acc = malloc(2 * (size_t)D * sizeof(float));
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    if (!o || !o->kv_scores2 || !kv || !q || !sc || !acc)
+        return 1;
+    for (int i = 0; i < BT * D; i++)
+        kv[i] = kn_fp32_to_fp16(bench_frand(&rng));
+    for (int i = 0; i < 2 * D; i++)
+        q[i] = acc[i] = bench_frand(&rng);
+    for (int i = 0; i < 2 * BT; i++)
+        sc[i] = bench_frand(&rng) * 0.1f;
+    double t[4][MAX_REPS];
+    for (int r = 0; r < reps; r++)
+        for (int k = 0; k < 4; k++) {
+            double c0 = thread_cpu();
+            for (int n = 0; n < N; n++)
+                switch (k) {
+                case 0:
+                    o->kv_scores(q, kv, D, BT, D, 0.125f, sc);
+                    o->kv_scores(q + D, kv, D, BT, D, 0.125f, sc + BT);
+                    break;
+                case 1:
+                    o->kv_scores2(q, q + D, kv, D, BT, D, 0.125f, sc, sc + BT);
+                    break;
+                case 2:
+                    o->kv_accum(acc, sc, kv, D, BT, D);
+                    o->kv_accum(acc + D, sc + BT, kv, D, BT, D);
+                    break;
+                default:
+                    o->kv_accum2(acc, acc + D, sc, sc + BT, kv, D, BT, D);
+                }
+            t[k][r] = thread_cpu() - c0;
+        }
+    printf("two-row KV kernels [%s]: %d x (2 query rows over a block of %d rows of %d halves), median of %d\n",
+           o->name, N, BT, D, reps);
+    const char *names[4] = {"kv_scores x 2", "kv_scores2", "kv_accum x 2", "kv_accum2"};
+    for (int k = 0; k < 4; k++) {
+        const double m = bench_median(t[k], reps);
+        printf("  %-14s %.1f ns a call\n", names[k], m / N * 1e9);
+        if (k % 2)
+            printf("  %-14s x%.2f\n", "new / old", m / bench_median(t[k - 1], reps));
+    }
+    free(acc);
+    free(sc);
+    free(q);
+    free(kv);
+    kn_ctx_free(ctx);
+    return 0;
+}
+
 /* --chunk R: tile 4 against --tile, alternated (see the top). */
 static int chunk_main(int argc, char **argv, int S, int C, int R, int L, int H, int KH, int D, int BT, int T,
                       bool huge, int reps)
@@ -189,7 +250,9 @@ int main(int argc, char **argv)
         return 2;
     }
     reps = reps > MAX_REPS ? MAX_REPS : reps;
-    const int chunk = bench_arg_int(argc, argv, "--chunk", 0);
+    const int chunk = bench_arg_int(argc, argv, "--chunk", 0), pairs = bench_arg_int(argc, argv, "--pairs", 0);
+    if (pairs > 0)
+        return pairs_main(pairs, D, reps);
     if (chunk > 0)
         return chunk_main(argc, argv, S, C, chunk, L, H, KH, D, BT, T, huge, reps);
     const int per_seq = (C + BT - 1) / BT, n_blocks = S * per_seq;
