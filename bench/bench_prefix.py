@@ -13,9 +13,10 @@ worker computed (its /internal/stats, before and after); per run: total
 time, tokens generated per second, hit rate, cached_tokens the responses
 reported, and the time between tokens (ITL: the gaps between a stream's
 content chunks after its first, p50 and p99 over every stream's gaps).
-With --baseline OTHER_BINARY (an older build) the same workload runs on it
-too, in the same invocation (new on, old on, new off, old off), and both
-builds' tables are printed.
+With --baseline OTHER_BINARY (an older build; may be given more than once)
+the same workload runs on it too, in the same invocation (new on, old on,
+new off, old off), and every build's tables are printed; with --on-only,
+the cache-on runs alone, one line per build.
 
 Text is made of words from a fixed list; the tokens a word takes are
 measured first (one request), so S and U are met to a few percent.
@@ -28,7 +29,7 @@ read by threads: Debian's python3 has no HTTP/2 client.
 
   /usr/bin/python3 bench/bench_prefix.py --infergate build/infergate \
       [--model FILE] [--conversations 16] [--turns 8] [--system 1000] [--user 100] [--gen 32] [--threads 2] \
-      [--baseline OTHER_INFERGATE]
+      [--baseline OTHER_INFERGATE]... [--on-only]
 """
 import argparse
 import json
@@ -175,7 +176,9 @@ def main():
     ap.add_argument("--user", type=int, default=100)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--baseline", default=None, help="another infergate binary run on the same workload")
+    ap.add_argument("--baseline", action="append", default=[],
+                    help="another infergate binary run on the same workload (repeatable)")
+    ap.add_argument("--on-only", action="store_true", help="the cache-on runs alone")
     a = ap.parse_args()
 
     model = a.model
@@ -187,9 +190,10 @@ def main():
                             "12", "--kv-heads", "12", "--ffn", "2048", "--vocab", "32000", "--ctx", "4096",
                             "--type", "q8_0"], check=True)
     d = tempfile.mkdtemp(prefix="infergate-bench-prefix-")
-    builds = [("", a.infergate)] + ([(" (baseline)", a.baseline)] if a.baseline else [])
-    runs = [(case + tag, binary, extra) for case, extra in (("on", []), ("off", ["--prefix-cache", "false"]))
-            for tag, binary in builds]
+    builds = [("", a.infergate)] + [(" (baseline%s)" % (" %d" % (i + 1) if len(a.baseline) > 1 else ""), b)
+                                    for i, b in enumerate(a.baseline)]
+    cases = (("on", []),) + (() if a.on_only else (("off", ["--prefix-cache", "false"]),))
+    runs = [(case + tag, binary, extra) for case, extra in cases for tag, binary in builds]
     results, convs = {}, None
     try:
         for name, binary, extra in runs:
@@ -220,14 +224,31 @@ def main():
     print("model %s, worker --threads %d --max-seqs 32 --kv-cache-mb 1024; %d conversations x %d turns at once, "
           "system prompt ~%d tokens, ~%d user tokens and %d answer tokens a turn (%.2f tokens a word)"
           % (model, a.threads, a.conversations, a.turns, a.system, a.user, a.gen, per_word))
-    for tag, binary in builds:
-        report(a, binary, results["on" + tag], results["off" + tag])
-    if a.baseline:
-        for case in ("on", "off"):
-            x, y = results[case]["answers"], results[case + " (baseline)"]["answers"]
-            print("\ncache %s: %d of %d answers identical with the baseline" % (case, sum(x[k] == y[k] for k in x),
-                                                                             len(x)))
+    if a.on_only:
+        report_on_only(a, builds, results)
+    else:
+        for tag, binary in builds:
+            report(a, binary, results["on" + tag], results["off" + tag])
+    for case, _ in cases:
+        for tag, binary in builds[1:]:
+            x, y = results[case]["answers"], results[case + tag]["answers"]
+            print("\ncache %s: %d of %d answers of %s identical with %s's"
+                  % (case, sum(x[k] == y[k] for k in x), len(x), binary, a.infergate))
     return 0
+
+
+def report_on_only(a, builds, results):
+    print("\n| build | " + " | ".join("turn %d TTFT p50 / p99 (ms)" % (t + 1) for t in range(a.turns))
+          + " | turns 2-%d p50 / p99 | total s | ITL p50 / p99 (ms) |" % a.turns)
+    print("|---" * (a.turns + 4) + "|")
+    for tag, binary in builds:
+        r = results["on" + tag]
+        late = [x for t in range(1, a.turns) for x in r["ttft"][t]]
+        print("| %s | " % binary
+              + " | ".join("%.0f / %.0f" % (pct(r["ttft"][t], 50) * 1e3, pct(r["ttft"][t], 99) * 1e3)
+                           for t in range(a.turns))
+              + " | %.0f / %.0f | %.1f | %.1f / %.1f |" % (pct(late, 50) * 1e3, pct(late, 99) * 1e3, r["wall"],
+                                                          pct(r["gaps"], 50) * 1e3, pct(r["gaps"], 99) * 1e3))
 
 
 def report(a, binary, on, off):
