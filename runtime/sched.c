@@ -177,6 +177,7 @@ struct rt_sched {
     /* the TTFT estimate (sched_est.h) */
     rt_step_fit fit;
     double fit_t0;   /* when the step being timed began; 0: none */
+    double idle_t;   /* when the fit was last relaxed for idleness (rt_step_fit_relax); 0: busy */
     int fit_tokens;  /* its tokens */
     double est_t;           /* when it was last computed */
     double prompt_ewma;     /* prompt tokens the requests admitted lately computed (not the prefix cache's) */
@@ -1811,6 +1812,19 @@ static void trace_first(const rt_sched *s, const sreq *r, double now)
             s->fit.token_ms);
 }
 
+/* With nothing running or waiting, the step figures relax toward their
+ * floors (sched_est.h: an idle worker must not keep a flood's estimate). */
+static void relax_idle(rt_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    bool idle = s->n_running == 0 && !s->n_waiting[0] && !s->n_waiting[1]; /* inbox included */
+    pthread_mutex_unlock(&s->mu);
+    double now = gw_mono_s();
+    if (idle && s->idle_t > 0)
+        rt_step_fit_relax(&s->fit, now - s->idle_t);
+    s->idle_t = idle ? now : 0;
+}
+
 static void publish_stats(rt_sched *s)
 {
     double now = gw_mono_s();
@@ -1846,6 +1860,7 @@ static void *run(void *arg)
             continue;
         }
         fit_close(s, gw_mono_s());
+        relax_idle(s);
         publish_stats(s);
         pthread_mutex_lock(&s->mu);
         if (!s->stopping && !s->inbox.n && !s->n_cancels && !s->n_holds) {

@@ -3,12 +3,16 @@
 #include "runtime/sched_est.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 
 #define PREFILL_MIN 16 /* prompt tokens per step at least, while others decode */
 /* Weight of a step seen n steps ago: 0.995^n, a memory of about 200
  * steps (a fraction of a second busy, the last load when idle). */
 #define FIT_DECAY 0.995
+/* How fast a class's floor follows its mean up: a machine that really
+ * became slower is believed after a thousand or so of that class's steps. */
+#define FLOOR_RISE 0.002
 
 /* Prompt tokens a step may carry besides its decodes. While sequences are
  * decoding, prefill is spread over the steps — a little more than one
@@ -58,7 +62,27 @@ static void class_add(rt_step_fit *f, int tokens, double ms)
     c->wms += ms;
     c->n = c->wn / c->w;
     c->ms = c->wms / c->w;
+    if (!c->steps || c->ms < c->floor_ms)
+        c->floor_ms = c->ms;
+    else
+        c->floor_ms += (c->ms - c->floor_ms) * FLOOR_RISE;
     c->steps++;
+}
+
+void rt_step_fit_relax(rt_step_fit *f, double idle_s)
+{
+    if (!(idle_s > 0))
+        return;
+    const double k = exp2(-idle_s / RT_STEP_RELAX_HALF_S);
+    for (int i = 0; i < RT_STEP_CLASSES; i++) {
+        rt_step_class *c = &f->cls[i];
+        if (!c->steps)
+            continue;
+        c->ms = c->floor_ms + (c->ms - c->floor_ms) * k;
+        c->w *= k;
+        c->wn = c->n * c->w;
+        c->wms = c->ms * c->w;
+    }
 }
 
 double rt_step_fit_ms(const rt_step_fit *f, int tokens)

@@ -31,6 +31,7 @@
 typedef struct rt_step_class {
     double w, wn, wms; /* its steps' weights (as the line's), and weighted tokens and milliseconds */
     double n, ms;      /* their weighted means */
+    double floor_ms;   /* the lowest ms has been, rising slowly with it (rt_step_fit_relax) */
     long steps;        /* seen; 0: no figure */
 } rt_step_class;
 
@@ -44,6 +45,16 @@ typedef struct rt_step_fit {
 void rt_step_fit_add(rt_step_fit *f, int tokens, double ms);
 /* The expected duration of a step of `tokens` tokens; 0 before any step. */
 double rt_step_fit_ms(const rt_step_fit *f, int tokens);
+/* A worker idle for idle_s more seconds: each class's mean moves toward its
+ * floor (half the way every RT_STEP_RELAX_HALF_S) and its weight falls as
+ * much, so that the next steps of that size soon replace it. Without it a
+ * stretch of slow steps (a flood, a busy machine) stood in an idle
+ * worker's estimate until a request came, and routing, going by that
+ * estimate, sent none: the worker was shunned for good. Optimism is the
+ * cheaper error: a worker that really is slower now costs one request's
+ * TTFT, and that request's steps correct the figure. */
+#define RT_STEP_RELAX_HALF_S 2.0
+void rt_step_fit_relax(rt_step_fit *f, double idle_s);
 
 /* Prompt tokens a step may carry besides n_dec decodes (the scheduler's
  * policy, here so that the replay follows the same one). */

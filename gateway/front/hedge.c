@@ -197,6 +197,7 @@ static void drop_copy(struct gw_front_hedge *h, int report)
     target held;
     save(p, &held);
     load(p, &h->copy);
+    gw_placement_try_aside(p); /* what it ran counts, though it did not answer */
     if (p->up) {
         gw_upstream_cancel(p->up);
         if (report == GIVE_BACK) {

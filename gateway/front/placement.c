@@ -600,11 +600,9 @@ void gw_placement_power_said(gw_front_req *p, const gw_http_header *hs, size_t n
     }
 }
 
-void gw_placement_try_begin(gw_front_req *p)
+/* p's try, as its target and t_sent say, is the open one. */
+static void try_open(gw_front_req *p)
 {
-    gw_placement_try_end(p);
-    if (p->forwarded) /* its origin counts it */
-        return;
     p->etry.open = true;
     p->etry.remote = p->remote != NULL;
     p->etry.said = false;
@@ -612,6 +610,23 @@ void gw_placement_try_begin(gw_front_req *p)
     snprintf(p->etry.region, sizeof(p->etry.region), "%s", p->region);
     p->etry.t0 = p->t_sent > 0 ? p->t_sent : gw_mono_s(); /* a hedge's copy: since it was sent */
     p->etry.watts = p->etry.carbon = 0;
+}
+
+void gw_placement_try_begin(gw_front_req *p)
+{
+    gw_placement_try_end(p);
+    if (!p->forwarded) /* else its origin counts it */
+        try_open(p);
+}
+
+void gw_placement_try_aside(gw_front_req *p)
+{
+    if (p->forwarded)
+        return;
+    struct gw_front_try own = p->etry;
+    try_open(p);
+    gw_placement_try_end(p);
+    p->etry = own;
 }
 
 void gw_placement_try_end(gw_front_req *p)
@@ -626,9 +641,14 @@ void gw_placement_try_end(gw_front_req *p)
     } else if (p->etry.said) {
         wh = p->etry.wh;
         gco2e = p->etry.gco2e;
-    } else if (dur > 0) { /* cut short: the rate it said, for as long as it served */
-        wh = p->etry.watts * dur / 3600.0;
+    } else if (p->etry.watts > 0) { /* cut short: the rate it said, for as long as it served */
+        wh = dur > 0 ? p->etry.watts * dur / 3600.0 : 0;
         gco2e = wh * p->etry.carbon / 1000.0;
+    } else if (g->placement && dur > 0) {
+        char region[2 * ROUTE_NAME_MAX + 1], labels[2 * ROUTE_NAME_MAX + 16];
+        gw_metrics_escape(p->etry.region[0] ? p->etry.region : "-", region, sizeof(region));
+        snprintf(labels, sizeof(labels), "region=\"%s\"", region);
+        gw_metrics_add(g->metrics, "infergate_energy_unknown_tries_total", labels, 1);
     }
     if (!g->placement || !(wh > 0))
         return;

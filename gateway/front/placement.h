@@ -69,6 +69,14 @@ void gw_placement_note_busy(gw_front_req *p);
  * try ends now and is counted (nothing when none is open). */
 void gw_placement_try_begin(gw_front_req *p);
 void gw_placement_try_end(gw_front_req *p);
+/* A try beside p's own ends now (a hedge's copy that lost, failed or was
+ * let go: hedge.c loads its target into p first) and is counted as
+ * gw_placement_try_end counts one, from p->t_sent; p's own try stays open.
+ * A region's try that said no rate (a hedge's copy answers only whole, so
+ * a losing one never does; a region of an older version, or with no power
+ * configured) cannot be counted: infergate_energy_unknown_tries_total
+ * counts those, by region. */
+void gw_placement_try_aside(gw_front_req *p);
 /* At the request's end: its open try ends (gw_placement_try_end). */
 void gw_placement_energy(gw_front_req *p);
 /* A forwarded request served here, at its end: its energy as the

@@ -219,6 +219,7 @@ bool gw_front_replay(gw_front_req *p)
         gw_usage_scan_init(&p->usage);
         char from[ROUTE_NAME_MAX + 16], to[ROUTE_NAME_MAX + 16];
         gw_front_target_said(p, from, sizeof(from));
+        gw_front_spend_share(p, p->n_rtoks); /* what it served, at its prices, before the target moves */
         if (gw_front_retry(p, false)) { /* the region was told it failed */
             fprintf(stderr, "infergate: event=replay request=%s from=\"%s\" to=\"%s\" tokens=%d\n", p->id,
                     from, gw_front_target_said(p, to, sizeof(to)), p->n_rtoks);

@@ -85,7 +85,9 @@ struct gw_front_req {
     double max_cost;            /* x-infergate-max-cost; 0: none */
     int cost_skipped;           /* candidates passed over: their worst case was over max_cost */
     double min_worst;           /* the least worst case of those */
-    double cost;                /* what it cost, once counted */
+    double cost;                /* what it cost, once counted (the sum of its tries' shares) */
+    bool spend_prompt_done;     /* its prompt was counted, under the try that served it (a replay's) */
+    int spend_tokens_done;      /* completion tokens counted so far, under the tries that served them */
     /* The policy that routed it and who chose it ("header", "tenant",
      * "fleet"): placement.c; NULL when it was not routed. */
     const char *intent_policy, *intent_source;
@@ -96,7 +98,7 @@ struct gw_front_req {
     /* The try out now (placement.c): what serves it and what its energy is
      * known by, so that each try's share is counted once, under its own
      * region, however it ends (a cut stream, a replay, a client gone). */
-    struct {
+    struct gw_front_try {
         bool open, remote, said;
         int worker;
         char region[ROUTE_NAME_MAX];
@@ -219,6 +221,12 @@ void gw_front_budget_cancel(gw_front_req *p);
  * when not counted), at the price it was sent at; its energy and gCO2e
  * went in per try (gw_front_spend_energy). */
 void gw_front_spend_count(gw_front_req *p, int tokens);
+/* A streamed try that ends in a token replay (replay.c), before the
+ * request moves on: what it served is counted under its own region at its
+ * prices (the prompt, unless an earlier try's, and the completion tokens
+ * delivered since the last share), so that each region's spend is its
+ * own; gw_front_spend_count then counts the rest under the last. */
+void gw_front_spend_share(gw_front_req *p, int delivered);
 /* One try's energy and gCO2e, counted under the region that served it
  * (region: as p->region was for that try), into the fleet's rows: a
  * stream replayed elsewhere counts each region's share there. The tokens,

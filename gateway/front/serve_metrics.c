@@ -94,6 +94,11 @@ int gw_serve_metrics_init(gw_metrics *m)
                               "worker's power draw shared among its running sequences, as the serving "
                               "region measured it), by tenant and serving region.",
                               NULL, 0);
+    rc |= gw_metrics_describe(m, "infergate_energy_unknown_tries_total", GW_COUNTER,
+                              "Tries served by a region whose answer said no power rate (an older "
+                              "version, no power configured, a hedge's losing copy): their energy is "
+                              "not in infergate_energy_wh_total. By serving region.",
+                              NULL, 0);
     rc |= gw_metrics_describe(m, "infergate_gco2e_total", GW_COUNTER,
                               "Emissions estimated for them (gCO2e: energy x the serving region's grid "
                               "carbon intensity), by tenant and serving region.",

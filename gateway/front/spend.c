@@ -286,24 +286,20 @@ static void count_metrics(gw_front_req *p, const char *tenant, const double *v)
     gw_metrics_add(mx, "infergate_tokens_total", labels, v[ROUTE_SPEND_COMPLETION]);
 }
 
-/* A request that reached a worker or region and was answered (or hung up
- * on, or stalled, once sent): its prompt as the worker counted it (else
- * the estimate the tenant was charged), and the completion tokens seen. */
-void gw_front_spend_count(gw_front_req *p, int tokens)
+/* One try's share of a request (prompt and completion tokens, and the
+ * request itself when `requests`), at p's present prices and under its
+ * present region. */
+static void count_share(gw_front_req *p, double prompt, double completion, int requests)
 {
     gw_spend *sp = p->g->spend;
-    if (!sp || p->forwarded || p->tries == 0 || !(p->status == 200 || p->status == 499 || p->stalled))
-        return;
-    double prompt = p->prompt_tokens >= 0 ? p->prompt_tokens : (double)(p->req->body_len / 4);
-    double completion = tokens > 0 ? tokens : 0;
     double v[ROUTE_SPEND_N] = {
         [ROUTE_SPEND_COST] = gw_spend_cost(p->price_in, p->price_out, prompt, completion),
         [ROUTE_SPEND_PROMPT] = prompt,
         [ROUTE_SPEND_COMPLETION] = completion,
-        [ROUTE_SPEND_REQUESTS] = 1, /* its energy went in per try (gw_front_spend_energy) */
+        [ROUTE_SPEND_REQUESTS] = requests, /* its energy went in per try (gw_front_spend_energy) */
     };
     const char *tenant = p->tenant[0] ? p->tenant : "-";
-    p->cost = v[ROUTE_SPEND_COST];
+    p->cost += v[ROUTE_SPEND_COST];
     p->spend_counted = true;
     count_metrics(p, tenant, v);
     char day[DAY_LEN];
@@ -315,6 +311,36 @@ void gw_front_spend_count(gw_front_req *p, int tokens)
     }
     if (p->g->sync) /* without Redis the account is all there is */
         row_add(sp, day, tenant, p->model, p->region, v);
+}
+
+/* The prompt as the worker counted it (else the estimate the tenant was
+ * charged), unless an earlier try's share counted it. */
+static double prompt_left(gw_front_req *p)
+{
+    if (p->spend_prompt_done)
+        return 0;
+    p->spend_prompt_done = true;
+    return p->prompt_tokens >= 0 ? p->prompt_tokens : (double)(p->req->body_len / 4);
+}
+
+void gw_front_spend_share(gw_front_req *p, int delivered)
+{
+    if (!p->g->spend || p->forwarded || p->tries == 0 || delivered < p->spend_tokens_done)
+        return;
+    double prompt = prompt_left(p), completion = delivered - p->spend_tokens_done;
+    p->spend_tokens_done = delivered;
+    count_share(p, prompt, completion, 0);
+}
+
+/* A request that reached a worker or region and was answered (or hung up
+ * on, or stalled, once sent): its prompt and the completion tokens seen,
+ * less what a replayed try's share counted (gw_front_spend_share). */
+void gw_front_spend_count(gw_front_req *p, int tokens)
+{
+    if (!p->g->spend || p->forwarded || p->tries == 0 || !(p->status == 200 || p->status == 499 || p->stalled))
+        return;
+    double completion = tokens > p->spend_tokens_done ? tokens - p->spend_tokens_done : 0;
+    count_share(p, prompt_left(p), completion, 1);
 }
 
 void gw_front_spend_energy(gw_front_req *p, const char *region, double wh, double gco2e)

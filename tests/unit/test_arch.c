@@ -15,6 +15,7 @@
 #include "runtime/gguf.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
+#include "model_checks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -90,13 +91,7 @@ static int teardown(void **state)
 
 static rt_model *load(const char *path, bool reference, int threads)
 {
-    rt_model_opts o = {.n_threads = threads, .reference = reference};
-    rt_model *m = NULL;
-    char err[256];
-    int rc = rt_model_load(path, &o, &m, err, sizeof(err));
-    if (rc)
-        fail_msg("load %s: %s", path, err);
-    return m;
+    return mc_load(path, NULL, reference, threads);
 }
 
 static rt_model *load_arch(const char *arch, uint32_t type, bool reference, int threads)
@@ -104,15 +99,6 @@ static rt_model *load_arch(const char *arch, uint32_t type, bool reference, int 
     char path[128];
     path_of(path, sizeof(path), arch, type);
     return load(path, reference, threads);
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
 }
 
 /* Logits after the prompt, prefilled in chunks of `chunk`; *choices (when
@@ -180,7 +166,7 @@ static void test_fast_matches_reference(void **state)
             if (types[t] == KN_TYPE_F32 || maxdiff > 1e-4f * maxabs) {
                 assert_true(types[t] != KN_TYPE_F32 || maxdiff <= 1e-4f * maxabs);
                 assert_true(cos >= 0.999);
-                assert_int_equal(argmax(x, V), argmax(y, V));
+                assert_int_equal(mc_argmax(x, V), mc_argmax(y, V));
             }
             if (k)
                 assert_memory_equal(ca, cb, (size_t)N_PROMPT * k * sizeof(int32_t));
@@ -222,57 +208,10 @@ static void test_chunked_prefill_matches(void **state)
 static void test_batch_matches_alone(void **state)
 {
     (void)state;
-    enum { N_SEQ = 8, N_GEN = 10 };
     for (int a = 0; a < N_ARCHS; a++) {
         rt_model *m = load_arch(archs[a], KN_TYPE_Q8_0, false, 2);
-        int V = rt_model_hparams(m)->n_vocab;
-        char err[128];
-        rt_kv *kv = rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 8, KN_TYPE_F16, err, sizeof(err));
-        assert_non_null(kv);
-        int32_t prompts[N_SEQ][N_PROMPT];
-        int lens[N_SEQ];
-        for (int s = 0; s < N_SEQ; s++) {
-            lens[s] = 3 + s;
-            for (int i = 0; i < lens[s]; i++)
-                prompts[s][i] = prompt[(i + s) % N_PROMPT];
-        }
-        int32_t alone[N_SEQ][N_GEN], together[N_SEQ][N_GEN];
-        float *logits = malloc((size_t)N_SEQ * V * sizeof(float));
-        for (int s = 0; s < N_SEQ; s++) {
-            rt_seq *seq = rt_seq_new(kv, 64);
-            rt_batch_entry e = {.seq = seq, .tokens = prompts[s], .n_tokens = lens[s], .logits = logits};
-            assert_int_equal(rt_model_forward(m, &e, 1), 0);
-            for (int i = 0; i < N_GEN; i++) {
-                alone[s][i] = argmax(logits, V);
-                e = (rt_batch_entry){.seq = seq, .tokens = &alone[s][i], .n_tokens = 1, .logits = logits};
-                assert_int_equal(rt_model_forward(m, &e, 1), 0);
-            }
-            rt_seq_free(seq);
-        }
-        rt_seq *seqs[N_SEQ];
-        rt_batch_entry e[N_SEQ];
-        for (int s = 0; s < N_SEQ; s++) {
-            seqs[s] = rt_seq_new(kv, 64);
-            e[s] = (rt_batch_entry){
-                .seq = seqs[s], .tokens = prompts[s], .n_tokens = lens[s], .logits = logits + (size_t)s * V};
-        }
-        assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
-        for (int i = 0; i < N_GEN; i++) {
-            for (int s = 0; s < N_SEQ; s++) {
-                together[s][i] = argmax(logits + (size_t)s * V, V);
-                e[s] = (rt_batch_entry){
-                    .seq = seqs[s], .tokens = &together[s][i], .n_tokens = 1, .logits = logits + (size_t)s * V};
-            }
-            assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
-        }
-        if (memcmp(alone, together, sizeof(alone)))
-            fail_msg("%s: batched tokens differ from alone", archs[a]);
-        for (int s = 0; s < N_SEQ; s++)
-            rt_seq_free(seqs[s]);
-        assert_int_equal(rt_kv_blocks_free(kv), rt_kv_blocks_total(kv));
+        mc_batch_matches_alone(m, prompt, N_PROMPT, 8, 10, archs[a]);
         printf("# %-10s 8 sequences batched = each alone\n", archs[a]);
-        free(logits);
-        rt_kv_free(kv);
         rt_model_free(m);
     }
 }
@@ -307,7 +246,7 @@ static void test_gpt_oss_mxfp4_greedy(void **state)
         rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
         assert_int_equal(rt_model_forward(m, &e, 1), 0);
         for (int i = 0; i < N_GEN; i++) {
-            toks[k][i] = argmax(logits, V);
+            toks[k][i] = mc_argmax(logits, V);
             e = (rt_batch_entry){.seq = s, .tokens = &toks[k][i], .n_tokens = 1, .logits = logits};
             assert_int_equal(rt_model_forward(m, &e, 1), 0);
         }

@@ -31,6 +31,7 @@
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
 #include "runtime/quantize.h"
+#include "model_checks.h"
 #ifdef INFERGATE_HAVE_CUDA
 #include "kernels/cuda/kn_cuda.h"
 #endif
@@ -1270,13 +1271,7 @@ static void test_attention(void **state)
 
 static rt_model *load(const char *path, const char *device, bool reference)
 {
-    rt_model_opts o = {.n_threads = 2, .reference = reference, .device = device};
-    rt_model *m = NULL;
-    char err[512];
-    int rc = rt_model_load(path, &o, &m, err, sizeof(err));
-    if (rc)
-        fail_msg("load %s on %s: %s", path, device, err);
-    return m;
+    return mc_load(path, device, reference, 2);
 }
 
 static float *prompt_logits(rt_model *m, int chunk)
@@ -1300,26 +1295,6 @@ static float *prompt_logits(rt_model *m, int chunk)
     return logits;
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-static double cosine(const float *a, const float *b, int n)
-{
-    double ab = 0, aa = 0, bb = 0;
-    for (int i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
-}
-
 /* |a| / |b|: the overall scale a cosine ignores (a skipped logit multiplier
  * or soft-cap). */
 static double norm_ratio(const float *a, const float *b, int n)
@@ -1330,31 +1305,6 @@ static double norm_ratio(const float *a, const float *b, int n)
         bb += (double)b[i] * b[i];
     }
     return sqrt(aa / bb);
-}
-
-/* Greedy continuation; all_logits (n x vocab) when not NULL. */
-static void greedy(rt_model *m, int32_t *out, int n, float *all_logits)
-{
-    const rt_hparams *hp = rt_model_hparams(m);
-    char err[512];
-    rt_kv *kv =
-        rt_kv_new(m, 128 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
-    if (!kv)
-        fail_msg("rt_kv_new: %s", err);
-    rt_seq *s = rt_seq_new(kv, 128);
-    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
-    assert_int_equal(rt_model_forward(m, &e, 1), 0);
-    for (int i = 0; i < n; i++) {
-        if (all_logits)
-            memcpy(all_logits + (size_t)i * hp->n_vocab, logits, (size_t)hp->n_vocab * sizeof(float));
-        out[i] = argmax(logits, hp->n_vocab);
-        e = (rt_batch_entry){.seq = s, .tokens = &out[i], .n_tokens = 1, .logits = logits};
-        assert_int_equal(rt_model_forward(m, &e, 1), 0);
-    }
-    free(logits);
-    rt_seq_free(s);
-    rt_kv_free(kv);
 }
 
 /* The logits of a prompt on the GPU (cuda_path) against the CPU's
@@ -1370,7 +1320,7 @@ static void check_gpu_vs_cpu(const char *cpu_path, const char *cuda_path, const 
     const int chunks[] = {N_PROMPT, 1, 5};
     for (int k = 0; k < 3; k++) {
         float *l = prompt_logits(gpu, chunks[k]);
-        double c = cosine(base, l, n);
+        double c = mc_cosine(base, l, n);
         printf("# %s on the GPU, chunks of %d: cosine to the CPU reference %.7f\n", what, chunks[k], c);
         assert_true(c >= min_cos);
         free(l);
@@ -1410,11 +1360,11 @@ static void test_model_q8_greedy(void **state)
     const int n = rt_model_hparams(cpu)->n_vocab;
     int32_t a[STEPS], b[STEPS];
     float *la = malloc((size_t)STEPS * n * sizeof(float)), *lb = malloc((size_t)STEPS * n * sizeof(float));
-    greedy(cpu, a, STEPS, la);
-    greedy(gpu, b, STEPS, lb);
+    mc_greedy(cpu, prompt, N_PROMPT, a, STEPS, la);
+    mc_greedy(gpu, prompt, N_PROMPT, b, STEPS, lb);
     double worst = 1.0;
     for (int i = 0; i < STEPS; i++) {
-        double c = cosine(la + (size_t)i * n, lb + (size_t)i * n, n);
+        double c = mc_cosine(la + (size_t)i * n, lb + (size_t)i * n, n);
         worst = c < worst ? c : worst;
     }
     printf("# q8_0 GPU vs CPU: worst cosine of logits over %d greedy steps %.7f\n", STEPS, worst);
@@ -1428,7 +1378,7 @@ static void test_model_q8_greedy(void **state)
     cpu = load(path_q4, "cpu", false);
     gpu = load(path_q4, "cuda", false);
     float *l1 = prompt_logits(cpu, N_PROMPT), *l2 = prompt_logits(gpu, N_PROMPT);
-    double c = cosine(l1, l2, n);
+    double c = mc_cosine(l1, l2, n);
     printf("# q4_0 GPU vs CPU: cosine %.7f\n", c);
     assert_true(c >= 0.999);
     free(l1);
@@ -1441,67 +1391,21 @@ static void test_model_q8_greedy(void **state)
  * greedy tokens as each alone; with graphs off, bit-identical logits. */
 static void test_model_batch_and_graphs(void **state)
 {
-    enum { N_SEQ = 8, N_GEN = 12 };
+    (void)state;
     rt_model *m = load(path_q8, "cuda", false);
     const int V = rt_model_hparams(m)->n_vocab;
-    char err[512];
-    rt_kv *kv =
-        rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 8, KN_TYPE_F16, err, sizeof(err));
-    if (!kv)
-        fail_msg("rt_kv_new: %s", err);
-    int32_t prompts[N_SEQ][N_PROMPT];
-    int lens[N_SEQ];
-    for (int s = 0; s < N_SEQ; s++) {
-        lens[s] = 3 + s;
-        for (int i = 0; i < lens[s]; i++)
-            prompts[s][i] = prompt[(i + s) % N_PROMPT];
-    }
-    int32_t alone[N_SEQ][N_GEN], together[N_SEQ][N_GEN];
-    float *logits = malloc((size_t)N_SEQ * V * sizeof(float));
-    for (int s = 0; s < N_SEQ; s++) {
-        rt_seq *seq = rt_seq_new(kv, 64);
-        rt_batch_entry e = {.seq = seq, .tokens = prompts[s], .n_tokens = lens[s], .logits = logits};
-        assert_int_equal(rt_model_forward(m, &e, 1), 0);
-        for (int i = 0; i < N_GEN; i++) {
-            alone[s][i] = argmax(logits, V);
-            e = (rt_batch_entry){.seq = seq, .tokens = &alone[s][i], .n_tokens = 1, .logits = logits};
-            assert_int_equal(rt_model_forward(m, &e, 1), 0);
-        }
-        rt_seq_free(seq);
-    }
-    rt_seq *seqs[N_SEQ];
-    rt_batch_entry e[N_SEQ];
-    for (int s = 0; s < N_SEQ; s++) {
-        seqs[s] = rt_seq_new(kv, 64);
-        e[s] = (rt_batch_entry){
-            .seq = seqs[s], .tokens = prompts[s], .n_tokens = lens[s], .logits = logits + (size_t)s * V};
-    }
-    assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
-    for (int i = 0; i < N_GEN; i++) {
-        for (int s = 0; s < N_SEQ; s++) {
-            together[s][i] = argmax(logits + (size_t)s * V, V);
-            e[s] = (rt_batch_entry){
-                .seq = seqs[s], .tokens = &together[s][i], .n_tokens = 1, .logits = logits + (size_t)s * V};
-        }
-        assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
-    }
-    assert_memory_equal(alone, together, sizeof(alone));
-    for (int s = 0; s < N_SEQ; s++)
-        rt_seq_free(seqs[s]);
-    assert_int_equal(rt_kv_blocks_free(kv), rt_kv_blocks_total(kv));
-    free(logits);
-    rt_kv_free(kv);
+    mc_batch_matches_alone(m, prompt, N_PROMPT, 8, 12, "cuda q8_0");
 
     /* Graph replays (the default for short steps) against plain launches. */
     enum { STEPS = 8 };
     int32_t a[STEPS], b[STEPS];
     float *la = malloc((size_t)STEPS * V * sizeof(float)), *lb = malloc((size_t)STEPS * V * sizeof(float));
-    greedy(m, a, STEPS, la);
+    mc_greedy(m, prompt, N_PROMPT, a, STEPS, la);
     rt_model_free(m);
     setenv("INFERGATE_CUDA_GRAPHS", "0", 1);
     m = load(path_q8, "cuda", false);
     unsetenv("INFERGATE_CUDA_GRAPHS");
-    greedy(m, b, STEPS, lb);
+    mc_greedy(m, prompt, N_PROMPT, b, STEPS, lb);
     assert_memory_equal(a, b, sizeof(a));
     assert_memory_equal(la, lb, (size_t)STEPS * V * sizeof(float));
     free(la);
@@ -1574,13 +1478,13 @@ static void check_arch_gpu_vs_cpu(const char *arch, uint32_t type, int ctx)
                                 .logits = logits[d]};
             assert_int_equal(rt_model_forward(ms[d], &e, 1), 0);
         }
-        const double c = cosine(logits[0], logits[1], V), r = norm_ratio(logits[1], logits[0], V);
+        const double c = mc_cosine(logits[0], logits[1], V), r = norm_ratio(logits[1], logits[0], V);
         worst = c < worst ? c : worst;
         worst_r = fabs(r - 1) > fabs(worst_r - 1) ? r : worst_r;
         if (!(c >= min_cos) || !(fabs(r - 1) <= max_scale))
             fail_msg("%s (%s): step %d, cosine %.7f, norm GPU / CPU %.7f", arch, kn_type_name(type), step, c,
                      r);
-        tok = argmax(logits[0], V);
+        tok = mc_argmax(logits[0], V);
     }
     printf("# %s (%s) GPU vs CPU: worst cosine over a %d-token prompt and %d steps %.7f, worst norm "
            "GPU / CPU %.7f\n", arch, kn_type_name(type), N_IN, STEPS, worst, worst_r);

@@ -11,6 +11,7 @@
 #include "runtime/gguf.h"
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
+#include "model_checks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -79,14 +80,7 @@ static int teardown(void **state)
 
 static rt_model *load(const char *path, bool reference, int threads)
 {
-    rt_model_opts o = {.n_threads = threads, .reference = reference};
-    rt_model *m = NULL;
-    char err[256];
-    int rc = rt_model_load(path, &o, &m, err, sizeof(err));
-    if (rc)
-        fprintf(stderr, "load %s: %s\n", path, err);
-    assert_int_equal(rc, 0);
-    return m;
+    return mc_load(path, NULL, reference, threads);
 }
 
 /* Logits after the prompt, prefilled in chunks of `chunk` tokens, over a
@@ -115,47 +109,6 @@ static float *prompt_logits_kv(rt_model *m, int chunk, kn_type kv_type)
 static float *prompt_logits(rt_model *m, int chunk)
 {
     return prompt_logits_kv(m, chunk, KN_TYPE_F16);
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-/* Greedy continuation of the prompt, n tokens. */
-static void greedy(rt_model *m, int32_t *out, int n)
-{
-    const rt_hparams *hp = rt_model_hparams(m);
-    char err[128];
-    rt_kv *kv =
-        rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
-    rt_seq *s = rt_seq_new(kv, 64);
-    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
-    assert_int_equal(rt_model_forward(m, &e, 1), 0);
-    for (int i = 0; i < n; i++) {
-        out[i] = argmax(logits, hp->n_vocab);
-        e = (rt_batch_entry){.seq = s, .tokens = &out[i], .n_tokens = 1, .logits = logits};
-        assert_int_equal(rt_model_forward(m, &e, 1), 0);
-    }
-    free(logits);
-    rt_seq_free(s);
-    rt_kv_free(kv);
-}
-
-static double cosine(const float *a, const float *b, int n)
-{
-    double ab = 0, aa = 0, bb = 0;
-    for (int i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
 }
 
 static void test_fast_matches_reference(void **state)
@@ -192,7 +145,7 @@ static void test_quantized_close_to_f32(void **state)
     for (int k = 0; k < 3; k++) {
         rt_model *q = load(paths[k], false, 2);
         float *l = prompt_logits(q, N_PROMPT);
-        double c = cosine(base, l, n);
+        double c = mc_cosine(base, l, n);
         printf("# %s: cosine to f32 logits %.6f (need >= %g)\n", paths[k], c, min_cos[k]);
         assert_true(c >= min_cos[k]);
         free(l);
@@ -201,9 +154,9 @@ static void test_quantized_close_to_f32(void **state)
     free(base);
 
     int32_t a[16], b[16];
-    greedy(f32, a, 16);
+    mc_greedy(f32, prompt, N_PROMPT, a, 16, NULL);
     rt_model *q8 = load(path_q8, false, 2);
-    greedy(q8, b, 16);
+    mc_greedy(q8, prompt, N_PROMPT, b, 16, NULL);
     assert_memory_equal(a, b, sizeof(a));
     rt_model_free(q8);
     rt_model_free(f32);
@@ -247,7 +200,7 @@ static void test_kv_q8_0(void **state)
         float *f16 = prompt_logits_kv(m, N_PROMPT, KN_TYPE_F16);
         float *whole = prompt_logits_kv(m, N_PROMPT, KN_TYPE_Q8_0);
         float *slow = prompt_logits_kv(ref, N_PROMPT, KN_TYPE_Q8_0);
-        double c = cosine(f16, whole, n);
+        double c = mc_cosine(f16, whole, n);
         float maxabs = 0, maxref = 0, maxchunk = 0;
         for (int i = 0; i < n; i++) {
             maxabs = fmaxf(maxabs, fabsf(slow[i]));
@@ -298,54 +251,9 @@ static void test_kv_q8_0(void **state)
  * greedy tokens as each sequence alone. */
 static void test_batch_matches_alone(void **state)
 {
-    enum { N_SEQ = 8, N_GEN = 12 };
+    (void)state;
     rt_model *m = load(path_q8, false, 2);
-    int V = rt_model_hparams(m)->n_vocab;
-    char err[128];
-    rt_kv *kv =
-        rt_kv_new(m, 512 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 8, KN_TYPE_F16, err, sizeof(err));
-    int32_t prompts[N_SEQ][N_PROMPT];
-    int lens[N_SEQ];
-    for (int s = 0; s < N_SEQ; s++) {
-        lens[s] = 3 + s;
-        for (int i = 0; i < lens[s]; i++)
-            prompts[s][i] = prompt[(i + s) % N_PROMPT];
-    }
-    int32_t alone[N_SEQ][N_GEN], together[N_SEQ][N_GEN];
-    float *logits = malloc((size_t)N_SEQ * V * sizeof(float));
-    for (int s = 0; s < N_SEQ; s++) {
-        rt_seq *seq = rt_seq_new(kv, 64);
-        rt_batch_entry e = {.seq = seq, .tokens = prompts[s], .n_tokens = lens[s], .logits = logits};
-        assert_int_equal(rt_model_forward(m, &e, 1), 0);
-        for (int i = 0; i < N_GEN; i++) {
-            alone[s][i] = argmax(logits, V);
-            e = (rt_batch_entry){.seq = seq, .tokens = &alone[s][i], .n_tokens = 1, .logits = logits};
-            assert_int_equal(rt_model_forward(m, &e, 1), 0);
-        }
-        rt_seq_free(seq);
-    }
-    rt_seq *seqs[N_SEQ];
-    rt_batch_entry e[N_SEQ];
-    for (int s = 0; s < N_SEQ; s++) {
-        seqs[s] = rt_seq_new(kv, 64);
-        e[s] = (rt_batch_entry){.seq = seqs[s], .tokens = prompts[s], .n_tokens = lens[s],
-                                .logits = logits + (size_t)s * V};
-    }
-    assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
-    for (int i = 0; i < N_GEN; i++) {
-        for (int s = 0; s < N_SEQ; s++) {
-            together[s][i] = argmax(logits + (size_t)s * V, V);
-            e[s] = (rt_batch_entry){.seq = seqs[s], .tokens = &together[s][i], .n_tokens = 1,
-                                    .logits = logits + (size_t)s * V};
-        }
-        assert_int_equal(rt_model_forward(m, e, N_SEQ), 0);
-    }
-    assert_memory_equal(alone, together, sizeof(alone));
-    for (int s = 0; s < N_SEQ; s++)
-        rt_seq_free(seqs[s]);
-    assert_int_equal(rt_kv_blocks_free(kv), rt_kv_blocks_total(kv));
-    free(logits);
-    rt_kv_free(kv);
+    mc_batch_matches_alone(m, prompt, N_PROMPT, 8, 12, "q8_0");
     rt_model_free(m);
 }
 

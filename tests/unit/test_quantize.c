@@ -15,6 +15,7 @@
 #include "runtime/model.h"
 #include "runtime/model_gen.h"
 #include "runtime/quantize.h"
+#include "model_checks.h"
 
 #include <errno.h>
 #include <math.h>
@@ -93,14 +94,7 @@ static void quantize(const char *name, rt_ftype ft, bool pure, char *out, size_t
 
 static rt_model *load(const char *path, bool reference)
 {
-    rt_model_opts o = {.n_threads = reference ? 1 : 2, .reference = reference};
-    rt_model *m = NULL;
-    char err[512];
-    int rc = rt_model_load(path, &o, &m, err, sizeof(err));
-    if (rc)
-        fprintf(stderr, "load %s: %s\n", path, err);
-    assert_int_equal(rc, 0);
-    return m;
+    return mc_load(path, NULL, reference, 2);
 }
 
 static float *prompt_logits_n(rt_model *m, int n_tokens);
@@ -125,46 +119,6 @@ static float *prompt_logits_n(rt_model *m, int n_tokens)
     rt_seq_free(s);
     rt_kv_free(kv);
     return logits;
-}
-
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
-static void greedy(rt_model *m, int32_t *out, int n)
-{
-    const rt_hparams *hp = rt_model_hparams(m);
-    char err[128];
-    rt_kv *kv =
-        rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
-    rt_seq *s = rt_seq_new(kv, 64);
-    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
-    assert_int_equal(rt_model_forward(m, &e, 1), 0);
-    for (int i = 0; i < n; i++) {
-        out[i] = argmax(logits, hp->n_vocab);
-        e = (rt_batch_entry){.seq = s, .tokens = &out[i], .n_tokens = 1, .logits = logits};
-        assert_int_equal(rt_model_forward(m, &e, 1), 0);
-    }
-    free(logits);
-    rt_seq_free(s);
-    rt_kv_free(kv);
-}
-
-static double cosine(const float *a, const float *b, int n)
-{
-    double ab = 0, aa = 0, bb = 0;
-    for (int i = 0; i < n; i++) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    return ab / sqrt(aa * bb);
 }
 
 /* ---- names and rules ---- */
@@ -385,7 +339,7 @@ static void test_quality_rises_with_bits(void **state)
         quantize(types[k].name, types[k].ft, true, path, sizeof(path));
         rt_model *m = load(path, false);
         float *l = prompt_logits(m);
-        double c = cosine(base, l, n);
+        double c = mc_cosine(base, l, n);
         printf("# %s: cosine to f32 logits %.6f (measured %.6f, need >= %.6f and > %.6f)\n",
                kn_type_name(rt_ftype_base_type(types[k].ft)), c, types[k].measured,
                floor_of(types[k].measured), prev);
@@ -423,7 +377,7 @@ static void test_quality_other_types(void **state)
         quantize(types[k].name, types[k].ft, false, path, sizeof(path));
         rt_model *m = load(path, false);
         float *l = prompt_logits(m);
-        double c = cosine(base, l, n);
+        double c = mc_cosine(base, l, n);
         printf("# %s: cosine to f32 logits %.6f (measured %.6f, need >= %.6f)\n", rt_ftype_name(types[k].ft),
                c, types[k].measured, floor_of(types[k].measured));
         assert_true(c >= floor_of(types[k].measured));
@@ -447,8 +401,8 @@ static void test_q4_k_m_greedy_matches_f32(void **state)
     quantize("q4km_greedy", RT_FTYPE_Q4_K_M, false, path, sizeof(path));
     rt_model *f32 = load(path_f32, false), *q = load(path, false);
     int32_t a[8], b[8];
-    greedy(f32, a, 8);
-    greedy(q, b, 8);
+    mc_greedy(f32, prompt, N_PROMPT, a, 8, NULL);
+    mc_greedy(q, prompt, N_PROMPT, b, 8, NULL);
     printf("# f32:    %d %d %d %d %d %d %d %d\n# Q4_K_M: %d %d %d %d %d %d %d %d\n", a[0], a[1], a[2], a[3],
            a[4], a[5], a[6], a[7], b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
     assert_memory_equal(a, b, sizeof(a));
@@ -521,13 +475,13 @@ static void test_mixed_file_matches_reference(void **state)
                 maxabs = fmaxf(maxabs, fabsf(a[i]));
                 maxdiff = fmaxf(maxdiff, fabsf(a[i] - b[i]));
             }
-            double cs = cosine(a, b, n);
+            double cs = mc_cosine(a, b, n);
             printf("# mixed file %d, %d tokens: %s vs %s: max |diff| %.3g of max |logit| %.3g, cosine %.7f\n",
                    shift, n_tokens, rt_model_backend_name(fast), rt_model_backend_name(ref), maxdiff, maxabs,
                    cs);
             if (whole) {
                 assert_true(cs >= 0.9999);
-                assert_int_equal(argmax(a, n), argmax(b, n));
+                assert_int_equal(mc_argmax(a, n), mc_argmax(b, n));
             } else {
                 assert_true(maxdiff <= 1e-4f * maxabs);
             }
@@ -694,7 +648,7 @@ static void test_moe_files(void **state)
         rt_model *base = load(f32, false), *m = load(q, false);
         const int n = rt_model_hparams(base)->n_vocab;
         float *a = prompt_logits(base), *b = prompt_logits(m);
-        double c = cosine(a, b, n);
+        double c = mc_cosine(a, b, n);
         printf("# %s %s: cosine to f32 logits %.6f (measured %.6f, need >= %.6f)\n", cases[k].arch,
                rt_ftype_name(cases[k].ft), c, cases[k].measured, floor_of(cases[k].measured));
         assert_true(c >= floor_of(cases[k].measured));

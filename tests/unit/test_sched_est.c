@@ -124,6 +124,46 @@ static void test_fit_recovers_a_line(void **state)
     assert_true(g.token_ms == 0 && g.base_ms > 0);
 }
 
+/* A worker flooded, then idle: the flood's slow steps stood in its
+ * estimate while no step came to replace them (test_regions saw an idle
+ * region shunned for 30 s). Idle, each class falls back toward its floor,
+ * and the next real step sets it at once; busy, the figures are as
+ * before; a machine slow for long enough is believed. */
+static void test_idle_relaxes_to_floor(void **state)
+{
+    (void)state;
+    rt_step_fit f = {0};
+    for (int i = 0; i < 300; i++)
+        rt_step_fit_add(&f, 20, 10.0);
+    for (int i = 0; i < 20; i++)
+        rt_step_fit_add(&f, 20, 400.0); /* a stall in a flood */
+    double flooded = rt_step_fit_ms(&f, 20);
+    assert_true(flooded > 30.0);
+    rt_step_fit g = f;
+    rt_step_fit_relax(&g, 0);
+    rt_step_fit_relax(&g, -1);
+    rt_step_fit_relax(&g, NAN);
+    assert_true(rt_step_fit_ms(&g, 20) == flooded);
+    const double floor = g.cls[4].floor_ms; /* 16-31 tokens; the stall raised it a little */
+    assert_true(floor >= 10.0 && floor < 12.0);
+    rt_step_fit_relax(&g, RT_STEP_RELAX_HALF_S);
+    assert_true(fabs(rt_step_fit_ms(&g, 20) - (floor + (flooded - floor) / 2)) < 1e-6);
+    for (int i = 0; i < 100; i++) /* 20 s idle */
+        rt_step_fit_relax(&g, 0.2);
+    assert_true(fabs(rt_step_fit_ms(&g, 20) - floor) < 0.1);
+    rt_step_fit_add(&g, 20, 30.0); /* the next step after a long idle is most of the figure */
+    assert_true(rt_step_fit_ms(&g, 20) > 25.0);
+    /* three times slower for good: after a few hundred steps the floor
+     * has followed, and idling no longer takes the figure back down */
+    rt_step_fit h = {0};
+    for (int i = 0; i < 300; i++)
+        rt_step_fit_add(&h, 20, 10.0);
+    for (int i = 0; i < 1500; i++)
+        rt_step_fit_add(&h, 20, 30.0);
+    rt_step_fit_relax(&h, 60);
+    assert_true(rt_step_fit_ms(&h, 20) > 28.0);
+}
+
 /* A CPU-like step cost: flat while the weights' reading dominates, then
  * growing, and cheaper per token in big prompt chunks than in small ones. */
 static double curved_ms(int n)
@@ -469,6 +509,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_recovers_a_line),  cmocka_unit_test(test_mid_sizes_measured),
+        cmocka_unit_test(test_idle_relaxes_to_floor),
         cmocka_unit_test(test_busy_is_chunks_times_mixed_steps), cmocka_unit_test(test_nothing_measured),
         cmocka_unit_test(test_by_hand),              cmocka_unit_test(test_matches_step_by_step),
         cmocka_unit_test(test_grows_with_the_queue), cmocka_unit_test(test_work_bound),
