@@ -95,6 +95,17 @@ static int step(kn_ctx *ctx, const cache *c, kn_attn_seq *seqs, const float *q, 
     return 0;
 }
 
+/* What both modes allocate, freed; returns 0 (main's exit status). */
+static int release(kn_ctx *ctx, kn_attn_seq *seqs, float *out, float *q, int *order)
+{
+    kn_ctx_free(ctx);
+    free(seqs);
+    free(out);
+    free(q);
+    free(order);
+    return 0;
+}
+
 static double thread_cpu(void)
 {
     struct timespec ts;
@@ -222,17 +233,14 @@ static int chunk_main(int argc, char **argv, int S, int C, int R, int L, int H, 
     const double w0 = bench_median(wall[0], reps), c0 = bench_median(cpu[0], reps);
     for (int k = 0; k < 2; k++) {
         const double w = bench_median(wall[k], reps), cp = bench_median(cpu[k], reps);
-        printf("  tile %-2d%s: %.2f ms wall (x%.2f), %.2f ms this thread's CPU (x%.2f)\n", tiles[k],
-               k && !tile ? " (default)" : "", w * 1e3, w / w0, cp * 1e3, cp / c0);
+        char name[16];
+        snprintf(name, sizeof(name), tiles[k] ? "%d" : "default", tiles[k]);
+        printf("  tile %-7s: %.2f ms wall (x%.2f), %.2f ms this thread's CPU (x%.2f)\n", name, w * 1e3, w / w0,
+               cp * 1e3, cp / c0);
     }
     munmap(c.pool, c.pool_bytes);
     free(c.tables);
-    kn_ctx_free(ctx);
-    free(seqs);
-    free(out);
-    free(q);
-    free(order);
-    return 0;
+    return release(ctx, seqs, out, q, order);
 }
 
 int main(int argc, char **argv)
@@ -307,10 +315,5 @@ int main(int argc, char **argv)
         munmap(caches[c].pool, caches[c].pool_bytes);
         free(caches[c].tables);
     }
-    kn_ctx_free(ctx);
-    free(seqs);
-    free(out);
-    free(q);
-    free(order);
-    return 0;
+    return release(ctx, seqs, out, q, order);
 }
