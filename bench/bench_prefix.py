@@ -11,7 +11,12 @@ workload runs on a worker with the cache (the default) and one with
 first token p50 and p99 over the conversations, and the prompt tokens the
 worker computed (its /internal/stats, before and after); per run: total
 time, tokens generated per second, hit rate, cached_tokens the responses
-reported.
+reported, and the time between tokens (ITL: the gaps between a stream's
+content chunks after its first, p50 and p99 over every stream's gaps).
+With --baseline OTHER_BINARY (an older build; may be given more than once)
+the same workload runs on it too, in the same invocation (new on, old on,
+new off, old off), and every build's tables are printed; with --on-only,
+the cache-on runs alone, one line per build.
 
 Text is made of words from a fixed list; the tokens a word takes are
 measured first (one request), so S and U are met to a few percent.
@@ -23,7 +28,8 @@ The clients are curl processes (HTTP/2 cleartext on the worker's socket)
 read by threads: Debian's python3 has no HTTP/2 client.
 
   /usr/bin/python3 bench/bench_prefix.py --infergate build/infergate \
-      [--model FILE] [--conversations 16] [--turns 8] [--system 1000] [--user 100] [--gen 32] [--threads 2]
+      [--model FILE] [--conversations 16] [--turns 8] [--system 1000] [--user 100] [--gen 32] [--threads 2] \
+      [--baseline OTHER_INFERGATE]... [--on-only]
 """
 import argparse
 import json
@@ -54,10 +60,11 @@ def text(rng, n_words):
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
-def chat(sock, messages, gen, stream=True, url=None, headers_to=None):
+def chat(sock, messages, gen, stream=True, url=None, headers_to=None, gaps_to=None):
     """One streamed chat completion: (ttft_s, answer text, usage). On the
     worker's socket, or at url (a gateway); headers_to: a list that gets the
-    response's header lines."""
+    response's header lines; gaps_to: a list that gets the seconds between
+    the content chunks after the first."""
     body = {"model": "m", "messages": messages, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
             "stream": stream, "stream_options": {"include_usage": True}}
     t0 = time.monotonic()
@@ -68,7 +75,7 @@ def chat(sock, messages, gen, stream=True, url=None, headers_to=None):
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdin.write(json.dumps(body).encode())
     p.stdin.close()
-    ttft, out, usage = None, [], None
+    ttft, out, usage, last = None, [], None, None
     for line in p.stdout:
         line = line.decode().strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -82,6 +89,10 @@ def chat(sock, messages, gen, stream=True, url=None, headers_to=None):
                 ttft = time.monotonic() - t0  # the first token's chunk (after the role's)
             if delta.get("content"):
                 out.append(delta["content"])
+                now = time.monotonic()
+                if gaps_to is not None and last is not None:
+                    gaps_to.append(now - last)
+                last = now
     p.wait()
     err = p.stderr.read().decode(errors="replace")
     if headers_to is not None:
@@ -121,13 +132,14 @@ def run(sock, convs, turns, gen):
     prompt = [[] for _ in range(turns)]
     answers = {}
     errors = []
+    gaps = []
 
     def one(ci, conv):
         try:
             msgs = [{"role": "system", "content": conv["system"]}]
             for ti in range(turns):
                 msgs.append({"role": "user", "content": conv["users"][ti]})
-                t, ans, u = chat(sock, msgs, gen)
+                t, ans, u = chat(sock, msgs, gen, gaps_to=gaps)
                 ttft[ti].append(t)
                 cached[ti].append(u.get("prompt_tokens_details", {}).get("cached_tokens", 0))
                 prompt[ti].append(u["prompt_tokens"])
@@ -148,7 +160,7 @@ def run(sock, convs, turns, gen):
     s1 = stats(sock)
     if errors:
         raise RuntimeError("; ".join(errors[:3]))
-    return {"ttft": ttft, "cached": cached, "prompt": prompt, "answers": answers, "wall": wall,
+    return {"ttft": ttft, "cached": cached, "prompt": prompt, "answers": answers, "wall": wall, "gaps": gaps,
             "computed": s1["prompt_tokens_computed"] - s0["prompt_tokens_computed"],
             "reused": s1["prompt_tokens_cached"] - s0["prompt_tokens_cached"],
             "generated": s1["tokens_generated"] - s0["tokens_generated"]}
@@ -164,6 +176,9 @@ def main():
     ap.add_argument("--user", type=int, default=100)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--baseline", action="append", default=[],
+                    help="another infergate binary run on the same workload (repeatable)")
+    ap.add_argument("--on-only", action="store_true", help="the cache-on runs alone")
     a = ap.parse_args()
 
     model = a.model
@@ -175,12 +190,16 @@ def main():
                             "12", "--kv-heads", "12", "--ffn", "2048", "--vocab", "32000", "--ctx", "4096",
                             "--type", "q8_0"], check=True)
     d = tempfile.mkdtemp(prefix="infergate-bench-prefix-")
-    results = {}
+    builds = [("", a.infergate)] + [(" (baseline%s)" % (" %d" % (i + 1) if len(a.baseline) > 1 else ""), b)
+                                    for i, b in enumerate(a.baseline)]
+    cases = (("on", []),) + (() if a.on_only else (("off", ["--prefix-cache", "false"]),))
+    runs = [(case + tag, binary, extra) for case, extra in cases for tag, binary in builds]
+    results, convs = {}, None
     try:
-        for name, extra in (("on", []), ("off", ["--prefix-cache", "false"])):
-            w, sock = start_worker(a.infergate, model, d, name, a.threads, extra)
+        for name, binary, extra in runs:
+            w, sock = start_worker(binary, model, d, name.split()[0] + str(len(results)), a.threads, extra)
             try:
-                if name == "on":
+                if convs is None:
                     # tokens per word of this tokenizer: a 400-word message alone
                     # against an empty one (the template's tokens cancel)
                     rng = random.Random(1)
@@ -193,17 +212,48 @@ def main():
                               "users": ["%d: %s" % (c, text(rng, max(1, round(a.user / per_word))))
                                         for _ in range(a.turns)]} for c in range(a.conversations)]
                 results[name] = run(sock, convs, a.turns, a.gen)
+                print("%s: %.1f s (load average %s)" % (name, results[name]["wall"],
+                                                       " ".join(open("/proc/loadavg").read().split()[:3])),
+                      file=sys.stderr, flush=True)
             finally:
                 w.terminate()
                 w.wait(timeout=60)
     finally:
         subprocess.run(["rm", "-rf", d])
 
-    on, off = results["on"], results["off"]
-    same = sum(on["answers"][k] == off["answers"][k] for k in on["answers"])
     print("model %s, worker --threads %d --max-seqs 32 --kv-cache-mb 1024; %d conversations x %d turns at once, "
-          "system prompt ~%d tokens, ~%d user tokens and %d answer tokens a turn (%.2f tokens a word)\n"
+          "system prompt ~%d tokens, ~%d user tokens and %d answer tokens a turn (%.2f tokens a word)"
           % (model, a.threads, a.conversations, a.turns, a.system, a.user, a.gen, per_word))
+    if a.on_only:
+        report_on_only(a, builds, results)
+    else:
+        for tag, binary in builds:
+            report(a, binary, results["on" + tag], results["off" + tag])
+    for case, _ in cases:
+        for tag, binary in builds[1:]:
+            x, y = results[case]["answers"], results[case + tag]["answers"]
+            print("\ncache %s: %d of %d answers of %s identical with %s's"
+                  % (case, sum(x[k] == y[k] for k in x), len(x), binary, a.infergate))
+    return 0
+
+
+def report_on_only(a, builds, results):
+    print("\n| build | " + " | ".join("turn %d TTFT p50 / p99 (ms)" % (t + 1) for t in range(a.turns))
+          + " | turns 2-%d p50 / p99 | total s | ITL p50 / p99 (ms) |" % a.turns)
+    print("|---" * (a.turns + 4) + "|")
+    for tag, binary in builds:
+        r = results["on" + tag]
+        late = [x for t in range(1, a.turns) for x in r["ttft"][t]]
+        print("| %s | " % binary
+              + " | ".join("%.0f / %.0f" % (pct(r["ttft"][t], 50) * 1e3, pct(r["ttft"][t], 99) * 1e3)
+                           for t in range(a.turns))
+              + " | %.0f / %.0f | %.1f | %.1f / %.1f |" % (pct(late, 50) * 1e3, pct(late, 99) * 1e3, r["wall"],
+                                                          pct(r["gaps"], 50) * 1e3, pct(r["gaps"], 99) * 1e3))
+
+
+def report(a, binary, on, off):
+    same = sum(on["answers"][k] == off["answers"][k] for k in on["answers"])
+    print("\n%s\n" % binary)
     print("| turn | prompt tokens p50 | TTFT p50 on / off (ms) | TTFT p99 on / off (ms) | p50 off / on "
           "| cached_tokens p50 on |")
     print("|---|---|---|---|---|---|")
@@ -217,16 +267,17 @@ def main():
     print("\nturns 2-%d pooled: TTFT p50 on %.0f ms, off %.0f ms (%.1fx); p99 on %.0f ms, off %.0f ms"
           % (a.turns, pct(late_on, 50) * 1e3, pct(late_off, 50) * 1e3, pct(late_off, 50) / pct(late_on, 50),
              pct(late_on, 99) * 1e3, pct(late_off, 99) * 1e3))
-    print("\n| cache | total s | prompt tokens computed | taken from the cache | hit rate | generated tok/s |")
-    print("|---|---|---|---|---|---|")
+    print("\n| cache | total s | prompt tokens computed | taken from the cache | hit rate | generated tok/s "
+          "| ITL p50 / p99 (ms) | ITL p99 / p50 |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in (("on", on), ("off", off)):
         allp = r["computed"] + r["reused"]
-        print("| %s | %.1f | %d | %d | %.1f%% | %.1f |" % (name, r["wall"], r["computed"], r["reused"],
-                                                          100.0 * r["reused"] / allp if allp else 0,
-                                                          r["generated"] / r["wall"]))
+        g50, g99 = pct(r["gaps"], 50) * 1e3, pct(r["gaps"], 99) * 1e3
+        print("| %s | %.1f | %d | %d | %.1f%% | %.1f | %.1f / %.1f | %.1f |"
+              % (name, r["wall"], r["computed"], r["reused"], 100.0 * r["reused"] / allp if allp else 0,
+                 r["generated"] / r["wall"], g50, g99, g99 / g50 if g50 > 0 else float("nan")))
     print("\nwhole workload %.2fx sooner with the cache; %d of %d answers identical on and off"
           % (off["wall"] / on["wall"], same, len(on["answers"])))
-    return 0
 
 
 if __name__ == "__main__":

@@ -62,12 +62,12 @@ int main(int argc, char **argv)
     uint64_t x = 88172645463325252ull;
     for (int i = 0; i < seqs; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        run0[i] = (rt_est_seq){0, 1 + (int)(x % 700)};
+        run0[i] = (rt_est_seq){0, 1 + (int)(x % 700), false};
         run_tn0[i] = (int)(x >> 32 & 7);
     }
     for (int i = 0; i < nq; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        q0[i] = (rt_est_seq){50 + (int)(x % 100), 699};
+        q0[i] = (rt_est_seq){50 + (int)(x % 100), 699, false};
         q_tn0[i] = (int)(x >> 32 & 7);
     }
     const int cases[3] = {0, 2, 8};

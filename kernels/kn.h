@@ -224,6 +224,15 @@ typedef struct kn_ops {
      * kv_accum: acc[i] += sum_r w[r] * v_r[i]. */
     void (*kv_scores)(const float *q, const uint16_t *k, size_t stride, int n, int hd, float scale, float *out);
     void (*kv_accum)(float *acc, const float *w, const uint16_t *v, size_t stride, int n, int hd);
+    /* Optional (NULL: the one-row calls twice): the same for two query rows
+     * over the same K (V) rows, each row converted once for both, every
+     * result bit for bit what the one-row call gives. Prompt rows over a
+     * long cached context spent most of a step there, each converting the
+     * K and V rows again. */
+    void (*kv_scores2)(const float *q0, const float *q1, const uint16_t *k, size_t stride, int n, int hd,
+                       float scale, float *out0, float *out1);
+    void (*kv_accum2)(float *acc0, float *acc1, const float *w0, const float *w1, const uint16_t *v,
+                      size_t stride, int n, int hd);
     /* kv_accum over a Q8_0 cache: rows of hd / 32 blocks, stride in bytes.
      * (A Q8_0 cache's scores are the quantized query against the K rows,
      * through gemm[KN_TYPE_Q8_0], or dot[KN_TYPE_Q8_0] in a table without
@@ -391,6 +400,10 @@ typedef struct kn_attn_params {
     float softcap;
     const float *sinks;
     int window;
+    /* Query rows of a sequence one work item takes together, each K and V
+     * block read once for them all (0: the default). The same results
+     * whatever it is; for benchmarks and tests. */
+    int tile;
 } kn_attn_params;
 int kn_attention_ex(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, const kn_attn_params *p);
 

@@ -842,6 +842,7 @@ typedef struct attn_job {
     const kn_attn_seq *seqs;
     int n_seqs, n_head, n_kv_head, head_dim;
     int n_chunks, chunk_heads; /* KV heads split into n_chunks runs of chunk_heads */
+    int tile;                  /* query rows an item takes (KN_ATTN_TILE, or kn_attn_params.tile) */
     size_t score_stride;       /* floats between two heads' scores */
     size_t row;                /* 16-bit units of one head's K or V row */
     size_t qq_off;             /* Q8_0 cache: the quantized queries, in floats after the scores */
@@ -879,9 +880,26 @@ static inline int attn_run(const attn_job *j, const kn_attn_seq *sq, int row, in
     return b > a ? b - a : 0;
 }
 
-static inline int attn_tiles(int n_q)
+/* Whether the row after `row` (left: rows of the tile from row on) sees
+ * the same run of the block at p as row does: the two go through the
+ * two-row kernels together. */
+static inline bool attn_pair(const attn_job *j, const kn_attn_seq *sq, int row, int left, int p, int off,
+                             int run)
 {
-    return n_q / KN_ATTN_TILE + (n_q % KN_ATTN_TILE != 0);
+    int off1;
+    return left > 1 && attn_run(j, sq, row + 1, p, &off1) == run && off1 == off;
+}
+
+static inline void attn_softcap(const attn_job *j, float *o, int run)
+{
+    if (j->softcap > 0.0f)
+        for (int i = 0; i < run; i++)
+            o[i] = j->softcap * tanhf(o[i] / j->softcap);
+}
+
+static inline int attn_tiles(int n_q, int tile)
+{
+    return n_q / tile + (n_q % tile != 0);
 }
 
 /* softmax over x[0, n), with a sink logit that takes its share of the sum
@@ -919,14 +937,14 @@ static void attn_item(void *arg, int item, int tid)
     const attn_job *j = arg;
     const kn_ops *ops = j->ctx->ops;
     int s = 0;
-    while (item >= attn_tiles(j->seqs[s].n_q) * j->n_chunks) {
-        item -= attn_tiles(j->seqs[s].n_q) * j->n_chunks;
+    while (item >= attn_tiles(j->seqs[s].n_q, j->tile) * j->n_chunks) {
+        item -= attn_tiles(j->seqs[s].n_q, j->tile) * j->n_chunks;
         s++;
     }
     const kn_attn_seq *sq = &j->seqs[s];
     const bool q8 = sq->kv_type == KN_TYPE_Q8_0;
-    const int row0 = item / j->n_chunks * KN_ATTN_TILE, kv0 = item % j->n_chunks * j->chunk_heads;
-    const int n_rows = sq->n_q - row0 < KN_ATTN_TILE ? sq->n_q - row0 : KN_ATTN_TILE;
+    const int row0 = item / j->n_chunks * j->tile, kv0 = item % j->n_chunks * j->chunk_heads;
+    const int n_rows = sq->n_q - row0 < j->tile ? sq->n_q - row0 : j->tile;
     const int kv1 = kv0 + j->chunk_heads < j->n_kv_head ? kv0 + j->chunk_heads : j->n_kv_head;
     const int group = j->n_head / j->n_kv_head, hd = j->head_dim, bt = sq->block_tokens;
     const int heads = (kv1 - kv0) * group;          /* query heads of the item, from kv0 * group */
@@ -961,6 +979,15 @@ static void attn_item(void *arg, int item, int tid)
                         continue;
                     float *o = ATTN_SC(r, h) + p + off;
                     const uint16_t *kr = k + ((size_t)kvh * bt + off) * rw;
+                    if (!q8 && ops->kv_scores2 && attn_pair(j, sq, row0 + r, n_rows - r, p, off, run)) {
+                        /* the next row sees the same keys of this block */
+                        ops->kv_scores2(ATTN_Q(r, h), ATTN_Q(r + 1, h), kr, rw, run, hd, j->scale, o,
+                                        ATTN_SC(r + 1, h) + p + off);
+                        attn_softcap(j, o, run);
+                        attn_softcap(j, ATTN_SC(r + 1, h) + p + off, run);
+                        r++;
+                        continue;
+                    }
                     if (!q8) {
                         ops->kv_scores(ATTN_Q(r, h), kr, rw, run, hd, j->scale, o);
                     } else {
@@ -975,9 +1002,7 @@ static void attn_item(void *arg, int item, int tid)
                         for (int i = 0; i < run; i++)
                             o[i] *= j->scale;
                     }
-                    if (j->softcap > 0.0f)
-                        for (int i = 0; i < run; i++)
-                            o[i] = j->softcap * tanhf(o[i] / j->softcap);
+                    attn_softcap(j, o, run);
                 }
     }
     /* Cleared only now, after q was read, so out may alias q. */
@@ -1000,6 +1025,12 @@ static void attn_item(void *arg, int item, int tid)
                         continue;
                     const float *w = ATTN_SC(r, h) + p + off;
                     const uint16_t *vr = v + ((size_t)kvh * bt + off) * rw;
+                    if (!q8 && ops->kv_accum2 && attn_pair(j, sq, row0 + r, n_rows - r, p, off, run)) {
+                        ops->kv_accum2(ATTN_OUT(r, h), ATTN_OUT(r + 1, h), w, ATTN_SC(r + 1, h) + p + off, vr,
+                                       rw, run, hd);
+                        r++;
+                        continue;
+                    }
                     if (q8)
                         ops->kv_accum_q8_0(ATTN_OUT(r, h), w, vr, rw_bytes, run, hd);
                     else
@@ -1022,7 +1053,9 @@ int kn_attention(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, int n_head, i
 int kn_attention_ex(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, const kn_attn_params *ap)
 {
     const int n_head = ap->n_head, n_kv_head = ap->n_kv_head, head_dim = ap->head_dim;
-    if (n_seqs < 0 || ap->window < 0 || n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 || n_head % n_kv_head != 0)
+    const int max_tile = ap->tile > 0 ? ap->tile : KN_ATTN_TILE;
+    if (n_seqs < 0 || ap->window < 0 || n_head <= 0 || n_kv_head <= 0 || head_dim <= 0 ||
+        n_head % n_kv_head != 0 || ap->tile < 0)
         return -EINVAL;
     int64_t rows = 0;
     int max_ctx = 0;
@@ -1046,8 +1079,8 @@ int kn_attention_ex(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, const kn_a
     int64_t tiles = 0;
     int tile = 1; /* rows an item holds scores for: decode needs one */
     for (int s = 0; s < n_seqs; s++) {
-        tiles += attn_tiles(seqs[s].n_q);
-        tile = seqs[s].n_q > tile ? (seqs[s].n_q < KN_ATTN_TILE ? seqs[s].n_q : KN_ATTN_TILE) : tile;
+        tiles += attn_tiles(seqs[s].n_q, max_tile);
+        tile = seqs[s].n_q > tile ? (seqs[s].n_q < max_tile ? seqs[s].n_q : max_tile) : tile;
     }
     /* All heads in one item when there are tiles enough to keep every
      * thread busy; split the heads when there are few (decode of one
@@ -1086,6 +1119,7 @@ int kn_attention_ex(kn_ctx *ctx, const kn_attn_seq *seqs, int n_seqs, const kn_a
                   .head_dim = head_dim,
                   .n_chunks = n_chunks,
                   .chunk_heads = chunk_heads,
+                  .tile = max_tile,
                   .score_stride = score_stride,
                   .row = row,
                   .qq_off = qq_off,

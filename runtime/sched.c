@@ -27,6 +27,7 @@
 #define IDLE_WAIT_MS 200
 #define EST_EVERY_S 0.05   /* the TTFT estimate is refreshed at most this often */
 #define EST_MAX_WORK 200000 /* sequence-steps of replay per estimate, at most */
+#define PROMPT_MAX_WAIT_MS 10000 /* rt_sched_opts.prompt_max_wait_ms's default */
 
 /* A tenant with requests here (or a debt: see sweep_tenants). Compute
  * thread only, but for the one a submitted request brings, which is its
@@ -378,6 +379,7 @@ void rt_sched_opts_default(rt_sched_opts *o)
         .max_batch_tokens = (int)d[RT_EOPT_MAX_BATCH_TOKENS].dflt,
         .max_queue = (int)d[RT_EOPT_MAX_QUEUE].dflt,
         .batch_max_wait_ms = (int)d[RT_EOPT_BATCH_MAX_WAIT_MS].dflt,
+        .prompt_max_wait_ms = PROMPT_MAX_WAIT_MS,
         .prefix_cache = d[RT_EOPT_PREFIX_CACHE].dflt != 0,
         .overlap_masks = -1,
     };
@@ -854,14 +856,38 @@ static void age_recent(rt_sched *s)
     }
 }
 
-/* s->order: the running requests' indices by their tenant's virtual time,
- * least first, in admission order within a tenant. */
-static void fair_order(rt_sched *s)
+/* Whether r's prompt has waited prompt_max_wait_ms for its first token. */
+static bool prompt_aged(const rt_sched *s, const sreq *r, double now)
+{
+    return now - r->t_submit >= s->o.prompt_max_wait_ms / 1e3;
+}
+
+/* Whether running request a's prompt goes before b's (admitted before a)
+ * in a step's budget: the tenant with the least virtual time first; then
+ * an aged prompt (prompt_max_wait_ms); then, of two not aged, the one with
+ * fewer tokens left. In admission order alone, the turns of a chat whose
+ * prefix was cached (a few dozen tokens to compute) waited behind the long
+ * first prompts of the conversations admitted before them. The key is
+ * the same between tenants of equal virtual times (neither owes the other),
+ * and the estimate's replay follows it (sched_est.c, in_line_before). */
+static bool goes_before(const rt_sched *s, const sreq *a, const sreq *b, double now)
+{
+    if (a->tn->vt != b->tn->vt)
+        return a->tn->vt < b->tn->vt;
+    bool aged_a = prompt_aged(s, a, now);
+    if (aged_a != prompt_aged(s, b, now))
+        return aged_a;
+    return !aged_a && a->n_tokens - a->n_done < b->n_tokens - b->n_done;
+}
+
+/* s->order: the running requests' indices in the order the prompt passes
+ * take them (goes_before; admission order between equals). */
+static void fair_order(rt_sched *s, double now)
 {
     for (int i = 0; i < s->n_running; i++) {
-        double vt = s->running[i]->tn->vt;
+        const sreq *r = s->running[i];
         int j = i;
-        for (; j > 0 && s->running[s->order[j - 1]]->tn->vt > vt; j--)
+        for (; j > 0 && goes_before(s, r, s->running[s->order[j - 1]], now); j--)
             s->order[j] = s->order[j - 1];
         s->order[j] = i;
     }
@@ -1292,7 +1318,7 @@ static int build_batch(rt_sched *s)
             n_dec += decoding(s->running[i]) && !s->running[i]->held;
         int budget = prefill_budget(s, n_dec) + n_dec, n = 0, blocks = 0;
         int pool = owe_tenants(s, n_dec);
-        fair_order(s);
+        fair_order(s, now);
         for (int pass = 0; pass < 5; pass++) {
             for (int k = 0; k < s->n_running; k++) {
                 int i = s->order[k];
@@ -1602,16 +1628,17 @@ static int expected_gen(const rt_sched *s, const sreq *r)
     return n > r->n_gen + 1 ? n : r->n_gen + 1;
 }
 
-static rt_est_seq est_seq_of(const rt_sched *s, const sreq *r)
+static rt_est_seq est_seq_of(const rt_sched *s, const sreq *r, double now)
 {
     int left = expected_gen(s, r) - r->n_gen; /* >= 1 */
     if (decoding(r))
-        return (rt_est_seq){0, left};
+        return (rt_est_seq){0, left, false};
     /* One not yet admitted will take what the prefix cache holds of its
      * prompt (reuse_prefix): counted whole, a queue of requests resending
      * one conversation read as that much prefill. */
     int done = r->seq ? r->n_done : rt_kv_prefix_peek(s->kv, r->tokens, r->n_tokens - 1);
-    return (rt_est_seq){r->n_tokens - done, left - 1}; /* the prompt's end gives one */
+    /* the prompt's end gives one */
+    return (rt_est_seq){r->n_tokens - done, left - 1, prompt_aged(s, r, now)};
 }
 
 /* Room in est_q (and est_q_tn) for n entries (the queue may outgrow
@@ -1680,11 +1707,11 @@ static int est_tenants(rt_sched *s)
 
 /* Adds r to est_q (its tenant in est_q_tn: tn, an index in est_tn, or -1
  * when none was made); false when there is no room. */
-static bool est_add(rt_sched *s, int *n_q, const sreq *r, int tn, long *ahead)
+static bool est_add(rt_sched *s, int *n_q, const sreq *r, int tn, long *ahead, double now)
 {
     if (!est_room(s, *n_q + 1))
         return false;
-    s->est_q[*n_q] = est_seq_of(s, r);
+    s->est_q[*n_q] = est_seq_of(s, r, now);
     s->est_q_tn[*n_q] = tn;
     *ahead += s->est_q[(*n_q)++].prefill_left;
     return true;
@@ -1699,18 +1726,19 @@ static bool est_add(rt_sched *s, int *n_q, const sreq *r, int tn, long *ahead)
 static int est_fill(rt_sched *s, const sreq *target, int *n_run, int *n_tn, long *ahead)
 {
     int n_q = 0;
+    const double now = gw_mono_s();
     *ahead = 0;
     *n_run = 0;
     *n_tn = est_tenants(s);
     for (int i = 0; i < s->n_running; i++) {
         s->est_run_tn[*n_run] = s->running[i]->tn->est_idx;
-        s->est_run[*n_run] = est_seq_of(s, s->running[i]);
+        s->est_run[*n_run] = est_seq_of(s, s->running[i], now);
         *ahead += s->est_run[(*n_run)++].prefill_left;
     }
     bool past = false;
     for (const sreq *r = s->waiting[0].head; r; r = r->next) {
         past |= r == target;
-        if (r != target && !(past && r->tn == target->tn) && !est_add(s, &n_q, r, r->tn->est_idx, ahead))
+        if (r != target && !(past && r->tn == target->tn) && !est_add(s, &n_q, r, r->tn->est_idx, ahead, now))
             break;
     }
     if (target)
@@ -1720,7 +1748,7 @@ static int est_fill(rt_sched *s, const sreq *target, int *n_run, int *n_tn, long
         int tn = *n_tn >= 0 ? est_tenant(s, n_tn, r->tn->name, r->tn->weight) : -1;
         if (tn < 0)
             *n_tn = -1;
-        if (r->prio == RT_PRIO_INTERACTIVE && !est_add(s, &n_q, r, tn, ahead))
+        if (r->prio == RT_PRIO_INTERACTIVE && !est_add(s, &n_q, r, tn, ahead, now))
             break;
     }
     pthread_mutex_unlock(&s->mu);
@@ -1834,7 +1862,8 @@ static void trace_intake(rt_sched *s)
         r->t_intake = now;
         r->tr_real0 = s->tr_real_ms;
         r->tr_pred0 = s->tr_pred_ms;
-        r->tr_fresh = est_replay(s, n_run, n_q, n_tn, est_seq_of(s, r).prefill_left, r->tn->est_idx);
+        int prompt = est_seq_of(s, r, now).prefill_left;
+        r->tr_fresh = est_replay(s, n_run, n_q, n_tn, prompt, r->tn->est_idx);
     }
 }
 
@@ -1936,8 +1965,9 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
         return NULL;
     }
     s->o = *o;
-    if (s->o.batch_max_wait_ms < 0) {
-        snprintf(err, err_len, "batch-max-wait-ms must be >= 0");
+    if (s->o.batch_max_wait_ms < 0 || s->o.prompt_max_wait_ms < 0) {
+        snprintf(err, err_len, "%s must be >= 0",
+                 s->o.batch_max_wait_ms < 0 ? "batch-max-wait-ms" : "prompt_max_wait_ms");
         free(s);
         return NULL;
     }

@@ -25,7 +25,9 @@
  * time. Priority comes first: the interactive queue is admitted from before
  * the batch one (aging as above); within the queue chosen, the waiting
  * request of the tenant with the least virtual time goes next (FIFO within
- * a tenant), and prompt chunks share each step's budget in the same order.
+ * a tenant), and prompt chunks share each step's budget by tenant in the
+ * same order (within a tenant, shortest remaining prompt first, aged ones
+ * before: prompt_max_wait_ms).
  * A tenant that comes back after an absence starts level with the least
  * of those present, with no credit for its idle time (its debt, if it had
  * one, is kept while others are present). Work conserving: with one tenant present it gets every
@@ -93,6 +95,14 @@ typedef struct rt_sched_opts {
      * interactive ones, oldest first, so a steady interactive load cannot
      * starve it (30000; 0: at once, which is one queue by age). */
     int batch_max_wait_ms;
+    /* A step's prompt budget goes, within a tenant and priority class, to
+     * the prompts with the fewest tokens left to compute first (a request
+     * whose prefix cache hit left a few dozen does not wait behind the
+     * long prompts admitted before it), except that a prompt whose first
+     * token has waited this long since its submission goes before them
+     * all, in admission order, so a long prompt is not starved by a
+     * stream of short ones (10000; 0: admission order). */
+    int prompt_max_wait_ms;
     /* Reuse the KV of cached prompt prefixes (model.h's prefix cache; true).
      * A model with sliding-window layers runs without, and says so on
      * stderr at start. */

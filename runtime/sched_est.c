@@ -208,29 +208,53 @@ static void admit(replay *r)
     }
 }
 
-/* A prompt's place in line for a step's budget (fair_order and the passes
- * of build_batch in sched.c): those of tenants owed work first, then by
- * virtual time (with several tenants), then by slot. */
-static bool before(const replay *r, int i, int j)
+/* A prompt's place in line for a step's budget (fair_order, goes_before
+ * and the passes of build_batch in sched.c), as the step starts: those of
+ * tenants owed work first, then (with several tenants) the least virtual
+ * time, then an aged prompt, then, of two not aged, the one with fewer
+ * tokens left, then the slot. */
+typedef struct line_key {
+    bool owed, aged;
+    double vt;
+    int left, slot;
+} line_key;
+
+static line_key key_of(const replay *r, int i)
 {
-    if (r->distinct > 1) {
-        const rt_est_tenant *a = &r->tn[r->run_tn[i]], *b = &r->tn[r->run_tn[j]];
-        if (a->owed != b->owed)
-            return a->owed;
-        if (a->vt != b->vt)
-            return a->vt < b->vt;
-    }
-    return i < j;
+    const rt_est_tenant *t = r->distinct > 1 ? &r->tn[r->run_tn[i]] : NULL;
+    return (line_key){.owed = t && t->owed, .aged = r->run[i].aged, .vt = t ? t->vt : 0,
+                      .left = r->run[i].prefill_left, .slot = i};
 }
 
-/* The prompt in line after slot prev (-1: the first); -1 when none. The
- * order is the step's start's: a tenant's virtual time moves at its end. */
-static int prompt_after(const replay *r, int prev)
+static bool before(line_key a, line_key b)
+{
+    if (a.owed != b.owed)
+        return a.owed;
+    if (a.vt != b.vt)
+        return a.vt < b.vt;
+    if (a.aged != b.aged)
+        return a.aged;
+    if (!a.aged && a.left != b.left)
+        return a.left < b.left;
+    return a.slot < b.slot;
+}
+
+/* The prompt in line after the one of key prev (NULL: the first); -1 when
+ * none. A prompt served in the step but not done only moves up the line
+ * (fewer tokens left), so it does not come round again. */
+static int prompt_after(const replay *r, const line_key *prev)
 {
     int next = -1;
-    for (int i = 0; i < r->n; i++)
-        if (r->run[i].prefill_left > 0 && (prev < 0 || before(r, prev, i)) && (next < 0 || before(r, i, next)))
+    line_key kn = {0};
+    for (int i = 0; i < r->n; i++) {
+        if (r->run[i].prefill_left <= 0)
+            continue;
+        line_key k = key_of(r, i);
+        if ((!prev || before(*prev, k)) && (next < 0 || before(k, kn))) {
             next = i;
+            kn = k;
+        }
+    }
     return next;
 }
 
@@ -306,7 +330,8 @@ static int one_step(replay *r, int budget, int pool, bool *done)
             charge(r, i, 1);
             tokens++;
         }
-    for (int i = prompt_after(r, -1); i >= 0 && (budget > 0 || pool > 0); i = prompt_after(r, i)) {
+    for (int i = prompt_after(r, NULL); i >= 0 && (budget > 0 || pool > 0);) {
+        const line_key at = key_of(r, i);
         rt_est_seq *e = &r->run[i];
         int take = e->prefill_left < budget ? e->prefill_left : budget;
         budget -= take;
@@ -322,6 +347,7 @@ static int one_step(replay *r, int budget, int pool, bool *done)
         e->prefill_left -= take;
         charge(r, i, take);
         *done |= e->decode_left == -1 && e->prefill_left == 0;
+        i = prompt_after(r, &at);
     }
     settle(r, 1);
     return tokens;
@@ -358,7 +384,7 @@ static double run_replay(replay *r, const rt_step_fit *f, int max_batch_tokens, 
         int budget = rt_sched_prefill_budget(max_batch_tokens, n_dec);
         int pool = r->distinct > 1 ? rt_sched_catchup_budget(max_batch_tokens, n_dec) : 0;
         owe(r, pool);
-        int first = prompt_after(r, -1);
+        int first = prompt_after(r, NULL);
         long k = first < 0 ? min_dec : (r->run[first].prefill_left - 1) / (budget > 0 ? budget : 1);
         if (first >= 0 && k > min_dec)
             k = min_dec;

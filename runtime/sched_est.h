@@ -90,6 +90,10 @@ bool rt_sched_fair_before(double vt_a, double recent_a, double vt_b, double rece
 typedef struct rt_est_seq {
     int prefill_left; /* > 0 while its prompt is not done */
     int decode_left;  /* tokens to generate after the prompt's (or the next) one */
+    /* Its prompt has waited the scheduler's prompt_max_wait_ms: it goes
+     * before the shorter ones (the new request's never has; a prompt
+     * that ages while the replay runs is not seen to). */
+    bool aged;
 } rt_est_seq;
 
 /* A tenant in rt_est_ttft_fair's replay: the scheduler's virtual time and
@@ -108,7 +112,9 @@ typedef struct rt_est_tenant {
 /* Milliseconds until a new request with a prompt of `prompt` tokens gets
  * its first token, if it joined now behind `queued` (in admission order)
  * with `running` in the slots (decode_left >= 0; the running array holds
- * max_seqs entries). The arrays are changed (scratch). Stops
+ * max_seqs entries). A step's prompt budget goes to the aged prompts first,
+ * in admission order, then to the others, the fewest tokens left first,
+ * as sched.c's build_batch gives it. The arrays are changed (scratch). Stops
  * after max_work sequence-steps of replay and returns what it reached (a
  * lower bound). 0 while the fit has seen no step. */
 double rt_est_ttft(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_est_seq *running, int n_running,
@@ -117,12 +123,13 @@ double rt_est_ttft(const rt_step_fit *f, int max_seqs, int max_batch_tokens, rt_
 /* rt_est_ttft in the order the scheduler's fair share between tenants
  * takes them (sched.h): a free slot goes to the first queued request of
  * the tenant with the least virtual time, a step's prompt tokens to the
- * prompts of the tenants with the least first (admission order within a
- * tenant), and each step charges every tenant the tokens it computed for
- * it, over its weight; the prompts of tenants owed work (rt_sched_owed, at
- * the step's start) go first and may take rt_sched_catchup_budget's tokens
- * on top, as the scheduler's catch-up. run_tn[i] and q_tn[i] are the
- * tenants (indices in tenants, n_tenants entries) of running[i] and queued[i]; the new request
+ * prompts of the tenants with the least first (rt_est_ttft's order within
+ * a tenant, and between tenants of equal virtual times), and each step
+ * charges every tenant the tokens it computed for it, over its weight; the
+ * prompts of tenants owed work (rt_sched_owed, at the step's start) go
+ * first and may take rt_sched_catchup_budget's tokens on top, as the
+ * scheduler's catch-up. run_tn[i] and q_tn[i] are the tenants (indices in
+ * tenants, n_tenants entries) of running[i] and queued[i]; the new request
  * is tenant `tenant`'s, after that tenant's queued ones. The arrays are
  * changed (scratch). With one tenant it is rt_est_ttft.
  * Not replayed: fair-share preemption (a tenant holding more slots per

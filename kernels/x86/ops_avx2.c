@@ -359,6 +359,63 @@ static void avx2_kv_scores(const float *q, const uint16_t *k, size_t stride, int
     }
 }
 
+/* Four K rows from k0 against two query rows: avx2_kv_scores's sums for
+ * them, accumulated and reduced as it does (hsum8x8's tree is the same in
+ * every lane), so the same bits. */
+static inline void kv_scores_4x2(const float *q0, const float *q1, const uint16_t *k0, size_t stride, int hd,
+                                 float scale, float *out0, float *out1)
+{
+    const int hd8 = hd & ~7;
+    const uint16_t *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int i = 0; i < hd8; i += 8) {
+        const __m256 x = _mm256_loadu_ps(q0 + i), y = _mm256_loadu_ps(q1 + i);
+        __m256 kv = load_h8(k0 + i);
+        a0 = _mm256_fmadd_ps(x, kv, a0);
+        b0 = _mm256_fmadd_ps(y, kv, b0);
+        kv = load_h8(k1 + i);
+        a1 = _mm256_fmadd_ps(x, kv, a1);
+        b1 = _mm256_fmadd_ps(y, kv, b1);
+        kv = load_h8(k2 + i);
+        a2 = _mm256_fmadd_ps(x, kv, a2);
+        b2 = _mm256_fmadd_ps(y, kv, b2);
+        kv = load_h8(k3 + i);
+        a3 = _mm256_fmadd_ps(x, kv, a3);
+        b3 = _mm256_fmadd_ps(y, kv, b3);
+    }
+    __m256 sum = hsum8x8(a0, a1, a2, a3, b0, b1, b2, b3);
+    if (hd8 < hd) {
+        float t[8];
+        for (int j = 0; j < 8; j++) {
+            const float *q = j < 4 ? q0 : q1;
+            t[j] = 0;
+            for (int i = hd8; i < hd; i++)
+                t[j] += q[i] * _cvtsh_ss(k0[(size_t)(j & 3) * stride + i]);
+        }
+        sum = _mm256_add_ps(sum, _mm256_loadu_ps(t));
+    }
+    sum = _mm256_mul_ps(sum, _mm256_set1_ps(scale));
+    _mm_storeu_ps(out0, _mm256_castps256_ps128(sum));
+    _mm_storeu_ps(out1, _mm256_extractf128_ps(sum, 1));
+}
+
+/* avx2_kv_scores for two query rows, each K piece converted once for both
+ * rows' FMAs (the conversions bound the one-row loop): the eights it takes
+ * as two fours, the rest one row at a time, as it does. */
+static void avx2_kv_scores2(const float *q0, const float *q1, const uint16_t *k, size_t stride, int n, int hd,
+                            float scale, float *out0, float *out1)
+{
+    int r = 0;
+    for (; r + 8 <= n; r += 8) {
+        kv_scores_4x2(q0, q1, k + (size_t)r * stride, stride, hd, scale, out0 + r, out1 + r);
+        kv_scores_4x2(q0, q1, k + (size_t)(r + 4) * stride, stride, hd, scale, out0 + r + 4, out1 + r + 4);
+    }
+    if (r < n) {
+        avx2_kv_scores(q0, k + (size_t)r * stride, stride, n - r, hd, scale, out0 + r);
+        avx2_kv_scores(q1, k + (size_t)r * stride, stride, n - r, hd, scale, out1 + r);
+    }
+}
+
 /* 64 output lanes held in registers across all n rows, then 8 at a time. */
 static void avx2_kv_accum(float *acc, const float *w, const uint16_t *v, size_t stride, int n, int hd)
 {
@@ -400,6 +457,50 @@ static void avx2_kv_accum(float *acc, const float *w, const uint16_t *v, size_t 
         for (int r = 0; r < n; r++)
             s += w[r] * _cvtsh_ss(v[(size_t)r * stride + i]);
         acc[i] = s;
+    }
+}
+
+/* avx2_kv_accum for two rows of weights over the same V rows: 32 lanes of
+ * both held in registers across all n rows, each V piece converted once
+ * for both; each lane's sum is taken in the order avx2_kv_accum takes it
+ * (and the lanes past the last 32 by it), so the same bits. */
+static void avx2_kv_accum2(float *acc0, float *acc1, const float *w0, const float *w1, const uint16_t *v,
+                           size_t stride, int n, int hd)
+{
+    int i = 0;
+    for (; i + 32 <= hd; i += 32) {
+        float *o = acc0 + i, *p = acc1 + i;
+        __m256 a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8), a2 = _mm256_loadu_ps(o + 16);
+        __m256 a3 = _mm256_loadu_ps(o + 24), b0 = _mm256_loadu_ps(p), b1 = _mm256_loadu_ps(p + 8);
+        __m256 b2 = _mm256_loadu_ps(p + 16), b3 = _mm256_loadu_ps(p + 24);
+        for (int r = 0; r < n; r++) {
+            const __m256 x = _mm256_broadcast_ss(w0 + r), y = _mm256_broadcast_ss(w1 + r);
+            const uint16_t *vr = v + (size_t)r * stride + i;
+            __m256 h = load_h8(vr);
+            a0 = _mm256_fmadd_ps(x, h, a0);
+            b0 = _mm256_fmadd_ps(y, h, b0);
+            h = load_h8(vr + 8);
+            a1 = _mm256_fmadd_ps(x, h, a1);
+            b1 = _mm256_fmadd_ps(y, h, b1);
+            h = load_h8(vr + 16);
+            a2 = _mm256_fmadd_ps(x, h, a2);
+            b2 = _mm256_fmadd_ps(y, h, b2);
+            h = load_h8(vr + 24);
+            a3 = _mm256_fmadd_ps(x, h, a3);
+            b3 = _mm256_fmadd_ps(y, h, b3);
+        }
+        _mm256_storeu_ps(o, a0);
+        _mm256_storeu_ps(o + 8, a1);
+        _mm256_storeu_ps(o + 16, a2);
+        _mm256_storeu_ps(o + 24, a3);
+        _mm256_storeu_ps(p, b0);
+        _mm256_storeu_ps(p + 8, b1);
+        _mm256_storeu_ps(p + 16, b2);
+        _mm256_storeu_ps(p + 24, b3);
+    }
+    if (i < hd) {
+        avx2_kv_accum(acc0 + i, w0, v + i, stride, n, hd - i);
+        avx2_kv_accum(acc1 + i, w1, v + i, stride, n, hd - i);
     }
 }
 
@@ -455,6 +556,8 @@ static kn_ops ops_avx2 = {
     .silu_mul = avx2_silu_mul,
     .kv_scores = avx2_kv_scores,
     .kv_accum = avx2_kv_accum,
+    .kv_scores2 = avx2_kv_scores2,
+    .kv_accum2 = avx2_kv_accum2,
     .kv_accum_q8_0 = avx2_kv_accum_q8_0,
     .to_f16 = avx2_to_f16,
 };

@@ -1939,6 +1939,84 @@ static void check_kv_accum(const char *what, const char *table, const float *got
     }
 }
 
+/* The two-row KV ops (two query rows over the same K, two weight rows over
+ * the same V), on random data of odd widths and row counts: bit for bit
+ * what the one-row ops give each row (the scores a row gets must not
+ * depend on the rows it is computed beside: the prefix cache's answers are
+ * those of a whole prompt's), and so within the reference's tolerance. */
+static void test_kv_ops_two_rows(void **state)
+{
+    (void)state;
+    const kn_ops *fast[5];
+    int nf = fast_tables_or_skip(fast);
+    const kn_ops *ref = kn_ops_ref();
+    enum { MAXR = 40, MAXHD = 136, PAD = 3 };
+    const int hds[] = {1, 7, 8, 13, 31, 32, 40, 64, 65, 72, 100, 128, 136},
+              rows[] = {1, 3, 4, 7, 8, 9, 12, 16, 17, 40};
+    uint16_t *kv = malloc((size_t)MAXR * (MAXHD + PAD) * sizeof(uint16_t));
+    float *q = malloc(2 * MAXHD * sizeof(float)), *w = malloc(2 * MAXR * sizeof(float));
+    float *one = malloc(2 * MAXHD * sizeof(float)), *two = malloc(2 * MAXHD * sizeof(float));
+    float *want = malloc(MAXHD * sizeof(float)), *acc0 = malloc(2 * MAXHD * sizeof(float));
+    float *vf = malloc((size_t)MAXR * MAXHD * sizeof(float));
+    assert_true(kv && q && w && one && two && want && acc0 && vf);
+    seed(23);
+    int tested = 0;
+    for (int hi = 0; hi < (int)(sizeof(hds) / sizeof(hds[0])); hi++)
+        for (int ri = 0; ri < (int)(sizeof(rows) / sizeof(rows[0])); ri++) {
+            const int hd = hds[hi], n = rows[ri];
+            const size_t stride = (size_t)hd + (size_t)(ri % 2) * PAD;
+            for (size_t i = 0; i < (size_t)n * stride; i++)
+                kv[i] = kn_fp32_to_fp16(frand() * 4.0f);
+            for (int r = 0; r < n; r++)
+                kn_dequantize_row(KN_TYPE_F16, kv + (size_t)r * stride, vf + (size_t)r * hd, hd);
+            fill(q, 2 * (size_t)hd, 3.0f);
+            fill(w, 2 * (size_t)n, 1.0f);
+            fill(acc0, 2 * (size_t)hd, 2.0f);
+            for (int t = 0; t < nf; t++) {
+                const kn_ops *o = fast[t];
+                if (!o->kv_scores2 || !o->kv_accum2)
+                    continue;
+                tested++;
+                o->kv_scores(q, kv, stride, n, hd, 0.125f, one);
+                o->kv_scores(q + hd, kv, stride, n, hd, 0.125f, one + n);
+                o->kv_scores2(q, q + hd, kv, stride, n, hd, 0.125f, two, two + n);
+                assert_memory_equal(one, two, 2 * (size_t)n * sizeof(float));
+                for (int k = 0; k < 2; k++) {
+                    ref->kv_scores(q + (size_t)k * hd, kv, stride, n, hd, 0.125f, want);
+                    for (int r = 0; r < n; r++) {
+                        double mag = 0;
+                        for (int i = 0; i < hd; i++)
+                            mag += fabs((double)q[(size_t)k * hd + i] * vf[(size_t)r * hd + i]);
+                        check_close(two[(size_t)k * n + r], want[r], 1e-5 * mag + 1e-30, "kv_scores2",
+                                    o->name, hd, r);
+                    }
+                }
+                memcpy(one, acc0, 2 * (size_t)hd * sizeof(float));
+                memcpy(two, acc0, 2 * (size_t)hd * sizeof(float));
+                o->kv_accum(one, w, kv, stride, n, hd);
+                o->kv_accum(one + hd, w + n, kv, stride, n, hd);
+                o->kv_accum2(two, two + hd, w, w + n, kv, stride, n, hd);
+                assert_memory_equal(one, two, 2 * (size_t)hd * sizeof(float));
+                for (int k = 0; k < 2; k++) {
+                    memcpy(want, acc0 + (size_t)k * hd, (size_t)hd * sizeof(float));
+                    ref->kv_accum(want, w + (size_t)k * n, kv, stride, n, hd);
+                    check_kv_accum("kv_accum2", o->name, two + (size_t)k * hd, want, acc0 + (size_t)k * hd,
+                                   w + (size_t)k * n, vf, n, hd);
+                }
+            }
+        }
+    free(vf);
+    free(acc0);
+    free(want);
+    free(two);
+    free(one);
+    free(w);
+    free(q);
+    free(kv);
+    if (!tested)
+        skip();
+}
+
 /* The KV cache ops: scores and weighted sums over strided half rows of
  * every width (vector multiples and tails), weighted sums over Q8_0 rows,
  * and the float-to-half store, bit for bit, over random bit patterns from
@@ -2405,6 +2483,20 @@ static void attention_case(kn_type kv_type, const int HD)
                     for (int i = 0; i < n_q[s] * NH * HD; i++)
                         check_close(out[s][i], want[s][i], 2e-5, "attention", kn_ctx_ops(ctx)->name, s, i);
             }
+            /* Any number of query rows an item takes together gives the
+             * same bits (one: the one-row kernels only; the two-row ones
+             * pair rows within an item). */
+            float *first = malloc((size_t)n_q[2] * NH * HD * sizeof(float));
+            assert_non_null(first);
+            memcpy(first, out[2], (size_t)n_q[2] * NH * HD * sizeof(float));
+            for (int tile = 1; tile <= 32; tile *= 2) {
+                const kn_attn_params ap = {
+                    .n_head = NH, .n_kv_head = NKV, .head_dim = HD, .scale = scale, .tile = tile};
+                memset(out[2], 0xff, (size_t)n_q[2] * NH * HD * sizeof(float));
+                assert_int_equal(kn_attention_ex(ctx, seqs, NSEQ, &ap), 0);
+                assert_memory_equal(first, out[2], (size_t)n_q[2] * NH * HD * sizeof(float));
+            }
+            free(first);
             /* One decode row alone: its KV heads are split between items. */
             memset(out[0], 0xff, (size_t)n_q[0] * NH * HD * sizeof(float));
             assert_int_equal(kn_attention(ctx, seqs, 1, NH, NKV, HD, scale), 0);
@@ -2432,6 +2524,7 @@ static void test_attention(void **state)
     (void)state;
     attention_case(KN_TYPE_F16, 32);
     attention_case(KN_TYPE_F16, 72);
+    attention_case(KN_TYPE_F16, 20);
     /* Q8_0 rows of one, two and four blocks */
     attention_case(KN_TYPE_Q8_0, 32);
     attention_case(KN_TYPE_Q8_0, 64);
@@ -2575,6 +2668,7 @@ int main(void)
         cmocka_unit_test(test_kv_ops),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_kv_ops_two_rows),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_parallel_for),

@@ -179,6 +179,7 @@ static int submit(rt_sched *s, int tag, int n_prompt, int max_tokens, rt_priorit
 
 static int batch_max_wait_ms = -1; /* the next sched_new's, when >= 0 */
 static int max_batch_tokens = -1;  /* the same */
+static int prompt_max_wait_ms = -1; /* the same */
 
 static rt_sched *sched_new(int max_seqs, int max_queue, int kv_blocks)
 {
@@ -192,6 +193,9 @@ static rt_sched *sched_new(int max_seqs, int max_queue, int kv_blocks)
     if (max_batch_tokens >= 0)
         o.max_batch_tokens = max_batch_tokens;
     max_batch_tokens = -1;
+    if (prompt_max_wait_ms >= 0)
+        o.prompt_max_wait_ms = prompt_max_wait_ms;
+    prompt_max_wait_ms = -1;
     if (kv_blocks)
         o.kv_bytes = (size_t)kv_blocks * o.block_tokens * rt_model_kv_bytes_per_token(model, o.kv_type);
     char err[256];
@@ -352,6 +356,50 @@ static void test_interactive_prefill_first(void **state)
     assert_int_equal(seen.order[0], 2); /* ~70 steps before the batch prompt is done */
     assert_int_equal(seen.order[1], 1);
     rt_sched_free(s);
+}
+
+/* A chat's next turn behind another conversation's first: request 2's
+ * 200-token prompt has its first 192 in the prefix cache (an earlier
+ * request of the same tokens), request 1's 490 (admitted before it,
+ * prefilled 7 tokens a step beside a decoding stream) has none. The short
+ * one takes the budget first and has its first token ~70 steps before the
+ * long one; in admission order it waited for all of the long one's. With
+ * a prompt_max_wait_ms the long one has waited past (150 ms against 50),
+ * or of 0 (admission order), the long one goes first: it is not starved. */
+static void short_cached_prompt(int max_wait_ms, int sleep_ms, int first)
+{
+    max_batch_tokens = 8; /* with one decode: 7 prompt tokens a step */
+    prompt_max_wait_ms = max_wait_ms;
+    rt_sched *s = sched_new(4, 4, 0);
+    assert_int_equal(submit(s, 2, 192, 1, RT_PRIO_INTERACTIVE), 0); /* its blocks stay cached */
+    assert_true(wait_seen(false, 1));
+    seen_reset();
+    assert_int_equal(submit(s, GATE, 4, 400, RT_PRIO_INTERACTIVE), 0);
+    assert_true(wait_seen(true, 0));
+    assert_int_equal(submit(s, 1, 490, 1, RT_PRIO_INTERACTIVE), 0);
+    gate_again(3); /* request 1 is in, 14 of its 490 done */
+    assert_true(wait_seen(true, 0));
+    usleep((useconds_t)sleep_ms * 1000);
+    assert_int_equal(submit(s, 2, 200, 1, RT_PRIO_INTERACTIVE), 0); /* the same first 192 tokens */
+    open_gate();
+    assert_true(wait_seen(false, 2));
+    assert_int_equal(seen.order[0], first);
+    assert_int_equal(seen.order[1], first == 1 ? 2 : 1);
+    rt_sched_stats st;
+    rt_sched_get_stats(s, &st);
+    assert_true(st.prompt_tokens_cached >= 192);
+    rt_sched_free(s);
+}
+
+static void test_short_cached_prompt_first(void **state)
+{
+    short_cached_prompt(10000, 0, 2);
+}
+
+static void test_aged_long_prompt_first(void **state)
+{
+    short_cached_prompt(50, 150, 1);
+    short_cached_prompt(0, 0, 1);
 }
 
 /* One sequence slot held by a long batch request, for run_ms: an
@@ -946,6 +994,8 @@ int main(void)
         cmocka_unit_test(test_batch_aging),
         cmocka_unit_test(test_admission_counts_promised_blocks),
         cmocka_unit_test(test_interactive_prefill_first),
+        cmocka_unit_test(test_short_cached_prompt_first),
+        cmocka_unit_test(test_aged_long_prompt_first),
         cmocka_unit_test(test_bad_sampling_refused),
         cmocka_unit_test(test_resume_checked),
         cmocka_unit_test(test_resume_text_each),

@@ -28,9 +28,22 @@ static rt_step_fit linear_fit(double base, double per_token)
     return f;
 }
 
+/* Whether prompt a goes before prompt b (admitted before it) in a step's
+ * budget, as sched.c's goes_before: least virtual time, then aged, then,
+ * of two not aged, the fewer tokens left. */
+static bool line_before(const rt_est_seq *a, double vt_a, const rt_est_seq *b, double vt_b)
+{
+    if (vt_a != vt_b)
+        return vt_a < vt_b;
+    if (a->aged != b->aged)
+        return a->aged;
+    return !a->aged && a->prefill_left < b->prefill_left;
+}
+
 /* The reference: one step at a time, as build_batch makes them (every
- * decode one token, then prompt chunks in admission order within the
- * budget), slots refilled from the queue, then the new request. */
+ * decode one token, then prompt chunks within the budget, in line_before's
+ * order as of the step's start), slots refilled from the queue, then the
+ * new request. */
 static double reference(const rt_step_fit *f, int max_seqs, int max_batch, const rt_est_seq *run0, int n,
                         const rt_est_seq *queued, int n_queued, int prompt)
 {
@@ -44,7 +57,7 @@ static double reference(const rt_step_fit *f, int max_seqs, int max_batch, const
             if (qi < n_queued)
                 run[n++] = queued[qi++];
             else {
-                run[n++] = (rt_est_seq){prompt, -1};
+                run[n++] = (rt_est_seq){prompt, -1, false};
                 admitted = true;
             }
         }
@@ -52,12 +65,22 @@ static double reference(const rt_step_fit *f, int max_seqs, int max_batch, const
         for (int i = 0; i < n; i++)
             n_dec += run[i].prefill_left == 0;
         int left = rt_sched_prefill_budget(max_batch, n_dec), tokens = n_dec;
-        bool done = false;
-        for (int i = 0; i < n; i++) {
+        bool done = false, served[64] = {0};
+        for (int i = 0; i < n; i++)
             if (run[i].prefill_left == 0) {
                 run[i].decode_left--;
-                continue;
+                served[i] = true;
             }
+        rt_est_seq start[64];
+        memcpy(start, run, (size_t)n * sizeof(*run));
+        for (;;) {
+            int i = -1;
+            for (int k = 0; k < n; k++)
+                if (!served[k] && (i < 0 || line_before(&start[k], 0, &start[i], 0)))
+                    i = k;
+            if (i < 0 || left <= 0)
+                break;
+            served[i] = true;
             int take = run[i].prefill_left < left ? run[i].prefill_left : left;
             left -= take;
             tokens += take;
@@ -189,7 +212,7 @@ static void test_busy_is_chunks_times_mixed_steps(void **state)
         int n = i % 40 == 0 ? 256 : i % 3 == 0 ? 17 : 1;
         rt_step_fit_add(&f, n, curved_ms(n));
     }
-    rt_est_seq run[MAX_SEQS] = {{0, 1000}};
+    rt_est_seq run[MAX_SEQS] = {{0, 1000, false}};
     double busy = rt_est_ttft(&f, 2, 512, run, 1, NULL, 0, 256, 100000);
     assert_true(rt_sched_prefill_budget(512, 1) == 16);
     assert_true(fabs(busy - 16 * curved_ms(17)) < 1e-9);
@@ -197,7 +220,7 @@ static void test_busy_is_chunks_times_mixed_steps(void **state)
      * (256 + 100) waiting ahead. 300 steps of two decodes free a slot; the
      * one ahead prefills in 16 chunks beside the other's decodes, decodes
      * its 100 beside it, and only then ours goes in, in 16 chunks. */
-    rt_est_seq full[MAX_SEQS] = {{0, 300}, {0, 600}}, q[1] = {{256, 100}};
+    rt_est_seq full[MAX_SEQS] = {{0, 300, false}, {0, 600, false}}, q[1] = {{256, 100, false}};
     double flood = rt_est_ttft(&f, 2, 512, full, 2, q, 1, 256, 100000);
     assert_true(fabs(flood - (400 * rt_step_fit_ms(&f, 2) + 32 * curved_ms(17))) < 1e-9);
 }
@@ -220,7 +243,7 @@ static void test_by_hand(void **state)
     assert_true(fabs(idle - ((2 + 0.5 * 64) + (2 + 0.5 * 36))) < 1e-6);
     /* every slot decoding 10 more: 10 steps of 8 tokens before the slot */
     for (int i = 0; i < MAX_SEQS; i++)
-        run[i] = (rt_est_seq){0, 10 + i};
+        run[i] = (rt_est_seq){0, 10 + i, false};
     double full = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run, MAX_SEQS, NULL, 0, 10, 100000);
     /* then 7 decodes and its 10 prompt tokens (budget 16) in one step */
     assert_true(fabs(full - (10 * (2 + 0.5 * 8) + (2 + 0.5 * 17))) < 1e-6);
@@ -236,9 +259,10 @@ static void test_matches_step_by_step(void **state)
         rt_est_seq run[MAX_SEQS], run_copy[MAX_SEQS], q[32], q_copy[32];
         int n = rand() % (max_seqs + 1), nq = rand() % 32;
         for (int i = 0; i < n; i++)
-            run[i] = rand() % 2 ? (rt_est_seq){0, 1 + rand() % 300} : (rt_est_seq){1 + rand() % 500, rand() % 300};
+            run[i] = rand() % 2 ? (rt_est_seq){0, 1 + rand() % 300, false}
+                                : (rt_est_seq){1 + rand() % 500, rand() % 300, rand() % 4 == 0};
         for (int i = 0; i < nq; i++)
-            q[i] = (rt_est_seq){1 + rand() % 800, rand() % 300};
+            q[i] = (rt_est_seq){1 + rand() % 800, rand() % 300, rand() % 4 == 0};
         int prompt = 1 + rand() % 600;
         memcpy(run_copy, run, sizeof(run));
         memcpy(q_copy, q, sizeof(q));
@@ -256,9 +280,9 @@ static void test_grows_with_the_queue(void **state)
     for (int nq = 0; nq < 20; nq++) {
         rt_est_seq run[MAX_SEQS], q[20];
         for (int i = 0; i < MAX_SEQS; i++)
-            run[i] = (rt_est_seq){0, 50};
+            run[i] = (rt_est_seq){0, 50, false};
         for (int i = 0; i < nq; i++)
-            q[i] = (rt_est_seq){200, 50};
+            q[i] = (rt_est_seq){200, 50, false};
         double t = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run, MAX_SEQS, q, nq, 200, 100000000);
         assert_true(t > last);
         last = t;
@@ -269,7 +293,7 @@ static void test_work_bound(void **state)
 {
     (void)state;
     rt_step_fit f = linear_fit(2.0, 0.1);
-    rt_est_seq run[1] = {{0, 1000000}}, run2[1] = {{0, 1000000}};
+    rt_est_seq run[1] = {{0, 1000000, false}}, run2[1] = {{0, 1000000, false}};
     /* one slot held for a million steps, one step at a time at most */
     double cut = rt_est_ttft(&f, 1, 1, run, 1, NULL, 0, 5, 1000);
     double all = rt_est_ttft(&f, 1, 1, run2, 1, NULL, 0, 5, 100000000);
@@ -315,7 +339,7 @@ static double reference_fair(const rt_step_fit *f, int max_seqs, int max_batch, 
                 break;
             taken[best] = true;
             run_tn[n] = best < nq ? q_tn[best] : tenant;
-            run[n++] = best < nq ? q[best] : (rt_est_seq){prompt, -1};
+            run[n++] = best < nq ? q[best] : (rt_est_seq){prompt, -1, false};
         }
         double vt[8], due[8] = {0}, used[8] = {0};
         bool present[8] = {0}, owed[8] = {0};
@@ -348,13 +372,16 @@ static double reference_fair(const rt_step_fit *f, int max_seqs, int max_batch, 
         }
         tokens = n_dec;
         bool done = false, served[64] = {0};
-        for (;;) { /* the prompts: owed first, then by their tenant's virtual time at the step's start */
+        rt_est_seq start[64];
+        memcpy(start, run, (size_t)n * sizeof(*run));
+        for (;;) { /* the prompts: owed first, then in line_before's order, at the step's start */
             int next = -1;
             for (int i = 0; i < n; i++) {
                 if (run[i].prefill_left <= 0 || served[i])
                     continue;
                 int a = run_tn[i], b = next < 0 ? 0 : run_tn[next];
-                if (next < 0 || (owed[a] && !owed[b]) || (owed[a] == owed[b] && vt[a] < vt[b]))
+                if (next < 0 || (owed[a] && !owed[b]) ||
+                    (owed[a] == owed[b] && line_before(&start[i], vt[a], &start[next], vt[b])))
                     next = i;
             }
             if (next < 0 || (left <= 0 && pool <= 0))
@@ -405,7 +432,7 @@ static void test_fair_catch_up(void **state)
         rt_est_seq run[MAX_SEQS];
         int run_tn[MAX_SEQS];
         for (int i = 0; i < MAX_SEQS - 1; i++) {
-            run[i] = (rt_est_seq){0, 100};
+            run[i] = (rt_est_seq){0, 100, false};
             run_tn[i] = 0;
         }
         rt_est_tenant tn[2] = {{.vt = 10, .weight = 1, .recent = owed ? 1000 : 0}, {.vt = 10, .weight = 1}};
@@ -426,11 +453,11 @@ static void test_fair_admission_order(void **state)
     rt_est_seq run[MAX_SEQS], run2[MAX_SEQS], q[3], q2[3];
     int run_tn[MAX_SEQS], q_tn[3] = {0, 0, 0};
     for (int i = 0; i < MAX_SEQS - 1; i++) {
-        run[i] = run2[i] = (rt_est_seq){0, 100};
+        run[i] = run2[i] = (rt_est_seq){0, 100, false};
         run_tn[i] = 0;
     }
     for (int i = 0; i < 3; i++)
-        q[i] = q2[i] = (rt_est_seq){200, 50};
+        q[i] = q2[i] = (rt_est_seq){200, 50, false};
     rt_est_tenant tn[2] = {{.vt = 1000, .weight = 1}, {.vt = 0, .weight = 1}};
     double fair = rt_est_ttft_fair(&f, MAX_SEQS, MAX_BATCH, run, run_tn, MAX_SEQS - 1, q, q_tn, 3, tn, 2, 10, 1,
                                    100000000);
@@ -438,14 +465,14 @@ static void test_fair_admission_order(void **state)
     assert_true(fabs(fair - alone) <= 1e-9 * alone);
     /* the old replay, arrival order: behind the three, far later */
     for (int i = 0; i < MAX_SEQS - 1; i++)
-        run2[i] = (rt_est_seq){0, 100};
+        run2[i] = (rt_est_seq){0, 100, false};
     double arrival = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run2, MAX_SEQS - 1, q2, 3, 10, 100000000);
     assert_true(arrival > 10 * fair);
     /* the heavy tenant's own new request still waits behind its three */
     for (int i = 0; i < MAX_SEQS - 1; i++)
-        run[i] = (rt_est_seq){0, 100};
+        run[i] = (rt_est_seq){0, 100, false};
     for (int i = 0; i < 3; i++)
-        q[i] = (rt_est_seq){200, 50};
+        q[i] = (rt_est_seq){200, 50, false};
     tn[0].vt = 1000;
     tn[1].vt = 0;
     double heavy = rt_est_ttft_fair(&f, MAX_SEQS, MAX_BATCH, run, run_tn, MAX_SEQS - 1, q, q_tn, 3, tn, 2, 10, 0,
@@ -460,7 +487,7 @@ static void test_fair_prompt_order(void **state)
 {
     (void)state;
     rt_step_fit f = linear_fit(2.0, 0.5);
-    rt_est_seq run[MAX_SEQS] = {{200, 10}};
+    rt_est_seq run[MAX_SEQS] = {{200, 10, false}};
     int run_tn[MAX_SEQS] = {0};
     rt_est_tenant tn[2] = {{.vt = 10, .weight = 1}, {.vt = 0, .weight = 1}};
     double fair = rt_est_ttft_fair(&f, MAX_SEQS, MAX_BATCH, run, run_tn, 1, NULL, NULL, 0, tn, 2, 30, 1,
@@ -490,11 +517,12 @@ static void test_fair_matches_step_by_step(void **state)
                                     .recent = rand() % 3 ? rand() % 2000 : 0};
         int n = rand() % (max_seqs + 1), nq = rand() % 32, prompt = 1 + rand() % 600, tenant = rand() % n_tn;
         for (int i = 0; i < n; i++) {
-            run[i] = rand() % 2 ? (rt_est_seq){0, 1 + rand() % 300} : (rt_est_seq){1 + rand() % 500, rand() % 300};
+            run[i] = rand() % 2 ? (rt_est_seq){0, 1 + rand() % 300, false}
+                                : (rt_est_seq){1 + rand() % 500, rand() % 300, rand() % 4 == 0};
             run_tn[i] = rand() % n_tn;
         }
         for (int i = 0; i < nq; i++) {
-            q[i] = (rt_est_seq){1 + rand() % 800, rand() % 300};
+            q[i] = (rt_est_seq){1 + rand() % 800, rand() % 300, rand() % 4 == 0};
             q_tn[i] = rand() % n_tn;
         }
         memcpy(run_copy, run, sizeof(run));
@@ -514,6 +542,33 @@ static void test_fair_matches_step_by_step(void **state)
     }
 }
 
+/* One sequence decoding, a 400-token prompt admitted before the new
+ * request's 30 (a chat turn whose prefix was cached): the new one takes
+ * the budget (16 a step beside one decode) first and is done in 2 steps;
+ * in admission order it waited the 25 steps of the long one. Once the
+ * long one has waited prompt_max_wait_ms (aged), it goes first again. */
+static void test_shortest_prompt_first(void **state)
+{
+    (void)state;
+    rt_step_fit f = linear_fit(2.0, 0.5);
+    rt_est_seq run[MAX_SEQS] = {{0, 1000, false}, {400, 10, false}};
+    assert_true(rt_sched_prefill_budget(MAX_BATCH, 1) == 16);
+    double shortest = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, run, 2, NULL, 0, 30, 100000000);
+    assert_true(fabs(shortest - 2 * (2 + 0.5 * 17)) < 1e-9);
+    rt_est_seq aged[MAX_SEQS] = {{0, 1000, false}, {400, 10, true}};
+    double behind = rt_est_ttft(&f, MAX_SEQS, MAX_BATCH, aged, 2, NULL, 0, 30, 100000000);
+    assert_true(fabs(behind - (25 * (2 + 0.5 * 17) + (2 + 0.5 * 18) + (2 + 0.5 * 16))) < 1e-9);
+    /* the same between two tenants while their virtual times are equal:
+     * the new one's (weight 16) is charged 16 / 16 for its first chunk,
+     * the other 1 for its decode */
+    rt_est_seq two[MAX_SEQS] = {{0, 1000, false}, {400, 10, false}};
+    int run_tn[MAX_SEQS] = {0, 0};
+    rt_est_tenant tn[2] = {{.vt = 5, .weight = 1}, {.vt = 5, .weight = 16}};
+    double fair = rt_est_ttft_fair(&f, MAX_SEQS, MAX_BATCH, two, run_tn, 2, NULL, NULL, 0, tn, 2, 30, 1,
+                                   100000000);
+    assert_true(fabs(fair - shortest) < 1e-9);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -523,7 +578,8 @@ int main(void)
         cmocka_unit_test(test_by_hand),              cmocka_unit_test(test_matches_step_by_step),
         cmocka_unit_test(test_grows_with_the_queue), cmocka_unit_test(test_work_bound),
         cmocka_unit_test(test_fair_admission_order), cmocka_unit_test(test_fair_prompt_order),
-        cmocka_unit_test(test_fair_matches_step_by_step), cmocka_unit_test(test_fair_catch_up),
+        cmocka_unit_test(test_fair_matches_step_by_step), cmocka_unit_test(test_shortest_prompt_first),
+        cmocka_unit_test(test_fair_catch_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
