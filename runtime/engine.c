@@ -67,6 +67,9 @@ void rt_engine_opts_set(rt_engine_opts *o, rt_eopt id, long long v)
     case RT_EOPT_BATCH_MAX_WAIT_MS:
         o->sched.batch_max_wait_ms = (int)v;
         break;
+    case RT_EOPT_PROMPT_MAX_WAIT_MS:
+        o->sched.prompt_max_wait_ms = (int)v;
+        break;
     case RT_EOPT_CHAT_TEMPLATE:
         o->chat_kind = (int)v;
         break;

@@ -38,6 +38,11 @@ const rt_eopt_def rt_eopt_defs[RT_EOPT_N] = {
                                    NULL,
                                    "a batch request waiting this long starts in turn with interactive ones, "
                                    "oldest first"},
+    [RT_EOPT_PROMPT_MAX_WAIT_MS] =
+        {"prompt_max_wait_ms", "prompt-max-wait-ms", "MS", 10000, 0, 86400000, NULL, NULL,
+         "within a tenant and priority the prompt with the fewest tokens left is computed first, letting "
+         "cached chat turns through sooner, but one whose first token has waited this long goes first, in "
+         "arrival order (0: arrival order always)"},
     [RT_EOPT_CHAT_TEMPLATE] = {"chat_template", "chat-template", "NAME|FILE", -1, 0, RT_CHAT_N_KINDS - 1,
                                chat_name, "the model's template",
                                "render chats as this built-in family, or through this file of Jinja (a path "

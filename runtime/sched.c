@@ -27,7 +27,6 @@
 #define IDLE_WAIT_MS 200
 #define EST_EVERY_S 0.05   /* the TTFT estimate is refreshed at most this often */
 #define EST_MAX_WORK 200000 /* sequence-steps of replay per estimate, at most */
-#define PROMPT_MAX_WAIT_MS 10000 /* rt_sched_opts.prompt_max_wait_ms's default */
 
 /* A tenant with requests here (or a debt: see sweep_tenants). Compute
  * thread only, but for the one a submitted request brings, which is its
@@ -379,7 +378,7 @@ void rt_sched_opts_default(rt_sched_opts *o)
         .max_batch_tokens = (int)d[RT_EOPT_MAX_BATCH_TOKENS].dflt,
         .max_queue = (int)d[RT_EOPT_MAX_QUEUE].dflt,
         .batch_max_wait_ms = (int)d[RT_EOPT_BATCH_MAX_WAIT_MS].dflt,
-        .prompt_max_wait_ms = PROMPT_MAX_WAIT_MS,
+        .prompt_max_wait_ms = (int)d[RT_EOPT_PROMPT_MAX_WAIT_MS].dflt,
         .prefix_cache = d[RT_EOPT_PREFIX_CACHE].dflt != 0,
         .overlap_masks = -1,
     };
@@ -1967,7 +1966,7 @@ rt_sched *rt_sched_new(rt_model *m, const rt_sched_opts *o, char *err, size_t er
     s->o = *o;
     if (s->o.batch_max_wait_ms < 0 || s->o.prompt_max_wait_ms < 0) {
         snprintf(err, err_len, "%s must be >= 0",
-                 s->o.batch_max_wait_ms < 0 ? "batch-max-wait-ms" : "prompt_max_wait_ms");
+                 s->o.batch_max_wait_ms < 0 ? "batch-max-wait-ms" : "prompt-max-wait-ms");
         free(s);
         return NULL;
     }

@@ -22,6 +22,9 @@
  *       max_queue: 64
  *       batch_max_wait_ms: 30000  # a batch request waiting this long starts in turn with
  *                                 # interactive ones (no starving under interactive load)
+ *       prompt_max_wait_ms: 10000 # the prompt with the fewest tokens left goes first (cached chat
+ *                                 # turns sooner); one waiting this long goes first, in arrival
+ *                                 # order (0: arrival order)
  *       prefix_cache: true      # reuse the KV of prompt prefixes seen before
  *       chat_template: llama3   # render chats as this family, whatever the model's template
  *                               # says (see `infergate worker --help` for the names)
@@ -147,7 +150,7 @@ typedef struct gw_worker_cfg {
     char *name;     /* model id */
     char **devices; /* "cpu", a GPU/MIG UUID, or "auto" */
     int n_devices;
-    int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue, batch_max_wait_ms;
+    int threads, kv_cache_mb, max_seqs, max_batch_tokens, max_queue, batch_max_wait_ms, prompt_max_wait_ms;
     bool kv_q8_0;        /* kv_type: q8_0 */
     bool prefix_cache;   /* prefix_cache (true): the worker's --prefix-cache */
     char *chat_template; /* a family name (the worker's --chat-template), or NULL */

@@ -34,9 +34,9 @@ static bool worker_eq(const gw_worker_cfg *a, const gw_worker_cfg *b)
            strs_eq(a->devices, a->n_devices, b->devices, b->n_devices) && a->threads == b->threads &&
            a->kv_cache_mb == b->kv_cache_mb && a->max_seqs == b->max_seqs &&
            a->max_batch_tokens == b->max_batch_tokens && a->max_queue == b->max_queue &&
-           a->batch_max_wait_ms == b->batch_max_wait_ms && a->kv_q8_0 == b->kv_q8_0 &&
-           a->prefix_cache == b->prefix_cache && str_eq(a->chat_template, b->chat_template) &&
-           a->power_watts == b->power_watts;
+           a->batch_max_wait_ms == b->batch_max_wait_ms && a->prompt_max_wait_ms == b->prompt_max_wait_ms &&
+           a->kv_q8_0 == b->kv_q8_0 && a->prefix_cache == b->prefix_cache &&
+           str_eq(a->chat_template, b->chat_template) && a->power_watts == b->power_watts;
 }
 
 static bool region_eq(const gw_region_cfg *a, const gw_region_cfg *b)

@@ -30,6 +30,7 @@ enum {
     K_BATCH,
     K_QUEUE,
     K_BATCH_WAIT,
+    K_PROMPT_WAIT,
     K_N
 };
 /* The engine's options: keys, ranges and defaults from the runtime's table
@@ -38,7 +39,8 @@ static const rt_eopt opt[K_N] = {
     [K_KV_TYPE] = RT_EOPT_KV_TYPE, [K_CHAT] = RT_EOPT_CHAT_TEMPLATE, [K_PREFIX] = RT_EOPT_PREFIX_CACHE,
     [K_THREADS] = RT_EOPT_THREADS, [K_KV] = RT_EOPT_KV_CACHE_MB,
     [K_SEQS] = RT_EOPT_MAX_SEQS,   [K_BATCH] = RT_EOPT_MAX_BATCH_TOKENS,
-    [K_QUEUE] = RT_EOPT_MAX_QUEUE, [K_BATCH_WAIT] = RT_EOPT_BATCH_MAX_WAIT_MS};
+    [K_QUEUE] = RT_EOPT_MAX_QUEUE, [K_BATCH_WAIT] = RT_EOPT_BATCH_MAX_WAIT_MS,
+    [K_PROMPT_WAIT] = RT_EOPT_PROMPT_MAX_WAIT_MS};
 
 static const char *key_of(int k)
 {
@@ -62,6 +64,7 @@ static void worker_options_default(gw_worker_cfg *w)
     w->max_batch_tokens = (int)d[RT_EOPT_MAX_BATCH_TOKENS].dflt;
     w->max_queue = (int)d[RT_EOPT_MAX_QUEUE].dflt;
     w->batch_max_wait_ms = (int)d[RT_EOPT_BATCH_MAX_WAIT_MS].dflt;
+    w->prompt_max_wait_ms = (int)d[RT_EOPT_PROMPT_MAX_WAIT_MS].dflt;
     w->prefix_cache = d[RT_EOPT_PREFIX_CACHE].dflt != 0;
 }
 
@@ -110,7 +113,8 @@ static int parse_worker_options(cfg_parser *p, const yaml_node_t *n, const char 
         return rc;
     int *ints[K_N] = {
         [K_THREADS] = &w->threads,        [K_KV] = &w->kv_cache_mb,  [K_SEQS] = &w->max_seqs,
-        [K_BATCH] = &w->max_batch_tokens, [K_QUEUE] = &w->max_queue, [K_BATCH_WAIT] = &w->batch_max_wait_ms};
+        [K_BATCH] = &w->max_batch_tokens, [K_QUEUE] = &w->max_queue, [K_BATCH_WAIT] = &w->batch_max_wait_ms,
+        [K_PROMPT_WAIT] = &w->prompt_max_wait_ms};
     for (int k = K_THREADS; k < K_N; k++) {
         long long x;
         if (!v[k])

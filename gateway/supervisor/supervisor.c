@@ -145,14 +145,15 @@ static int spawn(sworker *w)
 {
     gw_supervisor *s = w->sup;
     const gw_worker_cfg *c = w->cfg;
-    char threads[16], kv[16], seqs[16], batch[16], queue[16], batch_wait[16], grace[16], body[24],
-        listen[600];
+    char threads[16], kv[16], seqs[16], batch[16], queue[16], batch_wait[16], prompt_wait[16], grace[16],
+        body[24], listen[600];
     snprintf(threads, sizeof(threads), "%d", c->threads);
     snprintf(kv, sizeof(kv), "%d", c->kv_cache_mb);
     snprintf(seqs, sizeof(seqs), "%d", c->max_seqs);
     snprintf(batch, sizeof(batch), "%d", c->max_batch_tokens);
     snprintf(queue, sizeof(queue), "%d", c->max_queue);
     snprintf(batch_wait, sizeof(batch_wait), "%d", c->batch_max_wait_ms);
+    snprintf(prompt_wait, sizeof(prompt_wait), "%d", c->prompt_max_wait_ms);
     snprintf(grace, sizeof(grace), "%d", s->cfg->drain_grace_s);
     /* A body the gateway takes must not be refused by the worker it goes
      * to (whose own default is 1 MiB). The gateway keeps the configured
@@ -160,7 +161,7 @@ static int spawn(sworker *w)
      * reload raising it needs no restart of theirs. */
     snprintf(body, sizeof(body), "%ld", (long)GW_WORKER_MAX_BODY);
     snprintf(listen, sizeof(listen), "unix:%s", w->sock_path);
-    const char *argv[40]; /* 33 at most, below */
+    const char *argv[40]; /* 35 at most, below */
     int a = 0;
     argv[a++] = s->exe;
     argv[a++] = "worker";
@@ -184,6 +185,8 @@ static int spawn(sworker *w)
     argv[a++] = queue;
     argv[a++] = "--batch-max-wait-ms";
     argv[a++] = batch_wait;
+    argv[a++] = "--prompt-max-wait-ms";
+    argv[a++] = prompt_wait;
     argv[a++] = "--drain-grace-s";
     argv[a++] = grace;
     argv[a++] = "--max-body";

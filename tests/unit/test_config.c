@@ -100,6 +100,7 @@ static const char full_yaml[] = "# every key of the schema\n"
                                 "    max_batch_tokens: 2048\n"
                                 "    max_queue: 128\n"
                                 "    batch_max_wait_ms: 5000\n"
+                                "    prompt_max_wait_ms: 0\n"
                                 "    prefix_cache: false\n"
                                 "  - model: /models/tiny.gguf\n"
                                 "    kv_type: q8_0\n"
@@ -163,6 +164,7 @@ static void test_full(void **state)
     assert_int_equal(w->max_batch_tokens, 2048);
     assert_int_equal(w->max_queue, 128);
     assert_int_equal(w->batch_max_wait_ms, 5000);
+    assert_int_equal(w->prompt_max_wait_ms, 0);
     assert_false(w->prefix_cache);
     w = &c->workers[1];
     assert_string_equal(w->model, "/models/tiny.gguf");
@@ -178,6 +180,7 @@ static void test_full(void **state)
     assert_int_equal(w->max_batch_tokens, 512);
     assert_int_equal(w->max_queue, 64);
     assert_int_equal(w->batch_max_wait_ms, 30000);
+    assert_int_equal(w->prompt_max_wait_ms, 10000);
     assert_true(w->prefix_cache); /* on by default */
 
     assert_int_equal(c->n_tenants, 2);
@@ -289,6 +292,7 @@ static void check_default_worker(const gw_worker_cfg *w, const char *model, cons
     assert_int_equal(w->max_batch_tokens, 512);
     assert_int_equal(w->max_queue, 64);
     assert_int_equal(w->batch_max_wait_ms, 30000);
+    assert_int_equal(w->prompt_max_wait_ms, 10000);
 }
 
 static void test_defaults(void **state)
@@ -535,6 +539,8 @@ static const struct {
      "bad.yaml:1: region: the workers serve 17 models; a region serves at most 16"},
     {"workers:\n  - model: /m.gguf\n    threads: 2000\n",
      "bad.yaml:3: workers[0].threads: must be a whole number from 0 to 1024"},
+    {"workers:\n  - model: /m.gguf\n    prompt_max_wait_ms: -1\n",
+     "bad.yaml:3: workers[0].prompt_max_wait_ms: must be a whole number from 0 to 86400000"},
     {"workers:\n  - model: /m.gguf\n    max_seqs: 0\n",
      "bad.yaml:3: workers[0].max_seqs: must be a whole number from 1"},
     {"workers:\n  - model: /m.gguf\n    max_seqs: 1024\n",
@@ -887,6 +893,14 @@ static void test_restart_diff(void **state)
     /* A short buffer is cut, the count is whole. */
     assert_int_equal(gw_config_restart_diff(a, b, out, 10), 4);
     assert_string_equal(out, "workers, ");
+    gw_config_free(b);
+    /* the worker takes it as a flag: a change restarts it */
+    b = load_ok("workers:\n  - {model: /m.gguf, max_seqs: 8, prompt_max_wait_ms: 0}\n"
+                "region: {name: eu, tags: [eu]}\n"
+                "routing: {policy: latency, heartbeat_ms: 1000}\n"
+                "drain_grace_s: 30\n");
+    assert_int_equal(gw_config_restart_diff(a, b, out, sizeof(out)), 1);
+    assert_string_equal(out, "workers");
     gw_config_free(b);
     gw_config_free(a);
 }

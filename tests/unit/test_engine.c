@@ -476,6 +476,8 @@ static void test_option_table(void **state)
     assert_int_equal(so.max_seqs, rt_eopt_defs[RT_EOPT_MAX_SEQS].dflt);
     assert_int_equal(so.kv_bytes, (size_t)rt_eopt_defs[RT_EOPT_KV_CACHE_MB].dflt << 20);
     assert_int_equal(so.batch_max_wait_ms, rt_eopt_defs[RT_EOPT_BATCH_MAX_WAIT_MS].dflt);
+    assert_int_equal(so.prompt_max_wait_ms, 10000);
+    assert_int_equal(so.prompt_max_wait_ms, rt_eopt_defs[RT_EOPT_PROMPT_MAX_WAIT_MS].dflt);
 
     rt_engine_opts o;
     rt_engine_opts_default(&o);
@@ -483,9 +485,11 @@ static void test_option_table(void **state)
     rt_engine_opts_set(&o, RT_EOPT_KV_TYPE, 1);
     rt_engine_opts_set(&o, RT_EOPT_KV_CACHE_MB, 64);
     rt_engine_opts_set(&o, RT_EOPT_THREADS, 3);
+    rt_engine_opts_set(&o, RT_EOPT_PROMPT_MAX_WAIT_MS, 0);
     assert_int_equal(o.sched.kv_type, KN_TYPE_Q8_0);
     assert_int_equal(o.sched.kv_bytes, 64u << 20);
     assert_int_equal(o.model.n_threads, 3);
+    assert_int_equal(o.sched.prompt_max_wait_ms, 0);
 }
 
 int main(void)
