@@ -236,23 +236,9 @@ static void test_gpt_oss_mxfp4_greedy(void **state)
     const char *backend = NULL;
     for (int k = 0; k < 2; k++) {
         rt_model *m = load(path, k == 0, 2);
-        const int V = rt_model_hparams(m)->n_vocab;
         if (k == 1)
             backend = rt_model_backend_name(m);
-        rt_kv *kv = rt_kv_new(m, 64 * rt_model_kv_bytes_per_token(m, KN_TYPE_F16), 16, KN_TYPE_F16, err, sizeof(err));
-        assert_non_null(kv);
-        rt_seq *s = rt_seq_new(kv, 64);
-        float *logits = malloc((size_t)V * sizeof(float));
-        rt_batch_entry e = {.seq = s, .tokens = prompt, .n_tokens = N_PROMPT, .logits = logits};
-        assert_int_equal(rt_model_forward(m, &e, 1), 0);
-        for (int i = 0; i < N_GEN; i++) {
-            toks[k][i] = mc_argmax(logits, V);
-            e = (rt_batch_entry){.seq = s, .tokens = &toks[k][i], .n_tokens = 1, .logits = logits};
-            assert_int_equal(rt_model_forward(m, &e, 1), 0);
-        }
-        free(logits);
-        rt_seq_free(s);
-        rt_kv_free(kv);
+        mc_greedy(m, prompt, N_PROMPT, toks[k], N_GEN, NULL);
         rt_model_free(m);
     }
     const kn_ops *best = kn_ops_best();
